@@ -1,0 +1,3 @@
+from llmbatch.cli import main
+
+main()

@@ -1,0 +1,166 @@
+"""Connection settings shared by the producer SDK, the dispatcher and the local stack.
+
+Everything comes from the environment (prefix ``LLMBATCH_``, ``__`` for nesting, e.g.
+``LLMBATCH_KAFKA__BOOTSTRAP_SERVERS``) or a ``.env`` file. Credentials are ``SecretStr`` and are
+never logged. This module imports no client library, so any package may use it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class TopicSettings(BaseModel):
+    """Topic names (DESIGN.md) and how to create them when missing."""
+
+    requests: str = "llm.batch.requests.v1"
+    results: str = "llm.batch.results.v1"
+    dead_letter: str = "llm.batch.requests.v1.dlt"
+    partitions: int = Field(default=3, ge=1, le=1000)
+    replication_factor: int = Field(default=1, ge=1, le=10)
+
+
+class KafkaSettings(BaseModel):
+    """Broker address and security. Defaults suit the local stack (PLAINTEXT on loopback)."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    client_id: str = "llmbatch"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: Path | None = None
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+    ssl_check_hostname: bool = True
+    request_timeout_ms: int = Field(default=30_000, ge=1_000)
+    topics: TopicSettings = TopicSettings()
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _servers_have_ports(cls, value: str) -> str:
+        hosts = [h.strip() for h in value.split(",") if h.strip()]
+        if not hosts:
+            raise ValueError("set LLMBATCH_KAFKA__BOOTSTRAP_SERVERS to host:port[,host:port]")
+        for host in hosts:
+            _, sep, port = host.rpartition(":")
+            if not sep or not port.isdigit():
+                raise ValueError(f"bootstrap server {host!r} needs host:port, e.g. 127.0.0.1:9092")
+        return ",".join(hosts)
+
+    @model_validator(mode="after")
+    def _sasl_complete(self) -> KafkaSettings:
+        if self.security_protocol.startswith("SASL") and self.sasl_mechanism is None:
+            raise ValueError(
+                "security_protocol SASL_* needs LLMBATCH_KAFKA__SASL_MECHANISM (PLAIN, SCRAM-SHA-256, ...)"
+            )
+        if self.sasl_mechanism in {"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"} and (
+            not self.sasl_username or self.sasl_password is None
+        ):
+            raise ValueError(
+                "SASL PLAIN/SCRAM needs LLMBATCH_KAFKA__SASL_USERNAME and LLMBATCH_KAFKA__SASL_PASSWORD"
+            )
+        return self
+
+    def client_kwargs(self) -> dict[str, object]:
+        """Keyword arguments common to aiokafka producers, consumers and admin clients."""
+        kwargs: dict[str, object] = {
+            "bootstrap_servers": self.bootstrap_servers,
+            "client_id": self.client_id,
+            "security_protocol": self.security_protocol,
+            "request_timeout_ms": self.request_timeout_ms,
+        }
+        if self.security_protocol in {"SSL", "SASL_SSL"}:
+            import ssl  # local: only TLS users pay for it
+
+            context = ssl.create_default_context(
+                cafile=str(self.ssl_cafile) if self.ssl_cafile else None
+            )
+            if self.ssl_certfile:
+                context.load_cert_chain(
+                    str(self.ssl_certfile), str(self.ssl_keyfile) if self.ssl_keyfile else None
+                )
+            context.check_hostname = self.ssl_check_hostname
+            kwargs["ssl_context"] = context
+        if self.sasl_mechanism:
+            kwargs["sasl_mechanism"] = self.sasl_mechanism
+            kwargs["sasl_plain_username"] = self.sasl_username
+            if self.sasl_password is not None:
+                kwargs["sasl_plain_password"] = self.sasl_password.get_secret_value()
+        return kwargs
+
+
+class RedisSettings(BaseModel):
+    """Redis holding batch state; the password is kept apart from the URL so it is never logged."""
+
+    url: str = "redis://127.0.0.1:6379/0"
+    password: SecretStr | None = None
+    key_prefix: str = "llmbatch"
+
+    @field_validator("url")
+    @classmethod
+    def _redis_scheme(cls, value: str) -> str:
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("LLMBATCH_REDIS__URL must start with redis://, rediss:// or unix://")
+        return value
+
+
+class S3Settings(BaseModel):
+    """MinIO/S3 endpoint and the buckets llmbatch may read from and write to."""
+
+    endpoint: str = "http://127.0.0.1:9000"
+    access_key: SecretStr = SecretStr("")
+    secret_key: SecretStr = SecretStr("")
+    region: str = "us-east-1"
+    input_bucket: str = "llmbatch-input"
+    results_bucket: str = "llmbatch-results"
+    # input_uri values may only name these buckets (plus input_bucket); empty = input_bucket only
+    allowed_input_buckets: list[str] = Field(default_factory=list)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint_scheme(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("LLMBATCH_S3__ENDPOINT must be a URL such as http://127.0.0.1:9000")
+        return value.rstrip("/")
+
+    @property
+    def secure(self) -> bool:
+        return self.endpoint.startswith("https://")
+
+    @property
+    def host(self) -> str:
+        """``host:port`` without scheme, as the minio SDK and pyarrow want it."""
+        return self.endpoint.split("://", 1)[1]
+
+    def readable_buckets(self) -> set[str]:
+        return {self.input_bucket, *self.allowed_input_buckets}
+
+
+class RaySettings(BaseModel):
+    """Where the Ray Jobs API is (a local head or a KubeRay head service) and how to reach it."""
+
+    address: str = "http://127.0.0.1:8265"
+    auth_token: SecretStr | None = None
+    # optional: `ray://` client address is NOT used; jobs go through the HTTP Jobs API only
+
+
+class LLMBatchSettings(BaseSettings):
+    """Root settings object: ``LLMBatchSettings()`` reads the environment."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="LLMBATCH_",
+        env_nested_delimiter="__",
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+    )
+
+    kafka: KafkaSettings = KafkaSettings()
+    redis: RedisSettings = RedisSettings()
+    s3: S3Settings = S3Settings()
+    ray: RaySettings = RaySettings()

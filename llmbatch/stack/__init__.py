@@ -1,0 +1,1 @@
+"""llmbatch/stack."""

@@ -1,0 +1,151 @@
+"""Starting, watching and stopping local service processes by PID (never by name)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import psutil
+
+
+class StackError(RuntimeError):
+    """A local service could not be prepared, started or stopped. The message is one line."""
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def free_port_range(size: int, low: int = 20000, high: int = 40000) -> int:
+    """First port of ``size`` consecutive free ports (Ray wants a worker port range)."""
+    for start in range(low + (os.getpid() * 97) % 5000, high - size, size):
+        if all(_port_free(p) for p in range(start, start + size)):
+            return start
+    raise StackError(f"no {size} consecutive free ports between {low} and {high}")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+        return True
+    return False
+
+
+def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None,
+          cwd: Path | None = None) -> int:
+    """Start ``argv`` detached in its own session, stdout+stderr to ``log_path``; return its PID."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            list(argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=full_env,
+            cwd=str(cwd) if cwd else None,
+            start_new_session=True,
+        )
+    return proc.pid
+
+
+def alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def stop_tree(pid: int, timeout: float = 20.0) -> None:
+    """SIGTERM ``pid`` and every descendant, wait, then SIGKILL what is left."""
+    try:
+        root = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    try:
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        procs = [root]
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(signal.SIGTERM)
+    _, left = psutil.wait_procs(procs, timeout=timeout)
+    # children started after the first listing (e.g. Ray workers) are collected again
+    with contextlib.suppress(psutil.Error):
+        left += [c for c in root.children(recursive=True) if c not in left]
+    for proc in left:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(left, timeout=5)
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def log_tail(path: Path, lines: int = 25) -> str:
+    try:
+        data = path.read_bytes()[-16_000:]
+    except OSError:
+        return ""
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+
+def wait_until(check: Callable[[], bool], timeout: float, pid: int | None, name: str,
+               log_path: Path, interval: float = 0.25) -> float:
+    """Poll ``check`` until it passes; return seconds waited. Fails fast if ``pid`` dies."""
+    start = time.monotonic()
+    while True:
+        ok = False
+        with contextlib.suppress(Exception):
+            ok = check()
+        if ok:
+            return time.monotonic() - start
+        if pid is not None and not alive(pid):
+            raise StackError(f"{name} exited during start-up (see {log_path})", log_tail(log_path))
+        if time.monotonic() - start > timeout:
+            raise StackError(
+                f"{name} did not become healthy within {timeout:.0f}s (see {log_path})", log_tail(log_path)
+            )
+        time.sleep(interval)
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of a process and all its descendants (PSS where the kernel offers it)."""
+    total = 0
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            try:
+                total += int(proc.memory_full_info().pss)
+            except (psutil.AccessDenied, AttributeError):
+                total += int(proc.memory_info().rss)
+    return total

@@ -1,0 +1,315 @@
+"""How to fetch, start and health-check each real service of the local stack.
+
+Kafka (Apache, KRaft, jars from Maven Central), Redis (Debian redis-server, AOF), MinIO (built from
+its Go module), Ray head (Jobs API). Each ``start_*`` returns a :class:`ServiceRecord`; all bind
+127.0.0.1 on free ports and keep data under the run folder.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from llmbatch.stack.process import (
+    StackError,
+    free_port,
+    free_port_range,
+    port_open,
+    spawn,
+    wait_until,
+)
+from llmbatch.stack.state import CACHE_DIR, ServiceRecord
+
+KAFKA_VERSION = "4.2.0"
+# MinIO publishes no semver tags; this is the pseudo-version `go install ...@latest` resolved to on
+# 2026-11-22. Pinned so every machine builds the same server.
+MINIO_MODULE = "github.com/minio/minio@v0.0.0-20260212201848-7aac2a2c5b7c"
+
+_HERE = Path(__file__).resolve().parent
+
+
+def _run(argv: list[str], what: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+         timeout: float = 1800) -> None:
+    proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(env or {})},
+                          cwd=cwd, timeout=timeout, check=False)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
+        raise StackError(f"{what} failed (exit {proc.returncode})", tail)
+
+
+# --- Kafka ------------------------------------------------------------------------------------
+
+def kafka_libs() -> Path:
+    """Kafka broker jars, copied once from Maven Central into the cache."""
+    libs = CACHE_DIR / f"kafka-{KAFKA_VERSION}" / "libs"
+    if (libs / f"kafka_2.13-{KAFKA_VERSION}.jar").exists():
+        return libs
+    if not shutil.which("mvn"):
+        raise StackError("Maven (mvn) is needed to fetch the Kafka jars: apt-get install maven")
+    tmp = libs.with_name("libs.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    _run(["mvn", "-q", "-B", "-f", str(_HERE / "kafka" / "pom.xml"), "dependency:copy-dependencies",
+          f"-DoutputDirectory={tmp}", "-DincludeScope=runtime", f"-Dkafka.version={KAFKA_VERSION}"],
+         "fetching Kafka jars from Maven Central")
+    shutil.rmtree(libs, ignore_errors=True)
+    tmp.rename(libs)
+    return libs
+
+
+def start_kafka(run_dir: Path) -> ServiceRecord:
+    libs = kafka_libs()
+    data = run_dir / "kafka"
+    data.mkdir(parents=True, exist_ok=True)
+    port, controller = free_port(), free_port()
+    log = run_dir / "logs" / "kafka.log"
+    props = data / "server.properties"
+    props.write_text(
+        "\n".join([
+            "process.roles=broker,controller",
+            "node.id=1",
+            f"controller.quorum.bootstrap.servers=127.0.0.1:{controller}",
+            f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+            "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=PLAINTEXT",
+            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            f"log.dirs={data / 'logs'}",
+            "num.partitions=3",
+            "offsets.topic.replication.factor=1",
+            "offsets.topic.num.partitions=6",
+            "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1",
+            "share.coordinator.state.topic.replication.factor=1",
+            "share.coordinator.state.topic.min.isr=1",
+            "group.initial.rebalance.delay.ms=0",
+            "auto.create.topics.enable=false",
+            "log.retention.hours=168",
+            "",
+        ])
+    )
+    # a fresh data dir per start: ports change between starts and KRaft pins the controller address
+    shutil.rmtree(data / "logs", ignore_errors=True)
+    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    classpath = f"{libs}/*"
+    log4j = _HERE / "kafka" / "log4j2.properties"
+    java_opts = ["-Xms256m", "-Xmx512m", "-XX:+UseG1GC", f"-Dlog4j2.configurationFile={log4j}",
+                 "-Djava.awt.headless=true"]
+    _run(["java", *java_opts, "-cp", classpath, "kafka.tools.StorageTool", "format", "--standalone",
+          "-t", cluster_id, "-c", str(props)], "formatting the Kafka storage")
+    pid = spawn(["java", *java_opts, "-cp", classpath, "kafka.Kafka", str(props)], log)
+    waited = wait_until(lambda: _kafka_ready(port), 90, pid, "Kafka", log)
+    return ServiceRecord("kafka", pid, {"broker": port, "controller": controller},
+                         f"127.0.0.1:{port}", str(log), str(data), round(waited, 2))
+
+
+def _kafka_ready(port: int) -> bool:
+    """The broker answers a metadata request (not just an open port)."""
+    if not port_open(port):
+        return False
+    import asyncio
+
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    async def check() -> bool:
+        admin = AIOKafkaAdminClient(bootstrap_servers=f"127.0.0.1:{port}", request_timeout_ms=3000)
+        try:
+            await admin.start()
+            await admin.describe_cluster()
+            return True
+        finally:
+            await admin.close()
+
+    return asyncio.run(check())
+
+
+def kafka_healthy(rec: ServiceRecord) -> bool:
+    try:
+        return _kafka_ready(rec.ports["broker"])
+    except Exception:
+        return False
+
+
+# --- Redis ------------------------------------------------------------------------------------
+
+def redis_binary() -> str:
+    found = shutil.which("redis-server") or ("/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists()
+                                             else None)
+    if not found:
+        raise StackError("redis-server is missing: run scripts/bootstrap.sh (apt-get install redis-server)")
+    return found
+
+
+def start_redis(run_dir: Path, port: int | None = None, name: str = "redis") -> ServiceRecord:
+    data = run_dir / name
+    data.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    log = run_dir / "logs" / f"{name}.log"
+    argv = [redis_binary(), "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data),
+            "--appendonly", "yes", "--appendfsync", "everysec", "--daemonize", "no",
+            "--save", "", "--protected-mode", "yes", "--logfile", ""]
+    pid = spawn(argv, log)
+    waited = wait_until(lambda: _redis_ping(port), 20, pid, "Redis", log)
+    return ServiceRecord(name, pid, {"redis": port}, f"redis://127.0.0.1:{port}/0", str(log), str(data),
+                         round(waited, 2))
+
+
+def _redis_ping(port: int) -> bool:
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
+    try:
+        return bool(client.ping())
+    finally:
+        client.close()
+
+
+def redis_healthy(rec: ServiceRecord) -> bool:
+    try:
+        return _redis_ping(rec.ports["redis"])
+    except Exception:
+        return False
+
+
+# --- MinIO ------------------------------------------------------------------------------------
+
+def minio_binary() -> Path:
+    """The real MinIO server, built once from its Go module into the cache."""
+    tag = MINIO_MODULE.rsplit("@", 1)[1]
+    binary = CACHE_DIR / "bin" / f"minio-{tag}"
+    if binary.exists():
+        return binary
+    if not shutil.which("go"):
+        raise StackError("Go is needed to build MinIO (go install); install golang")
+    gobin = CACHE_DIR / "gobin-tmp"
+    shutil.rmtree(gobin, ignore_errors=True)
+    _run(["go", "install", MINIO_MODULE], "building MinIO with `go install` (first time: minutes)",
+         env={"GOBIN": str(gobin), "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"}, cwd=Path("/tmp"))
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    (gobin / "minio").rename(binary)
+    shutil.rmtree(gobin, ignore_errors=True)
+    return binary
+
+
+def start_minio(run_dir: Path) -> ServiceRecord:
+    binary = minio_binary()
+    data = run_dir / "minio"
+    data.mkdir(parents=True, exist_ok=True)
+    creds = data.parent / "minio.credentials.json"
+    if creds.exists():
+        user, password = json.loads(creds.read_text())
+    else:
+        user, password = "llmbatch-" + secrets.token_hex(4), secrets.token_urlsafe(24)
+        fd = os.open(creds, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump([user, password], fh)
+    port, console = free_port(), free_port()
+    log = run_dir / "logs" / "minio.log"
+    env = {"MINIO_ROOT_USER": user, "MINIO_ROOT_PASSWORD": password, "MINIO_BROWSER": "off",
+           "MINIO_UPDATE": "off", "MINIO_CI_CD": "1"}
+    pid = spawn([str(binary), "server", str(data), "--address", f"127.0.0.1:{port}",
+                 "--console-address", f"127.0.0.1:{console}", "--quiet"], log, env=env)
+    waited = wait_until(lambda: _http_ok(f"http://127.0.0.1:{port}/minio/health/ready"), 60, pid, "MinIO", log)
+    return ServiceRecord("minio", pid, {"s3": port, "console": console}, f"http://127.0.0.1:{port}",
+                         str(log), str(data), round(waited, 2),
+                         extra={"access_key": user, "secret_key": password})
+
+
+def _http_ok(url: str, timeout: float = 2.0) -> bool:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - loopback URL we built
+        return 200 <= int(resp.status) < 300
+
+
+def minio_healthy(rec: ServiceRecord) -> bool:
+    try:
+        return _http_ok(f"{rec.address}/minio/health/ready")
+    except Exception:
+        return False
+
+
+# --- Ray --------------------------------------------------------------------------------------
+
+def ray_executable() -> Path:
+    candidate = Path(sys.executable).parent / "ray"
+    if not candidate.exists():
+        raise StackError(f"`ray` not found beside {sys.executable}: run scripts/bootstrap.sh")
+    return candidate
+
+
+def start_ray(run_dir: Path, num_cpus: int = 2, object_store_bytes: int = 1_000_000_000) -> ServiceRecord:
+    # Ray's own temp dir must be short (unix socket paths are limited to 107 bytes)
+    temp = Path("/tmp") / f"llmbatch-ray-{os.getpid()}-{secrets.token_hex(3)}"
+    temp.mkdir(parents=True, exist_ok=True)
+    gcs, dashboard, client, agent = free_port(), free_port(), free_port(), free_port()
+    workers = free_port_range(200)
+    log = run_dir / "logs" / "ray.log"
+    env = {
+        "RAY_AUTH_MODE": "disabled",  # explicit: a stray ~/.ray/auth_token would otherwise turn auth on
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_DEDUP_LOGS": "0",
+        "PYTHONUNBUFFERED": "1",
+    }
+    argv = [str(ray_executable()), "start", "--head", "--block", f"--num-cpus={num_cpus}",
+            f"--port={gcs}", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dashboard}", "--include-dashboard=true",
+            f"--dashboard-agent-listen-port={agent}", f"--ray-client-server-port={client}",
+            f"--min-worker-port={workers}", f"--max-worker-port={workers + 199}",
+            f"--object-store-memory={object_store_bytes}", f"--temp-dir={temp}",
+            "--disable-usage-stats"]
+    pid = spawn(argv, log, env=env)
+    address = f"http://127.0.0.1:{dashboard}"
+    waited = wait_until(lambda: _ray_jobs_api_ready(address), 180, pid, "Ray head", log, interval=1.0)
+    return ServiceRecord("ray", pid, {"gcs": gcs, "dashboard": dashboard, "client": client},
+                         address, str(log), str(temp), round(waited, 2), extra={"gcs_address": f"127.0.0.1:{gcs}"})
+
+
+def _ray_jobs_api_ready(address: str) -> bool:
+    with urllib.request.urlopen(f"{address}/api/jobs/", timeout=3) as resp:  # noqa: S310 - loopback
+        return int(resp.status) == 200
+
+
+def ray_healthy(rec: ServiceRecord) -> bool:
+    try:
+        return _ray_jobs_api_ready(rec.address)
+    except Exception:
+        return False
+
+
+# --- registry ----------------------------------------------------------------------------------
+
+STARTERS: dict[str, Callable[[Path], ServiceRecord]] = {
+    "kafka": start_kafka,
+    "redis": start_redis,
+    "minio": start_minio,
+    "ray": start_ray,
+}
+HEALTH: dict[str, Callable[[ServiceRecord], bool]] = {
+    "kafka": kafka_healthy,
+    "redis": redis_healthy,
+    "minio": minio_healthy,
+    "ray": ray_healthy,
+}
+PREPARERS: dict[str, Callable[[], object]] = {
+    "kafka": kafka_libs,
+    "redis": redis_binary,
+    "minio": minio_binary,
+    "ray": ray_executable,
+}
+
+
+def wait_for(check: Callable[[], bool], seconds: float) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if check():
+            return True
+        time.sleep(0.5)
+    return False

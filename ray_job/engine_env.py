@@ -1,0 +1,50 @@
+"""Process environment for vLLM: offline, caches in one folder, and the CPU tuning measured here.
+
+These variables must be in place before the engine's process starts (``LD_PRELOAD`` in
+particular), so they are handed to Ray as ``runtime_env["env_vars"]`` or to a subprocess' env.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+from pathlib import Path
+
+_TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
+
+
+def engine_env(cache_dir: str | Path, *, cpu: bool = True, omp_threads_bind: str | None = None,
+               kv_cache_gib: int = 1, preload: bool = True) -> dict[str, str]:
+    """Environment for a process that builds ``vllm.LLM``.
+
+    ``omp_threads_bind`` (``VLLM_CPU_OMP_THREADS_BIND``) pins OpenMP threads, e.g. ``"0-1"``: about
+    40% faster on an idle machine, about 2x slower when other work loads the same cores, so it is a
+    setting; ``None`` lets vLLM choose. ``preload`` adds tcmalloc and Intel OpenMP via ``LD_PRELOAD``
+    when both are present (CPU only).
+    """
+    cache = Path(cache_dir)
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "VLLM_CACHE_ROOT": str(cache / "vllm"),
+        "XDG_CACHE_HOME": str(cache / "xdg"),
+        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    if cpu:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
+        if omp_threads_bind:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = omp_threads_bind
+        if preload:
+            libs = [p for p in (_TCMALLOC, _iomp5()) if p and os.path.exists(p)]
+            if len(libs) == 2:
+                env["LD_PRELOAD"] = ":".join(libs)
+    return env
+
+
+def _iomp5() -> str | None:
+    found = glob.glob(os.path.join(sys.prefix, "lib", "libiomp5.so"))
+    return found[0] if found else None

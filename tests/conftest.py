@@ -1,0 +1,49 @@
+"""Session-scoped real services (see tests/support/services.py for where each comes from)."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from llmbatch.settings import KafkaSettings, LLMBatchSettings, RaySettings, RedisSettings, S3Settings
+from tests.support.services import ServiceProvider
+
+
+@pytest.fixture(scope="session")
+def services() -> Iterator[ServiceProvider]:
+    run_dir = Path(tempfile.mkdtemp(prefix="llmbatch-test-stack-"))
+    provider = ServiceProvider(run_dir)
+    try:
+        yield provider
+    finally:
+        provider.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_settings(services: ServiceProvider) -> KafkaSettings:
+    return services.kafka()
+
+
+@pytest.fixture(scope="session")
+def redis_settings(services: ServiceProvider) -> RedisSettings:
+    return services.redis()
+
+
+@pytest.fixture(scope="session")
+def s3_settings(services: ServiceProvider) -> S3Settings:
+    return services.s3()
+
+
+@pytest.fixture(scope="session")
+def ray_settings(services: ServiceProvider) -> RaySettings:
+    return services.ray()
+
+
+@pytest.fixture(scope="session")
+def settings(kafka_settings: KafkaSettings, redis_settings: RedisSettings,
+             s3_settings: S3Settings) -> LLMBatchSettings:
+    """Settings pointing at real Kafka, Redis and MinIO (Ray: request ``ray_settings`` too)."""
+    return LLMBatchSettings(kafka=kafka_settings, redis=redis_settings, s3=s3_settings)

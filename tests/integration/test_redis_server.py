@@ -1,0 +1,55 @@
+"""Redis keeps data across a restart (AOF), as the state store relies on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from llmbatch.stack import services as stack_services
+from llmbatch.stack.process import alive, stop_tree
+from llmbatch.settings import RedisSettings
+
+pytestmark = pytest.mark.integration
+
+
+def _wait_dead(pid: int) -> None:
+    for _ in range(100):
+        if not alive(pid):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"redis pid {pid} still alive after SIGKILL")
+
+
+def test_shared_redis_answers(redis_settings: RedisSettings) -> None:
+    client = redis.Redis.from_url(redis_settings.url)
+    client.set("llmbatch:test:ping", "pong")
+    assert client.get("llmbatch:test:ping") == b"pong"
+    assert client.config_get("appendonly")["appendonly"] == "yes"
+
+
+def test_data_survives_restart_with_aof() -> None:
+    # a private server: restarting the shared one would disturb other tests
+    run_dir = Path(tempfile.mkdtemp(prefix="llmbatch-redis-aof-"))
+    rec = stack_services.start_redis(run_dir, name="redis-aof")
+    port = rec.ports["redis"]
+    try:
+        client = redis.Redis(host="127.0.0.1", port=port)
+        client.hset("batch:1", mapping={"state": "running", "version": "3"})
+        client.zadd("idx:running", {"1": 1.0})
+        client.close()
+        # a hard kill, not a clean shutdown: only the append-only file can bring the data back
+        os.kill(rec.pid, signal.SIGKILL)
+        _wait_dead(rec.pid)
+        rec = stack_services.start_redis(run_dir, port=port, name="redis-aof")
+        client = redis.Redis(host="127.0.0.1", port=port)
+        assert client.hgetall("batch:1") == {b"state": b"running", b"version": b"3"}
+        assert client.zscore("idx:running", "1") == 1.0
+        client.close()
+    finally:
+        stop_tree(rec.pid)

@@ -1,0 +1,123 @@
+"""Where the test suite gets each real service from, in this order:
+
+1. an address given in the environment (``LLMBATCH_KAFKA__BOOTSTRAP_SERVERS``, ``LLMBATCH_REDIS__URL``,
+   ``LLMBATCH_S3__ENDPOINT`` + keys, ``LLMBATCH_RAY__ADDRESS``);
+2. a container via testcontainers when a Docker engine answers (Kafka, Redis, MinIO; Ray has no
+   supported container here, so it always comes from 1 or 3);
+3. the project's local stack (real binaries), started once per test session in a temporary run
+   folder on free 127.0.0.1 ports and stopped by PID at the end.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from llmbatch.settings import KafkaSettings, LLMBatchSettings, RaySettings, RedisSettings, S3Settings
+from llmbatch.stack import manager
+from llmbatch.stack.state import StackState
+
+ENV_KEYS = {
+    "kafka": "LLMBATCH_KAFKA__BOOTSTRAP_SERVERS",
+    "redis": "LLMBATCH_REDIS__URL",
+    "minio": "LLMBATCH_S3__ENDPOINT",
+    "ray": "LLMBATCH_RAY__ADDRESS",
+}
+
+
+def docker_available() -> bool:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=2)
+        client.ping()
+        return True
+    except Exception:
+        return False
+
+
+class ServiceProvider:
+    """Hands out real services on demand and cleans up whatever it started itself."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self._docker = docker_available()
+        self._containers: list[Any] = []
+        self._local: set[str] = set()
+        self.sources: dict[str, str] = {}
+
+    # each method returns the address in the form the settings want
+    def kafka(self) -> KafkaSettings:
+        if os.environ.get(ENV_KEYS["kafka"]):
+            self.sources["kafka"] = "env"
+            return LLMBatchSettings().kafka
+        if self._docker:
+            from testcontainers.kafka import KafkaContainer
+
+            container = KafkaContainer("apache/kafka:4.2.0").with_kraft()
+            container.start()
+            self._containers.append(container)
+            self.sources["kafka"] = "testcontainers"
+            return KafkaSettings(bootstrap_servers=container.get_bootstrap_server())
+        rec = self._start_local("kafka")
+        return KafkaSettings(bootstrap_servers=rec.address)
+
+    def redis(self) -> RedisSettings:
+        if os.environ.get(ENV_KEYS["redis"]):
+            self.sources["redis"] = "env"
+            return LLMBatchSettings().redis
+        if self._docker:
+            from testcontainers.redis import RedisContainer
+
+            container = RedisContainer("redis:7.4").with_command("redis-server --appendonly yes")
+            container.start()
+            self._containers.append(container)
+            self.sources["redis"] = "testcontainers"
+            host, port = container.get_container_host_ip(), container.get_exposed_port(6379)
+            return RedisSettings(url=f"redis://{host}:{port}/0")
+        rec = self._start_local("redis")
+        return RedisSettings(url=rec.address)
+
+    def s3(self) -> S3Settings:
+        if os.environ.get(ENV_KEYS["minio"]):
+            self.sources["minio"] = "env"
+            return LLMBatchSettings().s3
+        if self._docker:
+            from testcontainers.minio import MinioContainer
+
+            container = MinioContainer("minio/minio:RELEASE.2025-09-07T16-13-09Z")
+            container.start()
+            self._containers.append(container)
+            self.sources["minio"] = "testcontainers"
+            cfg = container.get_config()
+            return S3Settings(endpoint=f"http://{cfg['endpoint']}", access_key=cfg["access_key"],
+                              secret_key=cfg["secret_key"])
+        rec = self._start_local("minio")
+        return S3Settings(endpoint=rec.address, access_key=rec.extra["access_key"],
+                          secret_key=rec.extra["secret_key"])
+
+    def ray(self) -> RaySettings:
+        if os.environ.get(ENV_KEYS["ray"]):
+            self.sources["ray"] = "env"
+            return LLMBatchSettings().ray
+        rec = self._start_local("ray")
+        return RaySettings(address=rec.address)
+
+    def local_record(self, name: str) -> manager.ServiceRecord | None:
+        return StackState.load(self.run_dir).services.get(name)
+
+    def _start_local(self, name: str) -> manager.ServiceRecord:
+        state = manager.up(self.run_dir, [name])
+        self._local.add(name)
+        self.sources[name] = "local stack"
+        return state.services[name]
+
+    def close(self) -> None:
+        for container in self._containers:
+            try:
+                container.stop()
+            except Exception:  # noqa: S112 - best effort teardown
+                continue
+        if self._local:
+            manager.down(self.run_dir, sorted(self._local))
