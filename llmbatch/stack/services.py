@@ -14,7 +14,7 @@ import secrets
 import shutil
 import subprocess
 import sys
-import time
+import tempfile
 import urllib.request
 import uuid
 from collections.abc import Callable
@@ -142,8 +142,8 @@ def kafka_healthy(rec: ServiceRecord) -> bool:
 # --- Redis ------------------------------------------------------------------------------------
 
 def redis_binary() -> str:
-    found = shutil.which("redis-server") or ("/usr/bin/redis-server" if Path("/usr/bin/redis-server").exists()
-                                             else None)
+    debian = Path("/usr/bin/redis-server")
+    found = shutil.which("redis-server") or (str(debian) if debian.exists() else None)
     if not found:
         raise StackError("redis-server is missing: run scripts/bootstrap.sh (apt-get install redis-server)")
     return found
@@ -193,7 +193,8 @@ def minio_binary() -> Path:
     gobin = CACHE_DIR / "gobin-tmp"
     shutil.rmtree(gobin, ignore_errors=True)
     _run(["go", "install", MINIO_MODULE], "building MinIO with `go install` (first time: minutes)",
-         env={"GOBIN": str(gobin), "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"}, cwd=Path("/tmp"))
+         env={"GOBIN": str(gobin), "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"},
+         cwd=Path(tempfile.gettempdir()))
     binary.parent.mkdir(parents=True, exist_ok=True)
     (gobin / "minio").rename(binary)
     shutil.rmtree(gobin, ignore_errors=True)
@@ -218,7 +219,8 @@ def start_minio(run_dir: Path) -> ServiceRecord:
            "MINIO_UPDATE": "off", "MINIO_CI_CD": "1"}
     pid = spawn([str(binary), "server", str(data), "--address", f"127.0.0.1:{port}",
                  "--console-address", f"127.0.0.1:{console}", "--quiet"], log, env=env)
-    waited = wait_until(lambda: _http_ok(f"http://127.0.0.1:{port}/minio/health/ready"), 60, pid, "MinIO", log)
+    ready = f"http://127.0.0.1:{port}/minio/health/ready"
+    waited = wait_until(lambda: _http_ok(ready), 60, pid, "MinIO", log)
     return ServiceRecord("minio", pid, {"s3": port, "console": console}, f"http://127.0.0.1:{port}",
                          str(log), str(data), round(waited, 2),
                          extra={"access_key": user, "secret_key": password})
@@ -247,7 +249,7 @@ def ray_executable() -> Path:
 
 def start_ray(run_dir: Path, num_cpus: int = 2, object_store_bytes: int = 1_000_000_000) -> ServiceRecord:
     # Ray's own temp dir must be short (unix socket paths are limited to 107 bytes)
-    temp = Path("/tmp") / f"llmbatch-ray-{os.getpid()}-{secrets.token_hex(3)}"
+    temp = Path(tempfile.gettempdir()) / f"llmbatch-ray-{os.getpid()}-{secrets.token_hex(3)}"
     temp.mkdir(parents=True, exist_ok=True)
     gcs, dashboard, client, agent = free_port(), free_port(), free_port(), free_port()
     workers = free_port_range(200)
@@ -269,7 +271,8 @@ def start_ray(run_dir: Path, num_cpus: int = 2, object_store_bytes: int = 1_000_
     address = f"http://127.0.0.1:{dashboard}"
     waited = wait_until(lambda: _ray_jobs_api_ready(address), 180, pid, "Ray head", log, interval=1.0)
     return ServiceRecord("ray", pid, {"gcs": gcs, "dashboard": dashboard, "client": client},
-                         address, str(log), str(temp), round(waited, 2), extra={"gcs_address": f"127.0.0.1:{gcs}"})
+                         address, str(log), str(temp), round(waited, 2),
+                         extra={"gcs_address": f"127.0.0.1:{gcs}"})
 
 
 def _ray_jobs_api_ready(address: str) -> bool:
@@ -305,11 +308,3 @@ PREPARERS: dict[str, Callable[[], object]] = {
     "ray": ray_executable,
 }
 
-
-def wait_for(check: Callable[[], bool], seconds: float) -> bool:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if check():
-            return True
-        time.sleep(0.5)
-    return False

@@ -34,7 +34,7 @@ def generate(model: str, prompts: list[str], max_tokens: int) -> dict[str, Any]:
     llm = LLM(model=model, dtype="bfloat16", enforce_eager=True, max_model_len=2048, seed=0)
     start_s = time.perf_counter() - t0
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    conversations = [[{"role": "user", "content": p}] for p in prompts]
+    conversations: list[list[Any]] = [[{"role": "user", "content": p}] for p in prompts]
     t1 = time.perf_counter()
     outputs = llm.chat(conversations, params, use_tqdm=False)
     gen_s = time.perf_counter() - t1

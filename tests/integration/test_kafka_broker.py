@@ -32,8 +32,10 @@ async def _produce(kafka: KafkaSettings, topic: str, n: int, key_prefix: str = "
     await producer.start()
     try:
         futures = [
-            await producer.send(topic, value=f"v{i}".encode(), key=f"{key_prefix}{i}".encode(),
-                                headers=[("ce_id", f"id-{i}".encode()), ("content-type", b"application/json")])
+            await producer.send(
+                topic, value=f"v{i}".encode(), key=f"{key_prefix}{i}".encode(),
+                headers=[("ce_id", f"id-{i}".encode()), ("content-type", b"application/json")],
+            )
             for i in range(n)
         ]
         await asyncio.gather(*futures)
@@ -69,7 +71,7 @@ async def test_topic_produce_consume_commit_and_resume(kafka_settings: KafkaSett
 
     first = await _consume(kafka_settings, topic, group, 12)
     assert len(first) == 12
-    partition, _, key, value, headers = first[0]
+    _, _, key, value, headers = first[0]
     assert key.startswith(b"k") and value.startswith(b"v")
     assert ("content-type", b"application/json") in headers
     assert any(h[0] == "ce_id" for h in headers)

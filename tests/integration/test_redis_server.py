@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from llmbatch.settings import RedisSettings
 from llmbatch.stack import services as stack_services
 from llmbatch.stack.process import alive, stop_tree
-from llmbatch.settings import RedisSettings
 
 pytestmark = pytest.mark.integration
 
