@@ -152,30 +152,33 @@ def redis_binary() -> str:
 def start_redis(run_dir: Path, port: int | None = None, name: str = "redis") -> ServiceRecord:
     data = run_dir / name
     data.mkdir(parents=True, exist_ok=True)
+    if port is not None and port_open(port):
+        raise StackError(f"Redis cannot use port {port}: something already listens there")
     port = port or free_port()
     log = run_dir / "logs" / f"{name}.log"
     argv = [redis_binary(), "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data),
             "--appendonly", "yes", "--appendfsync", "everysec", "--daemonize", "no",
             "--save", "", "--protected-mode", "yes", "--logfile", ""]
     pid = spawn(argv, log)
-    waited = wait_until(lambda: _redis_ping(port), 20, pid, "Redis", log)
+    waited = wait_until(lambda: _redis_ping(port, pid), 20, pid, "Redis", log)
     return ServiceRecord(name, pid, {"redis": port}, f"redis://127.0.0.1:{port}/0", str(log), str(data),
                          round(waited, 2))
 
 
-def _redis_ping(port: int) -> bool:
+def _redis_ping(port: int, pid: int) -> bool:
+    """The server on ``port`` answers and is the process we started (not another one on that port)."""
     import redis
 
     client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
     try:
-        return bool(client.ping())
+        return int(client.info("server")["process_id"]) == pid
     finally:
         client.close()
 
 
 def redis_healthy(rec: ServiceRecord) -> bool:
     try:
-        return _redis_ping(rec.ports["redis"])
+        return _redis_ping(rec.ports["redis"], rec.pid)
     except Exception:
         return False
 
