@@ -1,0 +1,161 @@
+"""llmbatch contracts: pydantic v2 models shared by the producer, the dispatcher and the Ray job.
+
+Imports only pydantic, orjson and the standard library (it ships to Ray workers). Modules:
+
+- :mod:`schemas.errors` - :class:`SchemaError` (the one error type, with ``reason``/``field``).
+- :mod:`schemas.common` - constrained ids, names, URIs, :class:`Endpoint`, :class:`BatchStatus`.
+- :mod:`schemas.openai` - OpenAI batch input/output lines, typed bodies, the per-line parser.
+- :mod:`schemas.batch` - :class:`BatchRequest`, :class:`CancelRequest`, acceptance checks.
+- :mod:`schemas.events` - event types, result event data models, the type registry.
+- :mod:`schemas.cloudevents` - the CloudEvents binary-mode Kafka codec.
+- :mod:`schemas.dlt` - dead-letter and replay headers.
+- :mod:`schemas.job` - :class:`JobSpec`, :class:`EngineConfig`, :class:`Manifest`.
+
+``python -m schemas.generate`` regenerates ``schemas/json/*.schema.json`` and ``schemas/asyncapi.yaml``.
+"""
+
+from schemas.batch import (
+    DEFAULT_COMPLETION_WINDOW,
+    BatchRequest,
+    CancelRequest,
+    InlineLimits,
+    check_deadline,
+    check_inline_limits,
+    check_submittable,
+    parse_batch_request,
+)
+from schemas.cloudevents import Envelope, decode, encode, stable_event_id
+from schemas.common import (
+    BatchId,
+    BatchStatus,
+    Endpoint,
+    Metadata,
+    ModelName,
+    S3Prefix,
+    S3Uri,
+    Tenant,
+    format_time,
+    parse_duration,
+    utcnow,
+)
+from schemas.dlt import DltReason, DltRecord, ReplayInfo
+from schemas.errors import Reason, SchemaError
+from schemas.events import (
+    EVENT_DATA_MODELS,
+    REQUEST_EVENT_TYPES,
+    RESULT_EVENT_TYPES,
+    TERMINAL_EVENT_TYPES,
+    TERMINAL_TYPE_BY_STATUS,
+    BatchAccepted,
+    BatchCancelled,
+    BatchCompleted,
+    BatchExpired,
+    BatchFailed,
+    BatchProgress,
+    EventData,
+    EventType,
+    TerminalEventData,
+    event_type_for,
+)
+from schemas.job import (
+    MANIFEST_NAME,
+    AttemptRecord,
+    EngineConfig,
+    JobSpec,
+    Manifest,
+    ShardInfo,
+    Timings,
+    output_prefix,
+    parse_job_spec,
+    parse_manifest,
+    shard_name,
+    submission_id,
+)
+from schemas.openai import (
+    BatchInputLine,
+    BatchOutputLine,
+    ChatCompletionBody,
+    ChatMessage,
+    CompletionBody,
+    ErrorObject,
+    InputReport,
+    LineResult,
+    RequestCounts,
+    ResponseObject,
+    Usage,
+    check_input_lines,
+    iter_input_lines,
+    parse_input_line,
+)
+
+__all__ = [
+    "DEFAULT_COMPLETION_WINDOW",
+    "EVENT_DATA_MODELS",
+    "MANIFEST_NAME",
+    "REQUEST_EVENT_TYPES",
+    "RESULT_EVENT_TYPES",
+    "TERMINAL_EVENT_TYPES",
+    "TERMINAL_TYPE_BY_STATUS",
+    "AttemptRecord",
+    "BatchAccepted",
+    "BatchCancelled",
+    "BatchCompleted",
+    "BatchExpired",
+    "BatchFailed",
+    "BatchId",
+    "BatchInputLine",
+    "BatchOutputLine",
+    "BatchProgress",
+    "BatchRequest",
+    "BatchStatus",
+    "CancelRequest",
+    "ChatCompletionBody",
+    "ChatMessage",
+    "CompletionBody",
+    "DltReason",
+    "DltRecord",
+    "Endpoint",
+    "EngineConfig",
+    "Envelope",
+    "ErrorObject",
+    "EventData",
+    "EventType",
+    "InlineLimits",
+    "InputReport",
+    "JobSpec",
+    "LineResult",
+    "Manifest",
+    "Metadata",
+    "ModelName",
+    "Reason",
+    "ReplayInfo",
+    "RequestCounts",
+    "ResponseObject",
+    "S3Prefix",
+    "S3Uri",
+    "SchemaError",
+    "ShardInfo",
+    "Tenant",
+    "TerminalEventData",
+    "Timings",
+    "Usage",
+    "check_deadline",
+    "check_inline_limits",
+    "check_input_lines",
+    "check_submittable",
+    "decode",
+    "encode",
+    "event_type_for",
+    "format_time",
+    "iter_input_lines",
+    "output_prefix",
+    "parse_batch_request",
+    "parse_duration",
+    "parse_input_line",
+    "parse_job_spec",
+    "parse_manifest",
+    "shard_name",
+    "stable_event_id",
+    "submission_id",
+    "utcnow",
+]

@@ -1,0 +1,230 @@
+"""Dispatcher <-> Ray job contract: :class:`JobSpec` in, :class:`Manifest` out.
+
+The dispatcher hands a :class:`JobSpec` to the job (as JSON); the job writes results under
+``output_prefix`` (``s3://<results bucket>/<tenant>/<batch_id>/``) and, last, a :class:`Manifest`
+at ``<output_prefix>manifest.json``. Only shards listed in the manifest are final: a crashed
+attempt may leave stray files, which readers must ignore.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, model_validator
+
+from schemas.common import BatchId, BatchStatus, Endpoint, ModelName, S3Prefix, S3Uri, Tenant, UtcDatetime
+from schemas.errors import SchemaError
+from schemas.openai import BatchInputLine, ErrorObject, RequestCounts, Usage
+
+MANIFEST_NAME = "manifest.json"
+SHARD_KINDS = ("output", "error")
+
+
+def submission_id(batch_id: str, attempt: int) -> str:
+    """The Ray submission id of an attempt: ``<batch_id>-a<attempt>``."""
+    return f"{batch_id}-a{attempt}"
+
+
+def output_prefix(bucket: str, tenant: str, batch_id: str) -> str:
+    """``s3://<bucket>/<tenant>/<batch_id>/``: where a batch's results and manifest live."""
+    return f"s3://{bucket}/{tenant}/{batch_id}/"
+
+
+def shard_name(kind: Literal["output", "error"], index: int, attempt: int | None = None) -> str:
+    """``output-00000.jsonl`` / ``error-00003.jsonl``; with ``attempt``: ``output-a2-00000.jsonl``.
+
+    The Ray job always names shards per attempt, so a retried attempt never overwrites (or appends
+    to) a shard an earlier attempt wrote.
+    """
+    if attempt is not None:
+        return f"{kind}-a{attempt}-{index:05d}.jsonl"
+    return f"{kind}-{index:05d}.jsonl"
+
+
+class EngineConfig(BaseModel):
+    """How the job runs the engine (vLLM): parallelism, resources and engine arguments."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    batch_size: int = Field(default=64, ge=1, le=65_536, description="Requests per Ray Data batch.")
+    replicas: int = Field(default=1, ge=1, le=1024, description="Engine actors (data parallelism).")
+    num_gpus_per_replica: float = Field(default=0.0, ge=0, le=64, description="0 on CPU.")
+    num_cpus_per_replica: float = Field(default=1.0, gt=0, le=1024)
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    max_model_len: int | None = Field(default=None, ge=16)
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    enforce_eager: bool = False
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Passed to the engine verbatim (e.g. gpu_memory_utilization)."
+    )
+    batches_in_flight: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="Batches each engine replica works on at once, so the engine never idles between "
+        "batches.",
+    )
+    backend: Literal["vllm", "fake"] = Field(
+        default="vllm",
+        description="'fake' = a fast deterministic stand-in for tests (same pipeline, no model). "
+        "Never in production.",
+    )
+    fake_delay_s: float = Field(default=0.0, ge=0, le=60, description="fake backend: seconds per request.")
+    fake_fail_custom_ids: list[str] = Field(
+        default_factory=list, description="fake backend: requests that fail with an engine error."
+    )
+
+
+class JobSpec(BaseModel):
+    """Everything one Ray job attempt needs; exactly one of ``input_uri`` and ``requests``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    batch_id: BatchId
+    attempt: int = Field(ge=1)
+    endpoint: Endpoint
+    model: ModelName
+    model_path: str | None = Field(
+        default=None, description="What the engine loads (local folder or HF id); defaults to model."
+    )
+    tenant: Tenant = "default"
+    input_uri: S3Uri | None = None
+    requests: Annotated[list[BatchInputLine], Field(min_length=1)] | None = None
+    output_prefix: S3Prefix
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    redis_url: str | None = Field(default=None, description="Where to write progress counters, if set.")
+    progress_key: str | None = Field(
+        default=None, description="Redis hash the job writes progress to (chosen by the dispatcher)."
+    )
+    progress_interval_s: float = Field(default=5.0, gt=0, le=3600)
+    shard_max_lines: int = Field(default=10_000, ge=1, description="Lines per output/error shard at most.")
+    shard_max_bytes: int = Field(default=64 << 20, ge=1024, description="Bytes per shard at most (about).")
+    shard_max_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="Close a shard after this long, so a crash loses at most this much work.",
+    )
+    deadline: UtcDatetime | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSpec:
+        if (self.input_uri is None) == (self.requests is None):
+            raise ValueError("set exactly one of input_uri or requests")
+        if not self.output_prefix.endswith(f"/{self.batch_id}/"):
+            raise ValueError(
+                f"output_prefix must end with '/{self.batch_id}/' (s3://bucket/<tenant>/<batch_id>/)"
+            )
+        return self
+
+    @property
+    def submission_id(self) -> str:
+        """``<batch_id>-a<attempt>``."""
+        return submission_id(self.batch_id, self.attempt)
+
+    @property
+    def manifest_uri(self) -> str:
+        """``<output_prefix>manifest.json``."""
+        return self.output_prefix + MANIFEST_NAME
+
+
+class ShardInfo(BaseModel):
+    """One result file listed by a manifest."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    uri: S3Uri
+    lines: int = Field(ge=0)
+    size_bytes: int | None = Field(default=None, ge=0)
+    attempt: int = Field(default=1, ge=1, description="Attempt that wrote it.")
+
+
+class AttemptRecord(BaseModel):
+    """What one attempt did (the manifest keeps the history)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    attempt: int = Field(ge=1)
+    submission_id: str
+    status: BatchStatus | Literal["partial"]
+    started_at: UtcDatetime | None = None
+    finished_at: UtcDatetime | None = None
+    completed: int = Field(default=0, ge=0)
+    failed: int = Field(default=0, ge=0)
+    error: ErrorObject | None = None
+
+
+class Timings(BaseModel):
+    """Wall-clock timings of the attempt that wrote the manifest."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    started_at: UtcDatetime
+    finished_at: UtcDatetime
+    engine_start_s: float | None = Field(default=None, ge=0)
+    generation_s: float | None = Field(default=None, ge=0)
+
+
+class Manifest(BaseModel):
+    """``<output_prefix>manifest.json``: the authoritative list of final shards and the totals."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    schema_version: Literal[1] = 1
+    batch_id: BatchId
+    attempt: int = Field(ge=1, description="The attempt that wrote this manifest.")
+    status: Literal[
+        BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.CANCELLED, BatchStatus.EXPIRED, "partial"
+    ] = Field(
+        description="'completed' = every request ended; 'partial' = the job stopped early (results kept)."
+    )
+    request_counts: RequestCounts = Field(default_factory=RequestCounts)
+    usage: Usage = Field(default_factory=Usage)
+    output_shards: list[ShardInfo] = Field(default_factory=list)
+    error_shards: list[ShardInfo] = Field(default_factory=list)
+    attempts: list[AttemptRecord] = Field(default_factory=list)
+    timings: Timings
+    error: ErrorObject | None = None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def output_uris(self) -> list[str]:
+        """URIs of the final output shards, in order."""
+        return [shard.uri for shard in self.output_shards]
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def error_uris(self) -> list[str]:
+        """URIs of the final error shards, in order."""
+        return [shard.uri for shard in self.error_shards]
+
+    @property
+    def started_at(self) -> datetime:
+        """Start of the attempt that wrote the manifest."""
+        return self.timings.started_at
+
+    @property
+    def finished_at(self) -> datetime:
+        """End of the attempt that wrote the manifest."""
+        return self.timings.finished_at
+
+    def to_json(self) -> bytes:
+        """The manifest as JSON bytes (what the job writes)."""
+        return self.model_dump_json(indent=2).encode()
+
+
+def parse_manifest(raw: bytes | str) -> Manifest:
+    """Parse ``manifest.json``; raises :class:`SchemaError`."""
+    try:
+        return Manifest.model_validate_json(raw)
+    except ValidationError as exc:
+        raise SchemaError.from_validation_error(exc) from None
+
+
+def parse_job_spec(raw: bytes | str) -> JobSpec:
+    """Parse a JSON :class:`JobSpec`; raises :class:`SchemaError`."""
+    try:
+        return JobSpec.model_validate_json(raw)
+    except ValidationError as exc:
+        raise SchemaError.from_validation_error(exc) from None
