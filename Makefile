@@ -6,10 +6,12 @@ PYTEST_ARGS ?=
 
 .PHONY: setup up down status demo test test-fast lint bench clean-run
 
-# Installs what is missing (Debian packages, cached venv, Kafka jars, MinIO binary, model).
+# Installs what is missing (Debian packages, cached venv, Kafka jars, MinIO binary, model, and the
+# Go tool that renders/validates deploy/). Everything heavy is cached in ~/.cache/llmbatch.
 setup:
 	bash scripts/bootstrap.sh
 	$(LLMBATCH) stack prepare
+	$(PY) scripts/validate_deploy.py --build
 
 up: setup
 	$(LLMBATCH) stack up

