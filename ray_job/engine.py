@@ -1,0 +1,236 @@
+"""Engine stage: a Ray Data callable class holding one engine, shared by concurrent batches.
+
+Ray Data hands each engine actor several batches at once (``max_concurrency`` threads, see
+:mod:`ray_job.pipeline`). Every batch thread passes its requests to one :class:`EngineRunner`,
+whose single stepping thread adds them to the engine between steps and hands each finished
+request back to the batch that owns it. The engine therefore keeps running new requests while
+earlier batches drain (continuous batching across Ray Data batches), the way plain vLLM does
+with one big list.
+
+Isolation: a request the engine refuses when it is added becomes an error row for that request
+only. An engine that dies fails every waiting batch with :class:`~ray_job.errors.EngineDeadError`:
+the attempt fails (retriable) instead of turning the rest of the batch into error lines.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Protocol
+
+import orjson
+import pyarrow as pa
+
+from ray_job import rows
+from ray_job.errors import EngineDeadError, RequestFailure
+from ray_job.formatting import error_line, output_line
+from ray_job.records import Generation, GenRequest
+from ray_job.sampling import fit_context
+from schemas.common import Endpoint
+from schemas.job import EngineConfig
+
+
+class Backend(Protocol):
+    """An engine driven one step at a time (vLLM, or the fake for tests)."""
+
+    max_model_len: int
+    default_max_tokens: int | None
+
+    def add(self, request: GenRequest) -> None:
+        """Queue one request; raise to refuse it (:class:`EngineDeadError` = the engine is gone)."""
+
+    def has_unfinished(self) -> bool:
+        """True while added requests have not finished."""
+
+    def step(self) -> list[Generation]:
+        """Run one engine step; return the requests that finished in it."""
+
+
+class _Waiter:
+    """The results one batch is waiting for."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self.pending = set(keys)
+        self.results: dict[str, Generation] = {}
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        if not self.pending:
+            self.done.set()
+
+    def deliver(self, gen: Generation) -> None:
+        self.results[gen.key] = gen
+        self.pending.discard(gen.key)
+        if not self.pending:
+            self.done.set()
+
+    def fail(self, exc: BaseException) -> None:
+        self.error = exc
+        self.done.set()
+
+
+class EngineRunner:
+    """Serialises all engine access in one thread; :meth:`generate` may be called from many."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self._inbox: queue.SimpleQueue[tuple[list[GenRequest], _Waiter]] = queue.SimpleQueue()
+        self._owners: dict[str, _Waiter] = {}
+        self._admitting: list[_Waiter] = []
+        self._lock = threading.Lock()
+        self._fatal: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="engine-stepper", daemon=True)
+        self._thread.start()
+
+    def generate(self, requests: list[GenRequest]) -> list[Generation]:
+        """Run ``requests`` (keys unique across calls in flight); results in the same order."""
+        waiter = _Waiter([r.key for r in requests])
+        if not requests:
+            return []
+        with self._lock:
+            if self._fatal is not None:
+                raise EngineDeadError(f"the engine stopped: {self._fatal!r}") from self._fatal
+            self._inbox.put((requests, waiter))
+        waiter.done.wait()
+        if waiter.error is not None:
+            raise EngineDeadError(f"the engine stopped: {waiter.error!r}") from waiter.error
+        return [waiter.results[r.key] for r in requests]
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                self._admit(block=not self.backend.has_unfinished())
+                if self.backend.has_unfinished():
+                    for gen in self.backend.step():
+                        owner = self._owners.pop(gen.key, None)
+                        if owner is not None:
+                            owner.deliver(gen)
+        except BaseException as exc:
+            with self._lock:
+                self._fatal = exc
+                waiters = set(self._owners.values()) | set(self._admitting)
+                while True:
+                    try:
+                        waiters.add(self._inbox.get_nowait()[1])
+                    except queue.Empty:
+                        break
+            for waiter in waiters:
+                waiter.fail(exc)
+
+    def _admit(self, *, block: bool) -> None:
+        items = [self._inbox.get()] if block else []
+        while True:
+            try:
+                items.append(self._inbox.get_nowait())
+            except queue.Empty:
+                break
+        self._admitting = [waiter for _, waiter in items]
+        for requests, waiter in items:
+            for request in requests:
+                try:
+                    self.backend.add(request)
+                except EngineDeadError:
+                    raise
+                except Exception as exc:
+                    waiter.deliver(Generation(request.key, failure=RequestFailure.from_engine_exception(exc)))
+                else:
+                    self._owners[request.key] = waiter
+        self._admitting = []
+
+
+def make_backend(model_path: str, config: EngineConfig) -> Backend:
+    """The backend named by ``config.backend``."""
+    if config.backend == "fake":
+        from ray_job.backend_fake import FakeBackend
+
+        return FakeBackend(config)
+    from ray_job.backend_vllm import VllmBackend
+
+    return VllmBackend(model_path, config)
+
+
+class EngineStage:
+    """Ray Data callable class: request rows in, output / error rows out (other rows pass through)."""
+
+    def __init__(self, *, model_path: str, engine: str, endpoint: str, batch_id: str, model: str) -> None:
+        config = EngineConfig.model_validate_json(engine)
+        started = time.perf_counter()
+        backend = make_backend(model_path, config)
+        self.engine_start_s = time.perf_counter() - started
+        self.ready_at = time.time()
+        self._runner = EngineRunner(backend)
+        self._endpoint = Endpoint(endpoint)
+        self._batch_id = batch_id
+        self._model = model
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        return rows.to_table(self.process(rows.from_table(batch)))
+
+    def process(self, batch: list[rows.Row]) -> list[rows.Row]:
+        """Run the request rows of ``batch``; keep the order of the other rows."""
+        backend = self._runner.backend
+        prompt_field = "messages" if self._endpoint is Endpoint.CHAT_COMPLETIONS else "prompt"
+        out: list[rows.Row] = []
+        requests: list[GenRequest] = []
+        owners: dict[str, rows.Row] = {}
+        for row in batch:
+            if row.kind != rows.REQUEST:
+                out.append(row)
+                continue
+            prompt = orjson.loads(row.payload)
+            sampling = prompt["sampling"]
+            failure = fit_context(
+                sampling,
+                row.prompt_tokens,
+                backend.max_model_len,
+                prompt_field=prompt_field,
+                default_max_tokens=backend.default_max_tokens,
+            )
+            if failure is not None:
+                out.append(self._error_row(row, failure))
+                continue
+            key = str(row.line_no)
+            requests.append(
+                GenRequest(
+                    key,
+                    prompt["prompt_token_ids"],
+                    sampling,
+                    prompt_text=prompt.get("prompt", ""),
+                    custom_id=row.custom_id,
+                )
+            )
+            owners[key] = row
+        created = int(time.time())
+        for gen in self._runner.generate(requests):
+            row = owners[gen.key]
+            if gen.failure is not None:
+                out.append(self._error_row(row, gen.failure))
+                continue
+            payload = output_line(
+                self._endpoint,
+                gen,
+                batch_id=self._batch_id,
+                custom_id=row.custom_id,
+                line_no=row.line_no,
+                model=self._model,
+                created=created,
+            )
+            out.append(
+                rows.Row(
+                    row.line_no,
+                    rows.OUTPUT,
+                    row.custom_id,
+                    payload,
+                    gen.prompt_tokens,
+                    gen.completion_tokens,
+                    self.engine_start_s,
+                    self.ready_at,
+                )
+            )
+        return out
+
+    def _error_row(self, row: rows.Row, failure: RequestFailure) -> rows.Row:
+        payload = error_line(failure, batch_id=self._batch_id, custom_id=row.custom_id, line_no=row.line_no)
+        return rows.Row(
+            row.line_no, rows.ERROR, row.custom_id, payload, 0, 0, self.engine_start_s, self.ready_at
+        )

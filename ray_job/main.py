@@ -1,0 +1,364 @@
+"""One attempt of one batch, end to end: spec -> resume scan -> pipeline -> shards -> manifest.
+
+The driver consumes the pipeline's finished rows as they stream in, writes them into rolling
+shards (:mod:`ray_job.writer`), keeps the progress counters and, last, writes the manifest and
+prints the ``LLMBATCH_RESULT`` line. On SIGTERM (Ray ``stop_job``, cancellation) or at the spec's
+deadline it stops early, still writing what finished and a ``partial`` manifest.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import signal
+import sys
+import threading
+import time
+from datetime import datetime
+from types import FrameType
+from typing import Any
+
+import orjson
+from pyarrow import fs as pafs
+
+from ray_job import manifest, pipeline, resume, rows, s3
+from ray_job import spec as spec_loader
+from ray_job.errors import EngineDeadError, ExitCode, InputNotFoundError, InvalidSpecError, JobError
+from ray_job.manifest import Status
+from ray_job.parse import count_request_lines
+from ray_job.progress import Counters, Progress
+from ray_job.writer import ShardWriter
+from schemas.common import BatchStatus, utcnow
+from schemas.job import MANIFEST_NAME, AttemptRecord, JobSpec, Manifest
+from schemas.openai import ErrorObject, Usage
+
+RESULT_PREFIX = "LLMBATCH_RESULT "
+log = logging.getLogger("ray_job")
+
+
+class StopRequested(BaseException):
+    """SIGTERM/SIGINT or the deadline: stop, keep what finished (a BaseException so no
+    ``except Exception`` on the way swallows it)."""
+
+
+def emit_result(result: dict[str, Any]) -> None:
+    """Print the machine-readable last line the dispatcher parses from the job logs."""
+    sys.stdout.write(RESULT_PREFIX + orjson.dumps(result).decode() + "\n")
+    sys.stdout.flush()
+
+
+class SeenLines:
+    """A bitmap of input line numbers already written by this attempt (guards against a retried
+    Ray task delivering a block twice); one bit per line."""
+
+    def __init__(self) -> None:
+        self._bits = bytearray()
+
+    def add(self, line_no: int) -> bool:
+        """Mark ``line_no``; False when it was already marked."""
+        byte, bit = divmod(line_no, 8)
+        if byte >= len(self._bits):
+            self._bits.extend(b"\x00" * (byte + 1 - len(self._bits) + 4096))
+        if self._bits[byte] & (1 << bit):
+            return False
+        self._bits[byte] |= 1 << bit
+        return True
+
+
+class Attempt:
+    """State of the running attempt (see the module docstring)."""
+
+    def __init__(self, spec: JobSpec, started_at: datetime) -> None:
+        self.spec = spec
+        self.started_at = started_at
+        self.prefix_path = s3.path_of(spec.output_prefix)
+        self.manifest_path = self.prefix_path + MANIFEST_NAME
+        self.fs: pafs.FileSystem | None = None
+        self.prior = resume.Prior()
+        self.previous: Manifest | None = None
+        self.progress: Progress | None = None
+        self.writers: dict[str, ShardWriter] = {}
+        self.seen = SeenLines()
+        self.total: int | None = len(spec.requests) if spec.requests is not None else None
+        self.engine_start_s: float | None = None
+        self.engine_ready_at: float | None = None
+        self.stop_reason = ""
+        self.pipeline_done = False
+
+    # --- setup ------------------------------------------------------------------------------
+
+    def _input_path(self, fs: pafs.FileSystem) -> str | None:
+        if self.spec.input_uri is None:
+            return None
+        path = s3.path_of(self.spec.input_uri)
+        s3.check_readable(fs, path)
+        return path
+
+    def _start_progress(self, fs: pafs.FileSystem, input_path: str | None) -> None:
+        p = self.prior
+        base = Counters(p.completed, p.failed, p.prompt_tokens, p.completion_tokens, self.total)
+        self.progress = Progress(
+            self.spec.redis_url,
+            self.spec.progress_key,
+            attempt=self.spec.attempt,
+            interval_s=self.spec.progress_interval_s,
+            base=base,
+        )
+        self.progress.start()
+        if input_path is not None:
+            threading.Thread(
+                target=self._count_input, args=(fs, input_path), name="count", daemon=True
+            ).start()
+
+    def _count_input(self, fs: pafs.FileSystem, path: str) -> None:
+        try:
+            self.total = count_request_lines(s3.read_chunks(fs, path))
+        except Exception as exc:  # the total is informative only
+            log.warning("could not count the input lines: %s", exc)
+            return
+        if self.progress is not None:
+            self.progress.set_total(self.total)
+
+    def _open_writers(self, fs: pafs.FileSystem) -> None:
+        spec, attempt = self.spec, self.spec.attempt
+        for kind in ("output", "error"):
+            self.writers[kind] = ShardWriter(
+                fs,
+                self.prefix_path,
+                "output" if kind == "output" else "error",
+                attempt,
+                start_index=self.prior.next_index(kind, attempt),
+                max_lines=spec.shard_max_lines,
+                max_bytes=spec.shard_max_bytes,
+                max_seconds=spec.shard_max_seconds,
+            )
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.stop_reason = self.stop_reason or signal.Signals(signum).name
+        raise StopRequested(self.stop_reason)
+
+    def _install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _install_stop(self) -> None:
+        self._install_signal_handlers()
+        if self.spec.deadline is not None:
+            left = (self.spec.deadline - utcnow()).total_seconds()
+            timer = threading.Timer(max(left, 0.0), self._deadline_reached)
+            timer.daemon = True
+            timer.start()
+
+    def _deadline_reached(self) -> None:
+        self.stop_reason = "deadline"
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    # --- the run ------------------------------------------------------------------------------
+
+    def _run_pipeline(self, input_path: str | None) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(log_to_driver=True)
+        self._install_signal_handlers()  # again: ray.init installs its own SIGTERM handler (it just dies)
+        pipeline.configure_data_context()
+        done_shards = [(s.kind, s.path) for s in self.prior.shards]
+        ds = pipeline.build(self.spec, done_shards, input_path=input_path)
+        for table in ds.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=1):
+            self.consume(rows.from_table(table))
+            for writer in self.writers.values():
+                writer.roll_if_old()
+        self.pipeline_done = True
+
+    def consume(self, batch: list[rows.Row]) -> None:
+        """Write finished rows into the shards and count them."""
+        assert self.progress is not None
+        for row in batch:
+            if row.kind not in (rows.OUTPUT, rows.ERROR):
+                raise RuntimeError(f"unfinished row {row.kind!r} for line {row.line_no} reached the driver")
+            if not self.seen.add(row.line_no):
+                log.warning("line %d delivered twice; keeping the first result", row.line_no)
+                continue
+            if row.engine_ready_at:
+                self.engine_ready_at = min(self.engine_ready_at or row.engine_ready_at, row.engine_ready_at)
+                self.engine_start_s = max(self.engine_start_s or 0.0, row.engine_start_s)
+            if row.kind == rows.OUTPUT:
+                self.writers["output"].add(row.payload, row.prompt_tokens, row.completion_tokens)
+                self.progress.add(
+                    completed=1, prompt_tokens=row.prompt_tokens, completion_tokens=row.completion_tokens
+                )
+            else:
+                self.writers["error"].add(row.payload)
+                self.progress.add(failed=1)
+
+    # --- the end ------------------------------------------------------------------------------
+
+    def finish(self, status: Status, error: ErrorObject | None) -> tuple[dict[str, Any], bool]:
+        """Flush shards, write the manifest; (result dict, whether all of it was written)."""
+        finished = utcnow()
+        intact = True
+        for writer in self.writers.values():
+            try:
+                writer.flush()
+            except Exception as exc:
+                intact = False
+                log.error("could not write the last %s shard: %s", writer.kind, exc)
+        written = [info for w in self.writers.values() for info in w.shards]
+        shards = [s.info() for s in self.prior.shards] + written
+        usage = Usage(
+            prompt_tokens=self.prior.prompt_tokens + sum(w.prompt_tokens for w in self.writers.values()),
+            completion_tokens=self.prior.completion_tokens
+            + sum(w.completion_tokens for w in self.writers.values()),
+        )
+        if not intact and status == "completed":
+            status = "partial"
+        out_lines = sum(i.lines for i in self.writers["output"].shards) if "output" in self.writers else 0
+        err_lines = sum(i.lines for i in self.writers["error"].shards) if "error" in self.writers else 0
+        record = AttemptRecord(
+            attempt=self.spec.attempt,
+            submission_id=self.spec.submission_id,
+            status=BatchStatus.COMPLETED if status == "completed" else "partial",
+            started_at=self.started_at,
+            finished_at=finished,
+            completed=out_lines,
+            failed=err_lines,
+            error=error,
+        )
+        generation_s = time.time() - self.engine_ready_at if self.engine_ready_at else None
+        built = manifest.build(
+            batch_id=self.spec.batch_id,
+            attempt=self.spec.attempt,
+            status=status,
+            total=self.total,
+            shards=shards,
+            usage=usage,
+            attempts=manifest.history(self.spec.batch_id, self.previous, self.prior, record),
+            started_at=self.started_at,
+            finished_at=finished,
+            engine_start_s=round(self.engine_start_s, 3) if self.engine_start_s is not None else None,
+            generation_s=round(generation_s, 3) if generation_s is not None else None,
+            error=error,
+        )
+        if self.fs is not None:
+            try:
+                manifest.write(self.fs, self.manifest_path, built)
+            except Exception as exc:
+                intact = False
+                log.error("could not write the manifest: %s", exc)
+        result = {
+            "batch_id": self.spec.batch_id,
+            "attempt": self.spec.attempt,
+            "status": built.status,
+            "request_counts": built.request_counts.model_dump(),
+            "usage": built.usage.model_dump(),
+            "manifest_uri": self.spec.manifest_uri,
+            "output_shards": len(built.output_shards),
+            "error_shards": len(built.error_shards),
+            "timings": built.timings.model_dump(mode="json"),
+            "error": error.model_dump(exclude_none=True) if error else None,
+            "driver_max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        }
+        return result, intact
+
+    def run(self) -> int:
+        """Run the attempt; returns the exit code (see :class:`ray_job.errors.ExitCode`)."""
+        status: Status = "completed"
+        error: ErrorObject | None = None
+        code = ExitCode.OK
+        try:
+            self._install_stop()
+            self.fs = s3.filesystem()
+            input_path = self._input_path(self.fs)
+            self.prior = resume.scan(self.fs, self.prefix_path)
+            self.previous = manifest.read_previous(self.fs, self.manifest_path)
+            if self.prior.shards:
+                log.info(
+                    "resuming: %d shards of earlier attempts (%d done, %d failed)",
+                    len(self.prior.shards),
+                    self.prior.completed,
+                    self.prior.failed,
+                )
+            self._start_progress(self.fs, input_path)
+            self._open_writers(self.fs)
+            self._run_pipeline(input_path)
+        except StopRequested:
+            if self.pipeline_done:  # the signal came after every request had ended
+                return self._end("completed", None, ExitCode.OK)
+            log.warning("stopping early (%s): keeping what finished", self.stop_reason)
+            status, code = "partial", ExitCode.RETRIABLE
+            code_name = "deadline_exceeded" if self.stop_reason == "deadline" else "stopped"
+            error = ErrorObject(code=code_name, message=f"the attempt was stopped early ({self.stop_reason})")
+        except InputNotFoundError as exc:
+            log.error("%s", exc)
+            self._close_progress()
+            emit_result(failure_result(self.spec, exc.exit_code, exc.code, str(exc)))
+            return int(exc.exit_code)
+        except Exception as exc:
+            log.exception("the attempt failed")
+            status, code = "partial", ExitCode.RETRIABLE
+            error = ErrorObject(code=failure_code(exc), message=f"{type(exc).__name__}: {exc}"[:4000])
+        return self._end(status, error, code)
+
+    def _end(self, status: Status, error: ErrorObject | None, code: ExitCode) -> int:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        result, intact = self.finish(status, error)
+        if not intact and code == ExitCode.OK:
+            code = ExitCode.RETRIABLE
+        self._close_progress()
+        emit_result({**result, "exit_code": int(code)})
+        return int(code)
+
+    def _close_progress(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
+
+
+def failure_code(exc: BaseException) -> str:
+    """A machine-readable code for an exception that ended the attempt."""
+    if isinstance(exc, JobError):
+        return exc.code
+    if "EngineDeadError" in str(exc):  # raised in an engine actor, wrapped by Ray
+        return EngineDeadError.code
+    return "job_failed"
+
+
+def failure_result(spec: JobSpec | None, code: int, error_code: str, message: str) -> dict[str, Any]:
+    """The result line of an attempt that could not run at all."""
+    return {
+        "batch_id": spec.batch_id if spec else None,
+        "attempt": spec.attempt if spec else None,
+        "status": "failed",
+        "exit_code": code,
+        "error": {"code": error_code, "message": message[:4000]},
+        "manifest_uri": spec.manifest_uri if spec else None,
+    }
+
+
+def setup_logging() -> None:
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ray_job``: returns the process exit code."""
+    setup_logging()
+    started_at = utcnow()
+    try:
+        spec = spec_loader.load(argv)
+    except InvalidSpecError as exc:
+        log.error("%s", exc)
+        emit_result(failure_result(None, exc.exit_code, exc.code, str(exc)))
+        return int(exc.exit_code)
+    log.info(
+        "batch %s attempt %d: %s -> %s",
+        spec.batch_id,
+        spec.attempt,
+        spec.input_uri or f"{len(spec.requests or [])} inline requests",
+        spec.output_prefix,
+    )
+    return Attempt(spec, started_at).run()

@@ -1,0 +1,139 @@
+"""The Ray Data pipeline: read+parse (task) -> prompt (actor) -> engine (actor pool) -> driver.
+
+Resources follow the traps measured on Ray 2.60 (docs/ENVIRONMENT): the reader and the prompt
+stage take fractional CPUs so an engine actor can never starve them; the job's driver takes none
+(``entrypoint_num_cpus=0`` at submit); a no-progress timeout turns a hung pipeline into a failed
+(retriable) attempt; ``max_errored_blocks`` stays 0 (per-request errors are rows, never dropped
+blocks). Each engine replica receives ``batches_in_flight`` batches at once and runs them
+concurrently on one engine (see :mod:`ray_job.engine`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, cast
+
+import ray
+from ray.data import ActorPoolStrategy, DataContext, Dataset
+
+from ray_job.engine import EngineStage
+from ray_job.prompts import PromptStage
+from ray_job.reader import Source, read_rows
+from schemas.job import JobSpec
+
+READ_CPUS = 0.1
+PROMPT_CPUS = 0.1
+REBATCH_CPUS = 0.1
+NO_PROGRESS_TIMEOUT_S = float(os.environ.get("LLMBATCH_JOB_NO_PROGRESS_TIMEOUT_S", "1800"))
+TARGET_BLOCK_BYTES = 8 << 20
+WAIT_FOR_ACTORS_S = int(os.environ.get("LLMBATCH_JOB_WAIT_FOR_ACTORS_S", "1800"))
+
+
+def configure_data_context() -> DataContext:
+    """Ray Data settings for this job (call after ``ray.init``)."""
+    ctx = DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.execution_options.preserve_order = False
+    ctx.max_errored_blocks = 0
+    ctx.execution_no_progress_timeout_s = NO_PROGRESS_TIMEOUT_S
+    ctx.wait_for_min_actors_s = WAIT_FOR_ACTORS_S
+    # the reader's output is merged into blocks up to this size before it moves on: keep it small
+    # so the engine starts on the first lines of a big file instead of waiting for 128 MiB of them
+    ctx.target_max_block_size = TARGET_BLOCK_BYTES
+    return ctx
+
+
+def engine_compute(spec: JobSpec) -> ActorPoolStrategy:
+    """A fixed pool of engine replicas, each running ``batches_in_flight`` batches concurrently."""
+    in_flight = spec.engine.batches_in_flight
+    return ActorPoolStrategy(
+        size=spec.engine.replicas,
+        max_tasks_in_flight_per_actor=in_flight,
+        max_concurrent_calls_per_actor=in_flight,
+        enable_true_multi_threading=True,
+    )
+
+
+def engine_settings(spec: JobSpec) -> str:
+    """The engine config as JSON for the actors; multi-GPU replicas default to vLLM's mp executor."""
+    engine = spec.engine
+    if engine.tensor_parallel_size > 1 and "distributed_executor_backend" not in engine.engine_kwargs:
+        engine = engine.model_copy(
+            update={"engine_kwargs": {**engine.engine_kwargs, "distributed_executor_backend": "mp"}}
+        )
+    return engine.model_dump_json()
+
+
+def rebatch(ds: Dataset, rows: int) -> Dataset:
+    """Blocks of ``rows`` rows, so each engine task is one batch: the batches of one replica then
+    run concurrently on its engine, and each batch's results reach the driver as soon as it ends
+    (a task's outputs are merged into one block released when the task finishes).
+
+    This is ``ds.repartition(target_num_rows_per_block=rows)`` with fractional CPUs: the public call
+    gives its tasks 1 CPU each, which an engine replica holding the node's other CPU starves forever
+    on a small node. Falls back to the public call if Ray's internals move.
+    """
+    try:
+        from ray.data._internal.logical.interfaces import LogicalPlan
+        from ray.data._internal.logical.operators import StreamingRepartition
+
+        op = StreamingRepartition(
+            target_num_rows_per_block=rows,
+            input_dependencies=[ds._logical_plan.dag],
+            ray_remote_args={"num_cpus": REBATCH_CPUS},
+        )
+        return Dataset._from_parent(ds, LogicalPlan(op, ds.context))
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover - other Ray versions
+        return ds.repartition(target_num_rows_per_block=rows)
+
+
+def build(spec: JobSpec, done_shards: list[tuple[str, str]], *, input_path: str | None) -> Dataset:
+    """The dataset of finished rows (``output`` / ``error``) for the lines still to do."""
+    inline = b"".join(line.to_jsonl() for line in spec.requests) if spec.requests is not None else None
+    source = Source(
+        batch_id=spec.batch_id,
+        endpoint=spec.endpoint.value,
+        model=spec.model,
+        input_path=input_path,
+        inline=inline,
+        done_shards=done_shards,
+        block_rows=spec.engine.batch_size,
+    )
+    model_path = spec.model_path or spec.model
+    ds: Dataset = ray.data.from_items([{"part": 0}])
+    ds = ds.map_batches(
+        cast(Any, read_rows),
+        batch_size=1,
+        batch_format="pyarrow",
+        fn_kwargs={"source": source},
+        num_cpus=READ_CPUS,
+    )
+    ds = ds.map_batches(
+        PromptStage,
+        batch_size=None,
+        batch_format="pyarrow",
+        compute=ActorPoolStrategy(size=min(spec.engine.replicas, 4)),
+        fn_constructor_kwargs={
+            "model_path": model_path,
+            "endpoint": spec.endpoint.value,
+            "batch_id": spec.batch_id,
+            "backend": spec.engine.backend,
+        },
+        num_cpus=PROMPT_CPUS,
+    )
+    ds = rebatch(ds, spec.engine.batch_size)
+    return ds.map_batches(
+        EngineStage,
+        batch_size=spec.engine.batch_size,
+        batch_format="pyarrow",
+        compute=engine_compute(spec),
+        fn_constructor_kwargs={
+            "model_path": model_path,
+            "engine": engine_settings(spec),
+            "endpoint": spec.endpoint.value,
+            "batch_id": spec.batch_id,
+            "model": spec.model,
+        },
+        num_cpus=spec.engine.num_cpus_per_replica,
+        num_gpus=spec.engine.num_gpus_per_replica or None,
+    )

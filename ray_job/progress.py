@@ -1,0 +1,129 @@
+"""Progress counters and a heartbeat, written to a Redis hash the dispatcher chose.
+
+Fields of ``JobSpec.progress_key`` (all cumulative over the batch's attempts): ``completed``,
+``failed``, ``prompt_tokens``, ``completion_tokens``, ``attempt``, ``heartbeat_at`` (unix seconds,
+float) and ``total`` once known. A background thread writes them every ``progress_interval_s`` even
+when no request finished (the heartbeat), so writes are throttled no matter how fast requests end.
+
+Redis is optional: without ``redis_url``/``progress_key`` nothing is written, and a Redis outage
+only logs a warning. The ``redis`` package is imported lazily (``ray_job`` imports without it).
+A password may come from ``LLMBATCH_REDIS__PASSWORD`` instead of the URL; neither is ever logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("ray_job.progress")
+
+
+@dataclass(slots=True)
+class Counters:
+    completed: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total: int | None = None
+
+
+def progress_fields(counters: Counters, attempt: int, now: float) -> dict[str, str]:
+    """The hash fields for one write (Redis stores strings)."""
+    fields = {
+        "completed": str(counters.completed),
+        "failed": str(counters.failed),
+        "prompt_tokens": str(counters.prompt_tokens),
+        "completion_tokens": str(counters.completion_tokens),
+        "attempt": str(attempt),
+        "heartbeat_at": f"{now:.3f}",
+    }
+    if counters.total is not None:
+        fields["total"] = str(counters.total)
+    return fields
+
+
+class Progress:
+    """Thread-safe counters plus the periodic writer."""
+
+    def __init__(
+        self, redis_url: str | None, key: str | None, *, attempt: int, interval_s: float, base: Counters
+    ) -> None:
+        self.counters = base
+        self._attempt = attempt
+        self._interval = interval_s
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._client: Any = None
+        self._key = key
+        self._warned_at = 0.0
+        self.writes = 0
+        if redis_url and key:
+            import redis
+
+            self._client = redis.Redis.from_url(
+                redis_url,
+                password=os.environ.get("LLMBATCH_REDIS__PASSWORD") or None,
+                socket_timeout=5,
+                socket_connect_timeout=5,
+            )
+        self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
+
+    @property
+    def enabled(self) -> bool:
+        return self._client is not None
+
+    def start(self) -> None:
+        if self.enabled:
+            self.publish()
+            self._thread.start()
+
+    def add(
+        self, *, completed: int = 0, failed: int = 0, prompt_tokens: int = 0, completion_tokens: int = 0
+    ) -> None:
+        with self._lock:
+            c = self.counters
+            c.completed += completed
+            c.failed += failed
+            c.prompt_tokens += prompt_tokens
+            c.completion_tokens += completion_tokens
+
+    def set_total(self, total: int) -> None:
+        with self._lock:
+            self.counters.total = total
+
+    def snapshot(self) -> Counters:
+        with self._lock:
+            c = self.counters
+            return Counters(c.completed, c.failed, c.prompt_tokens, c.completion_tokens, c.total)
+
+    def publish(self) -> None:
+        """Write the counters and a fresh heartbeat now (errors are logged, never raised)."""
+        if not self.enabled:
+            return
+        fields = progress_fields(self.snapshot(), self._attempt, time.time())
+        try:
+            self._client.hset(self._key, mapping=fields)
+            self.writes += 1
+        except Exception as exc:  # Redis is best effort: the job's results do not depend on it
+            if time.monotonic() - self._warned_at > 60:
+                self._warned_at = time.monotonic()
+                log.warning("progress write failed (%s); continuing without it", type(exc).__name__)
+
+    def close(self) -> None:
+        """Stop the heartbeat and write the final counters."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        self.publish()
+        if self._client is not None:
+            with contextlib.suppress(Exception):  # closing a best-effort connection
+                self._client.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.publish()

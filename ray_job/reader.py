@@ -1,0 +1,74 @@
+"""Input stage: one Ray task streams the input (S3 object or inline lines) and yields row blocks.
+
+A single task reads the file front to back, so line numbers and duplicate detection are exact;
+it streams the object in 1 MiB chunks and yields a block every ``block_rows`` rows, so neither
+it nor the driver ever holds the whole file, and Ray Data's backpressure paces it. Lines finished
+by earlier attempts are skipped here (the task reads those attempts' shards first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from pyarrow import fs as pafs
+
+from ray_job import rows, s3
+from ray_job.parse import DoneKeys, parse_lines, split_lines
+from ray_job.resume import load_done_keys
+from schemas.common import Endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """What the reader task reads and how it validates it."""
+
+    batch_id: str
+    endpoint: str
+    model: str
+    input_path: str | None = None
+    inline: bytes | None = None
+    done_shards: list[tuple[str, str]] = field(default_factory=list)
+    block_rows: int = 64
+
+
+def iter_blocks(source: Source, fs: pafs.FileSystem | None = None) -> Iterator[list[rows.Row]]:
+    """Row blocks of the input, bad lines as error rows, finished lines skipped."""
+    if fs is None and (source.input_path is not None or source.done_shards):
+        fs = s3.filesystem()
+    done = DoneKeys()
+    if source.done_shards:
+        assert fs is not None
+        done = load_done_keys(fs, source.done_shards)
+    if source.input_path is not None:
+        assert fs is not None
+        chunks: Iterator[bytes] = s3.read_chunks(fs, source.input_path)
+    else:
+        chunks = iter([source.inline or b""])
+    block: list[rows.Row] = []
+    parsed = parse_lines(
+        split_lines(chunks),
+        batch_id=source.batch_id,
+        endpoint=Endpoint(source.endpoint),
+        model=source.model,
+        done=done,
+    )
+    for row in parsed:
+        block.append(row)
+        if len(block) >= source.block_rows:
+            yield block
+            block = []
+    if block:
+        yield block
+
+
+def read_rows(batch: pa.Table, *, source: Source) -> Iterator[pa.Table]:
+    """Ray Data UDF (``map_batches`` over a one-row dataset): yields the input as row tables."""
+    del batch
+    produced = False
+    for block in iter_blocks(source):
+        produced = True
+        yield rows.to_table(block)
+    if not produced:
+        yield rows.to_table([])

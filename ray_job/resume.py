@@ -1,0 +1,161 @@
+"""Resume: what earlier attempts of the batch already finished, read back from their shards.
+
+Shards are named per attempt (``output-a<N>-<i>.jsonl``, ``error-a<N>-<i>.jsonl``) and written
+whole (one S3 put each), so every shard found under the output prefix is final: a crashed attempt
+leaves complete shards or none. An attempt skips the input lines those shards already answer
+(:class:`~ray_job.parse.DoneKeys`) and lists them in its manifest beside its own.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import orjson
+from pyarrow import fs as pafs
+
+from ray_job import s3
+from ray_job.parse import DoneKeys, split_lines
+from schemas.job import ShardInfo
+
+SHARD_RE = re.compile(r"^(output|error)-a(\d+)-(\d{5,})\.jsonl$")
+
+
+@dataclass(slots=True)
+class Shard:
+    """One shard object of some attempt."""
+
+    kind: str
+    attempt: int
+    index: int
+    path: str
+    size: int = 0
+    lines: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def info(self) -> ShardInfo:
+        return ShardInfo(
+            uri=s3.uri_of(self.path), lines=self.lines, size_bytes=self.size, attempt=self.attempt
+        )
+
+
+@dataclass(slots=True)
+class Prior:
+    """Everything earlier attempts left: their shards (with counts) and totals."""
+
+    shards: list[Shard] = field(default_factory=list)
+
+    @property
+    def completed(self) -> int:
+        return sum(s.lines for s in self.shards if s.kind == "output")
+
+    @property
+    def failed(self) -> int:
+        return sum(s.lines for s in self.shards if s.kind == "error")
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(s.prompt_tokens for s in self.shards)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(s.completion_tokens for s in self.shards)
+
+    def next_index(self, kind: str, attempt: int) -> int:
+        """First free shard index of ``kind`` for ``attempt`` (never overwrite an existing shard)."""
+        used = [s.index for s in self.shards if s.kind == kind and s.attempt == attempt]
+        return max(used) + 1 if used else 0
+
+    def per_attempt(self) -> dict[int, tuple[int, int]]:
+        """attempt -> (completed, failed) lines it wrote."""
+        out: dict[int, tuple[int, int]] = {}
+        for shard in self.shards:
+            done, failed = out.get(shard.attempt, (0, 0))
+            if shard.kind == "output":
+                done += shard.lines
+            else:
+                failed += shard.lines
+            out[shard.attempt] = (done, failed)
+        return out
+
+
+def parse_shard_name(name: str) -> tuple[str, int, int] | None:
+    """``output-a2-00003.jsonl`` -> ``("output", 2, 3)``; ``None`` for anything else."""
+    match = SHARD_RE.match(name)
+    if not match:
+        return None
+    return match.group(1), int(match.group(2)), int(match.group(3))
+
+
+def list_shards(fs: pafs.FileSystem, prefix_path: str) -> list[Shard]:
+    """Shards under the batch's output prefix, ordered by attempt, kind and index."""
+    found = []
+    for info in s3.list_objects(fs, prefix_path):
+        parsed = parse_shard_name(info.base_name)
+        if parsed:
+            kind, attempt, index = parsed
+            found.append(Shard(kind, attempt, index, info.path, int(info.size or 0)))
+    return sorted(found, key=lambda s: (s.attempt, s.kind, s.index))
+
+
+def line_keys(kind: str, raw: bytes) -> tuple[str | None, int | None, int, int]:
+    """(custom_id, error line number, prompt tokens, completion tokens) of one shard line."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None, None, 0, 0
+    if not isinstance(obj, dict):
+        return None, None, 0, 0
+    custom_id = obj.get("custom_id") if isinstance(obj.get("custom_id"), str) else None
+    if kind == "error":
+        error = obj.get("error") or {}
+        line = error.get("line") if isinstance(error, dict) else None
+        return custom_id, line if isinstance(line, int) else None, 0, 0
+    usage = ((obj.get("response") or {}).get("body") or {}).get("usage") or {}
+    return custom_id, None, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+
+
+def summarize(fs: pafs.FileSystem, shard: Shard) -> Shard:
+    """Count a shard's lines and tokens (streamed)."""
+    lines = prompt = completion = 0
+    for raw in split_lines(s3.read_chunks(fs, shard.path)):
+        if not raw.strip():
+            continue
+        lines += 1
+        _, _, p, c = line_keys(shard.kind, raw)
+        prompt += p
+        completion += c
+    shard.lines, shard.prompt_tokens, shard.completion_tokens = lines, prompt, completion
+    return shard
+
+
+def scan(fs: pafs.FileSystem, prefix_path: str) -> Prior:
+    """All shards under the prefix with their counts."""
+    return Prior([summarize(fs, shard) for shard in list_shards(fs, prefix_path)])
+
+
+def done_keys_from_lines(kinds_and_lines: Iterable[tuple[str, bytes]]) -> DoneKeys:
+    """The keys answered by shard lines: output custom_ids and error line numbers."""
+    done = DoneKeys()
+    for kind, raw in kinds_and_lines:
+        if not raw.strip():
+            continue
+        custom_id, line, _, _ = line_keys(kind, raw)
+        if kind == "output" and custom_id is not None:
+            done.custom_ids.add(custom_id)
+        elif kind == "error" and line is not None:
+            done.lines.add(line)
+    return done
+
+
+def load_done_keys(fs: pafs.FileSystem, shards: list[tuple[str, str]]) -> DoneKeys:
+    """Read ``(kind, path)`` shards and collect their :class:`DoneKeys` (runs in the reader task)."""
+
+    def lines() -> Iterable[tuple[str, bytes]]:
+        for kind, path in shards:
+            for raw in split_lines(s3.read_chunks(fs, path)):
+                yield kind, raw
+
+    return done_keys_from_lines(lines())

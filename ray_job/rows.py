@@ -1,0 +1,62 @@
+"""The one row schema every pipeline stage reads and writes (an explicit Arrow schema, so blocks
+from different stages and batches always concatenate).
+
+``kind`` says what a row is:
+
+- ``request``: a valid input line still to run; ``payload`` is JSON (``url``, ``body`` and, after
+  the prompt stage, ``prompt_token_ids``/``sampling``);
+- ``output`` / ``error``: finished; ``payload`` is the final output-file / error-file line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+REQUEST = "request"
+OUTPUT = "output"
+ERROR = "error"
+
+SCHEMA = pa.schema(
+    [
+        ("line_no", pa.int64()),
+        ("kind", pa.string()),
+        ("custom_id", pa.string()),
+        ("payload", pa.binary()),
+        ("prompt_tokens", pa.int64()),
+        ("completion_tokens", pa.int64()),
+        ("engine_start_s", pa.float64()),
+        ("engine_ready_at", pa.float64()),
+    ]
+)
+
+
+@dataclass(slots=True)
+class Row:
+    """One row of the pipeline (see the module docstring)."""
+
+    line_no: int
+    kind: str
+    custom_id: str
+    payload: bytes
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    engine_start_s: float = 0.0
+    engine_ready_at: float = 0.0
+
+
+def to_table(rows: list[Row]) -> pa.Table:
+    """Rows -> an Arrow table with :data:`SCHEMA`."""
+    columns: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
+    for row in rows:
+        for name in SCHEMA.names:
+            columns[name].append(getattr(row, name))
+    return pa.table(columns, schema=SCHEMA)
+
+
+def from_table(table: pa.Table) -> list[Row]:
+    """An Arrow table (any column order, extra columns ignored) -> rows."""
+    data = table.select(SCHEMA.names).to_pydict()
+    return [Row(*values) for values in zip(*(data[name] for name in SCHEMA.names), strict=True)]

@@ -1,0 +1,109 @@
+"""S3/MinIO access through pyarrow's S3 filesystem, configured from the environment.
+
+- endpoint: ``LLMBATCH_S3__ENDPOINT`` (e.g. ``http://127.0.0.1:9000``), else ``AWS_ENDPOINT_URL_S3``
+  / ``AWS_ENDPOINT_URL``, else AWS itself;
+- credentials: ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (``AWS_SESSION_TOKEN``), else
+  pyarrow's default AWS chain; region ``AWS_REGION`` / ``AWS_DEFAULT_REGION`` (default us-east-1).
+
+Every Ray worker of the job gets the same variables (job ``runtime_env``), so each process builds
+its own filesystem; nothing secret is ever logged or pickled.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+from pyarrow import fs as pafs
+
+from ray_job.errors import InputNotFoundError
+
+CHUNK_BYTES = 1 << 20
+
+
+def endpoint() -> str | None:
+    """The configured S3 endpoint URL, if any."""
+    for name in ("LLMBATCH_S3__ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+        value = os.environ.get(name)
+        if value:
+            return value.rstrip("/")
+    return None
+
+
+def filesystem() -> pafs.S3FileSystem:
+    """A pyarrow S3 filesystem for the configured endpoint and credentials."""
+    kwargs: dict[str, object] = {
+        "region": os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+        "connect_timeout": 10,
+        "request_timeout": 60,
+        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=5),
+    }
+    url = endpoint()
+    if url:
+        scheme, _, host = url.partition("://")
+        kwargs.update(endpoint_override=host, scheme=scheme)
+    key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if key and secret:
+        kwargs.update(access_key=key, secret_key=secret, session_token=os.environ.get("AWS_SESSION_TOKEN"))
+    return pafs.S3FileSystem(**kwargs)
+
+
+def path_of(uri: str) -> str:
+    """``s3://bucket/key`` -> ``bucket/key`` (what pyarrow wants)."""
+    if not uri.startswith("s3://"):
+        raise ValueError(f"not an s3:// URI: {uri[:80]!r}")
+    return uri[5:]
+
+
+def uri_of(path: str) -> str:
+    """``bucket/key`` -> ``s3://bucket/key``."""
+    return f"s3://{path}"
+
+
+def check_readable(fs: pafs.FileSystem, path: str) -> int:
+    """Size of the object at ``path``; :class:`InputNotFoundError` when it is missing or forbidden."""
+    try:
+        info = fs.get_file_info(path)
+    except OSError as exc:
+        text = str(exc)
+        if any(s in text for s in ("NoSuchBucket", "AccessDenied", "Forbidden", "403", "does not exist")):
+            raise InputNotFoundError(f"cannot read s3://{path}: {text[:300]}") from exc
+        raise
+    if info.type != pafs.FileType.File:
+        raise InputNotFoundError(f"s3://{path} does not exist (or is not an object)")
+    try:
+        with fs.open_input_stream(path) as stream:
+            stream.read(1)
+    except OSError as exc:
+        raise InputNotFoundError(f"cannot read s3://{path}: {str(exc)[:300]}") from exc
+    return int(info.size or 0)
+
+
+def read_chunks(fs: pafs.FileSystem, path: str, chunk: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """Stream an object in chunks (never the whole object in memory)."""
+    with fs.open_input_stream(path) as stream:
+        while True:
+            data = stream.read(chunk)
+            if not data:
+                return
+            yield bytes(data)
+
+
+def read_bytes(fs: pafs.FileSystem, path: str) -> bytes | None:
+    """A small object's bytes, or ``None`` when it does not exist."""
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        return None
+    with fs.open_input_stream(path) as stream:
+        return bytes(stream.read())
+
+
+def write_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    """Create or replace an object (S3 puts are atomic: readers never see half of it)."""
+    with fs.open_output_stream(path) as stream:
+        stream.write(data)
+
+
+def list_objects(fs: pafs.FileSystem, prefix_path: str) -> list[pafs.FileInfo]:
+    """Objects directly under ``prefix_path`` (a ``bucket/dir/`` path); empty when there are none."""
+    selector = pafs.FileSelector(prefix_path.rstrip("/"), allow_not_found=True, recursive=False)
+    return [info for info in fs.get_file_info(selector) if info.type == pafs.FileType.File]

@@ -1,0 +1,78 @@
+"""Loading the job spec from the command line (``--spec-json``, ``--spec-b64``, ``--spec-file``,
+``--spec-uri``) and validating it with :class:`schemas.job.JobSpec`.
+
+``--spec-b64`` is URL-safe base64 of the JSON, optionally zlib-compressed (what
+:func:`ray_job.submit.entrypoint` produces: no shell quoting issues, shorter command lines).
+``--spec-uri s3://...`` reads the spec from an object, for specs too large for a command line
+(inline requests near their size limit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import zlib
+from pathlib import Path
+
+from ray_job import s3
+from ray_job.errors import InvalidSpecError
+from schemas.errors import SchemaError
+from schemas.job import JobSpec, parse_job_spec
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ray_job", description="Run one attempt of an llmbatch batch.")
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--spec-json", help="the JobSpec as JSON")
+    group.add_argument("--spec-b64", help="the JobSpec JSON, URL-safe base64 (optionally zlib-compressed)")
+    group.add_argument("--spec-file", type=Path, help="a file holding the JobSpec JSON")
+    group.add_argument("--spec-uri", help="an s3:// object holding the JobSpec JSON")
+    return p
+
+
+def decode_b64(text: str) -> bytes:
+    """URL-safe base64 (padding optional) of JSON or of zlib-compressed JSON -> JSON bytes."""
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidSpecError(f"--spec-b64 is not base64: {exc}") from None
+    if raw[:1] in (b"{", b" ", b"\n"):
+        return raw
+    try:
+        return zlib.decompress(raw)
+    except zlib.error as exc:
+        raise InvalidSpecError(f"--spec-b64 is neither JSON nor zlib-compressed JSON: {exc}") from None
+
+
+def raw_spec(args: argparse.Namespace) -> bytes:
+    """The spec bytes named by the parsed arguments."""
+    if args.spec_json is not None:
+        return str(args.spec_json).encode()
+    if args.spec_b64 is not None:
+        return decode_b64(args.spec_b64)
+    if args.spec_file is not None:
+        try:
+            return Path(args.spec_file).read_bytes()
+        except OSError as exc:
+            raise InvalidSpecError(f"cannot read --spec-file: {exc}") from None
+    try:
+        data = s3.read_bytes(s3.filesystem(), s3.path_of(args.spec_uri))
+    except (OSError, ValueError) as exc:
+        raise InvalidSpecError(f"cannot read --spec-uri: {exc}") from None
+    if data is None:
+        raise InvalidSpecError(f"--spec-uri {args.spec_uri} does not exist")
+    return data
+
+
+def load(argv: list[str] | None = None) -> JobSpec:
+    """Parse the command line and validate the spec; :class:`InvalidSpecError` when it is unusable."""
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as exc:
+        raise InvalidSpecError(f"bad command line (exit {exc.code}): see usage above") from None
+    data = raw_spec(args)
+    try:
+        return parse_job_spec(data)
+    except SchemaError as exc:
+        raise InvalidSpecError(f"invalid job spec: {exc}") from None

@@ -1,0 +1,128 @@
+"""How to launch the job through the Ray Jobs API (used by the dispatcher and the tests).
+
+    from ray.job_submission import JobSubmissionClient
+    from ray_job.submit import runtime_env, submit_kwargs
+
+    env = runtime_env(s3_endpoint=..., s3_access_key=..., s3_secret_key=..., engine_env=engine_env(cache))
+    client.submit_job(**submit_kwargs(spec, env))
+    ...
+    result = parse_result(client.get_job_logs(spec.submission_id))
+
+``submit_kwargs`` sets ``submission_id = <batch_id>-a<attempt>`` and ``entrypoint_num_cpus=0``
+(the driver only coordinates; giving it a CPU can starve the pipeline on small clusters).
+
+``python`` must name the cluster's interpreter (the one Ray runs on, with ray/vllm installed):
+``python`` in the production image; on the local stack the venv's ``bin/python`` (the head's
+PATH does not include the venv). ``-P`` keeps the head's working directory off ``sys.path``, so
+the shipped ``py_modules`` are imported, never a checkout that happens to be the cwd.
+Credentials in ``env_vars`` are visible to anyone who can read the Ray dashboard: in production,
+prefer putting ``AWS_*`` on the Ray pods from a Kubernetes Secret and leave them out here.
+"""
+
+from __future__ import annotations
+
+import base64
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+import ray_job
+import schemas
+from schemas.job import JobSpec
+
+RESULT_PREFIX = "LLMBATCH_RESULT "
+MAX_ENTRYPOINT_CHARS = 100_000
+"""Linux limits one argument to 128 KiB; bigger specs go through ``--spec-uri``."""
+STOP_WAIT_S = 15
+"""Seconds Ray waits after SIGTERM before SIGKILL (the job flushes shards and the manifest)."""
+
+
+class SpecTooLargeError(ValueError):
+    """The spec does not fit on a command line: upload it and use :func:`entrypoint_for_uri`."""
+
+
+def package_dirs() -> list[str]:
+    """The folders of ``ray_job`` and ``schemas`` (for ``runtime_env["py_modules"]``)."""
+    return [str(Path(next(iter(ray_job.__path__)))), str(Path(next(iter(schemas.__path__))))]
+
+
+def runtime_env(
+    *,
+    s3_endpoint: str | None = None,
+    s3_access_key: str | None = None,
+    s3_secret_key: str | None = None,
+    engine_env: Mapping[str, str] | None = None,
+    env_vars: Mapping[str, str] | None = None,
+    stop_wait_s: int = STOP_WAIT_S,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The job's ``runtime_env``: the two packages as ``py_modules`` plus the job's variables.
+
+    ``engine_env`` is :func:`ray_job.engine_env.engine_env` output; ``extra`` is merged as further
+    runtime_env fields (e.g. ``pip`` or ``container`` on a real cluster).
+    """
+    variables: dict[str, str] = {"PYTHONUNBUFFERED": "1", "RAY_JOB_STOP_WAIT_TIME_S": str(stop_wait_s)}
+    variables.update(engine_env or {})
+    if s3_endpoint:
+        variables["LLMBATCH_S3__ENDPOINT"] = s3_endpoint
+    if s3_access_key and s3_secret_key:
+        variables["AWS_ACCESS_KEY_ID"] = s3_access_key
+        variables["AWS_SECRET_ACCESS_KEY"] = s3_secret_key
+    variables.update(env_vars or {})
+    return {"py_modules": package_dirs(), "env_vars": variables, **extra}
+
+
+def encode_spec(spec: JobSpec) -> str:
+    """URL-safe base64 of the zlib-compressed spec JSON (what ``--spec-b64`` takes)."""
+    packed = zlib.compress(spec.model_dump_json(exclude_none=True).encode(), 9)
+    return base64.urlsafe_b64encode(packed).decode().rstrip("=")
+
+
+def entrypoint(spec: JobSpec, *, python: str = "python") -> str:
+    """``python -m ray_job --spec-b64 ...``; :class:`SpecTooLargeError` when it is too long."""
+    command = f"{python} -P -m ray_job --spec-b64 {encode_spec(spec)}"
+    if len(command) > MAX_ENTRYPOINT_CHARS:
+        raise SpecTooLargeError(
+            f"the encoded spec takes {len(command)} characters (limit {MAX_ENTRYPOINT_CHARS}): upload "
+            "spec.model_dump_json() to S3 and use entrypoint_for_uri()"
+        )
+    return command
+
+
+def entrypoint_for_uri(spec_uri: str, *, python: str = "python") -> str:
+    """``python -m ray_job --spec-uri s3://...`` for a spec uploaded to S3."""
+    if not spec_uri.startswith("s3://") or any(c.isspace() or c in "'\"`$\\;&|<>" for c in spec_uri):
+        raise ValueError(f"unsafe spec URI for a command line: {spec_uri[:80]!r}")
+    return f"{python} -P -m ray_job --spec-uri {spec_uri}"
+
+
+def submit_kwargs(
+    spec: JobSpec, env: dict[str, Any], *, spec_uri: str | None = None, python: str = "python"
+) -> dict[str, Any]:
+    """Keyword arguments for ``JobSubmissionClient.submit_job`` for this attempt."""
+    command = entrypoint_for_uri(spec_uri, python=python) if spec_uri else entrypoint(spec, python=python)
+    return {
+        "submission_id": spec.submission_id,
+        "entrypoint": command,
+        "runtime_env": env,
+        "entrypoint_num_cpus": 0,
+        "metadata": {"batch_id": spec.batch_id, "attempt": str(spec.attempt)},
+    }
+
+
+def parse_result(logs: str) -> dict[str, Any] | None:
+    """The last ``LLMBATCH_RESULT`` object in a job's logs, or ``None``."""
+    for line in reversed(logs.splitlines()):
+        start = line.find(RESULT_PREFIX)
+        if start < 0:
+            continue
+        try:
+            value = orjson.loads(line[start + len(RESULT_PREFIX) :])
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None

@@ -1,0 +1,187 @@
+"""The ray_job pipeline end to end through the Ray Jobs API with the fake engine backend.
+
+Everything but the engine is real here (MinIO, Redis, the Ray head, Ray Data, the same stages):
+counts and codes, progress and heartbeats in Redis, stop + resume, exit codes, and a 2,000-line
+input with flat driver memory. Real vLLM behaviour is proven in test_ray_job_vllm.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import redis
+from ray.job_submission import JobStatus
+
+from llmbatch.settings import RaySettings, RedisSettings, S3Settings
+from schemas.common import BatchStatus
+from schemas.job import EngineConfig
+from tests.integration.ray_job_harness import Harness, chat_line
+
+pytestmark = pytest.mark.integration
+
+FAST = {"backend": "fake", "num_cpus_per_replica": 0.25}
+
+
+@pytest.fixture(scope="module")
+def h(s3_settings: S3Settings, ray_settings: RaySettings, redis_settings: RedisSettings) -> Harness:
+    return Harness(s3_settings, ray_settings, redis_settings)
+
+
+def test_counts_codes_progress_heartbeat_and_idempotent_rerun(h: Harness) -> None:
+    lines: list[dict[str, Any] | bytes] = [
+        chat_line(f"ok-{i}", f"question number {i}", max_tokens=50) for i in range(12)
+    ]
+    lines += [
+        b"{broken",
+        chat_line("ok-0", "duplicate"),
+        chat_line("boom", "engine fails this one"),
+        {"custom_id": "m", "method": "GET", "url": "/v1/chat/completions", "body": {}},
+    ]
+    uri = h.put_input("progress.jsonl", lines)
+    key = f"llmbatch:test:progress:{h.tag}"
+    spec = h.spec(
+        "fake-progress",
+        input_uri=uri,
+        redis_url=h.redis.url,
+        progress_key=key,
+        progress_interval_s=0.3,
+        engine=EngineConfig(
+            **FAST, fake_delay_s=0.4, batch_size=4, batches_in_flight=1, fake_fail_custom_ids=["boom"]
+        ),
+    )
+    r = redis.Redis.from_url(h.redis.url, decode_responses=True)
+    sid = h.submit(spec)
+    beats: list[float] = []
+    while not h.client.get_job_status(sid).is_terminal():
+        beat = r.hget(key, "heartbeat_at")
+        if beat is not None and (not beats or float(beat) != beats[-1]):
+            beats.append(float(beat))
+        time.sleep(0.1)
+    assert h.client.get_job_status(sid) == JobStatus.SUCCEEDED, h.logs_tail(sid)
+    assert len(beats) >= 3 and beats == sorted(beats), beats  # heartbeats kept coming while it ran
+
+    manifest = h.manifest(spec)
+    assert manifest.status == BatchStatus.COMPLETED
+    assert manifest.request_counts.model_dump() == {"total": 16, "completed": 12, "failed": 4}
+    outputs, errors = h.lines(manifest.output_uris), h.lines(manifest.error_uris)
+    assert sorted(o["custom_id"] for o in outputs) == sorted(f"ok-{i}" for i in range(12))
+    codes = {e["error"]["line"]: e["error"]["code"] for e in errors}
+    assert codes == {
+        13: "invalid_json_line",
+        14: "duplicate_custom_id",
+        15: "engine_error",
+        16: "invalid_value",
+    }
+    assert (
+        manifest.usage.completion_tokens
+        == sum(o["response"]["body"]["usage"]["completion_tokens"] for o in outputs)
+        > 0
+    )
+    progress = r.hgetall(key)
+    assert {k: progress[k] for k in ("completed", "failed", "total", "attempt")} == {
+        "completed": "12",
+        "failed": "4",
+        "total": "16",
+        "attempt": "1",
+    }
+    assert int(progress["completion_tokens"]) == manifest.usage.completion_tokens
+    assert time.time() - float(progress["heartbeat_at"]) < 60
+
+    # the same batch again (attempt 2): nothing left to do, nothing duplicated
+    again = spec.model_copy(update={"attempt": 2})
+    status, result = h.run(again)
+    assert status == JobStatus.SUCCEEDED and result["exit_code"] == 0
+    second = h.manifest(again)
+    assert second.request_counts == manifest.request_counts
+    assert second.output_uris == manifest.output_uris and second.error_uris == manifest.error_uris
+    assert [a.attempt for a in second.attempts] == [1, 2] and second.attempts[1].completed == 0
+
+
+def test_stop_midway_then_attempt_2_writes_each_request_once(h: Harness) -> None:
+    n = 60
+    uri = h.put_input("resume.jsonl", [chat_line(f"r{i:03d}", f"item {i}") for i in range(n)])
+    engine = EngineConfig(**FAST, fake_delay_s=0.5, batch_size=5, batches_in_flight=1)
+    first = h.spec("fake-resume", input_uri=uri, engine=engine, shard_max_lines=5)
+    sid = h.submit(first)
+    deadline = time.monotonic() + 180
+    while sum("/output-a1-" in o for o in h.objects(first)) < 2:
+        assert time.monotonic() < deadline, h.logs_tail(sid)
+        assert not h.client.get_job_status(sid).is_terminal(), h.logs_tail(sid)
+        time.sleep(0.2)
+    h.client.stop_job(sid)
+    assert h.wait(sid) == JobStatus.STOPPED
+    partial = h.manifest(first)  # written on SIGTERM with what finished
+    assert partial.status == "partial" and 10 <= partial.request_counts.completed < n
+
+    second = first.model_copy(update={"attempt": 2})
+    status, result = h.run(second)
+    assert status == JobStatus.SUCCEEDED, result
+    manifest = h.manifest(second)
+    assert manifest.status == BatchStatus.COMPLETED and manifest.request_counts.completed == n
+    ids = Counter(line["custom_id"] for line in h.lines(manifest.output_uris))
+    assert ids == Counter({f"r{i:03d}": 1 for i in range(n)})
+    by_attempt = Counter(s.attempt for s in manifest.output_shards)
+    assert by_attempt[1] >= 2 and by_attempt[2] >= 1
+    assert manifest.attempts[0].status == "partial" and manifest.attempts[1].status == BatchStatus.COMPLETED
+    assert manifest.attempts[1].completed == n - sum(
+        s.lines for s in manifest.output_shards if s.attempt == 1
+    )
+    # every shard under the prefix is listed (nothing stray, nothing appended twice)
+    listed = {u.rsplit("/", 1)[1] for u in manifest.output_uris + manifest.error_uris} | {"manifest.json"}
+    assert {o.rsplit("/", 1)[1] for o in h.objects(second)} == listed
+
+
+def test_2000_lines_with_flat_driver_memory(h: Harness) -> None:
+    filler = "lorem ipsum dolor sit amet " * 700  # ~19 KB per line: ~38 MB of input in all
+    small = h.put_input("small.jsonl", [chat_line(f"s{i}", f"{i} {filler}", max_tokens=8) for i in range(20)])
+    big = h.put_input("big.jsonl", [chat_line(f"b{i}", f"{i} {filler}", max_tokens=8) for i in range(2000)])
+    engine = EngineConfig(**FAST, batch_size=100, max_model_len=32_768)
+    small_spec = h.spec("fake-small", input_uri=small, engine=engine, shard_max_lines=250)
+    big_spec = h.spec("fake-big", input_uri=big, engine=engine, shard_max_lines=250)
+    status, small_result = h.run(small_spec)
+    assert status == JobStatus.SUCCEEDED, small_result
+    status, big_result = h.run(big_spec)
+    assert status == JobStatus.SUCCEEDED, big_result
+    manifest = h.manifest(big_spec)
+    assert manifest.request_counts.model_dump() == {"total": 2000, "completed": 2000, "failed": 0}
+    assert len(manifest.output_shards) == 8 and {s.lines for s in manifest.output_shards} == {250}
+    assert len({line["custom_id"] for line in h.lines(manifest.output_uris)}) == 2000
+    growth = big_result["driver_max_rss_mb"] - small_result["driver_max_rss_mb"]
+    assert growth < 25, (small_result["driver_max_rss_mb"], big_result["driver_max_rss_mb"])
+
+
+def test_exit_codes_for_missing_input_and_invalid_spec(h: Harness) -> None:
+    spec = h.spec("fake-missing", input_uri=f"s3://{h.input_bucket}/nope.jsonl", engine=EngineConfig(**FAST))
+    status, result = h.run(spec)
+    assert status == JobStatus.FAILED and h.exit_code(spec.submission_id) == 3
+    assert result["status"] == "failed" and result["error"]["code"] == "input_not_found"
+    assert h.objects(spec) == []  # nothing written
+
+    import sys
+
+    sid = f"fake-invalid-{h.tag}-a1"
+    h.client.submit_job(
+        submission_id=sid,
+        entrypoint=f"{sys.executable} -P -m ray_job --spec-json '{{\"x\": 1}}'",
+        runtime_env=h.env,
+        entrypoint_num_cpus=0,
+    )
+    assert h.wait(sid) == JobStatus.FAILED and h.exit_code(sid) == 2
+
+
+def test_deadline_stops_the_attempt_and_keeps_what_finished(h: Harness) -> None:
+    uri = h.put_input("deadline.jsonl", [chat_line(f"d{i:03d}", f"item {i}") for i in range(200)])
+    engine = EngineConfig(**FAST, fake_delay_s=0.5, batch_size=4, batches_in_flight=1)
+    deadline = datetime.now(UTC) + timedelta(seconds=25)  # the job needs ~15 s to start, then 25 s of work
+    spec = h.spec("fake-deadline", input_uri=uri, engine=engine, shard_max_lines=4, deadline=deadline)
+    status, result = h.run(spec)
+    assert status == JobStatus.FAILED and h.exit_code(spec.submission_id) == 1
+    assert result["status"] == "partial" and result["error"]["code"] == "deadline_exceeded"
+    manifest = h.manifest(spec)
+    assert manifest.status == "partial" and 0 < manifest.request_counts.completed < 200
+    assert manifest.request_counts.total == 200  # known from the input, not just what ended
+    assert manifest.error is not None and manifest.error.code == "deadline_exceeded"

@@ -1,0 +1,224 @@
+"""The ray_job pipeline with REAL vLLM (CPU build, SmolLM2-135M-Instruct) through the Ray Jobs API.
+
+Four engine starts in all (each costs 20-60 s here): the 20-line file, stop + resume (two
+attempts), inline completions.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+from ray.job_submission import JobStatus
+
+from llmbatch.settings import RaySettings, RedisSettings, S3Settings
+from llmbatch.stack.model import ensure_model
+from schemas.common import BatchStatus
+from schemas.job import EngineConfig
+from tests.integration.ray_job_harness import CMPL, Harness, chat_line, completion_line
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ENGINE: dict[str, Any] = {
+    "backend": "vllm",
+    "enforce_eager": True,
+    "dtype": "bfloat16",
+    "max_model_len": 1024,
+    "num_cpus_per_replica": 1.0,
+    "engine_kwargs": {"max_logprobs": 2},
+    "batch_size": 8,
+}
+
+
+@pytest.fixture(scope="module")
+def h(s3_settings: S3Settings, ray_settings: RaySettings, redis_settings: RedisSettings) -> Harness:
+    return Harness(s3_settings, ray_settings, redis_settings)
+
+
+@pytest.fixture(scope="module")
+def model_path() -> str:
+    return str(ensure_model())
+
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Name three primary colors.",
+    "What is 12 times 12?",
+    "Give one tip for writing clean code.",
+    "Name a planet in our solar system.",
+    "Translate 'good morning' into Spanish.",
+    "What is Kafka used for?",
+    "Describe a cat in one sentence.",
+    "What color is the sky?",
+    "Say hello.",
+    "What is the opposite of hot?",
+]
+
+
+def test_20_line_file_exact_counts_codes_text_and_usage(h: Harness, model_path: str) -> None:
+    from transformers import AutoTokenizer
+
+    good = [chat_line(f"q{i:02d}", q, max_tokens=16, temperature=0.0) for i, q in enumerate(QUESTIONS)]
+    good[3]["body"].update(temperature=0.8, seed=7)
+    good[4]["body"]["stop"] = ["\n"]
+    lines: list[dict[str, Any] | bytes] = [
+        *good,
+        chat_line("lp", "Say yes.", max_tokens=4, temperature=0.0, logprobs=True, top_logprobs=2),  # 13
+        b'{"custom_id": "broken", "method": "POST",',  # 14 invalid JSON
+        {
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": "no id"}]},
+        },  # 15 missing custom_id
+        chat_line("q00", "duplicate id"),  # 16 duplicate custom_id
+        {"custom_id": "emb", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}},  # 17 url
+        {**chat_line("get", "wrong method"), "method": "GET"},  # 18 method
+        chat_line("long", "word " * 1500, max_tokens=8),  # 19 longer than max_model_len 1024
+        chat_line("engine", "Say no.", max_tokens=4, logprobs=True, top_logprobs=5),  # 20 vLLM refuses it
+    ]
+    assert len(lines) == 20
+    spec = h.spec(
+        "vllm-20",
+        input_uri=h.put_input("twenty.jsonl", lines),
+        model_path=model_path,
+        engine=EngineConfig(**ENGINE),
+    )
+    status, result = h.run(spec, timeout=900)
+    assert status == JobStatus.SUCCEEDED, h.logs_tail(spec.submission_id)
+    assert result["exit_code"] == 0 and result["status"] == "completed"
+
+    manifest = h.manifest(spec)
+    assert manifest.request_counts.model_dump() == {"total": 20, "completed": 13, "failed": 7}
+    assert result["request_counts"] == manifest.request_counts.model_dump()
+    errors = {e["error"]["line"]: e for e in h.lines(manifest.error_uris)}
+    assert {n: e["error"]["code"] for n, e in errors.items()} == {
+        14: "invalid_json_line",
+        15: "missing_required_parameter",
+        16: "duplicate_custom_id",
+        17: "invalid_value",
+        18: "invalid_value",
+        19: "context_length_exceeded",
+        20: "engine_error",
+    }
+    assert errors[16]["custom_id"] == "q00" and errors[14]["custom_id"] == "@line-14"
+    assert errors[19]["response"]["status_code"] == 400 and "1024" in errors[19]["error"]["message"]
+    assert errors[20]["response"]["status_code"] == 400 and "logprobs" in errors[20]["error"]["message"]
+    assert errors[14]["response"] is None
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    outputs = {o["custom_id"]: o for o in h.lines(manifest.output_uris)}
+    assert sorted(outputs) == sorted([f"q{i:02d}" for i in range(12)] + ["lp"])
+    logprob_line = lines[12]
+    assert isinstance(logprob_line, dict)
+    by_id = {line["custom_id"]: line for line in [*good, logprob_line]}  # first occurrences only
+    for custom_id, out in outputs.items():
+        assert out["response"]["status_code"] == 200 and out["error"] is None
+        body = out["response"]["body"]
+        choice = body["choices"][0]
+        assert body["object"] == "chat.completion" and body["model"] == spec.model
+        assert choice["message"]["content"].strip(), (custom_id, choice)
+        usage = body["usage"]
+        messages = by_id[custom_id]["body"]["messages"]
+        encoded: Any = tok.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=True
+        )
+        expected_prompt = len(encoded["input_ids"])
+        assert usage["prompt_tokens"] == expected_prompt, (custom_id, usage)
+        limit = by_id[custom_id]["body"]["max_tokens"]
+        assert 0 < usage["completion_tokens"] <= limit
+        assert choice["finish_reason"] in {"stop", "length"}
+        if choice["finish_reason"] == "length":
+            assert usage["completion_tokens"] == limit
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert "\n" not in outputs["q04"]["response"]["body"]["choices"][0]["message"]["content"].strip()
+    logprobs = outputs["lp"]["response"]["body"]["choices"][0]["logprobs"]["content"]
+    assert len(logprobs) == outputs["lp"]["response"]["body"]["usage"]["completion_tokens"]
+    assert all(len(t["top_logprobs"]) <= 2 and t["logprob"] <= 0 for t in logprobs)
+    assert manifest.usage.prompt_tokens == sum(
+        o["response"]["body"]["usage"]["prompt_tokens"] for o in outputs.values()
+    )
+    assert manifest.usage.completion_tokens == sum(
+        o["response"]["body"]["usage"]["completion_tokens"] for o in outputs.values()
+    )
+    assert manifest.timings.engine_start_s and manifest.timings.engine_start_s > 1
+    # greedy requests are deterministic: the same question twice gives the same text
+    texts = [o["response"]["body"]["choices"][0]["message"]["content"] for o in outputs.values()]
+    assert len(set(texts)) > 5
+
+
+def test_stop_midway_then_attempt_2_each_custom_id_exactly_once(h: Harness, model_path: str) -> None:
+    n = 48
+    uri = h.put_input(
+        "resume.jsonl",
+        [
+            chat_line(f"r{i:02d}", f"Tell me a fact about the number {i}.", max_tokens=48, temperature=0.0)
+            for i in range(n)
+        ],
+    )
+    engine = EngineConfig(**{**ENGINE, "batch_size": 4, "batches_in_flight": 1})
+    first = h.spec("vllm-resume", input_uri=uri, model_path=model_path, engine=engine, shard_max_lines=4)
+    sid = h.submit(first)
+    deadline = time.monotonic() + 600
+    while sum("/output-a1-" in o for o in h.objects(first)) < 2:
+        assert time.monotonic() < deadline, h.logs_tail(sid)
+        assert not h.client.get_job_status(sid).is_terminal(), h.logs_tail(sid)
+        time.sleep(0.3)
+    h.client.stop_job(sid)
+    assert h.wait(sid) == JobStatus.STOPPED
+    done_by_1 = sum(s.lines for s in h.manifest(first).output_shards)
+    assert 8 <= done_by_1 < n, done_by_1
+
+    second = first.model_copy(update={"attempt": 2})
+    status, result = h.run(second, timeout=900)
+    assert status == JobStatus.SUCCEEDED, h.logs_tail(second.submission_id)
+    manifest = h.manifest(second)
+    assert manifest.status == BatchStatus.COMPLETED
+    assert manifest.request_counts.model_dump() == {"total": n, "completed": n, "failed": 0}
+    outputs = h.lines(manifest.output_uris)
+    assert Counter(o["custom_id"] for o in outputs) == Counter({f"r{i:02d}": 1 for i in range(n)})
+    assert all(o["response"]["body"]["choices"][0]["message"]["content"].strip() for o in outputs)
+    assert sum(s.lines for s in manifest.output_shards if s.attempt == 1) == done_by_1
+    assert manifest.attempts[-1].completed == n - done_by_1
+    assert result["request_counts"]["completed"] == n
+
+
+def test_inline_completions(h: Harness, model_path: str) -> None:
+    prompts = [
+        "The capital of France is",
+        "1, 2, 3, 4,",
+        "Once upon a time",
+        "The sky is",
+        "def add(a, b):",
+        "Water boils at",
+    ]
+    requests = [completion_line(f"c{i}", p, max_tokens=8, temperature=0.0) for i, p in enumerate(prompts)]
+    requests[1]["body"]["logprobs"] = 2
+    requests[2]["body"]["stop"] = ["."]
+    spec = h.spec(
+        "vllm-inline-cmpl",
+        endpoint=CMPL,
+        requests=requests,
+        model_path=model_path,
+        engine=EngineConfig(**ENGINE),
+    )
+    status, result = h.run(spec, timeout=900)
+    assert status == JobStatus.SUCCEEDED, h.logs_tail(spec.submission_id)
+    manifest = h.manifest(spec)
+    assert manifest.request_counts.model_dump() == {"total": 6, "completed": 6, "failed": 0}
+    assert manifest.error_uris == []
+    outputs = {o["custom_id"]: o["response"]["body"] for o in h.lines(manifest.output_uris)}
+    assert sorted(outputs) == [f"c{i}" for i in range(6)]
+    for body in outputs.values():
+        assert body["object"] == "text_completion"
+        assert body["choices"][0]["text"].strip()
+        assert 0 < body["usage"]["completion_tokens"] <= 8 and body["usage"]["prompt_tokens"] > 0
+    lp = outputs["c1"]["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == outputs["c1"]["usage"]["completion_tokens"]
+    assert "".join(lp["tokens"]) == outputs["c1"]["choices"][0]["text"]
+    assert "." not in outputs["c2"]["choices"][0]["text"]
+    assert result["usage"]["completion_tokens"] == sum(
+        b["usage"]["completion_tokens"] for b in outputs.values()
+    )

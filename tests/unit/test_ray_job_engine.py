@@ -1,0 +1,214 @@
+"""ray_job engine stage without Ray: the shared runner, per-request isolation, a dying engine,
+and the prompt + engine stages run back to back on the fake backend."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import orjson
+import pytest
+
+from ray_job import rows
+from ray_job.backend_fake import FakeBackend
+from ray_job.engine import EngineRunner, EngineStage
+from ray_job.errors import EngineDeadError, RequestRejected
+from ray_job.parse import parse_lines
+from ray_job.prompts import WhitespaceTokenizer, build_rows, chat_messages
+from ray_job.records import Generation, GenRequest
+from schemas.common import Endpoint
+from schemas.job import EngineConfig
+from schemas.openai import BatchOutputLine
+
+pytestmark = pytest.mark.unit
+
+
+def req(key: str, words: str = "hello there", custom_id: str = "", **sampling: Any) -> GenRequest:
+    return GenRequest(
+        key, [1] * len(words.split()), dict(sampling), prompt_text=words, custom_id=custom_id or key
+    )
+
+
+class RecordingBackend:
+    """Finishes one request per step; refuses prompts containing 'bad'; records concurrency."""
+
+    max_model_len = 100
+    default_max_tokens: int | None = None
+
+    def __init__(self, *, die_after: int | None = None) -> None:
+        self.queue: list[GenRequest] = []
+        self.max_running = 0
+        self.steps = 0
+        self.die_after = die_after
+
+    def add(self, request: GenRequest) -> None:
+        if "bad" in request.prompt_text:
+            raise RequestRejected("refused", param="x")
+        if "boom" in request.prompt_text:
+            raise RuntimeError("kaput")
+        self.queue.append(request)
+        self.max_running = max(self.max_running, len(self.queue))
+
+    def has_unfinished(self) -> bool:
+        return bool(self.queue)
+
+    def step(self) -> list[Generation]:
+        self.steps += 1
+        if self.die_after is not None and self.steps > self.die_after:
+            raise EngineDeadError("engine core died")
+        time.sleep(0.005)
+        done = self.queue.pop(0)
+        return [
+            Generation(done.key, text=done.prompt_text.upper(), finish_reason="stop", completion_tokens=1)
+        ]
+
+
+def test_runner_keeps_order_and_isolates_refused_requests() -> None:
+    runner = EngineRunner(RecordingBackend())
+    out = runner.generate([req("1", "a"), req("2", "bad one"), req("3", "boom"), req("4", "b")])
+    assert [g.key for g in out] == ["1", "2", "3", "4"]
+    assert out[0].text == "A" and out[3].text == "B"
+    assert out[1].failure is not None and out[1].failure.status_code == 400 and out[1].failure.param == "x"
+    assert out[2].failure is not None and out[2].failure.status_code == 500
+    assert "kaput" in out[2].failure.message
+    assert runner.generate([]) == []
+
+
+def test_concurrent_batches_share_the_engine() -> None:
+    backend = RecordingBackend()
+    runner = EngineRunner(backend)
+    batches = [[req(f"{b}-{i}", f"w{b} {i}") for i in range(20)] for b in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(runner.generate, batches))
+    for batch, result in zip(batches, results, strict=True):
+        assert [g.key for g in result] == [r.key for r in batch]
+        assert all(g.failure is None for g in result)
+    assert backend.max_running > 20  # requests of several batches were in the engine at once
+
+
+def test_a_dead_engine_fails_every_waiting_batch_instead_of_hanging() -> None:
+    runner = EngineRunner(RecordingBackend(die_after=3))
+    errors: list[BaseException] = []
+
+    def call(n: int) -> None:
+        try:
+            runner.generate([req(f"{n}-{i}") for i in range(5)])
+        except EngineDeadError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert not any(t.is_alive() for t in threads)
+    assert len(errors) == 3
+    with pytest.raises(EngineDeadError):
+        runner.generate([req("late")])
+
+
+def test_fake_backend_is_deterministic_and_honours_failures() -> None:
+    config = EngineConfig(backend="fake", fake_fail_custom_ids=["x"], max_model_len=64)
+    backend = FakeBackend(config)
+    assert backend.max_model_len == 64
+    with pytest.raises(RuntimeError, match="simulated"):
+        backend.add(req("1", custom_id="x"))
+    runner = EngineRunner(FakeBackend(config))
+    out = runner.generate([req("1", "<user> one two three <assistant>", max_tokens=4, logprobs=1), req("2")])
+    assert out[0].text == "fake reply to: one" and out[0].finish_reason == "length"
+    assert out[0].completion_tokens == 4 and out[0].logprobs is not None and len(out[0].logprobs) == 4
+    assert out[1].text == "fake reply to: hello there" and out[1].finish_reason == "stop"
+
+
+def test_chat_messages_normalisation() -> None:
+    body = {
+        "messages": [
+            {"role": "developer", "content": "be brief"},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                "name": "bob",
+            },
+        ]
+    }
+    assert chat_messages(body) == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "ab", "name": "bob"},
+    ]
+
+
+class ExplodingTemplate(WhitespaceTokenizer):
+    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+        if len(messages) > 1:
+            raise ValueError("Conversation roles must alternate")
+        return super().render_chat(messages)
+
+
+def lines_for(*bodies: dict[str, Any], url: str = "/v1/chat/completions") -> list[bytes]:
+    return [
+        orjson.dumps({"custom_id": f"c{i}", "method": "POST", "url": url, "body": b})
+        for i, b in enumerate(bodies)
+    ]
+
+
+def test_prompt_stage_tokenizes_and_isolates_template_errors() -> None:
+    lines = lines_for(
+        {"messages": [{"role": "user", "content": "one two"}], "max_tokens": 3},
+        {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]},
+    )
+    parsed = list(parse_lines(lines, batch_id="b", endpoint=Endpoint.CHAT_COMPLETIONS, model="m"))
+    out = build_rows(ExplodingTemplate(), Endpoint.CHAT_COMPLETIONS, parsed, batch_id="b", keep_text=True)
+    assert out[0].kind == rows.REQUEST and out[0].prompt_tokens == 4  # "<user> one two <assistant>"
+    prompt = orjson.loads(out[0].payload)
+    assert prompt["sampling"] == {"n": 1, "max_tokens": 3} and len(prompt["prompt_token_ids"]) == 4
+    assert out[1].kind == rows.ERROR
+    assert orjson.loads(out[1].payload)["error"]["code"] == "invalid_prompt"
+
+
+def test_prompt_and_engine_stages_end_to_end_on_the_fake_backend() -> None:
+    lines = [
+        *lines_for(
+            {"messages": [{"role": "user", "content": "short question"}], "max_tokens": 20},
+            {"messages": [{"role": "user", "content": "word " * 80}]},  # 82 tokens > max_model_len 64
+            {"messages": [{"role": "user", "content": "x"}], "max_tokens": 62},  # 3 + 62 > 64
+            {"messages": [{"role": "user", "content": "fail me"}]},
+        ),
+        b"garbage",
+    ]
+    parsed = list(parse_lines(lines, batch_id="b", endpoint=Endpoint.CHAT_COMPLETIONS, model="m"))
+    prompted = build_rows(
+        WhitespaceTokenizer(), Endpoint.CHAT_COMPLETIONS, parsed, batch_id="b", keep_text=True
+    )
+    config = EngineConfig(backend="fake", max_model_len=64, fake_fail_custom_ids=["c3"])
+    stage = EngineStage(
+        model_path="unused",
+        engine=config.model_dump_json(),
+        endpoint="/v1/chat/completions",
+        batch_id="b",
+        model="m",
+    )
+    out = {r.custom_id: r for r in stage.process(prompted)}
+    assert {k: r.kind for k, r in out.items()} == {
+        "c0": rows.OUTPUT,
+        "c1": rows.ERROR,
+        "c2": rows.ERROR,
+        "c3": rows.ERROR,
+        "@line-5": rows.ERROR,
+    }
+    ok = BatchOutputLine.model_validate_json(out["c0"].payload)
+    assert ok.response is not None
+    body = ok.response.body
+    assert body["choices"][0]["message"]["content"] == "fake reply to: short question"
+    assert body["usage"]["prompt_tokens"] == out["c0"].prompt_tokens == 4
+    assert body["usage"]["completion_tokens"] == out["c0"].completion_tokens == 5
+    codes = {k: orjson.loads(r.payload)["error"]["code"] for k, r in out.items() if r.kind == rows.ERROR}
+    assert codes == {
+        "c1": "context_length_exceeded",
+        "c2": "context_length_exceeded",
+        "c3": "engine_error",
+        "@line-5": "invalid_json_line",
+    }
+    assert orjson.loads(out["c3"].payload)["response"]["status_code"] == 500
+    assert out["c0"].engine_ready_at > 0
