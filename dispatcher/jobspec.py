@@ -1,0 +1,46 @@
+"""The :class:`schemas.job.JobSpec` of one attempt, built from a batch record (pure).
+
+The spec depends only on the record and the settings, so a resubmission of the same attempt (after
+a crash or a head restart) sends the same spec under the same submission id.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from dispatcher.keys import Keys
+from dispatcher.settings import DispatcherSettings
+from dispatcher.store import BatchRecord
+from schemas.batch import parse_batch_request
+from schemas.job import JobSpec, output_prefix
+
+
+def results_prefix(settings: DispatcherSettings, record: BatchRecord) -> str:
+    return output_prefix(
+        settings.s3.results_bucket, record.get("tenant", "default") or "default", record.batch_id
+    )
+
+
+def build_job_spec(record: BatchRecord, attempt: int, settings: DispatcherSettings, keys: Keys) -> JobSpec:
+    """Raises :class:`schemas.errors.SchemaError` if the stored request no longer validates."""
+    request = parse_batch_request(record.get("request") or "{}")
+    job = settings.job
+    deadline = record.deadline
+    return JobSpec(
+        batch_id=record.batch_id,
+        attempt=attempt,
+        endpoint=request.endpoint,
+        model=request.model,
+        model_path=job.model_paths.get(request.model) or job.model_path,
+        tenant=request.tenant,
+        input_uri=request.input_uri,
+        requests=request.requests,
+        output_prefix=results_prefix(settings, record),
+        engine=job.engine,
+        redis_url=settings.redis.url if job.pass_redis_url else None,
+        progress_key=keys.progress(record.batch_id) if job.pass_redis_url else None,
+        progress_interval_s=job.progress_interval_s,
+        shard_max_lines=job.shard_max_lines,
+        shard_max_seconds=job.shard_max_seconds,
+        deadline=datetime.fromtimestamp(deadline, UTC) if deadline else None,
+    )

@@ -1,0 +1,232 @@
+"""Ray Jobs API backend (``JobSubmissionClient``): a local head or a KubeRay RayCluster head service.
+
+- submission id = ``<batch_id>-a<attempt>``; Ray answering "already exists" means the attempt was
+  submitted before (a crash between submit and bookkeeping): it counts as submitted;
+- an unknown submission id (HTTP 404; e.g. after a head restart, which loses every job record) is
+  :attr:`JobState.NOT_FOUND`, never an exception;
+- connection trouble is :class:`RayUnavailable` (retriable); the client is rebuilt on the next call.
+
+The SDK is synchronous (``requests``): every call runs in a worker thread with a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from dispatcher.backend import JobInfo, JobState, SubmitResult
+from dispatcher.errors import JobRejected, PermanentError, RayUnavailable, classify
+from dispatcher.settings import DispatcherSettings
+from schemas.job import JobSpec
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_STATES = {s.value: s for s in JobState}
+
+
+def _status_code(exc: BaseException) -> int | None:
+    text = str(exc)
+    marker = "status code "
+    if marker in text:
+        digits = text.split(marker, 1)[1][:3]
+        if digits.isdigit():
+            return int(digits)
+    return None
+
+
+def job_env(settings: DispatcherSettings) -> dict[str, str]:
+    """Extra environment of the job's processes (besides what ``ray_job.submit.runtime_env`` sets)."""
+    job = settings.job
+    env: dict[str, str] = {}
+    if job.engine_cache_dir and job.engine.backend == "vllm":
+        from ray_job.engine_env import engine_env
+
+        env.update(
+            engine_env(
+                job.engine_cache_dir,
+                cpu=job.engine_cpu,
+                omp_threads_bind=job.omp_threads_bind,
+                kv_cache_gib=job.kv_cache_gib,
+            )
+        )
+    if job.pass_s3_credentials:
+        env["AWS_ENDPOINT_URL_S3"] = settings.s3.endpoint
+        env["AWS_REGION"] = settings.s3.region
+    if job.pass_redis_url and settings.redis.password is not None:
+        env["LLMBATCH_REDIS__PASSWORD"] = settings.redis.password.get_secret_value()
+    env.update(job.env_vars)
+    return env
+
+
+def build_submission(
+    settings: DispatcherSettings, spec: JobSpec, spec_uri: str | None = None
+) -> dict[str, Any]:
+    """``submit_job`` keyword arguments for one attempt (entrypoint, runtime_env, resources)."""
+    from ray_job import submit as job_submit
+
+    job = settings.job
+    s3 = settings.s3
+    extra: dict[str, Any] = {}
+    if job.pip:
+        extra["pip"] = list(job.pip)
+    env = job_submit.runtime_env(
+        s3_endpoint=s3.endpoint if job.pass_s3_credentials else None,
+        s3_access_key=s3.access_key.get_secret_value() if job.pass_s3_credentials else None,
+        s3_secret_key=s3.secret_key.get_secret_value() if job.pass_s3_credentials else None,
+        env_vars=job_env(settings),
+        stop_wait_s=job.ray_stop_wait_s,
+        **extra,
+    )
+    if not job.ship_modules:
+        env.pop("py_modules", None)
+    kwargs = job_submit.submit_kwargs(spec, env, spec_uri=spec_uri, python=job.python)
+    kwargs["entrypoint_num_cpus"] = job.entrypoint_num_cpus
+    if job.entrypoint_num_gpus:
+        kwargs["entrypoint_num_gpus"] = job.entrypoint_num_gpus
+    if job.entrypoint_memory:
+        kwargs["entrypoint_memory"] = job.entrypoint_memory
+    if job.entrypoint_resources:
+        kwargs["entrypoint_resources"] = dict(job.entrypoint_resources)
+    kwargs["metadata"] = {**kwargs.get("metadata", {}), "llmbatch": "dispatcher"}
+    return kwargs
+
+
+SpecUploader = Callable[[JobSpec], Awaitable[str]]
+
+
+class RayJobsBackend:
+    def __init__(
+        self,
+        settings: DispatcherSettings,
+        *,
+        timeout_s: float = 30.0,
+        max_threads: int = 8,
+        upload_spec: SpecUploader | None = None,
+    ) -> None:
+        self.settings = settings
+        self.upload_spec = upload_spec
+        self.timeout_s = timeout_s
+        self._client: Any = None
+        self._sem = asyncio.Semaphore(max_threads)
+
+    def _headers(self) -> dict[str, str] | None:
+        token = self.settings.ray.auth_token
+        return {"Authorization": f"Bearer {token.get_secret_value()}"} if token is not None else None
+
+    def _get_client(self) -> Any:
+        if self._client is None:
+            os.environ.setdefault(
+                "RAY_AUTH_MODE", "disabled" if self.settings.ray.auth_token is None else "token"
+            )
+            from ray.job_submission import JobSubmissionClient
+
+            timeout = self.timeout_s
+
+            class _TimedClient(JobSubmissionClient):
+                def _do_request(self, method: str, endpoint: str, **kwargs: Any) -> Any:
+                    kwargs.setdefault("timeout", timeout)
+                    return super()._do_request(method, endpoint, **kwargs)
+
+            self._client = _TimedClient(self.settings.ray.address, headers=self._headers())
+        return self._client
+
+    async def _call(self, what: str, fn: Callable[[Any], T]) -> T:
+        async with self._sem:
+            try:
+                return await asyncio.wait_for(
+                    asyncio.to_thread(lambda: fn(self._get_client())), self.timeout_s + 5
+                )
+            except Exception as exc:
+                code = _status_code(exc)
+                if code is not None and code < 500 and code not in {404, 408, 429}:
+                    raise JobRejected(f"Ray refused {what}: {str(exc)[:500]}") from exc
+                err = classify(exc, default=RayUnavailable)
+                if (
+                    (code is not None and code >= 500)
+                    or isinstance(exc, ConnectionError | TimeoutError)
+                    or err.retriable
+                ):
+                    self._client = None
+                    raise RayUnavailable(f"Ray {what}: {type(exc).__name__}: {str(exc)[:300]}") from exc
+                raise err from exc
+
+    async def submit(self, spec: JobSpec) -> SubmitResult:
+        from ray_job.submit import SpecTooLargeError
+
+        try:
+            kwargs = build_submission(self.settings, spec)
+        except SpecTooLargeError:
+            if self.upload_spec is None:
+                raise JobRejected(
+                    f"the job spec of {spec.submission_id} is too large for a command line "
+                    "and no spec uploader is configured"
+                ) from None
+            kwargs = build_submission(self.settings, spec, spec_uri=await self.upload_spec(spec))
+        sid = spec.submission_id
+
+        def submit(client: Any) -> SubmitResult:
+            try:
+                client.submit_job(**kwargs)
+                return SubmitResult(sid, already_existed=False)
+            except RuntimeError as exc:
+                if "already exists" in str(exc):
+                    return SubmitResult(sid, already_existed=True)
+                raise
+
+        return await self._call("submit", submit)
+
+    async def status(self, submission_id: str) -> JobInfo:
+        def get(client: Any) -> JobInfo:
+            try:
+                details = client.get_job_info(submission_id)
+            except RuntimeError as exc:
+                if _status_code(exc) == 404 or "does not exist" in str(exc):
+                    return JobInfo(JobState.NOT_FOUND)
+                raise
+            status = str(getattr(details.status, "value", details.status))
+            start = getattr(details, "start_time", None)
+            end = getattr(details, "end_time", None)
+            return JobInfo(
+                state=_STATES.get(status, JobState.PENDING),
+                exit_code=getattr(details, "driver_exit_code", None),
+                message=(details.message or "")[:2000] if getattr(details, "message", None) else None,
+                error_type=getattr(details, "error_type", None),
+                start_time=start / 1000 if start else None,
+                end_time=end / 1000 if end else None,
+            )
+
+        return await self._call("status", get)
+
+    async def stop(self, submission_id: str) -> bool:
+        def stop(client: Any) -> bool:
+            try:
+                return bool(client.stop_job(submission_id))
+            except RuntimeError as exc:
+                if _status_code(exc) == 404 or "does not exist" in str(exc):
+                    return False
+                raise
+
+        return await self._call("stop", stop)
+
+    async def logs_tail(self, submission_id: str, lines: int = 20) -> str:
+        def get(client: Any) -> str:
+            return "\n".join(str(client.get_job_logs(submission_id)).splitlines()[-lines:])
+
+        try:
+            return await self._call("logs", get)
+        except (RayUnavailable, PermanentError):
+            return ""
+
+    async def ping(self) -> bool:
+        try:
+            await self._call("ping", lambda client: client.get_version())
+            return True
+        except Exception:
+            return False
+
+    async def close(self) -> None:
+        self._client = None

@@ -1,0 +1,236 @@
+"""Wiring: settings -> store, producer, consumer, tracker, health endpoint; graceful SIGTERM.
+
+On SIGTERM/SIGINT the dispatcher stops fetching, finishes the segment in hand, commits its offsets,
+leaves the consumer group (its partitions move to the other replicas), gives up the tracker lease
+and exits. Running Ray jobs keep running; the next tracker leader watches them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+
+from dispatcher import logs
+from dispatcher.backend import JobBackend
+from dispatcher.consumer import RequestConsumer
+from dispatcher.errors import DispatcherError
+from dispatcher.http import HealthServer
+from dispatcher.keys import Keys
+from dispatcher.metrics import Metrics
+from dispatcher.publisher import EventProducer
+from dispatcher.results import ResultStore
+from dispatcher.settings import DispatcherSettings
+from dispatcher.store import StateStore
+from dispatcher.tracker import Tracker
+
+log = logging.getLogger(__name__)
+
+
+def crash_hook(points: list[str]) -> Callable[[str], None]:
+    """Test hook: SIGKILL this very process when it reaches one of ``points`` (kill -9 semantics)."""
+    armed = set(points)
+
+    def crash(point: str) -> None:
+        if point in armed:
+            log.warning("crash point reached: SIGKILL", extra={"crash_point": point})
+            for handler in logging.getLogger().handlers:
+                with contextlib.suppress(Exception):
+                    handler.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return crash
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        settings: DispatcherSettings,
+        *,
+        backend: JobBackend | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.settings = settings
+        opts = settings.dispatcher
+        self.metrics = metrics or Metrics()
+        self.crash = crash_hook(list(opts.crash_at))
+        password = settings.redis.password.get_secret_value() if settings.redis.password else None
+        self.store = StateStore.from_url(
+            settings.redis.url,
+            password=password,
+            keys=Keys(settings.redis.key_prefix),
+            finished_ttl_s=opts.finished_ttl_s,
+            dedupe_ttl_s=opts.event_dedupe_ttl_s,
+        )
+        self.results = ResultStore(settings.s3)
+        if backend is None:
+            from dispatcher.ray_backend import RayJobsBackend
+
+            backend = RayJobsBackend(settings, upload_spec=self.results.upload_spec)
+        self.backend = backend
+        self.producer = EventProducer(settings.kafka, self.metrics)
+        self.consumer = RequestConsumer(settings, self.store, self.producer, self.metrics, crash=self.crash)
+        self.tracker = Tracker(
+            settings, self.store, self.backend, self.results, self.producer, self.metrics, crash=self.crash
+        )
+        self.consumer.on_accepted = self.tracker.wake
+        self.health: HealthServer | None = None
+        if opts.metrics_port is not None:
+            self.health = HealthServer(
+                self.metrics,
+                live=self._live,
+                ready=self._ready,
+                host=opts.metrics_host,
+                port=opts.metrics_port,
+            )
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = False
+
+    # -- health --------------------------------------------------------------------------------------
+    def _live(self) -> bool:
+        return not any(t.done() for t in self._tasks)
+
+    async def _ready(self) -> tuple[bool, dict[str, str]]:
+        detail: dict[str, str] = {}
+        try:
+            await self.store.ping()
+            detail["redis"] = "ok"
+        except DispatcherError as exc:
+            detail["redis"] = f"unavailable ({exc.code})"
+        detail["kafka"] = "ok" if await self.producer.ping() else "unavailable"
+        detail["consumer"] = f"{len(self.consumer.assignment)} partition(s)"
+        detail["tracker"] = "leader" if self.tracker.is_leader else "standby"
+        ok = self._started and detail["redis"] == "ok" and detail["kafka"] == "ok" and self._live()
+        return ok, detail
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    async def start(self) -> None:
+        opts = self.settings.dispatcher
+        log.info(
+            "dispatcher starting",
+            extra={
+                "instance": opts.instance_id,
+                "group_id": opts.group_id,
+                "max_in_flight": opts.max_in_flight,
+            },
+        )
+        if self.health is not None:
+            await self.health.start()
+        await self._until_ok("kafka producer", self.producer.start)
+        await self._until_ok("kafka topics", self._ensure_topics)
+        await self._until_ok("kafka consumer", self.consumer.start)
+        self._tasks = [
+            asyncio.create_task(self.consumer.run(), name="consumer"),
+            asyncio.create_task(self.tracker.run(), name="tracker"),
+        ]
+        self._started = True
+        log.info("dispatcher started")
+
+    async def _ensure_topics(self) -> None:
+        from producer.topics import ensure_topics
+
+        try:
+            created = await ensure_topics(self.settings)
+        except Exception as exc:
+            from dispatcher.errors import BrokerUnavailable
+
+            raise BrokerUnavailable(str(exc)) from exc
+        if created:
+            log.info("topics created", extra={"topics": created})
+
+    async def _until_ok(self, what: str, fn: Callable[[], object]) -> None:
+        failures = 0
+        while True:
+            try:
+                result = fn()
+                if asyncio.iscoroutine(result):
+                    await result
+                return
+            except DispatcherError as exc:
+                if not exc.retriable or self._stop.is_set():
+                    raise
+                failures += 1
+                delay = self.settings.dispatcher.io_backoff.delay(failures)
+                log.warning(
+                    f"{what} not ready, retrying", extra={"error": str(exc), "retry_in_s": round(delay, 1)}
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), delay)
+                if self._stop.is_set():
+                    raise
+
+    def request_stop(self) -> None:
+        self._stop.set()
+        self.consumer.request_stop()
+        self.tracker.request_stop()
+
+    async def wait(self) -> None:
+        """Until a stop is requested or a loop dies."""
+        stop = asyncio.create_task(self._stop.wait())
+        try:
+            await asyncio.wait([stop, *self._tasks], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        for task in self._tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                log.error("a dispatcher loop died", exc_info=task.exception())
+
+    async def stop(self) -> None:
+        self.request_stop()
+        deadline = time.monotonic() + self.settings.dispatcher.shutdown_timeout_s
+        for task in self._tasks:
+            try:
+                await asyncio.wait_for(asyncio.shield(task), max(0.1, deadline - time.monotonic()))
+            except (TimeoutError, asyncio.CancelledError):
+                task.cancel()
+            except Exception:
+                log.exception("loop ended with an error")
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.consumer.stop(), max(1.0, deadline - time.monotonic()))
+        await self.producer.stop()
+        await self.backend.close()
+        with contextlib.suppress(Exception):
+            await self.store.close()
+        if self.health is not None:
+            await self.health.stop()
+        log.info("dispatcher stopped")
+
+
+def dump_tasks() -> None:
+    """SIGUSR1: log every asyncio task's stack and every thread's (diagnosing a stuck loop)."""
+    import faulthandler
+    import io
+    import sys
+
+    for task in asyncio.all_tasks():
+        buf = io.StringIO()
+        task.print_stack(file=buf)
+        log.warning("task stack", extra={"task": task.get_name(), "stack": buf.getvalue()[-4000:]})
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+
+
+async def serve(settings: DispatcherSettings) -> int:
+    """Run until SIGTERM/SIGINT; returns the exit code."""
+    logs.setup(settings.dispatcher.log_level, settings.dispatcher.log_json)
+    dispatcher = Dispatcher(settings)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, dispatcher.request_stop)
+    loop.add_signal_handler(signal.SIGUSR1, dump_tasks)
+    code = 0
+    try:
+        await dispatcher.start()
+        await dispatcher.wait()
+        if not dispatcher._stop.is_set():
+            code = 1
+    except DispatcherError as exc:
+        log.error("dispatcher could not start", extra={"error": str(exc)})
+        code = 1
+    finally:
+        await dispatcher.stop()
+    return code

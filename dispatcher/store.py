@@ -1,0 +1,614 @@
+"""Redis state store: one hash per batch, index zsets, every change by one Lua compare-and-set.
+
+Each script runs atomically in Redis and checks the batch's current ``state`` (and, when given, its
+``version``) before it writes, so concurrent replicas cannot both win a transition. Terminal states
+are immutable: only the publication bookkeeping (``dlt_written``, ``published``) may still change,
+and only intake may reopen a ``failed`` (explicit replay) or ``dead_lettered`` batch.
+
+Redis errors are translated into :class:`~dispatcher.errors.StateStoreUnavailable` (retriable) or
+:class:`~dispatcher.errors.PermanentError` here, at the boundary.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import orjson
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
+
+from dispatcher import states
+from dispatcher.errors import ConflictError, StateStoreUnavailable, classify
+from dispatcher.keys import Keys
+from dispatcher.states import State
+
+T = TypeVar("T")
+
+_TERMINAL_CSV = ",".join(sorted(s.value for s in states.TERMINAL))
+
+# --- Lua ------------------------------------------------------------------------------------------
+
+_LUA_COMMON = """
+local function is_terminal(s)
+  for t in string.gmatch(ARGV[#ARGV], '[^,]+') do if t == s then return true end end
+  return false
+end
+local function hset_map(key, map)
+  local flat = {}
+  for k, v in pairs(map) do flat[#flat + 1] = k; flat[#flat + 1] = tostring(v) end
+  if #flat > 0 then redis.call('HSET', key, unpack(flat)) end
+end
+"""
+
+# KEYS: batch, marker, ready, deadlines, unpublished, delayed, progress
+# ARGV: id, fields-json, now, ready-score, deadline, dedupe-ttl, replay-id, initial-state, state-prefix,
+#       finished-ttl, terminal-csv
+INTAKE_LUA = """
+-- KEYS: batch
+-- ARGV: id, marker key ('' = none), now, ready-score, deadline, replay-id, initial-state, fields-json
+-- The key prefix and TTLs are constants of the script (see StateStore._scripts): fewer arguments to
+-- encode per call, which is what limits intake throughput on the client side.
+local P, DEDUPE_TTL, FINISHED_TTL = '@PREFIX@', '@DEDUPE_TTL@', '@FINISHED_TTL@'
+local id, marker, now, initial = ARGV[1], ARGV[2], ARGV[3], ARGV[7]
+local batch = KEYS[1]
+local sprefix, ready, deadlines = P .. ':state:', P .. ':ready', P .. ':deadlines'
+if marker ~= '' and redis.call('EXISTS', marker) == 1 then
+  local cur = redis.call('HMGET', batch, 'state', 'version', 'generation')
+  return {'dup_event', cur[1] or '', cur[2] or '0', cur[3] or '0'}
+end
+local fields = cjson.decode(ARGV[8])
+local cur = redis.call('HMGET', batch, 'state', 'version', 'generation', 'replay_id', 'source', 'event_id')
+local version, generation, outcome, prev_attempt = 0, 0, 'created', nil
+if cur[1] then
+  local state = cur[1]
+  version = tonumber(cur[2] or '0')
+  generation = tonumber(cur[3] or '0')
+  local reopen = false
+  if initial == 'queued' then
+    if state == 'dead_lettered' then
+      reopen = true
+    elseif state == 'failed' and ARGV[6] ~= '' and ARGV[6] ~= (cur[4] or '') then
+      reopen = true
+    end
+  end
+  if not reopen then
+    -- the same event again (redelivery, producer retry) or another event for a known batch
+    local same = cur[5] == fields['source'] and cur[6] == fields['event_id'] and (cur[4] or '') == ARGV[6]
+    return {same and 'dup_event' or 'duplicate', state, tostring(version), tostring(generation)}
+  end
+  prev_attempt = redis.call('HGET', batch, 'attempt') or '0'
+  redis.call('ZREM', sprefix .. state, id)
+  redis.call('ZREM', P .. ':unpublished', id)
+  redis.call('ZREM', ready, id)
+  redis.call('ZREM', P .. ':delayed', id)
+  redis.call('DEL', batch, P .. ':progress:' .. id)
+  generation = generation + 1
+  outcome = 'reopened'
+end
+fields['state'] = initial
+fields['version'] = tostring(version + 1)
+fields['generation'] = tostring(generation)
+fields['state_at'] = now
+if ARGV[6] ~= '' then fields['replay_id'] = ARGV[6] end
+if prev_attempt then
+  -- attempt numbers (and so Ray submission ids) keep counting across a reopen
+  fields['attempt'] = prev_attempt
+  fields['attempt_base'] = prev_attempt
+end
+local flat = {}
+for k, v in pairs(fields) do flat[#flat + 1] = k; flat[#flat + 1] = tostring(v) end
+redis.call('HSET', batch, unpack(flat))
+redis.call('ZADD', sprefix .. initial, now, id)
+if initial == 'queued' then
+  redis.call('ZADD', ready, ARGV[4], id)
+  if ARGV[5] ~= '' then redis.call('ZADD', deadlines, ARGV[5], id) end
+else
+  redis.call('EXPIRE', batch, FINISHED_TTL)
+end
+if marker ~= '' then redis.call('SET', marker, id, 'EX', DEDUPE_TTL) end
+return {outcome, initial, tostring(version + 1), tostring(generation)}
+"""
+
+# KEYS: batch, ready, delayed, deadlines, unpublished
+# ARGV: id, expected-version, allowed-from-csv, to, now, set-json, del-json, ready-score, not-before,
+#       state-prefix, terminal-csv
+TRANSITION_LUA = (
+    _LUA_COMMON
+    + """
+local batch, ready, delayed, deadlines, unpublished = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local id, to, now, sprefix = ARGV[1], ARGV[4], ARGV[5], ARGV[10]
+local cur = redis.call('HMGET', batch, 'state', 'version')
+if not cur[1] then return {'missing', '', '0'} end
+local state, version = cur[1], tonumber(cur[2] or '0')
+if ARGV[2] ~= '' and tonumber(ARGV[2]) ~= version then return {'conflict', state, tostring(version)} end
+local allowed = false
+for s in string.gmatch(ARGV[3], '[^,]+') do if s == state then allowed = true end end
+if not allowed or is_terminal(state) then return {'conflict', state, tostring(version)} end
+for _, f in ipairs(cjson.decode(ARGV[7])) do redis.call('HDEL', batch, f) end
+local sets = cjson.decode(ARGV[6])
+sets['state'] = to
+sets['version'] = tostring(version + 1)
+if to ~= state then sets['state_at'] = now end
+hset_map(batch, sets)
+if to ~= state then
+  redis.call('ZREM', sprefix .. state, id)
+  redis.call('ZADD', sprefix .. to, now, id)
+end
+if to == 'queued' then
+  local nb = ARGV[9]
+  if nb ~= '' and tonumber(nb) > tonumber(now) then
+    redis.call('ZREM', ready, id)
+    redis.call('ZADD', delayed, nb, id)
+  else
+    local score = ARGV[8]
+    if score == '' then score = redis.call('HGET', batch, 'ready_score') or now end
+    redis.call('ZREM', delayed, id)
+    redis.call('ZADD', ready, score, id)
+  end
+elseif state == 'queued' then
+  redis.call('ZREM', ready, id)
+  redis.call('ZREM', delayed, id)
+end
+if is_terminal(to) then
+  redis.call('ZREM', deadlines, id)
+  redis.call('ZADD', unpublished, now, id)
+end
+return {'ok', to, tostring(version + 1)}
+"""
+)
+
+# KEYS: batch, unpublished, progress   ARGV: id, event-id, now, finished-ttl, terminal-csv
+MARK_PUBLISHED_LUA = (
+    _LUA_COMMON
+    + """
+local cur = redis.call('HMGET', KEYS[1], 'state', 'terminal_event_id')
+if not cur[1] then redis.call('ZREM', KEYS[2], ARGV[1]); return 'missing' end
+if not is_terminal(cur[1]) or cur[2] ~= ARGV[2] then return 'conflict' end
+redis.call('HSET', KEYS[1], 'published', '1', 'published_at', ARGV[3])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+redis.call('EXPIRE', KEYS[3], ARGV[4])
+return 'ok'
+"""
+)
+
+# KEYS: batch   ARGV: event-id, now, terminal-csv
+MARK_DLT_LUA = (
+    _LUA_COMMON
+    + """
+local cur = redis.call('HMGET', KEYS[1], 'state', 'terminal_event_id')
+if not cur[1] then return 'missing' end
+if not is_terminal(cur[1]) or cur[2] ~= ARGV[1] then return 'conflict' end
+redis.call('HSET', KEYS[1], 'dlt_written', '1', 'dlt_written_at', ARGV[2])
+return 'ok'
+"""
+)
+
+# KEYS: delayed, ready   ARGV: now, limit, batch-prefix
+PROMOTE_LUA = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+for _, id in ipairs(due) do
+  redis.call('ZREM', KEYS[1], id)
+  local cur = redis.call('HMGET', ARGV[3] .. id, 'state', 'ready_score')
+  if cur[1] == 'queued' then redis.call('ZADD', KEYS[2], cur[2] or ARGV[1], id) end
+end
+return #due
+"""
+
+# KEYS: lease   ARGV: token, ttl-ms
+LEASE_ACQUIRE_LUA = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]); return 1 end
+return 0
+"""
+
+LEASE_RELEASE_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+# --- records -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    """A snapshot of one batch hash (all values are the strings Redis stores)."""
+
+    batch_id: str
+    state: State
+    version: int
+    fields: Mapping[str, str]
+
+    @classmethod
+    def from_hash(cls, batch_id: str, data: Mapping[str, str]) -> BatchRecord:
+        return cls(batch_id, State(data["state"]), int(data.get("version", "0")), dict(data))
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        value = self.fields.get(name)
+        return default if value in (None, "") else value
+
+    def number(self, name: str) -> float | None:
+        value = self.get(name)
+        return float(value) if value is not None else None
+
+    def flag(self, name: str) -> bool:
+        return self.fields.get(name) == "1"
+
+    @property
+    def generation(self) -> int:
+        return int(self.fields.get("generation", "0") or 0)
+
+    @property
+    def attempt(self) -> int:
+        return int(self.fields.get("attempt", "0") or 0)
+
+    @property
+    def attempts_made(self) -> int:
+        """Attempts of the current lifecycle (attempt numbers keep counting across a reopen)."""
+        return max(0, self.attempt - int(self.fields.get("attempt_base", "0") or 0))
+
+    @property
+    def submission_id(self) -> str | None:
+        return self.get("submission_id")
+
+    @property
+    def deadline(self) -> float | None:
+        return self.number("deadline")
+
+    def json_field(self, name: str) -> Any:
+        value = self.get(name)
+        return orjson.loads(value) if value is not None else None
+
+
+@dataclass(frozen=True)
+class IntakeItem:
+    """One batch to create (state ``queued``) or to record as rejected (``dead_lettered``)."""
+
+    batch_id: str
+    fields: Mapping[str, str]
+    marker: tuple[str, str]  # (ce_source, dedupe id)
+    initial: State = State.QUEUED
+    ready_score: float = 0.0
+    deadline: float | None = None
+    replay_id: str | None = None
+
+
+@dataclass(frozen=True)
+class IntakeResult:
+    outcome: str  # created | reopened | duplicate | dup_event
+    state: State | None
+    version: int
+    generation: int
+
+    @property
+    def is_new(self) -> bool:
+        return self.outcome in {"created", "reopened"}
+
+
+@dataclass(frozen=True)
+class TransitionResult:
+    ok: bool
+    outcome: str  # ok | conflict | missing
+    state: State | None
+    version: int
+
+
+@dataclass
+class _Scripts:
+    intake: AsyncScript
+    transition: AsyncScript
+    mark_published: AsyncScript
+    mark_dlt: AsyncScript
+    promote: AsyncScript
+    lease_acquire: AsyncScript
+    lease_release: AsyncScript
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _fmt(value: float) -> str:
+    return repr(float(value))
+
+
+# --- store -------------------------------------------------------------------------------------
+
+
+@dataclass
+class StateStore:
+    """Async Redis state store. ``client`` must be created with ``decode_responses=True``."""
+
+    client: aioredis.Redis  # type: ignore[type-arg]
+    keys: Keys = field(default_factory=Keys)
+    finished_ttl_s: int = 7 * 86400
+    dedupe_ttl_s: int = 7 * 86400
+    clock: Callable[[], float] = time.time
+
+    def __post_init__(self) -> None:
+        if any(ch in self.keys.prefix for ch in "'\\\n\r"):
+            raise ValueError("the Redis key prefix may not contain quotes, backslashes or newlines")
+        reg = self.client.register_script
+        self._scripts = _Scripts(
+            intake=reg(
+                INTAKE_LUA.replace("@PREFIX@", self.keys.prefix)
+                .replace("@DEDUPE_TTL@", str(self.dedupe_ttl_s))
+                .replace("@FINISHED_TTL@", str(self.finished_ttl_s))
+            ),
+            transition=reg(TRANSITION_LUA),
+            mark_published=reg(MARK_PUBLISHED_LUA),
+            mark_dlt=reg(MARK_DLT_LUA),
+            promote=reg(PROMOTE_LUA),
+            lease_acquire=reg(LEASE_ACQUIRE_LUA),
+            lease_release=reg(LEASE_RELEASE_LUA),
+        )
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        password: str | None = None,
+        keys: Keys | None = None,
+        finished_ttl_s: int = 7 * 86400,
+        dedupe_ttl_s: int = 7 * 86400,
+        socket_timeout: float = 5.0,
+    ) -> StateStore:
+        client = aioredis.Redis.from_url(
+            url,
+            password=password,
+            decode_responses=True,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_timeout,
+            health_check_interval=15,
+            retry_on_timeout=False,
+        )
+        return cls(client, keys or Keys(), finished_ttl_s, dedupe_ttl_s)
+
+    async def close(self) -> None:
+        await self.client.aclose()  # type: ignore[attr-defined]
+
+    async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await fn()
+        except Exception as exc:
+            raise classify(exc, default=StateStoreUnavailable) from exc
+
+    @property
+    def _sprefix(self) -> str:
+        return self.keys.state_index(State.QUEUED)[: -len(State.QUEUED.value)]
+
+    # -- intake ----------------------------------------------------------------------------------
+    def _intake_args(self, item: IntakeItem, now: float) -> tuple[list[str], list[str]]:
+        fields = dict(item.fields)
+        fields.setdefault("batch_id", item.batch_id)
+        fields["ready_score"] = _fmt(item.ready_score)
+        if item.deadline is not None:
+            fields["deadline"] = _fmt(item.deadline)
+        args = [
+            item.batch_id,
+            self.keys.event(*item.marker) if item.initial is not State.QUEUED else "",
+            _fmt(now),
+            _fmt(item.ready_score),
+            "" if item.deadline is None else _fmt(item.deadline),
+            item.replay_id or "",
+            item.initial.value,
+            orjson.dumps(fields).decode(),
+        ]
+        return [self.keys.batch(item.batch_id)], args
+
+    async def intake_many(self, items: Sequence[IntakeItem]) -> list[IntakeResult]:
+        """Create (or dedupe) many batches in one round trip; results in the same order."""
+        if not items:
+            return []
+        now = self.clock()
+
+        async def run() -> list[Any]:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for item in items:
+                    keys, args = self._intake_args(item, now)
+                    await self._scripts.intake(keys=keys, args=args, client=pipe)
+                return list(await pipe.execute())
+
+        raw = await self._call(run)
+        out = []
+        for reply in raw:
+            outcome, state, version, generation = (_s(x) for x in reply)
+            out.append(IntakeResult(outcome, State(state) if state else None, int(version), int(generation)))
+        return out
+
+    async def intake(self, item: IntakeItem) -> IntakeResult:
+        return (await self.intake_many([item]))[0]
+
+    # -- reads ------------------------------------------------------------------------------------
+    async def get(self, batch_id: str) -> BatchRecord | None:
+        data: dict[str, str] = await self._call(lambda: self.client.hgetall(self.keys.batch(batch_id)))
+        return BatchRecord.from_hash(batch_id, data) if data else None
+
+    async def get_many(self, batch_ids: Sequence[str]) -> list[BatchRecord | None]:
+        async def run() -> list[Any]:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for bid in batch_ids:
+                    pipe.hgetall(self.keys.batch(bid))
+                return list(await pipe.execute())
+
+        raw = await self._call(run) if batch_ids else []
+        return [BatchRecord.from_hash(bid, d) if d else None for bid, d in zip(batch_ids, raw, strict=True)]
+
+    async def ids_in_state(self, state: State, limit: int = 1000, offset: int = 0) -> list[str]:
+        key = self.keys.state_index(state)
+        return [_s(x) for x in await self._call(lambda: self.client.zrange(key, offset, offset + limit - 1))]
+
+    async def count(self, state: State) -> int:
+        return int(await self._call(lambda: self.client.zcard(self.keys.state_index(state))))
+
+    async def counts(self) -> dict[State, int]:
+        async def run() -> list[Any]:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for state in State:
+                    pipe.zcard(self.keys.state_index(state))
+                return list(await pipe.execute())
+
+        return dict(zip(State, (int(x) for x in await self._call(run)), strict=True))
+
+    async def in_flight_count(self) -> int:
+        async def run() -> list[Any]:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for state in sorted(states.IN_FLIGHT):
+                    pipe.zcard(self.keys.state_index(state))
+                return list(await pipe.execute())
+
+        return sum(int(x) for x in await self._call(run))
+
+    async def queued_count(self) -> int:
+        """Queued batches (ready now or waiting for a retry backoff)."""
+        return await self.count(State.QUEUED)
+
+    async def ready_ids(self, limit: int) -> list[str]:
+        """Queued batches that may launch now, in launch order."""
+        if limit <= 0:
+            return []
+        return [_s(x) for x in await self._call(lambda: self.client.zrange(self.keys.ready, 0, limit - 1))]
+
+    async def due_deadlines(self, now: float, limit: int = 100) -> list[str]:
+        key = self.keys.deadlines
+        raw = await self._call(lambda: self.client.zrangebyscore(key, "-inf", now, start=0, num=limit))
+        return [_s(x) for x in raw]
+
+    async def unpublished_ids(self, limit: int = 100) -> list[str]:
+        key = self.keys.unpublished
+        return [_s(x) for x in await self._call(lambda: self.client.zrange(key, 0, limit - 1))]
+
+    async def markers_exist(self, markers: Sequence[tuple[str, str]]) -> list[bool]:
+        """Whether each command event (source, id) was already applied."""
+        if not markers:
+            return []
+
+        async def run() -> list[Any]:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for source, event_id in markers:
+                    pipe.exists(self.keys.event(source, event_id))
+                return list(await pipe.execute())
+
+        return [bool(int(x)) for x in await self._call(run)]
+
+    async def set_marker(self, marker: tuple[str, str]) -> None:
+        await self.set_markers([marker])
+
+    async def set_markers(self, markers: Sequence[tuple[str, str]]) -> None:
+        async def run() -> None:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for marker in markers:
+                    pipe.set(self.keys.event(*marker), "1", ex=self.dedupe_ttl_s)
+                await pipe.execute()
+
+        if markers:
+            await self._call(run)
+
+    async def read_progress(self, batch_id: str) -> dict[str, str]:
+        data: dict[str, str] = await self._call(lambda: self.client.hgetall(self.keys.progress(batch_id)))
+        return data
+
+    # -- writes -----------------------------------------------------------------------------------
+    async def transition(
+        self,
+        batch_id: str,
+        to: State,
+        *,
+        expected_version: int | None = None,
+        from_states: Iterable[State] | None = None,
+        fields: Mapping[str, object] | None = None,
+        delete: Iterable[str] = (),
+        ready_score: float | None = None,
+        not_before: float | None = None,
+    ) -> TransitionResult:
+        """Move ``batch_id`` to ``to`` if it is in one of ``from_states`` (default: every state the
+        lifecycle allows) and, when given, at ``expected_version``. ``to`` may equal the current
+        non-terminal state to update fields under the same guard."""
+        allowed = set(states.sources_of(to)) if from_states is None else set(from_states)
+        for src in allowed:
+            if src != to:
+                states.check_transition(src, to)
+            elif src in states.TERMINAL:
+                raise states.TransitionError(f"{src.value} is terminal; its fields are immutable")
+        now = self.clock()
+        sets = {k: ("" if v is None else str(v)) for k, v in (fields or {}).items()}
+        if not_before is not None:
+            sets["not_before"] = _fmt(not_before)
+        keys = [
+            self.keys.batch(batch_id),
+            self.keys.ready,
+            self.keys.delayed,
+            self.keys.deadlines,
+            self.keys.unpublished,
+        ]
+        args = [
+            batch_id,
+            "" if expected_version is None else str(expected_version),
+            ",".join(sorted(s.value for s in allowed)),
+            to.value,
+            _fmt(now),
+            orjson.dumps(sets).decode(),
+            orjson.dumps(list(delete)).decode(),
+            "" if ready_score is None else _fmt(ready_score),
+            "" if not_before is None else _fmt(not_before),
+            self._sprefix,
+            _TERMINAL_CSV,
+        ]
+        reply = await self._call(lambda: self._scripts.transition(keys=keys, args=args))
+        outcome, state, version = (_s(x) for x in reply)
+        return TransitionResult(outcome == "ok", outcome, State(state) if state else None, int(version))
+
+    async def transition_or_raise(self, batch_id: str, to: State, **kwargs: Any) -> TransitionResult:
+        result = await self.transition(batch_id, to, **kwargs)
+        if not result.ok:
+            raise ConflictError(
+                f"{batch_id}: cannot move to {to.value} ({result.outcome}, "
+                f"state={result.state}, version={result.version})"
+            )
+        return result
+
+    async def mark_dlt_written(self, batch_id: str, event_id: str) -> bool:
+        keys = [self.keys.batch(batch_id)]
+        args = [event_id, _fmt(self.clock()), _TERMINAL_CSV]
+        return _s(await self._call(lambda: self._scripts.mark_dlt(keys=keys, args=args))) == "ok"
+
+    async def mark_published(self, batch_id: str, event_id: str) -> bool:
+        keys = [self.keys.batch(batch_id), self.keys.unpublished, self.keys.progress(batch_id)]
+        args = [batch_id, event_id, _fmt(self.clock()), str(self.finished_ttl_s), _TERMINAL_CSV]
+        return _s(await self._call(lambda: self._scripts.mark_published(keys=keys, args=args))) == "ok"
+
+    async def promote_due(self, limit: int = 500) -> int:
+        """Move queued batches whose retry backoff has elapsed back into the ``ready`` zset."""
+        keys = [self.keys.delayed, self.keys.ready]
+        args = [_fmt(self.clock()), str(limit), self.keys.batch_prefix]
+        return int(await self._call(lambda: self._scripts.promote(keys=keys, args=args)))
+
+    async def sweep_finished(self, limit: int = 1000) -> int:
+        """Drop index entries of finished batches whose hash has expired (older than the TTL)."""
+        cutoff = self.clock() - self.finished_ttl_s
+
+        async def run() -> int:
+            removed = 0
+            for state in states.TERMINAL:
+                key = self.keys.state_index(state)
+                removed += int(await self.client.zremrangebyscore(key, "-inf", cutoff))
+            return removed
+
+        return await self._call(run)
+
+    # -- leases -----------------------------------------------------------------------------------
+    async def acquire_lease(self, name: str, token: str, ttl_s: float) -> bool:
+        keys, args = [self.keys.lease(name)], [token, str(int(ttl_s * 1000))]
+        return int(await self._call(lambda: self._scripts.lease_acquire(keys=keys, args=args))) == 1
+
+    async def release_lease(self, name: str, token: str) -> bool:
+        keys, args = [self.keys.lease(name)], [token]
+        return int(await self._call(lambda: self._scripts.lease_release(keys=keys, args=args))) == 1
+
+    async def ping(self) -> bool:
+        return bool(await self._call(lambda: self.client.ping()))

@@ -1,0 +1,679 @@
+"""The tracking loop: launch queued batches, watch their Ray jobs, finish them, publish outcomes.
+
+Any replica may run it; a Redis lease elects one at a time (a stale leader is harmless: every state
+change is a compare-and-set and submission ids are idempotent). Each tick:
+
+1. promote queued batches whose retry backoff elapsed;
+2. expire queued batches past their deadline;
+3. poll the Ray job of every in-flight batch:
+   - cancel requested / deadline passed -> stop the job, wait for it, report partial results;
+   - unknown to Ray -> resubmit if the submission was never confirmed, else *lost* -> retry;
+   - running but silent past the heartbeat timeout -> stop, *lost* -> retry;
+   - succeeded -> ``finalizing`` -> read the manifest -> ``completed`` (or what the manifest says);
+   - failed -> non-retriable exit codes fail at once (+ dead letter), others retry with backoff up
+     to ``max_attempts``, then ``failed`` + dead letter ``attempts_exhausted``;
+4. launch ready batches while fewer than ``max_in_flight`` hold a job (priority, then age);
+5. publish pending terminal events (and dead letters) idempotently;
+6. publish throttled progress events, refresh gauges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from dispatcher import logs, states
+from dispatcher.backend import EXIT_INPUT_NOT_FOUND, NON_RETRIABLE_EXITS, JobBackend, JobInfo, JobState
+from dispatcher.errors import DispatcherError, JobRejected, ManifestInvalid
+from dispatcher.events import Outcome, build_progress, safe_counts, terminal_fields
+from dispatcher.jobspec import build_job_spec, results_prefix
+from dispatcher.keys import Keys
+from dispatcher.metrics import Metrics
+from dispatcher.publisher import EventProducer, TerminalPublisher
+from dispatcher.results import ResultStore
+from dispatcher.scheduler import launch_slots
+from dispatcher.settings import DispatcherSettings
+from dispatcher.states import State
+from dispatcher.store import BatchRecord, StateStore
+from schemas.dlt import DltReason
+from schemas.errors import SchemaError
+from schemas.job import MANIFEST_NAME, Manifest
+from schemas.openai import Usage
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+LEASE = "tracker"
+WARN_EVERY_S = 30.0  # the same dependency outage is logged at most this often
+FAST_POLL_S = 0.2
+MIN_TICK_GAP_S = 0.05  # poll interval while a submitted job has not started yet (event -> RUNNING latency)
+_STOP_FIELDS = ("stop_reason", "stop_requested_at")
+
+
+class Tracker:
+    def __init__(
+        self,
+        settings: DispatcherSettings,
+        store: StateStore,
+        backend: JobBackend,
+        results: ResultStore,
+        producer: EventProducer,
+        metrics: Metrics,
+        *,
+        crash: Callable[[str], None] = lambda point: None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.opts = settings.dispatcher
+        self.store = store
+        self.keys: Keys = store.keys
+        self.backend = backend
+        self.results = results
+        self.producer = producer
+        self.metrics = metrics
+        self.crash = crash
+        self.clock = clock
+        self.policy = self.opts.attempt_policy
+        topics = settings.kafka.topics
+        self.publisher = TerminalPublisher(
+            store,
+            producer,
+            results_topic=topics.results,
+            dlt_topic=topics.dead_letter,
+            group_id=self.opts.group_id,
+            source=self.opts.source,
+            metrics=metrics,
+            crash=crash,
+        )
+        self.token = f"{self.opts.instance_id}/{uuid.uuid4().hex[:8]}"
+        self.is_leader = False
+        self.last_tick = time.monotonic()
+        self._progress_at: dict[str, float] = {}
+        self._progress_sig: dict[str, tuple[int, ...]] = {}
+        self._sweep_at = 0.0
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._warned: dict[str, float] = {}
+        self._awaiting_start = False  # a job was submitted and is not running yet: poll faster
+        self._sem = asyncio.Semaphore(16)
+
+    # -- loop ----------------------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Run the next tick now (new batches were queued by this replica's consumer)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        keeper = asyncio.create_task(self._keep_lease(), name="tracker-lease")
+        try:
+            while not self._stopping.is_set():
+                self.last_tick = time.monotonic()
+                if self.is_leader:
+                    try:
+                        await self.tick()
+                    except DispatcherError as exc:
+                        log.warning("tracker tick incomplete", extra={"error": str(exc)})
+                    except Exception:
+                        log.exception("tracker tick failed")
+                interval = self.opts.poll_interval_s
+                if self._awaiting_start:
+                    interval = min(interval, FAST_POLL_S)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), interval)
+                self._wake.clear()
+                # a burst of wake-ups (intake at full speed) still ticks at most every MIN_TICK_GAP_S
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), MIN_TICK_GAP_S)
+        finally:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await keeper
+            if self.is_leader:
+                with contextlib.suppress(Exception):
+                    await self.store.release_lease(LEASE, self.token)
+                self._set_leader(False)
+
+    async def _keep_lease(self) -> None:
+        """Acquire or renew the lease every third of its TTL, independently of how long a tick takes."""
+        while not self._stopping.is_set():
+            try:
+                leader = await self.store.acquire_lease(LEASE, self.token, self.opts.lease_ttl_s)
+            except DispatcherError as exc:
+                self.metrics.transient_errors.labels(component="redis").inc()
+                log.warning("lease check failed", extra={"error": str(exc)})
+                leader = False
+            self._set_leader(leader)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.opts.lease_ttl_s / 3)
+
+    def _set_leader(self, leader: bool) -> None:
+        if leader != self.is_leader:
+            log.info("tracker leadership " + ("acquired" if leader else "lost"))
+        self.is_leader = leader
+        self.metrics.leader.set(1 if leader else 0)
+
+    async def tick(self) -> None:
+        await self.store.promote_due()
+        await self.expire_queued()
+        await self.poll_in_flight()
+        await self.launch()
+        await self.publisher.publish_pending()
+        await self.refresh_gauges()
+        now = time.monotonic()
+        if now - self._sweep_at > 300:
+            self._sweep_at = now
+            await self.store.sweep_finished()
+
+    async def _each(self, records: list[BatchRecord], fn: Callable[[BatchRecord], Awaitable[None]]) -> None:
+        async def guarded(record: BatchRecord) -> None:
+            async with self._sem:
+                with logs.bind(
+                    batch_id=record.batch_id,
+                    attempt=record.attempt,
+                    trace_id=logs.trace_id_of(record.get("traceparent")),
+                ):
+                    try:
+                        await fn(record)
+                    except DispatcherError as exc:
+                        if exc.retriable:
+                            component = _component(exc)
+                            self.metrics.transient_errors.labels(component=component).inc()
+                            now = time.monotonic()
+                            if now - self._warned.get(component, -1e9) > WARN_EVERY_S:
+                                self._warned[component] = now
+                                log.warning(
+                                    "batch step postponed (repeats are not logged for a while)",
+                                    extra={"error": str(exc), "component": component},
+                                )
+                        else:
+                            log.error("batch step failed", extra={"error": str(exc)})
+                    except Exception:
+                        log.exception("batch step crashed")
+
+        await asyncio.gather(*(guarded(r) for r in records))
+
+    # -- 2. deadlines of queued batches --------------------------------------------------------------
+    async def expire_queued(self) -> None:
+        now = self.clock()
+        ids = await self.store.due_deadlines(now, limit=500)
+        records = [
+            r
+            for r in await self.store.get_many(ids)
+            if r is not None and r.state in {State.ACCEPTED, State.QUEUED}
+        ]
+        await self._each(records, lambda r: self.finish_stopped(r, "deadline"))
+
+    # -- 3. in-flight --------------------------------------------------------------------------------
+    async def poll_in_flight(self) -> None:
+        ids: list[str] = []
+        for state in (State.SUBMITTED, State.RUNNING, State.FINALIZING):
+            found = await self.store.ids_in_state(state, limit=10_000)
+            if state is State.SUBMITTED:
+                self._awaiting_start = bool(found)
+            ids += found
+        records = [r for r in await self.store.get_many(ids) if r is not None and r.state in states.IN_FLIGHT]
+        await self._each(records, self.check)
+
+    def _stop_reason(self, record: BatchRecord, now: float) -> str | None:
+        if record.flag("cancel_requested"):
+            return "cancel"
+        deadline = record.deadline
+        if deadline is not None and now >= deadline:
+            return "deadline"
+        return None
+
+    async def check(self, record: BatchRecord) -> None:
+        sid = record.submission_id
+        if not sid:  # cannot happen: launch records it with the transition
+            await self.retry_or_fail(record, "internal_error", "in flight without a submission id")
+            return
+        now = self.clock()
+        if record.state is State.FINALIZING:
+            await self.finish_succeeded(record)
+            return
+        info = await self.backend.status(sid)
+        reason = self._stop_reason(record, now)
+        if reason is not None and info.state is not JobState.SUCCEEDED:
+            await self.stop_then_finish(record, info, reason, now)
+            return
+        if info.state is JobState.NOT_FOUND:
+            if record.state is State.SUBMITTED and not record.flag("confirmed"):
+                await self.submit(record)
+            else:
+                self.metrics.attempts.labels(event="lost").inc()
+                log.warning("job lost: Ray does not know it", extra={"submission_id": sid})
+                await self.retry_or_fail(
+                    record, "job_lost", f"Ray no longer knows job {sid} (head restarted?)"
+                )
+        elif info.state is JobState.PENDING:
+            await self._confirm(record)
+            submitted_at = record.number("submitted_at") or now
+            if now - submitted_at > self.opts.submitted_timeout_s:
+                await self.backend.stop(sid)
+                self.metrics.attempts.labels(event="stuck").inc()
+                await self.retry_or_fail(
+                    record, "job_stuck_pending", f"job {sid} stayed PENDING for {now - submitted_at:.0f}s"
+                )
+        elif info.state is JobState.RUNNING:
+            if record.state is State.SUBMITTED:
+                await self.mark_running(record, info)
+            else:
+                await self.check_heartbeat(record, now)
+                await self.maybe_progress(record, now)
+        elif info.state is JobState.SUCCEEDED:
+            await self.finish_succeeded(record)
+        elif info.state is JobState.FAILED:
+            await self.job_failed(record, info)
+        elif info.state is JobState.STOPPED:
+            self.metrics.attempts.labels(event="stopped").inc()
+            await self.retry_or_fail(record, "job_stopped", f"job {sid} was stopped outside the dispatcher")
+
+    async def _confirm(self, record: BatchRecord) -> None:
+        if not record.flag("confirmed"):
+            await self.store.transition(
+                record.batch_id,
+                record.state,
+                from_states=[record.state],
+                expected_version=record.version,
+                fields={"confirmed": "1"},
+            )
+
+    async def mark_running(self, record: BatchRecord, info: JobInfo) -> None:
+        now = self.clock()
+        first_start = record.number("started_at")
+        result = await self.store.transition(
+            record.batch_id,
+            State.RUNNING,
+            expected_version=record.version,
+            fields={
+                "confirmed": "1",
+                "attempt_started_at": repr(info.start_time or now),
+                "running_at": repr(now),
+                "started_at": repr(first_start or info.start_time or now),
+            },
+        )
+        if result.ok:
+            log.info("job running", extra={"submission_id": record.submission_id})
+
+    async def check_heartbeat(self, record: BatchRecord, now: float) -> None:
+        if not self.settings.job.pass_redis_url:  # the job has nowhere to send heartbeats
+            return
+        progress = await self.store.read_progress(record.batch_id)
+        beat = 0.0
+        if progress.get("attempt") == str(record.attempt):
+            with contextlib.suppress(ValueError):
+                beat = float(progress.get("heartbeat_at") or 0)
+        last = max(beat, record.number("running_at") or 0.0, record.number("attempt_started_at") or 0.0)
+        if last and now - last > self.opts.heartbeat_timeout_s:
+            sid = record.submission_id or ""
+            self.metrics.attempts.labels(event="heartbeat_expired").inc()
+            log.warning("job heartbeat expired; stopping it", extra={"silent_s": round(now - last, 1)})
+            with contextlib.suppress(DispatcherError):
+                await self.backend.stop(sid)
+            await self.retry_or_fail(
+                record, "heartbeat_expired", f"job {sid} sent no heartbeat for {now - last:.0f}s"
+            )
+
+    async def job_failed(self, record: BatchRecord, info: JobInfo) -> None:
+        code = info.exit_code
+        message = f"job {record.submission_id} failed"
+        if code is not None:
+            message += f" with exit code {code}"
+        if info.message:
+            message += f": {info.message[:1000]}"
+        self.metrics.attempts.labels(event="failed").inc()
+        if code in NON_RETRIABLE_EXITS:
+            reason = DltReason.INPUT_NOT_FOUND if code == EXIT_INPUT_NOT_FOUND else DltReason.INPUT_INVALID
+            await self.retry_or_fail(record, str(reason), message, retriable=False, dlt_reason=reason)
+        else:
+            await self.retry_or_fail(record, info.error_type or "job_failed", message)
+
+    async def retry_or_fail(
+        self,
+        record: BatchRecord,
+        code: str,
+        message: str,
+        *,
+        retriable: bool = True,
+        dlt_reason: DltReason | None = None,
+    ) -> None:
+        decision = self.policy.after_failure(max(1, record.attempts_made), retriable=retriable)
+        now = self.clock()
+        if decision.retry:
+            result = await self.store.transition(
+                record.batch_id,
+                State.QUEUED,
+                expected_version=record.version,
+                from_states=[State.SUBMITTED, State.RUNNING, State.FINALIZING],
+                fields={"last_error_code": code, "last_error_message": message[:2000]},
+                delete=[*_STOP_FIELDS, "confirmed"],
+                not_before=now + decision.delay_s,
+            )
+            if result.ok:
+                self.metrics.attempts.labels(event="retried").inc()
+                log.warning(
+                    "attempt failed; retrying",
+                    extra={"code": code, "error": message[:500], "retry_in_s": round(decision.delay_s, 1)},
+                )
+            return
+        error_code = code if not retriable else str(DltReason.ATTEMPTS_EXHAUSTED)
+        error_message = (
+            message if not retriable else f"{record.attempts_made} attempt(s) failed; last: {code}: {message}"
+        )
+        outcome = await self.partial_outcome(
+            record,
+            State.FAILED,
+            error_code=error_code,
+            error_message=error_message,
+            dlt_reason=str(dlt_reason or DltReason.ATTEMPTS_EXHAUSTED),
+        )
+        await self.finish(record, outcome)
+
+    async def stop_then_finish(self, record: BatchRecord, info: JobInfo, reason: str, now: float) -> None:
+        sid = record.submission_id or ""
+        if info.state.is_terminal or info.state is JobState.NOT_FOUND:
+            await self.finish_stopped(record, reason)
+            return
+        requested = record.number("stop_requested_at")
+        if requested is None:
+            await self.backend.stop(sid)
+            self.metrics.attempts.labels(event="stop_requested").inc()
+            log.info("stopping job", extra={"reason": reason, "submission_id": sid})
+            await self.store.transition(
+                record.batch_id,
+                record.state,
+                from_states=[record.state],
+                expected_version=record.version,
+                fields={"stop_reason": reason, "stop_requested_at": repr(now)},
+            )
+        elif now - requested > self.settings.job.stop_wait_s:
+            log.warning("job did not stop in time; finishing without it", extra={"submission_id": sid})
+            await self.finish_stopped(record, reason)
+
+    async def finish_stopped(self, record: BatchRecord, reason: str) -> None:
+        state = State.CANCELLED if reason == "cancel" else State.EXPIRED
+        message = record.get("cancel_reason") if reason == "cancel" else "the batch passed its deadline"
+        outcome = await self.partial_outcome(
+            record,
+            state,
+            error_code=None if state is State.CANCELLED else "deadline_exceeded",
+            error_message=None if state is State.CANCELLED else message,
+        )
+        await self.finish(record, outcome)
+
+    async def finish_succeeded(self, record: BatchRecord) -> None:
+        if record.state is not State.FINALIZING:
+            result = await self.store.transition(
+                record.batch_id,
+                State.FINALIZING,
+                expected_version=record.version,
+                fields={"confirmed": "1", "job_ended_at": repr(self.clock())},
+            )
+            if not result.ok:
+                return
+            self.crash("after_job_end")
+            record = await self.store.get(record.batch_id) or record
+        prefix = results_prefix(self.settings, record)
+        try:
+            manifest = await self.results.read_manifest(prefix)
+        except ManifestInvalid as exc:
+            manifest, problem = None, str(exc)
+        else:
+            problem = f"no manifest at {prefix}manifest.json"
+        if manifest is None or manifest.attempt != record.attempt:
+            if manifest is not None:
+                problem = f"manifest of attempt {manifest.attempt}, expected {record.attempt}"
+            await self.retry_or_fail(record, "manifest_missing", problem)
+            return
+        if manifest.status == "partial":  # exit 0 but not everything written: run the rest again
+            detail = manifest.error.message if manifest.error else "the job stopped early"
+            await self.retry_or_fail(record, "job_partial", detail)
+            return
+        outcome = outcome_from_manifest(manifest, record, self.clock(), prefix + MANIFEST_NAME)
+        await self.finish(record, outcome)
+
+    async def finish(self, record: BatchRecord, outcome: Outcome) -> None:
+        result = await self.store.transition(
+            record.batch_id,
+            outcome.state,
+            expected_version=record.version,
+            fields=terminal_fields(record, outcome),
+            delete=_STOP_FIELDS,
+        )
+        if result.ok:
+            self._progress_at.pop(record.batch_id, None)
+            self._progress_sig.pop(record.batch_id, None)
+            self.metrics.attempts.labels(event=outcome.state.value).inc()
+            log.info(
+                "batch finished", extra={"status": outcome.state.value, "error_code": outcome.error_code}
+            )
+
+    async def partial_outcome(
+        self,
+        record: BatchRecord,
+        state: State,
+        *,
+        error_code: str | None,
+        error_message: str | None,
+        dlt_reason: str | None = None,
+    ) -> Outcome:
+        """What earlier or stopped attempts left: a manifest of the last attempt if it wrote one,
+        else the shards found and the job's progress counters."""
+        now = self.clock()
+        started = record.number("started_at")
+        if record.attempt == 0:
+            return Outcome(
+                state,
+                now,
+                counts={"total": int(record.get("total") or 0)},
+                started_at=started,
+                error_code=error_code,
+                error_message=error_message,
+                dlt_reason=dlt_reason,
+            )
+        prefix = results_prefix(self.settings, record)
+        manifest = None
+        with contextlib.suppress(ManifestInvalid):
+            manifest = await self.results.read_manifest(prefix)
+        if manifest is not None and manifest.attempt == record.attempt:
+            base = outcome_from_manifest(manifest, record, now, prefix + MANIFEST_NAME, state=state)
+            return Outcome(
+                state,
+                now,
+                base.output_uris,
+                base.error_uris,
+                base.manifest_uri,
+                base.counts,
+                base.usage,
+                started,
+                error_code,
+                error_message,
+                dlt_reason,
+            )
+        shards = await self.results.list_shards(prefix)
+        progress = await self.store.read_progress(record.batch_id)
+        counts = {k: _int(progress.get(k)) for k in ("total", "completed", "failed")}
+        if not counts["total"]:
+            counts["total"] = int(record.get("total") or 0)
+        usage = {k: _int(progress.get(k)) for k in ("prompt_tokens", "completion_tokens")}
+        return Outcome(
+            state,
+            now,
+            shards.output_uris,
+            shards.error_uris,
+            None,
+            counts,
+            usage,
+            started,
+            error_code,
+            error_message,
+            dlt_reason,
+        )
+
+    # -- 4. launch -----------------------------------------------------------------------------------
+    async def launch(self) -> None:
+        in_flight = await self.store.in_flight_count()
+        slots = launch_slots(in_flight, self.opts.max_in_flight)
+        # a few extra: cancelled or expired entries at the head are finished, not launched
+        ids = await self.store.ready_ids(slots + 8 if slots else 8)
+        if not ids:
+            return
+        launched = 0
+        for record in await self.store.get_many(ids):
+            if record is None or record.state is not State.QUEUED:
+                continue
+            with logs.bind(batch_id=record.batch_id, trace_id=logs.trace_id_of(record.get("traceparent"))):
+                reason = self._stop_reason(record, self.clock())
+                try:
+                    if reason is not None:
+                        await self.finish_stopped(record, reason)
+                    elif launched < slots and await self.start_attempt(record):
+                        launched += 1
+                except DispatcherError as exc:
+                    log.warning("launch postponed", extra={"error": str(exc)})
+                    if exc.retriable:
+                        return
+
+    async def start_attempt(self, record: BatchRecord) -> bool:
+        attempt = record.attempt + 1
+        try:
+            spec = build_job_spec(record, attempt, self.settings, self.keys)
+        except (SchemaError, ValueError) as exc:
+            outcome = Outcome(
+                State.FAILED,
+                self.clock(),
+                counts={"total": int(record.get("total") or 0)},
+                error_code=str(DltReason.INPUT_INVALID),
+                error_message=f"job spec: {exc}"[:2000],
+                dlt_reason=str(DltReason.INPUT_INVALID),
+            )
+            await self.finish(record, outcome)
+            return False
+        now = self.clock()
+        result = await self.store.transition(
+            record.batch_id,
+            State.SUBMITTED,
+            expected_version=record.version,
+            fields={
+                "attempt": str(attempt),
+                "submission_id": spec.submission_id,
+                "submitted_at": repr(now),
+                "confirmed": "0",
+            },
+            delete=_STOP_FIELDS,
+        )
+        if not result.ok:
+            return False
+        self.metrics.attempts.labels(event="submitted").inc()
+        self._awaiting_start = True
+        fresh = await self.store.get(record.batch_id)
+        if fresh is not None:
+            with logs.bind(attempt=attempt):
+                await self.submit(fresh)
+        return True
+
+    async def submit(self, record: BatchRecord) -> None:
+        """Submit (or resubmit) the record's current attempt; idempotent by submission id."""
+        spec = build_job_spec(record, record.attempt, self.settings, self.keys)
+        try:
+            result = await self.backend.submit(spec)
+        except JobRejected as exc:
+            outcome = await self.partial_outcome(
+                record,
+                State.FAILED,
+                error_code=str(DltReason.SUBMIT_REJECTED),
+                error_message=str(exc),
+                dlt_reason=str(DltReason.SUBMIT_REJECTED),
+            )
+            await self.finish(record, outcome)
+            return
+        self.crash("after_submit")
+        log.info(
+            "job submitted",
+            extra={"submission_id": result.submission_id, "already_existed": result.already_existed},
+        )
+        await self.store.transition(
+            record.batch_id,
+            State.SUBMITTED,
+            from_states=[State.SUBMITTED],
+            expected_version=record.version,
+            fields={"confirmed": "1"},
+        )
+
+    # -- 5/6. progress and gauges ----------------------------------------------------------------------
+    async def maybe_progress(self, record: BatchRecord, now: float) -> None:
+        last = self._progress_at.get(record.batch_id, 0.0)
+        if now - last < self.opts.progress_interval_s:
+            return
+        progress = await self.store.read_progress(record.batch_id)
+        if not progress:
+            return
+        counts = safe_counts(
+            {k: _int(progress.get(k)) for k in ("total", "completed", "failed")},
+            int(record.get("total") or 0) or None,
+        )
+        usage = Usage(
+            prompt_tokens=_int(progress.get("prompt_tokens")),
+            completion_tokens=_int(progress.get("completion_tokens")),
+        )
+        sig = (record.attempt, counts.total, counts.completed, counts.failed)
+        self._progress_at[record.batch_id] = now
+        if self._progress_sig.get(record.batch_id) == sig:
+            return
+        self._progress_sig[record.batch_id] = sig
+        envelope = build_progress(record, counts, usage, source=self.opts.source, now=now)
+        await self.producer.publish(self.settings.kafka.topics.results, envelope)
+
+    async def refresh_gauges(self) -> None:
+        counts = await self.store.counts()
+        for state, n in counts.items():
+            self.metrics.batches.labels(state=state.value).set(n)
+        self.metrics.in_flight.set(sum(counts[s] for s in states.IN_FLIGHT))
+
+
+def outcome_from_manifest(
+    manifest: Manifest, record: BatchRecord, now: float, manifest_uri: str, *, state: State | None = None
+) -> Outcome:
+    """The outcome a manifest reports (``state`` overrides its status, e.g. for a stopped job)."""
+    status = state or (State.EXPIRED if manifest.status == "partial" else State(str(manifest.status)))
+    counts = manifest.request_counts
+    usage = manifest.usage
+    error = manifest.error
+    failed = status is State.FAILED
+    return Outcome(
+        state=status,
+        finished_at=now,
+        output_uris=manifest.output_uris,
+        error_uris=manifest.error_uris,
+        manifest_uri=manifest_uri,
+        counts={"total": counts.total, "completed": counts.completed, "failed": counts.failed},
+        usage={"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens},
+        started_at=record.number("started_at") or manifest.timings.started_at.timestamp(),
+        error_code=(error.code if error else "input_invalid") if failed else None,
+        error_message=(error.message if error else None) if failed else None,
+        dlt_reason=str(DltReason.INPUT_INVALID) if failed else None,
+    )
+
+
+def _int(value: str | None) -> int:
+    try:
+        return max(0, int(float(value or 0)))
+    except ValueError:
+        return 0
+
+
+def _component(exc: DispatcherError) -> str:
+    return {
+        "redis_unavailable": "redis",
+        "kafka_unavailable": "kafka",
+        "ray_unavailable": "ray",
+        "storage_unavailable": "s3",
+    }.get(exc.code, "other")

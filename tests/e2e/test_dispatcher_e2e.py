@@ -1,0 +1,588 @@
+"""The dispatcher end to end against real Kafka, Redis, MinIO and Ray (fake engine unless marked slow).
+
+The dispatcher runs as a separate process (``python -m dispatcher``), so the crash tests can kill it
+with SIGKILL exactly as an orchestrator would. Every test uses its own topics, consumer group and
+Redis key prefix.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from dispatcher.keys import Keys
+from dispatcher.settings import DispatcherOptions, DispatcherSettings, JobOptions
+from dispatcher.states import State
+from dispatcher.store import StateStore
+from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings, TopicSettings
+from llmbatch.stack.process import free_port
+from producer.storage import ensure_buckets, make_client
+from producer.topics import ensure_topics
+from schemas import dlt as dlt_headers
+from schemas.batch import BatchRequest, CancelRequest
+from schemas.cloudevents import Envelope
+from schemas.dlt import ReplayInfo
+from schemas.events import EventType
+from schemas.job import EngineConfig
+from tests.support.dispatcher_kit import (
+    DispatcherProcess,
+    TopicReader,
+    batch_request,
+    decode_results,
+    inline_lines,
+    request_message,
+    terminal_events,
+    terminal_ids,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+FAKE = EngineConfig(backend="fake", batch_size=4, num_cpus_per_replica=0.5)
+
+
+class Env:
+    """One test's dispatcher world: settings, processes, readers, and a view of Redis."""
+
+    def __init__(self, settings: DispatcherSettings, run_dir: Path) -> None:
+        self.settings = settings
+        self.run_dir = run_dir
+        self.store = StateStore.from_url(settings.redis.url, keys=Keys(settings.redis.key_prefix))
+        self.procs: list[DispatcherProcess] = []
+        self.batch_ids: set[str] = set()
+
+    def spawn(
+        self, name: str = "d1", settings: DispatcherSettings | None = None, **env: str
+    ) -> DispatcherProcess:
+        base = settings or self.settings
+        opts = base.dispatcher.model_copy(update={"instance_id": name, "metrics_port": free_port()})
+        proc = DispatcherProcess(
+            base.model_copy(update={"dispatcher": opts}), self.run_dir / f"{name}.log", **env
+        )
+        self.procs.append(proc)
+        return proc.start()
+
+    async def send(self, *messages: tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]) -> None:
+        producer = AIOKafkaProducer(acks="all", **self.settings.kafka.client_kwargs())
+        await producer.start()
+        try:
+            for key, value, headers in messages:
+                if key:
+                    self.batch_ids.add(key.decode(errors="replace"))
+                await producer.send_and_wait(
+                    self.settings.kafka.topics.requests, value=value, key=key, headers=headers
+                )
+        finally:
+            await producer.stop()
+
+    async def results(self) -> list[Envelope[Any]]:
+        reader = TopicReader(self.settings.kafka.client_kwargs(), self.settings.kafka.topics.results)
+        return decode_results(await reader.read_all(idle_ms=800))
+
+    async def dead_letters(self) -> list[Any]:
+        reader = TopicReader(self.settings.kafka.client_kwargs(), self.settings.kafka.topics.dead_letter)
+        return await reader.read_all(idle_ms=800)
+
+    async def wait_terminal(
+        self, batch_ids: list[str], within: float = 240
+    ) -> dict[str, list[Envelope[Any]]]:
+        async def check() -> dict[str, list[Envelope[Any]]] | None:
+            found = terminal_events(await self.results())
+            return found if all(b in found for b in batch_ids) else None
+
+        try:
+            return await wait_for(check, within, interval=2.0, what=f"terminal events of {batch_ids}")
+        except AssertionError:
+            for proc in self.procs:
+                print(f"--- {proc.log_path.name}\n{proc.tail(40)}")
+            raise
+
+    async def state(self, batch_id: str) -> State | None:
+        record = await self.store.get(batch_id)
+        return record.state if record else None
+
+    async def close(self) -> None:
+        for proc in self.procs:
+            proc.terminate(timeout=30)
+        await self.store.close()
+        stop_jobs(self.settings.ray, self.batch_ids)  # jobs outlive the dispatcher by design
+
+
+def stop_jobs(ray: RaySettings, batch_ids: set[str]) -> None:
+    """Stop this test's unfinished Ray jobs so they do not hold the small test cluster's CPUs."""
+    from ray.job_submission import JobSubmissionClient
+
+    try:
+        client = JobSubmissionClient(ray.address)
+        for job in client.list_jobs():
+            sid = job.submission_id or ""
+            if sid.rsplit("-a", 1)[0] in batch_ids and not job.status.is_terminal():
+                client.stop_job(sid)
+    except Exception as exc:  # the head may be gone (restart test)
+        print(f"could not stop test jobs: {exc}")
+
+
+def world(
+    kafka: KafkaSettings,
+    redis: RedisSettings,
+    s3: S3Settings,
+    ray: RaySettings,
+    *,
+    engine: EngineConfig = FAKE,
+    job: dict[str, Any] | None = None,
+    **opts: Any,
+) -> DispatcherSettings:
+    tag = uuid.uuid4().hex[:8]
+    topics = TopicSettings(
+        requests=f"req-{tag}", results=f"res-{tag}", dead_letter=f"req-{tag}.dlt", partitions=2
+    )
+    options: dict[str, Any] = dict(
+        group_id=f"g-{tag}",
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=1000,
+        poll_interval_s=0.5,
+        lease_ttl_s=4,
+        retry_backoff_base_s=0.5,
+        retry_backoff_max_s=2,
+        io_backoff_base_s=0.2,
+        io_backoff_max_s=1,
+        progress_interval_s=1,
+        log_json=True,
+        # 2 test CPUs fit one Ray Data job at a time; more would starve each other
+        max_in_flight=1,
+    )
+    options.update(opts)
+    return DispatcherSettings(
+        kafka=kafka.model_copy(update={"topics": topics}),
+        redis=redis.model_copy(update={"key_prefix": f"e{tag}"}),
+        s3=s3,
+        ray=ray,
+        dispatcher=DispatcherOptions(**options),
+        job=JobOptions(
+            engine=engine,
+            python=sys.executable,
+            progress_interval_s=0.5,
+            ray_stop_wait_s=10,
+            stop_wait_s=30,
+            shard_max_seconds=2,
+            shard_max_lines=5,
+            **(job or {}),
+        ),
+    )
+
+
+@pytest.fixture(scope="module")
+async def buckets(s3_settings: S3Settings) -> S3Settings:
+    ensure_buckets(make_client(s3_settings), s3_settings)
+    return s3_settings
+
+
+@pytest.fixture
+async def env(
+    kafka_settings: KafkaSettings,
+    redis_settings: RedisSettings,
+    buckets: S3Settings,
+    ray_settings: RaySettings,
+    tmp_path: Path,
+) -> AsyncIterator[Env]:
+    e = Env(world(kafka_settings, redis_settings, buckets, ray_settings), tmp_path)
+    await ensure_topics(e.settings)
+    try:
+        yield e
+    finally:
+        await e.close()
+
+
+def assert_one_terminal(events: list[Envelope[Any]], batch_ids: list[str]) -> None:
+    ids = terminal_ids(events)
+    for batch_id in batch_ids:
+        assert len(ids.get(batch_id, set())) == 1, f"{batch_id}: terminal ids {ids.get(batch_id)}"
+
+
+def ray_jobs(ray: RaySettings, prefix: str) -> list[str]:
+    from ray.job_submission import JobSubmissionClient
+
+    client = JobSubmissionClient(ray.address)
+    return sorted(j.submission_id for j in client.list_jobs() if (j.submission_id or "").startswith(prefix))
+
+
+# --- happy path, duplicates, invalid events -----------------------------------------------------------
+
+
+async def test_happy_path_duplicates_and_invalid_events(env: Env, ray_settings: RaySettings) -> None:
+    s3 = env.settings.s3
+    a = batch_request(f"happy-{uuid.uuid4().hex[:8]}", requests=inline_lines(5), metadata={"case": "happy"})
+    b = batch_request(f"other-{uuid.uuid4().hex[:8]}", requests=inline_lines(2))
+    first = request_message(a, event_id="ev-a")
+    key, value, headers = request_message(b)
+    env.spawn()
+    await env.send(
+        first,
+        first,
+        request_message(a),  # redelivery + same batch_id, new event
+        (key, b"not json", headers),  # invalid: bad JSON
+        (key, value, [(k, v) for k, v in headers if k != "ce_source"]),  # invalid: no ce_source
+        request_message(batch_request(f"big-{uuid.uuid4().hex[:6]}", requests=inline_lines(1001))),  # limit
+        (key, value, headers),  # valid, after the invalid ones
+    )
+    found = await env.wait_terminal([a.batch_id, b.batch_id])
+    events = await env.results()
+    assert_one_terminal(events, [a.batch_id, b.batch_id])
+    done = found[a.batch_id][0]
+    assert done.type is EventType.COMPLETED, done.data.error
+    data = done.data
+    assert (data.request_counts.total, data.request_counts.completed, data.request_counts.failed) == (5, 5, 0)
+    assert data.usage.completion_tokens > 0 and data.attempts == 1 and data.metadata == {"case": "happy"}
+    assert data.ray_submission_id == f"{a.batch_id}-a1" and data.output_uris and data.manifest_uri
+    # the output really is in MinIO and answers every request once
+    client = make_client(s3)
+    lines: list[dict[str, Any]] = []
+    for uri in data.output_uris:
+        bucket, _, obj = uri[5:].partition("/")
+        lines += [orjson.loads(x) for x in client.get_object(bucket, obj).read().splitlines() if x]
+    assert sorted(x["custom_id"] for x in lines) == sorted(f"req-{i}" for i in range(5))
+    # one Ray job for the duplicated batch
+    assert ray_jobs(ray_settings, a.batch_id) == [f"{a.batch_id}-a1"]
+    # accepted, then the terminal event; every accepted id stable
+    types = [e.type for e in events if e.batch_id == a.batch_id]
+    assert types[0] is EventType.ACCEPTED and types[-1] is EventType.COMPLETED
+    dead = await env.dead_letters()
+    reasons = sorted(dict(r.headers)[dlt_headers.REASON].decode() for r in dead)
+    assert reasons == ["invalid_event", "invalid_event", "limit_exceeded"]
+    record = await env.store.get(a.batch_id)
+    assert record is not None and record.flag("published")
+
+
+# --- kill -9 at several points -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "point", ["after_accept", "after_submit", "after_job_end", "after_dlt", "after_publish"]
+)
+async def test_kill9_then_restart_gives_exactly_one_terminal_event(env: Env, point: str) -> None:
+    if point == "after_dlt":  # the dead letter of a failed batch: an input that does not exist
+        request = batch_request(
+            f"k-{point}-{uuid.uuid4().hex[:6]}",
+            input_uri=f"s3://{env.settings.s3.input_bucket}/missing/{uuid.uuid4().hex}.jsonl",
+        )
+    else:
+        request = batch_request(f"k-{point.replace('_', '-')}-{uuid.uuid4().hex[:6]}")
+    proc = env.spawn("victim", LLMBATCH_DISPATCHER__CRASH_AT=f'["{point}"]')
+    await env.send(request_message(request))
+    await wait_for(lambda: not proc.alive(), 180, interval=0.5, what=f"the dispatcher to die at {point}")
+    assert proc.proc.returncode == -9, proc.tail()
+    env.spawn("survivor")
+    found = await env.wait_terminal([request.batch_id])
+    events = await env.results()
+    assert_one_terminal(events, [request.batch_id])
+    expected = EventType.FAILED if point == "after_dlt" else EventType.COMPLETED
+    assert found[request.batch_id][0].type is expected
+    await wait_for(lambda: _published(env, request.batch_id), 60, what="published mark")
+    if point == "after_publish":  # published before the crash, so published again: the SAME id
+        again = terminal_events(await env.results())[request.batch_id]
+        assert len(again) == 2 and again[0].id == again[1].id
+        assert_one_terminal(await env.results(), [request.batch_id])
+    if point == "after_dlt":
+        dead = await env.dead_letters()
+        assert dead and all(dict(r.headers)[dlt_headers.REASON] == b"input_not_found" for r in dead)
+
+
+async def _published(env: Env, batch_id: str) -> bool:
+    record = await env.store.get(batch_id)
+    return record is not None and record.flag("published")
+
+
+# --- two replicas --------------------------------------------------------------------------------------
+
+
+async def test_two_replicas_one_killed_the_other_takes_over(
+    env: Env,
+    kafka_settings: KafkaSettings,
+    redis_settings: RedisSettings,
+    buckets: S3Settings,
+    ray_settings: RaySettings,
+) -> None:
+    slow = FAKE.model_copy(update={"fake_delay_s": 1.0})
+    settings = env.settings.model_copy(update={"job": env.settings.job.model_copy(update={"engine": slow})})
+    one = env.spawn("one", settings)
+    two = env.spawn("two", settings)
+    before = [batch_request(f"r2-{i}-{uuid.uuid4().hex[:6]}", requests=inline_lines(4)) for i in range(3)]
+    await env.send(*(request_message(r) for r in before))
+    await wait_for(lambda: _any_running(env, before), 180, what="a job running")
+    leader_token = await env.store.client.get(env.store.keys.lease("tracker"))
+    assert leader_token, "no tracker leader"
+    victim, survivor = (one, two) if str(leader_token).startswith("one/") else (two, one)
+    victim.kill9()
+    after = [batch_request(f"r2b-{i}-{uuid.uuid4().hex[:6]}", requests=inline_lines(2)) for i in range(2)]
+    await env.send(*(request_message(r) for r in after))
+    ids = [r.batch_id for r in before + after]
+    await env.wait_terminal(ids, within=480)
+    events = await env.results()
+    assert_one_terminal(events, ids)
+    assert all(e.type is EventType.COMPLETED for e in events if e.is_terminal)
+    assert survivor.alive()
+    token = str(await env.store.client.get(env.store.keys.lease("tracker")))
+    assert token.startswith("one/" if survivor is one else "two/")
+
+
+async def _any_running(env: Env, requests: list[BatchRequest]) -> bool:
+    for r in requests:
+        if await env.state(r.batch_id) in {State.RUNNING, State.FINALIZING, State.COMPLETED}:
+            return True
+    return False
+
+
+# --- cancel, deadline, retries ---------------------------------------------------------------------------
+
+
+async def _progress(env: Env, batch_id: str) -> int:
+    data = await env.store.read_progress(batch_id)
+    return int(data.get("completed", 0))
+
+
+async def _progress_at_least(env: Env, batch_id: str, n: int) -> bool:
+    return await _progress(env, batch_id) >= n
+
+
+async def test_cancel_keeps_partial_results(env: Env) -> None:
+    slow = FAKE.model_copy(update={"fake_delay_s": 0.5, "batch_size": 1, "batches_in_flight": 1})
+    settings = env.settings.model_copy(update={"job": env.settings.job.model_copy(update={"engine": slow})})
+    env.spawn("d1", settings)
+    request = batch_request(f"cancel-{uuid.uuid4().hex[:6]}", requests=inline_lines(40))
+    await env.send(request_message(request))
+    # past the first shard (5 lines): a closed shard is durable whatever happens to the job
+    await wait_for(lambda: _progress_at_least(env, request.batch_id, 8), 180, what="some requests done")
+    await env.send(request_message(CancelRequest(batch_id=request.batch_id, reason="test cancel")))
+    found = await env.wait_terminal([request.batch_id])
+    event = found[request.batch_id][0]
+    assert event.type is EventType.CANCELLED
+    counts = event.data.request_counts
+    assert counts.total == 40 and 0 < counts.completed < 40
+    assert event.data.output_uris  # the partial results are listed
+    progress = [
+        e for e in await env.results() if e.type is EventType.PROGRESS and e.batch_id == request.batch_id
+    ]
+    assert (
+        progress and max(p.data.request_counts.completed for p in progress) > 0
+    )  # throttled progress events
+    assert_one_terminal(await env.results(), [request.batch_id])
+
+
+async def test_deadline_expires_with_partial_results(env: Env) -> None:
+    slow = FAKE.model_copy(update={"fake_delay_s": 0.5, "batch_size": 1, "batches_in_flight": 1})
+    settings = env.settings.model_copy(update={"job": env.settings.job.model_copy(update={"engine": slow})})
+    env.spawn("d1", settings)
+    # the deadline lands while the job runs: it takes 40 x 0.5 s at least
+    deadline = time.time() + 25
+    from datetime import UTC, datetime
+
+    request = batch_request(
+        f"exp-{uuid.uuid4().hex[:6]}",
+        requests=inline_lines(40),
+        deadline=datetime.fromtimestamp(deadline, UTC).isoformat(),
+    )
+    await env.send(request_message(request))
+    found = await env.wait_terminal([request.batch_id])
+    event = found[request.batch_id][0]
+    assert event.type is EventType.EXPIRED
+    assert event.data.request_counts.total == 40 and event.data.request_counts.completed < 40
+    assert_one_terminal(await env.results(), [request.batch_id])
+
+
+async def test_retry_exhaustion_fails_and_dead_letters(env: Env) -> None:
+    # every attempt fails retriably: the job cannot reach object storage
+    broken = env.settings.job.model_copy(
+        update={"env_vars": {"LLMBATCH_S3__ENDPOINT": f"http://127.0.0.1:{free_port()}"}}
+    )
+    settings = env.settings.model_copy(
+        update={"job": broken, "dispatcher": env.settings.dispatcher.model_copy(update={"max_attempts": 2})}
+    )
+    env.spawn("d1", settings)
+    request = batch_request(f"exh-{uuid.uuid4().hex[:6]}")
+    key, value, headers = request_message(request)
+    await env.send((key, value, headers))
+    found = await env.wait_terminal([request.batch_id], within=300)
+    event = found[request.batch_id][0]
+    assert event.type is EventType.FAILED
+    assert event.data.error.code == "attempts_exhausted" and event.data.attempts == 2
+    assert event.data.ray_submission_id == f"{request.batch_id}-a2"
+    dead = await wait_for(env.dead_letters, 60, what="the dead letter")
+    assert len(dead) == 1
+    letter = dead[0]
+    h = dict(letter.headers)
+    assert (letter.key, letter.value) == (key, value)
+    assert h[dlt_headers.REASON] == b"attempts_exhausted"
+    assert h[dlt_headers.ORIGINAL_TOPIC] == env.settings.kafka.topics.requests.encode()
+    assert struct.unpack(">q", h[dlt_headers.ORIGINAL_OFFSET])[0] == 0
+    assert h["ce_id"] == dict(headers)["ce_id"]  # original headers kept
+    # an operator replay of the dead letter runs the batch again, as a new lifecycle
+    env.procs[-1].terminate()
+    env.spawn("fixed")
+    replay = ReplayInfo(replay_id="r-1", replayed_at=datetime_now(), replayed_by="test")
+    replay_headers = [*dlt_headers.strip_dlt_headers(list(letter.headers)), *replay.to_headers()]
+    await env.send((letter.key, letter.value, replay_headers))
+
+    async def completed() -> bool:
+        return any(
+            e.type is EventType.COMPLETED for e in terminal_events(await env.results())[request.batch_id]
+        )
+
+    await wait_for(completed, 240, interval=2, what="the replayed batch to complete")
+    ids = terminal_ids(await env.results())[request.batch_id]
+    assert len(ids) == 2  # one per lifecycle
+    record = await env.store.get(request.batch_id)
+    assert record is not None and record.state is State.COMPLETED and record.attempt == 3
+
+
+def datetime_now() -> Any:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC)
+
+
+# --- Ray head restart ------------------------------------------------------------------------------------
+
+
+async def test_ray_head_restart_loses_the_job_which_is_retried(
+    kafka_settings: KafkaSettings, redis_settings: RedisSettings, buckets: S3Settings, tmp_path: Path
+) -> None:
+    from tests.support.private_ray import PrivateRay
+
+    head = PrivateRay(tmp_path / "ray")
+    head.start()
+    e = Env(
+        world(
+            kafka_settings,
+            redis_settings,
+            buckets,
+            RaySettings(address=head.address),
+            engine=FAKE.model_copy(update={"fake_delay_s": 1.0, "batch_size": 1, "batches_in_flight": 1}),
+        ),
+        tmp_path,
+    )
+    await ensure_topics(e.settings)
+    try:
+        e.spawn()
+        request = batch_request(f"ray-{uuid.uuid4().hex[:6]}", requests=inline_lines(30))
+        await e.send(request_message(request))
+        await wait_for(lambda: _progress(e, request.batch_id), 240, what="the job to make progress")
+        head.stop()
+        head.start()  # same ports, no job records
+        found = await e.wait_terminal([request.batch_id], within=400)
+        event = found[request.batch_id][0]
+        assert event.type is EventType.COMPLETED
+        assert event.data.attempts >= 2 and event.data.request_counts.completed == 30
+        assert_one_terminal(await e.results(), [request.batch_id])
+        assert "job lost" in "".join(p.log_path.read_text() for p in e.procs)
+    finally:
+        await e.close()
+        head.stop()
+
+
+# --- real vLLM ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_real_vllm_batch_end_to_end(
+    kafka_settings: KafkaSettings,
+    redis_settings: RedisSettings,
+    buckets: S3Settings,
+    ray_settings: RaySettings,
+    tmp_path: Path,
+) -> None:
+    """One batch through the whole system with the real engine (SmolLM2-135M-Instruct on CPU)."""
+    import io
+
+    from llmbatch.stack.model import ensure_model
+    from llmbatch.stack.state import CACHE_DIR
+
+    model_path = str(ensure_model())
+    engine = EngineConfig(
+        backend="vllm",
+        enforce_eager=True,
+        dtype="bfloat16",
+        max_model_len=1024,
+        num_cpus_per_replica=1.0,
+        batch_size=8,
+    )
+    settings = world(
+        kafka_settings,
+        redis_settings,
+        buckets,
+        ray_settings,
+        engine=engine,
+        job={"model_path": model_path, "engine_cache_dir": str(CACHE_DIR / "engine-cache")},
+        heartbeat_timeout_s=600,
+    )
+    e = Env(settings, tmp_path)
+    await ensure_topics(settings)
+    try:
+        lines = inline_lines(6, prefix="v")
+        lines.append(
+            {
+                "custom_id": "bad",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": lines[0]["body"]["model"], "messages": "not a list"},
+            }
+        )
+        data = b"".join(orjson.dumps(line) + b"\n" for line in lines)
+        key = f"default/inputs/{uuid.uuid4().hex}.jsonl"
+        make_client(buckets).put_object(buckets.input_bucket, key, io.BytesIO(data), len(data))
+        request = batch_request(
+            f"vllm-{uuid.uuid4().hex[:6]}", input_uri=f"s3://{buckets.input_bucket}/{key}"
+        )
+        e.spawn()
+        await e.send(request_message(request))
+        found = await e.wait_terminal([request.batch_id], within=900)
+        event = found[request.batch_id][0]
+        assert event.type is EventType.COMPLETED, event.data
+        counts = event.data.request_counts
+        assert (counts.total, counts.completed, counts.failed) == (7, 6, 1)
+        assert event.data.usage.completion_tokens > 0 and event.data.error_uris
+        client = make_client(buckets)
+        outputs: list[dict[str, Any]] = []
+        for uri in event.data.output_uris:
+            bucket, _, name = uri[5:].partition("/")
+            outputs += [orjson.loads(x) for x in client.get_object(bucket, name).read().splitlines() if x]
+        assert sorted(o["custom_id"] for o in outputs) == [f"v-{i}" for i in range(6)]
+        for line in outputs:
+            text = line["response"]["body"]["choices"][0]["message"]["content"]
+            assert isinstance(text, str) and text.strip()
+        assert_one_terminal(await e.results(), [request.batch_id])
+    finally:
+        await e.close()
+
+
+# --- graceful shutdown ----------------------------------------------------------------------------------
+
+
+async def test_sigterm_leaves_the_job_running_for_the_next_owner(env: Env) -> None:
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    slow = FAKE.model_copy(update={"fake_delay_s": 0.5, "batch_size": 1, "batches_in_flight": 1})
+    settings = env.settings.model_copy(update={"job": env.settings.job.model_copy(update={"engine": slow})})
+    first = env.spawn("first", settings)
+    request = batch_request(f"term-{uuid.uuid4().hex[:6]}", requests=inline_lines(30))
+    await env.send(request_message(request))
+    await wait_for(lambda: _progress(env, request.batch_id), 240, what="the job to make progress")
+    assert first.terminate(timeout=60) == 0, first.tail()
+    assert "dispatcher stopped" in first.tail(20)
+    client = JobSubmissionClient(env.settings.ray.address)
+    status = client.get_job_status(f"{request.batch_id}-a1")
+    assert status in {JobStatus.RUNNING, JobStatus.SUCCEEDED}  # not stopped by the shutdown
+    env.spawn("second", settings)
+    found = await env.wait_terminal([request.batch_id])
+    event = found[request.batch_id][0]
+    assert event.type is EventType.COMPLETED and event.data.attempts == 1
+    assert event.data.request_counts.completed == 30
+    assert_one_terminal(await env.results(), [request.batch_id])

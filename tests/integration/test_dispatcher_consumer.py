@@ -1,0 +1,265 @@
+"""The consumer against real Kafka and Redis: acceptance, dedupe, dead letters, commits, outages,
+backpressure. (Ray is not involved: only the consumer half of the dispatcher runs.)"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+import tempfile
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+
+from dispatcher.consumer import RequestConsumer
+from dispatcher.keys import Keys
+from dispatcher.metrics import Metrics
+from dispatcher.publisher import EventProducer
+from dispatcher.settings import DispatcherOptions, DispatcherSettings
+from dispatcher.states import State
+from dispatcher.store import StateStore
+from llmbatch.settings import LLMBatchSettings, RedisSettings, TopicSettings
+from producer.topics import ensure_topics
+from schemas import dlt as dlt_headers
+from schemas.batch import CancelRequest
+from schemas.events import EventType
+from tests.support.dispatcher_kit import TopicReader, batch_request, decode_results, request_message, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def make_settings(
+    base: LLMBatchSettings, redis: RedisSettings | None = None, **opts: Any
+) -> DispatcherSettings:
+    tag = uuid.uuid4().hex[:8]
+    topics = TopicSettings(
+        requests=f"req-{tag}", results=f"res-{tag}", dead_letter=f"req-{tag}.dlt", partitions=2
+    )
+    kafka = base.kafka.model_copy(update={"topics": topics})
+    redis = (redis or base.redis).model_copy(update={"key_prefix": f"t{tag}"})
+    options = DispatcherOptions(
+        group_id=f"g-{tag}",
+        metrics_port=None,
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=1000,
+        io_backoff_base_s=0.1,
+        io_backoff_max_s=0.5,
+        **opts,
+    )
+    return DispatcherSettings(kafka=kafka, redis=redis, s3=base.s3, dispatcher=options)
+
+
+class Harness:
+    def __init__(self, settings: DispatcherSettings) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.store = StateStore.from_url(
+            settings.redis.url, keys=Keys(settings.redis.key_prefix), socket_timeout=1
+        )
+        self.producer = EventProducer(settings.kafka, self.metrics)
+        self.consumer = RequestConsumer(settings, self.store, self.producer, self.metrics)
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await ensure_topics(self.settings)
+        await self.producer.start()
+        await self.consumer.start()
+        self.task = asyncio.create_task(self.consumer.run())
+
+    async def stop(self) -> None:
+        self.consumer.request_stop()
+        if self.task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.task, 20)
+        await self.consumer.stop()
+        await self.producer.stop()
+        await self.store.close()
+
+    async def send(self, messages: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]]) -> None:
+        producer = AIOKafkaProducer(acks="all", **self.settings.kafka.client_kwargs())
+        await producer.start()
+        try:
+            for key, value, headers in messages:
+                await producer.send_and_wait(
+                    self.settings.kafka.topics.requests, value=value, key=key, headers=headers
+                )
+        finally:
+            await producer.stop()
+
+    async def committed(self) -> int:
+        """Sum of the group's committed offsets over the request partitions."""
+        admin = AIOKafkaAdminClient(**self.settings.kafka.client_kwargs())
+        await admin.start()
+        try:
+            offsets = await admin.list_consumer_group_offsets(self.settings.dispatcher.group_id)
+        finally:
+            await admin.close()
+        topic = self.settings.kafka.topics.requests
+        return sum(meta.offset for tp, meta in offsets.items() if tp.topic == topic and meta.offset > 0)
+
+    def reader(self, which: str) -> TopicReader:
+        topic = getattr(self.settings.kafka.topics, which)
+        return TopicReader(self.settings.kafka.client_kwargs(), topic)
+
+
+@pytest.fixture
+async def harness(settings: LLMBatchSettings) -> AsyncIterator[Harness]:
+    h = Harness(make_settings(settings))
+    await h.start()
+    try:
+        yield h
+    finally:
+        await h.stop()
+
+
+async def test_valid_duplicate_and_invalid_events(harness: Harness) -> None:
+    good = [batch_request(f"good-{i}-{uuid.uuid4().hex[:6]}") for i in range(3)]
+    first = request_message(good[0], event_id="same-id")
+    key, value, headers = request_message(good[1])
+    messages = [
+        first,
+        first,  # redelivered (same ce_id)
+        request_message(good[0]),  # same batch_id, new event id
+        (key, b"{not json", headers),  # invalid JSON
+        (key, value, [(k, v) for k, v in headers if k != "ce_type"]),  # missing ce_type
+        (b"mismatch", value, headers),  # key != subject
+        request_message(good[1]),  # valid after the invalid ones
+        request_message(good[2]),
+    ]
+    await harness.send(messages)
+    await wait_for(lambda: harness.committed(), 60, what="commits")
+    await wait_for(lambda: _committed_is(harness, len(messages)), 60, what="all offsets committed")
+
+    for request in good:
+        record = await harness.store.get(request.batch_id)
+        assert record is not None and record.state is State.QUEUED, request.batch_id
+    assert await harness.store.count(State.QUEUED) == 3
+
+    dead = await harness.reader("dead_letter").read_all()
+    assert len(dead) == 3
+    reasons = [dict(r.headers)[dlt_headers.REASON] for r in dead]
+    assert reasons == [b"invalid_event"] * 3
+    # dead letters of different keys land on different partitions: compare without order
+    texts = sorted(dict(r.headers)[dlt_headers.EXCEPTION_MESSAGE].decode() for r in dead)
+    assert [t.split(":", 1)[0] for t in texts] == ["invalid_json", "invalid_key", "missing_header"]
+    assert "ce_type" in texts[2]
+    offsets = sorted(struct.unpack(">q", dict(r.headers)[dlt_headers.ORIGINAL_OFFSET])[0] for r in dead)
+    assert len(set(offsets)) == 3
+    assert b"{not json" in [r.value for r in dead]
+
+    events = decode_results(await harness.reader("results").read_all())
+    accepted = [e for e in events if e.type is EventType.ACCEPTED]
+    assert sorted({e.batch_id for e in accepted}) == sorted(r.batch_id for r in good)
+    # a redelivered event may republish 'accepted', but always with the same id
+    by_batch: dict[str, set[str]] = {}
+    for e in accepted:
+        by_batch.setdefault(e.batch_id, set()).add(e.id)
+    assert all(len(ids) == 1 for ids in by_batch.values())
+    assert harness.metrics.processed.labels(outcome="duplicate")._value.get() >= 1
+
+
+async def _committed_is(harness: Harness, n: int) -> bool:
+    return await harness.committed() == n
+
+
+async def test_cancel_of_a_queued_batch_finishes_it(harness: Harness) -> None:
+    request = batch_request("c-" + uuid.uuid4().hex[:8])
+    cancel = request_message(
+        CancelRequest(batch_id=request.batch_id, reason="changed my mind"), event_id="c1"
+    )
+    await harness.send([request_message(request), cancel, cancel])
+    await wait_for(lambda: _committed_is(harness, 3), 60, what="commits")
+    record = await harness.store.get(request.batch_id)
+    assert record is not None and record.state is State.CANCELLED
+    assert record.get("terminal_event_id") and record.flag("published") is False
+    assert await harness.store.unpublished_ids() == [request.batch_id]
+
+
+async def test_redis_outage_commits_nothing_and_loses_nothing(settings: LLMBatchSettings) -> None:
+    from llmbatch.stack import services as stack_services
+    from llmbatch.stack.process import stop_tree
+
+    run_dir = Path(tempfile.mkdtemp(prefix="llmbatch-redis-outage-"))
+    rec = stack_services.start_redis(run_dir, name="redis-outage")
+    port = rec.ports["redis"]
+    h = Harness(make_settings(settings, RedisSettings(url=rec.address)))
+    await h.start()
+    try:
+        first = [batch_request("o1-" + uuid.uuid4().hex[:6])]
+        await h.send([request_message(r) for r in first])
+        await wait_for(lambda: _committed_is(h, 1), 60, what="first commit")
+        stop_tree(rec.pid)  # Redis goes away
+        during = [batch_request(f"o2-{i}-" + uuid.uuid4().hex[:6]) for i in range(4)]
+        await h.send([request_message(r) for r in during])
+        await wait_for(
+            lambda: h.metrics.transient_errors.labels(component="redis")._value.get() >= 3,
+            60,
+            what="the consumer to hit the outage",
+        )
+        assert await h.committed() == 1  # nothing acknowledged meanwhile
+        rec = stack_services.start_redis(run_dir, port=port, name="redis-outage")
+        await wait_for(lambda: _committed_is(h, 5), 90, what="commits after Redis returned")
+        for r in first + during:
+            record = await h.store.get(r.batch_id)
+            assert record is not None and record.state is State.QUEUED, r.batch_id
+    finally:
+        await h.stop()
+        stop_tree(rec.pid)
+
+
+async def test_backpressure_pauses_then_resumes(settings: LLMBatchSettings) -> None:
+    h = Harness(make_settings(settings, max_queued=4, resume_ratio=0.5, max_poll_records=1))
+    await h.start()
+    try:
+        requests = [batch_request(f"bp-{i}-" + uuid.uuid4().hex[:6]) for i in range(10)]
+        await h.send([request_message(r) for r in requests])
+        await wait_for(lambda: h.consumer.backpressure.paused, 60, what="pause")
+        await asyncio.sleep(2)  # paused: no more acceptance
+        queued = await h.store.queued_count()
+        assert 4 <= queued <= 5
+        assert await h.committed() == queued
+        assert h.metrics.paused._value.get() == 1
+
+        async def drain_and_check() -> bool:
+            # pretend the tracker launched what is queued: the consumer resumes
+            for batch_id in await h.store.ready_ids(100):
+                assert (await h.store.transition(batch_id, State.SUBMITTED)).ok
+            return await _committed_is(h, 10)
+
+        await wait_for(drain_and_check, 90, interval=1.0, what="resume and accept the rest")
+        for r in requests:
+            assert await h.store.get(r.batch_id) is not None
+    finally:
+        await h.stop()
+
+
+async def test_revoked_partitions_move_to_the_other_consumer(settings: LLMBatchSettings) -> None:
+    s = make_settings(settings)
+    a = Harness(s)
+    await a.start()
+    b: Harness | None = None
+    try:
+        await wait_for(
+            lambda: len(a.consumer.assignment) == 2, 60, what="first consumer owns both partitions"
+        )
+        b = Harness(s)
+        await b.start()
+        await wait_for(
+            lambda: len(a.consumer.assignment) == 1 and len(b.consumer.assignment) == 1,
+            60,
+            what="rebalance to one partition each",
+        )
+        requests = [batch_request(f"rb-{i}-" + uuid.uuid4().hex[:6]) for i in range(6)]
+        await a.send([request_message(r) for r in requests])
+        await wait_for(lambda: _committed_is(a, 6), 60, what="both consumers commit")
+        assert a.consumer.accepted_total > 0 and b.consumer.accepted_total > 0
+        assert a.consumer.accepted_total + b.consumer.accepted_total == 6
+    finally:
+        if b is not None:
+            await b.stop()
+        await a.stop()

@@ -1,0 +1,269 @@
+"""The Redis state store against a real Redis: Lua compare-and-set, indexes, dedupe, leases."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from dispatcher.errors import StateStoreUnavailable
+from dispatcher.keys import Keys
+from dispatcher.states import State, TransitionError
+from dispatcher.store import IntakeItem, StateStore
+from llmbatch.settings import RedisSettings
+
+pytestmark = pytest.mark.integration
+
+
+class Clock:
+    def __init__(self, now: float = 1_790_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def store(redis_settings: RedisSettings) -> AsyncIterator[StateStore]:
+    s = StateStore.from_url(
+        redis_settings.url, keys=Keys(f"t{uuid.uuid4().hex[:8]}"), finished_ttl_s=3600, dedupe_ttl_s=3600
+    )
+    s.clock = Clock()
+    try:
+        yield s
+    finally:
+        keys = [k async for k in s.client.scan_iter(match=f"{s.keys.prefix}:*")]
+        if keys:
+            await s.client.delete(*keys)
+        await s.close()
+
+
+def item(
+    batch_id: str,
+    event: str = "e1",
+    *,
+    priority_score: float = 1.0,
+    replay: str | None = None,
+    initial: State = State.QUEUED,
+) -> IntakeItem:
+    return IntakeItem(
+        batch_id=batch_id,
+        fields={"model": "m", "attempt": "0", "request": "{}", "source": "src", "event_id": event},
+        marker=("src", event if replay is None else f"{event}#replay:{replay}"),
+        initial=initial,
+        ready_score=priority_score,
+        deadline=1_790_000_600.0,
+        replay_id=replay,
+    )
+
+
+async def test_intake_creates_queued_batch_with_indexes(store: StateStore) -> None:
+    [res] = await store.intake_many([item("b1")])
+    assert (res.outcome, res.state, res.version, res.generation) == ("created", State.QUEUED, 1, 0)
+    rec = await store.get("b1")
+    assert rec is not None and rec.state is State.QUEUED and rec.fields["model"] == "m"
+    assert await store.ready_ids(10) == ["b1"]
+    assert await store.ids_in_state(State.QUEUED) == ["b1"]
+    assert await store.queued_count() == 1
+    assert await store.due_deadlines(1_790_000_601.0) == ["b1"]
+    assert await store.due_deadlines(1_790_000_599.0) == []
+
+
+async def test_duplicates_never_create_a_second_batch(store: StateStore) -> None:
+    results = await store.intake_many([item("b1", "e1"), item("b1", "e1"), item("b1", "e2")])
+    assert [r.outcome for r in results] == ["created", "dup_event", "duplicate"]
+    assert [r.version for r in results] == [1, 1, 1]
+    assert await store.count(State.QUEUED) == 1
+
+
+async def test_ready_order_is_by_score(store: StateStore) -> None:
+    await store.intake_many(
+        [
+            item("late", "1", priority_score=30.0),
+            item("first", "2", priority_score=10.0),
+            item("mid", "3", priority_score=20.0),
+        ]
+    )
+    assert await store.ready_ids(2) == ["first", "mid"]
+
+
+async def test_compare_and_set_checks_version_and_state(store: StateStore) -> None:
+    await store.intake(item("b1"))
+    stale = await store.transition("b1", State.SUBMITTED, expected_version=7)
+    assert (stale.ok, stale.outcome, stale.state, stale.version) == (False, "conflict", State.QUEUED, 1)
+    ok = await store.transition("b1", State.SUBMITTED, expected_version=1, fields={"attempt": 1})
+    assert ok.ok and ok.version == 2
+    assert await store.ready_ids(10) == []  # left the ready queue
+    wrong_state = await store.transition("b1", State.FINALIZING, from_states=[State.RUNNING])
+    assert not wrong_state.ok and wrong_state.state is State.SUBMITTED
+    missing = await store.transition("nope", State.SUBMITTED)
+    assert missing.outcome == "missing"
+    rec = await store.get("b1")
+    assert rec is not None and rec.version == 2 and rec.attempt == 1
+
+
+async def test_illegal_transitions_are_refused_before_redis(store: StateStore) -> None:
+    await store.intake(item("b1"))
+    with pytest.raises(TransitionError):
+        await store.transition("b1", State.COMPLETED, from_states=[State.QUEUED])
+
+
+async def test_concurrent_cas_has_exactly_one_winner(store: StateStore) -> None:
+    await store.intake(item("b1"))
+    results = await asyncio.gather(
+        *(
+            store.transition("b1", State.SUBMITTED, expected_version=1, fields={"winner": str(i)})
+            for i in range(20)
+        )
+    )
+    winners = [r for r in results if r.ok]
+    assert len(winners) == 1
+    rec = await store.get("b1")
+    assert rec is not None and rec.version == 2
+
+
+async def test_terminal_state_is_immutable_and_awaits_publication(store: StateStore) -> None:
+    await store.intake(item("b1"))
+    done = await store.transition("b1", State.CANCELLED, fields={"terminal_event_id": "ev-1"})
+    assert done.ok
+    assert await store.unpublished_ids() == ["b1"]
+    assert await store.due_deadlines(2e9) == []
+    for target in (State.QUEUED, State.FAILED, State.SUBMITTED):
+        result = await store.transition("b1", target)
+        assert not result.ok and result.state is State.CANCELLED
+    # the script itself refuses to leave a terminal state even when told the source is allowed
+    keys = [
+        store.keys.batch("b1"),
+        store.keys.ready,
+        store.keys.delayed,
+        store.keys.deadlines,
+        store.keys.unpublished,
+    ]
+    args = [
+        "b1",
+        "",
+        "cancelled",
+        "queued",
+        "1",
+        "{}",
+        "[]",
+        "",
+        "",
+        store.keys.prefix + ":state:",
+        "cancelled,completed,dead_lettered,expired,failed",
+    ]
+    reply = await store._scripts.transition(keys=keys, args=args)
+    assert reply[0] == "conflict"
+    # publication bookkeeping: only with the recorded event id
+    assert not await store.mark_published("b1", "other-id")
+    assert await store.mark_published("b1", "ev-1")
+    assert await store.unpublished_ids() == []
+    ttl = await store.client.ttl(store.keys.batch("b1"))
+    assert 0 < ttl <= 3600
+
+
+async def test_retry_backoff_goes_through_the_delayed_queue(store: StateStore) -> None:
+    clock = store.clock
+    assert isinstance(clock, Clock)
+    await store.intake(item("b1"))
+    await store.transition("b1", State.SUBMITTED)
+    back = await store.transition("b1", State.QUEUED, not_before=clock.now + 30)
+    assert back.ok
+    assert await store.ready_ids(10) == []
+    assert await store.promote_due() == 0
+    clock.now += 31
+    assert await store.promote_due() == 1
+    assert await store.ready_ids(10) == ["b1"]
+    rec = await store.get("b1")
+    assert rec is not None and rec.state is State.QUEUED
+
+
+async def test_dead_lettered_batch_reopens_for_a_new_valid_event(store: StateStore) -> None:
+    rejected = await store.intake(item("b1", "bad", initial=State.DEAD_LETTERED))
+    assert rejected.outcome == "created" and rejected.state is State.DEAD_LETTERED
+    assert await store.ready_ids(10) == []
+    assert 0 < await store.client.ttl(store.keys.batch("b1")) <= 3600
+    again = await store.intake(item("b1", "bad", initial=State.DEAD_LETTERED))
+    assert again.outcome == "dup_event"
+    fixed = await store.intake(item("b1", "good"))
+    assert (fixed.outcome, fixed.state, fixed.generation) == ("reopened", State.QUEUED, 1)
+    assert await store.client.ttl(store.keys.batch("b1")) == -1
+    assert await store.ids_in_state(State.DEAD_LETTERED) == []
+
+
+async def test_failed_batch_reopens_only_by_replay_and_keeps_counting_attempts(store: StateStore) -> None:
+    await store.intake(item("b1", "e1"))
+    await store.transition("b1", State.SUBMITTED, fields={"attempt": 3})
+    await store.transition("b1", State.FAILED, fields={"terminal_event_id": "f"})
+    plain = await store.intake(item("b1", "e2"))
+    assert plain.outcome == "duplicate" and plain.state is State.FAILED
+    replayed = await store.intake(item("b1", "e1", replay="r1"))
+    assert (replayed.outcome, replayed.generation) == ("reopened", 1)
+    rec = await store.get("b1")
+    assert rec is not None and rec.attempt == 3 and rec.attempts_made == 0 and rec.get("replay_id") == "r1"
+    assert await store.unpublished_ids() == []
+    await store.transition("b1", State.SUBMITTED, fields={"attempt": 4})
+    await store.transition("b1", State.FAILED, fields={"terminal_event_id": "f2"})
+    same_replay = await store.intake(item("b1", "e1-other-source-id", replay="r1"))
+    assert same_replay.outcome == "duplicate"  # a redelivered replay does not reopen twice
+    completed_replay = await store.intake(item("b1", "e1", replay="r2"))
+    assert completed_replay.outcome == "reopened" and completed_replay.generation == 2
+
+
+async def test_completed_batch_is_never_reopened(store: StateStore) -> None:
+    await store.intake(item("b1"))
+    for state in (State.SUBMITTED, State.RUNNING, State.FINALIZING, State.COMPLETED):
+        assert (await store.transition("b1", state)).ok
+    result = await store.intake(item("b1", "e9", replay="r9"))
+    assert result.outcome == "duplicate" and result.state is State.COMPLETED
+
+
+async def test_markers(store: StateStore) -> None:
+    assert await store.markers_exist([("s", "1"), ("s", "2")]) == [False, False]
+    await store.set_marker(("s", "2"))
+    assert await store.markers_exist([("s", "1"), ("s", "2")]) == [False, True]
+
+
+async def test_lease_is_exclusive_renewable_and_releasable(store: StateStore) -> None:
+    assert await store.acquire_lease("tracker", "a", 5)
+    assert await store.acquire_lease("tracker", "a", 5)  # renew
+    assert not await store.acquire_lease("tracker", "b", 5)
+    assert not await store.release_lease("tracker", "b")
+    assert await store.release_lease("tracker", "a")
+    assert await store.acquire_lease("tracker", "b", 5)
+
+
+async def test_lease_expires(store: StateStore) -> None:
+    assert await store.acquire_lease("tracker", "a", 0.2)
+    for _ in range(50):
+        if await store.acquire_lease("tracker", "b", 5):
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError("lease never expired")
+
+
+async def test_counts_and_sweep(store: StateStore) -> None:
+    clock = store.clock
+    assert isinstance(clock, Clock)
+    await store.intake_many([item("a", "1"), item("b", "2")])
+    await store.transition("a", State.EXPIRED, fields={"terminal_event_id": "x"})
+    counts = await store.counts()
+    assert counts[State.QUEUED] == 1 and counts[State.EXPIRED] == 1
+    clock.now += 3601
+    assert await store.sweep_finished() == 1
+    assert (await store.counts())[State.EXPIRED] == 0
+
+
+async def test_redis_down_is_a_retriable_error() -> None:
+    from llmbatch.stack.process import free_port
+
+    s = StateStore.from_url(f"redis://127.0.0.1:{free_port()}/0", socket_timeout=1)
+    try:
+        with pytest.raises(StateStoreUnavailable) as info:
+            await s.get("x")
+        assert info.value.retriable is True
+    finally:
+        await s.close()

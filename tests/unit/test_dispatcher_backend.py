@@ -1,0 +1,121 @@
+"""Job submission arguments, job spec building and error classification (pure)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from pydantic import SecretStr
+
+from dispatcher.errors import (
+    BrokerUnavailable,
+    PermanentError,
+    StateStoreUnavailable,
+    TransientError,
+    classify,
+)
+from dispatcher.jobspec import build_job_spec
+from dispatcher.keys import Keys
+from dispatcher.ray_backend import _status_code, build_submission
+from dispatcher.settings import DispatcherSettings, JobOptions
+from dispatcher.states import State
+from dispatcher.store import BatchRecord
+from llmbatch.settings import RedisSettings, S3Settings
+from schemas.job import EngineConfig
+from tests.support.dispatcher_kit import batch_request, inline_lines, request_message
+
+pytestmark = pytest.mark.unit
+
+
+def settings(**job: object) -> DispatcherSettings:
+    return DispatcherSettings(
+        _env_file=None,  # type: ignore[call-arg]
+        s3=S3Settings(endpoint="http://minio:9000", access_key=SecretStr("AK"), secret_key=SecretStr("SK")),
+        redis=RedisSettings(url="redis://redis:6379/0", password=SecretStr("rpw"), key_prefix="p"),
+        job=JobOptions(engine=EngineConfig(backend="fake"), **job),  # type: ignore[arg-type]
+    )
+
+
+def record(batch_id: str = "b-1", **extra: str) -> BatchRecord:
+    request = batch_request(batch_id, requests=inline_lines(2), tenant="acme")
+    _, value, _ = request_message(request)
+    fields = {
+        "state": "submitted",
+        "version": "3",
+        "request": value.decode(),
+        "tenant": "acme",
+        "deadline": "1790000000.5",
+        "attempt": "2",
+    }
+    fields.update(extra)
+    return BatchRecord.from_hash(batch_id, fields)
+
+
+def test_job_spec_from_record() -> None:
+    s = settings(model_path="/models/smol", shard_max_lines=7)
+    spec = build_job_spec(record(), 2, s, Keys("p"))
+    assert spec.submission_id == "b-1-a2"
+    assert spec.output_prefix == "s3://llmbatch-results/acme/b-1/"
+    assert spec.requests is not None and len(spec.requests) == 2
+    assert spec.progress_key == "p:progress:b-1" and spec.redis_url == "redis://redis:6379/0"
+    assert spec.model_path == "/models/smol" and spec.shard_max_lines == 7
+    assert spec.deadline is not None and spec.deadline.timestamp() == 1790000000.5
+    assert spec.engine.backend == "fake"
+    # deterministic: a resubmission sends the same spec
+    assert build_job_spec(record(), 2, s, Keys("p")) == spec
+
+
+def test_submission_kwargs() -> None:
+    s = settings(
+        python=sys.executable, pip=["x==1"], entrypoint_resources={"worker": 1.0}, env_vars={"EXTRA": "1"}
+    )
+    spec = build_job_spec(record(), 2, s, Keys("p"))
+    kwargs = build_submission(s, spec)
+    assert kwargs["submission_id"] == "b-1-a2"
+    assert (
+        kwargs["entrypoint"].startswith(sys.executable) and " -m ray_job --spec-b64 " in kwargs["entrypoint"]
+    )
+    assert kwargs["entrypoint_num_cpus"] == 0 and kwargs["entrypoint_resources"] == {"worker": 1.0}
+    env = kwargs["runtime_env"]
+    assert env["pip"] == ["x==1"] and len(env["py_modules"]) == 2
+    variables = env["env_vars"]
+    assert variables["AWS_ACCESS_KEY_ID"] == "AK" and variables["AWS_SECRET_ACCESS_KEY"] == "SK"
+    assert variables["LLMBATCH_S3__ENDPOINT"] == "http://minio:9000"
+    assert variables["LLMBATCH_REDIS__PASSWORD"] == "rpw" and variables["EXTRA"] == "1"
+    assert kwargs["metadata"]["batch_id"] == "b-1"
+
+
+def test_credentials_can_stay_off_the_job() -> None:
+    s = settings(pass_s3_credentials=False, pass_redis_url=False, ship_modules=False)
+    spec = build_job_spec(record(), 1, s, Keys("p"))
+    assert spec.redis_url is None and spec.progress_key is None
+    kwargs = build_submission(s, spec)
+    variables = kwargs["runtime_env"]["env_vars"]
+    assert "AWS_SECRET_ACCESS_KEY" not in variables and "LLMBATCH_REDIS__PASSWORD" not in variables
+    assert "py_modules" not in kwargs["runtime_env"]
+
+
+def test_status_code_parsing() -> None:
+    assert _status_code(RuntimeError("Request failed with status code 404: Job x does not exist.")) == 404
+    assert _status_code(RuntimeError("Request failed with status code 500: boom")) == 500
+    assert _status_code(RuntimeError("something else")) is None
+
+
+def test_classify_library_errors() -> None:
+    import redis.exceptions as rexc
+    from aiokafka.errors import KafkaConnectionError, RecordTooLargeError
+
+    assert isinstance(classify(rexc.ConnectionError("x")), StateStoreUnavailable)
+    assert isinstance(classify(rexc.ResponseError("LOADING Redis is loading")), StateStoreUnavailable)
+    assert isinstance(classify(rexc.ResponseError("ERR syntax")), PermanentError)
+    assert isinstance(classify(KafkaConnectionError()), BrokerUnavailable)
+    assert not classify(RecordTooLargeError()).retriable
+    assert isinstance(classify(ConnectionRefusedError()), TransientError)
+    assert not classify(ValueError("bug")).retriable
+
+
+def test_record_helpers() -> None:
+    r = record(attempt_base="1", cancel_requested="1")
+    assert r.state is State.SUBMITTED and r.attempt == 2 and r.attempts_made == 1
+    assert r.flag("cancel_requested") and not r.flag("published")
+    assert r.deadline == 1790000000.5

@@ -1,0 +1,318 @@
+"""Record -> command (pure): valid requests, cancels, replays, and every kind of invalid record,
+plus dead-letter headers and terminal event ids."""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import orjson
+import pytest
+
+from dispatcher.dlt import OriginalRecord, build_dead_letter
+from dispatcher.events import (
+    Outcome,
+    accepted_event_id,
+    build_accepted,
+    build_terminal,
+    safe_counts,
+    terminal_event_id,
+    terminal_fields,
+)
+from dispatcher.intake import Accept, Cancel, IntakeRules, Reject, classify
+from dispatcher.states import State
+from dispatcher.store import BatchRecord
+from schemas import dlt as dlt_headers
+from schemas.batch import CancelRequest, InlineLimits
+from schemas.cloudevents import decode, encode
+from schemas.dlt import DltReason, DltRecord, ReplayInfo
+from schemas.events import RESULT_EVENT_TYPES, EventType
+from tests.support.dispatcher_kit import batch_request, inline_lines, origin, request_message
+
+pytestmark = pytest.mark.unit
+
+NOW = 1_790_000_000.0
+RULES = IntakeRules(
+    requests_topic="llm.batch.requests.v1",
+    dlt_topic="llm.batch.requests.v1.dlt",
+    group_id="g1",
+    inline_limits=InlineLimits(max_requests=10, max_bytes=4096),
+    readable_buckets=frozenset({"llmbatch-input"}),
+)
+
+
+def headers_dict(headers: list[tuple[str, bytes]]) -> dict[str, bytes]:
+    return dict(headers)
+
+
+def test_valid_request_is_accepted_with_everything_the_batch_needs() -> None:
+    request = batch_request("batch-1", priority=8, metadata={"k": "v"})
+    key, value, headers = request_message(
+        request, event_id="e-1", traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    )
+    command = classify(origin(key, value, headers, offset=7), RULES, NOW)
+    assert isinstance(command, Accept)
+    item = command.item
+    assert item.batch_id == "batch-1" and item.initial is State.QUEUED
+    assert item.marker == ("urn:test:upstream", "e-1")
+    assert item.fields["request"] == value.decode()  # kept verbatim for the job and the DLT
+    assert item.fields["total"] == "3" and item.fields["priority"] == "8"
+    assert orjson.loads(item.fields["metadata"]) == {"k": "v"}
+    assert item.fields["traceparent"].startswith("00-0af7")
+    assert item.deadline == pytest.approx(NOW + 24 * 3600)  # default completion window
+    assert OriginalRecord.from_json(item.fields["origin"]).offset == 7
+
+
+def test_deadline_and_window_take_the_earlier() -> None:
+    deadline = datetime.fromtimestamp(NOW, UTC) + timedelta(minutes=10)
+    request = batch_request("b", deadline=deadline.isoformat(), completion_window="1h")
+    command = classify(origin(*request_message(request)), RULES, NOW)
+    assert isinstance(command, Accept)
+    assert command.item.deadline == pytest.approx(NOW + 600)
+
+
+def test_cancel_is_recognised() -> None:
+    key, value, headers = request_message(
+        CancelRequest(batch_id="b-9", reason="no longer needed"), event_id="c1"
+    )
+    command = classify(origin(key, value, headers), RULES, NOW)
+    assert isinstance(command, Cancel)
+    assert command.batch_id == "b-9" and command.marker == ("urn:test:upstream", "c1")
+
+
+def test_replay_headers_make_a_distinct_marker() -> None:
+    replay = ReplayInfo(replay_id="r-1", replayed_at=datetime.now(UTC), replayed_by="ops")
+    key, value, headers = request_message(
+        batch_request("b"), event_id="e-1", extra_headers=replay.to_headers()
+    )
+    command = classify(origin(key, value, headers), RULES, NOW)
+    assert isinstance(command, Accept)
+    assert command.item.replay_id == "r-1"
+    assert command.item.marker == ("urn:test:upstream", "e-1#replay:r-1")
+
+
+def _drop(headers: list[tuple[str, bytes]], name: str) -> list[tuple[str, bytes]]:
+    return [(k, v) for k, v in headers if k != name]
+
+
+def _set(headers: list[tuple[str, bytes]], name: str, value: bytes) -> list[tuple[str, bytes]]:
+    return [*_drop(headers, name), (name, value)]
+
+
+def _cases() -> list[tuple[str, tuple[bytes | None, bytes | None, list[tuple[str, bytes]]], str, str]]:
+    key, value, headers = request_message(batch_request("bad-1"), event_id="x1")
+    too_many = batch_request("bad-2", requests=inline_lines(11))
+    past = batch_request("bad-3")
+    past_value = orjson.loads(request_message(past)[1])
+    past_value["deadline"] = "2020-01-01T00:00:00Z"
+    k3, _, h3 = request_message(past)
+    other_bucket = batch_request("bad-4", input_uri="s3://someone-elses/x.jsonl")
+    return [
+        ("not json", (key, b"{nope", headers), "invalid_event", "invalid_json"),
+        ("json array", (key, b"[1,2]", headers), "invalid_event", "invalid_json"),
+        ("missing ce_type", (key, value, _drop(headers, "ce_type")), "invalid_event", "missing_header"),
+        (
+            "unknown ce_type",
+            (key, value, _set(headers, "ce_type", b"com.example.other")),
+            "invalid_event",
+            "unsupported_type",
+        ),
+        (
+            "result type on requests topic",
+            (key, value, _set(headers, "ce_type", EventType.COMPLETED.value.encode())),
+            "invalid_event",
+            "unsupported_type",
+        ),
+        (
+            "wrong specversion",
+            (key, value, _set(headers, "ce_specversion", b"0.3")),
+            "invalid_event",
+            "unsupported_specversion",
+        ),
+        ("key differs from subject", (b"other", value, headers), "invalid_event", "invalid_key"),
+        ("no key", (None, value, headers), "invalid_event", "invalid_key"),
+        (
+            "unknown field",
+            (key, value.replace(b'{"batch_id"', b'{"temprature":1,"batch_id"'), headers),
+            "invalid_event",
+            "unknown_field",
+        ),
+        ("too many inline requests", request_message(too_many), "limit_exceeded", "limit_exceeded"),
+        ("deadline passed", (k3, orjson.dumps(past_value), h3), "deadline_passed", "deadline_passed"),
+        ("bucket not allowed", request_message(other_bucket), "limit_exceeded", "limit_exceeded"),
+        (
+            "binary garbage",
+            (b"\xff\xfe", b"\x00\x01", [("ce_id", b"\xff")]),
+            "invalid_event",
+            "missing_header",
+        ),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "message", "dlt_reason", "schema_reason"), _cases(), ids=[c[0] for c in _cases()]
+)
+def test_invalid_records_are_dead_lettered_with_reason_and_spring_headers(
+    name: str,
+    message: tuple[bytes | None, bytes | None, list[tuple[str, bytes]]],
+    dlt_reason: str,
+    schema_reason: str,
+) -> None:
+    key, value, headers = message
+    command = classify(origin(key, value, headers, partition=2, offset=41), RULES, NOW)
+    assert isinstance(command, Reject), name
+    assert command.error.reason == schema_reason
+    letter = command.dead_letter
+    assert letter.topic == "llm.batch.requests.v1.dlt"
+    assert (letter.key, letter.value) == (key, value)  # original bytes untouched
+    assert letter.headers[: len(headers)] == headers  # original headers first, in order
+    h = headers_dict(letter.headers)
+    assert h[dlt_headers.REASON] == dlt_reason.encode()
+    assert h[dlt_headers.ORIGINAL_TOPIC] == b"llm.batch.requests.v1"
+    assert struct.unpack(">i", h[dlt_headers.ORIGINAL_PARTITION])[0] == 2
+    assert struct.unpack(">q", h[dlt_headers.ORIGINAL_OFFSET])[0] == 41
+    assert struct.unpack(">q", h[dlt_headers.ORIGINAL_TIMESTAMP])[0] == 1_700_000_000_000
+    assert h[dlt_headers.ORIGINAL_CONSUMER_GROUP] == b"g1"
+    assert h[dlt_headers.EXCEPTION_FQCN] == b"schemas.errors.SchemaError"
+    assert schema_reason.encode() in h[dlt_headers.EXCEPTION_MESSAGE]
+    parsed = DltRecord.from_headers(letter.headers)
+    assert parsed is not None and parsed.reason == dlt_reason and parsed.original_offset == 41
+
+
+def test_rejected_record_with_readable_ids_is_remembered_as_dead_lettered() -> None:
+    key, _, headers = request_message(batch_request("bad-x"), event_id="e-77")
+    command = classify(origin(key, b"{}", headers), RULES, NOW)
+    assert isinstance(command, Reject) and command.item is not None
+    assert command.item.initial is State.DEAD_LETTERED
+    assert command.item.marker == command.marker == ("record", "llm.batch.requests.v1:0:0:1700000000000")
+    assert command.item.fields["dlt_reason"] == "invalid_event"
+
+
+def test_rejected_record_without_ids_is_only_dead_lettered() -> None:
+    command = classify(origin(None, b"x", []), RULES, NOW)
+    assert isinstance(command, Reject) and command.item is None
+
+
+def test_dead_letter_keeps_earlier_dlt_headers_and_appends_new_ones() -> None:
+    first = build_dead_letter(
+        origin(b"k", b"v", [("a", b"1")]),
+        dlt_topic="d",
+        reason=DltReason.INVALID_EVENT,
+        group_id="g",
+        fqcn="x.Y",
+        message="m1",
+    )
+    again = build_dead_letter(
+        OriginalRecord("t", 1, 2, b"k", b"v", tuple(first.headers)),
+        dlt_topic="d",
+        reason=DltReason.ATTEMPTS_EXHAUSTED,
+        group_id="g",
+        fqcn="x.Z",
+        message="m2",
+    )
+    parsed = DltRecord.from_headers(again.headers)
+    assert parsed is not None and parsed.reason == "attempts_exhausted" and parsed.exception_fqcn == "x.Z"
+    assert again.headers[0] == ("a", b"1")
+
+
+def test_original_record_json_round_trip_keeps_binary_headers() -> None:
+    rec = OriginalRecord("t", 3, 99, b"\x00key", None, (("bin", b"\xff\x00"), ("txt", b"x")), 5, 1)
+    assert OriginalRecord.from_json(rec.to_json()) == rec
+
+
+# --- event ids and terminal events ----------------------------------------------------------------------
+
+
+def test_terminal_event_id_is_stable_and_distinct() -> None:
+    a = terminal_event_id("b1", State.COMPLETED, 0, None)
+    assert a == terminal_event_id("b1", State.COMPLETED, 0, None)
+    others = {
+        terminal_event_id("b1", State.FAILED, 0, None),
+        terminal_event_id("b2", State.COMPLETED, 0, None),
+        terminal_event_id("b1", State.COMPLETED, 1, None),
+        terminal_event_id("b1", State.COMPLETED, 0, "r1"),
+    }
+    assert a not in others and len(others) == 4
+    assert terminal_event_id("b1", State.DEAD_LETTERED, 0, None) == terminal_event_id(
+        "b1", State.FAILED, 0, None
+    )
+    assert accepted_event_id("b1", 0, None) != a
+    uuid.UUID(a)
+
+
+def _record(state: State, **fields: str) -> BatchRecord:
+    base = {
+        "state": state.value,
+        "version": "5",
+        "batch_id": "b1",
+        "tenant": "acme",
+        "model": "m",
+        "endpoint": "/v1/chat/completions",
+        "priority": "5",
+        "accepted_at": repr(NOW),
+        "deadline": repr(NOW + 60),
+        "metadata": '{"k":"v"}',
+        "attempt": "2",
+        "attempt_base": "0",
+        "submission_id": "b1-a2",
+        "generation": "0",
+        "total": "3",
+    }
+    base.update(fields)
+    return BatchRecord.from_hash("b1", base)
+
+
+def test_terminal_event_carries_the_stored_id_and_outcome() -> None:
+    outcome = Outcome(
+        State.COMPLETED,
+        NOW + 30,
+        ["s3://llmbatch-results/acme/b1/output-a2-00000.jsonl"],
+        [],
+        "s3://llmbatch-results/acme/b1/manifest.json",
+        {"total": 3, "completed": 3, "failed": 0},
+        {"prompt_tokens": 10, "completion_tokens": 20},
+        NOW + 1,
+    )
+    record = _record(State.COMPLETED)
+    record = BatchRecord.from_hash("b1", {**record.fields, **terminal_fields(record, outcome)})
+    envelope = build_terminal(record, source="urn:d")
+    assert envelope.id == terminal_event_id("b1", State.COMPLETED, 0, None)
+    assert envelope.type is EventType.COMPLETED
+    data = envelope.data
+    assert data.request_counts.completed == 3 and data.usage.total_tokens == 30
+    assert data.attempts == 2 and data.ray_submission_id == "b1-a2" and data.metadata == {"k": "v"}
+    assert data.output_uris == outcome.output_uris and data.tenant == "acme"
+    # encodes and decodes as a valid results-topic event; rebuilding gives the same bytes
+    key, value, headers = encode(envelope)
+    assert decode(key, value, headers, expect=RESULT_EVENT_TYPES).id == envelope.id
+    assert encode(build_terminal(record, source="urn:d")) == (key, value, headers)
+
+
+def test_failed_event_has_an_error() -> None:
+    outcome = Outcome(
+        State.FAILED,
+        NOW,
+        error_code="attempts_exhausted",
+        error_message="3 attempts failed",
+        dlt_reason="attempts_exhausted",
+    )
+    record = _record(State.FAILED)
+    fields = terminal_fields(record, outcome)
+    assert fields["dlt_pending"] == "1"
+    envelope = build_terminal(BatchRecord.from_hash("b1", {**record.fields, **fields}), source="urn:d")
+    assert envelope.type is EventType.FAILED
+    assert envelope.data.error.code == "attempts_exhausted"
+
+
+def test_accepted_event() -> None:
+    envelope = build_accepted(_record(State.QUEUED), source="urn:d")
+    assert envelope.type is EventType.ACCEPTED and envelope.id == accepted_event_id("b1", 0, None)
+    assert envelope.data.total_requests == 3
+    assert envelope.data.expires_at.timestamp() == pytest.approx(NOW + 60)
+
+
+def test_safe_counts_never_violates_the_total() -> None:
+    counts = safe_counts({"total": 2, "completed": 3, "failed": 1})
+    assert (counts.total, counts.completed, counts.failed) == (4, 3, 1)
+    assert safe_counts({}, 5).total == 5

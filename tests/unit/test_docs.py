@@ -1,0 +1,56 @@
+"""The README's configuration table is generated from the settings models and must be current."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmbatch import docs
+
+pytestmark = pytest.mark.unit
+
+
+def _leaf_count() -> int:
+    from pydantic import BaseModel
+
+    from dispatcher.settings import DispatcherSettings
+
+    def count(model: type[BaseModel]) -> int:
+        total = 0
+        for info in model.model_fields.values():
+            ann = info.annotation
+            total += count(ann) if isinstance(ann, type) and issubclass(ann, BaseModel) else 1
+        return total
+
+    return count(DispatcherSettings)
+
+
+def test_table_has_one_row_per_setting_with_env_var_and_default() -> None:
+    table = docs.settings_table()
+    rows = [line for line in table.splitlines() if line.startswith("| `LLMBATCH_")]
+    assert len(rows) == _leaf_count()
+    assert len({r.split("|")[1] for r in rows}) == len(rows)               # no duplicates
+    assert "| `LLMBATCH_KAFKA__TOPICS__DEAD_LETTER` | string | `llm.batch.requests.v1.dlt` |" in table
+    assert "| `LLMBATCH_JOB__ENGINE__ENFORCE_EAGER` | boolean | `false` |" in table
+    assert "| `LLMBATCH_S3__SECRET_KEY` | secret | *(empty)* |" in table       # secrets never shown
+
+
+def test_readme_table_is_current() -> None:
+    text = docs.README.read_text(encoding="utf-8")
+    block = docs.current_block(text)
+    assert block is not None, "README.md lost its settings-table markers"
+    assert block == docs.settings_table(), (
+        "README.md configuration table is stale: run `python -m llmbatch.docs settings-table --write`"
+    )
+
+
+def test_check_and_write_round_trip(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{docs.START_MARKER}\n| old |\n{docs.END_MARKER}\n\nafter\n", encoding="utf-8")
+    assert docs.main(["settings-table", "--check", "--readme", str(readme)]) == 1
+    assert docs.main(["settings-table", "--write", "--readme", str(readme)]) == 0
+    assert docs.main(["settings-table", "--check", "--readme", str(readme)]) == 0
+    text = readme.read_text(encoding="utf-8")
+    assert text.startswith("# x\n") and text.endswith(f"{docs.END_MARKER}\n\nafter\n")
+    assert "| old |" not in text
