@@ -31,7 +31,9 @@ def test_job_with_project_package_in_runtime_env(ray_settings: RaySettings) -> N
     job_id = f"t-{uuid.uuid4().hex[:8]}-a1"
     client.submit_job(
         submission_id=job_id,
-        entrypoint="python -c \"import ray_job.engine_env as m; print('SHIPPED', m.__file__)\"",
+        # -P as in the real entrypoint (ray_job.submit): the driver's cwd may be a checkout, which
+        # must not shadow the shipped package
+        entrypoint="python -P -c \"import ray_job.engine_env as m; print('SHIPPED', m.__file__)\"",
         runtime_env={"py_modules": [str(REPO / "ray_job")], "env_vars": {"RAY_AUTH_MODE": "disabled"}},
         entrypoint_num_cpus=0,
     )
