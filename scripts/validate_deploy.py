@@ -79,6 +79,8 @@ def deploycheck_binary() -> Path:
             "`go` is not on PATH: the deploy checks build deploy/tools/deploycheck with it"
         )
     target.parent.mkdir(parents=True, exist_ok=True)
+    print("[setup] building deploy/tools/deploycheck (kustomize + compose-go) with Go "
+          "(first time only; ~1-3 min)", file=sys.stderr, flush=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}")
     env = {
         **os.environ,

@@ -6,7 +6,7 @@
 #   docker build -f deploy/docker/dispatcher.Dockerfile -t llmbatch-dispatcher:0.1.0 .
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
-# --- build: a virtual environment with llmbatch and its pinned dependencies ----------------------
+# --- build: a virtual environment with llmbatch and its locked dependencies ----------------------
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -14,14 +14,16 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python -m venv /opt/llmbatch
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY requirements/constraints.txt requirements/constraints.txt
+COPY requirements/lock/base.txt requirements/lock/base.txt
 COPY llmbatch/ llmbatch/
 COPY producer/ producer/
 COPY dispatcher/ dispatcher/
 COPY ray_job/ ray_job/
 COPY schemas/ schemas/
-# constraints.txt pins ray (the dispatcher's Jobs API client must match the cluster's Ray)
-RUN /opt/llmbatch/bin/pip install --no-cache-dir -c requirements/constraints.txt . \
+# exactly the locked packages (uv.lock, exported with hashes by `make lock`); the lock pins ray, so the
+# dispatcher's Jobs API client matches the cluster's Ray
+RUN /opt/llmbatch/bin/pip install --no-cache-dir --require-hashes --no-deps -r requirements/lock/base.txt \
+    && /opt/llmbatch/bin/pip install --no-cache-dir --no-deps . \
     && /opt/llmbatch/bin/llmbatch --help > /dev/null
 
 # --- runtime: the venv only, as an unprivileged user -----------------------------------------------

