@@ -4,7 +4,7 @@
 - ``llmbatch dispatcher run``                — dispatcher/cli.py (the service)
 - ``llmbatch jobs list|get|cancel``          — dispatcher/ops/jobs_cli.py (operators)
 - ``llmbatch dlq list|inspect|replay``       — dispatcher/ops/dlq_cli.py (operators)
-- ``llmbatch stack up|down|status|env``      — llmbatch/stack/cli.py (the local stack)
+- ``llmbatch stack prepare|up|down|status|env|dispatcher`` — llmbatch/stack/cli.py (the local stack)
 """
 
 from __future__ import annotations

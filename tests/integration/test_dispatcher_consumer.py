@@ -202,7 +202,14 @@ async def test_redis_outage_commits_nothing_and_loses_nothing(settings: LLMBatch
             what="the consumer to hit the outage",
         )
         assert await h.committed() == 1  # nothing acknowledged meanwhile
-        rec = stack_services.start_redis(run_dir, port=port, name="redis-outage")
+        rec = stack_services.start_redis(run_dir, port=port, name="redis-outage", fresh_port_if_taken=True)
+        if rec.ports["redis"] != port:
+            # another process took the freed port meanwhile: Redis came back elsewhere, so the
+            # consumer is restarted against the new address and resumes from the committed offsets
+            await h.stop()
+            redis_settings = h.settings.redis.model_copy(update={"url": rec.address})
+            h = Harness(h.settings.model_copy(update={"redis": redis_settings}))
+            await h.start()
         await wait_for(lambda: _committed_is(h, 5), 90, what="commits after Redis returned")
         for r in first + during:
             record = await h.store.get(r.batch_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ import redis
 
 from llmbatch.settings import RedisSettings
 from llmbatch.stack import services as stack_services
-from llmbatch.stack.process import alive, stop_tree
+from llmbatch.stack.process import StackError, alive, stop_tree
 
 pytestmark = pytest.mark.integration
 
@@ -46,10 +47,37 @@ def test_data_survives_restart_with_aof() -> None:
         # a hard kill, not a clean shutdown: only the append-only file can bring the data back
         os.kill(rec.pid, signal.SIGKILL)
         _wait_dead(rec.pid)
-        rec = stack_services.start_redis(run_dir, port=port, name="redis-aof")
-        client = redis.Redis(host="127.0.0.1", port=port)
+        # the same data dir; the old port if it is still free, else a fresh one (another process
+        # may take a freed port at any time): the client follows the record either way
+        rec = stack_services.start_redis(run_dir, port=port, name="redis-aof", fresh_port_if_taken=True)
+        client = redis.Redis(host="127.0.0.1", port=rec.ports["redis"])
         assert client.hgetall("batch:1") == {b"state": b"running", b"version": b"3"}
         assert client.zscore("idx:running", "1") == 1.0
         client.close()
     finally:
+        stop_tree(rec.pid)
+
+
+def test_restart_moves_to_a_fresh_port_when_the_old_one_was_taken() -> None:
+    run_dir = Path(tempfile.mkdtemp(prefix="llmbatch-redis-moved-"))
+    rec = stack_services.start_redis(run_dir, name="redis-moved")
+    port = rec.ports["redis"]
+    squatter = socket.socket()
+    try:
+        client = redis.Redis(host="127.0.0.1", port=port)
+        client.set("kept", "yes")
+        client.close()
+        os.kill(rec.pid, signal.SIGKILL)
+        _wait_dead(rec.pid)
+        squatter.bind(("127.0.0.1", port))  # another process takes the freed port
+        squatter.listen()
+        with pytest.raises(StackError, match=f"port {port}"):
+            stack_services.start_redis(run_dir, port=port, name="redis-moved")
+        rec = stack_services.start_redis(run_dir, port=port, name="redis-moved", fresh_port_if_taken=True)
+        assert rec.ports["redis"] != port and rec.address == f"redis://127.0.0.1:{rec.ports['redis']}/0"
+        client = redis.Redis.from_url(rec.address)
+        assert client.get("kept") == b"yes"  # same data dir, new address
+        client.close()
+    finally:
+        squatter.close()
         stop_tree(rec.pid)

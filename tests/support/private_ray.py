@@ -17,7 +17,9 @@ class PrivateRay:
         self.run_dir = run_dir
         self.num_cpus = num_cpus
         self.gcs, self.dashboard, self.client, self.agent = free_port(), free_port(), free_port(), free_port()
-        self.workers = free_port_range(100, low=41000, high=60000)
+        # one allocator, so the worker range never overlaps the ports above; the reservations belong
+        # to this (test) process, not to the head, so they stay ours across a head restart
+        self.workers = free_port_range(100)
         self.pid: int | None = None
         self.starts = 0
 

@@ -1,0 +1,94 @@
+"""What a dispatcher needs, beyond the service addresses, to run jobs on the local stack.
+
+One definition for ``make demo`` (:mod:`llmbatch.demo`), ``llmbatch stack env`` and
+``llmbatch stack dispatcher``, so the three cannot drift: the jobs run with the python that runs
+llmbatch (the checkout's .venv, which the local Ray head runs from too), on the locally converted
+model, with the engine settings measured to start fast on these CPU machines. None of it is secret;
+the MinIO keys stay in :func:`llmbatch.stack.manager.env_exports`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from llmbatch.stack import manager
+from llmbatch.stack.state import CACHE_DIR, StackState
+
+MODEL_PATH = "LLMBATCH_JOB__MODEL_PATH"
+OMP_BIND_SOURCE = "LLMBATCH_OMP_THREADS_BIND"   # tooling variable (README): the demo's CPU binding
+
+
+def engine_cache_dir() -> Path:
+    """vLLM / torch compile caches, reused across runs (``$LLMBATCH_CACHE/engine-cache``)."""
+    return CACHE_DIR / "engine-cache"
+
+
+def local_defaults(model_path: Path | None, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The local dispatcher's job and engine settings (``LLMBATCH_*`` name -> value).
+
+    ``model_path`` is the converted local model (:func:`llmbatch.stack.model.cached_model`); None
+    leaves ``LLMBATCH_JOB__MODEL_PATH`` out (the model is not prepared yet). ``environ`` (default
+    ``os.environ``) is read for ``LLMBATCH_OMP_THREADS_BIND`` only.
+    """
+    environ = os.environ if environ is None else environ
+    env: dict[str, str] = {}
+    if model_path is not None:
+        env[MODEL_PATH] = str(model_path)
+    env.update({
+        "LLMBATCH_JOB__PYTHON": sys.executable,            # the local Ray head runs from this venv
+        "LLMBATCH_JOB__ENGINE_CACHE_DIR": str(engine_cache_dir()),
+        "LLMBATCH_JOB__ENGINE__ENFORCE_EAGER": "true",     # 18-20 s engine start instead of 70-130 s
+        "LLMBATCH_JOB__ENGINE__DTYPE": "bfloat16",
+        "LLMBATCH_JOB__ENGINE__MAX_MODEL_LEN": "2048",
+        "LLMBATCH_JOB__ENGINE__BATCH_SIZE": "4",           # small Ray Data batches: live progress
+        "LLMBATCH_JOB__PROGRESS_INTERVAL_S": "1",
+        "LLMBATCH_DISPATCHER__PROGRESS_INTERVAL_S": "2",
+        "LLMBATCH_DISPATCHER__POLL_INTERVAL_S": "0.5",
+        "LLMBATCH_DISPATCHER__METRICS_HOST": "127.0.0.1",  # a laptop, not a pod: loopback only
+    })
+    bind = environ.get(OMP_BIND_SOURCE)
+    if bind:
+        env["LLMBATCH_JOB__OMP_THREADS_BIND"] = bind
+    return env
+
+
+def dispatcher_environ(state: StackState, model_path: Path | None,
+                       environ: Mapping[str, str] | None = None,
+                       extra_defaults: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A local dispatcher process's whole environment.
+
+    Layers, lowest first: ``extra_defaults`` (the caller's own, e.g. the demo's instance id), the
+    :func:`local_defaults`, the caller's environment (a user's ``LLMBATCH_*`` wins over the
+    defaults), and the stack's service addresses and keys (always this stack's).
+    """
+    base = dict(os.environ if environ is None else environ)
+    return {**(extra_defaults or {}), **local_defaults(model_path, base), **base,
+            **manager.env_exports(state)}
+
+
+def shell_exports(state: StackState) -> tuple[dict[str, str], list[str]]:
+    """What ``llmbatch stack env`` prints: the stack's addresses and keys, then :func:`local_defaults`;
+    and notes for stderr about what is missing (a service not running, the model not prepared).
+
+    Only reads the state file and looks at the model folder: converts nothing, starts nothing.
+    """
+    from llmbatch.stack.model import cached_model, model_dir
+    from llmbatch.stack.process import alive
+
+    notes: list[str] = []
+    if not state.services:
+        notes.append(f"no services recorded in {state.run_dir}: start the stack with "
+                     "`.venv/bin/llmbatch stack up` (or `LLMBATCH_DEMO_KEEP=1 make demo`)")
+    for name, rec in state.services.items():
+        if not alive(rec.pid):
+            notes.append(f"{name} is recorded in {state.path} but not running (pid {rec.pid}): "
+                         "`.venv/bin/llmbatch stack up` starts it again")
+    model = cached_model()
+    if model is None:
+        notes.append(f"the local model is not prepared yet ({model_dir()}): run "
+                     f"`.venv/bin/llmbatch stack prepare` (converts it once, about 1 min), then this "
+                     f"again to get {MODEL_PATH}")
+    return {**manager.env_exports(state), **local_defaults(model)}, notes
