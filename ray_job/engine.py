@@ -82,6 +82,11 @@ class EngineRunner:
         self._thread = threading.Thread(target=self._loop, name="engine-stepper", daemon=True)
         self._thread.start()
 
+    @property
+    def fatal(self) -> BaseException | None:
+        """Why the engine stopped, once it has (every later call raises :class:`EngineDeadError`)."""
+        return self._fatal
+
     def generate(self, requests: list[GenRequest]) -> list[Generation]:
         """Run ``requests`` (keys unique across calls in flight); results in the same order."""
         waiter = _Waiter([r.key for r in requests])
@@ -149,16 +154,52 @@ def make_backend(model_path: str, config: EngineConfig) -> Backend:
     return VllmBackend(model_path, config)
 
 
-class EngineStage:
-    """Ray Data callable class: request rows in, output / error rows out (other rows pass through)."""
+class Engine(Protocol):
+    """What the engine stage runs requests on: an engine of its own or a shared one on Serve."""
 
-    def __init__(self, *, model_path: str, engine: str, endpoint: str, batch_id: str, model: str) -> None:
-        config = EngineConfig.model_validate_json(engine)
+    max_model_len: int
+    default_max_tokens: int | None
+    engine_start_s: float
+    ready_at: float
+
+    def generate(self, requests: list[GenRequest]) -> list[Generation]:
+        """Results in the order of ``requests``."""
+
+
+class LocalEngine:
+    """An engine started by (and for) this stage only."""
+
+    def __init__(self, model_path: str, config: EngineConfig) -> None:
         started = time.perf_counter()
         backend = make_backend(model_path, config)
         self.engine_start_s = time.perf_counter() - started
         self.ready_at = time.time()
+        self.max_model_len = backend.max_model_len
+        self.default_max_tokens = backend.default_max_tokens
         self._runner = EngineRunner(backend)
+
+    def generate(self, requests: list[GenRequest]) -> list[Generation]:
+        return self._runner.generate(requests)
+
+
+class EngineStage:
+    """Ray Data callable class: request rows in, output / error rows out (other rows pass through).
+
+    With ``engine_app`` (a Serve application of :mod:`ray_job.serve_engine`) the requests run on
+    the model's shared, warm engine; without it the stage starts an engine of its own.
+    """
+
+    def __init__(self, *, model_path: str, engine: str, endpoint: str, batch_id: str, model: str,
+                 engine_app: str | None = None, engine_wait_s: float = 600.0) -> None:
+        self._engine: Engine
+        if engine_app is not None:
+            from ray_job.serve_engine import ServeEngine
+
+            self._engine = ServeEngine(engine_app, wait_s=engine_wait_s)
+        else:
+            self._engine = LocalEngine(model_path, EngineConfig.model_validate_json(engine))
+        self.engine_start_s = self._engine.engine_start_s
+        self.ready_at = self._engine.ready_at
         self._endpoint = Endpoint(endpoint)
         self._batch_id = batch_id
         self._model = model
@@ -168,7 +209,7 @@ class EngineStage:
 
     def process(self, batch: list[rows.Row]) -> list[rows.Row]:
         """Run the request rows of ``batch``; keep the order of the other rows."""
-        backend = self._runner.backend
+        backend = self._engine
         prompt_field = "messages" if self._endpoint is Endpoint.CHAT_COMPLETIONS else "prompt"
         out: list[rows.Row] = []
         requests: list[GenRequest] = []
@@ -201,7 +242,7 @@ class EngineStage:
             )
             owners[key] = row
         created = int(time.time())
-        for gen in self._runner.generate(requests):
+        for gen in self._engine.generate(requests):
             row = owners[gen.key]
             if gen.failure is not None:
                 out.append(self._error_row(row, gen.failure))

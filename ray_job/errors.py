@@ -24,6 +24,9 @@ class ExitCode(IntEnum):
     """The job spec is invalid: retrying cannot help."""
     INPUT_NOT_FOUND = 3
     """The input object does not exist or cannot be read: retrying cannot help."""
+    ENGINE_UNAVAILABLE = 4
+    """No shared engine of the model answered within ``engine_wait_s``: the batch fails once
+    instead of waiting again on every retry."""
 
 
 class JobError(Exception):
@@ -47,6 +50,13 @@ class EngineDeadError(JobError):
     """The engine cannot serve any more requests (the attempt must be retried)."""
 
     code = "engine_dead"
+
+
+class EngineUnavailableError(JobError):
+    """No engine of the batch's model answered in time (none could start, or all stayed busy)."""
+
+    exit_code = ExitCode.ENGINE_UNAVAILABLE
+    code = "engine_unavailable"
 
 
 # OpenAI-style codes used by the job itself (schema problems use schemas.errors.OPENAI_ERROR_CODES)

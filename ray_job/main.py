@@ -24,7 +24,14 @@ from pyarrow import fs as pafs
 
 from ray_job import manifest, pipeline, resume, rows, s3
 from ray_job import spec as spec_loader
-from ray_job.errors import EngineDeadError, ExitCode, InputNotFoundError, InvalidSpecError, JobError
+from ray_job.errors import (
+    EngineDeadError,
+    EngineUnavailableError,
+    ExitCode,
+    InputNotFoundError,
+    InvalidSpecError,
+    JobError,
+)
 from ray_job.manifest import Status
 from ray_job.parse import count_request_lines
 from ray_job.progress import Counters, Progress
@@ -165,6 +172,12 @@ class Attempt:
             ray.init(log_to_driver=True)
         self._install_signal_handlers()  # again: ray.init installs its own SIGTERM handler (it just dies)
         pipeline.configure_data_context()
+        if self.spec.engine_app is not None:
+            # wait here for a replica of the shared engine (a cold start when it scaled to zero):
+            # no engine within engine_wait_s ends the attempt with engine_unavailable
+            from ray_job.serve_engine import ServeEngine
+
+            ServeEngine(self.spec.engine_app, wait_s=self.spec.engine_wait_s)
         done_shards = [(s.kind, s.path) for s in self.prior.shards]
         ds = pipeline.build(self.spec, done_shards, input_path=input_path)
         for table in ds.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=1):
@@ -291,15 +304,24 @@ class Attempt:
             status, code = "partial", ExitCode.RETRIABLE
             code_name = "deadline_exceeded" if self.stop_reason == "deadline" else "stopped"
             error = ErrorObject(code=code_name, message=f"the attempt was stopped early ({self.stop_reason})")
-        except InputNotFoundError as exc:
+        except (InputNotFoundError, EngineUnavailableError) as exc:
             log.error("%s", exc)
             self._close_progress()
             emit_result(failure_result(self.spec, exc.exit_code, exc.code, str(exc)))
             return int(exc.exit_code)
         except Exception as exc:
-            log.exception("the attempt failed")
             status, code = "partial", ExitCode.RETRIABLE
-            error = ErrorObject(code=failure_code(exc), message=f"{type(exc).__name__}: {exc}"[:4000])
+            if self.stop_reason:
+                # the stop (deadline, SIGTERM) arrived inside a library call (ray.init, Ray Data's
+                # executor), which turned our StopRequested into an error of its own
+                log.warning("stopping early (%s), surfaced as %s: keeping what finished",
+                            self.stop_reason, type(exc).__name__)
+                code_name = "deadline_exceeded" if self.stop_reason == "deadline" else "stopped"
+                message = f"the attempt was stopped early ({self.stop_reason})"
+                error = ErrorObject(code=code_name, message=message)
+            else:
+                log.exception("the attempt failed")
+                error = ErrorObject(code=failure_code(exc), message=f"{type(exc).__name__}: {exc}"[:4000])
         return self._end(status, error, code)
 
     def _end(self, status: Status, error: ErrorObject | None, code: ExitCode) -> int:
@@ -323,6 +345,8 @@ def failure_code(exc: BaseException) -> str:
         return exc.code
     if "EngineDeadError" in str(exc):  # raised in an engine actor, wrapped by Ray
         return EngineDeadError.code
+    if "EngineUnavailableError" in str(exc):
+        return EngineUnavailableError.code
     return "job_failed"
 
 

@@ -24,6 +24,7 @@ from schemas.job import JobSpec
 READ_CPUS = 0.1
 PROMPT_CPUS = 0.1
 REBATCH_CPUS = 0.1
+SHARED_CLIENT_CPUS = 0.1
 NO_PROGRESS_TIMEOUT_S = float(os.environ.get("LLMBATCH_JOB_NO_PROGRESS_TIMEOUT_S", "1800"))
 TARGET_BLOCK_BYTES = 8 << 20
 WAIT_FOR_ACTORS_S = int(os.environ.get("LLMBATCH_JOB_WAIT_FOR_ACTORS_S", "1800"))
@@ -44,10 +45,13 @@ def configure_data_context() -> DataContext:
 
 
 def engine_compute(spec: JobSpec) -> ActorPoolStrategy:
-    """A fixed pool of engine replicas, each running ``batches_in_flight`` batches concurrently."""
+    """A fixed pool of engine replicas, each running ``batches_in_flight`` batches concurrently.
+
+    On a shared engine (``spec.engine_app``) one light client actor sends ``batches_in_flight``
+    batches at once; Serve spreads them over the model's replicas."""
     in_flight = spec.engine.batches_in_flight
     return ActorPoolStrategy(
-        size=spec.engine.replicas,
+        size=1 if spec.engine_app else spec.engine.replicas,
         max_tasks_in_flight_per_actor=in_flight,
         max_concurrent_calls_per_actor=in_flight,
         enable_true_multi_threading=True,
@@ -133,7 +137,10 @@ def build(spec: JobSpec, done_shards: list[tuple[str, str]], *, input_path: str 
             "endpoint": spec.endpoint.value,
             "batch_id": spec.batch_id,
             "model": spec.model,
+            "engine_app": spec.engine_app,
+            "engine_wait_s": spec.engine_wait_s,
         },
-        num_cpus=spec.engine.num_cpus_per_replica,
-        num_gpus=spec.engine.num_gpus_per_replica or None,
+        # a client of the shared engine needs next to no CPU and never a GPU
+        num_cpus=SHARED_CLIENT_CPUS if spec.engine_app else spec.engine.num_cpus_per_replica,
+        num_gpus=None if spec.engine_app else (spec.engine.num_gpus_per_replica or None),
     )

@@ -94,6 +94,17 @@ class JobSpec(BaseModel):
     requests: Annotated[list[BatchInputLine], Field(min_length=1)] | None = None
     output_prefix: S3Prefix
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    engine_app: str | None = Field(
+        default=None,
+        max_length=200,
+        description="Ray Serve application of the model's shared, warm engine (ray_job.serve_engine): "
+        "when set the job starts no engine of its own.",
+    )
+    engine_wait_s: float = Field(
+        default=600.0, gt=0, le=86_400,
+        description="How long a call may wait for a shared engine (cold start included) before the "
+        "attempt fails with engine_unavailable.",
+    )
     redis_url: str | None = Field(default=None, description="Where to write progress counters, if set.")
     progress_key: str | None = Field(
         default=None, description="Redis hash the job writes progress to (chosen by the dispatcher)."

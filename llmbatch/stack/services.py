@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -354,9 +355,41 @@ def _start_ray(run_dir: Path, num_cpus: int, object_store_bytes: int, ports: _St
     ports.hand_over(pid)
     address = f"http://127.0.0.1:{dashboard}"
     waited = wait_until(lambda: _ray_jobs_api_ready(address), 180, pid, "Ray head", log, interval=1.0)
+    # the Jobs API answers before the head's job agent can take a job ("No available agent to
+    # submit job" for tens of seconds on a loaded machine): healthy = a first job has run
+    probe = _RayJobProbe(address)
+    waited += wait_until(probe.done, 180, pid, "Ray head (first job)", log, interval=0.5)
     return ServiceRecord("ray", pid, {"gcs": gcs, "dashboard": dashboard, "client": client},
                          address, str(log), str(temp), round(waited, 2),
                          extra={"gcs_address": f"127.0.0.1:{gcs}"})
+
+
+class _RayJobProbe:
+    """Submits one trivial job (again while the head refuses it) and reports when it succeeded."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.submission_id = f"llmbatch-stack-ready-{secrets.token_hex(4)}"
+        self.submitted = False
+
+    def done(self) -> bool:
+        if not self.submitted:
+            body = json.dumps({"entrypoint": "true", "submission_id": self.submission_id,
+                               "entrypoint_num_cpus": 0}).encode()
+            req = urllib.request.Request(f"{self.address}/api/jobs/", data=body, method="POST",  # noqa: S310
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 - loopback
+                    self.submitted = int(resp.status) == 200
+            except urllib.error.HTTPError as exc:  # a retry of a submission that went through
+                self.submitted = b"already exists" in exc.read()
+            return False
+        url = f"{self.address}/api/jobs/{self.submission_id}"
+        with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback
+            status = json.loads(resp.read())["status"]
+        if status in ("FAILED", "STOPPED"):
+            raise StackError(f"the Ray head's first job ended {status}")
+        return bool(status == "SUCCEEDED")
 
 
 def _ray_jobs_api_ready(address: str) -> bool:

@@ -1,0 +1,288 @@
+"""Benchmark: many small batches, each with its own engine (main before the shared engines) vs the
+shared warm engine on Ray Serve, real vLLM on CPU, one run, same prompts and engine settings.
+
+    eval "$(.venv/bin/llmbatch stack env)"      # MinIO + Ray head of `llmbatch stack up`
+    .venv/bin/python bench/bench_small_batches.py [--small 16] [--per-batch 8] [--warm-runs 10] [--json]
+
+Each batch is a Ray job through the real ray_job pipeline (MinIO in, shards + manifest out), as the
+dispatcher submits it; the dispatcher, Kafka and Redis are left out (the same in both modes).
+- A/B: ``--small`` batches of ``--per-batch`` prompts submitted at once (A) vs one batch of all the
+  prompts (B); first submit -> last job finished; both start cold (own mode: every job starts an
+  engine; shared mode: the model's Serve application is deployed at zero replicas, the first call
+  starts one). Target A/B <= 1.5.
+- warm: a ``--per-batch`` batch on the warm shared engine, ``--warm-runs`` times: job wall time
+  minus the manifest's generation time (= the per-batch overhead), p50.
+- plain: ``vllm.LLM.chat`` on the same prompts in a fresh process (bench_ray_job.py's worker).
+Prints the figures and the ratios. Not a test; the machine's CPU flags are printed with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.bench_ray_job import engine_environment, input_lines, prompts, run_plain  # noqa: E402
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+class Runner:
+    """Submits batches as the dispatcher would and waits for them."""
+
+    def __init__(self, model_path: str, args: argparse.Namespace) -> None:
+        from minio import Minio
+        from ray.job_submission import JobSubmissionClient
+
+        from llmbatch.settings import LLMBatchSettings
+        from ray_job.submit import runtime_env
+
+        self.settings = LLMBatchSettings()
+        s3 = self.settings.s3
+        self.s3 = s3
+        self.minio = Minio(
+            s3.host,
+            access_key=s3.access_key.get_secret_value(),
+            secret_key=s3.secret_key.get_secret_value(),
+            secure=s3.secure,
+            region=s3.region,
+        )
+        for bucket in (s3.input_bucket, s3.results_bucket):
+            if not self.minio.bucket_exists(bucket):
+                self.minio.make_bucket(bucket)
+        self.jobs = JobSubmissionClient(self.settings.ray.address)
+        self.env = runtime_env(
+            s3_endpoint=s3.endpoint,
+            s3_access_key=s3.access_key.get_secret_value(),
+            s3_secret_key=s3.secret_key.get_secret_value(),
+            engine_env=engine_environment(),
+        )
+        self.model_path = model_path
+        self.args = args
+
+    def engine(self) -> Any:
+        from schemas.job import EngineConfig
+
+        return EngineConfig(
+            backend="vllm",
+            dtype="bfloat16",
+            enforce_eager=True,
+            max_model_len=self.args.max_model_len,
+            batch_size=self.args.per_batch,
+            batches_in_flight=4,
+            num_cpus_per_replica=1.0,
+        )
+
+    def spec(self, texts: list[str], engine_app: str | None) -> Any:
+        from schemas.job import JobSpec
+
+        batch_id = f"bench-{uuid.uuid4().hex[:10]}"
+        data = b"".join(
+            json.dumps(line).encode() + b"\n" for line in input_lines(texts, self.args.max_tokens)
+        )
+        key = f"bench/{batch_id}.jsonl"
+        self.minio.put_object(self.s3.input_bucket, key, io.BytesIO(data), len(data))
+        return JobSpec(
+            batch_id=batch_id,
+            attempt=1,
+            endpoint="/v1/chat/completions",
+            model=MODEL,
+            model_path=self.model_path,
+            input_uri=f"s3://{self.s3.input_bucket}/{key}",
+            output_prefix=f"s3://{self.s3.results_bucket}/bench/{batch_id}/",
+            engine=self.engine(),
+            engine_app=engine_app,
+            engine_wait_s=1800,
+        )
+
+    def run(self, specs: list[Any]) -> dict[str, Any]:
+        """Submit all at once; wall time to the last one finished, plus each manifest."""
+        from ray.job_submission import JobStatus
+
+        from ray_job.submit import submit_kwargs
+        from schemas.job import parse_manifest
+
+        t0 = time.perf_counter()
+        for spec in specs:
+            self.jobs.submit_job(**submit_kwargs(spec, self.env, python=sys.executable))
+        ends: dict[str, float] = {}
+        while len(ends) < len(specs):
+            for spec in specs:
+                if (
+                    spec.submission_id not in ends
+                    and self.jobs.get_job_status(spec.submission_id).is_terminal()
+                ):
+                    ends[spec.submission_id] = time.perf_counter() - t0
+            time.sleep(0.3)
+        manifests = []
+        for spec in specs:
+            if self.jobs.get_job_status(spec.submission_id) != JobStatus.SUCCEEDED:
+                raise RuntimeError(
+                    f"{spec.submission_id} failed:\n{self.jobs.get_job_logs(spec.submission_id)[-3000:]}"
+                )
+            resp = self.minio.get_object(self.s3.results_bucket, spec.manifest_uri.split("/", 3)[3])
+            try:
+                manifests.append(parse_manifest(resp.read()))
+            finally:
+                resp.close()
+                resp.release_conn()
+        return {
+            "wall_s": max(ends.values()),
+            "job_s": [ends[s.submission_id] for s in specs],
+            "completed": sum(m.request_counts.completed for m in manifests),
+            "failed": sum(m.request_counts.failed for m in manifests),
+            "output_tokens": sum(m.usage.completion_tokens for m in manifests),
+            "generation_s": [m.timings.generation_s or 0.0 for m in manifests],
+            "engine_wait_s": [m.timings.engine_start_s or 0.0 for m in manifests],
+        }
+
+
+def deploy(runner: Runner, *, cold: bool) -> str:
+    """(Re)deploy the model's shared engine; ``cold`` = at zero replicas (the first call starts one)."""
+    from dispatcher.engines import serve_config, summarize
+    from dispatcher.serve_api import ServeApi
+    from schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
+
+    api = ServeApi(runner.settings.ray.address, timeout_s=120)
+    registry = EngineRegistry(
+        models={
+            MODEL: EngineModel(
+                path=runner.model_path,
+                engine=runner.engine(),
+                resources=ReplicaResources(num_cpus=1.0),
+                scaling=Scaling(
+                    min_replicas=0 if cold else 1,
+                    max_replicas=1,
+                    idle_s=600,
+                    max_ongoing_requests=64,
+                    target_ongoing_requests=16,
+                ),
+            )
+        }
+    )
+    if cold:  # drop any warm replica first
+        asyncio.run(api.deploy({"applications": []}))
+        time.sleep(3)
+    asyncio.run(api.deploy(serve_config(registry, engine_environment())))
+    want_running = 0 if cold else 1
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        row = summarize(registry, asyncio.run(api.status()))[0]
+        if row.status in ("RUNNING", "DEPLOY_FAILED") and row.running >= want_running:
+            if row.status == "DEPLOY_FAILED":
+                raise RuntimeError(row.message)
+            return app_name(MODEL)
+        time.sleep(1)
+    raise RuntimeError("the engine app did not come up")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--small", type=int, default=16, help="small batches in A")
+    parser.add_argument("--per-batch", type=int, default=8, help="prompts per small batch")
+    parser.add_argument("--warm-runs", type=int, default=10)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--skip-own", action="store_true", help="skip the engine-per-batch mode")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    from llmbatch.stack.model import ensure_model
+
+    model_path = str(ensure_model())
+    runner = Runner(model_path, args)
+    texts = prompts(args.small * args.per_batch)
+    chunks = [texts[i * args.per_batch : (i + 1) * args.per_batch] for i in range(args.small)]
+    report: dict[str, Any] = {
+        "cpu_avx512": "avx512" in Path("/proc/cpuinfo").read_text(),
+        "prompts": len(texts),
+        "max_tokens": args.max_tokens,
+    }
+
+    if not args.skip_own:
+        print(f"[own engine per batch] A: {args.small} x {args.per_batch} at once ...", flush=True)
+        report["own_A"] = runner.run([runner.spec(c, None) for c in chunks])
+        print(f"[own engine per batch] B: 1 x {len(texts)} ...", flush=True)
+        report["own_B"] = runner.run([runner.spec(texts, None)])
+
+    app = deploy(runner, cold=True)
+    print(f"[shared engine] A: {args.small} x {args.per_batch} at once, from zero replicas ...", flush=True)
+    report["shared_A"] = runner.run([runner.spec(c, app) for c in chunks])
+    app = deploy(runner, cold=True)
+    print(f"[shared engine] B: 1 x {len(texts)}, from zero replicas ...", flush=True)
+    report["shared_B"] = runner.run([runner.spec(texts, app)])
+
+    app = deploy(runner, cold=False)
+    print(f"[shared engine] warm: {args.warm_runs} x 1 batch of {args.per_batch} ...", flush=True)
+    warm = [runner.run([runner.spec(chunks[i % len(chunks)], app)]) for i in range(args.warm_runs)]
+    overheads = [w["wall_s"] - w["generation_s"][0] for w in warm]
+    report["shared_warm"] = {
+        "overhead_s": overheads,
+        "p50_overhead_s": statistics.median(overheads),
+        "wall_s": [w["wall_s"] for w in warm],
+    }
+
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as fh:
+        for line in input_lines(texts, args.max_tokens):
+            fh.write(json.dumps(line) + "\n")
+    print("[plain vLLM] LLM.chat on the same prompts ...", flush=True)
+    plain = run_plain(model_path, Path(fh.name), args.max_model_len)
+    plain.pop("texts", None)
+    report["plain"] = plain
+
+    def ratio(a: str, b: str) -> float | None:
+        if a in report and b in report:
+            return round(report[a]["wall_s"] / report[b]["wall_s"], 2)
+        return None
+
+    report["ratios"] = {
+        "own A/B": ratio("own_A", "own_B"),
+        "shared A/B": ratio("shared_A", "shared_B"),
+        "own A / shared A": ratio("own_A", "shared_A"),
+        "shared B tok/s / plain tok/s": round(
+            (report["shared_B"]["output_tokens"] / report["shared_B"]["wall_s"])
+            / (plain["output_tokens"] / (plain["engine_start_s"] + plain["generation_s"])),
+            2,
+        ),
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    print(f"\nprompts {len(texts)} (max_tokens {args.max_tokens}), AVX-512: {report['cpu_avx512']}")
+    for key in ("own_A", "own_B", "shared_A", "shared_B"):
+        if key in report:
+            r = report[key]
+            print(
+                f"  {key:9} wall {r['wall_s']:7.1f} s  completed {r['completed']:4}  "
+                f"output tokens {r['output_tokens']:6}  max engine wait {max(r['engine_wait_s']):6.1f} s"
+            )
+    print(
+        f"  warm small batch overhead (wall - generation): "
+        f"p50 {report['shared_warm']['p50_overhead_s']:.1f} s"
+        f"  all {[round(x, 1) for x in overheads]}"
+    )
+    print(
+        f"  plain vLLM: engine start {plain['engine_start_s']:.1f} s, "
+        f"generation {plain['generation_s']:.1f} s, "
+        f"{plain['output_tokens']} tokens"
+    )
+    for name, value in report["ratios"].items():
+        print(f"  {name:32} {value}")
+
+
+if __name__ == "__main__":
+    main()

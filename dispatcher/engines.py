@@ -1,0 +1,89 @@
+"""The shared engines of the registry, as the dispatcher and operators see them (pure + one deploy).
+
+:func:`serve_config` turns the registry into the cluster's Serve config (one application per
+model, see :mod:`ray_job.serve_engine`); :func:`summarize` turns Serve's status into one row per
+model for ``llmbatch engines list``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray_job.serve_engine import serve_application
+from schemas.engines import DEPLOYMENT_NAME, EngineModel, EngineRegistry, Scaling, app_name
+
+
+def serve_config(registry: EngineRegistry, env_vars: dict[str, str] | None = None) -> dict[str, Any]:
+    """The Serve multi-application config of every model (handle-only: no HTTP proxies)."""
+    return {
+        "proxy_location": "Disabled",
+        "applications": [
+            serve_application(model, entry, env_vars) for model, entry in sorted(registry.models.items())
+        ],
+    }
+
+
+def with_scaling(registry: EngineRegistry, model: str, **changes: Any) -> EngineRegistry:
+    """The registry with ``model``'s scaling changed (``min_replicas=...``, ``max_replicas=...``)."""
+    entry = registry.get(model)
+    scaling = Scaling.model_validate({**entry.scaling.model_dump(), **changes})
+    models = dict(registry.models)
+    models[model] = EngineModel.model_validate({**entry.model_dump(), "scaling": scaling.model_dump()})
+    return EngineRegistry(models=models)
+
+
+def without(registry: EngineRegistry, model: str) -> EngineRegistry:
+    """The registry without ``model`` (its application is removed at the next deploy)."""
+    registry.get(model)
+    return EngineRegistry(models={m: e for m, e in registry.models.items() if m != model})
+
+
+@dataclass
+class EngineStatus:
+    """One model's engines, as Serve reports them."""
+
+    model: str
+    app: str
+    status: str
+    replicas: dict[str, int] = field(default_factory=dict)
+    message: str = ""
+    min_replicas: int = 0
+    max_replicas: int = 0
+
+    @property
+    def running(self) -> int:
+        return self.replicas.get("RUNNING", 0)
+
+
+def summarize(registry: EngineRegistry, details: dict[str, Any]) -> list[EngineStatus]:
+    """One row per registry model from ``GET /api/serve/applications/`` (missing = NOT_DEPLOYED)."""
+    apps = details.get("applications") or {}
+    rows: list[EngineStatus] = []
+    for model, entry in sorted(registry.models.items()):
+        name = app_name(model)
+        app = apps.get(name) or {}
+        deployment = (app.get("deployments") or {}).get(DEPLOYMENT_NAME) or {}
+        replicas: dict[str, int] = {}
+        for replica in deployment.get("replicas") or []:
+            state = str(replica.get("state", "UNKNOWN"))
+            replicas[state] = replicas.get(state, 0) + 1
+        message = str(deployment.get("message") or app.get("message") or "")
+        rows.append(EngineStatus(
+            model=model,
+            app=name,
+            status=str(app.get("status", "NOT_DEPLOYED")),
+            replicas=replicas,
+            message=message[:500],
+            min_replicas=entry.scaling.min_replicas,
+            max_replicas=entry.scaling.max_replicas,
+        ))
+    return rows
+
+
+def replica_pids(details: dict[str, Any], model: str) -> list[int]:
+    """PIDs of ``model``'s running replicas (for operators and crash tests)."""
+    app = (details.get("applications") or {}).get(app_name(model)) or {}
+    deployment = (app.get("deployments") or {}).get(DEPLOYMENT_NAME) or {}
+    return [int(r["pid"]) for r in deployment.get("replicas") or []
+            if r.get("state") == "RUNNING" and r.get("pid")]

@@ -1,0 +1,54 @@
+"""Ray Serve's REST API on the Ray dashboard (the same address as the Jobs API).
+
+``PUT /api/serve/applications/`` deploys a declarative config (every application of the cluster:
+those it does not list are removed), ``GET`` reports applications, deployments and replicas.
+Transport only: connection trouble becomes :class:`~dispatcher.errors.RayUnavailable` (retriable),
+a refused config :class:`~dispatcher.errors.PermanentError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.error
+import urllib.request
+from typing import Any
+
+import orjson
+
+from dispatcher.errors import PermanentError, RayUnavailable
+
+PATH = "/api/serve/applications/"
+
+
+class ServeApi:
+    """Deploy and read the cluster's Serve applications through the dashboard."""
+
+    def __init__(self, address: str, timeout_s: float = 30.0) -> None:
+        self.address = address.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def _request(self, method: str, body: dict[str, Any] | None = None) -> Any:
+        data = orjson.dumps(body) if body is not None else None
+        req = urllib.request.Request(  # noqa: S310 - the dashboard address from settings
+            self.address + PATH, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
+                raw = resp.read()
+        except urllib.error.HTTPError as exc:
+            detail = exc.read()[:2000].decode("utf-8", "replace")
+            if exc.code >= 500 or exc.code == 429:
+                raise RayUnavailable(f"Ray Serve API answered {exc.code}: {detail}") from exc
+            raise PermanentError(f"Ray Serve refused the config ({exc.code}): {detail}") from exc
+        except (urllib.error.URLError, OSError, TimeoutError) as exc:
+            raise RayUnavailable(f"Ray dashboard at {self.address} did not answer: {exc}") from exc
+        return orjson.loads(raw) if raw.strip() else None
+
+    async def deploy(self, config: dict[str, Any]) -> None:
+        """Apply ``config`` (a Serve multi-application config) to the cluster."""
+        await asyncio.to_thread(self._request, "PUT", config)
+
+    async def status(self) -> dict[str, Any]:
+        """The cluster's Serve details (``applications -> deployments -> replicas``)."""
+        details = await asyncio.to_thread(self._request, "GET")
+        return details if isinstance(details, dict) else {}

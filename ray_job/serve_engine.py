@@ -1,0 +1,208 @@
+"""Warm engines shared by every batch: one Ray Serve application per model of the registry.
+
+Each replica of an application holds one engine (:func:`ray_job.engine.make_backend`: vLLM, or
+the fake for tests, the same code on CPU and GPU) behind an :class:`~ray_job.engine.EngineRunner`,
+so the requests of many batches run on it at once (continuous batching across batches). Serve
+routes each call to the least loaded replica, scales the replicas between ``min_replicas`` and
+``max_replicas`` on the calls in flight per replica, removes idle ones after ``idle_s`` (down to
+zero) and replaces a replica whose engine died (``check_health``).
+
+The application is deployed from a Serve config (``import_path: ray_job.serve_engine:build_app``,
+``args: {model, entry}``), by the dispatcher through the dashboard's REST API or by a KubeRay
+RayService; :func:`serve_application` builds that config. Batches reach it through
+:class:`ServeEngine`, a client with the interface of a local engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
+
+from ray_job.engine import EngineRunner, make_backend
+from ray_job.errors import ENGINE_ERROR, EngineDeadError, EngineUnavailableError, RequestFailure
+from ray_job.records import Generation, GenRequest
+from schemas.engines import DEPLOYMENT_NAME, EngineModel, app_name
+
+log = logging.getLogger(__name__)
+
+IMPORT_PATH = "ray_job.serve_engine:build_app"
+
+
+class EngineServer:
+    """The body of one engine replica (a Serve deployment class; see :func:`build_app`)."""
+
+    def __init__(self, model: str, entry: dict[str, Any]) -> None:
+        spec = EngineModel.model_validate(entry)
+        self.model = model
+        started = time.perf_counter()
+        backend = make_backend(spec.path, spec.engine)
+        self.engine_start_s = time.perf_counter() - started
+        self.ready_at = time.time()
+        self._runner = EngineRunner(backend)
+        # runner.generate blocks until its requests finish: one thread per call in flight
+        self._pool = ThreadPoolExecutor(max_workers=spec.scaling.max_ongoing_requests,
+                                        thread_name_prefix="engine-call")
+        self._lock = threading.Lock()
+        self._requests = 0
+        self._completion_tokens = 0
+        log.info("engine for %s ready in %.1f s", model, self.engine_start_s)
+
+    def info(self) -> dict[str, Any]:
+        """What a client needs before sending requests (context size, defaults) and engine stats."""
+        backend = self._runner.backend
+        with self._lock:
+            requests, tokens = self._requests, self._completion_tokens
+        return {
+            "model": self.model,
+            "max_model_len": backend.max_model_len,
+            "default_max_tokens": backend.default_max_tokens,
+            "engine_start_s": self.engine_start_s,
+            "ready_at": self.ready_at,
+            "requests": requests,
+            "completion_tokens": tokens,
+        }
+
+    async def generate(self, requests: list[GenRequest]) -> list[Generation]:
+        """Run ``requests`` (keys unique within the call) on this replica's engine."""
+        loop = asyncio.get_running_loop()
+        out: list[Generation] = await loop.run_in_executor(self._pool, self._runner.generate, requests)
+        with self._lock:
+            self._requests += len(out)
+            self._completion_tokens += sum(g.completion_tokens for g in out)
+        return out
+
+    def check_health(self) -> None:
+        """Serve calls this periodically; raising makes it replace the replica."""
+        fatal = self._runner.fatal
+        if fatal is not None:
+            raise RuntimeError(f"the engine stopped: {fatal!r}")
+
+
+def deployment_options(entry: EngineModel) -> dict[str, Any]:
+    """Serve deployment options of one model (autoscaling, per-replica limits, resources)."""
+    scaling, res = entry.scaling, entry.resources
+    autoscaling: dict[str, Any] = {
+        "min_replicas": scaling.min_replicas,
+        "max_replicas": scaling.max_replicas,
+        "target_ongoing_requests": scaling.target_ongoing_requests,
+        "downscale_delay_s": scaling.idle_s,
+        "upscale_delay_s": 0.0,
+    }
+    if scaling.initial_replicas is not None:
+        autoscaling["initial_replicas"] = scaling.initial_replicas
+    actor: dict[str, Any] = {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus}
+    if res.resources:
+        actor["resources"] = dict(res.resources)
+    if res.memory:
+        actor["memory"] = res.memory
+    return {
+        "name": DEPLOYMENT_NAME,
+        "autoscaling_config": autoscaling,
+        "max_ongoing_requests": scaling.max_ongoing_requests,
+        "max_queued_requests": scaling.max_queued_requests,
+        "ray_actor_options": actor,
+        "health_check_period_s": 10.0,
+        "health_check_timeout_s": 60.0,
+    }
+
+
+def serve_application(
+    model: str, entry: EngineModel, env_vars: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """One entry of a Serve config's ``applications`` (REST ``PUT /api/serve/applications/`` or a
+    RayService's ``serveConfigV2``): handle-only (no HTTP route), options as in the builder."""
+    options = deployment_options(entry)
+    deployment = {k: v for k, v in options.items() if k != "name"}
+    deployment["name"] = DEPLOYMENT_NAME
+    env = {**entry.env_vars, **(env_vars or {})}
+    app: dict[str, Any] = {
+        "name": app_name(model),
+        "route_prefix": None,
+        "import_path": IMPORT_PATH,
+        "args": {"model": model, "entry": entry.model_dump(mode="json")},
+        "deployments": [deployment],
+    }
+    if env:
+        app["runtime_env"] = {"env_vars": env}
+    return app
+
+
+def build_app(args: dict[str, Any]) -> Any:
+    """Serve application builder (``import_path``): ``args = {"model": ..., "entry": {...}}``."""
+    from ray import serve
+
+    model = str(args["model"])
+    entry = EngineModel.model_validate(args["entry"])
+    deployment = cast(Any, serve.deployment)(EngineServer).options(**deployment_options(entry))
+    return deployment.bind(model, entry.model_dump(mode="json"))
+
+
+class ServeEngine:
+    """A batch's view of the shared engine of one model: same calls as a local engine.
+
+    ``wait_s`` bounds how long a call may wait for a replica (cold start from zero included)
+    before the batch gets :class:`EngineUnavailableError`. A call whose replica dies is sent
+    again (Serve routes it to a live or restarted replica) up to ``retries`` times; after that
+    its requests become ``engine_error`` lines, so one bad replica never fails a batch.
+    """
+
+    def __init__(self, app: str, *, wait_s: float = 600.0, retries: int = 3) -> None:
+        from ray import serve
+
+        self.app = app
+        self._wait_s = wait_s
+        self._retries = retries
+        from ray.serve.exceptions import RayServeException
+
+        started = time.perf_counter()
+        try:
+            self._handle = serve.get_deployment_handle(DEPLOYMENT_NAME, app_name=app)
+        except (RayServeException, KeyError) as exc:  # no Serve instance, no such application
+            raise EngineUnavailableError(f"the engine {app} is unavailable: {exc}"[:2000]) from exc
+        info = self._call("info", timeout_s=wait_s)
+        self.max_model_len: int = int(info["max_model_len"])
+        self.default_max_tokens: int | None = info["default_max_tokens"]
+        # what this batch waited for an engine (a cold start when the model had scaled to zero)
+        self.engine_start_s: float = time.perf_counter() - started
+        self.ready_at: float = time.time()
+        self.replica_engine_start_s: float = float(info["engine_start_s"])
+
+    def _call(self, method: str, *args: Any, timeout_s: float) -> Any:
+        from ray import exceptions as ray_exceptions
+        from ray.serve.exceptions import DeploymentUnavailableError, RayServeException
+
+        try:
+            return getattr(self._handle, method).remote(*args).result(timeout_s=timeout_s)
+        except TimeoutError as exc:
+            raise EngineUnavailableError(
+                f"no engine of {self.app} answered within {timeout_s:.0f} s"
+            ) from exc
+        except (DeploymentUnavailableError, RayServeException, KeyError) as exc:  # KeyError: no such app
+            raise EngineUnavailableError(f"the engine {self.app} is unavailable: {exc}"[:2000]) from exc
+        except ray_exceptions.RayTaskError as exc:
+            if "EngineDeadError" in str(exc):
+                raise EngineDeadError(str(exc)[:2000]) from exc
+            raise
+
+    def generate(self, requests: list[GenRequest]) -> list[Generation]:
+        """Results in the order of ``requests``."""
+        from ray import exceptions as ray_exceptions
+
+        if not requests:
+            return []
+        last: BaseException | None = None
+        for attempt in range(self._retries + 1):
+            try:
+                out: list[Generation] = self._call("generate", requests, timeout_s=self._wait_s)
+                return out
+            except (ray_exceptions.RayActorError, EngineDeadError) as exc:
+                last = exc
+                log.warning("engine replica of %s lost during a call (try %d of %d): %s",
+                            self.app, attempt + 1, self._retries + 1, str(exc)[:300])
+                time.sleep(min(2.0**attempt, 10.0))
+        message = f"the engine failed {self._retries + 1} times on these requests: {last!r}"[:1000]
+        return [Generation(r.key, failure=RequestFailure(ENGINE_ERROR, message, None, 500)) for r in requests]

@@ -1,0 +1,154 @@
+"""Shared engines on a real Ray head with real Ray Serve (fake engine inside the replicas).
+
+Deployed the way the dispatcher deploys them (Serve REST config), used the way a batch uses them
+(a Ray job whose driver calls :class:`ray_job.serve_engine.ServeEngine`). Real vLLM behind the same
+deployment is covered by the slow test in test_serve_engine_vllm.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+from ray.job_submission import JobStatus, JobSubmissionClient
+
+from dispatcher.engines import replica_pids, serve_config, summarize
+from dispatcher.serve_api import ServeApi
+from llmbatch.settings import RaySettings
+from schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
+from schemas.job import EngineConfig
+
+pytestmark = pytest.mark.integration
+
+MODEL = "fake-shared"
+# a probe driver: N requests through the shared engine in one call, results as one JSON line
+PROBE = """
+import sys, time, orjson
+from ray_job.serve_engine import ServeEngine
+from ray_job.records import GenRequest
+app, n, wait = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+started = time.time()
+try:
+    engine = ServeEngine(app, wait_s=wait, retries=3)
+    out = engine.generate([GenRequest(str(i), [1, 2, 3], {"max_tokens": 4}, prompt_text=f"p{i}",
+                                      custom_id=f"c{i}") for i in range(n)])
+    print("PROBE " + orjson.dumps({"keys": [g.key for g in out], "texts": [g.text for g in out],
+          "failures": [g.failure.code if g.failure else None for g in out],
+          "seconds": time.time() - started}).decode(), flush=True)
+except Exception as exc:
+    print("PROBE " + orjson.dumps({"error": type(exc).__name__, "code": getattr(exc, "code", None),
+          "message": str(exc)[:500], "seconds": time.time() - started}).decode(), flush=True)
+"""
+
+
+def _registry(delay_s: float, *, backend: str = "fake", path: str = "fake") -> EngineRegistry:
+    return EngineRegistry(models={MODEL: EngineModel(
+        path=path,
+        engine=EngineConfig(backend=backend, fake_delay_s=delay_s),  # type: ignore[arg-type]
+        resources=ReplicaResources(num_cpus=0.25),
+        scaling=Scaling(min_replicas=1, max_replicas=1, idle_s=60),
+    )})
+
+
+def _details(api: ServeApi) -> dict[str, Any]:
+    return asyncio.run(api.status())
+
+
+def _wait_app(api: ServeApi, registry: EngineRegistry, want: set[str], timeout: float = 240) -> Any:
+    deadline = time.monotonic() + timeout
+    row = None
+    while time.monotonic() < deadline:
+        row = summarize(registry, _details(api))[0]
+        if row.status in want and (row.status != "RUNNING" or row.running >= 1):
+            return row
+        time.sleep(1)
+    raise AssertionError(f"engine app never reached {want}: {row}")
+
+
+@pytest.fixture(scope="module")
+def serve(ray_settings: RaySettings) -> Iterator[ServeApi]:
+    api = ServeApi(ray_settings.address, timeout_s=60)
+    yield api
+    asyncio.run(api.deploy({"applications": []}))  # remove every engine again
+
+
+def _probe(ray_settings: RaySettings, n: int, wait_s: float = 120) -> tuple[JobSubmissionClient, str]:
+    client = JobSubmissionClient(ray_settings.address)
+    job_id = f"probe-{uuid.uuid4().hex[:8]}"
+    client.submit_job(submission_id=job_id, entrypoint_num_cpus=0,
+                      entrypoint=f"python -P -c {_quote(PROBE)} {app_name(MODEL)} {n} {wait_s}",
+                      runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled"}})
+    return client, job_id
+
+
+def _quote(code: str) -> str:
+    import shlex
+
+    return shlex.quote(code)
+
+
+def _result(client: JobSubmissionClient, job_id: str, timeout: float = 300) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not client.get_job_status(job_id).is_terminal():
+        time.sleep(0.5)
+    logs = client.get_job_logs(job_id)
+    assert client.get_job_status(job_id) == JobStatus.SUCCEEDED, logs[-3000:]
+    lines = [ln for ln in logs.splitlines() if ln.startswith("PROBE ")]
+    assert lines, logs[-3000:]
+    result: dict[str, Any] = orjson.loads(lines[-1][len("PROBE "):])
+    return result
+
+
+def test_batches_share_one_warm_engine(ray_settings: RaySettings, serve: ServeApi) -> None:
+    registry = _registry(delay_s=0.2)
+    asyncio.run(serve.deploy(serve_config(registry)))
+    _wait_app(serve, registry, {"RUNNING"})
+    pids_before = replica_pids(_details(serve), MODEL)
+    assert len(pids_before) == 1
+    # two batches at once on the same replica, each gets exactly its own answers in order
+    jobs = [_probe(ray_settings, n) for n in (8, 5)]
+    results = [_result(client, job_id) for client, job_id in jobs]
+    assert results[0]["keys"] == [str(i) for i in range(8)]
+    assert results[1]["keys"] == [str(i) for i in range(5)]
+    assert all(t.startswith("fake reply to") for r in results for t in r["texts"]), results
+    assert all(f is None for r in results for f in r["failures"])
+    # no batch started an engine of its own: the same single replica served both
+    assert replica_pids(_details(serve), MODEL) == pids_before
+
+
+def test_a_killed_replica_is_replaced_and_its_requests_answered_once(
+    ray_settings: RaySettings, serve: ServeApi
+) -> None:
+    registry = _registry(delay_s=6.0)  # long enough to kill the replica mid-call
+    asyncio.run(serve.deploy(serve_config(registry)))
+    _wait_app(serve, registry, {"RUNNING"})
+    [victim] = replica_pids(_details(serve), MODEL)
+    client, job_id = _probe(ray_settings, 6, wait_s=240)
+    time.sleep(4)  # the call is in flight on the victim
+    os.kill(victim, signal.SIGKILL)
+    result = _result(client, job_id)
+    assert "error" not in result, result
+    assert result["keys"] == [str(i) for i in range(6)]  # every request exactly once, in order
+    assert all(f is None for f in result["failures"]), result
+    row = _wait_app(serve, registry, {"RUNNING"})
+    assert victim not in replica_pids(_details(serve), MODEL) and row.running == 1
+
+
+def test_an_engine_that_cannot_start_fails_the_batch_clearly(
+    ray_settings: RaySettings, serve: ServeApi
+) -> None:
+    registry = _registry(delay_s=0.0, backend="vllm", path="/nonexistent/model-folder")
+    asyncio.run(serve.deploy(serve_config(registry)))
+    row = _wait_app(serve, registry, {"DEPLOY_FAILED", "UNHEALTHY"}, timeout=600)
+    assert row.message, row
+    client, job_id = _probe(ray_settings, 2, wait_s=20)
+    result = _result(client, job_id)
+    assert result.get("code") == "engine_unavailable", result
+    assert app_name(MODEL) in result["message"]

@@ -1,0 +1,61 @@
+"""How one attempt ends when it is stopped or fails (ray_job.main.Attempt), on a local filesystem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from pyarrow import fs as pafs
+
+from ray_job import main as job_main
+from ray_job.errors import ExitCode
+from schemas.common import utcnow
+from schemas.job import JobSpec
+
+pytestmark = pytest.mark.unit
+
+
+def _spec() -> JobSpec:
+    return JobSpec.model_validate({
+        "batch_id": "b1", "attempt": 1, "endpoint": "/v1/chat/completions", "model": "m",
+        "requests": [{"custom_id": "x", "method": "POST", "url": "/v1/chat/completions",
+                      "body": {"messages": [{"role": "user", "content": "hi"}]}}],
+        "output_prefix": "s3://results/default/b1/",
+    })
+
+
+@pytest.fixture
+def attempt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Any:
+    (tmp_path / "results").mkdir()
+    local = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    monkeypatch.setattr(job_main.s3, "filesystem", lambda: local)
+
+    def run(pipeline: Any) -> tuple[int, dict[str, Any]]:
+        att = job_main.Attempt(_spec(), utcnow())
+        monkeypatch.setattr(att, "_run_pipeline", lambda _input: pipeline(att))
+        monkeypatch.setattr(att, "_install_stop", lambda: None)
+        code = att.run()
+        line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(job_main.RESULT_PREFIX)]
+        return code, orjson.loads(line[-1][len(job_main.RESULT_PREFIX):])
+
+    return run
+
+
+def test_a_deadline_surfacing_as_a_library_error_still_ends_as_deadline_exceeded(attempt: Any) -> None:
+    def pipeline(att: job_main.Attempt) -> None:
+        att.stop_reason = "deadline"  # the deadline's SIGTERM landed inside Ray Data's executor,
+        raise RuntimeError("Execution failed")  # which re-raised it as an error of its own
+
+    code, result = attempt(pipeline)
+    assert code == ExitCode.RETRIABLE
+    assert result["status"] == "partial" and result["error"]["code"] == "deadline_exceeded"
+
+
+def test_a_real_failure_keeps_its_own_code(attempt: Any) -> None:
+    def pipeline(att: job_main.Attempt) -> None:
+        raise RuntimeError("EngineDeadError: the engine stopped")
+
+    code, result = attempt(pipeline)
+    assert code == ExitCode.RETRIABLE and result["error"]["code"] == "engine_dead"
