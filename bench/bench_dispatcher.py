@@ -51,6 +51,7 @@ from tests.support.dispatcher_kit import (  # noqa: E402
     DispatcherProcess,
     batch_request,
     inline_lines,
+    registry,
     request_message,
 )
 
@@ -78,11 +79,8 @@ def world(base: LLMBatchSettings, ray: RaySettings, **opts: Any) -> DispatcherSe
         s3=base.s3,
         ray=ray,
         dispatcher=DispatcherOptions(**options),
-        job=JobOptions(
-            engine=EngineConfig(backend="fake", batch_size=4, num_cpus_per_replica=0.5),
-            python=sys.executable,
-            progress_interval_s=1.0,
-        ),
+        job=JobOptions(python=sys.executable, progress_interval_s=1.0),
+        engines=registry(EngineConfig(backend="fake", batch_size=4, num_cpus_per_replica=0.5)),
     )
 
 

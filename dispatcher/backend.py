@@ -61,9 +61,11 @@ class JobBackend(Protocol):
     async def close(self) -> None: ...
 
 
-# Exit codes of `python -m ray_job` (see ray_job): 0 ok, 1 retriable, 2 invalid spec, 3 input not found.
+# Exit codes of `python -m ray_job` (see ray_job.errors.ExitCode): 0 ok, 1 retriable, 2 invalid spec,
+# 3 input not found, 4 no shared engine answered in time.
 EXIT_OK = 0
 EXIT_RETRIABLE = 1
 EXIT_INVALID_SPEC = 2
 EXIT_INPUT_NOT_FOUND = 3
+EXIT_ENGINE_UNAVAILABLE = 4
 NON_RETRIABLE_EXITS = frozenset({EXIT_INVALID_SPEC, EXIT_INPUT_NOT_FOUND})

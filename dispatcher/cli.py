@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
+
+if TYPE_CHECKING:
+    from dispatcher.settings import DispatcherSettings
 
 app = typer.Typer(
     help="The dispatcher service: consume batch requests, run Ray jobs, publish results.",
@@ -25,11 +28,17 @@ def run(
     instance_id: Annotated[str | None, typer.Option(help="Name of this replica (logs, leases).")] = None,
     log_level: Annotated[str | None, typer.Option(help="DEBUG, INFO, WARNING, ...")] = None,
 ) -> None:
-    """Run until SIGTERM/SIGINT. Settings come from LLMBATCH_* environment variables or .env."""
-    from dispatcher.service import serve
-    from dispatcher.settings import DispatcherSettings
+    """Run until SIGTERM/SIGINT. Settings come from LLMBATCH_* environment variables or .env.
 
-    settings = DispatcherSettings()
+    Refuses to start (exit 2, one ``error:`` line) on invalid settings or when no model is
+    configured in LLMBATCH_ENGINES__MODELS."""
+    from dispatcher.service import serve
+
+    settings = _settings_or_exit()
+    _warn_legacy_settings()
+    problem = settings.serving_problem()
+    if problem is not None:
+        _fail(problem)
     overrides = {
         k: v
         for k, v in {
@@ -52,6 +61,36 @@ def show_settings() -> None:
     """Print the effective settings as JSON (secrets masked)."""
     import orjson
 
-    from dispatcher.settings import DispatcherSettings
+    typer.echo(orjson.dumps(_settings_or_exit().redacted(), option=orjson.OPT_INDENT_2).decode())
 
-    typer.echo(orjson.dumps(DispatcherSettings().redacted(), option=orjson.OPT_INDENT_2).decode())
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _warn_legacy_settings() -> None:
+    """Model and engine settings moved into LLMBATCH_ENGINES__MODELS; the old names are ignored."""
+    import os
+
+    legacy = sorted(
+        k for k in os.environ if k in _LEGACY_NAMES or k.startswith("LLMBATCH_JOB__ENGINE__")
+    )
+    if legacy:
+        typer.echo(
+            f"warning: {', '.join(legacy)} no longer read: each model's path and engine settings are "
+            "its entry in LLMBATCH_ENGINES__MODELS",
+            err=True,
+        )
+
+
+_LEGACY_NAMES = frozenset({"LLMBATCH_JOB__MODEL_PATH", "LLMBATCH_JOB__MODEL_PATHS", "LLMBATCH_JOB__ENGINE"})
+
+
+def _settings_or_exit() -> DispatcherSettings:
+    from dispatcher.settings import SettingsInvalid, load_settings
+
+    try:
+        return load_settings()
+    except SettingsInvalid as exc:
+        _fail(str(exc))

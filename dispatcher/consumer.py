@@ -83,6 +83,7 @@ class RequestConsumer:
             requests_topic=topics.requests,
             dlt_topic=topics.dead_letter,
             group_id=self.opts.group_id,
+            served_models=settings.served_models,
             inline_limits=self.opts.inline_limits,
             readable_buckets=frozenset(settings.s3.readable_buckets()),
         )

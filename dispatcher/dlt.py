@@ -102,6 +102,8 @@ def reason_for_schema_error(error: SchemaError) -> DltReason:
         return DltReason.LIMIT_EXCEEDED
     if error.reason == Reason.DEADLINE_PASSED:
         return DltReason.DEADLINE_PASSED
+    if error.reason == Reason.MODEL_NOT_FOUND:
+        return DltReason.MODEL_NOT_FOUND
     return DltReason.INVALID_EVENT
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dispatcher.settings import DispatcherSettings
 from ray_job.serve_engine import serve_application
 from schemas.engines import DEPLOYMENT_NAME, EngineModel, EngineRegistry, Scaling, app_name
 
@@ -22,6 +23,17 @@ def serve_config(registry: EngineRegistry, env_vars: dict[str, str] | None = Non
             serve_application(model, entry, env_vars) for model, entry in sorted(registry.models.items())
         ],
     }
+
+
+def engine_env_vars(settings: DispatcherSettings) -> dict[str, str]:
+    """The replicas' engine environment (vLLM caches, CPU tuning), as the jobs get it; no secrets."""
+    job = settings.job
+    if not job.engine_cache_dir:
+        return {}
+    from ray_job.engine_env import engine_env
+
+    return engine_env(job.engine_cache_dir, cpu=job.engine_cpu, omp_threads_bind=job.omp_threads_bind,
+                      kv_cache_gib=job.kv_cache_gib)
 
 
 def with_scaling(registry: EngineRegistry, model: str, **changes: Any) -> EngineRegistry:

@@ -56,6 +56,12 @@ class NotFound(PermanentError):
     code = "not_found"
 
 
+class InvalidSettings(PermanentError):
+    """The settings cannot run a dispatcher (e.g. no model configured); the message says the fix."""
+
+    code = "invalid_settings"
+
+
 class JobRejected(PermanentError):
     """Ray refused the job submission for a reason that will not change (bad runtime_env, ...)."""
 

@@ -1,7 +1,8 @@
 """From a consumed record to a command (pure): accept a batch, cancel one, or dead-letter the record.
 
 Nothing here touches Kafka or Redis; the consumer applies the commands. Validation uses
-:mod:`schemas` (envelope, data, inline limits, deadline) plus the dispatcher's own rule that an
+:mod:`schemas` (envelope, data, inline limits, deadline) plus the dispatcher's own rules: the
+``model`` must be one the service serves (its engine registry, ``LLMBATCH_ENGINES__MODELS``), and an
 ``input_uri`` may only name a readable bucket.
 """
 
@@ -23,12 +24,14 @@ from dispatcher.dlt import (
     reason_for_schema_error,
 )
 from dispatcher.scheduler import ready_score
+from dispatcher.settings import ENGINES_ENV
 from dispatcher.states import State
 from dispatcher.store import IntakeItem
 from schemas.batch import BatchRequest, CancelRequest, InlineLimits, check_deadline, check_inline_limits
 from schemas.cloudevents import H_ID, H_SOURCE, decode
 from schemas.common import BATCH_ID_PATTERN
 from schemas.dlt import DltReason, ReplayInfo
+from schemas.engines import UnknownModelError
 from schemas.errors import Reason, SchemaError
 from schemas.events import REQUEST_EVENT_TYPES
 
@@ -42,6 +45,8 @@ class IntakeRules:
     requests_topic: str
     dlt_topic: str
     group_id: str
+    served_models: frozenset[str]
+    """The models requests may name (the registry's keys); any other is ``model_not_found``."""
     inline_limits: InlineLimits = field(default_factory=InlineLimits)
     readable_buckets: frozenset[str] = frozenset()
 
@@ -147,6 +152,21 @@ def record_marker(origin: OriginalRecord) -> tuple[str, str]:
     return "record", f"{origin.topic}:{origin.partition}:{origin.offset}:{origin.timestamp_ms}"
 
 
+def check_served(request: BatchRequest, served: frozenset[str]) -> None:
+    """Raise ``SchemaError(model_not_found)`` unless ``request.model`` is served here: a batch never
+    runs on another model than the one it names."""
+    if request.model in served:
+        return
+    known = str(UnknownModelError(request.model, sorted(served)))
+    other = "Send the batch with one of those models, or serve" if served else "Serve"
+    raise SchemaError(
+        Reason.MODEL_NOT_FOUND,
+        f"{known}. {other} {request.model!r}: add it to the dispatcher's {ENGINES_ENV} "
+        f'(model name -> {{"path": ...}}) and replay this dead letter',
+        field="model",
+    )
+
+
 def classify(origin: OriginalRecord, rules: IntakeRules, now: float) -> Command:
     """Decide what to do with one record of the requests topic. Never raises for bad input."""
     try:
@@ -158,6 +178,7 @@ def classify(origin: OriginalRecord, rules: IntakeRules, now: float) -> Command:
             return Cancel(data.batch_id, data, marker, envelope.traceparent, origin)
         if not isinstance(data, BatchRequest):  # pragma: no cover - decode(expect=...) guarantees it
             raise SchemaError(Reason.UNSUPPORTED_TYPE, f"unexpected data {type(data).__name__}")
+        check_served(data, rules.served_models)
         check_inline_limits(data, rules.inline_limits)
         accepted_at = datetime.fromtimestamp(now, UTC)
         check_deadline(data, accepted_at)

@@ -12,6 +12,7 @@ from dispatcher.keys import Keys
 from dispatcher.settings import DispatcherSettings
 from dispatcher.store import BatchRecord
 from schemas.batch import parse_batch_request
+from schemas.engines import app_name
 from schemas.job import JobSpec, output_prefix
 
 
@@ -22,21 +23,30 @@ def results_prefix(settings: DispatcherSettings, record: BatchRecord) -> str:
 
 
 def build_job_spec(record: BatchRecord, attempt: int, settings: DispatcherSettings, keys: Keys) -> JobSpec:
-    """Raises :class:`schemas.errors.SchemaError` if the stored request no longer validates."""
+    """The spec of one attempt; the model's path and engine come from its registry entry.
+
+    Raises :class:`schemas.errors.SchemaError` if the stored request no longer validates, and
+    :class:`schemas.engines.UnknownModelError` if its model left the registry after acceptance (the
+    batch must fail rather than run on another model).
+    """
     request = parse_batch_request(record.get("request") or "{}")
+    entry = settings.engines.get(request.model)
     job = settings.job
+    opts = settings.dispatcher
     deadline = record.deadline
     return JobSpec(
         batch_id=record.batch_id,
         attempt=attempt,
         endpoint=request.endpoint,
         model=request.model,
-        model_path=job.model_paths.get(request.model) or job.model_path,
+        model_path=entry.path,
         tenant=request.tenant,
         input_uri=request.input_uri,
         requests=request.requests,
         output_prefix=results_prefix(settings, record),
-        engine=job.engine,
+        engine=entry.engine,
+        engine_app=app_name(request.model) if opts.shared_engines else None,
+        engine_wait_s=opts.engine_wait_s,
         redis_url=settings.redis.url if job.pass_redis_url else None,
         progress_key=keys.progress(record.batch_id) if job.pass_redis_url else None,
         progress_interval_s=job.progress_interval_s,

@@ -38,11 +38,11 @@ def _status_code(exc: BaseException) -> int | None:
     return None
 
 
-def job_env(settings: DispatcherSettings) -> dict[str, str]:
+def job_env(settings: DispatcherSettings, spec: JobSpec) -> dict[str, str]:
     """Extra environment of the job's processes (besides what ``ray_job.submit.runtime_env`` sets)."""
     job = settings.job
     env: dict[str, str] = {}
-    if job.engine_cache_dir and job.engine.backend == "vllm":
+    if job.engine_cache_dir and spec.engine.backend == "vllm":
         from ray_job.engine_env import engine_env
 
         env.update(
@@ -77,7 +77,7 @@ def build_submission(
         s3_endpoint=s3.endpoint if job.pass_s3_credentials else None,
         s3_access_key=s3.access_key.get_secret_value() if job.pass_s3_credentials else None,
         s3_secret_key=s3.secret_key.get_secret_value() if job.pass_s3_credentials else None,
-        env_vars=job_env(settings),
+        env_vars=job_env(settings, spec),
         stop_wait_s=job.ray_stop_wait_s,
         **extra,
     )

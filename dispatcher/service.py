@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dispatcher import logs
 from dispatcher.backend import JobBackend
 from dispatcher.consumer import RequestConsumer
-from dispatcher.errors import DispatcherError
+from dispatcher.errors import DispatcherError, InvalidSettings
 from dispatcher.http import HealthServer
 from dispatcher.keys import Keys
 from dispatcher.metrics import Metrics
@@ -110,6 +110,10 @@ class Dispatcher:
 
     # -- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
+        """Raises :class:`InvalidSettings` when the settings cannot serve (no model configured)."""
+        problem = self.settings.serving_problem()
+        if problem is not None:
+            raise InvalidSettings(problem)
         opts = self.settings.dispatcher
         log.info(
             "dispatcher starting",
@@ -117,6 +121,7 @@ class Dispatcher:
                 "instance": opts.instance_id,
                 "group_id": opts.group_id,
                 "max_in_flight": opts.max_in_flight,
+                "models": sorted(self.settings.served_models),
             },
         )
         if self.health is not None:
@@ -124,12 +129,23 @@ class Dispatcher:
         await self._until_ok("kafka producer", self.producer.start)
         await self._until_ok("kafka topics", self._ensure_topics)
         await self._until_ok("kafka consumer", self.consumer.start)
+        if opts.shared_engines and opts.deploy_engines:
+            await self._until_ok("engine deployment", self._deploy_engines)
         self._tasks = [
             asyncio.create_task(self.consumer.run(), name="consumer"),
             asyncio.create_task(self.tracker.run(), name="tracker"),
         ]
         self._started = True
         log.info("dispatcher started")
+
+    async def _deploy_engines(self) -> None:
+        """Apply the registry to the cluster's Serve config (idempotent: unchanged apps keep running)."""
+        from dispatcher.engines import engine_env_vars, serve_config
+        from dispatcher.serve_api import ServeApi
+
+        config = serve_config(self.settings.engines, engine_env_vars(self.settings))
+        await ServeApi(self.settings.ray.address).deploy(config)
+        log.info("engines deployed", extra={"applications": [a["name"] for a in config["applications"]]})
 
     async def _ensure_topics(self) -> None:
         from producer.topics import ensure_topics

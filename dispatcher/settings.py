@@ -1,9 +1,12 @@
 """Dispatcher settings: the shared connection settings plus the service's own knobs.
 
 Environment: prefix ``LLMBATCH_``, ``__`` for nesting, e.g. ``LLMBATCH_DISPATCHER__MAX_IN_FLIGHT=8``,
-``LLMBATCH_JOB__PIP='["vllm==0.32.0"]'``, ``LLMBATCH_JOB__ENGINE__ENFORCE_EAGER=true``. Credentials
-stay ``SecretStr`` (they are handed to the Ray job only when ``job.pass_s3_credentials`` is set,
-through its runtime environment, never logged).
+``LLMBATCH_JOB__PIP='["vllm==0.32.0"]'``. The models the service runs are one JSON object,
+``LLMBATCH_ENGINES__MODELS='{"SmolLM2-135M-Instruct": {"path": "/models/smollm2", "engine":
+{"enforce_eager": true}}}'`` (:class:`schemas.engines.EngineRegistry`): a request naming any other model
+is rejected (``model_not_found``), and a dispatcher without a model refuses to start. Credentials stay
+``SecretStr`` (they are handed to the Ray job only when ``job.pass_s3_credentials`` is set, through its
+runtime environment, never logged).
 """
 
 from __future__ import annotations
@@ -12,13 +15,13 @@ import os
 import socket
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from dispatcher.retry import AttemptPolicy, Backoff
 from llmbatch.settings import LLMBatchSettings
 from schemas.batch import InlineLimits
-from schemas.job import EngineConfig
+from schemas.engines import EngineRegistry
 
 CrashPoint = Literal["after_accept", "after_submit", "after_job_end", "after_publish", "after_dlt"]
 
@@ -84,6 +87,21 @@ class DispatcherOptions(BaseModel):
     inline_limits: InlineLimits = InlineLimits()
     log_level: str = "INFO"
     log_json: bool = True
+    shared_engines: bool = Field(
+        default=False,
+        description="Run batches on each model's shared, warm engine (a Ray Serve application, "
+        "ray_job.serve_engine) instead of an engine per Ray job.",
+    )
+    deploy_engines: bool = Field(
+        default=True,
+        description="With shared_engines: deploy the registry's Serve applications on start (off when "
+        "a KubeRay RayService owns the Serve config).",
+    )
+    engine_wait_s: float = Field(
+        default=600.0, gt=0, le=86_400,
+        description="With shared_engines: how long a batch waits for an engine (cold start included) "
+        "before it fails with engine_unavailable.",
+    )
     # test hook: the process SIGKILLs itself at these points (crash tests); never set in production
     crash_at: list[CrashPoint] = Field(default_factory=list)
 
@@ -129,11 +147,6 @@ class JobOptions(BaseModel):
         default=True, description="Hand the S3 endpoint and keys to the job via env vars."
     )
     pass_redis_url: bool = Field(default=True, description="Let the job write progress counters to Redis.")
-    model_path: str | None = Field(
-        default=None, description="What the engine loads when a request names a model id."
-    )
-    model_paths: dict[str, str] = Field(default_factory=dict, description="model name -> path, per model.")
-    engine: EngineConfig = EngineConfig()
     engine_cache_dir: str | None = Field(
         default=None,
         description="When set, vLLM's offline/cache/CPU env vars are passed to the job "
@@ -169,7 +182,107 @@ class DispatcherSettings(LLMBatchSettings):
 
     dispatcher: DispatcherOptions = DispatcherOptions()
     job: JobOptions = JobOptions()
+    engines: EngineRegistry = Field(
+        default_factory=EngineRegistry,
+        description="The models this service runs (LLMBATCH_ENGINES__MODELS as JSON); requests naming "
+        "any other model are rejected with model_not_found.",
+    )
+
+    @property
+    def served_models(self) -> frozenset[str]:
+        """The model names requests may name (the registry's keys)."""
+        return frozenset(self.engines.models)
+
+    def serving_problem(self) -> str | None:
+        """Why a dispatcher with these settings must not start (one line), or ``None``."""
+        if not self.engines.models:
+            return NO_MODEL_CONFIGURED
+        return None
 
     def redacted(self) -> dict[str, object]:
         """The settings as a dict safe to log (secrets masked by pydantic)."""
         return self.model_dump(mode="json")
+
+
+ENGINES_ENV = "LLMBATCH_ENGINES__MODELS"
+ENGINES_EXAMPLE = '{"SmolLM2-135M-Instruct": {"path": "/models/SmolLM2-135M-Instruct"}}'
+NO_MODEL_CONFIGURED = (
+    f"no model is configured, so every request would be rejected: set {ENGINES_ENV} to a JSON object "
+    f"of model name -> entry, e.g. {ENGINES_ENV}='{ENGINES_EXAMPLE}'"
+)
+_ENTRY_FIELDS = '{"path", "engine", "resources", "scaling", "env_vars"}'
+_NO_ECHO = frozenset({"missing", "value_error", "extra_forbidden", "assertion_error"})
+_SCALAR = (str, int, float, bool)
+
+
+class SettingsInvalid(ValueError):
+    """The environment does not make valid dispatcher settings; ``str()`` is one line naming the
+    variable, the field and the fix."""
+
+
+def load_settings(**overrides: object) -> DispatcherSettings:
+    """``DispatcherSettings()`` from the environment; raises :class:`SettingsInvalid` (one line)."""
+    from pydantic_settings import SettingsError
+
+    try:
+        return DispatcherSettings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise SettingsInvalid(describe_settings_error(exc)) from None
+    except SettingsError as exc:  # a value that is not JSON where an object or list is expected
+        cause = f" ({exc.__cause__})" if exc.__cause__ is not None else ""
+        raise SettingsInvalid(
+            f"invalid settings: {exc}{cause}; objects and lists are JSON, "
+            f"e.g. {ENGINES_ENV}='{ENGINES_EXAMPLE}'"
+        ) from None
+
+
+def describe_settings_error(exc: ValidationError, prefix: str = "LLMBATCH_") -> str:
+    """One line for an invalid environment: the variable, the field inside it, the problem, the fix.
+
+    ``LLMBATCH_ENGINES__MODELS`` is one JSON value, so for its errors the line names the model and the
+    field of its entry (``model 'SmolLM2-135M-Instruct', field scaling``).
+    """
+    errors = exc.errors(include_url=False)
+    if not errors:  # pragma: no cover - pydantic never raises an empty ValidationError
+        return f"invalid settings: {exc}"
+    first = errors[0]
+    loc = [str(p) for p in first["loc"]]
+    env, inside = _env_var(loc, prefix)
+    message = str(first["msg"]).removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        message = "unknown field (a typo?)"
+    value = first.get("input")
+    if first["type"] not in _NO_ECHO and isinstance(value, _SCALAR):
+        message += f" (got {value!r:.60})"
+    where = env
+    if env == ENGINES_ENV and inside:
+        model, rest = inside[0], [p for p in inside[1:] if p != "[key]"]
+        if "[key]" in inside:
+            where += f", model name {model!r}"
+        else:
+            where += f", model {model!r}" + (f", field {'.'.join(rest)}" if rest else "")
+    elif inside:
+        where += f" ({'.'.join(inside)})"
+    line = f"invalid setting {where}: {message}"
+    if env == ENGINES_ENV:
+        line += f"; fix it in {ENGINES_ENV} (JSON: model name -> {_ENTRY_FIELDS})"
+    if len(errors) > 1:
+        line += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
+    return line
+
+
+def _env_var(loc: list[str], prefix: str) -> tuple[str, list[str]]:
+    """The environment variable of a validation error's location, and the path inside its value
+    (a dict or list setting is one JSON value)."""
+    model: type[BaseModel] | None = DispatcherSettings
+    names: list[str] = []
+    for i, part in enumerate(loc):
+        fields = model.model_fields if model is not None else {}
+        if part not in fields:
+            return prefix + "__".join(n.upper() for n in names), loc[i:]
+        names.append(part)
+        annotation = fields[part].annotation
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+        if model is None:
+            return prefix + "__".join(n.upper() for n in names), loc[i + 1 :]
+    return prefix + "__".join(n.upper() for n in names), []

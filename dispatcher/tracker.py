@@ -28,7 +28,14 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from dispatcher import logs, states
-from dispatcher.backend import EXIT_INPUT_NOT_FOUND, NON_RETRIABLE_EXITS, JobBackend, JobInfo, JobState
+from dispatcher.backend import (
+    EXIT_ENGINE_UNAVAILABLE,
+    EXIT_INPUT_NOT_FOUND,
+    NON_RETRIABLE_EXITS,
+    JobBackend,
+    JobInfo,
+    JobState,
+)
 from dispatcher.errors import DispatcherError, JobRejected, ManifestInvalid
 from dispatcher.events import Outcome, build_progress, safe_counts, terminal_fields
 from dispatcher.jobspec import build_job_spec, results_prefix
@@ -37,10 +44,11 @@ from dispatcher.metrics import Metrics
 from dispatcher.publisher import EventProducer, TerminalPublisher
 from dispatcher.results import ResultStore
 from dispatcher.scheduler import launch_slots
-from dispatcher.settings import DispatcherSettings
+from dispatcher.settings import ENGINES_ENV, DispatcherSettings
 from dispatcher.states import State
 from dispatcher.store import BatchRecord, StateStore
 from schemas.dlt import DltReason
+from schemas.engines import UnknownModelError
 from schemas.errors import SchemaError
 from schemas.job import MANIFEST_NAME, Manifest
 from schemas.openai import Usage
@@ -330,7 +338,10 @@ class Tracker:
         if info.message:
             message += f": {info.message[:1000]}"
         self.metrics.attempts.labels(event="failed").inc()
-        if code in NON_RETRIABLE_EXITS:
+        if code == EXIT_ENGINE_UNAVAILABLE:  # waiting again on every retry would not help
+            await self.retry_or_fail(record, "engine_unavailable", message, retriable=False,
+                                     dlt_reason=DltReason.ATTEMPTS_EXHAUSTED)
+        elif code in NON_RETRIABLE_EXITS:
             reason = DltReason.INPUT_NOT_FOUND if code == EXIT_INPUT_NOT_FOUND else DltReason.INPUT_INVALID
             await self.retry_or_fail(record, str(reason), message, retriable=False, dlt_reason=reason)
         else:
@@ -546,6 +557,9 @@ class Tracker:
         attempt = record.attempt + 1
         try:
             spec = build_job_spec(record, attempt, self.settings, self.keys)
+        except UnknownModelError as exc:
+            await self.fail_unserved(record, exc)
+            return False
         except (SchemaError, ValueError) as exc:
             outcome = Outcome(
                 State.FAILED,
@@ -582,7 +596,11 @@ class Tracker:
 
     async def submit(self, record: BatchRecord) -> None:
         """Submit (or resubmit) the record's current attempt; idempotent by submission id."""
-        spec = build_job_spec(record, record.attempt, self.settings, self.keys)
+        try:
+            spec = build_job_spec(record, record.attempt, self.settings, self.keys)
+        except UnknownModelError as exc:
+            await self.fail_unserved(record, exc)
+            return
         try:
             result = await self.backend.submit(spec)
         except JobRejected as exc:
@@ -607,6 +625,21 @@ class Tracker:
             expected_version=record.version,
             fields={"confirmed": "1"},
         )
+
+    async def fail_unserved(self, record: BatchRecord, exc: UnknownModelError) -> None:
+        """The batch's model left the registry after acceptance: fail it at once (retrying cannot
+        help, and it must never run on another model), keeping what earlier attempts wrote. The dead
+        letter (``model_not_found``) can be replayed once the model is served again."""
+        log.error("model not served; failing the batch", extra={"model": exc.model, "served": exc.known})
+        outcome = await self.partial_outcome(
+            record,
+            State.FAILED,
+            error_code=str(DltReason.MODEL_NOT_FOUND),
+            error_message=f"{exc}. Serve it in {ENGINES_ENV} and replay the dead letter, or resend "
+            "the batch with a served model",
+            dlt_reason=str(DltReason.MODEL_NOT_FOUND),
+        )
+        await self.finish(record, outcome)
 
     # -- 5/6. progress and gauges ----------------------------------------------------------------------
     async def maybe_progress(self, record: BatchRecord, now: float) -> None:

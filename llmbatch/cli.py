@@ -4,6 +4,7 @@
 - ``llmbatch dispatcher run``                — dispatcher/cli.py (the service)
 - ``llmbatch jobs list|get|cancel``          — dispatcher/ops/jobs_cli.py (operators)
 - ``llmbatch dlq list|inspect|replay``       — dispatcher/ops/dlq_cli.py (operators)
+- ``llmbatch engines list|deploy|scale|stop`` — dispatcher/ops/engines_cli.py (operators)
 - ``llmbatch stack prepare|up|down|status|env|dispatcher`` — llmbatch/stack/cli.py (the local stack)
 """
 
@@ -13,6 +14,7 @@ import typer
 
 from dispatcher.cli import app as dispatcher_app
 from dispatcher.ops.dlq_cli import app as dlq_app
+from dispatcher.ops.engines_cli import app as engines_app
 from dispatcher.ops.jobs_cli import app as jobs_app
 from llmbatch.stack.cli import app as stack_app
 from producer.cli import register as register_producer
@@ -24,6 +26,7 @@ app.add_typer(dispatcher_app, name="dispatcher")
 app.add_typer(stack_app, name="stack")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(dlq_app, name="dlq")
+app.add_typer(engines_app, name="engines")
 
 
 def main() -> None:

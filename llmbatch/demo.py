@@ -49,12 +49,13 @@ from rich.table import Table
 from llmbatch.settings import LLMBatchSettings
 from llmbatch.stack import manager
 from llmbatch.stack.dispatcher_env import dispatcher_environ
+from llmbatch.stack.model import SERVED_MODEL
 from llmbatch.stack.process import StackError, free_port, log_tail, stop_tree
 from llmbatch.stack.state import StackState, default_run_dir
 
 console = Console(highlight=False)
 DATA_FILE = Path(__file__).parent / "demo_data" / "batch.jsonl"
-MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+MODEL = SERVED_MODEL  # the name the local dispatcher serves the converted model under
 ANSWERS_SHOWN = 5
 
 

@@ -7,7 +7,9 @@
 Every leaf field of :class:`dispatcher.settings.DispatcherSettings` (which extends
 :class:`llmbatch.settings.LLMBatchSettings`, the settings every component shares) becomes one row:
 its environment variable (``LLMBATCH_`` + the path joined by ``__``), type, default and description.
-Fields without a ``description`` take theirs from :data:`FALLBACK_DESCRIPTIONS`.
+Fields without a ``description`` take theirs from :data:`FALLBACK_DESCRIPTIONS`. A last table lists
+the fields of one entry of the model registry (``LLMBATCH_ENGINES__MODELS``, one JSON value:
+:class:`schemas.engines.EngineModel`), with :data:`ENTRY_DESCRIPTIONS` as fallbacks.
 """
 
 from __future__ import annotations
@@ -74,13 +76,24 @@ FALLBACK_DESCRIPTIONS: dict[str, str] = {
     "job.entrypoint_num_gpus": "GPUs reserved for the job's driver (keep 0: the engine actors take GPUs).",
     "job.entrypoint_resources": "Custom Ray resources for the job's driver (JSON object).",
     "job.progress_interval_s": "How often the job writes progress counters to Redis.",
-    "job.engine.num_cpus_per_replica": "CPUs Ray reserves per engine actor.",
-    "job.engine.tensor_parallel_size": "GPUs per engine replica (tensor parallelism).",
-    "job.engine.max_model_len": "Context length the engine allocates for (default: the model's).",
-    "job.engine.dtype": "Weights/activations dtype (auto, bfloat16, float16, float32).",
-    "job.engine.enforce_eager": "Skip graph compilation (much faster start on CPU, a bit slower).",
-    "job.engine.max_num_seqs": "Most sequences the engine runs at once.",
+    "engines.models": "The models this service runs: a JSON object, model name (what requests send as "
+    "`model`) -> entry (fields in the last table), e.g. "
+    '`{"SmolLM2-135M-Instruct": {"path": "/models/SmolLM2-135M-Instruct", '
+    '"engine": {"enforce_eager": true}}}`. '
+    "A request naming any other model is dead-lettered with `model_not_found`; a dispatcher without "
+    "a model refuses to start.",
 }
+
+ENTRY_DESCRIPTIONS: dict[str, str] = {
+    "engine.num_cpus_per_replica": "CPUs Ray reserves per engine actor.",
+    "engine.tensor_parallel_size": "GPUs per engine replica (tensor parallelism).",
+    "engine.max_model_len": "Context length the engine allocates for (default: the model's).",
+    "engine.dtype": "Weights/activations dtype (auto, bfloat16, float16, float32).",
+    "engine.enforce_eager": "Skip graph compilation (much faster start on CPU, a bit slower).",
+    "engine.max_num_seqs": "Most sequences the engine runs at once.",
+    "scaling.max_replicas": "Most replicas Serve scales the model up to.",
+}
+ENTRY_SECTION = "engines.models.<model>"
 
 
 def _secret_like(annotation: Any) -> bool:
@@ -160,6 +173,24 @@ def rows(
         yield (here[0], env, type_name(info.annotation), _default_text(info, value), description)
 
 
+def entry_rows(model: type[BaseModel], path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """``(field path, type, default, description)`` per leaf field of a registry entry."""
+    for name, info in model.model_fields.items():
+        here = (*path, name)
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            yield from entry_rows(annotation, here)
+            continue
+        dotted = ".".join(here)
+        description = (info.description or ENTRY_DESCRIPTIONS.get(dotted, "")).replace("|", "\\|")
+        description = " ".join(description.split())
+        if info.is_required():
+            default = "*required*"
+        else:
+            default = _default_text(info, info.get_default(call_default_factory=True))
+        yield (dotted, type_name(info.annotation), default, description)
+
+
 def settings_table() -> str:
     """The Markdown tables (one per section), without the markers."""
     from dispatcher.settings import DispatcherSettings
@@ -177,6 +208,17 @@ def settings_table() -> str:
         for _, env, kind, default, description in items:
             out.append(f"| `{env}` | {kind} | {default} | {description} |")
         out.append("")
+    from schemas.engines import EngineModel
+
+    entries = list(entry_rows(EngineModel))
+    out.append(f"**`{ENTRY_SECTION}`** ({len(entries)} fields of one `LLMBATCH_ENGINES__MODELS` entry, "
+               "nested as JSON objects: `engine`, `resources`, `scaling`)")
+    out.append("")
+    out.append("| Field | Type | Default | Description |")
+    out.append("|---|---|---|---|")
+    for dotted, kind, default, description in entries:
+        out.append(f"| `{dotted}` | {kind} | {default} | {description} |")
+    out.append("")
     return "\n".join(out).rstrip() + "\n"
 
 

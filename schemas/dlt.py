@@ -66,6 +66,9 @@ class DltReason(StrEnum):
     """Inline requests over the limits, or a bucket that is not allowed."""
     DEADLINE_PASSED = "deadline_passed"
     """The deadline was already past when the request was first seen."""
+    MODEL_NOT_FOUND = "model_not_found"
+    """The batch names a model the dispatcher does not serve (``LLMBATCH_ENGINES__MODELS``), at intake
+    or, when the model was removed from the registry after acceptance, at launch."""
     ATTEMPTS_EXHAUSTED = "attempts_exhausted"
     """The Ray job failed or was lost on every allowed attempt."""
     SUBMIT_REJECTED = "submit_rejected"

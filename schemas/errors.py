@@ -50,6 +50,8 @@ class Reason(StrEnum):
     """Inline requests exceed the configured count or byte limit."""
     DEADLINE_PASSED = "deadline_passed"
     """The batch deadline is not in the future at submission time."""
+    MODEL_NOT_FOUND = "model_not_found"
+    """The batch names a ``model`` the service does not serve (not in its engine registry)."""
 
 
 #: Reason -> the error ``code`` OpenAI's Batch API uses for the same problem in an error file.
@@ -63,6 +65,7 @@ OPENAI_ERROR_CODES: dict[str, str] = {
     Reason.DUPLICATE_CUSTOM_ID: "duplicate_custom_id",
     Reason.EMPTY_INPUT: "empty_file",
     Reason.LIMIT_EXCEEDED: "too_many_tasks",
+    Reason.MODEL_NOT_FOUND: "model_not_found",
 }
 
 

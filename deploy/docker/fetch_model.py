@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Put a model folder where the Ray workers load it from (``LLMBATCH_JOB__MODEL_PATH``).
+"""Put a model folder where the Ray workers load it from (its ``path`` in ``LLMBATCH_ENGINES__MODELS``).
 
 Shipped in the Ray images at ``/home/ray/llmbatch/fetch_model.py``; used by the compose
 ``model-init`` services, the Kubernetes ``model-sync`` Job and the workers' init containers.

@@ -98,7 +98,7 @@ FROM model-${MODEL_SOURCE} AS model
 FROM gpu AS gpu-baked
 ARG MODEL_NAME=Qwen2.5-0.5B-Instruct
 COPY --from=model --chown=1000:100 / /opt/models/${MODEL_NAME}/
-# the dispatcher's LLMBATCH_JOB__MODEL_PATH should name this folder
+# the model's "path" in the dispatcher's LLMBATCH_ENGINES__MODELS should name this folder
 ENV BAKED_MODEL_PATH=/opt/models/${MODEL_NAME}
 USER 1000:100
 

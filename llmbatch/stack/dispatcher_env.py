@@ -3,21 +3,30 @@
 One definition for ``make demo`` (:mod:`llmbatch.demo`), ``llmbatch stack env`` and
 ``llmbatch stack dispatcher``, so the three cannot drift: the jobs run with the python that runs
 llmbatch (the checkout's .venv, which the local Ray head runs from too), on the locally converted
-model, with the engine settings measured to start fast on these CPU machines. None of it is secret;
-the MinIO keys stay in :func:`llmbatch.stack.manager.env_exports`.
+model (served as :data:`llmbatch.stack.model.SERVED_MODEL`, the one entry of
+``LLMBATCH_ENGINES__MODELS``), with the engine settings measured to start fast on these CPU machines.
+None of it is secret; the MinIO keys stay in :func:`llmbatch.stack.manager.env_exports`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from llmbatch.stack import manager
+from llmbatch.stack.model import SERVED_MODEL
 from llmbatch.stack.state import CACHE_DIR, StackState
 
-MODEL_PATH = "LLMBATCH_JOB__MODEL_PATH"
+ENGINES = "LLMBATCH_ENGINES__MODELS"
+LOCAL_ENGINE: dict[str, object] = {
+    "enforce_eager": True,   # 18-20 s engine start instead of 70-130 s
+    "dtype": "bfloat16",
+    "max_model_len": 2048,
+    "batch_size": 4,         # small Ray Data batches: live progress
+}
 OMP_BIND_SOURCE = "LLMBATCH_OMP_THREADS_BIND"   # tooling variable (README): the demo's CPU binding
 
 
@@ -29,21 +38,19 @@ def engine_cache_dir() -> Path:
 def local_defaults(model_path: Path | None, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The local dispatcher's job and engine settings (``LLMBATCH_*`` name -> value).
 
-    ``model_path`` is the converted local model (:func:`llmbatch.stack.model.cached_model`); None
-    leaves ``LLMBATCH_JOB__MODEL_PATH`` out (the model is not prepared yet). ``environ`` (default
-    ``os.environ``) is read for ``LLMBATCH_OMP_THREADS_BIND`` only.
+    ``model_path`` is the converted local model (:func:`llmbatch.stack.model.cached_model`), served
+    as :data:`~llmbatch.stack.model.SERVED_MODEL` with :data:`LOCAL_ENGINE` (one JSON value,
+    ``LLMBATCH_ENGINES__MODELS``); None leaves it out (the model is not prepared yet, and a dispatcher
+    without a model refuses to start). ``environ`` (default ``os.environ``) is read for
+    ``LLMBATCH_OMP_THREADS_BIND`` only.
     """
     environ = os.environ if environ is None else environ
     env: dict[str, str] = {}
     if model_path is not None:
-        env[MODEL_PATH] = str(model_path)
+        env[ENGINES] = engines_json(model_path)
     env.update({
         "LLMBATCH_JOB__PYTHON": sys.executable,            # the local Ray head runs from this venv
         "LLMBATCH_JOB__ENGINE_CACHE_DIR": str(engine_cache_dir()),
-        "LLMBATCH_JOB__ENGINE__ENFORCE_EAGER": "true",     # 18-20 s engine start instead of 70-130 s
-        "LLMBATCH_JOB__ENGINE__DTYPE": "bfloat16",
-        "LLMBATCH_JOB__ENGINE__MAX_MODEL_LEN": "2048",
-        "LLMBATCH_JOB__ENGINE__BATCH_SIZE": "4",           # small Ray Data batches: live progress
         "LLMBATCH_JOB__PROGRESS_INTERVAL_S": "1",
         "LLMBATCH_DISPATCHER__PROGRESS_INTERVAL_S": "2",
         "LLMBATCH_DISPATCHER__POLL_INTERVAL_S": "0.5",
@@ -53,6 +60,11 @@ def local_defaults(model_path: Path | None, environ: Mapping[str, str] | None = 
     if bind:
         env["LLMBATCH_JOB__OMP_THREADS_BIND"] = bind
     return env
+
+
+def engines_json(model_path: Path) -> str:
+    """``LLMBATCH_ENGINES__MODELS`` of the local stack: the converted model and its fast-start engine."""
+    return json.dumps({SERVED_MODEL: {"path": str(model_path), "engine": LOCAL_ENGINE}})
 
 
 def dispatcher_environ(state: StackState, model_path: Path | None,
@@ -90,5 +102,5 @@ def shell_exports(state: StackState) -> tuple[dict[str, str], list[str]]:
     if model is None:
         notes.append(f"the local model is not prepared yet ({model_dir()}): run "
                      f"`.venv/bin/llmbatch stack prepare` (converts it once, about 1 min), then this "
-                     f"again to get {MODEL_PATH}")
+                     f"again to get {ENGINES}")
     return {**manager.env_exports(state), **local_defaults(model)}, notes

@@ -17,6 +17,9 @@ from llmbatch.stack.process import StackError
 from llmbatch.stack.state import CACHE_DIR
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
+SERVED_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+"""The name requests give the local model (the demo's, the tour's): its key in the local dispatcher's
+``LLMBATCH_ENGINES__MODELS``."""
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 

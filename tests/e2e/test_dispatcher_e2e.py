@@ -7,6 +7,7 @@ Redis key prefix.
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import sys
 import time
@@ -31,6 +32,7 @@ from schemas import dlt as dlt_headers
 from schemas.batch import BatchRequest, CancelRequest
 from schemas.cloudevents import Envelope
 from schemas.dlt import ReplayInfo
+from schemas.engines import EngineRegistry
 from schemas.events import EventType
 from schemas.job import EngineConfig
 from tests.support.dispatcher_kit import (
@@ -39,6 +41,7 @@ from tests.support.dispatcher_kit import (
     batch_request,
     decode_results,
     inline_lines,
+    registry,
     request_message,
     terminal_events,
     terminal_ids,
@@ -48,6 +51,12 @@ from tests.support.dispatcher_kit import (
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 FAKE = EngineConfig(backend="fake", batch_size=4, num_cpus_per_replica=0.5)
+
+
+def with_engine(settings: DispatcherSettings, engine: EngineConfig) -> DispatcherSettings:
+    """``settings`` whose served models run on ``engine``."""
+    models = {m: e.model_copy(update={"engine": engine}) for m, e in settings.engines.models.items()}
+    return settings.model_copy(update={"engines": EngineRegistry(models=models)})
 
 
 class Env:
@@ -138,6 +147,7 @@ def world(
     ray: RaySettings,
     *,
     engine: EngineConfig = FAKE,
+    model_path: str = "/models/unused",
     job: dict[str, Any] | None = None,
     **opts: Any,
 ) -> DispatcherSettings:
@@ -167,8 +177,8 @@ def world(
         s3=s3,
         ray=ray,
         dispatcher=DispatcherOptions(**options),
+        engines=registry(engine, path=model_path),
         job=JobOptions(
-            engine=engine,
             python=sys.executable,
             progress_interval_s=0.5,
             ray_stop_wait_s=10,
@@ -312,7 +322,7 @@ async def test_two_replicas_one_killed_the_other_takes_over(
     ray_settings: RaySettings,
 ) -> None:
     slow = FAKE.model_copy(update={"fake_delay_s": 1.0})
-    settings = env.settings.model_copy(update={"job": env.settings.job.model_copy(update={"engine": slow})})
+    settings = with_engine(env.settings, slow)
     one = env.spawn("one", settings)
     two = env.spawn("two", settings)
     before = [batch_request(f"r2-{i}-{uuid.uuid4().hex[:6]}", requests=inline_lines(4)) for i in range(3)]
@@ -355,7 +365,7 @@ async def _progress_at_least(env: Env, batch_id: str, n: int) -> bool:
 
 async def test_cancel_keeps_partial_results(env: Env) -> None:
     slow = FAKE.model_copy(update={"fake_delay_s": 0.5, "batch_size": 1, "batches_in_flight": 1})
-    settings = env.settings.model_copy(update={"job": env.settings.job.model_copy(update={"engine": slow})})
+    settings = with_engine(env.settings, slow)
     env.spawn("d1", settings)
     request = batch_request(f"cancel-{uuid.uuid4().hex[:6]}", requests=inline_lines(40))
     await env.send(request_message(request))
@@ -379,7 +389,7 @@ async def test_cancel_keeps_partial_results(env: Env) -> None:
 
 async def test_deadline_expires_with_partial_results(env: Env) -> None:
     slow = FAKE.model_copy(update={"fake_delay_s": 0.5, "batch_size": 1, "batches_in_flight": 1})
-    settings = env.settings.model_copy(update={"job": env.settings.job.model_copy(update={"engine": slow})})
+    settings = with_engine(env.settings, slow)
     env.spawn("d1", settings)
     # the deadline lands while the job runs: it takes 40 x 0.5 s at least
     deadline = time.time() + 25
@@ -520,7 +530,8 @@ async def test_real_vllm_batch_end_to_end(
         buckets,
         ray_settings,
         engine=engine,
-        job={"model_path": model_path, "engine_cache_dir": str(CACHE_DIR / "engine-cache")},
+        model_path=model_path,
+        job={"engine_cache_dir": str(CACHE_DIR / "engine-cache")},
         heartbeat_timeout_s=600,
     )
     e = Env(settings, tmp_path)
@@ -570,7 +581,7 @@ async def test_sigterm_leaves_the_job_running_for_the_next_owner(env: Env) -> No
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     slow = FAKE.model_copy(update={"fake_delay_s": 0.5, "batch_size": 1, "batches_in_flight": 1})
-    settings = env.settings.model_copy(update={"job": env.settings.job.model_copy(update={"engine": slow})})
+    settings = with_engine(env.settings, slow)
     first = env.spawn("first", settings)
     request = batch_request(f"term-{uuid.uuid4().hex[:6]}", requests=inline_lines(30))
     await env.send(request_message(request))
@@ -586,3 +597,59 @@ async def test_sigterm_leaves_the_job_running_for_the_next_owner(env: Env) -> No
     assert event.type is EventType.COMPLETED and event.data.attempts == 1
     assert event.data.request_counts.completed == 30
     assert_one_terminal(await env.results(), [request.batch_id])
+
+
+# --- shared engines on Ray Serve --------------------------------------------------------------------
+
+
+async def test_shared_engine_serves_every_batch_and_unknown_models_are_refused(
+    env: Env, ray_settings: RaySettings
+) -> None:
+    """The dispatcher deploys the registry's Serve app on start; batches run on its one warm replica
+    (no job starts an engine); a request for a model that is not served is dead-lettered."""
+    from typer.testing import CliRunner
+
+    from dispatcher.engines import replica_pids
+    from dispatcher.ops.engines_cli import app as engines_app
+    from dispatcher.serve_api import ServeApi
+    from schemas.engines import ReplicaResources, Scaling
+    from tests.support.dispatcher_kit import MODEL
+
+    entry = env.settings.engines.get(MODEL).model_copy(update={
+        "engine": FAKE.model_copy(update={"fake_delay_s": 0.2}),
+        "resources": ReplicaResources(num_cpus=0.25),
+        "scaling": Scaling(min_replicas=1, max_replicas=1, idle_s=60),
+    })
+    opts = env.settings.dispatcher.model_copy(update={"shared_engines": True, "max_in_flight": 3})
+    settings = env.settings.model_copy(update={
+        "dispatcher": opts, "engines": EngineRegistry(models={MODEL: entry}),
+    })
+    api = ServeApi(ray_settings.address, timeout_s=60)
+    try:
+        env.spawn(settings=settings)
+        batches = [batch_request(f"shared-{n}-{uuid.uuid4().hex[:6]}", requests=inline_lines(n))
+                   for n in (5, 3, 2)]
+        unknown = batch_request(f"nomodel-{uuid.uuid4().hex[:6]}", model="no-such-model",
+                                requests=inline_lines(1, model="no-such-model"))
+        await env.send(*(request_message(b) for b in batches), request_message(unknown))
+        found = await env.wait_terminal([b.batch_id for b in batches], within=600)
+        pids = replica_pids(await api.status(), MODEL)
+        assert len(pids) == 1, await api.status()
+        for b, n in zip(batches, (5, 3, 2), strict=True):
+            done = found[b.batch_id][0]
+            assert done.type is EventType.COMPLETED, done.data.error
+            counts = done.data.request_counts
+            assert (counts.total, counts.completed, counts.failed) == (n, n, 0)
+        dead = await wait_for(env.dead_letters, 60, what="the unknown model's dead letter")
+        reasons = {dict(r.headers)[dlt_headers.REASON].decode() for r in dead}
+        assert reasons == {"model_not_found"}
+        # operators see the engine: running, one replica, still the same one
+        shown = await asyncio.to_thread(  # the CLI runs its own event loop
+            CliRunner().invoke, engines_app, ["list", "--json"], obj={"settings": settings}
+        )
+        assert shown.exit_code == 0, shown.output
+        [row] = orjson.loads(shown.stdout)["engines"]
+        assert (row["model"], row["status"], row["running"]) == (MODEL, "RUNNING", 1)
+        assert replica_pids(await api.status(), MODEL) == pids
+    finally:
+        await api.deploy({"applications": []})

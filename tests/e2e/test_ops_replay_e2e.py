@@ -40,6 +40,7 @@ from tests.support.dispatcher_kit import (
     batch_request,
     decode_results,
     inline_lines,
+    registry,
     request_message,
     terminal_events,
     wait_for,
@@ -104,8 +105,8 @@ async def ops(kafka_settings: KafkaSettings, redis_settings: RedisSettings, s3_s
                                      session_timeout_ms=6000, heartbeat_interval_ms=1000, poll_interval_s=0.5,
                                      lease_ttl_s=4, retry_backoff_base_s=0.5, retry_backoff_max_s=2,
                                      progress_interval_s=1),
-        job=JobOptions(engine=ENGINE, python=sys.executable, progress_interval_s=0.5, ray_stop_wait_s=10,
-                       stop_wait_s=30),
+        job=JobOptions(python=sys.executable, progress_interval_s=0.5, ray_stop_wait_s=10, stop_wait_s=30),
+        engines=registry(ENGINE),
     )
     ensure_buckets(make_client(s3_settings), s3_settings)
     await ensure_topics(settings)

@@ -26,7 +26,7 @@ import pytest
 
 from llmbatch.settings import KafkaSettings, LLMBatchSettings, S3Settings
 from llmbatch.stack.process import free_port
-from tests.support.dispatcher_kit import settings_env
+from tests.support.dispatcher_kit import registry_env, settings_env
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
@@ -71,6 +71,7 @@ def dispatcher(settings: LLMBatchSettings, tmp_path: Path) -> Any:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMBATCH_")}
     env.update(settings_env(settings))
+    env.update(registry_env())  # a dispatcher without a model refuses to start
     env.update(
         {
             "LLMBATCH_KAFKA__TOPICS__REQUESTS": f"deploy-{uid}.requests",

@@ -28,7 +28,15 @@ from producer.topics import ensure_topics
 from schemas import dlt as dlt_headers
 from schemas.batch import CancelRequest
 from schemas.events import EventType
-from tests.support.dispatcher_kit import TopicReader, batch_request, decode_results, request_message, wait_for
+from tests.support.dispatcher_kit import (
+    TopicReader,
+    batch_request,
+    decode_results,
+    inline_lines,
+    registry,
+    request_message,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +59,7 @@ def make_settings(
         io_backoff_max_s=0.5,
         **opts,
     )
-    return DispatcherSettings(kafka=kafka, redis=redis, s3=base.s3, dispatcher=options)
+    return DispatcherSettings(kafka=kafka, redis=redis, s3=base.s3, dispatcher=options, engines=registry())
 
 
 class Harness:
@@ -161,6 +169,27 @@ async def test_valid_duplicate_and_invalid_events(harness: Harness) -> None:
         by_batch.setdefault(e.batch_id, set()).add(e.id)
     assert all(len(ids) == 1 for ids in by_batch.values())
     assert harness.metrics.processed.labels(outcome="duplicate")._value.get() >= 1
+
+
+async def test_unknown_model_is_dead_lettered_never_queued(harness: Harness) -> None:
+    served = batch_request(f"served-{uuid.uuid4().hex[:6]}")
+    other = "no-such-model"
+    lines = inline_lines(2, model=other)
+    unknown = batch_request(f"unknown-{uuid.uuid4().hex[:6]}", model=other, requests=lines)
+    await harness.send([request_message(unknown), request_message(served)])
+    await wait_for(lambda: _committed_is(harness, 2), 60, what="both offsets committed")
+
+    assert (await harness.store.get(served.batch_id)).state is State.QUEUED  # type: ignore[union-attr]
+    record = await harness.store.get(unknown.batch_id)
+    assert record is not None and record.state is State.DEAD_LETTERED
+    assert record.get("error_code") == "model_not_found"
+    [dead] = await harness.reader("dead_letter").read_all()
+    headers = dict(dead.headers)
+    assert headers[dlt_headers.REASON] == b"model_not_found"
+    message = headers[dlt_headers.EXCEPTION_MESSAGE].decode()
+    assert "'no-such-model'" in message and served.model in message and "LLMBATCH_ENGINES__MODELS" in message
+    events = decode_results(await harness.reader("results").read_all())
+    assert unknown.batch_id not in {e.batch_id for e in events if e.type is EventType.ACCEPTED}
 
 
 async def _committed_is(harness: Harness, n: int) -> bool:

@@ -11,12 +11,31 @@ from typing import Any
 from dispatcher.dlt import OriginalRecord
 from schemas.batch import BatchRequest, CancelRequest
 from schemas.cloudevents import Envelope, decode, encode
+from schemas.engines import EngineModel, EngineRegistry
 from schemas.events import RESULT_EVENT_TYPES
+from schemas.job import EngineConfig
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SOURCE = "urn:test:upstream"
 
 Header = tuple[str, bytes]
+
+
+def registry(
+    engine: EngineConfig | None = None, *, path: str = "/models/unused", models: tuple[str, ...] = (MODEL,)
+) -> EngineRegistry:
+    """``DispatcherSettings.engines`` serving ``models`` (default: :data:`MODEL`), each with ``engine``
+    (default: the fake backend) loaded from ``path``."""
+    config = engine if engine is not None else EngineConfig(backend="fake")
+    return EngineRegistry(models={m: EngineModel(path=path, engine=config) for m in models})
+
+
+def registry_env(engines: EngineRegistry | None = None) -> dict[str, str]:
+    """``LLMBATCH_ENGINES__MODELS`` of ``engines`` (default: :func:`registry`), for a dispatcher process."""
+    import json
+
+    models = (engines or registry()).model_dump(mode="json", exclude_defaults=True)["models"]
+    return {"LLMBATCH_ENGINES__MODELS": json.dumps(models)}
 
 
 def inline_lines(n: int, *, model: str = MODEL, prefix: str = "req") -> list[dict[str, Any]]:

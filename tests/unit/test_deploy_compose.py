@@ -160,8 +160,11 @@ def test_dispatcher_settings_point_at_the_compose_services(
         worker = services[f"ray-worker-{profiles[0]}"]
         init = services[f"model-init-{profiles[0]}"]
         dest = init["command"][init["command"].index("--dest") + 1]
-        assert settings.job.model_path == dest or profiles == ("gpu",)
-        mounts = [v for v in worker["volumes"] if settings.job.model_path.startswith(v["target"] + "/")]
+        (name, entry), = settings.engines.models.items()  # the one model MODEL_NAME/MODEL_PATH name
+        assert name == env_example()["MODEL_NAME"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+        assert entry.engine.enforce_eager is True
+        assert entry.path == dest or profiles == ("gpu",)
+        mounts = [v for v in worker["volumes"] if entry.path.startswith(v["target"] + "/")]
         assert mounts and mounts[0]["read_only"] and mounts[0]["source"] == "models"
         assert settings.job.pass_s3_credentials is False
         assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "LLMBATCH_S3__ENDPOINT"} <= set(
@@ -172,15 +175,22 @@ def test_dispatcher_settings_point_at_the_compose_services(
 def test_gpu_profile_model_path_matches_its_model_init(
     projects: dict[tuple[str, ...], dict[str, Any]],
 ) -> None:
-    """In the gpu profile the user sets LLMBATCH_JOB__MODEL_PATH; model-init-gpu uses the same variable."""
-    gpu_env = {**env_example(), "LLMBATCH_JOB__MODEL_PATH": "/models/Qwen2.5-0.5B-Instruct"}
+    """In the gpu profile the user sets MODEL_NAME/MODEL_PATH/MODEL_ENGINE; model-init-gpu fills the same
+    folder the dispatcher's one registry entry points at."""
+    gpu_env = {
+        **env_example(),
+        "MODEL_NAME": "Qwen/Qwen2.5-0.5B-Instruct",
+        "MODEL_PATH": "/models/Qwen2.5-0.5B-Instruct",
+        "MODEL_ENGINE": '{"num_gpus_per_replica": 1, "enforce_eager": false}',
+    }
     with_path = _compose_with_env(gpu_env, ("gpu",))
     init = with_path["services"]["model-init-gpu"]["command"]
     assert init[init.index("--dest") + 1] == "/models/Qwen2.5-0.5B-Instruct"
-    assert (
-        with_path["services"]["dispatcher"]["environment"]["LLMBATCH_JOB__MODEL_PATH"]
-        == init[init.index("--dest") + 1]
-    )
+    env = {k: v for k, v in gpu_env.items() if k.startswith("LLMBATCH_")}
+    env.update(with_path["services"]["dispatcher"]["environment"])
+    entry = vd.build_settings(env).engines.get("Qwen/Qwen2.5-0.5B-Instruct")
+    assert entry.path == init[init.index("--dest") + 1]
+    assert entry.engine.num_gpus_per_replica == 1 and entry.engine.enforce_eager is False
 
 
 def _compose_with_env(env: dict[str, str], profiles: tuple[str, ...]) -> dict[str, Any]:

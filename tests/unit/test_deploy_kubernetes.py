@@ -276,7 +276,9 @@ def test_every_llmbatch_variable_is_a_setting(renders: dict[str, list[dict[str, 
 def test_settings_name_check_catches_a_typo() -> None:
     names = vd.settings_env_names()
     assert "LLMBATCH_KAFKA__BOOTSTRAP_SERVERS" in names
-    assert "LLMBATCH_JOB__ENGINE__NUM_GPUS_PER_REPLICA" in names
+    assert "LLMBATCH_ENGINES__MODELS" in names
+    assert "LLMBATCH_JOB__MODEL_PATH" not in names  # replaced by the registry
+    assert "LLMBATCH_JOB__ENGINE__NUM_GPUS_PER_REPLICA" not in names
     assert "LLMBATCH_KAFKA__TOPICS__PARTITIONS" in names
     assert "LLMBATCH_KAFKA__BOOTSTRAP_SERVER" not in names
     assert "LLMBATCH_DISPATCHER__METRICS_PORTS" not in names
@@ -380,7 +382,8 @@ def test_gpu_prod_raycluster(renders: dict[str, list[dict[str, Any]]]) -> None:
     assert spec["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
     (group,) = spec["workerGroupSpecs"]
     assert group["minReplicas"] == 0
-    gpus_per_job = settings.job.engine.replicas * settings.job.engine.num_gpus_per_replica
+    engine = _served(settings, "Qwen/Qwen2.5-0.5B-Instruct").engine
+    gpus_per_job = engine.replicas * engine.num_gpus_per_replica
     assert gpus_per_job >= 1
     # enough GPU workers for every batch the dispatcher lets run at once
     assert group["maxReplicas"] >= settings.dispatcher.max_in_flight * gpus_per_job
@@ -405,15 +408,24 @@ def test_cpu_dev_raycluster(renders: dict[str, list[dict[str, Any]]]) -> None:
             assert "nvidia.com/gpu" not in (container.get("resources") or {}).get(part, {})
         assert container["image"].endswith("-cpu")
     assert settings.job.engine_cpu is True
-    assert settings.job.engine.num_gpus_per_replica == 0
-    assert settings.job.model_path == "/models/SmolLM2-135M-Instruct"
+    entry = _served(settings, "HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert entry.engine.num_gpus_per_replica == 0 and entry.resources.num_gpus == 0
+    assert entry.engine.enforce_eager is True
+    assert entry.path == "/models/SmolLM2-135M-Instruct"
     _assert_model_reachable(settings, pod)
+
+
+def _served(settings: Any, name: str) -> Any:
+    """The overlay serves exactly ``name`` (one registry entry); its entry."""
+    assert list(settings.engines.models) == [name]
+    return settings.engines.get(name)
 
 
 def _assert_model_reachable(settings: Any, pod: dict[str, Any]) -> None:
     """The model folder the jobs load is on a volume of the worker, and the init container that
     fills/waits for it names the same folder."""
-    model = settings.job.model_path
+    (entry,) = settings.engines.models.values()
+    model = entry.path
     worker = pod["containers"][0]
     mounts = [m for m in worker["volumeMounts"] if model.startswith(m["mountPath"].rstrip("/") + "/")]
     assert mounts, f"{model} is on no volume of the worker"

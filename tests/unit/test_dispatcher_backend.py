@@ -21,18 +21,20 @@ from dispatcher.settings import DispatcherSettings, JobOptions
 from dispatcher.states import State
 from dispatcher.store import BatchRecord
 from llmbatch.settings import RedisSettings, S3Settings
+from schemas.engines import EngineModel, EngineRegistry, UnknownModelError
 from schemas.job import EngineConfig
-from tests.support.dispatcher_kit import batch_request, inline_lines, request_message
+from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, registry, request_message
 
 pytestmark = pytest.mark.unit
 
 
-def settings(**job: object) -> DispatcherSettings:
+def settings(engines: EngineRegistry | None = None, **job: object) -> DispatcherSettings:
     return DispatcherSettings(
         _env_file=None,  # type: ignore[call-arg]
         s3=S3Settings(endpoint="http://minio:9000", access_key=SecretStr("AK"), secret_key=SecretStr("SK")),
         redis=RedisSettings(url="redis://redis:6379/0", password=SecretStr("rpw"), key_prefix="p"),
-        job=JobOptions(engine=EngineConfig(backend="fake"), **job),  # type: ignore[arg-type]
+        job=JobOptions(**job),  # type: ignore[arg-type]
+        engines=engines if engines is not None else registry(),
     )
 
 
@@ -52,17 +54,47 @@ def record(batch_id: str = "b-1", **extra: str) -> BatchRecord:
 
 
 def test_job_spec_from_record() -> None:
-    s = settings(model_path="/models/smol", shard_max_lines=7)
+    s = settings(registry(path="/models/smol"), shard_max_lines=7)
     spec = build_job_spec(record(), 2, s, Keys("p"))
     assert spec.submission_id == "b-1-a2"
     assert spec.output_prefix == "s3://llmbatch-results/acme/b-1/"
     assert spec.requests is not None and len(spec.requests) == 2
     assert spec.progress_key == "p:progress:b-1" and spec.redis_url == "redis://redis:6379/0"
-    assert spec.model_path == "/models/smol" and spec.shard_max_lines == 7
+    assert spec.model == MODEL and spec.model_path == "/models/smol" and spec.shard_max_lines == 7
     assert spec.deadline is not None and spec.deadline.timestamp() == 1790000000.5
     assert spec.engine.backend == "fake"
     # deterministic: a resubmission sends the same spec
     assert build_job_spec(record(), 2, s, Keys("p")) == spec
+
+
+def test_job_spec_takes_path_and_engine_from_the_models_registry_entry() -> None:
+    small = EngineConfig(backend="vllm", enforce_eager=True, dtype="bfloat16", batch_size=4)
+    engines = EngineRegistry(
+        models={
+            "other/model": EngineModel(path="/models/other", engine=EngineConfig(backend="fake")),
+            MODEL: EngineModel(path="/models/smollm2", engine=small),
+        }
+    )
+    spec = build_job_spec(record(), 1, settings(engines), Keys("p"))
+    assert spec.model == MODEL and spec.model_path == "/models/smollm2"
+    assert spec.engine == small
+
+
+def test_job_spec_of_a_model_no_longer_served_is_refused_not_run_on_another() -> None:
+    engines = registry(models=("other/model",))
+    with pytest.raises(UnknownModelError) as info:
+        build_job_spec(record(), 1, settings(engines), Keys("p"))
+    assert info.value.model == MODEL and info.value.known == ["other/model"]
+    assert MODEL in str(info.value) and "other/model" in str(info.value)
+
+
+def test_vllm_cache_env_follows_the_models_engine() -> None:
+    fake = settings(engine_cache_dir="/cache")
+    real = settings(registry(EngineConfig(backend="vllm")), engine_cache_dir="/cache")
+    fake_env = build_submission(fake, build_job_spec(record(), 1, fake, Keys("p")))["runtime_env"]["env_vars"]
+    real_env = build_submission(real, build_job_spec(record(), 1, real, Keys("p")))["runtime_env"]["env_vars"]
+    assert not any(k.startswith("VLLM_") for k in fake_env)
+    assert any(k.startswith("VLLM_") for k in real_env)
 
 
 def test_submission_kwargs() -> None:

@@ -53,13 +53,13 @@ async def test_livez_readyz_metrics() -> None:
 
 def test_settings_from_environment_and_secrets_masked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLMBATCH_DISPATCHER__MAX_IN_FLIGHT", "7")
-    monkeypatch.setenv("LLMBATCH_JOB__ENGINE__BACKEND", "fake")
+    monkeypatch.setenv("LLMBATCH_ENGINES__MODELS", '{"m": {"path": "/m", "engine": {"backend": "fake"}}}')
     monkeypatch.setenv("LLMBATCH_JOB__PIP", '["vllm==0.32.0"]')
     monkeypatch.setenv("LLMBATCH_S3__SECRET_KEY", "hunter2")
     monkeypatch.setenv("LLMBATCH_DISPATCHER__CRASH_AT", '["after_submit"]')
     settings = DispatcherSettings(_env_file=None)  # type: ignore[call-arg]
     assert settings.dispatcher.max_in_flight == 7
-    assert settings.job.engine.backend == "fake" and settings.job.pip == ["vllm==0.32.0"]
+    assert settings.engines.get("m").engine.backend == "fake" and settings.job.pip == ["vllm==0.32.0"]
     assert settings.dispatcher.crash_at == ["after_submit"]
     assert settings.s3.secret_key.get_secret_value() == "hunter2"
     assert "hunter2" not in str(settings.redacted()) and "hunter2" not in repr(settings)

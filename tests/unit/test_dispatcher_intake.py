@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import struct
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import orjson
@@ -24,11 +25,12 @@ from dispatcher.intake import Accept, Cancel, IntakeRules, Reject, classify
 from dispatcher.states import State
 from dispatcher.store import BatchRecord
 from schemas import dlt as dlt_headers
-from schemas.batch import CancelRequest, InlineLimits
+from schemas.batch import BatchRequest, CancelRequest, InlineLimits
 from schemas.cloudevents import decode, encode
 from schemas.dlt import DltReason, DltRecord, ReplayInfo
+from schemas.errors import Reason
 from schemas.events import RESULT_EVENT_TYPES, EventType
-from tests.support.dispatcher_kit import batch_request, inline_lines, origin, request_message
+from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, origin, request_message
 
 pytestmark = pytest.mark.unit
 
@@ -37,9 +39,14 @@ RULES = IntakeRules(
     requests_topic="llm.batch.requests.v1",
     dlt_topic="llm.batch.requests.v1.dlt",
     group_id="g1",
+    served_models=frozenset({MODEL, "Qwen/Qwen2.5-0.5B-Instruct"}),
     inline_limits=InlineLimits(max_requests=10, max_bytes=4096),
     readable_buckets=frozenset({"llmbatch-input"}),
 )
+
+
+def unserved_request(batch_id: str = "bad-model", model: str = "no-such-model") -> BatchRequest:
+    return batch_request(batch_id, model=model, requests=inline_lines(2, model=model))
 
 
 def headers_dict(headers: list[tuple[str, bytes]]) -> dict[str, bytes]:
@@ -141,6 +148,7 @@ def _cases() -> list[tuple[str, tuple[bytes | None, bytes | None, list[tuple[str
         ("too many inline requests", request_message(too_many), "limit_exceeded", "limit_exceeded"),
         ("deadline passed", (k3, orjson.dumps(past_value), h3), "deadline_passed", "deadline_passed"),
         ("bucket not allowed", request_message(other_bucket), "limit_exceeded", "limit_exceeded"),
+        ("model not served", request_message(unserved_request()), "model_not_found", "model_not_found"),
         (
             "binary garbage",
             (b"\xff\xfe", b"\x00\x01", [("ce_id", b"\xff")]),
@@ -178,6 +186,45 @@ def test_invalid_records_are_dead_lettered_with_reason_and_spring_headers(
     assert schema_reason.encode() in h[dlt_headers.EXCEPTION_MESSAGE]
     parsed = DltRecord.from_headers(letter.headers)
     assert parsed is not None and parsed.reason == dlt_reason and parsed.original_offset == 41
+
+
+def test_unknown_model_is_dead_lettered_as_model_not_found_naming_model_served_models_and_fix() -> None:
+    key, value, headers = request_message(unserved_request("b-unserved"), event_id="e-m")
+    command = classify(origin(key, value, headers), RULES, NOW)
+    assert isinstance(command, Reject)
+    assert command.error.reason == Reason.MODEL_NOT_FOUND
+    assert Reason.MODEL_NOT_FOUND.value == "model_not_found"
+    assert command.error.field == "model"
+    assert command.error.openai_code == "model_not_found"  # OpenAI's code for the same problem
+    h = headers_dict(command.dead_letter.headers)
+    assert h[dlt_headers.REASON] == DltReason.MODEL_NOT_FOUND.value.encode() == b"model_not_found"
+    message = h[dlt_headers.EXCEPTION_MESSAGE].decode()
+    assert "'no-such-model'" in message  # the model asked for
+    assert f"'{MODEL}'" in message and "'Qwen/Qwen2.5-0.5B-Instruct'" in message  # what is served
+    assert "LLMBATCH_ENGINES__MODELS" in message  # the fix
+    # the batch is remembered as dead-lettered with the code a client sees in `jobs get`
+    assert command.item is not None and command.item.initial is State.DEAD_LETTERED
+    assert command.item.fields["dlt_reason"] == "model_not_found"
+    assert command.item.fields["error_code"] == "model_not_found"
+    assert "no-such-model" in command.item.fields["error_message"]
+
+
+def test_every_served_model_is_accepted() -> None:
+    for model in sorted(RULES.served_models):
+        request = batch_request(f"b-{len(model)}", model=model, requests=inline_lines(2, model=model))
+        command = classify(origin(*request_message(request)), RULES, NOW)
+        assert isinstance(command, Accept), model
+        assert command.item.fields["model"] == model
+
+
+def test_nothing_is_accepted_when_no_model_is_served() -> None:
+    rules = replace(RULES, served_models=frozenset())
+    command = classify(origin(*request_message(batch_request("b-none"))), rules, NOW)
+    assert isinstance(command, Reject) and command.error.reason == "model_not_found"
+    assert "none configured" in command.error.message
+    # cancels do not name a model: still recognised
+    cancel = request_message(CancelRequest(batch_id="b-none"))
+    assert isinstance(classify(origin(*cancel), rules, NOW), Cancel)
 
 
 def test_rejected_record_with_readable_ids_is_remembered_as_dead_lettered() -> None:

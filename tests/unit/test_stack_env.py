@@ -62,7 +62,9 @@ def _source(exports: str, cwd: Path, env: dict[str, str]) -> dict[str, str]:
     return result
 
 
-def test_env_sourced_by_bash_points_at_stack_and_carries_dispatcher_settings(tmp_path: Path) -> None:
+def test_env_sourced_by_bash_points_at_stack_and_carries_dispatcher_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run_dir = tmp_path / "run dir"
     _state(run_dir)
     model = _fake_model(tmp_path / "my models" / "SmolLM2")
@@ -82,9 +84,27 @@ def test_env_sourced_by_bash_points_at_stack_and_carries_dispatcher_settings(tmp
     assert got["LLMBATCH_S3__SECRET_KEY"] == SECRET_KEY
     assert got["LLMBATCH_RAY__ADDRESS"] == "http://127.0.0.1:18265"
     assert got["LLMBATCH_JOB__PYTHON"] == sys.executable
-    assert got["LLMBATCH_JOB__MODEL_PATH"] == str(model)
+    # one registry entry: the name the demo sends -> the converted model, with the fast-start engine
+    assert json.loads(got["LLMBATCH_ENGINES__MODELS"]) == {
+        "HuggingFaceTB/SmolLM2-135M-Instruct": {
+            "path": str(model),
+            "engine": {"enforce_eager": True, "dtype": "bfloat16", "max_model_len": 2048, "batch_size": 4},
+        }
+    }
+    assert demo.MODEL == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert got["LLMBATCH_JOB__ENGINE_CACHE_DIR"] == str(cache / "engine-cache")
-    assert got["LLMBATCH_JOB__ENGINE__ENFORCE_EAGER"] == "true"
+    # what the dispatcher makes of it
+    from dispatcher.settings import DispatcherSettings
+
+    for key in [k for k in os.environ if k.startswith("LLMBATCH_")]:
+        monkeypatch.delenv(key)
+    for key, value in got.items():
+        if key.startswith("LLMBATCH_"):
+            monkeypatch.setenv(key, value)
+    settings = DispatcherSettings(_env_file=None)  # type: ignore[call-arg]
+    assert settings.serving_problem() is None
+    entry = settings.engines.get(demo.MODEL)
+    assert entry.path == str(model) and entry.engine.enforce_eager and entry.engine.dtype == "bfloat16"
     assert not list(tmp_path.glob("PWNED*")), "a value was executed by the shell"
 
 
@@ -95,7 +115,7 @@ def test_env_without_prepared_model_says_how_and_converts_nothing(tmp_path: Path
     proc = subprocess.run([sys.executable, "-m", "llmbatch", "stack", "env", "--run-dir", str(tmp_path)],
                           capture_output=True, text=True, env=env, check=False, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "LLMBATCH_JOB__MODEL_PATH" not in proc.stdout
+    assert "LLMBATCH_ENGINES__MODELS" not in proc.stdout
     assert "LLMBATCH_JOB__PYTHON=" in proc.stdout
     assert "llmbatch stack prepare" in proc.stderr
     assert all(line.startswith("# ") for line in proc.stderr.splitlines())   # harmless if eval'd too
@@ -131,7 +151,8 @@ def test_stack_dispatcher_execs_dispatcher_run_with_layered_env(tmp_path: Path,
         monkeypatch.delenv(key)
     model = _fake_model(tmp_path / "model")
     monkeypatch.setenv("LLMBATCH_MODEL_DIR", str(model))
-    monkeypatch.setenv("LLMBATCH_JOB__ENGINE__DTYPE", "float32")              # the user's setting wins
+    mine = '{"my-model": {"path": "/elsewhere", "engine": {"dtype": "float32"}}}'
+    monkeypatch.setenv("LLMBATCH_ENGINES__MODELS", mine)                      # the user's setting wins
     monkeypatch.setenv("LLMBATCH_REDIS__URL", "redis://elsewhere:6379/0")    # the stack's address wins
     state = _state(tmp_path / "run", pid=os.getpid())                         # "running": a live pid
     calls: list[tuple[str, list[str], dict[str, str]]] = []
@@ -147,8 +168,7 @@ def test_stack_dispatcher_execs_dispatcher_run_with_layered_env(tmp_path: Path,
     assert path == sys.executable
     assert argv == [sys.executable, "-m", "llmbatch", "dispatcher", "run", "--max-in-flight", "2"]
     assert env["LLMBATCH_JOB__PYTHON"] == sys.executable
-    assert env["LLMBATCH_JOB__MODEL_PATH"] == str(model)
-    assert env["LLMBATCH_JOB__ENGINE__DTYPE"] == "float32"
+    assert env["LLMBATCH_ENGINES__MODELS"] == mine
     assert env["LLMBATCH_REDIS__URL"] == "redis://127.0.0.1:16379/0"
     assert env["LLMBATCH_S3__SECRET_KEY"] == SECRET_KEY
     assert SECRET_KEY not in result.output and ACCESS_KEY not in result.output   # secrets: `env` only

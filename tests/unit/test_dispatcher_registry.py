@@ -1,0 +1,289 @@
+"""The model registry (``LLMBATCH_ENGINES__MODELS``): settings from the environment, clear errors for a
+bad entry, a dispatcher without a model refusing to start, and a batch whose model left the registry
+after acceptance failing with ``model_not_found`` instead of running on another model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from pydantic import SecretStr
+from typer.testing import CliRunner
+
+from dispatcher.backend import SubmitResult
+from dispatcher.cli import app
+from dispatcher.errors import InvalidSettings
+from dispatcher.events import Outcome
+from dispatcher.keys import Keys
+from dispatcher.metrics import Metrics
+from dispatcher.results import Shards
+from dispatcher.service import Dispatcher
+from dispatcher.settings import (
+    DispatcherOptions,
+    DispatcherSettings,
+    SettingsInvalid,
+    describe_settings_error,
+    load_settings,
+)
+from dispatcher.states import State
+from dispatcher.store import BatchRecord, TransitionResult
+from dispatcher.tracker import Tracker
+from llmbatch.settings import RedisSettings
+from schemas.engines import EngineRegistry
+from schemas.job import JobSpec
+from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, registry, request_message
+
+pytestmark = pytest.mark.unit
+
+ENV = "LLMBATCH_ENGINES__MODELS"
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    import os
+
+    for key in [k for k in os.environ if k.startswith("LLMBATCH_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.chdir("/")  # no .env file is read
+    return monkeypatch
+
+
+# --- settings ---------------------------------------------------------------------------------------
+
+
+def test_registry_from_environment_json(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv(
+        ENV,
+        '{"SmolLM2-135M-Instruct": {"path": "/models/smollm2", "engine": {"enforce_eager": true}},'
+        ' "Qwen/Qwen2.5-0.5B-Instruct": {"path": "/models/qwen", "resources": {"num_gpus": 1},'
+        ' "scaling": {"min_replicas": 1, "max_replicas": 4}}}',
+    )
+    settings = load_settings()
+    assert settings.served_models == {"SmolLM2-135M-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"}
+    smol = settings.engines.get("SmolLM2-135M-Instruct")
+    assert smol.path == "/models/smollm2" and smol.engine.enforce_eager is True
+    qwen = settings.engines.get("Qwen/Qwen2.5-0.5B-Instruct")
+    assert qwen.resources.num_gpus == 1 and (qwen.scaling.min_replicas, qwen.scaling.max_replicas) == (1, 4)
+    assert settings.serving_problem() is None
+    # the registry is part of the effective settings the CLI prints
+    shown: Any = settings.redacted()["engines"]
+    assert shown["models"]["SmolLM2-135M-Instruct"]["path"] == "/models/smollm2"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ('{"m": {"path": ""}}', ["model 'm', field path", "at least 1 character"]),
+        ('{"m": {}}', ["model 'm', field path", "Field required"]),
+        (
+            '{"m": {"path": "/x", "scaling": {"min_replicas": 3, "max_replicas": 1}}}',
+            ["model 'm', field scaling", "min_replicas must be <= max_replicas"],
+        ),
+        ('{"m": {"path": "/x", "engine": {"dtyp": "auto"}}}', ["field engine.dtyp", "unknown field"]),
+        ('{"m": {"path": "/x", "engine": {"batch_size": 0}}}', ["field engine.batch_size", "(got 0)"]),
+        ('{"bad name": {"path": "/x"}}', ["model name 'bad name'", "not a valid model name"]),
+    ],
+    ids=["empty path", "no path", "min > max replicas", "typo", "out of range", "bad name"],
+)
+def test_a_bad_registry_entry_names_the_variable_the_model_and_the_field(
+    clean_env: pytest.MonkeyPatch, value: str, expected: list[str]
+) -> None:
+    clean_env.setenv(ENV, value)
+    with pytest.raises(SettingsInvalid) as info:
+        load_settings()
+    message = str(info.value)
+    assert message.startswith(f"invalid setting {ENV}, ") and "\n" not in message
+    for part in expected:
+        assert part in message
+    assert f"fix it in {ENV}" in message
+
+
+def test_registry_that_is_not_json_says_so(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv(ENV, '{"m": {"path": "/x"}')
+    with pytest.raises(SettingsInvalid, match=r"engines.*JSON") as info:
+        load_settings()
+    assert "\n" not in str(info.value)
+
+
+def test_other_settings_errors_name_their_variable(clean_env: pytest.MonkeyPatch) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as info:
+        DispatcherSettings.model_validate({"dispatcher": {"max_in_flight": 0}})
+    line = describe_settings_error(info.value)
+    assert line.startswith("invalid setting LLMBATCH_DISPATCHER__MAX_IN_FLIGHT: ")
+
+
+# --- a dispatcher without a model refuses to start ------------------------------------------------------
+
+
+def test_no_model_configured_is_a_serving_problem_naming_the_fix() -> None:
+    problem = DispatcherSettings(_env_file=None).serving_problem()
+    assert problem is not None and "no model is configured" in problem
+    assert ENV in problem and "\n" not in problem
+
+
+async def test_dispatcher_without_a_model_refuses_to_start() -> None:
+    settings = DispatcherSettings(
+        _env_file=None,
+        dispatcher=DispatcherOptions(metrics_port=None),
+        redis=RedisSettings(url="redis://127.0.0.1:1/0"),  # never reached: start refuses first
+    )
+    backend: Any = FakeBackend()
+    dispatcher = Dispatcher(settings, backend=backend)
+    with pytest.raises(InvalidSettings, match="no model is configured"):
+        await dispatcher.start()
+    assert not dispatcher._tasks
+    await dispatcher.stop()
+
+
+def test_dispatcher_run_refuses_to_start_with_one_line(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("LLMBATCH_JOB__MODEL_PATH", "/models/old")  # an old setting: ignored, and said so
+    result = CliRunner().invoke(app, ["run"])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith("warning: LLMBATCH_JOB__MODEL_PATH no longer read")
+    assert lines[1].startswith("error: no model is configured") and ENV in lines[1]
+    assert len(lines) == 2
+
+
+def test_dispatcher_run_with_a_bad_entry_says_which_in_one_line(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv(ENV, '{"m": {"path": "/x", "scaling": {"min_replicas": 2, "max_replicas": 1}}}')
+    result = CliRunner().invoke(app, ["run"])
+    assert result.exit_code == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: invalid setting {ENV}, model 'm', field scaling: min_replicas")
+
+
+# --- a model removed from the registry after acceptance -----------------------------------------------
+
+
+@dataclass
+class FakeStore:
+    keys: Keys = field(default_factory=lambda: Keys("p"))
+    transitions: list[tuple[str, State, dict[str, Any]]] = field(default_factory=list)
+    fresh: BatchRecord | None = None
+
+    async def transition(self, batch_id: str, to: State, **kwargs: Any) -> TransitionResult:
+        self.transitions.append((batch_id, to, dict(kwargs.get("fields") or {})))
+        return TransitionResult(True, "ok", to, 99)
+
+    async def get(self, batch_id: str) -> BatchRecord | None:
+        return self.fresh
+
+    async def read_progress(self, batch_id: str) -> dict[str, str]:
+        return {"completed": "3", "total": "5"}
+
+
+@dataclass
+class FakeBackend:
+    submitted: list[JobSpec] = field(default_factory=list)
+
+    async def submit(self, spec: JobSpec) -> SubmitResult:
+        self.submitted.append(spec)
+        return SubmitResult(spec.submission_id, False)
+
+    async def close(self) -> None:
+        return None
+
+
+class FakeResults:
+    async def read_manifest(self, output_prefix: str) -> None:
+        return None
+
+    async def list_shards(self, output_prefix: str) -> Shards:
+        return Shards([output_prefix + "output-a1-00000.jsonl"], [])
+
+
+def tracker(engines: EngineRegistry) -> tuple[Tracker, FakeStore, FakeBackend]:
+    settings = DispatcherSettings(
+        _env_file=None,
+        redis=RedisSettings(url="redis://redis:6379/0", password=SecretStr("pw"), key_prefix="p"),
+        engines=engines,
+    )
+    store, backend = FakeStore(), FakeBackend()
+    results: Any = FakeResults()
+    producer: Any = object()
+    jobs: Any = backend
+    t = Tracker(settings, store, jobs, results, producer, Metrics(), clock=lambda: 1_790_000_000.0)  # type: ignore[arg-type]
+    return t, store, backend
+
+
+def stored(state: str, attempt: int, **extra: str) -> BatchRecord:
+    request = batch_request("b-gone", requests=inline_lines(5))
+    _, value, _ = request_message(request)
+    fields = {"state": state, "version": "3", "request": value.decode(), "attempt": str(attempt)}
+    fields["total"] = "5"
+    fields.update(extra)
+    return BatchRecord.from_hash("b-gone", fields)
+
+
+def _failed(store: FakeStore) -> tuple[dict[str, Any], Outcome]:
+    [(batch_id, to, fields)] = store.transitions
+    assert (batch_id, to) == ("b-gone", State.FAILED)
+    return fields, Outcome.from_json(fields["outcome"])
+
+
+async def test_queued_batch_whose_model_was_removed_fails_with_model_not_found() -> None:
+    t, store, backend = tracker(registry(models=("other/model",)))
+    assert await t.start_attempt(stored("queued", 0)) is False
+    assert backend.submitted == []  # never runs on another model
+    fields, outcome = _failed(store)
+    assert fields["error_code"] == "model_not_found" and outcome.dlt_reason == "model_not_found"
+    assert fields["dlt_pending"] == "1"  # a dead letter, to replay once the model is served again
+    assert MODEL in fields["error_message"] and "'other/model'" in fields["error_message"]
+    assert "LLMBATCH_ENGINES__MODELS" in fields["error_message"]
+    assert outcome.counts["total"] == 5
+
+
+async def test_retry_of_a_batch_whose_model_was_removed_fails_keeping_earlier_results() -> None:
+    t, store, backend = tracker(registry(models=("other/model",)))
+    assert await t.start_attempt(stored("queued", 1, started_at="1789999000.0")) is False
+    assert backend.submitted == []
+    fields, outcome = _failed(store)
+    assert fields["error_code"] == "model_not_found"
+    assert outcome.output_uris == ["s3://llmbatch-results/default/b-gone/output-a1-00000.jsonl"]
+    assert outcome.counts["completed"] == 3
+
+
+async def test_resubmission_after_the_model_was_removed_fails_instead_of_submitting() -> None:
+    t, store, backend = tracker(registry(models=("other/model",)))
+    await t.submit(stored("submitted", 1, submission_id="b-gone-a1"))
+    assert backend.submitted == []
+    fields, _ = _failed(store)
+    assert fields["error_code"] == "model_not_found"
+
+
+async def test_served_model_is_submitted_with_its_registry_entry() -> None:
+    t, store, backend = tracker(registry(path="/models/smollm2"))
+    store.fresh = stored("submitted", 1, submission_id="b-gone-a1")
+    assert await t.start_attempt(stored("queued", 0)) is True
+    [spec] = backend.submitted
+    assert spec.model == MODEL and spec.model_path == "/models/smollm2" and spec.engine.backend == "fake"
+    assert [to for _, to, _ in store.transitions] == [State.SUBMITTED, State.SUBMITTED]
+
+
+async def test_shared_engines_put_the_models_serve_app_in_the_spec() -> None:
+    from schemas.engines import app_name
+
+    t, store, backend = tracker(registry(path="/models/smollm2"))
+    store.fresh = stored("submitted", 1, submission_id="b-gone-a1")
+    await t.start_attempt(stored("queued", 0))
+    assert backend.submitted[-1].engine_app is None  # default: an engine per job
+    t.settings.dispatcher.shared_engines = True
+    t.settings.dispatcher.engine_wait_s = 42.0
+    await t.start_attempt(stored("queued", 0))
+    spec = backend.submitted[-1]
+    assert spec.engine_app == app_name(MODEL) and spec.engine_wait_s == 42.0
+
+
+async def test_no_engine_in_time_fails_the_batch_once_without_retrying() -> None:
+    from dispatcher.backend import JobInfo, JobState
+
+    t, store, _ = tracker(registry(path="/models/smollm2"))
+    info = JobInfo(JobState.FAILED, exit_code=4, message="no engine of llmbatch-engine-x answered")
+    await t.job_failed(stored("running", 1, submission_id="b-gone-a1"), info)
+    fields, _ = _failed(store)  # straight to failed: attempt 1 of 3 is not retried
+    assert fields["error_code"] == "engine_unavailable"
+    assert "no engine" in fields["error_message"]
