@@ -43,25 +43,17 @@ class Runner:
     """Submits batches as the dispatcher would and waits for them."""
 
     def __init__(self, model_path: str, args: argparse.Namespace) -> None:
-        from minio import Minio
         from ray.job_submission import JobSubmissionClient
 
         from llmbatch.settings import LLMBatchSettings
+        from producer.storage import ensure_buckets, make_client
         from ray_job.submit import runtime_env
 
         self.settings = LLMBatchSettings()
         s3 = self.settings.s3
         self.s3 = s3
-        self.minio = Minio(
-            s3.host,
-            access_key=s3.access_key.get_secret_value(),
-            secret_key=s3.secret_key.get_secret_value(),
-            secure=s3.secure,
-            region=s3.region,
-        )
-        for bucket in (s3.input_bucket, s3.results_bucket):
-            if not self.minio.bucket_exists(bucket):
-                self.minio.make_bucket(bucket)
+        self.minio = make_client(s3)
+        ensure_buckets(self.minio, s3)
         self.jobs = JobSubmissionClient(self.settings.ray.address)
         self.env = runtime_env(
             s3_endpoint=s3.endpoint,
@@ -111,6 +103,7 @@ class Runner:
         """Submit all at once; wall time to the last one finished, plus each manifest."""
         from ray.job_submission import JobStatus
 
+        from producer.storage import get_bytes
         from ray_job.submit import submit_kwargs
         from schemas.job import parse_manifest
 
@@ -132,12 +125,7 @@ class Runner:
                 raise RuntimeError(
                     f"{spec.submission_id} failed:\n{self.jobs.get_job_logs(spec.submission_id)[-3000:]}"
                 )
-            resp = self.minio.get_object(self.s3.results_bucket, spec.manifest_uri.split("/", 3)[3])
-            try:
-                manifests.append(parse_manifest(resp.read()))
-            finally:
-                resp.close()
-                resp.release_conn()
+            manifests.append(parse_manifest(get_bytes(self.minio, self.s3, spec.manifest_uri)))
         return {
             "wall_s": max(ends.values()),
             "job_s": [ends[s.submission_id] for s in specs],

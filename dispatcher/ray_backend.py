@@ -42,17 +42,10 @@ def job_env(settings: DispatcherSettings, spec: JobSpec) -> dict[str, str]:
     """Extra environment of the job's processes (besides what ``ray_job.submit.runtime_env`` sets)."""
     job = settings.job
     env: dict[str, str] = {}
-    if job.engine_cache_dir and spec.engine.backend == "vllm":
-        from ray_job.engine_env import engine_env
+    if spec.engine.backend == "vllm":
+        from dispatcher.engines import engine_env_vars
 
-        env.update(
-            engine_env(
-                job.engine_cache_dir,
-                cpu=job.engine_cpu,
-                omp_threads_bind=job.omp_threads_bind,
-                kv_cache_gib=job.kv_cache_gib,
-            )
-        )
+        env.update(engine_env_vars(settings))
     if job.pass_s3_credentials:
         env["AWS_ENDPOINT_URL_S3"] = settings.s3.endpoint
         env["AWS_REGION"] = settings.s3.region

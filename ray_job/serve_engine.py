@@ -115,9 +115,7 @@ def serve_application(
 ) -> dict[str, Any]:
     """One entry of a Serve config's ``applications`` (REST ``PUT /api/serve/applications/`` or a
     RayService's ``serveConfigV2``): handle-only (no HTTP route), options as in the builder."""
-    options = deployment_options(entry)
-    deployment = {k: v for k, v in options.items() if k != "name"}
-    deployment["name"] = DEPLOYMENT_NAME
+    deployment = deployment_options(entry)
     env = {**entry.env_vars, **(env_vars or {})}
     app: dict[str, Any] = {
         "name": app_name(model),
@@ -162,14 +160,16 @@ class ServeEngine:
         try:
             self._handle = serve.get_deployment_handle(DEPLOYMENT_NAME, app_name=app)
         except (RayServeException, KeyError) as exc:  # no Serve instance, no such application
-            raise EngineUnavailableError(f"the engine {app} is unavailable: {exc}"[:2000]) from exc
+            raise self._unavailable(exc) from exc
         info = self._call("info", timeout_s=wait_s)
         self.max_model_len: int = int(info["max_model_len"])
         self.default_max_tokens: int | None = info["default_max_tokens"]
         # what this batch waited for an engine (a cold start when the model had scaled to zero)
         self.engine_start_s: float = time.perf_counter() - started
         self.ready_at: float = time.time()
-        self.replica_engine_start_s: float = float(info["engine_start_s"])
+
+    def _unavailable(self, exc: BaseException) -> EngineUnavailableError:
+        return EngineUnavailableError(f"the engine {self.app} is unavailable: {exc}"[:2000])
 
     def _call(self, method: str, *args: Any, timeout_s: float) -> Any:
         from ray import exceptions as ray_exceptions
@@ -182,7 +182,7 @@ class ServeEngine:
                 f"no engine of {self.app} answered within {timeout_s:.0f} s"
             ) from exc
         except (DeploymentUnavailableError, RayServeException, KeyError) as exc:  # KeyError: no such app
-            raise EngineUnavailableError(f"the engine {self.app} is unavailable: {exc}"[:2000]) from exc
+            raise self._unavailable(exc) from exc
         except ray_exceptions.RayTaskError as exc:
             if "EngineDeadError" in str(exc):
                 raise EngineDeadError(str(exc)[:2000]) from exc

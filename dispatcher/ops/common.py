@@ -15,7 +15,7 @@ import re
 import sys
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime, timedelta
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar, overload
 from urllib.parse import urlsplit, urlunsplit
 
 import orjson
@@ -29,6 +29,7 @@ from dispatcher.store import StateStore
 from llmbatch.settings import LLMBatchSettings
 
 T = TypeVar("T")
+S = TypeVar("S", bound=LLMBatchSettings)
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -76,15 +77,25 @@ def safe_url(url: str) -> str:
     return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))
 
 
-def load_settings(ctx: typer.Context | None) -> LLMBatchSettings:
-    """Settings handed in by a caller (``ctx.obj``, tests) or read from the ``LLMBATCH_*`` env."""
+@overload
+def load_settings(ctx: typer.Context | None) -> LLMBatchSettings: ...
+
+
+@overload
+def load_settings(ctx: typer.Context | None, kind: type[S]) -> S: ...
+
+
+def load_settings(
+    ctx: typer.Context | None, kind: type[LLMBatchSettings] = LLMBatchSettings
+) -> LLMBatchSettings:
+    """Settings handed in by a caller (``ctx.obj``, tests) or read from the ``LLMBATCH_*`` env as ``kind``."""
     obj = ctx.obj if ctx is not None else None
     if isinstance(obj, dict):
         obj = obj.get("settings")
-    if isinstance(obj, LLMBatchSettings):
+    if isinstance(obj, kind):
         return obj
     try:
-        return LLMBatchSettings()
+        return kind()
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"])

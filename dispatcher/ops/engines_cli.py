@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from rich.table import Table
 
 from dispatcher.engines import EngineStatus, engine_env_vars, serve_config, summarize, with_scaling, without
-from dispatcher.ops.common import OpsError, emit_json, err, out, run
+from dispatcher.ops.common import OpsError, emit_json, err, load_settings, out, run
 from dispatcher.serve_api import ServeApi
 from dispatcher.settings import DispatcherSettings
 from schemas.engines import EngineRegistry, UnknownModelError
@@ -32,18 +32,11 @@ Model = Annotated[str, typer.Argument(help="A model name of the registry (LLMBAT
 
 
 def load(ctx: typer.Context | None) -> DispatcherSettings:
-    """Settings handed in by a caller (``ctx.obj``) or read from the ``LLMBATCH_*`` environment."""
-    obj = ctx.obj if ctx is not None else None
-    if isinstance(obj, dict):
-        obj = obj.get("settings")
-    if isinstance(obj, DispatcherSettings):
-        return obj
+    """The dispatcher's settings (the registry lives there); a bad environment is a usage error."""
     try:
-        return DispatcherSettings()
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise typer.BadParameter(f"invalid setting {where}: {first['msg']} (check LLMBATCH_*)") from None
+        return load_settings(ctx, DispatcherSettings)
+    except OpsError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def _known(registry: EngineRegistry, model: str) -> None:
