@@ -1,17 +1,22 @@
-"""Benchmark: many small batches, each with its own engine (main before the shared engines) vs the
-shared warm engine on Ray Serve, real vLLM on CPU, one run, same prompts and engine settings.
+"""Benchmark: many small batches, real vLLM on CPU, one run, same prompts and engine settings, in
+up to three modes side by side: an engine per batch (``own``: main before the shared engines), the
+shared warm engine on Ray Serve with a Ray job per batch (``shared``), and the short path, where the
+batch runner (ray_job.runner, a warm Serve replica) runs each batch on the shared engine (``short``:
+what the dispatcher does for batches under ``short_path_max_lines``).
 
-    eval "$(.venv/bin/llmbatch stack env)"      # MinIO + Ray head of `llmbatch stack up`
-    .venv/bin/python bench/bench_small_batches.py [--small 16] [--per-batch 8] [--warm-runs 10] [--json]
+    eval "$(.venv/bin/llmbatch stack env)"      # MinIO + Ray head of `llmbatch stack up minio ray`
+    .venv/bin/python bench/bench_small_batches.py [--small 16] [--per-batch 8] [--warm-runs 10]
+                                                 [--skip-own] [--skip-jobs] [--json]
 
-Each batch is a Ray job through the real ray_job pipeline (MinIO in, shards + manifest out), as the
-dispatcher submits it; the dispatcher, Kafka and Redis are left out (the same in both modes).
+Batches go through the real ray_job code (MinIO in, shards + manifest out) as the dispatcher
+submits them; the dispatcher, Kafka and Redis are left out (the same in every mode).
 - A/B: ``--small`` batches of ``--per-batch`` prompts submitted at once (A) vs one batch of all the
-  prompts (B); first submit -> last job finished; both start cold (own mode: every job starts an
-  engine; shared mode: the model's Serve application is deployed at zero replicas, the first call
-  starts one). Target A/B <= 1.5.
-- warm: a ``--per-batch`` batch on the warm shared engine, ``--warm-runs`` times: job wall time
-  minus the manifest's generation time (= the per-batch overhead), p50.
+  prompts (B); first submit -> last batch finished; every mode starts cold (own: every job starts
+  an engine; shared and short: the model's Serve application is deployed at zero replicas, the
+  first call starts one). Target A/B <= 1.5.
+- warm: a ``--per-batch`` batch on the warm shared engine, ``--warm-runs`` times, through the runner
+  and as a Ray job: wall time minus the manifest's generation time (= the per-batch overhead), p50.
+  Target p50 <= 3 s.
 - plain: ``vllm.LLM.chat`` on the same prompts in a fresh process (bench_ray_job.py's worker).
 Prints the figures and the ratios. Not a test; the machine's CPU flags are printed with the figures.
 """
@@ -99,32 +104,48 @@ class Runner:
             engine_wait_s=1800,
         )
 
-    def run(self, specs: list[Any]) -> dict[str, Any]:
-        """Submit all at once; wall time to the last one finished, plus each manifest."""
-        from ray.job_submission import JobStatus
-
+    def run(self, specs: list[Any], via: str = "job") -> dict[str, Any]:
+        """Submit all at once (``via`` a Ray job each, or the batch ``runner`` of the short path);
+        wall time to the last one finished, plus each manifest."""
+        from dispatcher.runner_backend import RunnerClient
         from producer.storage import get_bytes
         from ray_job.submit import submit_kwargs
         from schemas.job import parse_manifest
 
+        client = RunnerClient(self.settings.ray.serve_address)
+
+        def finished(sid: str) -> tuple[bool, bool, str]:
+            if via == "runner":
+                info = asyncio.run(client.status(sid))
+                if info is None:
+                    return True, False, "the runner forgot it"
+                return info.state.is_terminal, info.state.value == "SUCCEEDED", info.message or ""
+            status = self.jobs.get_job_status(sid)
+            return status.is_terminal(), status.value == "SUCCEEDED", ""
+
         t0 = time.perf_counter()
         for spec in specs:
-            self.jobs.submit_job(**submit_kwargs(spec, self.env, python=sys.executable))
+            if via == "runner":
+                asyncio.run(client.submit(spec))
+            else:
+                self.jobs.submit_job(**submit_kwargs(spec, self.env, python=sys.executable))
         ends: dict[str, float] = {}
+        outcome: dict[str, tuple[bool, str]] = {}
         while len(ends) < len(specs):
             for spec in specs:
-                if (
-                    spec.submission_id not in ends
-                    and self.jobs.get_job_status(spec.submission_id).is_terminal()
-                ):
+                if spec.submission_id in ends:
+                    continue
+                done, ok, message = finished(spec.submission_id)
+                if done:
                     ends[spec.submission_id] = time.perf_counter() - t0
-            time.sleep(0.3)
+                    outcome[spec.submission_id] = (ok, message)
+            time.sleep(0.1)
         manifests = []
         for spec in specs:
-            if self.jobs.get_job_status(spec.submission_id) != JobStatus.SUCCEEDED:
-                raise RuntimeError(
-                    f"{spec.submission_id} failed:\n{self.jobs.get_job_logs(spec.submission_id)[-3000:]}"
-                )
+            ok, message = outcome[spec.submission_id]
+            if not ok:
+                logs = message if via == "runner" else self.jobs.get_job_logs(spec.submission_id)[-3000:]
+                raise RuntimeError(f"{spec.submission_id} failed:\n{logs}")
             manifests.append(parse_manifest(get_bytes(self.minio, self.s3, spec.manifest_uri)))
         return {
             "wall_s": max(ends.values()),
@@ -141,6 +162,8 @@ def deploy(runner: Runner, *, cold: bool) -> str:
     """(Re)deploy the model's shared engine; ``cold`` = at zero replicas (the first call starts one)."""
     from dispatcher.engines import serve_config, summarize
     from dispatcher.serve_api import ServeApi
+    from ray_job.runner import APP_NAME
+    from ray_job.runner import serve_application as runner_application
     from schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
 
     api = ServeApi(runner.settings.ray.address, timeout_s=120)
@@ -163,12 +186,22 @@ def deploy(runner: Runner, *, cold: bool) -> str:
     if cold:  # drop any warm replica first
         asyncio.run(api.deploy({"applications": []}))
         time.sleep(3)
-    asyncio.run(api.deploy(serve_config(registry, engine_environment())))
+    s3 = runner.s3
+    batch_runner = runner_application(max_runs=64, env_vars={
+        "AWS_ENDPOINT_URL_S3": s3.endpoint, "AWS_REGION": s3.region,
+        "AWS_ACCESS_KEY_ID": s3.access_key.get_secret_value(),
+        "AWS_SECRET_ACCESS_KEY": s3.secret_key.get_secret_value(),
+    })
+    asyncio.run(api.deploy(serve_config(registry, engine_environment(), runner=batch_runner,
+                                        http_address=runner.settings.ray.serve_address)))
     want_running = 0 if cold else 1
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
-        row = summarize(registry, asyncio.run(api.status()))[0]
-        if row.status in ("RUNNING", "DEPLOY_FAILED") and row.running >= want_running:
+        details = asyncio.run(api.status())
+        row = summarize(registry, details)[0]
+        runner_up = ((details.get("applications") or {}).get(APP_NAME) or {}).get("status") == "RUNNING"
+        if row.status == "DEPLOY_FAILED" or (row.status == "RUNNING" and row.running >= want_running
+                                             and runner_up):
             if row.status == "DEPLOY_FAILED":
                 raise RuntimeError(row.message)
             return app_name(MODEL)
@@ -186,6 +219,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--skip-own", action="store_true", help="skip the engine-per-batch mode")
+    parser.add_argument("--skip-jobs", action="store_true",
+                        help="skip the shared engine with a Ray job per batch (short path off)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -207,22 +242,35 @@ def main() -> None:
         print(f"[own engine per batch] B: 1 x {len(texts)} ...", flush=True)
         report["own_B"] = runner.run([runner.spec(texts, None)])
 
+    if not args.skip_jobs:
+        app = deploy(runner, cold=True)
+        print(f"[shared engine, Ray job each] A: {args.small} x {args.per_batch} at once, cold ...",
+              flush=True)
+        report["shared_A"] = runner.run([runner.spec(c, app) for c in chunks])
+        app = deploy(runner, cold=True)
+        print(f"[shared engine, Ray job each] B: 1 x {len(texts)}, cold ...", flush=True)
+        report["shared_B"] = runner.run([runner.spec(texts, app)])
+
     app = deploy(runner, cold=True)
-    print(f"[shared engine] A: {args.small} x {args.per_batch} at once, from zero replicas ...", flush=True)
-    report["shared_A"] = runner.run([runner.spec(c, app) for c in chunks])
+    print(f"[short path: batch runner] A: {args.small} x {args.per_batch} at once, cold ...", flush=True)
+    report["short_A"] = runner.run([runner.spec(c, app) for c in chunks], via="runner")
     app = deploy(runner, cold=True)
-    print(f"[shared engine] B: 1 x {len(texts)}, from zero replicas ...", flush=True)
-    report["shared_B"] = runner.run([runner.spec(texts, app)])
+    print(f"[short path: batch runner] B: 1 x {len(texts)}, cold ...", flush=True)
+    report["short_B"] = runner.run([runner.spec(texts, app)], via="runner")
 
     app = deploy(runner, cold=False)
-    print(f"[shared engine] warm: {args.warm_runs} x 1 batch of {args.per_batch} ...", flush=True)
-    warm = [runner.run([runner.spec(chunks[i % len(chunks)], app)]) for i in range(args.warm_runs)]
-    overheads = [w["wall_s"] - w["generation_s"][0] for w in warm]
-    report["shared_warm"] = {
-        "overhead_s": overheads,
-        "p50_overhead_s": statistics.median(overheads),
-        "wall_s": [w["wall_s"] for w in warm],
-    }
+    for via in ("runner", "job"):
+        if via == "job" and args.skip_jobs:
+            continue
+        print(f"[warm engine, {via}] {args.warm_runs} x 1 batch of {args.per_batch} ...", flush=True)
+        warm = [runner.run([runner.spec(chunks[i % len(chunks)], app)], via=via)
+                for i in range(args.warm_runs)]
+        overheads = [w["wall_s"] - w["generation_s"][0] for w in warm]
+        report[f"warm_{via}"] = {
+            "overhead_s": overheads,
+            "p50_overhead_s": statistics.median(overheads),
+            "wall_s": [w["wall_s"] for w in warm],
+        }
 
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as fh:
         for line in input_lines(texts, args.max_tokens):
@@ -237,32 +285,31 @@ def main() -> None:
             return round(report[a]["wall_s"] / report[b]["wall_s"], 2)
         return None
 
+    plain_tps = plain["output_tokens"] / (plain["engine_start_s"] + plain["generation_s"])
     report["ratios"] = {
         "own A/B": ratio("own_A", "own_B"),
-        "shared A/B": ratio("shared_A", "shared_B"),
-        "own A / shared A": ratio("own_A", "shared_A"),
-        "shared B tok/s / plain tok/s": round(
-            (report["shared_B"]["output_tokens"] / report["shared_B"]["wall_s"])
-            / (plain["output_tokens"] / (plain["engine_start_s"] + plain["generation_s"])),
-            2,
-        ),
+        "shared-jobs A/B": ratio("shared_A", "shared_B"),
+        "short A/B": ratio("short_A", "short_B"),
+        "own A / short A": ratio("own_A", "short_A"),
+        "short B tok/s / plain tok/s": round(
+            (report["short_B"]["output_tokens"] / report["short_B"]["wall_s"]) / plain_tps, 2),
     }
     if args.json:
         print(json.dumps(report, indent=2))
         return
     print(f"\nprompts {len(texts)} (max_tokens {args.max_tokens}), AVX-512: {report['cpu_avx512']}")
-    for key in ("own_A", "own_B", "shared_A", "shared_B"):
+    for key in ("own_A", "own_B", "shared_A", "shared_B", "short_A", "short_B"):
         if key in report:
             r = report[key]
             print(
                 f"  {key:9} wall {r['wall_s']:7.1f} s  completed {r['completed']:4}  "
                 f"output tokens {r['output_tokens']:6}  max engine wait {max(r['engine_wait_s']):6.1f} s"
             )
-    print(
-        f"  warm small batch overhead (wall - generation): "
-        f"p50 {report['shared_warm']['p50_overhead_s']:.1f} s"
-        f"  all {[round(x, 1) for x in overheads]}"
-    )
+    for via in ("runner", "job"):
+        if f"warm_{via}" in report:
+            w = report[f"warm_{via}"]
+            print(f"  warm small batch via {via}: overhead (wall - generation) "
+                  f"p50 {w['p50_overhead_s']:.2f} s  all {[round(x, 2) for x in w['overhead_s']]}")
     print(
         f"  plain vLLM: engine start {plain['engine_start_s']:.1f} s, "
         f"generation {plain['generation_s']:.1f} s, "

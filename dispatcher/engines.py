@@ -9,20 +9,67 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from dispatcher.settings import DispatcherSettings
+from ray_job.runner import serve_application as runner_application
 from ray_job.serve_engine import serve_application
 from schemas.engines import DEPLOYMENT_NAME, EngineModel, EngineRegistry, Scaling, app_name
 
 
-def serve_config(registry: EngineRegistry, env_vars: dict[str, str] | None = None) -> dict[str, Any]:
-    """The Serve multi-application config of every model (handle-only: no HTTP proxies)."""
+def serve_config(
+    registry: EngineRegistry,
+    env_vars: dict[str, str] | None = None,
+    *,
+    http_address: str,
+    runner: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The Serve multi-application config: one handle-only application per model, plus the batch
+    runner (``runner``, from :func:`ray_job.runner.serve_application`) when given.
+
+    Serve's HTTP proxy runs on the head node at ``http_address``'s port, runner or not: Serve takes
+    its HTTP options from the deploy that started it and never changes them later, so every
+    deploy of a cluster must name the same ones."""
+    apps = [serve_application(model, entry, env_vars) for model, entry in sorted(registry.models.items())]
+    url = urlsplit(http_address)
+    loopback = url.hostname in ("127.0.0.1", "localhost", "::1")
     return {
-        "proxy_location": "Disabled",
-        "applications": [
-            serve_application(model, entry, env_vars) for model, entry in sorted(registry.models.items())
-        ],
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": "127.0.0.1" if loopback else "0.0.0.0", "port": url.port or 80},  # noqa: S104
+        "applications": [*apps, runner] if runner is not None else apps,
     }
+
+
+def cluster_serve_config(
+    settings: DispatcherSettings, registry: EngineRegistry | None = None
+) -> dict[str, Any]:
+    """What the dispatcher runs on Serve: ``registry`` (default: the settings') and, with the short
+    path on, the batch runner."""
+    opts = settings.dispatcher
+    runner = None
+    if opts.shared_engines and opts.short_path_max_lines > 0:
+        runner = runner_application(max_runs=opts.short_path_max_runs, env_vars=runner_env_vars(settings))
+    models = registry if registry is not None else settings.engines
+    return serve_config(models, engine_env_vars(settings), runner=runner,
+                        http_address=settings.ray.serve_address)
+
+
+def runner_env_vars(settings: DispatcherSettings) -> dict[str, str]:
+    """The batch runner's environment: S3 and Redis access under the same rules as a job's
+    (``job.pass_s3_credentials``, ``job.pass_redis_url``) and ``job.env_vars``."""
+    job, s3 = settings.job, settings.s3
+    env: dict[str, str] = {}
+    if job.pass_s3_credentials:
+        env.update({
+            "AWS_ENDPOINT_URL_S3": s3.endpoint,
+            "AWS_REGION": s3.region,
+            "AWS_ACCESS_KEY_ID": s3.access_key.get_secret_value(),
+            "AWS_SECRET_ACCESS_KEY": s3.secret_key.get_secret_value(),
+        })
+    if job.pass_redis_url and settings.redis.password is not None:
+        env["LLMBATCH_REDIS__PASSWORD"] = settings.redis.password.get_secret_value()
+    env.update(job.env_vars)
+    return env
 
 
 def engine_env_vars(settings: DispatcherSettings) -> dict[str, str]:

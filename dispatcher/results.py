@@ -89,6 +89,15 @@ class ResultStore:
         except SchemaError as exc:
             raise ManifestInvalid(f"{output_prefix}{MANIFEST_NAME}: {exc}") from exc
 
+    async def object_size(self, uri: str) -> int | None:
+        """Size in bytes of the object at ``uri`` (``s3://``); ``None`` when it does not exist."""
+        bucket, key = split_uri(uri)
+        try:
+            stat = await self._run(lambda: self._minio().stat_object(bucket, key))
+        except FileNotFoundError:
+            return None
+        return int(stat.size)
+
     async def list_shards(self, output_prefix: str) -> Shards:
         """Result shards present under the prefix (for a job stopped before its manifest)."""
         bucket, prefix = split_uri(output_prefix)

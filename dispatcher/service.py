@@ -71,6 +71,16 @@ class Dispatcher:
             from dispatcher.ray_backend import RayJobsBackend
 
             backend = RayJobsBackend(settings, upload_spec=self.results.upload_spec)
+            if opts.shared_engines and opts.short_path_max_lines > 0:
+                from dispatcher.runner_backend import RoutedBackend, RunnerClient
+
+                backend = RoutedBackend(
+                    backend,
+                    RunnerClient(settings.ray.serve_address),
+                    max_lines=opts.short_path_max_lines,
+                    max_bytes=opts.short_path_max_bytes,
+                    size_of=self.results.object_size,
+                )
         self.backend = backend
         self.producer = EventProducer(settings.kafka, self.metrics)
         self.consumer = RequestConsumer(settings, self.store, self.producer, self.metrics, crash=self.crash)
@@ -140,10 +150,10 @@ class Dispatcher:
 
     async def _deploy_engines(self) -> None:
         """Apply the registry to the cluster's Serve config (idempotent: unchanged apps keep running)."""
-        from dispatcher.engines import engine_env_vars, serve_config
+        from dispatcher.engines import cluster_serve_config
         from dispatcher.serve_api import ServeApi
 
-        config = serve_config(self.settings.engines, engine_env_vars(self.settings))
+        config = cluster_serve_config(self.settings)
         await ServeApi(self.settings.ray.address).deploy(config)
         log.info("engines deployed", extra={"applications": [a["name"] for a in config["applications"]]})
 

@@ -102,6 +102,19 @@ class DispatcherOptions(BaseModel):
         description="With shared_engines: how long a batch waits for an engine (cold start included) "
         "before it fails with engine_unavailable.",
     )
+    short_path_max_lines: int = Field(
+        default=256, ge=0, le=100_000,
+        description="With shared_engines: batches of at most this many inline lines run on the batch "
+        "runner (ray_job.runner, warm, no Ray job each); 0 runs every batch as a Ray job.",
+    )
+    short_path_max_bytes: int = Field(
+        default=1 << 20, ge=0,
+        description="With shared_engines: input files up to this size run on the batch runner too.",
+    )
+    short_path_max_runs: int = Field(
+        default=64, ge=1, le=10_000,
+        description="Batches the runner runs at once; more wait in queued (retried submit).",
+    )
     # test hook: the process SIGKILLs itself at these points (crash tests); never set in production
     crash_at: list[CrashPoint] = Field(default_factory=list)
 

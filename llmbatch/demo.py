@@ -3,13 +3,14 @@
 ``python -m llmbatch.demo [--keep] [--prompts N] [--summary-json PATH]``
 
 1. starts the local stack (Apache Kafka, Redis, MinIO, a Ray head; reused when already running);
-2. starts a dispatcher (``llmbatch dispatcher run`` as a subprocess, pointed at the stack, running
-   SmolLM2-135M-Instruct on vLLM-CPU inside Ray jobs);
+2. starts a dispatcher (``llmbatch dispatcher run`` as a subprocess, pointed at the stack, serving
+   SmolLM2-135M-Instruct on vLLM-CPU from a shared engine on Ray Serve, scaled from zero);
 3. submits ``llmbatch/demo_data/batch.jsonl`` (30 chat prompts and 2 invalid lines) through the
    producer SDK: the file is uploaded to MinIO as is and ``batch.requested`` is published;
 4. follows the batch's events on the results topic live;
 5. prints the completion event, where the output and error files are, a few answers, counts,
-   tokens and timings (queue wait, engine start, generation tokens/s);
+   tokens and timings (queue wait, engine start, generation tokens/s); then submits the same batch
+   again on the now warm engine (the short path: no Ray job, no engine start) and prints both times;
 6. stops the dispatcher, and the stack unless ``--keep`` (or ``LLMBATCH_DEMO_KEEP=1``).
 
 ``--prompts N`` keeps the first N valid prompts (the two invalid lines always stay) so the e2e test
@@ -124,6 +125,8 @@ def dispatcher_env(state: StackState, model_path: Path, metrics_port: int) -> di
     env = dispatcher_environ(state, model_path, extra_defaults={
         "LLMBATCH_DISPATCHER__INSTANCE_ID": "demo-dispatcher",
         "LLMBATCH_DISPATCHER__LOG_JSON": "true",
+        # the warm engine on Ray Serve (scaled from zero by the first batch) and the short path
+        "LLMBATCH_DISPATCHER__SHARED_ENGINES": "true",
     })
     env["LLMBATCH_DISPATCHER__METRICS_HOST"] = "127.0.0.1"
     env["LLMBATCH_DISPATCHER__METRICS_PORT"] = str(metrics_port)
@@ -273,23 +276,9 @@ def _answer_text(line: Any) -> str:
         return orjson.dumps(body).decode()[:200]
 
 
-async def report(client: Any, batch: Batch, terminal: Any) -> dict[str, Any]:
-    """Print what the batch produced; return the same as a dict (``--summary-json``)."""
-    data = terminal.data
-    console.rule("[bold]completion event")
-    console.print(f"type {terminal.type.value}  ce_id {terminal.id}", markup=False)
-    console.print(JSON(data.model_dump_json()))
-    answers: dict[str, str] = {}
-    errors: dict[str, dict[str, str]] = {}
-    async for line in client.iter_results(terminal):
-        answers[line.custom_id] = _answer_text(line)
-    async for line in client.iter_results(terminal, errors=True):
-        errors[line.custom_id] = {"code": line.error.code if line.error else "error",
-                                  "message": line.error.message if line.error else ""}
-    manifest = None
-    with contextlib.suppress(Exception):  # the event has everything that matters; timings are a bonus
-        manifest = await client.manifest(data.batch_id, tenant=data.tenant)
-
+def show_results(batch: Batch, data: Any, answers: dict[str, str],
+                 errors: dict[str, dict[str, str]]) -> None:
+    """Where the results are, a few answers, and the error lines."""
     console.rule("[bold]results")
     locations = Table(show_header=False, box=None)
     for uri in data.output_uris:
@@ -310,6 +299,28 @@ async def report(client: Any, batch: Batch, terminal: Any) -> dict[str, Any]:
             failed.add_row(custom_id, error["code"], error["message"][:160])
         console.print(failed)
 
+
+async def report(client: Any, batch: Batch, terminal: Any, *, show: bool = True) -> dict[str, Any]:
+    """Print what the batch produced (the figures only unless ``show``); return the same as a dict
+    (``--summary-json``)."""
+    data = terminal.data
+    console.rule("[bold]completion event")
+    console.print(f"type {terminal.type.value}  ce_id {terminal.id}", markup=False)
+    if show:
+        console.print(JSON(data.model_dump_json()))
+    answers: dict[str, str] = {}
+    errors: dict[str, dict[str, str]] = {}
+    async for line in client.iter_results(terminal):
+        answers[line.custom_id] = _answer_text(line)
+    async for line in client.iter_results(terminal, errors=True):
+        errors[line.custom_id] = {"code": line.error.code if line.error else "error",
+                                  "message": line.error.message if line.error else ""}
+    manifest = None
+    with contextlib.suppress(Exception):  # the event has everything that matters; timings are a bonus
+        manifest = await client.manifest(data.batch_id, tenant=data.tenant)
+
+    if show:
+        show_results(batch, data, answers, errors)
     counts, usage = data.request_counts, data.usage
     engine_start = manifest.timings.engine_start_s if manifest is not None else None
     generation = manifest.timings.generation_s if manifest is not None else None
@@ -324,8 +335,9 @@ async def report(client: Any, batch: Batch, terminal: Any) -> dict[str, Any]:
     figures.add_row("status", f"[bold]{data.status}[/bold]")
     figures.add_row("requests", f"{counts.total} total: {counts.completed} completed, {counts.failed} failed")
     figures.add_row("tokens", f"{usage.prompt_tokens} prompt, {usage.completion_tokens} completion")
-    figures.add_row("queue wait", _fmt_s(timings["queue_wait_s"]) + " (accepted -> Ray job started)")
-    figures.add_row("engine start", _fmt_s(timings["engine_start_s"]) + " (vLLM load + warm-up)")
+    figures.add_row("queue wait", _fmt_s(timings["queue_wait_s"]) + " (accepted -> attempt started)")
+    figures.add_row("engine start", _fmt_s(timings["engine_start_s"]) + " (waited for an engine: vLLM load + "
+                    "warm-up when it was cold)")
     rate = timings["generation_tok_per_s"]
     figures.add_row("generation", _fmt_s(timings["generation_s"])
                     + (f" = [bold]{rate} tokens/s[/bold]" if rate else ""))
@@ -357,21 +369,31 @@ def _fmt_s(value: Any) -> str:
     return f"{value:.1f} s" if isinstance(value, int | float) else "-"
 
 
-async def run_batch(settings: LLMBatchSettings, batch: Batch, proc: DispatcherProcess, limit_s: float
-                    ) -> dict[str, Any]:
+async def run_batch(settings: LLMBatchSettings, batch: Batch, proc: DispatcherProcess, limit_s: float,
+                    *, label: str = "", show: bool = True) -> dict[str, Any]:
     from producer import BatchClient, ensure_topics
 
     batch_id = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     async with BatchClient(settings) as client:
         await client.ensure_buckets()
         await ensure_topics(settings)
-        console.rule("[bold]4. submit through the producer SDK")
+        console.rule(f"[bold]4. submit through the producer SDK{label}")
         started = client.follow_start(datetime.now(UTC))
         await submit(client, batch, batch_id)
-        console.rule("[bold]5. progress (results topic)")
+        console.rule(f"[bold]5. progress (results topic){label}")
         terminal = await follow(client, batch_id, started, proc, limit_s)
-        summary = await report(client, batch, terminal)
+        summary = await report(client, batch, terminal, show=show)
     return summary
+
+
+def compare(cold: dict[str, Any], warm: dict[str, Any]) -> None:
+    """The same batch twice: the first started the engine, the second found it warm."""
+    table = Table("run", "status", "end to end", "engine wait", "generation", title="cold vs warm engine")
+    for name, run in (("cold (engine starts)", cold), ("warm (engine running)", warm)):
+        t = run["timings"]
+        table.add_row(name, run["status"], _fmt_s(t["accepted_to_finished_s"]), _fmt_s(t["engine_start_s"]),
+                      _fmt_s(t["generation_s"]))
+    console.print(table)
 
 
 # --- main --------------------------------------------------------------------------------------------------
@@ -423,10 +445,16 @@ def main(argv: list[str] | None = None) -> int:
                       f"http://127.0.0.1:{port}/readyz and /metrics; log {log_path}")
 
         settings = manager.settings_for(state)
-        summary = asyncio.run(run_batch(settings, batch, proc, args.timeout))
+        summary = asyncio.run(run_batch(settings, batch, proc, args.timeout, label=" (cold engine)"))
+        if summary["status"] == "completed":
+            warm = asyncio.run(run_batch(settings, batch, proc, args.timeout, label=" (warm engine)",
+                                         show=False))
+            summary["warm"] = warm
+            compare(summary, warm)
         if args.summary_json is not None:
             args.summary_json.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
-        code = 0 if summary["status"] == "completed" else 1
+        ok = summary["status"] == "completed" and summary.get("warm", {}).get("status") == "completed"
+        code = 0 if ok else 1
     except StackError as exc:
         if exc.log_tail:
             console.print(exc.log_tail, markup=False)

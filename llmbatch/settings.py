@@ -146,6 +146,11 @@ class RaySettings(BaseModel):
 
     address: str = "http://127.0.0.1:8265"
     auth_token: SecretStr | None = None
+    serve_address: str = Field(
+        default="http://127.0.0.1:8000",
+        description="Ray Serve's HTTP proxy (the batch runner of the short path). A loopback host "
+        "makes the proxy listen on 127.0.0.1 only, any other host on 0.0.0.0.",
+    )
     # optional: `ray://` client address is NOT used; jobs go through the HTTP Jobs API only
 
 

@@ -204,6 +204,18 @@ class EngineStage:
         self._batch_id = batch_id
         self._model = model
 
+    @classmethod
+    def on(cls, engine: Engine, *, endpoint: str, batch_id: str, model: str) -> EngineStage:
+        """A stage running on an engine that already exists (the batch runner's warm engines)."""
+        stage = cls.__new__(cls)
+        stage._engine = engine
+        stage.engine_start_s = engine.engine_start_s
+        stage.ready_at = engine.ready_at
+        stage._endpoint = Endpoint(endpoint)
+        stage._batch_id = batch_id
+        stage._model = model
+        return stage
+
     def __call__(self, batch: pa.Table) -> pa.Table:
         return rows.to_table(self.process(rows.from_table(batch)))
 

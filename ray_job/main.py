@@ -92,6 +92,7 @@ class Attempt:
         self.engine_ready_at: float | None = None
         self.stop_reason = ""
         self.pipeline_done = False
+        self.result: dict[str, Any] | None = None  # the LLMBATCH_RESULT of the attempt, once it ended
 
     # --- setup ------------------------------------------------------------------------------
 
@@ -141,9 +142,13 @@ class Attempt:
                 max_seconds=spec.shard_max_seconds,
             )
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+    def _ignore_stops(self) -> None:
+        """From here on a stop request changes nothing (the attempt is ending anyway)."""
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._ignore_stops()
         self.stop_reason = self.stop_reason or signal.Signals(signum).name
         raise StopRequested(self.stop_reason)
 
@@ -307,7 +312,7 @@ class Attempt:
         except (InputNotFoundError, EngineUnavailableError) as exc:
             log.error("%s", exc)
             self._close_progress()
-            emit_result(failure_result(self.spec, exc.exit_code, exc.code, str(exc)))
+            self._emit(failure_result(self.spec, exc.exit_code, exc.code, str(exc)))
             return int(exc.exit_code)
         except Exception as exc:
             status, code = "partial", ExitCode.RETRIABLE
@@ -325,14 +330,17 @@ class Attempt:
         return self._end(status, error, code)
 
     def _end(self, status: Status, error: ErrorObject | None, code: ExitCode) -> int:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self._ignore_stops()
         result, intact = self.finish(status, error)
         if not intact and code == ExitCode.OK:
             code = ExitCode.RETRIABLE
         self._close_progress()
-        emit_result({**result, "exit_code": int(code)})
+        self._emit({**result, "exit_code": int(code)})
         return int(code)
+
+    def _emit(self, result: dict[str, Any]) -> None:
+        self.result = result
+        emit_result(result)
 
     def _close_progress(self) -> None:
         if self.progress is not None:

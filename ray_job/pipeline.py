@@ -91,10 +91,10 @@ def rebatch(ds: Dataset, rows: int) -> Dataset:
         return ds.repartition(target_num_rows_per_block=rows)
 
 
-def build(spec: JobSpec, done_shards: list[tuple[str, str]], *, input_path: str | None) -> Dataset:
-    """The dataset of finished rows (``output`` / ``error``) for the lines still to do."""
+def source_of(spec: JobSpec, done_shards: list[tuple[str, str]], *, input_path: str | None) -> Source:
+    """What the reader reads for ``spec``: the input file or the inline requests, minus done lines."""
     inline = b"".join(line.to_jsonl() for line in spec.requests) if spec.requests is not None else None
-    source = Source(
+    return Source(
         batch_id=spec.batch_id,
         endpoint=spec.endpoint.value,
         model=spec.model,
@@ -103,6 +103,11 @@ def build(spec: JobSpec, done_shards: list[tuple[str, str]], *, input_path: str 
         done_shards=done_shards,
         block_rows=spec.engine.batch_size,
     )
+
+
+def build(spec: JobSpec, done_shards: list[tuple[str, str]], *, input_path: str | None) -> Dataset:
+    """The dataset of finished rows (``output`` / ``error``) for the lines still to do."""
+    source = source_of(spec, done_shards, input_path=input_path)
     model_path = spec.model_path or spec.model
     ds: Dataset = ray.data.from_items([{"part": 0}])
     ds = ds.map_batches(

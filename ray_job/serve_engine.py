@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, cast
 
 from ray_job.engine import EngineRunner, make_backend
@@ -49,6 +50,7 @@ class EngineServer:
         self._lock = threading.Lock()
         self._requests = 0
         self._completion_tokens = 0
+        self._calls = 0
         log.info("engine for %s ready in %.1f s", model, self.engine_start_s)
 
     def info(self) -> dict[str, Any]:
@@ -67,13 +69,21 @@ class EngineServer:
         }
 
     async def generate(self, requests: list[GenRequest]) -> list[Generation]:
-        """Run ``requests`` (keys unique within the call) on this replica's engine."""
-        loop = asyncio.get_running_loop()
-        out: list[Generation] = await loop.run_in_executor(self._pool, self._runner.generate, requests)
+        """Run ``requests`` (keys unique within the call) on this replica's engine.
+
+        Calls of different batches run at once and their keys (input line numbers) repeat: each
+        call's keys are made unique on the engine and given back in the answers."""
         with self._lock:
-            self._requests += len(out)
-            self._completion_tokens += sum(g.completion_tokens for g in out)
-        return out
+            self._calls += 1
+            call = self._calls
+        on_engine = [replace(r, key=f"{call}:{r.key}") for r in requests]
+        loop = asyncio.get_running_loop()
+        out: list[Generation] = await loop.run_in_executor(self._pool, self._runner.generate, on_engine)
+        answers = [replace(g, key=r.key) for g, r in zip(out, requests, strict=True)]
+        with self._lock:
+            self._requests += len(answers)
+            self._completion_tokens += sum(g.completion_tokens for g in answers)
+        return answers
 
     def check_health(self) -> None:
         """Serve calls this periodically; raising makes it replace the replica."""

@@ -14,7 +14,7 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
-from dispatcher.engines import EngineStatus, engine_env_vars, serve_config, summarize, with_scaling, without
+from dispatcher.engines import EngineStatus, cluster_serve_config, summarize, with_scaling, without
 from dispatcher.ops.common import OpsError, emit_json, err, load_settings, out, run
 from dispatcher.serve_api import ServeApi
 from dispatcher.settings import DispatcherSettings
@@ -78,7 +78,7 @@ def _apply(settings: DispatcherSettings, registry: EngineRegistry,
 
     async def body() -> list[EngineStatus]:
         api = ServeApi(settings.ray.address, timeout_s=120)
-        await api.deploy(serve_config(registry, engine_env_vars(settings)))
+        await api.deploy(cluster_serve_config(settings, registry))
         return summarize(shown or registry, await api.status())
 
     return run(body)

@@ -217,8 +217,14 @@ def settings_for(state: StackState, base: LLMBatchSettings | None = None) -> LLM
         data.s3 = S3Settings(**{**base.s3.model_dump(), "endpoint": m.address,
                                 "access_key": m.extra["access_key"], "secret_key": m.extra["secret_key"]})
     if "ray" in svc:
-        data.ray = RaySettings(address=svc["ray"].address)
+        data.ray = ray_settings(svc["ray"])
     return data
+
+
+def ray_settings(rec: ServiceRecord) -> RaySettings:
+    """How to reach a local Ray head: Jobs API / dashboard and Serve's HTTP proxy."""
+    serve = rec.extra.get("serve_address")
+    return RaySettings(address=rec.address, **({"serve_address": serve} if serve else {}))
 
 
 def env_exports(state: StackState) -> dict[str, str]:
@@ -235,6 +241,8 @@ def env_exports(state: StackState) -> dict[str, str]:
         env["LLMBATCH_S3__SECRET_KEY"] = svc["minio"].extra["secret_key"]
     if "ray" in svc:
         env["LLMBATCH_RAY__ADDRESS"] = svc["ray"].address
+        if svc["ray"].extra.get("serve_address"):
+            env["LLMBATCH_RAY__SERVE_ADDRESS"] = svc["ray"].extra["serve_address"]
     return env
 
 

@@ -334,6 +334,7 @@ def _start_ray(run_dir: Path, num_cpus: int, object_store_bytes: int, ports: _St
     temp.mkdir(parents=True, exist_ok=True)
     # one allocator for all of them: the dashboard can never land inside the worker range
     gcs, dashboard, client, agent = ports.one(), ports.one(), ports.one(), ports.one()
+    serve = ports.one()  # Serve's HTTP proxy (the batch runner), bound once Serve starts
     workers = ports.block(200)
     log = run_dir / "logs" / "ray.log"
     env = {
@@ -359,9 +360,9 @@ def _start_ray(run_dir: Path, num_cpus: int, object_store_bytes: int, ports: _St
     # submit job" for tens of seconds on a loaded machine): healthy = a first job has run
     probe = _RayJobProbe(address)
     waited += wait_until(probe.done, 180, pid, "Ray head (first job)", log, interval=0.5)
-    return ServiceRecord("ray", pid, {"gcs": gcs, "dashboard": dashboard, "client": client},
+    return ServiceRecord("ray", pid, {"gcs": gcs, "dashboard": dashboard, "client": client, "serve": serve},
                          address, str(log), str(temp), round(waited, 2),
-                         extra={"gcs_address": f"127.0.0.1:{gcs}"})
+                         extra={"gcs_address": f"127.0.0.1:{gcs}", "serve_address": f"http://127.0.0.1:{serve}"})
 
 
 class _RayJobProbe:

@@ -1,12 +1,14 @@
 """`make demo` runs in CI: the same code path (``python -m llmbatch.demo``) with 4 prompts instead of 30.
 
 Real everything: Apache Kafka, Redis, MinIO, a Ray head, a dispatcher process and vLLM (CPU) running
-SmolLM2-135M-Instruct inside a Ray job. When the test session's services come from the local stack
-the demo reuses them (same run folder, ``--keep``); otherwise it starts and stops its own stack.
+SmolLM2-135M-Instruct in a shared engine on Ray Serve; the batch runs twice (cold, then warm). When
+the test session's services come from the local stack the demo reuses them (same run folder,
+``--keep``); otherwise it starts and stops its own stack.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -15,6 +17,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from dispatcher.serve_api import ServeApi
 from tests.support.services import ServiceProvider
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -35,7 +38,11 @@ def test_demo_submits_follows_and_reports_a_real_batch(services: ServiceProvider
         args.append("--keep")                         # the session fixture stops its services itself
     else:
         env["LLMBATCH_RUN_DIR"] = str(tmp_path / "stack")
-    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=1700, check=False)
+    try:
+        proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=1700, check=False)
+    finally:
+        if local:  # the demo's dispatcher deployed a warm engine on the session's head: remove it
+            asyncio.run(ServeApi(services.ray().address).deploy({"applications": []}))
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
     assert "Traceback" not in output
@@ -52,6 +59,12 @@ def test_demo_submits_follows_and_reports_a_real_batch(services: ServiceProvider
     assert timings["queue_wait_s"] is not None and timings["queue_wait_s"] >= 0
     assert timings["engine_start_s"] and timings["engine_start_s"] > 0
     assert timings["generation_tok_per_s"] and timings["generation_tok_per_s"] > 0
+    # the same batch again on the engine the first run started: no engine start, same results
+    warm = summary["warm"]
+    assert warm["status"] == "completed" and warm["request_counts"] == summary["request_counts"]
+    assert set(warm["answers"]) == set(summary["answers"])
+    assert warm["timings"]["engine_start_s"] < timings["engine_start_s"]
+    assert "cold vs warm engine" in proc.stdout
     for heading in ("1. local stack", "3. dispatcher", "5. progress", "completion event", "results",
                     "6. clean up"):
         assert heading in proc.stdout, heading

@@ -605,8 +605,10 @@ async def test_sigterm_leaves_the_job_running_for_the_next_owner(env: Env) -> No
 async def test_shared_engine_serves_every_batch_and_unknown_models_are_refused(
     env: Env, ray_settings: RaySettings
 ) -> None:
-    """The dispatcher deploys the registry's Serve app on start; batches run on its one warm replica
-    (no job starts an engine); a request for a model that is not served is dead-lettered."""
+    """The dispatcher deploys the registry's Serve app and the batch runner on start; small batches
+    run on the runner and the one warm replica (no Ray job, no engine start); a request for a model
+    that is not served is dead-lettered."""
+    from ray.job_submission import JobSubmissionClient
     from typer.testing import CliRunner
 
     from dispatcher.engines import replica_pids
@@ -651,5 +653,9 @@ async def test_shared_engine_serves_every_batch_and_unknown_models_are_refused(
         [row] = orjson.loads(shown.stdout)["engines"]
         assert (row["model"], row["status"], row["running"]) == (MODEL, "RUNNING", 1)
         assert replica_pids(await api.status(), MODEL) == pids
+        # small batches take the short path (the warm batch runner): no Ray job per batch
+        jobs = await asyncio.to_thread(JobSubmissionClient(ray_settings.address).list_jobs)
+        as_jobs = {j.submission_id for j in jobs} & {f"{b.batch_id}-a1" for b in batches}
+        assert not as_jobs, as_jobs
     finally:
         await api.deploy({"applications": []})

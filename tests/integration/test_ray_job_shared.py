@@ -40,7 +40,7 @@ def h(s3_settings: S3Settings, ray_settings: RaySettings, redis_settings: RedisS
 @pytest.fixture(scope="module")
 def serve(ray_settings: RaySettings) -> Iterator[ServeApi]:
     api = ServeApi(ray_settings.address, timeout_s=60)
-    asyncio.run(api.deploy(serve_config(REGISTRY)))
+    asyncio.run(api.deploy(serve_config(REGISTRY, http_address=ray_settings.serve_address)))
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         row = summarize(REGISTRY, asyncio.run(api.status()))[0]

@@ -108,7 +108,7 @@ def _result(client: JobSubmissionClient, job_id: str, timeout: float = 300) -> d
 
 def test_batches_share_one_warm_engine(ray_settings: RaySettings, serve: ServeApi) -> None:
     registry = _registry(delay_s=0.2)
-    asyncio.run(serve.deploy(serve_config(registry)))
+    asyncio.run(serve.deploy(serve_config(registry, http_address=ray_settings.serve_address)))
     _wait_app(serve, registry, {"RUNNING"})
     pids_before = replica_pids(_details(serve), MODEL)
     assert len(pids_before) == 1
@@ -127,7 +127,7 @@ def test_a_killed_replica_is_replaced_and_its_requests_answered_once(
     ray_settings: RaySettings, serve: ServeApi
 ) -> None:
     registry = _registry(delay_s=6.0)  # long enough to kill the replica mid-call
-    asyncio.run(serve.deploy(serve_config(registry)))
+    asyncio.run(serve.deploy(serve_config(registry, http_address=ray_settings.serve_address)))
     _wait_app(serve, registry, {"RUNNING"})
     [victim] = replica_pids(_details(serve), MODEL)
     client, job_id = _probe(ray_settings, 6, wait_s=240)
@@ -145,7 +145,7 @@ def test_an_engine_that_cannot_start_fails_the_batch_clearly(
     ray_settings: RaySettings, serve: ServeApi
 ) -> None:
     registry = _registry(delay_s=0.0, backend="vllm", path="/nonexistent/model-folder")
-    asyncio.run(serve.deploy(serve_config(registry)))
+    asyncio.run(serve.deploy(serve_config(registry, http_address=ray_settings.serve_address)))
     row = _wait_app(serve, registry, {"DEPLOY_FAILED", "UNHEALTHY"}, timeout=600)
     assert row.message, row
     client, job_id = _probe(ray_settings, 2, wait_s=20)

@@ -101,8 +101,7 @@ class ServiceProvider:
         if os.environ.get(ENV_KEYS["ray"]):
             self.sources["ray"] = "env"
             return LLMBatchSettings().ray
-        rec = self._start_local("ray")
-        return RaySettings(address=rec.address)
+        return manager.ray_settings(self._start_local("ray"))
 
     def local_record(self, name: str) -> manager.ServiceRecord | None:
         return StackState.load(self.run_dir).services.get(name)

@@ -84,8 +84,10 @@ def test_deployment_options_follow_the_entry() -> None:
 
 def test_serve_config_has_one_handle_only_app_per_model() -> None:
     registry = _registry()
-    config = serve_config(registry, {"VLLM_CACHE_ROOT": "/cache"})
-    assert config["proxy_location"] == "Disabled"
+    config = serve_config(registry, {"VLLM_CACHE_ROOT": "/cache"}, http_address="http://127.0.0.1:18000")
+    # the proxy always runs, with the options of the settings (Serve keeps those of its first deploy)
+    assert config["proxy_location"] == "HeadOnly"
+    assert config["http_options"] == {"host": "127.0.0.1", "port": 18000}
     apps = config["applications"]
     assert [a["name"] for a in apps] == [app_name(m) for m in sorted(registry.models)]
     for app in apps:

@@ -1,0 +1,140 @@
+"""The short path: small batches on the batch runner (:mod:`ray_job.runner`), the rest as Ray jobs.
+
+:class:`RoutedBackend` is the tracker's :class:`~dispatcher.backend.JobBackend` when shared engines
+and the short path are on. It sends a batch to the runner when :func:`takes_short_path` says so
+(shared engine, at most ``short_path_max_lines`` inline lines or an input file of at most
+``short_path_max_bytes``), every other batch to the Jobs API. Status and stop ask the runner first
+and fall back to the Jobs API for the submission ids it does not know, so a dispatcher restart or
+a change of the limits never loses track of a batch. A runner replica that was replaced forgets
+its runs: the tracker then sees NOT_FOUND and retries the attempt, as after a Ray head restart.
+While the runner does not answer at all, a submission the Jobs API does not know either is
+reported as :class:`~dispatcher.errors.RayUnavailable` (unknown), never as lost.
+
+:class:`RunnerClient` is transport only (HTTP through Serve's proxy): connection trouble, 5xx and
+429 (the runner is full) are :class:`~dispatcher.errors.RayUnavailable` (retriable), other 4xx a
+:class:`~dispatcher.errors.JobRejected`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.error
+import urllib.request
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from dispatcher.backend import JobBackend, JobInfo, JobState, SubmitResult
+from dispatcher.errors import JobRejected, RayUnavailable
+from ray_job.runner import ROUTE_PREFIX
+from schemas.job import JobSpec
+
+_STATES = {s.value: s for s in JobState}
+SizeOf = Callable[[str], Awaitable[int | None]]
+
+
+def takes_short_path(spec: JobSpec, *, max_lines: int, max_bytes: int, input_size: int | None) -> bool:
+    """Whether ``spec`` runs on the batch runner: a shared engine and a small input."""
+    if spec.engine_app is None or max_lines <= 0:
+        return False
+    if spec.requests is not None:
+        return len(spec.requests) <= max_lines
+    return input_size is not None and input_size <= max_bytes
+
+
+def job_info(view: dict[str, Any]) -> JobInfo:
+    """A runner's run view (``GET /runs/<id>``) as the tracker's :class:`JobInfo`."""
+    exit_code = view.get("driver_exit_code")
+    return JobInfo(
+        state=_STATES.get(str(view.get("status")), JobState.PENDING),
+        exit_code=int(exit_code) if exit_code is not None else None,
+        message=str(view["message"])[:2000] if view.get("message") else None,
+        start_time=float(view["start_time"]) if view.get("start_time") else None,
+        end_time=float(view["end_time"]) if view.get("end_time") else None,
+    )
+
+
+class RunnerClient:
+    """The batch runner's HTTP API (see :mod:`ray_job.runner`)."""
+
+    def __init__(self, serve_address: str, timeout_s: float = 30.0) -> None:
+        self.base = serve_address.rstrip("/") + ROUTE_PREFIX + "/runs"
+        self.timeout_s = timeout_s
+
+    def _request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, Any]:
+        req = urllib.request.Request(  # noqa: S310 - the Serve address from settings
+            self.base + path, data=body, method=method, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
+                return int(resp.status), orjson.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()[:4000]
+            if exc.code == 404 and raw.startswith(b"{"):  # the runner's own 404: an unknown run
+                return 404, None
+            detail = raw.decode("utf-8", "replace")
+            if exc.code >= 500 or exc.code in (404, 408, 429):  # 404 without JSON: no runner app yet
+                raise RayUnavailable(f"batch runner answered {exc.code}: {detail[:500]}") from exc
+            raise JobRejected(f"the batch runner refused the batch ({exc.code}): {detail[:1000]}") from exc
+        except (urllib.error.URLError, OSError, TimeoutError) as exc:
+            raise RayUnavailable(f"batch runner at {self.base} did not answer: {exc}") from exc
+
+    async def submit(self, spec: JobSpec) -> SubmitResult:
+        _, body = await asyncio.to_thread(self._request, "POST", "", spec.model_dump_json().encode())
+        return SubmitResult(spec.submission_id, already_existed=bool(body.get("already_existed")))
+
+    async def status(self, submission_id: str) -> JobInfo | None:
+        """The run's state; ``None`` when the runner does not know it."""
+        code, body = await asyncio.to_thread(self._request, "GET", "/" + submission_id)
+        return None if code == 404 else job_info(body)
+
+    async def stop(self, submission_id: str) -> bool | None:
+        """True if a stop was requested; ``None`` when the runner does not know the run."""
+        code, body = await asyncio.to_thread(self._request, "POST", f"/{submission_id}/stop")
+        return None if code == 404 else bool(body.get("stopped"))
+
+
+class RoutedBackend:
+    """Small batches to the runner, the rest to the Jobs API (see the module docstring)."""
+
+    def __init__(self, jobs: JobBackend, runner: RunnerClient, *, max_lines: int, max_bytes: int,
+                 size_of: SizeOf) -> None:
+        self.jobs = jobs
+        self.runner = runner
+        self.max_lines = max_lines
+        self.max_bytes = max_bytes
+        self.size_of = size_of
+
+    async def submit(self, spec: JobSpec) -> SubmitResult:
+        size = None
+        if spec.engine_app is not None and spec.requests is None and spec.input_uri and self.max_lines > 0:
+            size = await self.size_of(spec.input_uri)
+        if takes_short_path(spec, max_lines=self.max_lines, max_bytes=self.max_bytes, input_size=size):
+            return await self.runner.submit(spec)
+        return await self.jobs.submit(spec)
+
+    async def status(self, submission_id: str) -> JobInfo:
+        try:
+            info = await self.runner.status(submission_id)
+        except RayUnavailable:
+            # a Ray job still answers; a run of the runner cannot be told from a lost job now, and
+            # calling it lost would start a second attempt beside a live one: retry later instead
+            info = await self.jobs.status(submission_id)
+            if info.state is JobState.NOT_FOUND:
+                raise
+            return info
+        return info if info is not None else await self.jobs.status(submission_id)
+
+    async def stop(self, submission_id: str) -> bool:
+        try:
+            stopped = await self.runner.stop(submission_id)
+        except RayUnavailable:
+            stopped = None
+        return stopped if stopped is not None else await self.jobs.stop(submission_id)
+
+    async def ping(self) -> bool:
+        return await self.jobs.ping()
+
+    async def close(self) -> None:
+        await self.jobs.close()

@@ -1,0 +1,329 @@
+"""The short path: small batches run inside a long-lived Serve replica, not as a Ray job each.
+
+A Ray job per batch costs 15-20 s before the first request reaches a warm engine on these
+machines (driver process, ``ray.init``, Ray Data actor pools, a first handle to the engine). The
+batch runner keeps all of that warm: one Serve application (``llmbatch-runner``, behind Serve's
+HTTP proxy) whose replica holds the tokenizers and the engine handles, and runs each batch it is
+given in a thread of its own. A batch keeps everything the job path gives it: the same reader,
+prompt and engine stages, shards, manifest, progress and heartbeats in Redis, resume after a lost
+attempt, stop and deadline (checked between blocks of ``engine.batch_size`` lines).
+
+HTTP (for the dispatcher, which is not a Ray driver), under the route prefix:
+
+- ``POST /runs`` with a :class:`~schemas.job.JobSpec` as JSON: 202 (started) or 200 (that
+  submission id is known already), 400 for a spec that does not parse, 429 when the replica runs
+  ``max_runs`` batches already;
+- ``GET /runs/<submission_id>``: 200 with the run's state (the Jobs API's states and exit codes),
+  404 when this replica does not know it (never given, or the replica was replaced: the dispatcher
+  treats that as a lost job and retries);
+- ``POST /runs/<submission_id>/stop``: 200 ``{"stopped": bool}``, 404 when unknown.
+
+One replica (the runs live in its memory); its work is light (tokenizing, S3 writes), the
+generation runs on the engines' own replicas.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import orjson
+from pydantic import ValidationError
+
+from ray_job import rows
+from ray_job.engine import Engine, EngineStage
+from ray_job.main import Attempt, StopRequested
+from ray_job.pipeline import source_of
+from ray_job.prompts import HFTokenizer, Tokenizer, WhitespaceTokenizer, build_rows
+from ray_job.reader import iter_blocks
+from ray_job.records import Generation, GenRequest
+from schemas.common import utcnow
+from schemas.job import JobSpec
+
+log = logging.getLogger(__name__)
+
+APP_NAME = "llmbatch-runner"
+ROUTE_PREFIX = "/llmbatch-runner"
+DEPLOYMENT = "BatchRunner"
+IMPORT_PATH = "ray_job.runner:build_app"
+# how long a finished run stays answerable (the dispatcher polls every second or so)
+KEEP_FINISHED_S = 3600.0
+
+
+def route(method: str, path: str) -> tuple[str, str | None]:
+    """``(operation, submission_id)`` of a request; operation ``""`` when the route is unknown.
+
+    ``path`` may carry the route prefix; only the segments from ``runs`` on count."""
+    parts = [p for p in path.split("/") if p]
+    if "runs" not in parts:
+        return "", None
+    rest = parts[len(parts) - parts[::-1].index("runs"):]
+    if method == "POST" and not rest:
+        return "submit", None
+    if method == "GET" and len(rest) == 1:
+        return "status", rest[0]
+    if method == "POST" and len(rest) == 2 and rest[1] == "stop":
+        return "stop", rest[0]
+    return "", None
+
+
+class RunnerAttempt(Attempt):
+    """An attempt run in a thread of the runner: no signals, no Ray Data, a warm engine."""
+
+    def __init__(self, spec: JobSpec, *, tokenizer: Callable[[], Tokenizer], keep_text: bool,
+                 engine: Callable[[], Engine]) -> None:
+        super().__init__(spec, utcnow())
+        self._tokenizer = tokenizer
+        self._keep_text = keep_text
+        self._engine = engine
+        self._stop = threading.Event()
+        self._timer: threading.Timer | None = None
+
+    def request_stop(self, reason: str) -> None:
+        """Stop at the next block boundary (``deadline`` or ``stopped``), keeping what finished."""
+        self.stop_reason = self.stop_reason or reason
+        self._stop.set()
+
+    def _install_stop(self) -> None:
+        if self.spec.deadline is not None:
+            left = (self.spec.deadline - utcnow()).total_seconds()
+            self._timer = threading.Timer(max(left, 0.0), self.request_stop, args=("deadline",))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _ignore_stops(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _check_stop(self) -> None:
+        if self._stop.is_set():
+            raise StopRequested(self.stop_reason)
+
+    def _run_pipeline(self, input_path: str | None) -> None:
+        spec = self.spec
+        tokenizer = self._tokenizer()
+        stage = EngineStage.on(self._engine(), endpoint=spec.endpoint.value, batch_id=spec.batch_id,
+                               model=spec.model)
+        done = [(s.kind, s.path) for s in self.prior.shards]
+        source = source_of(spec, done, input_path=input_path)
+        in_flight = max(1, spec.engine.batches_in_flight)
+        pool = ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix=f"run-{spec.batch_id}"[:40])
+        pending: deque[Future[list[rows.Row]]] = deque()
+        try:
+            for block in iter_blocks(source, self.fs):
+                self._check_stop()
+                prompted = build_rows(tokenizer, spec.endpoint, block, batch_id=spec.batch_id,
+                                      keep_text=self._keep_text)
+                pending.append(pool.submit(stage.process, prompted))
+                while len(pending) >= in_flight:
+                    self._take(pending.popleft())
+            while pending:
+                self._take(pending.popleft())
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        self.pipeline_done = True
+
+    def _take(self, future: Future[list[rows.Row]]) -> None:
+        while True:
+            self._check_stop()
+            try:
+                finished = future.result(timeout=0.25)
+            except FutureTimeout:
+                continue
+            self.consume(finished)
+            for writer in self.writers.values():
+                writer.roll_if_old()
+            return
+
+
+class WarmEngine:
+    """A batch's view of a cached engine: its own wait for it (zero when it was warm)."""
+
+    def __init__(self, engine: Engine, *, waited_s: float) -> None:
+        self._engine = engine
+        self.max_model_len = engine.max_model_len
+        self.default_max_tokens = engine.default_max_tokens
+        self.engine_start_s = waited_s
+        self.ready_at = time.time()
+
+    def generate(self, requests: list[GenRequest]) -> list[Generation]:
+        return self._engine.generate(requests)
+
+
+@dataclass
+class Run:
+    """One submission as the runner tracks it (states and exit codes of the Jobs API)."""
+
+    spec: JobSpec
+    attempt: RunnerAttempt
+    state: str = "PENDING"
+    exit_code: int | None = None
+    message: str | None = None
+    start_time: float = field(default_factory=time.time)
+    end_time: float | None = None
+
+    def view(self) -> dict[str, Any]:
+        return {"submission_id": self.spec.submission_id, "status": self.state,
+                "driver_exit_code": self.exit_code, "message": self.message,
+                "start_time": self.start_time, "end_time": self.end_time}
+
+
+class BatchRunner:
+    """Runs small batches in threads of one Serve replica (see the module docstring)."""
+
+    def __init__(self, max_runs: int = 64, engine_wait_s: float = 600.0) -> None:
+        self.max_runs = max_runs
+        self.engine_wait_s = engine_wait_s
+        self._runs: dict[str, Run] = {}
+        self._lock = threading.Lock()
+        self._locks: dict[object, threading.Lock] = {}
+        self._tokenizers: dict[tuple[str, str], Tokenizer] = {}
+        self._engines: dict[str, Engine] = {}
+
+    # --- HTTP ---------------------------------------------------------------------------------
+
+    async def __call__(self, request: Any) -> Any:
+        from starlette.responses import Response
+
+        op, sid = route(request.method, request.url.path)
+        if op == "submit":
+            code, body = self.submit(await request.body())
+        elif op == "status" and sid is not None:
+            code, body = self.status(sid)
+        elif op == "stop" and sid is not None:
+            code, body = self.stop(sid)
+        else:
+            code, body = 404, {"error": f"no route {request.method} {request.url.path}"}
+        return Response(orjson.dumps(body), status_code=code, media_type="application/json")
+
+    # --- operations ---------------------------------------------------------------------------
+
+    def submit(self, raw: bytes) -> tuple[int, dict[str, Any]]:
+        """Start a run of the spec in ``raw`` (JSON)."""
+        try:
+            spec = JobSpec.model_validate_json(raw)
+        except ValidationError as exc:
+            return 400, {"error": f"invalid job spec: {exc}"[:2000]}
+        if spec.engine_app is None:
+            return 400, {"error": "engine_app: the batch runner only runs batches on a shared engine"}
+        with self._lock:
+            self._prune()
+            if spec.submission_id in self._runs:
+                return 200, {"submission_id": spec.submission_id, "already_existed": True}
+            active = sum(1 for r in self._runs.values() if r.end_time is None)
+            if active >= self.max_runs:
+                return 429, {"error": f"the runner runs {active} batches already (max_runs)"}
+            fake = spec.engine.backend == "fake"
+            attempt = RunnerAttempt(spec, tokenizer=lambda: self._tokenizer(spec), keep_text=fake,
+                                    engine=lambda: self._engine(spec))
+            run = Run(spec, attempt)
+            self._runs[spec.submission_id] = run
+        threading.Thread(target=self._execute, args=(run,), name=f"run-{spec.submission_id}"[:60],
+                         daemon=True).start()
+        return 202, {"submission_id": spec.submission_id, "already_existed": False}
+
+    def status(self, submission_id: str) -> tuple[int, dict[str, Any]]:
+        run = self._runs.get(submission_id)
+        if run is None:
+            return 404, {"error": f"unknown submission {submission_id}"}
+        return 200, run.view()
+
+    def stop(self, submission_id: str) -> tuple[int, dict[str, Any]]:
+        run = self._runs.get(submission_id)
+        if run is None:
+            return 404, {"error": f"unknown submission {submission_id}"}
+        if run.end_time is not None:
+            return 200, {"stopped": False}
+        run.attempt.request_stop("stopped")
+        return 200, {"stopped": True}
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _execute(self, run: Run) -> None:
+        run.state = "RUNNING"
+        try:
+            code = run.attempt.run()
+        except BaseException as exc:  # never leave a run RUNNING forever
+            log.exception("run %s crashed", run.spec.submission_id)
+            code, run.message = 1, f"{type(exc).__name__}: {exc}"[:2000]
+        else:
+            error = (run.attempt.result or {}).get("error")
+            if code != 0 and isinstance(error, dict):
+                run.message = f"{error.get('code')}: {error.get('message')}"[:2000]
+        if code == 4:  # EngineUnavailableError: ask for the engine again next time
+            self._engines.pop(run.spec.engine_app or "", None)
+        run.exit_code = code
+        run.end_time = time.time()
+        run.state = "SUCCEEDED" if code == 0 else "FAILED"
+
+    def _prune(self) -> None:
+        horizon = time.time() - KEEP_FINISHED_S
+        for sid in [s for s, r in self._runs.items() if r.end_time is not None and r.end_time < horizon]:
+            del self._runs[sid]
+
+    def _once(self, cache: dict[Any, Any], key: Any, make: Callable[[], Any]) -> Any:
+        """``cache[key]``, made once (in a run's thread, never on the event loop); one lock per key
+        so a cold model never holds up the batches of a warm one."""
+        found = cache.get(key)
+        if found is not None:
+            return found
+        with self._lock:
+            lock = self._locks.setdefault((id(cache), key), threading.Lock())
+        with lock:
+            found = cache.get(key)
+            if found is None:
+                found = cache[key] = make()
+        return found
+
+    def _tokenizer(self, spec: JobSpec) -> Tokenizer:
+        fake = spec.engine.backend == "fake"
+        key = ("fake", "") if fake else ("hf", spec.model_path or spec.model)
+        tok: Tokenizer = self._once(self._tokenizers, key,
+                                    lambda: WhitespaceTokenizer() if fake else HFTokenizer(key[1]))
+        return tok
+
+    def _engine(self, spec: JobSpec) -> Engine:
+        from ray_job.serve_engine import ServeEngine
+
+        app = spec.engine_app or ""
+        started = time.perf_counter()
+        # the first batch of a model waits for a replica (a cold start when it scaled to zero)
+        engine = self._once(self._engines, app, lambda: ServeEngine(app, wait_s=spec.engine_wait_s))
+        return WarmEngine(engine, waited_s=time.perf_counter() - started)
+
+
+def serve_application(*, max_runs: int, env_vars: dict[str, str] | None = None,
+                      num_cpus: float = 0.2) -> dict[str, Any]:
+    """The runner's entry in a Serve config (HTTP route :data:`ROUTE_PREFIX`, one replica)."""
+    app: dict[str, Any] = {
+        "name": APP_NAME,
+        "route_prefix": ROUTE_PREFIX,
+        "import_path": IMPORT_PATH,
+        "args": {"max_runs": max_runs},
+        "deployments": [{
+            "name": DEPLOYMENT,
+            "num_replicas": 1,
+            "max_ongoing_requests": 256,
+            "ray_actor_options": {"num_cpus": num_cpus},
+        }],
+        # the dispatcher polls every run about once a second: no access-log line per poll
+        "logging_config": {"enable_access_log": False},
+    }
+    if env_vars:
+        app["runtime_env"] = {"env_vars": dict(env_vars)}
+    return app
+
+
+def build_app(args: dict[str, Any]) -> Any:
+    """Serve application builder (``import_path``): ``args = {"max_runs": N}``."""
+    from ray import serve
+
+    deployment = cast(Any, serve.deployment)(BatchRunner).options(name=DEPLOYMENT)
+    return deployment.bind(int(args.get("max_runs", 64)))

@@ -1,0 +1,168 @@
+"""The short path on a real Ray head: the batch runner (a Serve application behind Serve's HTTP proxy)
+runs small batches on the shared engine with MinIO and Redis, as the dispatcher drives it (through
+:class:`~dispatcher.runner_backend.RunnerClient`). The engine replica runs the fake engine."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import redis
+
+from dispatcher.backend import JobInfo, JobState
+from dispatcher.engines import cluster_serve_config, replica_pids, summarize
+from dispatcher.runner_backend import RunnerClient
+from dispatcher.serve_api import ServeApi
+from dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.settings import RaySettings, RedisSettings, S3Settings
+from ray_job.runner import APP_NAME
+from schemas.common import BatchStatus, utcnow
+from schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
+from schemas.job import EngineConfig, JobSpec
+from tests.integration.ray_job_harness import Harness, chat_line
+
+pytestmark = pytest.mark.integration
+
+MODEL = "SmolLM2-135M-Instruct"
+REGISTRY = EngineRegistry(models={MODEL: EngineModel(
+    path="fake",
+    engine=EngineConfig(backend="fake", fake_delay_s=0.2, fake_fail_custom_ids=["boom"]),
+    resources=ReplicaResources(num_cpus=0.25),
+    scaling=Scaling(min_replicas=1, max_replicas=1, idle_s=60),
+)})
+CLIENT = EngineConfig(backend="fake", batch_size=4, batches_in_flight=2)
+
+
+@pytest.fixture(scope="module")
+def h(s3_settings: S3Settings, ray_settings: RaySettings, redis_settings: RedisSettings) -> Harness:
+    return Harness(s3_settings, ray_settings, redis_settings)
+
+
+@pytest.fixture(scope="module")
+def runner(s3_settings: S3Settings, ray_settings: RaySettings, redis_settings: RedisSettings
+           ) -> Iterator[tuple[RunnerClient, ServeApi]]:
+    settings = DispatcherSettings(_env_file=None, engines=REGISTRY, s3=s3_settings, ray=ray_settings,
+                                  redis=redis_settings, dispatcher=DispatcherOptions(shared_engines=True))
+    api = ServeApi(ray_settings.address, timeout_s=60)
+    asyncio.run(api.deploy(cluster_serve_config(settings)))
+    deadline = time.monotonic() + 240
+    details: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        details = asyncio.run(api.status())
+        apps = details.get("applications") or {}
+        engine = summarize(REGISTRY, details)[0]
+        if engine.running == 1 and (apps.get(APP_NAME) or {}).get("status") == "RUNNING":
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError(f"apps not running: {details.get('applications')}")
+    yield RunnerClient(ray_settings.serve_address, timeout_s=30), api
+    asyncio.run(api.deploy({"applications": []}))
+
+
+def _wait(client: RunnerClient, sid: str, timeout: float = 120) -> JobInfo:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = asyncio.run(client.status(sid))
+        assert info is not None, f"the runner forgot {sid}"
+        if info.state.is_terminal:
+            return info
+        time.sleep(0.2)
+    raise AssertionError(f"{sid} not finished after {timeout} s")
+
+
+def _spec(h: Harness, name: str, n: int, *, inline: bool, **kw: Any) -> JobSpec:
+    lines: list[dict[str, Any] | bytes] = [chat_line(f"{name}-{i}", f"question {i}") for i in range(n)]
+    lines.append(chat_line("boom", "the engine fails this one"))
+    lines.append(b"{not json")
+    source: dict[str, Any] = (
+        {"requests": [line for line in lines if isinstance(line, dict)]} if inline
+        else {"input_uri": h.put_input(f"{name}.jsonl", lines)}
+    )
+    return h.spec(name, engine=CLIENT, engine_app=app_name(MODEL), engine_wait_s=60,
+                  redis_url=h.redis.url, progress_key=f"llmbatch:test:progress:{name}-{h.tag}",
+                  **source, **kw)
+
+
+def test_small_batches_run_on_the_warm_runner_with_the_job_contract(
+    h: Harness, runner: tuple[RunnerClient, ServeApi]
+) -> None:
+    client, api = runner
+    [replica] = replica_pids(asyncio.run(api.status()), MODEL)
+    specs = [_spec(h, "runner-file", 9, inline=False), _spec(h, "runner-inline", 5, inline=True)]
+    started = time.monotonic()
+    for spec in specs:
+        assert not asyncio.run(client.submit(spec)).already_existed
+    assert asyncio.run(client.submit(specs[0])).already_existed  # the same attempt again: no second run
+    for spec in specs:
+        info = _wait(client, spec.submission_id)
+        assert info.state is JobState.SUCCEEDED and info.exit_code == 0, info
+    elapsed = time.monotonic() - started
+    for spec, n, bad in zip(specs, (9, 5), (1, 0), strict=True):
+        manifest = h.manifest(spec)
+        assert manifest.status == BatchStatus.COMPLETED and manifest.attempt == 1
+        counts = manifest.request_counts.model_dump()
+        assert counts == {"total": n + 1 + bad, "completed": n, "failed": 1 + bad}
+        outputs = h.lines(manifest.output_uris)
+        name = spec.batch_id.rsplit("-", 1)[0]
+        assert sorted(o["custom_id"] for o in outputs) == sorted(f"{name}-{i}" for i in range(n))
+        assert all(o["response"]["body"]["model"] == MODEL for o in outputs)
+        errors = h.lines(manifest.error_uris)
+        assert "boom" in {e["custom_id"] for e in errors}
+    # the replicas that were there ran everything: no engine and no job started for these batches
+    assert replica_pids(asyncio.run(api.status()), MODEL) == [replica]
+    print(f"two small batches on the runner: {elapsed:.2f} s")
+
+
+def test_stop_keeps_what_finished_and_the_next_attempt_completes_the_rest(
+    h: Harness, runner: tuple[RunnerClient, ServeApi]
+) -> None:
+    client, _ = runner
+    first = _spec(h, "runner-stop", 400, inline=False, progress_interval_s=0.2)
+    asyncio.run(client.submit(first))
+    # stop once the progress counters in Redis show some lines done (blocks of 4, 0.2 s each)
+    progress = redis.Redis.from_url(h.redis.url)
+    deadline = time.monotonic() + 60
+    while int(progress.hget(first.progress_key or "", "completed") or 0) < 8:
+        assert time.monotonic() < deadline, "no progress within 60 s"
+        time.sleep(0.05)
+    assert asyncio.run(client.stop(first.submission_id)) is True
+    info = _wait(client, first.submission_id)
+    assert info.state is JobState.FAILED and info.exit_code == 1 and "stopped" in (info.message or "")
+    partial = h.manifest(first)
+    assert partial.status == "partial" and partial.error is not None and partial.error.code == "stopped"
+    done_first = partial.request_counts.completed + partial.request_counts.failed
+    assert 8 <= done_first < 402
+    second = first.model_copy(update={"attempt": 2})
+    asyncio.run(client.submit(second))
+    assert _wait(client, second.submission_id).state is JobState.SUCCEEDED
+    manifest = h.manifest(second)
+    assert manifest.status == BatchStatus.COMPLETED
+    outputs = [o["custom_id"] for o in h.lines(manifest.output_uris)]
+    # every line answered exactly once across the two attempts
+    assert sorted(outputs) == sorted(f"runner-stop-{i}" for i in range(400))
+    assert asyncio.run(client.stop(second.submission_id)) is False  # already over
+
+
+def test_deadline_and_missing_engine_end_the_run_clearly(
+    h: Harness, runner: tuple[RunnerClient, ServeApi]
+) -> None:
+    client, _ = runner
+    late = _spec(h, "runner-deadline", 60, inline=False, deadline=utcnow() + timedelta(seconds=2))
+    no_engine = _spec(h, "runner-noengine", 2, inline=True).model_copy(
+        update={"engine_app": app_name("not-deployed"), "engine_wait_s": 3.0})
+    for spec in (late, no_engine):
+        asyncio.run(client.submit(spec))
+    info = _wait(client, late.submission_id)
+    assert info.state is JobState.FAILED and info.exit_code == 1
+    manifest = h.manifest(late)
+    assert manifest.status == "partial" and manifest.error is not None
+    assert manifest.error.code == "deadline_exceeded"
+    info = _wait(client, no_engine.submission_id)
+    assert info.state is JobState.FAILED and info.exit_code == 4
+    assert "engine_unavailable" in (info.message or "")
+    assert asyncio.run(client.status("never-submitted-a1")) is None

@@ -1,0 +1,265 @@
+"""The short path's routing and its HTTP client (a real local HTTP server stands in for Serve)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import orjson
+import pytest
+
+from dispatcher.backend import JobInfo, JobState, SubmitResult
+from dispatcher.engines import cluster_serve_config
+from dispatcher.errors import JobRejected, RayUnavailable
+from dispatcher.runner_backend import RoutedBackend, RunnerClient, job_info, takes_short_path
+from dispatcher.settings import DispatcherOptions, DispatcherSettings, JobOptions
+from llmbatch.settings import RaySettings, S3Settings
+from ray_job.runner import APP_NAME, ROUTE_PREFIX, BatchRunner, route
+from schemas.engines import EngineModel, EngineRegistry
+from schemas.job import JobSpec
+
+pytestmark = pytest.mark.unit
+
+
+def _line(i: int) -> dict[str, Any]:
+    return {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]}}
+
+
+def _spec(*, lines: int | None = None, app: str | None = "llmbatch-engine-m", attempt: int = 1) -> JobSpec:
+    data: dict[str, Any] = {
+        "batch_id": "b-1", "attempt": attempt, "endpoint": "/v1/chat/completions", "model": "m",
+        "output_prefix": "s3://results/default/b-1/", "engine": {"backend": "fake"}, "engine_app": app,
+    }
+    if lines is None:
+        data["input_uri"] = "s3://inputs/k.jsonl"
+    else:
+        data["requests"] = [_line(i) for i in range(lines)]
+    return JobSpec.model_validate(data)
+
+
+@pytest.mark.parametrize(
+    ("spec", "size", "expected"),
+    [
+        (_spec(lines=8), None, True),
+        (_spec(lines=9), None, False),  # more inline lines than the limit
+        (_spec(lines=8, app=None), None, False),  # no shared engine: the job starts its own
+        (_spec(), 1000, True),
+        (_spec(), 1001, False),  # a file above the byte limit
+        (_spec(), None, False),  # a file whose size is unknown
+    ],
+)
+def test_short_path_takes_small_batches_on_a_shared_engine(spec: JobSpec, size: int | None,
+                                                           expected: bool) -> None:
+    assert takes_short_path(spec, max_lines=8, max_bytes=1000, input_size=size) is expected
+
+
+def test_short_path_off_when_max_lines_is_zero() -> None:
+    assert not takes_short_path(_spec(lines=1), max_lines=0, max_bytes=10**9, input_size=None)
+    assert not takes_short_path(_spec(), max_lines=0, max_bytes=10**9, input_size=1)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "expected"),
+    [
+        ("POST", "/llmbatch-runner/runs", ("submit", None)),
+        ("POST", "/runs/", ("submit", None)),
+        ("GET", "/llmbatch-runner/runs/b-1-a1", ("status", "b-1-a1")),
+        ("POST", "/llmbatch-runner/runs/b-1-a1/stop", ("stop", "b-1-a1")),
+        ("GET", "/llmbatch-runner/runs", ("", None)),
+        ("DELETE", "/llmbatch-runner/runs/x", ("", None)),
+        ("POST", "/llmbatch-runner/runs/x/kill", ("", None)),
+        ("GET", "/llmbatch-runner/other", ("", None)),
+    ],
+)
+def test_runner_routes(method: str, path: str, expected: tuple[str, str | None]) -> None:
+    assert route(method, path) == expected
+
+
+def test_runner_refuses_bad_specs_and_too_many_runs_without_starting_anything() -> None:
+    runner = BatchRunner(max_runs=0)
+    code, body = runner.submit(b"{not json")
+    assert code == 400 and "invalid job spec" in body["error"]
+    code, body = runner.submit(_spec(lines=1, app=None).model_dump_json().encode())
+    assert code == 400 and body["error"].startswith("engine_app")
+    code, body = runner.submit(_spec(lines=1).model_dump_json().encode())
+    assert code == 429 and "max_runs" in body["error"]
+    assert runner.status("b-1-a1")[0] == 404 and runner.stop("b-1-a1")[0] == 404
+
+
+def test_job_info_maps_the_runner_view() -> None:
+    info = job_info({"status": "FAILED", "driver_exit_code": 4, "message": "engine_unavailable: x",
+                     "start_time": 10.5, "end_time": 12.0})
+    assert info == JobInfo(JobState.FAILED, exit_code=4, message="engine_unavailable: x",
+                           start_time=10.5, end_time=12.0)
+    assert job_info({"status": "RUNNING"}).state is JobState.RUNNING
+    assert job_info({"status": "weird"}).state is JobState.PENDING
+
+
+# --- the HTTP client against a real server --------------------------------------------------------
+
+
+class _Server:
+    """Answers like the runner: a scripted (status, body) per method+path; records requests."""
+
+    def __init__(self) -> None:
+        self.answers: dict[tuple[str, str], tuple[int, bytes]] = {}
+        self.seen: list[tuple[str, str, bytes]] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                owner.seen.append((self.command, self.path, self.rfile.read(length)))
+                code, body = owner.answers.get((self.command, self.path), (404, b"not found"))
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def server() -> Iterator[_Server]:
+    srv = _Server()
+    yield srv
+    srv.httpd.shutdown()
+    srv.httpd.server_close()
+
+
+RUNS = ROUTE_PREFIX + "/runs"
+
+
+def test_client_speaks_the_runner_api(server: _Server) -> None:
+    client = RunnerClient(server.address, timeout_s=5)
+    spec = _spec(lines=2)
+    server.answers[("POST", RUNS)] = (202, b'{"submission_id": "b-1-a1", "already_existed": false}')
+    done = orjson.dumps({"status": "SUCCEEDED", "driver_exit_code": 0})
+    server.answers[("GET", RUNS + "/b-1-a1")] = (200, done)
+    server.answers[("POST", RUNS + "/b-1-a1/stop")] = (200, b'{"stopped": false}')
+    assert asyncio.run(client.submit(spec)) == SubmitResult("b-1-a1", already_existed=False)
+    assert JobSpec.model_validate_json(server.seen[0][2]) == spec  # the whole spec travels
+    info = asyncio.run(client.status("b-1-a1"))
+    assert info is not None and info.state is JobState.SUCCEEDED and info.exit_code == 0
+    assert asyncio.run(client.stop("b-1-a1")) is False
+    server.answers[("GET", RUNS + "/b-1-a2")] = (404, b'{"error": "unknown submission b-1-a2"}')
+    assert asyncio.run(client.status("b-1-a2")) is None
+
+
+@pytest.mark.parametrize(
+    ("code", "body", "error"),
+    [
+        (429, b'{"error": "the runner runs 64 batches already"}', RayUnavailable),
+        (503, b"no replica", RayUnavailable),
+        (404, b"Path '/llmbatch-runner/runs' not found.", RayUnavailable),  # the proxy: no runner app yet
+        (400, b'{"error": "invalid job spec"}', JobRejected),
+    ],
+)
+def test_client_classifies_refusals(server: _Server, code: int, body: bytes, error: type[Exception]) -> None:
+    server.answers[("POST", RUNS)] = (code, body)
+    with pytest.raises(error):
+        asyncio.run(RunnerClient(server.address, timeout_s=5).submit(_spec(lines=1)))
+
+
+def test_client_reports_a_dead_address_as_unavailable() -> None:
+    with pytest.raises(RayUnavailable, match="did not answer"):
+        asyncio.run(RunnerClient("http://127.0.0.1:1", timeout_s=2).status("x"))
+
+
+# --- routing --------------------------------------------------------------------------------------
+
+
+class _Jobs:
+    def __init__(self, known: dict[str, JobInfo] | None = None) -> None:
+        self.submitted: list[str] = []
+        self.known = known or {}
+
+    async def submit(self, spec: JobSpec) -> SubmitResult:
+        self.submitted.append(spec.submission_id)
+        return SubmitResult(spec.submission_id, already_existed=False)
+
+    async def status(self, submission_id: str) -> JobInfo:
+        return self.known.get(submission_id, JobInfo(JobState.NOT_FOUND))
+
+    async def stop(self, submission_id: str) -> bool:
+        return submission_id in self.known
+
+    async def ping(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        pass
+
+
+def _routed(server_address: str, jobs: _Jobs, sizes: dict[str, int]) -> RoutedBackend:
+    async def size_of(uri: str) -> int | None:
+        return sizes.get(uri)
+
+    return RoutedBackend(jobs, RunnerClient(server_address, timeout_s=5), max_lines=4, max_bytes=100,
+                         size_of=size_of)
+
+
+def test_small_batches_go_to_the_runner_the_rest_to_ray_jobs(server: _Server) -> None:
+    jobs = _Jobs()
+    server.answers[("POST", RUNS)] = (202, b'{"already_existed": false}')
+    backend = _routed(server.address, jobs, {"s3://inputs/k.jsonl": 100})
+    asyncio.run(backend.submit(_spec(lines=4)))
+    asyncio.run(backend.submit(_spec(attempt=2)))  # a 100-byte file
+    assert [s[0:2] for s in server.seen] == [("POST", RUNS), ("POST", RUNS)] and jobs.submitted == []
+    asyncio.run(backend.submit(_spec(lines=5, attempt=3)))
+    asyncio.run(_routed(server.address, jobs, {"s3://inputs/k.jsonl": 101}).submit(_spec(attempt=4)))
+    asyncio.run(backend.submit(_spec(lines=1, app=None, attempt=5)))
+    assert jobs.submitted == ["b-1-a3", "b-1-a4", "b-1-a5"] and len(server.seen) == 2
+
+
+def test_status_asks_the_runner_then_the_jobs_api(server: _Server) -> None:
+    jobs = _Jobs({"b-1-a2": JobInfo(JobState.RUNNING)})
+    server.answers[("GET", RUNS + "/b-1-a1")] = (200, b'{"status": "SUCCEEDED", "driver_exit_code": 0}')
+    server.answers[("GET", RUNS + "/b-1-a2")] = (404, b'{"error": "unknown"}')
+    server.answers[("POST", RUNS + "/b-1-a2/stop")] = (404, b'{"error": "unknown"}')
+    backend = _routed(server.address, jobs, {})
+    assert asyncio.run(backend.status("b-1-a1")).state is JobState.SUCCEEDED
+    assert asyncio.run(backend.status("b-1-a2")).state is JobState.RUNNING
+    assert asyncio.run(backend.stop("b-1-a2")) is True  # the Jobs API stopped it
+
+
+def test_a_silent_runner_never_makes_a_run_look_lost() -> None:
+    jobs = _Jobs({"b-1-a2": JobInfo(JobState.RUNNING)})
+    backend = _routed("http://127.0.0.1:1", jobs, {})
+    # a Ray job still answers while the runner is away
+    assert asyncio.run(backend.status("b-1-a2")).state is JobState.RUNNING
+    # a submission nobody knows may be a run of the absent runner: unknown, not NOT_FOUND
+    with pytest.raises(RayUnavailable):
+        asyncio.run(backend.status("b-1-a1"))
+
+
+def test_cluster_config_adds_the_runner_with_the_short_path_only() -> None:
+    registry = EngineRegistry(models={"m": EngineModel(path="/models/m")})
+    s3 = S3Settings(access_key="ak", secret_key="sk")
+    ray = RaySettings(serve_address="http://ray-head:8000")
+    settings = DispatcherSettings(_env_file=None, engines=registry, s3=s3, ray=ray,
+                                  dispatcher=DispatcherOptions(shared_engines=True, short_path_max_runs=7))
+    config = cluster_serve_config(settings)
+    names = [a["name"] for a in config["applications"]]
+    assert len(names) == 2 and names[-1] == APP_NAME
+    runner = config["applications"][-1]
+    assert runner["route_prefix"] == ROUTE_PREFIX and runner["args"] == {"max_runs": 7}
+    assert runner["runtime_env"]["env_vars"]["AWS_ACCESS_KEY_ID"] == "ak"
+    assert config["http_options"] == {"host": "0.0.0.0", "port": 8000}
+    no_keys = settings.model_copy(update={"job": JobOptions(pass_s3_credentials=False)})
+    assert "AWS_ACCESS_KEY_ID" not in cluster_serve_config(no_keys)["applications"][-1].get(
+        "runtime_env", {}).get("env_vars", {})
+    off_opts = DispatcherOptions(shared_engines=True, short_path_max_lines=0)
+    off = settings.model_copy(update={"dispatcher": off_opts})
+    assert [a["name"] for a in cluster_serve_config(off)["applications"]] == names[:1]
