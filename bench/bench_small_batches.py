@@ -183,8 +183,9 @@ def deploy(runner: Runner, *, cold: bool) -> str:
             )
         }
     )
-    if cold:  # drop any warm replica first
-        asyncio.run(api.deploy({"applications": []}))
+    if cold:  # drop any warm replica first (with the proxy options: this deploy may start Serve)
+        empty = serve_config(EngineRegistry(models={}), http_address=runner.settings.ray.serve_address)
+        asyncio.run(api.deploy(empty))
         time.sleep(3)
     s3 = runner.s3
     batch_runner = runner_application(max_runs=64, env_vars={
