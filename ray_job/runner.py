@@ -39,6 +39,7 @@ from pydantic import ValidationError
 
 from ray_job import rows
 from ray_job.engine import Engine, EngineStage
+from ray_job.errors import ExitCode
 from ray_job.main import Attempt, StopRequested
 from ray_job.pipeline import source_of
 from ray_job.prompts import HFTokenizer, Tokenizer, WhitespaceTokenizer, build_rows
@@ -178,9 +179,8 @@ class Run:
 class BatchRunner:
     """Runs small batches in threads of one Serve replica (see the module docstring)."""
 
-    def __init__(self, max_runs: int = 64, engine_wait_s: float = 600.0) -> None:
+    def __init__(self, max_runs: int = 64) -> None:
         self.max_runs = max_runs
-        self.engine_wait_s = engine_wait_s
         self._runs: dict[str, Run] = {}
         self._lock = threading.Lock()
         self._locks: dict[object, threading.Lock] = {}
@@ -257,7 +257,7 @@ class BatchRunner:
             error = (run.attempt.result or {}).get("error")
             if code != 0 and isinstance(error, dict):
                 run.message = f"{error.get('code')}: {error.get('message')}"[:2000]
-        if code == 4:  # EngineUnavailableError: ask for the engine again next time
+        if code == ExitCode.ENGINE_UNAVAILABLE:  # ask for the engine again next time
             self._engines.pop(run.spec.engine_app or "", None)
         run.exit_code = code
         run.end_time = time.time()
