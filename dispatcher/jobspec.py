@@ -53,4 +53,5 @@ def build_job_spec(record: BatchRecord, attempt: int, settings: DispatcherSettin
         shard_max_lines=job.shard_max_lines,
         shard_max_seconds=job.shard_max_seconds,
         deadline=datetime.fromtimestamp(deadline, UTC) if deadline else None,
+        priority=request.priority,
     )

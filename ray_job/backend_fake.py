@@ -36,6 +36,10 @@ class FakeBackend:
             raise FakeEngineError(f"simulated engine failure for {request.custom_id!r}")
         self._pending.append((time.monotonic() + self._delay, request))
 
+    def abort(self, keys: list[str]) -> None:
+        drop = set(keys)
+        self._pending = [(due, req) for due, req in self._pending if req.key not in drop]
+
     def has_unfinished(self) -> bool:
         return bool(self._pending)
 

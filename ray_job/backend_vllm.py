@@ -72,6 +72,11 @@ class VllmBackend:
             raise RequestRejected(f"{type(exc).__name__}: {text}", param=param) from exc
         self._keys[request.key] = int(request.sampling.get("logprobs") or 0)
 
+    def abort(self, keys: list[str]) -> None:
+        known = [k for k in keys if self._keys.pop(k, None) is not None]
+        if known:
+            self._llm.llm_engine.abort_request(known)
+
     def has_unfinished(self) -> bool:
         return bool(self._llm.llm_engine.has_unfinished_requests())
 

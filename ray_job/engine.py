@@ -17,6 +17,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from dataclasses import dataclass
 from typing import Protocol
 
 import orjson
@@ -24,9 +25,11 @@ import pyarrow as pa
 
 from ray_job import rows
 from ray_job.errors import EngineDeadError, RequestFailure
+from ray_job.fair_queue import FairQueue
 from ray_job.formatting import error_line, output_line
 from ray_job.records import Generation, GenRequest
 from ray_job.sampling import fit_context
+from schemas.batch import DEFAULT_PRIORITY
 from schemas.common import Endpoint
 from schemas.job import EngineConfig
 
@@ -40,6 +43,9 @@ class Backend(Protocol):
     def add(self, request: GenRequest) -> None:
         """Queue one request; raise to refuse it (:class:`EngineDeadError` = the engine is gone)."""
 
+    def abort(self, keys: list[str]) -> None:
+        """Drop unfinished requests (no answer will come for them); unknown keys are ignored."""
+
     def has_unfinished(self) -> bool:
         """True while added requests have not finished."""
 
@@ -48,7 +54,7 @@ class Backend(Protocol):
 
 
 class _Waiter:
-    """The results one batch is waiting for."""
+    """The results one call is waiting for."""
 
     def __init__(self, keys: list[str]) -> None:
         self.pending = set(keys)
@@ -69,16 +75,48 @@ class _Waiter:
         self.done.set()
 
 
-class EngineRunner:
-    """Serialises all engine access in one thread; :meth:`generate` may be called from many."""
+@dataclass(slots=True)
+class _Pending:
+    """One request on its way through the runner: waiting, or on the engine."""
 
-    def __init__(self, backend: Backend) -> None:
+    request: GenRequest
+    waiter: _Waiter
+    group: str
+    priority: int
+
+
+@dataclass
+class RunnerStats:
+    """What the runner holds and has done (for ``engines list`` and metrics)."""
+
+    queued: int = 0
+    active: int = 0
+    preempted: int = 0
+    finished: int = 0
+
+
+class EngineRunner:
+    """Serialises all engine access in one thread; :meth:`generate` may be called from many.
+
+    Requests wait in a :class:`~ray_job.fair_queue.FairQueue` and at most ``max_active`` of them
+    are on the engine at once (None: no limit, everything goes to the engine at once). Priorities
+    are strict: lower-priority requests are not started while higher-priority ones wait or run,
+    and when higher-priority requests arrive the lower-priority ones on the engine are taken back
+    (aborted, and queued again first of their batch: their work so far is redone, as vLLM's own
+    preemption by recomputation does). Batches of the same priority take turns.
+    """
+
+    def __init__(self, backend: Backend, *, max_active: int | None = None) -> None:
         self.backend = backend
-        self._inbox: queue.SimpleQueue[tuple[list[GenRequest], _Waiter]] = queue.SimpleQueue()
-        self._owners: dict[str, _Waiter] = {}
-        self._admitting: list[_Waiter] = []
+        self._max_active = max_active
+        self._inbox: queue.SimpleQueue[list[_Pending]] = queue.SimpleQueue()
+        self._queue: FairQueue[_Pending] = FairQueue()
+        self._active: dict[str, _Pending] = {}
         self._lock = threading.Lock()
         self._fatal: BaseException | None = None
+        self._calls = 0
+        self._preempted = 0
+        self._finished = 0
         self._thread = threading.Thread(target=self._loop, name="engine-stepper", daemon=True)
         self._thread.start()
 
@@ -87,15 +125,26 @@ class EngineRunner:
         """Why the engine stopped, once it has (every later call raises :class:`EngineDeadError`)."""
         return self._fatal
 
-    def generate(self, requests: list[GenRequest]) -> list[Generation]:
-        """Run ``requests`` (keys unique across calls in flight); results in the same order."""
+    def stats(self) -> RunnerStats:
+        """A snapshot (read without stopping the engine thread: counts may be a step old)."""
+        return RunnerStats(queued=len(self._queue), active=len(self._active),
+                           preempted=self._preempted, finished=self._finished)
+
+    def generate(self, requests: list[GenRequest], *, group: str = "",
+                 priority: int = DEFAULT_PRIORITY) -> list[Generation]:
+        """Run ``requests`` (keys unique across calls in flight); results in the same order.
+
+        ``group`` names the batch the requests belong to (batches share the engine fairly; by
+        default each call is a batch of its own); ``priority`` 0-9, higher first."""
         waiter = _Waiter([r.key for r in requests])
         if not requests:
             return []
         with self._lock:
             if self._fatal is not None:
                 raise EngineDeadError(f"the engine stopped: {self._fatal!r}") from self._fatal
-            self._inbox.put((requests, waiter))
+            self._calls += 1
+            name = group or f"call-{self._calls}"
+            self._inbox.put([_Pending(r, waiter, name, priority) for r in requests])
         waiter.done.wait()
         if waiter.error is not None:
             raise EngineDeadError(f"the engine stopped: {waiter.error!r}") from waiter.error
@@ -107,40 +156,68 @@ class EngineRunner:
                 self._admit(block=not self.backend.has_unfinished())
                 if self.backend.has_unfinished():
                     for gen in self.backend.step():
-                        owner = self._owners.pop(gen.key, None)
+                        owner = self._active.pop(gen.key, None)
                         if owner is not None:
-                            owner.deliver(gen)
+                            self._finished += 1
+                            owner.waiter.deliver(gen)
         except BaseException as exc:
             with self._lock:
                 self._fatal = exc
-                waiters = set(self._owners.values()) | set(self._admitting)
+                waiters = {p.waiter for p in self._active.values()}
+                waiters |= {p.waiter for p in self._queue.drain()}
                 while True:
                     try:
-                        waiters.add(self._inbox.get_nowait()[1])
+                        waiters |= {p.waiter for p in self._inbox.get_nowait()}
                     except queue.Empty:
                         break
             for waiter in waiters:
                 waiter.fail(exc)
 
     def _admit(self, *, block: bool) -> None:
-        items = [self._inbox.get()] if block else []
+        calls = [self._inbox.get()] if block and not self._queue else []
         while True:
             try:
-                items.append(self._inbox.get_nowait())
+                calls.append(self._inbox.get_nowait())
             except queue.Empty:
                 break
-        self._admitting = [waiter for _, waiter in items]
-        for requests, waiter in items:
-            for request in requests:
-                try:
-                    self.backend.add(request)
-                except EngineDeadError:
-                    raise
-                except Exception as exc:
-                    waiter.deliver(Generation(request.key, failure=RequestFailure.from_engine_exception(exc)))
-                else:
-                    self._owners[request.key] = waiter
-        self._admitting = []
+        for call in calls:
+            for pending in call:
+                self._queue.push(pending.group, pending.priority, pending, pending.request.prompt_token_ids)
+        self._preempt()
+        running = max((p.priority for p in self._active.values()), default=None)
+        while self._max_active is None or len(self._active) < self._max_active:
+            top = self._queue.top_priority()
+            if top is None or (running is not None and top < running):
+                break  # strict priority: nothing lower starts while something higher runs
+            taken = self._queue.pop()
+            assert taken is not None
+            pending = taken[2]
+            running = top if running is None else max(running, top)
+            request = pending.request
+            try:
+                self.backend.add(request)
+            except EngineDeadError:
+                self._queue.push_front(pending.group, pending.priority, pending)
+                raise
+            except Exception as exc:
+                failure = RequestFailure.from_engine_exception(exc)
+                pending.waiter.deliver(Generation(request.key, failure=failure))
+            else:
+                self._active[request.key] = pending
+
+    def _preempt(self) -> None:
+        """Take back the requests on the engine whose priority is below the highest waiting."""
+        top = self._queue.top_priority()
+        if top is None:
+            return
+        lower = [p for p in self._active.values() if p.priority < top]
+        if not lower:
+            return
+        self.backend.abort([p.request.key for p in lower])
+        for pending in lower:  # in the order they started: each batch's earliest is first again
+            del self._active[pending.request.key]
+            self._queue.push_front(pending.group, pending.priority, pending)
+        self._preempted += len(lower)
 
 
 def make_backend(model_path: str, config: EngineConfig) -> Backend:
@@ -162,8 +239,10 @@ class Engine(Protocol):
     engine_start_s: float
     ready_at: float
 
-    def generate(self, requests: list[GenRequest]) -> list[Generation]:
-        """Results in the order of ``requests``."""
+    def generate(self, requests: list[GenRequest], *, group: str = "",
+                 priority: int = DEFAULT_PRIORITY) -> list[Generation]:
+        """Results in the order of ``requests``; ``group`` and ``priority`` as in
+        :meth:`EngineRunner.generate`."""
 
 
 class LocalEngine:
@@ -178,8 +257,9 @@ class LocalEngine:
         self.default_max_tokens = backend.default_max_tokens
         self._runner = EngineRunner(backend)
 
-    def generate(self, requests: list[GenRequest]) -> list[Generation]:
-        return self._runner.generate(requests)
+    def generate(self, requests: list[GenRequest], *, group: str = "",
+                 priority: int = DEFAULT_PRIORITY) -> list[Generation]:
+        return self._runner.generate(requests, group=group, priority=priority)
 
 
 class EngineStage:
@@ -190,7 +270,8 @@ class EngineStage:
     """
 
     def __init__(self, *, model_path: str, engine: str, endpoint: str, batch_id: str, model: str,
-                 engine_app: str | None = None, engine_wait_s: float = 600.0) -> None:
+                 engine_app: str | None = None, engine_wait_s: float = 600.0, group: str = "",
+                 priority: int = DEFAULT_PRIORITY) -> None:
         self._engine: Engine
         if engine_app is not None:
             from ray_job.serve_engine import ServeEngine
@@ -203,9 +284,12 @@ class EngineStage:
         self._endpoint = Endpoint(endpoint)
         self._batch_id = batch_id
         self._model = model
+        self._group = group or batch_id
+        self._priority = priority
 
     @classmethod
-    def on(cls, engine: Engine, *, endpoint: str, batch_id: str, model: str) -> EngineStage:
+    def on(cls, engine: Engine, *, endpoint: str, batch_id: str, model: str, group: str = "",
+           priority: int = DEFAULT_PRIORITY) -> EngineStage:
         """A stage running on an engine that already exists (the batch runner's warm engines)."""
         stage = cls.__new__(cls)
         stage._engine = engine
@@ -214,6 +298,8 @@ class EngineStage:
         stage._endpoint = Endpoint(endpoint)
         stage._batch_id = batch_id
         stage._model = model
+        stage._group = group or batch_id
+        stage._priority = priority
         return stage
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -254,7 +340,7 @@ class EngineStage:
             )
             owners[key] = row
         created = int(time.time())
-        for gen in self._engine.generate(requests):
+        for gen in self._engine.generate(requests, group=self._group, priority=self._priority):
             row = owners[gen.key]
             if gen.failure is not None:
                 out.append(self._error_row(row, gen.failure))

@@ -144,6 +144,8 @@ def build(spec: JobSpec, done_shards: list[tuple[str, str]], *, input_path: str 
             "model": spec.model,
             "engine_app": spec.engine_app,
             "engine_wait_s": spec.engine_wait_s,
+            "group": spec.engine_group,
+            "priority": spec.priority,
         },
         # a client of the shared engine needs next to no CPU and never a GPU
         num_cpus=SHARED_CLIENT_CPUS if spec.engine_app else spec.engine.num_cpus_per_replica,

@@ -45,6 +45,7 @@ from ray_job.pipeline import source_of
 from ray_job.prompts import HFTokenizer, Tokenizer, WhitespaceTokenizer, build_rows
 from ray_job.reader import iter_blocks
 from ray_job.records import Generation, GenRequest
+from schemas.batch import DEFAULT_PRIORITY
 from schemas.common import utcnow
 from schemas.job import JobSpec
 
@@ -111,7 +112,7 @@ class RunnerAttempt(Attempt):
         spec = self.spec
         tokenizer = self._tokenizer()
         stage = EngineStage.on(self._engine(), endpoint=spec.endpoint.value, batch_id=spec.batch_id,
-                               model=spec.model)
+                               model=spec.model, group=spec.engine_group, priority=spec.priority)
         done = [(s.kind, s.path) for s in self.prior.shards]
         source = source_of(spec, done, input_path=input_path)
         in_flight = max(1, spec.engine.batches_in_flight)
@@ -154,8 +155,9 @@ class WarmEngine:
         self.engine_start_s = waited_s
         self.ready_at = time.time()
 
-    def generate(self, requests: list[GenRequest]) -> list[Generation]:
-        return self._engine.generate(requests)
+    def generate(self, requests: list[GenRequest], *, group: str = "",
+                 priority: int = DEFAULT_PRIORITY) -> list[Generation]:
+        return self._engine.generate(requests, group=group, priority=priority)
 
 
 @dataclass

@@ -26,6 +26,7 @@ from typing import Any, cast
 from ray_job.engine import EngineRunner, make_backend
 from ray_job.errors import ENGINE_ERROR, EngineDeadError, EngineUnavailableError, RequestFailure
 from ray_job.records import Generation, GenRequest
+from schemas.batch import DEFAULT_PRIORITY
 from schemas.engines import DEPLOYMENT_NAME, EngineModel, app_name
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ class EngineServer:
         backend = make_backend(spec.path, spec.engine)
         self.engine_start_s = time.perf_counter() - started
         self.ready_at = time.time()
-        self._runner = EngineRunner(backend)
+        self._runner = EngineRunner(backend, max_active=spec.max_active_requests)
         # runner.generate blocks until its requests finish: one thread per call in flight
         self._pool = ThreadPoolExecutor(max_workers=spec.scaling.max_ongoing_requests,
                                         thread_name_prefix="engine-call")
@@ -58,6 +59,7 @@ class EngineServer:
         backend = self._runner.backend
         with self._lock:
             requests, tokens = self._requests, self._completion_tokens
+        stats = self._runner.stats()
         return {
             "model": self.model,
             "max_model_len": backend.max_model_len,
@@ -66,10 +68,15 @@ class EngineServer:
             "ready_at": self.ready_at,
             "requests": requests,
             "completion_tokens": tokens,
+            "queued": stats.queued,
+            "active": stats.active,
+            "preempted": stats.preempted,
         }
 
-    async def generate(self, requests: list[GenRequest]) -> list[Generation]:
-        """Run ``requests`` (keys unique within the call) on this replica's engine.
+    async def generate(self, requests: list[GenRequest], group: str = "",
+                       priority: int = DEFAULT_PRIORITY) -> list[Generation]:
+        """Run ``requests`` (keys unique within the call) of batch ``group`` on this replica's engine
+        (see :class:`~ray_job.engine.EngineRunner` for how batches share it).
 
         Calls of different batches run at once and their keys (input line numbers) repeat: each
         call's keys are made unique on the engine and given back in the answers."""
@@ -78,7 +85,8 @@ class EngineServer:
             call = self._calls
         on_engine = [replace(r, key=f"{call}:{r.key}") for r in requests]
         loop = asyncio.get_running_loop()
-        out: list[Generation] = await loop.run_in_executor(self._pool, self._runner.generate, on_engine)
+        out: list[Generation] = await loop.run_in_executor(
+            self._pool, lambda: self._runner.generate(on_engine, group=group, priority=priority))
         answers = [replace(g, key=r.key) for g, r in zip(out, requests, strict=True)]
         with self._lock:
             self._requests += len(answers)
@@ -198,8 +206,10 @@ class ServeEngine:
                 raise EngineDeadError(str(exc)[:2000]) from exc
             raise
 
-    def generate(self, requests: list[GenRequest]) -> list[Generation]:
-        """Results in the order of ``requests``."""
+    def generate(self, requests: list[GenRequest], *, group: str = "",
+                 priority: int = DEFAULT_PRIORITY) -> list[Generation]:
+        """Results in the order of ``requests``; ``group`` (the batch) and ``priority`` decide
+        their turn on the engine."""
         from ray import exceptions as ray_exceptions
 
         if not requests:
@@ -207,7 +217,8 @@ class ServeEngine:
         last: BaseException | None = None
         for attempt in range(self._retries + 1):
             try:
-                out: list[Generation] = self._call("generate", requests, timeout_s=self._wait_s)
+                out: list[Generation] = self._call("generate", requests, group, priority,
+                                                   timeout_s=self._wait_s)
                 return out
             except (ray_exceptions.RayActorError, EngineDeadError) as exc:
                 last = exc

@@ -85,6 +85,12 @@ class EngineModel(BaseModel):
     env_vars: dict[str, str] = Field(
         default_factory=dict, description="Extra environment of the replicas (no secrets)."
     )
+    max_active_requests: int = Field(
+        default=256, ge=1, le=100_000,
+        description="Requests a replica's engine runs at once; the rest wait in its fair queue "
+        "(priority first, batches taking turns). Keep it at most the engine's max_num_seqs, so "
+        "the engine's own first-come queue stays short.",
+    )
 
 
 def app_name(model: str) -> str:

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, model_validator
 
+from schemas.batch import DEFAULT_PRIORITY
 from schemas.common import BatchId, BatchStatus, Endpoint, ModelName, S3Prefix, S3Uri, Tenant, UtcDatetime
 from schemas.errors import SchemaError
 from schemas.openai import BatchInputLine, ErrorObject, RequestCounts, Usage
@@ -118,6 +119,11 @@ class JobSpec(BaseModel):
         description="Close a shard after this long, so a crash loses at most this much work.",
     )
     deadline: UtcDatetime | None = None
+    priority: int = Field(
+        default=DEFAULT_PRIORITY, ge=0, le=9,
+        description="The batch's priority (0-9, higher first): on a shared engine, requests of higher "
+        "priority run first and batches of equal priority take turns.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
@@ -133,6 +139,11 @@ class JobSpec(BaseModel):
     def submission_id(self) -> str:
         """``<batch_id>-a<attempt>``."""
         return submission_id(self.batch_id, self.attempt)
+
+    @property
+    def engine_group(self) -> str:
+        """What a shared engine shares fairly between: ``<tenant>/<batch_id>``."""
+        return f"{self.tenant}/{self.batch_id}"
 
     @property
     def manifest_uri(self) -> str:

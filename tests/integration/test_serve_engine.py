@@ -46,14 +46,37 @@ except Exception as exc:
     print("PROBE " + orjson.dumps({"error": type(exc).__name__, "code": getattr(exc, "code", None),
           "message": str(exc)[:500], "seconds": time.time() - started}).decode(), flush=True)
 """
+# two batches through one replica: a long low-priority one, then (while it runs) a short urgent one
+PRIORITY_PROBE = """
+import sys, time, threading, orjson
+from ray_job.serve_engine import ServeEngine
+from ray_job.records import GenRequest
+engine = ServeEngine(sys.argv[1], wait_s=120, retries=0)
+done = {}
+def call(name, n, priority):
+    out = engine.generate([GenRequest(str(i), [1], {"max_tokens": 4}, prompt_text=f"{name}{i}")
+                           for i in range(n)], group=name, priority=priority)
+    done[name] = {"at": time.time(), "keys": [g.key for g in out],
+                  "failures": [g.failure.code if g.failure else None for g in out]}
+low = threading.Thread(target=call, args=("low", 8, 0))
+started = time.time()
+low.start()
+time.sleep(1.5)
+urgent_at = time.time()
+call("urgent", 2, 9)
+low.join()
+print("PROBE " + orjson.dumps({"started": started, "urgent_at": urgent_at, **done}).decode(), flush=True)
+"""
 
 
-def _registry(delay_s: float, *, backend: str = "fake", path: str = "fake") -> EngineRegistry:
+def _registry(delay_s: float, *, backend: str = "fake", path: str = "fake",
+              max_active: int = 256) -> EngineRegistry:
     return EngineRegistry(models={MODEL: EngineModel(
         path=path,
         engine=EngineConfig(backend=backend, fake_delay_s=delay_s),  # type: ignore[arg-type]
         resources=ReplicaResources(num_cpus=0.25),
         scaling=Scaling(min_replicas=1, max_replicas=1, idle_s=60),
+        max_active_requests=max_active,
     )})
 
 
@@ -79,11 +102,12 @@ def serve(ray_settings: RaySettings) -> Iterator[ServeApi]:
     asyncio.run(api.deploy({"applications": []}))  # remove every engine again
 
 
-def _probe(ray_settings: RaySettings, n: int, wait_s: float = 120) -> tuple[JobSubmissionClient, str]:
+def _probe(ray_settings: RaySettings, n: int, wait_s: float = 120,
+           code: str = PROBE) -> tuple[JobSubmissionClient, str]:
     client = JobSubmissionClient(ray_settings.address)
     job_id = f"probe-{uuid.uuid4().hex[:8]}"
     client.submit_job(submission_id=job_id, entrypoint_num_cpus=0,
-                      entrypoint=f"python -P -c {_quote(PROBE)} {app_name(MODEL)} {n} {wait_s}",
+                      entrypoint=f"python -P -c {_quote(code)} {app_name(MODEL)} {n} {wait_s}",
                       runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled"}})
     return client, job_id
 
@@ -121,6 +145,33 @@ def test_batches_share_one_warm_engine(ray_settings: RaySettings, serve: ServeAp
     assert all(f is None for r in results for f in r["failures"])
     # no batch started an engine of its own: the same single replica served both
     assert replica_pids(_details(serve), MODEL) == pids_before
+
+
+def test_an_urgent_batch_overtakes_a_running_one_on_the_replica(
+    ray_settings: RaySettings, serve: ServeApi
+) -> None:
+    # two requests at a time on the engine, 1 s each: the low batch alone needs 4 s
+    registry = _registry(delay_s=1.0, max_active=2)
+    asyncio.run(serve.deploy(serve_config(registry, http_address=ray_settings.serve_address)))
+    _wait_app(serve, registry, {"RUNNING"})
+    client, job_id = _probe(ray_settings, 0, code=PRIORITY_PROBE)
+    result = _result(client, job_id)
+    low, urgent = result["low"], result["urgent"]
+    assert low["keys"] == [str(i) for i in range(8)] and urgent["keys"] == ["0", "1"]
+    assert all(f is None for f in low["failures"] + urgent["failures"]), result
+    # the urgent batch took the engine back: it finished first, in about one request's time
+    assert urgent["at"] < low["at"], result
+    assert urgent["at"] - result["urgent_at"] < 2.5, result
+    info = _engine_info(ray_settings)
+    assert info["preempted"] >= 1 and info["queued"] == 0 and info["active"] == 0, info
+
+
+def _engine_info(ray_settings: RaySettings) -> dict[str, Any]:
+    code = ("import sys, orjson; from ray import serve; "
+            "h = serve.get_deployment_handle('EngineServer', app_name=sys.argv[1]); "
+            "print('PROBE ' + orjson.dumps(h.info.remote().result(timeout_s=60)).decode())")
+    client, job_id = _probe(ray_settings, 0, code=code)
+    return _result(client, job_id)
 
 
 def test_a_killed_replica_is_replaced_and_its_requests_answered_once(

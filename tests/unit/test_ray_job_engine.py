@@ -51,6 +51,9 @@ class RecordingBackend:
         self.queue.append(request)
         self.max_running = max(self.max_running, len(self.queue))
 
+    def abort(self, keys: list[str]) -> None:
+        self.queue = [r for r in self.queue if r.key not in keys]
+
     def has_unfinished(self) -> bool:
         return bool(self.queue)
 
@@ -212,3 +215,100 @@ def test_prompt_and_engine_stages_end_to_end_on_the_fake_backend() -> None:
     }
     assert orjson.loads(out["c3"].payload)["response"]["status_code"] == 500
     assert out["c0"].engine_ready_at > 0
+
+
+class SlotBackend:
+    """Every request needs ``steps`` steps; each step advances all requests on it by one and logs
+    which keys were on the engine (to check who ran beside whom)."""
+
+    max_model_len = 100
+    default_max_tokens: int | None = None
+
+    def __init__(self, steps: int = 3) -> None:
+        self.steps = steps
+        self.left: dict[str, int] = {}
+        self.log: list[set[str]] = []
+        self.aborted: list[str] = []
+        self.finished: list[str] = []
+
+    def add(self, request: GenRequest) -> None:
+        self.left[request.key] = self.steps
+
+    def abort(self, keys: list[str]) -> None:
+        for key in keys:
+            if self.left.pop(key, None) is not None:
+                self.aborted.append(key)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.left)
+
+    def step(self) -> list[Generation]:
+        time.sleep(0.002)
+        self.log.append(set(self.left))
+        done = []
+        for key in list(self.left):
+            self.left[key] -= 1
+            if self.left[key] == 0:
+                del self.left[key]
+                done.append(Generation(key, text=key, finish_reason="stop", completion_tokens=1))
+                self.finished.append(key)
+        return done
+
+
+def _in_thread(
+    runner: EngineRunner, requests: list[GenRequest], **kw: Any
+) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(runner.generate(requests, **kw)))
+    thread.start()
+    return thread, out
+
+
+def _wait(predicate: Any) -> None:
+    deadline = time.monotonic() + 10
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
+
+
+def test_higher_priority_takes_the_engine_back_and_runs_alone() -> None:
+    backend = SlotBackend(steps=5)
+    runner = EngineRunner(backend, max_active=4)
+    low = [req(f"low{i}") for i in range(12)]
+    low_thread, low_out = _in_thread(runner, low, group="low", priority=0)
+    _wait(lambda: len(backend.left) == 4)
+    high = runner.generate([req("high0"), req("high1")], group="high", priority=9)
+    assert [g.key for g in high] == ["high0", "high1"] and all(g.failure is None for g in high)
+    low_thread.join(10)
+    assert [g.key for g in low_out[0]] == [r.key for r in low]
+    assert backend.aborted, "the low-priority requests on the engine were taken back"
+    assert runner.stats().preempted == len(backend.aborted)
+    # while a high-priority request was on the engine, no low-priority one was
+    for on_engine in backend.log:
+        if any(k.startswith("high") for k in on_engine):
+            assert all(k.startswith("high") for k in on_engine), on_engine
+    # every request finished exactly once, the aborted ones after running again
+    assert sorted(backend.finished) == sorted([r.key for r in low] + ["high0", "high1"])
+    assert runner.stats().active == 0 and runner.stats().queued == 0
+
+
+def test_batches_of_equal_priority_take_turns_on_a_full_engine() -> None:
+    backend = SlotBackend(steps=2)
+    runner = EngineRunner(backend, max_active=2)
+    big = [req(f"big{i:03d}") for i in range(40)]
+    big_thread, _ = _in_thread(runner, big, group="big")
+    _wait(lambda: len(backend.finished) >= 2)
+    small = runner.generate([req(f"small{i}") for i in range(3)], group="small")
+    assert all(g.failure is None for g in small)
+    until_small = backend.finished[: backend.finished.index("small2") + 1]
+    big_done_by_then = sum(k.startswith("big") for k in until_small)
+    assert big_done_by_then <= 2 + 3 + 2, backend.finished  # turns, not the 40 big requests first
+    big_thread.join(10)
+    assert not backend.aborted  # equal priorities never preempt
+
+
+def test_without_a_limit_every_request_goes_to_the_engine_at_once() -> None:
+    backend = SlotBackend(steps=1)
+    runner = EngineRunner(backend)
+    runner.generate([req(str(i)) for i in range(50)])
+    assert len(backend.log[0]) == 50

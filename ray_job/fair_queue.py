@@ -1,0 +1,114 @@
+"""The order in which a shared engine takes requests of many batches (pure, no engine, no Ray).
+
+- **Priority first**: a request of a higher priority is always taken before one of a lower.
+- **Fair among equals**: batches of the same priority take turns, one request per turn, so a
+  10-line batch is not stuck behind the 100,000 lines of a batch that arrived first.
+- **Shared prefixes together**: inside a batch, requests are taken in the order of their prompt
+  tokens, so requests that share a prompt prefix (a system prompt) reach the engine one after
+  the other and hit its prefix cache while the prefix is still there.
+
+A request taken back from the engine (preempted by higher-priority work) goes to the front of
+its batch's queue.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+# prompts are ordered by their first tokens only: enough to put a shared system prompt together
+ORDER_TOKENS = 512
+
+
+@dataclass(order=True)
+class _Entry(Generic[T]):
+    sort_key: tuple[int, ...]
+    seq: int
+    item: T = field(compare=False)
+
+
+class _Group(Generic[T]):
+    """One batch's waiting requests, sorted by prompt tokens (then arrival)."""
+
+    def __init__(self, priority: int) -> None:
+        self.priority = priority
+        self.entries: list[_Entry[T]] = []
+        self.front: list[T] = []  # taken back from the engine: first out, in their old order
+
+    def __len__(self) -> int:
+        return len(self.entries) + len(self.front)
+
+    def pop(self) -> T:
+        if self.front:
+            return self.front.pop(0)
+        return self.entries.pop(0).item
+
+
+class FairQueue(Generic[T]):
+    """Waiting requests of many batches (``group``), taken by priority, then in turns, then prefix."""
+
+    def __init__(self) -> None:
+        # priority -> groups of that priority in turn order (the next to take is first)
+        self._turns: dict[int, OrderedDict[str, _Group[T]]] = {}
+        self._groups: dict[str, _Group[T]] = {}
+        self._seq = 0
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def push(self, group: str, priority: int, item: T, prompt: list[int] | tuple[int, ...] = ()) -> None:
+        """Queue ``item`` of batch ``group``; ``prompt`` (token ids) orders it inside the batch.
+
+        A batch keeps the priority it was first queued with while any of its requests wait."""
+        found = self._group(group, priority)
+        self._seq += 1
+        bisect.insort(found.entries, _Entry(tuple(prompt[:ORDER_TOKENS]), self._seq, item))
+        self._size += 1
+
+    def push_front(self, group: str, priority: int, item: T) -> None:
+        """Give back ``item`` (taken earlier, not finished): it is the batch's next request."""
+        found = self._group(group, priority)
+        found.front.append(item)
+        self._size += 1
+
+    def top_priority(self) -> int | None:
+        """The highest priority waiting, or None when nothing waits."""
+        return max(self._turns) if self._turns else None
+
+    def pop(self) -> tuple[str, int, T] | None:
+        """The next request ``(group, priority, item)``, or None when nothing waits."""
+        priority = self.top_priority()
+        if priority is None:
+            return None
+        turns = self._turns[priority]
+        name, group = next(iter(turns.items()))
+        item = group.pop()
+        self._size -= 1
+        if group:
+            turns.move_to_end(name)  # the next batch of this priority takes the next turn
+        else:
+            del turns[name]
+            del self._groups[name]
+            if not turns:
+                del self._turns[priority]
+        return name, priority, item
+
+    def drain(self) -> list[T]:
+        """Remove and return everything waiting (in no particular order)."""
+        items = [item for g in self._groups.values() for item in (*g.front, *(e.item for e in g.entries))]
+        self._turns.clear()
+        self._groups.clear()
+        self._size = 0
+        return items
+
+    def _group(self, name: str, priority: int) -> _Group[T]:
+        found = self._groups.get(name)
+        if found is None:
+            found = self._groups[name] = _Group(priority)
+            self._turns.setdefault(priority, OrderedDict())[name] = found
+        return found
