@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import Any, cast
 
 from ray_job.engine import EngineRunner, make_backend
+from ray_job.engine_metrics import EngineMetrics
 from ray_job.errors import ENGINE_ERROR, EngineDeadError, EngineUnavailableError, RequestFailure
 from ray_job.records import Generation, GenRequest
 from schemas.batch import DEFAULT_PRIORITY
@@ -32,6 +33,7 @@ from schemas.engines import DEPLOYMENT_NAME, EngineModel, app_name
 log = logging.getLogger(__name__)
 
 IMPORT_PATH = "ray_job.serve_engine:build_app"
+METRICS_INTERVAL_S = 5.0
 
 
 class EngineServer:
@@ -52,7 +54,23 @@ class EngineServer:
         self._requests = 0
         self._completion_tokens = 0
         self._calls = 0
+        self._in_flight = 0
+        self._last_busy = time.time()
+        self._metrics = EngineMetrics(model)
+        self._metrics.started(self.engine_start_s)
+        if self._metrics.enabled:
+            threading.Thread(target=self._sample_metrics, name="engine-metrics", daemon=True).start()
         log.info("engine for %s ready in %.1f s", model, self.engine_start_s)
+
+    def idle_s(self) -> float:
+        """Seconds since the replica last had a call in flight (0 while it has one)."""
+        with self._lock:
+            return 0.0 if self._in_flight else time.time() - self._last_busy
+
+    def _sample_metrics(self) -> None:
+        while True:
+            self._metrics.sample(self._runner.stats(), self.idle_s())
+            time.sleep(METRICS_INTERVAL_S)
 
     def info(self) -> dict[str, Any]:
         """What a client needs before sending requests (context size, defaults) and engine stats."""
@@ -68,6 +86,7 @@ class EngineServer:
             "ready_at": self.ready_at,
             "requests": requests,
             "completion_tokens": tokens,
+            "idle_s": self.idle_s(),
             "queued": stats.queued,
             "active": stats.active,
             "preempted": stats.preempted,
@@ -82,15 +101,23 @@ class EngineServer:
         call's keys are made unique on the engine and given back in the answers."""
         with self._lock:
             self._calls += 1
+            self._in_flight += 1
             call = self._calls
         on_engine = [replace(r, key=f"{call}:{r.key}") for r in requests]
         loop = asyncio.get_running_loop()
-        out: list[Generation] = await loop.run_in_executor(
-            self._pool, lambda: self._runner.generate(on_engine, group=group, priority=priority))
+        try:
+            out: list[Generation] = await loop.run_in_executor(
+                self._pool, lambda: self._runner.generate(on_engine, group=group, priority=priority))
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                self._last_busy = time.time()
         answers = [replace(g, key=r.key) for g, r in zip(out, requests, strict=True)]
+        tokens = sum(g.completion_tokens for g in answers)
         with self._lock:
             self._requests += len(answers)
-            self._completion_tokens += sum(g.completion_tokens for g in answers)
+            self._completion_tokens += tokens
+        self._metrics.answered(len(answers), tokens)
         return answers
 
     def check_health(self) -> None:

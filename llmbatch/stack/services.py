@@ -335,6 +335,7 @@ def _start_ray(run_dir: Path, num_cpus: int, object_store_bytes: int, ports: _St
     # one allocator for all of them: the dashboard can never land inside the worker range
     gcs, dashboard, client, agent = ports.one(), ports.one(), ports.one(), ports.one()
     serve = ports.one()  # Serve's HTTP proxy (the batch runner), bound once Serve starts
+    metrics = ports.one()  # Prometheus metrics of the node (Ray's, Serve's, llmbatch_engine_*)
     workers = ports.block(200)
     log = run_dir / "logs" / "ray.log"
     env = {
@@ -349,6 +350,7 @@ def _start_ray(run_dir: Path, num_cpus: int, object_store_bytes: int, ports: _St
             f"--port={gcs}", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
             f"--dashboard-port={dashboard}", "--include-dashboard=true",
             f"--dashboard-agent-listen-port={agent}", f"--ray-client-server-port={client}",
+            f"--metrics-export-port={metrics}",
             f"--min-worker-port={workers}", f"--max-worker-port={workers + 199}",
             f"--object-store-memory={object_store_bytes}", f"--temp-dir={temp}",
             "--disable-usage-stats"]
@@ -360,7 +362,8 @@ def _start_ray(run_dir: Path, num_cpus: int, object_store_bytes: int, ports: _St
     # submit job" for tens of seconds on a loaded machine): healthy = a first job has run
     probe = _RayJobProbe(address)
     waited += wait_until(probe.done, 180, pid, "Ray head (first job)", log, interval=0.5)
-    return ServiceRecord("ray", pid, {"gcs": gcs, "dashboard": dashboard, "client": client, "serve": serve},
+    return ServiceRecord("ray", pid, {"gcs": gcs, "dashboard": dashboard, "client": client, "serve": serve,
+                                      "metrics": metrics},
                          address, str(log), str(temp), round(waited, 2),
                          extra={"gcs_address": f"127.0.0.1:{gcs}", "serve_address": f"http://127.0.0.1:{serve}"})
 

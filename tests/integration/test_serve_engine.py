@@ -11,6 +11,7 @@ import asyncio
 import os
 import signal
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +25,7 @@ from dispatcher.serve_api import ServeApi
 from llmbatch.settings import RaySettings
 from schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
 from schemas.job import EngineConfig
+from tests.support.services import ServiceProvider
 
 pytestmark = pytest.mark.integration
 
@@ -145,6 +147,36 @@ def test_batches_share_one_warm_engine(ray_settings: RaySettings, serve: ServeAp
     assert all(f is None for r in results for f in r["failures"])
     # no batch started an engine of its own: the same single replica served both
     assert replica_pids(_details(serve), MODEL) == pids_before
+
+
+def test_replicas_export_engine_metrics(ray_settings: RaySettings, serve: ServeApi,
+                                        services: ServiceProvider) -> None:
+    registry = _registry(delay_s=0.0)
+    asyncio.run(serve.deploy(serve_config(registry, http_address=ray_settings.serve_address)))
+    _wait_app(serve, registry, {"RUNNING"})
+    record = services.local_record("ray")
+    if record is None:
+        pytest.fail("the metrics check needs the suite's own Ray head (its metrics port)")
+    before = _metric(record.ports["metrics"], "requests_total")
+    result = _result(*_probe(ray_settings, 7))
+    assert result["keys"] == [str(i) for i in range(7)]
+    deadline = time.monotonic() + 90  # Ray's agent exports every ~10 s
+    while _metric(record.ports["metrics"], "requests_total") < before + 7:
+        assert time.monotonic() < deadline, _metric_lines(record.ports["metrics"])
+        time.sleep(2)
+    assert _metric(record.ports["metrics"], "completion_tokens_total") > 0
+    assert "ray_llmbatch_engine_queued_requests" in _metric_lines(record.ports["metrics"])
+
+
+def _metric_lines(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return "\n".join(ln for ln in text.splitlines() if "llmbatch_engine" in ln and MODEL in ln)
+
+
+def _metric(port: int, name: str) -> float:
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in _metric_lines(port).splitlines()
+               if ln.startswith(f"ray_llmbatch_engine_{name}{{"))
 
 
 def test_an_urgent_batch_overtakes_a_running_one_on_the_replica(

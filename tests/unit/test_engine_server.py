@@ -40,3 +40,22 @@ def test_concurrent_calls_with_the_same_keys_each_get_their_own_answers() -> Non
     assert got == [[(str(i), f"fake reply to: {b} {i}") for i in range(n)]
                    for b, n in (("a", 5), ("b", 3), ("c", 5))]
     assert server.info()["requests"] == 13
+
+
+def test_info_reports_queue_activity_and_idle_time() -> None:
+    server = _server()
+
+    async def during_and_after() -> tuple[dict[str, object], float, dict[str, object]]:
+        call = asyncio.ensure_future(server.generate(_requests("a", 3), "tenant/a", 7))
+        await asyncio.sleep(0.1)
+        busy = server.info()
+        busy_idle = server.idle_s()
+        await asyncio.wait_for(call, 30)
+        await asyncio.sleep(0.05)
+        return busy, busy_idle, server.info()
+
+    busy, busy_idle, after = asyncio.run(during_and_after())
+    assert busy_idle == 0.0 and busy["active"] == 3 and busy["requests"] == 0
+    assert after["active"] == 0 and after["queued"] == 0 and after["requests"] == 3
+    assert isinstance(after["idle_s"], float) and after["idle_s"] > 0
+    assert not server._metrics.enabled
