@@ -59,12 +59,15 @@ class RunnerClient:
     """The batch runner's HTTP API (see :mod:`ray_job.runner`)."""
 
     def __init__(self, serve_address: str, timeout_s: float = 30.0) -> None:
-        self.base = serve_address.rstrip("/") + ROUTE_PREFIX + "/runs"
+        self.root = serve_address.rstrip("/") + ROUTE_PREFIX
+        self.base = self.root + "/runs"
         self.timeout_s = timeout_s
 
-    def _request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, Any]:
+    def _request(self, method: str, path: str, body: bytes | None = None, *,
+                 root: bool = False) -> tuple[int, Any]:
+        url = (self.root if root else self.base) + path
         req = urllib.request.Request(  # noqa: S310 - the Serve address from settings
-            self.base + path, data=body, method=method, headers={"Content-Type": "application/json"}
+            url, data=body, method=method, headers={"Content-Type": "application/json"}
         )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
@@ -93,6 +96,12 @@ class RunnerClient:
         """True if a stop was requested; ``None`` when the runner does not know the run."""
         code, body = await asyncio.to_thread(self._request, "POST", f"/{submission_id}/stop")
         return None if code == 404 else bool(body.get("stopped"))
+
+    async def engines(self) -> dict[str, dict[str, Any]]:
+        """The shared engines' figures per model (``GET /engines``: queue, activity, tokens/s)."""
+        _, body = await asyncio.to_thread(lambda: self._request("GET", "/engines", root=True))
+        engines = body.get("engines") if isinstance(body, dict) else None
+        return engines if isinstance(engines, dict) else {}
 
 
 class RoutedBackend:

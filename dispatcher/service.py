@@ -14,6 +14,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from dispatcher import logs
 from dispatcher.backend import JobBackend
@@ -28,7 +29,12 @@ from dispatcher.settings import DispatcherSettings
 from dispatcher.store import StateStore
 from dispatcher.tracker import Tracker
 
+if TYPE_CHECKING:
+    from dispatcher.runner_backend import RunnerClient
+
 log = logging.getLogger(__name__)
+
+ENGINE_POLL_S = 15.0  # how often the tracker leader refreshes llmbatch_engine_* (Ray exports every ~10 s)
 
 
 def crash_hook(points: list[str]) -> Callable[[str], None]:
@@ -67,16 +73,19 @@ class Dispatcher:
             dedupe_ttl_s=opts.event_dedupe_ttl_s,
         )
         self.results = ResultStore(settings.s3)
+        self.runner: RunnerClient | None = None
         if backend is None:
             from dispatcher.ray_backend import RayJobsBackend
 
             backend = RayJobsBackend(settings, upload_spec=self.results.upload_spec)
             if opts.shared_engines and opts.short_path_max_lines > 0:
+                # imported here: the runner's module brings Ray, which the plain job path never needs
                 from dispatcher.runner_backend import RoutedBackend, RunnerClient
 
+                self.runner = RunnerClient(settings.ray.serve_address)
                 backend = RoutedBackend(
                     backend,
-                    RunnerClient(settings.ray.serve_address),
+                    self.runner,
                     max_lines=opts.short_path_max_lines,
                     max_bytes=opts.short_path_max_bytes,
                     size_of=self.results.object_size,
@@ -145,8 +154,24 @@ class Dispatcher:
             asyncio.create_task(self.consumer.run(), name="consumer"),
             asyncio.create_task(self.tracker.run(), name="tracker"),
         ]
+        if self.runner is not None:
+            self._tasks.append(asyncio.create_task(self._watch_engines(self.runner), name="engine-metrics"))
         self._started = True
         log.info("dispatcher started")
+
+    async def _watch_engines(self, runner: RunnerClient) -> None:
+        """Export the shared engines' figures (``llmbatch_engine_*``) while this replica leads the
+        tracker (one exporter, so sums over dispatcher pods stay right); clear them otherwise."""
+        while not self._stop.is_set():
+            figures: dict[str, dict[str, Any]] = {}
+            if self.tracker.is_leader:
+                try:
+                    figures = await runner.engines()
+                except DispatcherError as exc:  # the tracker reports Ray's outages; no line per poll
+                    log.debug("engine figures unavailable: %s", exc)
+            self.metrics.set_engines(figures)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), ENGINE_POLL_S)
 
     async def _deploy_engines(self) -> None:
         """Apply the registry to the cluster's Serve config (idempotent: unchanged apps keep running)."""

@@ -9,6 +9,9 @@ Outside a Ray worker (unit tests) the metrics are not recorded.
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections import deque
 from typing import Any
 
 from ray_job.engine import RunnerStats
@@ -20,12 +23,15 @@ GAUGES = {
     "llmbatch_engine_active_requests": "Requests on the replica's engine.",
     "llmbatch_engine_start_seconds": "How long the replica's engine took to start.",
     "llmbatch_engine_idle_seconds": "Seconds since the replica last had a request (0 while busy).",
+    "llmbatch_engine_tokens_per_second": "Tokens the replica generated per second over the last minute.",
 }
 COUNTERS = {
     "llmbatch_engine_requests_total": "Requests the replica answered.",
     "llmbatch_engine_completion_tokens_total": "Tokens the replica generated.",
     "llmbatch_engine_preempted_total": "Requests taken back from the engine for higher-priority work.",
+    "llmbatch_engine_cold_starts_total": "Engines started (one per replica start).",
 }
+RATE_WINDOW_S = 60.0
 
 
 class EngineMetrics:
@@ -36,6 +42,8 @@ class EngineMetrics:
         self._gauges: dict[str, Any] = {}
         self._counters: dict[str, Any] = {}
         self._preempted = 0
+        self._lock = threading.Lock()
+        self._recent: deque[tuple[float, int]] = deque()  # (when, tokens) of the last RATE_WINDOW_S
         try:
             import ray
             from ray.util import metrics
@@ -55,13 +63,25 @@ class EngineMetrics:
 
     def started(self, seconds: float) -> None:
         self._set("llmbatch_engine_start_seconds", seconds)
+        self._inc("llmbatch_engine_cold_starts_total", 1)
 
     def answered(self, requests: int, completion_tokens: int) -> None:
         self._inc("llmbatch_engine_requests_total", requests)
         self._inc("llmbatch_engine_completion_tokens_total", completion_tokens)
+        with self._lock:
+            self._recent.append((time.monotonic(), completion_tokens))
+
+    def tokens_per_second(self, now: float | None = None) -> float:
+        """Tokens answered per second over the last :data:`RATE_WINDOW_S`."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            while self._recent and self._recent[0][0] < now - RATE_WINDOW_S:
+                self._recent.popleft()
+            return sum(n for _, n in self._recent) / RATE_WINDOW_S
 
     def sample(self, stats: RunnerStats, idle_s: float) -> None:
         """The replica's current state (called periodically)."""
+        self._set("llmbatch_engine_tokens_per_second", self.tokens_per_second())
         self._set("llmbatch_engine_queued_requests", stats.queued)
         self._set("llmbatch_engine_active_requests", stats.active)
         self._set("llmbatch_engine_idle_seconds", idle_s)

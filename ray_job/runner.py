@@ -16,7 +16,9 @@ HTTP (for the dispatcher, which is not a Ray driver), under the route prefix:
 - ``GET /runs/<submission_id>``: 200 with the run's state (the Jobs API's states and exit codes),
   404 when this replica does not know it (never given, or the replica was replaced: the dispatcher
   treats that as a lost job and retries);
-- ``POST /runs/<submission_id>/stop``: 200 ``{"stopped": bool}``, 404 when unknown.
+- ``POST /runs/<submission_id>/stop``: 200 ``{"stopped": bool}``, 404 when unknown;
+- ``GET /engines``: 200 ``{"engines": {model: figures}}``, the shared engines' figures summed over
+  their replicas (:mod:`ray_job.engine_stats`, from every node's metrics agent; about 10 s old).
 
 One replica (the runs live in its memory); its work is light (tokenizing, S3 writes), the
 generation runs on the engines' own replicas.
@@ -24,6 +26,7 @@ generation runs on the engines' own replicas.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -39,6 +42,7 @@ from pydantic import ValidationError
 
 from ray_job import rows
 from ray_job.engine import Engine, EngineStage
+from ray_job.engine_stats import summarize_metrics
 from ray_job.errors import ExitCode
 from ray_job.main import Attempt, StopRequested
 from ray_job.pipeline import source_of
@@ -64,6 +68,8 @@ def route(method: str, path: str) -> tuple[str, str | None]:
 
     ``path`` may carry the route prefix; only the segments from ``runs`` on count."""
     parts = [p for p in path.split("/") if p]
+    if method == "GET" and parts and parts[-1] == "engines":
+        return "engines", None
     if "runs" not in parts:
         return "", None
     rest = parts[len(parts) - parts[::-1].index("runs"):]
@@ -201,6 +207,8 @@ class BatchRunner:
             code, body = self.status(sid)
         elif op == "stop" and sid is not None:
             code, body = self.stop(sid)
+        elif op == "engines":
+            code, body = 200, {"engines": await asyncio.to_thread(engine_figures)}
         else:
             code, body = 404, {"error": f"no route {request.method} {request.url.path}"}
         return Response(orjson.dumps(body), status_code=code, media_type="application/json")
@@ -299,6 +307,26 @@ class BatchRunner:
         # the first batch of a model waits for a replica (a cold start when it scaled to zero)
         engine = self._once(self._engines, app, lambda: ServeEngine(app, wait_s=spec.engine_wait_s))
         return WarmEngine(engine, waited_s=time.perf_counter() - started)
+
+
+def engine_figures(timeout_s: float = 5.0) -> dict[str, dict[str, Any]]:
+    """The shared engines' figures per model, from the metrics agent of every live node."""
+    import urllib.request
+
+    import ray
+
+    texts = []
+    for node in ray.nodes():  # type: ignore[no-untyped-call]
+        port = node.get("MetricsExportPort")
+        if not node.get("Alive") or not port:
+            continue
+        url = f"http://{node['NodeManagerAddress']}:{port}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+                texts.append(resp.read().decode("utf-8", "replace"))
+        except OSError as exc:
+            log.warning("no metrics from node %s: %s", node.get("NodeManagerAddress"), exc)
+    return {model: f.as_dict() for model, f in summarize_metrics(texts).items()}
 
 
 def serve_application(*, max_runs: int, env_vars: dict[str, str] | None = None,

@@ -116,6 +116,13 @@ def test_small_batches_run_on_the_warm_runner_with_the_job_contract(
     # the replicas that were there ran everything: no engine and no job started for these batches
     assert replica_pids(asyncio.run(api.status()), MODEL) == [replica]
     print(f"two small batches on the runner: {elapsed:.2f} s")
+    # the runner reports the engines' figures from Ray's metrics (exported about every 10 s)
+    deadline = time.monotonic() + 90
+    while (figures := asyncio.run(client.engines()).get(MODEL, {})).get("requests", 0) < 14:
+        assert time.monotonic() < deadline, figures
+        time.sleep(2)
+    assert figures["replicas"] >= 1 and figures["cold_starts"] >= 1 and figures["completion_tokens"] > 0
+    assert figures["queued"] == 0 and figures["active"] == 0, figures
 
 
 def test_stop_keeps_what_finished_and_the_next_attempt_completes_the_rest(
