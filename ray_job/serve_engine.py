@@ -187,8 +187,10 @@ def build_app(args: dict[str, Any]) -> Any:
 class ServeEngine:
     """A batch's view of the shared engine of one model: same calls as a local engine.
 
-    ``wait_s`` bounds how long a call may wait for a replica (cold start from zero included)
-    before the batch gets :class:`EngineUnavailableError`. A call whose replica dies is sent
+    ``wait_s`` bounds how long the batch waits for a replica (cold start from zero included)
+    before it gets :class:`EngineUnavailableError`; generation calls then wait their turn in the
+    replica's fair queue for as long as the model's engines answer (a call behind higher-priority
+    batches is waiting, not lost). A call whose replica dies is sent
     again (Serve routes it to a live or restarted replica) up to ``retries`` times; after that
     its requests become ``engine_error`` lines, so one bad replica never fails a batch.
     """
@@ -216,12 +218,31 @@ class ServeEngine:
     def _unavailable(self, exc: BaseException) -> EngineUnavailableError:
         return EngineUnavailableError(f"the engine {self.app} is unavailable: {exc}"[:2000])
 
-    def _call(self, method: str, *args: Any, timeout_s: float) -> Any:
+    def _alive(self) -> bool:
+        """Whether Serve reports the model's application running (or deploying)."""
+        from ray import serve
+
+        try:
+            app = serve.status().applications.get(self.app)
+        except Exception as exc:  # the controller did not answer
+            log.warning("no Serve status for %s: %s", self.app, exc)
+            return False
+        return app is not None and str(getattr(app.status, "value", app.status)) in ("RUNNING", "DEPLOYING")
+
+    def _call(self, method: str, *args: Any, timeout_s: float, patient: bool = False) -> Any:
+        """Call ``method`` on a replica. ``patient``: wait beyond ``timeout_s`` for as long as Serve
+        reports the model's application running (the call is waiting its turn, not lost)."""
         from ray import exceptions as ray_exceptions
         from ray.serve.exceptions import DeploymentUnavailableError, RayServeException
 
         try:
-            return getattr(self._handle, method).remote(*args).result(timeout_s=timeout_s)
+            response = getattr(self._handle, method).remote(*args)
+            while True:
+                try:
+                    return response.result(timeout_s=timeout_s)
+                except TimeoutError:
+                    if not (patient and self._alive()):
+                        raise
         except TimeoutError as exc:
             raise EngineUnavailableError(
                 f"no engine of {self.app} answered within {timeout_s:.0f} s"
@@ -244,8 +265,9 @@ class ServeEngine:
         last: BaseException | None = None
         for attempt in range(self._retries + 1):
             try:
+                # a call may wait its turn behind higher-priority batches for as long as they run
                 out: list[Generation] = self._call("generate", requests, group, priority,
-                                                   timeout_s=self._wait_s)
+                                                   timeout_s=self._wait_s, patient=True)
                 return out
             except (ray_exceptions.RayActorError, EngineDeadError) as exc:
                 last = exc

@@ -198,6 +198,16 @@ def test_an_urgent_batch_overtakes_a_running_one_on_the_replica(
     assert info["preempted"] >= 1 and info["queued"] == 0 and info["active"] == 0, info
 
 
+def test_a_call_waiting_its_turn_outlasts_the_engine_wait(ray_settings: RaySettings, serve: ServeApi) -> None:
+    # one request at a time, 3 s each: the call takes ~9 s, far beyond the batch's 2 s engine wait
+    registry = _registry(delay_s=3.0, max_active=1)
+    asyncio.run(serve.deploy(serve_config(registry, http_address=ray_settings.serve_address)))
+    _wait_app(serve, registry, {"RUNNING"})
+    result = _result(*_probe(ray_settings, 3, wait_s=2))
+    assert "error" not in result, result  # waiting in the replica's queue is not "unavailable"
+    assert result["keys"] == ["0", "1", "2"] and result["seconds"] >= 8, result
+
+
 def _engine_info(ray_settings: RaySettings) -> dict[str, Any]:
     code = ("import sys, orjson; from ray import serve; "
             "h = serve.get_deployment_handle('EngineServer', app_name=sys.argv[1]); "
