@@ -11,8 +11,9 @@ What it brings:
   the libraries the real tools use (sigs.k8s.io/kustomize/api = `kustomize build`,
   compose-spec/compose-go = `docker compose config`: schema validation, interpolation, profiles).
   Cached in ``$LLMBATCH_CACHE/bin`` (default ~/.cache/llmbatch/bin), keyed by its sources.
-- the KubeRay v1.7.0 CRD schemas (``../shared/kuberay-crds``), made strict like
-  ``kubectl apply --validate=strict`` (unknown fields are errors);
+- the KubeRay v1.7.0 CRD schemas (``../shared/kuberay-crds``: RayCluster, RayJob, RayService), made
+  strict like ``kubectl apply --validate=strict`` (unknown fields are errors), and the operator's own
+  rules (RayService ones and the Serve config's placement in scripts/validate_rayservice.py);
 - the names of every ``LLMBATCH_*`` setting, read from the settings models themselves;
 - a small Dockerfile reader and a PromQL metric-name extractor.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -39,7 +41,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 KUSTOMIZE = DEPLOY / "kubernetes"
-OVERLAYS = ("cpu-dev", "gpu-prod")
+OVERLAYS = ("cpu-dev", "gpu-prod", "gpu-prod-rayservice")
 COMPONENTS = ("model-from-minio",)
 DOCKERFILES = (DEPLOY / "docker" / "dispatcher.Dockerfile", DEPLOY / "docker" / "ray.Dockerfile")
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -191,6 +193,8 @@ def pod_specs(obj: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
         yield f"Pod/{obj['metadata']['name']}", spec
     elif kind == "RayCluster":
         yield from _raycluster_pods(f"RayCluster/{obj['metadata']['name']}", spec)
+    elif kind == "RayService" and spec.get("rayClusterConfig"):  # not a patch carrying serveConfigV2 only
+        yield from _raycluster_pods(f"RayService/{obj['metadata']['name']}", spec["rayClusterConfig"])
     elif kind == "RayJob":
         name = f"RayJob/{obj['metadata']['name']}"
         if spec.get("rayClusterSpec"):
@@ -246,14 +250,14 @@ def kuberay_crd_dir() -> Path:
 
 @functools.cache
 def crd_document(kind: str) -> dict[str, Any]:
-    """The KubeRay CustomResourceDefinition of ``kind`` (RayCluster, RayJob), as shipped."""
+    """The KubeRay CustomResourceDefinition of ``kind`` (RayCluster, RayJob, RayService), as shipped."""
     crd: dict[str, Any] = load_yaml((kuberay_crd_dir() / f"ray.io_{kind.lower()}s.yaml").read_text())
     return crd
 
 
 @functools.cache
 def crd_schema(kind: str, version: str = "v1", strict: bool = True) -> dict[str, Any]:
-    """The openAPIV3Schema of a KubeRay CRD (RayCluster, RayJob), strict: unknown fields fail."""
+    """The openAPIV3Schema of a KubeRay CRD (RayCluster, RayJob, RayService), strict: unknown fields fail."""
     crd = crd_document(kind)
     assert crd["spec"]["names"]["kind"] == kind, crd["spec"]["names"]
     for v in crd["spec"]["versions"]:
@@ -289,7 +293,7 @@ def _crd_validator(kind: str, version: str) -> Any:
 
 
 def validate_kuberay(obj: dict[str, Any]) -> list[str]:
-    """jsonschema errors of a RayCluster/RayJob against the real CRD (empty = valid)."""
+    """jsonschema errors of a RayCluster/RayJob/RayService against the real CRD (empty = valid)."""
     group, _, version = obj["apiVersion"].partition("/")
     if group != "ray.io":
         raise ValueError(f"not a KubeRay object: {obj['apiVersion']}")
@@ -297,12 +301,26 @@ def validate_kuberay(obj: dict[str, Any]) -> list[str]:
     return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(obj)]
 
 
+def rayservice_checks() -> Any:
+    """scripts/validate_rayservice.py (RayService + Ray resource checks), loaded by path: scripts/ is
+    no package, and this module may itself have been loaded by path (the tests) or run as a script."""
+    name = "validate_rayservice"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
 def kuberay_semantic_errors(obj: dict[str, Any]) -> list[str]:
     """The checks the KubeRay operator makes before it acts (a subset of ray-operator's
-    utils/validation.go: ValidateRayClusterSpec / ValidateRayJobSpec), which no CRD schema carries."""
+    utils/validation.go: ValidateRayClusterSpec / ValidateRayJobSpec / ValidateRayServiceSpec), which no
+    CRD schema carries, plus what a RayService's Serve config needs of its cluster."""
     errors: list[str] = []
     name = obj["metadata"]["name"]
     kind, spec = obj["kind"], obj["spec"]
@@ -310,6 +328,8 @@ def kuberay_semantic_errors(obj: dict[str, Any]) -> list[str]:
         errors.append(f"{kind} name {name!r} must be a DNS-1035 label")
     if kind == "RayCluster":
         errors += _raycluster_errors(spec, kind)
+    elif kind == "RayService":
+        errors += rayservice_checks().rayservice_errors(obj, _raycluster_errors)
     elif kind == "RayJob":
         if len(name) > 47:
             errors.append("RayJob names are limited to 47 characters")
@@ -366,6 +386,7 @@ def _raycluster_errors(spec: dict[str, Any], where: str) -> list[str]:
             errors.append(f"{where} {group_name}: resources in both rayStartParams and resources")
         if "labels" in params:
             errors.append(f"{where} {group_name}: rayStartParams['labels'] is not supported")
+        errors += rayservice_checks().group_resource_errors(f"{where} {group_name}", group)
         if v2 and pod.get("restartPolicy") not in (None, "Never"):
             errors.append(f"{where} {group_name}: autoscaler v2 needs restartPolicy Never or unset")
         if group_name != "head":

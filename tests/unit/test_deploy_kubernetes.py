@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import os
 import re
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from typer.testing import CliRunner
+
+from dispatcher.engines import cluster_serve_config
+from dispatcher.ops import engines_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.unit
@@ -90,7 +96,14 @@ def _settings(objects: list[dict[str, Any]]) -> Any:
 
 
 def _raycluster(objects: list[dict[str, Any]]) -> dict[str, Any]:
-    return vd.one(objects, "RayCluster")
+    """The overlay's Ray cluster: its RayCluster, or the cluster of its RayService (as a RayCluster)."""
+    if vd.by_kind(objects, "RayService"):
+        service = vd.one(objects, "RayService")
+        assert vd.by_kind(objects, "RayCluster") == []
+        return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": service["metadata"],
+                "spec": service["spec"]["rayClusterConfig"]}
+    cluster: dict[str, Any] = vd.one(objects, "RayCluster")
+    return cluster
 
 
 # --- rendering and schemas ------------------------------------------------------------------------
@@ -99,12 +112,12 @@ def _raycluster(objects: list[dict[str, Any]]) -> dict[str, Any]:
 @pytest.mark.parametrize("overlay", vd.OVERLAYS)
 def test_overlay_renders_the_whole_system(renders: dict[str, list[dict[str, Any]]], overlay: str) -> None:
     kinds = {o["kind"] for o in renders[overlay]}
+    assert len(kinds & {"RayCluster", "RayService"}) == 1
     assert {
         "Namespace",
         "Deployment",
         "Service",
         "PodDisruptionBudget",
-        "RayCluster",
         "NetworkPolicy",
         "Job",
         "ConfigMap",
@@ -166,7 +179,7 @@ def test_native_objects_validate_with_kubernetes_validate(renders: dict[str, lis
     errors = [e for o in native for e in vd.validate_native(o)]
     assert errors == []
     others = {o["kind"] for o in objects if not vd.is_native(o)}
-    assert others <= {"RayCluster", "RayJob", "ServiceMonitor"}, others
+    assert others <= {"RayCluster", "RayJob", "RayService", "ServiceMonitor"}, others
 
 
 def test_kubernetes_validate_is_strict() -> None:
@@ -207,12 +220,24 @@ def _references(objects: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]
                         if key in value_from:
                             ref = value_from[key]
                             refs.setdefault((kind, ref["name"]), set()).add(ref["key"])
-        if obj["kind"] == "RayCluster":
-            for env in (obj["spec"].get("autoscalerOptions") or {}).get("env") or []:
+        cluster = _cluster_spec(obj)
+        if cluster is not None:
+            for env in (cluster.get("autoscalerOptions") or {}).get("env") or []:
                 ref = (env.get("valueFrom") or {}).get("secretKeyRef")
                 if ref:
                     refs.setdefault(("Secret", ref["name"]), set()).add(ref["key"])
+            auth_secret = (cluster.get("authOptions") or {}).get("secretName")
+            if auth_secret:  # KubeRay reads the token from its key auth_token
+                refs.setdefault(("Secret", auth_secret), set()).add("auth_token")
     return refs
+
+
+def _cluster_spec(obj: dict[str, Any]) -> dict[str, Any] | None:
+    if obj["kind"] == "RayCluster":
+        return dict(obj["spec"])
+    if obj["kind"] == "RayService":
+        return dict(obj["spec"]["rayClusterConfig"])
+    return None
 
 
 @pytest.mark.parametrize("overlay", [*vd.OVERLAYS, *(f"gpu-prod+{c}" for c in vd.COMPONENTS)])
@@ -302,6 +327,7 @@ def test_config_builds_valid_settings(renders: dict[str, list[dict[str, Any]]], 
             "AWS_SECRET_ACCESS_KEY",
             "LLMBATCH_S3__ENDPOINT",
             "RAY_AUTH_TOKEN",
+            "LLMBATCH_REDIS__PASSWORD",  # the batch runner's (a rendered Serve config carries none)
         } <= env, where
 
 
@@ -396,6 +422,11 @@ def test_gpu_prod_raycluster(renders: dict[str, list[dict[str, Any]]]) -> None:
     assert settings.job.engine_cpu is False
     _assert_model_reachable(settings, pod)
     assert worker["image"].endswith("-gpu")
+    # engine replicas land on these workers only, one per worker
+    entry = _served(settings, "Qwen/Qwen2.5-0.5B-Instruct")
+    assert entry.resources.resources == {ENGINE_RESOURCE: 1}
+    assert _node(spec, "gpu")[ENGINE_RESOURCE] == 1
+    assert ENGINE_RESOURCE not in _node(spec, "head")
 
 
 def test_cpu_dev_raycluster(renders: dict[str, list[dict[str, Any]]]) -> None:
@@ -413,6 +444,261 @@ def test_cpu_dev_raycluster(renders: dict[str, list[dict[str, Any]]]) -> None:
     assert entry.engine.enforce_eager is True
     assert entry.path == "/models/SmolLM2-135M-Instruct"
     _assert_model_reachable(settings, pod)
+    # the same placement as gpu-prod: one engine replica per CPU worker
+    assert entry.resources.resources == {ENGINE_RESOURCE: 1}
+    assert _node(_raycluster(objects)["spec"], "cpu")[ENGINE_RESOURCE] == 1
+
+
+ENGINE_RESOURCE = "llmbatch_engine"
+
+
+def _node(cluster_spec: dict[str, Any], group: str) -> dict[str, float]:
+    """What one node of ``group`` offers, as the Ray autoscaler reads the spec."""
+    return dict(vd.rayservice_checks().node_resources(cluster_spec)[group])
+
+
+@pytest.mark.parametrize("overlay", vd.OVERLAYS)
+def test_the_registry_fits_the_cluster(renders: dict[str, list[dict[str, Any]]], overlay: str) -> None:
+    """What the dispatcher (or the RayService) deploys on Serve can be placed: every deployment fits
+    the head or a worker group; engines only on groups with the engine resource, and what needs no
+    GPU on a group without GPUs when there is one (so it never keeps a GPU worker up)."""
+    objects = renders[overlay]
+    settings = _settings(objects)
+    spec = _raycluster(objects)["spec"]
+    config = engines_cli.manifest_serve_config(settings)
+    assert rs_checks().serve_config_errors(engines_cli.serve_config_yaml(config), spec) == []
+    nodes = rs_checks().node_resources(spec)
+    gpu_free = [name for name, have in nodes.items() if not have.get("GPU") and have.get("CPU")]
+    for app in config["applications"]:
+        for deployment in app["deployments"]:
+            demand = rs_checks().actor_demand(deployment["ray_actor_options"])
+            fitting = {name for name, have in nodes.items() if rs_checks().fits(demand, have)}
+            if ENGINE_RESOURCE in demand:
+                assert fitting == {g["groupName"] for g in spec["workerGroupSpecs"]
+                                   if ENGINE_RESOURCE in nodes.get(g["groupName"], {})}, app["name"]
+            elif "GPU" not in demand and gpu_free:
+                assert fitting & set(gpu_free), app["name"]
+
+    def engine_units(deployment: dict[str, Any]) -> float:
+        return float(rs_checks().actor_demand(deployment["ray_actor_options"]).get(ENGINE_RESOURCE, 0.0))
+
+    # at their most, the engines fit too (the autoscaler never has to refuse a replica Serve wants)
+    need = sum(
+        deployment["autoscaling_config"]["max_replicas"] * engine_units(deployment)
+        for app in config["applications"] for deployment in app["deployments"]
+        if "autoscaling_config" in deployment
+    )
+    have = sum(g["maxReplicas"] * nodes.get(g["groupName"], {}).get(ENGINE_RESOURCE, 0)
+               for g in spec["workerGroupSpecs"])
+    assert 0 < need <= have
+
+
+def rs_checks() -> Any:
+    return vd.rayservice_checks()
+
+
+# --- the engines as a RayService (overlays/gpu-prod-rayservice) --------------------------------------
+
+RAYSERVICE = "gpu-prod-rayservice"
+RAYSERVICE_ENV_FILES = [
+    vd.KUSTOMIZE / "base" / "dispatcher" / "settings.env",
+    vd.KUSTOMIZE / "overlays" / "gpu-prod" / "settings.env",
+    vd.KUSTOMIZE / "overlays" / RAYSERVICE / "settings.env",
+]
+
+
+def test_rayservice_serve_config_is_the_generators(renders: dict[str, list[dict[str, Any]]]) -> None:
+    """serveConfigV2 is exactly what `llmbatch engines render` makes of the overlay's settings, and the
+    checked-in patch is its output for the overlay's env files (regenerate it: deploy/README.md)."""
+    objects = renders[RAYSERVICE]
+    text = vd.one(objects, "RayService")["spec"]["serveConfigV2"]
+    settings = _settings(objects)  # as the dispatcher pods have them, secrets included
+    assert text == engines_cli.render_text(settings, engines_cli.RenderFormat.serve_config)
+    public = vd.build_settings(_config(objects))  # the ConfigMap alone
+    assert yaml.safe_load(text) == cluster_serve_config(public)
+    assert engines_cli.settings_from_env_files(RAYSERVICE_ENV_FILES).model_dump() == public.model_dump()
+    args = ["render", "--format", "rayservice"]
+    for path in RAYSERVICE_ENV_FILES:
+        args += ["--env-file", str(path)]
+    result = CliRunner().invoke(engines_cli.app, args)
+    assert result.exit_code == 0, result.output
+    assert result.stdout == (vd.KUSTOMIZE / "overlays" / RAYSERVICE / "serve-config.yaml").read_text(), (
+        "serve-config.yaml is stale: regenerate it with `llmbatch engines render` (deploy/README.md)"
+    )
+
+
+def test_rayservice_owns_the_serve_config_and_carries_no_secret(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    objects = renders[RAYSERVICE]
+    settings = _settings(objects)
+    assert settings.dispatcher.shared_engines is True
+    assert settings.dispatcher.deploy_engines is False, "KubeRay deploys it; the dispatcher must not"
+    assert settings.dispatcher.short_path_max_lines > 0  # the batch runner is part of it
+    assert settings.job.pass_s3_credentials is False
+    for overlay in vd.OVERLAYS:
+        if overlay != RAYSERVICE:
+            assert _settings(renders[overlay]).dispatcher.deploy_engines is True
+    # with every secret of a dispatcher pod set, none reaches the manifest
+    secrets = {
+        "LLMBATCH_S3__ACCESS_KEY": "dummy-access-key-4f1e",
+        "LLMBATCH_S3__SECRET_KEY": "dummy-secret-key-9a2c",
+        "LLMBATCH_REDIS__PASSWORD": "dummy-redis-password-77",
+        "LLMBATCH_RAY__AUTH_TOKEN": "dummy-ray-token-0d3b",
+    }
+    text = engines_cli.render_text(vd.build_settings({**_config(objects), **secrets}),
+                                   engines_cli.RenderFormat.rayservice)
+    assert not [name for name, value in secrets.items() if value in text]
+    config = yaml.safe_load(yaml.safe_load(text)["spec"]["serveConfigV2"])
+    env_names = {
+        k for app in config["applications"] for k in (app.get("runtime_env") or {}).get("env_vars", {})
+    }
+    assert not {n for n in env_names if rs_checks().SECRET_ENV_NAME.search(n)}
+    # the runner takes them from its pod instead (see test_config_builds_valid_settings)
+
+
+def _normalized(value: Any) -> Any:
+    """``value`` with the hash suffix of generated ConfigMap names removed (overlays differ there)."""
+    return json.loads(re.sub(r"llmbatch-config-[a-z0-9]+", "llmbatch-config", json.dumps(value)))
+
+
+def test_rayservice_cluster_is_gpu_prods(renders: dict[str, list[dict[str, Any]]]) -> None:
+    """The RayService runs gpu-prod's cluster: the same head and GPU group (placement, autoscaling from
+    zero), plus what a RayService needs (operator token auth, worker readiness without a proxy) and a
+    CPU group for the always-on batch runner."""
+    service = vd.one(renders[RAYSERVICE], "RayService")
+    spec = copy.deepcopy(service["spec"]["rayClusterConfig"])
+    prod = _normalized(vd.one(renders["gpu-prod"], "RayCluster")["spec"])
+    assert spec.pop("authOptions") == {"mode": "token", "secretName": "llmbatch-ray-auth"}
+    gpu, cpu = spec.pop("workerGroupSpecs")
+    (prod_gpu,) = prod.pop("workerGroupSpecs")
+    assert _normalized(spec) == prod
+    probe = gpu["template"]["spec"]["containers"][0].pop("readinessProbe")
+    assert "52365/api/local_raylet_healthz" in probe["exec"]["command"][-1]
+    assert ":8000" not in probe["exec"]["command"][-1]
+    assert _normalized(gpu) == prod_gpu
+    assert gpu["minReplicas"] == 0 and spec["enableInTreeAutoscaling"] is True
+    assert service["spec"]["upgradeStrategy"] == {"type": "NewCluster"}
+    assert cpu["groupName"] == "cpu" and cpu["minReplicas"] >= 1 and cpu["rayStartParams"] == {}
+    pod = cpu["template"]["spec"]
+    assert "tolerations" not in pod and "nodeSelector" not in pod
+    assert "readinessProbe" in pod["containers"][0]
+    for container in vd.containers(pod):
+        for part in ("requests", "limits"):
+            assert "nvidia.com/gpu" not in (container.get("resources") or {}).get(part, {})
+    _assert_model_reachable(_settings(renders[RAYSERVICE]), pod)  # the runner tokenizes
+
+
+def _rayservice(renders: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    return copy.deepcopy(vd.one(renders[RAYSERVICE], "RayService"))
+
+
+def _with_serve(obj: dict[str, Any], change: Any) -> dict[str, Any]:
+    config = yaml.safe_load(obj["spec"]["serveConfigV2"])
+    change(config)
+    obj["spec"]["serveConfigV2"] = yaml.safe_dump(config, sort_keys=False)
+    return obj
+
+
+def _engine_options(config: dict[str, Any]) -> dict[str, Any]:
+    options: dict[str, Any] = config["applications"][0]["deployments"][0]["ray_actor_options"]
+    return options
+
+
+def _set_path(obj: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    node: Any = obj
+    *parents, last = path.split("/")
+    for part in parents:
+        node = node[int(part)] if part.isdigit() else node[part]
+    if value is _DELETE:
+        del node[last]
+    else:
+        node[int(last) if last.isdigit() else last] = value
+    return obj
+
+
+_DELETE = object()
+GPU_GROUP = "spec/rayClusterConfig/workerGroupSpecs/0"
+GPU_LIMITS = f"{GPU_GROUP}/template/spec/containers/0/resources"
+
+Mutation = Callable[[dict[str, Any]], dict[str, Any]]
+RAYSERVICE_MISTAKES: dict[str, tuple[Mutation, str]] = {
+    "name too long": (lambda o: _set_path(o, "metadata/name", "x" * 48), "47 characters"),
+    "old Ray with token auth": (
+        lambda o: _set_path(o, "spec/rayClusterConfig/rayVersion", "2.40.0"), "token auth"),
+    "cluster rule": (lambda o: _set_path(o, f"{GPU_GROUP}/minReplicas", 9),
+                     "RayService.rayClusterConfig gpu: minReplicas > maxReplicas"),
+    "upgrade type": (lambda o: _set_path(o, "spec/upgradeStrategy/type", "Rolling"), "upgradeStrategy.type"),
+    "head service name": (lambda o: _set_path(o, "spec/rayClusterConfig/headGroupSpec/headService",
+                                              {"metadata": {"name": "mine"}}), "headService"),
+    "serve config not YAML": (lambda o: _set_path(o, "spec/serveConfigV2", "applications: [\n"), "not YAML"),
+    "serve config a list": (lambda o: _set_path(o, "spec/serveConfigV2", "- a\n- b\n"), "must be a mapping"),
+    "no applications": (
+        lambda o: _set_path(o, "spec/serveConfigV2", "applications: []\n"), "no applications"),
+    "two engines per worker": (
+        lambda o: _with_serve(o, lambda c: _engine_options(c)["resources"].update({ENGINE_RESOURCE: 2})),
+        "no head or worker group provides it"),
+    "unknown resource": (
+        lambda o: _with_serve(o, lambda c: _engine_options(c).update({"resources": {"llmbatch_gpu": 1}})),
+        "no head or worker group provides it"),
+    "two GPUs": (lambda o: _with_serve(o, lambda c: _engine_options(c).update({"num_gpus": 2})),
+                 "no head or worker group provides it"),
+    "group lost its resource": (lambda o: _set_path(o, f"{GPU_GROUP}/rayStartParams", {}),
+                                "no head or worker group provides it"),
+    "group without GPUs": (lambda o: _set_path(o, GPU_LIMITS, {"limits": {"cpu": "8", "memory": "32Gi"}}),
+                           "no head or worker group provides it"),
+    "group never scales up": (lambda o: _set_path(o, f"{GPU_GROUP}/maxReplicas", 0),
+                              "no head or worker group provides it"),
+    "unquoted resources": (lambda o: _set_path(o, f"{GPU_GROUP}/rayStartParams/resources",
+                                               '{"llmbatch_engine": 1}'), "gpu: rayStartParams.resources"),
+    "fractional resource": (lambda o: _set_path(o, f"{GPU_GROUP}/rayStartParams/resources",
+                                                '"{\\"llmbatch_engine\\": 1.5}"'), "autoscaler cannot read"),
+    "not JSON for ray start": (lambda o: _set_path(o, f"{GPU_GROUP}/rayStartParams/resources",
+                                                   '"{llmbatch_engine: 1}"'), "reaches `ray start`"),
+    "credential in the manifest": (
+        lambda o: _with_serve(o, lambda c: c["applications"][-1].update(
+            {"runtime_env": {"env_vars": {"AWS_SECRET_ACCESS_KEY": "x"}}})),
+        "AWS_SECRET_ACCESS_KEY, a credential"),
+    "proxy on another port": (lambda o: _with_serve(o, lambda c: c["http_options"].update({"port": 8001})),
+                              "serve` port 8000"),
+    "same app twice": (lambda o: _with_serve(o, lambda c: c["applications"].append(c["applications"][0])),
+                       "appears twice"),
+}
+
+
+@pytest.mark.parametrize("mistake", sorted(RAYSERVICE_MISTAKES))
+def test_rayservice_semantic_rules_catch_mistakes(
+    renders: dict[str, list[dict[str, Any]]], mistake: str
+) -> None:
+    assert vd.kuberay_semantic_errors(_rayservice(renders)) == []
+    mutate, expected = RAYSERVICE_MISTAKES[mistake]
+    errors = vd.kuberay_semantic_errors(mutate(_rayservice(renders)))
+    assert any(expected in e for e in errors), errors
+
+
+def test_rayservice_crd_validation_is_strict(renders: dict[str, list[dict[str, Any]]]) -> None:
+    assert vd.validate_kuberay(_rayservice(renders)) == []
+    typo = _rayservice(renders)
+    typo["spec"]["serveConfigv2"] = typo["spec"].pop("serveConfigV2")
+    assert any("serveConfigv2" in e for e in vd.validate_kuberay(typo))
+    nested = _set_path(_rayservice(renders), f"{GPU_GROUP}/maxReplica", 3)
+    assert any("maxReplica" in e for e in vd.validate_kuberay(nested))
+    wrong_type = _set_path(_rayservice(renders), "spec/rayClusterDeletionDelaySeconds", "60")
+    assert vd.validate_kuberay(wrong_type)
+    bad_auth = _set_path(_rayservice(renders), "spec/rayClusterConfig/authOptions/mode", "password")
+    assert vd.validate_kuberay(bad_auth)
+    missing = _rayservice(renders)
+    del missing["spec"]["rayClusterConfig"]
+    assert any("rayClusterConfig" in e for e in vd.validate_kuberay(missing))
+
+
+def test_group_resource_quoting_is_checked_on_rayclusters_too(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    cluster = copy.deepcopy(vd.one(renders["gpu-prod"], "RayCluster"))
+    assert vd.kuberay_semantic_errors(cluster) == []
+    cluster["spec"]["workerGroupSpecs"][0]["rayStartParams"]["resources"] = "llmbatch_engine=1"
+    assert any("RayCluster gpu: rayStartParams.resources" in e for e in vd.kuberay_semantic_errors(cluster))
 
 
 def _served(settings: Any, name: str) -> Any:
@@ -480,51 +766,96 @@ def test_ray_start_params_are_ray_start_options(renders: dict[str, list[dict[str
             assert set(params) <= options, set(params) - options
 
 
+# the KubeRay operator as deploy/README.md installs it (Helm, namespace kuberay-system)
+OPERATOR_NAMESPACE = "kuberay-system"
+OPERATOR_LABELS = {
+    "app.kubernetes.io/component": "kuberay-operator",
+    "app.kubernetes.io/name": "kuberay-operator",
+}
+
+
+def _admitted(policy: dict[str, Any], labels: dict[str, str], port: int, namespace: str) -> bool:
+    """Does ``policy`` admit a pod with ``labels`` in ``namespace`` on ``port`` (NetworkPolicy peer
+    semantics: a podSelector alone means the policy's namespace)?"""
+    own = policy["metadata"]["namespace"]
+    for rule in policy["spec"]["ingress"]:
+        ports = {p["port"] for p in rule.get("ports") or []}
+        if ports and port not in ports:
+            continue
+        for peer in rule.get("from") or [{}]:
+            ns_selector = peer.get("namespaceSelector")
+            if ns_selector is None:
+                ns_ok = namespace == own
+            else:
+                ns_ok = vd.selector_matches(ns_selector, {"kubernetes.io/metadata.name": namespace})
+            if ns_ok and vd.selector_matches(peer.get("podSelector") or {}, labels):
+                return True
+    return False
+
+
+@pytest.mark.parametrize("overlay", ["gpu-prod", "gpu-prod-rayservice"])
 def test_network_policy_guards_the_jobs_api(
-    renders: dict[str, list[dict[str, Any]]], rayjob_templates: dict[str, dict[str, Any]]
+    renders: dict[str, list[dict[str, Any]]], rayjob_templates: dict[str, dict[str, Any]], overlay: str
 ) -> None:
-    objects = renders["gpu-prod"]
+    objects = renders[overlay]
     cluster = _raycluster(objects)
-    # the labels KubeRay puts on the head and worker pods
+    namespace = vd.one(objects, "Namespace")["metadata"]["name"]
+    rayservice = overlay.endswith("rayservice")
+    # the labels KubeRay puts on the pods (a RayService names its clusters <name>-<random suffix>)
+    # next to those of our templates, which KubeRay keeps
+    cluster_name = cluster["metadata"]["name"] + ("-x7k2p" if rayservice else "")
     head_labels = {
-        "ray.io/cluster": cluster["metadata"]["name"],
+        "ray.io/cluster": cluster_name,
         "ray.io/node-type": "head",
         **vd.pod_template_labels({"spec": cluster["spec"]["headGroupSpec"]}),
     }
-    worker_labels = {"ray.io/cluster": cluster["metadata"]["name"], "ray.io/node-type": "worker"}
+    worker_labels = [
+        {"ray.io/cluster": cluster_name, "ray.io/node-type": "worker", **vd.pod_template_labels({"spec": g})}
+        for g in cluster["spec"]["workerGroupSpecs"]
+    ]
     policies = vd.by_kind(objects, "NetworkPolicy")
     head_policies = [p for p in policies if vd.selector_matches(p["spec"]["podSelector"], head_labels)]
     assert len(head_policies) == 1
-    assert any(vd.selector_matches(p["spec"]["podSelector"], worker_labels) for p in policies)
+    for labels in worker_labels:
+        (worker_policy,) = [p for p in policies if vd.selector_matches(p["spec"]["podSelector"], labels)]
+        assert worker_policy is not head_policies[0]
+        dispatcher = {"app.kubernetes.io/name": "llmbatch-dispatcher"}
+        assert not _admitted(worker_policy, dispatcher, 8000, namespace)
     policy = head_policies[0]
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     dispatcher_labels = vd.pod_template_labels(vd.one(objects, "Deployment", "llmbatch-dispatcher"))
     submitter_labels = [
         t["spec"]["submitterPodTemplate"]["metadata"]["labels"] for t in rayjob_templates.values()
     ]
-    jobs_api = RAY_PORTS["dashboard"]
+    jobs_api, serve = RAY_PORTS["dashboard"], 8000
 
-    def admitted(labels: dict[str, str], port: int) -> bool:
-        for rule in policy["spec"]["ingress"]:
-            ports = {p["port"] for p in rule.get("ports") or []}
-            if ports and port not in ports:
-                continue
-            for peer in rule.get("from") or [{}]:
-                if "namespaceSelector" in peer:
-                    continue
-                if vd.selector_matches(peer.get("podSelector") or {}, labels):
-                    return True
-        return False
+    def admitted(labels: dict[str, str], port: int, ns: str = namespace) -> bool:
+        return _admitted(policy, labels, port, ns)
 
-    assert admitted(dispatcher_labels, jobs_api)
-    assert all(admitted(labels, jobs_api) for labels in submitter_labels)
-    assert admitted(worker_labels, RAY_PORTS["gcs-server"])
+    assert admitted(dispatcher_labels, jobs_api) and admitted(dispatcher_labels, serve)
+    assert all(admitted(labels, jobs_api) and not admitted(labels, serve) for labels in submitter_labels)
+    assert all(admitted(labels, RAY_PORTS["gcs-server"]) for labels in worker_labels)
     assert not admitted({"app": "anything-else"}, jobs_api)
+    assert not admitted({"app": "anything-else"}, serve)
+    # the KubeRay operator: the dashboard (RayJob status, Serve config) and, for a RayService, the
+    # head's Serve proxy health check; from its own namespace only
+    assert admitted(OPERATOR_LABELS, jobs_api, OPERATOR_NAMESPACE)
+    assert admitted(OPERATOR_LABELS, serve, OPERATOR_NAMESPACE) is rayservice
+    assert not admitted(OPERATOR_LABELS, jobs_api)  # the same labels in the app's namespace
+    assert not admitted({"app": "anything-else"}, jobs_api, OPERATOR_NAMESPACE)
+    assert admitted({"app": "prometheus"}, 8080, "monitoring")
+    assert not admitted({"app": "prometheus"}, jobs_api, "monitoring")
     for rule in policy["spec"]["ingress"]:
         assert rule.get("from"), "an ingress rule without `from` admits everyone"
         for peer in rule["from"]:
             if "namespaceSelector" in peer:
-                assert {p["port"] for p in rule["ports"]} == {8080}, "other namespaces get metrics only"
+                ports = {p["port"] for p in rule["ports"]}
+                operator = peer["namespaceSelector"]["matchLabels"] == {
+                    "kubernetes.io/metadata.name": OPERATOR_NAMESPACE
+                }
+                allowed = {jobs_api, serve} if operator else {8080}
+                assert ports <= allowed, "other namespaces get metrics only"
+                assert not operator or peer.get("podSelector"), "the operator's pods, not its namespace"
 
 
 def test_topics_job_uses_the_settings_names(renders: dict[str, list[dict[str, Any]]]) -> None:
@@ -627,7 +958,7 @@ def test_deploycheck_reports_kustomize_errors(tmp_path: Path) -> None:
 
 
 def test_crds_are_the_kuberay_release() -> None:
-    for kind in ("RayCluster", "RayJob"):
+    for kind in ("RayCluster", "RayJob", "RayService"):
         crd = vd.crd_document(kind)
         assert crd["spec"]["group"] == "ray.io" and crd["spec"]["names"]["kind"] == kind
         assert [v["name"] for v in crd["spec"]["versions"] if v.get("storage")] == ["v1"]
