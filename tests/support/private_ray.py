@@ -1,36 +1,57 @@
 """A private Ray head that can be killed and started again on the SAME ports (a head restart as a
-KubeRay head pod restart looks to clients: same address, no job records). Stopped by PID only."""
+KubeRay head pod restart looks to clients: same address, no job records), and worker nodes that
+join it (``ray start --address``, on this machine, with custom resources such as an engine node's
+``llmbatch_engine``). Every process is stopped by PID only; nothing here runs ``ray stop``."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import secrets
+import shutil
 import urllib.request
 from pathlib import Path
+from typing import Any
 
-from llmbatch.stack.process import free_port, free_port_range, spawn, stop_tree, wait_until
+import psutil
+
+from llmbatch.stack.process import StackError, free_port, free_port_range, spawn, stop_tree, wait_until
 from llmbatch.stack.services import ray_executable
 
 
 class PrivateRay:
-    def __init__(self, run_dir: Path, num_cpus: int = 2) -> None:
+    def __init__(self, run_dir: Path, num_cpus: int = 2, resources: dict[str, float] | None = None) -> None:
         self.run_dir = run_dir
         self.num_cpus = num_cpus
+        self.resources = resources  # custom resources (``--resources``); None = Ray's default
         self.gcs, self.dashboard, self.client, self.agent = free_port(), free_port(), free_port(), free_port()
+        self.serve = free_port()  # for Serve's HTTP proxy: Serve binds it once a config names it
         # one allocator, so the worker range never overlaps the ports above; the reservations belong
         # to this (test) process, not to the head, so they stay ours across a head restart
         self.workers = free_port_range(100)
         self.pid: int | None = None
         self.starts = 0
+        self.temps: list[Path] = []
 
     @property
     def address(self) -> str:
         return f"http://127.0.0.1:{self.dashboard}"
 
+    @property
+    def gcs_address(self) -> str:
+        """What a worker node's ``ray start --address`` names."""
+        return f"127.0.0.1:{self.gcs}"
+
+    @property
+    def serve_address(self) -> str:
+        return f"http://127.0.0.1:{self.serve}"
+
     def start(self, timeout: float = 180) -> None:
         self.starts += 1
         temp = Path("/tmp") / f"llmbatch-pray-{os.getpid()}-{secrets.token_hex(3)}"
         temp.mkdir(parents=True, exist_ok=True)
+        self.temps.append(temp)
         log = self.run_dir / f"ray-{self.starts}.log"
         env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
         argv = [
@@ -52,6 +73,8 @@ class PrivateRay:
             f"--temp-dir={temp}",
             "--disable-usage-stats",
         ]
+        if self.resources is not None:
+            argv.append(f"--resources={json.dumps(self.resources)}")
         self.pid = spawn(argv, log, env=env)
         wait_until(self._ready, timeout, self.pid, "private Ray head", log, interval=1.0)
 
@@ -59,7 +82,133 @@ class PrivateRay:
         with urllib.request.urlopen(f"{self.address}/api/jobs/", timeout=3) as resp:
             return int(resp.status) == 200
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 20) -> None:
+        """SIGTERM the head's whole tree, SIGKILL what is left after ``timeout`` seconds.
+
+        The GCS gets the SIGTERM together with the raylet, whose shutdown then waits for the GCS
+        and is cut short by the SIGKILL: ``timeout`` bounds that wait."""
         if self.pid is not None:
-            stop_tree(self.pid, timeout=20)
+            stop_tree(self.pid, timeout=timeout)
             self.pid = None
+
+    def remove_temp(self) -> None:
+        """Delete Ray's temp dirs of every start (session logs, sockets); call after :meth:`stop`."""
+        for temp in self.temps:
+            shutil.rmtree(temp, ignore_errors=True)
+        self.temps.clear()
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """The cluster's nodes as the state API reports them (``node_id``, ``is_head_node``,
+        ``state``, ``resources_total``, ...), dead ones included."""
+        url = f"{self.address}/api/v0/nodes?limit=100&detail=true"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            body = json.loads(resp.read())
+        rows: list[dict[str, Any]] = body["data"]["result"]["result"]
+        return rows
+
+
+class PrivateRayWorker:
+    """A worker node of a :class:`PrivateRay` head on this machine: ``ray start --address=<gcs>
+    --block`` with its own ports, CPUs, custom resources and temp dir (Ray allows one per node).
+
+    :meth:`start` returns once the head lists the node ALIVE; :attr:`node_id` is its id."""
+
+    def __init__(self, head: PrivateRay, run_dir: Path, *, num_cpus: int = 1,
+                 resources: dict[str, float] | None = None, name: str = "worker") -> None:
+        self.head = head
+        self.run_dir = run_dir
+        self.num_cpus = num_cpus
+        self.resources = dict(resources or {})
+        self.name = name
+        # the ports Ray would otherwise pick itself (the agent's 52365 default is shared machine-wide)
+        self.node_manager, self.object_manager = free_port(), free_port()
+        self.agent, self.agent_grpc, self.metrics, self.runtime_env_agent = (
+            free_port(), free_port(), free_port(), free_port())
+        self.workers = free_port_range(50)
+        self.pid: int | None = None
+        self.node_id: str | None = None
+        self.temp: Path | None = None
+        self.log = run_dir / f"ray-{name}.log"
+        self._tree: dict[int, psutil.Process] = {}
+
+    def start(self, timeout: float = 120, attempts: int = 3) -> str:
+        """Start the node; return its node id once the head reports it ALIVE.
+
+        ``ray start`` gives up when its raylet has not registered with the GCS within 30 s (fixed in
+        Ray 2.60), which happens on a machine loaded by other work: then its leftovers are stopped
+        and the node is started again, ``attempts`` times in all."""
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._start_once(timeout)
+            except StackError:
+                self.stop()
+                if attempt == attempts:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> str:
+        self.temp = Path("/tmp") / f"llmbatch-prayw-{os.getpid()}-{secrets.token_hex(3)}"
+        self.temp.mkdir(parents=True, exist_ok=True)
+        before = {n["node_id"] for n in self.head.nodes()}
+        env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+        argv = [
+            str(ray_executable()),
+            "start",
+            f"--address={self.head.gcs_address}",
+            "--block",
+            f"--num-cpus={self.num_cpus}",
+            f"--resources={json.dumps(self.resources)}",
+            "--node-ip-address=127.0.0.1",
+            f"--node-manager-port={self.node_manager}",
+            f"--object-manager-port={self.object_manager}",
+            f"--dashboard-agent-listen-port={self.agent}",
+            f"--dashboard-agent-grpc-port={self.agent_grpc}",
+            f"--metrics-export-port={self.metrics}",
+            f"--runtime-env-agent-port={self.runtime_env_agent}",
+            f"--min-worker-port={self.workers}",
+            f"--max-worker-port={self.workers + 49}",
+            "--object-store-memory=200000000",
+            f"--temp-dir={self.temp}",
+            "--disable-usage-stats",
+        ]
+        self.node_id = None
+        self.pid = spawn(argv, self.log, env=env)
+        self._tree = {}
+        wait_until(lambda: self._joined(before), timeout, self.pid, f"Ray {self.name} node", self.log,
+                   interval=0.5)
+        assert self.node_id is not None
+        return self.node_id
+
+    def _joined(self, before: set[str]) -> bool:
+        self._remember_tree()
+        new = [n for n in self.head.nodes()
+               if n["node_id"] not in before and not n["is_head_node"] and n["state"] == "ALIVE"]
+        if len(new) == 1:
+            self.node_id = str(new[0]["node_id"])
+        return self.node_id is not None
+
+    def _remember_tree(self) -> None:
+        """Note the node's processes: a ``ray start`` that gives up exits before its raylet."""
+        if self.pid is None:
+            return
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(self.pid)
+            for proc in [root, *root.children(recursive=True)]:
+                self._tree.setdefault(proc.pid, proc)
+
+    def stop(self, timeout: float = 20) -> None:
+        """Stop the node's process tree by PID (before the head's), then delete its temp dir.
+
+        Processes of the tree seen during start-up that outlived their parent are stopped too
+        (psutil's handles check the start time, so a reused PID is never signalled)."""
+        if self.pid is not None:
+            stop_tree(self.pid, timeout=timeout)
+            self.pid = None
+        for proc in self._tree.values():
+            with contextlib.suppress(psutil.Error):
+                if proc.is_running():
+                    stop_tree(proc.pid, timeout=5)
+        self._tree = {}
+        if self.temp is not None:
+            shutil.rmtree(self.temp, ignore_errors=True)
+            self.temp = None
