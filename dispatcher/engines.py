@@ -109,10 +109,28 @@ class EngineStatus:
     message: str = ""
     min_replicas: int = 0
     max_replicas: int = 0
+    figures: dict[str, Any] | None = None  # from the engines' metrics (ray_job.engine_stats), if known
 
     @property
     def running(self) -> int:
         return self.replicas.get("RUNNING", 0)
+
+    def figure_cells(self) -> list[str]:
+        """queued, on the engine, idle, tokens/s, cold starts ("-" where unknown)."""
+        f = self.figures
+        if not f:
+            return ["-"] * 5
+        idle = f.get("idle_s")
+        return [f"{f.get('queued', 0):.0f}", f"{f.get('active', 0):.0f}",
+                "-" if idle is None else f"{idle:.0f} s", f"{f.get('tokens_per_s', 0):.1f}",
+                f"{f.get('cold_starts', 0):.0f}"]
+
+
+def with_figures(rows: list[EngineStatus], figures: dict[str, dict[str, Any]]) -> list[EngineStatus]:
+    """``rows`` with each model's figures (``GET /llmbatch-runner/engines``) attached."""
+    for row in rows:
+        row.figures = figures.get(row.model)
+    return rows
 
 
 def summarize(registry: EngineRegistry, details: dict[str, Any]) -> list[EngineStatus]:

@@ -23,8 +23,17 @@ import yaml
 from pydantic import BaseModel, SecretStr, ValidationError
 from rich.table import Table
 
-from dispatcher.engines import EngineStatus, cluster_serve_config, summarize, with_scaling, without
+from dispatcher.engines import (
+    EngineStatus,
+    cluster_serve_config,
+    summarize,
+    with_figures,
+    with_scaling,
+    without,
+)
+from dispatcher.errors import DispatcherError
 from dispatcher.ops.common import OpsError, emit_json, err, fail, load_settings, out, run
+from dispatcher.runner_backend import RunnerClient
 from dispatcher.serve_api import ServeApi
 from dispatcher.settings import DispatcherSettings
 from schemas.engines import EngineRegistry, UnknownModelError
@@ -59,21 +68,32 @@ def _print(rows: list[EngineStatus], as_json: bool) -> None:
     if as_json:
         emit_json({"engines": [r.__dict__ | {"running": r.running} for r in rows]})
         return
-    table = Table("model", "application", "status", "replicas", "min..max", "message")
+    table = Table("model", "application", "status", "replicas", "min..max", "queued", "on engine", "idle",
+                  "tok/s", "cold starts", "message")
     for r in rows:
         replicas = ", ".join(f"{n} {state.lower()}" for state, n in sorted(r.replicas.items())) or "0"
-        table.add_row(r.model, r.app, r.status, replicas, f"{r.min_replicas}..{r.max_replicas}", r.message)
+        table.add_row(r.model, r.app, r.status, replicas, f"{r.min_replicas}..{r.max_replicas}",
+                      *r.figure_cells(), r.message)
     out.print(table)
 
 
 @app.command("list")
 def list_command(ctx: typer.Context, json_output: JsonOption = False) -> None:
-    """Each model of the registry: its Serve application, status and replicas."""
+    """Each model of the registry: its Serve application, status, replicas and, from the engines'
+    metrics (through the batch runner, about 10 s old), queued and running requests, idle time,
+    tokens/s and cold starts."""
     settings = load(ctx)
 
     async def body() -> list[EngineStatus]:
         details = await ServeApi(settings.ray.address).status()
-        return summarize(settings.engines, details)
+        rows = summarize(settings.engines, details)
+        try:
+            figures = await RunnerClient(settings.ray.serve_address, timeout_s=15).engines()
+        except DispatcherError as exc:
+            err.print(f"engine figures unavailable (the batch runner at {settings.ray.serve_address} did "
+                      f"not answer: {exc})")
+            figures = {}
+        return with_figures(rows, figures)
 
     rows = run(body)
     if not rows:

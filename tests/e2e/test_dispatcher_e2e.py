@@ -11,6 +11,7 @@ import asyncio
 import struct
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -628,7 +629,7 @@ async def test_shared_engine_serves_every_batch_and_unknown_models_are_refused(
     })
     api = ServeApi(ray_settings.address, timeout_s=60)
     try:
-        env.spawn(settings=settings)
+        proc = env.spawn(settings=settings)
         batches = [batch_request(f"shared-{n}-{uuid.uuid4().hex[:6]}", requests=inline_lines(n))
                    for n in (5, 3, 2)]
         unknown = batch_request(f"nomodel-{uuid.uuid4().hex[:6]}", model="no-such-model",
@@ -653,6 +654,23 @@ async def test_shared_engine_serves_every_batch_and_unknown_models_are_refused(
         [row] = orjson.loads(shown.stdout)["engines"]
         assert (row["model"], row["status"], row["running"]) == (MODEL, "RUNNING", 1)
         assert replica_pids(await api.status(), MODEL) == pids
+        # and its figures (Ray's metrics, summed by the runner): the list and the dispatcher's gauges
+        async def figures() -> dict[str, Any] | None:
+            shown = await asyncio.to_thread(
+                CliRunner().invoke, engines_app, ["list", "--json"], obj={"settings": settings})
+            [row] = orjson.loads(shown.stdout)["engines"]
+            f: dict[str, Any] | None = row["figures"]
+            return f if f and f["requests"] >= 10 else None
+
+        f = await wait_for(figures, 120, interval=3, what="the engine's figures in `engines list`")
+        assert f["replicas"] == 1 and f["completion_tokens"] > 0 and f["queued"] == 0, f
+        scrape = f"http://127.0.0.1:{proc.settings.dispatcher.metrics_port}/metrics"
+
+        async def gauge() -> str | None:
+            text = await asyncio.to_thread(lambda: urllib.request.urlopen(scrape, timeout=10).read().decode())
+            return text if f'llmbatch_engine_replicas{{model="{MODEL}"}} 1.0' in text else None
+
+        await wait_for(gauge, 60, interval=3, what="llmbatch_engine_* on the dispatcher's /metrics")
         # small batches take the short path (the warm batch runner): no Ray job per batch
         jobs = await asyncio.to_thread(JobSubmissionClient(ray_settings.address).list_jobs)
         as_jobs = {j.submission_id for j in jobs} & {f"{b.batch_id}-a1" for b in batches}

@@ -254,3 +254,14 @@ def test_render_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     overlay.write_text("not a setting line\n")
     result = runner.invoke(engines_app, ["render", "--env-file", str(overlay)])
     assert result.exit_code == 1 and "not KEY=VALUE" in result.output
+
+
+def test_list_rows_show_figures_or_dashes() -> None:
+    from dispatcher.engines import EngineStatus, with_figures
+
+    rows = [EngineStatus(model="a", app="x", status="RUNNING"),
+            EngineStatus(model="b", app="y", status="RUNNING")]
+    with_figures(rows, {"a": {"queued": 3.0, "active": 8.0, "idle_s": None, "tokens_per_s": 12.34,
+                              "cold_starts": 2.0}})
+    assert rows[0].figure_cells() == ["3", "8", "-", "12.3", "2"]
+    assert rows[1].figures is None and rows[1].figure_cells() == ["-"] * 5
