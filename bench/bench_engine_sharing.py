@@ -10,7 +10,9 @@ and its fair queue), measured on one vLLM engine, side by side in one run:
 - prefix: ``--prefix-lines`` requests over 4 long system prompts, interleaved: taken in prompt order
   (the fair queue groups shared prefixes), in arrival order, and with vLLM's prefix cache off.
 - throughput: 4 batches x 128 prompts at once vs one batch of 512 vs plain ``vllm.LLM.chat`` on the
-  same prompts (fresh process). Target >= 0.9x both.
+  same prompts (fresh process, vLLM's defaults). Target >= 0.9x both.
+
+The engine is set up as the local stack's registry sets it up (``max_num_batched_tokens`` 512).
 
     .venv/bin/python bench/bench_engine_sharing.py [--big 2000] [--skip-prefix] [--skip-throughput]
 
@@ -64,6 +66,7 @@ class Bench:
         from schemas.job import EngineConfig
 
         config = EngineConfig(dtype="bfloat16", enforce_eager=True, max_model_len=MAX_MODEL_LEN,
+                              max_num_batched_tokens=self.args.max_num_batched_tokens or None,
                               engine_kwargs={"seed": 0, **engine_kwargs})
         return VllmBackend(self.model, config)
 
@@ -174,6 +177,8 @@ def main() -> None:
     parser.add_argument("--settle-s", type=float, default=5.0, help="how long the big batch runs first")
     parser.add_argument("--max-active", type=int, default=256, help="the registry's max_active_requests")
     parser.add_argument("--prefix-lines", type=int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512,
+                        help="the engine's step budget (the local stack's; 0 = vLLM's default)")
     parser.add_argument("--skip-fairness", action="store_true")
     parser.add_argument("--skip-prefix", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true")

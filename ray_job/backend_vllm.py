@@ -32,6 +32,8 @@ def llm_kwargs(model_path: str, config: EngineConfig) -> dict[str, Any]:
         kwargs["max_model_len"] = config.max_model_len
     if config.max_num_seqs is not None:
         kwargs["max_num_seqs"] = config.max_num_seqs
+    if config.max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
     kwargs.update(config.engine_kwargs)
     return kwargs
 

@@ -57,6 +57,11 @@ class EngineConfig(BaseModel):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     enforce_eager: bool = False
     max_num_seqs: int | None = Field(default=None, ge=1)
+    max_num_batched_tokens: int | None = Field(
+        default=None, ge=16,
+        description="Tokens per engine step (vLLM's chunked-prefill budget). Smaller = shorter steps, "
+        "so an urgent batch waits less for the engine; on CPU 512 costs no throughput (measured).",
+    )
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Passed to the engine verbatim (e.g. gpu_memory_utilization)."
     )

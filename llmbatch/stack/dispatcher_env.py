@@ -26,6 +26,9 @@ LOCAL_ENGINE: dict[str, object] = {
     "dtype": "bfloat16",
     "max_model_len": 2048,
     "batch_size": 4,         # small Ray Data batches: live progress
+    # steps of at most 512 tokens (vLLM's default 4096 makes a CPU prefill step 4-6 s long, and an
+    # urgent batch waits for it): 1.7x instead of 5x the idle time beside a big batch, same throughput
+    "max_num_batched_tokens": 512,
 }
 OMP_BIND_SOURCE = "LLMBATCH_OMP_THREADS_BIND"   # tooling variable (README): the demo's CPU binding
 

@@ -88,7 +88,8 @@ def test_env_sourced_by_bash_points_at_stack_and_carries_dispatcher_settings(
     assert json.loads(got["LLMBATCH_ENGINES__MODELS"]) == {
         "HuggingFaceTB/SmolLM2-135M-Instruct": {
             "path": str(model),
-            "engine": {"enforce_eager": True, "dtype": "bfloat16", "max_model_len": 2048, "batch_size": 4},
+            "engine": {"enforce_eager": True, "dtype": "bfloat16", "max_model_len": 2048, "batch_size": 4,
+                       "max_num_batched_tokens": 512},
         }
     }
     assert demo.MODEL == "HuggingFaceTB/SmolLM2-135M-Instruct"
