@@ -208,6 +208,38 @@ def test_a_call_waiting_its_turn_outlasts_the_engine_wait(ray_settings: RaySetti
     assert result["keys"] == ["0", "1", "2"] and result["seconds"] >= 8, result
 
 
+def test_an_idle_model_scales_to_zero_and_back(ray_settings: RaySettings, serve: ServeApi) -> None:
+    registry = EngineRegistry(models={MODEL: EngineModel(
+        path="fake", engine=EngineConfig(backend="fake"), resources=ReplicaResources(num_cpus=0.25),
+        scaling=Scaling(min_replicas=0, max_replicas=1, initial_replicas=1, idle_s=25),
+    )})
+    asyncio.run(serve.deploy(serve_config(registry, http_address=ray_settings.serve_address)))
+    _wait_app(serve, registry, {"RUNNING"})
+    busy_cpus = _free_cpus(ray_settings)  # measured well within the 25 s before it may go
+    assert replica_pids(_details(serve), MODEL), "the replica went before its idle time"
+    # idle: the replica goes and Ray gets its CPUs back
+    deadline = time.monotonic() + 120
+    while replica_pids(_details(serve), MODEL):
+        assert time.monotonic() < deadline, summarize(registry, _details(serve))
+        time.sleep(2)
+    assert _free_cpus(ray_settings) >= busy_cpus + 0.25
+    # a batch from zero: the call starts a replica and is answered
+    result = _result(*_probe(ray_settings, 3, wait_s=120))
+    assert "error" not in result and result["keys"] == ["0", "1", "2"], result
+    assert len(replica_pids(_details(serve), MODEL)) == 1
+
+
+def _free_cpus(ray_settings: RaySettings) -> float:
+    code = "import ray; ray.init(); print('PROBE ' + str(ray.available_resources().get('CPU', 0.0)))"
+    client, job_id = _probe(ray_settings, 0, code=code)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not client.get_job_status(job_id).is_terminal():
+        time.sleep(0.5)
+    lines = [ln for ln in client.get_job_logs(job_id).splitlines() if ln.startswith("PROBE ")]
+    assert lines, client.get_job_logs(job_id)[-2000:]
+    return float(lines[-1].split()[1])
+
+
 def _engine_info(ray_settings: RaySettings) -> dict[str, Any]:
     code = ("import sys, orjson; from ray import serve; "
             "h = serve.get_deployment_handle('EngineServer', app_name=sys.argv[1]); "
