@@ -42,6 +42,15 @@ def to_jsonl(lines: list[dict[str, Any] | bytes]) -> bytes:
     return b"".join((item if isinstance(item, bytes) else orjson.dumps(item)) + b"\n" for item in lines)
 
 
+def engine_vars() -> dict[str, str]:
+    """The engine environment (vLLM caches, offline, ``VLLM_CPU_KVCACHE_SPACE``...) the harness's jobs
+    get; also what a test's shared engine replicas get (``serve_config(registry, engine_vars())``)."""
+    return engine_env(
+        CACHE_DIR / "engine-cache",
+        omp_threads_bind=os.environ.get("LLMBATCH_OMP_THREADS_BIND") or None,
+    )
+
+
 @dataclass
 class Harness:
     s3: S3Settings
@@ -67,10 +76,7 @@ class Harness:
             s3_endpoint=self.s3.endpoint,
             s3_access_key=self.s3.access_key.get_secret_value(),
             s3_secret_key=self.s3.secret_key.get_secret_value(),
-            engine_env=engine_env(
-                CACHE_DIR / "engine-cache",
-                omp_threads_bind=os.environ.get("LLMBATCH_OMP_THREADS_BIND") or None,
-            ),
+            engine_env=engine_vars(),
         )
 
     # --- objects ------------------------------------------------------------------------------

@@ -49,13 +49,16 @@ async def _consume(kafka: KafkaSettings, topic: str, group: str, count: int,
                                 session_timeout_ms=10_000, **kafka.client_kwargs())
     await consumer.start()
     got: list[tuple[int, int, bytes, bytes, list[tuple[str, bytes]]]] = []
+    # joining the group can take many seconds on a loaded machine: an empty poll ends the read only
+    # once records came (or after 60 s)
+    deadline = asyncio.get_running_loop().time() + 60
     try:
         while len(got) < count:
             batch = await consumer.getmany(timeout_ms=2000, max_records=count - len(got))
             for records in batch.values():
                 for r in records:
                     got.append((r.partition, r.offset, r.key, r.value, list(r.headers)))
-            if not batch:
+            if not batch and (got or asyncio.get_running_loop().time() > deadline):
                 break
         if commit:
             await consumer.commit()

@@ -1,26 +1,47 @@
 """The ray_job pipeline with REAL vLLM (CPU build, SmolLM2-135M-Instruct) through the Ray Jobs API.
 
-Four engine starts in all (each costs 20-60 s here): the 20-line file, stop + resume (two
-attempts), inline completions.
+Two engine starts in all (each costs 50-90 s here), one per way a job can reach vLLM:
+
+* own engine: ``test_inline_completions`` runs a job without ``engine_app``, whose engine stage
+  starts a vLLM engine of its own (the path without shared engines);
+* shared engine: the module deploys the model's shared engine once, as the dispatcher does (a Ray
+  Serve application of :mod:`ray_job.serve_engine`, deployed from
+  :func:`dispatcher.engines.serve_config` through :class:`dispatcher.serve_api.ServeApi`), and the
+  20-line file and the stop + resume tests run their jobs on it (``spec.engine_app``). Each of them
+  checks on the replica that its requests ran there and that no engine was started or replaced.
+
+The shared engine is deployed as the module starts and comes up while the own-engine test (first)
+runs; it is removed at the end of the module.
 """
 
 from __future__ import annotations
 
+import asyncio
+import shlex
+import sys
 import time
+import uuid
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import pytest
 from ray.job_submission import JobStatus
 
+from dispatcher.engines import replica_pids, serve_config
+from dispatcher.serve_api import ServeApi
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
 from llmbatch.stack.model import ensure_model
 from schemas.common import BatchStatus
+from schemas.engines import DEPLOYMENT_NAME, EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
 from schemas.job import EngineConfig
-from tests.integration.ray_job_harness import CMPL, Harness, chat_line, completion_line
+from tests.integration.ray_job_harness import CMPL, Harness, chat_line, completion_line, engine_vars
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
+MODEL = "SmolLM2-135M-Instruct"  # the harness's model name: the name the shared engine serves
 ENGINE: dict[str, Any] = {
     "backend": "vllm",
     "enforce_eager": True,
@@ -30,6 +51,16 @@ ENGINE: dict[str, Any] = {
     "engine_kwargs": {"max_logprobs": 2},
     "batch_size": 8,
 }
+# the replica's Ray reservation only (Ray gives it OMP_NUM_THREADS=1, as it gives the jobs' 1-CPU
+# engine actors): small, so a job with an engine of its own (1 CPU + its stages) fits beside it
+# on the 2-CPU head
+SHARED_CPUS = 0.25
+# Ray job asking the replica for its counters (EngineServer.info); prints one PROBE line
+INFO_PROBE = (
+    "import sys, orjson; from ray import serve; "
+    "h = serve.get_deployment_handle(sys.argv[1], app_name=sys.argv[2]); "
+    "print('PROBE ' + orjson.dumps(h.info.remote().result(timeout_s=120)).decode(), flush=True)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +71,101 @@ def h(s3_settings: S3Settings, ray_settings: RaySettings, redis_settings: RedisS
 @pytest.fixture(scope="module")
 def model_path() -> str:
     return str(ensure_model())
+
+
+@dataclass
+class SharedEngine:
+    """The module's shared vLLM engine (one replica) and how to look at it."""
+
+    api: ServeApi
+    h: Harness
+    _last: dict[str, Any] | None = None
+
+    @property
+    def app(self) -> str:
+        return app_name(MODEL)
+
+    def replicas(self) -> list[int]:
+        return replica_pids(asyncio.run(self.api.status()), MODEL)
+
+    def info(self) -> dict[str, Any]:
+        """The replica's ``EngineServer.info()`` (requests answered so far, when it started), asked
+        by a Ray job as a batch would (~10 s here)."""
+        job_id = f"engine-info-{uuid.uuid4().hex[:8]}"
+        self.h.client.submit_job(
+            submission_id=job_id,
+            entrypoint=f"{shlex.quote(sys.executable)} -P -c {shlex.quote(INFO_PROBE)} "
+            f"{DEPLOYMENT_NAME} {self.app}",
+            entrypoint_num_cpus=0,
+        )
+        status = self.h.wait(job_id, timeout=300)
+        logs = self.h.client.get_job_logs(job_id)
+        lines = [ln for ln in logs.splitlines() if ln.startswith("PROBE ")]
+        assert status == JobStatus.SUCCEEDED and lines, logs[-3000:]
+        info: dict[str, Any] = orjson.loads(lines[-1][len("PROBE "):])
+        self._last = info
+        return info
+
+    def before(self) -> dict[str, Any]:
+        """:meth:`info` as a test starts: the last answer when nothing ran on the engine since
+        (each test asks once more at its end), else a fresh one."""
+        last, self._last = self._last, None
+        return last if last is not None else self.info()
+
+
+def _uses_shared(request: pytest.FixtureRequest) -> bool:
+    return any("shared" in getattr(item, "fixturenames", ()) for item in request.session.items
+               if item.module is request.module)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_deploy(request: pytest.FixtureRequest, ray_settings: RaySettings,
+                  model_path: str) -> Iterator[ServeApi | None]:
+    """Deploys the model's shared engine as the module starts, when one of its selected tests uses
+    it, with the jobs' engine settings and engine environment (``VLLM_CPU_KVCACHE_SPACE``, caches,
+    offline); it starts while the own-engine test runs. Removed again at the end of the module."""
+    if not _uses_shared(request):
+        yield None
+        return
+    registry = EngineRegistry(models={MODEL: EngineModel(
+        path=model_path,
+        engine=EngineConfig(**ENGINE),
+        resources=ReplicaResources(num_cpus=SHARED_CPUS),
+        scaling=Scaling(min_replicas=1, max_replicas=1, idle_s=3600),
+    )})
+    api = ServeApi(ray_settings.address, timeout_s=120)
+    http = ray_settings.serve_address
+    asyncio.run(api.deploy(serve_config(registry, engine_vars(), http_address=http)))
+    try:
+        yield api
+    finally:
+        # the same HTTP options as every deploy of this cluster (Serve keeps the first ones)
+        asyncio.run(api.deploy(serve_config(EngineRegistry(models={}), http_address=http)))
+        deadline = time.monotonic() + 120
+        while app_name(MODEL) in (asyncio.run(api.status()).get("applications") or {}):
+            if time.monotonic() > deadline:
+                break  # best effort: the session's Ray head goes away at the end anyway
+            time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def shared(h: Harness, shared_deploy: ServeApi | None) -> SharedEngine:
+    """The shared engine, once its replica runs."""
+    api = shared_deploy
+    assert api is not None
+    deadline = time.monotonic() + 900
+    while True:
+        details = asyncio.run(api.status())
+        app = (details.get("applications") or {}).get(app_name(MODEL)) or {}
+        status = app.get("status")
+        if status == "RUNNING" and len(replica_pids(details, MODEL)) == 1:
+            break
+        assert status not in ("DEPLOY_FAILED", "UNHEALTHY"), app
+        assert time.monotonic() < deadline, f"the shared engine did not start: {app}"
+        time.sleep(1)
+    engine = SharedEngine(api, h)
+    engine.info()
+    return engine
 
 
 QUESTIONS = [
@@ -58,9 +184,56 @@ QUESTIONS = [
 ]
 
 
-def test_20_line_file_exact_counts_codes_text_and_usage(h: Harness, model_path: str) -> None:
+def test_inline_completions(h: Harness, model_path: str) -> None:
+    """The own-engine path: no ``engine_app``, the job starts (and times) a vLLM engine itself."""
+    prompts = [
+        "The capital of France is",
+        "1, 2, 3, 4,",
+        "Once upon a time",
+        "The sky is",
+        "def add(a, b):",
+        "Water boils at",
+    ]
+    requests = [completion_line(f"c{i}", p, max_tokens=8, temperature=0.0) for i, p in enumerate(prompts)]
+    requests[1]["body"]["logprobs"] = 2
+    requests[2]["body"]["stop"] = ["."]
+    spec = h.spec(
+        "vllm-inline-cmpl",
+        endpoint=CMPL,
+        requests=requests,
+        model_path=model_path,
+        engine=EngineConfig(**ENGINE),
+    )
+    assert spec.engine_app is None
+    status, result = h.run(spec, timeout=900)
+    assert status == JobStatus.SUCCEEDED, h.logs_tail(spec.submission_id)
+    manifest = h.manifest(spec)
+    assert manifest.request_counts.model_dump() == {"total": 6, "completed": 6, "failed": 0}
+    assert manifest.error_uris == []
+    outputs = {o["custom_id"]: o["response"]["body"] for o in h.lines(manifest.output_uris)}
+    assert sorted(outputs) == [f"c{i}" for i in range(6)]
+    for body in outputs.values():
+        assert body["object"] == "text_completion"
+        assert body["choices"][0]["text"].strip()
+        assert 0 < body["usage"]["completion_tokens"] <= 8 and body["usage"]["prompt_tokens"] > 0
+    lp = outputs["c1"]["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == outputs["c1"]["usage"]["completion_tokens"]
+    assert "".join(lp["tokens"]) == outputs["c1"]["choices"][0]["text"]
+    assert "." not in outputs["c2"]["choices"][0]["text"]
+    assert result["usage"]["completion_tokens"] == sum(
+        b["usage"]["completion_tokens"] for b in outputs.values()
+    )
+    # the job started an engine of its own, and timed it
+    assert manifest.timings.engine_start_s and manifest.timings.engine_start_s > 1
+
+
+def test_20_line_file_exact_counts_codes_text_and_usage(
+    h: Harness, model_path: str, shared: SharedEngine
+) -> None:
     from transformers import AutoTokenizer
 
+    [replica] = shared.replicas()
+    before = shared.before()
     good = [chat_line(f"q{i:02d}", q, max_tokens=16, temperature=0.0) for i, q in enumerate(QUESTIONS)]
     good[3]["body"].update(temperature=0.8, seed=7)
     good[4]["body"]["stop"] = ["\n"]
@@ -85,6 +258,8 @@ def test_20_line_file_exact_counts_codes_text_and_usage(h: Harness, model_path: 
         input_uri=h.put_input("twenty.jsonl", lines),
         model_path=model_path,
         engine=EngineConfig(**ENGINE),
+        engine_app=shared.app,
+        engine_wait_s=300,
     )
     status, result = h.run(spec, timeout=900)
     assert status == JobStatus.SUCCEEDED, h.logs_tail(spec.submission_id)
@@ -143,13 +318,24 @@ def test_20_line_file_exact_counts_codes_text_and_usage(h: Harness, model_path: 
     assert manifest.usage.completion_tokens == sum(
         o["response"]["body"]["usage"]["completion_tokens"] for o in outputs.values()
     )
-    assert manifest.timings.engine_start_s and manifest.timings.engine_start_s > 1
     # greedy requests are deterministic: the same question twice gives the same text
     texts = [o["response"]["body"]["choices"][0]["message"]["content"] for o in outputs.values()]
     assert len(set(texts)) > 5
 
+    # it all ran on the shared engine: its 13 answers + the one vLLM refused (line 19 never left
+    # the job: too long for the engine's context), on the same replica, which started no engine
+    after = shared.info()
+    assert after["requests"] - before["requests"] == 14, (before, after)
+    assert after["completion_tokens"] - before["completion_tokens"] == manifest.usage.completion_tokens
+    assert after["ready_at"] == before["ready_at"] and shared.replicas() == [replica]
+    assert manifest.timings.engine_start_s is not None and manifest.timings.engine_start_s < 60
 
-def test_stop_midway_then_attempt_2_each_custom_id_exactly_once(h: Harness, model_path: str) -> None:
+
+def test_stop_midway_then_attempt_2_each_custom_id_exactly_once(
+    h: Harness, model_path: str, shared: SharedEngine
+) -> None:
+    [replica] = shared.replicas()
+    before = shared.before()
     n = 48
     uri = h.put_input(
         "resume.jsonl",
@@ -158,8 +344,10 @@ def test_stop_midway_then_attempt_2_each_custom_id_exactly_once(h: Harness, mode
             for i in range(n)
         ],
     )
-    engine = EngineConfig(**{**ENGINE, "batch_size": 4, "batches_in_flight": 1})
-    first = h.spec("vllm-resume", input_uri=uri, model_path=model_path, engine=engine, shard_max_lines=4)
+    # 4 calls of 4 requests on the engine at once: the stop always finds work in flight
+    engine = EngineConfig(**{**ENGINE, "batch_size": 4, "batches_in_flight": 4})
+    first = h.spec("vllm-resume", input_uri=uri, model_path=model_path, engine=engine, shard_max_lines=4,
+                   engine_app=shared.app, engine_wait_s=300)
     sid = h.submit(first)
     deadline = time.monotonic() + 600
     while sum("/output-a1-" in o for o in h.objects(first)) < 2:
@@ -171,6 +359,8 @@ def test_stop_midway_then_attempt_2_each_custom_id_exactly_once(h: Harness, mode
     done_by_1 = sum(s.lines for s in h.manifest(first).output_shards)
     assert 8 <= done_by_1 < n, done_by_1
 
+    # attempt 2 reuses the spec, so the batch's group on the engine too: a call attempt 1 left
+    # on the replica finishes there unread, and none of its answers may reach attempt 2's shards
     second = first.model_copy(update={"attempt": 2})
     status, result = h.run(second, timeout=900)
     assert status == JobStatus.SUCCEEDED, h.logs_tail(second.submission_id)
@@ -184,41 +374,8 @@ def test_stop_midway_then_attempt_2_each_custom_id_exactly_once(h: Harness, mode
     assert manifest.attempts[-1].completed == n - done_by_1
     assert result["request_counts"]["completed"] == n
 
-
-def test_inline_completions(h: Harness, model_path: str) -> None:
-    prompts = [
-        "The capital of France is",
-        "1, 2, 3, 4,",
-        "Once upon a time",
-        "The sky is",
-        "def add(a, b):",
-        "Water boils at",
-    ]
-    requests = [completion_line(f"c{i}", p, max_tokens=8, temperature=0.0) for i, p in enumerate(prompts)]
-    requests[1]["body"]["logprobs"] = 2
-    requests[2]["body"]["stop"] = ["."]
-    spec = h.spec(
-        "vllm-inline-cmpl",
-        endpoint=CMPL,
-        requests=requests,
-        model_path=model_path,
-        engine=EngineConfig(**ENGINE),
-    )
-    status, result = h.run(spec, timeout=900)
-    assert status == JobStatus.SUCCEEDED, h.logs_tail(spec.submission_id)
-    manifest = h.manifest(spec)
-    assert manifest.request_counts.model_dump() == {"total": 6, "completed": 6, "failed": 0}
-    assert manifest.error_uris == []
-    outputs = {o["custom_id"]: o["response"]["body"] for o in h.lines(manifest.output_uris)}
-    assert sorted(outputs) == [f"c{i}" for i in range(6)]
-    for body in outputs.values():
-        assert body["object"] == "text_completion"
-        assert body["choices"][0]["text"].strip()
-        assert 0 < body["usage"]["completion_tokens"] <= 8 and body["usage"]["prompt_tokens"] > 0
-    lp = outputs["c1"]["choices"][0]["logprobs"]
-    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == outputs["c1"]["usage"]["completion_tokens"]
-    assert "".join(lp["tokens"]) == outputs["c1"]["choices"][0]["text"]
-    assert "." not in outputs["c2"]["choices"][0]["text"]
-    assert result["usage"]["completion_tokens"] == sum(
-        b["usage"]["completion_tokens"] for b in outputs.values()
-    )
+    # both attempts ran on the shared engine (the stop ended the job, not the engine): every line
+    # was answered there at least once (lines in flight at the stop twice)
+    after = shared.info()
+    assert after["requests"] - before["requests"] >= n, (before, after)
+    assert after["ready_at"] == before["ready_at"] and shared.replicas() == [replica]
