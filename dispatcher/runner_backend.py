@@ -59,15 +59,12 @@ class RunnerClient:
     """The batch runner's HTTP API (see :mod:`ray_job.runner`)."""
 
     def __init__(self, serve_address: str, timeout_s: float = 30.0) -> None:
-        self.root = serve_address.rstrip("/") + ROUTE_PREFIX
-        self.base = self.root + "/runs"
+        self.base = serve_address.rstrip("/") + ROUTE_PREFIX
         self.timeout_s = timeout_s
 
-    def _request(self, method: str, path: str, body: bytes | None = None, *,
-                 root: bool = False) -> tuple[int, Any]:
-        url = (self.root if root else self.base) + path
+    def _request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, Any]:
         req = urllib.request.Request(  # noqa: S310 - the Serve address from settings
-            url, data=body, method=method, headers={"Content-Type": "application/json"}
+            self.base + path, data=body, method=method, headers={"Content-Type": "application/json"}
         )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
@@ -84,22 +81,22 @@ class RunnerClient:
             raise RayUnavailable(f"batch runner at {self.base} did not answer: {exc}") from exc
 
     async def submit(self, spec: JobSpec) -> SubmitResult:
-        _, body = await asyncio.to_thread(self._request, "POST", "", spec.model_dump_json().encode())
+        _, body = await asyncio.to_thread(self._request, "POST", "/runs", spec.model_dump_json().encode())
         return SubmitResult(spec.submission_id, already_existed=bool(body.get("already_existed")))
 
     async def status(self, submission_id: str) -> JobInfo | None:
         """The run's state; ``None`` when the runner does not know it."""
-        code, body = await asyncio.to_thread(self._request, "GET", "/" + submission_id)
+        code, body = await asyncio.to_thread(self._request, "GET", "/runs/" + submission_id)
         return None if code == 404 else job_info(body)
 
     async def stop(self, submission_id: str) -> bool | None:
         """True if a stop was requested; ``None`` when the runner does not know the run."""
-        code, body = await asyncio.to_thread(self._request, "POST", f"/{submission_id}/stop")
+        code, body = await asyncio.to_thread(self._request, "POST", f"/runs/{submission_id}/stop")
         return None if code == 404 else bool(body.get("stopped"))
 
     async def engines(self) -> dict[str, dict[str, Any]]:
         """The shared engines' figures per model (``GET /engines``: queue, activity, tokens/s)."""
-        _, body = await asyncio.to_thread(lambda: self._request("GET", "/engines", root=True))
+        _, body = await asyncio.to_thread(self._request, "GET", "/engines")
         engines = body.get("engines") if isinstance(body, dict) else None
         return engines if isinstance(engines, dict) else {}
 

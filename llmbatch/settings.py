@@ -7,6 +7,7 @@ never logged. This module imports no client library, so any package may use it.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -169,3 +170,20 @@ class LLMBatchSettings(BaseSettings):
     redis: RedisSettings = RedisSettings()
     s3: S3Settings = S3Settings()
     ray: RaySettings = RaySettings()
+
+
+def parse_env_file(path: Path) -> dict[str, str]:
+    """``KEY=VALUE`` lines as compose and kustomize's configMapGenerator read them (comments and blank
+    lines skipped, the value taken as it is); raises ValueError naming the line."""
+    values: dict[str, str] = {}
+    for n, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ValueError(f"{path}:{n}: not KEY=VALUE: {line!r}")
+        if key in values:
+            raise ValueError(f"{path}:{n}: {key} set twice")
+        values[key] = value
+    return values

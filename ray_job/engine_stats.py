@@ -7,7 +7,7 @@ runner scrapes every node (``GET /engines``) and sums them per model with :func:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -29,12 +29,9 @@ class ModelFigures:
     preempted: float = 0.0
     cold_starts: float = 0.0
     start_s_max: float = 0.0
-    _seen: set[str] = field(default_factory=set, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.pop("_seen")
-        return out
+        return asdict(self)
 
 
 _SUMMED = {
@@ -51,6 +48,7 @@ _SUMMED = {
 def summarize_metrics(texts: list[str]) -> dict[str, ModelFigures]:
     """``model -> figures`` from the Prometheus texts of every node (malformed lines are skipped)."""
     models: dict[str, ModelFigures] = {}
+    replicas: dict[str, set[str]] = {}
     for text in texts:
         for sample in _samples(text):
             name, labels, value = sample
@@ -58,10 +56,7 @@ def summarize_metrics(texts: list[str]) -> dict[str, ModelFigures]:
             if model is None:
                 continue
             figures = models.setdefault(model, ModelFigures())
-            replica = labels.get("replica", "")
-            if replica not in figures._seen:
-                figures._seen.add(replica)
-                figures.replicas += 1
+            replicas.setdefault(model, set()).add(labels.get("replica", ""))
             short = name.removeprefix(PREFIX)
             if short in _SUMMED:
                 attr = _SUMMED[short]
@@ -70,6 +65,8 @@ def summarize_metrics(texts: list[str]) -> dict[str, ModelFigures]:
                 figures.idle_s = value if figures.idle_s is None else min(figures.idle_s, value)
             elif short == "start_seconds":
                 figures.start_s_max = max(figures.start_s_max, value)
+    for model, figures in models.items():
+        figures.replicas = len(replicas[model])
     return models
 
 

@@ -189,8 +189,8 @@ class ServeEngine:
 
     ``wait_s`` bounds how long the batch waits for a replica (cold start from zero included)
     before it gets :class:`EngineUnavailableError`; generation calls then wait their turn in the
-    replica's fair queue for as long as the model's engines answer (a call behind higher-priority
-    batches is waiting, not lost). A call whose replica dies is sent
+    replica's fair queue for as long as Serve reports the model's application running (a call
+    behind higher-priority batches is waiting, not lost). A call whose replica dies is sent
     again (Serve routes it to a live or restarted replica) up to ``retries`` times; after that
     its requests become ``engine_error`` lines, so one bad replica never fails a batch.
     """

@@ -476,18 +476,9 @@ def _model_types(annotation: Any) -> list[type[Any]]:
 
 def parse_env_file(path: Path) -> dict[str, str]:
     """KEY=VALUE lines (comments and blank lines skipped), as compose and kustomize read them."""
-    values: dict[str, str] = {}
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, sep, value = line.partition("=")
-        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise ValueError(f"{path}:{n}: not KEY=VALUE: {line!r}")
-        if key in values:
-            raise ValueError(f"{path}:{n}: {key} set twice")
-        values[key] = value
-    return values
+    from llmbatch.settings import parse_env_file as parse
+
+    return parse(path)
 
 
 def build_settings(env: dict[str, str]) -> Any:

@@ -36,6 +36,7 @@ from dispatcher.ops.common import OpsError, emit_json, err, fail, load_settings,
 from dispatcher.runner_backend import RunnerClient
 from dispatcher.serve_api import ServeApi
 from dispatcher.settings import DispatcherSettings
+from llmbatch.settings import parse_env_file
 from schemas.engines import EngineRegistry, UnknownModelError
 
 app = typer.Typer(
@@ -277,21 +278,6 @@ def _secret_named_env(config: dict[str, Any]) -> list[str]:
     return found
 
 
-def parse_env_file(path: Path) -> dict[str, str]:
-    """``KEY=VALUE`` lines as kustomize's configMapGenerator reads them (comments, blank lines skipped,
-    the value taken as it is)."""
-    values: dict[str, str] = {}
-    for n, raw in enumerate(path.read_text().splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, sep, value = line.partition("=")
-        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise OpsError(f"{path}:{n}: not KEY=VALUE")
-        values[key] = value
-    return values
-
-
 @contextlib.contextmanager
 def _only_llmbatch_env(env: dict[str, str]) -> Iterator[None]:
     """The process sees exactly ``env`` as its ``LLMBATCH_*`` variables, for the block's duration."""
@@ -312,7 +298,10 @@ def settings_from_env_files(paths: list[Path]) -> DispatcherSettings:
     kustomize's ``behavior: merge``), nothing from this process's environment or ``.env``."""
     env: dict[str, str] = {}
     for path in paths:
-        env.update(parse_env_file(path))
+        try:
+            env.update(parse_env_file(path))
+        except ValueError as exc:
+            raise OpsError(str(exc)) from None
     try:
         with _only_llmbatch_env(env):
             return DispatcherSettings(_env_file=None)
