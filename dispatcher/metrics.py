@@ -119,6 +119,24 @@ class Metrics:
             "llmbatch_dispatcher_offset_commits_total", "Offset commits, by result.", ["result"], registry=r
         )
 
+        self.admitted = Gauge(
+            "llmbatch_admission_requests",
+            "Shared engines: requests of launched batches counted against the model's replicas.",
+            ["model"],
+            registry=r,
+        )
+        self.admission_capacity = Gauge(
+            "llmbatch_admission_capacity_requests",
+            "Shared engines: requests the model's replicas are given at most (admit_per_replica x replicas).",
+            ["model"],
+            registry=r,
+        )
+        self.admission_waiting = Gauge(
+            "llmbatch_admission_waiting",
+            "Shared engines: 1 while the model's next queued batch waits for room on its replicas.",
+            ["model"],
+            registry=r,
+        )
         # the shared engines (from the batch runner's GET /engines; exported by the tracker leader only)
         self.engine = {
             name: Gauge(f"llmbatch_engine_{name}", doc, ["model"], registry=r)

@@ -1,14 +1,16 @@
-"""Scheduling rules (pure): launch order, launch slots, and partition backpressure.
+"""Scheduling rules (pure): launch order, launch slots, engine admission and partition backpressure.
 
 Queued batches wait in the Redis ``ready`` zset ordered by :func:`ready_score`: higher priority
-first, then older first. At most ``max_in_flight`` batches hold a Ray job at once. The consumer
-pauses its partitions while the queue holds ``max_queued`` batches or more and resumes once it has
-drained below ``max_queued * resume_ratio`` (hysteresis, so it does not flap).
+first, then older first. At most ``max_in_flight`` batches are launched at once. With shared
+engines a batch is launched only when its model's replicas have room for it (:class:`Admission`).
+The consumer pauses its partitions while the queue holds ``max_queued`` batches or more and resumes
+once it has drained below ``max_queued * resume_ratio`` (hysteresis, so it does not flap).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 MAX_PRIORITY = 9
 _PRIORITY_STEP = 1e13  # > any unix time in ms until year 2286; 9 * 1e13 + ms stays exact in a double
@@ -24,6 +26,72 @@ def ready_score(priority: int, accepted_at: float) -> float:
 def launch_slots(in_flight: int, max_in_flight: int) -> int:
     """How many more batches may be launched now."""
     return max(0, max_in_flight - in_flight)
+
+
+def window_requests(total: int | None, done: int, window: int) -> int:
+    """Requests a launched batch can have at its model's replicas at once: its window
+    (``batch_size * batches_in_flight``), or what it has left when that is less. ``total`` is
+    ``None`` for a file batch whose job has not counted its lines yet (it counts as a full window)."""
+    if total is None or total <= 0:
+        return window
+    return max(0, min(window, total - done))
+
+
+def engine_capacity(requests_per_replica: int, *, live_replicas: int | None, min_replicas: int,
+                    max_replicas: int) -> int:
+    """Requests a model's replicas take: ``requests_per_replica`` for each replica that runs (at
+    least one, so a model scaled to zero is started by its first batch; at most ``max_replicas``)."""
+    replicas = max(1, min_replicas, live_replicas or 0)
+    return requests_per_replica * min(replicas, max(1, max_replicas))
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """One launched batch's requests at its model's replicas."""
+
+    model: str
+    priority: int
+    requests: int
+
+
+@dataclass
+class Admission:
+    """Which queued batches the shared engines can take now, asked in launch order.
+
+    A batch of priority ``p`` competes only with launched work of priority ``>= p`` (the replicas
+    run higher priorities first and take lower-priority requests back), so it is admitted when that
+    work plus its own window fits the model's capacity, or when nothing of its rank runs (a batch
+    bigger than the capacity still runs, alone). The first batch of a model that does not fit holds
+    back the model's later ones (no overtaking within a model: a big batch is not starved by small
+    ones); other models go on.
+    """
+
+    capacity: Mapping[str, int]
+    load: list[EngineLoad] = field(default_factory=list)
+    blocked: set[str] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, capacity: Mapping[str, int], load: Iterable[EngineLoad]) -> Admission:
+        return cls(dict(capacity), list(load))
+
+    def ahead(self, model: str, priority: int) -> int:
+        """Requests of launched batches of ``model`` that run before or beside a ``priority`` batch."""
+        return sum(x.requests for x in self.load if x.model == model and x.priority >= priority)
+
+    def admit(self, model: str, priority: int, requests: int) -> bool:
+        """Whether to launch the batch now; an admitted batch joins the load."""
+        if model in self.blocked:
+            return False
+        ahead = self.ahead(model, priority)
+        if ahead and ahead + requests > self.capacity.get(model, 0):
+            self.blocked.add(model)
+            return False
+        self.load.append(EngineLoad(model, priority, requests))
+        return True
+
+    def requests(self, model: str) -> int:
+        """Requests of every launched batch of ``model`` (a gauge)."""
+        return self.ahead(model, 0)
 
 
 @dataclass

@@ -139,7 +139,7 @@ class Dispatcher:
             extra={
                 "instance": opts.instance_id,
                 "group_id": opts.group_id,
-                "max_in_flight": opts.max_in_flight,
+                "max_in_flight": opts.launch_limit,
                 "models": sorted(self.settings.served_models),
             },
         )
@@ -161,7 +161,8 @@ class Dispatcher:
 
     async def _watch_engines(self, runner: RunnerClient) -> None:
         """Export the shared engines' figures (``llmbatch_engine_*``) while this replica leads the
-        tracker (one exporter, so sums over dispatcher pods stay right); clear them otherwise."""
+        tracker (one exporter, so sums over dispatcher pods stay right); clear them otherwise. The
+        replicas per model also size the tracker's admission (unknown: the registry's minimum)."""
         while not self._stop.is_set():
             figures: dict[str, dict[str, Any]] = {}
             if self.tracker.is_leader:
@@ -170,6 +171,9 @@ class Dispatcher:
                 except DispatcherError as exc:  # the tracker reports Ray's outages; no line per poll
                     log.debug("engine figures unavailable: %s", exc)
             self.metrics.set_engines(figures)
+            self.tracker.engine_replicas = {
+                model: f["replicas"] for model, f in figures.items() if isinstance(f.get("replicas"), int)
+            }
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), ENGINE_POLL_S)
 

@@ -30,6 +30,10 @@ def _default_instance() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+OWN_ENGINE_IN_FLIGHT = 4  # each launched batch starts an engine
+SHARED_IN_FLIGHT = 256  # launched batches only hold a driver; the engines' capacity admits them
+
+
 class DispatcherOptions(BaseModel):
     """The service's behaviour (``LLMBATCH_DISPATCHER__*``)."""
 
@@ -46,8 +50,12 @@ class DispatcherOptions(BaseModel):
         min_length=1,
         description="ce_source of the events the dispatcher publishes.",
     )
-    max_in_flight: int = Field(
-        default=4, ge=1, le=10_000, description="Most batches with a Ray job (submitted/running/finalizing)."
+    max_in_flight: int | None = Field(
+        default=None, ge=1, le=10_000,
+        description="Most batches launched at once (submitted/running/finalizing: a Ray job or a batch "
+        f"runner run each). Unset: {OWN_ENGINE_IN_FLIGHT} with an engine per batch; {SHARED_IN_FLIGHT} with "
+        "shared engines, where each model's replicas decide (admission by their capacity, the "
+        "registry's admit_per_replica).",
     )
     max_queued: int = Field(
         default=10_000, ge=1, description="Queued batches in Redis above which partitions are paused."
@@ -127,6 +135,13 @@ class DispatcherOptions(BaseModel):
         if self.heartbeat_interval_ms * 3 > self.session_timeout_ms:
             raise ValueError("heartbeat_interval_ms must be at most a third of session_timeout_ms")
         return self
+
+    @property
+    def launch_limit(self) -> int:
+        """``max_in_flight``, or its default for the engine mode."""
+        if self.max_in_flight is not None:
+            return self.max_in_flight
+        return SHARED_IN_FLIGHT if self.shared_engines else OWN_ENGINE_IN_FLIGHT
 
     @property
     def attempt_policy(self) -> AttemptPolicy:

@@ -517,6 +517,20 @@ class StateStore:
     async def read_progress(self, batch_id: str) -> dict[str, str]:
         return _str_hash(await self._call(lambda: self.client.hgetall(self.keys.progress(batch_id))))
 
+    async def read_progress_many(self, batch_ids: Sequence[str]) -> list[dict[str, str]]:
+        """The progress hashes of ``batch_ids`` (one round trip; empty for a batch without one)."""
+        if not batch_ids:
+            return []
+
+        async def run() -> list[Any]:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for batch_id in batch_ids:
+                    pipe.hgetall(self.keys.progress(batch_id))
+                return list(await pipe.execute())
+
+        return [_str_hash(h) for h in await self._call(run)]
+
+
     # -- writes -----------------------------------------------------------------------------------
     async def transition(
         self,

@@ -12,7 +12,8 @@ change is a compare-and-set and submission ids are idempotent). Each tick:
    - succeeded -> ``finalizing`` -> read the manifest -> ``completed`` (or what the manifest says);
    - failed -> non-retriable exit codes fail at once (+ dead letter), others retry with backoff up
      to ``max_attempts``, then ``failed`` + dead letter ``attempts_exhausted``;
-4. launch ready batches while fewer than ``max_in_flight`` hold a job (priority, then age);
+4. launch ready batches while fewer than ``max_in_flight`` hold a job (priority, then age); with
+   shared engines only while the model's replicas have room (:class:`~dispatcher.scheduler.Admission`);
 5. publish pending terminal events (and dead letters) idempotently;
 6. publish throttled progress events, refresh gauges.
 """
@@ -43,7 +44,7 @@ from dispatcher.keys import Keys
 from dispatcher.metrics import Metrics
 from dispatcher.publisher import EventProducer, TerminalPublisher
 from dispatcher.results import ResultStore
-from dispatcher.scheduler import launch_slots
+from dispatcher.scheduler import Admission, EngineLoad, engine_capacity, launch_slots, window_requests
 from dispatcher.settings import ENGINES_ENV, DispatcherSettings
 from dispatcher.states import State
 from dispatcher.store import BatchRecord, StateStore
@@ -109,6 +110,8 @@ class Tracker:
         self._warned: dict[str, float] = {}
         self._awaiting_start = False  # a job was submitted and is not running yet: poll faster
         self._sem = asyncio.Semaphore(16)
+        #: live replicas per model (the engines' figures, refreshed by the service); admission capacity
+        self.engine_replicas: dict[str, int] = {}
 
     # -- loop ----------------------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -532,9 +535,12 @@ class Tracker:
     # -- 4. launch -----------------------------------------------------------------------------------
     async def launch(self) -> None:
         in_flight = await self.store.in_flight_count()
-        slots = launch_slots(in_flight, self.opts.max_in_flight)
-        # a few extra: cancelled or expired entries at the head are finished, not launched
-        ids = await self.store.ready_ids(slots + 8 if slots else 8)
+        slots = launch_slots(in_flight, self.opts.launch_limit)
+        admission = await self.admission() if self.opts.shared_engines and slots else None
+        # a few extra: cancelled or expired entries at the head are finished, not launched (and with
+        # shared engines a model without room must not hold back the other models' batches)
+        extra = 64 if admission is not None else 8
+        ids = await self.store.ready_ids(slots + extra if slots else 8)
         if not ids:
             return
         launched = 0
@@ -546,12 +552,60 @@ class Tracker:
                 try:
                     if reason is not None:
                         await self.finish_stopped(record, reason)
-                    elif launched < slots and await self.start_attempt(record):
+                    elif (
+                        launched < slots
+                        and self._admits(admission, record)
+                        and await self.start_attempt(record)
+                    ):
                         launched += 1
                 except DispatcherError as exc:
                     log.warning("launch postponed", extra={"error": str(exc)})
                     if exc.retriable:
                         return
+        if admission is not None:
+            for model in self.settings.engines.models:
+                self.metrics.admitted.labels(model=model).set(admission.requests(model))
+                self.metrics.admission_waiting.labels(model=model).set(1 if model in admission.blocked else 0)
+
+    def _load_of(self, record: BatchRecord, progress: dict[str, str]) -> EngineLoad | None:
+        """What a batch has (or, queued, would have) at its model's replicas; ``None`` off the registry."""
+        model = record.get("model") or ""
+        entry = self.settings.engines.models.get(model)
+        if entry is None:
+            return None
+        total = _int(progress.get("total")) or _int(record.get("total")) or None
+        done = _int(progress.get("completed")) + _int(progress.get("failed"))
+        window = window_requests(total, done, entry.batch_window)
+        return EngineLoad(model, _int(record.get("priority")), window)
+
+    def _admits(self, admission: Admission | None, record: BatchRecord) -> bool:
+        if admission is None:
+            return True
+        load = self._load_of(record, {})
+        if load is None:  # its model left the registry: start_attempt fails it (model_not_found)
+            return True
+        return admission.admit(load.model, load.priority, load.requests)
+
+    async def admission(self) -> Admission:
+        """The shared engines' room now: each model's capacity and its launched batches' load."""
+        ids: list[str] = []
+        for state in (State.SUBMITTED, State.RUNNING):  # finalizing batches have nothing at the engines
+            ids += await self.store.ids_in_state(state, limit=10_000)
+        records = [r for r in await self.store.get_many(ids) if r is not None and r.state in states.IN_FLIGHT]
+        progress = await self.store.read_progress_many([r.batch_id for r in records])
+        load = [x for r, p in zip(records, progress, strict=True) if (x := self._load_of(r, p)) is not None]
+        capacity = {
+            model: engine_capacity(
+                entry.admit_per_replica,
+                live_replicas=self.engine_replicas.get(model),
+                min_replicas=entry.scaling.min_replicas,
+                max_replicas=entry.scaling.max_replicas,
+            )
+            for model, entry in self.settings.engines.models.items()
+        }
+        for model, cap in capacity.items():
+            self.metrics.admission_capacity.labels(model=model).set(cap)
+        return Admission.of(capacity, load)
 
     async def start_attempt(self, record: BatchRecord) -> bool:
         attempt = record.attempt + 1

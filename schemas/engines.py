@@ -91,6 +91,18 @@ class EngineModel(BaseModel):
         "(priority first, batches taking turns). Keep it at most the engine's max_num_seqs, so "
         "the engine's own first-come queue stays short.",
     )
+    admit_per_replica: int = Field(
+        default=1024, ge=1, le=10_000_000,
+        description="Requests of launched batches each replica is given at most (on its engine and in "
+        "its fair queue; a batch counts its window, batch_size x batches_in_flight, or what it has "
+        "left). The dispatcher launches more of the model's batches only while they fit; the rest "
+        "wait in queued. Higher-priority batches count only work of their rank or above.",
+    )
+
+    @property
+    def batch_window(self) -> int:
+        """Requests one batch can have at the replicas at once (``batch_size x batches_in_flight``)."""
+        return self.engine.batch_size * self.engine.batches_in_flight
 
 
 def app_name(model: str) -> str:

@@ -622,8 +622,10 @@ async def test_shared_engine_serves_every_batch_and_unknown_models_are_refused(
         "engine": FAKE.model_copy(update={"fake_delay_s": 0.2}),
         "resources": ReplicaResources(num_cpus=0.25),
         "scaling": Scaling(min_replicas=1, max_replicas=1, idle_s=60),
+        # room for 6 requests: the 5-line batch never runs beside another (admission, not max_in_flight)
+        "admit_per_replica": 6,
     })
-    opts = env.settings.dispatcher.model_copy(update={"shared_engines": True, "max_in_flight": 3})
+    opts = env.settings.dispatcher.model_copy(update={"shared_engines": True})
     settings = env.settings.model_copy(update={
         "dispatcher": opts, "engines": EngineRegistry(models={MODEL: entry}),
     })
@@ -671,7 +673,8 @@ async def test_shared_engine_serves_every_batch_and_unknown_models_are_refused(
             text = await asyncio.to_thread(lambda: urllib.request.urlopen(scrape, timeout=10).read().decode())
             return text if f'llmbatch_engine_completion_tokens{{model="{MODEL}"}}' in text else None
 
-        await wait_for(gauge, 60, interval=3, what="llmbatch_engine_* on the dispatcher's /metrics")
+        text = await wait_for(gauge, 60, interval=3, what="llmbatch_engine_* on the dispatcher's /metrics")
+        assert f'llmbatch_admission_capacity_requests{{model="{MODEL}"}} 6.0' in text
         # small batches take the short path (the warm batch runner): no Ray job per batch
         jobs = await asyncio.to_thread(JobSubmissionClient(ray_settings.address).list_jobs)
         as_jobs = {j.submission_id for j in jobs} & {f"{b.batch_id}-a1" for b in batches}

@@ -412,7 +412,7 @@ def test_gpu_prod_raycluster(renders: dict[str, list[dict[str, Any]]]) -> None:
     gpus_per_job = engine.replicas * engine.num_gpus_per_replica
     assert gpus_per_job >= 1
     # enough GPU workers for every batch the dispatcher lets run at once
-    assert group["maxReplicas"] >= settings.dispatcher.max_in_flight * gpus_per_job
+    assert group["maxReplicas"] >= settings.dispatcher.launch_limit * gpus_per_job
     pod = group["template"]["spec"]
     worker = pod["containers"][0]
     for part in ("requests", "limits"):

@@ -1,0 +1,156 @@
+"""The tracker's launch step against a real Redis: with shared engines a batch is launched only while
+its model's replicas have room (capacity-aware admission), higher priorities count only work of their
+rank, and one model's full replicas do not hold back another model. The Ray side is an in-memory
+backend (dispatcher logic only; the engines themselves are proven in test_serve_engine and the e2e
+tests)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from pydantic import SecretStr
+
+from dispatcher.backend import JobInfo, JobState, SubmitResult
+from dispatcher.intake import intake_fields
+from dispatcher.keys import Keys
+from dispatcher.metrics import Metrics
+from dispatcher.scheduler import ready_score
+from dispatcher.settings import DispatcherOptions, DispatcherSettings
+from dispatcher.states import State
+from dispatcher.store import IntakeItem, StateStore
+from dispatcher.tracker import Tracker
+from llmbatch.settings import RedisSettings
+from schemas.engines import EngineModel, EngineRegistry, Scaling
+from schemas.job import EngineConfig, JobSpec
+from tests.support.dispatcher_kit import batch_request, inline_lines, origin, request_message
+
+pytestmark = pytest.mark.integration
+
+NOW = 1_790_000_000.0
+# windows of 8 requests (batch_size 4 x 2 in flight); each replica takes 40 requests of launched batches
+ENTRY = EngineModel(path="fake", engine=EngineConfig(backend="fake", batch_size=4, batches_in_flight=2),
+                    scaling=Scaling(min_replicas=0, max_replicas=3), admit_per_replica=40)
+
+
+@dataclass
+class Jobs:
+    """Ray as the tracker sees it: every submitted attempt runs."""
+
+    submitted: list[JobSpec] = field(default_factory=list)
+
+    async def submit(self, spec: JobSpec) -> SubmitResult:
+        self.submitted.append(spec)
+        return SubmitResult(spec.submission_id, False)
+
+    async def status(self, submission_id: str) -> JobInfo:
+        return JobInfo(JobState.RUNNING)
+
+    async def stop(self, submission_id: str) -> bool:
+        return True
+
+    async def close(self) -> None:
+        return None
+
+    def batches(self) -> list[str]:
+        return [s.batch_id for s in self.submitted]
+
+
+@pytest.fixture
+async def kit(redis_settings: RedisSettings) -> AsyncIterator[tuple[Tracker, StateStore, Jobs]]:
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    settings = DispatcherSettings(
+        _env_file=None,  # type: ignore[call-arg]
+        redis=RedisSettings(url=redis_settings.url, password=SecretStr(""), key_prefix=prefix),
+        dispatcher=DispatcherOptions(shared_engines=True),
+        engines=EngineRegistry(models={"a": ENTRY, "b": ENTRY}),
+    )
+    store = StateStore.from_url(redis_settings.url, keys=Keys(prefix), finished_ttl_s=3600, dedupe_ttl_s=3600)
+    store.clock = lambda: NOW
+    jobs = Jobs()
+    backend: Any = jobs
+    tracker = Tracker(settings, store, backend, results=Any, producer=Any, metrics=Metrics(),  # type: ignore[arg-type]
+                      clock=lambda: NOW)
+    try:
+        yield tracker, store, jobs
+    finally:
+        keys = [k async for k in store.client.scan_iter(match=f"{prefix}:*")]
+        if keys:
+            await store.client.delete(*keys)
+        await store.close()
+
+
+async def queue(store: StateStore, batch_id: str, lines: int, *, model: str = "a", priority: int = 0,
+                age: float = 0.0) -> None:
+    lines_of = inline_lines(lines, model=model)
+    request = batch_request(batch_id, model=model, priority=priority, requests=lines_of)
+    key, value, headers = request_message(request)
+    fields = intake_fields(request, origin(key, value, headers), "test", batch_id, None, NOW - age)
+    await store.intake_many([IntakeItem(batch_id, fields, ("test", batch_id),
+                                        ready_score=ready_score(priority, NOW - age))])
+
+
+Kit = tuple[Tracker, StateStore, Jobs]
+
+
+async def test_small_batches_launch_while_the_replicas_have_room(kit: Kit) -> None:
+    tracker, store, jobs = kit
+    for i in range(10):
+        await queue(store, f"s{i}", 3, age=100 - i)
+    await tracker.launch()
+    # one replica from zero: 40 requests; batches of 3 lines -> 13 would fit, 10 are queued: all go
+    assert len(jobs.submitted) == 10
+    for i in range(10):
+        await queue(store, f"w{i}", 8, age=50 - i)
+    await tracker.launch()
+    # 30 requests at the replica; one more 8-line batch makes 38, a second 46 > 40
+    assert jobs.batches()[10:] == ["w0"]
+    assert await store.count(State.QUEUED) == 9
+    assert tracker.metrics.admission_waiting.labels(model="a")._value.get() == 1
+
+
+async def test_finished_work_and_new_replicas_make_room(kit: tuple[Tracker, StateStore, Jobs]) -> None:
+    tracker, store, jobs = kit
+    for i in range(8):
+        await queue(store, f"b{i}", 8, age=100 - i)
+    await tracker.launch()
+    assert jobs.batches() == [f"b{i}" for i in range(5)]  # 5 x 8 = 40
+    # b0 answered everything it had: its window leaves the replicas
+    progress = {"total": "8", "completed": "7", "failed": "1"}
+    await store.client.hset(store.keys.progress("b0"), mapping=progress)  # type: ignore[arg-type]
+    await tracker.launch()
+    assert jobs.batches()[5:] == ["b5"]
+    tracker.engine_replicas = {"a": 2}  # the autoscaler added a replica (the engines' figures say so)
+    await tracker.launch()
+    assert jobs.batches()[6:] == ["b6", "b7"]
+    assert tracker.metrics.admission_capacity.labels(model="a")._value.get() == 80
+
+
+async def test_a_big_batch_counts_its_window_and_an_urgent_one_is_not_held_back(
+    kit: tuple[Tracker, StateStore, Jobs],
+) -> None:
+    tracker, store, jobs = kit
+    for i in range(6):
+        await queue(store, f"big{i}", 1000, age=100 - i)  # each has 8 requests at the replicas at once
+    await tracker.launch()
+    assert jobs.batches() == [f"big{i}" for i in range(5)]
+    await queue(store, "urgent", 8, priority=9)
+    await queue(store, "other-model", 8, model="b", age=1)
+    await tracker.launch()
+    # p9 competes only with work of its rank; model b has its own replicas; big5 still waits
+    assert sorted(jobs.batches()[5:]) == ["other-model", "urgent"]
+    assert [r.batch_id for r in await store.get_many(["big5"]) if r and r.state is State.QUEUED] == ["big5"]
+
+
+async def test_without_shared_engines_max_in_flight_alone_decides(
+    kit: tuple[Tracker, StateStore, Jobs],
+) -> None:
+    tracker, store, jobs = kit
+    tracker.opts = tracker.opts.model_copy(update={"shared_engines": False})
+    for i in range(6):
+        await queue(store, f"own{i}", 1000, age=100 - i)
+    await tracker.launch()
+    assert len(jobs.submitted) == 4  # an engine each: the default limit of 4

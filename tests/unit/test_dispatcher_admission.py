@@ -1,0 +1,92 @@
+"""Admission of queued batches to the shared engines (pure rules of dispatcher.scheduler)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dispatcher.scheduler import Admission, EngineLoad, engine_capacity, window_requests
+from dispatcher.settings import OWN_ENGINE_IN_FLIGHT, SHARED_IN_FLIGHT, DispatcherOptions
+from schemas.engines import EngineModel
+from schemas.job import EngineConfig
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_batch_counts_its_window_or_what_it_has_left() -> None:
+    assert window_requests(10, 0, 256) == 10  # a small batch: all of it
+    assert window_requests(1000, 0, 256) == 256  # a big one: the requests it sends at once
+    assert window_requests(1000, 900, 256) == 100  # near its end: what is left
+    assert window_requests(1000, 1000, 256) == 0
+    assert window_requests(None, 0, 256) == 256  # a file not counted yet: a whole window
+
+
+def test_the_window_is_the_batches_a_run_sends_at_once() -> None:
+    entry = EngineModel(path="m", engine=EngineConfig(batch_size=16, batches_in_flight=3))
+    assert entry.batch_window == 48
+    assert EngineModel(path="m").admit_per_replica == 1024
+
+
+def test_capacity_follows_the_replicas_that_run() -> None:
+    assert engine_capacity(100, live_replicas=None, min_replicas=0, max_replicas=4) == 100  # from zero
+    assert engine_capacity(100, live_replicas=3, min_replicas=0, max_replicas=4) == 300
+    assert engine_capacity(100, live_replicas=None, min_replicas=2, max_replicas=4) == 200
+    assert engine_capacity(100, live_replicas=9, min_replicas=0, max_replicas=4) == 400  # stale series
+
+
+def test_small_batches_are_admitted_until_the_replicas_are_full() -> None:
+    admission = Admission.of({"m": 100}, [])
+    admitted = [admission.admit("m", 0, 8) for _ in range(20)]
+    assert admitted == [True] * 12 + [False] * 8  # 12 x 8 = 96 fits, a 13th would make 104
+    assert admission.requests("m") == 96 and admission.blocked == {"m"}
+
+
+def test_a_batch_bigger_than_the_capacity_runs_alone() -> None:
+    admission = Admission.of({"m": 100}, [])
+    assert admission.admit("m", 0, 500) is True
+    assert admission.admit("m", 0, 1) is False
+
+
+def test_a_model_without_room_does_not_hold_back_another_model() -> None:
+    admission = Admission.of({"a": 10, "b": 10}, [EngineLoad("a", 0, 10)])
+    assert admission.admit("a", 0, 1) is False
+    assert admission.admit("b", 0, 5) is True
+
+
+def test_no_overtaking_within_a_model() -> None:
+    # the big batch at the head does not fit; the small one behind it waits too (no starvation)
+    admission = Admission.of({"m": 100}, [EngineLoad("m", 0, 60)])
+    assert admission.admit("m", 0, 50) is False
+    assert admission.admit("m", 0, 1) is False
+
+
+def test_higher_priority_counts_only_work_of_its_rank() -> None:
+    admission = Admission.of({"m": 100}, [EngineLoad("m", 0, 100), EngineLoad("m", 5, 30)])
+    assert admission.ahead("m", 9) == 0 and admission.ahead("m", 5) == 30 and admission.ahead("m", 0) == 130
+    assert admission.admit("m", 9, 8) is True  # the replicas run it first, taking p0 requests back
+    assert admission.admit("m", 5, 70) is False  # 30 + 8 of rank >= 5 already
+    assert admission.admit("m", 0, 1) is False  # blocked behind the p5 batch
+
+
+@given(
+    capacity=st.integers(1, 2000),
+    batches=st.lists(st.tuples(st.integers(0, 9), st.integers(0, 600)), max_size=40),
+)
+def test_admitted_work_of_each_rank_fits_unless_it_ran_alone(
+    capacity: int, batches: list[tuple[int, int]]
+) -> None:
+    ordered = sorted(batches, key=lambda b: -b[0])  # launch order: priority first
+    admission = Admission.of({"m": capacity}, [])
+    for priority, requests in ordered:
+        before = admission.ahead("m", priority)
+        if admission.admit("m", priority, requests):
+            assert before == 0 or before + requests <= capacity
+        else:
+            assert "m" in admission.blocked
+
+
+def test_max_in_flight_defaults_follow_the_engine_mode() -> None:
+    assert DispatcherOptions().launch_limit == OWN_ENGINE_IN_FLIGHT
+    assert DispatcherOptions(shared_engines=True).launch_limit == SHARED_IN_FLIGHT
+    assert DispatcherOptions(shared_engines=True, max_in_flight=3).launch_limit == 3
