@@ -2,7 +2,8 @@
 
 Deployed the way the dispatcher deploys them (Serve REST config), used the way a batch uses them
 (a Ray job whose driver calls :class:`ray_job.serve_engine.ServeEngine`). Real vLLM behind the same
-deployment is covered by the slow test in test_serve_engine_vllm.py.
+deployment: tests/integration/test_ray_job_vllm.py (batches on a shared engine) and
+test_serve_engine_vllm_faults.py (a replica SIGKILLed mid-batch).
 """
 
 from __future__ import annotations
