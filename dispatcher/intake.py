@@ -8,6 +8,7 @@ Nothing here touches Kafka or Redis; the consumer applies the commands. Validati
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -138,7 +139,8 @@ def _reject(origin: OriginalRecord, error: SchemaError, rules: IntakeRules, now:
                 "error_message": describe_schema_error(error)[:2000],
                 "source": source,
                 "event_id": event_id,
-                "origin": origin.to_json(),
+                # coordinates and headers only: the value is in the dead letter (and the topic)
+                "origin": without_value(origin).to_json(),
             },
             marker=marker,
             initial=State.DEAD_LETTERED,
@@ -229,18 +231,10 @@ def intake_fields(
     now: float,
 ) -> dict[str, str]:
     """What the batch hash stores at acceptance. The original value is kept verbatim in ``request``
-    (the job input for inline batches and the payload of a later dead letter)."""
+    (the job input for inline batches and the payload of a later dead letter) until the terminal
+    event is published (:data:`dispatcher.store.MARK_PUBLISHED_LUA` deletes it then)."""
     value = origin.value or b""
-    stripped = OriginalRecord(
-        origin.topic,
-        origin.partition,
-        origin.offset,
-        origin.key,
-        None,
-        origin.headers,
-        origin.timestamp_ms,
-        origin.timestamp_type,
-    )
+    stripped = without_value(origin)
     fields: dict[str, Any] = {
         "batch_id": request.batch_id,
         "tenant": request.tenant,
@@ -262,6 +256,10 @@ def intake_fields(
     if traceparent:
         fields["traceparent"] = traceparent
     return {k: str(v) for k, v in fields.items()}
+
+
+def without_value(origin: OriginalRecord) -> OriginalRecord:
+    return dataclasses.replace(origin, value=None)
 
 
 def original_with_value(record_origin: str, value: str | None) -> OriginalRecord:

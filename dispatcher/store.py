@@ -5,6 +5,11 @@ Each script runs atomically in Redis and checks the batch's current ``state`` (a
 are immutable: only the publication bookkeeping (``dlt_written``, ``published``) may still change,
 and only intake may reopen a ``failed`` (explicit replay) or ``dead_lettered`` batch.
 
+A hash keeps the request body (``request``: the original record's value, inline requests included)
+only while the state machine needs it, to launch attempts and to write a late dead letter: once the
+terminal event is published, ``request`` and ``origin`` are deleted and only the bookkeeping stays
+for ``finished_ttl_s``.
+
 Redis errors are translated into :class:`~dispatcher.errors.StateStoreUnavailable` (retriable) or
 :class:`~dispatcher.errors.PermanentError` here, at the boundary.
 """
@@ -168,6 +173,8 @@ local cur = redis.call('HMGET', KEYS[1], 'state', 'terminal_event_id')
 if not cur[1] then redis.call('ZREM', KEYS[2], ARGV[1]); return 'missing' end
 if not is_terminal(cur[1]) or cur[2] ~= ARGV[2] then return 'conflict' end
 redis.call('HSET', KEYS[1], 'published', '1', 'published_at', ARGV[3])
+-- the request body and the original record served launches and the dead letter: both are done
+redis.call('HDEL', KEYS[1], 'request', 'origin')
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 redis.call('EXPIRE', KEYS[3], ARGV[4])

@@ -164,6 +164,26 @@ async def test_terminal_state_is_immutable_and_awaits_publication(store: StateSt
     assert 0 < ttl <= 3600
 
 
+async def test_a_published_batch_keeps_no_request_body(store: StateStore) -> None:
+    """The request body (inline requests included) and the original record serve launches and a late
+    dead letter; once the terminal event is published, Redis drops them and keeps the bookkeeping."""
+    body = '{"batch_id": "b1", "requests": [' + ", ".join(['{"custom_id": "x"}'] * 2000) + "]}"
+    fields = {**item("b1").fields, "request": body, "origin": '{"t": "req", "p": 0, "o": 7}', "total": "2000"}
+    await store.intake(IntakeItem("b1", fields, ("src", "e1"), deadline=1_790_000_600.0))
+    running = await store.get("b1")
+    assert running is not None and running.get("request") == body  # needed to launch (and relaunch)
+    assert (await store.transition("b1", State.FAILED, fields={"terminal_event_id": "ev-1"})).ok
+    assert await store.mark_dlt_written("b1", "ev-1")
+    failed = await store.get("b1")
+    assert failed is not None and failed.get("request") == body  # still there for the late dead letter
+    assert await store.mark_published("b1", "ev-1")
+    finished = await store.get("b1")
+    assert finished is not None and finished.state is State.FAILED
+    assert "request" not in finished.fields and "origin" not in finished.fields
+    assert finished.flag("published") and finished.flag("dlt_written") and finished.get("total") == "2000"
+    assert finished.get("terminal_event_id") == "ev-1" and finished.get("model") == "m"
+
+
 async def test_retry_backoff_goes_through_the_delayed_queue(store: StateStore) -> None:
     clock = store.clock
     assert isinstance(clock, Clock)
