@@ -61,11 +61,12 @@ class JobBackend(Protocol):
     async def close(self) -> None: ...
 
 
-# Exit codes of `python -m ray_job` (see ray_job.errors.ExitCode): 0 ok, 1 retriable, 2 invalid spec,
-# 3 input not found, 4 no shared engine answered in time.
+# Exit codes of `python -m ray_job` (see ray_job.errors.ExitCode): 0 ok, 1 retriable, 65 invalid spec,
+# 66 input not found, 69 no shared engine answered in time (sysexits values: 2 is Python's own usage
+# error, e.g. an interpreter that rejects -P; any code not listed is retriable).
 EXIT_OK = 0
 EXIT_RETRIABLE = 1
-EXIT_INVALID_SPEC = 2
-EXIT_INPUT_NOT_FOUND = 3
-EXIT_ENGINE_UNAVAILABLE = 4
+EXIT_INVALID_SPEC = 65
+EXIT_INPUT_NOT_FOUND = 66
+EXIT_ENGINE_UNAVAILABLE = 69
 NON_RETRIABLE_EXITS = frozenset({EXIT_INVALID_SPEC, EXIT_INPUT_NOT_FOUND})

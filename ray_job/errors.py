@@ -19,14 +19,16 @@ class ExitCode(IntEnum):
     OK = 0
     """Every request ended (some may be error lines); manifest status ``completed``."""
     RETRIABLE = 1
-    """Anything else: crash, engine died, S3 write failed, stopped early (manifest ``partial``)."""
-    INVALID_SPEC = 2
-    """The job spec is invalid: retrying cannot help."""
-    INPUT_NOT_FOUND = 3
-    """The input object does not exist or cannot be read: retrying cannot help."""
-    ENGINE_UNAVAILABLE = 4
+    """Anything else: crash, engine died, S3 write failed, stopped early (manifest ``partial``).
+    Every code not listed here counts as this one: 2 is Python's own usage error (an interpreter that
+    rejects ``-P``), 126/127 the shell's, 128+N a signal, all problems of the cluster, not the batch."""
+    INVALID_SPEC = 65
+    """The job spec is invalid: retrying cannot help (sysexits ``EX_DATAERR``)."""
+    INPUT_NOT_FOUND = 66
+    """The input object does not exist or cannot be read: retrying cannot help (``EX_NOINPUT``)."""
+    ENGINE_UNAVAILABLE = 69
     """No shared engine of the model answered within ``engine_wait_s``: the batch fails once
-    instead of waiting again on every retry."""
+    instead of waiting again on every retry (``EX_UNAVAILABLE``)."""
 
 
 class JobError(Exception):

@@ -1,32 +1,34 @@
-"""The tracker's launch step against a real Redis: with shared engines a batch is launched only while
-its model's replicas have room (capacity-aware admission), higher priorities count only work of their
-rank, and one model's full replicas do not hold back another model. The Ray side is an in-memory
-backend (dispatcher logic only; the engines themselves are proven in test_serve_engine and the e2e
-tests)."""
+"""The tracker against a real Redis. Launch: with shared engines a batch is launched only while its
+model's replicas have room (capacity-aware admission), higher priorities count only work of their
+rank, and one model's full replicas do not hold back another model (the Ray side is an in-memory
+backend: dispatcher logic only; the engines themselves are proven in test_serve_engine and the e2e
+tests). Failed attempts: a real Ray job's exit code decides between retry and failure."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import SecretStr
 
+from dispatcher import states
 from dispatcher.backend import JobInfo, JobState, SubmitResult
 from dispatcher.intake import intake_fields
 from dispatcher.keys import Keys
 from dispatcher.metrics import Metrics
 from dispatcher.scheduler import ready_score
-from dispatcher.settings import DispatcherOptions, DispatcherSettings
+from dispatcher.settings import DispatcherOptions, DispatcherSettings, JobOptions
 from dispatcher.states import State
-from dispatcher.store import IntakeItem, StateStore
+from dispatcher.store import BatchRecord, IntakeItem, StateStore
 from dispatcher.tracker import Tracker
-from llmbatch.settings import RedisSettings
+from llmbatch.settings import RaySettings, RedisSettings
 from schemas.engines import EngineModel, EngineRegistry, Scaling
 from schemas.job import EngineConfig, JobSpec
-from tests.support.dispatcher_kit import batch_request, inline_lines, origin, request_message
+from tests.support.dispatcher_kit import batch_request, inline_lines, origin, request_message, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -154,3 +156,46 @@ async def test_without_shared_engines_max_in_flight_alone_decides(
         await queue(store, f"own{i}", 1000, age=100 - i)
     await tracker.launch()
     assert len(jobs.submitted) == 4  # an engine each: the default limit of 4
+
+
+async def test_a_python_that_exits_2_is_retried_not_taken_for_an_invalid_spec(
+    redis_settings: RedisSettings, ray_settings: RaySettings, tmp_path: Path
+) -> None:
+    """Exit 2 is Python's own usage error (here: an interpreter that rejects ``-P``), a problem of the
+    cluster: the attempt is retried instead of failing the batch as an invalid spec (real Ray job)."""
+    from dispatcher.ray_backend import RayJobsBackend
+
+    python = tmp_path / "old-python"
+    python.write_text("#!/bin/sh\necho 'Unknown option: -P' >&2\nexit 2\n")
+    python.chmod(0o755)
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    settings = DispatcherSettings(
+        _env_file=None,  # type: ignore[call-arg]
+        redis=RedisSettings(url=redis_settings.url, password=SecretStr(""), key_prefix=prefix),
+        ray=ray_settings,
+        job=JobOptions(python=str(python), ship_modules=False, pass_s3_credentials=False),
+        engines=EngineRegistry(models={"a": ENTRY}),
+    )
+    store = StateStore.from_url(redis_settings.url, keys=Keys(prefix), finished_ttl_s=3600, dedupe_ttl_s=3600)
+    backend = RayJobsBackend(settings)
+    tracker = Tracker(settings, store, backend, results=Any, producer=Any, metrics=Metrics())  # type: ignore[arg-type]
+    batch_id = f"py2-{uuid.uuid4().hex[:8]}"
+    try:
+        await queue(store, batch_id, 2)
+        await tracker.launch()
+
+        async def retried() -> BatchRecord | None:
+            await tracker.poll_in_flight()
+            record = await store.get(batch_id)
+            return record if record is not None and record.state not in states.IN_FLIGHT else None
+
+        record = await wait_for(retried, 180, interval=1, what="the failed attempt to be handled")
+        assert record.state is State.QUEUED and record.attempts_made == 1, record.fields
+        assert record.get("last_error_code") != "input_invalid", record.fields
+        assert "exit code 2" in (record.get("last_error_message") or ""), record.fields
+    finally:
+        keys = [k async for k in store.client.scan_iter(match=f"{prefix}:*")]
+        if keys:
+            await store.client.delete(*keys)
+        await store.close()
+        await backend.close()

@@ -17,6 +17,7 @@ import redis
 from ray.job_submission import JobStatus
 
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
+from ray_job.errors import ExitCode
 from schemas.common import BatchStatus
 from schemas.job import EngineConfig
 from tests.integration.ray_job_harness import Harness, chat_line
@@ -157,7 +158,7 @@ def test_2000_lines_with_flat_driver_memory(h: Harness) -> None:
 def test_exit_codes_for_missing_input_and_invalid_spec(h: Harness) -> None:
     spec = h.spec("fake-missing", input_uri=f"s3://{h.input_bucket}/nope.jsonl", engine=EngineConfig(**FAST))
     status, result = h.run(spec)
-    assert status == JobStatus.FAILED and h.exit_code(spec.submission_id) == 3
+    assert status == JobStatus.FAILED and h.exit_code(spec.submission_id) == ExitCode.INPUT_NOT_FOUND
     assert result["status"] == "failed" and result["error"]["code"] == "input_not_found"
     assert h.objects(spec) == []  # nothing written
 
@@ -170,7 +171,7 @@ def test_exit_codes_for_missing_input_and_invalid_spec(h: Harness) -> None:
         runtime_env=h.env,
         entrypoint_num_cpus=0,
     )
-    assert h.wait(sid) == JobStatus.FAILED and h.exit_code(sid) == 2
+    assert h.wait(sid) == JobStatus.FAILED and h.exit_code(sid) == ExitCode.INVALID_SPEC
 
 
 def test_deadline_stops_the_attempt_and_keeps_what_finished(h: Harness) -> None:
@@ -181,7 +182,7 @@ def test_deadline_stops_the_attempt_and_keeps_what_finished(h: Harness) -> None:
     deadline = datetime.now(UTC) + timedelta(seconds=90)
     spec = h.spec("fake-deadline", input_uri=uri, engine=engine, shard_max_lines=4, deadline=deadline)
     status, result = h.run(spec)
-    assert status == JobStatus.FAILED and h.exit_code(spec.submission_id) == 1
+    assert status == JobStatus.FAILED and h.exit_code(spec.submission_id) == ExitCode.RETRIABLE
     assert result["status"] == "partial" and result["error"]["code"] == "deadline_exceeded", result["error"]
     manifest = h.manifest(spec)
     assert manifest.status == "partial" and 0 < manifest.request_counts.completed < lines

@@ -79,13 +79,13 @@ def test_output_prefix_must_belong_to_the_batch() -> None:
         make_spec(output_prefix="s3://out-bucket/default/other/")
 
 
-def test_main_exits_2_with_a_result_line_for_an_invalid_spec(capsys: pytest.CaptureFixture[str]) -> None:
+def test_main_exits_65_with_a_result_line_for_an_invalid_spec(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["--spec-json", '{"batch_id": "x"}'])
-    assert code == ExitCode.INVALID_SPEC and int(code) == 2
+    assert code == ExitCode.INVALID_SPEC and int(code) == 65
     out = capsys.readouterr().out.strip().splitlines()[-1]
     assert out.startswith(RESULT_PREFIX)
     result = parse_result(out)
-    assert result is not None and result["status"] == "failed" and result["exit_code"] == 2
+    assert result is not None and result["status"] == "failed" and result["exit_code"] == 65
     assert result["error"]["code"] == "invalid_job_spec"
 
 
