@@ -341,6 +341,9 @@ def _start_ray(run_dir: Path, num_cpus: int, object_store_bytes: int, ports: _St
     env = {
         "RAY_AUTH_MODE": "disabled",  # explicit: a stray ~/.ray/auth_token would otherwise turn auth on
         "RAY_USAGE_STATS_ENABLED": "0",
+        # a crashed or SIGKILLed worker's process group goes with it: an engine replica's vLLM
+        # EngineCore would otherwise live on, orphaned, holding the model and its KV cache
+        "RAY_process_group_cleanup_enabled": "1",
         "RAY_DEDUP_LOGS": "0",
         "PYTHONUNBUFFERED": "1",
         # job entrypoints say `python ...`: make that the venv's interpreter, as on a worker image

@@ -137,6 +137,7 @@ def test_dispatcher_settings_point_at_the_compose_services(
             == services["ray-head"]["environment"]["RAY_AUTH_TOKEN"]
         )
         assert services["ray-head"]["environment"]["RAY_AUTH_MODE"] == "token"
+        assert services["ray-head"]["environment"]["RAY_process_group_cleanup_enabled"] == "1"
         assert settings.redis.password.get_secret_value() == env_example()["REDIS_PASSWORD"]
         assert (
             settings.s3.access_key.get_secret_value() == services["minio"]["environment"]["MINIO_ROOT_USER"]

@@ -963,3 +963,18 @@ def test_crds_are_the_kuberay_release() -> None:
         assert crd["spec"]["group"] == "ray.io" and crd["spec"]["names"]["kind"] == kind
         assert [v["name"] for v in crd["spec"]["versions"] if v.get("storage")] == ["v1"]
     assert os.path.basename(vd.kuberay_crd_dir()) == "kuberay-crds"
+
+
+def test_every_ray_container_cleans_up_a_crashed_workers_processes(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    """A SIGKILLed engine replica must take its vLLM EngineCore with it (Ray's process-group cleanup,
+    set explicitly so a cluster default cannot turn it off: test_serve_engine_vllm_faults shows the
+    orphans without it)."""
+    for overlay in ("cpu-dev", "gpu-prod"):
+        spec = _raycluster(renders[overlay])["spec"]
+        groups = [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
+        for group in groups:
+            for container in group["template"]["spec"]["containers"]:
+                env = {e["name"]: e.get("value") for e in container.get("env", [])}
+                assert env.get("RAY_process_group_cleanup_enabled") == "1", (overlay, container["name"])
