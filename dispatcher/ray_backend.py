@@ -4,7 +4,9 @@
   submitted before (a crash between submit and bookkeeping): it counts as submitted;
 - an unknown submission id (HTTP 404; e.g. after a head restart, which loses every job record) is
   :attr:`JobState.NOT_FOUND`, never an exception;
-- connection trouble is :class:`RayUnavailable` (retriable); the client is rebuilt on the next call.
+- connection trouble is :class:`RayUnavailable` (retriable); the client is rebuilt on the next call;
+- 401/403 (a missing or rotated token) is :class:`RayUnavailable` too: every batch would be refused
+  alike, so it is an outage to wait out, never a verdict on one batch (other 4xx: :class:`JobRejected`).
 
 The SDK is synchronous (``requests``): every call runs in a worker thread with a timeout.
 """
@@ -26,6 +28,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _STATES = {s.value: s for s in JobState}
+_AUTH_CODES = frozenset({401, 403})
 
 
 def _status_code(exc: BaseException) -> int | None:
@@ -135,6 +138,15 @@ class RayJobsBackend:
                 )
             except Exception as exc:
                 code = _status_code(exc)
+                if code in _AUTH_CODES or type(exc).__name__ == "AuthenticationError":
+                    # a missing or rotated token (Ray's AuthenticationError, or a bare 401/403):
+                    # an outage of every batch alike, not a fault of this one
+                    self._client = None
+                    raise RayUnavailable(
+                        f"Ray refused our credentials ({code or 'token'}) for {what}: check "
+                        "LLMBATCH_RAY__AUTH_TOKEN "
+                        "against the cluster's token (rotated?); batches wait until it is fixed"
+                    ) from exc
                 if code is not None and code < 500 and code not in {404, 408, 429}:
                     raise JobRejected(f"Ray refused {what}: {str(exc)[:500]}") from exc
                 err = classify(exc, default=RayUnavailable)

@@ -21,8 +21,10 @@ from llmbatch.stack.services import ray_executable
 
 
 class PrivateRay:
-    def __init__(self, run_dir: Path, num_cpus: int = 2, resources: dict[str, float] | None = None) -> None:
+    def __init__(self, run_dir: Path, num_cpus: int = 2, resources: dict[str, float] | None = None,
+                 auth_token: str | None = None) -> None:
         self.run_dir = run_dir
+        self.auth_token = auth_token  # None: auth off; else Ray's token auth with this token
         self.num_cpus = num_cpus
         self.resources = resources  # custom resources (``--resources``); None = Ray's default
         self.gcs, self.dashboard, self.client, self.agent = free_port(), free_port(), free_port(), free_port()
@@ -54,6 +56,8 @@ class PrivateRay:
         self.temps.append(temp)
         log = self.run_dir / f"ray-{self.starts}.log"
         env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+        if self.auth_token is not None:
+            env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.auth_token)
         argv = [
             str(ray_executable()),
             "start",
@@ -79,7 +83,9 @@ class PrivateRay:
         wait_until(self._ready, timeout, self.pid, "private Ray head", log, interval=1.0)
 
     def _ready(self) -> bool:
-        with urllib.request.urlopen(f"{self.address}/api/jobs/", timeout=3) as resp:
+        headers = {"Authorization": f"Bearer {self.auth_token}"} if self.auth_token else {}
+        request = urllib.request.Request(f"{self.address}/api/jobs/", headers=headers)
+        with urllib.request.urlopen(request, timeout=3) as resp:
             return int(resp.status) == 200
 
     def stop(self, timeout: float = 20) -> None:
