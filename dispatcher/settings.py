@@ -216,6 +216,19 @@ class DispatcherSettings(LLMBatchSettings):
         "any other model are rejected with model_not_found.",
     )
 
+    @model_validator(mode="after")
+    def _heartbeats_fit_the_timeout(self) -> DispatcherSettings:
+        # a job beats every job.progress_interval_s; fewer than 3 beats per timeout and one late
+        # write (a slow Redis) gets a healthy job stopped as silent
+        if self.job.progress_interval_s * 3 > self.dispatcher.heartbeat_timeout_s:
+            interval, timeout = self.job.progress_interval_s, self.dispatcher.heartbeat_timeout_s
+            raise ValueError(
+                f"LLMBATCH_JOB__PROGRESS_INTERVAL_S ({interval:g}) must be at most a third of "
+                f"LLMBATCH_DISPATCHER__HEARTBEAT_TIMEOUT_S ({timeout:g}): lower the interval or raise "
+                "the timeout"
+            )
+        return self
+
     @property
     def served_models(self) -> frozenset[str]:
         """The model names requests may name (the registry's keys)."""
@@ -277,6 +290,8 @@ def describe_settings_error(exc: ValidationError, prefix: str = "LLMBATCH_") -> 
     loc = [str(p) for p in first["loc"]]
     env, inside = _env_var(loc, prefix)
     message = str(first["msg"]).removeprefix("Value error, ")
+    if not loc:  # a rule across settings: its message names the variables
+        return f"invalid settings: {message}"
     if first["type"] == "extra_forbidden":
         message = "unknown field (a typo?)"
     value = first.get("input")

@@ -103,17 +103,23 @@ class Attempt:
         s3.check_readable(fs, path)
         return path
 
-    def _start_progress(self, fs: pafs.FileSystem, input_path: str | None) -> None:
-        p = self.prior
-        base = Counters(p.completed, p.failed, p.prompt_tokens, p.completion_tokens, self.total)
+    def _start_heartbeat(self) -> None:
+        """Heartbeats from the start: a long resume scan must not look like a dead attempt."""
         self.progress = Progress(
             self.spec.redis_url,
             self.spec.progress_key,
             attempt=self.spec.attempt,
             interval_s=self.spec.progress_interval_s,
-            base=base,
+            base=None,
         )
         self.progress.start()
+
+    def _start_progress(self, fs: pafs.FileSystem, input_path: str | None) -> None:
+        p = self.prior
+        assert self.progress is not None
+        base = Counters(p.completed, p.failed, p.prompt_tokens, p.completion_tokens, self.total)
+        self.progress.set_base(base)
+        self.progress.publish()
         if input_path is not None:
             threading.Thread(
                 target=self._count_input, args=(fs, input_path), name="count", daemon=True
@@ -288,6 +294,7 @@ class Attempt:
         code = ExitCode.OK
         try:
             self._install_stop()
+            self._start_heartbeat()
             self.fs = s3.filesystem()
             input_path = self._input_path(self.fs)
             self.prior = resume.scan(self.fs, self.prefix_path)

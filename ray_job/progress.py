@@ -32,8 +32,11 @@ class Counters:
     total: int | None = None
 
 
-def progress_fields(counters: Counters, attempt: int, now: float) -> dict[str, str]:
-    """The hash fields for one write (Redis stores strings)."""
+def progress_fields(counters: Counters | None, attempt: int, now: float) -> dict[str, str]:
+    """The hash fields for one write (Redis stores strings); without counters (not known yet: the
+    resume scan runs) only the heartbeat, leaving the earlier attempts' counters as they are."""
+    if counters is None:
+        return {"attempt": str(attempt), "heartbeat_at": f"{now:.3f}"}
     fields = {
         "completed": str(counters.completed),
         "failed": str(counters.failed),
@@ -51,9 +54,11 @@ class Progress:
     """Thread-safe counters plus the periodic writer."""
 
     def __init__(
-        self, redis_url: str | None, key: str | None, *, attempt: int, interval_s: float, base: Counters
+        self, redis_url: str | None, key: str | None, *, attempt: int, interval_s: float,
+        base: Counters | None,
     ) -> None:
-        self.counters = base
+        self.counters = base or Counters()
+        self._known = base is not None  # False: heartbeats only, until set_base
         self._attempt = attempt
         self._interval = interval_s
         self._lock = threading.Lock()
@@ -92,6 +97,14 @@ class Progress:
             c.prompt_tokens += prompt_tokens
             c.completion_tokens += completion_tokens
 
+    def set_base(self, base: Counters) -> None:
+        """The counters the attempt starts from (after the resume scan); writes include them now."""
+        with self._lock:
+            if base.total is None:
+                base.total = self.counters.total
+            self.counters = base
+            self._known = True
+
     def set_total(self, total: int) -> None:
         with self._lock:
             self.counters.total = total
@@ -105,7 +118,9 @@ class Progress:
         """Write the counters and a fresh heartbeat now (errors are logged, never raised)."""
         if not self.enabled:
             return
-        fields = progress_fields(self.snapshot(), self._attempt, time.time())
+        with self._lock:
+            known = self._known
+        fields = progress_fields(self.snapshot() if known else None, self._attempt, time.time())
         try:
             self._client.hset(self._key, mapping=fields)
             self.writes += 1

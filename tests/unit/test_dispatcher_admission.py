@@ -90,3 +90,15 @@ def test_max_in_flight_defaults_follow_the_engine_mode() -> None:
     assert DispatcherOptions().launch_limit == OWN_ENGINE_IN_FLIGHT
     assert DispatcherOptions(shared_engines=True).launch_limit == SHARED_IN_FLIGHT
     assert DispatcherOptions(shared_engines=True, max_in_flight=3).launch_limit == 3
+
+
+def test_a_heartbeat_interval_near_the_timeout_is_refused_naming_both_variables() -> None:
+    from dispatcher.settings import SettingsInvalid, load_settings
+
+    with pytest.raises(SettingsInvalid) as info:
+        load_settings(_env_file=None, job={"progress_interval_s": 100})
+    line = str(info.value)
+    assert line.startswith("invalid settings: LLMBATCH_JOB__PROGRESS_INTERVAL_S (100)")
+    assert "LLMBATCH_DISPATCHER__HEARTBEAT_TIMEOUT_S (180)" in line
+    settings = load_settings(_env_file=None, job={"progress_interval_s": 60})  # a third: accepted
+    assert settings.job.progress_interval_s == 60

@@ -11,7 +11,7 @@ import pytest
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
-from dispatcher.backend import SubmitResult
+from dispatcher.backend import EXIT_ENGINE_UNAVAILABLE, SubmitResult
 from dispatcher.cli import app
 from dispatcher.errors import InvalidSettings
 from dispatcher.events import Outcome
@@ -282,7 +282,8 @@ async def test_no_engine_in_time_fails_the_batch_once_without_retrying() -> None
     from dispatcher.backend import JobInfo, JobState
 
     t, store, _ = tracker(registry(path="/models/smollm2"))
-    info = JobInfo(JobState.FAILED, exit_code=4, message="no engine of llmbatch-engine-x answered")
+    message = "no engine of llmbatch-engine-x answered"
+    info = JobInfo(JobState.FAILED, exit_code=EXIT_ENGINE_UNAVAILABLE, message=message)
     await t.job_failed(stored("running", 1, submission_id="b-gone-a1"), info)
     fields, _ = _failed(store)  # straight to failed: attempt 1 of 3 is not retried
     assert fields["error_code"] == "engine_unavailable"
