@@ -7,11 +7,15 @@ For each fetched batch of records the consumer
    into Redis, then the ``accepted`` events and dead letters, awaited until the broker acknowledged;
 3. commits the offsets of what is done.
 
-A transient failure (Redis, broker) retries the same segment with backoff; everything it does is
-idempotent (batch-id dedupe, event-id markers), so a retry or a redelivery after a crash is
-harmless. Nothing is committed before its effects are durable. When the queue in Redis is full the
-consumer pauses its partitions (backpressure) and resumes when it drains. A rebalance listener
-commits the done offsets of revoked partitions; processing of a revoked partition is abandoned.
+A transient failure (Redis, broker) retries the same segment with backoff, without limit; everything
+it does is idempotent (batch-id dedupe, event-id markers), so a retry or a redelivery after a crash
+is harmless. Nothing is committed before its effects are durable. Any other failure (a permanent
+error such as Redis' ``OOM command not allowed``, or an unexpected exception) splits the segment
+into single records, and a record that still fails ``record_max_attempts`` times is dead-lettered
+(``processing_failed``), counted, logged and passed (:mod:`dispatcher.record_retry`): one record
+never stops the consumer. When the queue in Redis is full the consumer pauses its partitions
+(backpressure) and resumes when it drains. A rebalance listener commits the done offsets of revoked
+partitions; processing of a revoked partition is abandoned.
 """
 
 from __future__ import annotations
@@ -21,19 +25,21 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from dispatcher import logs
+from dispatcher.cancel import apply_cancel
 from dispatcher.dlt import OriginalRecord
-from dispatcher.errors import BrokerUnavailable, DispatcherError, TransientError, classify
-from dispatcher.events import Outcome, build_accepted, terminal_fields
+from dispatcher.errors import BrokerUnavailable, DispatcherError, classify
+from dispatcher.events import build_accepted
 from dispatcher.intake import Accept, Cancel, Command, IntakeRules, Reject
 from dispatcher.intake import classify as classify_record
 from dispatcher.metrics import Metrics
 from dispatcher.publisher import EventProducer, SendFuture, gather_sends
+from dispatcher.record_retry import Abandoned, GaveUp, RecordRetry, describe
 from dispatcher.retry import Backoff
 from dispatcher.scheduler import Backpressure
 from dispatcher.settings import DispatcherSettings
@@ -42,11 +48,9 @@ from dispatcher.store import BatchRecord, StateStore
 from schemas.cloudevents import peek_type
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
+Entry = tuple[TopicPartition, int, Command, float | None]
 
-
-class Abandoned(Exception):
-    """Processing stopped: shutdown, or the partition was revoked meanwhile."""
+__all__ = ["Abandoned", "RequestConsumer"]
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -94,6 +98,7 @@ class RequestConsumer:
         self._lock = asyncio.Lock()
         self._epoch = 0
         self._stopping = asyncio.Event()
+        self.retry = RecordRetry(self.backoff, metrics, self._stopping, lambda: self._epoch)
         self._assigned: set[TopicPartition] = set()
         self.last_progress = time.monotonic()
         self.accepted_total = 0
@@ -112,6 +117,8 @@ class RequestConsumer:
             heartbeat_interval_ms=opts.heartbeat_interval_ms,
             max_poll_interval_ms=opts.max_poll_interval_ms,
             isolation_level="read_committed",
+            # a record up to the requests topic's max.message.bytes must fit one partition fetch
+            max_partition_fetch_bytes=max(1 << 20, self.settings.kafka.topics.max_message_bytes),
             **self.settings.kafka.client_kwargs(),
         )
         self._consumer.subscribe([self.settings.kafka.topics.requests], listener=_Listener(self))
@@ -232,29 +239,7 @@ class RequestConsumer:
                     self.metrics.consumer_lag.labels(partition=str(tp.partition)).set(max(0, high - position))
 
     async def _sleep(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), seconds)
-
-    async def _retrying(self, what: str, fn: Callable[[], Awaitable[T]], epoch: int) -> T:
-        """Run ``fn`` until it succeeds; transient errors back off, nothing is skipped."""
-        failures = 0
-        while True:
-            if self._stopping.is_set() or epoch != self._epoch:
-                raise Abandoned(what)
-            try:
-                return await fn()
-            except DispatcherError as exc:
-                if not exc.retriable:
-                    raise
-                failures += 1
-                component = "redis" if exc.code == "redis_unavailable" else "kafka"
-                self.metrics.transient_errors.labels(component=component).inc()
-                delay = self.backoff.delay(failures)
-                log.warning(
-                    "transient failure, retrying",
-                    extra={"what": what, "error": str(exc), "retry_in_s": round(delay, 2)},
-                )
-                await self._sleep(delay)
+        await self.retry.sleep(seconds)
 
     # -- processing --------------------------------------------------------------------------------
     async def process(self, batch: dict[TopicPartition, list[Any]]) -> None:
@@ -262,7 +247,7 @@ class RequestConsumer:
         epoch = self._epoch
         fetched_at = self.clock()
         now = self.clock()
-        entries: list[tuple[TopicPartition, int, Command, float | None]] = []
+        entries: list[Entry] = []
         received: dict[str, int] = {}
         for tp, records in batch.items():
             for record in records:
@@ -272,36 +257,78 @@ class RequestConsumer:
                 entries.append((tp, record.offset, classify_record(origin, self.rules, now), None))
         for label, count in received.items():
             self.metrics.received.labels(type=label).inc(count)
-        segment: list[tuple[TopicPartition, int, Command, float | None]] = []
+        segment: list[Entry] = []
         for entry in entries:
             if isinstance(entry[2], Cancel):
                 await self._run_segment(segment, epoch, fetched_at)
                 segment = []
-                cancel = entry[2]
-                await self._retrying("cancel", lambda c=cancel: self._apply_cancel(c), epoch)  # type: ignore[misc]
-                self._mark_done([entry])
+                await self._run_cancel(entry, entry[2], epoch)
             else:
                 segment.append(entry)
         await self._run_segment(segment, epoch, fetched_at)
 
-    def _mark_done(self, entries: Sequence[tuple[TopicPartition, int, Command, float | None]]) -> None:
+    def _mark_done(self, entries: Sequence[Entry]) -> None:
         for tp, offset, _, _ in entries:
             if offset + 1 > self._done.get(tp, -1):
                 self._done[tp] = offset + 1
 
-    async def _run_segment(
-        self, segment: list[tuple[TopicPartition, int, Command, float | None]], epoch: int, fetched_at: float
-    ) -> None:
+    async def _run_cancel(self, entry: Entry, cancel: Cancel, epoch: int) -> None:
+        try:
+            await self.retry.run(
+                "cancel",
+                lambda: apply_cancel(self.store, self.metrics, cancel, self.clock),
+                epoch,
+                max_attempts=self.opts.record_max_attempts,
+            )
+        except GaveUp as failed:
+            await self._give_up(entry, failed, epoch)
+        self._mark_done([entry])
+
+    async def _run_segment(self, segment: list[Entry], epoch: int, fetched_at: float) -> None:
+        """Apply ``segment`` (records without a cancel) at once; if that fails for another reason
+        than an outage, apply its records one by one, so only a failing record is given up on."""
         if not segment:
             return
         commands = [entry[2] for entry in segment]
-        await self._retrying("intake", lambda: self._apply_intake(commands), epoch)
+        single = len(segment) == 1
+        try:
+            await self.retry.run(
+                "intake",
+                lambda: self._apply_intake(commands),
+                epoch,
+                max_attempts=self.opts.record_max_attempts if single else 1,
+            )
+        except GaveUp as failed:
+            if not single:
+                log.warning(
+                    "intake failed, retrying the records one by one",
+                    extra={"records": len(segment), "error": describe(failed.error)},
+                )
+                for entry in segment:
+                    await self._run_segment([entry], epoch, fetched_at)
+                return
+            await self._give_up(segment[0], failed, epoch)
+            self._mark_done(segment)
+            return
         self._mark_done(segment)
         latency = self.clock() - fetched_at
         histogram = self.metrics.accept_latency
         for command in commands:
             if isinstance(command, Accept):
                 histogram.observe(latency)
+
+    async def _give_up(self, entry: Entry, failed: GaveUp, epoch: int) -> None:
+        command = entry[2]
+        with logs.bind(batch_id=_batch_id_of(command)):
+            await self.retry.give_up(
+                self.producer,
+                command.origin,
+                failed,
+                epoch,
+                dlt_topic=self.rules.dlt_topic,
+                group_id=self.rules.group_id,
+                max_attempts=self.opts.record_max_attempts,
+            )
 
     async def _apply_intake(self, commands: Sequence[Command]) -> None:
         accepts = [c for c in commands if isinstance(c, Accept)]
@@ -372,62 +399,26 @@ class RequestConsumer:
         await gather_sends(sends)
         fresh = [r for r in rejects if id(r) not in already]
         if fresh:
-            await self.store.intake_many([r.item for r in fresh if r.item is not None])
-            await self.store.set_markers([r.marker for r in fresh])
+            try:
+                await self.store.intake_many([r.item for r in fresh if r.item is not None])
+                await self.store.set_markers([r.marker for r in fresh])
+            except DispatcherError as exc:
+                if exc.retriable:
+                    raise
+                # the dead letters are written: a retry would only write them again
+                log.warning("dead-lettered records not recorded in Redis", extra={"error": str(exc)})
         accepted = sum(1 for r in results if r.is_new)
         self.accepted_total += accepted
         if accepted and self.on_accepted is not None:
             self.on_accepted()
 
-    async def _apply_cancel(self, cancel: Cancel) -> None:
-        with logs.bind(batch_id=cancel.batch_id, trace_id=logs.trace_id_of(cancel.traceparent)):
-            if (await self.store.markers_exist([cancel.marker]))[0]:
-                self.metrics.processed.labels(outcome="duplicate_cancel").inc()
-                return
-            for _ in range(20):
-                record = await self.store.get(cancel.batch_id)
-                if record is None or record.state.is_terminal:
-                    log.info(
-                        "cancel ignored: batch unknown or finished",
-                        extra={"state": record.state.value if record else None},
-                    )
-                    self.metrics.processed.labels(outcome="cancel_ignored").inc()
-                    break
-                reason = cancel.request.reason or "cancel requested"
-                if record.state in {State.ACCEPTED, State.QUEUED} and record.attempt == 0:
-                    outcome = Outcome(
-                        State.CANCELLED, self.clock(), counts={"total": int(record.get("total") or 0)}
-                    )
-                    result = await self.store.transition(
-                        cancel.batch_id,
-                        State.CANCELLED,
-                        expected_version=record.version,
-                        fields={
-                            **terminal_fields(record, outcome),
-                            "cancel_requested": "1",
-                            "cancel_reason": reason,
-                        },
-                    )
-                else:  # the tracker stops the job and reports partial results (a queued retry: at once)
-                    result = await self.store.transition(
-                        cancel.batch_id,
-                        record.state,
-                        expected_version=record.version,
-                        from_states=[record.state],
-                        fields={
-                            "cancel_requested": "1",
-                            "cancel_reason": reason,
-                            "cancel_requested_at": repr(self.clock()),
-                            "cancel_requested_by": cancel.request.requested_by or "",
-                        },
-                    )
-                if result.ok:
-                    log.info("cancel recorded", extra={"state": record.state.value})
-                    self.metrics.processed.labels(outcome="cancel").inc()
-                    break
-            else:  # the batch kept changing under us: try the whole record again (nothing committed)
-                raise TransientError(f"cancel of {cancel.batch_id}: state kept changing")
-            await self.store.set_marker(cancel.marker)
+
+def _batch_id_of(command: Command) -> str | None:
+    if isinstance(command, Accept):
+        return command.item.batch_id
+    if isinstance(command, Cancel):
+        return command.batch_id
+    return command.item.batch_id if command.item is not None else None
 
 
 def _type_label(headers: Any) -> str:

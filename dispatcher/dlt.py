@@ -3,11 +3,16 @@
 :class:`OriginalRecord` is what the consumer read; it is also stored (as JSON) with each accepted
 batch so a dead letter written much later (``attempts_exhausted``) still carries the original key,
 value, headers and coordinates.
+
+A dead letter that would not fit the dead-letter topic (:func:`fit_dead_letter`) is written reduced
+(:func:`reduce_dead_letter`): without the value, with its size and SHA-256 instead; the
+``kafka_dlt-original-*`` headers point at the original record.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,13 +92,78 @@ def _unb64(value: str | None) -> bytes | None:
 
 @dataclass(frozen=True)
 class DeadLetter:
-    """A record ready for the producer: ``send(topic, value, key=key, headers=headers)``."""
+    """A record ready for the producer: ``send(topic, value, key=key, headers=headers)``, with what
+    it was built from (``record``: its DLT headers, ``original``: the dead-lettered record)."""
 
     topic: str
     key: bytes | None
     value: bytes | None
     headers: list[tuple[str, bytes]]
     reason: str
+    record: DltRecord
+    original: OriginalRecord
+
+    @property
+    def size(self) -> int:
+        """Upper bound of the bytes it takes on the topic (see :func:`record_size`)."""
+        return record_size(self.key, self.value, self.headers)
+
+    @property
+    def reduced(self) -> bool:
+        return self.record.reduced
+
+
+RECORD_OVERHEAD_BYTES = 61 + 21
+"""A record batch's header plus the largest framing of one record (aiokafka's upper bound)."""
+_VARINT_BYTES = 5
+REDUCED_KEY_BYTES = 1024
+"""A reduced dead letter keeps the original key up to this size."""
+REDUCED_HEADER_BYTES = 1024
+"""... and the original headers whose value is at most this size (ce_*, traceparent, ...),"""
+REDUCED_HEADERS_BYTES = 16 << 10
+"""... up to this many bytes of them in all."""
+
+
+def record_size(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> int:
+    """Upper bound of the bytes one record takes in its own record batch: what a topic's
+    ``max.message.bytes`` is compared with (the producer sends a record this large alone)."""
+    size = RECORD_OVERHEAD_BYTES + 3 * _VARINT_BYTES + len(key or b"") + len(value or b"")
+    for name, data in headers:
+        size += 2 * _VARINT_BYTES + len(name.encode()) + len(data)
+    return size
+
+
+def reduce_dead_letter(letter: DeadLetter) -> DeadLetter:
+    """``letter`` small enough for any dead-letter topic llmbatch accepts (at least 64 KiB): no value
+    (``llmbatch-dlt-original-value-{bytes,sha256}`` describe it), the key only up to 1 KiB, and only the
+    original headers of at most 1 KiB each (16 KiB in all); ``llmbatch-dlt-reduced: true``. The
+    ``kafka_dlt-original-{topic,partition,offset}`` headers say where to read the original."""
+    original = letter.original
+    kept: list[tuple[str, bytes]] = []
+    budget, dropped = REDUCED_HEADERS_BYTES, 0
+    for name, data in original.headers:
+        cost = len(name.encode()) + len(data)
+        if len(data) <= REDUCED_HEADER_BYTES and cost <= budget:
+            kept.append((name, data))
+            budget -= cost
+        else:
+            dropped += 1
+    value = original.value
+    record = letter.record.model_copy(
+        update={
+            "reduced": True,
+            "original_value_bytes": len(value) if value is not None else None,
+            "original_value_sha256": hashlib.sha256(value).hexdigest() if value is not None else None,
+            "original_headers_dropped": dropped,
+        }
+    )
+    key = original.key if original.key is None or len(original.key) <= REDUCED_KEY_BYTES else None
+    return DeadLetter(letter.topic, key, None, [*kept, *record.to_headers()], letter.reason, record, original)
+
+
+def fit_dead_letter(letter: DeadLetter, max_bytes: int) -> DeadLetter:
+    """``letter`` as is when it fits a topic whose ``max.message.bytes`` is ``max_bytes``, else reduced."""
+    return letter if letter.size <= max_bytes else reduce_dead_letter(letter)
 
 
 def reason_for_schema_error(error: SchemaError) -> DltReason:
@@ -146,4 +216,4 @@ def build_dead_letter(
         exception_message=truncate_message(message),
     )
     headers = [*original.headers, *record.to_headers()]
-    return DeadLetter(dlt_topic, original.key, original.value, headers, str(reason))
+    return DeadLetter(dlt_topic, original.key, original.value, headers, str(reason), record, original)

@@ -46,6 +46,13 @@ class PermanentError(DispatcherError):
     retriable = False
 
 
+class RecordTooLarge(PermanentError):
+    """The broker (or the producer, before sending) refused a record over the topic's
+    ``max.message.bytes``; the same record never fits, a smaller one may."""
+
+    code = "record_too_large"
+
+
 class ConflictError(PermanentError):
     """A compare-and-set lost: the batch moved on (its version or state differs)."""
 
@@ -118,6 +125,8 @@ def classify(exc: BaseException, *, default: type[DispatcherError] = TransientEr
         from aiokafka.errors import KafkaError
 
         if isinstance(exc, KafkaError):
+            if type(exc).__name__ in {"MessageSizeTooLargeError", "RecordTooLargeError"}:
+                return RecordTooLarge(message)
             if getattr(exc, "retriable", False) or type(exc).__name__ in {
                 "KafkaConnectionError",
                 "KafkaTimeoutError",

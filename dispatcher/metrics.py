@@ -68,6 +68,27 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.dead_letters_reduced = Counter(
+            "llmbatch_dispatcher_dead_letters_reduced_total",
+            "Dead letters too large for the dead-letter topic, written without their value "
+            "(size, SHA-256 and the original record's topic/partition/offset instead).",
+            registry=r,
+        )
+        self.dead_letters_failed = Counter(
+            "llmbatch_dispatcher_dead_letters_failed_total",
+            "Dead letters the broker refused for good even reduced, by stage (intake: the record was "
+            "skipped without one; terminal: the terminal event went out without one). See the error log.",
+            ["stage"],
+            registry=r,
+        )
+        for stage in ("intake", "terminal"):  # both series from the start: alerts see 0, not absent
+            self.dead_letters_failed.labels(stage=stage)
+        self.failed_records = Counter(
+            "llmbatch_dispatcher_failed_records_total",
+            "Records of the requests topic whose processing failed on every allowed attempt; the "
+            "consumer moved past them (dead-lettered as processing_failed).",
+            registry=r,
+        )
         self.published = Counter(
             "llmbatch_dispatcher_events_published_total",
             "Events written to the results topic, by type.",

@@ -17,8 +17,8 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from dispatcher import logs
-from dispatcher.dlt import DeadLetter, build_dead_letter
-from dispatcher.errors import BrokerUnavailable, DispatcherError, classify
+from dispatcher.dlt import DeadLetter, build_dead_letter, fit_dead_letter, reduce_dead_letter
+from dispatcher.errors import BrokerUnavailable, DispatcherError, RecordTooLarge, classify
 from dispatcher.events import Outcome, build_terminal
 from dispatcher.intake import original_with_value
 from dispatcher.metrics import Metrics
@@ -33,47 +33,60 @@ SendFuture = Awaitable[Any]
 
 
 class EventProducer:
-    """An idempotent aiokafka producer (acks=all) for the results and dead-letter topics."""
+    """Two aiokafka producers (acks=all): an idempotent one for the results topic, and one for the
+    dead-letter topic that is not idempotent, because a record the broker refuses as too large would
+    leave an idempotent producer failing every later send to that partition (OutOfOrderSequenceNumber).
+    Dead letters are at-least-once anyway (a redelivered record is dead-lettered again)."""
 
-    def __init__(
-        self,
-        kafka: KafkaSettings,
-        metrics: Metrics | None = None,
-        *,
-        linger_ms: int = 5,
-        max_request_size: int = 16 << 20,
-    ) -> None:
+    def __init__(self, kafka: KafkaSettings, metrics: Metrics | None = None, *, linger_ms: int = 5) -> None:
         self.kafka = kafka
         self.metrics = metrics or Metrics()
+        self.dead_letter_max_bytes = kafka.topics.dead_letter_max_message_bytes
         self._producer = AIOKafkaProducer(
             acks="all",
             enable_idempotence=True,
             linger_ms=linger_ms,
-            max_request_size=max_request_size,
+            max_request_size=kafka.topics.max_message_bytes,
             **kafka.client_kwargs(),
         )
-        self._started = False
+        self._dlt_producer = AIOKafkaProducer(
+            acks="all",
+            enable_idempotence=False,
+            linger_ms=linger_ms,
+            max_request_size=self.dead_letter_max_bytes,
+            **kafka.client_kwargs(),
+        )
+        self._started: list[AIOKafkaProducer] = []
 
     async def start(self) -> None:
-        try:
-            await self._producer.start()
-        except Exception as exc:
-            raise classify(exc, default=BrokerUnavailable) from exc
-        self._started = True
+        for producer in (self._producer, self._dlt_producer):
+            if producer in self._started:
+                continue
+            try:
+                await producer.start()
+            except Exception as exc:
+                raise classify(exc, default=BrokerUnavailable) from exc
+            self._started.append(producer)
 
     async def stop(self) -> None:
-        if self._started:
-            self._started = False
+        started, self._started = self._started, []
+        for producer in started:
             try:
-                await self._producer.stop()
+                await producer.stop()
             except Exception:
                 log.warning("producer stop failed", exc_info=True)
 
     async def _send(
-        self, topic: str, value: bytes | None, key: bytes | None, headers: list[tuple[str, bytes]]
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        headers: list[tuple[str, bytes]],
+        *,
+        producer: AIOKafkaProducer | None = None,
     ) -> SendFuture:
         try:
-            fut = await self._producer.send(topic, value=value, key=key, headers=headers)
+            fut = await (producer or self._producer).send(topic, value=value, key=key, headers=headers)
         except Exception as exc:
             raise classify(exc, default=BrokerUnavailable) from exc
 
@@ -93,9 +106,52 @@ class EventProducer:
         return fut
 
     async def send_dead_letter(self, letter: DeadLetter) -> SendFuture:
-        fut = await self._send(letter.topic, letter.value, letter.key, letter.headers)
+        """Queue ``letter``; await the returned awaitable for the broker's acknowledgement.
+
+        A letter over the dead-letter topic's ``max.message.bytes`` (the setting) is sent reduced
+        (:func:`~dispatcher.dlt.reduce_dead_letter`), and so is one the producer or the broker refuses
+        as too large (a topic created with a smaller limit than the setting)."""
+        fitted = fit_dead_letter(letter, self.dead_letter_max_bytes)
+        try:
+            fut = await self._send_letter(fitted)
+        except RecordTooLarge:
+            if fitted.reduced:
+                raise
+            fitted = reduce_dead_letter(letter)
+            fut = await self._send_letter(fitted)
         self.metrics.dead_lettered.labels(reason=letter.reason).inc()
-        return fut
+        if fitted.reduced:
+            self._reduced(letter, "over the dead-letter topic's max_message_bytes")
+
+        async def wait() -> Any:
+            try:
+                return await fut
+            except RecordTooLarge:
+                if fitted.reduced:
+                    raise
+                self._reduced(letter, "refused by the broker as too large")
+                return await (await self._send_letter(reduce_dead_letter(letter)))
+
+        return wait()
+
+    async def _send_letter(self, letter: DeadLetter) -> SendFuture:
+        return await self._send(
+            letter.topic, letter.value, letter.key, letter.headers, producer=self._dlt_producer
+        )
+
+    def _reduced(self, letter: DeadLetter, why: str) -> None:
+        self.metrics.dead_letters_reduced.inc()
+        origin = letter.original
+        log.warning(
+            "dead letter reduced: value left out, pointer to the original record kept",
+            extra={
+                "why": why,
+                "reason": letter.reason,
+                "size": letter.size,
+                "limit": self.dead_letter_max_bytes,
+                "original": f"{origin.topic}:{origin.partition}:{origin.offset}",
+            },
+        )
 
     async def publish(self, topic: str, envelope: Envelope[Any]) -> None:
         await (await self.send_event(topic, envelope))
@@ -181,10 +237,9 @@ class TerminalPublisher:
         outcome = Outcome.from_json(record.get("outcome") or "{}")
         if record.flag("dlt_pending") and not record.flag("dlt_written"):
             letter = late_dead_letter(record, outcome, dlt_topic=self.dlt_topic, group_id=self.group_id)
-            await self.producer.dead_letter(letter)
-            log.info("dead letter written", extra={"reason": letter.reason})
-            self.crash("after_dlt")
-            await self.store.mark_dlt_written(record.batch_id, event_id)
+            if await self._write_dead_letter(letter):
+                self.crash("after_dlt")
+                await self.store.mark_dlt_written(record.batch_id, event_id)
         envelope = build_terminal(record, source=self.source)
         await self.producer.publish(self.results_topic, envelope)
         self.crash("after_publish")
@@ -194,6 +249,30 @@ class TerminalPublisher:
         if started is not None:
             self.metrics.job_duration.labels(status=status).observe(max(0.0, outcome.finished_at - started))
         log.info("terminal event published", extra={"status": status, "event_id": event_id})
+
+
+    async def _write_dead_letter(self, letter: DeadLetter) -> bool:
+        """Write the batch's dead letter (reduced when too large). ``False`` when even the reduced
+        letter fails for good: the terminal event goes out regardless (upstream must hear that the
+        batch ended; the dead letter is for operators), and the failure is logged and counted.
+        Transient errors raise (the next tick tries again)."""
+        error: DispatcherError | None = None
+        for candidate in (letter, reduce_dead_letter(letter)):
+            try:
+                await self.producer.dead_letter(candidate)
+            except DispatcherError as exc:
+                if exc.retriable:
+                    raise
+                error = exc
+                continue
+            log.info("dead letter written", extra={"reason": letter.reason, "reduced": candidate.reduced})
+            return True
+        self.metrics.dead_letters_failed.labels(stage="terminal").inc()
+        log.error(
+            "dead letter not written, publishing the terminal event without it",
+            extra={"reason": letter.reason, "error": str(error)},
+        )
+        return False
 
 
 async def gather_sends(futures: list[SendFuture]) -> None:

@@ -68,6 +68,13 @@ class DispatcherOptions(BaseModel):
     retry_backoff_max_s: float = Field(default=300.0, gt=0)
     io_backoff_base_s: float = Field(default=0.2, gt=0, description="Retry delay of transient I/O errors.")
     io_backoff_max_s: float = Field(default=10.0, gt=0)
+    record_max_attempts: int = Field(
+        default=3, ge=1, le=20,
+        description="Attempts at processing one consumed record that fails for another reason than an "
+        "outage (e.g. Redis out of memory, an unexpected error); then it is dead-lettered "
+        "(processing_failed) and the consumer moves on. Outages (Redis or Kafka unreachable) are retried "
+        "without limit and commit nothing.",
+    )
     lease_ttl_s: float = Field(default=15.0, ge=1, description="Tracker leadership lease.")
     poll_interval_s: float = Field(default=1.0, gt=0, description="Tracker tick (Ray polling, launching).")
     progress_interval_s: float = Field(default=10.0, gt=0, description="Least time between progress events.")

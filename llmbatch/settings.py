@@ -14,6 +14,13 @@ from typing import Literal
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+MIN_MESSAGE_BYTES = 64 << 10
+"""Smallest ``max.message.bytes`` llmbatch accepts: a reduced dead letter must always fit."""
+MAX_MESSAGE_BYTES = 100 << 20
+"""Largest: a broker's default ``socket.request.max.bytes`` (a bigger record never reaches it)."""
+DLT_HEADROOM_BYTES = 64 << 10
+"""What the dead-letter topic takes beyond the requests topic by default: the ``kafka_dlt-*`` headers."""
+
 
 class TopicSettings(BaseModel):
     """Topic names (DESIGN.md) and how to create them when missing."""
@@ -23,6 +30,21 @@ class TopicSettings(BaseModel):
     dead_letter: str = "llm.batch.requests.v1.dlt"
     partitions: int = Field(default=3, ge=1, le=1000)
     replication_factor: int = Field(default=1, ge=1, le=10)
+    max_message_bytes: int = Field(
+        default=2 << 20,
+        ge=MIN_MESSAGE_BYTES,
+        le=MAX_MESSAGE_BYTES,
+        description="max.message.bytes of the requests and results topics when llmbatch creates them "
+        "(an inline batch at the inline limits must fit); producers refuse bigger records.",
+    )
+    dead_letter_max_message_bytes: int = Field(
+        default=(2 << 20) + DLT_HEADROOM_BYTES,
+        ge=MIN_MESSAGE_BYTES,
+        le=MAX_MESSAGE_BYTES,
+        description="max.message.bytes of the dead-letter topic when llmbatch creates it. A dead letter "
+        "that would not fit is written reduced: no value, the value's size and SHA-256, and the original "
+        "record's topic/partition/offset to read it from.",
+    )
 
 
 class KafkaSettings(BaseModel):

@@ -63,6 +63,8 @@ class Publisher:
             "enable_idempotence": enable_idempotence,
             "linger_ms": linger_ms,
             "compression_type": compression_type,
+            # the requests topic is created with this max.message.bytes (producer.topics)
+            "max_request_size": kafka.topics.max_message_bytes,
         }
         self._producer: Any = None
 

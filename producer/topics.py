@@ -9,18 +9,29 @@ from llmbatch.settings import KafkaSettings, LLMBatchSettings
 from producer.errors import BrokerUnavailable, ProducerError
 
 TOPIC_ALREADY_EXISTS = 36
-DEFAULT_TOPIC_CONFIGS: dict[str, dict[str, str]] = {
-    "requests": {},
-    "results": {},
-    # dead letters are inspected and replayed by humans: keep them a month
-    "dead_letter": {"retention.ms": str(30 * 24 * 3600 * 1000)},
-}
+DEAD_LETTER_RETENTION_MS = 30 * 24 * 3600 * 1000
+"""Dead letters are inspected and replayed by humans: keep them a month."""
 
 
 def topic_names(kafka: KafkaSettings) -> dict[str, str]:
     """``{"requests": ..., "results": ..., "dead_letter": ...}`` from the settings."""
     topics = kafka.topics
     return {"requests": topics.requests, "results": topics.results, "dead_letter": topics.dead_letter}
+
+
+def topic_configs(kafka: KafkaSettings) -> dict[str, dict[str, str]]:
+    """The configs each topic is created with, by role: explicit ``max.message.bytes`` from the
+    settings (the brokers' default, 1 MiB, would not take an inline batch at the inline limits, and
+    the dead-letter topic needs room for the ``kafka_dlt-*`` headers beyond the original record)."""
+    topics = kafka.topics
+    return {
+        "requests": {"max.message.bytes": str(topics.max_message_bytes)},
+        "results": {"max.message.bytes": str(topics.max_message_bytes)},
+        "dead_letter": {
+            "max.message.bytes": str(topics.dead_letter_max_message_bytes),
+            "retention.ms": str(DEAD_LETTER_RETENTION_MS),
+        },
+    }
 
 
 async def ensure_topics(
@@ -31,8 +42,9 @@ async def ensure_topics(
 ) -> list[str]:
     """Create the requests, results and dead-letter topics that do not exist yet.
 
-    Partitions and replication come from ``LLMBATCH_KAFKA__TOPICS__*``. Existing topics are left
-    alone (their partition count is not changed). Returns the names created.
+    Partitions, replication and ``max.message.bytes`` come from ``LLMBATCH_KAFKA__TOPICS__*``
+    (:func:`topic_configs`; ``configs`` adds to or overrides them by role). Existing topics are left
+    alone (neither their partition count nor their configs are changed). Returns the names created.
 
     Raises:
         BrokerUnavailable: the broker did not answer within ``timeout_s``.
@@ -42,7 +54,9 @@ async def ensure_topics(
     from aiokafka.errors import KafkaError
 
     kafka = settings.kafka if isinstance(settings, LLMBatchSettings) else settings
-    per_topic = {**DEFAULT_TOPIC_CONFIGS, **(configs or {})}
+    per_topic = topic_configs(kafka)
+    for role, extra in (configs or {}).items():
+        per_topic[role] = {**per_topic.get(role, {}), **extra}
     admin = AIOKafkaAdminClient(**kafka.client_kwargs())
     try:
         await asyncio.wait_for(admin.start(), timeout_s)

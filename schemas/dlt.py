@@ -1,6 +1,9 @@
 """Dead-letter topic contract: header names, reasons, and their (Spring Kafka compatible) encodings.
 
-A dead letter is the original record (key, value, headers unchanged) plus the headers below.
+A dead letter is the original record (key, value, headers unchanged) plus the headers below. One that
+would not fit the dead-letter topic is *reduced*: no value, only the original headers that fit, and
+``llmbatch-dlt-reduced`` with the value's size and SHA-256; the ``kafka_dlt-original-*`` headers point
+at the original record.
 The ``kafka_dlt-*`` names and binary encodings are Spring Kafka's ``DeadLetterPublishingRecoverer``
 ones (partition: 4-byte big-endian int; offset and timestamp: 8-byte big-endian longs; the rest
 UTF-8), so existing Kafka tools read them. ``llmbatch-*`` headers are UTF-8 text.
@@ -8,6 +11,7 @@ UTF-8), so existing Kafka tools read them. ``llmbatch-*`` headers are UTF-8 text
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Iterable
 from datetime import datetime
@@ -28,6 +32,10 @@ EXCEPTION_FQCN = "kafka_dlt-exception-fqcn"
 EXCEPTION_MESSAGE = "kafka_dlt-exception-message"
 EXCEPTION_STACKTRACE = "kafka_dlt-exception-stacktrace"
 REASON = "llmbatch-dlt-reason"
+REDUCED = "llmbatch-dlt-reduced"
+ORIGINAL_VALUE_BYTES = "llmbatch-dlt-original-value-bytes"
+ORIGINAL_VALUE_SHA256 = "llmbatch-dlt-original-value-sha256"
+ORIGINAL_HEADERS_DROPPED = "llmbatch-dlt-original-headers-dropped"
 REPLAY_ID = "llmbatch-replay-id"
 REPLAY_AT = "llmbatch-replay-at"
 REPLAY_BY = "llmbatch-replay-by"
@@ -44,6 +52,10 @@ DLT_HEADERS = frozenset(
         EXCEPTION_MESSAGE,
         EXCEPTION_STACKTRACE,
         REASON,
+        REDUCED,
+        ORIGINAL_VALUE_BYTES,
+        ORIGINAL_VALUE_SHA256,
+        ORIGINAL_HEADERS_DROPPED,
     }
 )
 """Headers added when dead-lettering (stripped again on replay)."""
@@ -51,6 +63,7 @@ REPLAY_HEADERS = frozenset({REPLAY_ID, REPLAY_AT, REPLAY_BY})
 """Headers added when replaying a dead letter to its original topic."""
 
 MAX_EXCEPTION_MESSAGE_BYTES = 4096
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class DltReason(StrEnum):
@@ -75,6 +88,10 @@ class DltReason(StrEnum):
     """Ray refused the job for a non-transient reason."""
     INTERNAL_ERROR = "internal_error"
     """A bug or an unexpected error while handling the event."""
+    PROCESSING_FAILED = "processing_failed"
+    """Processing the record failed on every allowed attempt (``LLMBATCH_DISPATCHER__RECORD_MAX_ATTEMPTS``)
+    with an error retrying did not clear (e.g. Redis out of memory) or an unexpected one, so the
+    consumer moved past it. Replay it once the cause (see the exception headers) is fixed."""
 
 
 class DltRecord(BaseModel):
@@ -91,6 +108,19 @@ class DltRecord(BaseModel):
     consumer_group: str | None = None
     exception_fqcn: str | None = Field(default=None, examples=["schemas.errors.SchemaError"])
     exception_message: Annotated[str, Field(max_length=MAX_EXCEPTION_MESSAGE_BYTES)] | None = None
+    reduced: bool = Field(
+        default=False,
+        description="The dead letter would not fit the dead-letter topic, so it carries no value (and "
+        "only the original headers that fit): read the original record at original_topic, "
+        "original_partition, original_offset.",
+    )
+    original_value_bytes: int | None = Field(default=None, ge=0, description="Size of the left-out value.")
+    original_value_sha256: str | None = Field(
+        default=None, pattern=r"^[0-9a-f]{64}$", description="SHA-256 (hex) of the left-out value."
+    )
+    original_headers_dropped: int | None = Field(
+        default=None, ge=0, description="How many of the original headers were left out."
+    )
 
     def to_headers(self) -> list[tuple[str, bytes]]:
         """The headers to append to the original record's headers."""
@@ -110,6 +140,14 @@ class DltRecord(BaseModel):
         if self.exception_message is not None:
             headers.append((EXCEPTION_MESSAGE, self.exception_message.encode()))
         headers.append((REASON, str(self.reason).encode()))
+        if self.reduced:
+            headers.append((REDUCED, b"true"))
+            if self.original_value_bytes is not None:
+                headers.append((ORIGINAL_VALUE_BYTES, str(self.original_value_bytes).encode()))
+            if self.original_value_sha256 is not None:
+                headers.append((ORIGINAL_VALUE_SHA256, self.original_value_sha256.encode()))
+            if self.original_headers_dropped:
+                headers.append((ORIGINAL_HEADERS_DROPPED, str(self.original_headers_dropped).encode()))
         return headers
 
     @classmethod
@@ -141,10 +179,15 @@ class DltRecord(BaseModel):
             except (UnicodeDecodeError, ValueError):
                 return None
 
+        def count(name: str) -> int | None:
+            raw = text(name)
+            return int(raw) if raw is not None and raw.isdigit() else None
+
         message = text(EXCEPTION_MESSAGE)
         if message is not None and len(message) > MAX_EXCEPTION_MESSAGE_BYTES:
             message = message[:MAX_EXCEPTION_MESSAGE_BYTES]
         reason = text(REASON) or DltReason.INTERNAL_ERROR
+        digest = text(ORIGINAL_VALUE_SHA256)
         return cls(
             reason=DltReason(reason) if reason in DltReason._value2member_map_ else reason,
             original_topic=text(ORIGINAL_TOPIC) or "",
@@ -155,6 +198,10 @@ class DltRecord(BaseModel):
             consumer_group=text(ORIGINAL_CONSUMER_GROUP),
             exception_fqcn=text(EXCEPTION_FQCN),
             exception_message=message,
+            reduced=text(REDUCED) == "true",
+            original_value_bytes=count(ORIGINAL_VALUE_BYTES),
+            original_value_sha256=digest if digest is not None and _SHA256.match(digest) else None,
+            original_headers_dropped=count(ORIGINAL_HEADERS_DROPPED),
         )
 
 

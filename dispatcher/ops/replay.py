@@ -10,7 +10,8 @@
   ``--include-replayed`` replays it again under a new replay id;
 - ``refused`` - its batch ``completed`` (a successful terminal state), ended ``cancelled``/``expired``
   (the dispatcher never reopens those), or is still in flight: replaying would run finished work again
-  or be dropped as a duplicate. ``--force`` overrides.
+  or be dropped as a duplicate. ``--force`` overrides. A *reduced* dead letter (too large for the
+  dead-letter topic, so without its value) is always refused: the why names the original record.
 
 **Records** (:func:`build_record`): the original key, value (byte for byte, so ``ce_id`` and the data
 are unchanged) and headers, minus the ``kafka_dlt-*``/``llmbatch-dlt-reason`` headers and earlier
@@ -175,7 +176,16 @@ def plan(
         item = ReplayItem(
             letter, Decision.REPLAY, "", target, replay_id_for(letter, round_), round_, state, previous
         )
-        if previous is not None and not include_replayed:
+        if letter.record is not None and letter.record.reduced:
+            record = letter.record
+            item.decision = Decision.REFUSED
+            item.why = (
+                f"reduced dead letter: its value ({record.original_value_bytes} bytes, sha256 "
+                f"{(record.original_value_sha256 or '?')[:12]}...) did not fit the dead-letter topic; the "
+                f"original is {record.original_topic} partition {record.original_partition} offset "
+                f"{record.original_offset}"
+            )
+        elif previous is not None and not include_replayed:
             item.decision = Decision.ALREADY_REPLAYED
             item.replay_id = previous.replay_id
             item.round = previous.round
@@ -388,7 +398,9 @@ async def execute(
     outcomes: list[Outcome] = []
     if not todo:
         return outcomes, False
-    producer = AIOKafkaProducer(acks="all", **kafka.client_kwargs())
+    producer = AIOKafkaProducer(
+        acks="all", max_request_size=kafka.topics.max_message_bytes, **kafka.client_kwargs()
+    )
     try:
         await asyncio.wait_for(producer.start(), connect_timeout_s)
     except (TimeoutError, KafkaError, OSError) as exc:

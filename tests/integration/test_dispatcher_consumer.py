@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import struct
 import tempfile
 import uuid
@@ -17,6 +18,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from dispatcher.consumer import RequestConsumer
+from dispatcher.dlt import OriginalRecord
 from dispatcher.keys import Keys
 from dispatcher.metrics import Metrics
 from dispatcher.publisher import EventProducer
@@ -26,7 +28,7 @@ from dispatcher.store import StateStore
 from llmbatch.settings import LLMBatchSettings, RedisSettings, TopicSettings
 from producer.topics import ensure_topics
 from schemas import dlt as dlt_headers
-from schemas.batch import CancelRequest
+from schemas.batch import CancelRequest, InlineLimits
 from schemas.events import EventType
 from tests.support.dispatcher_kit import (
     TopicReader,
@@ -89,7 +91,11 @@ class Harness:
         await self.store.close()
 
     async def send(self, messages: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]]) -> None:
-        producer = AIOKafkaProducer(acks="all", **self.settings.kafka.client_kwargs())
+        producer = AIOKafkaProducer(
+            acks="all",
+            max_request_size=self.settings.kafka.topics.max_message_bytes,
+            **self.settings.kafka.client_kwargs(),
+        )
         await producer.start()
         try:
             for key, value, headers in messages:
@@ -183,6 +189,9 @@ async def test_unknown_model_is_dead_lettered_never_queued(harness: Harness) -> 
     record = await harness.store.get(unknown.batch_id)
     assert record is not None and record.state is State.DEAD_LETTERED
     assert record.get("error_code") == "model_not_found"
+    # Redis keeps where the record was, not its value (that is in the dead letter)
+    kept = OriginalRecord.from_json(record.get("origin") or "{}")
+    assert kept.value is None and kept.key == unknown.batch_id.encode() and kept.offset >= 0
     [dead] = await harness.reader("dead_letter").read_all()
     headers = dict(dead.headers)
     assert headers[dlt_headers.REASON] == b"model_not_found"
@@ -299,3 +308,163 @@ async def test_revoked_partitions_move_to_the_other_consumer(settings: LLMBatchS
         if b is not None:
             await b.stop()
         await a.stop()
+
+
+# --- one record never stops the consumer ---------------------------------------------------------------
+
+
+async def test_redis_out_of_memory_dead_letters_the_record_and_the_consumer_goes_on(
+    settings: LLMBatchSettings,
+) -> None:
+    """Redis answers ``OOM command not allowed`` (a real server at maxmemory with noeviction): the record
+    is tried record_max_attempts times, dead-lettered (processing_failed), its offset committed, and the
+    consumer stays up for the next record once Redis has room again."""
+    import redis
+
+    from llmbatch.stack import services as stack_services
+    from llmbatch.stack.process import stop_tree
+
+    run_dir = Path(tempfile.mkdtemp(prefix="llmbatch-redis-oom-"))
+    rec = stack_services.start_redis(run_dir, name="redis-oom")
+    admin = redis.Redis.from_url(rec.address)
+    h = Harness(make_settings(settings, RedisSettings(url=rec.address), record_max_attempts=2))
+    await h.start()
+    try:
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", "1")  # every write is refused from now on
+        full = batch_request("oom-" + uuid.uuid4().hex[:6])
+        key, value, headers = request_message(full)
+        await h.send([(key, value, headers)])
+        await wait_for(lambda: _committed_is(h, 1), 60, what="the offset to move past the record")
+        assert h.task is not None and not h.task.done(), "the consumer must not die on one record"
+        [dead] = await h.reader("dead_letter").read_all()
+        letter = dict(dead.headers)
+        assert (dead.key, dead.value) == (key, value)  # the record as it was: replayable
+        assert letter[dlt_headers.REASON] == b"processing_failed"
+        message = letter[dlt_headers.EXCEPTION_MESSAGE].decode()
+        assert message.startswith("intake failed 2 times") and "maxmemory" in message, message
+        assert letter[dlt_headers.EXCEPTION_FQCN] == b"redis.exceptions.OutOfMemoryError"
+        assert h.metrics.failed_records._value.get() == 1
+        assert await h.store.get(full.batch_id) is None
+
+        admin.config_set("maxmemory", "0")  # room again: the next record is accepted
+        after = batch_request("oom-after-" + uuid.uuid4().hex[:6])
+        await h.send([request_message(after)])
+        await wait_for(lambda: _committed_is(h, 2), 60, what="the next record")
+        record = await h.store.get(after.batch_id)
+        assert record is not None and record.state is State.QUEUED
+        assert h.metrics.failed_records._value.get() == 1
+    finally:
+        await h.stop()
+        admin.close()
+        stop_tree(rec.pid)
+
+
+async def test_an_unexpected_error_on_one_record_dead_letters_only_that_record(
+    settings: LLMBatchSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug hit by one record (injected: Redis intake raises a plain exception for that batch only)
+    fails its segment; the records are retried one by one and only the failing one is dead-lettered."""
+    h = Harness(make_settings(settings, record_max_attempts=3))
+    poison = batch_request("poison-" + uuid.uuid4().hex[:6])
+    intake_many = h.store.intake_many
+    calls: list[int] = []
+
+    async def buggy(items: Any) -> Any:
+        calls.append(len(items))
+        if any(item.batch_id == poison.batch_id for item in items):
+            raise RuntimeError("a bug met by this record only")
+        return await intake_many(items)
+
+    monkeypatch.setattr(h.store, "intake_many", buggy)
+    await h.start()
+    try:
+        good = [batch_request(f"fine-{i}-" + uuid.uuid4().hex[:6]) for i in range(2)]
+        await h.send([request_message(good[0]), request_message(poison), request_message(good[1])])
+        await wait_for(lambda: _committed_is(h, 3), 60, what="all three offsets committed")
+        assert h.task is not None and not h.task.done()
+        for request in good:
+            record = await h.store.get(request.batch_id)
+            assert record is not None and record.state is State.QUEUED, request.batch_id
+        [dead] = await h.reader("dead_letter").read_all()
+        assert dead.key == poison.batch_id.encode()
+        letter = dict(dead.headers)
+        assert letter[dlt_headers.REASON] == b"processing_failed"
+        assert letter[dlt_headers.EXCEPTION_FQCN] == b"builtins.RuntimeError"
+        assert b"a bug met by this record only" in letter[dlt_headers.EXCEPTION_MESSAGE]
+        assert calls.count(1) >= 3  # the poison record alone, record_max_attempts times
+        assert h.metrics.failed_records._value.get() == 1
+        events = decode_results(await h.reader("results").read_all())
+        accepted = {e.batch_id for e in events if e.type is EventType.ACCEPTED}
+        assert accepted == {r.batch_id for r in good}
+    finally:
+        await h.stop()
+
+
+async def _create_small_dead_letter_topic(s: DispatcherSettings, max_bytes: int) -> None:
+    """The dead-letter topic as someone else created it: smaller than the setting says."""
+    from aiokafka.admin import NewTopic
+
+    admin = AIOKafkaAdminClient(**s.kafka.client_kwargs())
+    await admin.start()
+    try:
+        await admin.create_topics([
+            NewTopic(s.kafka.topics.dead_letter, num_partitions=2, replication_factor=1,
+                     topic_configs={"max.message.bytes": str(max_bytes)})
+        ])
+    finally:
+        await admin.close()
+
+
+async def test_a_dead_letter_the_broker_refuses_as_too_large_is_written_reduced(
+    settings: LLMBatchSettings,
+) -> None:
+    """An invalid record of 200 KB whose dead letter the broker refuses (the dead-letter topic takes 64 KiB):
+    a reduced dead letter arrives, and the records behind it are processed."""
+    s = make_settings(settings)
+    await _create_small_dead_letter_topic(s, 65536)
+    h = Harness(s)
+    await h.start()
+    try:
+        good = batch_request("after-big-" + uuid.uuid4().hex[:6])
+        key, _, headers = request_message(batch_request("big-junk-" + uuid.uuid4().hex[:6]))
+        junk = b"{not json" + b"x" * 200_000
+        await h.send([(key, junk, headers), request_message(good)])
+        await wait_for(lambda: _committed_is(h, 2), 60, what="both offsets committed")
+        assert h.task is not None and not h.task.done()
+        record = await h.store.get(good.batch_id)
+        assert record is not None and record.state is State.QUEUED
+        [dead] = await h.reader("dead_letter").read_all()
+        letter = dict(dead.headers)
+        assert dead.value is None and dead.key == key
+        assert letter[dlt_headers.REASON] == b"invalid_event"
+        assert letter[dlt_headers.REDUCED] == b"true"
+        assert letter[dlt_headers.ORIGINAL_VALUE_BYTES] == str(len(junk)).encode()
+        assert letter[dlt_headers.ORIGINAL_VALUE_SHA256] == hashlib.sha256(junk).hexdigest().encode()
+        assert letter["ce_id"] == dict(headers)["ce_id"]
+        assert struct.unpack(">q", letter[dlt_headers.ORIGINAL_OFFSET])[0] == 0
+        assert h.metrics.dead_letters_reduced._value.get() == 1
+    finally:
+        await h.stop()
+
+
+async def test_records_up_to_the_topic_size_are_consumed(settings: LLMBatchSettings) -> None:
+    """The topics are created with the settings' max.message.bytes (2 MiB, not the brokers' 1 MiB), and
+    the consumer fetches such records: an inline batch of 1.5 MB is accepted."""
+    s = make_settings(settings, inline_limits=InlineLimits(max_requests=1000, max_bytes=1_900_000))
+    h = Harness(s)
+    await h.start()
+    try:
+        lines = inline_lines(300)
+        for line in lines:
+            line["body"]["messages"][0]["content"] = "y" * 5000
+        big = batch_request("big-" + uuid.uuid4().hex[:6], requests=lines)
+        key, value, headers = request_message(big)
+        assert 1_400_000 < len(value) < s.kafka.topics.max_message_bytes
+        await h.send([(key, value, headers)])
+        await wait_for(lambda: _committed_is(h, 1), 60, what="the big record committed")
+        record = await h.store.get(big.batch_id)
+        assert record is not None and record.state is State.QUEUED
+        assert record.get("request") == value.decode()
+    finally:
+        await h.stop()

@@ -232,6 +232,49 @@ async def test_ensure_topics_creates_missing_ones_once(settings: LLMBatchSetting
         await admin.close()
 
 
+async def test_topics_take_records_up_to_the_settings_size(settings: LLMBatchSettings) -> None:
+    """ensure_topics sets max.message.bytes from the settings (not the brokers' 1 MiB default), and the
+    producer SDK sends records up to that size: an inline batch of 1.5 MB is published."""
+    from producer.kafka import Publisher
+
+    suffix = uuid.uuid4().hex[:8]
+    topics = TopicSettings(
+        requests=f"sz-a-{suffix}", results=f"sz-b-{suffix}", dead_letter=f"sz-c-{suffix}", partitions=1,
+        max_message_bytes=3 << 20, dead_letter_max_message_bytes=(3 << 20) + 65536,
+    )
+    custom = settings.kafka.model_copy(update={"topics": topics})
+    await ensure_topics(custom)
+    admin = AIOKafkaAdminClient(**custom.client_kwargs())
+    await admin.start()
+    try:
+        resources = [ConfigResource(ConfigResourceType.TOPIC, t) for t in (topics.requests, topics.results,
+                                                                         topics.dead_letter)]
+        described = await admin.describe_configs(resources)
+        sizes = {
+            resource[3]: dict((entry[0], entry[1]) for entry in resource[4])["max.message.bytes"]
+            for response in described
+            for resource in response.resources
+        }
+    finally:
+        await admin.close()
+    assert sizes == {topics.requests: str(3 << 20), topics.results: str(3 << 20),
+                     topics.dead_letter: str((3 << 20) + 65536)}
+    lines = [
+        {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": "m", "messages": [{"role": "user", "content": "q" * 5000}]}}
+        for i in range(300)
+    ]
+    request = BatchRequest.model_validate(
+        {"batch_id": f"big-{suffix}", "model": "m", "endpoint": "/v1/chat/completions", "requests": lines}
+    )
+    publisher = Publisher(custom)
+    try:
+        published = await publisher.publish(topics.requests, Envelope.new(request, source="urn:test"))
+    finally:
+        await publisher.stop()
+    assert published.topic == topics.requests and published.offset == 0
+
+
 # ------------------------------------------------------------------------------ submit
 
 

@@ -1,0 +1,74 @@
+"""Applying a consumed ``cancel_requested`` command to the batch's state in Redis.
+
+A batch that never launched is cancelled at once; one with a job (or a queued retry) is flagged
+``cancel_requested`` and the tracker stops the job and reports partial results. A redelivered cancel
+(its event id marker is set) is skipped; every write is a compare-and-set, so the whole step may be
+retried.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from dispatcher import logs
+from dispatcher.errors import TransientError
+from dispatcher.events import Outcome, terminal_fields
+from dispatcher.intake import Cancel
+from dispatcher.metrics import Metrics
+from dispatcher.states import State
+from dispatcher.store import StateStore
+
+log = logging.getLogger(__name__)
+
+
+async def apply_cancel(
+    store: StateStore, metrics: Metrics, cancel: Cancel, clock: Callable[[], float]
+) -> None:
+    """Record ``cancel``; raises :class:`TransientError` when the batch kept changing meanwhile."""
+    with logs.bind(batch_id=cancel.batch_id, trace_id=logs.trace_id_of(cancel.traceparent)):
+        if (await store.markers_exist([cancel.marker]))[0]:
+            metrics.processed.labels(outcome="duplicate_cancel").inc()
+            return
+        for _ in range(20):
+            record = await store.get(cancel.batch_id)
+            if record is None or record.state.is_terminal:
+                log.info(
+                    "cancel ignored: batch unknown or finished",
+                    extra={"state": record.state.value if record else None},
+                )
+                metrics.processed.labels(outcome="cancel_ignored").inc()
+                break
+            reason = cancel.request.reason or "cancel requested"
+            if record.state in {State.ACCEPTED, State.QUEUED} and record.attempt == 0:
+                outcome = Outcome(State.CANCELLED, clock(), counts={"total": int(record.get("total") or 0)})
+                result = await store.transition(
+                    cancel.batch_id,
+                    State.CANCELLED,
+                    expected_version=record.version,
+                    fields={
+                        **terminal_fields(record, outcome),
+                        "cancel_requested": "1",
+                        "cancel_reason": reason,
+                    },
+                )
+            else:  # the tracker stops the job and reports partial results (a queued retry: at once)
+                result = await store.transition(
+                    cancel.batch_id,
+                    record.state,
+                    expected_version=record.version,
+                    from_states=[record.state],
+                    fields={
+                        "cancel_requested": "1",
+                        "cancel_reason": reason,
+                        "cancel_requested_at": repr(clock()),
+                        "cancel_requested_by": cancel.request.requested_by or "",
+                    },
+                )
+            if result.ok:
+                log.info("cancel recorded", extra={"state": record.state.value})
+                metrics.processed.labels(outcome="cancel").inc()
+                break
+        else:  # the batch kept changing under us: try the whole record again (nothing committed)
+            raise TransientError(f"cancel of {cancel.batch_id}: state kept changing")
+        await store.set_marker(cancel.marker)

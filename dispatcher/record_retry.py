@@ -1,0 +1,164 @@
+"""Retrying the processing of consumed records: outages without limit, everything else a few times.
+
+A dependency that is down (Redis or Kafka unreachable: a retriable :class:`DispatcherError`) is not
+the record's fault: :meth:`RecordRetry.run` backs off and tries again for as long as it takes, and the
+consumer commits nothing meanwhile. Any other failure, a permanent error (Redis answering ``OOM
+command not allowed``, a record the broker refuses) or an unexpected exception, is tried
+``max_attempts`` times in all; then :class:`GaveUp` tells the consumer to dead-letter the record
+(:func:`failure_letter`, reason ``processing_failed``) and move past it, instead of dying on it and
+reading it again after every restart (a crash loop that blocks the partition).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+from dispatcher.dlt import DeadLetter, OriginalRecord, build_dead_letter, exception_fqcn
+from dispatcher.errors import DispatcherError
+from dispatcher.metrics import Metrics
+from dispatcher.retry import Backoff
+from schemas.dlt import DltReason
+
+if TYPE_CHECKING:
+    from dispatcher.publisher import EventProducer
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Abandoned(Exception):
+    """Processing stopped: shutdown, or the partition was revoked meanwhile."""
+
+
+class GaveUp(Exception):
+    """``what`` failed ``attempts`` times with a non-transient error; ``error`` is the last one."""
+
+    def __init__(self, what: str, error: BaseException, attempts: int) -> None:
+        super().__init__(f"{what} failed {attempts} time{'s' if attempts > 1 else ''}: {describe(error)}")
+        self.what = what
+        self.error = error
+        self.attempts = attempts
+
+
+def describe(error: BaseException) -> str:
+    """One line for a log or a dead letter (translated errors already name the library's class)."""
+    text = str(error) if isinstance(error, DispatcherError) else f"{type(error).__name__}: {error}"
+    return text[:2000]
+
+
+def failure_letter(origin: OriginalRecord, failed: GaveUp, *, dlt_topic: str, group_id: str) -> DeadLetter:
+    """The dead letter of a record the consumer gave up on (pure). ``kafka_dlt-exception-fqcn`` names
+    the library's exception when the error was translated from one (e.g. redis' OutOfMemoryError)."""
+    cause = failed.error.__cause__ if isinstance(failed.error, DispatcherError) else None
+    return build_dead_letter(
+        origin,
+        dlt_topic=dlt_topic,
+        reason=DltReason.PROCESSING_FAILED,
+        group_id=group_id,
+        fqcn=exception_fqcn(cause or failed.error),
+        message=str(failed),
+    )
+
+
+@dataclass
+class RecordRetry:
+    """Runs one step of a record's processing under the consumer's retry rules."""
+
+    backoff: Backoff
+    metrics: Metrics
+    stopping: asyncio.Event
+    epoch: Callable[[], int]
+    """The consumer's current rebalance epoch: a step started in another epoch is abandoned."""
+
+    async def run(self, what: str, fn: Callable[[], Awaitable[T]], epoch: int, *, max_attempts: int) -> T:
+        """``fn()`` until it succeeds. Transient errors back off without limit; other errors and
+        unexpected exceptions raise :class:`GaveUp` on the ``max_attempts``-th failure. Raises
+        :class:`Abandoned` when the consumer stops or the partitions were revoked meanwhile."""
+        outages = attempts = 0
+        while True:
+            if self.stopping.is_set() or epoch != self.epoch():
+                raise Abandoned(what)
+            try:
+                return await fn()
+            except DispatcherError as exc:
+                if exc.retriable:
+                    outages += 1
+                    component = "redis" if exc.code == "redis_unavailable" else "kafka"
+                    self.metrics.transient_errors.labels(component=component).inc()
+                    delay = self.backoff.delay(outages)
+                    log.warning(
+                        "transient failure, retrying",
+                        extra={"what": what, "error": str(exc), "retry_in_s": round(delay, 2)},
+                    )
+                    await self.sleep(delay)
+                    continue
+                error: BaseException = exc
+            except Exception as exc:  # a bug or an untranslated library error: not the consumer's end
+                error = exc
+            attempts += 1
+            if attempts >= max_attempts:
+                raise GaveUp(what, error, attempts) from error
+            delay = self.backoff.delay(attempts)
+            log.warning(
+                "processing failed, retrying",
+                extra={
+                    "what": what,
+                    "error": describe(error),
+                    "attempt": attempts,
+                    "max_attempts": max_attempts,
+                    "retry_in_s": round(delay, 2),
+                },
+                exc_info=not isinstance(error, DispatcherError),
+            )
+            await self.sleep(delay)
+
+    async def give_up(
+        self,
+        producer: EventProducer,
+        origin: OriginalRecord,
+        failed: GaveUp,
+        epoch: int,
+        *,
+        dlt_topic: str,
+        group_id: str,
+        max_attempts: int,
+    ) -> None:
+        """Dead-letter a record whose processing failed on every allowed attempt, so its offset can
+        move past it; count it and say so in one error line. If even the dead letter fails for good
+        (after its reduced form), the record is skipped without one: the line names its coordinates."""
+        letter = failure_letter(origin, failed, dlt_topic=dlt_topic, group_id=group_id)
+        lost: GaveUp | None = None
+        try:
+            await self.run(
+                "dead letter", lambda: producer.dead_letter(letter), epoch, max_attempts=max_attempts
+            )
+        except GaveUp as exc:
+            lost = exc
+            self.metrics.dead_letters_failed.labels(stage="intake").inc()
+        self.metrics.failed_records.inc()
+        self.metrics.processed.labels(outcome="failed").inc()
+        log.error(
+            "record skipped after failed attempts, its dead letter failed too"
+            if lost
+            else "record dead-lettered after failed attempts, moving on",
+            extra={
+                "reason": letter.reason,
+                "what": failed.what,
+                "attempts": failed.attempts,
+                "error": describe(failed.error),
+                "dead_letter_error": describe(lost.error) if lost else None,
+                "topic": origin.topic,
+                "partition": origin.partition,
+                "offset": origin.offset,
+            },
+        )
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds``, or less when the consumer stops."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stopping.wait(), seconds)
