@@ -681,3 +681,88 @@ async def test_shared_engine_serves_every_batch_and_unknown_models_are_refused(
         assert not as_jobs, as_jobs
     finally:
         await api.deploy({"applications": []})
+
+
+def _runner_pids(details: dict[str, Any]) -> list[int]:
+    from ray_job.runner import APP_NAME, DEPLOYMENT
+
+    app = (details.get("applications") or {}).get(APP_NAME) or {}
+    replicas = ((app.get("deployments") or {}).get(DEPLOYMENT) or {}).get("replicas") or []
+    return [int(r["pid"]) for r in replicas if r.get("state") == "RUNNING" and r.get("pid")]
+
+
+def _custom_ids(s3: S3Settings, uris: list[str]) -> list[str]:
+    client = make_client(s3)
+    ids: list[str] = []
+    for uri in uris:
+        bucket, _, obj = uri[5:].partition("/")
+        ids += [orjson.loads(x)["custom_id"] for x in client.get_object(bucket, obj).read().splitlines() if x]
+    return ids
+
+
+async def test_the_shared_path_keeps_exactly_once_resume_cancel_and_deadline(
+    env: Env, ray_settings: RaySettings
+) -> None:
+    """What the Ray-job path proves above, on the shared engine's short path (the batch runner): a
+    dispatcher killed right after submitting, a runner replica killed mid-batch (the attempt is lost,
+    the next one resumes from the durable shards), a cancel and a deadline keeping partial results;
+    every batch ends in exactly one terminal event and no custom_id is answered twice."""
+    import os
+    import signal
+
+    from dispatcher.serve_api import ServeApi
+    from schemas.engines import ReplicaResources, Scaling
+    from tests.support.dispatcher_kit import MODEL
+
+    slow = FAKE.model_copy(update={"fake_delay_s": 0.5, "batch_size": 1, "batches_in_flight": 1})
+    entry = env.settings.engines.get(MODEL).model_copy(update={
+        "engine": slow,
+        "resources": ReplicaResources(num_cpus=0.25),
+        "scaling": Scaling(min_replicas=1, max_replicas=1, idle_s=60),
+    })
+    opts = env.settings.dispatcher.model_copy(update={"shared_engines": True, "max_in_flight": None})
+    engines = EngineRegistry(models={MODEL: entry})
+    settings = env.settings.model_copy(update={"dispatcher": opts, "engines": engines})
+    s3 = env.settings.s3
+    api = ServeApi(ray_settings.address, timeout_s=60)
+    try:
+        # 1. the dispatcher dies right after the runner took the batch; the next one finishes it
+        victim = env.spawn("victim", settings, LLMBATCH_DISPATCHER__CRASH_AT='["after_submit"]')
+        killed = batch_request(f"sk-{uuid.uuid4().hex[:6]}", requests=inline_lines(3))
+        await env.send(request_message(killed))
+        await wait_for(lambda: not victim.alive(), 300, interval=0.5, what="the dispatcher to die")
+        env.spawn("survivor", settings)
+        # 2. the runner replica dies mid-batch: the attempt is lost, the next resumes
+        [runner] = _runner_pids(await api.status())
+        resumed = batch_request(f"sr-{uuid.uuid4().hex[:6]}", requests=inline_lines(40))
+        await env.send(request_message(resumed))
+        await wait_for(lambda: _progress_at_least(env, resumed.batch_id, 7), 300, what="a durable shard")
+        os.kill(runner, signal.SIGKILL)
+        assert await env.state(resumed.batch_id) is State.RUNNING  # killed mid-batch
+        # 3. a cancel and a deadline, both while their batches run (80 and 200 x 0.5 s of work)
+        cancel = batch_request(f"sc-{uuid.uuid4().hex[:6]}", requests=inline_lines(80))
+        from datetime import UTC, datetime
+
+        deadline = datetime.fromtimestamp(time.time() + 60, UTC).isoformat()
+        expire = batch_request(f"se-{uuid.uuid4().hex[:6]}", requests=inline_lines(200), deadline=deadline)
+        await env.send(request_message(cancel), request_message(expire))
+        await wait_for(lambda: _progress_at_least(env, cancel.batch_id, 8), 300, what="cancel's progress")
+        await env.send(request_message(CancelRequest(batch_id=cancel.batch_id, reason="test cancel")))
+        ids = [killed.batch_id, resumed.batch_id, cancel.batch_id, expire.batch_id]
+        found = await env.wait_terminal(ids, within=600)
+        assert_one_terminal(await env.results(), ids)
+        done = {b: found[b][0] for b in ids}
+        assert [done[b].type for b in ids] == [
+            EventType.COMPLETED, EventType.COMPLETED, EventType.CANCELLED, EventType.EXPIRED
+        ], {b: (e.type, e.data.error) for b, e in done.items()}
+        assert done[resumed.batch_id].data.attempts >= 2  # the lost attempt was run again
+        for batch, n in ((killed, 3), (resumed, 40)):
+            answered = _custom_ids(s3, done[batch.batch_id].data.output_uris)
+            assert sorted(answered) == sorted(f"req-{i}" for i in range(n)), batch.batch_id  # once each
+        for batch, n in ((cancel, 80), (expire, 200)):
+            answered = _custom_ids(s3, done[batch.batch_id].data.output_uris)
+            assert 0 < len(answered) < n and len(set(answered)) == len(answered), batch.batch_id
+        # no batch of this test ran as a Ray job
+        assert not [j for b in ids for j in ray_jobs(ray_settings, b)]
+    finally:
+        await api.deploy({"applications": []})
