@@ -537,7 +537,6 @@ class StateStore:
 
         return [_str_hash(h) for h in await self._call(run)]
 
-
     # -- writes -----------------------------------------------------------------------------------
     async def transition(
         self,
