@@ -98,9 +98,9 @@ class RequestConsumer:
         self._lock = asyncio.Lock()
         self._epoch = 0
         self._stopping = asyncio.Event()
-        self.retry = RecordRetry(self.backoff, metrics, self._stopping, lambda: self._epoch)
+        self.last_progress = time.monotonic()  # read by /livez: the loop or a retry moved then
+        self.retry = RecordRetry(self.backoff, metrics, self._stopping, lambda: self._epoch, beat=self._beat)
         self._assigned: set[TopicPartition] = set()
-        self.last_progress = time.monotonic()
         self.accepted_total = 0
         self._lag_at = 0.0
         self.on_accepted: Callable[[], None] | None = None  # e.g. wake the local tracker
@@ -237,6 +237,9 @@ class RequestConsumer:
                 if high is not None:
                     position = await consumer.position(tp)
                     self.metrics.consumer_lag.labels(partition=str(tp.partition)).set(max(0, high - position))
+
+    def _beat(self) -> None:
+        self.last_progress = time.monotonic()
 
     async def _sleep(self, seconds: float) -> None:
         await self.retry.sleep(seconds)

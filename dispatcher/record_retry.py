@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 from dispatcher.dlt import DeadLetter, OriginalRecord, build_dead_letter, exception_fqcn
@@ -65,6 +66,9 @@ def failure_letter(origin: OriginalRecord, failed: GaveUp, *, dlt_topic: str, gr
     )
 
 
+OUTAGE_LOG_EVERY_S = 30.0  # an outage is logged when it starts, then at most this often, and when it ends
+
+
 @dataclass
 class RecordRetry:
     """Runs one step of a record's processing under the consumer's retry rules."""
@@ -74,6 +78,32 @@ class RecordRetry:
     stopping: asyncio.Event
     epoch: Callable[[], int]
     """The consumer's current rebalance epoch: a step started in another epoch is abandoned."""
+    beat: Callable[[], None] = lambda: None
+    """Called on every try: a consumer retrying through an outage is alive, not stalled (/livez)."""
+    clock: Callable[[], float] = time.monotonic
+    _outage_since: float | None = field(default=None, init=False)
+    _outage_logged_at: float = field(default=0.0, init=False)
+    _outage_tries: int = field(default=0, init=False)
+
+    def _outage(self, what: str, exc: DispatcherError, delay: float) -> None:
+        """Log an outage once per change of state (down, still down every so often), not per try."""
+        now = self.clock()
+        self._outage_tries += 1
+        if self._outage_since is None:
+            self._outage_since = self._outage_logged_at = now
+            log.warning("dependency unavailable; retrying until it is back (repeats are not logged)",
+                        extra={"what": what, "error": str(exc), "retry_in_s": round(delay, 2)})
+        elif now - self._outage_logged_at >= OUTAGE_LOG_EVERY_S:
+            self._outage_logged_at = now
+            log.warning("dependency still unavailable", extra={
+                "what": what, "error": str(exc), "down_s": round(now - self._outage_since, 1),
+                "tries": self._outage_tries})
+
+    def _recovered(self) -> None:
+        if self._outage_since is not None:
+            log.info("dependency back", extra={"down_s": round(self.clock() - self._outage_since, 1),
+                                               "tries": self._outage_tries})
+            self._outage_since, self._outage_tries = None, 0
 
     async def run(self, what: str, fn: Callable[[], Awaitable[T]], epoch: int, *, max_attempts: int) -> T:
         """``fn()`` until it succeeds. Transient errors back off without limit; other errors and
@@ -81,25 +111,26 @@ class RecordRetry:
         :class:`Abandoned` when the consumer stops or the partitions were revoked meanwhile."""
         outages = attempts = 0
         while True:
+            self.beat()
             if self.stopping.is_set() or epoch != self.epoch():
                 raise Abandoned(what)
             try:
-                return await fn()
+                result = await fn()
             except DispatcherError as exc:
                 if exc.retriable:
                     outages += 1
                     component = "redis" if exc.code == "redis_unavailable" else "kafka"
                     self.metrics.transient_errors.labels(component=component).inc()
                     delay = self.backoff.delay(outages)
-                    log.warning(
-                        "transient failure, retrying",
-                        extra={"what": what, "error": str(exc), "retry_in_s": round(delay, 2)},
-                    )
+                    self._outage(what, exc, delay)
                     await self.sleep(delay)
                     continue
                 error: BaseException = exc
             except Exception as exc:  # a bug or an untranslated library error: not the consumer's end
                 error = exc
+            else:
+                self._recovered()
+                return result
             attempts += 1
             if attempts >= max_attempts:
                 raise GaveUp(what, error, attempts) from error

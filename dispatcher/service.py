@@ -109,10 +109,27 @@ class Dispatcher:
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
+        self._stalled: list[str] = []
 
     # -- health --------------------------------------------------------------------------------------
     def _live(self) -> bool:
-        return not any(t.done() for t in self._tasks)
+        if any(t.done() for t in self._tasks):
+            return False
+        stalled = self.stalled_loops() if self._started else []
+        if stalled != self._stalled:  # said once per change of state
+            if stalled:
+                log.error("loop stalled: /livez fails", extra={
+                    "loops": stalled, "stall_timeout_s": self.settings.dispatcher.stall_timeout_s})
+            else:
+                log.info("loops moving again", extra={"loops": self._stalled})
+            self._stalled = stalled
+        return not stalled
+
+    def stalled_loops(self) -> list[str]:
+        """The loops that have not moved for ``stall_timeout_s`` (a hang, not an outage)."""
+        now, limit = time.monotonic(), self.settings.dispatcher.stall_timeout_s
+        moved = {"consumer": self.consumer.last_progress, "tracker": self.tracker.last_tick}
+        return [name for name, at in moved.items() if now - at > limit]
 
     async def _ready(self) -> tuple[bool, dict[str, str]]:
         detail: dict[str, str] = {}

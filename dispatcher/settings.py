@@ -99,6 +99,11 @@ class DispatcherOptions(BaseModel):
     heartbeat_interval_ms: int = Field(default=3_000, ge=100)
     max_poll_interval_ms: int = Field(default=300_000, ge=1000)
     shutdown_timeout_s: float = Field(default=20.0, gt=0)
+    stall_timeout_s: float = Field(
+        default=300.0, gt=0, le=86_400,
+        description="/livez fails when the consumer or the tracker loop has not moved for this long (a "
+        "hang; retrying through an outage counts as moving, so an outage does not restart the pod).",
+    )
     inline_limits: InlineLimits = InlineLimits()
     log_level: str = "INFO"
     log_json: bool = True

@@ -208,6 +208,8 @@ class Tracker:
                             log.error("batch step failed", extra={"error": str(exc)})
                     except Exception:
                         log.exception("batch step crashed")
+                    finally:
+                        self.last_tick = time.monotonic()  # a long tick that moves is not a stall
 
         await asyncio.gather(*(guarded(r) for r in records))
 

@@ -245,3 +245,27 @@ def test_the_dead_letter_of_a_record_given_up_on_names_the_cause() -> None:
     assert headers[dlt_headers.EXCEPTION_FQCN] == b"builtins.ValueError"  # the library's error
     message = headers[dlt_headers.EXCEPTION_MESSAGE].decode()
     assert message.startswith("intake failed 3 times: OutOfMemoryError") and "maxmemory" in message
+
+
+async def test_an_outage_is_logged_once_per_change_of_state_not_per_try(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    beats: list[float] = []
+    retry = RecordRetry(Backoff(0.0001, 0.0001), Metrics(), asyncio.Event(), lambda: 0,
+                        beat=lambda: beats.append(now[0]), clock=lambda: now[0])
+    failures = iter(range(200))
+
+    async def flaky() -> str:
+        if next(failures) < 199:
+            now[0] += 0.5  # 199 tries over ~100 s of Redis outage
+            raise StateStoreUnavailable("redis down")
+        return "ok"
+
+    with caplog.at_level("INFO", logger="dispatcher.record_retry"):
+        assert await retry.run("intake", flaky, 0, max_attempts=3) == "ok"
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0].startswith("dependency unavailable")
+    assert lines.count("dependency still unavailable") == 3  # every 30 s of ~100 s, not 199 times
+    assert lines[-1] == "dependency back" and len(lines) == 5
+    assert len(beats) == 200  # every try says the consumer is alive (/livez)
