@@ -264,7 +264,9 @@ class Tracker:
                 self.metrics.attempts.labels(event="lost").inc()
                 log.warning("job lost: Ray does not know it", extra={"submission_id": sid})
                 await self.retry_or_fail(
-                    record, "job_lost", f"Ray no longer knows job {sid} (head restarted?)"
+                    record, "job_lost",
+                    f"Ray no longer knows attempt {sid} (a restarted Ray head, or a replaced batch-runner "
+                    "replica on the short path)",
                 )
         elif info.state is JobState.PENDING:
             await self._confirm(record)

@@ -304,8 +304,10 @@ class BatchRunner:
 
         app = spec.engine_app or ""
         started = time.perf_counter()
-        # the first batch of a model waits for a replica (a cold start when it scaled to zero)
+        # every batch waits for a replica itself (a cold start when the model scaled to zero or was
+        # redeployed since the handle was made), so its manifest reports that wait as engine start
         engine = self._once(self._engines, app, lambda: ServeEngine(app, wait_s=spec.engine_wait_s))
+        engine.wait_ready()
         return WarmEngine(engine, waited_s=time.perf_counter() - started)
 
 

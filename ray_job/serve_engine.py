@@ -215,6 +215,11 @@ class ServeEngine:
         self.engine_start_s: float = time.perf_counter() - started
         self.ready_at: float = time.time()
 
+    def wait_ready(self) -> None:
+        """Wait (at most ``wait_s``) until a replica answers: a cached handle of a model that scaled
+        to zero or was redeployed since meets a cold start here, not inside its first generation."""
+        self._call("info", timeout_s=self._wait_s)
+
     def _unavailable(self, exc: BaseException) -> EngineUnavailableError:
         return EngineUnavailableError(f"the engine {self.app} is unavailable: {exc}"[:2000])
 

@@ -263,3 +263,29 @@ def test_cluster_config_adds_the_runner_with_the_short_path_only() -> None:
     off_opts = DispatcherOptions(shared_engines=True, short_path_max_lines=0)
     off = settings.model_copy(update={"dispatcher": off_opts})
     assert [a["name"] for a in cluster_serve_config(off)["applications"]] == names[:1]
+
+
+def test_every_batch_reports_its_own_wait_for_an_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner caches one engine handle per model; a batch that meets a cold start later (the model
+    scaled to zero, or was redeployed) must report that wait as its engine start, not as generation."""
+    import time
+
+    from ray_job import serve_engine
+
+    waits = [0.0, 0.3]  # the handle's first batch finds a warm replica; a later one a cold start
+
+    class Handle:
+        max_model_len, default_max_tokens = 2048, None
+
+        def __init__(self, app: str, *, wait_s: float) -> None:
+            self.app = app
+
+        def wait_ready(self) -> None:
+            time.sleep(waits.pop(0))
+
+    monkeypatch.setattr(serve_engine, "ServeEngine", Handle)
+    runner = BatchRunner()
+    spec = _spec(lines=1)
+    first = runner._engine(spec)
+    later = runner._engine(spec)
+    assert first.engine_start_s < 0.2 and later.engine_start_s >= 0.3
