@@ -45,7 +45,7 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,21 +140,6 @@ class Ledger:
                     await asyncio.wait_for(self.changed.wait(), min(left, 2.0))
 
 
-@contextlib.contextmanager
-def llmbatch_env(env: dict[str, str]) -> Iterator[None]:
-    """The process sees exactly ``env``'s ``LLMBATCH_*`` variables for the block (to read settings)."""
-    saved = {k: v for k, v in os.environ.items() if k.startswith("LLMBATCH_")}
-    try:
-        for key in saved:
-            del os.environ[key]
-        os.environ.update({k: v for k, v in env.items() if k.startswith("LLMBATCH_")})
-        yield
-    finally:
-        for key in [k for k in os.environ if k.startswith("LLMBATCH_")]:
-            del os.environ[key]
-        os.environ.update(saved)
-
-
 def registry_json(args: argparse.Namespace, model_path: str) -> str:
     """``LLMBATCH_ENGINES__MODELS``: the stack's engine entry, this run's batch window, no idle drop."""
     from llmbatch.stack.dispatcher_env import LOCAL_ENGINE
@@ -200,6 +185,7 @@ class Service:
     # --- up and down ---------------------------------------------------------------------------
 
     async def start(self) -> dict[str, Any]:
+        from dispatcher.ops.engines_cli import only_llmbatch_env
         from dispatcher.serve_api import ServeApi
         from dispatcher.settings import DispatcherSettings
         from llmbatch.demo import DispatcherProcess, dispatcher_env
@@ -236,7 +222,7 @@ class Service:
             "LLMBATCH_KAFKA__TOPICS__RESULTS": f"bench-{self.tag}.results",
             "LLMBATCH_KAFKA__TOPICS__DEAD_LETTER": f"bench-{self.tag}.requests.dlt",
         })
-        with llmbatch_env(env):
+        with only_llmbatch_env(env):
             self.dsettings = DispatcherSettings(_env_file=None)
         self.api = ServeApi(self.dsettings.ray.address, timeout_s=120)
         self.workdir.mkdir(parents=True, exist_ok=True)

@@ -279,7 +279,7 @@ def _secret_named_env(config: dict[str, Any]) -> list[str]:
 
 
 @contextlib.contextmanager
-def _only_llmbatch_env(env: dict[str, str]) -> Iterator[None]:
+def only_llmbatch_env(env: dict[str, str]) -> Iterator[None]:
     """The process sees exactly ``env`` as its ``LLMBATCH_*`` variables, for the block's duration."""
     saved = {k: v for k, v in os.environ.items() if k.startswith("LLMBATCH_")}
     try:
@@ -303,7 +303,7 @@ def settings_from_env_files(paths: list[Path]) -> DispatcherSettings:
         except ValueError as exc:
             raise OpsError(str(exc)) from None
     try:
-        with _only_llmbatch_env(env):
+        with only_llmbatch_env(env):
             return DispatcherSettings(_env_file=None)
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
