@@ -79,10 +79,15 @@ async def kit(redis_settings: RedisSettings) -> AsyncIterator[tuple[Tracker, Sta
     try:
         yield tracker, store, jobs
     finally:
-        keys = [k async for k in store.client.scan_iter(match=f"{prefix}:*")]
-        if keys:
-            await store.client.delete(*keys)
-        await store.close()
+        await drop(store)
+
+
+async def drop(store: StateStore) -> None:
+    """Delete every key of the store's prefix and close it."""
+    keys = [k async for k in store.client.scan_iter(match=f"{store.keys.prefix}:*")]
+    if keys:
+        await store.client.delete(*keys)
+    await store.close()
 
 
 async def queue(store: StateStore, batch_id: str, lines: int, *, model: str = "a", priority: int = 0,
@@ -194,8 +199,5 @@ async def test_a_python_that_exits_2_is_retried_not_taken_for_an_invalid_spec(
         assert record.get("last_error_code") != "input_invalid", record.fields
         assert "exit code 2" in (record.get("last_error_message") or ""), record.fields
     finally:
-        keys = [k async for k in store.client.scan_iter(match=f"{prefix}:*")]
-        if keys:
-            await store.client.delete(*keys)
-        await store.close()
+        await drop(store)
         await backend.close()

@@ -24,7 +24,7 @@ from dispatcher.tracker import Tracker
 from llmbatch.settings import RaySettings, RedisSettings
 from schemas.engines import EngineModel, EngineRegistry
 from schemas.job import EngineConfig
-from tests.integration.test_dispatcher_tracker import queue
+from tests.integration.test_dispatcher_tracker import drop, queue
 from tests.support.private_ray import PrivateRay
 
 pytestmark = pytest.mark.integration
@@ -41,6 +41,7 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRay]:
     finally:
         ray.stop()
         ray.remove_temp()
+
 
 
 def settings_for(
@@ -88,8 +89,5 @@ async def test_a_launch_with_a_rotated_token_waits_instead_of_failing_the_batch(
         assert record is not None and record.state is State.SUBMITTED
         assert tracker.metrics.transient_errors.labels(component="ray")._value.get() >= 1
     finally:
-        keys = [k async for k in store.client.scan_iter(match=f"{prefix}:*")]
-        if keys:
-            await store.client.delete(*keys)
-        await store.close()
+        await drop(store)
         await backend.close()
