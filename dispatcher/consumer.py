@@ -4,7 +4,9 @@ For each fetched batch of records the consumer
 
 1. classifies every record (:func:`dispatcher.intake.classify`, pure): accept, cancel or reject;
 2. applies them in record order, in segments (a cancel ends a segment): intake scripts pipelined
-   into Redis, then the ``accepted`` events and dead letters, awaited until the broker acknowledged;
+   into Redis, then the ``accepted`` events and dead letters, awaited until the broker acknowledged,
+   then the ``rejected`` answers to every request that was not accepted and names a batch id
+   (:mod:`dispatcher.answers`: invalid, a batch id in use, or given up on);
 3. commits the offsets of what is done.
 
 A transient failure (Redis, broker) retries the same segment with backoff, without limit; everything
@@ -31,6 +33,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from dispatcher import logs
+from dispatcher.answers import duplicate_answer, failure_answer, rejection_answer
 from dispatcher.cancel import apply_cancel
 from dispatcher.dlt import OriginalRecord
 from dispatcher.errors import BrokerUnavailable, DispatcherError, classify
@@ -322,8 +325,9 @@ class RequestConsumer:
 
     async def _give_up(self, entry: Entry, failed: GaveUp, epoch: int) -> None:
         command = entry[2]
-        with logs.bind(batch_id=_batch_id_of(command)):
-            await self.retry.give_up(
+        batch_id = _batch_id_of(command)
+        with logs.bind(batch_id=batch_id):
+            written = await self.retry.give_up(
                 self.producer,
                 command.origin,
                 failed,
@@ -332,12 +336,29 @@ class RequestConsumer:
                 group_id=self.rules.group_id,
                 max_attempts=self.opts.record_max_attempts,
             )
+            if batch_id is None or isinstance(command, Cancel):
+                return
+            answer = failure_answer(
+                command, batch_id, failed, written, source=self.opts.source, now=self.clock()
+            )
+            try:
+                await self.retry.run(
+                    "answer",
+                    lambda: self.producer.send_event(self.settings.kafka.topics.results, answer),
+                    epoch,
+                    max_attempts=self.opts.record_max_attempts,
+                )
+            except GaveUp as lost:
+                log.error("the rejected request could not be answered", extra={"error": describe(lost.error)})
 
     async def _apply_intake(self, commands: Sequence[Command]) -> None:
         accepts = [c for c in commands if isinstance(c, Accept)]
         rejects = [c for c in commands if isinstance(c, Reject)]
         seen = await self.store.markers_exist([r.marker for r in rejects])
-        already = {id(r) for r, exists in zip(rejects, seen, strict=True) if exists}
+        fresh = [r for r, exists in zip(rejects, seen, strict=True) if not exists]
+        self.metrics.processed.labels(outcome="duplicate_rejected").inc(len(rejects) - len(fresh))
+        # what stands behind each rejected id, read before anything is written: the answers say it
+        behind = await self.store.states_many([r.batch_id or "" for r in fresh])
         results = await self.store.intake_many([a.item for a in accepts])
         self.crash("after_accept")
         sends: list[SendFuture] = []
@@ -362,6 +383,13 @@ class RequestConsumer:
                             results_topic, build_accepted(record, source=self.opts.source)
                         )
                     )
+                if result.outcome == "duplicate":
+                    sends.append(
+                        await self.producer.send_event(
+                            results_topic,
+                            duplicate_answer(accept, result, source=self.opts.source, now=self.clock()),
+                        )
+                    )
                 if result.is_new:
                     log.info(
                         "batch accepted",
@@ -380,11 +408,8 @@ class RequestConsumer:
                         },
                     )
                 outcomes[result.outcome if not result.is_new else "accepted"] += 1
-        for reject in rejects:
-            if id(reject) in already:
-                self.metrics.processed.labels(outcome="duplicate_rejected").inc()
-                continue
-            sends.append(await self.producer.send_dead_letter(reject.dead_letter))
+        letters = [await self.producer.send_dead_letter(r.dead_letter) for r in fresh]
+        for reject in fresh:
             log.warning(
                 "record dead-lettered",
                 extra={
@@ -393,14 +418,19 @@ class RequestConsumer:
                     "topic": reject.origin.topic,
                     "partition": reject.origin.partition,
                     "offset": reject.origin.offset,
-                    "batch_id": reject.item.batch_id if reject.item else None,
+                    "batch_id": reject.batch_id,
                 },
             )
             self.metrics.processed.labels(outcome="dead_lettered").inc()
         for outcome, count in outcomes.items():
             self.metrics.processed.labels(outcome=outcome).inc(count)
-        await gather_sends(sends)
-        fresh = [r for r in rejects if id(r) not in already]
+        written = (await gather_sends(sends + letters))[len(sends) :]
+        answers: list[SendFuture] = []
+        for reject, meta, state in zip(fresh, written, behind, strict=True):
+            if reject.batch_id is not None:  # the answer names where its dead letter is
+                answer = rejection_answer(reject, meta, state, source=self.opts.source, now=self.clock())
+                answers.append(await self.producer.send_event(results_topic, answer))
+        await gather_sends(answers)
         if fresh:
             try:
                 await self.store.intake_many([r.item for r in fresh if r.item is not None])
@@ -408,7 +438,7 @@ class RequestConsumer:
             except DispatcherError as exc:
                 if exc.retriable:
                     raise
-                # the dead letters are written: a retry would only write them again
+                # the dead letters and answers are written: a retry would only write them again
                 log.warning("dead-lettered records not recorded in Redis", extra={"error": str(exc)})
         accepted = sum(1 for r in results if r.is_new)
         self.accepted_total += accepted

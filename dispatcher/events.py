@@ -27,6 +27,8 @@ from schemas.events import (
     BatchExpired,
     BatchFailed,
     BatchProgress,
+    BatchRejected,
+    DeadLetterRef,
     EventType,
 )
 from schemas.openai import ErrorObject, RequestCounts, Usage
@@ -163,6 +165,40 @@ def build_accepted(record: BatchRecord, *, source: str) -> Envelope[Any]:
         data=data,
         traceparent=record.get("traceparent"),
         extra_headers=(),
+    )
+
+
+def build_rejected(
+    batch_id: str,
+    error: ErrorObject,
+    *,
+    source: str,
+    answer_of: str,
+    now: float,
+    request_id: str | None = None,
+    request_source: str | None = None,
+    batch_status: State | None = None,
+    dead_letter: DeadLetterRef | None = None,
+    traceparent: str | None = None,
+) -> Envelope[Any]:
+    """The ``rejected`` answer to one request. ``answer_of`` names the rejected request (its Kafka
+    coordinates, or its source and id) and fixes the event id: a request rejected again after a
+    redelivery gets an answer with the same ``ce_id``."""
+    data = BatchRejected(
+        batch_id=batch_id,
+        request_id=request_id,
+        request_source=request_source,
+        error=error,
+        batch_status=batch_status,
+        dead_letter=dead_letter,
+        rejected_at=datetime.fromtimestamp(now, UTC),
+    )
+    return Envelope.new(
+        data,
+        source=source,
+        id=stable_event_id(batch_id, EventType.REJECTED, answer_of),
+        time=datetime.fromtimestamp(now, UTC),
+        traceparent=traceparent,
     )
 
 

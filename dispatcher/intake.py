@@ -74,13 +74,22 @@ class Cancel:
 @dataclass(frozen=True)
 class Reject:
     """Dead-letter the record; when its batch id, source and id are readable, also record the
-    batch as ``dead_lettered`` (if it does not exist) and remember the event id."""
+    batch as ``dead_lettered`` (if it does not exist) and remember the event id. When the batch id
+    is readable (the record key), the request is answered with a ``rejected`` event."""
 
     dead_letter: DeadLetter
     item: IntakeItem | None
     error: SchemaError
     origin: OriginalRecord
     marker: tuple[str, str]
+    batch_id: str | None = None
+    request_id: str | None = None
+    request_source: str | None = None
+
+    @property
+    def answer_of(self) -> str:
+        """What the ``rejected`` answer answers: this record (a redelivery is answered alike)."""
+        return ":".join(self.marker)
 
 
 Command = Accept | Cancel | Reject
@@ -145,7 +154,16 @@ def _reject(origin: OriginalRecord, error: SchemaError, rules: IntakeRules, now:
             marker=marker,
             initial=State.DEAD_LETTERED,
         )
-    return Reject(letter, item, error, origin, marker)
+    return Reject(
+        letter,
+        item,
+        error,
+        origin,
+        marker,
+        batch_id=batch_id,
+        request_id=event_id if event_id and len(event_id) <= 256 else None,
+        request_source=source if source and len(source) <= 1024 else None,
+    )
 
 
 def record_marker(origin: OriginalRecord) -> tuple[str, str]:
@@ -219,7 +237,7 @@ def classify(origin: OriginalRecord, rules: IntakeRules, now: float) -> Command:
             fqcn=exception_fqcn(exc),
             message=str(exc)[:2000],
         )
-        return Reject(letter, result.item, internal, origin, result.marker)
+        return dataclasses.replace(result, dead_letter=letter)
 
 
 def intake_fields(

@@ -156,8 +156,9 @@ class EventProducer:
     async def publish(self, topic: str, envelope: Envelope[Any]) -> None:
         await (await self.send_event(topic, envelope))
 
-    async def dead_letter(self, letter: DeadLetter) -> None:
-        await (await self.send_dead_letter(letter))
+    async def dead_letter(self, letter: DeadLetter) -> Any:
+        """Write ``letter`` and wait for the broker; returns its ``RecordMetadata``."""
+        return await (await self.send_dead_letter(letter))
 
     async def ping(self) -> bool:
         try:
@@ -250,7 +251,6 @@ class TerminalPublisher:
             self.metrics.job_duration.labels(status=status).observe(max(0.0, outcome.finished_at - started))
         log.info("terminal event published", extra={"status": status, "event_id": event_id})
 
-
     async def _write_dead_letter(self, letter: DeadLetter) -> bool:
         """Write the batch's dead letter (reduced when too large). ``False`` when even the reduced
         letter fails for good: the terminal event goes out regardless (upstream must hear that the
@@ -275,11 +275,13 @@ class TerminalPublisher:
         return False
 
 
-async def gather_sends(futures: list[SendFuture]) -> None:
-    """Await broker acknowledgements; raise the first error after all have settled."""
+async def gather_sends(futures: list[SendFuture]) -> list[Any]:
+    """Await broker acknowledgements (aiokafka ``RecordMetadata``, in order); raise the first error
+    after all have settled."""
     if not futures:
-        return
+        return []
     results = await asyncio.gather(*futures, return_exceptions=True)
     for result in results:
         if isinstance(result, BaseException):
             raise result
+    return results

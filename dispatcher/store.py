@@ -451,6 +451,18 @@ class StateStore:
         raw = await self._call(run) if batch_ids else []
         return [BatchRecord.from_hash(bid, d) if d else None for bid, d in zip(batch_ids, raw, strict=True)]
 
+    async def states_many(self, batch_ids: Sequence[str]) -> list[State | None]:
+        """The state of each batch (``None``: no such batch), in one round trip."""
+
+        async def run() -> list[Any]:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for bid in batch_ids:
+                    pipe.hget(self.keys.batch(bid), "state")
+                return list(await pipe.execute())
+
+        raw = await self._call(run) if batch_ids else []
+        return [State(_s(x)) if x else None for x in raw]
+
     async def ids_in_state(self, state: State, limit: int = 1000, offset: int = 0) -> list[str]:
         key = self.keys.state_index(state)
         return [_s(x) for x in await self._call(lambda: self.client.zrange(key, offset, offset + limit - 1))]

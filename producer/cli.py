@@ -28,10 +28,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from llmbatch.settings import LLMBatchSettings
-from producer.client import BatchClient, ClientOptions
+from producer.client import BatchClient, ClientOptions, is_answer
 from producer.errors import InvalidInput, ProducerError, WaitTimeout
 from schemas import (
     BatchProgress,
+    BatchRejected,
     BatchStatus,
     Endpoint,
     Envelope,
@@ -215,7 +216,12 @@ def _describe(envelope: Envelope[Any]) -> str:
     counts = getattr(data, "request_counts", None)
     if counts is not None:
         text += f" {counts.completed}+{counts.failed}/{counts.total}"
-    if isinstance(data, TerminalEventData):
+    if isinstance(data, BatchRejected):
+        text += f" error={data.error.code}: {data.error.message}"
+        if data.dead_letter is not None:
+            where = data.dead_letter
+            text += f" dead_letter={where.topic}/{where.partition}@{where.offset}"
+    elif isinstance(data, TerminalEventData):
         if data.error is not None:
             text += f" error={data.error.code}: {data.error.message}"
         if data.output_uris:
@@ -226,9 +232,16 @@ def _describe(envelope: Envelope[Any]) -> str:
 
 
 async def _follow(
-    client: BatchClient, batch_id: str | None, *, since: datetime | None, as_json: bool, show_progress: bool
+    client: BatchClient,
+    batch_id: str | None,
+    *,
+    since: datetime | None,
+    as_json: bool,
+    show_progress: bool,
+    request_id: str | None = None,
 ) -> Envelope[Any] | None:
-    """Print events as they arrive; with a batch id, stop at its terminal event and return it."""
+    """Print events as they arrive; with a batch id, stop at its answer (terminal event, or the
+    rejection of ``request_id`` / a final one; see :func:`producer.client.is_answer`) and return it."""
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -252,7 +265,7 @@ async def _follow(
                     sys.stdout.flush()
                 else:
                     progress.console.print(_describe(envelope), markup=False)
-                if batch_id is not None and envelope.is_terminal:
+                if batch_id is not None and is_answer(envelope, request_id):
                     return envelope
     return None
 
@@ -316,7 +329,14 @@ def submit(
         if not wait:
             return None
         since = client.follow_start(handle.submitted_at)
-        follow = _follow(client, handle.batch_id, since=since, as_json=json_output, show_progress=True)
+        follow = _follow(
+            client,
+            handle.batch_id,
+            since=since,
+            as_json=json_output,
+            show_progress=True,
+            request_id=handle.event_id,
+        )
         try:
             return await asyncio.wait_for(follow, timeout)
         except TimeoutError:

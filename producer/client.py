@@ -35,6 +35,7 @@ from schemas import (
     RESULT_EVENT_TYPES,
     BatchInputLine,
     BatchOutputLine,
+    BatchRejected,
     BatchRequest,
     CancelRequest,
     Endpoint,
@@ -50,6 +51,21 @@ from schemas import (
     utcnow,
 )
 from schemas.job import MANIFEST_NAME
+
+Answer = TerminalEventData | BatchRejected
+"""What ends a wait: the batch's terminal event, or the ``rejected`` answer to a request."""
+
+
+def is_answer(envelope: Envelope[Any], request_id: str | None = None) -> bool:
+    """Whether ``envelope`` ends a wait for its batch: a terminal event, or a ``rejected`` event that
+    answers ``request_id`` (the ``ce_id`` of our own request) or, without one, after which no
+    terminal event will follow (:attr:`BatchRejected.is_final`)."""
+    if envelope.is_terminal:
+        return True
+    data = envelope.data
+    if not isinstance(data, BatchRejected):
+        return False
+    return data.request_id == request_id if request_id is not None else data.is_final
 
 
 def default_source() -> str:
@@ -102,10 +118,13 @@ class BatchHandle:
             raise ProducerError("this handle is detached from its client")
         return self.client
 
-    async def wait(self, timeout: float | None = None) -> Envelope[TerminalEventData]:  # noqa: ASYNC109
-        """Wait for this batch's terminal event (see :meth:`BatchClient.wait`)."""
+    async def wait(self, timeout: float | None = None) -> Envelope[Answer]:  # noqa: ASYNC109
+        """Wait for this batch's terminal event, or the ``rejected`` answer to this very request
+        (see :meth:`BatchClient.wait`)."""
         client = self._need_client()
-        return await client.wait(self.batch_id, timeout, since=client.follow_start(self.submitted_at))
+        return await client.wait(
+            self.batch_id, timeout, since=client.follow_start(self.submitted_at), request_id=self.event_id
+        )
 
     def events(self, *, stop_at_terminal: bool = True) -> AsyncGenerator[Envelope[Any], None]:
         """This batch's events since submission."""
@@ -328,18 +347,23 @@ class BatchClient:
         timeout: float | None = None,  # noqa: ASYNC109 - the documented API; wait_for applies it
         *,
         since: datetime | None = None,
-    ) -> Envelope[TerminalEventData]:
-        """Return the terminal event of ``batch_id`` (from ``since``; default: the last 24 hours).
+        request_id: str | None = None,
+    ) -> Envelope[Answer]:
+        """Return the answer about ``batch_id`` (from ``since``; default: the last 24 hours): its
+        terminal event, or a ``llmbatch.batch.rejected.v1`` event (data :class:`BatchRejected`:
+        the reason, and where the dead letter is) that answers ``request_id`` (the ``event_id`` of
+        the request you published; :meth:`BatchHandle.wait` passes it) or, without ``request_id``,
+        one after which no terminal event will follow (see :func:`is_answer`).
 
         Raises:
-            WaitTimeout: no terminal event within ``timeout`` seconds (retriable).
+            WaitTimeout: no answer within ``timeout`` seconds (retriable).
         """
         start = since if since is not None else utcnow() - timedelta(hours=24)
 
-        async def first_terminal() -> Envelope[TerminalEventData]:
+        async def first_terminal() -> Envelope[Answer]:
             async with aclosing(self.events(batch_id, since=start)) as stream:
                 async for envelope in stream:
-                    if envelope.is_terminal:
+                    if is_answer(envelope, request_id):
                         return envelope
             raise ProducerError(f"event stream of {batch_id} ended without a terminal event")
 

@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any, TypeVar
 
 from llmbatch.settings import LLMBatchSettings
-from producer.client import BatchClient, BatchHandle, ClientOptions, ResultSource
+from producer.client import Answer, BatchClient, BatchHandle, ClientOptions, ResultSource
 from producer.errors import ProducerError
 from producer.kafka import Published
-from schemas import BatchOutputLine, Envelope, Manifest, TerminalEventData
+from schemas import BatchOutputLine, Envelope, Manifest
 
 T = TypeVar("T")
 
@@ -60,9 +60,9 @@ class SyncBatchClient:
         published: Published = self._run(self.client.cancel(batch_id, **kwargs))
         return published
 
-    def wait(self, batch_id: str, timeout: float | None = None, **kwargs: Any) -> Envelope[TerminalEventData]:
+    def wait(self, batch_id: str, timeout: float | None = None, **kwargs: Any) -> Envelope[Answer]:
         """See :meth:`BatchClient.wait`."""
-        result: Envelope[TerminalEventData] = self._run(self.client.wait(batch_id, timeout, **kwargs))
+        result: Envelope[Answer] = self._run(self.client.wait(batch_id, timeout, **kwargs))
         return result
 
     def events(self, batch_id: str | None = None, **kwargs: Any) -> Iterator[Envelope[Any]]:

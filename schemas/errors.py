@@ -52,6 +52,8 @@ class Reason(StrEnum):
     """The batch deadline is not in the future at submission time."""
     MODEL_NOT_FOUND = "model_not_found"
     """The batch names a ``model`` the service does not serve (not in its engine registry)."""
+    DUPLICATE_BATCH_ID = "duplicate_batch_id"
+    """Another request already holds this ``batch_id`` (a new event id for a batch that is known)."""
 
 
 #: Reason -> the error ``code`` OpenAI's Batch API uses for the same problem in an error file.

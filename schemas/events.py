@@ -28,6 +28,7 @@ class EventType(StrEnum):
     FAILED = "llmbatch.batch.failed.v1"
     CANCELLED = "llmbatch.batch.cancelled.v1"
     EXPIRED = "llmbatch.batch.expired.v1"
+    REJECTED = "llmbatch.batch.rejected.v1"
 
     @property
     def is_terminal(self) -> bool:
@@ -41,7 +42,9 @@ TERMINAL_EVENT_TYPES = frozenset(
     {EventType.COMPLETED, EventType.FAILED, EventType.CANCELLED, EventType.EXPIRED}
 )
 """Terminal result types: a batch gets exactly one of them."""
-RESULT_EVENT_TYPES = frozenset({EventType.ACCEPTED, EventType.PROGRESS, *TERMINAL_EVENT_TYPES})
+RESULT_EVENT_TYPES = frozenset(
+    {EventType.ACCEPTED, EventType.PROGRESS, EventType.REJECTED, *TERMINAL_EVENT_TYPES}
+)
 """Types carried by the results topic."""
 
 _EVENT_CONFIG = ConfigDict(extra="ignore")
@@ -132,6 +135,52 @@ class BatchExpired(TerminalEventData):
     status: Literal[BatchStatus.EXPIRED] = BatchStatus.EXPIRED
 
 
+class DeadLetterRef(BaseModel):
+    """Where a dead letter was written (the operator's ``llmbatch dlq`` reads and replays it)."""
+
+    model_config = _EVENT_CONFIG
+
+    topic: str
+    partition: int = Field(ge=0)
+    offset: int = Field(ge=0)
+
+
+class BatchRejected(BaseModel):
+    """Data of ``llmbatch.batch.rejected.v1``: the answer to a request for ``batch_id`` that was not
+    accepted (invalid event, unknown model, deadline already past, a batch id already in use, ...).
+
+    It answers one *request* (``request_id`` = its ``ce_id``), not a batch: it is not a terminal
+    event, and a batch that is already accepted under the same id goes on and still ends in exactly
+    one terminal event (``batch_status`` says what that batch was doing). ``batch_status`` is
+    ``dead_lettered`` when no accepted batch stands behind the id (the rejected request can be
+    replayed from ``dead_letter``) and absent when the dispatcher could not tell (Redis refused).
+    """
+
+    model_config = _EVENT_CONFIG
+
+    batch_id: BatchId
+    status: Literal["rejected"] = "rejected"
+    request_id: str | None = Field(default=None, description="ce_id of the rejected request, if readable.")
+    request_source: str | None = Field(default=None, description="ce_source of the rejected request.")
+    error: ErrorObject = Field(
+        description="Why: a stable ``code`` (e.g. ``invalid_field``), the message, "
+        "and ``param`` when one field is at fault."
+    )
+    batch_status: BatchStatus | None = Field(
+        default=None, description="State of the batch under this id after the rejection, if known."
+    )
+    dead_letter: DeadLetterRef | None = Field(
+        default=None, description="The dead letter of the request (none for a duplicate batch id)."
+    )
+    rejected_at: UtcDatetime
+
+    @property
+    def is_final(self) -> bool:
+        """True when no terminal event about ``batch_id`` is still to come: no batch stands behind
+        the id (``dead_lettered``, or unknown), or the one that does has already finished."""
+        return self.batch_status is None or self.batch_status.is_terminal
+
+
 EventData = (
     BatchRequest
     | CancelRequest
@@ -141,6 +190,7 @@ EventData = (
     | BatchFailed
     | BatchCancelled
     | BatchExpired
+    | BatchRejected
 )
 """Any event's data model."""
 
@@ -153,6 +203,7 @@ EVENT_DATA_MODELS: dict[EventType, type[BaseModel]] = {
     EventType.FAILED: BatchFailed,
     EventType.CANCELLED: BatchCancelled,
     EventType.EXPIRED: BatchExpired,
+    EventType.REJECTED: BatchRejected,
 }
 """Registry: event type -> data model."""
 

@@ -79,6 +79,7 @@ _MESSAGE_NAMES: dict[EventType, str] = {
     EventType.FAILED: "batchFailed",
     EventType.CANCELLED: "batchCancelled",
     EventType.EXPIRED: "batchExpired",
+    EventType.REJECTED: "batchRejected",
 }
 
 

@@ -10,6 +10,7 @@ import struct
 import tempfile
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,8 @@ from llmbatch.settings import LLMBatchSettings, RedisSettings, TopicSettings
 from producer.topics import ensure_topics
 from schemas import dlt as dlt_headers
 from schemas.batch import CancelRequest, InlineLimits
-from schemas.events import EventType
+from schemas.common import BatchStatus
+from schemas.events import BatchRejected, EventType
 from tests.support.dispatcher_kit import (
     TopicReader,
     batch_request,
@@ -201,6 +203,79 @@ async def test_unknown_model_is_dead_lettered_never_queued(harness: Harness) -> 
     assert unknown.batch_id not in {e.batch_id for e in events if e.type is EventType.ACCEPTED}
 
 
+async def test_every_rejected_request_that_names_a_batch_id_is_answered(harness: Harness) -> None:
+    tag = uuid.uuid4().hex[:6]
+    held = batch_request(f"held-{tag}")
+    unknown = batch_request(
+        f"unknown-{tag}", model="no-such-model", requests=inline_lines(1, model="no-such-model")
+    )
+    late = batch_request(f"late-{tag}", deadline=datetime.now(UTC) - timedelta(minutes=1))
+    bad_key, _, bad_headers = request_message(batch_request(f"badjson-{tag}"), event_id=f"ev-json-{tag}")
+    messages = [
+        (bad_key, b"{not json", bad_headers),
+        request_message(unknown, event_id=f"ev-unknown-{tag}"),
+        request_message(late, event_id=f"ev-late-{tag}"),
+        request_message(held, event_id=f"ev-held-{tag}"),
+        request_message(held, event_id=f"ev-again-{tag}"),  # same batch id, a new request
+        (None, b"{not json", bad_headers),  # no usable batch id: dead letter only
+    ]
+    await harness.send(messages)
+    await wait_for(lambda: _committed_is(harness, len(messages)), 60, what="all offsets committed")
+
+    dead = await harness.reader("dead_letter").read_all()
+    assert len(dead) == 4
+    events = decode_results(await harness.reader("results").read_all())
+    answers = {e.batch_id: e for e in events if e.type is EventType.REJECTED}
+    assert set(answers) == {f"badjson-{tag}", unknown.batch_id, late.batch_id, held.batch_id}
+    assert not any(e.is_terminal for e in events)
+
+    by_coordinates = {(r.partition, r.offset): r for r in dead}
+    expected = {
+        f"badjson-{tag}": ("invalid_json", f"ev-json-{tag}", None),
+        unknown.batch_id: ("model_not_found", f"ev-unknown-{tag}", "model"),
+        late.batch_id: ("deadline_passed", f"ev-late-{tag}", "deadline"),
+    }
+    for batch_id, (code, request_id, param) in expected.items():
+        answer: BatchRejected = answers[batch_id].data
+        assert (answer.error.code, answer.request_id, answer.error.param) == (code, request_id, param)
+        assert answer.batch_status is BatchStatus.DEAD_LETTERED and answer.is_final
+        # the answer points at this request's own dead letter
+        assert answer.dead_letter is not None
+        assert answer.dead_letter.topic == harness.settings.kafka.topics.dead_letter
+        letter = by_coordinates[(answer.dead_letter.partition, answer.dead_letter.offset)]
+        assert letter.key == batch_id.encode()
+        assert dict(letter.headers)[dlt_headers.REASON] in {b"invalid_event", code.encode()}
+        record = await harness.store.get(batch_id)
+        assert record is not None and record.state is State.DEAD_LETTERED
+
+    duplicate: BatchRejected = answers[held.batch_id].data
+    assert duplicate.error.code == "duplicate_batch_id" and duplicate.request_id == f"ev-again-{tag}"
+    assert duplicate.batch_status is BatchStatus.QUEUED and not duplicate.is_final
+    assert duplicate.dead_letter is None
+    assert (await harness.store.get(held.batch_id)).state is State.QUEUED  # type: ignore[union-attr]
+
+
+async def test_the_producer_sdk_wait_returns_the_rejection_of_its_own_request(harness: Harness) -> None:
+    from producer.client import BatchClient, ClientOptions
+
+    async with BatchClient(harness.settings, options=ClientOptions(source="urn:test:sdk")) as client:
+        handle = await client.submit(inline_lines(1, model="no-such-model"), model="no-such-model")
+        answer = await handle.wait(timeout=60)
+        assert answer.type is EventType.REJECTED and answer.batch_id == handle.batch_id
+        assert isinstance(answer.data, BatchRejected)
+        assert answer.data.request_id == handle.event_id and answer.data.error.code == "model_not_found"
+        # a second request for the same id is answered too, and does not end a wait on the first
+        again = await client.submit(
+            inline_lines(1, model="no-such-model"), model="no-such-model", batch_id=handle.batch_id
+        )
+        second = await again.wait(timeout=60)
+        assert isinstance(second.data, BatchRejected)
+        assert second.data.request_id == again.event_id != handle.event_id
+        # without a request id, a wait on the batch id ends at a final rejection
+        bare = await client.wait(handle.batch_id, timeout=60)
+        assert bare.type is EventType.REJECTED
+
+
 async def _committed_is(harness: Harness, n: int) -> bool:
     return await harness.committed() == n
 
@@ -346,6 +421,18 @@ async def test_redis_out_of_memory_dead_letters_the_record_and_the_consumer_goes
         assert letter[dlt_headers.EXCEPTION_FQCN] == b"redis.exceptions.OutOfMemoryError"
         assert h.metrics.failed_records._value.get() == 1
         assert await h.store.get(full.batch_id) is None
+        # the request is answered: processing_failed, pointing at its dead letter
+        [answer] = [
+            e for e in decode_results(await h.reader("results").read_all()) if e.batch_id == full.batch_id
+        ]
+        assert answer.type is EventType.REJECTED and isinstance(answer.data, BatchRejected)
+        assert answer.data.error.code == "processing_failed" and "maxmemory" in answer.data.error.message
+        assert answer.data.dead_letter is not None
+        assert (answer.data.dead_letter.partition, answer.data.dead_letter.offset) == (
+            dead.partition,
+            dead.offset,
+        )
+        assert answer.data.batch_status is None and answer.data.is_final
 
         admin.config_set("maxmemory", "0")  # room again: the next record is accepted
         after = batch_request("oom-after-" + uuid.uuid4().hex[:6])
@@ -408,10 +495,16 @@ async def _create_small_dead_letter_topic(s: DispatcherSettings, max_bytes: int)
     admin = AIOKafkaAdminClient(**s.kafka.client_kwargs())
     await admin.start()
     try:
-        await admin.create_topics([
-            NewTopic(s.kafka.topics.dead_letter, num_partitions=2, replication_factor=1,
-                     topic_configs={"max.message.bytes": str(max_bytes)})
-        ])
+        await admin.create_topics(
+            [
+                NewTopic(
+                    s.kafka.topics.dead_letter,
+                    num_partitions=2,
+                    replication_factor=1,
+                    topic_configs={"max.message.bytes": str(max_bytes)},
+                )
+            ]
+        )
     finally:
         await admin.close()
 

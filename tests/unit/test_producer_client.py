@@ -23,9 +23,12 @@ from producer import (
     SyncBatchClient,
     new_batch_id,
 )
-from producer.client import _result_uris
-from schemas import BatchCompleted, Endpoint, Envelope, Manifest, parse_manifest
+from producer.cli import _describe
+from producer.client import _result_uris, is_answer
+from schemas import BatchCompleted, BatchRejected, BatchStatus, Endpoint, Envelope, Manifest, parse_manifest
 from schemas.errors import Reason
+from schemas.events import DeadLetterRef
+from schemas.openai import ErrorObject
 
 pytestmark = pytest.mark.unit
 
@@ -200,3 +203,33 @@ def test_sync_client_validates_and_closes(unreachable: LLMBatchSettings) -> None
             client.submit([line(temperature=9)], model="m")
         with pytest.raises(BrokerUnavailable):
             client.cancel("b-1")
+
+
+def _rejection(request_id: str, status: BatchStatus | None) -> Envelope[BatchRejected]:
+    data = BatchRejected(
+        batch_id="b",
+        request_id=request_id,
+        error=ErrorObject(code="model_not_found", message="m", param="model"),
+        batch_status=status,
+        dead_letter=DeadLetterRef(topic="t.dlt", partition=0, offset=5),
+        rejected_at=datetime.now(UTC),
+    )
+    return Envelope.new(data, source="urn:d")
+
+
+def test_a_wait_ends_at_its_own_rejection_or_a_final_one() -> None:
+    mine, final_other = (
+        _rejection("e-mine", BatchStatus.DEAD_LETTERED),
+        _rejection("e-x", BatchStatus.DEAD_LETTERED),
+    )
+    live_other = _rejection("e-x", BatchStatus.RUNNING)
+    assert is_answer(mine, "e-mine") and not is_answer(final_other, "e-mine")
+    assert is_answer(final_other) and not is_answer(live_other)
+    assert is_answer(_rejection("e-mine", BatchStatus.RUNNING), "e-mine")
+    done = Envelope.new(
+        BatchCompleted(batch_id="b", model="m", accepted_at=datetime.now(UTC), finished_at=datetime.now(UTC)),
+        source="urn:d",
+    )
+    assert is_answer(done) and is_answer(done, "e-mine")
+    text = _describe(mine)
+    assert "rejected" in text and "model_not_found" in text and "t.dlt/0@5" in text

@@ -165,6 +165,7 @@ def _sample(model: Any) -> Any:
         "finished_at": t,
         "expires_at": t,
         "updated_at": t,
+        "rejected_at": t,
         "error": {"code": "c", "message": "m"},
     }
     fields = set(model.model_fields)

@@ -19,11 +19,13 @@ from schemas import (
     BatchCompleted,
     BatchExpired,
     BatchFailed,
+    BatchRejected,
     BatchRequest,
     BatchStatus,
     DltReason,
     DltRecord,
     EngineConfig,
+    ErrorObject,
     EventType,
     JobSpec,
     Manifest,
@@ -65,11 +67,27 @@ def test_event_type_values_are_the_contract() -> None:
         "llmbatch.batch.failed.v1",
         "llmbatch.batch.cancelled.v1",
         "llmbatch.batch.expired.v1",
+        "llmbatch.batch.rejected.v1",
     }
     assert set(EventType) == REQUEST_EVENT_TYPES | RESULT_EVENT_TYPES
     assert not REQUEST_EVENT_TYPES & RESULT_EVENT_TYPES
     assert {t for t in EventType if t.is_terminal} == TERMINAL_EVENT_TYPES
     assert len(TERMINAL_EVENT_TYPES) == 4
+
+
+def test_a_rejection_is_final_only_when_no_batch_will_end_later() -> None:
+    def rejected(status: BatchStatus | None) -> BatchRejected:
+        return BatchRejected(
+            batch_id="b",
+            error=ErrorObject(code="invalid_field", message="m", param="model"),
+            batch_status=status,
+            rejected_at=T0,
+        )
+
+    assert not EventType.REJECTED.is_terminal
+    assert rejected(None).is_final and rejected(BatchStatus.DEAD_LETTERED).is_final
+    assert rejected(BatchStatus.COMPLETED).is_final
+    assert not rejected(BatchStatus.RUNNING).is_final and not rejected(BatchStatus.QUEUED).is_final
 
 
 def test_registry_is_a_bijection() -> None:

@@ -1,0 +1,101 @@
+"""The ``rejected`` answers to requests that were not accepted (pure).
+
+Every request that names a usable batch id (the record key) gets an answer on the results topic,
+``llmbatch.batch.rejected.v1`` (:class:`~schemas.events.BatchRejected`): an invalid event (with where
+its dead letter is), a new request for a batch id already in use (with that batch's state), or a
+record the consumer gave up on (``processing_failed``). A record without a usable batch id goes to
+the dead-letter topic only. Each answer's ``ce_id`` is fixed by the request it answers, so one
+re-sent after a redelivery carries the same id.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dispatcher.dlt import describe_schema_error
+from dispatcher.events import build_rejected
+from dispatcher.intake import Accept, Reject, record_marker
+from dispatcher.record_retry import GaveUp, describe
+from dispatcher.states import State
+from dispatcher.store import IntakeResult
+from schemas.cloudevents import Envelope
+from schemas.dlt import DltReason
+from schemas.errors import Reason
+from schemas.events import DeadLetterRef
+from schemas.openai import ErrorObject
+
+
+def rejection_answer(
+    reject: Reject, written: Any, behind: State | None, *, source: str, now: float
+) -> Envelope[Any]:
+    """The answer to a dead-lettered request whose batch id is readable. ``written`` is the dead
+    letter's ``RecordMetadata``; ``behind`` the state of the batch that already had the id."""
+    error = reject.error
+    return build_rejected(
+        reject.batch_id or "",
+        ErrorObject(code=error.reason, message=describe_schema_error(error)[:2000], param=error.field),
+        source=source,
+        answer_of=reject.answer_of,
+        now=now,
+        request_id=reject.request_id,
+        request_source=reject.request_source,
+        batch_status=behind or State.DEAD_LETTERED,
+        dead_letter=DeadLetterRef(
+            topic=reject.dead_letter.topic, partition=written.partition, offset=written.offset
+        ),
+    )
+
+
+def duplicate_answer(accept: Accept, result: IntakeResult, *, source: str, now: float) -> Envelope[Any]:
+    """The answer to a new request (a new event id) for a batch id already in use: nothing applied."""
+    batch_id = accept.item.batch_id
+    state = result.state.value if result.state else "unknown"
+    return build_rejected(
+        batch_id,
+        ErrorObject(
+            code=Reason.DUPLICATE_BATCH_ID,
+            message=f"batch {batch_id!r} already exists ({state}); this request was not applied. "
+            "Follow that batch's events, or use a new batch_id for a new batch",
+            param="batch_id",
+        ),
+        source=source,
+        answer_of=":".join(accept.item.marker),
+        now=now,
+        request_id=accept.item.fields.get("event_id"),
+        request_source=accept.item.fields.get("source"),
+        batch_status=result.state,
+        traceparent=accept.traceparent,
+    )
+
+
+def failure_answer(
+    command: Accept | Reject,
+    batch_id: str,
+    failed: GaveUp,
+    written: DeadLetterRef | None,
+    *,
+    source: str,
+    now: float,
+) -> Envelope[Any]:
+    """The answer to a request the consumer gave up on (``processing_failed``)."""
+    if isinstance(command, Accept):
+        fields = command.item.fields
+        request_id, request_source = fields.get("event_id"), fields.get("source")
+        traceparent = command.traceparent
+    else:
+        request_id, request_source, traceparent = command.request_id, command.request_source, None
+    return build_rejected(
+        batch_id,
+        ErrorObject(
+            code=DltReason.PROCESSING_FAILED,
+            message=f"the dispatcher could not record this request ({describe(failed.error)[:1000]}); "
+            "an operator can replay its dead letter once the cause is fixed",
+        ),
+        source=source,
+        answer_of=":".join(record_marker(command.origin)),
+        now=now,
+        request_id=request_id,
+        request_source=request_source,
+        dead_letter=written,
+        traceparent=traceparent,
+    )
