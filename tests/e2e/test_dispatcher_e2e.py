@@ -266,6 +266,10 @@ async def test_happy_path_duplicates_and_invalid_events(env: Env, ray_settings: 
     # accepted, then the terminal event; every accepted id stable
     types = [e.type for e in events if e.batch_id == a.batch_id]
     assert types[0] is EventType.ACCEPTED and types[-1] is EventType.COMPLETED
+    # the second request for the same batch id (a new event id) was answered, not run
+    rejected = [e for e in events if e.type is EventType.REJECTED and e.batch_id == a.batch_id]
+    answers = {(e.id, e.data.error.code) for e in rejected}
+    assert [code for _, code in answers] == ["duplicate_batch_id"]
     dead = await env.dead_letters()
     reasons = sorted(dict(r.headers)[dlt_headers.REASON].decode() for r in dead)
     assert reasons == ["invalid_event", "invalid_event", "limit_exceeded"]
