@@ -43,6 +43,8 @@ class JobInfo:
 class SubmitResult:
     submission_id: str
     already_existed: bool
+    via: str = "ray_job"
+    """How the attempt runs: ``ray_job`` (the Jobs API) or ``batch_runner`` (the warm short path)."""
 
 
 class JobBackend(Protocol):
@@ -54,6 +56,11 @@ class JobBackend(Protocol):
 
     async def stop(self, submission_id: str) -> bool:
         """Ask the job to stop; True if a stop was requested, False if it was already finished/unknown."""
+        ...
+
+    async def delete(self, submission_id: str) -> bool:
+        """Forget a finished job (its record and logs on the Ray head); False if it is unknown or
+        still running. Called once the batch's terminal event is out, so job records stay bounded."""
         ...
 
     async def ping(self) -> bool: ...

@@ -9,6 +9,7 @@ Nothing here touches Kafka or Redis; the consumer applies the commands. Validati
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -266,6 +267,7 @@ def intake_fields(
         "event_id": event_id,
         "metadata": orjson.dumps(request.metadata).decode(),
         "attempt": 0,
+        "lifecycle": lifecycle_of(origin, source, event_id),
     }
     if request.input_uri:
         fields["input_uri"] = request.input_uri
@@ -274,6 +276,16 @@ def intake_fields(
     if traceparent:
         fields["traceparent"] = traceparent
     return {k: str(v) for k, v in fields.items()}
+
+
+def lifecycle_of(origin: OriginalRecord, source: str, event_id: str) -> str:
+    """The id of the lifecycle a request starts (10 hex digits), fixed by the record that carries it:
+    a redelivery of the record names the same lifecycle, any other record (the same batch id sent
+    again after its record expired) another one. It goes into the results prefix and the Ray
+    submission ids, so a later lifecycle never meets the jobs or shards of an earlier one. A reopen
+    (operator replay) keeps the lifecycle of the batch it reopens (see the intake script)."""
+    where = f"{origin.topic}\x1f{origin.partition}\x1f{origin.offset}\x1f{origin.timestamp_ms}"
+    return hashlib.blake2b(f"{where}\x1f{source}\x1f{event_id}".encode(), digest_size=5).hexdigest()
 
 
 def without_value(origin: OriginalRecord) -> OriginalRecord:

@@ -17,8 +17,12 @@ from schemas.job import JobSpec, output_prefix
 
 
 def results_prefix(settings: DispatcherSettings, record: BatchRecord) -> str:
+    """Where this lifecycle of the batch keeps its results (see :func:`schemas.job.output_prefix`)."""
     return output_prefix(
-        settings.s3.results_bucket, record.get("tenant", "default") or "default", record.batch_id
+        settings.s3.results_bucket,
+        record.get("tenant", "default") or "default",
+        record.batch_id,
+        record.get("lifecycle") or None,
     )
 
 
@@ -44,6 +48,7 @@ def build_job_spec(record: BatchRecord, attempt: int, settings: DispatcherSettin
         input_uri=request.input_uri,
         requests=request.requests,
         output_prefix=results_prefix(settings, record),
+        lifecycle=record.get("lifecycle") or None,
         engine=entry.engine,
         engine_app=app_name(request.model) if opts.shared_engines else None,
         engine_wait_s=opts.engine_wait_s,

@@ -196,7 +196,9 @@ class TerminalPublisher:
         source: str,
         metrics: Metrics,
         crash: Callable[[str], None] = lambda point: None,
+        after_publish: Callable[[BatchRecord], Awaitable[None]] | None = None,
     ) -> None:
+        self.after_publish = after_publish
         self.store = store
         self.producer = producer
         self.results_topic = results_topic
@@ -225,6 +227,8 @@ class TerminalPublisher:
                 try:
                     await self.publish_one(record)
                     published += 1
+                    if self.after_publish is not None:
+                        await self.after_publish(record)
                 except DispatcherError as exc:
                     if exc.retriable:
                         raise  # the broker or Redis is down: the next tick tries again

@@ -217,6 +217,18 @@ class RayJobsBackend:
 
         return await self._call("stop", stop)
 
+    async def delete(self, submission_id: str) -> bool:
+        def delete(client: Any) -> bool:
+            try:
+                return bool(client.delete_job(submission_id))
+            except RuntimeError as exc:
+                # unknown (404), or not finished yet (Ray refuses to delete a running job)
+                if _status_code(exc) in {400, 404} or "does not exist" in str(exc) or "terminal" in str(exc):
+                    return False
+                raise
+
+        return await self._call("delete", delete)
+
     async def logs_tail(self, submission_id: str, lines: int = 20) -> str:
         def get(client: Any) -> str:
             return "\n".join(str(client.get_job_logs(submission_id)).splitlines()[-lines:])

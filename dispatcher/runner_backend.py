@@ -82,7 +82,9 @@ class RunnerClient:
 
     async def submit(self, spec: JobSpec) -> SubmitResult:
         _, body = await asyncio.to_thread(self._request, "POST", "/runs", spec.model_dump_json().encode())
-        return SubmitResult(spec.submission_id, already_existed=bool(body.get("already_existed")))
+        return SubmitResult(
+            spec.submission_id, already_existed=bool(body.get("already_existed")), via="batch_runner"
+        )
 
     async def status(self, submission_id: str) -> JobInfo | None:
         """The run's state; ``None`` when the runner does not know it."""
@@ -138,6 +140,10 @@ class RoutedBackend:
         except RayUnavailable:
             stopped = None
         return stopped if stopped is not None else await self.jobs.stop(submission_id)
+
+    async def delete(self, submission_id: str) -> bool:
+        # runs of the batch runner are forgotten by the runner itself (it keeps the last max_runs)
+        return await self.jobs.delete(submission_id)
 
     async def ping(self) -> bool:
         return await self.jobs.ping()

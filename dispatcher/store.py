@@ -85,6 +85,9 @@ if cur[1] then
     return {same and 'dup_event' or 'duplicate', state, tostring(version), tostring(generation)}
   end
   prev_attempt = redis.call('HGET', batch, 'attempt') or '0'
+  -- the lifecycle (results prefix, submission ids) is kept, so a replay may resume its shards
+  local prev_lifecycle = redis.call('HGET', batch, 'lifecycle')
+  if prev_lifecycle then fields['lifecycle'] = prev_lifecycle end
   redis.call('ZREM', sprefix .. state, id)
   redis.call('ZREM', P .. ':unpublished', id)
   redis.call('ZREM', ready, id)

@@ -51,7 +51,7 @@ from dispatcher.store import BatchRecord, StateStore
 from schemas.dlt import DltReason
 from schemas.engines import UnknownModelError
 from schemas.errors import SchemaError
-from schemas.job import MANIFEST_NAME, Manifest
+from schemas.job import MANIFEST_NAME, Manifest, submission_id
 from schemas.openai import Usage
 
 log = logging.getLogger(__name__)
@@ -98,6 +98,7 @@ class Tracker:
             source=self.opts.source,
             metrics=metrics,
             crash=crash,
+            after_publish=self.forget_jobs,
         )
         self.token = f"{self.opts.instance_id}/{uuid.uuid4().hex[:8]}"
         self.is_leader = False
@@ -170,6 +171,19 @@ class Tracker:
             log.info("tracker leadership " + ("acquired" if leader else "lost"))
         self.is_leader = leader
         self.metrics.leader.set(1 if leader else 0)
+
+    async def forget_jobs(self, record: BatchRecord) -> None:
+        """Delete the Ray jobs of every attempt of a batch whose terminal event is out, so job
+        records on the head stay bounded. Best effort: a job the head cannot delete now (Ray down, a
+        zombie attempt still running) stays for an operator (``llmbatch jobs`` lists attempts)."""
+        lifecycle = record.get("lifecycle") or None
+        for attempt in range(1, record.attempt + 1):
+            sid = submission_id(record.batch_id, attempt, lifecycle)
+            try:
+                await self.backend.delete(sid)
+            except Exception as exc:
+                log.debug("finished Ray job not deleted", extra={"submission_id": sid, "error": str(exc)})
+                return
 
     async def tick(self) -> None:
         await self.store.promote_due()
@@ -674,14 +688,18 @@ class Tracker:
         self.crash("after_submit")
         log.info(
             "job submitted",
-            extra={"submission_id": result.submission_id, "already_existed": result.already_existed},
+            extra={
+                "submission_id": result.submission_id,
+                "already_existed": result.already_existed,
+                "via": result.via,
+            },
         )
         await self.store.transition(
             record.batch_id,
             State.SUBMITTED,
             from_states=[State.SUBMITTED],
             expected_version=record.version,
-            fields={"confirmed": "1"},
+            fields={"confirmed": "1", "via": result.via},
         )
 
     async def fail_unserved(self, record: BatchRecord, exc: UnknownModelError) -> None:

@@ -56,7 +56,7 @@ FALLBACK_DESCRIPTIONS: dict[str, str] = {
     "s3.secret_key": "S3 secret key (secret).",
     "s3.region": "S3 region.",
     "s3.input_bucket": "Bucket the producer uploads input files to.",
-    "s3.results_bucket": "Bucket the Ray jobs write results to (<tenant>/<batch_id>/...).",
+    "s3.results_bucket": "Bucket the Ray jobs write results to (<tenant>/<batch_id>/<lifecycle>/...).",
     "s3.allowed_input_buckets": "Other buckets an input_uri may name (JSON list).",
     "ray.address": "Ray Jobs API (dashboard) URL of the local head or the KubeRay head service.",
     "ray.auth_token": "Bearer token for the Ray Jobs API, if the cluster requires one (secret).",

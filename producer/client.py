@@ -375,12 +375,20 @@ class BatchClient:
     # ---------------------------------------------------------------------------- results
 
     async def manifest(self, batch_id: str, *, tenant: str = "default") -> Manifest:
-        """Read ``manifest.json`` of a finished batch from the results bucket.
+        """Read ``manifest.json`` of a finished batch from the results bucket (of its latest
+        lifecycle, when the batch id was used again after its record expired; the terminal event's
+        ``manifest_uri`` names the one of that lifecycle).
 
         Raises:
             ResultsNotFound: no manifest yet (the batch is unknown or still running).
         """
-        uri = output_prefix(self.settings.s3.results_bucket, tenant, batch_id) + MANIFEST_NAME
+        folder = output_prefix(self.settings.s3.results_bucket, tenant, batch_id)
+        found = await asyncio.to_thread(
+            storage.latest_manifest, self.s3, self.settings.s3, folder, MANIFEST_NAME
+        )
+        if found is None:
+            raise ResultsNotFound(f"no results for batch {batch_id!r} yet (no manifest under {folder})")
+        uri = found
         try:
             raw = await asyncio.to_thread(storage.get_bytes, self.s3, self.settings.s3, uri)
         except StorageError as exc:

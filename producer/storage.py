@@ -155,6 +155,21 @@ def get_bytes(client: Any, s3: S3Settings, uri: str) -> bytes:
         raise _describe(exc, f"reading {uri}", s3.endpoint) from exc
 
 
+def latest_manifest(client: Any, s3: S3Settings, batch_prefix: str, name: str) -> str | None:
+    """The newest ``<batch_prefix>[<lifecycle>/]<name>`` (a batch id used again is a new lifecycle
+    with a folder of its own), or ``None`` when there is none."""
+    bucket, key = split_uri(batch_prefix)
+    found: list[tuple[Any, str]] = []
+    try:
+        for obj in client.list_objects(bucket, prefix=key, recursive=True):
+            rest = str(obj.object_name)[len(key) :]
+            if rest == name or (rest.endswith("/" + name) and rest.count("/") == 1):
+                found.append((obj.last_modified, str(obj.object_name)))
+    except Exception as exc:
+        raise _describe(exc, f"listing {batch_prefix}", s3.endpoint) from exc
+    return f"s3://{bucket}/{max(found)[1]}" if found else None
+
+
 def iter_lines(client: Any, s3: S3Settings, uri: str, chunk: int = 1 << 16) -> Iterator[bytes]:
     """Stream the non-blank lines of an object without loading it whole."""
     bucket, key = split_uri(uri)

@@ -259,7 +259,9 @@ class Attempt:
             total=self.total,
             shards=shards,
             usage=usage,
-            attempts=manifest.history(self.spec.batch_id, self.previous, self.prior, record),
+            attempts=manifest.history(
+                self.spec.batch_id, self.previous, self.prior, record, self.spec.lifecycle
+            ),
             started_at=self.started_at,
             finished_at=finished,
             engine_start_s=round(self.engine_start_s, 3) if self.engine_start_s is not None else None,

@@ -42,7 +42,11 @@ def read_previous(fs: pafs.FileSystem, path: str) -> Manifest | None:
 
 
 def history(
-    batch_id: str, previous: Manifest | None, prior: Prior, current: AttemptRecord
+    batch_id: str,
+    previous: Manifest | None,
+    prior: Prior,
+    current: AttemptRecord,
+    lifecycle: str | None = None,
 ) -> list[AttemptRecord]:
     """Attempt records: the previous manifest's, attempts known only from their shards, this one."""
     records = {r.attempt: r for r in (previous.attempts if previous else []) if r.attempt != current.attempt}
@@ -50,7 +54,7 @@ def history(
         if attempt not in records and attempt != current.attempt:
             records[attempt] = AttemptRecord(
                 attempt=attempt,
-                submission_id=submission_id(batch_id, attempt),
+                submission_id=submission_id(batch_id, attempt, lifecycle),
                 status=BatchStatus.FAILED,
                 completed=completed,
                 failed=failed,

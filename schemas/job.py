@@ -1,7 +1,7 @@
 """Dispatcher <-> Ray job contract: :class:`JobSpec` in, :class:`Manifest` out.
 
 The dispatcher hands a :class:`JobSpec` to the job (as JSON); the job writes results under
-``output_prefix`` (``s3://<results bucket>/<tenant>/<batch_id>/``) and, last, a :class:`Manifest`
+``output_prefix`` (``s3://<results bucket>/<tenant>/<batch_id>/<lifecycle>/``) and, last, a :class:`Manifest`
 at ``<output_prefix>manifest.json``. Only shards listed in the manifest are final: a crashed
 attempt may leave stray files, which readers must ignore.
 """
@@ -22,14 +22,24 @@ MANIFEST_NAME = "manifest.json"
 SHARD_KINDS = ("output", "error")
 
 
-def submission_id(batch_id: str, attempt: int) -> str:
-    """The Ray submission id of an attempt: ``<batch_id>-a<attempt>``."""
-    return f"{batch_id}-a{attempt}"
+LIFECYCLE_PATTERN = r"^[a-z0-9]{1,32}$"
+"""A batch lifecycle's id (see :func:`output_prefix`)."""
 
 
-def output_prefix(bucket: str, tenant: str, batch_id: str) -> str:
-    """``s3://<bucket>/<tenant>/<batch_id>/``: where a batch's results and manifest live."""
-    return f"s3://{bucket}/{tenant}/{batch_id}/"
+def submission_id(batch_id: str, attempt: int, lifecycle: str | None = None) -> str:
+    """The Ray submission id of an attempt: ``<batch_id>-<lifecycle>-a<attempt>``
+    (``<batch_id>-a<attempt>`` for a batch accepted before lifecycles existed)."""
+    return f"{batch_id}-{lifecycle}-a{attempt}" if lifecycle else f"{batch_id}-a{attempt}"
+
+
+def output_prefix(bucket: str, tenant: str, batch_id: str, lifecycle: str | None = None) -> str:
+    """``s3://<bucket>/<tenant>/<batch_id>/<lifecycle>/``: where one lifecycle of a batch keeps its
+    results and manifest. A batch id accepted again after its record expired is a new lifecycle,
+    so it never reads (or overwrites) the shards of the earlier one. Without ``lifecycle``:
+    ``s3://<bucket>/<tenant>/<batch_id>/`` (the batch's folder, and the layout of batches accepted
+    before lifecycles existed)."""
+    base = f"s3://{bucket}/{tenant}/{batch_id}/"
+    return f"{base}{lifecycle}/" if lifecycle else base
 
 
 def shard_name(kind: Literal["output", "error"], index: int, attempt: int | None = None) -> str:
@@ -99,6 +109,11 @@ class JobSpec(BaseModel):
     input_uri: S3Uri | None = None
     requests: Annotated[list[BatchInputLine], Field(min_length=1)] | None = None
     output_prefix: S3Prefix
+    lifecycle: str | None = Field(
+        default=None,
+        pattern=LIFECYCLE_PATTERN,
+        description="Which lifecycle of the batch id this is (in the output prefix and submission id).",
+    )
     engine: EngineConfig = Field(default_factory=EngineConfig)
     engine_app: str | None = Field(
         default=None,
@@ -134,16 +149,17 @@ class JobSpec(BaseModel):
     def _consistent(self) -> JobSpec:
         if (self.input_uri is None) == (self.requests is None):
             raise ValueError("set exactly one of input_uri or requests")
-        if not self.output_prefix.endswith(f"/{self.batch_id}/"):
+        tail = f"/{self.batch_id}/{self.lifecycle}/" if self.lifecycle else f"/{self.batch_id}/"
+        if not self.output_prefix.endswith(tail):
             raise ValueError(
-                f"output_prefix must end with '/{self.batch_id}/' (s3://bucket/<tenant>/<batch_id>/)"
+                f"output_prefix must end with '{tail}' (s3://bucket/<tenant>/<batch_id>/[<lifecycle>/])"
             )
         return self
 
     @property
     def submission_id(self) -> str:
-        """``<batch_id>-a<attempt>``."""
-        return submission_id(self.batch_id, self.attempt)
+        """``<batch_id>-<lifecycle>-a<attempt>`` (see :func:`submission_id`)."""
+        return submission_id(self.batch_id, self.attempt, self.lifecycle)
 
     @property
     def engine_group(self) -> str:

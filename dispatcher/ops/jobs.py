@@ -154,7 +154,11 @@ def summary_of(record: BatchRecord, progress: Mapping[str, str] | None = None) -
 def attempts_of(record: BatchRecord) -> list[AttemptInfo]:
     """Every attempt this batch made, oldest first (numbers keep counting across replays)."""
     return [
-        AttemptInfo(attempt=n, submission_id=submission_id(record.batch_id, n), current=n == record.attempt)
+        AttemptInfo(
+            attempt=n,
+            submission_id=submission_id(record.batch_id, n, record.get("lifecycle") or None),
+            current=n == record.attempt,
+        )
         for n in range(1, record.attempt + 1)
     ]
 

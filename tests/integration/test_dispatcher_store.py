@@ -47,10 +47,14 @@ def item(
     priority_score: float = 1.0,
     replay: str | None = None,
     initial: State = State.QUEUED,
+    lifecycle: str | None = None,
 ) -> IntakeItem:
+    fields = {"model": "m", "attempt": "0", "request": "{}", "source": "src", "event_id": event}
+    if lifecycle is not None:
+        fields["lifecycle"] = lifecycle
     return IntakeItem(
         batch_id=batch_id,
-        fields={"model": "m", "attempt": "0", "request": "{}", "source": "src", "event_id": event},
+        fields=fields,
         marker=("src", event if replay is None else f"{event}#replay:{replay}"),
         initial=initial,
         ready_score=priority_score,
@@ -230,6 +234,22 @@ async def test_failed_batch_reopens_only_by_replay_and_keeps_counting_attempts(s
     assert same_replay.outcome == "duplicate"  # a redelivered replay does not reopen twice
     completed_replay = await store.intake(item("b1", "e1", replay="r2"))
     assert completed_replay.outcome == "reopened" and completed_replay.generation == 2
+
+
+async def test_a_replay_keeps_its_lifecycle_a_dead_lettered_batch_takes_a_new_one(store: StateStore) -> None:
+    await store.intake(item("b1", "e1", lifecycle="aaa"))
+    await store.transition("b1", State.SUBMITTED, fields={"attempt": 2})
+    await store.transition("b1", State.FAILED, fields={"terminal_event_id": "f"})
+    replayed = await store.intake(item("b1", "e1", replay="r1", lifecycle="bbb"))
+    assert replayed.outcome == "reopened"
+    rec = await store.get("b1")  # the same results prefix and submission ids: attempt 3 may resume
+    assert rec is not None and rec.get("lifecycle") == "aaa" and rec.attempt == 2
+
+    await store.intake(item("b2", "bad", initial=State.DEAD_LETTERED))  # rejected: no lifecycle
+    fixed = await store.intake(item("b2", "good", lifecycle="ccc"))
+    assert fixed.outcome == "reopened"
+    rec = await store.get("b2")
+    assert rec is not None and rec.get("lifecycle") == "ccc"
 
 
 async def test_completed_batch_is_never_reopened(store: StateStore) -> None:

@@ -18,6 +18,7 @@ from pydantic import SecretStr
 from dispatcher import states
 from dispatcher.backend import JobInfo, JobState, SubmitResult
 from dispatcher.intake import intake_fields
+from dispatcher.jobspec import results_prefix
 from dispatcher.keys import Keys
 from dispatcher.metrics import Metrics
 from dispatcher.scheduler import ready_score
@@ -53,6 +54,9 @@ class Jobs:
 
     async def stop(self, submission_id: str) -> bool:
         return True
+
+    async def delete(self, submission_id: str) -> bool:
+        return False
 
     async def close(self) -> None:
         return None
@@ -91,11 +95,12 @@ async def drop(store: StateStore) -> None:
 
 
 async def queue(store: StateStore, batch_id: str, lines: int, *, model: str = "a", priority: int = 0,
-                age: float = 0.0) -> None:
+                age: float = 0.0, offset: int = 0) -> None:
     lines_of = inline_lines(lines, model=model)
     request = batch_request(batch_id, model=model, priority=priority, requests=lines_of)
     key, value, headers = request_message(request)
-    fields = intake_fields(request, origin(key, value, headers), "test", batch_id, None, NOW - age)
+    record = origin(key, value, headers, offset=offset)
+    fields = intake_fields(request, record, "test", batch_id, None, NOW - age)
     await store.intake_many([IntakeItem(batch_id, fields, ("test", batch_id),
                                         ready_score=ready_score(priority, NOW - age))])
 
@@ -200,4 +205,73 @@ async def test_a_python_that_exits_2_is_retried_not_taken_for_an_invalid_spec(
         assert "exit code 2" in (record.get("last_error_message") or ""), record.fields
     finally:
         await drop(store)
+        await backend.close()
+
+
+async def test_a_batch_id_used_again_after_its_record_is_gone_is_a_new_lifecycle(
+    redis_settings: RedisSettings, ray_settings: RaySettings, tmp_path: Path
+) -> None:
+    """Batch X ran; its record expired (here: a second Redis namespace that never knew X). X sent again
+    is a new lifecycle: another Ray submission id and results prefix, so Ray's "already exists" cannot
+    hand it the old job's outcome and it never reads the old shards. The finished job of the first
+    lifecycle is deleted from the head once its terminal event is out (a running one cannot be)."""
+    from dispatcher.ray_backend import RayJobsBackend
+
+    python = tmp_path / "slow-python"
+    python.write_text("#!/bin/sh\nexec sleep 8\n")
+    python.chmod(0o755)
+
+    def settings_for(prefix: str) -> DispatcherSettings:
+        return DispatcherSettings(
+            _env_file=None,  # type: ignore[call-arg]
+            redis=RedisSettings(url=redis_settings.url, password=SecretStr(""), key_prefix=prefix),
+            ray=ray_settings,
+            job=JobOptions(python=str(python), ship_modules=False, pass_s3_credentials=False),
+            engines=EngineRegistry(models={"a": ENTRY}),
+        )
+
+    def setup(settings: DispatcherSettings) -> tuple[StateStore, Tracker]:
+        keys = Keys(settings.redis.key_prefix)
+        store = StateStore.from_url(redis_settings.url, keys=keys, finished_ttl_s=3600, dedupe_ttl_s=3600)
+        tracker = Tracker(settings, store, backend, results=Any, producer=Any, metrics=Metrics())  # type: ignore[arg-type]
+        return store, tracker
+
+    settings1 = settings_for(f"t{uuid.uuid4().hex[:8]}")
+    settings2 = settings_for(f"t{uuid.uuid4().hex[:8]}")
+    backend = RayJobsBackend(settings1)
+    batch_id = f"again-{uuid.uuid4().hex[:8]}"
+    store1, tracker1 = setup(settings1)
+    store2, tracker2 = setup(settings2)
+    try:
+        await queue(store1, batch_id, 2, offset=10)
+        await tracker1.launch()
+        first = await store1.get(batch_id)
+        assert first is not None and first.state in states.IN_FLIGHT, first
+        sid1 = first.submission_id or ""
+        assert sid1.startswith(batch_id + "-") and sid1.endswith("-a1")
+        assert not await backend.delete(sid1)  # still running: Ray keeps it
+
+        await queue(store2, batch_id, 2, offset=99)  # the same id, sent again: another record
+        await tracker2.launch()
+        second = await store2.get(batch_id)
+        assert second is not None and second.state in states.IN_FLIGHT, second
+        sid2 = second.submission_id or ""
+        assert sid2.startswith(batch_id + "-") and sid2 != sid1
+        prefix1 = results_prefix(settings1, first)
+        prefix2 = results_prefix(settings2, second)
+        assert prefix1 != prefix2
+        assert prefix1.startswith(f"s3://{settings1.s3.results_bucket}/default/{batch_id}/")
+        assert (await backend.status(sid2)).state is not JobState.NOT_FOUND
+
+        async def finished(sid: str) -> bool:
+            return (await backend.status(sid)).state.is_terminal
+
+        await wait_for(lambda: finished(sid1), 120, interval=1, what="the first lifecycle's job to end")
+        await tracker1.forget_jobs(first)  # what the publisher does after the terminal event
+        assert (await backend.status(sid1)).state is JobState.NOT_FOUND
+        await wait_for(lambda: finished(sid2), 120, interval=1, what="the second lifecycle's job to end")
+        assert await backend.delete(sid2) and not await backend.delete(sid2)
+    finally:
+        await drop(store1)
+        await drop(store2)
         await backend.close()

@@ -31,6 +31,7 @@ from producer.topics import ensure_topics
 from schemas.batch import CancelRequest
 from schemas.cloudevents import decode
 from schemas.events import EventType
+from schemas.job import submission_id
 from tests.support.dispatcher_kit import (
     TopicReader,
     batch_request,
@@ -68,12 +69,18 @@ class World:
     async def running(self, batch_id: str) -> None:
         await self.queued(batch_id)
         await self.store.transition_or_raise(batch_id, State.SUBMITTED, fields={
-            "attempt": "1", "submission_id": f"{batch_id}-a1", "submitted_at": repr(time.time()),
+            "attempt": "1", "submission_id": await self.sid(batch_id, 1), "submitted_at": repr(time.time()),
             "confirmed": "1"})
         await self.store.transition_or_raise(batch_id, State.RUNNING, fields={
             "running_at": repr(time.time()), "started_at": repr(time.time())})
         await self.store.client.hset(self.store.keys.progress(batch_id),
                                      mapping={"completed": "2", "failed": "0", "total": "3"})
+
+    async def sid(self, batch_id: str, attempt: int) -> str:
+        """The Ray submission id of an attempt of the batch's lifecycle."""
+        record = await self.store.get(batch_id)
+        assert record is not None and record.get("lifecycle")
+        return submission_id(batch_id, attempt, record.get("lifecycle"))
 
     async def completed(self, batch_id: str) -> None:
         await self.running(batch_id)
@@ -150,7 +157,8 @@ async def test_get_shows_timeline_attempts_counts_results(world: World) -> None:
     await world.completed(batch_id)
     job = as_json(await cli(world, "jobs", "get", batch_id, "--json"))
     assert job["state"] == "completed" and job["attempt"] == 1
-    assert [a["submission_id"] for a in job["attempts"]] == [f"{batch_id}-a1"]
+    sid = await world.sid(batch_id, 1)
+    assert [a["submission_id"] for a in job["attempts"]] == [sid] and sid.startswith(f"{batch_id}-")
     assert job["counts"] == {"total": 3, "completed": 3, "failed": 0}
     assert job["usage"] == {"prompt_tokens": 30, "completion_tokens": 24}
     assert job["output_uris"] and job["output_uris"][0].endswith("output-a1-00000.jsonl")
@@ -159,7 +167,7 @@ async def test_get_shows_timeline_attempts_counts_results(world: World) -> None:
     assert steps == ["queued", "submitted", "running", "finalizing", "completed"]
     assert job["terminal_event_id"] and job["terminal_event_published"] is False
     human = await cli(world, "jobs", "get", batch_id)
-    assert human.exit_code == 0 and f"{batch_id}-a1" in human.stdout and "timeline" in human.stdout
+    assert human.exit_code == 0 and sid in human.stdout and "timeline" in human.stdout
     assert "no batch" in one_line_error(await cli(world, "jobs", "get", "never-seen"))
 
 

@@ -67,6 +67,15 @@ def test_job_spec_from_record() -> None:
     assert build_job_spec(record(), 2, s, Keys("p")) == spec
 
 
+def test_a_lifecycle_gets_its_own_results_prefix_and_submission_ids() -> None:
+    s = settings(registry(path="/models/smol"))
+    spec = build_job_spec(record(lifecycle="0a1b2c3d4e"), 2, s, Keys("p"))
+    assert spec.submission_id == "b-1-0a1b2c3d4e-a2" and spec.lifecycle == "0a1b2c3d4e"
+    assert spec.output_prefix == "s3://llmbatch-results/acme/b-1/0a1b2c3d4e/"
+    other = build_job_spec(record(lifecycle="ffff000011"), 2, s, Keys("p"))
+    assert other.submission_id != spec.submission_id and other.output_prefix != spec.output_prefix
+
+
 def test_job_spec_takes_path_and_engine_from_the_models_registry_entry() -> None:
     small = EngineConfig(backend="vllm", enforce_eager=True, dtype="bfloat16", batch_size=4)
     engines = EngineRegistry(

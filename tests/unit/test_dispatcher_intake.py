@@ -21,7 +21,7 @@ from dispatcher.events import (
     terminal_event_id,
     terminal_fields,
 )
-from dispatcher.intake import Accept, Cancel, IntakeRules, Reject, classify
+from dispatcher.intake import Accept, Cancel, IntakeRules, Reject, classify, lifecycle_of
 from dispatcher.states import State
 from dispatcher.store import BatchRecord
 from schemas import dlt as dlt_headers
@@ -363,3 +363,20 @@ def test_safe_counts_never_violates_the_total() -> None:
     counts = safe_counts({"total": 2, "completed": 3, "failed": 1})
     assert (counts.total, counts.completed, counts.failed) == (4, 3, 1)
     assert safe_counts({}, 5).total == 5
+
+
+def test_a_lifecycle_is_fixed_by_the_record_that_starts_it() -> None:
+    request = batch_request("b-life")
+    key, value, headers = request_message(request, event_id="e-1")
+
+    def lifecycle(offset: int, event_id: str = "e-1") -> str:
+        k, v, h = request_message(request, event_id=event_id)
+        command = classify(origin(k, v, h, offset=offset), RULES, NOW)
+        assert isinstance(command, Accept)
+        return command.item.fields["lifecycle"]
+
+    first = lifecycle(5)
+    assert first == lifecycle(5) and len(first) == 10  # a redelivery names the same lifecycle
+    assert lifecycle(6) != first  # the same batch id in another record: another lifecycle
+    assert lifecycle(5, "e-2") != first
+    assert lifecycle_of(origin(key, value, headers, offset=5), "urn:test:upstream", "e-1") == first

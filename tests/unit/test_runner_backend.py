@@ -148,7 +148,8 @@ def test_client_speaks_the_runner_api(server: _Server) -> None:
     done = orjson.dumps({"status": "SUCCEEDED", "driver_exit_code": 0})
     server.answers[("GET", RUNS + "/b-1-a1")] = (200, done)
     server.answers[("POST", RUNS + "/b-1-a1/stop")] = (200, b'{"stopped": false}')
-    assert asyncio.run(client.submit(spec)) == SubmitResult("b-1-a1", already_existed=False)
+    expected = SubmitResult("b-1-a1", already_existed=False, via="batch_runner")
+    assert asyncio.run(client.submit(spec)) == expected
     assert JobSpec.model_validate_json(server.seen[0][2]) == spec  # the whole spec travels
     info = asyncio.run(client.status("b-1-a1"))
     assert info is not None and info.state is JobState.SUCCEEDED and info.exit_code == 0
@@ -195,6 +196,9 @@ class _Jobs:
     async def stop(self, submission_id: str) -> bool:
         return submission_id in self.known
 
+    async def delete(self, submission_id: str) -> bool:
+        return self.known.pop(submission_id, None) is not None
+
     async def ping(self) -> bool:
         return True
 
@@ -214,10 +218,10 @@ def test_small_batches_go_to_the_runner_the_rest_to_ray_jobs(server: _Server) ->
     jobs = _Jobs()
     server.answers[("POST", RUNS)] = (202, b'{"already_existed": false}')
     backend = _routed(server.address, jobs, {"s3://inputs/k.jsonl": 100})
-    asyncio.run(backend.submit(_spec(lines=4)))
+    assert asyncio.run(backend.submit(_spec(lines=4))).via == "batch_runner"
     asyncio.run(backend.submit(_spec(attempt=2)))  # a 100-byte file
     assert [s[0:2] for s in server.seen] == [("POST", RUNS), ("POST", RUNS)] and jobs.submitted == []
-    asyncio.run(backend.submit(_spec(lines=5, attempt=3)))
+    assert asyncio.run(backend.submit(_spec(lines=5, attempt=3))).via == "ray_job"
     asyncio.run(_routed(server.address, jobs, {"s3://inputs/k.jsonl": 101}).submit(_spec(attempt=4)))
     asyncio.run(backend.submit(_spec(lines=1, app=None, attempt=5)))
     assert jobs.submitted == ["b-1-a3", "b-1-a4", "b-1-a5"] and len(server.seen) == 2
@@ -232,6 +236,9 @@ def test_status_asks_the_runner_then_the_jobs_api(server: _Server) -> None:
     assert asyncio.run(backend.status("b-1-a1")).state is JobState.SUCCEEDED
     assert asyncio.run(backend.status("b-1-a2")).state is JobState.RUNNING
     assert asyncio.run(backend.stop("b-1-a2")) is True  # the Jobs API stopped it
+    # a finished Ray job is deleted through the Jobs API (runs of the runner forget themselves)
+    assert asyncio.run(backend.delete("b-1-a2")) is True and "b-1-a2" not in jobs.known
+    assert asyncio.run(backend.delete("b-1-a2")) is False
 
 
 def test_a_silent_runner_never_makes_a_run_look_lost() -> None:

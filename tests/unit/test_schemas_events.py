@@ -155,10 +155,15 @@ def test_job_spec_rules_and_helpers() -> None:
     assert spec.manifest_uri == "s3://results/default/b-1/manifest.json"
     assert spec.engine == EngineConfig()
     assert output_prefix("results", "default", "b-1") == spec.output_prefix
+    later = parse_job_spec(_json(job(lifecycle="abc", output_prefix="s3://results/default/b-1/abc/")))
+    assert later.submission_id == "b-1-abc-a1" == submission_id("b-1", 1, "abc")
+    assert later.output_prefix == output_prefix("results", "default", "b-1", "abc")
     for bad in (
         job(attempt=0),
         job(output_prefix="s3://results/default/other/"),
         job(output_prefix="s3://results/default/b-1"),
+        job(lifecycle="abc"),  # a lifecycle's prefix ends with it
+        job(lifecycle="Not-Valid", output_prefix="s3://results/default/b-1/Not-Valid/"),
         job(
             requests=[{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "p"}}]
         ),
