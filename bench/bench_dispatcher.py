@@ -1,7 +1,7 @@
 """Benchmark: the dispatcher's intake throughput, accept latency, memory, and event -> RUNNING overhead.
 
     eval "$(.venv/bin/llmbatch stack env)"      # Kafka, Redis, MinIO, Ray of `llmbatch stack up`
-    .venv/bin/python bench/bench_dispatcher.py [--events 10000] [--singles 5] [--json]
+    .venv/bin/python bench/bench_dispatcher.py [--events 10000] [--singles 5] [--json] [--compare-fsync]
 
 Phase 1 (intake): ``--events`` small ``batch.requested`` events (one inline request each) are
 pre-loaded on a fresh requests topic; then ``python -m dispatcher`` starts with job launches limited
@@ -235,16 +235,45 @@ async def phase_overhead(
     }
 
 
+async def compare_fsync(base: LLMBatchSettings, n: int, run_dir: Path) -> dict[str, Any]:
+    """The intake phase under each Redis ``appendfsync`` policy, one after the other."""
+    import redis.asyncio as aioredis
+
+    password = base.redis.password.get_secret_value() if base.redis.password else None
+    client = aioredis.Redis.from_url(base.redis.url, password=password)
+    original = (await client.config_get("appendfsync"))["appendfsync"]
+    out: dict[str, Any] = {}
+    try:
+        for policy in ("everysec", "always"):
+            await client.config_set("appendfsync", policy)
+            out[policy] = await phase_intake(base, n, run_dir)
+    finally:
+        await client.config_set("appendfsync", original)
+        await client.aclose()
+    out["ratio"] = round(out["always"]["events_per_s"] / max(out["everysec"]["events_per_s"], 1e-9), 2)
+    return out
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--singles", type=int, default=5)
     parser.add_argument("--skip-overhead", action="store_true")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--compare-fsync", action="store_true",
+        help="run the intake phase with Redis appendfsync everysec, then always (CONFIG SET on the "
+        "stack's Redis, restored after) and print both and their ratio",
+    )
     args = parser.parse_args()
     base = LLMBatchSettings()
     run_dir = Path(tempfile.mkdtemp(prefix="bench-dispatcher-"))
-    out: dict[str, Any] = {"intake": await phase_intake(base, args.events, run_dir)}
+    out: dict[str, Any] = {}
+    if args.compare_fsync:
+        out["fsync"] = await compare_fsync(base, args.events, run_dir)
+        out["intake"] = out["fsync"]["always"]
+    else:
+        out["intake"] = await phase_intake(base, args.events, run_dir)
     if not args.skip_overhead:
         out["overhead"] = await phase_overhead(base, base.ray, args.singles, run_dir)
     out["cpus"] = psutil.cpu_count()
@@ -252,6 +281,13 @@ async def main() -> None:
     if args.json:
         print(json.dumps(out, indent=2))
         return
+    if "fsync" in out:
+        f = out["fsync"]
+        print(
+            f"appendfsync everysec: {f['everysec']['events_per_s']} events/s, p99 "
+            f"{f['everysec']['accept_latency_p99_ms']} ms; always: {f['always']['events_per_s']} events/s, "
+            f"p99 {f['always']['accept_latency_p99_ms']} ms; always/everysec throughput {f['ratio']}"
+        )
     intake = out["intake"]
     print(
         f"intake: {intake['accepted']}/{intake['events']} events accepted at "

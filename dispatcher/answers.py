@@ -21,7 +21,7 @@ from dispatcher.store import IntakeResult
 from schemas.cloudevents import Envelope
 from schemas.dlt import DltReason
 from schemas.errors import Reason
-from schemas.events import DeadLetterRef
+from schemas.events import RecordRef
 from schemas.openai import ErrorObject
 
 
@@ -40,7 +40,7 @@ def rejection_answer(
         request_id=reject.request_id,
         request_source=reject.request_source,
         batch_status=behind or State.DEAD_LETTERED,
-        dead_letter=DeadLetterRef(
+        dead_letter=RecordRef(
             topic=reject.dead_letter.topic, partition=written.partition, offset=written.offset
         ),
     )
@@ -72,7 +72,7 @@ def failure_answer(
     command: Accept | Reject,
     batch_id: str,
     failed: GaveUp,
-    written: DeadLetterRef | None,
+    written: RecordRef | None,
     *,
     source: str,
     now: float,

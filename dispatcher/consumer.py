@@ -38,7 +38,7 @@ from dispatcher.cancel import apply_cancel
 from dispatcher.dlt import OriginalRecord
 from dispatcher.errors import BrokerUnavailable, DispatcherError, classify
 from dispatcher.events import build_accepted
-from dispatcher.intake import Accept, Cancel, Command, IntakeRules, Reject
+from dispatcher.intake import Accept, Cancel, Command, IntakeRules, Reject, intake_rules
 from dispatcher.intake import classify as classify_record
 from dispatcher.metrics import Metrics
 from dispatcher.publisher import EventProducer, SendFuture, gather_sends
@@ -85,15 +85,7 @@ class RequestConsumer:
         self.metrics = metrics
         self.crash = crash
         self.clock = clock
-        topics = settings.kafka.topics
-        self.rules = IntakeRules(
-            requests_topic=topics.requests,
-            dlt_topic=topics.dead_letter,
-            group_id=self.opts.group_id,
-            served_models=settings.served_models,
-            inline_limits=self.opts.inline_limits,
-            readable_buckets=frozenset(settings.s3.readable_buckets()),
-        )
+        self.rules: IntakeRules = intake_rules(settings)
         self.backoff: Backoff = self.opts.io_backoff
         self.backpressure = Backpressure(self.opts.max_queued, self.opts.resume_ratio)
         self._consumer: AIOKafkaConsumer | None = None

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
+from dispatcher.dlt import OriginalRecord
 from dispatcher.states import State, terminal_event_state
 from dispatcher.store import BatchRecord
 from schemas.cloudevents import Envelope, stable_event_id
@@ -28,8 +29,8 @@ from schemas.events import (
     BatchFailed,
     BatchProgress,
     BatchRejected,
-    DeadLetterRef,
     EventType,
+    RecordRef,
 )
 from schemas.openai import ErrorObject, RequestCounts, Usage
 
@@ -152,6 +153,7 @@ def build_accepted(record: BatchRecord, *, source: str) -> Envelope[Any]:
         priority=int(record.get("priority", "5") or 5),
         input_uri=record.get("input_uri"),
         total_requests=int(total) if total is not None else None,
+        request=_request_ref(record.get("origin")),
         accepted_at=accepted,
         expires_at=datetime.fromtimestamp(deadline, UTC),
         metadata=_metadata(record),
@@ -168,6 +170,17 @@ def build_accepted(record: BatchRecord, *, source: str) -> Envelope[Any]:
     )
 
 
+def _request_ref(origin_json: str | None) -> RecordRef | None:
+    """Where the accepted request is on the requests topic (from the stored ``origin``)."""
+    if not origin_json:
+        return None
+    try:
+        origin = OriginalRecord.from_json(origin_json)
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
+    return RecordRef.model_construct(topic=origin.topic, partition=origin.partition, offset=origin.offset)
+
+
 def build_rejected(
     batch_id: str,
     error: ErrorObject,
@@ -178,7 +191,7 @@ def build_rejected(
     request_id: str | None = None,
     request_source: str | None = None,
     batch_status: State | None = None,
-    dead_letter: DeadLetterRef | None = None,
+    dead_letter: RecordRef | None = None,
     traceparent: str | None = None,
 ) -> Envelope[Any]:
     """The ``rejected`` answer to one request. ``answer_of`` names the rejected request (its Kafka

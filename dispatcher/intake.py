@@ -26,7 +26,7 @@ from dispatcher.dlt import (
     reason_for_schema_error,
 )
 from dispatcher.scheduler import ready_score
-from dispatcher.settings import ENGINES_ENV
+from dispatcher.settings import ENGINES_ENV, DispatcherSettings
 from dispatcher.states import State
 from dispatcher.store import IntakeItem
 from schemas.batch import BatchRequest, CancelRequest, InlineLimits, check_deadline, check_inline_limits
@@ -51,6 +51,20 @@ class IntakeRules:
     """The models requests may name (the registry's keys); any other is ``model_not_found``."""
     inline_limits: InlineLimits = field(default_factory=InlineLimits)
     readable_buckets: frozenset[str] = frozenset()
+
+
+def intake_rules(settings: DispatcherSettings) -> IntakeRules:
+    """The rules the dispatcher's settings imply (the consumer's, and the reconcile pass's)."""
+    topics = settings.kafka.topics
+    opts = settings.dispatcher
+    return IntakeRules(
+        requests_topic=topics.requests,
+        dlt_topic=topics.dead_letter,
+        group_id=opts.group_id,
+        served_models=settings.served_models,
+        inline_limits=opts.inline_limits,
+        readable_buckets=frozenset(settings.s3.readable_buckets()),
+    )
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,13 @@ class Metrics:
         )
         for stage in ("intake", "terminal"):  # both series from the start: alerts see 0, not absent
             self.dead_letters_failed.labels(stage=stage)
+        self.reconciled = Counter(
+            "llmbatch_dispatcher_reconciled_total",
+            "Accepted batches whose state Redis had lost, found by the reconcile pass; outcome: restored "
+            "(taken in again from the requests topic), request_gone, request_invalid.",
+            ["outcome"],
+            registry=r,
+        )
         self.failed_records = Counter(
             "llmbatch_dispatcher_failed_records_total",
             "Records of the requests topic whose processing failed on every allowed attempt; the "

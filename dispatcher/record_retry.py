@@ -24,7 +24,7 @@ from dispatcher.errors import DispatcherError
 from dispatcher.metrics import Metrics
 from dispatcher.retry import Backoff
 from schemas.dlt import DltReason
-from schemas.events import DeadLetterRef
+from schemas.events import RecordRef
 
 if TYPE_CHECKING:
     from dispatcher.publisher import EventProducer
@@ -159,19 +159,19 @@ class RecordRetry:
         dlt_topic: str,
         group_id: str,
         max_attempts: int,
-    ) -> DeadLetterRef | None:
+    ) -> RecordRef | None:
         """Dead-letter a record whose processing failed on every allowed attempt, so its offset can
         move past it; count it and say so in one error line. If even the dead letter fails for good
         (after its reduced form), the record is skipped without one: the line names its coordinates.
         Returns where the dead letter was written (``None``: nowhere)."""
         letter = failure_letter(origin, failed, dlt_topic=dlt_topic, group_id=group_id)
         lost: GaveUp | None = None
-        written: DeadLetterRef | None = None
+        written: RecordRef | None = None
         try:
             meta = await self.run(
                 "dead letter", lambda: producer.dead_letter(letter), epoch, max_attempts=max_attempts
             )
-            written = DeadLetterRef(topic=letter.topic, partition=meta.partition, offset=meta.offset)
+            written = RecordRef(topic=letter.topic, partition=meta.partition, offset=meta.offset)
         except GaveUp as exc:
             lost = exc
             self.metrics.dead_letters_failed.labels(stage="intake").inc()

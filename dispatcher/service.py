@@ -24,6 +24,7 @@ from dispatcher.http import HealthServer
 from dispatcher.keys import Keys
 from dispatcher.metrics import Metrics
 from dispatcher.publisher import EventProducer
+from dispatcher.reconcile import Reconciler
 from dispatcher.results import ResultStore
 from dispatcher.settings import DispatcherSettings
 from dispatcher.store import StateStore
@@ -97,6 +98,7 @@ class Dispatcher:
             settings, self.store, self.backend, self.results, self.producer, self.metrics, crash=self.crash
         )
         self.consumer.on_accepted = self.tracker.wake
+        self.reconciler = Reconciler(settings, self.store, self.consumer.rules, self.metrics)
         self.health: HealthServer | None = None
         if opts.metrics_port is not None:
             self.health = HealthServer(
@@ -165,6 +167,7 @@ class Dispatcher:
         await self._until_ok("kafka producer", self.producer.start)
         await self._until_ok("kafka topics", self._ensure_topics)
         await self._until_ok("kafka consumer", self.consumer.start)
+        await self._check_durability()
         if opts.shared_engines and opts.deploy_engines:
             await self._until_ok("engine deployment", self._deploy_engines)
         self._tasks = [
@@ -173,6 +176,8 @@ class Dispatcher:
         ]
         if self.runner is not None:
             self._tasks.append(asyncio.create_task(self._watch_engines(self.runner), name="engine-metrics"))
+        if opts.reconcile_interval_s > 0:
+            self._tasks.append(asyncio.create_task(self._reconcile(), name="reconcile"))
         self._started = True
         log.info("dispatcher started")
 
@@ -193,6 +198,36 @@ class Dispatcher:
             }
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), ENGINE_POLL_S)
+
+    async def _check_durability(self) -> None:
+        """Say once when Redis may lose acknowledged intakes in a crash (see dispatcher.reconcile)."""
+        with contextlib.suppress(DispatcherError):
+            policy = await self.store.fsync_policy()
+            if policy is not None and policy != "always":
+                log.warning(
+                    "Redis runs with appendfsync %s: a crash of its host may lose the last second of "
+                    "accepted batches (the reconcile pass takes them in again from the requests topic); "
+                    "run Redis with --appendfsync always for durable intake", policy)
+
+    async def _reconcile(self) -> None:
+        """Run the reconcile pass on the tracker leader: when it becomes leader, then every
+        ``reconcile_interval_s``. A pass that fails (Kafka or Redis down) is tried again at the next."""
+        interval = self.settings.dispatcher.reconcile_interval_s
+        next_at = 0.0
+        was_leader = False
+        while not self._stop.is_set():
+            leader = self.tracker.is_leader
+            if leader and (not was_leader or time.monotonic() >= next_at):
+                next_at = time.monotonic() + interval
+                try:
+                    await self.reconciler.run_once()
+                except DispatcherError as exc:
+                    log.warning("reconcile pass failed; the next one tries again", extra={"error": str(exc)})
+                except Exception:  # a bug here must not stop the service (its task ending fails /livez)
+                    log.exception("reconcile pass failed unexpectedly; the next one tries again")
+            was_leader = leader
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), 5.0)
 
     async def _deploy_engines(self) -> None:
         """Apply the registry to the cluster's Serve config (idempotent: unchanged apps keep running)."""

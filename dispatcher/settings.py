@@ -104,6 +104,15 @@ class DispatcherOptions(BaseModel):
         description="/livez fails when the consumer or the tracker loop has not moved for this long (a "
         "hang; retrying through an outage counts as moving, so an outage does not restart the pod).",
     )
+    reconcile_interval_s: float = Field(
+        default=600.0, ge=0, le=86_400,
+        description="How often the tracker leader looks for accepted batches whose state Redis lost "
+        "(and takes them in again from the requests topic), first when it becomes leader; 0 = never.",
+    )
+    reconcile_lookback_s: float = Field(
+        default=86_400.0, gt=0, le=30 * 86_400,
+        description="How far back the reconcile pass reads the results topic for accepted batches.",
+    )
     inline_limits: InlineLimits = InlineLimits()
     log_level: str = "INFO"
     log_json: bool = True

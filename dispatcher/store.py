@@ -651,3 +651,13 @@ class StateStore:
 
     async def ping(self) -> bool:
         return bool(await self._call(lambda: self.client.ping()))
+
+    async def fsync_policy(self) -> str | None:
+        """Redis' ``appendfsync`` (``None`` with AOF off or when ``CONFIG`` is not allowed)."""
+        try:
+            config = await self.client.config_get("appendonly")
+            if config.get("appendonly") != "yes":
+                return None
+            return str((await self.client.config_get("appendfsync")).get("appendfsync") or "") or None
+        except Exception:  # managed Redis often disables CONFIG: nothing to tell then
+            return None

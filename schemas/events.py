@@ -50,6 +50,17 @@ RESULT_EVENT_TYPES = frozenset(
 _EVENT_CONFIG = ConfigDict(extra="ignore")
 
 
+class RecordRef(BaseModel):
+    """Where a Kafka record is: the request an ``accepted`` event answers, or a dead letter (the
+    operator's ``llmbatch dlq`` reads and replays it)."""
+
+    model_config = _EVENT_CONFIG
+
+    topic: str
+    partition: int = Field(ge=0)
+    offset: int = Field(ge=0)
+
+
 class BatchAccepted(BaseModel):
     """Data of ``llmbatch.batch.accepted.v1``: the dispatcher validated and recorded the batch."""
 
@@ -63,6 +74,9 @@ class BatchAccepted(BaseModel):
     priority: int = Field(default=5, ge=0, le=9)
     input_uri: S3Uri | None = Field(default=None, description="The input file, for file batches.")
     total_requests: int | None = Field(default=None, ge=0, description="Known for inline batches.")
+    request: RecordRef | None = Field(
+        default=None, description="The accepted request record (what a reconcile pass reads again)."
+    )
     accepted_at: UtcDatetime
     expires_at: UtcDatetime = Field(description="Effective deadline (completion window or deadline).")
     metadata: Metadata = Field(default_factory=dict)
@@ -135,16 +149,6 @@ class BatchExpired(TerminalEventData):
     status: Literal[BatchStatus.EXPIRED] = BatchStatus.EXPIRED
 
 
-class DeadLetterRef(BaseModel):
-    """Where a dead letter was written (the operator's ``llmbatch dlq`` reads and replays it)."""
-
-    model_config = _EVENT_CONFIG
-
-    topic: str
-    partition: int = Field(ge=0)
-    offset: int = Field(ge=0)
-
-
 class BatchRejected(BaseModel):
     """Data of ``llmbatch.batch.rejected.v1``: the answer to a request for ``batch_id`` that was not
     accepted (invalid event, unknown model, deadline already past, a batch id already in use, ...).
@@ -169,7 +173,7 @@ class BatchRejected(BaseModel):
     batch_status: BatchStatus | None = Field(
         default=None, description="State of the batch under this id after the rejection, if known."
     )
-    dead_letter: DeadLetterRef | None = Field(
+    dead_letter: RecordRef | None = Field(
         default=None, description="The dead letter of the request (none for a duplicate batch id)."
     )
     rejected_at: UtcDatetime

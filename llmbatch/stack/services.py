@@ -223,7 +223,7 @@ def _start_redis(run_dir: Path, port: int | None, name: str, fresh_port_if_taken
     port = port or ports.one()
     log = run_dir / "logs" / f"{name}.log"
     argv = [redis_binary(), "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data),
-            "--appendonly", "yes", "--appendfsync", "everysec", "--daemonize", "no",
+            "--appendonly", "yes", "--appendfsync", "always", "--daemonize", "no",
             "--save", "", "--protected-mode", "yes", "--logfile", ""]
     pid = spawn(argv, log)
     ports.hand_over(pid)

@@ -561,3 +561,86 @@ async def test_records_up_to_the_topic_size_are_consumed(settings: LLMBatchSetti
         assert record.get("request") == value.decode()
     finally:
         await h.stop()
+
+
+async def test_the_reconcile_pass_takes_in_again_the_batches_whose_state_redis_lost(harness: Harness) -> None:
+    """Accepted batches whose Redis state is gone (a lost disk, a lagging failover, a flush) are found
+    from the results topic and taken in again from their request records, as they were; an ended
+    batch and one Redis still knows are left alone."""
+    from dispatcher.publisher import TerminalPublisher
+    from dispatcher.reconcile import Reconciler
+
+    tag = uuid.uuid4().hex[:6]
+    kept, done = batch_request(f"kept-{tag}"), batch_request(f"done-{tag}")
+    lost = [batch_request(f"lost-{i}-{tag}") for i in range(3)]
+    await harness.send([request_message(r) for r in [kept, *lost, done]])
+    await wait_for(lambda: _committed_is(harness, 5), 60, what="five intakes")
+    await harness.send([request_message(CancelRequest(batch_id=done.batch_id))])
+    await wait_for(lambda: _committed_is(harness, 6), 60, what="the cancel")
+    topics = harness.settings.kafka.topics
+    publisher = TerminalPublisher(harness.store, harness.producer, results_topic=topics.results,
+                                  dlt_topic=topics.dead_letter, group_id="g", source="urn:test",
+                                  metrics=harness.metrics)
+    assert await publisher.publish_pending() == 1  # 'done' ended: its terminal event is out
+    before = {r.batch_id: await harness.store.get(r.batch_id) for r in lost}
+    store, keys = harness.store, harness.store.keys
+    for r in [*lost, done]:  # Redis loses their state
+        await store.client.delete(keys.batch(r.batch_id))
+        await store.client.zrem(keys.ready, r.batch_id)
+        await store.client.zrem(keys.state_index(State.QUEUED), r.batch_id)
+
+    reconciler = Reconciler(harness.settings, store, harness.consumer.rules, harness.metrics)
+    assert await reconciler.run_once() == 3
+    for r in lost:
+        old, new = before[r.batch_id], await store.get(r.batch_id)
+        assert old is not None and new is not None and new.state is State.QUEUED
+        assert new.get("lifecycle") == old.get("lifecycle")  # the same results prefix and job ids
+        assert new.number("accepted_at") == pytest.approx(old.number("accepted_at"), abs=0.002)
+        assert new.deadline == pytest.approx(old.deadline, abs=0.002)
+        assert new.get("request") == old.get("request")
+    assert set(await store.ready_ids(10)) == {kept.batch_id, *(r.batch_id for r in lost)}
+    assert await store.get(done.batch_id) is None  # it ended: nothing to restore
+    assert harness.metrics.reconciled.labels(outcome="restored")._value.get() == 3
+    assert await reconciler.run_once() == 0  # nothing lost any more
+
+
+async def test_kill9_of_redis_right_after_a_burst_loses_no_accepted_batch(settings: LLMBatchSettings) -> None:
+    """Every request whose offset is committed (so its 'accepted' is out) is on disk: Redis runs with
+    appendfsync always, so a SIGKILL right after the burst and a restart on the same data keep every
+    batch (with everysec the newest writes may still sit in Redis' AOF buffer and die with it)."""
+    import os
+    import signal
+
+    import redis
+
+    from llmbatch.stack import services as stack_services
+    from llmbatch.stack.process import alive, stop_tree
+
+    run_dir = Path(tempfile.mkdtemp(prefix="llmbatch-redis-kill9-"))
+    rec = stack_services.start_redis(run_dir, name="redis-kill9")
+    port = rec.ports["redis"]
+    h = Harness(make_settings(settings, RedisSettings(url=rec.address)))
+    await h.start()
+    try:
+        assert redis.Redis.from_url(rec.address).config_get("appendfsync")["appendfsync"] == "always"
+        burst = [batch_request(f"k9-{i}-" + uuid.uuid4().hex[:6]) for i in range(60)]
+        await h.send([request_message(r) for r in burst])
+        await wait_for(lambda: _committed_is(h, len(burst)), 90, interval=0.05, what="the burst committed")
+        os.kill(rec.pid, signal.SIGKILL)  # at once: no time for a background flush
+        await h.stop()
+        for _ in range(100):
+            if not alive(rec.pid):
+                break
+            await asyncio.sleep(0.05)
+        rec = stack_services.start_redis(run_dir, port=port, name="redis-kill9", fresh_port_if_taken=True)
+        store = StateStore.from_url(rec.address, keys=Keys(h.settings.redis.key_prefix))
+        try:
+            events = decode_results(await h.reader("results").read_all())
+            accepted = {e.batch_id for e in events if e.type is EventType.ACCEPTED}
+            assert accepted == {r.batch_id for r in burst}
+            states = await store.states_many(sorted(accepted))
+            assert states == [State.QUEUED] * len(accepted), states
+        finally:
+            await store.close()
+    finally:
+        stop_tree(rec.pid)

@@ -13,7 +13,7 @@ from dispatcher.record_retry import GaveUp
 from dispatcher.states import State
 from dispatcher.store import IntakeResult
 from schemas.cloudevents import decode, encode
-from schemas.events import RESULT_EVENT_TYPES, BatchRejected, DeadLetterRef, EventType
+from schemas.events import RESULT_EVENT_TYPES, BatchRejected, EventType, RecordRef
 from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, origin, request_message
 
 pytestmark = pytest.mark.unit
@@ -46,7 +46,7 @@ def test_a_rejection_names_the_reason_the_field_the_request_and_its_dead_letter(
     assert isinstance(data, BatchRejected)
     assert (data.error.code, data.error.param, data.request_id) == ("model_not_found", "model", "e-1")
     assert "no-such-model" in data.error.message
-    assert data.dead_letter == DeadLetterRef(topic="req.dlt", partition=1, offset=42)
+    assert data.dead_letter == RecordRef(topic="req.dlt", partition=1, offset=42)
     assert data.batch_status is State.DEAD_LETTERED and data.is_final
     # it is a valid result event on the wire
     assert decode(*encode(envelope), expect=RESULT_EVENT_TYPES).data == data

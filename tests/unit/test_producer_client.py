@@ -27,7 +27,7 @@ from producer.cli import _describe
 from producer.client import _result_uris, is_answer
 from schemas import BatchCompleted, BatchRejected, BatchStatus, Endpoint, Envelope, Manifest, parse_manifest
 from schemas.errors import Reason
-from schemas.events import DeadLetterRef
+from schemas.events import RecordRef
 from schemas.openai import ErrorObject
 
 pytestmark = pytest.mark.unit
@@ -211,7 +211,7 @@ def _rejection(request_id: str, status: BatchStatus | None) -> Envelope[BatchRej
         request_id=request_id,
         error=ErrorObject(code="model_not_found", message="m", param="model"),
         batch_status=status,
-        dead_letter=DeadLetterRef(topic="t.dlt", partition=0, offset=5),
+        dead_letter=RecordRef(topic="t.dlt", partition=0, offset=5),
         rejected_at=datetime.now(UTC),
     )
     return Envelope.new(data, source="urn:d")

@@ -1,0 +1,213 @@
+"""Reconcile pass: accepted batches whose state Redis lost are taken in again.
+
+The consumer commits a request's offset only after Redis acknowledged the intake and ``accepted``
+is on the results topic, and Redis runs with ``appendfsync always`` (the local stack, compose and
+the Kubernetes manifests set it), so an acknowledged intake survives a Redis crash. What is lost
+anyway (a disk that dies, a failover to a replica that lagged, a flush by mistake) is found here:
+the results topic says which batches were accepted and have not ended; one of those without a
+record in Redis is read again from the requests topic (its ``accepted`` event names the record) and
+taken in as it was: the same lifecycle (fixed by the record), acceptance time and deadline. It then
+runs (a Ray job of its lifecycle that is still there is picked up by its submission id) and ends in
+one terminal event, with the id it would have had.
+
+The tracker leader runs a pass when it becomes leader and every ``reconcile_interval_s``. Memory is
+bounded by the batches accepted and not ended within ``reconcile_lookback_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from dispatcher.dlt import OriginalRecord
+from dispatcher.errors import BrokerUnavailable, classify
+from dispatcher.intake import Accept, IntakeRules
+from dispatcher.intake import classify as classify_record
+from dispatcher.metrics import Metrics
+from dispatcher.settings import DispatcherSettings
+from dispatcher.store import StateStore
+from schemas.cloudevents import Envelope, decode, peek_type
+from schemas.errors import SchemaError
+from schemas.events import TERMINAL_EVENT_TYPES, BatchAccepted, EventType, RecordRef
+
+log = logging.getLogger(__name__)
+
+_WANTED = frozenset({EventType.ACCEPTED.value, *(t.value for t in TERMINAL_EVENT_TYPES)})
+_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A batch accepted and not ended (as far as the results topic says)."""
+
+    batch_id: str
+    request: RecordRef
+    accepted_at: datetime
+
+
+def track(pending: dict[str, Pending], event: Envelope[Any]) -> None:
+    """Update ``pending`` with one event of the results topic (events of an id come in order:
+    they share a partition). Pure."""
+    data = event.data
+    if isinstance(data, BatchAccepted):
+        if data.request is None:  # accepted before events named their request: nothing to re-read
+            pending.pop(event.batch_id, None)
+        else:
+            pending[event.batch_id] = Pending(event.batch_id, data.request, data.accepted_at)
+    elif event.is_terminal:
+        pending.pop(event.batch_id, None)
+
+
+def unfinished(events: Iterable[Envelope[Any]]) -> dict[str, Pending]:
+    """The batches of ``events`` (the results topic, each partition in order) accepted and not
+    ended: each id's latest ``accepted`` that no terminal event followed. Pure."""
+    pending: dict[str, Pending] = {}
+    for event in events:
+        track(pending, event)
+    return pending
+
+
+class Reconciler:
+    """Finds accepted batches without state and takes them in again (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: DispatcherSettings,
+        store: StateStore,
+        rules: IntakeRules,
+        metrics: Metrics,
+        *,
+        clock: Callable[[], float] = time.time,
+        read_timeout_s: float = 30.0,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.rules = rules
+        self.metrics = metrics
+        self.clock = clock
+        self.read_timeout_s = read_timeout_s
+
+    async def run_once(self) -> int:
+        """One pass; returns how many batches were taken in again. Raises
+        :class:`~dispatcher.errors.DispatcherError` when Kafka or Redis fails (the next pass retries)."""
+        since = self.clock() - self.settings.dispatcher.reconcile_lookback_s
+        pending = await self._unfinished_since(since)
+        ids = list(pending)
+        lost: list[Pending] = []
+        for start in range(0, len(ids), _CHUNK):
+            chunk = ids[start : start + _CHUNK]
+            states = await self.store.states_many(chunk)
+            lost += [pending[i] for i, state in zip(chunk, states, strict=True) if state is None]
+        restored = 0
+        for item in lost:
+            restored += await self._restore(item)
+        log.info("reconcile pass done",
+                 extra={"unfinished": len(pending), "lost": len(lost), "restored": restored})
+        return restored
+
+    async def _restore(self, pending: Pending) -> int:
+        origin = await self._read_request(pending.request)
+        where = f"{pending.request.topic}[{pending.request.partition}]@{pending.request.offset}"
+        if origin is None:
+            self.metrics.reconciled.labels(outcome="request_gone").inc()
+            log.error("batch state lost and its request is no longer on the topic: it cannot be restored",
+                      extra={"batch_id": pending.batch_id, "request": where})
+            return 0
+        command = classify_record(origin, self.rules, pending.accepted_at.timestamp())
+        if not isinstance(command, Accept) or command.item.batch_id != pending.batch_id:
+            self.metrics.reconciled.labels(outcome="request_invalid").inc()
+            log.error("batch state lost and its request no longer validates: it cannot be restored",
+                      extra={"batch_id": pending.batch_id, "request": where})
+            return 0
+        [result] = await self.store.intake_many([command.item])
+        if not result.is_new:  # taken in meanwhile (a redelivery, another pass)
+            return 0
+        self.metrics.reconciled.labels(outcome="restored").inc()
+        log.warning("batch state was lost; taken in again from its request",
+                    extra={"batch_id": pending.batch_id, "request": where})
+        return 1
+
+    # -- Kafka ------------------------------------------------------------------------------------
+    def _consumer(self) -> Any:
+        from aiokafka import AIOKafkaConsumer
+
+        return AIOKafkaConsumer(
+            **self.settings.kafka.client_kwargs(),
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
+
+    async def _unfinished_since(self, since: float) -> dict[str, Pending]:
+        from aiokafka import TopicPartition
+
+        topic = self.settings.kafka.topics.results
+        consumer = self._consumer()
+        try:
+            await consumer.start()
+            # partitions_for_topic() only knows subscribed topics: ask the cluster
+            cluster = await consumer._client.fetch_all_metadata()
+            partitions = sorted(cluster.partitions_for_topic(topic) or ())
+            tps = [TopicPartition(topic, p) for p in partitions]
+            if not tps:
+                return {}
+            found = await consumer.offsets_for_times({tp: int(since * 1000) for tp in tps})
+            ends = await consumer.end_offsets(tps)
+            starts = {tp: (hit.offset if hit is not None else ends[tp]) for tp, hit in found.items()}
+            todo = {tp for tp in tps if starts[tp] < ends[tp]}
+            consumer.assign(tps)
+            for tp in tps:
+                consumer.seek(tp, starts[tp])
+            pending: dict[str, Pending] = {}
+            while todo:
+                batches = await consumer.getmany(*todo, timeout_ms=1000, max_records=2000)
+                for tp, records in batches.items():
+                    for event in _events(records):
+                        track(pending, event)
+                    if await consumer.position(tp) >= ends[tp]:
+                        todo.discard(tp)
+            return pending
+        except Exception as exc:
+            raise classify(exc, default=BrokerUnavailable) from exc
+        finally:
+            await consumer.stop()
+
+    async def _read_request(self, ref: RecordRef) -> OriginalRecord | None:
+        """The request record at ``ref``, or ``None`` when the topic no longer has it."""
+        from aiokafka import TopicPartition
+
+        tp = TopicPartition(ref.topic, ref.partition)
+        consumer = self._consumer()
+        try:
+            await consumer.start()
+            consumer.assign([tp])
+            consumer.seek(tp, ref.offset)
+            deadline = asyncio.get_running_loop().time() + self.read_timeout_s
+            while asyncio.get_running_loop().time() < deadline:
+                batches = await consumer.getmany(tp, timeout_ms=1000, max_records=1)
+                for record in batches.get(tp, []):
+                    if record.offset != ref.offset:  # deleted by retention: the next one came
+                        return None
+                    return OriginalRecord.from_consumer_record(record)
+            return None
+        except Exception as exc:
+            raise classify(exc, default=BrokerUnavailable) from exc
+        finally:
+            await consumer.stop()
+
+
+def _events(records: Iterable[Any]) -> Iterable[Envelope[Any]]:
+    """The accepted and terminal events among ``records`` (others are skipped without decoding)."""
+    for record in records:
+        headers = list(record.headers or ())
+        if peek_type(headers) not in _WANTED:
+            continue
+        try:
+            yield decode(record.key, record.value, headers)
+        except SchemaError:
+            continue

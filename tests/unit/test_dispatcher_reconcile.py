@@ -1,0 +1,57 @@
+"""Which batches the reconcile pass looks at (pure): accepted and not ended, per the results topic."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from dispatcher.events import build_accepted
+from dispatcher.intake import Accept, IntakeRules, classify
+from dispatcher.reconcile import unfinished
+from dispatcher.states import State
+from dispatcher.store import BatchRecord
+from schemas.cloudevents import Envelope
+from schemas.events import BatchCancelled, BatchProgress, RecordRef
+from tests.support.dispatcher_kit import MODEL, batch_request, origin, request_message
+
+pytestmark = pytest.mark.unit
+
+NOW = 1_790_000_000.0
+RULES = IntakeRules(requests_topic="req", dlt_topic="req.dlt", group_id="g", served_models=frozenset({MODEL}))
+
+
+def accepted(batch_id: str, offset: int) -> Envelope[Any]:
+    key, value, headers = request_message(batch_request(batch_id))
+    command = classify(origin(key, value, headers, topic="req", partition=1, offset=offset), RULES, NOW)
+    assert isinstance(command, Accept)
+    record = BatchRecord(batch_id, State.QUEUED, 1, {**command.item.fields, "generation": "0"})
+    return build_accepted(record, source="urn:d")
+
+
+def ended(batch_id: str) -> Envelope[Any]:
+    at = datetime.fromtimestamp(NOW, UTC)
+    return Envelope.new(BatchCancelled(batch_id=batch_id, model=MODEL, accepted_at=at, finished_at=at),
+                        source="urn:d")
+
+
+def test_accepted_batches_without_a_terminal_event_are_unfinished() -> None:
+    progress = Envelope.new(BatchProgress(batch_id="a", updated_at=datetime.now(UTC)), source="urn:d")
+    events = [accepted("a", 3), accepted("b", 4), progress, ended("b"), accepted("c", 5)]
+    pending = unfinished(events)
+    assert set(pending) == {"a", "c"}
+    assert pending["a"].request == RecordRef(topic="req", partition=1, offset=3)
+    assert pending["a"].accepted_at.timestamp() == pytest.approx(NOW, abs=0.001)
+
+
+def test_a_batch_accepted_again_after_it_ended_is_unfinished_with_its_new_request() -> None:
+    pending = unfinished([accepted("a", 3), ended("a"), accepted("a", 9)])
+    assert pending["a"].request.offset == 9
+    assert unfinished([accepted("a", 3), accepted("a", 9), ended("a")]) == {}
+
+
+def test_an_accepted_event_that_names_no_request_is_not_reconciled() -> None:
+    old = accepted("a", 3)
+    data = old.data.model_copy(update={"request": None})
+    assert unfinished([old.model_copy(update={"data": data})]) == {}
