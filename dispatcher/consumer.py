@@ -356,9 +356,18 @@ class RequestConsumer:
         sends: list[SendFuture] = []
         outcomes: Counter[str] = Counter()
         results_topic = self.settings.kafka.topics.results
+        # a redelivered request whose batch has not ended: its 'accepted' may never have gone out (a
+        # crash between the intake and the publish); send it again, as stored (the original time)
+        again = [
+            a.item.batch_id
+            for a, r in zip(accepts, results, strict=True)
+            if r.outcome == "dup_event" and r.state is not None and not r.state.is_terminal
+        ]
+        stored = {r.batch_id: r for r in await self.store.get_many(again) if r is not None} if again else {}
         for accept, result in zip(accepts, results, strict=True):
             with logs.bind(batch_id=accept.item.batch_id, trace_id=logs.trace_id_of(accept.traceparent)):
-                if result.is_new or (result.outcome == "dup_event" and result.state is State.QUEUED):
+                record: BatchRecord | None = stored.get(accept.item.batch_id)
+                if result.is_new:
                     record = BatchRecord(
                         accept.item.batch_id,
                         State.QUEUED,
@@ -370,6 +379,7 @@ class RequestConsumer:
                             "replay_id": accept.item.replay_id or "",
                         },
                     )
+                if record is not None:  # the same stable id each time: consumers drop the copies
                     sends.append(
                         await self.producer.send_event(
                             results_topic, build_accepted(record, source=self.opts.source)

@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import struct
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -20,6 +21,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from dispatcher.consumer import RequestConsumer
 from dispatcher.dlt import OriginalRecord
+from dispatcher.intake import Accept
 from dispatcher.keys import Keys
 from dispatcher.metrics import Metrics
 from dispatcher.publisher import EventProducer
@@ -37,6 +39,7 @@ from tests.support.dispatcher_kit import (
     batch_request,
     decode_results,
     inline_lines,
+    origin,
     registry,
     request_message,
     wait_for,
@@ -644,3 +647,29 @@ async def test_kill9_of_redis_right_after_a_burst_loses_no_accepted_batch(settin
             await store.close()
     finally:
         stop_tree(rec.pid)
+
+
+async def test_a_redelivery_sends_the_lost_accepted_event_with_its_original_time(harness: Harness) -> None:
+    """The dispatcher died after the intake and before 'accepted' went out, and the tracker launched the
+    batch meanwhile: the redelivered record sends 'accepted' again, with the acceptance time Redis
+    kept (not the time of the redelivery) and its stable id."""
+    from dispatcher.intake import classify, intake_rules
+
+    request = batch_request(f"lost-acc-{uuid.uuid4().hex[:6]}")
+    message = request_message(request, event_id=f"ev-{request.batch_id}")
+    topics = harness.settings.kafka.topics
+    # what the first consumer did before it died: the intake, 100 s ago (the record's coordinates
+    # do not matter for a redelivery: the batch is found by its id and event id)
+    earlier = time.time() - 100
+    command = classify(origin(*message, topic=topics.requests), intake_rules(harness.settings), earlier)
+    assert isinstance(command, Accept)
+    await harness.store.intake_many([command.item])
+    await harness.store.transition(request.batch_id, State.SUBMITTED, fields={"attempt": "1"})
+
+    await harness.send([message])  # the redelivery
+    await wait_for(lambda: _committed_is(harness, 1), 60, what="the redelivery")
+    events = decode_results(await harness.reader("results").read_all())
+    [accepted] = {e.id: e for e in events if e.type is EventType.ACCEPTED}.values()
+    assert accepted.data.accepted_at.timestamp() == pytest.approx(earlier, abs=0.002)
+    assert accepted.time.timestamp() == pytest.approx(earlier, abs=0.002)
+    assert (await harness.store.get(request.batch_id)).state is State.SUBMITTED  # type: ignore[union-attr]
