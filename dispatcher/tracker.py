@@ -8,7 +8,8 @@ change is a compare-and-set and submission ids are idempotent). Each tick:
 3. poll the Ray job of every in-flight batch:
    - cancel requested / deadline passed -> stop the job, wait for it, report partial results;
    - unknown to Ray -> resubmit if the submission was never confirmed, else *lost* -> retry;
-   - running but silent past the heartbeat timeout -> stop, *lost* -> retry;
+   - running but silent past the heartbeat timeout -> stop it, wait until Ray says it ended (a
+     stop that fails is tried again), then retry: two attempts never run at once;
    - succeeded -> ``finalizing`` -> read the manifest -> ``completed`` (or what the manifest says);
    - failed -> non-retriable exit codes fail at once (+ dead letter), others retry with backoff up
      to ``max_attempts``, then ``failed`` + dead letter ``attempts_exhausted``;
@@ -62,6 +63,7 @@ WARN_EVERY_S = 30.0  # the same dependency outage is logged at most this often
 FAST_POLL_S = 0.2
 MIN_TICK_GAP_S = 0.05  # poll interval while a submitted job has not started yet (event -> RUNNING latency)
 _STOP_FIELDS = ("stop_reason", "stop_requested_at")
+HEARTBEAT = "heartbeat"  # stop reason of a hung attempt
 
 
 class Tracker:
@@ -255,6 +257,8 @@ class Tracker:
         deadline = record.deadline
         if deadline is not None and now >= deadline:
             return "deadline"
+        if record.get("stop_reason") == HEARTBEAT:
+            return HEARTBEAT
         return None
 
     async def check(self, record: BatchRecord) -> None:
@@ -295,7 +299,7 @@ class Tracker:
             if record.state is State.SUBMITTED:
                 await self.mark_running(record, info)
             else:
-                await self.check_heartbeat(record, now)
+                await self.check_heartbeat(record, info, now)
                 await self.maybe_progress(record, now)
         elif info.state is JobState.SUCCEEDED:
             await self.finish_succeeded(record)
@@ -332,7 +336,11 @@ class Tracker:
         if result.ok:
             log.info("job running", extra={"submission_id": record.submission_id})
 
-    async def check_heartbeat(self, record: BatchRecord, now: float) -> None:
+    async def check_heartbeat(self, record: BatchRecord, info: JobInfo, now: float) -> None:
+        """A job Ray calls RUNNING that sent no heartbeat for ``heartbeat_timeout_s`` is hung: it is
+        stopped, and the next attempt starts only once Ray says this one ended (or after
+        ``job.stop_wait_s``), never beside it; a stop that fails (Ray unreachable) is tried again at
+        the next check instead of being taken as done."""
         if not self.settings.job.pass_redis_url:  # the job has nowhere to send heartbeats
             return
         progress = await self.store.read_progress(record.batch_id)
@@ -342,14 +350,9 @@ class Tracker:
                 beat = float(progress.get("heartbeat_at") or 0)
         last = max(beat, record.number("running_at") or 0.0, record.number("attempt_started_at") or 0.0)
         if last and now - last > self.opts.heartbeat_timeout_s:
-            sid = record.submission_id or ""
             self.metrics.attempts.labels(event="heartbeat_expired").inc()
             log.warning("job heartbeat expired; stopping it", extra={"silent_s": round(now - last, 1)})
-            with contextlib.suppress(DispatcherError):
-                await self.backend.stop(sid)
-            await self.retry_or_fail(
-                record, "heartbeat_expired", f"job {sid} sent no heartbeat for {now - last:.0f}s"
-            )
+            await self.stop_then_finish(record, info, HEARTBEAT, now)
 
     async def job_failed(self, record: BatchRecord, info: JobInfo) -> None:
         code = info.exit_code
@@ -431,6 +434,10 @@ class Tracker:
             await self.finish_stopped(record, reason)
 
     async def finish_stopped(self, record: BatchRecord, reason: str) -> None:
+        if reason == HEARTBEAT:  # the hung attempt ended: the next one may start
+            sid = record.submission_id or ""
+            await self.retry_or_fail(record, "heartbeat_expired", f"job {sid} stopped sending heartbeats")
+            return
         state = State.CANCELLED if reason == "cancel" else State.EXPIRED
         message = record.get("cancel_reason") if reason == "cancel" else "the batch passed its deadline"
         outcome = await self.partial_outcome(

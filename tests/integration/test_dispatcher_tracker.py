@@ -17,6 +17,7 @@ from pydantic import SecretStr
 
 from dispatcher import states
 from dispatcher.backend import JobInfo, JobState, SubmitResult
+from dispatcher.errors import RayUnavailable
 from dispatcher.intake import intake_fields
 from dispatcher.jobspec import results_prefix
 from dispatcher.keys import Keys
@@ -275,3 +276,80 @@ async def test_a_batch_id_used_again_after_its_record_is_gone_is_a_new_lifecycle
         await drop(store1)
         await drop(store2)
         await backend.close()
+
+
+@dataclass
+class FlakyRay:
+    """A job Ray calls RUNNING until stopped; its stop API fails while ``down``."""
+
+    down: bool = False
+    stops: int = 0
+    state: JobState = JobState.RUNNING
+    submitted: list[JobSpec] = field(default_factory=list)
+
+    async def submit(self, spec: JobSpec) -> SubmitResult:
+        self.submitted.append(spec)
+        self.state = JobState.RUNNING
+        return SubmitResult(spec.submission_id, False)
+
+    async def status(self, submission_id: str) -> JobInfo:
+        return JobInfo(self.state, start_time=NOW)
+
+    async def stop(self, submission_id: str) -> bool:
+        if self.down:
+            raise RayUnavailable("the Ray head does not answer")
+        self.stops += 1
+        return True
+
+    async def delete(self, submission_id: str) -> bool:
+        return False
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_a_hung_attempt_is_stopped_and_the_next_starts_only_once_it_ended(
+    redis_settings: RedisSettings,
+) -> None:
+    """Silent past heartbeat_timeout_s while Ray says RUNNING: a stop that fails is tried again (no new
+    attempt meanwhile), and once requested the next attempt waits until Ray says the old one ended."""
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    settings = DispatcherSettings(
+        _env_file=None,  # type: ignore[call-arg]
+        redis=RedisSettings(url=redis_settings.url, password=SecretStr(""), key_prefix=prefix),
+        engines=EngineRegistry(models={"a": ENTRY}),
+    )
+    clock = [NOW]
+    store = StateStore.from_url(redis_settings.url, keys=Keys(prefix), finished_ttl_s=3600, dedupe_ttl_s=3600)
+    store.clock = lambda: clock[0]
+    ray = FlakyRay()
+    backend: Any = ray
+    tracker = Tracker(settings, store, backend, results=Any, producer=Any, metrics=Metrics(),  # type: ignore[arg-type]
+                      clock=lambda: clock[0])
+    try:
+        await queue(store, "hung", 2)
+        await tracker.launch()
+        await tracker.poll_in_flight()
+        assert (await store.get("hung")).state is State.RUNNING  # type: ignore[union-attr]
+
+        clock[0] += settings.dispatcher.heartbeat_timeout_s + 1  # silent since it started
+        ray.down = True
+        await tracker.poll_in_flight()
+        record = await store.get("hung")
+        assert record is not None and record.state is State.RUNNING, record.fields
+        assert record.attempts_made == 1
+
+        ray.down = False
+        await tracker.poll_in_flight()  # the stop goes through; Ray still says RUNNING
+        await tracker.poll_in_flight()
+        record = await store.get("hung")
+        assert record is not None and record.state is State.RUNNING and ray.stops == 1, record.fields
+        assert len(ray.submitted) == 1
+
+        ray.state = JobState.STOPPED  # the old attempt ended: now it is retried
+        await tracker.poll_in_flight()
+        record = await store.get("hung")
+        assert record is not None and record.state is State.QUEUED, record.fields
+        assert record.get("last_error_code") == "heartbeat_expired"
+    finally:
+        await drop(store)
