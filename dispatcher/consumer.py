@@ -147,6 +147,7 @@ class RequestConsumer:
 
     async def on_revoked(self, revoked: set[TopicPartition]) -> None:
         self._epoch += 1  # in-flight processing of these partitions stops retrying
+        self._assigned -= set(revoked)  # a segment still in hand may not mark them done any more
         try:
             await asyncio.wait_for(
                 self._lock.acquire(), timeout=max(1.0, self.opts.session_timeout_ms / 2000)
@@ -166,6 +167,10 @@ class RequestConsumer:
         if self._consumer is None or not self._done:
             return
         offsets = {tp: off for tp, off in self._done.items() if only is None or tp in only}
+        if only is None:  # never a partition this consumer no longer owns (see _mark_done)
+            for tp in [tp for tp in offsets if tp not in self._assigned]:
+                del offsets[tp]
+                self._done.pop(tp, None)
         if not offsets:
             return
         try:
@@ -267,6 +272,10 @@ class RequestConsumer:
 
     def _mark_done(self, entries: Sequence[Entry]) -> None:
         for tp, offset, _, _ in entries:
+            if tp not in self._assigned:
+                # revoked while this segment was in hand (a slow Redis outlived the rebalance wait):
+                # the new owner re-reads it; committing it here would fail every later commit
+                continue
             if offset + 1 > self._done.get(tp, -1):
                 self._done[tp] = offset + 1
 

@@ -388,6 +388,52 @@ async def test_revoked_partitions_move_to_the_other_consumer(settings: LLMBatchS
         await a.stop()
 
 
+async def test_a_rebalance_during_a_slow_redis_leaves_no_stale_partition_behind(
+    settings: LLMBatchSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A segment stuck in a slow Redis outlives the rebalance wait: its partition moves to the other
+    consumer meanwhile. When Redis answers, the segment must not mark the partition it lost as done
+    (committing it would fail every later commit of this consumer): every record ends committed."""
+    s = make_settings(settings)
+    a = Harness(s)
+    hold, release = asyncio.Event(), asyncio.Event()
+    intake_many = a.store.intake_many
+
+    async def slow(items: Any) -> Any:
+        if hold.is_set():
+            hold.clear()
+            await release.wait()  # Redis answers only after the rebalance
+        return await intake_many(items)
+
+    monkeypatch.setattr(a.store, "intake_many", slow)
+    # records on both partitions before the first consumer starts: its first segment holds both
+    first = [batch_request(f"slow-{i}-" + uuid.uuid4().hex[:6]) for i in range(8)]
+    await ensure_topics(s)
+    await a.send([request_message(r) for r in first])
+    hold.set()
+    await a.start()
+    b: Harness | None = None
+    try:
+        await wait_for(lambda: not hold.is_set(), 30, what="a segment stuck in the slow Redis")
+        assert len(a.consumer.assignment) == 2
+        b = Harness(s)
+        await b.start()
+        await wait_for(
+            lambda: len(a.consumer.assignment) == 1 and len(b.consumer.assignment) == 1,  # type: ignore[union-attr]
+            60,
+            what="the rebalance while the segment is stuck",
+        )
+        release.set()
+        later = [batch_request(f"later-{i}-" + uuid.uuid4().hex[:6]) for i in range(6)]
+        await a.send([request_message(r) for r in later])
+        await wait_for(lambda: _committed_is(a, 14), 60, what="every record committed")
+        assert a.metrics.commits.labels(result="failed")._value.get() == 0
+    finally:
+        if b is not None:
+            await b.stop()
+        await a.stop()
+
+
 # --- one record never stops the consumer ---------------------------------------------------------------
 
 
