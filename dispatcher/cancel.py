@@ -1,7 +1,8 @@
 """Applying a consumed ``cancel_requested`` command to the batch's state in Redis.
 
 A batch that never launched is cancelled at once; one with a job (or a queued retry) is flagged
-``cancel_requested`` and the tracker stops the job and reports partial results. A redelivered cancel
+``cancel_requested`` and the tracker stops the job and reports partial results (a queued retry at its
+next tick, not when the queue reaches it). A redelivered cancel
 (its event id marker is set) is skipped; every write is a compare-and-set, so the whole step may be
 retried.
 """
@@ -66,6 +67,8 @@ async def apply_cancel(
                     },
                 )
             if result.ok:
+                if record.state is State.QUEUED and record.attempt > 0:
+                    await store.due_now(cancel.batch_id, clock())  # a queued retry: the next tick
                 log.info("cancel recorded", extra={"state": record.state.value})
                 metrics.processed.labels(outcome="cancel").inc()
                 break

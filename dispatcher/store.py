@@ -506,6 +506,12 @@ class StateStore:
         raw = await self._call(lambda: self.client.zrangebyscore(key, "-inf", now, start=0, num=limit))
         return [_s(x) for x in raw]
 
+    async def due_now(self, batch_id: str, now: float) -> None:
+        """Put a queued batch at the head of the deadline index, so the tracker's next tick finishes
+        it (a cancelled retry waiting in the queue) instead of when its turn comes."""
+        key = self.keys.deadlines
+        await self._call(lambda: self.client.zadd(key, {batch_id: now}))
+
     async def unpublished_ids(self, limit: int = 100) -> list[str]:
         key = self.keys.unpublished
         return [_s(x) for x in await self._call(lambda: self.client.zrange(key, 0, limit - 1))]

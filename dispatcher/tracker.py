@@ -231,6 +231,8 @@ class Tracker:
 
     # -- 2. deadlines of queued batches --------------------------------------------------------------
     async def expire_queued(self) -> None:
+        """Finish queued batches past their deadline, and queued retries a cancel asked to stop
+        (:meth:`StateStore.due_now` puts them in the deadline index)."""
         now = self.clock()
         ids = await self.store.due_deadlines(now, limit=500)
         records = [
@@ -238,7 +240,10 @@ class Tracker:
             for r in await self.store.get_many(ids)
             if r is not None and r.state in {State.ACCEPTED, State.QUEUED}
         ]
-        await self._each(records, lambda r: self.finish_stopped(r, "deadline"))
+        stops = [(r, self._stop_reason(r, now)) for r in records]
+        due = {r.batch_id: reason for r, reason in stops if reason in {"cancel", "deadline"}}
+        await self._each([r for r in records if r.batch_id in due],
+                         lambda r: self.finish_stopped(r, due[r.batch_id]))
 
     # -- 3. in-flight --------------------------------------------------------------------------------
     async def poll_in_flight(self) -> None:

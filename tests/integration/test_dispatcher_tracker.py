@@ -22,6 +22,7 @@ from dispatcher.intake import intake_fields
 from dispatcher.jobspec import results_prefix
 from dispatcher.keys import Keys
 from dispatcher.metrics import Metrics
+from dispatcher.results import Shards
 from dispatcher.scheduler import ready_score
 from dispatcher.settings import DispatcherOptions, DispatcherSettings, JobOptions
 from dispatcher.states import State
@@ -351,5 +352,54 @@ async def test_a_hung_attempt_is_stopped_and_the_next_starts_only_once_it_ended(
         record = await store.get("hung")
         assert record is not None and record.state is State.QUEUED, record.fields
         assert record.get("last_error_code") == "heartbeat_expired"
+    finally:
+        await drop(store)
+
+
+class NoResults:
+    """The results bucket of a batch whose attempts left nothing."""
+
+    async def read_manifest(self, output_prefix: str) -> None:
+        return None
+
+    async def list_shards(self, output_prefix: str) -> Shards:
+        return Shards([], [])
+
+
+async def test_a_cancel_of_a_queued_retry_finishes_it_at_the_next_tick(redis_settings: RedisSettings) -> None:
+    """A batch waiting in the queue for its retry (attempt 1 failed, backoff running) is cancelled by
+    the next tick, not when the queue reaches it."""
+    from dispatcher.cancel import apply_cancel
+    from dispatcher.intake import Cancel
+    from schemas.batch import CancelRequest
+
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    settings = DispatcherSettings(
+        _env_file=None,  # type: ignore[call-arg]
+        redis=RedisSettings(url=redis_settings.url, password=SecretStr(""), key_prefix=prefix),
+        engines=EngineRegistry(models={"a": ENTRY}),
+    )
+    store = StateStore.from_url(redis_settings.url, keys=Keys(prefix), finished_ttl_s=3600, dedupe_ttl_s=3600)
+    store.clock = lambda: NOW
+    ray = FlakyRay()
+    backend: Any = ray
+    results: Any = NoResults()
+    tracker = Tracker(settings, store, backend, results=results, producer=Any, metrics=Metrics(),  # type: ignore[arg-type]
+                      clock=lambda: NOW)
+    try:
+        await queue(store, "retrying", 2)
+        await tracker.launch()
+        ray.state = JobState.FAILED  # attempt 1 fails: a retry waits in the queue (backoff)
+        await tracker.poll_in_flight()
+        record = await store.get("retrying")
+        assert record is not None and record.state is State.QUEUED and record.attempt == 1, record.fields
+
+        request = CancelRequest(batch_id="retrying", reason="not needed any more")
+        cancel = Cancel("retrying", request, ("test", "cancel-1"), None, origin(None, None, []))
+        await apply_cancel(store, tracker.metrics, cancel, lambda: NOW)
+        await tracker.expire_queued()  # the tick's step for queued batches
+        record = await store.get("retrying")
+        assert record is not None and record.state is State.CANCELLED, record.fields
+        assert len(ray.submitted) == 1  # no second attempt
     finally:
         await drop(store)
