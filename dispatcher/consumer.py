@@ -16,7 +16,8 @@ error such as Redis' ``OOM command not allowed``, or an unexpected exception) sp
 into single records, and a record that still fails ``record_max_attempts`` times is dead-lettered
 (``processing_failed``), counted, logged and passed (:mod:`dispatcher.record_retry`): one record
 never stops the consumer. When the queue in Redis is full the consumer pauses its partitions
-(backpressure) and resumes when it drains. A rebalance listener commits the done offsets of revoked
+(backpressure) and resumes when it drains; meanwhile cancels behind the backlog still apply
+(:mod:`dispatcher.cancel_scan`). A rebalance listener commits the done offsets of revoked
 partitions; processing of a revoked partition is abandoned.
 """
 
@@ -35,6 +36,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from dispatcher import logs
 from dispatcher.answers import duplicate_answer, failure_answer, rejection_answer
 from dispatcher.cancel import apply_cancel
+from dispatcher.cancel_scan import CancelScanner
 from dispatcher.dlt import OriginalRecord
 from dispatcher.errors import BrokerUnavailable, DispatcherError, classify
 from dispatcher.events import build_accepted
@@ -52,6 +54,7 @@ from schemas.cloudevents import peek_type
 
 log = logging.getLogger(__name__)
 Entry = tuple[TopicPartition, int, Command, float | None]
+CANCEL_SCAN_EVERY_S = 2.0  # while paused, how often cancels behind the backlog are looked for
 
 __all__ = ["Abandoned", "RequestConsumer"]
 
@@ -86,6 +89,8 @@ class RequestConsumer:
         self.crash = crash
         self.clock = clock
         self.rules: IntakeRules = intake_rules(settings)
+        self.cancel_scanner = CancelScanner(settings, store, self.rules, metrics, clock=clock)
+        self._scan_at = 0.0
         self.backoff: Backoff = self.opts.io_backoff
         self.backpressure = Backpressure(self.opts.max_queued, self.opts.resume_ratio)
         self._consumer: AIOKafkaConsumer | None = None
@@ -191,6 +196,10 @@ class RequestConsumer:
         while not self._stopping.is_set():
             self.last_progress = time.monotonic()
             paused = await self._apply_backpressure(consumer)
+            if paused:
+                await self._cancels_ahead(consumer)
+            else:
+                self.cancel_scanner.forget()
             try:
                 batch = await consumer.getmany(
                     timeout_ms=200 if paused else 500, max_records=self.opts.max_poll_records
@@ -225,6 +234,18 @@ class RequestConsumer:
             log.info("partitions paused" if paused else "partitions resumed", extra={"queued": queued})
         self.metrics.paused.set(1 if paused else 0)
         return paused
+
+    async def _cancels_ahead(self, consumer: AIOKafkaConsumer) -> None:
+        """While paused, apply the cancels waiting behind the backlog (:mod:`dispatcher.cancel_scan`)."""
+        now = time.monotonic()
+        if now - self._scan_at < CANCEL_SCAN_EVERY_S:
+            return
+        self._scan_at = now
+        try:
+            positions = {tp: await consumer.position(tp) for tp in consumer.assignment()}
+            await self.cancel_scanner.scan(positions)
+        except Exception as exc:  # the next pass tries again; the cancel also applies in its turn
+            log.debug("cancel scan failed: %s", exc)
 
     async def _update_lag(self, consumer: AIOKafkaConsumer) -> None:
         now = time.monotonic()

@@ -361,6 +361,42 @@ async def test_backpressure_pauses_then_resumes(settings: LLMBatchSettings) -> N
         await h.stop()
 
 
+async def test_a_cancel_behind_a_paused_backlog_takes_effect_in_seconds(settings: LLMBatchSettings) -> None:
+    h = Harness(make_settings(settings, max_queued=3, resume_ratio=0.5, max_poll_records=1))
+    await h.start()
+    try:
+        first = [batch_request(f"full-{i}-" + uuid.uuid4().hex[:6]) for i in range(3)]
+        await h.send([request_message(r) for r in first])
+        await wait_for(lambda: h.consumer.backpressure.paused, 60, what="the queue to fill")
+        backlog = [batch_request(f"backlog-{i}-" + uuid.uuid4().hex[:6]) for i in range(6)]
+        stop = CancelRequest(batch_id=first[0].batch_id, reason="stop it")
+        cancel = request_message(stop, event_id="c-ahead")
+        # a cancel of a batch that is still in the backlog is left for its turn (after its request)
+        early = request_message(CancelRequest(batch_id=backlog[5].batch_id), event_id="c-early")
+        await h.send([*(request_message(r) for r in backlog), early, cancel])
+
+        async def cancelled() -> bool:
+            record = await h.store.get(first[0].batch_id)
+            return record is not None and record.state is State.CANCELLED
+
+        await wait_for(cancelled, 30, what="the cancel behind the backlog to apply")
+        assert h.consumer.backpressure.paused and await h.committed() == 3  # the backlog still waits
+        assert await h.store.get(backlog[5].batch_id) is None
+
+        async def drained() -> bool:  # the tracker launches what is queued: the consumer resumes
+            for batch_id in await h.store.ready_ids(100):
+                await h.store.transition(batch_id, State.SUBMITTED)
+            return await _committed_is(h, 3 + 8)
+
+        await wait_for(drained, 90, interval=1.0, what="the backlog and both cancels")
+        late = await h.store.get(backlog[5].batch_id)
+        # applied in its turn, not lost (the test's stand-in tracker may have launched it by then)
+        assert late is not None and (late.state is State.CANCELLED or late.flag("cancel_requested"))
+        assert h.metrics.processed.labels(outcome="duplicate_cancel")._value.get() == 1
+    finally:
+        await h.stop()
+
+
 async def test_revoked_partitions_move_to_the_other_consumer(settings: LLMBatchSettings) -> None:
     s = make_settings(settings)
     a = Harness(s)
