@@ -20,8 +20,18 @@ def engine_env(cache_dir: str | Path, *, cpu: bool = True, omp_threads_bind: str
 
     ``omp_threads_bind`` (``VLLM_CPU_OMP_THREADS_BIND``) pins OpenMP threads, e.g. ``"0-1"``: about
     40% faster on an idle machine, about 2x slower when other work loads the same cores, so it is a
-    setting; ``None`` lets vLLM choose. ``preload`` adds tcmalloc and Intel OpenMP via ``LD_PRELOAD``
-    when both are present (CPU only).
+    setting. ``preload`` adds tcmalloc and Intel OpenMP via ``LD_PRELOAD`` when both are present (CPU
+    only).
+
+    Without a binding, a CPU engine runs inside the process that builds it
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: vLLM's in-process engine core and one-process executor)
+    with ``OMP_NUM_THREADS`` threads (a Ray actor's ``num_cpus``). vLLM's default on CPU is an
+    EngineCore process plus a worker process pinned to one core, the EngineCore busy-polling the
+    worker on the core it reserves for itself, so other work on the node lands on the worker's core:
+    measured on 2 cores (bench/bench_engine_env.py, bench/bench_service.py), in-process is as fast
+    when idle, loses less beside other work, and the engine starts in 6-7 s instead of 42-47 s.
+    vLLM needs its worker process to pin threads, so a binding keeps vLLM's processes. GPU engines
+    (``cpu=False``) keep them too: there the EngineCore process overlaps scheduling with the GPU.
     """
     cache = Path(cache_dir)
     env = {
@@ -38,6 +48,8 @@ def engine_env(cache_dir: str | Path, *, cpu: bool = True, omp_threads_bind: str
         env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
         if omp_threads_bind:
             env["VLLM_CPU_OMP_THREADS_BIND"] = omp_threads_bind
+        else:
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if preload:
             libs = [p for p in (_TCMALLOC, _iomp5()) if p and os.path.exists(p)]
             if len(libs) == 2:

@@ -6,9 +6,11 @@ The model's engine is deployed as the dispatcher deploys it (Serve REST config o
 SIGKILLed while the batch's calls are on its engine. The calls in flight are sent again and
 answered by the replacement replica: the batch completes with every custom_id exactly once.
 
-vLLM runs its EngineCore (and on CPU a VLLM::Worker under it) in child processes of the replica; a
-SIGKILL gives the replica no chance to stop them, so the test also checks that the victim's engine
-processes do not outlive it, and that removing the application leaves none behind either. What
+vLLM runs its EngineCore (and on CPU a VLLM::Worker under it) in child processes of the replica (on
+a GPU, or on CPU with ``VLLM_ENABLE_V1_MULTIPROCESSING=1``, which this test sets: the project's CPU
+engines run inside the replica's process); a SIGKILL gives the replica no chance to stop them, so
+the test also checks that the victim's engine processes do not outlive it, and that removing the
+application leaves none behind either. What
 ends them is Ray's per-worker process-group cleanup (``RAY_process_group_cleanup_enabled``, on by
 default in Ray 2.60: the raylet signals a crashed worker's process group); with it off, they
 keep running and this test fails.
@@ -152,7 +154,11 @@ def test_a_killed_vllm_replica_is_replaced_and_the_batch_completes_once(
         resources=ReplicaResources(num_cpus=0.25),
         scaling=Scaling(min_replicas=1, max_replicas=1, idle_s=3600),
     )})
-    asyncio.run(serve.deploy(serve_config(registry, engine_vars(), http_address=ray_settings.serve_address)))
+    # vLLM's own engine processes (a CPU engine runs in its replica's process by default, see
+    # ray_job.engine_env; a GPU engine or a pinned CPU one keeps an EngineCore process): the case
+    # in which a SIGKILLed replica could leave processes behind
+    env = {**engine_vars(), "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    asyncio.run(serve.deploy(serve_config(registry, env, http_address=ray_settings.serve_address)))
     victim = _wait_replica(serve)
     victim_procs = _engine_procs(victim)
     found.extend(victim_procs)
