@@ -104,6 +104,8 @@ class CancelScanner:
         command = classify_record(OriginalRecord.from_consumer_record(record), self.rules, self.clock())
         if not isinstance(command, Cancel):  # invalid: the consumer dead-letters it in its turn
             return 0
+        if (await self.store.markers_exist([command.marker]))[0]:  # applied by an earlier pass
+            return 0
         [state] = await self.store.states_many([command.batch_id])
         if state is None or state.is_terminal:
             # unknown: its request is still in the backlog (or it ended, and a replay may be there):

@@ -392,7 +392,9 @@ async def test_a_cancel_behind_a_paused_backlog_takes_effect_in_seconds(settings
         late = await h.store.get(backlog[5].batch_id)
         # applied in its turn, not lost (the test's stand-in tracker may have launched it by then)
         assert late is not None and (late.state is State.CANCELLED or late.flag("cancel_requested"))
-        assert h.metrics.processed.labels(outcome="duplicate_cancel")._value.get() == 1
+        # the consumer met the cancel applied ahead and skipped it by its marker
+        assert h.metrics.processed.labels(outcome="duplicate_cancel")._value.get() >= 1
+        assert h.metrics.processed.labels(outcome="cancel_ahead")._value.get() >= 1
     finally:
         await h.stop()
 
