@@ -1,4 +1,5 @@
-"""The engine environment: where a CPU engine runs (in the caller's process unless threads are pinned)."""
+"""The engine environment: where a CPU engine runs (in the caller's process unless threads are pinned),
+at which priority."""
 
 from __future__ import annotations
 
@@ -30,3 +31,8 @@ def test_a_gpu_engine_keeps_vllms_processes(tmp_path: Path) -> None:
     assert not {"VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE", "LD_PRELOAD"} & set(env)
     assert env["HF_HUB_OFFLINE"] == "1"
 
+
+@pytest.mark.parametrize("cpu", [True, False])
+def test_an_engine_runs_at_the_priority_of_a_plain_process(tmp_path: Path, cpu: bool) -> None:
+    # Ray starts workers at nice 15; the engine's replica (runtime_env env_vars) asks for 0
+    assert engine_env(tmp_path, cpu=cpu)["RAY_worker_niceness"] == "0"
