@@ -27,9 +27,9 @@ def engine_env(cache_dir: str | Path, *, cpu: bool = True, omp_threads_bind: str
     (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: vLLM's in-process engine core and one-process executor)
     with ``OMP_NUM_THREADS`` threads (a Ray actor's ``num_cpus``). vLLM's default on CPU is an
     EngineCore process plus a worker process pinned to one core, the EngineCore busy-polling the
-    worker on the core it reserves for itself: measured on 2 cores, plain ``LLM.chat`` lost 29% of
-    its tokens/s beside half a core of other work that way (275 -> 195 tok/s), 8% in-process (268 ->
-    248), the same when idle, and the engine starts in 7 s instead of 47 s (bench/bench_engine_env.py).
+    worker on the core it reserves for itself, so other work on the node lands on the worker's core:
+    measured on 2 cores (bench/bench_engine_env.py, bench/bench_service.py), in-process is as fast
+    when idle, loses less beside other work, and the engine starts in 6-7 s instead of 42-50 s.
     vLLM needs its worker process to pin threads, so a binding keeps vLLM's processes. GPU engines
     (``cpu=False``) keep them too: there the EngineCore process overlaps scheduling with the GPU.
     """
