@@ -172,10 +172,6 @@ class RequestConsumer:
         if self._consumer is None or not self._done:
             return
         offsets = {tp: off for tp, off in self._done.items() if only is None or tp in only}
-        if only is None:  # never a partition this consumer no longer owns (see _mark_done)
-            for tp in [tp for tp in offsets if tp not in self._assigned]:
-                del offsets[tp]
-                self._done.pop(tp, None)
         if not offsets:
             return
         try:

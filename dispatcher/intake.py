@@ -150,9 +150,11 @@ def _reject(origin: OriginalRecord, error: SchemaError, rules: IntakeRules, now:
     )
     batch_id = _readable_batch_id(origin)
     source, event_id = _header(origin, H_SOURCE), _header(origin, H_ID)
+    source = source if source and len(source) <= 1024 else None
+    event_id = event_id if event_id and len(event_id) <= 256 else None
     item = None
     marker = record_marker(origin)
-    if batch_id and source and event_id and len(source) <= 1024 and len(event_id) <= 256:
+    if batch_id and source and event_id:
         item = IntakeItem(
             batch_id=batch_id,
             fields={
@@ -176,8 +178,8 @@ def _reject(origin: OriginalRecord, error: SchemaError, rules: IntakeRules, now:
         origin,
         marker,
         batch_id=batch_id,
-        request_id=event_id if event_id and len(event_id) <= 256 else None,
-        request_source=source if source and len(source) <= 1024 else None,
+        request_id=event_id,
+        request_source=source,
     )
 
 
