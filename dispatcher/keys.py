@@ -10,6 +10,7 @@ share one Redis. The layout:
 ``<p>:deadlines``                 zset: non-terminal batches, score = deadline (unix s)
 ``<p>:unpublished``               zset: terminal batches whose terminal event is not yet published
 ``<p>:progress:<batch_id>``       hash: counters written by the running job (see ray_job)
+``<p>:jobs:delete``               zset: Ray jobs of finished batches to delete again, score = when
 ``<p>:event:<source>:<id>``       string: dedupe marker of an already-applied command event
 ``<p>:lease:<name>``              string: owner token of a lease (the tracker loop's leader)
 ``<p>:dlq:replayed:<dlt topic>``  hash: dead letters replayed by ``llmbatch dlq replay`` (dispatcher.ops)
@@ -57,6 +58,10 @@ class Keys:
     @property
     def unpublished(self) -> str:
         return f"{self.prefix}:unpublished"
+
+    @property
+    def job_deletes(self) -> str:
+        return f"{self.prefix}:jobs:delete"
 
     def progress(self, batch_id: str) -> str:
         return f"{self.prefix}:progress:{batch_id}"

@@ -33,6 +33,7 @@ from dispatcher.states import State
 T = TypeVar("T")
 
 _TERMINAL_CSV = ",".join(sorted(s.value for s in states.TERMINAL))
+MAX_JOB_DELETES = 100_000  # Ray jobs waiting for another delete, at most
 
 # --- Lua ------------------------------------------------------------------------------------------
 
@@ -645,6 +646,32 @@ class StateStore:
             return removed
 
         return await self._call(run)
+
+    # -- Ray jobs to delete (see dispatcher.job_cleanup) -------------------------------------------
+    async def defer_job_deletes(self, submission_ids: Sequence[str], due: float) -> None:
+        """Remember Ray jobs to delete at ``due``; the oldest go first beyond ``MAX_JOB_DELETES``
+        (a head down for weeks must not grow Redis without bound)."""
+        if not submission_ids:
+            return
+        key = self.keys.job_deletes
+
+        async def run() -> None:
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.zadd(key, {sid: due for sid in submission_ids})
+                pipe.zremrangebyrank(key, 0, -MAX_JOB_DELETES - 1)
+                await pipe.execute()
+
+        await self._call(run)
+
+    async def due_job_deletes(self, now: float, limit: int = 50) -> list[str]:
+        key = self.keys.job_deletes
+        raw = await self._call(lambda: self.client.zrangebyscore(key, "-inf", now, start=0, num=limit))
+        return [_s(x) for x in raw]
+
+    async def drop_job_deletes(self, submission_ids: Sequence[str]) -> None:
+        if submission_ids:
+            key = self.keys.job_deletes
+            await self._call(lambda: self.client.zrem(key, *submission_ids))
 
     # -- leases -----------------------------------------------------------------------------------
     async def acquire_lease(self, name: str, token: str, ttl_s: float) -> bool:

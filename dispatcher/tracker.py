@@ -40,6 +40,7 @@ from dispatcher.backend import (
 )
 from dispatcher.errors import DispatcherError, JobRejected, ManifestInvalid
 from dispatcher.events import Outcome, build_progress, safe_counts, terminal_fields
+from dispatcher.job_cleanup import JobCleanup
 from dispatcher.jobspec import build_job_spec, results_prefix
 from dispatcher.keys import Keys
 from dispatcher.metrics import Metrics
@@ -52,7 +53,7 @@ from dispatcher.store import BatchRecord, StateStore
 from schemas.dlt import DltReason
 from schemas.engines import UnknownModelError
 from schemas.errors import SchemaError
-from schemas.job import MANIFEST_NAME, Manifest, submission_id
+from schemas.job import MANIFEST_NAME, Manifest
 from schemas.openai import Usage
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,7 @@ class Tracker:
         self.clock = clock
         self.policy = self.opts.attempt_policy
         topics = settings.kafka.topics
+        self.job_cleanup = JobCleanup(store, backend, clock=clock)
         self.publisher = TerminalPublisher(
             store,
             producer,
@@ -108,6 +110,7 @@ class Tracker:
         self._progress_at: dict[str, float] = {}
         self._progress_sig: dict[str, tuple[int, ...]] = {}
         self._sweep_at = 0.0
+        self._cleanup_at = time.monotonic()
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
         self._warned: dict[str, float] = {}
@@ -175,17 +178,8 @@ class Tracker:
         self.metrics.leader.set(1 if leader else 0)
 
     async def forget_jobs(self, record: BatchRecord) -> None:
-        """Delete the Ray jobs of every attempt of a batch whose terminal event is out, so job
-        records on the head stay bounded. Best effort: a job the head cannot delete now (Ray down, a
-        zombie attempt still running) stays for an operator (``llmbatch jobs`` lists attempts)."""
-        lifecycle = record.get("lifecycle") or None
-        for attempt in range(1, record.attempt + 1):
-            sid = submission_id(record.batch_id, attempt, lifecycle)
-            try:
-                await self.backend.delete(sid)
-            except Exception as exc:
-                log.debug("finished Ray job not deleted", extra={"submission_id": sid, "error": str(exc)})
-                return
+        """Delete the Ray jobs of a batch whose terminal event is out (see :mod:`dispatcher.job_cleanup`)."""
+        await self.job_cleanup.forget(record)
 
     async def tick(self) -> None:
         await self.store.promote_due()
@@ -198,6 +192,9 @@ class Tracker:
         if now - self._sweep_at > 300:
             self._sweep_at = now
             await self.store.sweep_finished()
+        if now - self._cleanup_at > 30:
+            self._cleanup_at = now
+            await self.job_cleanup.retry_due()
 
     async def _each(self, records: list[BatchRecord], fn: Callable[[BatchRecord], Awaitable[None]]) -> None:
         async def guarded(record: BatchRecord) -> None:
