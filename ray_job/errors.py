@@ -54,6 +54,12 @@ class EngineDeadError(JobError):
     code = "engine_dead"
 
 
+class SupersededError(JobError):
+    """A later attempt of the batch is running (this one's stop did not take): it must not write."""
+
+    code = "superseded"
+
+
 class EngineUnavailableError(JobError):
     """No engine of the batch's model answered in time (none could start, or all stayed busy)."""
 

@@ -31,6 +31,7 @@ from ray_job.errors import (
     InputNotFoundError,
     InvalidSpecError,
     JobError,
+    SupersededError,
 )
 from ray_job.manifest import Status
 from ray_job.parse import count_request_lines
@@ -146,7 +147,12 @@ class Attempt:
                 max_lines=spec.shard_max_lines,
                 max_bytes=spec.shard_max_bytes,
                 max_seconds=spec.shard_max_seconds,
+                fence=self._still_current,
             )
+
+    def _still_current(self) -> bool:
+        """No later attempt of the batch has started (the progress hash is the fence)."""
+        return self.progress is None or self.progress.still_current()
 
     def _ignore_stops(self) -> None:
         """From here on a stop request changes nothing (the attempt is ending anyway)."""
@@ -230,6 +236,8 @@ class Attempt:
             except Exception as exc:
                 intact = False
                 log.error("could not write the last %s shard: %s", writer.kind, exc)
+        if error is None and self.progress is not None and self.progress.superseded:
+            error = ErrorObject(code=SupersededError.code, message="a later attempt of the batch started")
         written = [info for w in self.writers.values() for info in w.shards]
         shards = [s.info() for s in self.prior.shards] + written
         usage = Usage(
@@ -268,7 +276,10 @@ class Attempt:
             generation_s=round(generation_s, 3) if generation_s is not None else None,
             error=error,
         )
-        if self.fs is not None:
+        if self.fs is not None and not self._still_current():
+            intact = False  # the later attempt's manifest is the batch's: never overwrite it
+            log.warning("a later attempt of the batch is running: no manifest written")
+        elif self.fs is not None:
             try:
                 manifest.write(self.fs, self.manifest_path, built)
             except Exception as exc:

@@ -5,6 +5,10 @@ Fields of ``JobSpec.progress_key`` (all cumulative over the batch's attempts): `
 float) and ``total`` once known. A background thread writes them every ``progress_interval_s`` even
 when no request finished (the heartbeat), so writes are throttled no matter how fast requests end.
 
+Writes are fenced by attempt (``write_progress.lua``): once a later attempt of the batch has written,
+an older attempt still running (a "zombie" whose stop did not take) writes nothing and learns it is
+:attr:`Progress.superseded`; it then writes no more shards and no manifest (see :mod:`ray_job.main`).
+
 Redis is optional: without ``redis_url``/``progress_key`` nothing is written, and a Redis outage
 only logs a warning. The ``redis`` package is imported lazily (``ray_job`` imports without it).
 A password may come from ``LLMBATCH_REDIS__PASSWORD`` instead of the URL; neither is ever logged.
@@ -18,9 +22,13 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 log = logging.getLogger("ray_job.progress")
+
+KEY_TTL_S = 7 * 86400  # the hash outlives its last write by this much (the dispatcher deletes it sooner)
+WRITE_PROGRESS_LUA = resources.files("ray_job").joinpath("write_progress.lua").read_text()
 
 
 @dataclass(slots=True)
@@ -66,7 +74,10 @@ class Progress:
         self._client: Any = None
         self._key = key
         self._warned_at = 0.0
+        self._script: Any = None
         self.writes = 0
+        self.superseded = False
+        """A later attempt of the batch has written progress: this attempt is stale."""
         if redis_url and key:
             import redis
 
@@ -76,6 +87,7 @@ class Progress:
                 socket_timeout=5,
                 socket_connect_timeout=5,
             )
+            self._script = self._client.register_script(WRITE_PROGRESS_LUA)
         self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
 
     @property
@@ -121,13 +133,47 @@ class Progress:
         with self._lock:
             known = self._known
         fields = progress_fields(self.snapshot() if known else None, self._attempt, time.time())
+        args: list[str] = [str(self._attempt), str(KEY_TTL_S)]
+        for name, value in fields.items():
+            args += (name, value)
         try:
-            self._client.hset(self._key, mapping=fields)
-            self.writes += 1
+            written = int(self._script(keys=[self._key], args=args))
         except Exception as exc:  # Redis is best effort: the job's results do not depend on it
-            if time.monotonic() - self._warned_at > 60:
-                self._warned_at = time.monotonic()
-                log.warning("progress write failed (%s); continuing without it", type(exc).__name__)
+            self._warn(exc)
+            return
+        self.writes += 1
+        if not written:
+            self._superseded()
+
+    def still_current(self) -> bool:
+        """Whether no later attempt of the batch has written progress (asked of Redis now).
+        ``True`` without Redis or when Redis cannot answer: the fence is best effort, the resume
+        scan's overlap check (:func:`ray_job.resume.scan`) is the backstop."""
+        if not self.enabled or self.superseded:
+            return not self.superseded
+        try:
+            raw = self._client.hget(self._key, "attempt")
+        except Exception as exc:
+            self._warn(exc)
+            return True
+        try:
+            current = int(raw or 0)
+        except ValueError:
+            return True
+        if current > self._attempt:
+            self._superseded(current)
+        return not self.superseded
+
+    def _superseded(self, current: int | None = None) -> None:
+        if not self.superseded:
+            self.superseded = True
+            log.warning("a later attempt (%s) of this batch is running: attempt %d stops writing",
+                        current or "newer", self._attempt)
+
+    def _warn(self, exc: BaseException) -> None:
+        if time.monotonic() - self._warned_at > 60:
+            self._warned_at = time.monotonic()
+            log.warning("progress write failed (%s); continuing without it", type(exc).__name__)
 
     def close(self) -> None:
         """Stop the heartbeat and write the final counters."""

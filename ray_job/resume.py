@@ -4,10 +4,18 @@ Shards are named per attempt (``output-a<N>-<i>.jsonl``, ``error-a<N>-<i>.jsonl`
 whole (one S3 put each), so every shard found under the output prefix is final: a crashed attempt
 leaves complete shards or none. An attempt skips the input lines those shards already answer
 (:class:`~ray_job.parse.DoneKeys`) and lists them in its manifest beside its own.
+
+A stale attempt that kept running beside a later one (a stop that did not take) may still have put
+shards answering requests the later attempt answered too. :func:`scan` takes shards in attempt order
+and leaves out every shard answering a request an earlier-taken shard already answers (an output
+custom_id, or an error's input line), so no request is counted twice and the lines of a left-out
+shard are simply run again. Most such shards are never written: the attempt fence
+(:meth:`ray_job.progress.Progress.still_current`) stops a stale attempt first.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -19,6 +27,7 @@ from ray_job import s3
 from ray_job.parse import DoneKeys, split_lines
 from schemas.job import ShardInfo
 
+log = logging.getLogger("ray_job.resume")
 SHARD_RE = re.compile(r"^(output|error)-a(\d+)-(\d{5,})\.jsonl$")
 
 
@@ -46,6 +55,8 @@ class Prior:
     """Everything earlier attempts left: their shards (with counts) and totals."""
 
     shards: list[Shard] = field(default_factory=list)
+    skipped: list[Shard] = field(default_factory=list)
+    """Shards left out because an earlier shard answers some of their requests (a stale attempt's)."""
 
     @property
     def completed(self) -> int:
@@ -65,7 +76,7 @@ class Prior:
 
     def next_index(self, kind: str, attempt: int) -> int:
         """First free shard index of ``kind`` for ``attempt`` (never overwrite an existing shard)."""
-        used = [s.index for s in self.shards if s.kind == kind and s.attempt == attempt]
+        used = [s.index for s in self.shards + self.skipped if s.kind == kind and s.attempt == attempt]
         return max(used) + 1 if used else 0
 
     def per_attempt(self) -> dict[int, tuple[int, int]]:
@@ -117,23 +128,41 @@ def line_keys(kind: str, raw: bytes) -> tuple[str | None, int | None, int, int]:
     return custom_id, None, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
 
 
-def summarize(fs: pafs.FileSystem, shard: Shard) -> Shard:
-    """Count a shard's lines and tokens (streamed)."""
+def summarize(fs: pafs.FileSystem, shard: Shard, answers: DoneKeys | None = None) -> Shard:
+    """Count a shard's lines and tokens (streamed); collect what it answers into ``answers``."""
     lines = prompt = completion = 0
     for raw in split_lines(s3.read_chunks(fs, shard.path)):
         if not raw.strip():
             continue
         lines += 1
-        _, _, p, c = line_keys(shard.kind, raw)
+        custom_id, line, p, c = line_keys(shard.kind, raw)
         prompt += p
         completion += c
+        if answers is not None:
+            if shard.kind == "output" and custom_id is not None:
+                answers.custom_ids.add(custom_id)
+            elif shard.kind == "error" and line is not None:
+                answers.lines.add(line)
     shard.lines, shard.prompt_tokens, shard.completion_tokens = lines, prompt, completion
     return shard
 
 
 def scan(fs: pafs.FileSystem, prefix_path: str) -> Prior:
-    """All shards under the prefix with their counts."""
-    return Prior([summarize(fs, shard) for shard in list_shards(fs, prefix_path)])
+    """All shards under the prefix with their counts, but for those answering a request again."""
+    prior = Prior()
+    taken = DoneKeys()
+    for shard in list_shards(fs, prefix_path):
+        answers = DoneKeys()
+        summarize(fs, shard, answers)
+        if answers.custom_ids & taken.custom_ids or answers.lines & taken.lines:
+            log.warning("shard %s answers requests an earlier shard answers: left out (a stale "
+                        "attempt's); its other lines run again", shard.path)
+            prior.skipped.append(shard)
+            continue
+        taken.custom_ids |= answers.custom_ids
+        taken.lines |= answers.lines
+        prior.shards.append(shard)
+    return prior
 
 
 def done_keys_from_lines(kinds_and_lines: Iterable[tuple[str, bytes]]) -> DoneKeys:

@@ -3,7 +3,9 @@
 A shard is closed after ``max_lines`` lines, ``max_bytes`` bytes or ``max_seconds`` since its first
 line, whichever comes first, so memory stays bounded and a crash loses at most one open shard per
 kind. Names are per attempt (``output-a2-00000.jsonl``): an attempt never touches another
-attempt's shards, so retries cannot duplicate or clobber results.
+attempt's shards, so retries cannot duplicate or clobber results. A ``fence`` (the attempt's
+:meth:`~ray_job.progress.Progress.still_current`) is asked before every put: a stale attempt stops
+with :class:`~ray_job.errors.SupersededError` instead of adding shards beside a later attempt's.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Literal
 from pyarrow import fs as pafs
 
 from ray_job import s3
+from ray_job.errors import SupersededError
 from schemas.job import ShardInfo, shard_name
 
 
@@ -33,6 +36,7 @@ class ShardWriter:
         max_bytes: int = 64 << 20,
         max_seconds: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
+        fence: Callable[[], bool] | None = None,
     ) -> None:
         self._fs = fs
         self._prefix = prefix_path if prefix_path.endswith("/") else prefix_path + "/"
@@ -41,6 +45,7 @@ class ShardWriter:
         self._index = start_index
         self._max_lines, self._max_bytes, self._max_seconds = max_lines, max_bytes, max_seconds
         self._clock = clock
+        self._fence = fence
         self._buf = bytearray()
         self._lines = 0
         self._opened_at = 0.0
@@ -75,6 +80,9 @@ class ShardWriter:
         """Write the open shard (if it has lines) and start the next one."""
         if not self._lines:
             return None
+        if self._fence is not None and not self._fence():
+            raise SupersededError(f"a later attempt of the batch is running: attempt {self._attempt} "
+                                  f"writes no more {self.kind} shards")
         path = self._prefix + shard_name(self.kind, self._index, self._attempt)
         s3.write_bytes(self._fs, path, bytes(self._buf))
         info = ShardInfo(

@@ -10,7 +10,7 @@ import pytest
 from pyarrow import fs as pafs
 
 from ray_job import manifest, resume
-from ray_job.errors import RequestFailure
+from ray_job.errors import RequestFailure, SupersededError
 from ray_job.formatting import error_line, output_line
 from ray_job.main import SeenLines
 from ray_job.records import Generation
@@ -193,3 +193,42 @@ def test_seen_lines_bitmap() -> None:
     assert seen.add(1) and seen.add(100_000) and seen.add(0)
     assert not seen.add(1) and not seen.add(100_000)
     assert seen.add(2)
+
+
+def test_scan_leaves_out_a_stale_attempts_shard_answering_requests_again(local: pafs.FileSystem) -> None:
+    # attempt 2 resumed from attempt 1's first shard, then attempt 1 (not stopped: a zombie) went on
+    # and put a shard answering r2 and r3, which attempt 2 also answered
+    a1 = ShardWriter(local, "bkt/t/b/", "output", 1, max_lines=2)
+    for i in range(4):
+        a1.add(out_line(f"r{i}", i + 1))
+    a2 = ShardWriter(local, "bkt/t/b/", "output", 2)
+    a2.add(out_line("r2", 3))
+    a2.add(out_line("r3", 4))
+    a2.add(out_line("r4", 5))
+    a2.flush()
+    e1 = ShardWriter(local, "bkt/t/b/", "error", 1)
+    e1.add(err_line("@line-9", 9))
+    e1.flush()
+    e2 = ShardWriter(local, "bkt/t/b/", "error", 2)
+    e2.add(err_line("@line-9", 9))
+    e2.add(err_line("r5", 6))  # a duplicate custom_id's error line shares an output's custom_id: no clash
+    e2.flush()
+    prior = resume.scan(local, "bkt/t/b/")
+    assert [(s.kind, s.attempt, s.index) for s in prior.shards] == [
+        ("error", 1, 0), ("output", 1, 0), ("output", 1, 1)
+    ]
+    assert [(s.kind, s.attempt, s.index) for s in prior.skipped] == [("error", 2, 0), ("output", 2, 0)]
+    assert (prior.completed, prior.failed) == (4, 1)  # each request once: r0-r3, line 9
+    keys = resume.load_done_keys(local, [(s.kind, s.path) for s in prior.shards])
+    assert keys.custom_ids == {"r0", "r1", "r2", "r3"} and keys.lines == {9}  # r4 and line 6 run again
+    assert prior.next_index("output", 2) == 1  # a left-out shard is never overwritten
+
+
+def test_a_writer_whose_fence_says_stale_puts_nothing(local: pafs.FileSystem) -> None:
+    current = [True]
+    w = ShardWriter(local, "bkt/t/b/", "output", 1, max_lines=1, fence=lambda: current[0])
+    w.add(out_line("r0", 1))
+    current[0] = False
+    with pytest.raises(SupersededError):
+        w.add(out_line("r1", 2))
+    assert [s.lines for s in resume.scan(local, "bkt/t/b/").shards] == [1]

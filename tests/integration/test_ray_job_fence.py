@@ -1,0 +1,94 @@
+"""Attempts are fenced by the progress hash (ray_job.progress + write_progress.lua, real Redis; results
+on a local filesystem): once a later attempt of a batch has started, an earlier one still running (its
+stop did not take) writes no progress, no shards and no manifest."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import redis
+from pyarrow import fs as pafs
+
+from llmbatch.settings import RedisSettings
+from ray_job import main as job_main
+from ray_job import rows
+from ray_job.errors import ExitCode
+from ray_job.progress import Counters, Progress
+from schemas.common import utcnow
+from schemas.job import JobSpec
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def key(redis_settings: RedisSettings) -> Iterator[tuple[redis.Redis, str]]:
+    client = redis.Redis.from_url(redis_settings.url, decode_responses=True)
+    name = f"test:progress:{uuid.uuid4().hex[:8]}"
+    try:
+        yield client, name
+    finally:
+        client.delete(name)
+        client.close()
+
+
+def test_an_earlier_attempt_cannot_write_over_a_later_ones_progress(
+    redis_settings: RedisSettings, key: tuple[redis.Redis, str]
+) -> None:
+    client, name = key
+    old = Progress(redis_settings.url, name, attempt=1, interval_s=60, base=Counters(completed=5))
+    new = Progress(redis_settings.url, name, attempt=2, interval_s=60, base=Counters(completed=7))
+    try:
+        old.publish()
+        assert client.hget(name, "completed") == "5" and old.still_current()
+        assert 0 < client.ttl(name) <= 7 * 86400  # a zombie writing after the end leaves no key for ever
+        new.publish()
+        old.add(completed=100)
+        old.publish()
+        assert client.hgetall(name)["completed"] == "7" and client.hget(name, "attempt") == "2"
+        assert old.superseded and not old.still_current() and new.still_current()
+    finally:
+        old.close()
+        new.close()
+
+
+def test_a_stale_attempt_writes_no_shards_and_no_manifest(
+    redis_settings: RedisSettings, key: tuple[redis.Redis, str], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    client, name = key
+    spec = JobSpec.model_validate({
+        "batch_id": "b1", "attempt": 1, "endpoint": "/v1/chat/completions", "model": "m",
+        "requests": [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+                      "body": {"messages": [{"role": "user", "content": "hi"}]}} for i in range(3)],
+        "output_prefix": "s3://results/default/b1/",
+        "redis_url": redis_settings.url, "progress_key": name, "progress_interval_s": 60,
+    })
+    (tmp_path / "results" / "default" / "b1").mkdir(parents=True)
+    local = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    monkeypatch.setattr(job_main.s3, "filesystem", lambda: local)
+    later = orjson.dumps({"batch_id": "b1", "attempt": 2, "note": "the later attempt's manifest"})
+
+    def pipeline(att: job_main.Attempt) -> None:
+        att.consume([rows.Row(1, rows.OUTPUT, "r0", b'{"custom_id": "r0"}\n')])
+        # meanwhile the dispatcher gave up on this attempt and attempt 2 started and finished
+        client.hset(name, mapping={"attempt": "2", "completed": "3"})
+        with local.open_output_stream("results/default/b1/manifest.json") as f:
+            f.write(later)
+        att.consume([rows.Row(2, rows.OUTPUT, "r1", b'{"custom_id": "r1"}\n')])
+
+    attempt = job_main.Attempt(spec, utcnow())
+    monkeypatch.setattr(attempt, "_install_stop", lambda: None)
+    monkeypatch.setattr(attempt, "_run_pipeline", lambda _input: pipeline(attempt))
+    code = attempt.run()
+    assert code == ExitCode.RETRIABLE
+    result: dict[str, Any] = attempt.result or {}
+    assert result["status"] == "partial" and result["error"]["code"] == "superseded"
+    names = sorted(p.name for p in (tmp_path / "results" / "default" / "b1").iterdir())
+    assert names == ["manifest.json"]  # no shard of the stale attempt
+    assert (tmp_path / "results" / "default" / "b1" / "manifest.json").read_bytes() == later
+    assert client.hgetall(name)["completed"] == "3"  # its progress did not count
