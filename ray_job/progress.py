@@ -6,8 +6,9 @@ float) and ``total`` once known. A background thread writes them every ``progres
 when no request finished (the heartbeat), so writes are throttled no matter how fast requests end.
 
 Writes are fenced by attempt (``write_progress.lua``): once a later attempt of the batch has written,
-an older attempt still running (a "zombie" whose stop did not take) writes nothing and learns it is
-:attr:`Progress.superseded`; it then writes no more shards and no manifest (see :mod:`ray_job.main`).
+or the dispatcher has closed the hash (the batch's terminal event is out), an attempt still running
+(a "zombie" whose stop did not take) writes nothing and learns it is :attr:`Progress.superseded`;
+it then writes no more shards and no manifest (see :mod:`ray_job.main`).
 
 Redis is optional: without ``redis_url``/``progress_key`` nothing is written, and a Redis outage
 only logs a warning. The ``redis`` package is imported lazily (``ray_job`` imports without it).
@@ -77,7 +78,7 @@ class Progress:
         self._script: Any = None
         self.writes = 0
         self.superseded = False
-        """A later attempt of the batch has written progress: this attempt is stale."""
+        """A later attempt of the batch has written progress, or the batch ended: this attempt is stale."""
         if redis_url and key:
             import redis
 
@@ -146,29 +147,29 @@ class Progress:
             self._superseded()
 
     def still_current(self) -> bool:
-        """Whether no later attempt of the batch has written progress (asked of Redis now).
+        """Whether no later attempt has written progress and the batch has not ended (asked now).
         ``True`` without Redis or when Redis cannot answer: the fence is best effort, the resume
         scan's overlap check (:func:`ray_job.resume.scan`) is the backstop."""
         if not self.enabled or self.superseded:
             return not self.superseded
         try:
-            raw = self._client.hget(self._key, "attempt")
+            raw, closed = self._client.hmget(self._key, ["attempt", "closed"])
         except Exception as exc:
             self._warn(exc)
             return True
         try:
             current = int(raw or 0)
         except ValueError:
-            return True
-        if current > self._attempt:
+            current = 0
+        if current > self._attempt or closed is not None:
             self._superseded(current)
         return not self.superseded
 
     def _superseded(self, current: int | None = None) -> None:
         if not self.superseded:
             self.superseded = True
-            log.warning("a later attempt (%s) of this batch is running: attempt %d stops writing",
-                        current or "newer", self._attempt)
+            log.warning("a later attempt (%s) of this batch started or the batch ended: attempt %d "
+                        "stops writing", current or "?", self._attempt)
 
     def _warn(self, exc: BaseException) -> None:
         if time.monotonic() - self._warned_at > 60:

@@ -92,3 +92,34 @@ def test_a_stale_attempt_writes_no_shards_and_no_manifest(
     assert names == ["manifest.json"]  # no shard of the stale attempt
     assert (tmp_path / "results" / "default" / "b1" / "manifest.json").read_bytes() == later
     assert client.hgetall(name)["completed"] == "3"  # its progress did not count
+
+
+async def test_once_the_terminal_event_is_out_the_last_attempt_writes_nothing(
+    redis_settings: RedisSettings,
+) -> None:
+    """A cancel or deadline finishes a batch after ``stop_wait_s`` even if Ray never stopped the job:
+    publishing the terminal event closes the progress hash, so that attempt adds nothing after."""
+    from dispatcher.keys import Keys
+    from dispatcher.states import State
+    from dispatcher.store import IntakeItem, StateStore
+
+    store = StateStore.from_url(redis_settings.url, keys=Keys(f"t{uuid.uuid4().hex[:8]}"))
+    name = store.keys.progress("b1")
+    fields = {"model": "m", "attempt": "1", "request": "{}", "source": "s", "event_id": "e1"}
+    job = Progress(redis_settings.url, name, attempt=1, interval_s=60, base=Counters(completed=2))
+    try:
+        await store.intake(IntakeItem("b1", fields, ("s", "e1")))
+        job.publish()
+        assert job.still_current()
+        assert (await store.transition("b1", State.CANCELLED, fields={"terminal_event_id": "ev"})).ok
+        assert await store.mark_published("b1", "ev")
+        job.add(completed=5)
+        job.publish()
+        assert (await store.read_progress("b1"))["completed"] == "2"
+        assert job.superseded and not job.still_current()
+    finally:
+        job.close()
+        keys = [k async for k in store.client.scan_iter(match=f"{store.keys.prefix}:*")]
+        if keys:
+            await store.client.delete(*keys)
+        await store.close()
