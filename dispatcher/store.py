@@ -97,6 +97,10 @@ if cur[1] then
   generation = generation + 1
   outcome = 'reopened'
 end
+if outcome == 'created' then
+  -- a new lifecycle: a progress hash left by an old one (its record gone) must not fence it out
+  redis.call('DEL', P .. ':progress:' .. id)
+end
 fields['state'] = initial
 fields['version'] = tostring(version + 1)
 fields['generation'] = tostring(generation)

@@ -123,3 +123,28 @@ async def test_once_the_terminal_event_is_out_the_last_attempt_writes_nothing(
         if keys:
             await store.client.delete(*keys)
         await store.close()
+
+
+async def test_a_new_lifecycle_is_not_fenced_out_by_an_old_progress_hash(
+    redis_settings: RedisSettings,
+) -> None:
+    """The batch id used again after its record is gone starts at attempt 1: a progress hash the old
+    lifecycle left (attempt 3, closed) must not make that attempt stale."""
+    from dispatcher.keys import Keys
+    from dispatcher.store import IntakeItem, StateStore
+
+    store = StateStore.from_url(redis_settings.url, keys=Keys(f"t{uuid.uuid4().hex[:8]}"))
+    name = store.keys.progress("b1")
+    fields = {"model": "m", "attempt": "0", "request": "{}", "source": "s", "event_id": "e2"}
+    job = Progress(redis_settings.url, name, attempt=1, interval_s=60, base=Counters(completed=1))
+    try:
+        await store.client.hset(name, mapping={"attempt": "3", "closed": "1", "completed": "9"})
+        await store.intake(IntakeItem("b1", fields, ("s", "e2")))
+        job.publish()
+        assert job.still_current() and (await store.read_progress("b1"))["completed"] == "1"
+    finally:
+        job.close()
+        keys = [k async for k in store.client.scan_iter(match=f"{store.keys.prefix}:*")]
+        if keys:
+            await store.client.delete(*keys)
+        await store.close()
