@@ -249,6 +249,19 @@ class Dispatcher:
             raise BrokerUnavailable(str(exc)) from exc
         if created:
             log.info("topics created", extra={"topics": created})
+        await self._check_topic_sizes()
+
+    async def _check_topic_sizes(self) -> None:
+        """Warn once at start about existing topics that would refuse what the settings accept."""
+        from producer.topics import check_topic_sizes
+
+        try:
+            problems = await check_topic_sizes(self.settings)
+        except Exception as exc:  # a broker that will not describe configs (ACLs) is not an outage
+            log.info("topic sizes not checked", extra={"error": str(exc)[:300]})
+            return
+        for problem in problems:
+            log.warning(problem)
 
     async def _until_ok(self, what: str, fn: Callable[[], object]) -> None:
         failures = 0

@@ -90,6 +90,66 @@ async def ensure_topics(
         await admin.close()
 
 
+def size_problems(kafka: KafkaSettings, described: dict[str, dict[str, str]]) -> list[str]:
+    """What an existing topic's ``max.message.bytes`` (``described``: topic -> its configs) refuses
+    that the settings let through: one line per topic, naming the setting and both fixes. Pure."""
+    wanted = {role: int(cfg["max.message.bytes"]) for role, cfg in topic_configs(kafka).items()}
+    setting = {
+        "requests": "LLMBATCH_KAFKA__TOPICS__MAX_MESSAGE_BYTES",
+        "results": "LLMBATCH_KAFKA__TOPICS__MAX_MESSAGE_BYTES",
+        "dead_letter": "LLMBATCH_KAFKA__TOPICS__DEAD_LETTER_MAX_MESSAGE_BYTES",
+    }
+    problems = []
+    for role, name in topic_names(kafka).items():
+        raw = described.get(name, {}).get("max.message.bytes")
+        if raw is None or not raw.isdigit() or int(raw) >= wanted[role]:
+            continue
+        problems.append(
+            f"topic {name!r} takes records up to max.message.bytes={raw}, less than {setting[role]}="
+            f"{wanted[role]}: larger records would be refused by the broker; raise the topic's "
+            f"max.message.bytes (kafka-configs --alter --entity-type topics --entity-name {name} "
+            f"--add-config max.message.bytes={wanted[role]}) or lower the setting"
+        )
+    return problems
+
+
+async def check_topic_sizes(
+    settings: LLMBatchSettings | KafkaSettings, *, timeout_s: float = 15.0
+) -> list[str]:
+    """:func:`size_problems` of the llmbatch topics as the broker has them (topics that do not exist
+    are skipped). Raises :class:`BrokerUnavailable` when the broker does not answer."""
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+    from aiokafka.errors import KafkaError
+
+    kafka = settings.kafka if isinstance(settings, LLMBatchSettings) else settings
+    admin = AIOKafkaAdminClient(**kafka.client_kwargs())
+    try:
+        await asyncio.wait_for(admin.start(), timeout_s)
+        existing = set(await asyncio.wait_for(admin.list_topics(), timeout_s))
+        names = [n for n in topic_names(kafka).values() if n in existing]
+        if not names:
+            return []
+        resources = [
+            ConfigResource(ConfigResourceType.TOPIC, n, configs={"max.message.bytes": None}) for n in names
+        ]
+        responses = await asyncio.wait_for(admin.describe_configs(resources), timeout_s)
+    except (TimeoutError, KafkaError, OSError) as exc:
+        raise BrokerUnavailable(
+            f"Kafka at {kafka.bootstrap_servers} did not answer ({type(exc).__name__}); "
+            "check LLMBATCH_KAFKA__BOOTSTRAP_SERVERS"
+        ) from exc
+    finally:
+        await admin.close()
+    described: dict[str, dict[str, str]] = {}
+    for response in responses:
+        for resource in response.resources:
+            error_code, name, entries = resource[0], resource[3], resource[4]
+            if error_code == 0:
+                described[name] = {str(e[0]): str(e[1]) for e in entries if e[1] is not None}
+    return size_problems(kafka, described)
+
+
 def _topic_errors(response: Any) -> list[tuple[str, int, str | None]]:
     out = []
     for entry in getattr(response, "topic_errors", None) or getattr(response, "topic_error_codes", []):
