@@ -133,11 +133,14 @@ def record_size(key: bytes | None, value: bytes | None, headers: list[tuple[str,
     return size
 
 
-def reduce_dead_letter(letter: DeadLetter) -> DeadLetter:
+def reduce_dead_letter(
+    letter: DeadLetter, *, value_bytes: int | None = None, value_sha256: str | None = None
+) -> DeadLetter:
     """``letter`` small enough for any dead-letter topic llmbatch accepts (at least 64 KiB): no value
     (``llmbatch-dlt-original-value-{bytes,sha256}`` describe it), the key only up to 1 KiB, and only the
     original headers of at most 1 KiB each (16 KiB in all); ``llmbatch-dlt-reduced: true``. The
-    ``kafka_dlt-original-{topic,partition,offset}`` headers say where to read the original."""
+    ``kafka_dlt-original-{topic,partition,offset}`` headers say where to read the original.
+    ``value_bytes``/``value_sha256`` describe a value the letter no longer has in hand."""
     original = letter.original
     kept: list[tuple[str, bytes]] = []
     budget, dropped = REDUCED_HEADERS_BYTES, 0
@@ -152,8 +155,8 @@ def reduce_dead_letter(letter: DeadLetter) -> DeadLetter:
     record = letter.record.model_copy(
         update={
             "reduced": True,
-            "original_value_bytes": len(value) if value is not None else None,
-            "original_value_sha256": hashlib.sha256(value).hexdigest() if value is not None else None,
+            "original_value_bytes": len(value) if value is not None else value_bytes,
+            "original_value_sha256": hashlib.sha256(value).hexdigest() if value is not None else value_sha256,
             "original_headers_dropped": dropped,
         }
     )

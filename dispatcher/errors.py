@@ -53,6 +53,12 @@ class RecordTooLarge(PermanentError):
     code = "record_too_large"
 
 
+class RequestUnavailable(PermanentError):
+    """A batch's request body is not in Redis and the requests topic no longer has it."""
+
+    code = "request_gone"
+
+
 class ConflictError(PermanentError):
     """A compare-and-set lost: the batch moved on (its version or state differs)."""
 

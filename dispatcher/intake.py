@@ -25,6 +25,7 @@ from dispatcher.dlt import (
     exception_fqcn,
     reason_for_schema_error,
 )
+from dispatcher.request_body import body_fields
 from dispatcher.scheduler import ready_score
 from dispatcher.settings import ENGINES_ENV, DispatcherSettings
 from dispatcher.states import State
@@ -51,6 +52,8 @@ class IntakeRules:
     """The models requests may name (the registry's keys); any other is ``model_not_found``."""
     inline_limits: InlineLimits = field(default_factory=InlineLimits)
     readable_buckets: frozenset[str] = frozenset()
+    request_in_redis_max_bytes: int = 1 << 30
+    """Larger request records are kept in Redis by coordinates only (see dispatcher.request_body)."""
 
 
 def intake_rules(settings: DispatcherSettings) -> IntakeRules:
@@ -64,6 +67,7 @@ def intake_rules(settings: DispatcherSettings) -> IntakeRules:
         served_models=settings.served_models,
         inline_limits=opts.inline_limits,
         readable_buckets=frozenset(settings.s3.readable_buckets()),
+        request_in_redis_max_bytes=opts.request_in_redis_max_bytes,
     )
 
 
@@ -233,7 +237,8 @@ def classify(origin: OriginalRecord, rules: IntakeRules, now: float) -> Command:
         deadline = data.effective_deadline(accepted_at).timestamp()
         item = IntakeItem(
             batch_id=data.batch_id,
-            fields=intake_fields(data, origin, envelope.source, envelope.id, envelope.traceparent, now),
+            fields=intake_fields(data, origin, envelope.source, envelope.id, envelope.traceparent, now,
+                                 body_max_bytes=rules.request_in_redis_max_bytes),
             marker=marker,
             initial=State.QUEUED,
             ready_score=ready_score(data.priority, now),
@@ -264,10 +269,13 @@ def intake_fields(
     event_id: str,
     traceparent: str | None,
     now: float,
+    *,
+    body_max_bytes: int = 1 << 30,
 ) -> dict[str, str]:
-    """What the batch hash stores at acceptance. The original value is kept verbatim in ``request``
-    (the job input for inline batches and the payload of a later dead letter) until the terminal
-    event is published (:data:`dispatcher.store.MARK_PUBLISHED_LUA` deletes it then)."""
+    """What the batch hash stores at acceptance. The original value (the job input for inline batches
+    and the payload of a later dead letter) is kept verbatim in ``request`` when it is at most
+    ``body_max_bytes``, else only described (:func:`dispatcher.request_body.body_fields`), until the
+    terminal event is published (:data:`dispatcher.store.MARK_PUBLISHED_LUA` deletes it then)."""
     value = origin.value or b""
     stripped = without_value(origin)
     fields: dict[str, Any] = {
@@ -277,7 +285,7 @@ def intake_fields(
         "endpoint": request.endpoint.value,
         "priority": request.priority,
         "accepted_at": repr(now),
-        "request": value.decode("utf-8"),
+        **body_fields(value, body_max_bytes),
         "origin": stripped.to_json(),
         "source": source,
         "event_id": event_id,

@@ -26,31 +26,35 @@ def results_prefix(settings: DispatcherSettings, record: BatchRecord) -> str:
     )
 
 
-def build_job_spec(record: BatchRecord, attempt: int, settings: DispatcherSettings, keys: Keys) -> JobSpec:
-    """The spec of one attempt; the model's path and engine come from its registry entry.
+def build_job_spec(
+    record: BatchRecord, attempt: int, settings: DispatcherSettings, keys: Keys, request: str | None = None
+) -> JobSpec:
+    """The spec of one attempt; the model's path and engine come from its registry entry. ``request``
+    is the request body when the record does not keep it (see :mod:`dispatcher.request_body`).
 
     Raises :class:`schemas.errors.SchemaError` if the stored request no longer validates, and
     :class:`schemas.engines.UnknownModelError` if its model left the registry after acceptance (the
     batch must fail rather than run on another model).
     """
-    request = parse_batch_request(record.get("request") or "{}")
-    entry = settings.engines.get(request.model)
+    body = request if request is not None else record.get("request")
+    parsed = parse_batch_request(body or "{}")
+    entry = settings.engines.get(parsed.model)
     job = settings.job
     opts = settings.dispatcher
     deadline = record.deadline
     return JobSpec(
         batch_id=record.batch_id,
         attempt=attempt,
-        endpoint=request.endpoint,
-        model=request.model,
+        endpoint=parsed.endpoint,
+        model=parsed.model,
         model_path=entry.path,
-        tenant=request.tenant,
-        input_uri=request.input_uri,
-        requests=request.requests,
+        tenant=parsed.tenant,
+        input_uri=parsed.input_uri,
+        requests=parsed.requests,
         output_prefix=results_prefix(settings, record),
         lifecycle=record.get("lifecycle") or None,
         engine=entry.engine,
-        engine_app=app_name(request.model) if opts.shared_engines else None,
+        engine_app=app_name(parsed.model) if opts.shared_engines else None,
         engine_wait_s=opts.engine_wait_s,
         redis_url=settings.redis.url if job.pass_redis_url else None,
         progress_key=keys.progress(record.batch_id) if job.pass_redis_url else None,
@@ -58,5 +62,5 @@ def build_job_spec(record: BatchRecord, attempt: int, settings: DispatcherSettin
         shard_max_lines=job.shard_max_lines,
         shard_max_seconds=job.shard_max_seconds,
         deadline=datetime.fromtimestamp(deadline, UTC) if deadline else None,
-        priority=request.priority,
+        priority=parsed.priority,
     )

@@ -22,6 +22,7 @@ from dispatcher.errors import BrokerUnavailable, DispatcherError, RecordTooLarge
 from dispatcher.events import Outcome, build_terminal
 from dispatcher.intake import original_with_value
 from dispatcher.metrics import Metrics
+from dispatcher.request_body import RequestBodies
 from dispatcher.states import State, terminal_event_state
 from dispatcher.store import BatchRecord, StateStore
 from llmbatch.settings import KafkaSettings
@@ -168,11 +169,16 @@ class EventProducer:
             return False
 
 
-def late_dead_letter(record: BatchRecord, outcome: Outcome, *, dlt_topic: str, group_id: str) -> DeadLetter:
-    """The dead letter of an accepted batch that failed for good (e.g. ``attempts_exhausted``)."""
-    origin = original_with_value(record.get("origin") or "{}", record.get("request"))
+def late_dead_letter(
+    record: BatchRecord, outcome: Outcome, *, dlt_topic: str, group_id: str, value: str | None = None
+) -> DeadLetter:
+    """The dead letter of an accepted batch that failed for good (e.g. ``attempts_exhausted``).
+    ``value`` is the request body when Redis did not keep it (:mod:`dispatcher.request_body`); a body
+    found nowhere gives a reduced letter, whose headers point at the original record."""
+    body = record.get("request") if value is None else value
+    origin = original_with_value(record.get("origin") or "{}", body)
     message = f"{outcome.error_code or 'failed'}: {outcome.error_message or ''}".strip()
-    return build_dead_letter(
+    letter = build_dead_letter(
         origin,
         dlt_topic=dlt_topic,
         reason=outcome.dlt_reason or "internal_error",
@@ -180,6 +186,13 @@ def late_dead_letter(record: BatchRecord, outcome: Outcome, *, dlt_topic: str, g
         fqcn="dispatcher.errors.BatchFailed",
         message=message,
     )
+    if body is None and record.get("request_sha256"):
+        size = record.get("request_bytes")
+        return reduce_dead_letter(
+            letter, value_bytes=int(size) if size and size.isdigit() else None,
+            value_sha256=record.get("request_sha256"),
+        )
+    return letter
 
 
 class TerminalPublisher:
@@ -197,8 +210,10 @@ class TerminalPublisher:
         metrics: Metrics,
         crash: Callable[[str], None] = lambda point: None,
         after_publish: Callable[[BatchRecord], Awaitable[None]] | None = None,
+        bodies: RequestBodies | None = None,
     ) -> None:
         self.after_publish = after_publish
+        self.bodies = bodies
         self.store = store
         self.producer = producer
         self.results_topic = results_topic
@@ -241,7 +256,12 @@ class TerminalPublisher:
         event_id = record.get("terminal_event_id") or ""
         outcome = Outcome.from_json(record.get("outcome") or "{}")
         if record.flag("dlt_pending") and not record.flag("dlt_written"):
-            letter = late_dead_letter(record, outcome, dlt_topic=self.dlt_topic, group_id=self.group_id)
+            value = None
+            if record.get("request") is None and self.bodies is not None:
+                value = await self.bodies.value(record)
+            letter = late_dead_letter(
+                record, outcome, dlt_topic=self.dlt_topic, group_id=self.group_id, value=value
+            )
             if await self._write_dead_letter(letter):
                 self.crash("after_dlt")
                 await self.store.mark_dlt_written(record.batch_id, event_id)

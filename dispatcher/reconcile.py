@@ -16,7 +16,6 @@ bounded by the batches accepted and not ended within ``reconcile_lookback_s``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -24,11 +23,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from dispatcher.dlt import OriginalRecord
 from dispatcher.errors import BrokerUnavailable, classify
 from dispatcher.intake import Accept, IntakeRules
 from dispatcher.intake import classify as classify_record
 from dispatcher.metrics import Metrics
+from dispatcher.record_reader import RecordReader
 from dispatcher.settings import DispatcherSettings
 from dispatcher.store import StateStore
 from schemas.cloudevents import Envelope, decode, peek_type
@@ -84,13 +83,14 @@ class Reconciler:
         *,
         clock: Callable[[], float] = time.time,
         read_timeout_s: float = 30.0,
+        reader: RecordReader | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.rules = rules
         self.metrics = metrics
         self.clock = clock
-        self.read_timeout_s = read_timeout_s
+        self.reader = reader or RecordReader(settings.kafka, read_timeout_s=read_timeout_s)
 
     async def run_once(self) -> int:
         """One pass; returns how many batches were taken in again. Raises
@@ -111,7 +111,7 @@ class Reconciler:
         return restored
 
     async def _restore(self, pending: Pending) -> int:
-        origin = await self._read_request(pending.request)
+        origin = await self.reader.read(pending.request)
         where = f"{pending.request.topic}[{pending.request.partition}]@{pending.request.offset}"
         if origin is None:
             self.metrics.reconciled.labels(outcome="request_gone").inc()
@@ -172,29 +172,6 @@ class Reconciler:
                     if await consumer.position(tp) >= ends[tp]:
                         todo.discard(tp)
             return pending
-        except Exception as exc:
-            raise classify(exc, default=BrokerUnavailable) from exc
-        finally:
-            await consumer.stop()
-
-    async def _read_request(self, ref: RecordRef) -> OriginalRecord | None:
-        """The request record at ``ref``, or ``None`` when the topic no longer has it."""
-        from aiokafka import TopicPartition
-
-        tp = TopicPartition(ref.topic, ref.partition)
-        consumer = self._consumer()
-        try:
-            await consumer.start()
-            consumer.assign([tp])
-            consumer.seek(tp, ref.offset)
-            deadline = asyncio.get_running_loop().time() + self.read_timeout_s
-            while asyncio.get_running_loop().time() < deadline:
-                batches = await consumer.getmany(tp, timeout_ms=1000, max_records=1)
-                for record in batches.get(tp, []):
-                    if record.offset != ref.offset:  # deleted by retention: the next one came
-                        return None
-                    return OriginalRecord.from_consumer_record(record)
-            return None
         except Exception as exc:
             raise classify(exc, default=BrokerUnavailable) from exc
         finally:

@@ -98,7 +98,9 @@ class Dispatcher:
             settings, self.store, self.backend, self.results, self.producer, self.metrics, crash=self.crash
         )
         self.consumer.on_accepted = self.tracker.wake
-        self.reconciler = Reconciler(settings, self.store, self.consumer.rules, self.metrics)
+        self.reconciler = Reconciler(
+            settings, self.store, self.consumer.rules, self.metrics, reader=self.tracker.bodies.reader
+        )
         self.health: HealthServer | None = None
         if opts.metrics_port is not None:
             self.health = HealthServer(
@@ -313,6 +315,8 @@ class Dispatcher:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.consumer.stop(), max(1.0, deadline - time.monotonic()))
         await self.producer.stop()
+        with contextlib.suppress(Exception):
+            await self.tracker.bodies.reader.close()
         await self.backend.close()
         with contextlib.suppress(Exception):
             await self.store.close()

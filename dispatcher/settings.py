@@ -114,6 +114,13 @@ class DispatcherOptions(BaseModel):
         description="How far back the reconcile pass reads the results topic for accepted batches.",
     )
     inline_limits: InlineLimits = InlineLimits()
+    request_in_redis_max_bytes: int = Field(
+        default=16_384, ge=0, le=64 << 20,
+        description="Request records up to this size are kept in Redis until the batch ends; larger ones "
+        "(inline batches of many prompts) only by their coordinates, read back from the requests topic "
+        "at launch, so Redis memory does not grow with prompt sizes. The requests topic's retention "
+        "must then outlast the queue wait (a record gone by launch fails the batch: request_gone).",
+    )
     log_level: str = "INFO"
     log_json: bool = True
     shared_engines: bool = Field(

@@ -38,13 +38,15 @@ from dispatcher.backend import (
     JobInfo,
     JobState,
 )
-from dispatcher.errors import DispatcherError, JobRejected, ManifestInvalid
+from dispatcher.errors import DispatcherError, JobRejected, ManifestInvalid, RequestUnavailable
 from dispatcher.events import Outcome, build_progress, safe_counts, terminal_fields
 from dispatcher.job_cleanup import JobCleanup
 from dispatcher.jobspec import build_job_spec, results_prefix
 from dispatcher.keys import Keys
 from dispatcher.metrics import Metrics
 from dispatcher.publisher import EventProducer, TerminalPublisher
+from dispatcher.record_reader import RecordReader
+from dispatcher.request_body import RequestBodies
 from dispatcher.results import ResultStore
 from dispatcher.scheduler import Admission, EngineLoad, engine_capacity, launch_slots, window_requests
 from dispatcher.settings import ENGINES_ENV, DispatcherSettings
@@ -53,7 +55,7 @@ from dispatcher.store import BatchRecord, StateStore
 from schemas.dlt import DltReason
 from schemas.engines import UnknownModelError
 from schemas.errors import SchemaError
-from schemas.job import MANIFEST_NAME, Manifest
+from schemas.job import MANIFEST_NAME, JobSpec, Manifest
 from schemas.openai import Usage
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,7 @@ class Tracker:
         *,
         crash: Callable[[str], None] = lambda point: None,
         clock: Callable[[], float] = time.time,
+        bodies: RequestBodies | None = None,
     ) -> None:
         self.settings = settings
         self.opts = settings.dispatcher
@@ -93,6 +96,7 @@ class Tracker:
         self.policy = self.opts.attempt_policy
         topics = settings.kafka.topics
         self.job_cleanup = JobCleanup(store, backend, clock=clock)
+        self.bodies = bodies or RequestBodies(RecordReader(settings.kafka))
         self.publisher = TerminalPublisher(
             store,
             producer,
@@ -103,6 +107,7 @@ class Tracker:
             metrics=metrics,
             crash=crash,
             after_publish=self.forget_jobs,
+            bodies=self.bodies,
         )
         self.token = f"{self.opts.instance_id}/{uuid.uuid4().hex[:8]}"
         self.is_leader = False
@@ -634,12 +639,32 @@ class Tracker:
             self.metrics.admission_capacity.labels(model=model).set(cap)
         return Admission.of(capacity, load)
 
+    async def job_spec(self, record: BatchRecord, attempt: int) -> JobSpec:
+        """:func:`build_job_spec` with the request body read back from Kafka when Redis does not keep
+        it (raises :class:`RequestUnavailable` when it is gone, a transient error when Kafka is down)."""
+        body = await self.bodies.text(record)
+        return build_job_spec(record, attempt, self.settings, self.keys, request=body)
+
+    async def fail_request_gone(self, record: BatchRecord, exc: RequestUnavailable) -> None:
+        outcome = Outcome(
+            State.FAILED,
+            self.clock(),
+            counts={"total": int(record.get("total") or 0)},
+            error_code=str(DltReason.REQUEST_GONE),
+            error_message=str(exc)[:2000],
+            dlt_reason=str(DltReason.REQUEST_GONE),
+        )
+        await self.finish(record, outcome)
+
     async def start_attempt(self, record: BatchRecord) -> bool:
         attempt = record.attempt + 1
         try:
-            spec = build_job_spec(record, attempt, self.settings, self.keys)
+            spec = await self.job_spec(record, attempt)
         except UnknownModelError as exc:
             await self.fail_unserved(record, exc)
+            return False
+        except RequestUnavailable as exc:
+            await self.fail_request_gone(record, exc)
             return False
         except (SchemaError, ValueError) as exc:
             outcome = Outcome(
@@ -678,9 +703,12 @@ class Tracker:
     async def submit(self, record: BatchRecord) -> None:
         """Submit (or resubmit) the record's current attempt; idempotent by submission id."""
         try:
-            spec = build_job_spec(record, record.attempt, self.settings, self.keys)
+            spec = await self.job_spec(record, record.attempt)
         except UnknownModelError as exc:
             await self.fail_unserved(record, exc)
+            return
+        except RequestUnavailable as exc:
+            await self.fail_request_gone(record, exc)
             return
         try:
             result = await self.backend.submit(spec)

@@ -86,6 +86,9 @@ class DltReason(StrEnum):
     """The Ray job failed or was lost on every allowed attempt."""
     SUBMIT_REJECTED = "submit_rejected"
     """Ray refused the job for a non-transient reason."""
+    REQUEST_GONE = "request_gone"
+    """The batch's request was too large to keep in Redis and the requests topic no longer has it at
+    launch (its retention is shorter than the batch waited): send the batch again."""
     INTERNAL_ERROR = "internal_error"
     """A bug or an unexpected error while handling the event."""
     PROCESSING_FAILED = "processing_failed"

@@ -25,6 +25,8 @@ from dispatcher.intake import Accept
 from dispatcher.keys import Keys
 from dispatcher.metrics import Metrics
 from dispatcher.publisher import EventProducer
+from dispatcher.record_reader import RecordReader
+from dispatcher.request_body import RequestBodies
 from dispatcher.settings import DispatcherOptions, DispatcherSettings
 from dispatcher.states import State
 from dispatcher.store import StateStore
@@ -645,8 +647,70 @@ async def test_records_up_to_the_topic_size_are_consumed(settings: LLMBatchSetti
         await wait_for(lambda: _committed_is(h, 1), 60, what="the big record committed")
         record = await h.store.get(big.batch_id)
         assert record is not None and record.state is State.QUEUED
-        assert record.get("request") == value.decode()
+        # Redis keeps what the state machine needs: a body this large stays on the topic only
+        assert record.get("request") is None and record.get("request_bytes") == str(len(value))
+        reader = RecordReader(s.kafka)
+        try:
+            assert await RequestBodies(reader).text(record) == value.decode()
+        finally:
+            await reader.close()
     finally:
+        await h.stop()
+
+
+async def test_a_request_body_kept_on_the_topic_only_is_read_back_at_launch_or_its_loss_answered(
+    settings: LLMBatchSettings,
+) -> None:
+    """A body over request_in_redis_max_bytes is read back from the requests topic by the tracker when it
+    builds the job spec. Once retention removed the record (delete_records here), the batch fails with
+    request_gone and its dead letter is reduced, pointing at the original record; small bodies stay
+    in Redis and need no topic."""
+    from aiokafka import TopicPartition
+    from aiokafka.admin import RecordsToDelete
+
+    from dispatcher.errors import RequestUnavailable
+    from dispatcher.events import Outcome
+    from dispatcher.publisher import late_dead_letter
+    from dispatcher.tracker import Tracker
+
+    s = make_settings(settings, request_in_redis_max_bytes=4096)
+    h = Harness(s)
+    await h.start()
+    tracker = Tracker(s, h.store, None, None, h.producer, h.metrics)  # type: ignore[arg-type]
+    try:
+        small = batch_request("small-" + uuid.uuid4().hex[:6], requests=inline_lines(1))
+        big = batch_request("big-" + uuid.uuid4().hex[:6], requests=inline_lines(200))
+        messages = [request_message(small), request_message(big)]
+        assert len(messages[0][1] or b"") < 4096 < len(messages[1][1] or b"")
+        await h.send(messages)
+        await wait_for(lambda: _committed_is(h, 2), 60, what="two intakes")
+        kept, offloaded = await h.store.get(small.batch_id), await h.store.get(big.batch_id)
+        assert kept is not None and kept.get("request") == (messages[0][1] or b"").decode()
+        assert offloaded is not None and offloaded.get("request") is None
+        spec = await tracker.job_spec(offloaded, 1)
+        assert spec.requests is not None and [r.custom_id for r in spec.requests] == [
+            r.custom_id for r in big.requests or []
+        ]
+        # retention removes both records from the topic
+        where = OriginalRecord.from_json(offloaded.get("origin") or "{}")
+        admin = AIOKafkaAdminClient(**s.kafka.client_kwargs())
+        await admin.start()
+        try:
+            tps = [TopicPartition(s.kafka.topics.requests, p) for p in range(2)]
+            everything = {tp: RecordsToDelete(before_offset=-1) for tp in tps}  # -1: up to the end
+            await admin.delete_records(everything, timeout_ms=10_000)
+        finally:
+            await admin.close()
+        assert (await tracker.job_spec(kept, 1)).requests is not None  # in Redis: no topic needed
+        with pytest.raises(RequestUnavailable, match=r"no longer on the topic.*retention"):
+            await tracker.job_spec(offloaded, 1)
+        outcome = Outcome(State.FAILED, time.time(), dlt_reason="request_gone")
+        letter = late_dead_letter(offloaded, outcome, dlt_topic="dlt", group_id="g")
+        assert letter.value is None and letter.record.reduced
+        assert letter.record.original_value_bytes == len(messages[1][1] or b"")
+        assert (letter.record.original_topic, letter.record.original_offset) == (where.topic, where.offset)
+    finally:
+        await tracker.bodies.reader.close()
         await h.stop()
 
 

@@ -3,6 +3,7 @@ plus dead-letter headers and terminal event ids."""
 
 from __future__ import annotations
 
+import hashlib
 import struct
 import uuid
 from dataclasses import replace
@@ -69,6 +70,20 @@ def test_valid_request_is_accepted_with_everything_the_batch_needs() -> None:
     assert item.fields["traceparent"].startswith("00-0af7")
     assert item.deadline == pytest.approx(NOW + 24 * 3600)  # default completion window
     assert OriginalRecord.from_json(item.fields["origin"]).offset == 7
+
+
+def test_a_body_over_the_redis_limit_is_kept_by_size_and_digest_only() -> None:
+    request = batch_request("batch-1", requests=inline_lines(5))
+    key, value, headers = request_message(request)
+    rules = replace(RULES, request_in_redis_max_bytes=len(value) - 1)
+    command = classify(origin(key, value, headers, offset=7), rules, NOW)
+    assert isinstance(command, Accept)
+    fields = command.item.fields
+    assert "request" not in fields and fields["request_bytes"] == str(len(value))
+    assert fields["request_sha256"] == hashlib.sha256(value).hexdigest()
+    assert OriginalRecord.from_json(fields["origin"]).offset == 7  # where to read it back
+    same = classify(origin(key, value, headers), replace(RULES, request_in_redis_max_bytes=len(value)), NOW)
+    assert isinstance(same, Accept) and same.item.fields["request"] == value.decode()
 
 
 def test_deadline_and_window_take_the_earlier() -> None:
