@@ -61,6 +61,7 @@ def build_job_spec(
         progress_interval_s=job.progress_interval_s,
         shard_max_lines=job.shard_max_lines,
         shard_max_seconds=job.shard_max_seconds,
+        max_line_bytes=job.max_line_bytes,
         deadline=datetime.fromtimestamp(deadline, UTC) if deadline else None,
         priority=parsed.priority,
     )

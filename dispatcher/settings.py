@@ -22,6 +22,7 @@ from dispatcher.retry import AttemptPolicy, Backoff
 from llmbatch.settings import LLMBatchSettings
 from schemas.batch import InlineLimits
 from schemas.engines import EngineRegistry
+from schemas.lines import DEFAULT_MAX_LINE_BYTES
 
 CrashPoint = Literal["after_accept", "after_submit", "after_job_end", "after_publish", "after_dlt"]
 
@@ -216,6 +217,11 @@ class JobOptions(BaseModel):
     )
     progress_interval_s: float = Field(default=2.0, gt=0, le=3600)
     shard_max_lines: int = Field(default=10_000, ge=1, description="Lines per result shard at most.")
+    max_line_bytes: int = Field(
+        default=DEFAULT_MAX_LINE_BYTES, ge=1024, le=1 << 30,
+        description="Longest input line a job answers as a request; a longer one (a file without "
+        "newlines, a huge prompt) becomes a line_too_large error line, read in bounded memory.",
+    )
     shard_max_seconds: float = Field(
         default=60.0,
         gt=0,

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from producer.errors import InputFileError, InvalidInput
 from schemas import BatchInputLine, Endpoint, InputReport, SchemaError, iter_input_lines
 from schemas.errors import Reason
+from schemas.lines import DEFAULT_MAX_LINE_BYTES, split_lines
 
 
 @dataclass(slots=True)
@@ -42,8 +43,9 @@ class PreparedFile:
 
 
 def _open_lines(path: Path) -> Iterable[bytes]:
+    """The file's lines in bounded memory (a file without newlines is not read into one line)."""
     with path.open("rb") as handle:
-        yield from handle
+        yield from split_lines(iter(lambda: handle.read(1 << 20), b""), DEFAULT_MAX_LINE_BYTES)
 
 
 def prepare_file(
@@ -74,7 +76,9 @@ def prepare_file(
         if skip_invalid:
             fd, name = tempfile.mkstemp(prefix="llmbatch-input-", suffix=".jsonl")
             out, out_path = os.fdopen(fd, "wb"), Path(name)
-        for result in iter_input_lines(_open_lines(source), endpoint=endpoint, model=model):
+        lines = _open_lines(source)
+        limit = DEFAULT_MAX_LINE_BYTES
+        for result in iter_input_lines(lines, endpoint=endpoint, model=model, max_line_bytes=limit):
             report.add(result)
             if out is not None and result.ok:
                 raw = result.raw if isinstance(result.raw, bytes) else result.raw.encode()

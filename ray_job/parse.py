@@ -17,6 +17,7 @@ from ray_job import rows
 from ray_job.errors import UNREADABLE_CUSTOM_ID, RequestFailure
 from ray_job.formatting import error_line
 from schemas.common import Endpoint
+from schemas.lines import count_lines
 from schemas.openai import iter_input_lines
 
 
@@ -38,13 +39,15 @@ def parse_lines(
     endpoint: Endpoint,
     model: str,
     done: DoneKeys | None = None,
+    max_line_bytes: int | None = None,
 ) -> Iterator[rows.Row]:
     """Yield one row per non-blank line not finished before: a ``request`` or an ``error`` row.
 
-    Line numbers are 1-based and count blank lines, like an editor does.
+    Line numbers are 1-based and count blank lines, like an editor does. A line over
+    ``max_line_bytes`` (cut to that length + 1 by :func:`split_lines`) is a ``line_too_large`` error.
     """
     done = done or DoneKeys()
-    for result in iter_input_lines(lines, endpoint=endpoint, model=model):
+    for result in iter_input_lines(lines, endpoint=endpoint, model=model, max_line_bytes=max_line_bytes):
         line_no = result.line_no
         if result.error is not None:
             if line_no in done.lines:
@@ -63,23 +66,6 @@ def parse_lines(
 
 
 def count_request_lines(chunks: Iterable[bytes]) -> int:
-    """Non-blank lines in a byte stream given in arbitrary chunks (what :func:`parse_lines` counts)."""
-    count, tail = 0, b""
-    for chunk in chunks:
-        data = tail + chunk
-        parts = data.split(b"\n")
-        tail = parts.pop()
-        count += sum(1 for part in parts if part.strip())
-    return count + (1 if tail.strip() else 0)
-
-
-def split_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """Re-chunk a byte stream into lines (without the newline); the last line may lack one."""
-    tail = b""
-    for chunk in chunks:
-        data = tail + chunk
-        parts = data.split(b"\n")
-        tail = parts.pop()
-        yield from parts
-    if tail:
-        yield tail
+    """Non-blank lines in a byte stream given in arbitrary chunks (what :func:`parse_lines` counts),
+    in constant memory."""
+    return count_lines(chunks)

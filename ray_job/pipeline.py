@@ -102,6 +102,7 @@ def source_of(spec: JobSpec, done_shards: list[tuple[str, str]], *, input_path: 
         inline=inline,
         done_shards=done_shards,
         block_rows=spec.engine.batch_size,
+        max_line_bytes=spec.max_line_bytes,
     )
 
 

@@ -15,9 +15,10 @@ import pyarrow as pa
 from pyarrow import fs as pafs
 
 from ray_job import rows, s3
-from ray_job.parse import DoneKeys, parse_lines, split_lines
+from ray_job.parse import DoneKeys, parse_lines
 from ray_job.resume import load_done_keys
 from schemas.common import Endpoint
+from schemas.lines import split_lines
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,7 @@ class Source:
     inline: bytes | None = None
     done_shards: list[tuple[str, str]] = field(default_factory=list)
     block_rows: int = 64
+    max_line_bytes: int | None = None
 
 
 def iter_blocks(source: Source, fs: pafs.FileSystem | None = None) -> Iterator[list[rows.Row]]:
@@ -48,11 +50,12 @@ def iter_blocks(source: Source, fs: pafs.FileSystem | None = None) -> Iterator[l
         chunks = iter([source.inline or b""])
     block: list[rows.Row] = []
     parsed = parse_lines(
-        split_lines(chunks),
+        split_lines(chunks, source.max_line_bytes),
         batch_id=source.batch_id,
         endpoint=Endpoint(source.endpoint),
         model=source.model,
         done=done,
+        max_line_bytes=source.max_line_bytes,
     )
     for row in parsed:
         block.append(row)

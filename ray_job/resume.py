@@ -24,8 +24,9 @@ import orjson
 from pyarrow import fs as pafs
 
 from ray_job import s3
-from ray_job.parse import DoneKeys, split_lines
+from ray_job.parse import DoneKeys
 from schemas.job import ShardInfo
+from schemas.lines import split_lines
 
 log = logging.getLogger("ray_job.resume")
 SHARD_RE = re.compile(r"^(output|error)-a(\d+)-(\d{5,})\.jsonl$")

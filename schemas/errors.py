@@ -43,6 +43,7 @@ class Reason(StrEnum):
     MODEL_MISMATCH = "model_mismatch"
     """An input line's ``body.model`` differs from the batch ``model``."""
     DUPLICATE_CUSTOM_ID = "duplicate_custom_id"
+    LINE_TOO_LARGE = "line_too_large"
     """Two input lines of one batch share a ``custom_id``."""
     EMPTY_INPUT = "empty_input"
     """A batch has no request lines."""
@@ -65,6 +66,7 @@ OPENAI_ERROR_CODES: dict[str, str] = {
     Reason.URL_MISMATCH: "invalid_url",
     Reason.MODEL_MISMATCH: "mismatched_model",
     Reason.DUPLICATE_CUSTOM_ID: "duplicate_custom_id",
+    Reason.LINE_TOO_LARGE: "line_too_large",  # no OpenAI equivalent: it refuses the whole file
     Reason.EMPTY_INPUT: "empty_file",
     Reason.LIMIT_EXCEEDED: "too_many_tasks",
     Reason.MODEL_NOT_FOUND: "model_not_found",

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_fie
 from schemas.batch import DEFAULT_PRIORITY
 from schemas.common import BatchId, BatchStatus, Endpoint, ModelName, S3Prefix, S3Uri, Tenant, UtcDatetime
 from schemas.errors import SchemaError
+from schemas.lines import DEFAULT_MAX_LINE_BYTES
 from schemas.openai import BatchInputLine, ErrorObject, RequestCounts, Usage
 
 MANIFEST_NAME = "manifest.json"
@@ -132,6 +133,11 @@ class JobSpec(BaseModel):
     )
     progress_interval_s: float = Field(default=5.0, gt=0, le=3600)
     shard_max_lines: int = Field(default=10_000, ge=1, description="Lines per output/error shard at most.")
+    max_line_bytes: int = Field(
+        default=DEFAULT_MAX_LINE_BYTES, ge=1024, le=1 << 30,
+        description="Longest input line answered as a request; a longer one becomes a line_too_large "
+        "error line (read in bounded memory, never parsed or tokenized).",
+    )
     shard_max_bytes: int = Field(default=64 << 20, ge=1024, description="Bytes per shard at most (about).")
     shard_max_seconds: float = Field(
         default=300.0,

@@ -8,6 +8,7 @@ an OpenAI error code through :attr:`~schemas.errors.SchemaError.openai_code`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -380,12 +381,30 @@ def _load_object(raw: bytes | str, line_no: int | None) -> dict[str, Any]:
     return obj
 
 
+_CUSTOM_ID_RE = re.compile(rb'"custom_id"\s*:\s*"((?:[^"\\]|\\.){1,256})"')
+_CUSTOM_ID_SCAN_BYTES = 4096
+
+
+def _cheap_custom_id(raw: bytes | str) -> str | None:
+    """The ``custom_id`` of a line too large to parse, when it is among its first bytes."""
+    head = raw[:_CUSTOM_ID_SCAN_BYTES]
+    match = _CUSTOM_ID_RE.search(head.encode("utf-8", "replace") if isinstance(head, str) else head)
+    if match is None:
+        return None
+    try:
+        value = orjson.loads(b'"' + match.group(1) + b'"')
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, str) else None
+
+
 def parse_input_line(
     raw: bytes | str,
     line_no: int | None = None,
     *,
     endpoint: Endpoint | str | None = None,
     model: str | None = None,
+    max_line_bytes: int | None = None,
 ) -> BatchInputLine:
     """Parse and validate one JSONL input line.
 
@@ -394,10 +413,21 @@ def parse_input_line(
         line_no: 1-based line number, reported in errors.
         endpoint: when given, the line's ``url`` must equal it (``url_mismatch``).
         model: when given, a ``body.model`` present on the line must equal it (``model_mismatch``).
+        max_line_bytes: when given, a longer line is refused unparsed (``line_too_large``), its
+            custom_id read from its first bytes if it is there.
 
     Raises:
         SchemaError: with ``line``, ``field`` and, when it could be read, ``custom_id`` set.
     """
+    if max_line_bytes is not None and len(raw) > max_line_bytes:
+        err = SchemaError(
+            Reason.LINE_TOO_LARGE,
+            f"the line is longer than {max_line_bytes} bytes (LLMBATCH_JOB__MAX_LINE_BYTES): shorten its "
+            "content or split the request",
+            line=line_no,
+        )
+        err.custom_id = _cheap_custom_id(raw)
+        raise err
     obj = _load_object(raw, line_no)
     custom_id = obj.get("custom_id") if isinstance(obj.get("custom_id"), str) else None
     try:
@@ -450,6 +480,7 @@ def iter_input_lines(
     endpoint: Endpoint | str | None = None,
     model: str | None = None,
     start_line: int = 1,
+    max_line_bytes: int | None = None,
 ) -> Iterator[LineResult]:
     """Validate a JSONL stream line by line, skipping blank lines and rejecting duplicate custom_ids.
 
@@ -461,7 +492,8 @@ def iter_input_lines(
         if not raw.strip():
             continue
         try:
-            parsed = parse_input_line(raw, line_no, endpoint=endpoint, model=model)
+            parsed = parse_input_line(raw, line_no, endpoint=endpoint, model=model,
+                                      max_line_bytes=max_line_bytes)
         except SchemaError as exc:
             yield LineResult(line_no, error=exc, raw=raw)
             continue

@@ -153,3 +153,22 @@ def test_write_jsonl_round_trips() -> None:
         assert prepared.valid == 3
     finally:
         prepared.cleanup()
+
+
+def test_a_file_without_newlines_is_refused_in_bounded_memory(tmp_path: Path) -> None:
+    """64 MiB with no newline (a binary uploaded by mistake): one line_too_large, never one 64 MiB line."""
+    import tracemalloc
+
+    path = tmp_path / "in.jsonl"
+    with path.open("wb") as f:
+        for _ in range(64):
+            f.write(b"\x07" * (1 << 20))
+    tracemalloc.start()
+    try:
+        with pytest.raises(InvalidInput) as info:
+            prepare_file(path, endpoint=CHAT, model="m")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [(e.line, e.reason) for e in info.value.errors] == [(1, Reason.LINE_TOO_LARGE)]
+    assert peak < 32 << 20, peak

@@ -8,8 +8,9 @@ import orjson
 import pytest
 
 from ray_job import rows
-from ray_job.parse import DoneKeys, count_request_lines, parse_lines, split_lines
+from ray_job.parse import DoneKeys, count_request_lines, parse_lines
 from schemas.common import Endpoint
+from schemas.lines import split_lines
 from schemas.openai import BatchOutputLine
 
 pytestmark = pytest.mark.unit
@@ -113,3 +114,25 @@ def test_split_and_count_lines_across_chunk_boundaries(size: int) -> None:
     assert count_request_lines(chunks) == 3
     assert count_request_lines([data + b"\n"]) == 3
     assert count_request_lines([]) == 0
+
+
+def test_a_line_over_the_limit_is_a_line_too_large_error_and_the_rest_run() -> None:
+    big = orjson.dumps({"custom_id": "huge", "method": "POST", "url": CHAT,  # custom_id first, as usual
+                        "body": {"messages": [{"role": "user", "content": "y" * 50_000}]}})
+    data = b"\n".join([line("a"), big, b'{"x": "' + b"z" * 50_000, line("b")])
+    got = list(parse_lines(split_lines([data], 4096), batch_id="b1", endpoint=Endpoint.CHAT_COMPLETIONS,
+                           model="m", max_line_bytes=4096))
+    assert [(r.line_no, r.kind, r.custom_id) for r in got] == [
+        (1, rows.REQUEST, "a"), (2, rows.ERROR, "huge"), (3, rows.ERROR, "@line-3"), (4, rows.REQUEST, "b"),
+    ]
+    assert error_of(got[1])["code"] == "line_too_large" and "4096 bytes" in error_of(got[1])["message"]
+
+
+def test_the_reader_task_applies_the_specs_line_limit() -> None:
+    from ray_job.reader import Source, iter_blocks
+
+    data = b"\n".join([line("a"), b"q" * 10_000, line("b")])
+    source = Source(batch_id="b1", endpoint=CHAT, model="m", inline=data, max_line_bytes=2048)
+    got = [row for block in iter_blocks(source) for row in block]
+    assert [(r.line_no, r.kind) for r in got] == [(1, rows.REQUEST), (2, rows.ERROR), (3, rows.REQUEST)]
+    assert error_of(got[1])["code"] == "line_too_large"
