@@ -88,6 +88,7 @@ class Attempt:
         self.progress: Progress | None = None
         self.writers: dict[str, ShardWriter] = {}
         self.seen = SeenLines()
+        self.invalid_lines = 0  # input lines that failed validation (this attempt)
         self.total: int | None = len(spec.requests) if spec.requests is not None else None
         self.engine_start_s: float | None = None
         self.engine_ready_at: float | None = None
@@ -207,7 +208,7 @@ class Attempt:
         """Write finished rows into the shards and count them."""
         assert self.progress is not None
         for row in batch:
-            if row.kind not in (rows.OUTPUT, rows.ERROR):
+            if row.kind not in (rows.OUTPUT, rows.ERROR, rows.INVALID):
                 raise RuntimeError(f"unfinished row {row.kind!r} for line {row.line_no} reached the driver")
             if not self.seen.add(row.line_no):
                 log.warning("line %d delivered twice; keeping the first result", row.line_no)
@@ -223,6 +224,8 @@ class Attempt:
             else:
                 self.writers["error"].add(row.payload)
                 self.progress.add(failed=1)
+                if row.kind == rows.INVALID:
+                    self.invalid_lines += 1
 
     # --- the end ------------------------------------------------------------------------------
 
@@ -249,10 +252,16 @@ class Attempt:
             status = "partial"
         out_lines = sum(i.lines for i in self.writers["output"].shards) if "output" in self.writers else 0
         err_lines = sum(i.lines for i in self.writers["error"].shards) if "error" in self.writers else 0
+        nothing_valid = not self.prior.shards and out_lines == 0 and err_lines == self.invalid_lines
+        if status == "completed" and nothing_valid:
+            status = "failed"  # no valid request at all: the batch fails, as OpenAI's does
+            error = ErrorObject(code="input_invalid", message=(
+                f"none of the {err_lines} input lines is a valid request: the error file names each "
+                "line's problem" if err_lines else "the input has no request lines (empty file)"))
         record = AttemptRecord(
             attempt=self.spec.attempt,
             submission_id=self.spec.submission_id,
-            status=BatchStatus.COMPLETED if status == "completed" else "partial",
+            status={"completed": BatchStatus.COMPLETED, "failed": BatchStatus.FAILED}.get(status, "partial"),
             started_at=self.started_at,
             finished_at=finished,
             completed=out_lines,

@@ -22,7 +22,7 @@ from schemas.openai import ErrorObject, RequestCounts, Usage
 
 log = logging.getLogger("ray_job.manifest")
 
-Status = Literal["completed", "partial"]
+Status = Literal["completed", "partial", "failed"]
 
 
 def read_previous(fs: pafs.FileSystem, path: str) -> Manifest | None:
@@ -87,14 +87,14 @@ def build(
     completed, failed = sum(s.lines for s in outputs), sum(s.lines for s in errors)
     ended = completed + failed
     counts = RequestCounts(
-        total=ended if status == "completed" or total is None else max(total, ended),
+        total=ended if status != "partial" or total is None else max(total, ended),
         completed=completed,
         failed=failed,
     )
     return Manifest(
         batch_id=batch_id,
         attempt=attempt,
-        status=BatchStatus.COMPLETED if status == "completed" else "partial",
+        status={"completed": BatchStatus.COMPLETED, "failed": BatchStatus.FAILED}.get(status, "partial"),
         request_counts=counts,
         usage=usage,
         output_shards=outputs,

@@ -55,7 +55,7 @@ def parse_lines(
             custom_id = result.error.custom_id or UNREADABLE_CUSTOM_ID.format(line=line_no)
             failure = RequestFailure.from_schema_error(result.error)
             payload = error_line(failure, batch_id=batch_id, custom_id=custom_id, line_no=line_no)
-            yield rows.Row(line_no, rows.ERROR, custom_id, payload)
+            yield rows.Row(line_no, rows.INVALID, custom_id, payload)
             continue
         assert result.line is not None
         custom_id = result.line.custom_id

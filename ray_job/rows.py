@@ -5,7 +5,9 @@ from different stages and batches always concatenate).
 
 - ``request``: a valid input line still to run; ``payload`` is JSON (``url``, ``body`` and, after
   the prompt stage, ``prompt_token_ids``/``sampling``);
-- ``output`` / ``error``: finished; ``payload`` is the final output-file / error-file line.
+- ``output`` / ``error``: finished; ``payload`` is the final output-file / error-file line;
+- ``invalid``: finished, an input line that failed validation (an ``error`` the engine never saw;
+  a batch whose every line is ``invalid`` fails with ``input_invalid``, as OpenAI's does).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pyarrow as pa
 REQUEST = "request"
 OUTPUT = "output"
 ERROR = "error"
+INVALID = "invalid"
 
 SCHEMA = pa.schema(
     [

@@ -59,3 +59,40 @@ def test_a_real_failure_keeps_its_own_code(attempt: Any) -> None:
 
     code, result = attempt(pipeline)
     assert code == ExitCode.RETRIABLE and result["error"]["code"] == "engine_dead"
+
+
+def _invalid(line_no: int) -> Any:
+    from ray_job import rows
+
+    payload = orjson.dumps({"id": f"e{line_no}", "custom_id": f"@line-{line_no}", "response": None,
+                            "error": {"code": "invalid_json_line", "message": "x", "line": line_no}}) + b"\n"
+    return rows.Row(line_no, rows.INVALID, f"@line-{line_no}", payload)
+
+
+@pytest.mark.parametrize(("lines", "valid"), [(0, False), (3, False), (3, True)])
+def test_a_batch_without_one_valid_request_fails_as_input_invalid(
+    attempt: Any, tmp_path: Path, lines: int, valid: bool
+) -> None:
+    """Every line invalid, or an empty file: OpenAI fails such a batch, so does llmbatch (the error file
+    still names each line); one valid request among them and the batch completes."""
+    from ray_job import rows
+
+    (tmp_path / "results" / "default" / "b1").mkdir(parents=True)
+
+    def pipeline(att: job_main.Attempt) -> None:
+        att.consume([_invalid(n) for n in range(1, lines + 1)])
+        if valid:
+            att.consume([rows.Row(lines + 1, rows.OUTPUT, "ok", b'{"custom_id": "ok"}\n')])
+
+    code, result = attempt(pipeline)
+    assert code == ExitCode.OK
+    counts = result["request_counts"]
+    assert (counts["completed"], counts["failed"]) == (int(valid), lines)
+    if valid:
+        assert result["status"] == "completed" and result["error"] is None
+    else:
+        assert result["status"] == "failed" and result["error"]["code"] == "input_invalid"
+        expected = "empty file" if lines == 0 else f"none of the {lines} input lines"
+        assert expected in result["error"]["message"]
+        manifest = orjson.loads((tmp_path / "results" / "default" / "b1" / "manifest.json").read_bytes())
+        assert manifest["status"] == "failed" and manifest["error"]["code"] == "input_invalid"

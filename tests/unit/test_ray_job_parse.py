@@ -57,7 +57,7 @@ def test_each_kind_of_bad_line_gets_its_code_and_line_number() -> None:
     out = parse(lines)
     assert [r.line_no for r in out] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12]  # blank line 10 skipped
     assert [r.kind for r in out].count(rows.REQUEST) == 1
-    codes = {r.line_no: error_of(r)["code"] for r in out if r.kind == rows.ERROR}
+    codes = {r.line_no: error_of(r)["code"] for r in out if r.kind == rows.INVALID}
     assert codes == {
         1: "invalid_json_line",
         2: "missing_required_parameter",
@@ -73,7 +73,7 @@ def test_each_kind_of_bad_line_gets_its_code_and_line_number() -> None:
     by_line = {r.line_no: r for r in out}
     assert by_line[1].custom_id == "@line-1"  # unreadable custom_id gets a placeholder
     assert by_line[4].custom_id == "a"  # duplicates keep the caller's custom_id
-    assert all(error_of(r)["line"] == r.line_no for r in out if r.kind == rows.ERROR)
+    assert all(error_of(r)["line"] == r.line_no for r in out if r.kind == rows.INVALID)
     assert error_of(by_line[6])["param"] == "method"
 
 
@@ -93,7 +93,7 @@ def test_done_keys_skip_finished_lines_but_duplicates_are_still_detected() -> No
     done = DoneKeys(custom_ids={"a"}, lines={3})
     out = parse(lines, done)
     # a (line 1) done, b runs, line 3 error already written, line 4 is still a duplicate of a
-    assert [(r.line_no, r.kind) for r in out] == [(2, rows.REQUEST), (4, rows.ERROR), (5, rows.REQUEST)]
+    assert [(r.line_no, r.kind) for r in out] == [(2, rows.REQUEST), (4, rows.INVALID), (5, rows.REQUEST)]
     assert error_of(out[1])["code"] == "duplicate_custom_id"
     done.lines.add(4)
     assert [r.line_no for r in parse(lines, done)] == [2, 5]
@@ -123,7 +123,10 @@ def test_a_line_over_the_limit_is_a_line_too_large_error_and_the_rest_run() -> N
     got = list(parse_lines(split_lines([data], 4096), batch_id="b1", endpoint=Endpoint.CHAT_COMPLETIONS,
                            model="m", max_line_bytes=4096))
     assert [(r.line_no, r.kind, r.custom_id) for r in got] == [
-        (1, rows.REQUEST, "a"), (2, rows.ERROR, "huge"), (3, rows.ERROR, "@line-3"), (4, rows.REQUEST, "b"),
+        (1, rows.REQUEST, "a"),
+        (2, rows.INVALID, "huge"),
+        (3, rows.INVALID, "@line-3"),
+        (4, rows.REQUEST, "b"),
     ]
     assert error_of(got[1])["code"] == "line_too_large" and "4096 bytes" in error_of(got[1])["message"]
 
@@ -134,5 +137,5 @@ def test_the_reader_task_applies_the_specs_line_limit() -> None:
     data = b"\n".join([line("a"), b"q" * 10_000, line("b")])
     source = Source(batch_id="b1", endpoint=CHAT, model="m", inline=data, max_line_bytes=2048)
     got = [row for block in iter_blocks(source) for row in block]
-    assert [(r.line_no, r.kind) for r in got] == [(1, rows.REQUEST), (2, rows.ERROR), (3, rows.REQUEST)]
+    assert [(r.line_no, r.kind) for r in got] == [(1, rows.REQUEST), (2, rows.INVALID), (3, rows.REQUEST)]
     assert error_of(got[1])["code"] == "line_too_large"
