@@ -1,0 +1,48 @@
+"""The reader task (ray_job.reader) over input files on a local pyarrow filesystem: compressed inputs
+(.jsonl.gz, .jsonl.zst) are read as streams, by their extension, like plain ones."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import orjson
+import pyarrow as pa
+import pytest
+from pyarrow import fs as pafs
+
+from ray_job import rows
+from ray_job.reader import Source, iter_blocks
+
+pytestmark = pytest.mark.unit
+CHAT = "/v1/chat/completions"
+
+
+def jsonl(n: int) -> bytes:
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    lines = [
+        orjson.dumps({"custom_id": f"r{i}", "method": "POST", "url": CHAT, "body": body}) for i in range(n)
+    ]
+    return b"\n".join([*lines, b"{broken"]) + b"\n"
+
+
+@pytest.mark.parametrize("name", ["in.jsonl", "in.jsonl.gz", "in.jsonl.zst"])
+def test_plain_and_compressed_inputs_give_the_same_rows(tmp_path: Path, name: str) -> None:
+    data = jsonl(2000)
+    path = tmp_path / name
+    if name.endswith(".gz"):
+        path.write_bytes(gzip.compress(data))
+    elif name.endswith(".zst"):
+        with pa.CompressedOutputStream(str(path), "zstd") as out:
+            out.write(data)
+    else:
+        path.write_bytes(data)
+    assert name == "in.jsonl" or path.stat().st_size < len(data) // 5  # really compressed
+    source = Source(batch_id="b1", endpoint=CHAT, model="m", input_path=name, block_rows=500)
+    local = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    blocks = list(iter_blocks(source, local))
+    got = [row for block in blocks for row in block]
+    assert len(blocks) == 5 and [len(b) for b in blocks[:4]] == [500] * 4  # streamed in blocks
+    assert [r.custom_id for r in got[:2000]] == [f"r{i}" for i in range(2000)]
+    assert all(r.kind == rows.REQUEST for r in got[:2000])
+    assert (got[2000].line_no, got[2000].kind) == (2001, rows.INVALID)
