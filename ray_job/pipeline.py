@@ -17,6 +17,7 @@ import ray
 from ray.data import ActorPoolStrategy, DataContext, Dataset
 
 from ray_job.engine import EngineStage
+from ray_job.parse import DoneKeys
 from ray_job.prompts import PromptStage
 from ray_job.reader import Source, read_rows
 from schemas.job import JobSpec
@@ -91,7 +92,7 @@ def rebatch(ds: Dataset, rows: int) -> Dataset:
         return ds.repartition(target_num_rows_per_block=rows)
 
 
-def source_of(spec: JobSpec, done_shards: list[tuple[str, str]], *, input_path: str | None) -> Source:
+def source_of(spec: JobSpec, done: DoneKeys, *, input_path: str | None) -> Source:
     """What the reader reads for ``spec``: the input file or the inline requests, minus done lines."""
     inline = b"".join(line.to_jsonl() for line in spec.requests) if spec.requests is not None else None
     return Source(
@@ -100,15 +101,15 @@ def source_of(spec: JobSpec, done_shards: list[tuple[str, str]], *, input_path: 
         model=spec.model,
         input_path=input_path,
         inline=inline,
-        done_shards=done_shards,
+        done=done,
         block_rows=spec.engine.batch_size,
         max_line_bytes=spec.max_line_bytes,
     )
 
 
-def build(spec: JobSpec, done_shards: list[tuple[str, str]], *, input_path: str | None) -> Dataset:
+def build(spec: JobSpec, done: DoneKeys, *, input_path: str | None) -> Dataset:
     """The dataset of finished rows (``output`` / ``error``) for the lines still to do."""
-    source = source_of(spec, done_shards, input_path=input_path)
+    source = source_of(spec, done, input_path=input_path)
     model_path = spec.model_path or spec.model
     ds: Dataset = ray.data.from_items([{"part": 0}])
     ds = ds.map_batches(

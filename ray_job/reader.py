@@ -3,7 +3,8 @@
 A single task reads the file front to back, so line numbers and duplicate detection are exact;
 it streams the object in 1 MiB chunks and yields a block every ``block_rows`` rows, so neither
 it nor the driver ever holds the whole file, and Ray Data's backpressure paces it. Lines finished
-by earlier attempts are skipped here (the task reads those attempts' shards first).
+by earlier attempts are skipped here (their keys come with the :class:`Source`, collected by the
+driver's resume scan: shards are read once per attempt, not once by the driver and again here).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from pyarrow import fs as pafs
 
 from ray_job import rows, s3
 from ray_job.parse import DoneKeys, parse_lines
-from ray_job.resume import load_done_keys
 from schemas.common import Endpoint
 from schemas.lines import split_lines
 
@@ -30,19 +30,17 @@ class Source:
     model: str
     input_path: str | None = None
     inline: bytes | None = None
-    done_shards: list[tuple[str, str]] = field(default_factory=list)
+    done: DoneKeys = field(default_factory=DoneKeys)
+    """Lines earlier attempts answered (:attr:`ray_job.resume.Prior.done`), skipped."""
     block_rows: int = 64
     max_line_bytes: int | None = None
 
 
 def iter_blocks(source: Source, fs: pafs.FileSystem | None = None) -> Iterator[list[rows.Row]]:
     """Row blocks of the input, bad lines as error rows, finished lines skipped."""
-    if fs is None and (source.input_path is not None or source.done_shards):
+    if fs is None and source.input_path is not None:
         fs = s3.filesystem()
-    done = DoneKeys()
-    if source.done_shards:
-        assert fs is not None
-        done = load_done_keys(fs, source.done_shards)
+    done = source.done
     if source.input_path is not None:
         assert fs is not None
         chunks: Iterator[bytes] = s3.read_chunks(fs, source.input_path)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import orjson
@@ -58,6 +57,8 @@ class Prior:
     shards: list[Shard] = field(default_factory=list)
     skipped: list[Shard] = field(default_factory=list)
     """Shards left out because an earlier shard answers some of their requests (a stale attempt's)."""
+    done: DoneKeys = field(default_factory=DoneKeys)
+    """What the taken shards answer: the reader task skips those lines (shards are read once)."""
 
     @property
     def completed(self) -> int:
@@ -151,7 +152,7 @@ def summarize(fs: pafs.FileSystem, shard: Shard, answers: DoneKeys | None = None
 def scan(fs: pafs.FileSystem, prefix_path: str) -> Prior:
     """All shards under the prefix with their counts, but for those answering a request again."""
     prior = Prior()
-    taken = DoneKeys()
+    taken = prior.done
     for shard in list_shards(fs, prefix_path):
         answers = DoneKeys()
         summarize(fs, shard, answers)
@@ -164,28 +165,3 @@ def scan(fs: pafs.FileSystem, prefix_path: str) -> Prior:
         taken.lines |= answers.lines
         prior.shards.append(shard)
     return prior
-
-
-def done_keys_from_lines(kinds_and_lines: Iterable[tuple[str, bytes]]) -> DoneKeys:
-    """The keys answered by shard lines: output custom_ids and error line numbers."""
-    done = DoneKeys()
-    for kind, raw in kinds_and_lines:
-        if not raw.strip():
-            continue
-        custom_id, line, _, _ = line_keys(kind, raw)
-        if kind == "output" and custom_id is not None:
-            done.custom_ids.add(custom_id)
-        elif kind == "error" and line is not None:
-            done.lines.add(line)
-    return done
-
-
-def load_done_keys(fs: pafs.FileSystem, shards: list[tuple[str, str]]) -> DoneKeys:
-    """Read ``(kind, path)`` shards and collect their :class:`DoneKeys` (runs in the reader task)."""
-
-    def lines() -> Iterable[tuple[str, bytes]]:
-        for kind, path in shards:
-            for raw in split_lines(s3.read_chunks(fs, path)):
-                yield kind, raw
-
-    return done_keys_from_lines(lines())

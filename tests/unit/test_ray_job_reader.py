@@ -46,3 +46,13 @@ def test_plain_and_compressed_inputs_give_the_same_rows(tmp_path: Path, name: st
     assert [r.custom_id for r in got[:2000]] == [f"r{i}" for i in range(2000)]
     assert all(r.kind == rows.REQUEST for r in got[:2000])
     assert (got[2000].line_no, got[2000].kind) == (2001, rows.INVALID)
+
+
+def test_lines_earlier_attempts_answered_are_skipped_without_reading_their_shards() -> None:
+    """The driver's resume scan hands the reader the keys (Prior.done): the task reads no shard."""
+    from ray_job.parse import DoneKeys
+
+    source = Source(batch_id="b1", endpoint=CHAT, model="m", inline=jsonl(3),
+                    done=DoneKeys(custom_ids={"r1"}, lines={4}))
+    got = [row for block in iter_blocks(source, fs=None) for row in block]
+    assert [(r.line_no, r.custom_id) for r in got] == [(1, "r0"), (3, "r2")]  # r1 and bad line 4 done

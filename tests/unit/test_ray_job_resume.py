@@ -52,18 +52,16 @@ def test_shard_names() -> None:
         assert resume.parse_shard_name(other) is None
 
 
-def test_done_keys_from_shard_lines() -> None:
-    done = resume.done_keys_from_lines(
-        [
-            ("output", out_line("a", 1)),
-            ("output", out_line("b", 2)),
-            ("error", err_line("@line-3", 3)),
-            ("error", err_line("a", 4)),
-            ("output", b"garbage"),
-            ("error", b"{}"),
-            ("output", b"  "),
-        ]
-    )
+def test_done_keys_from_shard_lines(local: pafs.FileSystem) -> None:
+    out = ShardWriter(local, "bkt/t/b/", "output", 1)
+    for raw in (out_line("a", 1), out_line("b", 2), b"garbage\n", b"  \n"):
+        out.add(raw)
+    out.flush()
+    err = ShardWriter(local, "bkt/t/b/", "error", 1)
+    for raw in (err_line("@line-3", 3), err_line("a", 4), b"{}\n"):
+        err.add(raw)
+    err.flush()
+    done = resume.scan(local, "bkt/t/b/").done
     assert done.custom_ids == {"a", "b"} and done.lines == {3, 4}
 
 
@@ -121,7 +119,7 @@ def test_scan_counts_prior_shards_and_next_index(local: pafs.FileSystem) -> None
     assert (prior.completed, prior.failed, prior.prompt_tokens, prior.completion_tokens) == (3, 1, 30, 9)
     assert prior.next_index("output", 1) == 2 and prior.next_index("output", 2) == 0
     assert prior.per_attempt() == {1: (3, 1)}
-    keys = resume.load_done_keys(local, [(s.kind, s.path) for s in prior.shards])
+    keys = prior.done  # what the reader task skips
     assert keys.custom_ids == {"r0", "r1", "r2"} and keys.lines == {9}
 
 
@@ -219,7 +217,7 @@ def test_scan_leaves_out_a_stale_attempts_shard_answering_requests_again(local: 
     ]
     assert [(s.kind, s.attempt, s.index) for s in prior.skipped] == [("error", 2, 0), ("output", 2, 0)]
     assert (prior.completed, prior.failed) == (4, 1)  # each request once: r0-r3, line 9
-    keys = resume.load_done_keys(local, [(s.kind, s.path) for s in prior.shards])
+    keys = prior.done  # what the reader task skips
     assert keys.custom_ids == {"r0", "r1", "r2", "r3"} and keys.lines == {9}  # r4 and line 6 run again
     assert prior.next_index("output", 2) == 1  # a left-out shard is never overwritten
 
