@@ -31,7 +31,9 @@ async def test_livez_readyz_metrics() -> None:
     async def ready() -> tuple[bool, dict[str, str]]:
         return state["ready"], {"redis": "ok" if state["ready"] else "unavailable"}
 
-    server = HealthServer(metrics, live=lambda: state["live"], ready=ready, host="127.0.0.1", port=0)
+    server = HealthServer(
+        metrics, live=lambda: state["live"], ready=ready, host="127.0.0.1", port=0, ready_cache_s=0
+    )
     await server.start()
     try:
         port = server.bound_port
@@ -47,6 +49,99 @@ async def test_livez_readyz_metrics() -> None:
         state["live"] = False
         assert (await _get(port, "/livez"))[0] == 503
         assert (await _get(port, "/nope"))[0] == 404
+    finally:
+        await server.stop()
+
+
+async def _server(ready_calls: list[int] | None = None, cache_s: float = 60.0) -> HealthServer:
+    async def ready() -> tuple[bool, dict[str, str]]:
+        if ready_calls is not None:
+            ready_calls.append(1)
+        return True, {"redis": "ok"}
+
+    server = HealthServer(Metrics(), live=lambda: True, ready=ready, host="127.0.0.1", port=0,
+                          ready_cache_s=cache_s)
+    await server.start()
+    return server
+
+
+async def test_readyz_answers_from_a_recent_result_not_one_check_per_probe() -> None:
+    calls: list[int] = []
+    server = await _server(calls)
+    try:
+        results = await asyncio.gather(*(_get(server.bound_port, "/readyz") for _ in range(20)))
+        assert {status for status, _ in results} == {200} and len(calls) == 1
+    finally:
+        await server.stop()
+
+
+async def test_a_request_head_sent_a_line_at_a_time_is_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One header line every 0.2 s kept a connection for ever (the timeout was per line)."""
+    import dispatcher.http as http
+
+    monkeypatch.setattr(http, "HEAD_TIMEOUT_S", 0.5)
+    server = await _server()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.bound_port)
+        writer.write(b"GET /livez HTTP/1.1\r\n")
+        closed = False
+        for i in range(25):  # 5 s of headers, ten times the head timeout
+            await asyncio.sleep(0.2)
+            try:
+                writer.write(f"X-Slow-{i}: 1\r\n".encode())
+                await writer.drain()
+            except ConnectionError:
+                closed = True
+                break
+            if reader.at_eof() or (await _eof_within(reader, 0.01)):
+                closed = True
+                break
+        writer.close()
+        assert closed
+    finally:
+        await server.stop()
+
+
+async def _eof_within(reader: asyncio.StreamReader, seconds: float) -> bool:
+    try:
+        return await asyncio.wait_for(reader.read(1), seconds) == b""
+    except TimeoutError:
+        return False
+
+
+@pytest.mark.parametrize("head", [
+    b"GET /livez HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(100)) + b"\r\n",
+    b"GET /livez HTTP/1.1\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n",
+])
+async def test_too_many_or_too_long_header_lines_get_431(head: bytes) -> None:
+    server = await _server()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.bound_port)
+        writer.write(head)
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert raw.startswith(b"HTTP/1.1 431 ")
+        assert (await _get(server.bound_port, "/livez"))[0] == 200  # and the server goes on
+    finally:
+        await server.stop()
+
+
+async def test_connections_over_the_limit_are_closed_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dispatcher.http as http
+
+    monkeypatch.setattr(http, "MAX_CONNECTIONS", 2)
+    server = await _server()
+    try:
+        idle = [await asyncio.open_connection("127.0.0.1", server.bound_port) for _ in range(2)]
+        await asyncio.sleep(0.2)  # both are being served (waiting for their request line)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.bound_port)
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # closed without an answer
+        writer.close()
+        for _, w in idle:
+            w.close()
+        await asyncio.sleep(0.2)
+        assert (await _get(server.bound_port, "/livez"))[0] == 200
     finally:
         await server.stop()
 
