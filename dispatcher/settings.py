@@ -12,6 +12,7 @@ runtime environment, never logged).
 from __future__ import annotations
 
 import os
+import re
 import socket
 from typing import Literal
 
@@ -275,8 +276,24 @@ class DispatcherSettings(LLMBatchSettings):
         return None
 
     def redacted(self) -> dict[str, object]:
-        """The settings as a dict safe to log (secrets masked by pydantic)."""
-        return self.model_dump(mode="json")
+        """The settings as a dict safe to log: secrets masked by pydantic, and a password written
+        into any URL (``redis://:pw@host``) masked too."""
+        masked = _mask_url_passwords(self.model_dump(mode="json"))
+        assert isinstance(masked, dict)
+        return masked
+
+
+_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^/@:\s]*:)[^/@\s]+@", re.IGNORECASE)
+
+
+def _mask_url_passwords(value: object) -> object:
+    if isinstance(value, str):
+        return _URL_PASSWORD.sub(r"\g<head>**********@", value)
+    if isinstance(value, dict):
+        return {k: _mask_url_passwords(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mask_url_passwords(v) for v in value]
+    return value
 
 
 ENGINES_ENV = "LLMBATCH_ENGINES__MODELS"

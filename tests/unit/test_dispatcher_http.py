@@ -162,6 +162,14 @@ def test_settings_from_environment_and_secrets_masked(monkeypatch: pytest.Monkey
     assert policy.max_attempts == settings.dispatcher.max_attempts
 
 
+def test_a_password_written_into_a_url_is_masked_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMBATCH_ENGINES__MODELS", '{"m": {"path": "/m", "engine": {"backend": "fake"}}}')
+    monkeypatch.setenv("LLMBATCH_REDIS__URL", "redis://default:s3cr3t-pw@redis.internal:6379/0")
+    settings = DispatcherSettings(_env_file=None)  # type: ignore[call-arg]
+    shown = str(settings.redacted())
+    assert "s3cr3t-pw" not in shown and "redis://default:**********@redis.internal:6379/0" in shown
+
+
 def test_incoherent_settings_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLMBATCH_DISPATCHER__RETRY_BACKOFF_BASE_S", "10")
     monkeypatch.setenv("LLMBATCH_DISPATCHER__RETRY_BACKOFF_MAX_S", "1")
