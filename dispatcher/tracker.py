@@ -366,8 +366,13 @@ class Tracker:
         message = f"job {record.submission_id} failed"
         if code is not None:
             message += f" with exit code {code}"
+        summary = ray_message_summary(info.message)
+        if summary:
+            message += f": {summary}"
+        message += " (the end of the driver's log is in the dispatcher's log)"
         if info.message:
-            message += f": {info.message[:1000]}"
+            log.warning("job failed", extra={"submission_id": record.submission_id, "exit_code": code,
+                                             "ray_message": info.message[-2000:]})
         self.metrics.attempts.labels(event="failed").inc()
         if code == EXIT_ENGINE_UNAVAILABLE:  # waiting again on every retry would not help
             await self.retry_or_fail(record, "engine_unavailable", message, retriable=False,
@@ -783,6 +788,22 @@ class Tracker:
         for state, n in counts.items():
             self.metrics.batches.labels(state=state.value).set(n)
         self.metrics.in_flight.set(sum(counts[s] for s in states.IN_FLIGHT))
+
+
+RAY_SUMMARY_CHARS = 200
+
+
+def ray_message_summary(message: str | None) -> str:
+    """What of Ray's job message may go into public events and dead letters: its first sentence,
+    never the driver's log tail Ray appends ("..., last available logs (truncated to 20,000 chars):"
+    and up to 20 kB of whatever the job printed), which only the dispatcher's log gets."""
+    if not message:
+        return ""
+    head = message.split("\n", 1)[0]
+    for marker in (", last available logs", "last available logs"):
+        head = head.split(marker, 1)[0]
+    head = head.strip().rstrip(",:;")
+    return head if len(head) <= RAY_SUMMARY_CHARS else head[: RAY_SUMMARY_CHARS - 3] + "..."
 
 
 def outcome_from_manifest(

@@ -288,3 +288,30 @@ async def test_no_engine_in_time_fails_the_batch_once_without_retrying() -> None
     fields, _ = _failed(store)  # straight to failed: attempt 1 of 3 is not retried
     assert fields["error_code"] == "engine_unavailable"
     assert "no engine" in fields["error_message"]
+
+
+async def test_a_failed_jobs_public_message_carries_no_driver_log() -> None:
+    """Ray appends up to 20 kB of the driver's output to a failed job's message; what the job printed
+    (prompts, paths, tokens) must not reach the failed event, the dead letter or Redis."""
+    from dispatcher.backend import JobInfo, JobState
+
+    t, store, _ = tracker(registry(path="/models/smollm2"))
+    t.policy = t.policy.__class__(max_attempts=1, backoff=t.policy.backoff)
+    ray_message = ("Job entrypoint command failed with exit code 1, last available logs (truncated to "
+                   "20,000 chars):\nTraceback ...\nprompt: my secret prompt\nKeyError: 'x'\n")
+    info = JobInfo(JobState.FAILED, exit_code=1, message=ray_message)
+    await t.job_failed(stored("running", 1, submission_id="b-gone-a1"), info)
+    fields, _ = _failed(store)
+    assert "secret prompt" not in str(fields) and "Traceback" not in str(fields)
+    assert "Job entrypoint command failed with exit code 1" in fields["error_message"]
+    assert "dispatcher's log" in fields["error_message"]
+
+
+def test_ray_message_summary() -> None:
+    from dispatcher.tracker import RAY_SUMMARY_CHARS, ray_message_summary
+
+    assert ray_message_summary(None) == "" and ray_message_summary("") == ""
+    assert ray_message_summary("Job was intentionally stopped.") == "Job was intentionally stopped."
+    long = ray_message_summary("x" * 1000)
+    assert long.endswith("...") and len(long) == RAY_SUMMARY_CHARS
+    assert ray_message_summary("Unexpected error\nsecret log") == "Unexpected error"
