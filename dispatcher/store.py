@@ -695,9 +695,9 @@ class StateStore:
     async def fsync_policy(self) -> str | None:
         """Redis' ``appendfsync`` (``None`` with AOF off or when ``CONFIG`` is not allowed)."""
         try:
-            config = await self.client.config_get("appendonly")
-            if config.get("appendonly") != "yes":
-                return None
-            return str((await self.client.config_get("appendfsync")).get("appendfsync") or "") or None
+            config = await self.client.config_get("append*")  # appendonly and appendfsync in one call
         except Exception:  # managed Redis often disables CONFIG: nothing to tell then
             return None
+        if config.get("appendonly") != "yes":
+            return None
+        return str(config.get("appendfsync") or "") or None

@@ -307,3 +307,20 @@ async def test_redis_down_is_a_retriable_error() -> None:
         assert info.value.retriable is True
     finally:
         await s.close()
+
+
+async def test_fsync_policy_reads_what_the_server_runs_with(store: StateStore) -> None:
+    """The project's Redis runs with appendonly yes + appendfsync always (durable intake); the
+    dispatcher warns at start when a Redis does not, and says nothing when CONFIG is refused."""
+    assert await store.fsync_policy() == "always"
+    await store.client.config_set("appendfsync", "everysec")
+    try:
+        assert await store.fsync_policy() == "everysec"
+    finally:
+        await store.client.config_set("appendfsync", "always")
+
+    async def refused(*_: object) -> dict[str, str]:
+        raise RuntimeError("ERR unknown command 'CONFIG'")
+
+    store.client.config_get = refused  # type: ignore[method-assign]
+    assert await store.fsync_policy() is None
