@@ -82,10 +82,7 @@ async def ensure_topics(
                 raise ProducerError(f"cannot create topic {name!r}: error {code} {message or ''}".strip())
         return created
     except (TimeoutError, KafkaError, OSError) as exc:
-        raise BrokerUnavailable(
-            f"Kafka at {kafka.bootstrap_servers} did not answer ({type(exc).__name__}); "
-            "check LLMBATCH_KAFKA__BOOTSTRAP_SERVERS"
-        ) from exc
+        raise _unavailable(kafka, exc) from exc
     finally:
         await admin.close()
 
@@ -126,19 +123,13 @@ async def check_topic_sizes(
     admin = AIOKafkaAdminClient(**kafka.client_kwargs())
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
-        existing = set(await asyncio.wait_for(admin.list_topics(), timeout_s))
-        names = [n for n in topic_names(kafka).values() if n in existing]
-        if not names:
-            return []
+        names = list(topic_names(kafka).values())  # one that does not exist answers an error: skipped
         resources = [
             ConfigResource(ConfigResourceType.TOPIC, n, configs={"max.message.bytes": None}) for n in names
         ]
         responses = await asyncio.wait_for(admin.describe_configs(resources), timeout_s)
     except (TimeoutError, KafkaError, OSError) as exc:
-        raise BrokerUnavailable(
-            f"Kafka at {kafka.bootstrap_servers} did not answer ({type(exc).__name__}); "
-            "check LLMBATCH_KAFKA__BOOTSTRAP_SERVERS"
-        ) from exc
+        raise _unavailable(kafka, exc) from exc
     finally:
         await admin.close()
     described: dict[str, dict[str, str]] = {}
@@ -148,6 +139,13 @@ async def check_topic_sizes(
             if error_code == 0:
                 described[name] = {str(e[0]): str(e[1]) for e in entries if e[1] is not None}
     return size_problems(kafka, described)
+
+
+def _unavailable(kafka: KafkaSettings, exc: BaseException) -> BrokerUnavailable:
+    return BrokerUnavailable(
+        f"Kafka at {kafka.bootstrap_servers} did not answer ({type(exc).__name__}); "
+        "check LLMBATCH_KAFKA__BOOTSTRAP_SERVERS"
+    )
 
 
 def _topic_errors(response: Any) -> list[tuple[str, int, str | None]]:

@@ -3,7 +3,6 @@ stand-in here (the real head's delete is covered by test_dispatcher_tracker's li
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -12,10 +11,10 @@ import pytest
 from dispatcher import store as store_module
 from dispatcher.errors import JobRejected, RayUnavailable
 from dispatcher.job_cleanup import JobCleanup
-from dispatcher.keys import Keys
 from dispatcher.states import State
 from dispatcher.store import BatchRecord, StateStore
 from llmbatch.settings import RedisSettings
+from tests.support.scratch_store import scratch_store
 
 pytestmark = pytest.mark.integration
 
@@ -50,14 +49,8 @@ class Clock:
 
 @pytest.fixture
 async def store(redis_settings: RedisSettings) -> AsyncIterator[StateStore]:
-    s = StateStore.from_url(redis_settings.url, keys=Keys(f"t{uuid.uuid4().hex[:8]}"))
-    try:
+    async with scratch_store(redis_settings.url) as s:
         yield s
-    finally:
-        keys = [k async for k in s.client.scan_iter(match=f"{s.keys.prefix}:*")]
-        if keys:
-            await s.client.delete(*keys)
-        await s.close()
 
 
 def finished(batch_id: str, attempts: int, lifecycle: str = "0123456789") -> BatchRecord:

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 
 from dispatcher.errors import StateStoreUnavailable
-from dispatcher.keys import Keys
 from dispatcher.states import State, TransitionError
 from dispatcher.store import IntakeItem, StateStore
 from llmbatch.settings import RedisSettings
+from tests.support.scratch_store import scratch_store
 
 pytestmark = pytest.mark.integration
 
@@ -27,17 +26,9 @@ class Clock:
 
 @pytest.fixture
 async def store(redis_settings: RedisSettings) -> AsyncIterator[StateStore]:
-    s = StateStore.from_url(
-        redis_settings.url, keys=Keys(f"t{uuid.uuid4().hex[:8]}"), finished_ttl_s=3600, dedupe_ttl_s=3600
-    )
-    s.clock = Clock()
-    try:
+    async with scratch_store(redis_settings.url, finished_ttl_s=3600, dedupe_ttl_s=3600) as s:
+        s.clock = Clock()
         yield s
-    finally:
-        keys = [k async for k in s.client.scan_iter(match=f"{s.keys.prefix}:*")]
-        if keys:
-            await s.client.delete(*keys)
-        await s.close()
 
 
 def item(

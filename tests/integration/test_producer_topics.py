@@ -9,6 +9,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from llmbatch.settings import KafkaSettings, TopicSettings
 from producer.topics import check_topic_sizes, ensure_topics, size_problems
+from tests.support.dispatcher_kit import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +41,8 @@ async def test_an_existing_topic_smaller_than_the_settings_is_named_with_the_fix
     finally:
         await admin.close()
     await ensure_topics(kafka)
-    [problem] = await check_topic_sizes(kafka)
+    # a topic just created may not be described yet (metadata still spreading): ask until it is
+    [problem] = await wait_for(lambda: check_topic_sizes(kafka), 30, what="the small topic described")
     assert f"'{kafka.topics.dead_letter}'" in problem and "max.message.bytes=65536" in problem
     wanted = kafka.topics.dead_letter_max_message_bytes
     assert f"LLMBATCH_KAFKA__TOPICS__DEAD_LETTER_MAX_MESSAGE_BYTES={wanted}" in problem

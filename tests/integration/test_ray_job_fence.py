@@ -5,7 +5,7 @@ stop did not take) writes no progress, no shards and no manifest."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,8 @@ import pytest
 import redis
 from pyarrow import fs as pafs
 
+from dispatcher.states import State
+from dispatcher.store import IntakeItem, StateStore
 from llmbatch.settings import RedisSettings
 from ray_job import main as job_main
 from ray_job import rows
@@ -21,6 +23,7 @@ from ray_job.errors import ExitCode
 from ray_job.progress import Counters, Progress
 from schemas.common import utcnow
 from schemas.job import JobSpec
+from tests.support.scratch_store import scratch_store
 
 pytestmark = pytest.mark.integration
 
@@ -94,19 +97,20 @@ def test_a_stale_attempt_writes_no_shards_and_no_manifest(
     assert client.hgetall(name)["completed"] == "3"  # its progress did not count
 
 
+@pytest.fixture
+async def store(redis_settings: RedisSettings) -> AsyncIterator[StateStore]:
+    async with scratch_store(redis_settings.url) as s:
+        yield s
+
+
 async def test_once_the_terminal_event_is_out_the_last_attempt_writes_nothing(
-    redis_settings: RedisSettings,
+    redis_settings: RedisSettings, store: StateStore
 ) -> None:
     """A cancel or deadline finishes a batch after ``stop_wait_s`` even if Ray never stopped the job:
     publishing the terminal event closes the progress hash, so that attempt adds nothing after."""
-    from dispatcher.keys import Keys
-    from dispatcher.states import State
-    from dispatcher.store import IntakeItem, StateStore
-
-    store = StateStore.from_url(redis_settings.url, keys=Keys(f"t{uuid.uuid4().hex[:8]}"))
-    name = store.keys.progress("b1")
     fields = {"model": "m", "attempt": "1", "request": "{}", "source": "s", "event_id": "e1"}
-    job = Progress(redis_settings.url, name, attempt=1, interval_s=60, base=Counters(completed=2))
+    job = Progress(redis_settings.url, store.keys.progress("b1"), attempt=1, interval_s=60,
+                   base=Counters(completed=2))
     try:
         await store.intake(IntakeItem("b1", fields, ("s", "e1")))
         job.publish()
@@ -119,21 +123,13 @@ async def test_once_the_terminal_event_is_out_the_last_attempt_writes_nothing(
         assert job.superseded and not job.still_current()
     finally:
         job.close()
-        keys = [k async for k in store.client.scan_iter(match=f"{store.keys.prefix}:*")]
-        if keys:
-            await store.client.delete(*keys)
-        await store.close()
 
 
 async def test_a_new_lifecycle_is_not_fenced_out_by_an_old_progress_hash(
-    redis_settings: RedisSettings,
+    redis_settings: RedisSettings, store: StateStore
 ) -> None:
     """The batch id used again after its record is gone starts at attempt 1: a progress hash the old
     lifecycle left (attempt 3, closed) must not make that attempt stale."""
-    from dispatcher.keys import Keys
-    from dispatcher.store import IntakeItem, StateStore
-
-    store = StateStore.from_url(redis_settings.url, keys=Keys(f"t{uuid.uuid4().hex[:8]}"))
     name = store.keys.progress("b1")
     fields = {"model": "m", "attempt": "0", "request": "{}", "source": "s", "event_id": "e2"}
     job = Progress(redis_settings.url, name, attempt=1, interval_s=60, base=Counters(completed=1))
@@ -144,7 +140,3 @@ async def test_a_new_lifecycle_is_not_fenced_out_by_an_old_progress_hash(
         assert job.still_current() and (await store.read_progress("b1"))["completed"] == "1"
     finally:
         job.close()
-        keys = [k async for k in store.client.scan_iter(match=f"{store.keys.prefix}:*")]
-        if keys:
-            await store.client.delete(*keys)
-        await store.close()
