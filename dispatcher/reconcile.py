@@ -8,7 +8,11 @@ the results topic says which batches were accepted and have not ended; one of th
 record in Redis is read again from the requests topic (its ``accepted`` event names the record) and
 taken in as it was: the same lifecycle (fixed by the record), acceptance time and deadline. It then
 runs (a Ray job of its lifecycle that is still there is picked up by its submission id) and ends in
-one terminal event, with the id it would have had.
+one terminal event, with the id it would have had. A batch whose request record has left the topic too
+is taken in from its ``accepted`` event alone, marked ``request_gone``: it fails at launch with that
+code (:mod:`dispatcher.request_body`), so it still ends in one terminal event and a dead letter.
+Ray jobs and manifests never exist without an ``accepted`` event (it is sent before the state is
+written), so finding batches from these events finds them all.
 
 The tracker leader runs a pass when it becomes leader and every ``reconcile_interval_s``. Memory is
 bounded by the batches accepted and not ended within ``reconcile_lookback_s``.
@@ -23,13 +27,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import orjson
+
+from dispatcher.dlt import OriginalRecord
 from dispatcher.errors import BrokerUnavailable, classify
 from dispatcher.intake import Accept, IntakeRules
 from dispatcher.intake import classify as classify_record
 from dispatcher.metrics import Metrics
 from dispatcher.record_reader import RecordReader
+from dispatcher.scheduler import ready_score
 from dispatcher.settings import DispatcherSettings
-from dispatcher.store import StateStore
+from dispatcher.states import State
+from dispatcher.store import IntakeItem, StateStore
 from schemas.cloudevents import Envelope, decode, peek_type
 from schemas.errors import SchemaError
 from schemas.events import TERMINAL_EVENT_TYPES, BatchAccepted, EventType, RecordRef
@@ -47,6 +56,7 @@ class Pending:
     batch_id: str
     request: RecordRef
     accepted_at: datetime
+    accepted: BatchAccepted | None = None
 
 
 def track(pending: dict[str, Pending], event: Envelope[Any]) -> None:
@@ -57,7 +67,7 @@ def track(pending: dict[str, Pending], event: Envelope[Any]) -> None:
         if data.request is None:  # accepted before events named their request: nothing to re-read
             pending.pop(event.batch_id, None)
         else:
-            pending[event.batch_id] = Pending(event.batch_id, data.request, data.accepted_at)
+            pending[event.batch_id] = Pending(event.batch_id, data.request, data.accepted_at, data)
     elif event.is_terminal:
         pending.pop(event.batch_id, None)
 
@@ -114,10 +124,7 @@ class Reconciler:
         origin = await self.reader.read(pending.request)
         where = f"{pending.request.topic}[{pending.request.partition}]@{pending.request.offset}"
         if origin is None:
-            self.metrics.reconciled.labels(outcome="request_gone").inc()
-            log.error("batch state lost and its request is no longer on the topic: it cannot be restored",
-                      extra={"batch_id": pending.batch_id, "request": where})
-            return 0
+            return await self._restore_gone(pending, where)
         command = classify_record(origin, self.rules, pending.accepted_at.timestamp())
         if not isinstance(command, Accept) or command.item.batch_id != pending.batch_id:
             self.metrics.reconciled.labels(outcome="request_invalid").inc()
@@ -131,6 +138,20 @@ class Reconciler:
         log.warning("batch state was lost; taken in again from its request",
                     extra={"batch_id": pending.batch_id, "request": where})
         return 1
+
+    async def _restore_gone(self, pending: Pending, where: str) -> int:
+        """Take in a batch whose request left the topic, from its ``accepted`` event: it fails with
+        ``request_gone`` at launch, so it still gets its one terminal event."""
+        self.metrics.reconciled.labels(outcome="request_gone").inc()
+        if pending.accepted is None:
+            log.error("batch state lost and its request is no longer on the topic: it cannot be restored",
+                      extra={"batch_id": pending.batch_id, "request": where})
+            return 0
+        [result] = await self.store.intake_many([gone_item(pending.accepted, pending.request)])
+        if result.is_new:
+            log.error("batch state lost and its request is no longer on the topic: it ends failed "
+                      "(request_gone)", extra={"batch_id": pending.batch_id, "request": where})
+        return 0
 
     # -- Kafka ------------------------------------------------------------------------------------
     def _consumer(self) -> Any:
@@ -176,6 +197,39 @@ class Reconciler:
             raise classify(exc, default=BrokerUnavailable) from exc
         finally:
             await consumer.stop()
+
+
+def gone_item(accepted: BatchAccepted, request: RecordRef) -> IntakeItem:
+    """The batch of ``accepted`` taken in without its request (which left the topic): queued, so the
+    tracker fails it with ``request_gone`` and publishes its terminal event. Pure."""
+    at = accepted.accepted_at.timestamp()
+    # the request's key is its batch id (the contract); its value and headers left with the record
+    key = accepted.batch_id.encode()
+    origin = OriginalRecord(request.topic, request.partition, request.offset, key, None)
+    fields = {
+        "batch_id": accepted.batch_id,
+        "tenant": accepted.tenant,
+        "model": accepted.model,
+        "endpoint": accepted.endpoint.value,
+        "priority": str(accepted.priority),
+        "accepted_at": repr(at),
+        "origin": origin.to_json(),
+        "request_gone": "1",
+        "source": "urn:llmbatch:reconcile",
+        "event_id": f"gone-{request.topic}-{request.partition}-{request.offset}",
+        "metadata": orjson.dumps(accepted.metadata).decode(),
+        "attempt": "0",
+    }
+    if accepted.total_requests is not None:
+        fields["total"] = str(accepted.total_requests)
+    return IntakeItem(
+        batch_id=accepted.batch_id,
+        fields=fields,
+        marker=(fields["source"], fields["event_id"]),
+        initial=State.QUEUED,
+        ready_score=ready_score(accepted.priority, at),
+        deadline=accepted.expires_at.timestamp(),
+    )
 
 
 def _events(records: Iterable[Any]) -> Iterable[Envelope[Any]]:

@@ -42,6 +42,13 @@ class RequestBodies:
             return body
         digest = record.get("request_sha256")
         origin_json = record.get("origin")
+        if record.flag("request_gone"):
+            gone = OriginalRecord.from_json(origin_json) if origin_json else None
+            place = f"{gone.topic}[{gone.partition}]@{gone.offset}" if gone else "its record"
+            raise RequestUnavailable(
+                f"the batch's state was lost and its request ({place}) had left the topic when the reconcile "
+                "pass found it: send the batch again"
+            )
         if not digest or not origin_json:
             raise RequestUnavailable("the batch record keeps neither the request nor where it is")
         origin = OriginalRecord.from_json(origin_json)

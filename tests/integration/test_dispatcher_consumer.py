@@ -755,6 +755,64 @@ async def test_the_reconcile_pass_takes_in_again_the_batches_whose_state_redis_l
     assert await reconciler.run_once() == 0  # nothing lost any more
 
 
+async def test_a_lost_batch_whose_request_left_the_topic_still_ends_in_one_terminal_event(
+    harness: Harness,
+) -> None:
+    """Redis lost the batch and retention removed its request: the reconcile pass takes it in from its
+    accepted event alone, the tracker fails it with request_gone at launch, and the publisher sends its
+    one terminal event and a reduced dead letter naming the original record."""
+    from aiokafka import TopicPartition
+    from aiokafka.admin import RecordsToDelete
+
+    from dispatcher.publisher import TerminalPublisher
+    from dispatcher.reconcile import Reconciler
+    from dispatcher.tracker import Tracker
+
+    lost = batch_request(f"gone-{uuid.uuid4().hex[:6]}", metadata={"k": "v"})
+    await harness.send([request_message(lost)])
+    await wait_for(lambda: _committed_is(harness, 1), 60, what="the intake")
+    store, keys, s = harness.store, harness.store.keys, harness.settings
+    await store.client.delete(keys.batch(lost.batch_id))  # Redis loses the batch
+    await store.client.zrem(keys.ready, lost.batch_id)
+    await store.client.zrem(keys.state_index(State.QUEUED), lost.batch_id)
+    admin = AIOKafkaAdminClient(**s.kafka.client_kwargs())
+    await admin.start()
+    try:  # and retention removes its request
+        tps = [TopicPartition(s.kafka.topics.requests, p) for p in range(2)]
+        await admin.delete_records({tp: RecordsToDelete(before_offset=-1) for tp in tps}, timeout_ms=10_000)
+    finally:
+        await admin.close()
+
+    reconciler = Reconciler(s, store, harness.consumer.rules, harness.metrics)
+    assert await reconciler.run_once() == 0  # nothing could be restored to run
+    taken = await store.get(lost.batch_id)
+    assert taken is not None and taken.state is State.QUEUED and taken.flag("request_gone")
+    assert harness.metrics.reconciled.labels(outcome="request_gone")._value.get() == 1
+    tracker = Tracker(s, store, None, None, harness.producer, harness.metrics)  # type: ignore[arg-type]
+    try:
+        assert await tracker.start_attempt(taken) is False
+        failed = await store.get(lost.batch_id)
+        assert failed is not None and failed.state is State.FAILED
+        topics = s.kafka.topics
+        publisher = TerminalPublisher(store, harness.producer, results_topic=topics.results,
+                                      dlt_topic=topics.dead_letter, group_id="g", source="urn:test",
+                                      metrics=harness.metrics, bodies=tracker.bodies)
+        assert await publisher.publish_pending() == 1
+    finally:
+        await tracker.bodies.reader.close()
+    results = decode_results(await harness.reader("results").read_all())
+    [terminal] = [e for e in results if e.batch_id == lost.batch_id and e.is_terminal]
+    assert terminal.type is EventType.FAILED and terminal.data.error.code == "request_gone"
+    assert terminal.data.metadata == {"k": "v"}
+    [letter] = [r for r in await harness.reader("dead_letter").read_all() if r.key == lost.batch_id.encode()]
+    headers = dict(letter.headers)
+    assert letter.value is None and headers[dlt_headers.REDUCED] == b"true"
+    assert headers[dlt_headers.REASON] == b"request_gone"
+    assert await reconciler.run_once() == 0  # it ended: nothing more to do
+    ended = await store.get(lost.batch_id)
+    assert ended is not None and ended.state is State.FAILED
+
+
 async def test_kill9_of_redis_right_after_a_burst_loses_no_accepted_batch(settings: LLMBatchSettings) -> None:
     """Every request whose offset is committed (so its 'accepted' is out) is on disk: Redis runs with
     appendfsync always, so a SIGKILL right after the burst and a restart on the same data keep every
