@@ -20,7 +20,14 @@ async def _create_topic(kafka: KafkaSettings, partitions: int = 3) -> str:
     await admin.start()
     try:
         await admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
-        meta = await admin.describe_topics([topic])
+        # a topic just created may be described without its partitions for a moment (KRaft metadata
+        # still spreading; seen once in a CI run under load): ask again until they show
+        deadline = asyncio.get_running_loop().time() + 30
+        while True:
+            meta = await admin.describe_topics([topic])
+            if meta[0]["partitions"] or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.2)
         assert len(meta[0]["partitions"]) == partitions
     finally:
         await admin.close()
