@@ -66,8 +66,9 @@ def runner_env_vars(settings: DispatcherSettings) -> dict[str, str]:
             "AWS_ACCESS_KEY_ID": s3.access_key.get_secret_value(),
             "AWS_SECRET_ACCESS_KEY": s3.secret_key.get_secret_value(),
         })
-    if job.pass_redis_url and settings.redis.password is not None:
-        env["LLMBATCH_REDIS__PASSWORD"] = settings.redis.password.get_secret_value()
+    password = settings.redis.effective_password()
+    if job.pass_redis_url and password is not None:
+        env["LLMBATCH_REDIS__PASSWORD"] = password
     env.update(job.env_vars)
     return env
 

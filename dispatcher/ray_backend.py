@@ -52,8 +52,9 @@ def job_env(settings: DispatcherSettings, spec: JobSpec) -> dict[str, str]:
     if job.pass_s3_credentials:
         env["AWS_ENDPOINT_URL_S3"] = settings.s3.endpoint
         env["AWS_REGION"] = settings.s3.region
-    if job.pass_redis_url and settings.redis.password is not None:
-        env["LLMBATCH_REDIS__PASSWORD"] = settings.redis.password.get_secret_value()
+    password = settings.redis.effective_password()
+    if job.pass_redis_url and password is not None:
+        env["LLMBATCH_REDIS__PASSWORD"] = password
     env.update(job.env_vars)
     return env
 

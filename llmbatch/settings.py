@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Literal
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -130,6 +131,21 @@ class RedisSettings(BaseModel):
         if not value.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("LLMBATCH_REDIS__URL must start with redis://, rediss:// or unix://")
         return value
+
+    def url_without_password(self) -> str:
+        """The URL with any password written into it removed (what may go into a job spec)."""
+        parts = urlsplit(self.url)
+        if parts.password is None:
+            return self.url
+        host = parts.netloc.rsplit("@", 1)[1]
+        netloc = f"{parts.username}@{host}" if parts.username else host
+        return urlunsplit(parts._replace(netloc=netloc))
+
+    def effective_password(self) -> str | None:
+        """The password to authenticate with: the setting, else one written into the URL."""
+        if self.password is not None:
+            return self.password.get_secret_value()
+        return unquote(urlsplit(self.url).password or "") or None
 
 
 class S3Settings(BaseModel):

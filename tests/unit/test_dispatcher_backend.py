@@ -160,3 +160,23 @@ def test_record_helpers() -> None:
     assert r.state is State.SUBMITTED and r.attempt == 2 and r.attempts_made == 1
     assert r.flag("cancel_requested") and not r.flag("published")
     assert r.deadline == 1790000000.5
+
+
+@pytest.mark.parametrize(("url", "bare", "password"), [
+    ("redis://:s3cr3t@redis:6379/0", "redis://redis:6379/0", "s3cr3t"),
+    ("rediss://worker:p%40ss@redis:6380/1", "rediss://worker@redis:6380/1", "p@ss"),
+    ("redis://redis:6379/0", "redis://redis:6379/0", None),
+])
+def test_a_password_in_the_redis_url_stays_out_of_the_job_spec(
+    url: str, bare: str, password: str | None
+) -> None:
+    """The spec goes on the job's command line and may be uploaded to the results bucket: the URL in
+    it carries no password; the job reads it from LLMBATCH_REDIS__PASSWORD."""
+    s = settings()
+    s.redis = RedisSettings(url=url, key_prefix="p")
+    spec = build_job_spec(record(), 2, s, Keys("p"))
+    assert spec.redis_url == bare
+    if password is not None:
+        assert password not in spec.model_dump_json()
+    env = build_submission(s, spec)["runtime_env"]["env_vars"]
+    assert env.get("LLMBATCH_REDIS__PASSWORD") == password
