@@ -110,16 +110,29 @@ def kafka_libs() -> Path:
     return libs
 
 
-def start_kafka(run_dir: Path) -> ServiceRecord:
+def start_kafka(run_dir: Path, *, restart: ServiceRecord | None = None) -> ServiceRecord:
+    """Start a single-node KRaft Kafka with its data in ``run_dir/kafka``.
+
+    ``restart`` is the record of an earlier start in the same ``run_dir``: the broker comes back on its
+    ports with its data (topics, records, committed offsets), as after a crash (a chaos test's kill -9).
+    Without it the data dir is formatted anew on fresh ports.
+    """
     with _start_ports() as ports:
-        return _start_kafka(run_dir, ports)
+        return _start_kafka(run_dir, ports, restart)
 
 
-def _start_kafka(run_dir: Path, ports: _StartPorts) -> ServiceRecord:
+def _start_kafka(run_dir: Path, ports: _StartPorts, restart: ServiceRecord | None = None) -> ServiceRecord:
     libs = kafka_libs()
     data = run_dir / "kafka"
     data.mkdir(parents=True, exist_ok=True)
-    port, controller = ports.one(), ports.one()
+    if restart is not None:
+        port, controller = restart.ports["broker"], restart.ports["controller"]
+        for taken in (port, controller):
+            if not ports.claim(taken):
+                raise StackError(f"Kafka cannot restart on port {taken}: something already listens there "
+                                 "or another process reserved it")
+    else:
+        port, controller = ports.one(), ports.one()
     log = run_dir / "logs" / "kafka.log"
     props = data / "server.properties"
     props.write_text(
@@ -146,15 +159,17 @@ def _start_kafka(run_dir: Path, ports: _StartPorts) -> ServiceRecord:
             "",
         ])
     )
-    # a fresh data dir per start: ports change between starts and KRaft pins the controller address
-    shutil.rmtree(data / "logs", ignore_errors=True)
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
     classpath = f"{libs}/*"
     log4j = _HERE / "kafka" / "log4j2.properties"
     java_opts = ["-Xms256m", "-Xmx512m", "-XX:+UseG1GC", f"-Dlog4j2.configurationFile={log4j}",
                  "-Djava.awt.headless=true"]
-    _run(["java", *java_opts, "-cp", classpath, "kafka.tools.StorageTool", "format", "--standalone",
-          "-t", cluster_id, "-c", str(props)], "formatting the Kafka storage")
+    if restart is None or not (data / "logs" / "meta.properties").exists():
+        # a fresh data dir per new start: ports change between starts and KRaft pins the controller
+        # address in the data; a restart keeps both
+        shutil.rmtree(data / "logs", ignore_errors=True)
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        _run(["java", *java_opts, "-cp", classpath, "kafka.tools.StorageTool", "format", "--standalone",
+              "-t", cluster_id, "-c", str(props)], "formatting the Kafka storage")
     pid = spawn(["java", *java_opts, "-cp", classpath, "kafka.Kafka", str(props)], log)
     ports.hand_over(pid)
     waited = wait_until(lambda: _kafka_ready(port), 90, pid, "Kafka", log)
