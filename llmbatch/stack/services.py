@@ -286,12 +286,14 @@ def minio_binary() -> Path:
     return binary
 
 
-def start_minio(run_dir: Path) -> ServiceRecord:
+def start_minio(run_dir: Path, *, restart: ServiceRecord | None = None) -> ServiceRecord:
+    """Start MinIO with its data and credentials in ``run_dir``; ``restart`` (an earlier start's record)
+    brings it back on the same ports (its data dir is always kept)."""
     with _start_ports() as ports:
-        return _start_minio(run_dir, ports)
+        return _start_minio(run_dir, ports, restart)
 
 
-def _start_minio(run_dir: Path, ports: _StartPorts) -> ServiceRecord:
+def _start_minio(run_dir: Path, ports: _StartPorts, restart: ServiceRecord | None = None) -> ServiceRecord:
     binary = minio_binary()
     data = run_dir / "minio"
     data.mkdir(parents=True, exist_ok=True)
@@ -303,7 +305,14 @@ def _start_minio(run_dir: Path, ports: _StartPorts) -> ServiceRecord:
         fd = os.open(creds, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
             json.dump([user, password], fh)
-    port, console = ports.one(), ports.one()
+    if restart is not None:
+        port, console = restart.ports["s3"], restart.ports["console"]
+        for taken in (port, console):
+            if not ports.claim(taken):
+                raise StackError(f"MinIO cannot restart on port {taken}: something already listens there "
+                                 "or another process reserved it")
+    else:
+        port, console = ports.one(), ports.one()
     log = run_dir / "logs" / "minio.log"
     env = {"MINIO_ROOT_USER": user, "MINIO_ROOT_PASSWORD": password, "MINIO_BROWSER": "off",
            "MINIO_UPDATE": "off", "MINIO_CI_CD": "1"}

@@ -1,5 +1,6 @@
-"""The stack's Kafka comes back after a kill -9 on its ports with its data (what a chaos run needs):
-topics, records and committed offsets survive; before, every start formatted a fresh data dir."""
+"""The stack's Kafka and MinIO come back after a kill -9 on their ports with their data (what a chaos
+run needs): Kafka's topics, records and committed offsets survive (before, every start formatted a
+fresh data dir), and MinIO's objects."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from llmbatch.stack import services
 from llmbatch.stack.process import alive, stop_tree
+from llmbatch.stack.state import ServiceRecord
 
 pytestmark = pytest.mark.integration
 
@@ -89,6 +91,34 @@ async def test_kafka_restarts_on_its_ports_with_its_data(tmp_path: Path) -> None
         assert again.ports == first.ports and again.address == first.address
         values, committed = await _read(again.address, topic)
         assert values == [f"v{i}".encode() for i in range(5)] and committed == 2
+    finally:
+        for rec in (first, again):
+            if rec is not None and alive(rec.pid):
+                stop_tree(rec.pid)
+
+
+async def test_minio_restarts_on_its_ports_with_its_objects(tmp_path: Path) -> None:
+    import io
+
+    from minio import Minio
+
+    first = await asyncio.to_thread(services.start_minio, tmp_path)
+    again = None
+    try:
+        def client(rec: ServiceRecord) -> Minio:
+            return Minio(rec.address.removeprefix("http://"), access_key=rec.extra["access_key"],
+                         secret_key=rec.extra["secret_key"], secure=False)
+
+        client(first).make_bucket("kept-bucket")
+        client(first).put_object("kept-bucket", "k", io.BytesIO(b"kept"), 4)
+        os.kill(first.pid, signal.SIGKILL)
+        for _ in range(100):
+            if not _reaped_or_alive(first.pid):
+                break
+            await asyncio.sleep(0.1)
+        again = await asyncio.to_thread(services.start_minio, tmp_path, restart=first)
+        assert again.address == first.address
+        assert client(again).get_object("kept-bucket", "k").read() == b"kept"
     finally:
         for rec in (first, again):
             if rec is not None and alive(rec.pid):
