@@ -1,0 +1,60 @@
+"""The chaos suite's checker (llmbatch.chaos.verdict): each broken promise is found, a clean run passes."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmbatch.chaos.verdict import Kind, Seen, Sent, judge
+
+pytestmark = pytest.mark.unit
+DONE = frozenset({"completed"})
+
+
+def batch(n: int, expect: frozenset[str] = DONE) -> Sent:
+    return Sent(Kind.BATCH, f"b{n}", f"e{n}", expect, custom_ids=(f"c{n}-0", f"c{n}-1"))
+
+
+def clean_run() -> tuple[list[Sent], list[Seen], list[str], dict[str, list[str]]]:
+    sent = [batch(1), batch(2, frozenset({"cancelled", "completed"})),
+            Sent(Kind.DUPLICATE, "b1", "e1-dup"), Sent(Kind.MALFORMED, None, "m1", mark="junk-1"),
+            Sent(Kind.CANCEL, "b2", "c-b2")]
+    seen = [Seen("accepted", "b1", "a1"), Seen("accepted", "b2", "a2"),
+            Seen("rejected", "b1", "r1", request_id="e1-dup"),
+            Seen("completed", "b1", "t1"), Seen("completed", "b1", "t1"),  # a re-delivery: allowed
+            Seen("cancelled", "b2", "t2")]
+    return sent, seen, ["junk-1"], {"b1": ["c1-0", "c1-1"]}
+
+
+def test_a_clean_run_keeps_every_promise() -> None:
+    verdict = judge(*clean_run())
+    assert verdict.ok, verdict.violations
+    figures = verdict.figures
+    assert (figures["accepted"], figures["ended completed"], figures["ended cancelled"]) == (2, 1, 1)
+    assert figures["re-deliveries (same event id)"] == 1 and figures["lost (accepted, no terminal)"] == 0
+    assert "violations" in verdict.table()
+
+
+@pytest.mark.parametrize(("break_it", "found"), [
+    (lambda s, e, d, a: e.append(Seen("failed", "b1", "t1-other")), "b1: 2 distinct terminal event ids"),
+    (lambda s, e, d, a: e.remove(Seen("cancelled", "b2", "t2")), "b2: accepted, no terminal event"),
+    (lambda s, e, d, a: a.update({"b1": ["c1-0"]}), "custom_ids missing ['c1-1']"),
+    (lambda s, e, d, a: a.update({"b1": ["c1-0", "c1-1", "c1-1"]}), "answered twice ['c1-1']"),
+    (lambda s, e, d, a: d.clear(), "malformed record junk-1"),
+    (lambda s, e, d, a: e.remove(Seen("rejected", "b1", "r1", request_id="e1-dup")),
+     "duplicate request e1-dup"),
+    (lambda s, e, d, a: s.append(batch(3)), "b3: neither accepted nor rejected"),
+    (lambda s, e, d, a: e.append(Seen("completed", "zz", "t9")),
+     "zz: a terminal event for a batch nobody sent"),
+])
+def test_each_broken_promise_is_named(break_it: object, found: str) -> None:
+    sent, seen, dead, answers = clean_run()
+    break_it(sent, seen, dead, answers)  # type: ignore[operator]
+    verdict = judge(sent, seen, dead, answers)
+    assert not verdict.ok and any(found in v for v in verdict.violations), verdict.violations
+
+
+def test_an_unexpected_status_is_named() -> None:
+    sent, seen, dead, answers = clean_run()
+    seen[seen.index(Seen("cancelled", "b2", "t2"))] = Seen("failed", "b2", "t2")
+    verdict = judge(sent, seen, dead, answers)
+    assert verdict.violations == ["b2: ended ['failed'], expected one of ['cancelled', 'completed']"]
