@@ -275,7 +275,7 @@ def intake_fields(
     """What the batch hash stores at acceptance. The original value (the job input for inline batches
     and the payload of a later dead letter) is kept verbatim in ``request`` when it is at most
     ``body_max_bytes``, else only described (:func:`dispatcher.request_body.body_fields`), until the
-    terminal event is published (:data:`dispatcher.store.MARK_PUBLISHED_LUA` deletes it then)."""
+    terminal event is published (``dispatcher/lua/mark_published.lua`` deletes it then)."""
     value = origin.value or b""
     stripped = without_value(origin)
     fields: dict[str, Any] = {

@@ -25,7 +25,7 @@ import orjson
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
-from dispatcher import states
+from dispatcher import lua, states
 from dispatcher.errors import ConflictError, StateStoreUnavailable, classify
 from dispatcher.keys import Keys
 from dispatcher.states import State
@@ -34,200 +34,6 @@ T = TypeVar("T")
 
 _TERMINAL_CSV = ",".join(sorted(s.value for s in states.TERMINAL))
 MAX_JOB_DELETES = 100_000  # Ray jobs waiting for another delete, at most
-
-# --- Lua ------------------------------------------------------------------------------------------
-
-_LUA_COMMON = """
-local function is_terminal(s)
-  for t in string.gmatch(ARGV[#ARGV], '[^,]+') do if t == s then return true end end
-  return false
-end
-local function hset_map(key, map)
-  local flat = {}
-  for k, v in pairs(map) do flat[#flat + 1] = k; flat[#flat + 1] = tostring(v) end
-  if #flat > 0 then redis.call('HSET', key, unpack(flat)) end
-end
-"""
-
-# KEYS: batch, marker, ready, deadlines, unpublished, delayed, progress
-# ARGV: id, fields-json, now, ready-score, deadline, dedupe-ttl, replay-id, initial-state, state-prefix,
-#       finished-ttl, terminal-csv
-INTAKE_LUA = """
--- KEYS: batch
--- ARGV: id, marker key ('' = none), now, ready-score, deadline, replay-id, initial-state, fields-json
--- The key prefix and TTLs are constants of the script (see StateStore._scripts): fewer arguments to
--- encode per call, which is what limits intake throughput on the client side.
-local P, DEDUPE_TTL, FINISHED_TTL = '@PREFIX@', '@DEDUPE_TTL@', '@FINISHED_TTL@'
-local id, marker, now, initial = ARGV[1], ARGV[2], ARGV[3], ARGV[7]
-local batch = KEYS[1]
-local sprefix, ready, deadlines = P .. ':state:', P .. ':ready', P .. ':deadlines'
-if marker ~= '' and redis.call('EXISTS', marker) == 1 then
-  local cur = redis.call('HMGET', batch, 'state', 'version', 'generation')
-  return {'dup_event', cur[1] or '', cur[2] or '0', cur[3] or '0'}
-end
-local fields = cjson.decode(ARGV[8])
-local cur = redis.call('HMGET', batch, 'state', 'version', 'generation', 'replay_id', 'source', 'event_id')
-local version, generation, outcome, prev_attempt = 0, 0, 'created', nil
-if cur[1] then
-  local state = cur[1]
-  version = tonumber(cur[2] or '0')
-  generation = tonumber(cur[3] or '0')
-  local reopen = false
-  if initial == 'queued' then
-    if state == 'dead_lettered' then
-      reopen = true
-    elseif state == 'failed' and ARGV[6] ~= '' and ARGV[6] ~= (cur[4] or '') then
-      reopen = true
-    end
-  end
-  if not reopen then
-    -- the same event again (redelivery, producer retry) or another event for a known batch
-    local same = cur[5] == fields['source'] and cur[6] == fields['event_id'] and (cur[4] or '') == ARGV[6]
-    return {same and 'dup_event' or 'duplicate', state, tostring(version), tostring(generation)}
-  end
-  prev_attempt = redis.call('HGET', batch, 'attempt') or '0'
-  -- the lifecycle (results prefix, submission ids) is kept, so a replay may resume its shards
-  local prev_lifecycle = redis.call('HGET', batch, 'lifecycle')
-  if prev_lifecycle then fields['lifecycle'] = prev_lifecycle end
-  redis.call('ZREM', sprefix .. state, id)
-  redis.call('ZREM', P .. ':unpublished', id)
-  redis.call('ZREM', ready, id)
-  redis.call('ZREM', P .. ':delayed', id)
-  redis.call('DEL', batch, P .. ':progress:' .. id)
-  generation = generation + 1
-  outcome = 'reopened'
-end
-if outcome == 'created' then
-  -- a new lifecycle: a progress hash left by an old one (its record gone) must not fence it out
-  redis.call('DEL', P .. ':progress:' .. id)
-end
-fields['state'] = initial
-fields['version'] = tostring(version + 1)
-fields['generation'] = tostring(generation)
-fields['state_at'] = now
-if ARGV[6] ~= '' then fields['replay_id'] = ARGV[6] end
-if prev_attempt then
-  -- attempt numbers (and so Ray submission ids) keep counting across a reopen
-  fields['attempt'] = prev_attempt
-  fields['attempt_base'] = prev_attempt
-end
-local flat = {}
-for k, v in pairs(fields) do flat[#flat + 1] = k; flat[#flat + 1] = tostring(v) end
-redis.call('HSET', batch, unpack(flat))
-redis.call('ZADD', sprefix .. initial, now, id)
-if initial == 'queued' then
-  redis.call('ZADD', ready, ARGV[4], id)
-  if ARGV[5] ~= '' then redis.call('ZADD', deadlines, ARGV[5], id) end
-else
-  redis.call('EXPIRE', batch, FINISHED_TTL)
-end
-if marker ~= '' then redis.call('SET', marker, id, 'EX', DEDUPE_TTL) end
-return {outcome, initial, tostring(version + 1), tostring(generation)}
-"""
-
-# KEYS: batch, ready, delayed, deadlines, unpublished
-# ARGV: id, expected-version, allowed-from-csv, to, now, set-json, del-json, ready-score, not-before,
-#       state-prefix, terminal-csv
-TRANSITION_LUA = (
-    _LUA_COMMON
-    + """
-local batch, ready, delayed, deadlines, unpublished = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local id, to, now, sprefix = ARGV[1], ARGV[4], ARGV[5], ARGV[10]
-local cur = redis.call('HMGET', batch, 'state', 'version')
-if not cur[1] then return {'missing', '', '0'} end
-local state, version = cur[1], tonumber(cur[2] or '0')
-if ARGV[2] ~= '' and tonumber(ARGV[2]) ~= version then return {'conflict', state, tostring(version)} end
-local allowed = false
-for s in string.gmatch(ARGV[3], '[^,]+') do if s == state then allowed = true end end
-if not allowed or is_terminal(state) then return {'conflict', state, tostring(version)} end
-for _, f in ipairs(cjson.decode(ARGV[7])) do redis.call('HDEL', batch, f) end
-local sets = cjson.decode(ARGV[6])
-sets['state'] = to
-sets['version'] = tostring(version + 1)
-if to ~= state then sets['state_at'] = now end
-hset_map(batch, sets)
-if to ~= state then
-  redis.call('ZREM', sprefix .. state, id)
-  redis.call('ZADD', sprefix .. to, now, id)
-end
-if to == 'queued' then
-  local nb = ARGV[9]
-  if nb ~= '' and tonumber(nb) > tonumber(now) then
-    redis.call('ZREM', ready, id)
-    redis.call('ZADD', delayed, nb, id)
-  else
-    local score = ARGV[8]
-    if score == '' then score = redis.call('HGET', batch, 'ready_score') or now end
-    redis.call('ZREM', delayed, id)
-    redis.call('ZADD', ready, score, id)
-  end
-elseif state == 'queued' then
-  redis.call('ZREM', ready, id)
-  redis.call('ZREM', delayed, id)
-end
-if is_terminal(to) then
-  redis.call('ZREM', deadlines, id)
-  redis.call('ZADD', unpublished, now, id)
-end
-return {'ok', to, tostring(version + 1)}
-"""
-)
-
-# KEYS: batch, unpublished, progress   ARGV: id, event-id, now, finished-ttl, terminal-csv
-MARK_PUBLISHED_LUA = (
-    _LUA_COMMON
-    + """
-local cur = redis.call('HMGET', KEYS[1], 'state', 'terminal_event_id')
-if not cur[1] then redis.call('ZREM', KEYS[2], ARGV[1]); return 'missing' end
-if not is_terminal(cur[1]) or cur[2] ~= ARGV[2] then return 'conflict' end
-redis.call('HSET', KEYS[1], 'published', '1', 'published_at', ARGV[3])
--- the request body and the original record served launches and the dead letter: both are done
-redis.call('HDEL', KEYS[1], 'request', 'origin')
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('EXPIRE', KEYS[1], ARGV[4])
--- closed: an attempt still running (a stop that did not take) may write nothing more for this
--- lifecycle, neither progress nor shards nor a manifest (ray_job/write_progress.lua)
-redis.call('HSET', KEYS[3], 'closed', ARGV[3])
-redis.call('EXPIRE', KEYS[3], ARGV[4])
-return 'ok'
-"""
-)
-
-# KEYS: batch   ARGV: event-id, now, terminal-csv
-MARK_DLT_LUA = (
-    _LUA_COMMON
-    + """
-local cur = redis.call('HMGET', KEYS[1], 'state', 'terminal_event_id')
-if not cur[1] then return 'missing' end
-if not is_terminal(cur[1]) or cur[2] ~= ARGV[1] then return 'conflict' end
-redis.call('HSET', KEYS[1], 'dlt_written', '1', 'dlt_written_at', ARGV[2])
-return 'ok'
-"""
-)
-
-# KEYS: delayed, ready   ARGV: now, limit, batch-prefix
-PROMOTE_LUA = """
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
-for _, id in ipairs(due) do
-  redis.call('ZREM', KEYS[1], id)
-  local cur = redis.call('HMGET', ARGV[3] .. id, 'state', 'ready_score')
-  if cur[1] == 'queued' then redis.call('ZADD', KEYS[2], cur[2] or ARGV[1], id) end
-end
-return #due
-"""
-
-# KEYS: lease   ARGV: token, ttl-ms
-LEASE_ACQUIRE_LUA = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]); return 1 end
-return 0
-"""
-
-LEASE_RELEASE_LUA = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
 
 # --- records -------------------------------------------------------------------------------------
 
@@ -358,16 +164,16 @@ class StateStore:
         reg = self.client.register_script
         self._scripts = _Scripts(
             intake=reg(
-                INTAKE_LUA.replace("@PREFIX@", self.keys.prefix)
+                lua.load("intake").replace("@PREFIX@", self.keys.prefix)
                 .replace("@DEDUPE_TTL@", str(self.dedupe_ttl_s))
                 .replace("@FINISHED_TTL@", str(self.finished_ttl_s))
             ),
-            transition=reg(TRANSITION_LUA),
-            mark_published=reg(MARK_PUBLISHED_LUA),
-            mark_dlt=reg(MARK_DLT_LUA),
-            promote=reg(PROMOTE_LUA),
-            lease_acquire=reg(LEASE_ACQUIRE_LUA),
-            lease_release=reg(LEASE_RELEASE_LUA),
+            transition=reg(lua.load("transition")),
+            mark_published=reg(lua.load("mark_published")),
+            mark_dlt=reg(lua.load("mark_dlt_written")),
+            promote=reg(lua.load("promote_due")),
+            lease_acquire=reg(lua.load("acquire_lease")),
+            lease_release=reg(lua.load("release_lease")),
         )
 
     @classmethod
