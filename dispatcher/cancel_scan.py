@@ -24,6 +24,7 @@ from dispatcher.intake import Cancel, IntakeRules
 from dispatcher.intake import classify as classify_record
 from dispatcher.metrics import Metrics
 from dispatcher.settings import DispatcherSettings
+from dispatcher.side_consumer import side_consumer
 from dispatcher.store import StateStore
 from schemas.cloudevents import peek_type
 from schemas.events import EventType
@@ -61,12 +62,8 @@ class CancelScanner:
     async def scan(self, positions: dict[Any, int]) -> int:
         """Read ahead of ``positions`` (partition -> the consumer's next offset) and apply the
         cancels of known batches; returns how many were applied."""
-        from aiokafka import AIOKafkaConsumer
-
         starts = {tp: max(pos, self._scanned.get(tp, 0)) for tp, pos in positions.items()}
-        consumer = AIOKafkaConsumer(
-            **self.settings.kafka.client_kwargs(), group_id=None, enable_auto_commit=False
-        )
+        consumer = side_consumer(self.settings.kafka)
         applied = 0
         try:
             await consumer.start()

@@ -37,6 +37,7 @@ from dispatcher.metrics import Metrics
 from dispatcher.record_reader import RecordReader
 from dispatcher.scheduler import ready_score
 from dispatcher.settings import DispatcherSettings
+from dispatcher.side_consumer import side_consumer
 from dispatcher.states import State
 from dispatcher.store import IntakeItem, StateStore
 from schemas.cloudevents import Envelope, decode, peek_type
@@ -154,21 +155,11 @@ class Reconciler:
         return 0
 
     # -- Kafka ------------------------------------------------------------------------------------
-    def _consumer(self) -> Any:
-        from aiokafka import AIOKafkaConsumer
-
-        return AIOKafkaConsumer(
-            **self.settings.kafka.client_kwargs(),
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-        )
-
     async def _unfinished_since(self, since: float) -> dict[str, Pending]:
         from aiokafka import TopicPartition
 
         topic = self.settings.kafka.topics.results
-        consumer = self._consumer()
+        consumer = side_consumer(self.settings.kafka)
         try:
             await consumer.start()
             # partitions_for_topic() only knows subscribed topics: ask the cluster

@@ -13,6 +13,7 @@ from typing import Any
 
 from dispatcher.dlt import OriginalRecord
 from dispatcher.errors import BrokerUnavailable, classify
+from dispatcher.side_consumer import side_consumer
 from llmbatch.settings import KafkaSettings
 from schemas.events import RecordRef
 
@@ -67,16 +68,7 @@ class RecordReader:
 
     async def _started(self) -> Any:
         if self._consumer is None:
-            from aiokafka import AIOKafkaConsumer
-
-            consumer = AIOKafkaConsumer(
-                **self.kafka.client_kwargs(),
-                group_id=None,
-                enable_auto_commit=False,
-                auto_offset_reset="earliest",  # an offset below the log start: the first record comes
-                isolation_level="read_committed",
-                max_partition_fetch_bytes=max(1 << 20, self.kafka.topics.max_message_bytes),
-            )
+            consumer = side_consumer(self.kafka)
             await consumer.start()
             self._consumer = consumer
         return self._consumer
