@@ -59,8 +59,9 @@ class JobBackend(Protocol):
         ...
 
     async def delete(self, submission_id: str) -> bool:
-        """Forget a finished job (its record and logs on the Ray head); False if it is unknown or
-        still running. Called once the batch's terminal event is out, so job records stay bounded."""
+        """Forget a finished job (its record and logs on the Ray head); False if it is unknown. A job
+        the head will not delete yet (still running by its account) raises a retriable error. Called
+        once the batch's terminal event is out, so job records stay bounded."""
         ...
 
     async def ping(self) -> bool: ...

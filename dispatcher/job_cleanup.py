@@ -2,10 +2,10 @@
 
 Once a batch's terminal event is out its Ray jobs (one per attempt) are deleted from the head, so the
 head's job records and logs stay bounded. A delete that fails for a reason that may pass (the head
-is down or slow, its agent timed out) is not dropped: the submission id goes to a Redis zset and the
-tracker leader tries again later (:meth:`JobCleanup.retry_due`). A job Ray calls unknown (already
-deleted, or a batch that ran on the batch runner) or still running (a zombie attempt) is left:
-``llmbatch jobs`` lists it for an operator.
+is down or slow, its agent timed out, or the head does not count the job as ended yet) is not
+dropped: the submission id goes to a Redis zset and the tracker leader tries again later
+(:meth:`JobCleanup.retry_due`), so a zombie attempt is deleted once it ends. A job Ray calls unknown
+(already deleted, or a batch that ran on the batch runner) is settled.
 """
 
 from __future__ import annotations
