@@ -55,7 +55,9 @@ class JobCleanup:
         off. Returns how many were settled (deleted, unknown or still running)."""
         for done, sid in enumerate(sids):
             try:
-                await self.backend.delete(sid)
+                deleted = await self.backend.delete(sid)
+                log.debug("finished Ray job deleted" if deleted else "finished Ray job unknown to Ray",
+                          extra={"submission_id": sid})
             except Exception as exc:
                 retriable = not isinstance(exc, DispatcherError) or exc.retriable
                 if not retriable:
