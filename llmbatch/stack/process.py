@@ -20,6 +20,8 @@ class StackError(RuntimeError):
     def __init__(self, message: str, log_tail: str = "") -> None:
         super().__init__(message)
         self.log_tail = log_tail
+        if log_tail:  # shown in tracebacks (a test's failure report), not in str()
+            self.add_note(f"last lines of its output:\n{log_tail}")
 
 
 def free_port() -> int:

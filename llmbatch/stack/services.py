@@ -167,14 +167,25 @@ def _start_kafka(run_dir: Path, ports: _StartPorts, restart: ServiceRecord | Non
         # a fresh data dir per new start: ports change between starts and KRaft pins the controller
         # address in the data; a restart keeps both
         shutil.rmtree(data / "logs", ignore_errors=True)
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         _run(["java", *java_opts, "-cp", classpath, "kafka.tools.StorageTool", "format", "--standalone",
-              "-t", cluster_id, "-c", str(props)], "formatting the Kafka storage")
+              "-t", kafka_cluster_id(), "-c", str(props)], "formatting the Kafka storage")
     pid = spawn(["java", *java_opts, "-cp", classpath, "kafka.Kafka", str(props)], log)
     ports.hand_over(pid)
     waited = wait_until(lambda: _kafka_ready(port), 90, pid, "Kafka", log)
     return ServiceRecord("kafka", pid, {"broker": port, "controller": controller},
                          f"127.0.0.1:{port}", str(log), str(data), round(waited, 2))
+
+
+def kafka_cluster_id(random_bytes: Callable[[], bytes] = lambda: uuid.uuid4().bytes) -> str:
+    """A KRaft cluster id (16 random bytes, URL-safe base64) that cannot be read as a CLI option.
+
+    One id in 64 starts with ``-``, and ``kafka-storage format -t -xyz`` then fails with "expected one
+    argument" (exit 1), as Kafka's own ``Uuid.randomUuid`` also avoids.
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(random_bytes()).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def _kafka_ready(port: int) -> bool:

@@ -113,6 +113,9 @@ def test_wait_until_reports_dead_process_with_log_tail(tmp_path: Path) -> None:
         wait_until(lambda: False, 30, pid, "svc", log)
     assert "exited during start-up" in str(info.value)
     assert "address already in use" in info.value.log_tail
+    # the tail rides along as a note, so a failing test's report shows why the service died
+    assert any("address already in use" in n for n in info.value.__notes__)
+    assert "address already in use" not in str(info.value)
 
 
 def test_cli_status_of_empty_run_dir_fails_cleanly(tmp_path: Path) -> None:
