@@ -702,19 +702,21 @@ class Tracker:
         fresh = await self.store.get(record.batch_id)
         if fresh is not None:
             with logs.bind(attempt=attempt):
-                await self.submit(fresh)
+                await self.submit(fresh, spec)  # the spec does not change with the transition
         return True
 
-    async def submit(self, record: BatchRecord) -> None:
-        """Submit (or resubmit) the record's current attempt; idempotent by submission id."""
-        try:
-            spec = await self.job_spec(record, record.attempt)
-        except UnknownModelError as exc:
-            await self.fail_unserved(record, exc)
-            return
-        except RequestUnavailable as exc:
-            await self.fail_request_gone(record, exc)
-            return
+    async def submit(self, record: BatchRecord, spec: JobSpec | None = None) -> None:
+        """Submit (or resubmit) the record's current attempt; idempotent by submission id. ``spec`` is
+        the attempt's spec when the caller built it already (an offloaded body is read from Kafka once)."""
+        if spec is None:
+            try:
+                spec = await self.job_spec(record, record.attempt)
+            except UnknownModelError as exc:
+                await self.fail_unserved(record, exc)
+                return
+            except RequestUnavailable as exc:
+                await self.fail_request_gone(record, exc)
+                return
         try:
             result = await self.backend.submit(spec)
         except JobRejected as exc:

@@ -4,6 +4,7 @@ after acceptance failing with ``model_not_found`` instead of running on another 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,10 +14,12 @@ from typer.testing import CliRunner
 
 from dispatcher.backend import EXIT_ENGINE_UNAVAILABLE, SubmitResult
 from dispatcher.cli import app
+from dispatcher.dlt import OriginalRecord
 from dispatcher.errors import InvalidSettings
 from dispatcher.events import Outcome
 from dispatcher.keys import Keys
 from dispatcher.metrics import Metrics
+from dispatcher.request_body import RequestBodies
 from dispatcher.results import Shards
 from dispatcher.service import Dispatcher
 from dispatcher.settings import (
@@ -31,6 +34,7 @@ from dispatcher.store import BatchRecord, TransitionResult
 from dispatcher.tracker import Tracker
 from llmbatch.settings import RedisSettings
 from schemas.engines import EngineRegistry
+from schemas.events import RecordRef
 from schemas.job import JobSpec
 from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, registry, request_message
 
@@ -262,6 +266,38 @@ async def test_served_model_is_submitted_with_its_registry_entry() -> None:
     [spec] = backend.submitted
     assert spec.model == MODEL and spec.model_path == "/models/smollm2" and spec.engine.backend == "fake"
     assert [to for _, to, _ in store.transitions] == [State.SUBMITTED, State.SUBMITTED]
+
+
+class CountingReader:
+    """A RecordReader over one in-memory record, counting the reads (each is a Kafka fetch)."""
+
+    def __init__(self, record: OriginalRecord) -> None:
+        self.record = record
+        self.reads = 0
+
+    async def read(self, ref: RecordRef) -> OriginalRecord | None:
+        self.reads += 1
+        return self.record if (ref.topic, ref.partition, ref.offset) == (
+            self.record.topic, self.record.partition, self.record.offset) else None
+
+
+async def test_a_launch_reads_an_offloaded_body_from_kafka_once() -> None:
+    t, store, backend = tracker(registry(path="/models/smollm2"))
+    _, value, _ = request_message(batch_request("b-gone", requests=inline_lines(5)))
+    origin = OriginalRecord("requests", 2, 41, b"b-gone", value)
+    reader = CountingReader(origin)
+    t.bodies = RequestBodies(reader)  # type: ignore[arg-type]
+    offloaded = {"request_sha256": hashlib.sha256(value).hexdigest(), "origin": origin.to_json()}
+    queued = stored("queued", 0, **offloaded)
+    queued = BatchRecord.from_hash("b-gone", {k: v for k, v in queued.fields.items() if k != "request"})
+    store.fresh = BatchRecord.from_hash("b-gone", {**queued.fields, "state": "submitted", "attempt": "1",
+                                                   "submission_id": "b-gone-a1"})
+    assert await t.start_attempt(queued) is True
+    [spec] = backend.submitted
+    assert [r.custom_id for r in spec.requests or []] == [f"req-{i}" for i in range(5)]
+    assert reader.reads == 1
+    await t.submit(store.fresh)  # a resubmission (after a restart) builds its spec again
+    assert reader.reads == 2 and len(backend.submitted) == 2
 
 
 async def test_shared_engines_put_the_models_serve_app_in_the_spec() -> None:
