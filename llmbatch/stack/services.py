@@ -72,6 +72,14 @@ class _StartPorts:
             self.held.append(port)
         return ok
 
+    def again(self, service: str, ports: dict[str, int], *names: str) -> list[int]:
+        """Claim the ports ``names`` a restarted ``service`` had (from its record), or raise."""
+        for name in names:
+            if not self.claim(ports[name]):
+                raise StackError(f"{service} cannot restart on port {ports[name]}: something already listens "
+                                 "there or another process reserved it")
+        return [ports[name] for name in names]
+
     def hand_over(self, pid: int) -> None:
         self._ports.hand_over(self.held, pid)
 
@@ -126,11 +134,7 @@ def _start_kafka(run_dir: Path, ports: _StartPorts, restart: ServiceRecord | Non
     data = run_dir / "kafka"
     data.mkdir(parents=True, exist_ok=True)
     if restart is not None:
-        port, controller = restart.ports["broker"], restart.ports["controller"]
-        for taken in (port, controller):
-            if not ports.claim(taken):
-                raise StackError(f"Kafka cannot restart on port {taken}: something already listens there "
-                                 "or another process reserved it")
+        port, controller = ports.again("Kafka", restart.ports, "broker", "controller")
     else:
         port, controller = ports.one(), ports.one()
     log = run_dir / "logs" / "kafka.log"
@@ -317,11 +321,7 @@ def _start_minio(run_dir: Path, ports: _StartPorts, restart: ServiceRecord | Non
         with os.fdopen(fd, "w") as fh:
             json.dump([user, password], fh)
     if restart is not None:
-        port, console = restart.ports["s3"], restart.ports["console"]
-        for taken in (port, console):
-            if not ports.claim(taken):
-                raise StackError(f"MinIO cannot restart on port {taken}: something already listens there "
-                                 "or another process reserved it")
+        port, console = ports.again("MinIO", restart.ports, "s3", "console")
     else:
         port, console = ports.one(), ports.one()
     log = run_dir / "logs" / "minio.log"

@@ -306,3 +306,16 @@ def test_two_processes_allocating_at_once_never_share_a_port(tmp_path: Path) -> 
     a, b = outputs
     assert len(a) == len(b) == 60
     assert not set(a) & set(b)
+
+
+def test_a_restart_claims_its_old_ports_or_names_the_service_and_the_taken_port(tmp_path: Path) -> None:
+    from llmbatch.stack.process import StackError
+    from llmbatch.stack.services import _StartPorts
+
+    alloc = PortAllocator(tmp_path / "reservations")
+    free, taken = alloc.port(), alloc.port()  # both reserved by this (live) process
+    alloc.release([free])
+    start = _StartPorts(alloc)
+    assert start.again("MinIO", {"s3": free}, "s3") == [free] and start.held == [free]
+    with pytest.raises(StackError, match=rf"^Kafka cannot restart on port {taken}: something already"):
+        _StartPorts(alloc).again("Kafka", {"controller": taken}, "controller")
