@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -13,12 +15,19 @@ from dispatcher.settings import DispatcherSettings
 pytestmark = pytest.mark.unit
 
 
-async def _get(port: int, path: str) -> tuple[int, bytes]:
+async def _exchange(port: int, request: bytes, within: float = 10) -> bytes:
+    """Send raw ``request`` bytes on a new connection; everything the server sends until it closes."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-    await writer.drain()
-    raw = await reader.read()
-    writer.close()
+    try:
+        writer.write(request)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), within)
+    finally:
+        writer.close()
+
+
+async def _get(port: int, path: str) -> tuple[int, bytes]:
+    raw = await _exchange(port, f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
     head, _, body = raw.partition(b"\r\n\r\n")
     return int(head.split()[1]), body
 
@@ -53,7 +62,11 @@ async def test_livez_readyz_metrics() -> None:
         await server.stop()
 
 
-async def _server(ready_calls: list[int] | None = None, cache_s: float = 60.0) -> HealthServer:
+@contextlib.asynccontextmanager
+async def _serving(
+    ready_calls: list[int] | None = None, cache_s: float = 60.0
+) -> AsyncIterator[HealthServer]:
+    """A started server that is always live and ready (``ready_calls`` counts the readiness checks)."""
     async def ready() -> tuple[bool, dict[str, str]]:
         if ready_calls is not None:
             ready_calls.append(1)
@@ -62,17 +75,17 @@ async def _server(ready_calls: list[int] | None = None, cache_s: float = 60.0) -
     server = HealthServer(Metrics(), live=lambda: True, ready=ready, host="127.0.0.1", port=0,
                           ready_cache_s=cache_s)
     await server.start()
-    return server
+    try:
+        yield server
+    finally:
+        await server.stop()
 
 
 async def test_readyz_answers_from_a_recent_result_not_one_check_per_probe() -> None:
     calls: list[int] = []
-    server = await _server(calls)
-    try:
+    async with _serving(calls) as server:
         results = await asyncio.gather(*(_get(server.bound_port, "/readyz") for _ in range(20)))
         assert {status for status, _ in results} == {200} and len(calls) == 1
-    finally:
-        await server.stop()
 
 
 async def test_a_request_head_sent_a_line_at_a_time_is_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,8 +93,7 @@ async def test_a_request_head_sent_a_line_at_a_time_is_cut_off(monkeypatch: pyte
     import dispatcher.http as http
 
     monkeypatch.setattr(http, "HEAD_TIMEOUT_S", 0.5)
-    server = await _server()
-    try:
+    async with _serving() as server:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.bound_port)
         writer.write(b"GET /livez HTTP/1.1\r\n")
         closed = False
@@ -98,8 +110,6 @@ async def test_a_request_head_sent_a_line_at_a_time_is_cut_off(monkeypatch: pyte
                 break
         writer.close()
         assert closed
-    finally:
-        await server.stop()
 
 
 async def _eof_within(reader: asyncio.StreamReader, seconds: float) -> bool:
@@ -114,25 +124,16 @@ async def _eof_within(reader: asyncio.StreamReader, seconds: float) -> bool:
     b"GET /livez HTTP/1.1\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n",
 ])
 async def test_too_many_or_too_long_header_lines_get_431(head: bytes) -> None:
-    server = await _server()
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.bound_port)
-        writer.write(head)
-        await writer.drain()
-        raw = await asyncio.wait_for(reader.read(), 10)
-        writer.close()
-        assert raw.startswith(b"HTTP/1.1 431 ")
+    async with _serving() as server:
+        assert (await _exchange(server.bound_port, head)).startswith(b"HTTP/1.1 431 ")
         assert (await _get(server.bound_port, "/livez"))[0] == 200  # and the server goes on
-    finally:
-        await server.stop()
 
 
 async def test_connections_over_the_limit_are_closed_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     import dispatcher.http as http
 
     monkeypatch.setattr(http, "MAX_CONNECTIONS", 2)
-    server = await _server()
-    try:
+    async with _serving() as server:
         idle = [await asyncio.open_connection("127.0.0.1", server.bound_port) for _ in range(2)]
         await asyncio.sleep(0.2)  # both are being served (waiting for their request line)
         reader, writer = await asyncio.open_connection("127.0.0.1", server.bound_port)
@@ -142,8 +143,6 @@ async def test_connections_over_the_limit_are_closed_at_once(monkeypatch: pytest
             w.close()
         await asyncio.sleep(0.2)
         assert (await _get(server.bound_port, "/livez"))[0] == 200
-    finally:
-        await server.stop()
 
 
 def test_settings_from_environment_and_secrets_masked(monkeypatch: pytest.MonkeyPatch) -> None:
