@@ -9,6 +9,7 @@ import contextlib
 import os
 import signal
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -76,25 +77,35 @@ def _reaped_or_alive(pid: int) -> bool:
     return alive(pid)
 
 
+async def _kill9_then_restart(start: Callable[..., ServiceRecord], run_dir: Path,
+                              first: ServiceRecord) -> ServiceRecord:
+    """kill -9 the service of ``first``, wait until it is gone, start it again from its record."""
+    os.kill(first.pid, signal.SIGKILL)
+    for _ in range(100):
+        if not _reaped_or_alive(first.pid):
+            break
+        await asyncio.sleep(0.1)
+    return await asyncio.to_thread(start, run_dir, restart=first)  # its readiness check runs a loop
+
+
+def _stop(*records: ServiceRecord | None) -> None:
+    for rec in records:
+        if rec is not None and alive(rec.pid):
+            stop_tree(rec.pid)
+
+
 async def test_kafka_restarts_on_its_ports_with_its_data(tmp_path: Path) -> None:
     topic = f"t-{uuid.uuid4().hex[:8]}"
     first = await asyncio.to_thread(services.start_kafka, tmp_path)  # its readiness check runs a loop
     again = None
     try:
         await _write(first.address, topic)
-        os.kill(first.pid, signal.SIGKILL)
-        for _ in range(100):
-            if not _reaped_or_alive(first.pid):
-                break
-            await asyncio.sleep(0.1)
-        again = await asyncio.to_thread(services.start_kafka, tmp_path, restart=first)
+        again = await _kill9_then_restart(services.start_kafka, tmp_path, first)
         assert again.ports == first.ports and again.address == first.address
         values, committed = await _read(again.address, topic)
         assert values == [f"v{i}".encode() for i in range(5)] and committed == 2
     finally:
-        for rec in (first, again):
-            if rec is not None and alive(rec.pid):
-                stop_tree(rec.pid)
+        _stop(first, again)
 
 
 async def test_minio_restarts_on_its_ports_with_its_objects(tmp_path: Path) -> None:
@@ -111,15 +122,8 @@ async def test_minio_restarts_on_its_ports_with_its_objects(tmp_path: Path) -> N
 
         client(first).make_bucket("kept-bucket")
         client(first).put_object("kept-bucket", "k", io.BytesIO(b"kept"), 4)
-        os.kill(first.pid, signal.SIGKILL)
-        for _ in range(100):
-            if not _reaped_or_alive(first.pid):
-                break
-            await asyncio.sleep(0.1)
-        again = await asyncio.to_thread(services.start_minio, tmp_path, restart=first)
+        again = await _kill9_then_restart(services.start_minio, tmp_path, first)
         assert again.address == first.address
         assert client(again).get_object("kept-bucket", "k").read() == b"kept"
     finally:
-        for rec in (first, again):
-            if rec is not None and alive(rec.pid):
-                stop_tree(rec.pid)
+        _stop(first, again)
