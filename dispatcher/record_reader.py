@@ -38,19 +38,24 @@ class RecordReader:
             try:
                 consumer = await self._started()
                 consumer.assign([tp])
-                start = (await consumer.beginning_offsets([tp]))[tp]
-                end = (await consumer.end_offsets([tp]))[tp]
-                if not start <= ref.offset < end:  # removed by retention (or the topic was recreated)
-                    return None
                 consumer.seek(tp, ref.offset)
                 loop = asyncio.get_running_loop()
                 deadline = loop.time() + self.read_timeout_s
+                asked_range = False
                 while loop.time() < deadline:
                     batches = await consumer.getmany(tp, timeout_ms=1000, max_records=1)
                     for record in batches.get(tp, []):
-                        if record.offset != ref.offset:  # removed: the next record came instead
+                        # an offset retention removed is out of range: the consumer starts over at the
+                        # earliest record, another offset
+                        if record.offset != ref.offset:
                             return None
                         return OriginalRecord.from_consumer_record(record)
+                    if not asked_range:  # nothing yet: an emptied partition sends nothing at all
+                        asked_range = True
+                        start = (await consumer.beginning_offsets([tp]))[tp]
+                        end = (await consumer.end_offsets([tp]))[tp]
+                        if not start <= ref.offset < end:
+                            return None
                 raise BrokerUnavailable(
                     f"no record of {ref.topic}[{ref.partition}] at or after offset {ref.offset} came within "
                     f"{self.read_timeout_s:.0f}s"
