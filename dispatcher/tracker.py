@@ -197,7 +197,7 @@ class Tracker:
         if now - self._sweep_at > 300:
             self._sweep_at = now
             await self.store.sweep_finished()
-        if now - self._cleanup_at > 30:
+        if now - self._cleanup_at > 10:
             self._cleanup_at = now
             await self.job_cleanup.retry_due()
 

@@ -220,10 +220,12 @@ def assert_one_terminal(events: list[Envelope[Any]], batch_ids: list[str]) -> No
 
 
 def ray_jobs(ray: RaySettings, prefix: str) -> list[str]:
+    """``submission_id:STATUS`` of the Ray jobs whose submission id starts with ``prefix``."""
     from ray.job_submission import JobSubmissionClient
 
     client = JobSubmissionClient(ray.address)
-    return sorted(j.submission_id for j in client.list_jobs() if (j.submission_id or "").startswith(prefix))
+    return sorted(f"{j.submission_id}:{j.status}" for j in client.list_jobs()
+                  if (j.submission_id or "").startswith(prefix))
 
 
 # --- happy path, duplicates, invalid events -----------------------------------------------------------
@@ -262,9 +264,20 @@ async def test_happy_path_duplicates_and_invalid_events(env: Env, ray_settings: 
         bucket, _, obj = uri[5:].partition("/")
         lines += [orjson.loads(x) for x in client.get_object(bucket, obj).read().splitlines() if x]
     assert sorted(x["custom_id"] for x in lines) == sorted(f"req-{i}" for i in range(5))
-    # one attempt for the duplicated batch, and its Ray job is deleted once the terminal event is out
-    # (a delete the head cannot answer under load is tried again a minute later)
-    await wait_for(lambda: not ray_jobs(ray_settings, a.batch_id), 180, what="the finished job deleted")
+    # one attempt for the duplicated batch, and its Ray job is deleted once the terminal event is out and
+    # it settled, then asked for again (Ray's job monitor wrote it back in CI, as FAILED)
+    async def deleted_and_checked() -> bool:
+        pending = [e for e in await env.store.due_job_deletes(1e12, limit=10_000) if a.batch_id in e]
+        return not pending and not ray_jobs(ray_settings, a.batch_id)
+
+    try:
+        await wait_for(deleted_and_checked, 240, interval=2, what="the finished job deleted and checked")
+    except AssertionError:
+        print("left on the head:", ray_jobs(ray_settings, a.batch_id))
+        for proc in env.procs:
+            print(f"--- {proc.log_path.name}\n" + "\n".join(
+                line for line in proc.log_path.read_text().splitlines() if "Ray job" in line))
+        raise
     # accepted, then the terminal event; every accepted id stable
     types = [e.type for e in events if e.batch_id == a.batch_id]
     assert types[0] is EventType.ACCEPTED and types[-1] is EventType.COMPLETED

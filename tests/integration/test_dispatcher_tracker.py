@@ -270,7 +270,9 @@ async def test_a_batch_id_used_again_after_its_record_is_gone_is_a_new_lifecycle
             return (await backend.status(sid)).state.is_terminal
 
         await wait_for(lambda: finished(sid1), 120, interval=1, what="the first lifecycle's job to end")
+        tracker1.job_cleanup.settle_s = 0
         await tracker1.forget_jobs(first)  # what the publisher does after the terminal event
+        assert await tracker1.job_cleanup.retry_due() == 1  # what the leader's tick does once it settled
         assert (await backend.status(sid1)).state is JobState.NOT_FOUND
         await wait_for(lambda: finished(sid2), 120, interval=1, what="the second lifecycle's job to end")
         assert await backend.delete(sid2) and not await backend.delete(sid2)
