@@ -207,8 +207,6 @@ def run_pipeline(model: str, data: bytes, args: argparse.Namespace) -> dict[str,
     )
     env = runtime_env(
         s3_endpoint=s3.endpoint,
-        s3_access_key=s3.access_key.get_secret_value(),
-        s3_secret_key=s3.secret_key.get_secret_value(),
         engine_env=engine_environment(),
     )
     jobs = JobSubmissionClient(settings.ray.address)

@@ -62,8 +62,6 @@ class Runner:
         self.jobs = JobSubmissionClient(self.settings.ray.address)
         self.env = runtime_env(
             s3_endpoint=s3.endpoint,
-            s3_access_key=s3.access_key.get_secret_value(),
-            s3_secret_key=s3.secret_key.get_secret_value(),
             engine_env=engine_environment(),
         )
         self.model_path = model_path

@@ -55,21 +55,11 @@ def cluster_serve_config(
 
 
 def runner_env_vars(settings: DispatcherSettings) -> dict[str, str]:
-    """The batch runner's environment: S3 and Redis access under the same rules as a job's
-    (``job.pass_s3_credentials``, ``job.pass_redis_url``) and ``job.env_vars``."""
-    job, s3 = settings.job, settings.s3
-    env: dict[str, str] = {}
-    if job.pass_s3_credentials:
-        env.update({
-            "AWS_ENDPOINT_URL_S3": s3.endpoint,
-            "AWS_REGION": s3.region,
-            "AWS_ACCESS_KEY_ID": s3.access_key.get_secret_value(),
-            "AWS_SECRET_ACCESS_KEY": s3.secret_key.get_secret_value(),
-        })
-    password = settings.redis.effective_password()
-    if job.pass_redis_url and password is not None:
-        env["LLMBATCH_REDIS__PASSWORD"] = password
-    env.update(job.env_vars)
+    """The batch runner's environment, as a job's: where S3 is, and ``job.env_vars``. No secret: the
+    replicas take the S3 keys and the Redis password from the Ray workers' own environment."""
+    s3 = settings.s3
+    env = {"AWS_ENDPOINT_URL_S3": s3.endpoint, "AWS_REGION": s3.region}
+    env.update(settings.job.env_vars)
     return env
 
 

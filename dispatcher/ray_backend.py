@@ -49,12 +49,9 @@ def job_env(settings: DispatcherSettings, spec: JobSpec) -> dict[str, str]:
         from dispatcher.engines import engine_env_vars
 
         env.update(engine_env_vars(settings))
-    if job.pass_s3_credentials:
-        env["AWS_ENDPOINT_URL_S3"] = settings.s3.endpoint
-        env["AWS_REGION"] = settings.s3.region
-    password = settings.redis.effective_password()
-    if job.pass_redis_url and password is not None:
-        env["LLMBATCH_REDIS__PASSWORD"] = password
+    # where S3 is is no secret; the keys and the Redis password come from the workers' own environment
+    env["AWS_ENDPOINT_URL_S3"] = settings.s3.endpoint
+    env["AWS_REGION"] = settings.s3.region
     env.update(job.env_vars)
     return env
 
@@ -71,9 +68,7 @@ def build_submission(
     if job.pip:
         extra["pip"] = list(job.pip)
     env = job_submit.runtime_env(
-        s3_endpoint=s3.endpoint if job.pass_s3_credentials else None,
-        s3_access_key=s3.access_key.get_secret_value() if job.pass_s3_credentials else None,
-        s3_secret_key=s3.secret_key.get_secret_value() if job.pass_s3_credentials else None,
+        s3_endpoint=s3.endpoint,
         env_vars=job_env(settings, spec),
         stop_wait_s=job.ray_stop_wait_s,
         **extra,

@@ -5,8 +5,9 @@ Environment: prefix ``LLMBATCH_``, ``__`` for nesting, e.g. ``LLMBATCH_DISPATCHE
 ``LLMBATCH_ENGINES__MODELS='{"SmolLM2-135M-Instruct": {"path": "/models/smollm2", "engine":
 {"enforce_eager": true}}}'`` (:class:`schemas.engines.EngineRegistry`): a request naming any other model
 is rejected (``model_not_found``), and a dispatcher without a model refuses to start. Credentials stay
-``SecretStr`` (they are handed to the Ray job only when ``job.pass_s3_credentials`` is set, through its
-runtime environment, never logged).
+``SecretStr``: never logged, and never handed to a Ray job or Serve replica (its ``runtime_env`` is
+shown by the Ray dashboard and the Jobs API); the Ray workers take the S3 keys and the Redis password
+from their own environment (a Kubernetes Secret, or the local stack's head).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from __future__ import annotations
 import os
 import re
 import socket
+from collections.abc import Iterator
 from typing import Literal
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from dispatcher.retry import AttemptPolicy, Backoff
@@ -185,6 +187,18 @@ class DispatcherOptions(BaseModel):
 class JobOptions(BaseModel):
     """How Ray jobs are launched (``LLMBATCH_JOB__*``)."""
 
+    @field_validator("pass_s3_credentials")
+    @classmethod
+    def _no_keys_in_runtime_env(cls, value: bool) -> bool:
+        if value:
+            raise ValueError(
+                "S3 keys are no longer sent to Ray jobs (the Ray dashboard and Jobs API show a job's "
+                "runtime_env): remove LLMBATCH_JOB__PASS_S3_CREDENTIALS and give the Ray workers "
+                "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY in their environment (the local stack's head "
+                "has them; on Kubernetes a Secret)"
+            )
+        return value
+
     entrypoint_num_cpus: float = Field(
         default=0.0, ge=0, description="0 keeps the driver off the CPU budget Ray Data needs."
     )
@@ -202,7 +216,10 @@ class JobOptions(BaseModel):
     )
     env_vars: dict[str, str] = Field(default_factory=dict, description="Extra env vars for the job.")
     pass_s3_credentials: bool = Field(
-        default=True, description="Hand the S3 endpoint and keys to the job via env vars."
+        default=False,
+        description="Must stay false (kept so settings that say false still load): S3 keys never travel "
+        "in a job's runtime_env, which the Ray dashboard and Jobs API show. The Ray workers take "
+        "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY from their own environment.",
     )
     pass_redis_url: bool = Field(default=True, description="Let the job write progress counters to Redis.")
     engine_cache_dir: str | None = Field(
@@ -232,6 +249,22 @@ class JobOptions(BaseModel):
     stop_wait_s: float = Field(default=30.0, gt=0, description="How long to wait for a stopped job to end.")
 
 
+# a variable named like a credential: its value must come from the Ray workers' environment
+SECRET_ENV_NAME = re.compile(
+    r"(^|_)(PASSWORD|PASSWD|SECRET|TOKEN|CREDENTIALS?)(_|$)|ACCESS_KEY|PRIVATE_KEY", re.IGNORECASE
+)
+
+
+def secret_values(model: BaseModel, path: str = "") -> Iterator[tuple[str, str]]:
+    """``(where, value)`` of every non-empty ``SecretStr`` in ``model``, nested models included."""
+    for name, value in model:
+        where = f"{path}.{name}" if path else name
+        if isinstance(value, SecretStr) and value.get_secret_value():
+            yield where, value.get_secret_value()
+        elif isinstance(value, BaseModel):
+            yield from secret_values(value, where)
+
+
 class DispatcherSettings(LLMBatchSettings):
     """``DispatcherSettings()`` reads the environment (``LLMBATCH_`` prefix, ``__`` nesting)."""
 
@@ -250,6 +283,23 @@ class DispatcherSettings(LLMBatchSettings):
         description="The models this service runs (LLMBATCH_ENGINES__MODELS as JSON); requests naming "
         "any other model are rejected with model_not_found.",
     )
+
+    @model_validator(mode="after")
+    def _no_secret_in_job_env(self) -> DispatcherSettings:
+        # job.env_vars go into every job's and the batch runner's runtime_env, which the Ray dashboard
+        # and Jobs API show to anyone who can open them
+        secrets = list(secret_values(self))
+        for key, value in self.job.env_vars.items():
+            leaked = [where for where, secret in secrets
+                      if value == secret or (len(secret) >= 8 and secret in value)]
+            if leaked or SECRET_ENV_NAME.search(key):
+                what = f"the value of {leaked[0]}" if leaked else "a credential's name"
+                raise ValueError(
+                    f"job.env_vars.{key} holds {what}: a job's runtime_env is shown by the Ray dashboard and "
+                    f"Jobs API. Give the Ray workers {key} in their own environment (a Kubernetes Secret) "
+                    "and remove it from LLMBATCH_JOB__ENV_VARS"
+                )
+        return self
 
     @model_validator(mode="after")
     def _heartbeats_fit_the_timeout(self) -> DispatcherSettings:

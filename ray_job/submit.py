@@ -52,8 +52,6 @@ def package_dirs() -> list[str]:
 def runtime_env(
     *,
     s3_endpoint: str | None = None,
-    s3_access_key: str | None = None,
-    s3_secret_key: str | None = None,
     engine_env: Mapping[str, str] | None = None,
     env_vars: Mapping[str, str] | None = None,
     stop_wait_s: int = STOP_WAIT_S,
@@ -62,15 +60,14 @@ def runtime_env(
     """The job's ``runtime_env``: the two packages as ``py_modules`` plus the job's variables.
 
     ``engine_env`` is :func:`ray_job.engine_env.engine_env` output; ``extra`` is merged as further
-    runtime_env fields (e.g. ``pip`` or ``container`` on a real cluster).
+    runtime_env fields (e.g. ``pip`` or ``container`` on a real cluster). No credentials: the Ray
+    dashboard and Jobs API show a runtime_env, so the job takes ``AWS_ACCESS_KEY_ID`` /
+    ``AWS_SECRET_ACCESS_KEY`` and ``LLMBATCH_REDIS__PASSWORD`` from the Ray workers' environment.
     """
     variables: dict[str, str] = {"PYTHONUNBUFFERED": "1", "RAY_JOB_STOP_WAIT_TIME_S": str(stop_wait_s)}
     variables.update(engine_env or {})
     if s3_endpoint:
         variables["LLMBATCH_S3__ENDPOINT"] = s3_endpoint
-    if s3_access_key and s3_secret_key:
-        variables["AWS_ACCESS_KEY_ID"] = s3_access_key
-        variables["AWS_SECRET_ACCESS_KEY"] = s3_secret_key
     variables.update(env_vars or {})
     return {"py_modules": package_dirs(), "env_vars": variables, **extra}
 

@@ -38,8 +38,8 @@ def s3_settings(services: ServiceProvider) -> S3Settings:
 
 
 @pytest.fixture(scope="session")
-def ray_settings(services: ServiceProvider) -> RaySettings:
-    return services.ray()
+def ray_settings(services: ServiceProvider, s3_settings: S3Settings) -> RaySettings:
+    return services.ray(s3_settings)  # a local head gets these S3 keys in its environment
 
 
 @pytest.fixture(scope="session")

@@ -230,19 +230,20 @@ def redis_binary() -> str:
 
 
 def start_redis(run_dir: Path, port: int | None = None, name: str = "redis", *,
-                fresh_port_if_taken: bool = False) -> ServiceRecord:
+                fresh_port_if_taken: bool = False, password: str | None = None) -> ServiceRecord:
     """Start Redis with its data (AOF) in ``run_dir/name``.
 
     ``port`` asks for that port again (a restart); if something took it meanwhile this fails, or,
     with ``fresh_port_if_taken``, starts on a fresh port: the record says which, so callers re-point
-    their clients at ``record.address``.
+    their clients at ``record.address``. ``password`` turns authentication on (``requirepass``, in a
+    0600 config file rather than on the command line, where ``ps`` shows it); the record leaves it out.
     """
     with _start_ports() as ports:
-        return _start_redis(run_dir, port, name, fresh_port_if_taken, ports)
+        return _start_redis(run_dir, port, name, fresh_port_if_taken, ports, password)
 
 
 def _start_redis(run_dir: Path, port: int | None, name: str, fresh_port_if_taken: bool,
-                 ports: _StartPorts) -> ServiceRecord:
+                 ports: _StartPorts, password: str | None = None) -> ServiceRecord:
     data = run_dir / name
     data.mkdir(parents=True, exist_ok=True)
     if port is not None and not ports.claim(port):
@@ -255,18 +256,26 @@ def _start_redis(run_dir: Path, port: int | None, name: str, fresh_port_if_taken
     argv = [redis_binary(), "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data),
             "--appendonly", "yes", "--appendfsync", "always", "--daemonize", "no",
             "--save", "", "--protected-mode", "yes", "--logfile", ""]
+    if password is not None:
+        if not password or any(c in password for c in '"\\\n\r'):
+            raise StackError("a Redis password must be non-empty, without quotes, backslashes or line breaks")
+        conf = data / "auth.conf"
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f'requirepass "{password}"\n')
+        argv.insert(1, str(conf))  # redis-server <config file> [--options]
     pid = spawn(argv, log)
     ports.hand_over(pid)
-    waited = wait_until(lambda: _redis_ping(port, pid), 20, pid, "Redis", log)
+    waited = wait_until(lambda: _redis_ping(port, pid, password), 20, pid, "Redis", log)
     return ServiceRecord(name, pid, {"redis": port}, f"redis://127.0.0.1:{port}/0", str(log), str(data),
                          round(waited, 2))
 
 
-def _redis_ping(port: int, pid: int) -> bool:
+def _redis_ping(port: int, pid: int, password: str | None = None) -> bool:
     """The server on ``port`` answers and is the process we started (not another one on that port)."""
     import redis
 
-    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
+    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1, password=password)
     try:
         return int(client.info("server")["process_id"]) == pid
     finally:
@@ -301,6 +310,50 @@ def minio_binary() -> Path:
     return binary
 
 
+def minio_credentials(run_dir: Path) -> tuple[str, str]:
+    """The run folder's MinIO user and password, made on first use (mode 0600).
+
+    MinIO and the Ray head (whose jobs and replicas need the keys) start in parallel and both ask: the
+    first file linked into place wins, so both get the same pair."""
+    path = run_dir / "minio.credentials.json"
+    if not path.exists():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        keep_minio_credentials(run_dir, "llmbatch-" + secrets.token_hex(4), secrets.token_urlsafe(24),
+                               replace=False)
+    user, password = json.loads(path.read_text())
+    return str(user), str(password)
+
+
+def keep_minio_credentials(run_dir: Path, user: str, password: str, *, replace: bool = True) -> None:
+    """Write the S3 keys the run folder's services use (a test session whose S3 is not the local
+    MinIO hands the local Ray head that S3's keys this way). Atomic; ``replace=False`` keeps a pair
+    another start wrote first."""
+    path = run_dir / "minio.credentials.json"
+    tmp = run_dir / f".minio.credentials.{os.getpid()}.{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump([user, password], fh)
+    try:
+        if replace:
+            os.replace(tmp, path)
+        else:
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def ray_node_credentials(
+    access_key: str, secret_key: str, redis_password: str | None = None
+) -> dict[str, str]:
+    """The environment a Ray node hands its jobs and Serve replicas: the S3 keys (and the Redis
+    password), which the dispatcher never sends in a ``runtime_env`` (the dashboard shows those)."""
+    env = {"AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key}
+    if redis_password:
+        env["LLMBATCH_REDIS__PASSWORD"] = redis_password
+    return env
+
+
 def start_minio(run_dir: Path, *, restart: ServiceRecord | None = None) -> ServiceRecord:
     """Start MinIO with its data and credentials in ``run_dir``; ``restart`` (an earlier start's record)
     brings it back on the same ports (its data dir is always kept)."""
@@ -312,14 +365,7 @@ def _start_minio(run_dir: Path, ports: _StartPorts, restart: ServiceRecord | Non
     binary = minio_binary()
     data = run_dir / "minio"
     data.mkdir(parents=True, exist_ok=True)
-    creds = data.parent / "minio.credentials.json"
-    if creds.exists():
-        user, password = json.loads(creds.read_text())
-    else:
-        user, password = "llmbatch-" + secrets.token_hex(4), secrets.token_urlsafe(24)
-        fd = os.open(creds, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            json.dump([user, password], fh)
+    user, password = minio_credentials(run_dir)
     if restart is not None:
         port, console = ports.again("MinIO", restart.ports, "s3", "console")
     else:
@@ -383,6 +429,8 @@ def _start_ray(run_dir: Path, num_cpus: int, object_store_bytes: int, ports: _St
         "PYTHONUNBUFFERED": "1",
         # job entrypoints say `python ...`: make that the venv's interpreter, as on a worker image
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        # the stack's S3 keys, as a Kubernetes Secret gives them to the Ray pods
+        **ray_node_credentials(*minio_credentials(run_dir)),
     }
     argv = [str(ray_executable()), "start", "--head", "--block", f"--num-cpus={num_cpus}",
             f"--port={gcs}", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",

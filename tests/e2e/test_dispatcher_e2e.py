@@ -66,7 +66,8 @@ class Env:
     def __init__(self, settings: DispatcherSettings, run_dir: Path) -> None:
         self.settings = settings
         self.run_dir = run_dir
-        self.store = StateStore.from_url(settings.redis.url, keys=Keys(settings.redis.key_prefix))
+        self.store = StateStore.from_url(settings.redis.url, password=settings.redis.effective_password(),
+                                         keys=Keys(settings.redis.key_prefix))
         self.procs: list[DispatcherProcess] = []
         self.batch_ids: set[str] = set()
 
@@ -488,7 +489,7 @@ async def test_ray_head_restart_loses_the_job_which_is_retried(
 ) -> None:
     from tests.support.private_ray import PrivateRay
 
-    head = PrivateRay(tmp_path / "ray")
+    head = PrivateRay(tmp_path / "ray", s3=buckets)
     head.start()
     e = Env(
         world(

@@ -74,8 +74,6 @@ class Harness:
         self.client = JobSubmissionClient(self.ray.address)
         self.env = runtime_env(
             s3_endpoint=self.s3.endpoint,
-            s3_access_key=self.s3.access_key.get_secret_value(),
-            s3_secret_key=self.s3.secret_key.get_secret_value(),
             engine_env=engine_vars(),
         )
 

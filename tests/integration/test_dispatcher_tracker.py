@@ -185,7 +185,7 @@ async def test_a_python_that_exits_2_is_retried_not_taken_for_an_invalid_spec(
         _env_file=None,  # type: ignore[call-arg]
         redis=RedisSettings(url=redis_settings.url, password=SecretStr(""), key_prefix=prefix),
         ray=ray_settings,
-        job=JobOptions(python=str(python), ship_modules=False, pass_s3_credentials=False),
+        job=JobOptions(python=str(python), ship_modules=False),
         engines=EngineRegistry(models={"a": ENTRY}),
     )
     store = StateStore.from_url(redis_settings.url, keys=Keys(prefix), finished_ttl_s=3600, dedupe_ttl_s=3600)
@@ -228,7 +228,7 @@ async def test_a_batch_id_used_again_after_its_record_is_gone_is_a_new_lifecycle
             _env_file=None,  # type: ignore[call-arg]
             redis=RedisSettings(url=redis_settings.url, password=SecretStr(""), key_prefix=prefix),
             ray=ray_settings,
-            job=JobOptions(python=str(python), ship_modules=False, pass_s3_credentials=False),
+            job=JobOptions(python=str(python), ship_modules=False),
             engines=EngineRegistry(models={"a": ENTRY}),
         )
 

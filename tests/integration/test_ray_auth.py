@@ -51,7 +51,7 @@ def settings_for(
         _env_file=None,  # type: ignore[call-arg]
         ray=RaySettings(address=head.address, auth_token=SecretStr(token)),
         redis=RedisSettings(url=redis_settings.url, password=SecretStr(""), key_prefix=prefix),
-        job=JobOptions(ship_modules=False, pass_s3_credentials=False),
+        job=JobOptions(ship_modules=False),
         engines=EngineRegistry(models={"a": EngineModel(path="fake", engine=EngineConfig(backend="fake"))}),
     )
 

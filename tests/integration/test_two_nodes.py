@@ -106,7 +106,7 @@ def cluster(s3_settings: S3Settings, redis_settings: RedisSettings,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """The head alone, with the registry and the runner deployed; the runner RUNNING on it."""
     run_dir = tmp_path_factory.mktemp("two-nodes")  # the nodes' `ray start` logs
-    head = PrivateRay(run_dir, num_cpus=2, resources={})  # explicitly no llmbatch_engine
+    head = PrivateRay(run_dir, num_cpus=2, resources={}, s3=s3_settings)  # explicitly no llmbatch_engine
     try:
         started = time.monotonic()
         head.start()

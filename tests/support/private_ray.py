@@ -16,14 +16,19 @@ from typing import Any
 
 import psutil
 
+from llmbatch.settings import S3Settings
 from llmbatch.stack.process import StackError, free_port, free_port_range, spawn, stop_tree, wait_until
-from llmbatch.stack.services import ray_executable
+from llmbatch.stack.services import ray_executable, ray_node_credentials
 
 
 class PrivateRay:
     def __init__(self, run_dir: Path, num_cpus: int = 2, resources: dict[str, float] | None = None,
-                 auth_token: str | None = None) -> None:
+                 auth_token: str | None = None, s3: S3Settings | None = None,
+                 redis_password: str | None = None) -> None:
         self.run_dir = run_dir
+        # what its jobs and replicas find in their environment (never sent in a runtime_env)
+        self.node_env = ray_node_credentials(s3.access_key.get_secret_value(),
+                                             s3.secret_key.get_secret_value(), redis_password) if s3 else {}
         self.auth_token = auth_token  # None: auth off; else Ray's token auth with this token
         self.num_cpus = num_cpus
         self.resources = resources  # custom resources (``--resources``); None = Ray's default
@@ -55,7 +60,8 @@ class PrivateRay:
         temp.mkdir(parents=True, exist_ok=True)
         self.temps.append(temp)
         log = self.run_dir / f"ray-{self.starts}.log"
-        env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+        env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1",
+               **self.node_env}
         if self.auth_token is not None:
             env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.auth_token)
         argv = [
@@ -156,7 +162,8 @@ class PrivateRayWorker:
         self.temp = Path("/tmp") / f"llmbatch-prayw-{os.getpid()}-{secrets.token_hex(3)}"
         self.temp.mkdir(parents=True, exist_ok=True)
         before = {n["node_id"] for n in self.head.nodes()}
-        env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+        env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1",
+               **self.head.node_env}
         argv = [
             str(ray_executable()),
             "start",

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from llmbatch.settings import KafkaSettings, LLMBatchSettings, RaySettings, RedisSettings, S3Settings
-from llmbatch.stack import manager
+from llmbatch.stack import manager, services
 from llmbatch.stack.state import StackState
 
 ENV_KEYS = {
@@ -97,10 +97,15 @@ class ServiceProvider:
         return S3Settings(endpoint=rec.address, access_key=rec.extra["access_key"],
                           secret_key=rec.extra["secret_key"])
 
-    def ray(self) -> RaySettings:
+    def ray(self, s3: S3Settings | None = None) -> RaySettings:
+        """A Ray head; a local one gets ``s3``'s keys in its environment, as Ray pods get them from a
+        Secret (jobs and replicas are never sent them)."""
         if os.environ.get(ENV_KEYS["ray"]):
             self.sources["ray"] = "env"
             return LLMBatchSettings().ray
+        if s3 is not None and self.sources.get("minio") != "local stack":
+            services.keep_minio_credentials(self.run_dir, s3.access_key.get_secret_value(),
+                                            s3.secret_key.get_secret_value())
         return manager.ray_settings(self._start_local("ray"))
 
     def local_record(self, name: str) -> manager.ServiceRecord | None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 
 from dispatcher.errors import (
     BrokerUnavailable,
@@ -28,11 +29,15 @@ from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, reg
 pytestmark = pytest.mark.unit
 
 
+ACCESS_KEY, SECRET_KEY, REDIS_PASSWORD = "AKIA-test-access", "s3-secret-value", "redis-pass-value"
+
+
 def settings(engines: EngineRegistry | None = None, **job: object) -> DispatcherSettings:
     return DispatcherSettings(
         _env_file=None,  # type: ignore[call-arg]
-        s3=S3Settings(endpoint="http://minio:9000", access_key=SecretStr("AK"), secret_key=SecretStr("SK")),
-        redis=RedisSettings(url="redis://redis:6379/0", password=SecretStr("rpw"), key_prefix="p"),
+        s3=S3Settings(endpoint="http://minio:9000", access_key=SecretStr(ACCESS_KEY),
+                      secret_key=SecretStr(SECRET_KEY)),
+        redis=RedisSettings(url="redis://redis:6379/0", password=SecretStr(REDIS_PASSWORD), key_prefix="p"),
         job=JobOptions(**job),  # type: ignore[arg-type]
         engines=engines if engines is not None else registry(),
     )
@@ -120,20 +125,22 @@ def test_submission_kwargs() -> None:
     env = kwargs["runtime_env"]
     assert env["pip"] == ["x==1"] and len(env["py_modules"]) == 2
     variables = env["env_vars"]
-    assert variables["AWS_ACCESS_KEY_ID"] == "AK" and variables["AWS_SECRET_ACCESS_KEY"] == "SK"
-    assert variables["LLMBATCH_S3__ENDPOINT"] == "http://minio:9000"
-    assert variables["LLMBATCH_REDIS__PASSWORD"] == "rpw" and variables["EXTRA"] == "1"
+    assert variables["LLMBATCH_S3__ENDPOINT"] == "http://minio:9000" and variables["EXTRA"] == "1"
+    assert variables["AWS_ENDPOINT_URL_S3"] == "http://minio:9000"
     assert kwargs["metadata"]["batch_id"] == "b-1"
+    # no secret in anything the Jobs API and the dashboard show (the workers have them in their env)
+    shown = json.dumps(kwargs)
+    assert not [x for x in (ACCESS_KEY, SECRET_KEY, REDIS_PASSWORD) if x in shown]
+    assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "LLMBATCH_REDIS__PASSWORD"} & set(variables)
 
 
-def test_credentials_can_stay_off_the_job() -> None:
-    s = settings(pass_s3_credentials=False, pass_redis_url=False, ship_modules=False)
+def test_sending_s3_keys_to_jobs_is_refused_naming_the_fix() -> None:
+    with pytest.raises(ValidationError, match=r"pass_s3_credentials[\s\S]*AWS_SECRET_ACCESS_KEY in their"):
+        settings(pass_s3_credentials=True)
+    s = settings(pass_s3_credentials=False, pass_redis_url=False, ship_modules=False)  # what overlays say
     spec = build_job_spec(record(), 1, s, Keys("p"))
     assert spec.redis_url is None and spec.progress_key is None
-    kwargs = build_submission(s, spec)
-    variables = kwargs["runtime_env"]["env_vars"]
-    assert "AWS_SECRET_ACCESS_KEY" not in variables and "LLMBATCH_REDIS__PASSWORD" not in variables
-    assert "py_modules" not in kwargs["runtime_env"]
+    assert "py_modules" not in build_submission(s, spec)["runtime_env"]
 
 
 def test_status_code_parsing() -> None:
@@ -178,5 +185,20 @@ def test_a_password_in_the_redis_url_stays_out_of_the_job_spec(
     assert spec.redis_url == bare
     if password is not None:
         assert password not in spec.model_dump_json()
-    env = build_submission(s, spec)["runtime_env"]["env_vars"]
-    assert env.get("LLMBATCH_REDIS__PASSWORD") == password
+    kwargs = build_submission(s, spec)
+    assert "LLMBATCH_REDIS__PASSWORD" not in kwargs["runtime_env"]["env_vars"]
+    if password is not None:
+        assert password not in json.dumps(kwargs)
+
+
+@pytest.mark.parametrize(("env_vars", "named"), [
+    ({"HF_TOKEN": "hf_abc"}, "job.env_vars.HF_TOKEN holds a credential's name"),
+    ({"MY_DB_PASSWORD": "x"}, "job.env_vars.MY_DB_PASSWORD holds a credential's name"),
+    ({"S3_KEY": SECRET_KEY}, "job.env_vars.S3_KEY holds the value of s3.secret_key"),
+    ({"URL": f"redis://:{REDIS_PASSWORD}@r:6379"}, "job.env_vars.URL holds the value of redis.password"),
+])
+def test_a_secret_in_the_jobs_env_vars_is_refused(env_vars: dict[str, str], named: str) -> None:
+    """job.env_vars go into every runtime_env, which the Ray dashboard shows."""
+    with pytest.raises(ValidationError, match=named + r"[\s\S]*in their own environment"):
+        settings(env_vars=env_vars)
+    assert settings(env_vars={"TOKENIZERS_PARALLELISM": "false", "KEYRING": "x"})  # harmless names pass

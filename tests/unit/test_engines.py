@@ -190,28 +190,27 @@ def test_manifest_serve_config_is_the_dispatchers_without_secrets() -> None:
     text = serve_config_yaml(config)
     assert not [name for name, value in SECRETS.items() if value in text]
     runner = config["applications"][-1]
-    assert runner["name"] == RUNNER_APP and "runtime_env" not in runner
-    # what the dispatcher deploys itself hands the runner the Redis password; a manifest leaves it to
-    # the pod environment, and is otherwise the same config
-    deployed = cluster_serve_config(settings)["applications"][-1]
-    assert deployed["runtime_env"]["env_vars"]["LLMBATCH_REDIS__PASSWORD"] == SECRETS["redis"]
-    no_password = settings.model_copy(update={"redis": RedisSettings()})
-    assert config == cluster_serve_config(no_password)
+    assert runner["name"] == RUNNER_APP
+    assert set(runner["runtime_env"]["env_vars"]) == {"AWS_ENDPOINT_URL_S3", "AWS_REGION"}  # where, not keys
+    # what the dispatcher deploys itself is the same config: neither carries the Redis password or S3
+    # keys (the replicas inherit them from the Ray pods' environment)
+    assert config == cluster_serve_config(settings)
     assert yaml.safe_load(text) == config
 
 
 def test_manifest_serve_config_refuses_s3_keys_and_secret_env() -> None:
-    with pytest.raises(OpsError, match="LLMBATCH_JOB__PASS_S3_CREDENTIALS=false"):
-        manifest_serve_config(_shared(pass_s3_credentials=True))
-    # without the runner nothing carries the keys
-    no_runner = _shared(pass_s3_credentials=True).model_copy(update={"dispatcher": DispatcherOptions()})
+    no_runner = _shared().model_copy(update={"dispatcher": DispatcherOptions()})
     assert [a["name"] for a in manifest_serve_config(no_runner)["applications"]] == [
         app_name(m) for m in sorted(_registry().models)
     ]
+    # the settings refuse a secret in job.env_vars already; render checks the config it makes again
+    with pytest.raises(ValidationError, match=r"env_vars\.X holds the value of s3\.secret_key"):
+        _shared(env_vars={"X": SECRETS["sk"]})
+    with pytest.raises(ValidationError, match="HF_TOKEN"):
+        _shared(env_vars={"HF_TOKEN": "hf_public_looking"})
+    leaky = _shared().model_copy(update={"job": JobOptions(env_vars={"X": SECRETS["sk"]})})  # unvalidated
     with pytest.raises(OpsError, match=r"env_vars\.X = <s3\.secret_key>"):
-        manifest_serve_config(_shared(env_vars={"X": SECRETS["sk"]}))
-    with pytest.raises(OpsError, match="HF_TOKEN"):
-        manifest_serve_config(_shared(env_vars={"HF_TOKEN": "hf_public_looking"}))
+        manifest_serve_config(leaky)
     for harmless in ("TOKENIZERS_PARALLELISM", "VLLM_CACHE_ROOT", "KEYRING"):
         assert manifest_serve_config(_shared(env_vars={harmless: "x"}))
 

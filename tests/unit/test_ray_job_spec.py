@@ -93,15 +93,15 @@ def test_submit_helpers() -> None:
     spec = make_spec()
     env = runtime_env(
         s3_endpoint="http://127.0.0.1:9000",
-        s3_access_key="ak",
-        s3_secret_key="sk",
         engine_env={"VLLM_CPU_KVCACHE_SPACE": "1"},
         env_vars={"X": "1"},
     )
     assert env["py_modules"] == package_dirs()
     assert [Path(p).name for p in env["py_modules"]] == ["ray_job", "schemas"]
     assert env["env_vars"]["LLMBATCH_S3__ENDPOINT"] == "http://127.0.0.1:9000"
-    assert env["env_vars"]["AWS_ACCESS_KEY_ID"] == "ak" and env["env_vars"]["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert env["env_vars"]["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["env_vars"]["X"] == "1"
+    secret_names = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "LLMBATCH_REDIS__PASSWORD"}
+    assert not secret_names & set(env["env_vars"])
     assert env["env_vars"]["RAY_JOB_STOP_WAIT_TIME_S"] == "15"
     kwargs = submit_kwargs(spec, env, python="/opt/py/bin/python")
     assert kwargs["submission_id"] == "b-1-a2" and kwargs["entrypoint_num_cpus"] == 0

@@ -15,7 +15,7 @@ from dispatcher.backend import JobInfo, JobState, SubmitResult
 from dispatcher.engines import cluster_serve_config
 from dispatcher.errors import JobRejected, RayUnavailable
 from dispatcher.runner_backend import RoutedBackend, RunnerClient, job_info, takes_short_path
-from dispatcher.settings import DispatcherOptions, DispatcherSettings, JobOptions
+from dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.settings import RaySettings, S3Settings
 from ray_job.runner import APP_NAME, ROUTE_PREFIX, BatchRunner, route
 from schemas.engines import EngineModel, EngineRegistry
@@ -262,11 +262,9 @@ def test_cluster_config_adds_the_runner_with_the_short_path_only() -> None:
     assert len(names) == 2 and names[-1] == APP_NAME
     runner = config["applications"][-1]
     assert runner["route_prefix"] == ROUTE_PREFIX and runner["args"] == {"max_runs": 7}
-    assert runner["runtime_env"]["env_vars"]["AWS_ACCESS_KEY_ID"] == "ak"
+    # where S3 is, never its keys (the replicas have them from the Ray workers' environment)
+    assert runner["runtime_env"]["env_vars"] == {"AWS_ENDPOINT_URL_S3": s3.endpoint, "AWS_REGION": s3.region}
     assert config["http_options"] == {"host": "0.0.0.0", "port": 8000}
-    no_keys = settings.model_copy(update={"job": JobOptions(pass_s3_credentials=False)})
-    assert "AWS_ACCESS_KEY_ID" not in cluster_serve_config(no_keys)["applications"][-1].get(
-        "runtime_env", {}).get("env_vars", {})
     off_opts = DispatcherOptions(shared_engines=True, short_path_max_lines=0)
     off = settings.model_copy(update={"dispatcher": off_opts})
     assert [a["name"] for a in cluster_serve_config(off)["applications"]] == names[:1]

@@ -5,7 +5,11 @@ from __future__ import annotations
 import base64
 from collections.abc import Iterator
 
+import pytest
+
 from llmbatch.stack.services import kafka_cluster_id
+
+pytestmark = pytest.mark.unit
 
 
 def test_an_id_that_would_read_as_an_option_is_drawn_again() -> None:

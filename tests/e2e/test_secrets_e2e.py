@@ -1,0 +1,107 @@
+"""No secret leaves its owner (issue 14, item 1): a batch runs on a Ray head whose node environment holds
+the S3 keys and the Redis password (as Ray pods get them from a Kubernetes Secret), with a Redis that
+requires that password; then every place others can read is searched for each secret: the Jobs API
+(list and details), each job's driver log, every object the batch wrote, every event and dead letter,
+and the dispatcher's log. Before, the keys and the password rode in each job's runtime_env."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings
+from llmbatch.stack import services
+from llmbatch.stack.process import alive, stop_tree
+from producer.storage import make_client
+from producer.topics import ensure_topics
+from schemas.events import EventType
+from tests.e2e.test_dispatcher_e2e import Env, buckets, world
+from tests.support.dispatcher_kit import TopicReader, batch_request, inline_lines, request_message
+from tests.support.private_ray import PrivateRay
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+__all__ = ["buckets"]  # the module-scoped fixture, used here too
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        return str(resp.read().decode("utf-8", errors="replace"))
+
+
+def _readable_by_others(e: Env, head: PrivateRay, batch_id: str) -> dict[str, str]:
+    """Everything a dashboard user, a results reader or a topic consumer can read, by where."""
+    texts = {"GET /api/jobs/": _get(f"{head.address}/api/jobs/")}
+    for job in [j for j in json.loads(texts["GET /api/jobs/"]) if j.get("submission_id")]:
+        sid = job["submission_id"]
+        texts[f"GET /api/jobs/{sid}"] = _get(f"{head.address}/api/jobs/{sid}")
+        texts[f"GET /api/jobs/{sid}/logs"] = _get(f"{head.address}/api/jobs/{sid}/logs")
+    s3 = e.settings.s3
+    client = make_client(s3)
+    for bucket in (s3.results_bucket, s3.input_bucket):
+        for obj in client.list_objects(bucket, recursive=True):
+            if batch_id in obj.object_name:
+                body = client.get_object(bucket, obj.object_name).read()
+                texts[f"s3://{bucket}/{obj.object_name}"] = body.decode("utf-8", errors="replace")
+    for proc in e.procs:
+        texts[f"dispatcher log {proc.log_path.name}"] = proc.log_path.read_text(errors="replace")
+    return texts
+
+
+async def _topic_texts(e: Env) -> dict[str, str]:
+    texts: dict[str, str] = {}
+    topics = e.settings.kafka.topics
+    for topic in (topics.results, topics.dead_letter):
+        records = await TopicReader(e.settings.kafka.client_kwargs(), topic).read_all(idle_ms=800)
+        texts[topic] = "\n".join(
+            repr(r.key) + repr(r.value) + repr(list(r.headers or ())) for r in records
+        )
+    return texts
+
+
+async def test_no_secret_in_jobs_api_job_logs_objects_events_or_dispatcher_log(
+    kafka_settings: KafkaSettings, buckets: S3Settings, tmp_path: Path
+) -> None:
+    password = secrets.token_urlsafe(18)
+    redis_rec = await asyncio.to_thread(services.start_redis, tmp_path, name="redis-auth", password=password)
+    head = PrivateRay(tmp_path / "ray", s3=buckets, redis_password=password)
+    e: Env | None = None
+    try:
+        await asyncio.to_thread(head.start)
+        redis = RedisSettings(url=redis_rec.address, password=SecretStr(password))
+        e = Env(world(kafka_settings, redis, buckets, RaySettings(address=head.address)), tmp_path)
+        await ensure_topics(e.settings)
+        e.spawn()
+        request = batch_request(f"sec-{uuid.uuid4().hex[:8]}", requests=inline_lines(12))
+        key, value, headers = request_message(request)
+        await e.send((key, value, headers), (key, b"not json", headers))  # the second: a dead letter
+        found = await e.wait_terminal([request.batch_id])
+        event = found[request.batch_id][0]
+        assert event.type is EventType.COMPLETED, event.data.error
+        assert event.data.request_counts.completed == 12
+        # the job wrote its progress to the password-protected Redis: it found the password in its
+        # node's environment (nobody sent it)
+        assert (await e.store.read_progress(request.batch_id)).get("attempt") == "1"
+        texts = _readable_by_others(e, head, request.batch_id) | await _topic_texts(e)
+        assert any(where.startswith("s3://") for where in texts) and any("/logs" in w for w in texts)
+        owned = {
+            "s3.access_key": buckets.access_key.get_secret_value(),
+            "s3.secret_key": buckets.secret_key.get_secret_value(),
+            "redis.password": password,
+        }
+        hits = [(name, where) for where, text in texts.items()
+                for name, secret in owned.items() if secret in text]
+        assert hits == []
+    finally:
+        if e is not None:
+            await e.close()
+        head.stop()
+        if alive(redis_rec.pid):
+            stop_tree(redis_rec.pid)
