@@ -64,6 +64,36 @@ def show_settings() -> None:
     typer.echo(orjson.dumps(_settings_or_exit().redacted(), option=orjson.OPT_INDENT_2).decode())
 
 
+ACL_PASSWORD_ENV = "LLMBATCH_REDIS_ACL_{}_PASSWORD"  # noqa: S105 (a variable name)
+
+
+@app.command("redis-acl")
+def redis_acl(
+    prefix: Annotated[str, typer.Option(help="The key prefix (LLMBATCH_REDIS__KEY_PREFIX).")] = "llmbatch",
+) -> None:
+    """Print Redis ACL file lines: a dispatcher user (its keys, no dangerous commands), a job user
+    (only the progress hashes) and an operator user (reads; writes only the replay ledger).
+
+    Each user whose password is in LLMBATCH_REDIS_ACL_<ROLE>_PASSWORD (ROLE: DISPATCHER, JOB,
+    OPERATOR) is printed, with the password's SHA-256 only. Load the lines with Redis's ``aclfile``
+    (or as ``user`` lines of redis.conf); point the jobs at the job user with
+    LLMBATCH_JOB__REDIS_USERNAME=job."""
+    import os
+
+    from dispatcher.keys import Keys
+    from dispatcher.redis_acl import ROLES, acl_lines
+
+    passwords = {r: os.environ[ACL_PASSWORD_ENV.format(r.upper())] for r in ROLES
+                 if os.environ.get(ACL_PASSWORD_ENV.format(r.upper()))}
+    if not passwords:
+        names = ", ".join(ACL_PASSWORD_ENV.format(r.upper()) for r in ROLES)
+        _fail(f"no password given: set one or more of {names}")
+    try:
+        typer.echo("\n".join(acl_lines(Keys(prefix), passwords)))
+    except ValueError as exc:
+        _fail(str(exc))
+
+
 def _fail(message: str, code: int = 2) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)

@@ -222,6 +222,13 @@ class JobOptions(BaseModel):
         "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY from their own environment.",
     )
     pass_redis_url: bool = Field(default=True, description="Let the job write progress counters to Redis.")
+    redis_username: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9._-]{1,64}$",
+        description="The Redis ACL user the jobs connect as (allowed only the progress hashes: "
+        "`llmbatch dispatcher redis-acl`); its password is LLMBATCH_REDIS__PASSWORD of the Ray nodes. "
+        "Unset: the user of LLMBATCH_REDIS__URL.",
+    )
     engine_cache_dir: str | None = Field(
         default=None,
         description="When set, vLLM's offline/cache/CPU env vars are passed to the job "

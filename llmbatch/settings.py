@@ -132,13 +132,15 @@ class RedisSettings(BaseModel):
             raise ValueError("LLMBATCH_REDIS__URL must start with redis://, rediss:// or unix://")
         return value
 
-    def url_without_password(self) -> str:
-        """The URL with any password written into it removed (what may go into a job spec)."""
+    def url_without_password(self, username: str | None = None) -> str:
+        """The URL with any password written into it removed (what may go into a job spec); with
+        ``username``, that user instead of the URL's (a job's own ACL user)."""
         parts = urlsplit(self.url)
-        if parts.password is None:
+        if parts.password is None and username is None:
             return self.url
-        host = parts.netloc.rsplit("@", 1)[1]
-        netloc = f"{parts.username}@{host}" if parts.username else host
+        host = parts.netloc.rsplit("@", 1)[-1]
+        user = username if username is not None else parts.username
+        netloc = f"{user}@{host}" if user else host
         return urlunsplit(parts._replace(netloc=netloc))
 
     def effective_password(self) -> str | None:

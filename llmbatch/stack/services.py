@@ -230,20 +230,23 @@ def redis_binary() -> str:
 
 
 def start_redis(run_dir: Path, port: int | None = None, name: str = "redis", *,
-                fresh_port_if_taken: bool = False, password: str | None = None) -> ServiceRecord:
+                fresh_port_if_taken: bool = False, password: str | None = None,
+                acl: list[str] | None = None) -> ServiceRecord:
     """Start Redis with its data (AOF) in ``run_dir/name``.
 
     ``port`` asks for that port again (a restart); if something took it meanwhile this fails, or,
     with ``fresh_port_if_taken``, starts on a fresh port: the record says which, so callers re-point
     their clients at ``record.address``. ``password`` turns authentication on (``requirepass``, in a
     0600 config file rather than on the command line, where ``ps`` shows it); the record leaves it out.
+    ``acl`` adds ACL users (``user ...`` lines, e.g. ``llmbatch dispatcher redis-acl``) to that file.
     """
     with _start_ports() as ports:
-        return _start_redis(run_dir, port, name, fresh_port_if_taken, ports, password)
+        return _start_redis(run_dir, port, name, fresh_port_if_taken, ports, password, acl or [])
 
 
 def _start_redis(run_dir: Path, port: int | None, name: str, fresh_port_if_taken: bool,
-                 ports: _StartPorts, password: str | None = None) -> ServiceRecord:
+                 ports: _StartPorts, password: str | None = None,
+                 acl: list[str] | None = None) -> ServiceRecord:
     data = run_dir / name
     data.mkdir(parents=True, exist_ok=True)
     if port is not None and not ports.claim(port):
@@ -256,13 +259,15 @@ def _start_redis(run_dir: Path, port: int | None, name: str, fresh_port_if_taken
     argv = [redis_binary(), "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data),
             "--appendonly", "yes", "--appendfsync", "always", "--daemonize", "no",
             "--save", "", "--protected-mode", "yes", "--logfile", ""]
-    if password is not None:
-        if not password or any(c in password for c in '"\\\n\r'):
+    if password is not None or acl:
+        if password is not None and (not password or any(c in password for c in '"\\\n\r')):
             raise StackError("a Redis password must be non-empty, without quotes, backslashes or line breaks")
         conf = data / "auth.conf"
         fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
-            fh.write(f'requirepass "{password}"\n')
+            if password is not None:
+                fh.write(f'requirepass "{password}"\n')
+            fh.writelines(f"{line}\n" for line in acl or [])
         argv.insert(1, str(conf))  # redis-server <config file> [--options]
     pid = spawn(argv, log)
     ports.hand_over(pid)

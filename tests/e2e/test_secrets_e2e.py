@@ -1,8 +1,10 @@
-"""No secret leaves its owner (issue 14, item 1): a batch runs on a Ray head whose node environment holds
-the S3 keys and the Redis password (as Ray pods get them from a Kubernetes Secret), with a Redis that
-requires that password; then every place others can read is searched for each secret: the Jobs API
-(list and details), each job's driver log, every object the batch wrote, every event and dead letter,
-and the dispatcher's log. Before, the keys and the password rode in each job's runtime_env."""
+"""No secret leaves its owner, and each component has only its own Redis rights (issue 14, items 1 and
+2): a batch runs against a Redis with ACL users (``llmbatch dispatcher redis-acl``): the dispatcher
+as its user, the Ray job as the job user, which may touch only progress hashes; the Ray head's node
+environment holds the S3 keys and the job user's password (as Ray pods get them from a Kubernetes
+Secret). Then every place others can read is searched for each secret: the Jobs API (list and
+details), each job's driver log, every object the batch wrote, every event and dead letter, and the
+dispatcher's log. Before, the keys and the password rode in each job's runtime_env."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
+from dispatcher.keys import Keys
+from dispatcher.redis_acl import Role, acl_lines
 from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings
 from llmbatch.stack import services
 from llmbatch.stack.process import alive, stop_tree
@@ -69,14 +73,24 @@ async def _topic_texts(e: Env) -> dict[str, str]:
 async def test_no_secret_in_jobs_api_job_logs_objects_events_or_dispatcher_log(
     kafka_settings: KafkaSettings, buckets: S3Settings, tmp_path: Path
 ) -> None:
-    password = secrets.token_urlsafe(18)
-    redis_rec = await asyncio.to_thread(services.start_redis, tmp_path, name="redis-auth", password=password)
-    head = PrivateRay(tmp_path / "ray", s3=buckets, redis_password=password)
+    ray = RaySettings()  # the private head's address, once it runs
+    settings = world(kafka_settings, RedisSettings(), buckets, ray)
+    passwords: dict[Role, str] = {"dispatcher": secrets.token_urlsafe(18), "job": secrets.token_urlsafe(18)}
+    admin = secrets.token_urlsafe(18)
+    lines = acl_lines(Keys(settings.redis.key_prefix), passwords)
+    redis_rec = await asyncio.to_thread(services.start_redis, tmp_path, name="redis-acl", password=admin,
+                                        acl=lines)
+    head = PrivateRay(tmp_path / "ray", s3=buckets, redis_password=passwords["job"])
     e: Env | None = None
     try:
         await asyncio.to_thread(head.start)
-        redis = RedisSettings(url=redis_rec.address, password=SecretStr(password))
-        e = Env(world(kafka_settings, redis, buckets, RaySettings(address=head.address)), tmp_path)
+        port = redis_rec.ports["redis"]
+        redis = settings.redis.model_copy(update={
+            "url": f"redis://dispatcher@127.0.0.1:{port}/0", "password": SecretStr(passwords["dispatcher"])})
+        settings = settings.model_copy(update={
+            "redis": redis, "ray": RaySettings(address=head.address),
+            "job": settings.job.model_copy(update={"redis_username": "job"})})
+        e = Env(settings, tmp_path)
         await ensure_topics(e.settings)
         e.spawn()
         request = batch_request(f"sec-{uuid.uuid4().hex[:8]}", requests=inline_lines(12))
@@ -86,15 +100,17 @@ async def test_no_secret_in_jobs_api_job_logs_objects_events_or_dispatcher_log(
         event = found[request.batch_id][0]
         assert event.type is EventType.COMPLETED, event.data.error
         assert event.data.request_counts.completed == 12
-        # the job wrote its progress to the password-protected Redis: it found the password in its
-        # node's environment (nobody sent it)
+        # the job wrote its progress as the job user: it found that user's password in its node's
+        # environment (nobody sent it)
         assert (await e.store.read_progress(request.batch_id)).get("attempt") == "1"
         texts = _readable_by_others(e, head, request.batch_id) | await _topic_texts(e)
         assert any(where.startswith("s3://") for where in texts) and any("/logs" in w for w in texts)
         owned = {
             "s3.access_key": buckets.access_key.get_secret_value(),
             "s3.secret_key": buckets.secret_key.get_secret_value(),
-            "redis.password": password,
+            "the dispatcher's Redis password": passwords["dispatcher"],
+            "the job's Redis password": passwords["job"],
+            "the Redis admin password": admin,
         }
         hits = [(name, where) for where, text in texts.items()
                 for name, secret in owned.items() if secret in text]

@@ -1,0 +1,135 @@
+"""Least privilege in Redis (issue 14, item 2) on a real Redis loaded with ``llmbatch dispatcher
+redis-acl``'s users: the dispatcher runs its state machine (Lua scripts included), a job writes its
+progress through ray_job's own writer but can neither read nor write a batch's state, and the
+operator reads everything and writes only the replay ledger."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+from redis.exceptions import NoPermissionError
+
+from dispatcher.keys import Keys
+from dispatcher.redis_acl import acl_lines
+from dispatcher.states import State
+from dispatcher.store import StateStore
+from llmbatch.stack import services
+from llmbatch.stack.process import alive, stop_tree
+from ray_job.progress import Counters, Progress
+from tests.integration.test_dispatcher_tracker import queue
+
+pytestmark = pytest.mark.integration
+
+
+@dataclass
+class AclRedis:
+    port: int
+    prefix: str
+    passwords: dict[str, str]
+
+    def url(self, user: str) -> str:
+        return f"redis://{user}@127.0.0.1:{self.port}/0"
+
+    def client(self, user: str) -> redis.Redis:
+        return redis.Redis.from_url(self.url(user), password=self.passwords[user], socket_timeout=5)
+
+
+@pytest.fixture(scope="module")
+async def acl_redis(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[AclRedis]:
+    prefix = f"acl{uuid.uuid4().hex[:6]}"
+    passwords = {role: secrets.token_urlsafe(16) for role in ("dispatcher", "job", "operator")}
+    lines = acl_lines(Keys(prefix), passwords)  # type: ignore[arg-type]
+    rec = await asyncio.to_thread(services.start_redis, tmp_path_factory.mktemp("acl"), name="redis-acl",
+                                  password=secrets.token_urlsafe(16), acl=lines)
+    try:
+        yield AclRedis(rec.ports["redis"], prefix, passwords)
+    finally:
+        if alive(rec.pid):
+            stop_tree(rec.pid)
+
+
+async def test_the_dispatcher_user_runs_the_state_machine_and_nothing_dangerous(acl_redis: AclRedis) -> None:
+    store = StateStore.from_url(acl_redis.url("dispatcher"), password=acl_redis.passwords["dispatcher"],
+                                keys=Keys(acl_redis.prefix))
+    try:
+        await queue(store, "b1", 3)
+        record = await store.get("b1")
+        assert record is not None and record.state is State.QUEUED
+        moved = await store.transition("b1", State.SUBMITTED, expected_version=record.version,
+                                       fields={"attempt": "1"})
+        assert moved.ok
+        assert await store.fsync_policy() in {"always", "everysec", "no"}  # CONFIG GET is allowed
+    finally:
+        await store.close()
+    plain = acl_redis.client("dispatcher")
+    with pytest.raises(NoPermissionError):
+        plain.flushall()
+    with pytest.raises(NoPermissionError):
+        plain.set("other-app:key", "x")  # another deployment's keys
+
+
+async def test_a_job_writes_its_progress_and_cannot_touch_batch_state(
+    acl_redis: AclRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys = Keys(acl_redis.prefix)
+    store = StateStore.from_url(acl_redis.url("dispatcher"), password=acl_redis.passwords["dispatcher"],
+                                keys=keys)
+    try:
+        await queue(store, "b2", 4)
+        # the job connects as its own user; its password is in the Ray node's environment
+        monkeypatch.setenv("LLMBATCH_REDIS__PASSWORD", acl_redis.passwords["job"])
+        progress = Progress(acl_redis.url("job"), keys.progress("b2"), attempt=1, interval_s=60,
+                            base=Counters(completed=2, total=4))
+        try:
+            progress.publish()
+            assert progress.writes == 1 and progress.still_current()
+        finally:
+            progress.close()
+        assert (await store.read_progress("b2"))["completed"] == "2"
+    finally:
+        await store.close()
+    job = acl_redis.client("job")
+    batch = keys.batch("b2")
+    for forbidden in (lambda: job.hset(batch, "state", "completed"), lambda: job.hgetall(batch),
+                      lambda: job.delete(keys.ready), lambda: job.keys("*"), lambda: job.flushall(),
+                      lambda: job.hset(keys.progress("x").replace(":progress:", ":batch:"), "state", "x")):
+        with pytest.raises(NoPermissionError):
+            forbidden()
+
+
+async def test_the_operator_reads_everything_and_writes_only_the_replay_ledger(acl_redis: AclRedis) -> None:
+    keys = Keys(acl_redis.prefix)
+    store = StateStore.from_url(acl_redis.url("dispatcher"), password=acl_redis.passwords["dispatcher"],
+                                keys=keys)
+    try:
+        await queue(store, "b3", 1)
+    finally:
+        await store.close()
+    operator = aioredis.Redis.from_url(acl_redis.url("operator"), password=acl_redis.passwords["operator"])
+    try:
+        assert (await operator.hgetall(keys.batch("b3")))[b"state"] == b"queued"
+        assert await operator.zcard(keys.ready) >= 1
+        await operator.hset(keys.replay_ledger("t.dlt"), "0:1", "{}")
+        with pytest.raises(NoPermissionError):
+            await operator.hset(keys.batch("b3"), "state", "cancelled")
+        with pytest.raises(NoPermissionError):
+            await operator.delete(keys.ready)
+    finally:
+        await operator.aclose()
+
+
+def test_acl_file_lines_hold_no_password(tmp_path: Path) -> None:
+    passwords = {"dispatcher": "pw-dispatcher-1", "job": "pw-job-2"}
+    lines = acl_lines(Keys("p"), passwords)  # type: ignore[arg-type]
+    assert [line.split()[1] for line in lines] == ["dispatcher", "job"]
+    assert not [p for p in passwords.values() if any(p in line for line in lines)]
+    with pytest.raises(ValueError, match="unknown Redis role 'admin'"):
+        acl_lines(Keys("p"), {"admin": "x"})  # type: ignore[dict-item]
