@@ -202,3 +202,12 @@ def test_a_secret_in_the_jobs_env_vars_is_refused(env_vars: dict[str, str], name
     with pytest.raises(ValidationError, match=named + r"[\s\S]*in their own environment"):
         settings(env_vars=env_vars)
     assert settings(env_vars={"TOKENIZERS_PARALLELISM": "false", "KEYRING": "x"})  # harmless names pass
+
+
+def test_the_jobs_connect_as_their_own_redis_user() -> None:
+    s = settings(redis_username="job")
+    s.redis = RedisSettings(url="redis://dispatcher@redis:6379/0", password=SecretStr(REDIS_PASSWORD))
+    spec = build_job_spec(record(), 1, s, Keys("p"))
+    assert spec.redis_url == "redis://job@redis:6379/0"
+    with pytest.raises(ValidationError, match="redis_username"):
+        settings(redis_username="job user")

@@ -1,0 +1,42 @@
+"""``llmbatch dispatcher redis-acl`` and the job's Redis user in its spec (no Redis needed: the ACL
+rules themselves are exercised on a real Redis in tests/integration/test_redis_acl.py)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from typer.testing import CliRunner
+
+from dispatcher.cli import app
+from llmbatch.settings import RedisSettings
+
+pytestmark = pytest.mark.unit
+
+
+def test_prints_a_user_per_password_given_and_never_the_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    for role in ("DISPATCHER", "JOB", "OPERATOR"):
+        monkeypatch.delenv(f"LLMBATCH_REDIS_ACL_{role}_PASSWORD", raising=False)
+    runner = CliRunner()
+    assert runner.invoke(app, ["redis-acl", "--help"]).exit_code == 0
+    missing = runner.invoke(app, ["redis-acl"])
+    assert missing.exit_code == 2 and "LLMBATCH_REDIS_ACL_JOB_PASSWORD" in missing.output
+    monkeypatch.setenv("LLMBATCH_REDIS_ACL_JOB_PASSWORD", "job-secret-1")
+    monkeypatch.setenv("LLMBATCH_REDIS_ACL_OPERATOR_PASSWORD", "op-secret-2")
+    result = runner.invoke(app, ["redis-acl", "--prefix", "tenant*a"])
+    assert result.exit_code == 0, result.output
+    job, operator = result.stdout.splitlines()
+    assert job.startswith(f"user job reset on #{hashlib.sha256(b'job-secret-1').hexdigest()} ")
+    assert r"~tenant\*a:progress:* " in job and "+hset" in job and "+@all" not in job
+    assert operator.startswith("user operator ") and r"%R~tenant\*a:*" in operator
+    assert "secret" not in result.stdout
+
+
+@pytest.mark.parametrize(("url", "user", "expected"), [
+    ("redis://dispatcher:pw@redis:6379/0", "job", "redis://job@redis:6379/0"),
+    ("redis://redis:6379/0", "job", "redis://job@redis:6379/0"),
+    ("rediss://dispatcher:pw@redis:6380/1", None, "rediss://dispatcher@redis:6380/1"),
+    ("redis://redis:6379/0", None, "redis://redis:6379/0"),
+])
+def test_the_job_url_names_the_job_user_and_no_password(url: str, user: str | None, expected: str) -> None:
+    assert RedisSettings(url=url).url_without_password(user) == expected
