@@ -4,7 +4,7 @@ PY := .venv/bin/python
 LLMBATCH := .venv/bin/llmbatch
 PYTEST_ARGS ?=
 
-.PHONY: setup lock up down status demo test test-fast lint bench clean-run
+.PHONY: setup lock up down status demo test test-fast chaos lint bench clean-run
 
 # Installs what is missing (Debian packages, this checkout's .venv from uv.lock, Kafka jars, MinIO
 # binary, model, and the Go tool that renders/validates deploy/). Heavy downloads are cached in
@@ -42,6 +42,13 @@ test: setup lint
 	@rm -f .coverage; $(PY) -m pytest --cov --cov-report= $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; \
 	$(PY) scripts/coverage_by_package.py || true; exit $$rc
+
+# The full chaos suite (llmbatch/chaos): 200 batches and 1,000 malformed records on a private local
+# stack while dispatcher replicas, job drivers, Redis, Kafka and MinIO are killed (twice each); prints
+# the verdict table, exits 1 on any broken promise. The short version runs in `make test`
+# (tests/e2e/test_chaos.py).
+chaos: setup
+	$(PY) -m llmbatch.chaos $(CHAOS_ARGS)
 
 # Unit tests only: no services, seconds.
 test-fast:

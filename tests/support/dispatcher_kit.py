@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dispatcher.dlt import OriginalRecord
+from llmbatch.chaos.processes import DispatcherProcess as DispatcherProcess
+from llmbatch.chaos.processes import settings_env as settings_env
 from schemas.batch import BatchRequest, CancelRequest
 from schemas.cloudevents import Envelope, decode, encode
 from schemas.engines import EngineModel, EngineRegistry
@@ -167,97 +169,6 @@ async def wait_for(check: Any, within: float, interval: float = 0.5, what: str =
 # --- the dispatcher as a separate process (kill -9 tests) -------------------------------------------
 
 
-def settings_env(settings: Any, prefix: str = "LLMBATCH_") -> dict[str, str]:
-    """Environment variables that reproduce ``settings`` (nested with ``__``; lists/dicts as JSON)."""
-    import orjson
-    from pydantic import BaseModel, SecretStr
+# settings_env and DispatcherProcess (the dispatcher as a separate process) live with the chaos suite,
+# which runs replicas too: llmbatch.chaos.processes
 
-    out: dict[str, str] = {}
-
-    def walk(value: Any, path: list[str]) -> None:
-        if isinstance(value, BaseModel):
-            for name in type(value).model_fields:
-                walk(getattr(value, name), [*path, name])
-            return
-        key = prefix + "__".join(p.upper() for p in path)
-        if value is None:
-            return
-        if isinstance(value, SecretStr):
-            out[key] = value.get_secret_value()
-        elif isinstance(value, bool):
-            out[key] = "true" if value else "false"
-        elif isinstance(value, list | dict | BaseModel):
-            out[key] = orjson.dumps(
-                value, default=lambda v: v.model_dump(mode="json") if isinstance(v, BaseModel) else str(v)
-            ).decode()
-        else:
-            out[key] = str(value)
-
-    walk(settings, [])
-    return out
-
-
-class DispatcherProcess:
-    """``python -m dispatcher`` in its own session, logs to a file; stopped by PID only."""
-
-    def __init__(self, settings: Any, log_path: Any, **env: str) -> None:
-        self.settings = settings
-        self.log_path = log_path
-        self.env = env
-        self.proc: Any = None
-
-    def start(self, **env: str) -> DispatcherProcess:
-        import os
-        import subprocess
-        import sys
-
-        full = {k: v for k, v in os.environ.items() if not k.startswith("LLMBATCH_")}
-        full.update(settings_env(self.settings))
-        full.update(self.env)
-        full.update(env)
-        full["PYTHONUNBUFFERED"] = "1"
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "dispatcher"],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=full,
-                start_new_session=True,
-            )
-        finally:
-            log.close()
-        return self
-
-    @property
-    def pid(self) -> int:
-        return int(self.proc.pid)
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill9(self) -> None:
-        import signal
-
-        if self.alive():
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(30)
-
-    def terminate(self, timeout: float = 60) -> int:
-        import signal
-
-        if self.alive():
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return int(self.proc.wait(timeout))
-            except Exception:
-                self.kill9()
-        return int(self.proc.returncode) if self.proc is not None else 0
-
-    def tail(self, lines: int = 60) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])

@@ -1,0 +1,57 @@
+"""``python -m llmbatch.chaos`` (``make chaos``): one chaos run; prints the verdict table and exits 1 on
+any broken promise (2 on bad arguments)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+from llmbatch.chaos.faults import FAULT_KINDS
+from llmbatch.chaos.runner import ChaosConfig, run
+
+SHORT = ChaosConfig(batches=30, malformed=120, replicas=2, rounds=1, fault_every_s=8.0, send_over_s=30.0,
+                    drain_timeout_s=600.0)
+
+
+def _faults(text: str) -> tuple[str, ...]:
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in FAULT_KINDS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown fault {unknown[0]!r}: one of {', '.join(FAULT_KINDS)}")
+    return kinds
+
+
+def main(argv: list[str] | None = None) -> int:
+    full = ChaosConfig()
+    parser = argparse.ArgumentParser(prog="python -m llmbatch.chaos", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--short", action="store_true", help="the short version (30 batches, one fault each)")
+    parser.add_argument("--batches", type=int, help=f"valid batches (default {full.batches})")
+    parser.add_argument("--malformed", type=int, help=f"malformed records (default {full.malformed})")
+    parser.add_argument("--replicas", type=int, help=f"dispatcher replicas (default {full.replicas})")
+    parser.add_argument("--rounds", type=int, help=f"times each fault is injected (default {full.rounds})")
+    parser.add_argument("--faults", type=_faults, help=f"comma-separated, of {', '.join(FAULT_KINDS)}")
+    parser.add_argument("--seed", type=int, default=0, help="the workload's seed")
+    parser.add_argument("--run-dir", type=Path, help="the stack's data (default: a new temp dir)")
+    parser.add_argument("--keep", action="store_true", help="leave the stack running afterwards")
+    args = parser.parse_args(argv)
+    config = SHORT if args.short else full
+    for name in ("batches", "malformed", "replicas", "rounds", "faults", "run_dir"):
+        value = getattr(args, name)
+        if value is not None:
+            if isinstance(value, int) and value < (1 if name in {"batches", "replicas", "rounds"} else 0):
+                parser.error(f"--{name.replace('_', '-')} must be at least 1")
+            setattr(config, name, value)
+    config.seed, config.keep = args.seed, args.keep
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    result = asyncio.run(run(config))
+    print(result.table())
+    for line in result.fault_log:
+        print(f"fault {line}")
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

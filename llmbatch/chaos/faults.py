@@ -1,0 +1,112 @@
+"""The faults the chaos suite injects: kill -9 of a process, then (for a service) a restart on the same
+ports with the same data, as a crashed pod comes back. Each returns one line for the run's log."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmbatch.chaos.processes import DispatcherProcess
+from llmbatch.stack import services
+from llmbatch.stack.process import alive
+from llmbatch.stack.state import ServiceRecord, StackState
+
+FAULT_KINDS = ("dispatcher", "driver", "redis", "kafka", "minio")
+"""What can be killed. A Ray head restart is not among them yet: the local stack's head cannot come
+back on the same ports (tests/e2e covers it with a private head)."""
+
+
+async def kill9(pid: int, within: float = 30.0) -> None:
+    """SIGKILL ``pid`` and wait until it is gone (reaped when it is this process's child)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    loop = asyncio.get_running_loop()
+    end = loop.time() + within
+    while loop.time() < end:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 (WNOHANG: never blocks)
+        if not alive(pid):
+            return
+        await asyncio.sleep(0.1)
+
+
+_RESTART: dict[str, Callable[[Path, ServiceRecord], ServiceRecord]] = {
+    "kafka": lambda run_dir, rec: services.start_kafka(run_dir, restart=rec),
+    "minio": lambda run_dir, rec: services.start_minio(run_dir, restart=rec),
+    "redis": lambda run_dir, rec: services.start_redis(run_dir, port=rec.ports["redis"], name=rec.name),
+}
+
+
+@dataclass
+class Faults:
+    """Injects faults into one chaos run: its stack (``run_dir``) and its dispatcher replicas."""
+
+    run_dir: Path
+    replicas: list[DispatcherProcess]
+    ray_address: str
+    job_prefix: str
+    down_s: float = 3.0  # how long a killed service stays down before its restart
+    counts: dict[str, int] = field(default_factory=dict)
+    log: list[str] = field(default_factory=list)
+    _next_replica: int = 0
+
+    async def inject(self, kind: str) -> str:
+        """Kill one ``kind`` (and bring it back); returns what was done."""
+        if kind == "dispatcher":
+            line = await self._dispatcher()
+        elif kind == "driver":
+            line = await self._driver()
+        elif kind in _RESTART:
+            line = await self._service(kind)
+        else:
+            raise ValueError(f"unknown fault {kind!r}: one of {', '.join(FAULT_KINDS)}")
+        if not line.startswith("skipped"):
+            self.counts[kind] = self.counts.get(kind, 0) + 1
+        self.log.append(f"{kind}: {line}")
+        return line
+
+    async def _dispatcher(self) -> str:
+        victim = self.replicas[self._next_replica % len(self.replicas)]
+        self._next_replica += 1
+        pid = victim.pid
+        await kill9(pid)
+        await asyncio.sleep(self.down_s)
+        victim.start()
+        return f"killed replica pid {pid}, restarted as pid {victim.pid}"
+
+    async def _service(self, name: str) -> str:
+        state = StackState.load(self.run_dir)
+        rec = state.services[name]
+        await kill9(rec.pid)
+        await asyncio.sleep(self.down_s)
+        again = await asyncio.to_thread(_RESTART[name], self.run_dir, rec)
+        state = StackState.load(self.run_dir)  # the record the stack stops it by
+        state.services[name] = again
+        state.save()
+        return f"killed pid {rec.pid}, back on {again.address} as pid {again.pid}"
+
+    async def _driver(self) -> str:
+        """kill -9 the driver of one running Ray job of this run (the job fails; the batch is retried)."""
+        running = await asyncio.to_thread(self._running_drivers)
+        if not running:
+            return "skipped: no job of this run was running"
+        sid, pid = running[0]
+        await kill9(pid)
+        return f"killed the driver of {sid} (pid {pid})"
+
+    def _running_drivers(self) -> list[tuple[str, int]]:
+        from ray.job_submission import JobSubmissionClient
+
+        out: list[tuple[str, int]] = []
+        for job in JobSubmissionClient(self.ray_address).list_jobs():
+            info: Any = job.driver_info
+            sid = job.submission_id or ""
+            if str(job.status) == "RUNNING" and sid.startswith(self.job_prefix) and info and info.pid:
+                out.append((sid, int(info.pid)))
+        return out

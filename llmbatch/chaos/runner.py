@@ -1,0 +1,293 @@
+"""One chaos run: the local stack, dispatcher replicas, the workload sent while faults are injected, then
+the results topic, the dead-letter topic and the result files read back and judged
+(:func:`llmbatch.chaos.verdict.judge`).
+
+``python -m llmbatch.chaos`` (``make chaos``) runs the full version; tests/e2e/test_chaos.py the short
+one. Everything runs on the real Kafka, Redis, MinIO and Ray of a private local stack; jobs run the
+fake engine (the faults, not the model, are under test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import sys
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from dispatcher.settings import DispatcherOptions, DispatcherSettings, JobOptions
+from llmbatch.chaos.faults import FAULT_KINDS, Faults
+from llmbatch.chaos.processes import DispatcherProcess
+from llmbatch.chaos.verdict import Kind, Seen, Verdict, judge
+from llmbatch.chaos.workload import Record, workload
+from llmbatch.settings import TopicSettings
+from llmbatch.stack import manager
+from llmbatch.stack.process import alive, free_port
+from llmbatch.stack.state import StackState
+from schemas.cloudevents import H_ID, decode
+from schemas.engines import EngineModel, EngineRegistry
+from schemas.events import RESULT_EVENT_TYPES, EventType
+from schemas.job import EngineConfig
+
+log = logging.getLogger(__name__)
+
+MODEL = "chaos/fake-model"
+_STATUS = {
+    EventType.ACCEPTED: "accepted", EventType.REJECTED: "rejected", EventType.COMPLETED: "completed",
+    EventType.FAILED: "failed", EventType.CANCELLED: "cancelled", EventType.EXPIRED: "expired",
+}
+
+
+@dataclass
+class ChaosConfig:
+    """The size of a run and the faults in it (each kind in ``faults``, ``rounds`` times over)."""
+
+    batches: int = 200
+    malformed: int = 1000
+    replicas: int = 2
+    max_in_flight: int = 3
+    faults: tuple[str, ...] = FAULT_KINDS
+    rounds: int = 2
+    fault_every_s: float = 20.0
+    send_over_s: float = 60.0  # the workload is spread over this long, faults run meanwhile
+    drain_timeout_s: float = 1200.0
+    seed: int = 0
+    run_dir: Path | None = None
+    keep: bool = False
+
+
+@dataclass
+class ChaosResult:
+    verdict: Verdict
+    faults: dict[str, int]
+    fault_log: list[str]
+    drain_s: float
+    not_alive: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict.ok and not self.not_alive
+
+    def table(self) -> str:
+        lines = [self.verdict.table()]
+        lines += [f"faults {kind:<14}  {n:>8}" for kind, n in sorted(self.faults.items())]
+        lines.append(f"{'time to drain (s)':<21}  {self.drain_s:>8.1f}")
+        lines += [f"  - not alive: {what}" for what in self.not_alive]
+        return "\n".join(lines)
+
+
+def chaos_settings(stack: Any, run: str, max_in_flight: int) -> DispatcherSettings:
+    """Dispatcher settings on the run's stack: its own topics and key prefix, the fake engine, fast
+    timers (leases, polls, heartbeats) so faults are noticed within seconds."""
+    base = manager.settings_for(stack)
+    topics = TopicSettings(requests=f"{run}.req", results=f"{run}.res", dead_letter=f"{run}.req.dlt",
+                           partitions=3)
+    engine = EngineConfig(backend="fake", batch_size=4, num_cpus_per_replica=0.25)
+    return DispatcherSettings(
+        _env_file=None,
+        kafka=base.kafka.model_copy(update={"topics": topics}),
+        redis=base.redis.model_copy(update={"key_prefix": run}),
+        s3=base.s3,
+        ray=base.ray,
+        dispatcher=DispatcherOptions(
+            group_id=f"{run}-g", session_timeout_ms=6000, heartbeat_interval_ms=1000, poll_interval_s=0.5,
+            lease_ttl_s=4, retry_backoff_base_s=0.5, retry_backoff_max_s=4, io_backoff_base_s=0.2,
+            io_backoff_max_s=2, log_json=True, max_in_flight=max_in_flight,
+        ),
+        engines=EngineRegistry(models={MODEL: EngineModel(path="/models/unused", engine=engine)}),
+        job=JobOptions(python=sys.executable, progress_interval_s=0.5, ray_stop_wait_s=10, stop_wait_s=30,
+                       shard_max_seconds=2, shard_max_lines=10),
+    )
+
+
+async def _send(settings: DispatcherSettings, records: list[Record], over_s: float) -> int:
+    """Send ``records`` in order over about ``over_s`` seconds; a send the broker does not take (it is
+    being killed) is tried again until it is (a re-sent record keeps its event id)."""
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(acks="all", request_timeout_ms=15000, max_request_size=8 << 20,
+                                **settings.kafka.client_kwargs())
+    await producer.start()
+    pause = over_s / max(1, len(records))
+    retries = 0
+    try:
+        for record in records:
+            while True:
+                try:
+                    await producer.send_and_wait(settings.kafka.topics.requests, value=record.value,
+                                                 key=record.key, headers=list(record.headers))
+                    break
+                except Exception as exc:  # the broker is down for a while: wait, send again
+                    retries += 1
+                    log.info("send failed, again in 2 s: %s", exc)
+                    await asyncio.sleep(2)
+            await asyncio.sleep(pause)
+    finally:
+        await producer.stop()
+    return retries
+
+
+def _upload(settings: DispatcherSettings, records: Iterable[Record]) -> None:
+    from producer.storage import ensure_buckets, make_client
+
+    client = make_client(settings.s3)
+    ensure_buckets(client, settings.s3)
+    for record in records:
+        if record.upload is not None:
+            key, body = record.upload
+            client.put_object(settings.s3.input_bucket, key, io.BytesIO(body), len(body))
+
+
+class _Reader:
+    """Reads a topic from the beginning, incrementally (no group)."""
+
+    def __init__(self, settings: DispatcherSettings, topic: str) -> None:
+        self.settings, self.topic = settings, topic
+        self.records: list[Any] = []
+        self._consumer: Any = None
+
+    async def poll(self) -> list[Any]:
+        from aiokafka import AIOKafkaConsumer
+
+        try:
+            if self._consumer is None:
+                self._consumer = AIOKafkaConsumer(
+                    self.topic, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
+                    **self.settings.kafka.client_kwargs())
+                await self._consumer.start()
+            batch = await self._consumer.getmany(timeout_ms=1000, max_records=10_000)
+        except Exception as exc:  # the broker is being restarted: read on later
+            log.info("reading %s failed: %s", self.topic, exc)
+            await self.close()
+            self.records = []  # a new consumer starts from the beginning again
+            return self.records
+        for records in batch.values():
+            self.records.extend(records)
+        return self.records
+
+    async def close(self) -> None:
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            try:
+                await consumer.stop()
+            except Exception as exc:
+                log.debug("consumer stop: %s", exc)
+
+
+def _seen(records: list[Any]) -> list[Seen]:
+    out: list[Seen] = []
+    for r in records:
+        env = decode(r.key, r.value, r.headers, expect=RESULT_EVENT_TYPES)
+        status = _STATUS.get(env.type)
+        if status is not None:
+            out.append(Seen(status, env.batch_id, env.id, getattr(env.data, "request_id", None)))
+    return out
+
+
+def _drained(sent: list[Record], seen: list[Seen]) -> bool:
+    """Every batch is rejected or has a terminal event, every duplicate is answered."""
+    terminal = {s.batch_id for s in seen if s.status in {"completed", "failed", "cancelled", "expired"}}
+    answered = {s.request_id for s in seen if s.status == "rejected"}
+    for record in sent:
+        s = record.sent
+        if s.kind is Kind.BATCH and s.batch_id not in terminal and s.event_id not in answered:
+            return False
+        if s.kind is Kind.DUPLICATE and s.event_id not in answered:
+            return False
+    return True
+
+
+def _marks(records: list[Any]) -> set[str]:
+    marks: set[str] = set()
+    for r in records:
+        if r.key:
+            marks.add(r.key.decode(errors="replace"))
+        marks.update(v.decode(errors="replace") for k, v in (r.headers or ()) if k == H_ID and v)
+    return marks
+
+
+def _answers(settings: DispatcherSettings, results: list[Any]) -> dict[str, list[str]]:
+    """batch id -> the custom_ids of its output and error lines, for completed batches."""
+    from producer.storage import make_client
+
+    client = make_client(settings.s3)
+    out: dict[str, list[str]] = {}
+    for r in results:
+        env = decode(r.key, r.value, r.headers, expect=RESULT_EVENT_TYPES)
+        if env.type is not EventType.COMPLETED or env.batch_id in out:
+            continue
+        ids: list[str] = []
+        for uri in [*env.data.output_uris, *env.data.error_uris]:
+            bucket, _, key = str(uri)[5:].partition("/")
+            for line in client.get_object(bucket, key).read().splitlines():
+                if line.strip():
+                    ids.append(str(orjson.loads(line).get("custom_id")))
+        out[env.batch_id] = ids
+    return out
+
+
+async def run(config: ChaosConfig) -> ChaosResult:
+    """One run; the stack and replicas are stopped by PID at the end unless ``config.keep``."""
+    import tempfile
+
+    from producer.topics import ensure_topics
+
+    run = f"chaos{uuid.uuid4().hex[:6]}"
+    run_dir = config.run_dir or Path(tempfile.mkdtemp(prefix="llmbatch-chaos-"))
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    stack = await asyncio.to_thread(manager.up, run_dir, ["kafka", "redis", "minio", "ray"])
+    replicas: list[DispatcherProcess] = []
+    results = dead = None
+    try:
+        settings = chaos_settings(stack, run, config.max_in_flight)
+        records = workload(batches=config.batches, malformed=config.malformed, model=MODEL,
+                           now=datetime.now(UTC), run=run, seed=config.seed,
+                           input_bucket=settings.s3.input_bucket)
+        await ensure_topics(settings)
+        await asyncio.to_thread(_upload, settings, records)
+        for i in range(config.replicas):
+            opts = settings.dispatcher.model_copy(
+                update={"instance_id": f"d{i}", "metrics_port": free_port()})
+            replica = DispatcherProcess(settings.model_copy(update={"dispatcher": opts}),
+                                        run_dir / "logs" / f"dispatcher-d{i}.log")
+            replicas.append(replica.start())
+        faults = Faults(run_dir, replicas, settings.ray.address, job_prefix=f"{run}-")
+        sending = asyncio.create_task(_send(settings, records, config.send_over_s))
+        for _ in range(config.rounds):
+            for kind in config.faults:
+                await asyncio.sleep(config.fault_every_s)
+                print(f"[chaos] {kind}: {await faults.inject(kind)}", flush=True)
+        await sending
+        began = time.monotonic()
+        results = _Reader(settings, settings.kafka.topics.results)
+        dead = _Reader(settings, settings.kafka.topics.dead_letter)
+        while time.monotonic() - began < config.drain_timeout_s:
+            if _drained(records, _seen(await results.poll())):
+                break
+            await asyncio.sleep(2)
+        drain_s = time.monotonic() - began
+        await asyncio.sleep(3)  # late re-deliveries and dead letters
+        result_records, dead_records = await results.poll(), await dead.poll()
+        answers = await asyncio.to_thread(_answers, settings, result_records)
+        verdict = judge([r.sent for r in records], _seen(result_records), _marks(dead_records), answers)
+        stack_now = StackState.load(run_dir)
+        not_alive = [f"dispatcher {p.log_path.name}" for p in replicas if not p.alive()]
+        not_alive += [f"{name} (pid {rec.pid})" for name, rec in stack_now.services.items()
+                      if not alive(rec.pid)]
+        return ChaosResult(verdict, dict(faults.counts), faults.log, drain_s, not_alive)
+    finally:
+        for reader in (results, dead):
+            if reader is not None:
+                await reader.close()
+        for replica in replicas:
+            replica.terminate(timeout=30)
+        if not config.keep:
+            await asyncio.to_thread(manager.down, run_dir)
