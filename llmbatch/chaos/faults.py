@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,9 +18,9 @@ from llmbatch.stack import services
 from llmbatch.stack.process import alive
 from llmbatch.stack.state import ServiceRecord, StackState
 
-FAULT_KINDS = ("dispatcher", "driver", "redis", "kafka", "minio")
-"""What can be killed. A Ray head restart is not among them yet: the local stack's head cannot come
-back on the same ports (tests/e2e covers it with a private head)."""
+FAULT_KINDS = ("dispatcher", "driver", "redis", "kafka", "minio", "ray")
+"""What can be killed: dispatcher replicas, a running job's driver, and each service of the stack
+(the Ray head with its whole process tree, as a head pod dies)."""
 
 
 async def kill9(pid: int, within: float = 30.0) -> None:
@@ -40,7 +41,25 @@ _RESTART: dict[str, Callable[[Path, ServiceRecord], ServiceRecord]] = {
     "kafka": lambda run_dir, rec: services.start_kafka(run_dir, restart=rec),
     "minio": lambda run_dir, rec: services.start_minio(run_dir, restart=rec),
     "redis": lambda run_dir, rec: services.start_redis(run_dir, port=rec.ports["redis"], name=rec.name),
+    "ray": lambda run_dir, rec: services.start_ray(run_dir, restart=rec),
 }
+
+
+async def kill9_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process under it (Ray's raylet, GCS and workers set up process
+    groups of their own, so one killpg would miss some)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        tree = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    for proc in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    for proc in tree:
+        await kill9(proc.pid)
 
 
 @dataclass
@@ -83,7 +102,9 @@ class Faults:
     async def _service(self, name: str) -> str:
         state = StackState.load(self.run_dir)
         rec = state.services[name]
-        await kill9(rec.pid)
+        await (kill9_tree(rec.pid) if name == "ray" else kill9(rec.pid))
+        if name == "ray":  # its session dir (in /tmp, see services.start_ray)
+            await asyncio.to_thread(shutil.rmtree, rec.data_dir, True)
         await asyncio.sleep(self.down_s)
         again = await asyncio.to_thread(_RESTART[name], self.run_dir, rec)
         state = StackState.load(self.run_dir)  # the record the stack stops it by

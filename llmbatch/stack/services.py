@@ -409,19 +409,29 @@ def ray_executable() -> Path:
     return candidate
 
 
-def start_ray(run_dir: Path, num_cpus: int = 2, object_store_bytes: int = 1_000_000_000) -> ServiceRecord:
+def start_ray(run_dir: Path, num_cpus: int = 2, object_store_bytes: int = 1_000_000_000, *,
+              restart: ServiceRecord | None = None) -> ServiceRecord:
+    """Start a Ray head. ``restart`` (an earlier start's record) brings it back on the same addresses
+    (Jobs API, GCS, Serve, metrics), as a KubeRay head pod comes back: clients keep their settings,
+    the job records of the old head are gone."""
     with _start_ports() as ports:
-        return _start_ray(run_dir, num_cpus, object_store_bytes, ports)
+        return _start_ray(run_dir, num_cpus, object_store_bytes, ports, restart)
 
 
-def _start_ray(run_dir: Path, num_cpus: int, object_store_bytes: int, ports: _StartPorts) -> ServiceRecord:
+def _start_ray(run_dir: Path, num_cpus: int, object_store_bytes: int, ports: _StartPorts,
+               restart: ServiceRecord | None = None) -> ServiceRecord:
     # Ray's own temp dir must be short (unix socket paths are limited to 107 bytes)
     temp = Path(tempfile.gettempdir()) / f"llmbatch-ray-{os.getpid()}-{secrets.token_hex(3)}"
     temp.mkdir(parents=True, exist_ok=True)
     # one allocator for all of them: the dashboard can never land inside the worker range
-    gcs, dashboard, client, agent = ports.one(), ports.one(), ports.one(), ports.one()
-    serve = ports.one()  # Serve's HTTP proxy (the batch runner), bound once Serve starts
-    metrics = ports.one()  # Prometheus metrics of the node (Ray's, Serve's, llmbatch_engine_*)
+    if restart is not None:
+        gcs, dashboard, client, serve, metrics = ports.again(
+            "The Ray head", restart.ports, "gcs", "dashboard", "client", "serve", "metrics")
+        agent = ports.one()
+    else:
+        gcs, dashboard, client, agent = ports.one(), ports.one(), ports.one(), ports.one()
+        serve = ports.one()  # Serve's HTTP proxy (the batch runner), bound once Serve starts
+        metrics = ports.one()  # Prometheus metrics of the node (Ray's, Serve's, llmbatch_engine_*)
     workers = ports.block(200)
     log = run_dir / "logs" / "ray.log"
     env = {

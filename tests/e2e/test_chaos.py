@@ -1,6 +1,7 @@
 """The short chaos run (``make chaos`` is the full one): 30 batches and 120 malformed records on a
-private local stack while one dispatcher replica, one running job's driver, Redis, Kafka and MinIO are
-each killed once (kill -9) and brought back; then every promise of llmbatch.chaos.verdict is checked."""
+private local stack while one dispatcher replica, one running job's driver, Redis, Kafka, MinIO and
+the Ray head are each killed once (kill -9) and brought back; then every promise of
+llmbatch.chaos.verdict is checked."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import dataclasses
 import pytest
 
 from llmbatch.chaos.__main__ import SHORT
+from llmbatch.chaos.faults import FAULT_KINDS
 from llmbatch.chaos.runner import run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
@@ -20,5 +22,5 @@ async def test_short_chaos_run_keeps_every_promise() -> None:
     print("\n".join(result.fault_log))
     assert result.ok, result.table()
     # every fault happened (a driver fault needs a running job: with 30 batches one always is)
-    assert set(result.faults) == {"dispatcher", "driver", "redis", "kafka", "minio"}, result.fault_log
+    assert set(result.faults) == set(FAULT_KINDS), result.fault_log
     assert result.verdict.figures["accepted"] >= 25
