@@ -112,11 +112,17 @@ class Faults:
         state.save()
         return f"killed pid {rec.pid}, back on {again.address} as pid {again.pid}"
 
-    async def _driver(self) -> str:
-        """kill -9 the driver of one running Ray job of this run (the job fails; the batch is retried)."""
+    async def _driver(self, within: float = 60.0) -> str:
+        """kill -9 the driver of one running Ray job of this run (the job fails; the batch is retried),
+        waiting up to ``within`` seconds for one to run."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + within
         running = await asyncio.to_thread(self._running_drivers)
+        while not running and loop.time() < end:
+            await asyncio.sleep(1)
+            running = await asyncio.to_thread(self._running_drivers)
         if not running:
-            return "skipped: no job of this run was running"
+            return f"skipped: no job of this run ran within {within:.0f} s"
         sid, pid = running[0]
         await kill9(pid)
         return f"killed the driver of {sid} (pid {pid})"

@@ -113,8 +113,8 @@ async def _send(settings: DispatcherSettings, records: list[Record], over_s: flo
     being killed) is tried again until it is (a re-sent record keeps its event id)."""
     from aiokafka import AIOKafkaProducer
 
-    producer = AIOKafkaProducer(acks="all", request_timeout_ms=15000, max_request_size=8 << 20,
-                                **settings.kafka.client_kwargs())
+    producer = AIOKafkaProducer(**{**settings.kafka.client_kwargs(), "request_timeout_ms": 15000},
+                                acks="all", max_request_size=8 << 20)
     await producer.start()
     pause = over_s / max(1, len(records))
     retries = 0
@@ -264,6 +264,8 @@ async def run(config: ChaosConfig) -> ChaosResult:
         for _ in range(config.rounds):
             for kind in config.faults:
                 await asyncio.sleep(config.fault_every_s)
+                if sending.done():
+                    sending.result()  # the sender failed: stop here, with its error
                 print(f"[chaos] {kind}: {await faults.inject(kind)}", flush=True)
         await sending
         began = time.monotonic()
