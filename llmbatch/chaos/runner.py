@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import shutil
 import sys
 import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,7 @@ class ChaosResult:
     fault_log: list[str]
     drain_s: float
     not_alive: list[str] = field(default_factory=list)
+    run_dir: Path | None = None
 
     @property
     def ok(self) -> bool:
@@ -81,6 +83,8 @@ class ChaosResult:
         lines += [f"faults {kind:<14}  {n:>8}" for kind, n in sorted(self.faults.items())]
         lines.append(f"{'time to drain (s)':<21}  {self.drain_s:>8.1f}")
         lines += [f"  - not alive: {what}" for what in self.not_alive]
+        if self.run_dir is not None:
+            lines.append(f"logs and data kept in {self.run_dir}")
         return "\n".join(lines)
 
 
@@ -120,9 +124,14 @@ async def _send(settings: DispatcherSettings, records: list[Record], over_s: flo
     retries = 0
     try:
         for record in records:
+            value = record.value
+            if value is not None and "expired" in record.sent.expect:
+                # a deadline that cannot be met, counted from the send (the workload was made before)
+                deadline = (datetime.now(UTC) + timedelta(seconds=3)).isoformat()
+                value = orjson.dumps({**orjson.loads(value), "deadline": deadline})
             while True:
                 try:
-                    await producer.send_and_wait(settings.kafka.topics.requests, value=record.value,
+                    await producer.send_and_wait(settings.kafka.topics.requests, value=value,
                                                  key=record.key, headers=list(record.headers))
                     break
                 except Exception as exc:  # the broker is down for a while: wait, send again
@@ -172,6 +181,26 @@ class _Reader:
         for records in batch.values():
             self.records.extend(records)
         return self.records
+
+    async def read_to_end(self, within: float = 120.0) -> list[Any]:
+        """Everything on the topic now: polls until every partition's position reached the end
+        offsets asked for first (one poll may bring only part of a topic with large records)."""
+        loop = asyncio.get_running_loop()
+        end_at = loop.time() + within
+        await self.poll()
+        while self._consumer is None or not self._consumer.assignment():
+            if loop.time() > end_at:
+                raise TimeoutError(f"{self.topic}: no partitions assigned within {within:.0f} s")
+            await self.poll()
+        consumer = self._consumer
+        ends = await consumer.end_offsets(list(consumer.assignment()))
+        while True:
+            positions = {tp: await consumer.position(tp) for tp in ends}
+            if all(positions[tp] >= end for tp, end in ends.items()):
+                return self.records
+            if loop.time() > end_at:
+                raise TimeoutError(f"{self.topic}: not read to its end within {within:.0f} s")
+            await self.poll()
 
     async def close(self) -> None:
         if self._consumer is not None:
@@ -246,6 +275,7 @@ async def run(config: ChaosConfig) -> ChaosResult:
     stack = await asyncio.to_thread(manager.up, run_dir, ["kafka", "redis", "minio", "ray"])
     replicas: list[DispatcherProcess] = []
     results = dead = None
+    result: ChaosResult | None = None
     try:
         settings = chaos_settings(stack, run, config.max_in_flight)
         records = workload(batches=config.batches, malformed=config.malformed, model=MODEL,
@@ -277,14 +307,17 @@ async def run(config: ChaosConfig) -> ChaosResult:
             await asyncio.sleep(2)
         drain_s = time.monotonic() - began
         await asyncio.sleep(3)  # late re-deliveries and dead letters
-        result_records, dead_records = await results.poll(), await dead.poll()
+        result_records, dead_records = await results.read_to_end(), await dead.read_to_end()
         answers = await asyncio.to_thread(_answers, settings, result_records)
         verdict = judge([r.sent for r in records], _seen(result_records), _marks(dead_records), answers)
         stack_now = StackState.load(run_dir)
         not_alive = [f"dispatcher {p.log_path.name}" for p in replicas if not p.alive()]
         not_alive += [f"{name} (pid {rec.pid})" for name, rec in stack_now.services.items()
                       if not alive(rec.pid)]
-        return ChaosResult(verdict, dict(faults.counts), faults.log, drain_s, not_alive)
+        result = ChaosResult(verdict, dict(faults.counts), faults.log, drain_s, not_alive)
+        if config.keep or config.run_dir is not None or not result.ok:
+            result.run_dir = run_dir
+        return result
     finally:
         for reader in (results, dead):
             if reader is not None:
@@ -293,3 +326,5 @@ async def run(config: ChaosConfig) -> ChaosResult:
             replica.terminate(timeout=30)
         if not config.keep:
             await asyncio.to_thread(manager.down, run_dir)
+            if result is not None and result.run_dir is None:  # a passing run in a temp dir
+                await asyncio.to_thread(shutil.rmtree, run_dir, True)
