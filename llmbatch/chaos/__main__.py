@@ -13,7 +13,7 @@ from llmbatch.chaos.faults import FAULT_KINDS
 from llmbatch.chaos.runner import ChaosConfig, run
 
 SHORT = ChaosConfig(batches=30, malformed=120, replicas=2, rounds=1, fault_every_s=8.0, send_over_s=30.0,
-                    drain_timeout_s=600.0)
+                    drain_timeout_s=900.0)
 
 
 def _faults(text: str) -> tuple[str, ...]:

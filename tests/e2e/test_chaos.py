@@ -13,7 +13,7 @@ from llmbatch.chaos.__main__ import SHORT
 from llmbatch.chaos.faults import FAULT_KINDS
 from llmbatch.chaos.runner import run
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 
 async def test_short_chaos_run_keeps_every_promise() -> None:
