@@ -43,16 +43,10 @@ def _status_code(exc: BaseException) -> int | None:
 
 def job_env(settings: DispatcherSettings, spec: JobSpec) -> dict[str, str]:
     """Extra environment of the job's processes (besides what ``ray_job.submit.runtime_env`` sets)."""
-    job = settings.job
-    env: dict[str, str] = {}
-    if spec.engine.backend == "vllm":
-        from dispatcher.engines import engine_env_vars
+    from dispatcher.engines import engine_env_vars, runner_env_vars
 
-        env.update(engine_env_vars(settings))
-    # where S3 is is no secret; the keys and the Redis password come from the workers' own environment
-    env["AWS_ENDPOINT_URL_S3"] = settings.s3.endpoint
-    env["AWS_REGION"] = settings.s3.region
-    env.update(job.env_vars)
+    env = engine_env_vars(settings) if spec.engine.backend == "vllm" else {}
+    env.update(runner_env_vars(settings))  # the same as the batch runner's: where S3 is, job.env_vars
     return env
 
 

@@ -51,14 +51,10 @@ def acl_rules(keys: Keys) -> dict[Role, str]:
     }
 
 
-def acl_lines(
-    keys: Keys, passwords: Mapping[Role, str], usernames: Mapping[Role, str] | None = None
-) -> list[str]:
-    """ACL file lines (``user <name> on #<sha256> <rules>``) for the roles in ``passwords``.
+def acl_lines(keys: Keys, passwords: Mapping[Role, str]) -> list[str]:
+    """ACL file lines (``user <role> on #<sha256> <rules>``) for the roles in ``passwords``.
 
-    ``usernames`` renames roles (default: the role's name). Raises :class:`ValueError` for an
-    unknown role or an empty password."""
-    names = dict(usernames or {})
+    Raises :class:`ValueError` for an unknown role or an empty password."""
     rules = acl_rules(keys)
     lines = []
     for role, password in passwords.items():
@@ -67,5 +63,5 @@ def acl_lines(
         if not password:
             raise ValueError(f"the {role} user's password is empty")
         digest = hashlib.sha256(password.encode()).hexdigest()
-        lines.append(f"user {names.get(role, role)} reset on #{digest} {rules[role]}")
+        lines.append(f"user {role} reset on #{digest} {rules[role]}")
     return lines

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", type=Path, help="the stack's data (default: a new temp dir)")
     parser.add_argument("--keep", action="store_true", help="leave the stack running afterwards")
     args = parser.parse_args(argv)
-    config = SHORT if args.short else full
+    config = dataclasses.replace(SHORT) if args.short else full  # SHORT itself stays as it is
     for name in ("batches", "malformed", "replicas", "rounds", "faults", "run_dir"):
         value = getattr(args, name)
         if value is not None:
