@@ -162,7 +162,9 @@ def test_deadline_and_missing_engine_end_the_run_clearly(
     h: Harness, runner: tuple[RunnerClient, ServeApi]
 ) -> None:
     client, _ = runner
-    late = _spec(h, "runner-deadline", 60, inline=False, deadline=utcnow() + timedelta(seconds=2))
+    # 400 requests, 8 at a time, 0.2 s each: at least 10 s of work, so the 2 s deadline always falls
+    # inside the run (60 requests finished in 2.0 s on a CI machine and the run succeeded)
+    late = _spec(h, "runner-deadline", 400, inline=False, deadline=utcnow() + timedelta(seconds=2))
     no_engine = _spec(h, "runner-noengine", 2, inline=True).model_copy(
         update={"engine_app": app_name("not-deployed"), "engine_wait_s": 3.0})
     for spec in (late, no_engine):
