@@ -12,6 +12,7 @@ from typing import Any
 from ray_job.errors import (
     CONTEXT_LENGTH_EXCEEDED,
     ENGINE_ERROR,
+    INVALID_RESPONSE_FORMAT,
     EngineDeadError,
     RequestFailure,
     RequestRejected,
@@ -55,11 +56,15 @@ class VllmBackend:
     def add(self, request: GenRequest) -> None:
         from vllm import SamplingParams
         from vllm.exceptions import VLLMClientError
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
         from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDead
 
+        sampling = {**self._defaults, **request.sampling}
+        structured = sampling.pop("structured_outputs", None)
         try:
-            params = SamplingParams(**{**self._defaults, **request.sampling})
+            if structured is not None:
+                sampling["structured_outputs"] = StructuredOutputsParams(**structured)
+            params = SamplingParams(**sampling)
             params.output_kind = RequestOutputKind.FINAL_ONLY
             prompt: Any = {"prompt_token_ids": request.prompt_token_ids}
             self._llm.llm_engine.add_request(request.key, prompt, params)
@@ -69,6 +74,10 @@ class VllmBackend:
             text = str(exc)
             code = CONTEXT_LENGTH_EXCEEDED if "maximum model length" in text else None
             param = getattr(exc, "parameter", None)
+            if structured is not None and param is None and _is_grammar_error(text):
+                # the schema did not compile (xgrammar): that line's own mistake, named as OpenAI would
+                raise RequestRejected(f"response_format: {text}", code=INVALID_RESPONSE_FORMAT,
+                                      param="response_format") from exc
             if code:
                 raise RequestRejected(text, code=code, param=param) from exc
             raise RequestRejected(f"{type(exc).__name__}: {text}", param=param) from exc
@@ -98,6 +107,11 @@ class VllmBackend:
                 key = key.rsplit("-", 1)[0]
             done.append(_generation(key, output, self._keys.pop(key)))
         return done
+
+
+def _is_grammar_error(text: str) -> bool:
+    lowered = text.lower()
+    return "grammar" in lowered or "schema" in lowered or "json" in lowered
 
 
 def _generation(key: str, output: Any, top_k: int) -> Generation:

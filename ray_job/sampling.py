@@ -49,9 +49,27 @@ def sampling_kwargs(endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any]:
     if endpoint is Endpoint.CHAT_COMPLETIONS:
         if body.get("logprobs"):
             out["logprobs"] = body.get("top_logprobs") or 0
+        structured = structured_outputs(body.get("response_format"))
+        if structured is not None:
+            out["structured_outputs"] = structured
     elif body.get("logprobs") is not None:
         out["logprobs"] = body["logprobs"]
     return out
+
+
+def structured_outputs(response_format: Any) -> dict[str, Any] | None:
+    """vLLM ``StructuredOutputsParams`` arguments for a chat body's ``response_format`` (a plain
+    dict, so it travels to the engine as JSON): ``json_object`` -> any JSON object, ``json_schema``
+    -> its schema (or any object when it has none), ``text`` or absent -> ``None``."""
+    if not isinstance(response_format, dict):
+        return None
+    kind = response_format.get("type")
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind == "json_schema":
+        schema = (response_format.get("json_schema") or {}).get("schema")
+        return {"json": schema} if schema is not None else {"json_object": True}
+    return None
 
 
 def wants_logprobs(sampling: dict[str, Any]) -> bool:

@@ -136,6 +136,53 @@ class SamplingParams(BaseModel):
         return self.max_tokens
 
 
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``: the schema every answer must follow (OpenAI's shape)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, populate_by_name=True)
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")] = Field(
+        description="1-64 letters, digits, '_' or '-'."
+    )
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(
+        default=None, alias="schema", description="A JSON Schema object; absent = any JSON object."
+    )
+    strict: bool | None = Field(
+        default=None, description="Accepted either way: the engine always decodes within the schema."
+    )
+
+
+class TextFormat(BaseModel):
+    """``response_format: {"type": "text"}`` (the default: free text)."""
+
+    model_config = _BODY_CONFIG
+
+    type: Literal["text"]
+
+
+class JsonObjectFormat(BaseModel):
+    """``response_format: {"type": "json_object"}``: the answer is one JSON object."""
+
+    model_config = _BODY_CONFIG
+
+    type: Literal["json_object"]
+
+
+class JsonSchemaResponseFormat(BaseModel):
+    """``response_format: {"type": "json_schema", "json_schema": {...}}``."""
+
+    model_config = _BODY_CONFIG
+
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = Annotated[
+    TextFormat | JsonObjectFormat | JsonSchemaResponseFormat, Field(discriminator="type")
+]
+
+
 class ChatCompletionBody(SamplingParams):
     """Body of a ``/v1/chat/completions`` request line."""
 
@@ -143,6 +190,10 @@ class ChatCompletionBody(SamplingParams):
     max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_OUTPUT_TOKENS)] | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    response_format: ResponseFormat | None = Field(
+        default=None,
+        description="text, json_object or json_schema: decoded by the engine's structured outputs.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> ChatCompletionBody:
@@ -192,21 +243,42 @@ BODY_MODELS: dict[Endpoint, type[ChatCompletionBody] | type[CompletionBody]] = {
 _NO_ECHO = frozenset({"invalid_body", "value_error"})
 
 
+def _nested_fields(parent: list[int | str]) -> list[str]:
+    """The fields allowed inside ``parent`` (a body path), for an unknown-field message."""
+    if parent == ["response_format"]:
+        return ["type", "json_schema"]
+    if parent == ["response_format", "json_schema"]:
+        return ["name", "description", "schema", "strict"]
+    if len(parent) == 2 and parent[0] == "messages":
+        return list(ChatMessage.model_fields)
+    return []
+
+
 def _body_error(exc: ValidationError, url: Endpoint) -> PydanticCustomError:
     first = exc.errors(include_url=False)[0]
     ctx = first.get("ctx") or {}
-    loc = format_loc(first["loc"])
+    parts = list(first["loc"])
+    if len(parts) > 1 and parts[0] == "response_format":
+        del parts[1]  # the union's tag pydantic puts in the path ("json_schema"), not a field
+    loc = format_loc(parts)
     inner = ctx.get("field")
     path = "body" + (f".{loc}" if loc else "") + (f".{inner}" if isinstance(inner, str) and inner else "")
     kind = first["type"]
     if kind == "extra_forbidden":
-        supported = ", ".join(sorted(BODY_MODELS[url].model_fields))
+        fields = BODY_MODELS[url].model_fields if len(parts) == 1 else _nested_fields(parts[:-1])
+        supported = ", ".join(sorted(fields)) or "see the OpenAI API reference"
         msg = f"unsupported parameter for {url.value}; supported: {supported}"
         reason: str = Reason.UNKNOWN_FIELD
-    elif kind == "missing":
+    elif kind == "missing" and len(parts) == 1:
         needed = "messages" if url is Endpoint.CHAT_COMPLETIONS else "prompt"
         msg = f"required for {url.value} (a request needs '{needed}')"
         reason = Reason.MISSING_FIELD
+    elif kind == "missing":
+        msg = "required"
+        reason = Reason.MISSING_FIELD
+    elif kind == "union_tag_invalid":
+        msg = f"type must be one of {ctx.get('expected_tags')} (got {str(ctx.get('tag'))[:40]!r})"
+        reason = Reason.INVALID_FIELD
     else:
         msg = str(ctx.get("msg") or first["msg"]).removeprefix("Value error, ")
         if "input" in first and not isinstance(first["input"], dict | list) and kind not in _NO_ECHO:

@@ -106,6 +106,10 @@ class SharedEngine:
         self._last = info
         return info
 
+    def ran(self) -> None:
+        """Work ran on the engine since the last :meth:`info`: the next :meth:`before` asks again."""
+        self._last = None
+
     def before(self) -> dict[str, Any]:
         """:meth:`info` as a test starts: the last answer when nothing ran on the engine since
         (each test asks once more at its end), else a fresh one."""
@@ -329,6 +333,57 @@ def test_20_line_file_exact_counts_codes_text_and_usage(
     assert after["completion_tokens"] - before["completion_tokens"] == manifest.usage.completion_tokens
     assert after["ready_at"] == before["ready_at"] and shared.replicas() == [replica]
     assert manifest.timings.engine_start_s is not None and manifest.timings.engine_start_s < 60
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+UNKNOWN_FORMAT = {"type": "string", "format": "no-such-format"}  # valid JSON, but xgrammar cannot compile it
+
+
+def test_structured_outputs_follow_their_schema_and_a_bad_schema_fails_its_line_only(
+    h: Harness, model_path: str, shared: SharedEngine
+) -> None:
+    import jsonschema
+
+    person = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    lines: list[dict[str, Any] | bytes] = [
+        *(chat_line(f"person-{i}", f"Describe {who} as JSON.", max_tokens=200, temperature=0.0,
+                    response_format=person)
+          for i, who in enumerate(["a baker", "a pilot", "a child"])),
+        chat_line("object", 'Answer with a JSON object like {"colour": "red"}.', max_tokens=200,
+                  temperature=0.0, response_format={"type": "json_object"}),
+        chat_line("bad-schema", "Anything.", max_tokens=16, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": UNKNOWN_FORMAT}}),
+        chat_line("text", "Say hello.", max_tokens=8, response_format={"type": "text"}),
+    ]
+    spec = h.spec("vllm-structured", input_uri=h.put_input("structured.jsonl", lines), model_path=model_path,
+                  engine=EngineConfig(**ENGINE), engine_app=shared.app, engine_wait_s=300)
+    status, _ = h.run(spec, timeout=900)
+    assert status == JobStatus.SUCCEEDED, h.logs_tail(spec.submission_id)
+    manifest = h.manifest(spec)
+    assert manifest.request_counts.model_dump() == {"total": 6, "completed": 5, "failed": 1}
+    [error] = h.lines(manifest.error_uris)
+    assert error["custom_id"] == "bad-schema" and error["error"]["code"] == "invalid_response_format"
+    assert error["response"]["status_code"] == 400 and "format" in error["error"]["message"]
+    outputs = {o["custom_id"]: o["response"]["body"]["choices"][0] for o in h.lines(manifest.output_uris)}
+    for custom_id in ("person-0", "person-1", "person-2"):
+        choice = outputs[custom_id]
+        assert choice["finish_reason"] == "stop", choice
+        jsonschema.validate(orjson.loads(choice["message"]["content"]), PERSON)
+    # json_object bounds nothing but the syntax: this small model may nest objects until max_tokens
+    free = outputs["object"]
+    assert free["message"]["content"].lstrip().startswith("{"), free
+    if free["finish_reason"] == "stop":
+        assert isinstance(orjson.loads(free["message"]["content"]), dict), free
+    assert outputs["text"]["message"]["content"].strip()
+    shared.ran()
 
 
 def test_stop_midway_then_attempt_2_each_custom_id_exactly_once(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from ray_job.errors import CONTEXT_LENGTH_EXCEEDED
@@ -86,3 +88,25 @@ def test_fit_context_rejects_max_tokens_beyond_the_room_left() -> None:
     failure = fit_context({"max_tokens": 200}, 900, 1024)
     assert failure is not None and failure.code == CONTEXT_LENGTH_EXCEEDED and failure.param == "max_tokens"
     assert fit_context({"max_tokens": 124}, 900, 1024) is None
+
+
+@pytest.mark.parametrize(
+    ("response_format", "expected"),
+    [
+        ({"type": "json_object"}, {"json_object": True}),
+        ({"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "object"}, "strict": True}},
+         {"json": {"type": "object"}}),
+        ({"type": "json_schema", "json_schema": {"name": "p"}}, {"json_object": True}),
+    ],
+)
+def test_response_format_becomes_structured_outputs(
+    response_format: dict[str, Any], expected: dict[str, Any]
+) -> None:
+    body = {"messages": [], "response_format": response_format}
+    assert sampling_kwargs(CHAT, body)["structured_outputs"] == expected
+
+
+@pytest.mark.parametrize("response_format", [None, {"type": "text"}])
+def test_free_text_asks_for_no_structured_outputs(response_format: dict[str, Any] | None) -> None:
+    body = {"messages": [], "response_format": response_format}
+    assert "structured_outputs" not in sampling_kwargs(CHAT, body)

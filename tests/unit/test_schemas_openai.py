@@ -344,3 +344,59 @@ def test_request_counts_and_usage_rules() -> None:
 def test_input_line_model_rejects_body_for_wrong_endpoint_when_built_directly() -> None:
     with pytest.raises(ValueError, match=r"body\.prompt"):
         BatchInputLine(custom_id="x", method="POST", url=Endpoint.COMPLETIONS, body={"messages": []})
+
+
+# ------------------------------------------------------------------------------ response_format
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+
+
+@pytest.mark.parametrize(
+    "response_format",
+    [
+        {"type": "text"},
+        {"type": "json_object"},
+        {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}},
+        {"type": "json_schema", "json_schema": {"name": "any-object_1", "description": "d"}},
+    ],
+)
+def test_response_format_accepted_and_kept_verbatim(response_format: dict[str, Any]) -> None:
+    parsed = parse_input_line(raw(chat_line(response_format=response_format)), 1)
+    assert parsed.body["response_format"] == response_format
+
+
+@pytest.mark.parametrize(
+    ("response_format", "reason", "field", "says"),
+    [
+        ("json", Reason.INVALID_FIELD, "body.response_format", "valid dictionary"),
+        ({"type": "xml"}, Reason.INVALID_FIELD, "body.response_format",
+         "'text', 'json_object', 'json_schema'"),
+        ({"type": "json_schema"}, Reason.MISSING_FIELD, "body.response_format.json_schema", "required"),
+        ({"type": "json_schema", "json_schema": {"schema": SCHEMA}}, Reason.MISSING_FIELD,
+         "body.response_format.json_schema.name", "required"),
+        ({"type": "json_schema", "json_schema": {"name": "has space"}}, Reason.INVALID_FIELD,
+         "body.response_format.json_schema.name", "pattern"),
+        ({"type": "json_schema", "json_schema": {"name": "p", "schema": [1]}}, Reason.INVALID_FIELD,
+         "body.response_format.json_schema.schema", "dictionary"),
+        ({"type": "json_object", "strict": True}, Reason.UNKNOWN_FIELD, "body.response_format.strict",
+         "supported: json_schema, type"),
+        ({"type": "json_schema", "json_schema": {"name": "p", "schemas": {}}}, Reason.UNKNOWN_FIELD,
+         "body.response_format.json_schema.schemas", "supported: description, name, schema, strict"),
+    ],
+)
+def test_bad_response_format_names_the_field_and_the_fix(
+    response_format: Any, reason: str, field: str, says: str
+) -> None:
+    error = reject(chat_line(response_format=response_format))
+    assert (error.reason, error.field) == (reason, field)
+    assert says in error.message
+
+
+def test_response_format_is_for_chat_only() -> None:
+    error = reject(completion_line(response_format={"type": "json_object"}))
+    assert (error.reason, error.field) == (Reason.UNKNOWN_FIELD, "body.response_format")
+
+
+def test_unknown_field_inside_a_message_lists_the_message_fields() -> None:
+    error = reject({**chat_line(), "body": {"messages": [{"role": "user", "content": "x", "tool": 1}]}})
+    assert error.field == "body.messages[0].tool" and "supported: content, name, role" in error.message
