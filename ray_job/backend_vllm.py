@@ -64,6 +64,8 @@ class VllmBackend:
         try:
             if structured is not None:
                 sampling["structured_outputs"] = StructuredOutputsParams(**structured)
+            if sampling.get("logit_bias"):
+                sampling["logit_bias"] = {int(token): bias for token, bias in sampling["logit_bias"].items()}
             params = SamplingParams(**sampling)
             params.output_kind = RequestOutputKind.FINAL_ONLY
             prompt: Any = {"prompt_token_ids": request.prompt_token_ids}

@@ -43,6 +43,8 @@ def sampling_kwargs(endpoint: Endpoint, body: dict[str, Any]) -> dict[str, Any]:
         max_tokens = body.get("max_tokens")
     if max_tokens is not None:
         out["max_tokens"] = max_tokens
+    if body.get("logit_bias"):
+        out["logit_bias"] = dict(body["logit_bias"])  # token ids stay strings until the engine (JSON keys)
     stop = body.get("stop")
     if stop is not None:
         out["stop"] = [stop] if isinstance(stop, str) else list(stop)

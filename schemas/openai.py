@@ -33,6 +33,8 @@ from schemas.errors import Reason, SchemaError, format_loc
 MAX_OUTPUT_TOKENS = 32_768
 """Upper bound for ``max_tokens`` / ``max_completion_tokens`` of one request."""
 MAX_STOP_SEQUENCES = 4
+MAX_LOGIT_BIAS = 1024
+"""Most tokens one request may bias."""
 MAX_CUSTOM_ID_LENGTH = 512
 
 CustomId = Annotated[
@@ -44,6 +46,9 @@ CustomId = Annotated[
         examples=["request-1"],
     ),
 ]
+
+TokenId = Annotated[str, Field(pattern=r"^[0-9]{1,9}$")]
+LogitBias = Annotated[float, Field(ge=-100.0, le=100.0)]
 
 _BODY_CONFIG = ConfigDict(strict=True, extra="forbid", frozen=True)
 
@@ -106,6 +111,9 @@ class SamplingParams(BaseModel):
     repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0)] | None = Field(
         default=None, description="vLLM extension."
     )
+    logit_bias: Annotated[dict[TokenId, LogitBias], Field(max_length=MAX_LOGIT_BIAS)] | None = Field(
+        default=None, description="Token id (a decimal string) -> bias added to its logit, -100..100."
+    )
 
     @field_validator("n")
     @classmethod
@@ -120,6 +128,18 @@ class SamplingParams(BaseModel):
         if value:
             raise ValueError("stream must be false or absent: batch results are written to files")
         return value
+
+    @field_validator("logit_bias", mode="wrap")
+    @classmethod
+    def _token_ids(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError as exc:
+            if any("[key]" in err["loc"] for err in exc.errors()):
+                raise ValueError(
+                    'logit_bias keys are token ids as decimal strings, e.g. {"50256": -100}'
+                ) from None
+            raise
 
     @field_validator("stop", mode="wrap")
     @classmethod

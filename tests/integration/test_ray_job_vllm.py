@@ -347,10 +347,14 @@ PERSON = {
 UNKNOWN_FORMAT = {"type": "string", "format": "no-such-format"}  # valid JSON, but xgrammar cannot compile it
 
 
-def test_structured_outputs_follow_their_schema_and_a_bad_schema_fails_its_line_only(
+def test_structured_outputs_and_logit_bias_and_a_bad_schema_or_token_fails_its_line_only(
     h: Harness, model_path: str, shared: SharedEngine
 ) -> None:
     import jsonschema
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    forced = tok.encode(" banana", add_special_tokens=False)[0]
 
     person = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
     lines: list[dict[str, Any] | bytes] = [
@@ -362,16 +366,21 @@ def test_structured_outputs_follow_their_schema_and_a_bad_schema_fails_its_line_
         chat_line("bad-schema", "Anything.", max_tokens=16, response_format={
             "type": "json_schema", "json_schema": {"name": "x", "schema": UNKNOWN_FORMAT}}),
         chat_line("text", "Say hello.", max_tokens=8, response_format={"type": "text"}),
+        chat_line("bias", "Name a colour.", max_tokens=3, temperature=0.0, logit_bias={str(forced): 100}),
+        chat_line("bad-token", "Name a colour.", max_tokens=3, logit_bias={"999999999": 5}),  # > vocab
     ]
     spec = h.spec("vllm-structured", input_uri=h.put_input("structured.jsonl", lines), model_path=model_path,
                   engine=EngineConfig(**ENGINE), engine_app=shared.app, engine_wait_s=300)
     status, _ = h.run(spec, timeout=900)
     assert status == JobStatus.SUCCEEDED, h.logs_tail(spec.submission_id)
     manifest = h.manifest(spec)
-    assert manifest.request_counts.model_dump() == {"total": 6, "completed": 5, "failed": 1}
-    [error] = h.lines(manifest.error_uris)
-    assert error["custom_id"] == "bad-schema" and error["error"]["code"] == "invalid_response_format"
-    assert error["response"]["status_code"] == 400 and "format" in error["error"]["message"]
+    assert manifest.request_counts.model_dump() == {"total": 8, "completed": 6, "failed": 2}
+    errors = {e["custom_id"]: e for e in h.lines(manifest.error_uris)}
+    assert errors["bad-schema"]["error"]["code"] == "invalid_response_format"
+    assert errors["bad-schema"]["response"]["status_code"] == 400
+    assert "format" in errors["bad-schema"]["error"]["message"]
+    assert errors["bad-token"]["response"]["status_code"] == 400, errors["bad-token"]
+    assert "999999999" in errors["bad-token"]["error"]["message"], errors["bad-token"]
     outputs = {o["custom_id"]: o["response"]["body"]["choices"][0] for o in h.lines(manifest.output_uris)}
     for custom_id in ("person-0", "person-1", "person-2"):
         choice = outputs[custom_id]
@@ -383,6 +392,8 @@ def test_structured_outputs_follow_their_schema_and_a_bad_schema_fails_its_line_
     if free["finish_reason"] == "stop":
         assert isinstance(orjson.loads(free["message"]["content"]), dict), free
     assert outputs["text"]["message"]["content"].strip()
+    # +100 on one token: greedy decoding picks it every time
+    assert outputs["bias"]["message"]["content"] == tok.decode([forced] * 3), outputs["bias"]
     shared.ran()
 
 

@@ -110,3 +110,9 @@ def test_response_format_becomes_structured_outputs(
 def test_free_text_asks_for_no_structured_outputs(response_format: dict[str, Any] | None) -> None:
     body = {"messages": [], "response_format": response_format}
     assert "structured_outputs" not in sampling_kwargs(CHAT, body)
+
+
+def test_logit_bias_keeps_string_token_ids_for_the_trip_to_the_engine() -> None:
+    body = {"prompt": "x", "logit_bias": {"11": -100, "7": 2.5}}
+    assert sampling_kwargs(CMPL, body)["logit_bias"] == {"11": -100, "7": 2.5}
+    assert "logit_bias" not in sampling_kwargs(CMPL, {"prompt": "x", "logit_bias": {}})

@@ -400,3 +400,28 @@ def test_response_format_is_for_chat_only() -> None:
 def test_unknown_field_inside_a_message_lists_the_message_fields() -> None:
     error = reject({**chat_line(), "body": {"messages": [{"role": "user", "content": "x", "tool": 1}]}})
     assert error.field == "body.messages[0].tool" and "supported: content, name, role" in error.message
+
+
+# ------------------------------------------------------------------------------ logit_bias
+
+
+def test_logit_bias_accepted_on_both_endpoints() -> None:
+    bias = {"50256": -100, "7": 2.5}
+    assert parse_input_line(raw(chat_line(logit_bias=bias)), 1).body["logit_bias"] == bias
+    assert parse_input_line(raw(completion_line(logit_bias=bias)), 1).body["logit_bias"] == bias
+
+
+@pytest.mark.parametrize(
+    ("bias", "field", "says"),
+    [
+        ({"the": 1}, "body.logit_bias", "token ids as decimal strings"),
+        ({"5": 101}, "body.logit_bias.5", "less than or equal to 100"),
+        ({"5": "1"}, "body.logit_bias.5", "valid number"),
+        ([5], "body.logit_bias", "dictionary"),
+        ({str(i): 1 for i in range(1025)}, "body.logit_bias", "at most 1024"),
+    ],
+)
+def test_bad_logit_bias_names_the_field(bias: Any, field: str, says: str) -> None:
+    error = reject(chat_line(logit_bias=bias))
+    assert (error.reason, error.field) == (Reason.INVALID_FIELD, field)
+    assert says in error.message

@@ -22,7 +22,8 @@ _json = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=4)
                      | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
 CHAT = "/v1/chat/completions"
 _FIELDS = ["messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stop",
-           "seed", "logprobs", "top_logprobs", "stream", "model", "response_format", "top_k", "min_p"]
+           "seed", "logprobs", "top_logprobs", "stream", "model", "response_format", "top_k", "min_p",
+           "logit_bias"]
 _numbers = st.integers(-3, 40) | st.floats(-1, 3, allow_nan=False)
 _schema = st.just({"type": "object"}) | st.just({"type": "string", "format": "x"}) | _json
 _response_format = st.fixed_dictionaries(
