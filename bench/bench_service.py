@@ -159,6 +159,8 @@ def registry_json(args: argparse.Namespace, model_path: str) -> str:
         resources=ReplicaResources(num_cpus=1.0 if args.engine == "vllm" else 0.25),
         # the engine must not leave between phases (the cold phases drop it on purpose)
         scaling=Scaling(min_replicas=0, max_replicas=1, idle_s=3600),
+        # Ray sets a replica's OMP_NUM_THREADS to its num_cpus (1) unless the env names it
+        env_vars={"OMP_NUM_THREADS": str(args.omp_threads)} if args.omp_threads else {},
     )
     models = EngineRegistry(models={SERVED_MODEL: entry}).model_dump(mode="json", exclude_defaults=True)
     return json.dumps(models["models"])
@@ -577,6 +579,8 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=64,
                         help="lines per engine call of a batch (the stack's own entry says 4)")
     parser.add_argument("--batches-in-flight", type=int, default=4, help="engine calls of a batch at once")
+    parser.add_argument("--omp-threads", type=int, default=0,
+                        help="the engine replica's OMP_NUM_THREADS (default: Ray's, its num_cpus)")
     parser.add_argument("--fake-delay-s", type=float, default=0.5, help="fake engine: seconds per request")
     parser.add_argument("--skip", type=lambda s: [x for x in s.split(",") if x], default=[],
                         help=f"comma list of {','.join(PHASES)}")
