@@ -156,11 +156,10 @@ def registry_json(args: argparse.Namespace, model_path: str) -> str:
     entry = EngineModel(
         path=model_path,
         engine=engine,
-        resources=ReplicaResources(num_cpus=1.0 if args.engine == "vllm" else 0.25),
+        resources=ReplicaResources(num_cpus=1.0 if args.engine == "vllm" else 0.25,
+                                   omp_threads=args.omp_threads or None),
         # the engine must not leave between phases (the cold phases drop it on purpose)
         scaling=Scaling(min_replicas=0, max_replicas=1, idle_s=3600),
-        # Ray sets a replica's OMP_NUM_THREADS to its num_cpus (1) unless the env names it
-        env_vars={"OMP_NUM_THREADS": str(args.omp_threads)} if args.omp_threads else {},
     )
     models = EngineRegistry(models={SERVED_MODEL: entry}).model_dump(mode="json", exclude_defaults=True)
     return json.dumps(models["models"])

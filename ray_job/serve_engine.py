@@ -162,6 +162,8 @@ def serve_application(
     RayService's ``serveConfigV2``): handle-only (no HTTP route), options as in the builder."""
     deployment = deployment_options(entry)
     env = {**entry.env_vars, **(env_vars or {})}
+    if entry.resources.omp_threads is not None:  # else Ray sets it to the actor's num_cpus
+        env["OMP_NUM_THREADS"] = str(entry.resources.omp_threads)
     app: dict[str, Any] = {
         "name": app_name(model),
         "route_prefix": None,

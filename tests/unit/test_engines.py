@@ -126,6 +126,17 @@ def test_serve_config_has_one_handle_only_app_per_model() -> None:
         assert deployment["name"] == DEPLOYMENT_NAME
 
 
+def test_omp_threads_of_a_model_set_its_replicas_omp_num_threads() -> None:
+    entry = EngineModel(path="/m", resources=ReplicaResources(num_cpus=1, omp_threads=2))
+    app = serve_application("m", entry, {"OMP_NUM_THREADS": "1", "B": "dispatcher"})
+    assert app["runtime_env"]["env_vars"] == {"OMP_NUM_THREADS": "2", "B": "dispatcher"}  # the model's wins
+    # unset: no variable, Ray gives the actor its num_cpus
+    plain = serve_application("m", EngineModel(path="/m", resources=ReplicaResources(num_cpus=1)))
+    assert "OMP_NUM_THREADS" not in (plain.get("runtime_env") or {}).get("env_vars", {})
+    with pytest.raises(ValidationError):
+        ReplicaResources(omp_threads=0)
+
+
 def test_serve_application_env_merges_entry_env_under_the_dispatcher_env() -> None:
     entry = EngineModel(path="/m", env_vars={"A": "entry", "B": "entry"})
     app = serve_application("m", entry, {"B": "dispatcher"})

@@ -90,6 +90,8 @@ def test_env_sourced_by_bash_points_at_stack_and_carries_dispatcher_settings(
             "path": str(model),
             "engine": {"enforce_eager": True, "dtype": "bfloat16", "max_model_len": 2048, "batch_size": 4,
                        "max_num_batched_tokens": 512},
+            # it computes on every core of the machine, not on the one thread Ray gives 1 CPU
+            "resources": {"omp_threads": len(os.sched_getaffinity(0))},
         }
     }
     assert demo.MODEL == "HuggingFaceTB/SmolLM2-135M-Instruct"
