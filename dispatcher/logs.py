@@ -16,6 +16,8 @@ from typing import Any
 
 import orjson
 
+from dispatcher.log_limits import RepeatLimiter
+
 _context: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("llmbatch_log", default=None)
 _RESERVED = set(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime", "taskName"}
 
@@ -73,6 +75,7 @@ def setup(level: str = "INFO", json_format: bool = True) -> None:
             root.removeHandler(handler)
     handler = logging.StreamHandler(sys.stderr)
     handler._llmbatch = True  # type: ignore[attr-defined]
+    handler.addFilter(RepeatLimiter())  # aiokafka's line per retry while a broker is down
     if json_format:
         handler.setFormatter(JsonFormatter())
     else:
