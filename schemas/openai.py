@@ -28,6 +28,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from schemas.common import Endpoint, ModelName
+from schemas.custom_ids import CustomIdIndex
 from schemas.errors import Reason, SchemaError, format_loc
 
 MAX_OUTPUT_TOKENS = 32_768
@@ -577,31 +578,30 @@ def iter_input_lines(
     """Validate a JSONL stream line by line, skipping blank lines and rejecting duplicate custom_ids.
 
     The first line with a given ``custom_id`` wins; later ones yield a ``duplicate_custom_id`` error.
-    Memory grows with the number of distinct custom_ids only.
+    Memory stays bounded whatever the number of lines (:class:`~schemas.custom_ids.CustomIdIndex`).
     """
-    seen: dict[str, int] = {}
-    for line_no, raw in enumerate(lines, start=start_line):
-        if not raw.strip():
-            continue
-        try:
-            parsed = parse_input_line(raw, line_no, endpoint=endpoint, model=model,
-                                      max_line_bytes=max_line_bytes)
-        except SchemaError as exc:
-            yield LineResult(line_no, error=exc, raw=raw)
-            continue
-        first = seen.get(parsed.custom_id)
-        if first is not None:
-            err = SchemaError(
-                Reason.DUPLICATE_CUSTOM_ID,
-                f"{parsed.custom_id!r} is already used on line {first}; custom_id must be unique",
-                field="custom_id",
-                line=line_no,
-            )
-            err.custom_id = parsed.custom_id
-            yield LineResult(line_no, error=err, raw=raw)
-            continue
-        seen[parsed.custom_id] = line_no
-        yield LineResult(line_no, line=parsed, raw=raw)
+    with CustomIdIndex() as seen:
+        for line_no, raw in enumerate(lines, start=start_line):
+            if not raw.strip():
+                continue
+            try:
+                parsed = parse_input_line(raw, line_no, endpoint=endpoint, model=model,
+                                          max_line_bytes=max_line_bytes)
+            except SchemaError as exc:
+                yield LineResult(line_no, error=exc, raw=raw)
+                continue
+            first = seen.first_line(parsed.custom_id, line_no)
+            if first is not None:
+                err = SchemaError(
+                    Reason.DUPLICATE_CUSTOM_ID,
+                    f"{parsed.custom_id!r} is already used on line {first}; custom_id must be unique",
+                    field="custom_id",
+                    line=line_no,
+                )
+                err.custom_id = parsed.custom_id
+                yield LineResult(line_no, error=err, raw=raw)
+                continue
+            yield LineResult(line_no, line=parsed, raw=raw)
 
 
 @dataclass(slots=True)
