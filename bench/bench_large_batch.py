@@ -6,8 +6,8 @@
 For each size: a ``.jsonl.gz`` input of that many chat lines is written and uploaded to MinIO as a
 stream, one Ray job runs it on the fake engine (no delay: the pipeline is what is measured), and
 every process of the Ray node is sampled every 0.5 s. Prints, per size: wall time, lines/s, the
-driver's peak RSS (the job's own ``ru_maxrss``), the peak RSS of the Ray workers by task (the input
-reader, the prompt and engine stages, the writer), the output shards and their largest line count.
+driver's peak RSS (the job's own ``ru_maxrss``), the peak RSS and USS of the Ray workers by task (the
+input reader, the prompt and engine stages, the writer), the output shards and their largest line count.
 Flat memory means the peaks do not grow with the line count. Not a test.
 """
 
@@ -42,10 +42,13 @@ def write_input(path: Path, lines: int) -> None:
 
 
 class RssSampler:
-    """Peak RSS per Ray worker title (``ray::<task>``) over the processes of this machine."""
+    """Peak memory per Ray worker title (``ray::<task>``) over the processes of this machine: RSS,
+    and USS (the pages only that process holds: RSS also counts the shared object-store pages a
+    worker has touched)."""
 
     def __init__(self, interval_s: float = 0.5) -> None:
         self.peaks: dict[str, int] = defaultdict(int)
+        self.uss_peaks: dict[str, int] = defaultdict(int)
         self._interval = interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -62,32 +65,38 @@ class RssSampler:
         import psutil
 
         while not self._stop.is_set():
-            for proc in psutil.process_iter(["cmdline", "memory_info"]):
+            for proc in psutil.process_iter(["cmdline"]):
                 cmd = proc.info.get("cmdline") or []
-                mem = proc.info.get("memory_info")
-                if not cmd or mem is None or not cmd[0].startswith("ray::"):
+                if not cmd or not cmd[0].startswith("ray::"):
                     continue
                 # one worker's title changes with the method it runs ("...(PromptStage)).submit")
                 title = cmd[0].split(" ")[0].removesuffix(".submit").removesuffix(".__init__")
+                try:
+                    mem = proc.memory_full_info()
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
                 self.peaks[title] = max(self.peaks[title], mem.rss)
+                self.uss_peaks[title] = max(self.uss_peaks[title], mem.uss)
             self._stop.wait(self._interval)
+
+    def top(self, n: int) -> dict[str, dict[str, float]]:
+        """The ``n`` largest workers by RSS: title -> {rss_mb, uss_mb}."""
+        ranked = sorted(self.peaks.items(), key=lambda kv: -kv[1])[:n]
+        return {title: {"rss_mb": round(rss / 2**20, 1), "uss_mb": round(self.uss_peaks[title] / 2**20, 1)}
+                for title, rss in ranked}
 
 
 def run_size(lines: int, args: argparse.Namespace) -> dict[str, Any]:
-    from minio import Minio
-    from ray.job_submission import JobStatus, JobSubmissionClient
+    from ray.job_submission import JobSubmissionClient
 
+    from bench.bench_ray_job import run_job, stack_s3
     from llmbatch.settings import LLMBatchSettings
-    from ray_job.submit import parse_result, runtime_env, submit_kwargs
+    from ray_job.submit import runtime_env
     from schemas.job import EngineConfig, JobSpec, parse_manifest
 
     settings = LLMBatchSettings()
     s3 = settings.s3
-    client = Minio(s3.host, access_key=s3.access_key.get_secret_value(),
-                   secret_key=s3.secret_key.get_secret_value(), secure=s3.secure, region=s3.region)
-    for bucket in (s3.input_bucket, s3.results_bucket):
-        if not client.bucket_exists(bucket):
-            client.make_bucket(bucket)
+    client = stack_s3(settings)
     batch_id = f"bench-large-{lines}-{uuid.uuid4().hex[:6]}"
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "input.jsonl.gz"
@@ -107,15 +116,7 @@ def run_size(lines: int, args: argparse.Namespace) -> dict[str, Any]:
     )
     jobs = JobSubmissionClient(settings.ray.address)
     with RssSampler() as sampler:
-        t1 = time.perf_counter()
-        jobs.submit_job(**submit_kwargs(spec, runtime_env(s3_endpoint=s3.endpoint), python=sys.executable))
-        while not jobs.get_job_status(spec.submission_id).is_terminal():
-            time.sleep(1.0)
-        wall = time.perf_counter() - t1
-    logs = jobs.get_job_logs(spec.submission_id)
-    if jobs.get_job_status(spec.submission_id) != JobStatus.SUCCEEDED:
-        raise RuntimeError(f"job of {lines} lines failed:\n{logs[-4000:]}")
-    result = parse_result(logs) or {}
+        wall, result = run_job(jobs, spec, runtime_env(s3_endpoint=s3.endpoint), poll_s=1.0)
     resp = client.get_object(s3.results_bucket, spec.manifest_uri.removeprefix(f"s3://{s3.results_bucket}/"))
     try:
         manifest = parse_manifest(resp.read())
@@ -127,8 +128,6 @@ def run_size(lines: int, args: argparse.Namespace) -> dict[str, Any]:
             client.remove_object(s3.results_bucket, obj.object_name)
         client.remove_object(s3.input_bucket, key)
         jobs.delete_job(spec.submission_id)
-    by_size = sorted(sampler.peaks.items(), key=lambda kv: -kv[1])
-    peaks = {title: round(rss / 2**20, 1) for title, rss in by_size}
     return {
         "lines": lines,
         "input_gz_mb": round(input_mb, 1),
@@ -139,7 +138,7 @@ def run_size(lines: int, args: argparse.Namespace) -> dict[str, Any]:
         "shards": len(manifest.output_shards),
         "max_shard_lines": max((s.lines for s in manifest.output_shards), default=0),
         "driver_max_rss_mb": result.get("driver_max_rss_mb"),
-        "worker_peak_rss_mb": dict(list(peaks.items())[:6]),
+        "worker_peaks": sampler.top(4),
     }
 
 
@@ -167,9 +166,9 @@ def main() -> int:
         print(json.dumps(rows, indent=2))
         return 0
     print(f"\n{'lines':>9} {'gz MB':>6} {'wall s':>7} {'lines/s':>8} {'shards':>6} {'max/shard':>9} "
-          f"{'driver MB':>9}  worker peaks MB")
+          f"{'driver MB':>9}  worker peaks MB (RSS / USS)")
     for r in rows:
-        workers = ", ".join(f"{t}={v}" for t, v in list(r["worker_peak_rss_mb"].items())[:4])
+        workers = ", ".join(f"{t}={v['rss_mb']}/{v['uss_mb']}" for t, v in r["worker_peaks"].items())
         print(f"{r['lines']:>9} {r['input_gz_mb']:>6} {r['wall_s']:>7} {r['lines_per_s']:>8} "
               f"{r['shards']:>6} {r['max_shard_lines']:>9} {r['driver_max_rss_mb']!s:>9}  {workers}")
     return 0

@@ -164,15 +164,10 @@ def run_plain(model: str, path: Path, max_model_len: int,
 # --- (b) the ray_job pipeline --------------------------------------------------------------------
 
 
-def run_pipeline(model: str, data: bytes, args: argparse.Namespace) -> dict[str, Any]:
+def stack_s3(settings: Any) -> Any:
+    """A MinIO client of the stack in ``settings`` (``LLMBatchSettings``), its buckets made."""
     from minio import Minio
-    from ray.job_submission import JobStatus, JobSubmissionClient
 
-    from llmbatch.settings import LLMBatchSettings
-    from ray_job.submit import parse_result, runtime_env, submit_kwargs
-    from schemas.job import EngineConfig, JobSpec, parse_manifest
-
-    settings = LLMBatchSettings()
     s3 = settings.s3
     client = Minio(
         s3.host,
@@ -184,6 +179,37 @@ def run_pipeline(model: str, data: bytes, args: argparse.Namespace) -> dict[str,
     for bucket in (s3.input_bucket, s3.results_bucket):
         if not client.bucket_exists(bucket):
             client.make_bucket(bucket)
+    return client
+
+
+def run_job(jobs: Any, spec: Any, env: dict[str, Any], poll_s: float = 0.5) -> tuple[float, dict[str, Any]]:
+    """Submit ``spec`` as a Ray job and wait for it: (seconds from submit to end, its result line).
+    Raises with the log tail when it did not succeed."""
+    from ray.job_submission import JobStatus
+
+    from ray_job.submit import parse_result, submit_kwargs
+
+    t0 = time.perf_counter()
+    jobs.submit_job(**submit_kwargs(spec, env, python=sys.executable))
+    while not jobs.get_job_status(spec.submission_id).is_terminal():
+        time.sleep(poll_s)
+    wall = time.perf_counter() - t0
+    logs = jobs.get_job_logs(spec.submission_id)
+    if jobs.get_job_status(spec.submission_id) != JobStatus.SUCCEEDED:
+        raise RuntimeError(f"job {spec.submission_id} failed:\n{logs[-4000:]}")
+    return wall, parse_result(logs) or {}
+
+
+def run_pipeline(model: str, data: bytes, args: argparse.Namespace) -> dict[str, Any]:
+    from ray.job_submission import JobSubmissionClient
+
+    from llmbatch.settings import LLMBatchSettings
+    from ray_job.submit import runtime_env
+    from schemas.job import EngineConfig, JobSpec, parse_manifest
+
+    settings = LLMBatchSettings()
+    s3 = settings.s3
+    client = stack_s3(settings)
     batch_id = f"bench-{uuid.uuid4().hex[:8]}"
     key = f"bench/{batch_id}.jsonl"
     client.put_object(s3.input_bucket, key, io.BytesIO(data), len(data))
@@ -209,16 +235,7 @@ def run_pipeline(model: str, data: bytes, args: argparse.Namespace) -> dict[str,
         s3_endpoint=s3.endpoint,
         engine_env=engine_environment(),
     )
-    jobs = JobSubmissionClient(settings.ray.address)
-    t0 = time.perf_counter()
-    jobs.submit_job(**submit_kwargs(spec, env, python=sys.executable))
-    while not jobs.get_job_status(spec.submission_id).is_terminal():
-        time.sleep(0.5)
-    wall = time.perf_counter() - t0
-    logs = jobs.get_job_logs(spec.submission_id)
-    if jobs.get_job_status(spec.submission_id) != JobStatus.SUCCEEDED:
-        raise RuntimeError(f"pipeline job failed:\n{logs[-4000:]}")
-    result = parse_result(logs) or {}
+    wall, result = run_job(JobSubmissionClient(settings.ray.address), spec, env)
 
     def read(uri: str) -> bytes:
         bucket, _, obj = uri.removeprefix("s3://").partition("/")
