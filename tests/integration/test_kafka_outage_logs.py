@@ -5,7 +5,6 @@ with its data): aiokafka's own lines are said once per kind and then every 30 s,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import sys
@@ -23,18 +22,12 @@ from llmbatch.stack import services
 from llmbatch.stack.process import alive, stop_tree
 from schemas.engines import EngineModel, EngineRegistry
 from schemas.job import EngineConfig
+from tests.support.services import reaped_or_alive
 
 pytestmark = pytest.mark.integration
 
 OUTAGE_S = 25
 FAKE = EngineConfig(backend="fake")
-
-
-def _reaped_or_alive(pid: int) -> bool:
-    """Reap ``pid`` if it is our exited child (never blocks); whether it still runs."""
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
-    return alive(pid)
 
 
 def _lines(path: Path) -> list[dict[str, object]]:
@@ -78,7 +71,7 @@ async def test_a_broker_outage_logs_aiokafka_once_per_kind_not_per_retry(
         before = len(_lines(log))
         os.kill(kafka.pid, signal.SIGKILL)
         await asyncio.sleep(OUTAGE_S)
-        assert not _reaped_or_alive(kafka.pid)
+        assert not reaped_or_alive(kafka.pid)
         restarted = await asyncio.to_thread(services.start_kafka, tmp_path, restart=kafka)
         await asyncio.sleep(10)
         assert proc.alive(), log.read_text()[-3000:]

@@ -5,7 +5,6 @@ fresh data dir), and MinIO's objects."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import uuid
@@ -20,6 +19,7 @@ from aiokafka.structs import OffsetAndMetadata
 from llmbatch.stack import services
 from llmbatch.stack.process import alive, stop_tree
 from llmbatch.stack.state import ServiceRecord
+from tests.support.services import reaped_or_alive
 
 pytestmark = pytest.mark.integration
 
@@ -70,19 +70,12 @@ async def _read(bootstrap: str, topic: str) -> tuple[list[bytes], int | None]:
     return values, committed
 
 
-def _reaped_or_alive(pid: int) -> bool:
-    """Reap ``pid`` if it is our exited child (never blocks); whether it still runs."""
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
-    return alive(pid)
-
-
 async def _kill9_then_restart(start: Callable[..., ServiceRecord], run_dir: Path,
                               first: ServiceRecord) -> ServiceRecord:
     """kill -9 the service of ``first``, wait until it is gone, start it again from its record."""
     os.kill(first.pid, signal.SIGKILL)
     for _ in range(100):
-        if not _reaped_or_alive(first.pid):
+        if not reaped_or_alive(first.pid):
             break
         await asyncio.sleep(0.1)
     return await asyncio.to_thread(start, run_dir, restart=first)  # its readiness check runs a loop

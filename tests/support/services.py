@@ -10,12 +10,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
 
 from llmbatch.settings import KafkaSettings, LLMBatchSettings, RaySettings, RedisSettings, S3Settings
 from llmbatch.stack import manager, services
+from llmbatch.stack.process import alive
 from llmbatch.stack.state import StackState
 
 ENV_KEYS = {
@@ -125,3 +127,10 @@ class ServiceProvider:
                 continue  # best effort: the next container still gets stopped
         if self._local:
             manager.down(self.run_dir, sorted(self._local))
+
+
+def reaped_or_alive(pid: int) -> bool:
+    """Reap ``pid`` if it is our exited child (never blocks); whether it still runs."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    return alive(pid)
