@@ -54,7 +54,8 @@ def make_client(s3: S3Settings, *, timeout_s: float = 10.0, retries: int = 2) ->
     )
 
 
-def _describe(exc: Exception, what: str, endpoint: str) -> StorageError:
+def describe_error(exc: Exception, what: str, endpoint: str) -> StorageError:
+    """The :class:`StorageError` for a failed ``minio`` call: names the object and the setting to check."""
     from minio.error import S3Error
 
     if isinstance(exc, S3Error):
@@ -123,7 +124,7 @@ def upload_input(
             part_size=PART_SIZE,
         )
     except Exception as exc:
-        raise _describe(exc, f"uploading {path.name} to {uri}", s3.endpoint) from exc
+        raise describe_error(exc, f"uploading {path.name} to {uri}", s3.endpoint) from exc
     return uri
 
 
@@ -138,7 +139,7 @@ def ensure_buckets(client: Any, s3: S3Settings) -> None:
 
             if isinstance(exc, S3Error) and exc.code in {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}:
                 continue
-            raise _describe(exc, f"creating bucket {bucket!r}", s3.endpoint) from exc
+            raise describe_error(exc, f"creating bucket {bucket!r}", s3.endpoint) from exc
 
 
 def get_bytes(client: Any, s3: S3Settings, uri: str) -> bytes:
@@ -152,7 +153,7 @@ def get_bytes(client: Any, s3: S3Settings, uri: str) -> bytes:
             response.close()
             response.release_conn()
     except Exception as exc:
-        raise _describe(exc, f"reading {uri}", s3.endpoint) from exc
+        raise describe_error(exc, f"reading {uri}", s3.endpoint) from exc
 
 
 def latest_manifest(client: Any, s3: S3Settings, batch_prefix: str, name: str) -> str | None:
@@ -166,7 +167,7 @@ def latest_manifest(client: Any, s3: S3Settings, batch_prefix: str, name: str) -
             if rest == name or (rest.endswith("/" + name) and rest.count("/") == 1):
                 found.append((obj.last_modified, str(obj.object_name)))
     except Exception as exc:
-        raise _describe(exc, f"listing {batch_prefix}", s3.endpoint) from exc
+        raise describe_error(exc, f"listing {batch_prefix}", s3.endpoint) from exc
     return f"s3://{bucket}/{max(found)[1]}" if found else None
 
 
@@ -176,7 +177,7 @@ def iter_lines(client: Any, s3: S3Settings, uri: str, chunk: int = 1 << 16) -> I
     try:
         response = client.get_object(bucket, key)
     except Exception as exc:
-        raise _describe(exc, f"reading {uri}", s3.endpoint) from exc
+        raise describe_error(exc, f"reading {uri}", s3.endpoint) from exc
     try:
         pending = b""
         for block in response.stream(chunk):
@@ -190,7 +191,7 @@ def iter_lines(client: Any, s3: S3Settings, uri: str, chunk: int = 1 << 16) -> I
     except StorageError:
         raise
     except Exception as exc:
-        raise _describe(exc, f"reading {uri}", s3.endpoint) from exc
+        raise describe_error(exc, f"reading {uri}", s3.endpoint) from exc
     finally:
         response.close()
         response.release_conn()
@@ -205,4 +206,4 @@ def put_bytes(client: Any, s3: S3Settings, uri: str, data: bytes | IO[bytes], le
     try:
         client.put_object(bucket, key, stream, length)
     except Exception as exc:
-        raise _describe(exc, f"writing {uri}", s3.endpoint) from exc
+        raise describe_error(exc, f"writing {uri}", s3.endpoint) from exc

@@ -1,0 +1,231 @@
+"""Batches through the API: create and cancel become the producer's events, reads map state.
+
+``POST /v1/batches`` publishes the same ``llmbatch.batch.requested.v1`` event the producer SDK does
+(a :class:`schemas.BatchRequest` built and checked by the schemas' own validators, wrapped by
+:meth:`schemas.Envelope.new`, published with ``acks=all`` keyed by the batch id), naming the
+uploaded file as its ``input_uri`` and its lines' model; ``POST /v1/batches/{id}/cancel`` publishes
+``llmbatch.batch.cancel_requested.v1``. The API keeps a record of each batch it created
+(:class:`~api.records.StoredBatch`): it is written *before* the event, so a batch never runs without
+the API knowing it (if publishing fails the record is removed again and the call answers 503).
+
+Reads combine that record with the dispatcher's Redis state (:mod:`api.state`) and, for a batch Redis
+does not know that is older than ``state_fallback_after_s``, its manifest (:mod:`api.results`); the
+mapping itself is :func:`api.status.to_batch`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from api import results
+from api.errors import Conflict, InvalidRequest, NotFound, from_exception
+from api.objects import TERMINAL_STATUSES, Batch, BatchCreate, ListPage
+from api.records import BATCH_ID, BATCH_PREFIX, Layout, RecordStore, StoredBatch, StoredFile, new_id
+from api.state import StateReader
+from api.status import to_batch
+from api.storage import ObjectStore
+from dispatcher.ops.jobs import JobDetail
+from producer.kafka import Published
+from schemas import BatchRequest, CancelRequest, Envelope, SchemaError, check_submittable, parse_duration
+from schemas.job import Manifest
+
+MAX_BATCH_PAGE = 100
+log = logging.getLogger(__name__)
+
+
+class EventPublisher(Protocol):
+    """Publishes one event and waits for Kafka's acknowledgement (:class:`producer.kafka.Publisher`)."""
+
+    async def publish(self, topic: str, envelope: Envelope[Any]) -> Published: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything known about one batch of the API."""
+
+    stored: StoredBatch
+    job: JobDetail | None
+    manifest: Manifest | None
+
+    def batch(self) -> Batch:
+        return to_batch(self.stored, self.job, self.manifest)
+
+
+class BatchReader:
+    """Loads a tenant's batches with their state (Redis, else the manifest for old ones)."""
+
+    def __init__(
+        self,
+        records: RecordStore,
+        state: StateReader,
+        objects: ObjectStore,
+        *,
+        results_bucket: str,
+        fallback_after_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.records = records
+        self.state = state
+        self.objects = objects
+        self.results_bucket = results_bucket
+        self.fallback_after_s = fallback_after_s
+        self.clock = clock
+
+    async def one(self, tenant: str, batch_id: str) -> Snapshot:
+        """The tenant's batch; :class:`~api.errors.NotFound` for any other id."""
+        stored = await self.records.get("batches", StoredBatch, tenant, batch_id)
+        if stored is None:
+            raise NotFound(f"No batch found with id {batch_id!r}", param="batch_id")
+        (snapshot,) = await self.many([stored])
+        return snapshot
+
+    async def many(self, stored: Sequence[StoredBatch]) -> list[Snapshot]:
+        jobs = await self.state.get_many([s.id for s in stored])
+        now = self.clock()
+        out = []
+        for record, job in zip(stored, jobs, strict=True):
+            manifest = None
+            if job is None and now - record.created_at > self.fallback_after_s:
+                manifest = await results.find_manifest(
+                    self.objects, self.results_bucket, record.tenant, record.id
+                )
+            out.append(Snapshot(record, job, manifest))
+        return out
+
+
+class BatchService:
+    """Create, read, list and cancel a tenant's batches."""
+
+    def __init__(
+        self,
+        reader: BatchReader,
+        layout: Layout,
+        publisher: EventPublisher,
+        *,
+        requests_topic: str,
+        source: str,
+        default_window: str = "24h",
+        priority: int = 5,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.reader = reader
+        self.records = reader.records
+        self.layout = layout
+        self.publisher = publisher
+        self.requests_topic = requests_topic
+        self.source = source
+        self.default_window = default_window
+        self.priority = priority
+        self.clock = clock
+
+    async def create(self, tenant: str, body: BatchCreate) -> Batch:
+        """Publish ``batch.requested`` for the tenant's uploaded file; the new batch is ``validating``."""
+        if body.output_expires_after is not None:
+            raise InvalidRequest(
+                "output_expires_after is not supported: result files stay as long as the batch's results",
+                param="output_expires_after",
+            )
+        window = body.completion_window or self.default_window
+        try:
+            window_s = parse_duration(window).total_seconds()
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), param="completion_window") from None
+        file = await self.records.get("files", StoredFile, tenant, body.input_file_id)
+        if file is None:
+            raise NotFound(f"No such File object: {body.input_file_id}", param="input_file_id")
+        if file.endpoint != body.endpoint:
+            raise InvalidRequest(
+                f"the lines of {file.id} target {file.endpoint.value}: create the batch with endpoint "
+                f"{file.endpoint.value!r} (or upload a file for {body.endpoint.value})",
+                param="endpoint",
+            )
+        now = self.clock()
+        batch_id = new_id(BATCH_PREFIX, now)
+        input_uri = self.layout.content_uri(tenant, file.id)
+        try:
+            request = BatchRequest(
+                batch_id=batch_id,
+                model=file.model,
+                endpoint=body.endpoint,
+                input_uri=input_uri,
+                completion_window=window,
+                priority=self.priority,
+                metadata=dict(body.metadata or {}),
+                tenant=tenant,
+            )
+            check_submittable(request)
+        except ValidationError as exc:
+            raise from_exception(SchemaError.from_validation_error(exc)) from None
+        except SchemaError as exc:
+            raise from_exception(exc) from None
+        stored = StoredBatch(
+            id=batch_id,
+            tenant=tenant,
+            created_at=now,
+            input_file_id=file.id,
+            endpoint=body.endpoint,
+            model=file.model,
+            completion_window=window,
+            expires_at=now + window_s,
+            metadata=dict(body.metadata or {}),
+            total=file.requests,
+            input_uri=input_uri,
+        )
+        await self.records.put("batches", stored)
+        try:
+            await self.publisher.publish(self.requests_topic, Envelope.new(request, source=self.source))
+        except Exception as exc:
+            await self._forget(stored)
+            raise from_exception(exc) from exc
+        return to_batch(stored, None)
+
+    async def _forget(self, stored: StoredBatch) -> None:
+        try:
+            await self.records.delete("batches", stored.tenant, stored.id)
+        except Exception:  # the publish error is the one to report; an orphan record only reads validating
+            log.warning("could not remove the record of unpublished batch %s", stored.id, exc_info=True)
+
+    async def get(self, tenant: str, batch_id: str) -> Batch:
+        return (await self.reader.one(tenant, batch_id)).batch()
+
+    async def list(self, tenant: str, *, after: str | None, limit: int) -> ListPage[Batch]:
+        """The tenant's batches, newest first (``limit`` 1-100, ``after`` a batch id)."""
+        if not 1 <= limit <= MAX_BATCH_PAGE:
+            raise InvalidRequest(f"limit must be between 1 and {MAX_BATCH_PAGE} (got {limit})", param="limit")
+        if after is not None and not BATCH_ID.fullmatch(after):
+            raise InvalidRequest(f"after must be a batch id from an earlier page (got {after[:80]!r})",
+                                 param="after")
+        stored, has_more = await self.records.page("batches", StoredBatch, tenant, after=after, limit=limit)
+        batches = [snapshot.batch() for snapshot in await self.reader.many(stored)]
+        return ListPage[Batch].of(batches, has_more=has_more, ids=[b.id for b in batches])
+
+    async def cancel(self, tenant: str, batch_id: str) -> Batch:
+        """Publish ``cancel_requested``; the batch reads ``cancelling`` until the dispatcher ends it."""
+        snapshot = await self.reader.one(tenant, batch_id)
+        batch = snapshot.batch()
+        if batch.status in {"cancelling", "cancelled"}:
+            return batch
+        if batch.status in TERMINAL_STATUSES:
+            raise Conflict(
+                f"batch {batch_id} is already {batch.status}: only a batch that has not ended can be "
+                "cancelled",
+                code="batch_not_cancellable",
+            )
+        request = CancelRequest(batch_id=batch_id, reason="cancelled through the HTTP API",
+                                requested_by=f"api:{tenant}")
+        try:
+            await self.publisher.publish(self.requests_topic, Envelope.new(request, source=self.source))
+        except Exception as exc:
+            raise from_exception(exc) from exc
+        stored = snapshot.stored.model_copy(update={"cancel_requested_at": self.clock()})
+        try:
+            await self.records.put("batches", stored)
+        except Exception:  # the cancel is out: the dispatcher's record will say cancelling soon
+            log.warning("could not record the cancel of batch %s", batch_id, exc_info=True)
+        return to_batch(stored, snapshot.job, snapshot.manifest)

@@ -1,0 +1,207 @@
+"""Files through the API: uploads validated line by line and kept in MinIO, and result files.
+
+An upload (``purpose=batch``) is read from the spooled multipart part in 1 MiB chunks, validated by
+:func:`api.upload.validate_batch_file` in a worker thread, then written to
+``<tenant>/files/<file_id>.jsonl`` of the input bucket byte for byte, and its record last
+(:mod:`api.records`). A batch's ``output_file_id`` / ``error_file_id`` are read-only logical files
+over its result shards (:mod:`api.results`); they are not listed by ``GET /v1/files``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import IO
+
+from api import results
+from api.batches import BatchReader
+from api.errors import InvalidRequest, NotFound, from_exception
+from api.objects import FileDeleted, FileObject, ListPage
+from api.records import FILE_ID, FILE_PREFIX, Layout, RecordStore, StoredFile, new_id
+from api.status import ERROR_PREFIX, OUTPUT_PREFIX
+from api.storage import ObjectMissing, ObjectStore
+from api.upload import ValidatedFile, validate_batch_file
+from producer.errors import InvalidInput
+from producer.storage import INPUT_CONTENT_TYPE
+
+READ_BYTES = 1 << 20
+MAX_FILE_PAGE = 10_000
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def clean_filename(name: str | None) -> str:
+    """The name to show: its last path segment, without control characters, at most 255 chars."""
+    base = re.split(r"[/\\]", name or "")[-1]
+    base = _UNSAFE.sub("", base).strip()[:255]
+    return base or "file.jsonl"
+
+
+class FileService:
+    """Upload, read, list, delete and stream a tenant's files."""
+
+    def __init__(
+        self,
+        objects: ObjectStore,
+        records: RecordStore,
+        batches: BatchReader,
+        *,
+        max_upload_bytes: int,
+        max_file_requests: int,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.objects = objects
+        self.records = records
+        self.layout: Layout = records.layout
+        self.batches = batches
+        self.max_upload_bytes = max_upload_bytes
+        self.max_file_requests = max_file_requests
+        self.clock = clock
+
+    async def upload(
+        self, tenant: str, *, filename: str | None, purpose: str, source: IO[bytes]
+    ) -> FileObject:
+        """Validate ``source`` (a seekable stream) and store it; raises a 400 naming the bad lines."""
+        if purpose != "batch":
+            raise InvalidRequest(
+                f"purpose {purpose[:40]!r} is not served here: this API takes batch input files, "
+                "purpose 'batch'",
+                param="purpose",
+            )
+
+        def check() -> ValidatedFile:
+            source.seek(0)
+            return validate_batch_file(
+                iter(lambda: source.read(READ_BYTES), b""),
+                max_bytes=self.max_upload_bytes,
+                max_requests=self.max_file_requests,
+            )
+
+        try:
+            valid = await asyncio.to_thread(check)
+        except InvalidInput as exc:
+            raise from_exception(exc, param="file") from None
+        now = self.clock()
+        stored = StoredFile(
+            id=new_id(FILE_PREFIX, now),
+            tenant=tenant,
+            created_at=now,
+            filename=clean_filename(filename),
+            bytes=valid.size,
+            sha256=valid.sha256,
+            endpoint=valid.endpoint,
+            model=valid.model,
+            requests=valid.requests,
+        )
+        source.seek(0)
+        key = self.layout.content_key(tenant, stored.id)
+        try:
+            await self.objects.put(
+                self.layout.bucket, key, source, valid.size, content_type=INPUT_CONTENT_TYPE
+            )
+            await self.records.put("files", stored)
+        except Exception as exc:
+            raise from_exception(exc) from exc
+        return _file_object(stored)
+
+    async def get(self, tenant: str, file_id: str) -> FileObject:
+        if file_id.startswith((OUTPUT_PREFIX, ERROR_PREFIX)):
+            return _result_object(await self._result(tenant, file_id))
+        return _file_object(await self._stored(tenant, file_id))
+
+    async def list(self, tenant: str, *, after: str | None, limit: int, order: str, purpose: str | None
+                   ) -> ListPage[FileObject]:
+        """The tenant's uploaded files (``order`` by creation: ``desc``, the default, or ``asc``)."""
+        if not 1 <= limit <= MAX_FILE_PAGE:
+            raise InvalidRequest(f"limit must be between 1 and {MAX_FILE_PAGE} (got {limit})", param="limit")
+        if order not in {"asc", "desc"}:
+            raise InvalidRequest(f"order must be 'asc' or 'desc' (got {order[:20]!r})", param="order")
+        if after is not None and not FILE_ID.fullmatch(after):
+            raise InvalidRequest(f"after must be a file id from an earlier page (got {after[:80]!r})",
+                                 param="after")
+        if purpose is not None and purpose != "batch":
+            return ListPage[FileObject].of([], has_more=False, ids=[])
+        if order == "desc":
+            stored, has_more = await self.records.page("files", StoredFile, tenant, after=after, limit=limit)
+        else:  # S3 lists keys one way only: take every id, oldest first
+            ids = list(reversed(await self.records.ids("files", tenant, after=None, limit=1_000_000)))
+            if after is not None:
+                ids = ids[ids.index(after) + 1 :] if after in ids else []
+            chosen = [await self.records.get("files", StoredFile, tenant, i) for i in ids[:limit]]
+            stored, has_more = [s for s in chosen if s is not None], len(ids) > limit
+        objects = [_file_object(s) for s in stored]
+        return ListPage[FileObject].of(objects, has_more=has_more, ids=[o.id for o in objects])
+
+    async def delete(self, tenant: str, file_id: str) -> FileDeleted:
+        if file_id.startswith((OUTPUT_PREFIX, ERROR_PREFIX)):
+            await self._result(tenant, file_id)  # 404 unless it is the tenant's
+            raise InvalidRequest(f"{file_id} is a batch's result file: it cannot be deleted", param="file_id")
+        stored = await self._stored(tenant, file_id)
+        try:
+            await self.records.delete("files", tenant, stored.id)
+            await self.objects.delete(self.layout.bucket, self.layout.content_key(tenant, stored.id))
+        except Exception as exc:
+            raise from_exception(exc) from exc
+        return FileDeleted(id=stored.id)
+
+    async def content(self, tenant: str, file_id: str) -> tuple[FileObject, AsyncIterator[bytes]]:
+        """The file's description and its bytes as a stream (checked to exist before streaming)."""
+        if file_id.startswith((OUTPUT_PREFIX, ERROR_PREFIX)):
+            result = await self._result(tenant, file_id)
+            return _result_object(result), results.concatenate(self.objects, result.uris)
+        stored = await self._stored(tenant, file_id)
+        key = self.layout.content_key(tenant, stored.id)
+        try:
+            await self.objects.size(self.layout.bucket, key)
+        except ObjectMissing:
+            raise _missing(file_id) from None
+        return _file_object(stored), self.objects.stream(self.layout.bucket, key)
+
+    async def _stored(self, tenant: str, file_id: str) -> StoredFile:
+        stored = await self.records.get("files", StoredFile, tenant, file_id)
+        if stored is None:
+            raise _missing(file_id)
+        return stored
+
+    async def _result(self, tenant: str, file_id: str) -> results.ResultFile:
+        kind: results.Kind = "output" if file_id.startswith(OUTPUT_PREFIX) else "error"
+        batch_id = file_id.removeprefix(OUTPUT_PREFIX if kind == "output" else ERROR_PREFIX)
+        try:
+            snapshot = await self.batches.one(tenant, batch_id)
+        except NotFound:
+            raise _missing(file_id) from None
+        batch = snapshot.batch()
+        if (batch.output_file_id if kind == "output" else batch.error_file_id) != file_id:
+            raise _missing(file_id)  # the batch has not ended, or has no such lines
+        job = snapshot.job
+        uris = results.shard_uris(
+            kind,
+            job_uris=(job.output_uris if kind == "output" else job.error_uris) if job is not None else None,
+            manifest=snapshot.manifest,
+        )
+        ended = next((t for t in (batch.completed_at, batch.failed_at, batch.expired_at, batch.cancelled_at)
+                      if t is not None), batch.created_at)
+        try:
+            return await results.describe(self.objects, batch_id, kind, uris, float(ended))
+        except ObjectMissing:
+            raise _missing(file_id) from None
+
+
+def _missing(file_id: str) -> NotFound:
+    return NotFound(f"No such File object: {file_id}", param="file_id")
+
+
+def _file_object(stored: StoredFile) -> FileObject:
+    return FileObject(id=stored.id, bytes=stored.bytes, created_at=int(stored.created_at),
+                      filename=stored.filename, purpose="batch")
+
+
+def _result_object(result: results.ResultFile) -> FileObject:
+    return FileObject(
+        id=f"{OUTPUT_PREFIX if result.kind == 'output' else ERROR_PREFIX}{result.batch_id}",
+        bytes=result.size,
+        created_at=int(result.created_at),
+        filename=f"{result.batch_id}_{result.kind}.jsonl",
+        purpose="batch_output",
+    )

@@ -1,0 +1,158 @@
+"""What the API keeps in object storage, and the ids it hands out.
+
+**Ids.** Uploaded files are ``file-<t><r>`` and batches ``batch_<t><r>``: ``<t>`` is 13 digits
+counting *down* with the creation time in milliseconds and ``<r>`` 16 random hex digits. S3 lists keys
+in lexicographic order, so a tenant's records list newest first (OpenAI's order) and ``after=<id>``
+is S3's ``start_after``: no index to keep in step. A batch's result files have derived ids,
+``file-output-<batch_id>`` and ``file-error-<batch_id>`` (see :mod:`api.results`).
+
+**Layout** (in the input bucket, ``LLMBATCH_S3__INPUT_BUCKET``, under the tenant's prefix as every
+llmbatch object is)::
+
+    <tenant>/files/<file_id>.jsonl          the uploaded file, byte for byte (a batch's input_uri)
+    <tenant>/api/files/<file_id>.json       its record (StoredFile)
+    <tenant>/api/batches/<batch_id>.json    a batch created through the API (StoredBatch)
+
+A record exists only once its content does (the file is written first, its record last), and goes
+first on delete. Ids from a path are checked against their pattern before any key is built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import re
+import secrets
+from typing import Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from api.storage import ObjectMissing, ObjectStore
+from schemas.common import Endpoint, Metadata
+
+_COUNTDOWN_FROM = 10**13 - 1  # ms: enough until the year 2286
+FILE_PREFIX = "file-"
+BATCH_PREFIX = "batch_"
+_ID_TAIL = r"[0-9]{13}[0-9a-f]{16}"
+FILE_ID = re.compile(rf"^{FILE_PREFIX}{_ID_TAIL}$")
+BATCH_ID = re.compile(rf"^{BATCH_PREFIX}{_ID_TAIL}$")
+JSON_TYPE = "application/json"
+_READ_AHEAD = 16
+
+R = TypeVar("R", bound="Record")
+
+
+def new_id(prefix: str, now_s: float) -> str:
+    """A fresh id that sorts before every id made earlier (newest first)."""
+    countdown = _COUNTDOWN_FROM - int(now_s * 1000)
+    return f"{prefix}{countdown:013d}{secrets.token_hex(8)}"
+
+
+class Record(BaseModel):
+    """Base of stored records: strict about what it reads back, tolerant of added fields."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    id: str
+    tenant: str
+    created_at: float
+
+
+class StoredFile(Record):
+    """An uploaded batch input file: what OpenAI shows, and what a batch created from it needs."""
+
+    filename: str
+    bytes: int = Field(ge=0)
+    purpose: Literal["batch"] = "batch"
+    sha256: str
+    endpoint: Endpoint = Field(description="The url of every line.")
+    model: str = Field(description="The body.model of every line.")
+    requests: int = Field(ge=1, description="Request lines.")
+
+
+class StoredBatch(Record):
+    """A batch created through the API (what its Kafka request said, plus the API's own facts)."""
+
+    input_file_id: str
+    endpoint: Endpoint
+    model: str
+    completion_window: str
+    expires_at: float
+    metadata: Metadata = Field(default_factory=dict)
+    total: int = Field(ge=0, description="Request lines of the input file.")
+    input_uri: str
+    cancel_requested_at: float | None = None
+
+
+class Layout:
+    """Bucket and key names of the API's objects (pure)."""
+
+    def __init__(self, bucket: str) -> None:
+        self.bucket = bucket
+
+    def content_key(self, tenant: str, file_id: str) -> str:
+        return f"{tenant}/files/{file_id}.jsonl"
+
+    def content_uri(self, tenant: str, file_id: str) -> str:
+        return f"s3://{self.bucket}/{self.content_key(tenant, file_id)}"
+
+    def folder(self, tenant: str, kind: Literal["files", "batches"]) -> str:
+        return f"{tenant}/api/{kind}/"
+
+    def record_key(self, tenant: str, kind: Literal["files", "batches"], record_id: str) -> str:
+        return f"{self.folder(tenant, kind)}{record_id}.json"
+
+
+class RecordStore:
+    """JSON records of one kind per tenant, in object storage, listed newest first."""
+
+    def __init__(self, objects: ObjectStore, layout: Layout) -> None:
+        self.objects = objects
+        self.layout = layout
+
+    async def put(self, kind: Literal["files", "batches"], record: Record) -> None:
+        data = record.model_dump_json().encode()
+        key = self.layout.record_key(record.tenant, kind, record.id)
+        await self.objects.put(self.layout.bucket, key, io.BytesIO(data), len(data), content_type=JSON_TYPE)
+
+    async def get(
+        self, kind: Literal["files", "batches"], model: type[R], tenant: str, record_id: str
+    ) -> R | None:
+        """The tenant's record, or ``None`` (unknown id, another tenant's, or unreadable)."""
+        pattern = FILE_ID if kind == "files" else BATCH_ID
+        if not pattern.fullmatch(record_id):
+            return None
+        try:
+            raw = await self.objects.get(self.layout.bucket, self.layout.record_key(tenant, kind, record_id))
+        except ObjectMissing:
+            return None
+        try:
+            record = model.model_validate_json(raw)
+        except ValidationError:
+            return None
+        return record if record.tenant == tenant and record.id == record_id else None
+
+    async def delete(self, kind: Literal["files", "batches"], tenant: str, record_id: str) -> None:
+        await self.objects.delete(self.layout.bucket, self.layout.record_key(tenant, kind, record_id))
+
+    async def ids(
+        self, kind: Literal["files", "batches"], tenant: str, *, after: str | None, limit: int
+    ) -> list[str]:
+        """Up to ``limit`` record ids of the tenant, newest first, those after ``after``."""
+        folder = self.layout.folder(tenant, kind)
+        start = self.layout.record_key(tenant, kind, after) if after else None
+        keys = await self.objects.list_keys(self.layout.bucket, folder, start_after=start, limit=limit)
+        pattern = FILE_ID if kind == "files" else BATCH_ID
+        found = [key[len(folder):].removesuffix(".json") for key in keys if key.endswith(".json")]
+        return [record_id for record_id in found if pattern.fullmatch(record_id)]
+
+    async def page(
+        self, kind: Literal["files", "batches"], model: type[R], tenant: str, *, after: str | None, limit: int
+    ) -> tuple[list[R], bool]:
+        """Up to ``limit`` records after ``after`` (newest first) and whether more follow."""
+        ids = await self.ids(kind, tenant, after=after, limit=limit + 1)
+        records: list[R | None] = []
+        for start in range(0, min(len(ids), limit), _READ_AHEAD):  # bounded concurrency
+            chunk = ids[start : min(start + _READ_AHEAD, limit)]
+            records.extend(await asyncio.gather(*(self.get(kind, model, tenant, i) for i in chunk)))
+        return [r for r in records if r is not None], len(ids) > limit

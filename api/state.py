@@ -1,0 +1,45 @@
+"""Reading what the dispatcher knows about batches, the way ``llmbatch jobs get`` does.
+
+:class:`StateReader` is what the API needs; :class:`RedisStateReader` implements it over the
+dispatcher's :class:`~dispatcher.store.StateStore` (batch hashes, plus the running job's progress
+counters for batches that have not ended), turned into :class:`~dispatcher.ops.jobs.JobDetail` by
+the operator CLI's own pure :func:`~dispatcher.ops.jobs.detail_of`. It only reads: the operator's
+Redis ACL user (``llmbatch dispatcher redis-acl``) is enough.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from dispatcher.ops.jobs import JobDetail, detail_of
+from dispatcher.store import BatchRecord
+
+
+class StateReader(Protocol):
+    """The dispatcher's view of batches."""
+
+    async def get_many(self, batch_ids: Sequence[str]) -> list[JobDetail | None]:
+        """One entry per id, in order (``None``: Redis has no record of it)."""
+        ...
+
+
+class BatchRecords(Protocol):
+    """The part of :class:`~dispatcher.store.StateStore` the reader uses."""
+
+    async def get_many(self, batch_ids: Sequence[str]) -> list[BatchRecord | None]: ...
+
+    async def read_progress_many(self, batch_ids: Sequence[str]) -> list[dict[str, str]]: ...
+
+
+class RedisStateReader:
+    """:class:`StateReader` over the dispatcher's Redis (two round trips for any number of ids)."""
+
+    def __init__(self, store: BatchRecords) -> None:
+        self._store = store
+
+    async def get_many(self, batch_ids: Sequence[str]) -> list[JobDetail | None]:
+        records = await self._store.get_many(batch_ids) if batch_ids else []
+        live = [r.batch_id for r in records if r is not None and not r.state.is_terminal]
+        progress = dict(zip(live, await self._store.read_progress_many(live), strict=True)) if live else {}
+        return [None if r is None else detail_of(r, progress.get(r.batch_id, {})) for r in records]

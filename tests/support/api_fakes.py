@@ -1,0 +1,162 @@
+"""In-memory ports for the HTTP API's unit tests: object storage, a Kafka publisher that keeps the
+wire records it would send, and a dispatcher whose Redis hashes are written by the dispatcher's own
+field builders (``intake_fields``, ``terminal_fields``), so the API reads what the real one writes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import IO, Any
+
+from api.storage import CHUNK_BYTES, ObjectMissing
+from dispatcher.dlt import OriginalRecord
+from dispatcher.events import Outcome, terminal_fields
+from dispatcher.intake import intake_fields
+from dispatcher.states import State
+from dispatcher.store import BatchRecord
+from producer.errors import BrokerUnavailable
+from producer.kafka import Published
+from schemas import REQUEST_EVENT_TYPES, BatchRequest, Envelope, decode, encode
+
+
+class MemoryObjectStore:
+    """:class:`api.storage.ObjectStore` in a dict; remembers the largest read it was asked for."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str], bytes] = {}
+        self.largest_read = 0
+
+    async def put(self, bucket: str, key: str, data: IO[bytes], length: int, *, content_type: str) -> None:
+        parts, left = [], length
+        while left > 0:
+            block = data.read(min(left, CHUNK_BYTES))
+            if not block:
+                raise ValueError(f"stream ended {left} bytes short of {length}")
+            parts.append(block)
+            left -= len(block)
+        self.objects[(bucket, key)] = b"".join(parts)
+
+    async def get(self, bucket: str, key: str) -> bytes:
+        try:
+            return self.objects[(bucket, key)]
+        except KeyError:
+            raise ObjectMissing(key) from None
+
+    async def size(self, bucket: str, key: str) -> int:
+        return len(await self.get(bucket, key))
+
+    async def stream(self, bucket: str, key: str, *, chunk_bytes: int = CHUNK_BYTES) -> AsyncIterator[bytes]:
+        data = await self.get(bucket, key)
+        for start in range(0, len(data), chunk_bytes):
+            self.largest_read = max(self.largest_read, min(chunk_bytes, len(data) - start))
+            await asyncio.sleep(0)
+            yield data[start : start + chunk_bytes]
+
+    async def list_keys(
+        self, bucket: str, prefix: str, *, start_after: str | None = None, limit: int
+    ) -> list[str]:
+        keys = sorted(k for b, k in self.objects if b == bucket and k.startswith(prefix))
+        if start_after is not None:
+            keys = [k for k in keys if k > start_after]
+        return keys[:limit]
+
+    async def delete(self, bucket: str, key: str) -> None:
+        self.objects.pop((bucket, key), None)
+
+    def keys(self, bucket: str) -> list[str]:
+        return sorted(k for b, k in self.objects if b == bucket)
+
+
+@dataclass
+class RecordingPublisher:
+    """Encodes each event as the Kafka producer would, decodes it back as the dispatcher does, and
+    keeps both; ``fail`` makes the next publishes raise :class:`BrokerUnavailable`."""
+
+    records: list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]] = field(default_factory=list)
+    fail: bool = False
+
+    async def publish(self, topic: str, envelope: Envelope[Any]) -> Published:
+        if self.fail:
+            raise BrokerUnavailable("Kafka at 127.0.0.1:1 is unreachable")
+        key, value, headers = encode(envelope)
+        self.records.append((topic, key, value, headers))
+        return Published(topic, 0, len(self.records) - 1)
+
+    def events(self) -> list[Envelope[Any]]:
+        """What the dispatcher would decode from the requests topic."""
+        return [decode(k, v, h, expect=REQUEST_EVENT_TYPES) for _, k, v, h in self.records]
+
+
+class MemoryDispatcher:
+    """The dispatcher's Redis as :class:`api.state.RedisStateReader` reads it, moved along by tests."""
+
+    def __init__(self) -> None:
+        self.hashes: dict[str, dict[str, str]] = {}
+        self.progress: dict[str, dict[str, str]] = {}
+
+    async def get_many(self, batch_ids: Sequence[str]) -> list[BatchRecord | None]:
+        return [BatchRecord.from_hash(b, self.hashes[b]) if b in self.hashes else None for b in batch_ids]
+
+    async def read_progress_many(self, batch_ids: Sequence[str]) -> list[dict[str, str]]:
+        return [dict(self.progress.get(b, {})) for b in batch_ids]
+
+    def _set(self, batch_id: str, state: State, now: float, **fields: object) -> None:
+        current = self.hashes[batch_id]
+        current.update({k: str(v) for k, v in fields.items()})
+        current["version"] = str(int(current.get("version", "0")) + 1)
+        if current.get("state") != state.value:
+            current["state"], current["state_at"] = state.value, repr(now)
+
+    def record(self, batch_id: str) -> BatchRecord:
+        return BatchRecord.from_hash(batch_id, self.hashes[batch_id])
+
+    def take_in(self, record: tuple[str, bytes, bytes, list[tuple[str, bytes]]], now: float, offset: int = 0
+                ) -> str:
+        """Accept a published ``batch.requested`` record (state ``queued``), as intake does."""
+        topic, key, value, headers = record
+        envelope = decode(key, value, headers, expect=REQUEST_EVENT_TYPES)
+        request = envelope.data
+        assert isinstance(request, BatchRequest)
+        origin = OriginalRecord(topic, 0, offset, key, value, tuple(headers), int(now * 1000), 0)
+        fields = intake_fields(request, origin, envelope.source, envelope.id, None, now)
+        deadline = request.effective_deadline(datetime.fromtimestamp(now, tz=UTC)).timestamp()
+        self.hashes[request.batch_id] = {
+            **fields, "state": State.QUEUED.value, "state_at": repr(now), "version": "1", "generation": "0",
+            "deadline": repr(deadline),
+        }
+        return request.batch_id
+
+    def reject(self, batch_id: str, now: float, code: str, message: str) -> None:
+        """Record a request refused at intake (``dead_lettered``), as intake does."""
+        self.hashes[batch_id] = {
+            "batch_id": batch_id, "state": State.DEAD_LETTERED.value, "state_at": repr(now), "version": "1",
+            "rejected_at": repr(now), "dlt_reason": code, "error_code": code, "error_message": message,
+        }
+
+    def run(self, batch_id: str, now: float, *, completed: int = 0, failed: int = 0, total: int = 0,
+            prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
+        """The batch's first attempt is running and reported progress."""
+        self._set(batch_id, State.SUBMITTED, now, attempt=1, submitted_at=repr(now),
+                  submission_id=f"{batch_id}-a1")
+        self._set(batch_id, State.RUNNING, now, running_at=repr(now), started_at=repr(now),
+                  attempt_started_at=repr(now))
+        self.progress[batch_id] = {"total": str(total), "completed": str(completed), "failed": str(failed),
+                                   "prompt_tokens": str(prompt_tokens),
+                                   "completion_tokens": str(completion_tokens), "heartbeat_at": repr(now)}
+
+    def ask_cancel(self, batch_id: str, now: float) -> None:
+        """A cancel of a running batch recorded (the tracker stops its job next)."""
+        state = State(self.hashes[batch_id]["state"])
+        self._set(batch_id, state, now, cancel_requested="1", cancel_reason="test",
+                  cancel_requested_at=repr(now))
+
+    def finalize(self, batch_id: str, now: float) -> None:
+        self._set(batch_id, State.FINALIZING, now, confirmed="1", job_ended_at=repr(now))
+
+    def finish(self, batch_id: str, outcome: Outcome) -> None:
+        """End the batch with ``outcome`` (what the tracker records with the terminal transition)."""
+        fields = terminal_fields(self.record(batch_id), outcome)
+        self._set(batch_id, outcome.state, outcome.finished_at, **fields)
+        self.progress.pop(batch_id, None)
