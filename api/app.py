@@ -114,6 +114,17 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
 
+def _tenant(request: Request) -> str:
+    """The caller's tenant (from its API key), after taking one request of its quota."""
+    services: Services = request.app.state.services
+    name = services.auth.tenant_of(request.headers.get("authorization"))
+    services.limiter.check(name)
+    return name
+
+
+Tenant = Annotated[str, Depends(_tenant)]
+
+
 def _param_of(loc: Sequence[int | str]) -> str | None:
     parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
     return ".".join(parts) or None
@@ -136,14 +147,8 @@ def create_app(services: Services, *, on_close: Sequence[Callable[[], Awaitable[
     app = FastAPI(title="llmbatch OpenAI-compatible API", version="1", lifespan=lifespan,
                   docs_url=None, redoc_url=None)
     app.add_middleware(BodyLimit, upload_bytes=services.max_upload_bytes, json_bytes=services.max_json_bytes)
+    app.state.services = services
     _handlers(app)
-
-    def tenant(request: Request) -> str:
-        name = services.auth.tenant_of(request.headers.get("authorization"))
-        services.limiter.check(name)
-        return name
-
-    Tenant = Annotated[str, Depends(tenant)]
 
     @app.get("/livez", include_in_schema=False)
     async def livez() -> dict[str, str]:

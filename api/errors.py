@@ -114,7 +114,8 @@ class InternalError(ApiError):
 def invalid_file(errors: Sequence[SchemaError], summary: str, *, param: str = "file") -> InvalidRequest:
     """A 400 for an uploaded file with bad lines: the message names every reported line."""
     first = errors[0] if errors else None
-    text = " ".join(part.strip() for part in summary.splitlines() if part.strip())
+    head, *items = [part.strip() for part in summary.splitlines() if part.strip()] or ["invalid lines"]
+    text = f"{head}: {'; '.join(items)}" if items else head
     return InvalidRequest(
         f"the file is not a valid batch input: {text}. Fix those lines (numbers start at 1) and upload again",
         param=param,

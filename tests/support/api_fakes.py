@@ -160,3 +160,91 @@ class MemoryDispatcher:
         fields = terminal_fields(self.record(batch_id), outcome)
         self._set(batch_id, outcome.state, outcome.finished_at, **fields)
         self.progress.pop(batch_id, None)
+
+
+# --- the app over these fakes ---------------------------------------------------------------------
+
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+INPUT_BUCKET = "llmbatch-input"
+RESULTS_BUCKET = "llmbatch-results"
+REQUESTS_TOPIC = "llm.batch.requests.v1"
+KEYS = {"acme": "sk-acme-0123456789", "globex": "sk-globex-9876543210"}
+"""Tenant -> its API key (the app is configured with their hashes only)."""
+T0 = 1_780_000_000.0
+
+
+@dataclass
+class Clock:
+    now: float = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class ApiHarness:
+    """The real app (real services) over in-memory ports, and a TestClient to call it."""
+
+    app: Any
+    client: Any
+    objects: MemoryObjectStore
+    publisher: RecordingPublisher
+    dispatcher: MemoryDispatcher
+    clock: Clock
+
+    @staticmethod
+    def auth(tenant: str = "acme") -> dict[str, str]:
+        return {"Authorization": f"Bearer {KEYS[tenant]}"}
+
+    def upload(self, data: bytes, tenant: str = "acme", filename: str = "in.jsonl") -> Any:
+        return self.client.post("/v1/files", headers=self.auth(tenant), data={"purpose": "batch"},
+                                 files={"file": (filename, data, "application/jsonl")})
+
+    def accept_all(self) -> list[str]:
+        """The dispatcher takes in every ``batch.requested`` published so far (not yet taken in)."""
+        taken = []
+        for offset, record in enumerate(self.publisher.records):
+            envelope = decode(record[1], record[2], record[3], expect=REQUEST_EVENT_TYPES)
+            data = envelope.data
+            if isinstance(data, BatchRequest) and data.batch_id not in self.dispatcher.hashes:
+                taken.append(self.dispatcher.take_in(record, self.clock.now, offset))
+        return taken
+
+    def write_shard(self, uri: str, data: bytes) -> None:
+        bucket, _, key = uri.removeprefix("s3://").partition("/")
+        self.objects.objects[(bucket, key)] = data
+
+
+def make_api(**options: Any) -> ApiHarness:
+    from fastapi.testclient import TestClient
+
+    from api.app import build_services, create_app
+    from api.auth import hash_api_key
+    from api.settings import ApiOptions
+    from api.state import RedisStateReader
+
+    settings = ApiOptions(keys={hash_api_key(key): tenant for tenant, key in KEYS.items()},
+                          source="urn:test:api", **options)
+    objects, publisher, dispatcher = MemoryObjectStore(), RecordingPublisher(), MemoryDispatcher()
+    clock = Clock()
+    services = build_services(
+        settings, objects=objects, state=RedisStateReader(dispatcher), publisher=publisher,
+        input_bucket=INPUT_BUCKET, results_bucket=RESULTS_BUCKET, requests_topic=REQUESTS_TOPIC,
+        clock=clock, monotonic=clock,
+    )
+    app = create_app(services)
+    return ApiHarness(app, TestClient(app), objects, publisher, dispatcher, clock)
+
+
+def chat_line(custom_id: str, *, model: str | None = MODEL, url: str = "/v1/chat/completions",
+              **body: Any) -> dict[str, Any]:
+    content: dict[str, Any] = {"messages": [{"role": "user", "content": f"Say {custom_id}"}], **body}
+    if model is not None:
+        content["model"] = model
+    return {"custom_id": custom_id, "method": "POST", "url": url, "body": content}
+
+
+def jsonl(*rows: dict[str, Any] | bytes) -> bytes:
+    import json
+
+    return b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in rows)
