@@ -1,0 +1,199 @@
+"""The Files endpoints through the real app over in-memory storage: upload (validated, stored byte for
+byte), list (newest first, pages), retrieve, content (streamed), delete, and result files made of a
+batch's shards."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from api.files import clean_filename
+from api.records import FILE_ID
+from api.results import concatenate
+from api.status import error_file_id, output_file_id
+from dispatcher.events import Outcome
+from dispatcher.states import State
+from tests.support.api_fakes import INPUT_BUCKET, ApiHarness, MemoryObjectStore, chat_line, jsonl, make_api
+
+pytestmark = pytest.mark.unit
+
+
+def upload_ok(api: ApiHarness, data: bytes, **kwargs: Any) -> dict[str, Any]:
+    answer = api.upload(data, **kwargs)
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json())
+
+
+def test_an_upload_is_stored_byte_for_byte_and_described() -> None:
+    api = make_api()
+    data = jsonl(chat_line("a"), b"", chat_line("b", max_tokens=3))
+    described = upload_ok(api, data, filename="../../etc/evals.jsonl")
+    assert FILE_ID.fullmatch(described["id"])
+    assert described["object"] == "file" and described["purpose"] == "batch"
+    assert described["bytes"] == len(data) and described["created_at"] == int(api.clock.now)
+    assert described["filename"] == "evals.jsonl" and described["status"] == "processed"
+    key = f"acme/files/{described['id']}.jsonl"
+    assert api.objects.objects[(INPUT_BUCKET, key)] == data
+    assert f"acme/api/files/{described['id']}.json" in api.objects.keys(INPUT_BUCKET)
+
+
+def test_filenames_are_cleaned() -> None:
+    assert clean_filename("C:\\data\\in\x07.jsonl") == "in.jsonl"
+    assert clean_filename("") == clean_filename(None) == "file.jsonl"
+    assert len(clean_filename("a" * 1000)) == 255
+
+
+def test_a_file_with_bad_lines_is_refused_naming_them_and_nothing_is_stored() -> None:
+    api = make_api()
+    answer = api.upload(jsonl(chat_line("a"), b"{oops", chat_line("c", temperature=5), chat_line("a")))
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["param"] == "file" and error["type"] == "invalid_request_error"
+    for number in ("line 2", "line 3", "line 4"):
+        assert number in error["message"]
+    assert "body.temperature" in error["message"] and "already used on line 1" in error["message"]
+    assert api.objects.keys(INPUT_BUCKET) == []
+
+
+@pytest.mark.parametrize(
+    ("form", "files", "param"),
+    [
+        ({"purpose": "fine-tune"}, True, "purpose"),
+        ({}, True, "purpose"),
+        ({"purpose": "batch"}, False, "file"),
+        ({"purpose": "batch", "colour": "red"}, True, "colour"),
+        ({"purpose": "batch", "expires_after[anchor]": "created_at"}, True, "expires_after"),
+    ],
+)
+def test_form_mistakes_name_the_field(form: dict[str, str], files: bool, param: str) -> None:
+    api = make_api()
+    upload = {"file": ("in.jsonl", jsonl(chat_line("a")), "application/jsonl")} if files else None
+    answer = api.client.post("/v1/files", headers=api.auth(), data=form, files=upload)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == param
+    assert api.objects.keys(INPUT_BUCKET) == []
+
+
+def test_a_json_body_instead_of_a_form_is_told_what_to_send() -> None:
+    api = make_api()
+    answer = api.client.post("/v1/files", headers=api.auth(), json={"purpose": "batch"})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] in {"purpose", "file"}
+
+
+def test_empty_and_single_model_rules() -> None:
+    api = make_api()
+    assert api.upload(b"\n\n").json()["error"]["param"] == "file"
+    answer = api.upload(jsonl(chat_line("a"), chat_line("b", model="other/model")))
+    assert answer.status_code == 400 and "line 2" in answer.json()["error"]["message"]
+
+
+def test_files_list_newest_first_in_pages() -> None:
+    api = make_api()
+    ids = []
+    for i in range(5):
+        api.clock.now += 1
+        ids.append(upload_ok(api, jsonl(chat_line(f"x{i}")), filename=f"f{i}.jsonl")["id"])
+    newest_first = list(reversed(ids))
+    page = api.client.get("/v1/files?limit=2", headers=api.auth()).json()
+    assert [f["id"] for f in page["data"]] == newest_first[:2]
+    assert page["has_more"] and page["first_id"] == newest_first[0] and page["last_id"] == newest_first[1]
+    page = api.client.get(f"/v1/files?limit=2&after={page['last_id']}", headers=api.auth()).json()
+    assert [f["id"] for f in page["data"]] == newest_first[2:4] and page["has_more"]
+    page = api.client.get(f"/v1/files?limit=2&after={page['last_id']}", headers=api.auth()).json()
+    assert [f["id"] for f in page["data"]] == newest_first[4:] and not page["has_more"]
+    every = api.client.get("/v1/files", headers=api.auth()).json()
+    assert [f["id"] for f in every["data"]] == newest_first and not every["has_more"]
+    oldest = api.client.get("/v1/files?order=asc&limit=3", headers=api.auth()).json()
+    assert [f["id"] for f in oldest["data"]] == ids[:3] and oldest["has_more"]
+    rest = api.client.get(f"/v1/files?order=asc&after={ids[2]}", headers=api.auth()).json()
+    assert [f["id"] for f in rest["data"]] == ids[3:]
+    assert api.client.get("/v1/files?purpose=assistants", headers=api.auth()).json()["data"] == []
+    for query, param in (("limit=0", "limit"), ("order=up", "order"), ("after=nope", "after")):
+        answer = api.client.get(f"/v1/files?{query}", headers=api.auth())
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == param
+
+
+def test_retrieve_content_and_delete() -> None:
+    api = make_api()
+    data = jsonl(chat_line("a"), chat_line("b"))
+    file_id = upload_ok(api, data)["id"]
+    got = api.client.get(f"/v1/files/{file_id}", headers=api.auth()).json()
+    assert got["id"] == file_id and got["bytes"] == len(data)
+    content = api.client.get(f"/v1/files/{file_id}/content", headers=api.auth())
+    assert content.status_code == 200 and content.content == data
+    deleted = api.client.delete(f"/v1/files/{file_id}", headers=api.auth())
+    assert deleted.json() == {"id": file_id, "object": "file", "deleted": True}
+    assert api.objects.keys(INPUT_BUCKET) == []
+    for path in (f"/v1/files/{file_id}", f"/v1/files/{file_id}/content"):
+        answer = api.client.get(path, headers=api.auth())
+        assert answer.status_code == 404 and answer.json()["error"]["param"] == "file_id"
+    assert api.client.delete(f"/v1/files/{file_id}", headers=api.auth()).status_code == 404
+
+
+def _finished_batch(api: ApiHarness, outputs: list[bytes], errors: list[bytes]) -> str:
+    file_id = upload_ok(api, jsonl(chat_line("a"), chat_line("b")))["id"]
+    api.client.post("/v1/batches", headers=api.auth(),
+                    json={"input_file_id": file_id, "endpoint": "/v1/chat/completions"})
+    (batch_id,) = api.accept_all()
+    uris: dict[str, list[str]] = {"output": [], "error": []}
+    for kind, shards in (("output", outputs), ("error", errors)):
+        for n, shard in enumerate(shards):
+            uri = f"s3://llmbatch-results/acme/{batch_id}/l1/{kind}-a{n + 1}-00000.jsonl"
+            api.write_shard(uri, shard)
+            uris[kind].append(uri)
+    api.dispatcher.run(batch_id, api.clock.now)
+    outcome = Outcome(State.COMPLETED, api.clock.now + 5, uris["output"], uris["error"])
+    api.dispatcher.finish(batch_id, outcome)
+    return batch_id
+
+
+def test_result_files_are_the_shards_in_order_as_one_file() -> None:
+    api = make_api()
+    shards = [b'{"n": 1}\n{"n": 2}\n', b'{"n": 3}', b'{"n": 4}\n']  # the second lacks its newline
+    batch_id = _finished_batch(api, shards, [b'{"e": 1}\n'])
+    batch = api.client.get(f"/v1/batches/{batch_id}", headers=api.auth()).json()
+    assert batch["output_file_id"] == output_file_id(batch_id)
+    described = api.client.get(f"/v1/files/{output_file_id(batch_id)}", headers=api.auth()).json()
+    assert described["purpose"] == "batch_output" and described["bytes"] == sum(len(s) for s in shards)
+    assert described["filename"] == f"{batch_id}_output.jsonl"
+    content = api.client.get(f"/v1/files/{output_file_id(batch_id)}/content", headers=api.auth()).content
+    assert content == b'{"n": 1}\n{"n": 2}\n{"n": 3}\n{"n": 4}\n'
+    errors = api.client.get(f"/v1/files/{error_file_id(batch_id)}/content", headers=api.auth()).content
+    assert errors == b'{"e": 1}\n'
+    answer = api.client.delete(f"/v1/files/{output_file_id(batch_id)}", headers=api.auth())
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "file_id"
+
+
+def test_a_result_file_exists_only_once_the_batch_ended_with_such_lines() -> None:
+    api = make_api()
+    batch_id = _finished_batch(api, [b'{"n": 1}\n'], [])
+    assert api.client.get(f"/v1/files/{error_file_id(batch_id)}", headers=api.auth()).status_code == 404
+    file_id = upload_ok(api, jsonl(chat_line("q")))["id"]
+    body = {"input_file_id": file_id, "endpoint": "/v1/chat/completions"}
+    running = api.client.post("/v1/batches", headers=api.auth(), json=body).json()["id"]
+    answer = api.client.get(f"/v1/files/{output_file_id(running)}/content", headers=api.auth())
+    assert answer.status_code == 404 and answer.json()["error"]["param"] == "file_id"
+    assert api.client.get(f"/v1/files/{output_file_id('batch_nope')}", headers=api.auth()).status_code == 404
+
+
+def test_a_missing_shard_is_not_found_rather_than_a_truncated_file() -> None:
+    api = make_api()
+    batch_id = _finished_batch(api, [b'{"n": 1}\n', b'{"n": 2}\n'], [])
+    key = next(k for k in api.objects.keys("llmbatch-results") if "output-a2" in k)
+    del api.objects.objects[("llmbatch-results", key)]
+    answer = api.client.get(f"/v1/files/{output_file_id(batch_id)}/content", headers=api.auth())
+    assert answer.status_code == 404
+
+
+def test_concatenation_holds_one_chunk_at_a_time() -> None:
+    objects = MemoryObjectStore()
+    objects.objects[("b", "one")] = b"x" * 200_000 + b"\n"
+    objects.objects[("b", "two")] = b"y" * 100_000
+
+    async def collect() -> list[bytes]:
+        return [chunk async for chunk in concatenate(objects, ["s3://b/one", "s3://b/two"])]
+
+    chunks = asyncio.run(collect())
+    assert b"".join(chunks) == b"x" * 200_000 + b"\n" + b"y" * 100_000 + b"\n"
+    assert max(len(c) for c in chunks) <= 1 << 16 and len(chunks) > 4
