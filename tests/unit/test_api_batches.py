@@ -1,0 +1,211 @@
+"""The Batches endpoints: what they publish (decoded as the dispatcher decodes it), what they read
+back as the dispatcher moves the batch along, pages, cancel, and every mistake named."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from api.records import BATCH_ID
+from api.status import output_file_id
+from dispatcher.events import Outcome
+from dispatcher.states import State
+from schemas import BatchRequest, CancelRequest, EventType
+from tests.support.api_fakes import (
+    INPUT_BUCKET,
+    MODEL,
+    REQUESTS_TOPIC,
+    ApiHarness,
+    chat_line,
+    jsonl,
+    make_api,
+)
+
+pytestmark = pytest.mark.unit
+CHAT = "/v1/chat/completions"
+
+
+def uploaded(api: ApiHarness, tenant: str = "acme", n: int = 3, **line: Any) -> str:
+    answer = api.upload(jsonl(*(chat_line(f"r{i}", **line) for i in range(n))), tenant=tenant)
+    assert answer.status_code == 200, answer.text
+    return str(answer.json()["id"])
+
+
+def create(api: ApiHarness, tenant: str = "acme", **body: Any) -> Any:
+    return api.client.post("/v1/batches", headers=api.auth(tenant), json=body)
+
+
+def test_creating_a_batch_publishes_the_producers_batch_requested_event() -> None:
+    api = make_api()
+    file_id = uploaded(api)
+    answer = create(api, input_file_id=file_id, endpoint=CHAT, completion_window="24h",
+                    metadata={"team": "search"})
+    assert answer.status_code == 200, answer.text
+    batch = answer.json()
+    assert BATCH_ID.fullmatch(batch["id"]) and batch["object"] == "batch"
+    assert batch["status"] == "validating" and batch["input_file_id"] == file_id
+    assert batch["request_counts"] == {"total": 3, "completed": 0, "failed": 0}
+    assert batch["metadata"] == {"team": "search"} and batch["model"] == MODEL
+    assert batch["expires_at"] == batch["created_at"] + 86400
+
+    (topic, key, _, headers), = api.publisher.records
+    assert topic == REQUESTS_TOPIC and key == batch["id"].encode()
+    assert dict(headers)["ce_source"] == b"urn:test:api"
+    (event,) = api.publisher.events()
+    assert event.type is EventType.BATCH_REQUESTED
+    request = event.data
+    assert isinstance(request, BatchRequest)
+    assert request.batch_id == batch["id"] and request.tenant == "acme" and request.model == MODEL
+    assert request.endpoint.value == CHAT and request.completion_window == "24h"
+    assert request.metadata == {"team": "search"} and request.requests is None
+    # the input it names is the uploaded file, in the input bucket under the tenant
+    assert request.input_uri == f"s3://{INPUT_BUCKET}/acme/files/{file_id}.jsonl"
+    assert (INPUT_BUCKET, f"acme/files/{file_id}.jsonl") in api.objects.objects
+
+
+def test_a_batch_reads_back_as_the_dispatcher_moves_it() -> None:
+    api = make_api()
+    batch_id = create(api, input_file_id=uploaded(api), endpoint=CHAT).json()["id"]
+    path = f"/v1/batches/{batch_id}"
+    assert api.client.get(path, headers=api.auth()).json()["status"] == "validating"
+    api.clock.now += 2
+    api.accept_all()
+    assert api.client.get(path, headers=api.auth()).json()["status"] == "in_progress"
+    api.dispatcher.run(batch_id, api.clock.now, total=3, completed=1, prompt_tokens=7, completion_tokens=2)
+    got = api.client.get(path, headers=api.auth()).json()
+    assert got["request_counts"] == {"total": 3, "completed": 1, "failed": 0}
+    assert got["usage"]["total_tokens"] == 9
+    api.dispatcher.finalize(batch_id, api.clock.now + 1)
+    assert api.client.get(path, headers=api.auth()).json()["status"] == "finalizing"
+    out = f"s3://llmbatch-results/acme/{batch_id}/l1/output-a1-00000.jsonl"
+    api.write_shard(out, b'{"custom_id": "r0"}\n')
+    api.dispatcher.finish(batch_id, Outcome(State.COMPLETED, api.clock.now + 3, [out], [],
+                                            counts={"total": 3, "completed": 3, "failed": 0}))
+    done = api.client.get(path, headers=api.auth()).json()
+    assert done["status"] == "completed" and done["output_file_id"] == output_file_id(batch_id)
+    assert done["completed_at"] == int(api.clock.now + 3) and done["error_file_id"] is None
+
+
+def test_batches_list_newest_first_in_pages() -> None:
+    api = make_api()
+    file_id = uploaded(api)
+    ids = []
+    for _ in range(5):
+        api.clock.now += 1
+        ids.append(create(api, input_file_id=file_id, endpoint=CHAT).json()["id"])
+    newest = list(reversed(ids))
+    page = api.client.get("/v1/batches?limit=2", headers=api.auth()).json()
+    assert page["object"] == "list" and [b["id"] for b in page["data"]] == newest[:2] and page["has_more"]
+    page = api.client.get(f"/v1/batches?limit=3&after={page['last_id']}", headers=api.auth()).json()
+    assert [b["id"] for b in page["data"]] == newest[2:] and not page["has_more"]
+    assert [b["id"] for b in api.client.get("/v1/batches", headers=api.auth()).json()["data"]] == newest
+    for query, param in (("limit=0", "limit"), ("limit=101", "limit"), ("after=file-1", "after")):
+        answer = api.client.get(f"/v1/batches?{query}", headers=api.auth())
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == param
+
+
+def test_cancel_publishes_cancel_requested_and_reads_cancelling_then_cancelled() -> None:
+    api = make_api()
+    batch_id = create(api, input_file_id=uploaded(api), endpoint=CHAT).json()["id"]
+    api.accept_all()
+    api.dispatcher.run(batch_id, api.clock.now)
+    api.clock.now += 5
+    answer = api.client.post(f"/v1/batches/{batch_id}/cancel", headers=api.auth())
+    assert answer.status_code == 200
+    assert answer.json()["status"] == "cancelling" and answer.json()["cancelling_at"] == int(api.clock.now)
+    event = api.publisher.events()[-1]
+    assert event.type is EventType.CANCEL_REQUESTED and isinstance(event.data, CancelRequest)
+    assert event.data.batch_id == batch_id and event.data.requested_by == "api:acme"
+    assert api.client.get(f"/v1/batches/{batch_id}", headers=api.auth()).json()["status"] == "cancelling"
+    # asking again publishes nothing more
+    again = api.client.post(f"/v1/batches/{batch_id}/cancel", headers=api.auth())
+    assert again.json()["status"] == "cancelling"
+    assert len(api.publisher.records) == 2
+    api.dispatcher.finish(batch_id, Outcome(State.CANCELLED, api.clock.now + 1))
+    after = api.client.post(f"/v1/batches/{batch_id}/cancel", headers=api.auth())
+    assert after.status_code == 200 and after.json()["status"] == "cancelled"
+    assert len(api.publisher.records) == 2
+
+
+def test_a_finished_batch_cannot_be_cancelled() -> None:
+    api = make_api()
+    batch_id = create(api, input_file_id=uploaded(api), endpoint=CHAT).json()["id"]
+    api.accept_all()
+    api.dispatcher.finish(batch_id, Outcome(State.COMPLETED, api.clock.now))
+    answer = api.client.post(f"/v1/batches/{batch_id}/cancel", headers=api.auth())
+    assert answer.status_code == 409 and answer.json()["error"]["code"] == "batch_not_cancellable"
+    assert len(api.publisher.records) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"endpoint": "/v1/embeddings"}, "endpoint"),
+        ({"endpoint": "/v1/completions"}, "endpoint"),  # the file's lines are chat completions
+        ({"completion_window": "2w"}, "completion_window"),
+        ({"completion_window": "30d"}, "completion_window"),
+        ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+        ({"metadata": {"k": "v" * 513}}, "metadata.k"),
+        ({"output_expires_after": {"anchor": "created_at", "seconds": 3600}}, "output_expires_after"),
+        ({"priority": 9}, "priority"),
+        ({"input_file_id": "file-00000000000000000000000000000"}, "input_file_id"),
+    ],
+)
+def test_mistakes_are_named_and_publish_nothing(body: dict[str, Any], param: str) -> None:
+    api = make_api()
+    answer = create(api, **{"input_file_id": uploaded(api), "endpoint": CHAT, **body})
+    assert answer.status_code in {400, 404}, answer.text
+    assert answer.json()["error"]["param"] == param
+    assert api.publisher.records == []
+    assert api.client.get("/v1/batches", headers=api.auth()).json()["data"] == []
+
+
+def test_a_completion_window_other_than_24h_is_taken_within_the_limits() -> None:
+    api = make_api()
+    batch = create(api, input_file_id=uploaded(api), endpoint=CHAT, completion_window="90m").json()
+    assert batch["completion_window"] == "90m" and batch["expires_at"] == batch["created_at"] + 5400
+    assert api.publisher.events()[0].data.completion_window == "90m"
+    default = create(api, input_file_id=uploaded(api), endpoint=CHAT).json()
+    assert default["completion_window"] == "24h"
+
+
+def test_when_kafka_is_down_the_call_is_503_and_no_batch_is_left_behind() -> None:
+    api = make_api()
+    file_id = uploaded(api)
+    api.publisher.fail = True
+    answer = create(api, input_file_id=file_id, endpoint=CHAT)
+    assert answer.status_code == 503 and answer.json()["error"]["type"] == "server_error"
+    assert "127.0.0.1" not in answer.json()["error"]["message"]
+    assert api.client.get("/v1/batches", headers=api.auth()).json()["data"] == []
+    assert not [k for k in api.objects.keys(INPUT_BUCKET) if "/api/batches/" in k]
+
+
+def test_a_failed_cancel_publish_is_503_and_changes_nothing() -> None:
+    api = make_api()
+    batch_id = create(api, input_file_id=uploaded(api), endpoint=CHAT).json()["id"]
+    api.publisher.fail = True
+    assert api.client.post(f"/v1/batches/{batch_id}/cancel", headers=api.auth()).status_code == 503
+    assert api.client.get(f"/v1/batches/{batch_id}", headers=api.auth()).json()["status"] == "validating"
+
+
+def test_a_batch_redis_forgot_reads_from_its_manifest() -> None:
+    api = make_api(state_fallback_after_s=60)
+    batch_id = create(api, input_file_id=uploaded(api), endpoint=CHAT).json()["id"]
+    shard = f"s3://llmbatch-results/acme/{batch_id}/l1/output-a1-00000.jsonl"
+    manifest = {
+        "batch_id": batch_id, "attempt": 1, "status": "completed",
+        "request_counts": {"total": 3, "completed": 3, "failed": 0},
+        "output_shards": [{"uri": shard, "lines": 3}],
+        "timings": {"started_at": "2026-05-28T20:00:00Z", "finished_at": "2026-05-28T20:10:00Z"},
+    }
+    api.write_shard(f"s3://llmbatch-results/acme/{batch_id}/l1/manifest.json", json.dumps(manifest).encode())
+    api.write_shard(shard, b'{"custom_id": "r0"}\n')
+    path = f"/v1/batches/{batch_id}"
+    assert api.client.get(path, headers=api.auth()).json()["status"] == "validating"  # too young to look
+    api.clock.now += 61
+    got = api.client.get(path, headers=api.auth()).json()
+    assert got["status"] == "completed" and got["request_counts"]["completed"] == 3
+    content = api.client.get(f"/v1/files/{got['output_file_id']}/content", headers=api.auth())
+    assert content.content == b'{"custom_id": "r0"}\n'
