@@ -27,13 +27,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.auth import Authenticator, RateLimiter
 from api.batches import BatchReader, BatchService, EventPublisher
-from api.errors import ApiError, InternalError, InvalidRequest, PayloadTooLarge
+from api.errors import ApiError, InternalError, InvalidRequest, PayloadTooLarge, from_exception
 from api.files import FileService
 from api.objects import Batch, BatchCreate, FileDeleted, FileObject, ListPage
 from api.records import Layout, RecordStore
 from api.settings import ApiOptions
 from api.state import StateReader
 from api.storage import ObjectStore
+from dispatcher.errors import DispatcherError
+from producer.errors import ProducerError
 
 log = logging.getLogger(__name__)
 FORM_FIELDS = frozenset({"file", "purpose"})
@@ -219,9 +221,20 @@ def create_app(services: Services, *, on_close: Sequence[Callable[[], Awaitable[
 def _handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> Response:
-        if exc.status >= 500:
+        if exc.status == 503:  # an outage: one line, the cause's detail included
+            log.warning("%s: %s (%s)", type(exc).__name__, exc.message, exc.__cause__)
+        elif exc.status >= 500:
             log.error("%s: %s", type(exc).__name__, exc.message, exc_info=exc.__cause__ or exc)
         return _answer(exc)
+
+    async def backend_error(_: Request, exc: Exception) -> Response:
+        error = from_exception(exc)
+        log.warning("%s answered %d: %s", type(exc).__name__, error.status, exc)  # the detail stays here
+        return _answer(error)
+
+    # errors of the reused code (object storage, Kafka, Redis), wherever a service let them through
+    app.add_exception_handler(ProducerError, backend_error)
+    app.add_exception_handler(DispatcherError, backend_error)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> Response:

@@ -135,3 +135,29 @@ def test_an_upload_between_the_file_limit_and_the_body_limit_is_refused_by_the_v
     answer = api.upload(data)
     body = shape(answer.json())
     assert answer.status_code == 400 and body["param"] == "file" and "MAX_UPLOAD_BYTES" in body["message"]
+
+
+def test_backends_that_are_down_answer_503_naming_which_without_its_address() -> None:
+    from dispatcher.errors import StateStoreUnavailable
+    from producer.errors import StorageError
+
+    api = make_api()
+    file_id = api.upload(jsonl(chat_line("a"))).json()["id"]
+
+    async def unreachable(*_: Any, **__: Any) -> Any:
+        raise StorageError("object storage at http://10.1.2.3:9000 is unreachable")
+
+    api.objects.list_keys = unreachable  # type: ignore[method-assign]
+    answer = api.client.get("/v1/batches", headers=api.auth())
+    assert answer.status_code == 503 and "object storage" in answer.json()["error"]["message"]
+    assert "10.1.2.3" not in answer.text
+
+    async def redis_down(*_: Any, **__: Any) -> Any:
+        raise StateStoreUnavailable("redis://10.1.2.4:6379 refused")
+
+    created = api.client.post("/v1/batches", headers=api.auth(),
+                              json={"input_file_id": file_id, "endpoint": "/v1/chat/completions"})
+    api.dispatcher.get_many = redis_down  # type: ignore[method-assign]
+    answer = api.client.get(f"/v1/batches/{created.json()['id']}", headers=api.auth())
+    assert answer.status_code == 503 and "Redis" in answer.json()["error"]["message"]
+    assert "10.1.2.4" not in answer.text
