@@ -196,7 +196,7 @@ class Attempt:
             from ray_job.serve_engine import ServeEngine
 
             ServeEngine(self.spec.engine_app, wait_s=self.spec.engine_wait_s)
-        ds = pipeline.build(self.spec, self.prior.done, input_path=input_path)
+        ds = pipeline.build(self.spec, self.prior.done_shards, input_path=input_path)
         for table in ds.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=1):
             self.consume(rows.from_table(table))
             for writer in self.writers.values():

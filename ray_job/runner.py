@@ -119,7 +119,7 @@ class RunnerAttempt(Attempt):
         tokenizer = self._tokenizer()
         stage = EngineStage.on(self._engine(), endpoint=spec.endpoint.value, batch_id=spec.batch_id,
                                model=spec.model, group=spec.engine_group, priority=spec.priority)
-        source = source_of(spec, self.prior.done, input_path=input_path)
+        source = source_of(spec, self.prior.done_shards, input_path=input_path)
         in_flight = max(1, spec.engine.batches_in_flight)
         pool = ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix=f"run-{spec.batch_id}"[:40])
         pending: deque[Future[list[rows.Row]]] = deque()
