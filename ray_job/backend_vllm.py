@@ -76,7 +76,7 @@ class VllmBackend:
             text = str(exc)
             code = CONTEXT_LENGTH_EXCEEDED if "maximum model length" in text else None
             param = getattr(exc, "parameter", None)
-            if structured is not None and param is None and _is_grammar_error(text):
+            if structured is not None and param is None and is_structured_outputs_error(exc):
                 # the schema did not compile (xgrammar): that line's own mistake, named as OpenAI would
                 raise RequestRejected(f"response_format: {text}", code=INVALID_RESPONSE_FORMAT,
                                       param="response_format") from exc
@@ -111,9 +111,21 @@ class VllmBackend:
         return done
 
 
-def _is_grammar_error(text: str) -> bool:
-    lowered = text.lower()
-    return "grammar" in lowered or "schema" in lowered or "json" in lowered
+# vLLM checks a request's structured outputs (every backend: xgrammar, guidance, outlines, ...) in
+# this one SamplingParams method when the request is added.
+_STRUCTURED_OUTPUTS_CHECK = "_validate_structured_outputs"
+
+
+def is_structured_outputs_error(exc: BaseException) -> bool:
+    """Whether vLLM refused ``exc``'s request while checking its structured outputs (the schema did
+    not compile, nests too deep, uses what the backend lacks), as opposed to any other refusal whose
+    message happens to mention JSON or a schema."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == _STRUCTURED_OUTPUTS_CHECK:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _generation(key: str, output: Any, top_k: int) -> Generation:

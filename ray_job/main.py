@@ -113,6 +113,7 @@ class Attempt:
             attempt=self.spec.attempt,
             interval_s=self.spec.progress_interval_s,
             base=None,
+            on_superseded=self._superseded,
         )
         self.progress.start()
 
@@ -181,6 +182,13 @@ class Attempt:
         self.stop_reason = "deadline"
         os.kill(os.getpid(), signal.SIGTERM)
 
+    def _superseded(self) -> None:
+        """A later attempt started or the batch ended: stop now, as at the deadline (only while the
+        attempt's own handler would take the signal: never once it is ending)."""
+        self.stop_reason = self.stop_reason or SUPERSEDED
+        if signal.getsignal(signal.SIGTERM) == self._on_signal:
+            os.kill(os.getpid(), signal.SIGTERM)
+
     # --- the run ------------------------------------------------------------------------------
 
     def _run_pipeline(self, input_path: str | None) -> None:
@@ -196,7 +204,7 @@ class Attempt:
             from ray_job.serve_engine import ServeEngine
 
             ServeEngine(self.spec.engine_app, wait_s=self.spec.engine_wait_s)
-        ds = pipeline.build(self.spec, self.prior.done, input_path=input_path)
+        ds = pipeline.build(self.spec, self.prior.done_shards, input_path=input_path)
         for table in ds.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=1):
             self.consume(rows.from_table(table))
             for writer in self.writers.values():
@@ -335,8 +343,7 @@ class Attempt:
                 return self._end("completed", None, ExitCode.OK)
             log.warning("stopping early (%s): keeping what finished", self.stop_reason)
             status, code = "partial", ExitCode.RETRIABLE
-            code_name = "deadline_exceeded" if self.stop_reason == "deadline" else "stopped"
-            error = ErrorObject(code=code_name, message=f"the attempt was stopped early ({self.stop_reason})")
+            error = stop_error(self.stop_reason)
         except (InputNotFoundError, EngineUnavailableError) as exc:
             log.error("%s", exc)
             self._close_progress()
@@ -349,9 +356,7 @@ class Attempt:
                 # executor), which turned our StopRequested into an error of its own
                 log.warning("stopping early (%s), surfaced as %s: keeping what finished",
                             self.stop_reason, type(exc).__name__)
-                code_name = "deadline_exceeded" if self.stop_reason == "deadline" else "stopped"
-                message = f"the attempt was stopped early ({self.stop_reason})"
-                error = ErrorObject(code=code_name, message=message)
+                error = stop_error(self.stop_reason)
             else:
                 log.exception("the attempt failed")
                 error = ErrorObject(code=failure_code(exc), message=f"{type(exc).__name__}: {exc}"[:4000])
@@ -373,6 +378,19 @@ class Attempt:
     def _close_progress(self) -> None:
         if self.progress is not None:
             self.progress.close()
+
+
+SUPERSEDED = "superseded"
+"""The stop reason of an attempt that found a later one running (or the batch ended)."""
+
+
+def stop_error(reason: str) -> ErrorObject:
+    """The error of an attempt stopped early for ``reason`` (deadline, superseded, a signal's name)."""
+    if reason == SUPERSEDED:
+        return ErrorObject(code=SupersededError.code, message="a later attempt of the batch started "
+                           "or the batch ended: this attempt stopped")
+    code_name = "deadline_exceeded" if reason == "deadline" else "stopped"
+    return ErrorObject(code=code_name, message=f"the attempt was stopped early ({reason})")
 
 
 def failure_code(exc: BaseException) -> str:

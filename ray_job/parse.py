@@ -9,7 +9,7 @@ attempt already finished (:class:`DoneKeys`), which are skipped.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
@@ -17,19 +17,56 @@ from ray_job import rows
 from ray_job.errors import UNREADABLE_CUSTOM_ID, RequestFailure
 from ray_job.formatting import error_line
 from schemas.common import Endpoint
+from schemas.custom_ids import MEMORY_LIMIT, CustomIdIndex
 from schemas.lines import count_lines
 from schemas.openai import iter_input_lines
 
 
-@dataclass(slots=True)
 class DoneKeys:
-    """What earlier attempts finished: custom_ids of output lines, line numbers of error lines."""
+    """What earlier attempts finished: custom_ids of output lines, line numbers of error lines.
 
-    custom_ids: set[str] = field(default_factory=set)
-    lines: set[int] = field(default_factory=set)
+    Bounded memory whatever the batch's size: the keys live in a :class:`CustomIdIndex` (a dict up to
+    its limit, then a private temporary SQLite file). Not picklable: a task that needs the keys builds
+    its own from the shards (:func:`ray_job.resume.done_keys`).
+    """
+
+    __slots__ = ("_index",)
+
+    def __init__(self, custom_ids: Iterable[str] = (), lines: Iterable[int] = (), *,
+                 memory_limit: int = MEMORY_LIMIT) -> None:
+        self._index = CustomIdIndex(memory_limit)
+        for custom_id in custom_ids:
+            self.add_custom_id(custom_id)
+        for line_no in lines:
+            self.add_line(line_no)
+
+    # custom_ids and line numbers share one index under prefixes that cannot collide
+    def add_custom_id(self, custom_id: str) -> None:
+        self._index.first_line("c" + custom_id, 0)
+
+    def add_line(self, line_no: int) -> None:
+        self._index.first_line(f"l{line_no}", 0)
+
+    def has_custom_id(self, custom_id: str) -> bool:
+        return ("c" + custom_id) in self._index
+
+    def has_line(self, line_no: int) -> bool:
+        return f"l{line_no}" in self._index
 
     def __len__(self) -> int:
-        return len(self.custom_ids) + len(self.lines)
+        return len(self._index)
+
+    @property
+    def spilled(self) -> bool:
+        """True once the keys live on disk (SQLite)."""
+        return self._index.spilled
+
+    def close(self) -> None:
+        """Drop the keys (and the SQLite file, if any)."""
+        self._index.close()
+
+    def __reduce__(self) -> Any:
+        raise TypeError("DoneKeys is not picklable: send the shard paths (Prior.done_shards) instead")
 
 
 def parse_lines(
@@ -46,11 +83,12 @@ def parse_lines(
     Line numbers are 1-based and count blank lines, like an editor does. A line over
     ``max_line_bytes`` (cut to that length + 1 by :func:`split_lines`) is a ``line_too_large`` error.
     """
-    done = done or DoneKeys()
+    if done is None:
+        done = DoneKeys()
     for result in iter_input_lines(lines, endpoint=endpoint, model=model, max_line_bytes=max_line_bytes):
         line_no = result.line_no
         if result.error is not None:
-            if line_no in done.lines:
+            if done.has_line(line_no):
                 continue
             custom_id = result.error.custom_id or UNREADABLE_CUSTOM_ID.format(line=line_no)
             failure = RequestFailure.from_schema_error(result.error)
@@ -59,7 +97,7 @@ def parse_lines(
             continue
         assert result.line is not None
         custom_id = result.line.custom_id
-        if custom_id in done.custom_ids or line_no in done.lines:
+        if done.has_custom_id(custom_id) or done.has_line(line_no):
             continue
         payload = orjson.dumps({"url": result.line.url.value, "body": result.line.body})
         yield rows.Row(line_no, rows.REQUEST, custom_id, payload)

@@ -11,13 +11,13 @@ concurrently on one engine (see :mod:`ray_job.engine`).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any, cast
 
 import ray
 from ray.data import ActorPoolStrategy, DataContext, Dataset
 
 from ray_job.engine import EngineStage
-from ray_job.parse import DoneKeys
 from ray_job.prompts import PromptStage
 from ray_job.reader import Source, read_rows
 from schemas.job import JobSpec
@@ -92,7 +92,7 @@ def rebatch(ds: Dataset, rows: int) -> Dataset:
         return ds.repartition(target_num_rows_per_block=rows)
 
 
-def source_of(spec: JobSpec, done: DoneKeys, *, input_path: str | None) -> Source:
+def source_of(spec: JobSpec, done_shards: Sequence[str], *, input_path: str | None) -> Source:
     """What the reader reads for ``spec``: the input file or the inline requests, minus done lines."""
     inline = b"".join(line.to_jsonl() for line in spec.requests) if spec.requests is not None else None
     return Source(
@@ -101,15 +101,16 @@ def source_of(spec: JobSpec, done: DoneKeys, *, input_path: str | None) -> Sourc
         model=spec.model,
         input_path=input_path,
         inline=inline,
-        done=done,
+        done_shards=tuple(done_shards),
         block_rows=spec.engine.batch_size,
         max_line_bytes=spec.max_line_bytes,
     )
 
 
-def build(spec: JobSpec, done: DoneKeys, *, input_path: str | None) -> Dataset:
-    """The dataset of finished rows (``output`` / ``error``) for the lines still to do."""
-    source = source_of(spec, done, input_path=input_path)
+def build(spec: JobSpec, done_shards: Sequence[str], *, input_path: str | None) -> Dataset:
+    """The dataset of finished rows (``output`` / ``error``) for the lines still to do (those the
+    shards at ``done_shards`` answer are skipped)."""
+    source = source_of(spec, done_shards, input_path=input_path)
     model_path = spec.model_path or spec.model
     ds: Dataset = ray.data.from_items([{"part": 0}])
     ds = ds.map_batches(

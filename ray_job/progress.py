@@ -22,6 +22,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -64,7 +65,7 @@ class Progress:
 
     def __init__(
         self, redis_url: str | None, key: str | None, *, attempt: int, interval_s: float,
-        base: Counters | None,
+        base: Counters | None, on_superseded: Callable[[], None] | None = None,
     ) -> None:
         self.counters = base or Counters()
         self._known = base is not None  # False: heartbeats only, until set_base
@@ -79,6 +80,9 @@ class Progress:
         self.writes = 0
         self.superseded = False
         """A later attempt of the batch has written progress, or the batch ended: this attempt is stale."""
+        self._on_superseded = on_superseded
+        """Called once, from whichever thread noticed (the heartbeat's, most often): the attempt stops
+        then, not only at its next write (a stale attempt that never writes would run to its deadline)."""
         if redis_url and key:
             import redis
 
@@ -169,7 +173,9 @@ class Progress:
         if not self.superseded:
             self.superseded = True
             log.warning("a later attempt (%s) of this batch started or the batch ended: attempt %d "
-                        "stops writing", current or "?", self._attempt)
+                        "stops", current or "?", self._attempt)
+            if self._on_superseded is not None:
+                self._on_superseded()
 
     def _warn(self, exc: BaseException) -> None:
         if time.monotonic() - self._warned_at > 60:

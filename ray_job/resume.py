@@ -3,7 +3,10 @@
 Shards are named per attempt (``output-a<N>-<i>.jsonl``, ``error-a<N>-<i>.jsonl``) and written
 whole (one S3 put each), so every shard found under the output prefix is final: a crashed attempt
 leaves complete shards or none. An attempt skips the input lines those shards already answer
-(:class:`~ray_job.parse.DoneKeys`) and lists them in its manifest beside its own.
+(:class:`~ray_job.parse.DoneKeys`, built by the reader task from :attr:`Prior.done_shards`) and lists
+them in its manifest beside its own. Both the scan and the reader's keys stay bounded in memory
+whatever the number of lines done (the keys spill to disk), so a shard is read twice on a resume:
+once here for counts, once by the reader for its keys.
 
 A stale attempt that kept running beside a later one (a stop that did not take) may still have put
 shards answering requests the later attempt answered too. :func:`scan` takes shards in attempt order
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import orjson
@@ -57,8 +61,11 @@ class Prior:
     shards: list[Shard] = field(default_factory=list)
     skipped: list[Shard] = field(default_factory=list)
     """Shards left out because an earlier shard answers some of their requests (a stale attempt's)."""
-    done: DoneKeys = field(default_factory=DoneKeys)
-    """What the taken shards answer: the reader task skips those lines (shards are read once)."""
+
+    @property
+    def done_shards(self) -> tuple[str, ...]:
+        """Paths of the taken shards: what the reader task skips (see :func:`done_keys`)."""
+        return tuple(s.path for s in self.shards)
 
     @property
     def completed(self) -> int:
@@ -130,7 +137,15 @@ def line_keys(kind: str, raw: bytes) -> tuple[str | None, int | None, int, int]:
     return custom_id, None, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
 
 
-def summarize(fs: pafs.FileSystem, shard: Shard, answers: DoneKeys | None = None) -> Shard:
+@dataclass(slots=True)
+class ShardKeys:
+    """What one shard answers: its output custom_ids and its error lines' input line numbers."""
+
+    custom_ids: list[str] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)
+
+
+def summarize(fs: pafs.FileSystem, shard: Shard, answers: ShardKeys | None = None) -> Shard:
     """Count a shard's lines and tokens (streamed); collect what it answers into ``answers``."""
     lines = prompt = completion = 0
     for raw in split_lines(s3.read_chunks(fs, shard.path)):
@@ -142,9 +157,9 @@ def summarize(fs: pafs.FileSystem, shard: Shard, answers: DoneKeys | None = None
         completion += c
         if answers is not None:
             if shard.kind == "output" and custom_id is not None:
-                answers.custom_ids.add(custom_id)
+                answers.custom_ids.append(custom_id)
             elif shard.kind == "error" and line is not None:
-                answers.lines.add(line)
+                answers.lines.append(line)
     shard.lines, shard.prompt_tokens, shard.completion_tokens = lines, prompt, completion
     return shard
 
@@ -152,16 +167,42 @@ def summarize(fs: pafs.FileSystem, shard: Shard, answers: DoneKeys | None = None
 def scan(fs: pafs.FileSystem, prefix_path: str) -> Prior:
     """All shards under the prefix with their counts, but for those answering a request again."""
     prior = Prior()
-    taken = prior.done
-    for shard in list_shards(fs, prefix_path):
-        answers = DoneKeys()
-        summarize(fs, shard, answers)
-        if answers.custom_ids & taken.custom_ids or answers.lines & taken.lines:
-            log.warning("shard %s answers requests an earlier shard answers: left out (a stale "
-                        "attempt's); its other lines run again", shard.path)
-            prior.skipped.append(shard)
-            continue
-        taken.custom_ids |= answers.custom_ids
-        taken.lines |= answers.lines
-        prior.shards.append(shard)
+    taken = DoneKeys()  # bounded: a shard's own keys are at most shard_max_lines
+    try:
+        for shard in list_shards(fs, prefix_path):
+            answers = ShardKeys()
+            summarize(fs, shard, answers)
+            if any(map(taken.has_custom_id, answers.custom_ids)) or any(map(taken.has_line, answers.lines)):
+                log.warning("shard %s answers requests an earlier shard answers: left out (a stale "
+                            "attempt's); its other lines run again", shard.path)
+                prior.skipped.append(shard)
+                continue
+            for custom_id in answers.custom_ids:
+                taken.add_custom_id(custom_id)
+            for line_no in answers.lines:
+                taken.add_line(line_no)
+            prior.shards.append(shard)
+    finally:
+        taken.close()
     return prior
+
+
+def done_keys(fs: pafs.FileSystem, paths: Iterable[str]) -> DoneKeys:
+    """What the shards at ``paths`` (:attr:`Prior.done_shards`) answer, read back streamed; the caller
+    closes the result."""
+    done = DoneKeys()
+    try:
+        for path in paths:
+            parsed = parse_shard_name(path.rsplit("/", 1)[-1])
+            if parsed is None:
+                raise ValueError(f"{path}: not a shard name (output|error)-a<N>-<i>.jsonl")
+            answers = ShardKeys()
+            summarize(fs, Shard(parsed[0], parsed[1], parsed[2], path), answers)
+            for custom_id in answers.custom_ids:
+                done.add_custom_id(custom_id)
+            for line_no in answers.lines:
+                done.add_line(line_no)
+    except BaseException:
+        done.close()
+        raise
+    return done

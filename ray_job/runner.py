@@ -44,7 +44,7 @@ from ray_job import rows
 from ray_job.engine import Engine, EngineStage
 from ray_job.engine_stats import summarize_metrics
 from ray_job.errors import ExitCode
-from ray_job.main import Attempt, StopRequested
+from ray_job.main import SUPERSEDED, Attempt, StopRequested
 from ray_job.pipeline import source_of
 from ray_job.prompts import HFTokenizer, Tokenizer, WhitespaceTokenizer, build_rows
 from ray_job.reader import iter_blocks
@@ -95,9 +95,13 @@ class RunnerAttempt(Attempt):
         self._timer: threading.Timer | None = None
 
     def request_stop(self, reason: str) -> None:
-        """Stop at the next block boundary (``deadline`` or ``stopped``), keeping what finished."""
+        """Stop at the next block boundary (``deadline``, ``stopped``, ``superseded``), keeping what
+        finished."""
         self.stop_reason = self.stop_reason or reason
         self._stop.set()
+
+    def _superseded(self) -> None:  # a thread of the runner: no signal, the stop flag
+        self.request_stop(SUPERSEDED)
 
     def _install_stop(self) -> None:
         if self.spec.deadline is not None:
@@ -119,7 +123,7 @@ class RunnerAttempt(Attempt):
         tokenizer = self._tokenizer()
         stage = EngineStage.on(self._engine(), endpoint=spec.endpoint.value, batch_id=spec.batch_id,
                                model=spec.model, group=spec.engine_group, priority=spec.priority)
-        source = source_of(spec, self.prior.done, input_path=input_path)
+        source = source_of(spec, self.prior.done_shards, input_path=input_path)
         in_flight = max(1, spec.engine.batches_in_flight)
         pool = ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix=f"run-{spec.batch_id}"[:40])
         pending: deque[Future[list[rows.Row]]] = deque()

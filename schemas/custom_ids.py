@@ -63,6 +63,14 @@ class CustomIdIndex:
             self._pending = 0
         return None
 
+    def __contains__(self, custom_id: object) -> bool:
+        """Whether ``custom_id`` was seen (a lookup only: nothing is recorded)."""
+        if not isinstance(custom_id, str):
+            return False
+        if self._db is None:
+            return custom_id in self._memory
+        return self._db.execute("SELECT 1 FROM ids WHERE id = ?", (custom_id,)).fetchone() is not None
+
     def _spill(self) -> None:
         db = sqlite3.connect("")  # "" = a private temporary database, deleted on close
         db.execute("PRAGMA journal_mode = OFF")
@@ -80,6 +88,7 @@ class CustomIdIndex:
             self._db.close()
             self._db = None
         self._memory = {}
+        self._count = self._pending = 0
 
     def __enter__(self) -> CustomIdIndex:
         return self

@@ -13,7 +13,7 @@ from pathlib import Path
 from llmbatch.chaos.faults import FAULT_KINDS
 from llmbatch.chaos.runner import ChaosConfig, run
 
-SHORT = ChaosConfig(batches=30, malformed=120, replicas=2, rounds=1, fault_every_s=8.0, send_over_s=30.0,
+SHORT = ChaosConfig(batches=20, malformed=80, replicas=2, rounds=1, fault_every_s=8.0, send_over_s=30.0,
                     drain_timeout_s=900.0)
 
 
@@ -28,7 +28,7 @@ def _faults(text: str) -> tuple[str, ...]:
 def main(argv: list[str] | None = None) -> int:
     full = ChaosConfig()
     parser = argparse.ArgumentParser(prog="python -m llmbatch.chaos", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--short", action="store_true", help="the short version (30 batches, one fault each)")
+    parser.add_argument("--short", action="store_true", help="the short version (20 batches, one fault each)")
     parser.add_argument("--batches", type=int, help=f"valid batches (default {full.batches})")
     parser.add_argument("--malformed", type=int, help=f"malformed records (default {full.malformed})")
     parser.add_argument("--replicas", type=int, help=f"dispatcher replicas (default {full.replicas})")

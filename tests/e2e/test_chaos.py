@@ -1,4 +1,4 @@
-"""The short chaos run (``make chaos`` is the full one): 30 batches and 120 malformed records on a
+"""The short chaos run (``make chaos`` is the full one): 20 batches and 80 malformed records on a
 private local stack while one dispatcher replica, one running job's driver, Redis, Kafka, MinIO and
 the Ray head are each killed once (kill -9) and brought back; then every promise of
 llmbatch.chaos.verdict is checked."""
@@ -21,6 +21,7 @@ async def test_short_chaos_run_keeps_every_promise() -> None:
     print(result.table())
     print("\n".join(result.fault_log))
     assert result.ok, result.table()
-    # every fault happened (a driver fault needs a running job: with 30 batches one always is)
+    # every fault happened (a driver fault needs a running job: with 20 batches one always is)
     assert set(result.faults) == set(FAULT_KINDS), result.fault_log
-    assert result.verdict.figures["accepted"] >= 25
+    # at most the two batches whose deadline is 3 s after their send may be refused as passed
+    assert result.verdict.figures["accepted"] >= SHORT.batches - 2

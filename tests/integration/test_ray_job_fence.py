@@ -140,3 +140,91 @@ async def test_a_new_lifecycle_is_not_fenced_out_by_an_old_progress_hash(
         assert job.still_current() and (await store.read_progress("b1"))["completed"] == "1"
     finally:
         job.close()
+
+
+def test_a_stale_attempt_that_never_writes_stops_at_its_next_heartbeat(
+    redis_settings: RedisSettings, key: tuple[redis.Redis, str], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stale attempt stuck before its first write (a hung engine) used to run until its deadline:
+    only a write asked the fence. Now the heartbeat that finds a later attempt stops it."""
+    import signal
+    import time
+
+    client, name = key
+    spec = JobSpec.model_validate({
+        "batch_id": "b2", "attempt": 1, "endpoint": "/v1/chat/completions", "model": "m",
+        "requests": [{"custom_id": "r0", "method": "POST", "url": "/v1/chat/completions",
+                      "body": {"messages": [{"role": "user", "content": "hi"}]}}],
+        "output_prefix": "s3://results/default/b2/",
+        "redis_url": redis_settings.url, "progress_key": name, "progress_interval_s": 0.2,
+    })
+    (tmp_path / "results" / "default" / "b2").mkdir(parents=True)
+    local = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    monkeypatch.setattr(job_main.s3, "filesystem", lambda: local)
+    ran_to_the_end = False
+
+    def hung_pipeline() -> None:
+        nonlocal ran_to_the_end
+        client.hset(name, mapping={"attempt": "2"})  # the dispatcher gave up on it; attempt 2 runs
+        end = time.monotonic() + 60
+        while time.monotonic() < end:  # never writes: only the heartbeat can notice
+            time.sleep(0.05)
+        ran_to_the_end = True
+
+    attempt = job_main.Attempt(spec, utcnow())
+    monkeypatch.setattr(attempt, "_run_pipeline", lambda _input: hung_pipeline())
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = attempt.run()
+    finally:
+        for sig, handler in handlers.items():  # the attempt installs its own, then ignores both
+            signal.signal(sig, handler)
+    assert not ran_to_the_end
+    result: dict[str, Any] = attempt.result or {}
+    assert code == ExitCode.RETRIABLE and result["status"] == "partial"
+    assert result["error"]["code"] == "superseded"
+    assert client.hget(name, "attempt") == "2"
+    assert list((tmp_path / "results" / "default" / "b2").iterdir()) == []  # no shard, no manifest
+
+
+def test_a_stale_run_on_the_warm_runner_stops_at_its_next_heartbeat(
+    redis_settings: RedisSettings, key: tuple[redis.Redis, str], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same on the batch runner, where a run is a thread: the heartbeat sets the run's stop flag,
+    which its pipeline checks while it waits for the engine (no signal)."""
+    import time
+
+    from ray_job.runner import RunnerAttempt
+
+    client, name = key
+    spec = JobSpec.model_validate({
+        "batch_id": "b3", "attempt": 1, "endpoint": "/v1/chat/completions", "model": "m",
+        "requests": [{"custom_id": "r0", "method": "POST", "url": "/v1/chat/completions",
+                      "body": {"messages": [{"role": "user", "content": "hi"}]}}],
+        "output_prefix": "s3://results/default/b3/",
+        "redis_url": redis_settings.url, "progress_key": name, "progress_interval_s": 0.2,
+    })
+    (tmp_path / "results" / "default" / "b3").mkdir(parents=True)
+    local = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    monkeypatch.setattr(job_main.s3, "filesystem", lambda: local)
+    attempt = RunnerAttempt(spec, tokenizer=lambda: None, keep_text=False, engine=lambda: None)  # type: ignore[arg-type,return-value]
+    waited = 0.0
+
+    def engine_never_answers() -> None:  # what RunnerAttempt._take does while a block is out
+        nonlocal waited
+        client.hset(name, mapping={"attempt": "2"})
+        began = time.monotonic()
+        try:
+            while time.monotonic() - began < 60:
+                attempt._check_stop()
+                time.sleep(0.05)
+        finally:
+            waited = time.monotonic() - began
+
+    monkeypatch.setattr(attempt, "_run_pipeline", lambda _input: engine_never_answers())
+    code = attempt.run()
+    result: dict[str, Any] = attempt.result or {}
+    assert waited < 60 and code == ExitCode.RETRIABLE
+    assert result["status"] == "partial" and result["error"]["code"] == "superseded"

@@ -17,8 +17,10 @@ def test_first_lines_match_a_plain_dict_before_and_after_the_spill(ids: list[str
     expected: dict[str, int] = {}
     with CustomIdIndex(memory_limit=limit) as index:
         for line_no, custom_id in enumerate(ids, start=1):
+            assert (custom_id in index) == (custom_id in expected)  # a lookup records nothing
             assert index.first_line(custom_id, line_no) == expected.get(custom_id)
             expected.setdefault(custom_id, line_no)
+            assert custom_id in index
         assert len(index) == len(expected)
         assert index.spilled == (len(expected) >= limit)
 
@@ -44,7 +46,7 @@ def test_a_closed_index_is_empty_and_the_limit_is_checked() -> None:
     index.first_line("a", 1)
     index.first_line("b", 2)
     index.close()
-    assert not index.spilled
+    assert not index.spilled and len(index) == 0 and "a" not in index
     with pytest.raises(ValueError, match="memory_limit"):
         CustomIdIndex(memory_limit=0)
 

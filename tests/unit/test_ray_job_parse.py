@@ -95,7 +95,7 @@ def test_done_keys_skip_finished_lines_but_duplicates_are_still_detected() -> No
     # a (line 1) done, b runs, line 3 error already written, line 4 is still a duplicate of a
     assert [(r.line_no, r.kind) for r in out] == [(2, rows.REQUEST), (4, rows.INVALID), (5, rows.REQUEST)]
     assert error_of(out[1])["code"] == "duplicate_custom_id"
-    done.lines.add(4)
+    done.add_line(4)
     assert [r.line_no for r in parse(lines, done)] == [2, 5]
 
 

@@ -48,11 +48,28 @@ def test_plain_and_compressed_inputs_give_the_same_rows(tmp_path: Path, name: st
     assert (got[2000].line_no, got[2000].kind) == (2001, rows.INVALID)
 
 
-def test_lines_earlier_attempts_answered_are_skipped_without_reading_their_shards() -> None:
-    """The driver's resume scan hands the reader the keys (Prior.done): the task reads no shard."""
-    from ray_job.parse import DoneKeys
+def test_lines_earlier_attempts_answered_are_skipped(tmp_path: Path) -> None:
+    """The driver's resume scan names the shards it took (Prior.done_shards); the task reads their keys
+    back and skips the lines they answer."""
+    from ray_job import resume
+    from ray_job.errors import RequestFailure
+    from ray_job.formatting import error_line, output_line
+    from ray_job.records import Generation
+    from ray_job.writer import ShardWriter
+    from schemas.common import Endpoint
 
-    source = Source(batch_id="b1", endpoint=CHAT, model="m", inline=jsonl(3),
-                    done=DoneKeys(custom_ids={"r1"}, lines={4}))
-    got = [row for block in iter_blocks(source, fs=None) for row in block]
+    local = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    local.create_dir("bkt/b")
+    out = ShardWriter(local, "bkt/b/", "output", 1)
+    out.add(output_line(Endpoint.CHAT_COMPLETIONS, Generation("2", "t", "stop", 1, 1), batch_id="b1",
+                        custom_id="r1", line_no=2, model="m", created=1))
+    out.flush()
+    err = ShardWriter(local, "bkt/b/", "error", 1)
+    err.add(error_line(RequestFailure("invalid_json", "x"), batch_id="b1", custom_id="@line-4", line_no=4))
+    err.flush()
+    prior = resume.scan(local, "bkt/b/")
+    source = Source(batch_id="b1", endpoint=CHAT, model="m", inline=jsonl(3), done_shards=prior.done_shards)
+    got = [row for block in iter_blocks(source, fs=local) for row in block]
     assert [(r.line_no, r.custom_id) for r in got] == [(1, "r0"), (3, "r2")]  # r1 and bad line 4 done
+    fresh = Source(batch_id="b1", endpoint=CHAT, model="m", inline=jsonl(3))
+    assert [r.line_no for block in iter_blocks(fresh, fs=None) for r in block] == [1, 2, 3, 4]

@@ -13,6 +13,7 @@ from ray_job import manifest, resume
 from ray_job.errors import RequestFailure, SupersededError
 from ray_job.formatting import error_line, output_line
 from ray_job.main import SeenLines
+from ray_job.parse import DoneKeys
 from ray_job.records import Generation
 from ray_job.writer import ShardWriter
 from schemas.common import BatchStatus, Endpoint
@@ -39,6 +40,11 @@ def err_line(cid: str, line_no: int) -> bytes:
     return error_line(RequestFailure("invalid_value", "x"), batch_id="b", custom_id=cid, line_no=line_no)
 
 
+def done_set(keys: DoneKeys, custom_ids: list[str], lines: range) -> tuple[set[str], set[int]]:
+    """Which of ``custom_ids`` and ``lines`` the keys say are done."""
+    return {c for c in custom_ids if keys.has_custom_id(c)}, {n for n in lines if keys.has_line(n)}
+
+
 @pytest.fixture
 def local(tmp_path: Path) -> pafs.FileSystem:
     (tmp_path / "bkt" / "t" / "b").mkdir(parents=True)
@@ -61,8 +67,12 @@ def test_done_keys_from_shard_lines(local: pafs.FileSystem) -> None:
     for raw in (err_line("@line-3", 3), err_line("a", 4), b"{}\n"):
         err.add(raw)
     err.flush()
-    done = resume.scan(local, "bkt/t/b/").done
-    assert done.custom_ids == {"a", "b"} and done.lines == {3, 4}
+    prior = resume.scan(local, "bkt/t/b/")
+    assert prior.done_shards == ("bkt/t/b/error-a1-00000.jsonl", "bkt/t/b/output-a1-00000.jsonl")
+    done = resume.done_keys(local, prior.done_shards)
+    assert [done.has_custom_id(c) for c in ("a", "b", "@line-3", "garbage")] == [True, True, False, False]
+    assert [done.has_line(n) for n in (3, 4, 1, 2)] == [True, True, False, False]  # output lines: by id
+    assert len(done) == 4
 
 
 def test_writer_rolls_by_lines_bytes_and_age_and_never_reuses_names(local: pafs.FileSystem) -> None:
@@ -119,8 +129,8 @@ def test_scan_counts_prior_shards_and_next_index(local: pafs.FileSystem) -> None
     assert (prior.completed, prior.failed, prior.prompt_tokens, prior.completion_tokens) == (3, 1, 30, 9)
     assert prior.next_index("output", 1) == 2 and prior.next_index("output", 2) == 0
     assert prior.per_attempt() == {1: (3, 1)}
-    keys = prior.done  # what the reader task skips
-    assert keys.custom_ids == {"r0", "r1", "r2"} and keys.lines == {9}
+    keys = resume.done_keys(local, prior.done_shards)  # what the reader task skips
+    assert done_set(keys, ["r0", "r1", "r2", "r3"], range(1, 12)) == ({"r0", "r1", "r2"}, {9})
 
 
 def test_history_adds_lost_attempts_and_replaces_the_current_one(local: pafs.FileSystem) -> None:
@@ -217,8 +227,9 @@ def test_scan_leaves_out_a_stale_attempts_shard_answering_requests_again(local: 
     ]
     assert [(s.kind, s.attempt, s.index) for s in prior.skipped] == [("error", 2, 0), ("output", 2, 0)]
     assert (prior.completed, prior.failed) == (4, 1)  # each request once: r0-r3, line 9
-    keys = prior.done  # what the reader task skips
-    assert keys.custom_ids == {"r0", "r1", "r2", "r3"} and keys.lines == {9}  # r4 and line 6 run again
+    keys = resume.done_keys(local, prior.done_shards)  # what the reader task skips
+    assert done_set(keys, [f"r{i}" for i in range(6)], range(1, 12)) == ({"r0", "r1", "r2", "r3"}, {9})
+    # r4 and line 6 run again
     assert prior.next_index("output", 2) == 1  # a left-out shard is never overwritten
 
 
