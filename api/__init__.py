@@ -1,4 +1,4 @@
-"""llmbatch's OpenAI-compatible HTTP front door (``python -m api``; ``llmbatch api`` to come).
+"""llmbatch's OpenAI-compatible HTTP front door (``llmbatch api``, or ``python -m api``).
 
 Part of the producer side: it turns OpenAI Files and Batches calls into the same
 ``batch.requested`` / ``cancel_requested`` events the producer SDK publishes, keeps uploaded files in

@@ -1,7 +1,8 @@
-"""``python -m api``: serve the OpenAI-compatible API with uvicorn (127.0.0.1:8080 by default).
+"""``llmbatch api`` (or ``python -m api``): serve the OpenAI-compatible API with uvicorn
+(127.0.0.1:8080 by default).
 
 Settings come from the environment (:mod:`api.settings`); ``--host`` / ``--port`` override
-``LLMBATCH_API__HOST`` / ``LLMBATCH_API__PORT``. ``python -m api --hash-key`` reads an API key from
+``LLMBATCH_API__HOST`` / ``LLMBATCH_API__PORT``. ``llmbatch api --hash-key`` reads an API key from
 stdin and prints the SHA-256 hash to put into ``LLMBATCH_API__KEYS``.
 """
 
@@ -51,7 +52,7 @@ def build_app(settings: ApiSettings) -> FastAPI:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m api",
+        prog="llmbatch api",
         description="llmbatch's OpenAI-compatible HTTP API (Files and Batches). Settings: LLMBATCH_* "
         "environment variables (LLMBATCH_API__KEYS maps SHA-256 hashes of API keys to tenants).",
     )

@@ -4,7 +4,7 @@ Everything comes from the environment like the rest of llmbatch (prefix ``LLMBAT
 nesting): ``LLMBATCH_API__PORT=8080``, ``LLMBATCH_API__KEYS='{"<sha256 hex of the key>": "search"}'``.
 
 API keys are never configured in clear: the server holds only their SHA-256 hashes, each mapped to
-the tenant the key acts for (``python -m api hash-key`` prints the hash of a key read from stdin).
+the tenant the key acts for (``llmbatch api --hash-key`` prints the hash of a key read from stdin).
 Kafka, Redis and S3 credentials are the shared ``SecretStr`` settings and are never logged.
 """
 
@@ -35,7 +35,7 @@ class ApiOptions(BaseModel):
     keys: dict[str, Tenant] = Field(
         default_factory=dict,
         description="SHA-256 hex of each API key -> the tenant it acts for (JSON object). Keys are "
-        "never stored in clear: `python -m api hash-key` prints the hash of a key.",
+        "never stored in clear: `llmbatch api --hash-key` prints the hash of a key.",
     )
     max_upload_bytes: int = Field(
         default=200 << 20, ge=1024, le=8 << 30, description="Largest batch input file accepted (bytes)."
@@ -73,7 +73,7 @@ class ApiOptions(BaseModel):
             if not _SHA256_HEX.fullmatch(lowered):
                 raise ValueError(
                     "LLMBATCH_API__KEYS maps SHA-256 hashes (64 hex digits) of API keys to tenants, got "
-                    f"an entry for tenant {tenant!r} that is not one: store `python -m api hash-key`'s "
+                    f"an entry for tenant {tenant!r} that is not one: store `llmbatch api --hash-key`'s "
                     "output, never the key itself"
                 )
             normalised[lowered] = tenant

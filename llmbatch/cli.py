@@ -6,6 +6,7 @@
 - ``llmbatch dlq list|inspect|replay``       — dispatcher/ops/dlq_cli.py (operators)
 - ``llmbatch engines list|deploy|scale|stop`` — dispatcher/ops/engines_cli.py (operators)
 - ``llmbatch stack prepare|up|down|status|env|dispatcher`` — llmbatch/stack/cli.py (the local stack)
+- ``llmbatch api``                           — api/__main__.py (the OpenAI-compatible HTTP API)
 """
 
 from __future__ import annotations
@@ -27,6 +28,15 @@ app.add_typer(stack_app, name="stack")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(engines_app, name="engines")
+
+
+@app.command("api", add_help_option=False,
+             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def api_command(ctx: typer.Context) -> None:
+    """Serve the OpenAI-compatible HTTP API (Files and Batches); `llmbatch api --help` for options."""
+    from api.__main__ import main as api_main
+
+    raise typer.Exit(api_main(ctx.args))
 
 
 def main() -> None:

@@ -5,7 +5,8 @@
 ``python -m llmbatch.docs settings-table --check``  exit 1 when README.md is stale (the unit test does too)
 
 Every leaf field of :class:`dispatcher.settings.DispatcherSettings` (which extends
-:class:`llmbatch.settings.LLMBatchSettings`, the settings every component shares) becomes one row:
+:class:`llmbatch.settings.LLMBatchSettings`, the settings every component shares) and of the HTTP
+API's :class:`api.settings.ApiOptions` (``LLMBATCH_API__*``) becomes one row:
 its environment variable (``LLMBATCH_`` + the path joined by ``__``), type, default and description.
 Fields without a ``description`` take theirs from :data:`FALLBACK_DESCRIPTIONS`. A last table lists
 the fields of one entry of the model registry (``LLMBATCH_ENGINES__MODELS``, one JSON value:
@@ -198,6 +199,10 @@ def settings_table() -> str:
     instance = DispatcherSettings.model_construct()  # defaults only: the environment is not read
     sections: dict[str, list[tuple[str, ...]]] = {}
     for row in rows(DispatcherSettings, instance):
+        sections.setdefault(row[0], []).append(row)
+    from api.settings import ApiOptions  # the HTTP API's own section (it shares the rest)
+
+    for row in rows(ApiOptions, ApiOptions.model_construct(), ("api",)):
         sections.setdefault(row[0], []).append(row)
     out: list[str] = []
     for section, items in sections.items():

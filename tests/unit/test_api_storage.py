@@ -165,6 +165,19 @@ def test_the_entrypoint_help_and_key_hashing() -> None:
     assert empty.returncode == 2 and "no key" in empty.stderr
 
 
+def test_llmbatch_api_is_the_same_entrypoint() -> None:
+    from typer.testing import CliRunner
+
+    from llmbatch.cli import app
+
+    runner = CliRunner()
+    helped = runner.invoke(app, ["api", "--help"])
+    assert helped.exit_code == 0 and "llmbatch api" in helped.output and "--hash-key" in helped.output
+    hashed = runner.invoke(app, ["api", "--hash-key"], input="sk-abc\n")
+    assert hashed.exit_code == 0 and hashed.output.strip() == hash_api_key("sk-abc")
+    assert "api" in runner.invoke(app, ["--help"]).output
+
+
 def test_invalid_settings_are_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
