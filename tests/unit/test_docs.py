@@ -23,7 +23,9 @@ def _leaf_count() -> int:
             total += count(ann) if isinstance(ann, type) and issubclass(ann, BaseModel) else 1
         return total
 
-    return count(DispatcherSettings)
+    from api.settings import ApiOptions
+
+    return count(DispatcherSettings) + count(ApiOptions)  # the HTTP API's section too
 
 
 def test_table_has_one_row_per_setting_with_env_var_and_default() -> None:
@@ -39,6 +41,7 @@ def test_table_has_one_row_per_setting_with_env_var_and_default() -> None:
     assert "| `engine.enforce_eager` | boolean | `false` |" in table
     assert "| `scaling.min_replicas` | integer | `0` |" in table
     assert "| `LLMBATCH_S3__SECRET_KEY` | secret | *(empty)* |" in table       # secrets never shown
+    assert "| `LLMBATCH_API__KEYS` | JSON object | `{}` |" in table                # the HTTP API's
 
 
 def test_readme_table_is_current() -> None:
