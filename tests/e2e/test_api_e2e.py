@@ -1,0 +1,165 @@
+"""The OpenAI-compatible HTTP API end to end, driven by the official ``openai`` SDK: ``llmbatch api``
+and a dispatcher as processes on the test stack (Kafka, Redis, MinIO, a Ray head), real vLLM on CPU
+(SmolLM2-135M-Instruct). files.create -> batches.create -> batches.retrieve until done ->
+files.content, every output body validated with the SDK's own ChatCompletion; list and cancel too."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from api.auth import hash_api_key
+from llmbatch.chaos.processes import settings_env
+from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings
+from llmbatch.stack.process import free_port
+from producer.topics import ensure_topics
+from schemas.job import EngineConfig
+from tests.e2e.test_dispatcher_e2e import Env, buckets, world  # noqa: F401 (buckets is a fixture)
+from tests.support.dispatcher_kit import inline_lines
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
+API_KEY = "sk-e2e-" + os.urandom(6).hex()
+TERMINAL = {"completed", "failed", "expired", "cancelled"}
+
+
+class ApiProcess:
+    """``python -m api`` on a free loopback port, in its own session; stopped by PID."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.port = free_port()
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "api", "--port", str(self.port), "--log-level", "warning"],
+            env={**os.environ, **env}, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def wait_ready(self, within: float = 60) -> None:
+        end = time.monotonic() + within
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the API exited {self.proc.returncode}: {self.log_path.read_text()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/livez", timeout=2) as reply:
+                    if reply.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)
+        raise AssertionError(f"the API did not answer /livez within {within} s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self._log.close()
+
+
+@pytest.fixture
+def vllm_settings(
+    kafka_settings: KafkaSettings, redis_settings: RedisSettings, buckets: S3Settings,  # noqa: F811
+    ray_settings: RaySettings,
+) -> Any:
+    from llmbatch.stack.model import ensure_model
+    from llmbatch.stack.state import CACHE_DIR
+
+    engine = EngineConfig(backend="vllm", enforce_eager=True, dtype="bfloat16", max_model_len=1024,
+                          num_cpus_per_replica=1.0, batch_size=8)
+    return world(kafka_settings, redis_settings, buckets, ray_settings, engine=engine,
+                 model_path=str(ensure_model()), job={"engine_cache_dir": str(CACHE_DIR / "engine-cache")},
+                 heartbeat_timeout_s=600)
+
+
+@pytest.fixture
+def api(vllm_settings: Any, tmp_path: Path) -> Iterator[ApiProcess]:
+    env = settings_env(vllm_settings)
+    env["LLMBATCH_API__KEYS"] = json.dumps({hash_api_key(API_KEY): "default"})
+    process = ApiProcess(env, tmp_path / "api.log")
+    try:
+        process.wait_ready()
+        yield process
+    finally:
+        process.stop()
+
+
+def _wait_done(client: Any, batch_id: str, within: float) -> Any:
+    end = time.monotonic() + within
+    while True:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in TERMINAL or time.monotonic() > end:
+            return batch
+        time.sleep(2)
+
+
+async def test_the_openai_sdk_runs_a_batch_through_the_http_api_on_real_vllm(
+    vllm_settings: Any, api: ApiProcess, tmp_path: Path
+) -> None:
+    import asyncio
+
+    from openai import OpenAI
+    from openai.types import Batch, FileObject
+    from openai.types.chat import ChatCompletion
+
+    await ensure_topics(vllm_settings)
+    e = Env(vllm_settings, tmp_path)
+    e.spawn()
+    client = OpenAI(base_url=api.base_url, api_key=API_KEY, max_retries=0, timeout=60)
+    try:
+        lines = inline_lines(5, prefix="http")
+        for line in lines:
+            line["body"]["max_tokens"] = 8
+        data = b"".join(orjson.dumps(line) + b"\n" for line in lines)
+        uploaded = await asyncio.to_thread(client.files.create, file=("in.jsonl", data), purpose="batch")
+        assert FileObject.model_validate(uploaded.model_dump()).bytes == len(data)
+        batch = await asyncio.to_thread(client.batches.create, input_file_id=uploaded.id,
+                                        endpoint="/v1/chat/completions", completion_window="24h",
+                                        metadata={"suite": "e2e"})
+        e.batch_ids.add(batch.id)
+        assert batch.status == "validating" and batch.input_file_id == uploaded.id
+        # a second batch of the same file, cancelled at once: it waits behind the first (one job at a time)
+        other = await asyncio.to_thread(client.batches.create, input_file_id=uploaded.id,
+                                        endpoint="/v1/chat/completions", completion_window="24h")
+        e.batch_ids.add(other.id)
+        cancelling = await asyncio.to_thread(client.batches.cancel, other.id)
+        assert cancelling.status in {"cancelling", "cancelled"}
+        listed = await asyncio.to_thread(client.batches.list, limit=10)
+        assert {batch.id, other.id} <= {b.id for b in listed.data}
+
+        done = await asyncio.to_thread(_wait_done, client, batch.id, 900)
+        Batch.model_validate(done.model_dump())
+        assert done.status == "completed", done
+        counts = done.request_counts
+        assert counts is not None and (counts.total, counts.completed, counts.failed) == (5, 5, 0)
+        assert done.output_file_id and done.completed_at and done.metadata == {"suite": "e2e"}
+        content = await asyncio.to_thread(client.files.content, done.output_file_id)
+        outputs = [orjson.loads(raw) for raw in content.text.splitlines() if raw.strip()]
+        assert sorted(o["custom_id"] for o in outputs) == sorted(line["custom_id"] for line in lines)
+        for out in outputs:
+            assert out["response"]["status_code"] == 200 and out["error"] is None
+            completion = ChatCompletion.model_validate(out["response"]["body"])
+            assert completion.choices[0].message.content
+            assert completion.usage is not None and completion.usage.completion_tokens > 0
+
+        cancelled = await asyncio.to_thread(_wait_done, client, other.id, 300)
+        assert cancelled.status == "cancelled", cancelled
+    finally:
+        client.close()
+        await e.close()
