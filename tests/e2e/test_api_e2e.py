@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP API end to end, driven by the official ``openai`` SDK: ``llmbatch api``
 and a dispatcher as processes on the test stack (Kafka, Redis, MinIO, a Ray head), real vLLM on CPU
 (SmolLM2-135M-Instruct). files.create -> batches.create -> batches.retrieve until done ->
-files.content, every output body validated with the SDK's own ChatCompletion; list and cancel too."""
+files.content, every output body validated with the SDK's own ChatCompletion; list and cancel too; and
+the same file sent as a Kafka event gives the same outputs (greedy decoding)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,10 +25,12 @@ from api.auth import hash_api_key
 from llmbatch.chaos.processes import settings_env
 from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings
 from llmbatch.stack.process import free_port
+from producer.storage import make_client
 from producer.topics import ensure_topics
+from schemas.events import EventType
 from schemas.job import EngineConfig
 from tests.e2e.test_dispatcher_e2e import Env, buckets, world  # noqa: F401 (buckets is a fixture)
-from tests.support.dispatcher_kit import inline_lines
+from tests.support.dispatcher_kit import batch_request, inline_lines, request_message
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
 API_KEY = "sk-e2e-" + os.urandom(6).hex()
@@ -109,6 +113,11 @@ def _wait_done(client: Any, batch_id: str, within: float) -> Any:
         time.sleep(2)
 
 
+def _texts(outputs: list[dict[str, Any]]) -> dict[str, str]:
+    """custom_id -> the answer's text."""
+    return {o["custom_id"]: o["response"]["body"]["choices"][0]["message"]["content"] for o in outputs}
+
+
 async def test_the_openai_sdk_runs_a_batch_through_the_http_api_on_real_vllm(
     vllm_settings: Any, api: ApiProcess, tmp_path: Path
 ) -> None:
@@ -125,7 +134,7 @@ async def test_the_openai_sdk_runs_a_batch_through_the_http_api_on_real_vllm(
     try:
         lines = inline_lines(5, prefix="http")
         for line in lines:
-            line["body"]["max_tokens"] = 8
+            line["body"].update(max_tokens=8, temperature=0)  # greedy: comparable with the Kafka run
         data = b"".join(orjson.dumps(line) + b"\n" for line in lines)
         uploaded = await asyncio.to_thread(client.files.create, file=("in.jsonl", data), purpose="batch")
         assert FileObject.model_validate(uploaded.model_dump()).bytes == len(data)
@@ -160,6 +169,21 @@ async def test_the_openai_sdk_runs_a_batch_through_the_http_api_on_real_vllm(
 
         cancelled = await asyncio.to_thread(_wait_done, client, other.id, 300)
         assert cancelled.status == "cancelled", cancelled
+
+        # the same uploaded file as a batch.requested event on Kafka (what upstream services send)
+        s3 = vllm_settings.s3
+        request = batch_request(f"kafka-{uuid.uuid4().hex[:8]}",
+                                input_uri=f"s3://{s3.input_bucket}/default/files/{uploaded.id}.jsonl")
+        await e.send(request_message(request))
+        event = (await e.wait_terminal([request.batch_id], within=900))[request.batch_id][0]
+        assert event.type is EventType.COMPLETED, event.data
+        storage = make_client(s3)
+        kafka_outputs = []
+        for uri in event.data.output_uris:
+            bucket, _, key = str(uri).removeprefix("s3://").partition("/")
+            body = storage.get_object(bucket, key).read()
+            kafka_outputs += [orjson.loads(raw) for raw in body.splitlines()]
+        assert _texts(kafka_outputs) == _texts(outputs) and len(outputs) == 5
     finally:
         client.close()
         await e.close()
