@@ -67,21 +67,25 @@ class Publisher:
             "max_request_size": kafka.topics.max_message_bytes,
         }
         self._producer: Any = None
+        self._starting = asyncio.Lock()  # concurrent first publishes (the HTTP API) share one producer
 
     async def start(self) -> None:
         """Connect to the cluster (fails fast with :class:`BrokerUnavailable`)."""
         if self._producer is not None:
             return
-        from aiokafka import AIOKafkaProducer
-        from aiokafka.errors import KafkaError
+        async with self._starting:
+            if self._producer is not None:
+                return
+            from aiokafka import AIOKafkaProducer
+            from aiokafka.errors import KafkaError
 
-        producer = AIOKafkaProducer(**self._kafka.client_kwargs(), **self._options)
-        try:
-            await asyncio.wait_for(producer.start(), self._connect_timeout_s)
-        except (TimeoutError, KafkaError, OSError) as exc:
-            await _quietly(producer.stop())
-            raise _unreachable(self._kafka, exc) from exc
-        self._producer = producer
+            producer = AIOKafkaProducer(**self._kafka.client_kwargs(), **self._options)
+            try:
+                await asyncio.wait_for(producer.start(), self._connect_timeout_s)
+            except (TimeoutError, KafkaError, OSError) as exc:
+                await _quietly(producer.stop())
+                raise _unreachable(self._kafka, exc) from exc
+            self._producer = producer
 
     async def stop(self) -> None:
         """Flush and disconnect."""
