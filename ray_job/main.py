@@ -313,6 +313,7 @@ class Attempt:
             "timings": built.timings.model_dump(mode="json"),
             "error": error.model_dump(exclude_none=True) if error else None,
             "driver_max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "driver_uss_mb": driver_uss_mb(),
         }
         return result, intact
 
@@ -378,6 +379,17 @@ class Attempt:
     def _close_progress(self) -> None:
         if self.progress is not None:
             self.progress.close()
+
+
+def driver_uss_mb() -> float | None:
+    """The driver's own memory now (USS: pages no other process shares), in MB; ``None`` when the OS
+    does not say. ``ru_maxrss`` also counts the object-store pages the driver mapped to read results."""
+    try:
+        import psutil
+
+        return round(psutil.Process().memory_full_info().uss / 1e6, 1)
+    except Exception:  # psutil.AccessDenied, no /proc/<pid>/smaps: the figure is informational
+        return None
 
 
 SUPERSEDED = "superseded"
