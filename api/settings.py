@@ -14,7 +14,6 @@ import re
 import socket
 
 from pydantic import BaseModel, Field, field_validator
-from pydantic_settings import SettingsConfigDict
 
 from llmbatch.settings import LLMBatchSettings
 from schemas.common import Duration, Tenant
@@ -82,13 +81,5 @@ class ApiOptions(BaseModel):
 
 class ApiSettings(LLMBatchSettings):
     """``ApiSettings()`` reads the environment (``LLMBATCH_`` prefix, ``__`` nesting)."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="LLMBATCH_",
-        env_nested_delimiter="__",
-        env_file=".env",
-        env_file_encoding="utf-8",
-        extra="ignore",
-    )
 
     api: ApiOptions = ApiOptions()

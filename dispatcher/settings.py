@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import SettingsConfigDict
 
 from dispatcher.retry import AttemptPolicy, Backoff
 from llmbatch.settings import LLMBatchSettings
@@ -274,14 +273,6 @@ def secret_values(model: BaseModel, path: str = "") -> Iterator[tuple[str, str]]
 
 class DispatcherSettings(LLMBatchSettings):
     """``DispatcherSettings()`` reads the environment (``LLMBATCH_`` prefix, ``__`` nesting)."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="LLMBATCH_",
-        env_nested_delimiter="__",
-        env_file=".env",
-        env_file_encoding="utf-8",
-        extra="ignore",
-    )
 
     dispatcher: DispatcherOptions = DispatcherOptions()
     job: JobOptions = JobOptions()
