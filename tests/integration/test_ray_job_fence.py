@@ -142,6 +142,22 @@ async def test_a_new_lifecycle_is_not_fenced_out_by_an_old_progress_hash(
         job.close()
 
 
+def heartbeating_spec(batch_id: str, redis_url: str, key: str, tmp_path: Path,
+                      monkeypatch: pytest.MonkeyPatch) -> JobSpec:
+    """Attempt 1 of a one-line batch whose progress (every 0.2 s) goes to ``key``; results go to
+    ``tmp_path`` (the job's S3 filesystem is patched to it)."""
+    (tmp_path / "results" / "default" / batch_id).mkdir(parents=True)
+    local = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    monkeypatch.setattr(job_main.s3, "filesystem", lambda: local)
+    return JobSpec.model_validate({
+        "batch_id": batch_id, "attempt": 1, "endpoint": "/v1/chat/completions", "model": "m",
+        "requests": [{"custom_id": "r0", "method": "POST", "url": "/v1/chat/completions",
+                      "body": {"messages": [{"role": "user", "content": "hi"}]}}],
+        "output_prefix": f"s3://results/default/{batch_id}/",
+        "redis_url": redis_url, "progress_key": key, "progress_interval_s": 0.2,
+    })
+
+
 def test_a_stale_attempt_that_never_writes_stops_at_its_next_heartbeat(
     redis_settings: RedisSettings, key: tuple[redis.Redis, str], tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -152,16 +168,7 @@ def test_a_stale_attempt_that_never_writes_stops_at_its_next_heartbeat(
     import time
 
     client, name = key
-    spec = JobSpec.model_validate({
-        "batch_id": "b2", "attempt": 1, "endpoint": "/v1/chat/completions", "model": "m",
-        "requests": [{"custom_id": "r0", "method": "POST", "url": "/v1/chat/completions",
-                      "body": {"messages": [{"role": "user", "content": "hi"}]}}],
-        "output_prefix": "s3://results/default/b2/",
-        "redis_url": redis_settings.url, "progress_key": name, "progress_interval_s": 0.2,
-    })
-    (tmp_path / "results" / "default" / "b2").mkdir(parents=True)
-    local = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
-    monkeypatch.setattr(job_main.s3, "filesystem", lambda: local)
+    spec = heartbeating_spec("b2", redis_settings.url, name, tmp_path, monkeypatch)
     ran_to_the_end = False
 
     def hung_pipeline() -> None:
@@ -199,16 +206,7 @@ def test_a_stale_run_on_the_warm_runner_stops_at_its_next_heartbeat(
     from ray_job.runner import RunnerAttempt
 
     client, name = key
-    spec = JobSpec.model_validate({
-        "batch_id": "b3", "attempt": 1, "endpoint": "/v1/chat/completions", "model": "m",
-        "requests": [{"custom_id": "r0", "method": "POST", "url": "/v1/chat/completions",
-                      "body": {"messages": [{"role": "user", "content": "hi"}]}}],
-        "output_prefix": "s3://results/default/b3/",
-        "redis_url": redis_settings.url, "progress_key": name, "progress_interval_s": 0.2,
-    })
-    (tmp_path / "results" / "default" / "b3").mkdir(parents=True)
-    local = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
-    monkeypatch.setattr(job_main.s3, "filesystem", lambda: local)
+    spec = heartbeating_spec("b3", redis_settings.url, name, tmp_path, monkeypatch)
     attempt = RunnerAttempt(spec, tokenizer=lambda: None, keep_text=False, engine=lambda: None)  # type: ignore[arg-type,return-value]
     waited = 0.0
 
