@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +43,15 @@ def settings_env(settings: BaseModel, prefix: str = "LLMBATCH_") -> dict[str, st
 
 
 class DispatcherProcess:
-    """``python -m dispatcher`` in its own session, logs to a file; stopped by PID only."""
+    """``python -m dispatcher`` (or another of the project's services: ``module``, with ``args``) in
+    its own session with ``settings`` as its environment, logs to a file; stopped by PID only."""
 
-    def __init__(self, settings: BaseModel, log_path: Path, **env: str) -> None:
+    def __init__(self, settings: BaseModel, log_path: Path, *, module: str = "dispatcher",
+                 args: Sequence[str] = (), **env: str) -> None:
         self.settings = settings
         self.log_path = log_path
+        self.module = module
+        self.args = list(args)
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -58,7 +63,7 @@ class DispatcherProcess:
         full["PYTHONUNBUFFERED"] = "1"
         with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "dispatcher"],
+                [sys.executable, "-m", self.module, *self.args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -22,7 +19,7 @@ import orjson
 import pytest
 
 from api.auth import hash_api_key
-from llmbatch.chaos.processes import settings_env
+from llmbatch.chaos.processes import DispatcherProcess
 from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings
 from llmbatch.stack.process import free_port
 from producer.storage import make_client
@@ -38,16 +35,15 @@ TERMINAL = {"completed", "failed", "expired", "cancelled"}
 
 
 class ApiProcess:
-    """``python -m api`` on a free loopback port, in its own session; stopped by PID."""
+    """``python -m api`` on a free loopback port, with the dispatcher's settings as its environment
+    (a :class:`DispatcherProcess` of module ``api``: own session, stopped by PID)."""
 
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, settings: Any, log_path: Path) -> None:
         self.port = free_port()
-        self.log_path = log_path
-        self._log = log_path.open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "api", "--port", str(self.port), "--log-level", "warning"],
-            env={**os.environ, **env}, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+        self.process = DispatcherProcess(
+            settings, log_path, module="api", args=["--port", str(self.port), "--log-level", "warning"],
+            LLMBATCH_API__KEYS=json.dumps({hash_api_key(API_KEY): "default"}),
+        ).start()
 
     @property
     def base_url(self) -> str:
@@ -56,8 +52,8 @@ class ApiProcess:
     def wait_ready(self, within: float = 60) -> None:
         end = time.monotonic() + within
         while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the API exited {self.proc.returncode}: {self.log_path.read_text()}")
+            if not self.process.alive():
+                raise AssertionError(f"the API exited: {self.process.tail()}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/livez", timeout=2) as reply:
                     if reply.status == 200:
@@ -65,16 +61,6 @@ class ApiProcess:
             except OSError:
                 time.sleep(0.2)
         raise AssertionError(f"the API did not answer /livez within {within} s")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
-        self._log.close()
 
 
 @pytest.fixture
@@ -94,14 +80,12 @@ def vllm_settings(
 
 @pytest.fixture
 def api(vllm_settings: Any, tmp_path: Path) -> Iterator[ApiProcess]:
-    env = settings_env(vllm_settings)
-    env["LLMBATCH_API__KEYS"] = json.dumps({hash_api_key(API_KEY): "default"})
-    process = ApiProcess(env, tmp_path / "api.log")
+    running = ApiProcess(vllm_settings, tmp_path / "api.log")
     try:
-        process.wait_ready()
-        yield process
+        running.wait_ready()
+        yield running
     finally:
-        process.stop()
+        running.process.terminate(timeout=20)
 
 
 def _wait_done(client: Any, batch_id: str, within: float) -> Any:
