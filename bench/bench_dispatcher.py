@@ -71,6 +71,7 @@ def world(base: LLMBatchSettings, ray: RaySettings, **opts: Any) -> DispatcherSe
         max_queued=1_000_000,
         poll_interval_s=1.0,
         max_in_flight=1,
+        shared_engines=False,  # intake and launch overhead of the Ray-job path
     )
     options.update(opts)
     return DispatcherSettings(

@@ -54,6 +54,16 @@ def cluster_serve_config(
                         http_address=settings.ray.serve_address)
 
 
+def config_lost(config: dict[str, Any], details: dict[str, Any]) -> bool:
+    """Whether Serve holds none of ``config``'s applications (``details``: ``GET
+    /api/serve/applications/``): its head restarted without them, or Serve was shut down. The
+    dispatcher then deploys them again. Some missing is not lost: ``llmbatch engines stop`` removes
+    one model's application until the next deploy from settings, and that stays so."""
+    wanted = {str(app["name"]) for app in config.get("applications") or []}
+    present = set(details.get("applications") or {})
+    return bool(wanted) and not wanted & present
+
+
 def runner_env_vars(settings: DispatcherSettings) -> dict[str, str]:
     """The batch runner's environment, as a job's: where S3 is, and ``job.env_vars``. No secret: the
     replicas take the S3 keys and the Redis password from the Ray workers' own environment."""

@@ -170,14 +170,18 @@ class Dispatcher:
         await self._until_ok("kafka topics", self._ensure_topics)
         await self._until_ok("kafka consumer", self.consumer.start)
         await self._check_durability()
+        deployed = False
         if opts.shared_engines and opts.deploy_engines:
-            await self._until_ok("engine deployment", self._deploy_engines)
+            deployed = await self._deploy_engines_at_start()
         self._tasks = [
             asyncio.create_task(self.consumer.run(), name="consumer"),
             asyncio.create_task(self.tracker.run(), name="tracker"),
         ]
         if self.runner is not None:
             self._tasks.append(asyncio.create_task(self._watch_engines(self.runner), name="engine-metrics"))
+        if opts.shared_engines and opts.deploy_engines:
+            keep = self._keep_engines_deployed(deployed)
+            self._tasks.append(asyncio.create_task(keep, name="engine-deploy"))
         if opts.reconcile_interval_s > 0:
             self._tasks.append(asyncio.create_task(self._reconcile(), name="reconcile"))
         self._started = True
@@ -231,12 +235,60 @@ class Dispatcher:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), 5.0)
 
-    async def _deploy_engines(self) -> None:
-        """Apply the registry to the cluster's Serve config (idempotent: unchanged apps keep running)."""
-        from dispatcher.engines import cluster_serve_config
+    async def _deploy_engines_at_start(self) -> bool:
+        """Deploy the engines; a config Serve refuses stops the start. Ray not answering does not:
+        intake goes on, and :meth:`_keep_engines_deployed` deploys once Ray is back."""
+        try:
+            await self._deploy_engines()
+        except DispatcherError as exc:
+            if not exc.retriable:
+                raise
+            log.warning("engines not deployed: Ray does not answer; deploying them once it does",
+                        extra={"error": str(exc)})
+            return False
+        return True
+
+    async def _keep_engines_deployed(self, deployed: bool) -> None:
+        """Deploy the engines once Ray answers, if the start could not (``deployed`` False); then,
+        on the tracker leader, again whenever Serve has lost all of them (a Ray head restarted
+        without GCS fault tolerance comes back with no applications: the batches waiting for an
+        engine would otherwise fail with engine_unavailable)."""
+        from dispatcher.engines import config_lost
         from dispatcher.serve_api import ServeApi
 
-        config = cluster_serve_config(self.settings)
+        api = ServeApi(self.settings.ray.address)
+        refused = ""
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), ENGINE_POLL_S)
+            if self._stop.is_set() or (deployed and not self.tracker.is_leader):
+                continue
+            try:
+                if deployed and config_lost(self._engines_config(), await api.status()):
+                    log.warning("Ray Serve has none of the engines (a Ray head restart?): deploying "
+                                "them again")
+                    deployed = False
+                if not deployed:
+                    await self._deploy_engines()
+                    deployed = True
+                refused = ""
+            except DispatcherError as exc:
+                if exc.retriable:  # the tracker reports Ray's outages; no line per poll
+                    log.debug("engine deployment check failed: %s", exc)
+                elif str(exc) != refused:  # said once per refusal
+                    refused = str(exc)
+                    log.error("Ray Serve refused the engines' config", extra={"error": refused})
+
+    def _engines_config(self) -> dict[str, Any]:
+        from dispatcher.engines import cluster_serve_config
+
+        return cluster_serve_config(self.settings)
+
+    async def _deploy_engines(self) -> None:
+        """Apply the registry to the cluster's Serve config (idempotent: unchanged apps keep running)."""
+        from dispatcher.serve_api import ServeApi
+
+        config = self._engines_config()
         await ServeApi(self.settings.ray.address).deploy(config)
         log.info("engines deployed", extra={"applications": [a["name"] for a in config["applications"]]})
 

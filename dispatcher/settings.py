@@ -127,9 +127,9 @@ class DispatcherOptions(BaseModel):
     log_level: str = "INFO"
     log_json: bool = True
     shared_engines: bool = Field(
-        default=False,
+        default=True,
         description="Run batches on each model's shared, warm engine (a Ray Serve application, "
-        "ray_job.serve_engine) instead of an engine per Ray job.",
+        "ray_job.serve_engine); false starts an engine in every batch's Ray job.",
     )
     deploy_engines: bool = Field(
         default=True,

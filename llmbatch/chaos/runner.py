@@ -105,6 +105,8 @@ def chaos_settings(stack: Any, run: str, max_in_flight: int) -> DispatcherSettin
             group_id=f"{run}-g", session_timeout_ms=6000, heartbeat_interval_ms=1000, poll_interval_s=0.5,
             lease_ttl_s=4, retry_backoff_base_s=0.5, retry_backoff_max_s=4, io_backoff_base_s=0.2,
             io_backoff_max_s=2, log_json=True, max_in_flight=max_in_flight,
+            # the faults include killing a running job's driver: every batch runs as a Ray job
+            shared_engines=False,
         ),
         engines=EngineRegistry(models={MODEL: EngineModel(path="/models/unused", engine=engine)}),
         job=JobOptions(python=sys.executable, progress_interval_s=0.5, ray_stop_wait_s=10, stop_wait_s=30,

@@ -21,6 +21,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from dispatcher.errors import DispatcherError
 from dispatcher.keys import Keys
 from dispatcher.settings import DispatcherOptions, DispatcherSettings, JobOptions
 from dispatcher.states import State
@@ -171,6 +172,8 @@ def world(
         log_json=True,
         # 2 test CPUs fit one Ray Data job at a time; more would starve each other
         max_in_flight=1,
+        # these tests prove the Ray-job path (an engine per job); the shared engines' tests opt in
+        shared_engines=False,
     )
     options.update(opts)
     return DispatcherSettings(
@@ -702,6 +705,60 @@ async def test_shared_engine_serves_every_batch_and_unknown_models_are_refused(
         assert {r.get("via") for r in records if r is not None} == {"batch_runner"}, records
     finally:
         await api.deploy({"applications": []})
+
+
+async def test_a_ray_head_restart_loses_the_shared_engines_which_are_deployed_again(
+    kafka_settings: KafkaSettings, redis_settings: RedisSettings, buckets: S3Settings, tmp_path: Path
+) -> None:
+    """A head restarted without GCS fault tolerance comes back with no Serve applications: the
+    dispatcher (tracker leader) deploys the engines and the batch runner again, and the batch whose
+    runner attempt the restart lost runs again and completes, answered once."""
+    from dispatcher.serve_api import ServeApi
+    from ray_job.runner import APP_NAME
+    from schemas.engines import ReplicaResources, Scaling
+    from tests.support.dispatcher_kit import MODEL
+    from tests.support.private_ray import PrivateRay
+
+    head = PrivateRay(tmp_path / "ray", s3=buckets)
+    head.start()
+    settings = world(kafka_settings, redis_settings, buckets,
+                     RaySettings(address=head.address, serve_address=head.serve_address),
+                     shared_engines=True, max_in_flight=None)
+    slow = FAKE.model_copy(update={"fake_delay_s": 1.0, "batch_size": 1, "batches_in_flight": 1})
+    entry = settings.engines.get(MODEL).model_copy(update={
+        "engine": slow, "resources": ReplicaResources(num_cpus=0.25),
+        "scaling": Scaling(min_replicas=1, max_replicas=1, idle_s=60),
+    })
+    e = Env(settings.model_copy(update={"engines": EngineRegistry(models={MODEL: entry})}), tmp_path)
+    await ensure_topics(e.settings)
+    api = ServeApi(head.address, timeout_s=30)
+
+    async def runner_deployed() -> bool:
+        try:
+            return APP_NAME in ((await api.status()).get("applications") or {})
+        except DispatcherError:
+            return False
+
+    try:
+        e.spawn()
+        request = batch_request(f"rayserve-{uuid.uuid4().hex[:6]}", requests=inline_lines(30))
+        await e.send(request_message(request))
+        await wait_for(lambda: _progress(e, request.batch_id), 300, what="the batch to make progress")
+        head.stop()
+        head.start()  # same ports, no Serve applications
+        assert not await runner_deployed()
+        await wait_for(runner_deployed, 120, interval=2, what="the dispatcher to deploy the engines again")
+        found = await e.wait_terminal([request.batch_id], within=400)
+        event = found[request.batch_id][0]
+        assert event.type is EventType.COMPLETED, event.data.error
+        assert event.data.attempts >= 2 and event.data.request_counts.completed == 30
+        assert_one_terminal(await e.results(), [request.batch_id])
+        assert sorted(_custom_ids(buckets, event.data.output_uris)) == sorted(f"req-{i}" for i in range(30))
+        assert "deploying them again" in "".join(p.log_path.read_text() for p in e.procs)
+    finally:
+        await e.close()
+        head.stop()
+        head.remove_temp()
 
 
 def _runner_pids(details: dict[str, Any]) -> list[int]:

@@ -104,7 +104,7 @@ async def ops(kafka_settings: KafkaSettings, redis_settings: RedisSettings, s3_s
         dispatcher=DispatcherOptions(group_id=f"oe-{tag}", instance_id="ops-e2e", metrics_port=free_port(),
                                      session_timeout_ms=6000, heartbeat_interval_ms=1000, poll_interval_s=0.5,
                                      lease_ttl_s=4, retry_backoff_base_s=0.5, retry_backoff_max_s=2,
-                                     progress_interval_s=1),
+                                     progress_interval_s=1, shared_engines=False),
         job=JobOptions(python=sys.executable, progress_interval_s=0.5, ray_stop_wait_s=10, stop_wait_s=30),
         engines=registry(ENGINE),
     )

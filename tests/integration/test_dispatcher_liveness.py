@@ -38,7 +38,8 @@ async def test_livez_fails_while_the_tracker_hangs_and_recovers(
         redis=redis_settings.model_copy(update={"key_prefix": f"live{tag}"}),
         s3=s3_settings,
         dispatcher=DispatcherOptions(group_id=f"g-{tag}", metrics_host="127.0.0.1", metrics_port=0,
-                                     stall_timeout_s=2.0, poll_interval_s=0.2, lease_ttl_s=3),
+                                     stall_timeout_s=2.0, poll_interval_s=0.2, lease_ttl_s=3,
+                                     shared_engines=False),
         engines=registry(),
     )
     backend: object = Jobs()

@@ -186,6 +186,7 @@ async def test_a_python_that_exits_2_is_retried_not_taken_for_an_invalid_spec(
         redis=RedisSettings(url=redis_settings.url, password=SecretStr(""), key_prefix=prefix),
         ray=ray_settings,
         job=JobOptions(python=str(python), ship_modules=False),
+        dispatcher=DispatcherOptions(shared_engines=False),
         engines=EngineRegistry(models={"a": ENTRY}),
     )
     store = StateStore.from_url(redis_settings.url, keys=Keys(prefix), finished_ttl_s=3600, dedupe_ttl_s=3600)
@@ -229,6 +230,7 @@ async def test_a_batch_id_used_again_after_its_record_is_gone_is_a_new_lifecycle
             redis=RedisSettings(url=redis_settings.url, password=SecretStr(""), key_prefix=prefix),
             ray=ray_settings,
             job=JobOptions(python=str(python), ship_modules=False),
+            dispatcher=DispatcherOptions(shared_engines=False),
             engines=EngineRegistry(models={"a": ENTRY}),
         )
 
@@ -321,6 +323,7 @@ async def test_a_hung_attempt_is_stopped_and_the_next_starts_only_once_it_ended(
     settings = DispatcherSettings(
         _env_file=None,  # type: ignore[call-arg]
         redis=RedisSettings(url=redis_settings.url, password=SecretStr(""), key_prefix=prefix),
+        dispatcher=DispatcherOptions(shared_engines=False),
         engines=EngineRegistry(models={"a": ENTRY}),
     )
     clock = [NOW]
@@ -380,6 +383,7 @@ async def test_a_cancel_of_a_queued_retry_finishes_it_at_the_next_tick(redis_set
     settings = DispatcherSettings(
         _env_file=None,  # type: ignore[call-arg]
         redis=RedisSettings(url=redis_settings.url, password=SecretStr(""), key_prefix=prefix),
+        dispatcher=DispatcherOptions(shared_engines=False),
         engines=EngineRegistry(models={"a": ENTRY}),
     )
     store = StateStore.from_url(redis_settings.url, keys=Keys(prefix), finished_ttl_s=3600, dedupe_ttl_s=3600)

@@ -56,7 +56,7 @@ async def test_a_broker_outage_logs_aiokafka_once_per_kind_not_per_retry(
         s3=s3_settings,
         ray=ray_settings,
         dispatcher=DispatcherOptions(group_id=f"{run}-g", session_timeout_ms=6000, heartbeat_interval_ms=1000,
-                                     metrics_port=0, log_json=True),
+                                     metrics_port=0, log_json=True, shared_engines=False),
         engines=EngineRegistry(models={"m": EngineModel(path="/unused", engine=FAKE)}),
         job=JobOptions(python=sys.executable),
     )

@@ -87,8 +87,9 @@ def test_admitted_work_of_each_rank_fits_unless_it_ran_alone(
 
 
 def test_max_in_flight_defaults_follow_the_engine_mode() -> None:
-    assert DispatcherOptions().launch_limit == OWN_ENGINE_IN_FLIGHT
-    assert DispatcherOptions(shared_engines=True).launch_limit == SHARED_IN_FLIGHT
+    assert DispatcherOptions().shared_engines  # the default: every batch on the warm, shared engines
+    assert DispatcherOptions().launch_limit == SHARED_IN_FLIGHT
+    assert DispatcherOptions(shared_engines=False).launch_limit == OWN_ENGINE_IN_FLIGHT
     assert DispatcherOptions(shared_engines=True, max_in_flight=3).launch_limit == 3
 
 

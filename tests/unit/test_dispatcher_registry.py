@@ -131,7 +131,7 @@ def test_no_model_configured_is_a_serving_problem_naming_the_fix() -> None:
 async def test_dispatcher_without_a_model_refuses_to_start() -> None:
     settings = DispatcherSettings(
         _env_file=None,
-        dispatcher=DispatcherOptions(metrics_port=None),
+        dispatcher=DispatcherOptions(metrics_port=None, shared_engines=False),
         redis=RedisSettings(url="redis://127.0.0.1:1/0"),  # never reached: start refuses first
     )
     backend: Any = FakeBackend()
@@ -305,13 +305,13 @@ async def test_shared_engines_put_the_models_serve_app_in_the_spec() -> None:
 
     t, store, backend = tracker(registry(path="/models/smollm2"))
     store.fresh = stored("submitted", 1, submission_id="b-gone-a1")
-    await t.start_attempt(stored("queued", 0))
-    assert backend.submitted[-1].engine_app is None  # default: an engine per job
-    t.settings.dispatcher.shared_engines = True
     t.settings.dispatcher.engine_wait_s = 42.0
     await t.start_attempt(stored("queued", 0))
-    spec = backend.submitted[-1]
+    spec = backend.submitted[-1]  # the default: the model's shared engine
     assert spec.engine_app == app_name(MODEL) and spec.engine_wait_s == 42.0
+    t.settings.dispatcher.shared_engines = False
+    await t.start_attempt(stored("queued", 0))
+    assert backend.submitted[-1].engine_app is None  # an engine per job
 
 
 async def test_no_engine_in_time_fails_the_batch_once_without_retrying() -> None:

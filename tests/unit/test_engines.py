@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from dispatcher.engines import (
     cluster_serve_config,
+    config_lost,
     replica_pids,
     serve_config,
     summarize,
@@ -157,6 +158,20 @@ def test_scale_and_stop_change_one_model_only() -> None:
         without(registry, "nope")
 
 
+def test_config_is_lost_only_when_serve_has_none_of_its_applications() -> None:
+    config = serve_config(_registry(), http_address="http://127.0.0.1:8000")
+    names = [a["name"] for a in config["applications"]]
+    # a restarted head: no applications at all, or only someone else's
+    assert config_lost(config, {"applications": {}})
+    assert config_lost(config, {})
+    assert config_lost(config, {"applications": {"someone-else": {"status": "RUNNING"}}})
+    # all there, or one removed by `llmbatch engines stop` (that stays so until the next deploy)
+    assert not config_lost(config, {"applications": {n: {"status": "RUNNING"} for n in names}})
+    assert not config_lost(config, {"applications": {names[0]: {"status": "DEPLOYING"}}})
+    # nothing to deploy is never lost
+    assert not config_lost({"applications": []}, {})
+
+
 def test_summarize_reads_serve_details() -> None:
     registry = _registry()
     small = app_name("small")
@@ -210,7 +225,7 @@ def test_manifest_serve_config_is_the_dispatchers_without_secrets() -> None:
 
 
 def test_manifest_serve_config_refuses_s3_keys_and_secret_env() -> None:
-    no_runner = _shared().model_copy(update={"dispatcher": DispatcherOptions()})
+    no_runner = _shared().model_copy(update={"dispatcher": DispatcherOptions(shared_engines=False)})
     assert [a["name"] for a in manifest_serve_config(no_runner)["applications"]] == [
         app_name(m) for m in sorted(_registry().models)
     ]
