@@ -131,6 +131,9 @@ def test_dispatcher_settings_point_at_the_compose_services(
         assert (
             ray.hostname == "ray-head" and f"--dashboard-port={ray.port}" in services["ray-head"]["command"]
         )
+        if settings.dispatcher.shared_engines and settings.dispatcher.short_path_max_lines > 0:
+            # the batch runner behind Serve's proxy on the head (loopback would be the dispatcher's own)
+            assert urlparse(settings.ray.serve_address).hostname == "ray-head"
         assert settings.ray.auth_token is not None
         assert (
             settings.ray.auth_token.get_secret_value()

@@ -406,8 +406,19 @@ def test_gpu_prod_raycluster(renders: dict[str, list[dict[str, Any]]]) -> None:
     assert spec["rayVersion"] == "2.60.0"
     assert spec["enableInTreeAutoscaling"] is True
     assert spec["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
-    (group,) = spec["workerGroupSpecs"]
+    group, cpu = spec["workerGroupSpecs"]
     assert group["minReplicas"] == 0
+    # the shared engines' always-on batch runner and the jobs' CPU stages go to a CPU group, so
+    # nothing keeps a GPU worker up: the GPU group scales back to zero
+    assert settings.dispatcher.shared_engines is True
+    assert cpu["groupName"] == "cpu" and cpu["minReplicas"] >= 1 and cpu["rayStartParams"] == {}
+    cpu_pod = cpu["template"]["spec"]
+    assert "tolerations" not in cpu_pod and "nodeSelector" not in cpu_pod
+    for container in vd.containers(cpu_pod):
+        for part in ("requests", "limits"):
+            assert "nvidia.com/gpu" not in (container.get("resources") or {}).get(part, {})
+    assert ENGINE_RESOURCE not in _node(spec, "cpu")
+    _assert_model_reachable(settings, cpu_pod)  # the runner tokenizes
     engine = _served(settings, "Qwen/Qwen2.5-0.5B-Instruct").engine
     gpus_per_job = engine.replicas * engine.num_gpus_per_replica
     assert gpus_per_job >= 1
@@ -571,22 +582,17 @@ def test_rayservice_cluster_is_gpu_prods(renders: dict[str, list[dict[str, Any]]
     prod = _normalized(vd.one(renders["gpu-prod"], "RayCluster")["spec"])
     assert spec.pop("authOptions") == {"mode": "token", "secretName": "llmbatch-ray-auth"}
     gpu, cpu = spec.pop("workerGroupSpecs")
-    (prod_gpu,) = prod.pop("workerGroupSpecs")
+    prod_gpu, prod_cpu = prod.pop("workerGroupSpecs")
     assert _normalized(spec) == prod
-    probe = gpu["template"]["spec"]["containers"][0].pop("readinessProbe")
-    assert "52365/api/local_raylet_healthz" in probe["exec"]["command"][-1]
-    assert ":8000" not in probe["exec"]["command"][-1]
-    assert _normalized(gpu) == prod_gpu
+    for group, in_prod in ((gpu, prod_gpu), (cpu, prod_cpu)):
+        probe = group["template"]["spec"]["containers"][0].pop("readinessProbe")
+        assert "52365/api/local_raylet_healthz" in probe["exec"]["command"][-1]
+        assert ":8000" not in probe["exec"]["command"][-1]
+        assert _normalized(group) == in_prod
     assert gpu["minReplicas"] == 0 and spec["enableInTreeAutoscaling"] is True
     assert service["spec"]["upgradeStrategy"] == {"type": "NewCluster"}
-    assert cpu["groupName"] == "cpu" and cpu["minReplicas"] >= 1 and cpu["rayStartParams"] == {}
-    pod = cpu["template"]["spec"]
-    assert "tolerations" not in pod and "nodeSelector" not in pod
-    assert "readinessProbe" in pod["containers"][0]
-    for container in vd.containers(pod):
-        for part in ("requests", "limits"):
-            assert "nvidia.com/gpu" not in (container.get("resources") or {}).get(part, {})
-    _assert_model_reachable(_settings(renders[RAYSERVICE]), pod)  # the runner tokenizes
+    assert cpu["groupName"] == "cpu" and cpu["minReplicas"] >= 1
+    _assert_model_reachable(_settings(renders[RAYSERVICE]), cpu["template"]["spec"])  # the runner tokenizes
 
 
 def _rayservice(renders: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
