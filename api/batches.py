@@ -6,7 +6,9 @@
 uploaded file as its ``input_uri`` and its lines' model; ``POST /v1/batches/{id}/cancel`` publishes
 ``llmbatch.batch.cancel_requested.v1``. The API keeps a record of each batch it created
 (:class:`~api.records.StoredBatch`): it is written *before* the event, so a batch never runs without
-the API knowing it (if publishing fails the record is removed again and the call answers 503).
+the API knowing it (if publishing fails the record is removed again and the call answers 503). A
+record whose event never got out (the API stopped in between) has its event published again when the
+batch is read and the dispatcher has not heard of it after ``republish_after_s``.
 
 Reads combine that record with the dispatcher's Redis state (:mod:`api.state`) and, for a batch Redis
 does not know that is older than ``state_fallback_after_s``, its manifest (:mod:`api.results`); the
@@ -19,6 +21,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from pydantic import ValidationError
@@ -112,9 +115,11 @@ class BatchService:
         source: str,
         default_window: str = "24h",
         priority: int = 5,
+        republish_after_s: float = 120.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.reader = reader
+        self.republish_after_s = republish_after_s
         self.records = reader.records
         self.layout = layout
         self.publisher = publisher
@@ -164,6 +169,7 @@ class BatchService:
             raise from_exception(SchemaError.from_validation_error(exc)) from None
         except SchemaError as exc:
             raise from_exception(exc) from None
+        envelope = Envelope.new(request, source=self.source, time=datetime.fromtimestamp(now, UTC))
         stored = StoredBatch(
             id=batch_id,
             tenant=tenant,
@@ -176,10 +182,13 @@ class BatchService:
             metadata=dict(body.metadata or {}),
             total=file.requests,
             input_uri=input_uri,
+            priority=self.priority,
+            event_id=envelope.id,
+            event_source=envelope.source,
         )
         await self.records.put("batches", stored)
         try:
-            await self.publisher.publish(self.requests_topic, Envelope.new(request, source=self.source))
+            await self.publisher.publish(self.requests_topic, envelope)
         except Exception as exc:
             await self._forget(stored)
             raise from_exception(exc) from exc
@@ -192,7 +201,49 @@ class BatchService:
             log.warning("could not remove the record of unpublished batch %s", stored.id, exc_info=True)
 
     async def get(self, tenant: str, batch_id: str) -> Batch:
-        return (await self.reader.one(tenant, batch_id)).batch()
+        snapshot = await self.reader.one(tenant, batch_id)
+        await self._publish_lost([snapshot])
+        return snapshot.batch()
+
+    async def _publish_lost(self, snapshots: Sequence[Snapshot]) -> None:
+        """Publish again the event of each batch the dispatcher has not heard of long after its create.
+
+        The record is written before the event: an API that stops in between (or whose publish failed
+        and whose clean-up failed too) leaves a batch that would read ``validating`` for ever. The copy
+        carries the record's event id and key, so if the first one did get out the dispatcher drops
+        the copy as a redelivery; at most one copy per ``republish_after_s`` and batch."""
+        now = self.clock()
+        for snapshot in snapshots:
+            stored = snapshot.stored
+            last = max(stored.created_at, stored.republished_at or 0.0)
+            known = snapshot.job is not None or snapshot.manifest is not None
+            if known or now - last < self.republish_after_s:
+                continue
+            try:
+                await self.publisher.publish(self.requests_topic, self._request_event(stored))
+                await self.records.put("batches", stored.model_copy(update={"republished_at": now}))
+            except Exception:  # the next read tries again; reading must not fail for it
+                log.warning("could not publish batch %s again", stored.id, exc_info=True)
+                continue
+            log.warning("batch %s: the dispatcher had not heard of it %.0f s after its create; its event "
+                        "was published again", stored.id, now - stored.created_at)
+
+    def _request_event(self, stored: StoredBatch) -> Envelope[BatchRequest]:
+        """The batch's ``batch.requested`` event as :meth:`create` built it."""
+        request = BatchRequest(
+            batch_id=stored.id,
+            model=stored.model,
+            endpoint=stored.endpoint,
+            input_uri=stored.input_uri,
+            completion_window=stored.completion_window,
+            priority=stored.priority,
+            metadata=dict(stored.metadata),
+            tenant=stored.tenant,
+        )
+        # the record's id and source (another API replica's, maybe): the dispatcher's test of "the
+        # same event again"; a new id would be answered as a duplicate batch id
+        return Envelope.new(request, source=stored.event_source or self.source, id=stored.event_id,
+                            time=datetime.fromtimestamp(stored.created_at, UTC))
 
     async def list(self, tenant: str, *, after: str | None, limit: int) -> ListPage[Batch]:
         """The tenant's batches, newest first (``limit`` 1-100, ``after`` a batch id)."""
@@ -202,7 +253,9 @@ class BatchService:
             raise InvalidRequest(f"after must be a batch id from an earlier page (got {after[:80]!r})",
                                  param="after")
         stored, has_more = await self.records.page("batches", StoredBatch, tenant, after=after, limit=limit)
-        batches = [snapshot.batch() for snapshot in await self.reader.many(stored)]
+        snapshots = await self.reader.many(stored)
+        await self._publish_lost(snapshots)
+        batches = [snapshot.batch() for snapshot in snapshots]
         return ListPage[Batch].of(batches, has_more=has_more, ids=[b.id for b in batches])
 
     async def cancel(self, tenant: str, batch_id: str) -> Batch:

@@ -82,6 +82,12 @@ class StoredBatch(Record):
     total: int = Field(ge=0, description="Request lines of the input file.")
     input_uri: str
     cancel_requested_at: float | None = None
+    priority: int = Field(default=5, ge=0, le=9)
+    event_id: str | None = Field(default=None, description="ce_id of its batch.requested event.")
+    event_source: str | None = Field(default=None, description="ce_source of that event.")
+    republished_at: float | None = Field(
+        default=None, description="When the API last published its event again (see BatchService)."
+    )
 
 
 class Layout:

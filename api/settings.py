@@ -59,6 +59,13 @@ class ApiOptions(BaseModel):
         description="A batch Redis does not know (yet, or any more) that is older than this is looked "
         "up in the results bucket (its manifest) instead of being reported as validating.",
     )
+    republish_after_s: float = Field(
+        default=120.0,
+        ge=1,
+        description="A batch the dispatcher does not know this long after its create (the API stopped "
+        "between writing its record and publishing its event) is published again when read, with the "
+        "same event id (the dispatcher drops a copy it already has), at most once per this interval.",
+    )
     source: str = Field(default_factory=default_source, min_length=1, description="ce_source of events.")
     publish_timeout_s: float = Field(default=30.0, gt=0, description="Waiting for Kafka's acks=all.")
     connect_timeout_s: float = Field(default=10.0, gt=0, description="Connecting to Kafka/Redis/MinIO.")

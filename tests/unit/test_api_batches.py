@@ -209,3 +209,57 @@ def test_a_batch_redis_forgot_reads_from_its_manifest() -> None:
     assert got["status"] == "completed" and got["request_counts"]["completed"] == 3
     content = api.client.get(f"/v1/files/{got['output_file_id']}/content", headers=api.auth())
     assert content.content == b'{"custom_id": "r0"}\n'
+
+
+def test_a_batch_whose_event_never_got_out_is_published_again_when_read() -> None:
+    """The record is written before the event: an API that stops in between (here: the publish fails
+    and so does the clean-up of the record) left a batch reading ``validating`` for ever."""
+    api = make_api(republish_after_s=60)
+    file_id = uploaded(api)
+    api.publisher.fail = True
+
+    async def stuck(bucket: str, key: str) -> None:
+        raise OSError("MinIO went away too")
+
+    api.objects.delete = stuck  # type: ignore[method-assign]
+    answer = create(api, input_file_id=file_id, endpoint=CHAT, metadata={"team": "search"})
+    assert answer.status_code == 503
+    api.publisher.fail = False
+    [batch] = api.client.get("/v1/batches", headers=api.auth()).json()["data"]
+    assert batch["status"] == "validating" and api.publisher.records == []  # not yet: maybe in flight
+
+    api.clock.now += 61
+    api.app.state.services.batches.source = "urn:test:api-2"  # read by another API replica
+    assert api.client.get(f"/v1/batches/{batch['id']}", headers=api.auth()).json()["status"] == "validating"
+    (event,) = api.publisher.events()
+    assert event.source == "urn:test:api"  # the creator's: with the id, what makes it the same event
+    request = event.data
+    assert isinstance(request, BatchRequest) and event.subject == batch["id"]
+    assert (request.batch_id, request.tenant, request.model, request.metadata) == (
+        batch["id"], "acme", MODEL, {"team": "search"})
+    assert request.input_uri.endswith(f"/acme/files/{file_id}.jsonl")
+    # once per interval, whatever the number of reads (GET and list alike)
+    api.client.get(f"/v1/batches/{batch['id']}", headers=api.auth())
+    api.client.get("/v1/batches", headers=api.auth())
+    assert len(api.publisher.records) == 1
+    api.clock.now += 61
+    api.client.get("/v1/batches", headers=api.auth())
+    first, again = api.publisher.events()
+    # the same event (id and source): the dispatcher drops a copy it already has
+    assert (again.id, again.source) == (first.id, first.source)
+    # once the dispatcher has it, reads publish nothing more and show its state
+    api.accept_all()
+    api.clock.now += 600
+    assert api.client.get(f"/v1/batches/{batch['id']}", headers=api.auth()).json()["status"] == "in_progress"
+    assert len(api.publisher.records) == 2
+
+
+def test_a_published_batch_is_never_published_again() -> None:
+    api = make_api(republish_after_s=60)
+    batch = create(api, input_file_id=uploaded(api), endpoint=CHAT).json()
+    (event,) = api.publisher.events()
+    api.accept_all()
+    api.clock.now += 3600
+    api.client.get(f"/v1/batches/{batch['id']}", headers=api.auth())
+    api.client.get("/v1/batches", headers=api.auth())
+    assert api.publisher.events() == [event]
