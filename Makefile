@@ -44,8 +44,10 @@ test: setup lint
 	$(PY) scripts/coverage_by_package.py || true; exit $$rc
 
 # The full chaos suite (llmbatch/chaos): 200 batches and 1,000 malformed records on a private local
-# stack while dispatcher replicas, job drivers, Redis, Kafka and MinIO are killed (twice each); prints
-# the verdict table, exits 1 on any broken promise. The short version runs in `make test`
+# stack while dispatcher replicas, job drivers, Redis, Kafka, MinIO and the Ray head are killed (twice
+# each); prints the verdict table, exits 1 on any broken promise. Each batch runs as a Ray job;
+# CHAOS_ARGS=--shared-engines runs them on the shared engines (the service's default) and kills the
+# batch runner's replica instead of job drivers. The short version of both runs in `make test`
 # (tests/e2e/test_chaos.py).
 chaos: setup
 	$(PY) -m llmbatch.chaos $(CHAOS_ARGS)

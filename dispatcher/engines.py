@@ -159,6 +159,15 @@ def summarize(registry: EngineRegistry, details: dict[str, Any]) -> list[EngineS
     return rows
 
 
+def runner_pids(details: dict[str, Any]) -> list[int]:
+    """PIDs of the batch runner's running replicas (for operators and crash tests)."""
+    from ray_job.runner import APP_NAME, DEPLOYMENT
+
+    app = (details.get("applications") or {}).get(APP_NAME) or {}
+    replicas = ((app.get("deployments") or {}).get(DEPLOYMENT) or {}).get("replicas") or []
+    return [int(r["pid"]) for r in replicas if r.get("state") == "RUNNING" and r.get("pid")]
+
+
 def replica_pids(details: dict[str, Any], model: str) -> list[int]:
     """PIDs of ``model``'s running replicas (for operators and crash tests)."""
     app = (details.get("applications") or {}).get(app_name(model)) or {}

@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, help=f"dispatcher replicas (default {full.replicas})")
     parser.add_argument("--rounds", type=int, help=f"times each fault is injected (default {full.rounds})")
     parser.add_argument("--faults", type=_faults, help=f"comma-separated, of {', '.join(FAULT_KINDS)}")
+    parser.add_argument("--shared-engines", action="store_true",
+                        help="run the batches on the warm shared engine (the service's default path) "
+                        "instead of a Ray job each (the driver fault then finds no driver and is skipped)")
     parser.add_argument("--seed", type=int, default=0, help="the workload's seed")
     parser.add_argument("--run-dir", type=Path, help="the stack's data (default: a new temp dir)")
     parser.add_argument("--keep", action="store_true", help="leave the stack running afterwards")
@@ -45,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(value, int) and value < (1 if name in {"batches", "replicas", "rounds"} else 0):
                 parser.error(f"--{name.replace('_', '-')} must be at least 1")
             setattr(config, name, value)
-    config.seed, config.keep = args.seed, args.keep
+    config.seed, config.keep, config.shared_engines = args.seed, args.keep, args.shared_engines
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     result = asyncio.run(run(config))
     print(result.table())

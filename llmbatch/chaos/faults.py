@@ -18,9 +18,16 @@ from llmbatch.stack import services
 from llmbatch.stack.process import alive
 from llmbatch.stack.state import ServiceRecord, StackState
 
-FAULT_KINDS = ("dispatcher", "driver", "redis", "kafka", "minio", "ray")
-"""What can be killed: dispatcher replicas, a running job's driver, and each service of the stack
-(the Ray head with its whole process tree, as a head pod dies)."""
+FAULT_KINDS = ("dispatcher", "driver", "runner", "redis", "kafka", "minio", "ray")
+"""What can be killed: dispatcher replicas, a running job's driver, the shared engines' batch runner
+replica, and each service of the stack (the Ray head with its whole process tree, as a head pod dies)."""
+
+
+def default_faults(shared_engines: bool) -> tuple[str, ...]:
+    """Every fault that can hit a run's batches: the batch runner's replica on the shared engines'
+    short path, a job's driver on the Ray-job path (the other one never runs there)."""
+    left_out = "driver" if shared_engines else "runner"
+    return tuple(kind for kind in FAULT_KINDS if kind != left_out)
 
 
 async def kill9(pid: int, within: float = 30.0) -> None:
@@ -81,6 +88,8 @@ class Faults:
             line = await self._dispatcher()
         elif kind == "driver":
             line = await self._driver()
+        elif kind == "runner":
+            line = await self._runner()
         elif kind in _RESTART:
             line = await self._service(kind)
         else:
@@ -126,6 +135,28 @@ class Faults:
         sid, pid = running[0]
         await kill9(pid)
         return f"killed the driver of {sid} (pid {pid})"
+
+    async def _runner(self, within: float = 60.0) -> str:
+        """kill -9 the batch runner's replica (shared engines: Serve starts another, the runs it had
+        are lost and the dispatcher runs those batches again), waiting up to ``within`` seconds for
+        one to run."""
+        from dispatcher.engines import runner_pids
+        from dispatcher.errors import DispatcherError
+        from dispatcher.serve_api import ServeApi
+
+        api = ServeApi(self.ray_address)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + within
+        pids: list[int] = []
+        while not pids and loop.time() < end:
+            with contextlib.suppress(DispatcherError):
+                pids = runner_pids(await api.status())
+            if not pids:
+                await asyncio.sleep(1)
+        if not pids:
+            return f"skipped: no batch runner replica ran within {within:.0f} s"
+        await kill9(pids[0])
+        return f"killed the batch runner replica (pid {pids[0]})"
 
     def _running_drivers(self) -> list[tuple[str, int]]:
         from ray.job_submission import JobSubmissionClient

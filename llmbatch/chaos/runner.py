@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from dispatcher.settings import DispatcherOptions, DispatcherSettings, JobOptions
-from llmbatch.chaos.faults import FAULT_KINDS, Faults
+from llmbatch.chaos.faults import Faults, default_faults
 from llmbatch.chaos.processes import DispatcherProcess
 from llmbatch.chaos.verdict import Kind, Seen, Verdict, judge
 from llmbatch.chaos.workload import Record, workload
@@ -34,7 +34,7 @@ from llmbatch.stack import manager
 from llmbatch.stack.process import alive, free_port
 from llmbatch.stack.state import StackState
 from schemas.cloudevents import H_ID, decode
-from schemas.engines import EngineModel, EngineRegistry
+from schemas.engines import EngineModel, EngineRegistry, ReplicaResources
 from schemas.events import RESULT_EVENT_TYPES, EventType
 from schemas.job import EngineConfig
 
@@ -55,7 +55,8 @@ class ChaosConfig:
     malformed: int = 1000
     replicas: int = 2
     max_in_flight: int = 3
-    faults: tuple[str, ...] = FAULT_KINDS
+    shared_engines: bool = False  # True: the default path (warm Serve engines, the batch runner)
+    faults: tuple[str, ...] | None = None  # None: default_faults(shared_engines)
     rounds: int = 2
     fault_every_s: float = 20.0
     send_over_s: float = 60.0  # the workload is spread over this long, faults run meanwhile
@@ -88,9 +89,13 @@ class ChaosResult:
         return "\n".join(lines)
 
 
-def chaos_settings(stack: Any, run: str, max_in_flight: int) -> DispatcherSettings:
+def chaos_settings(
+    stack: Any, run: str, max_in_flight: int, shared_engines: bool = False
+) -> DispatcherSettings:
     """Dispatcher settings on the run's stack: its own topics and key prefix, the fake engine, fast
-    timers (leases, polls, heartbeats) so faults are noticed within seconds."""
+    timers (leases, polls, heartbeats) so faults are noticed within seconds. ``shared_engines``: the
+    batches run on the model's warm Serve engine (small ones on the batch runner), else each as a Ray
+    job with an engine of its own."""
     base = manager.settings_for(stack)
     topics = TopicSettings(requests=f"{run}.req", results=f"{run}.res", dead_letter=f"{run}.req.dlt",
                            partitions=3)
@@ -105,10 +110,10 @@ def chaos_settings(stack: Any, run: str, max_in_flight: int) -> DispatcherSettin
             group_id=f"{run}-g", session_timeout_ms=6000, heartbeat_interval_ms=1000, poll_interval_s=0.5,
             lease_ttl_s=4, retry_backoff_base_s=0.5, retry_backoff_max_s=4, io_backoff_base_s=0.2,
             io_backoff_max_s=2, log_json=True, max_in_flight=max_in_flight,
-            # the faults include killing a running job's driver: every batch runs as a Ray job
-            shared_engines=False,
+            shared_engines=shared_engines,
         ),
-        engines=EngineRegistry(models={MODEL: EngineModel(path="/models/unused", engine=engine)}),
+        engines=EngineRegistry(models={MODEL: EngineModel(
+            path="/models/unused", engine=engine, resources=ReplicaResources(num_cpus=0.25))}),
         job=JobOptions(python=sys.executable, progress_interval_s=0.5, ray_stop_wait_s=10, stop_wait_s=30,
                        shard_max_seconds=2, shard_max_lines=10),
     )
@@ -279,7 +284,7 @@ async def run(config: ChaosConfig) -> ChaosResult:
     results = dead = None
     result: ChaosResult | None = None
     try:
-        settings = chaos_settings(stack, run, config.max_in_flight)
+        settings = chaos_settings(stack, run, config.max_in_flight, config.shared_engines)
         records = workload(batches=config.batches, malformed=config.malformed, model=MODEL,
                            now=datetime.now(UTC), run=run, seed=config.seed,
                            input_bucket=settings.s3.input_bucket)
@@ -294,7 +299,7 @@ async def run(config: ChaosConfig) -> ChaosResult:
         faults = Faults(run_dir, replicas, settings.ray.address, job_prefix=f"{run}-")
         sending = asyncio.create_task(_send(settings, records, config.send_over_s))
         for _ in range(config.rounds):
-            for kind in config.faults:
+            for kind in config.faults or default_faults(config.shared_engines):
                 await asyncio.sleep(config.fault_every_s)
                 if sending.done():
                     sending.result()  # the sender failed: stop here, with its error

@@ -761,14 +761,6 @@ async def test_a_ray_head_restart_loses_the_shared_engines_which_are_deployed_ag
         head.remove_temp()
 
 
-def _runner_pids(details: dict[str, Any]) -> list[int]:
-    from ray_job.runner import APP_NAME, DEPLOYMENT
-
-    app = (details.get("applications") or {}).get(APP_NAME) or {}
-    replicas = ((app.get("deployments") or {}).get(DEPLOYMENT) or {}).get("replicas") or []
-    return [int(r["pid"]) for r in replicas if r.get("state") == "RUNNING" and r.get("pid")]
-
-
 def _custom_ids(s3: S3Settings, uris: list[str]) -> list[str]:
     client = make_client(s3)
     ids: list[str] = []
@@ -788,6 +780,7 @@ async def test_the_shared_path_keeps_exactly_once_resume_cancel_and_deadline(
     import os
     import signal
 
+    from dispatcher.engines import runner_pids
     from dispatcher.serve_api import ServeApi
     from schemas.engines import ReplicaResources, Scaling
     from tests.support.dispatcher_kit import MODEL
@@ -811,7 +804,7 @@ async def test_the_shared_path_keeps_exactly_once_resume_cancel_and_deadline(
         await wait_for(lambda: not victim.alive(), 300, interval=0.5, what="the dispatcher to die")
         env.spawn("survivor", settings)
         # 2. the runner replica dies mid-batch: the attempt is lost, the next resumes
-        [runner] = _runner_pids(await api.status())
+        [runner] = runner_pids(await api.status())
         resumed = batch_request(f"sr-{uuid.uuid4().hex[:6]}", requests=inline_lines(40))
         await env.send(request_message(resumed))
         await wait_for(lambda: _progress_at_least(env, resumed.batch_id, 7), 300, what="a durable shard")

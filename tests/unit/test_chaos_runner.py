@@ -45,3 +45,10 @@ def test_cli_help_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(["--batches", "0"])
     assert info.value.code == 2 and "--batches must be at least 1" in capsys.readouterr().err
+
+
+def test_the_default_faults_follow_the_engine_path() -> None:
+    from llmbatch.chaos.faults import FAULT_KINDS, default_faults
+
+    assert set(default_faults(shared_engines=False)) == set(FAULT_KINDS) - {"runner"}
+    assert set(default_faults(shared_engines=True)) == set(FAULT_KINDS) - {"driver"}
