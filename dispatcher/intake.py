@@ -32,13 +32,14 @@ from dispatcher.states import State
 from dispatcher.store import IntakeItem
 from schemas.batch import BatchRequest, CancelRequest, InlineLimits, check_deadline, check_inline_limits
 from schemas.cloudevents import H_ID, H_SOURCE, decode
-from schemas.common import BATCH_ID_PATTERN
+from schemas.common import BATCH_ID_PATTERN, TENANT_PATTERN
 from schemas.dlt import DltReason, ReplayInfo
 from schemas.engines import UnknownModelError
 from schemas.errors import Reason, SchemaError
 from schemas.events import REQUEST_EVENT_TYPES
 
 _BATCH_ID_RE = re.compile(BATCH_ID_PATTERN)
+_TENANT_RE = re.compile(TENANT_PATTERN)
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,20 @@ def _readable_batch_id(origin: OriginalRecord) -> str | None:
     return text if _BATCH_ID_RE.match(text) else None
 
 
+def _claimed_tenant(origin: OriginalRecord) -> str | None:
+    """The tenant a rejected request names (the value is the event's data: its ``tenant``), if the
+    value is JSON and that is a valid tenant; ``None`` otherwise (the batch then reads as the default
+    tenant's, as an accepted request without one does)."""
+    if not origin.value:
+        return None
+    try:
+        data = orjson.loads(origin.value)
+    except orjson.JSONDecodeError:
+        return None
+    tenant = data.get("tenant") if isinstance(data, dict) else None
+    return tenant if isinstance(tenant, str) and _TENANT_RE.match(tenant) else None
+
+
 def _marker(source: str, event_id: str, replay: ReplayInfo | None) -> tuple[str, str]:
     return source, event_id if replay is None else f"{event_id}#replay:{replay.replay_id}"
 
@@ -159,10 +174,13 @@ def _reject(origin: OriginalRecord, error: SchemaError, rules: IntakeRules, now:
     item = None
     marker = record_marker(origin)
     if batch_id and source and event_id:
+        tenant = _claimed_tenant(origin)
         item = IntakeItem(
             batch_id=batch_id,
             fields={
                 "batch_id": batch_id,
+                # whose it claims to be, as for an accepted request (`llmbatch jobs` shows it)
+                **({"tenant": tenant} if tenant else {}),
                 "rejected_at": repr(now),
                 "dlt_reason": str(reason),
                 "error_code": error.reason,

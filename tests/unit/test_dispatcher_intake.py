@@ -251,6 +251,20 @@ def test_rejected_record_with_readable_ids_is_remembered_as_dead_lettered() -> N
     assert command.item.fields["dlt_reason"] == "invalid_event"
 
 
+def test_a_rejected_record_keeps_the_tenant_it_names() -> None:
+    """``llmbatch jobs`` showed every rejected request as the default tenant's."""
+    request = batch_request("past-1", tenant="acme", deadline="2001-01-01T00:00:00Z")
+    command = classify(origin(*request_message(request)), RULES, NOW)
+    assert isinstance(command, Reject) and command.item is not None
+    assert command.item.fields["tenant"] == "acme"
+    # not JSON, no data, or no valid tenant: none recorded (read as the default tenant's)
+    key, value, headers = request_message(request)
+    for broken in (b"not json", b"[]", b'{"tenant": 1}', value.replace(b'"acme"', b'"ACME!"')):
+        command = classify(origin(key, broken, headers), RULES, NOW)
+        assert isinstance(command, Reject) and command.item is not None
+        assert "tenant" not in command.item.fields, broken
+
+
 def test_rejected_record_without_ids_is_only_dead_lettered() -> None:
     command = classify(origin(None, b"x", []), RULES, NOW)
     assert isinstance(command, Reject) and command.item is None
