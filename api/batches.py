@@ -221,12 +221,22 @@ class BatchService:
                 continue
             try:
                 await self.publisher.publish(self.requests_topic, self._request_event(stored))
+                if stored.cancel_requested_at is not None:
+                    # its cancel found no batch (ignored): send it again, after the request (same key,
+                    # same partition: the dispatcher reads them in this order)
+                    cancel = self._cancel_event(stored.id, stored.tenant)
+                    await self.publisher.publish(self.requests_topic, cancel)
                 await self.records.put("batches", stored.model_copy(update={"republished_at": now}))
             except Exception:  # the next read tries again; reading must not fail for it
                 log.warning("could not publish batch %s again", stored.id, exc_info=True)
                 continue
             log.warning("batch %s: the dispatcher had not heard of it %.0f s after its create; its event "
                         "was published again", stored.id, now - stored.created_at)
+
+    def _cancel_event(self, batch_id: str, tenant: str) -> Envelope[CancelRequest]:
+        request = CancelRequest(batch_id=batch_id, reason="cancelled through the HTTP API",
+                                requested_by=f"api:{tenant}")
+        return Envelope.new(request, source=self.source)
 
     def _request_event(self, stored: StoredBatch) -> Envelope[BatchRequest]:
         """The batch's ``batch.requested`` event as :meth:`create` built it."""
@@ -270,10 +280,8 @@ class BatchService:
                 "cancelled",
                 code="batch_not_cancellable",
             )
-        request = CancelRequest(batch_id=batch_id, reason="cancelled through the HTTP API",
-                                requested_by=f"api:{tenant}")
         try:
-            await self.publisher.publish(self.requests_topic, Envelope.new(request, source=self.source))
+            await self.publisher.publish(self.requests_topic, self._cancel_event(batch_id, tenant))
         except Exception as exc:
             raise from_exception(exc) from exc
         stored = snapshot.stored.model_copy(update={"cancel_requested_at": self.clock()})

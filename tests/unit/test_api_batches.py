@@ -263,3 +263,27 @@ def test_a_published_batch_is_never_published_again() -> None:
     api.client.get(f"/v1/batches/{batch['id']}", headers=api.auth())
     api.client.get("/v1/batches", headers=api.auth())
     assert api.publisher.events() == [event]
+
+
+def test_a_cancel_of_a_batch_whose_event_never_got_out_is_sent_again_after_it() -> None:
+    """The first cancel found no batch (the dispatcher ignores a cancel of an unknown batch): without
+    a second one after the request, the batch the user cancelled would run."""
+    api = make_api(republish_after_s=60)
+    file_id = uploaded(api)
+    api.publisher.fail = True
+
+    async def stuck(bucket: str, key: str) -> None:
+        raise OSError("MinIO went away too")
+
+    api.objects.delete = stuck  # type: ignore[method-assign]
+    assert create(api, input_file_id=file_id, endpoint=CHAT).status_code == 503
+    api.publisher.fail = False
+    [batch] = api.client.get("/v1/batches", headers=api.auth()).json()["data"]
+    cancelled = api.client.post(f"/v1/batches/{batch['id']}/cancel", headers=api.auth())
+    assert cancelled.json()["status"] == "cancelling"
+    api.clock.now += 61
+    api.client.get(f"/v1/batches/{batch['id']}", headers=api.auth())
+    first_cancel, request, cancel = api.publisher.events()
+    assert isinstance(first_cancel.data, CancelRequest) and isinstance(request.data, BatchRequest)
+    assert isinstance(cancel.data, CancelRequest) and cancel.subject == request.subject == batch["id"]
+    assert [r[1] for r in api.publisher.records] == [batch["id"].encode()] * 3  # one partition, in order
