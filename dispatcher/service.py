@@ -25,6 +25,7 @@ from dispatcher.keys import Keys
 from dispatcher.metrics import Metrics
 from dispatcher.publisher import EventProducer
 from dispatcher.reconcile import Reconciler
+from dispatcher.record_retry import OUTAGE_LOG_EVERY_S
 from dispatcher.results import ResultStore
 from dispatcher.settings import DispatcherSettings
 from dispatcher.store import StateStore
@@ -318,21 +319,34 @@ class Dispatcher:
             log.warning(problem)
 
     async def _until_ok(self, what: str, fn: Callable[[], object]) -> None:
+        """``fn()`` until it succeeds (a start step); a dependency that is not ready is logged once per
+        change of state: when it first fails, every ``OUTAGE_LOG_EVERY_S`` while it does, and when it
+        is ready, not on every retry."""
         failures = 0
+        since = said = 0.0
         while True:
             try:
                 result = fn()
                 if asyncio.iscoroutine(result):
                     await result
+                if failures:
+                    log.info(f"{what} ready", extra={
+                        "down_s": round(time.monotonic() - since, 1), "tries": failures + 1})
                 return
             except DispatcherError as exc:
                 if not exc.retriable or self._stop.is_set():
                     raise
                 failures += 1
                 delay = self.settings.dispatcher.io_backoff.delay(failures)
-                log.warning(
-                    f"{what} not ready, retrying", extra={"error": str(exc), "retry_in_s": round(delay, 1)}
-                )
+                now = time.monotonic()
+                if failures == 1:
+                    since = said = now
+                    log.warning(f"{what} not ready, retrying (repeats are not logged)",
+                                extra={"error": str(exc), "retry_in_s": round(delay, 1)})
+                elif now - said >= OUTAGE_LOG_EVERY_S:
+                    said = now
+                    log.warning(f"{what} still not ready", extra={
+                        "error": str(exc), "down_s": round(now - since, 1), "tries": failures})
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), delay)
                 if self._stop.is_set():

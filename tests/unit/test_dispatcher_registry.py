@@ -5,6 +5,7 @@ after acceptance failing with ``model_not_found`` instead of running on another 
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,6 +140,36 @@ async def test_dispatcher_without_a_model_refuses_to_start() -> None:
     with pytest.raises(InvalidSettings, match="no model is configured"):
         await dispatcher.start()
     assert not dispatcher._tasks
+    await dispatcher.stop()
+
+
+async def test_a_start_step_logs_a_dependency_not_ready_once_per_change_of_state(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before, every retry of a start step (Kafka topics, the consumer) logged a warning."""
+    from dispatcher.errors import BrokerUnavailable
+
+    settings = DispatcherSettings(
+        _env_file=None,
+        dispatcher=DispatcherOptions(metrics_port=None, shared_engines=False, io_backoff_base_s=0.001,
+                                     io_backoff_max_s=0.001),
+        redis=RedisSettings(url="redis://127.0.0.1:1/0"),  # never reached
+        engines=registry(),
+    )
+    backend: Any = FakeBackend()
+    dispatcher = Dispatcher(settings, backend=backend)
+    left = 50
+
+    def step() -> None:
+        nonlocal left
+        if left:
+            left -= 1
+            raise BrokerUnavailable("Kafka at 127.0.0.1:1 is unreachable")
+
+    with caplog.at_level(logging.INFO, logger="dispatcher.service"):
+        await dispatcher._until_ok("kafka topics", step)
+    said = [r.getMessage() for r in caplog.records if r.name == "dispatcher.service"]
+    assert said == ["kafka topics not ready, retrying (repeats are not logged)", "kafka topics ready"]
     await dispatcher.stop()
 
 
