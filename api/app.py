@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 import orjson
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.exceptions import HTTPException, RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 from starlette.datastructures import UploadFile
@@ -201,8 +201,12 @@ def create_app(services: Services, *, on_close: Sequence[Callable[[], Awaitable[
         return StreamingResponse(chunks, media_type="application/octet-stream", headers=headers)
 
     @app.post("/v1/batches")
-    async def create_batch(body: BatchCreate, who: Tenant) -> Batch:
-        return await services.batches.create(who, body)
+    async def create_batch(
+        body: BatchCreate,
+        who: Tenant,
+        idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+    ) -> Batch:
+        return await services.batches.create(who, body, idempotency_key=idempotency_key)
 
     @app.get("/v1/batches")
     async def list_batches(who: Tenant, after: str | None = None, limit: int = 20) -> ListPage[Batch]:

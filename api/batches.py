@@ -26,10 +26,19 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from api import results
+from api import idempotency, results
 from api.errors import Conflict, InvalidRequest, NotFound, from_exception
 from api.objects import TERMINAL_STATUSES, Batch, BatchCreate, ListPage
-from api.records import BATCH_ID, BATCH_PREFIX, Layout, RecordStore, StoredBatch, StoredFile, new_id
+from api.records import (
+    BATCH_ID,
+    BATCH_PREFIX,
+    IdempotentCreate,
+    Layout,
+    RecordStore,
+    StoredBatch,
+    StoredFile,
+    new_id,
+)
 from api.state import StateReader
 from api.status import to_batch
 from api.storage import ObjectStore
@@ -119,6 +128,7 @@ class BatchService:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.reader = reader
+        self.idempotency = idempotency.IdempotencyStore(reader.objects, layout)
         self.republish_after_s = republish_after_s
         self.records = reader.records
         self.layout = layout
@@ -129,8 +139,46 @@ class BatchService:
         self.priority = priority
         self.clock = clock
 
-    async def create(self, tenant: str, body: BatchCreate) -> Batch:
-        """Publish ``batch.requested`` for the tenant's uploaded file; the new batch is ``validating``."""
+    async def create(self, tenant: str, body: BatchCreate, *, idempotency_key: str | None = None) -> Batch:
+        """Publish ``batch.requested`` for the tenant's uploaded file; the new batch is ``validating``.
+        With ``idempotency_key``, one batch per key (:mod:`api.idempotency`)."""
+        if idempotency_key is None:
+            stored, envelope = await self._new_batch(tenant, body)
+            await self.records.put("batches", stored)
+            try:
+                await self.publisher.publish(self.requests_topic, envelope)
+            except Exception as exc:
+                await self._forget(stored)
+                raise from_exception(exc) from exc
+            return to_batch(stored, None)
+        digest, asked = idempotency.key_digest(idempotency_key), idempotency.request_digest(body)
+        claim = await self.idempotency.get(tenant, digest)
+        if claim is None:
+            stored, _ = await self._new_batch(tenant, body)
+            mine = IdempotentCreate(request_sha256=asked, batch=stored)
+            claim = mine if await self.idempotency.claim(tenant, digest, mine) else None
+            claim = claim or await self.idempotency.get(tenant, digest)  # a concurrent create won
+            if claim is None:
+                raise Conflict(f"a create with this {idempotency.HEADER} is in progress: retry",
+                               code="idempotency_key_in_use")
+        if claim.request_sha256 != asked:
+            raise idempotency.reused(claim)
+        return await self._finish(claim.batch)
+
+    async def _finish(self, stored: StoredBatch) -> Batch:
+        """Make sure a claimed create's batch has its record and, while the dispatcher has not heard
+        of it, its event (the same one each time). A failed publish keeps both: a repeat finishes."""
+        await self.records.put("batches", stored)  # the same content each time
+        snapshot = (await self.reader.many([stored]))[0]
+        if snapshot.job is None and snapshot.manifest is None:
+            try:
+                await self.publisher.publish(self.requests_topic, self._request_event(stored))
+            except Exception as exc:
+                raise from_exception(exc) from exc
+        return snapshot.batch()
+
+    async def _new_batch(self, tenant: str, body: BatchCreate) -> tuple[StoredBatch, Envelope[BatchRequest]]:
+        """A new batch of the tenant's file, checked, and its ``batch.requested`` event."""
         if body.output_expires_after is not None:
             raise InvalidRequest(
                 "output_expires_after is not supported: result files stay as long as the batch's results",
@@ -186,13 +234,7 @@ class BatchService:
             event_id=envelope.id,
             event_source=envelope.source,
         )
-        await self.records.put("batches", stored)
-        try:
-            await self.publisher.publish(self.requests_topic, envelope)
-        except Exception as exc:
-            await self._forget(stored)
-            raise from_exception(exc) from exc
-        return to_batch(stored, None)
+        return stored, envelope
 
     async def _forget(self, stored: StoredBatch) -> None:
         try:

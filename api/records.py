@@ -12,6 +12,7 @@ llmbatch object is)::
     <tenant>/files/<file_id>.jsonl          the uploaded file, byte for byte (a batch's input_uri)
     <tenant>/api/files/<file_id>.json       its record (StoredFile)
     <tenant>/api/batches/<batch_id>.json    a batch created through the API (StoredBatch)
+    <tenant>/api/idempotency/<sha256>.json  an Idempotency-Key's create (IdempotentCreate)
 
 A record exists only once its content does (the file is written first, its record last), and goes
 first on delete. Ids from a path are checked against their pattern before any key is built.
@@ -90,6 +91,16 @@ class StoredBatch(Record):
     )
 
 
+class IdempotentCreate(BaseModel):
+    """What an ``Idempotency-Key`` of a tenant stands for: the batch its first create made (in full,
+    with its event's id and source, so a repeat can finish that create) and what was asked."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    request_sha256: str = Field(description="SHA-256 of the create's parameters (a repeat must match).")
+    batch: StoredBatch
+
+
 class Layout:
     """Bucket and key names of the API's objects (pure)."""
 
@@ -107,6 +118,10 @@ class Layout:
 
     def record_key(self, tenant: str, kind: Literal["files", "batches"], record_id: str) -> str:
         return f"{self.folder(tenant, kind)}{record_id}.json"
+
+    def idempotency_key(self, tenant: str, key_sha256: str) -> str:
+        """Where a tenant's ``Idempotency-Key`` (by its SHA-256) is kept."""
+        return f"{tenant}/api/idempotency/{key_sha256}.json"
 
 
 class RecordStore:

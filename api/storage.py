@@ -30,6 +30,11 @@ class ObjectStore(Protocol):
         """Write ``length`` bytes read from ``data`` (a stream) as one object."""
         ...
 
+    async def put_new(self, bucket: str, key: str, data: bytes, *, content_type: str) -> bool:
+        """Write a small object only if none has ``key`` (atomic: S3's conditional write,
+        ``If-None-Match: *``); ``False`` when one exists, which is left as it is."""
+        ...
+
     async def get(self, bucket: str, key: str) -> bytes:
         """A small object whole (records, manifests). Raises :class:`ObjectMissing`."""
         ...
@@ -81,6 +86,27 @@ class MinioObjectStore:
                 raise self._error(exc, f"writing s3://{bucket}/{key}") from exc
 
         await asyncio.to_thread(run)
+
+    async def put_new(self, bucket: str, key: str, data: bytes, *, content_type: str) -> bool:
+        from minio.error import S3Error
+
+        def run() -> bool:
+            try:
+                # minio-py's put_object sends no If-None-Match (it makes unknown headers user metadata):
+                # the client's signed request method does
+                self._client._execute(
+                    "PUT", bucket, key, body=data,
+                    headers={"If-None-Match": "*", "Content-Type": content_type},
+                )
+            except S3Error as exc:
+                if exc.code == "PreconditionFailed":
+                    return False
+                raise self._error(exc, f"writing s3://{bucket}/{key}") from exc
+            except Exception as exc:
+                raise self._error(exc, f"writing s3://{bucket}/{key}") from exc
+            return True
+
+        return await asyncio.to_thread(run)
 
     async def get(self, bucket: str, key: str) -> bytes:
         def run() -> bytes:

@@ -45,6 +45,27 @@ def test_put_get(s3_settings: S3Settings, bucket: str) -> None:
         resp.release_conn()
 
 
+async def test_the_apis_conditional_write_creates_once_and_never_overwrites(
+    s3_settings: S3Settings, bucket: str
+) -> None:
+    """api.storage's put_new (S3's If-None-Match: *), what idempotent creates claim their key with:
+    the first write wins, a second leaves it as it is; other errors are not taken for "exists"."""
+    import asyncio
+
+    from api.storage import MinioObjectStore
+    from producer.errors import StorageError
+
+    store = MinioObjectStore(s3_settings)
+    key = f"claims/{uuid.uuid4().hex}.json"
+    results = await asyncio.gather(*(store.put_new(bucket, key, f'{{"n": {n}}}'.encode(),
+                                                   content_type="application/json") for n in range(8)))
+    assert sorted(results) == [False] * 7 + [True]  # concurrent: exactly one wins
+    winner = results.index(True)
+    assert await store.get(bucket, key) == f'{{"n": {winner}}}'.encode()
+    with pytest.raises(StorageError):
+        await store.put_new(f"no-such-{uuid.uuid4().hex[:8]}", key, b"{}", content_type="application/json")
+
+
 def test_multipart_upload_20mb(s3_settings: S3Settings, bucket: str) -> None:
     client = _client(s3_settings)
     payload = os.urandom(20 * 1024 * 1024)

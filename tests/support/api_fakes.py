@@ -38,6 +38,12 @@ class MemoryObjectStore:
             left -= len(block)
         self.objects[(bucket, key)] = b"".join(parts)
 
+    async def put_new(self, bucket: str, key: str, data: bytes, *, content_type: str) -> bool:
+        if (bucket, key) in self.objects:
+            return False
+        self.objects[(bucket, key)] = data
+        return True
+
     async def get(self, bucket: str, key: str) -> bytes:
         try:
             return self.objects[(bucket, key)]

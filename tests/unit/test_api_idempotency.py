@@ -1,0 +1,143 @@
+"""``POST /v1/batches`` with an ``Idempotency-Key``: one batch per key and tenant, however often and
+however concurrently it is sent; a repeat finishes a create that failed half-way; another request
+under the same key is refused. Over the in-memory object store (its put_new is atomic, as S3's
+conditional write; tests/integration/test_minio_server.py shows MinIO's)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openai
+import pytest
+
+from api.records import IdempotentCreate
+from schemas import BatchRequest
+from tests.support.api_fakes import INPUT_BUCKET, KEYS, ApiHarness, chat_line, jsonl, make_api
+
+pytestmark = pytest.mark.unit
+CHAT = "/v1/chat/completions"
+
+
+def uploaded(api: ApiHarness, tenant: str = "acme") -> str:
+    answer = api.upload(jsonl(*(chat_line(f"r{i}") for i in range(3))), tenant=tenant)
+    assert answer.status_code == 200, answer.text
+    return str(answer.json()["id"])
+
+
+def create(api: ApiHarness, key: str | None, tenant: str = "acme", **body: Any) -> Any:
+    headers: dict[str, Any] = {**api.auth(tenant)}
+    if key is not None:
+        headers["Idempotency-Key"] = key.encode()  # as a client may send it: bytes, UTF-8
+    return api.client.post("/v1/batches", headers=headers, json={"endpoint": CHAT, **body})
+
+
+def batch_records(api: ApiHarness, tenant: str = "acme") -> list[str]:
+    return [k for k in api.objects.keys(INPUT_BUCKET) if k.startswith(f"{tenant}/api/batches/")]
+
+
+def test_the_same_key_makes_one_batch_and_sends_the_same_event() -> None:
+    api = make_api()
+    file_id = uploaded(api)
+    first = create(api, "key-1", input_file_id=file_id, metadata={"a": "1"})
+    again = create(api, "key-1", input_file_id=file_id, metadata={"a": "1"})
+    assert first.status_code == again.status_code == 200, again.text
+    assert again.json()["id"] == first.json()["id"] and len(batch_records(api)) == 1
+    one, two = api.publisher.events()  # not yet taken in: the repeat sends it again, unchanged
+    assert isinstance(one.data, BatchRequest) and one.data.batch_id == first.json()["id"]
+    assert (two.id, two.source, two.data) == (one.id, one.source, one.data)
+    # once the dispatcher has it, a repeat sends nothing and shows its state
+    api.accept_all()
+    third = create(api, "key-1", input_file_id=file_id, metadata={"a": "1"})
+    assert third.json()["id"] == first.json()["id"] and len(api.publisher.records) == 2
+    # without a key, or with another, a new batch
+    assert create(api, None, input_file_id=file_id).json()["id"] != first.json()["id"]
+    assert create(api, "key-2", input_file_id=file_id).json()["id"] != first.json()["id"]
+    assert len(batch_records(api)) == 3
+
+
+def test_another_request_under_a_used_key_is_refused() -> None:
+    api = make_api()
+    file_id = uploaded(api)
+    batch_id = create(api, "key-1", input_file_id=file_id).json()["id"]
+    answer = create(api, "key-1", input_file_id=file_id, metadata={"other": "x"})
+    assert answer.status_code == 409
+    error = answer.json()["error"]
+    assert error["code"] == "idempotency_key_reused" and batch_id in error["message"]
+    assert len(batch_records(api)) == 1
+
+
+def test_keys_are_per_tenant() -> None:
+    api = make_api()
+    mine = create(api, "shared", input_file_id=uploaded(api)).json()["id"]
+    theirs = create(api, "shared", tenant="globex", input_file_id=uploaded(api, "globex"))
+    assert theirs.status_code == 200 and theirs.json()["id"] != mine
+
+
+def test_a_repeat_finishes_a_create_whose_publish_failed() -> None:
+    """Without a key a failed publish removes the batch (the client makes a new one); with a key the
+    batch stays claimed, and the client's retry (the SDK's, on the 503) publishes its event."""
+    api = make_api()
+    file_id = uploaded(api)
+    api.publisher.fail = True
+    failed = create(api, "key-1", input_file_id=file_id)
+    assert failed.status_code == 503 and api.publisher.records == []
+    api.publisher.fail = False
+    api.objects.objects = {k: v for k, v in api.objects.objects.items()  # the record write was lost too
+                           if not k[1].startswith("acme/api/batches/")}
+    retried = create(api, "key-1", input_file_id=file_id)
+    assert retried.status_code == 200, retried.text
+    (event,) = api.publisher.events()
+    assert event.data.batch_id == retried.json()["id"] and len(batch_records(api)) == 1
+    # the file may be gone meanwhile: the repeat does not check it again
+    assert api.client.delete(f"/v1/files/{file_id}", headers=api.auth()).status_code == 200
+    assert create(api, "key-1", input_file_id=file_id).json()["id"] == retried.json()["id"]
+
+
+def test_of_two_concurrent_creates_one_batch_wins() -> None:
+    """The claim is a conditional write: the create that loses it answers with the winner's batch."""
+    api = make_api()
+    file_id = uploaded(api)
+    first = create(api, "key-1", input_file_id=file_id).json()
+    real_put_new = api.objects.put_new
+    claims: list[str] = []
+
+    async def racing(bucket: str, key: str, data: bytes, *, content_type: str) -> bool:
+        claims.append(key)  # a concurrent create claimed this key between our read and our write
+        return False
+
+    api.objects.put_new = racing  # type: ignore[method-assign]
+    stored = {k: v for k, v in api.objects.objects.items() if "/api/idempotency/" in k[1]}
+    api.objects.objects = {k: v for k, v in api.objects.objects.items() if k not in stored}
+    lost_read = api.objects.get
+
+    async def winner_shows_up(bucket: str, key: str) -> bytes:
+        if "/api/idempotency/" in key and claims:
+            api.objects.objects.update(stored)
+        return await lost_read(bucket, key)
+
+    api.objects.get = winner_shows_up  # type: ignore[method-assign]
+    answer = create(api, "key-1", input_file_id=file_id)
+    assert claims and answer.json()["id"] == first["id"]
+    api.objects.put_new = real_put_new  # type: ignore[method-assign]
+    [claim] = stored.values()
+    assert IdempotentCreate.model_validate_json(claim).batch.id == first["id"]
+
+
+@pytest.mark.parametrize("key", ["", "has space", "x" * 256, "naïve"])
+def test_a_malformed_key_is_refused_naming_the_header(key: str) -> None:
+    api = make_api()
+    answer = create(api, key, input_file_id=uploaded(api))
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == "Idempotency-Key"
+
+
+def test_the_openai_sdk_sends_the_key_as_extra_headers() -> None:
+    api = make_api()
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key=KEYS["acme"], http_client=api.client,
+                           max_retries=0)
+    file_id = uploaded(api)
+    made = [client.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h",
+                                  extra_headers={"Idempotency-Key": "nightly-2026-11-24"}) for _ in range(2)]
+    assert made[0].id == made[1].id and len(batch_records(api)) == 1
+    assert api.dispatcher.hashes == {}  # nothing taken in yet: both answers are validating
+    assert {b.status for b in made} == {"validating"}
