@@ -170,7 +170,7 @@ class BatchService:
         of it, its event (the same one each time). A failed publish keeps both: a repeat finishes."""
         await self.records.put("batches", stored)  # the same content each time
         snapshot = (await self.reader.many([stored]))[0]
-        if snapshot.job is None and snapshot.manifest is None:
+        if snapshot.job is None and snapshot.manifest is None and self.clock() < stored.expires_at:
             try:
                 await self.publisher.publish(self.requests_topic, self._request_event(stored))
             except Exception as exc:
@@ -253,13 +253,16 @@ class BatchService:
         The record is written before the event: an API that stops in between (or whose publish failed
         and whose clean-up failed too) leaves a batch that would read ``validating`` for ever. The copy
         carries the record's event id and key, so if the first one did get out the dispatcher drops
-        the copy as a redelivery; at most one copy per ``republish_after_s`` and batch."""
+        the copy as a redelivery; at most one copy per ``republish_after_s`` and batch, and none once
+        the batch's completion window is over."""
         now = self.clock()
         for snapshot in snapshots:
             stored = snapshot.stored
             last = max(stored.created_at, stored.republished_at or 0.0)
             known = snapshot.job is not None or snapshot.manifest is not None
-            if known or now - last < self.republish_after_s:
+            # past its completion window it would only run late (and, once the dispatcher's 7 days of
+            # event ids are over, a batch it has forgotten would run again)
+            if known or now - last < self.republish_after_s or now >= stored.expires_at:
                 continue
             try:
                 await self.publisher.publish(self.requests_topic, self._request_event(stored))

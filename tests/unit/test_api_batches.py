@@ -287,3 +287,22 @@ def test_a_cancel_of_a_batch_whose_event_never_got_out_is_sent_again_after_it() 
     assert isinstance(first_cancel.data, CancelRequest) and isinstance(request.data, BatchRequest)
     assert isinstance(cancel.data, CancelRequest) and cancel.subject == request.subject == batch["id"]
     assert [r[1] for r in api.publisher.records] == [batch["id"].encode()] * 3  # one partition, in order
+
+
+def test_a_lost_create_is_not_published_again_after_its_completion_window() -> None:
+    """Redis forgets finished batches after 7 days, and a batch that failed before running has no
+    manifest: published again then, a batch could run a second time."""
+    api = make_api(republish_after_s=60)
+    file_id = uploaded(api)
+    api.publisher.fail = True
+
+    async def stuck(bucket: str, key: str) -> None:
+        raise OSError("MinIO went away too")
+
+    api.objects.delete = stuck  # type: ignore[method-assign]
+    assert create(api, input_file_id=file_id, endpoint=CHAT, completion_window="24h").status_code == 503
+    api.publisher.fail = False
+    api.clock.now += 86400
+    [batch] = api.client.get("/v1/batches", headers=api.auth()).json()["data"]
+    api.client.get(f"/v1/batches/{batch['id']}", headers=api.auth())
+    assert api.publisher.records == []

@@ -141,3 +141,14 @@ def test_the_openai_sdk_sends_the_key_as_extra_headers() -> None:
     assert made[0].id == made[1].id and len(batch_records(api)) == 1
     assert api.dispatcher.hashes == {}  # nothing taken in yet: both answers are validating
     assert {b.status for b in made} == {"validating"}
+
+
+def test_a_repeat_after_the_completion_window_sends_nothing() -> None:
+    api = make_api()
+    file_id = uploaded(api)
+    api.publisher.fail = True
+    assert create(api, "key-1", input_file_id=file_id, completion_window="24h").status_code == 503
+    api.publisher.fail = False
+    api.clock.now += 86400
+    answer = create(api, "key-1", input_file_id=file_id, completion_window="24h")
+    assert answer.status_code == 200 and api.publisher.records == []
