@@ -139,6 +139,7 @@ def run_size(lines: int, args: argparse.Namespace) -> dict[str, Any]:
         "max_shard_lines": max((s.lines for s in manifest.output_shards), default=0),
         "driver_max_rss_mb": result.get("driver_max_rss_mb"),
         "driver_uss_mb": result.get("driver_uss_mb"),
+        "driver_uss_peak_mb": result.get("driver_uss_peak_mb"),
         "worker_peaks": sampler.top(4),
     }
 
@@ -167,12 +168,12 @@ def main() -> int:
         print(json.dumps(rows, indent=2))
         return 0
     print(f"\n{'lines':>9} {'gz MB':>6} {'wall s':>7} {'lines/s':>8} {'shards':>6} {'max/shard':>9} "
-          f"{'driver MB':>9} {'drv USS':>7}  worker peaks MB (RSS / USS)")
+          f"{'driver MB':>9} {'drv USS':>7} {'USS peak':>8}  worker peaks MB (RSS / USS)")
     for r in rows:
         workers = ", ".join(f"{t}={v['rss_mb']}/{v['uss_mb']}" for t, v in r["worker_peaks"].items())
         print(f"{r['lines']:>9} {r['input_gz_mb']:>6} {r['wall_s']:>7} {r['lines_per_s']:>8} "
               f"{r['shards']:>6} {r['max_shard_lines']:>9} {r['driver_max_rss_mb']!s:>9} "
-              f"{r['driver_uss_mb']!s:>7}  {workers}")
+              f"{r['driver_uss_mb']!s:>7} {r['driver_uss_peak_mb']!s:>8}  {workers}")
     return 0
 
 

@@ -34,6 +34,7 @@ from ray_job.errors import (
     SupersededError,
 )
 from ray_job.manifest import Status
+from ray_job.memory import UssPeak, driver_uss_mb
 from ray_job.parse import count_request_lines
 from ray_job.progress import Counters, Progress
 from ray_job.writer import ShardWriter
@@ -95,6 +96,7 @@ class Attempt:
         self.stop_reason = ""
         self.pipeline_done = False
         self.result: dict[str, Any] | None = None  # the LLMBATCH_RESULT of the attempt, once it ended
+        self.uss_peak = UssPeak()
 
     # --- setup ------------------------------------------------------------------------------
 
@@ -314,6 +316,7 @@ class Attempt:
             "error": error.model_dump(exclude_none=True) if error else None,
             "driver_max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "driver_uss_mb": driver_uss_mb(),
+            "driver_uss_peak_mb": self.uss_peak.stop(),
         }
         return result, intact
 
@@ -324,6 +327,7 @@ class Attempt:
         code = ExitCode.OK
         try:
             self._install_stop()
+            self.uss_peak.start()
             self._start_heartbeat()
             self.fs = s3.filesystem()
             input_path = self._input_path(self.fs)
@@ -379,17 +383,6 @@ class Attempt:
     def _close_progress(self) -> None:
         if self.progress is not None:
             self.progress.close()
-
-
-def driver_uss_mb() -> float | None:
-    """The driver's own memory now (USS: pages no other process shares), in MB; ``None`` when the OS
-    does not say. ``ru_maxrss`` also counts the object-store pages the driver mapped to read results."""
-    try:
-        import psutil
-
-        return round(psutil.Process().memory_full_info().uss / 1e6, 1)
-    except Exception:  # psutil.AccessDenied, no /proc/<pid>/smaps: the figure is informational
-        return None
 
 
 SUPERSEDED = "superseded"
