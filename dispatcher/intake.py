@@ -53,6 +53,8 @@ class IntakeRules:
     """The models requests may name (the registry's keys); any other is ``model_not_found``."""
     inline_limits: InlineLimits = field(default_factory=InlineLimits)
     readable_buckets: frozenset[str] = frozenset()
+    inputs_under_tenant_prefix: bool = False
+    """An input_uri must name an object under ``<bucket>/<tenant>/``."""
     request_in_redis_max_bytes: int = 1 << 30
     """Larger request records are kept in Redis by coordinates only (see dispatcher.request_body)."""
 
@@ -68,6 +70,7 @@ def intake_rules(settings: DispatcherSettings) -> IntakeRules:
         served_models=settings.served_models,
         inline_limits=opts.inline_limits,
         readable_buckets=frozenset(settings.s3.readable_buckets()),
+        inputs_under_tenant_prefix=opts.inputs_under_tenant_prefix,
         request_in_redis_max_bytes=opts.request_in_redis_max_bytes,
     )
 
@@ -155,6 +158,19 @@ def _marker(source: str, event_id: str, replay: ReplayInfo | None) -> tuple[str,
 
 def _bucket(uri: str) -> str:
     return uri[5:].split("/", 1)[0]
+
+
+def check_tenant_prefix(input_uri: str, tenant: str) -> None:
+    """:class:`SchemaError` (field ``input_uri``) unless the object lies under ``<bucket>/<tenant>/``."""
+    bucket, _, key = input_uri[5:].partition("/")
+    parts = key.split("/")
+    if len(parts) < 2 or parts[0] != tenant or any(p in {"", ".", ".."} for p in parts):
+        raise SchemaError(
+            Reason.INVALID_FIELD,
+            f"input_uri must name an object under the tenant's prefix s3://{bucket}/{tenant}/ (the "
+            f"producer and the HTTP API upload there); got {input_uri[:300]!r}",
+            field="input_uri",
+        )
 
 
 def _reject(origin: OriginalRecord, error: SchemaError, rules: IntakeRules, now: float) -> Reject:
@@ -252,6 +268,8 @@ def classify(origin: OriginalRecord, rules: IntakeRules, now: float) -> Command:
                 f"allowed: {', '.join(sorted(rules.readable_buckets))}",
                 field="input_uri",
             )
+        if data.input_uri is not None and rules.inputs_under_tenant_prefix:
+            check_tenant_prefix(data.input_uri, data.tenant)
         deadline = data.effective_deadline(accepted_at).timestamp()
         item = IntakeItem(
             batch_id=data.batch_id,

@@ -126,6 +126,12 @@ class DispatcherOptions(BaseModel):
     )
     log_level: str = "INFO"
     log_json: bool = True
+    inputs_under_tenant_prefix: bool = Field(
+        default=True,
+        description="An input_uri must name an object under its request's tenant "
+        "(s3://<bucket>/<tenant>/...; the producer and the HTTP API upload there), so a producer cannot "
+        "point a batch at another tenant's input; other requests are rejected (invalid_field, input_uri).",
+    )
     shared_engines: bool = Field(
         default=True,
         description="Run batches on each model's shared, warm engine (a Ray Serve application, "

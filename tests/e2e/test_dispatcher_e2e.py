@@ -306,7 +306,7 @@ async def test_kill9_then_restart_gives_exactly_one_terminal_event(env: Env, poi
     if point == "after_dlt":  # the dead letter of a failed batch: an input that does not exist
         request = batch_request(
             f"k-{point}-{uuid.uuid4().hex[:6]}",
-            input_uri=f"s3://{env.settings.s3.input_bucket}/missing/{uuid.uuid4().hex}.jsonl",
+            input_uri=f"s3://{env.settings.s3.input_bucket}/default/missing/{uuid.uuid4().hex}.jsonl",
         )
     else:
         request = batch_request(f"k-{point.replace('_', '-')}-{uuid.uuid4().hex[:6]}")

@@ -122,7 +122,7 @@ async def ops(kafka_settings: KafkaSettings, redis_settings: RedisSettings, s3_s
 async def test_replay_after_fixing_the_input_completes_the_batch(ops: Ops) -> None:
     s3 = ops.settings.s3
     batch_id = f"fixme-{uuid.uuid4().hex[:8]}"
-    input_uri = f"s3://{s3.input_bucket}/ops-e2e/{batch_id}.jsonl"
+    input_uri = f"s3://{s3.input_bucket}/default/ops-e2e/{batch_id}.jsonl"
     original = request_message(batch_request(batch_id, input_uri=input_uri), event_id=f"ev-{batch_id}")
     await ops.send(original)
     failed = await ops.terminal(batch_id, EventType.FAILED)

@@ -63,7 +63,7 @@ class World:
 
     async def dead_letter(self, batch_id: str, reason: str, offset: int, *,
                           value: bytes | None = None) -> None:
-        request = batch_request(batch_id, input_uri=f"s3://{self.settings.s3.input_bucket}/missing/{batch_id}.jsonl")
+        request = batch_request(batch_id, input_uri=f"s3://{self.settings.s3.input_bucket}/default/missing/{batch_id}.jsonl")
         key, val, headers = request_message(request, event_id=f"ev-{batch_id}")
         val = value if value is not None else val
         self.messages[batch_id] = (key, val, headers)

@@ -409,3 +409,39 @@ def test_a_lifecycle_is_fixed_by_the_record_that_starts_it() -> None:
     assert lifecycle(6) != first  # the same batch id in another record: another lifecycle
     assert lifecycle(5, "e-2") != first
     assert lifecycle_of(origin(key, value, headers, offset=5), "urn:test:upstream", "e-1") == first
+
+
+@pytest.mark.parametrize("key", [
+    "acme/inputs/x.jsonl", "acme/files/file-1.jsonl", "acme/deep/er/x.jsonl",
+])
+def test_an_input_under_the_tenants_prefix_is_accepted(key: str) -> None:
+    rules = replace(RULES, inputs_under_tenant_prefix=True)
+    request = batch_request("own-1", tenant="acme", requests=None, input_uri=f"s3://llmbatch-input/{key}")
+    assert isinstance(classify(origin(*request_message(request)), rules, NOW), Accept)
+
+
+@pytest.mark.parametrize("key", [
+    "globex/inputs/x.jsonl",       # another tenant's input (the attack: content-addressed, guessable)
+    "x.jsonl",                     # no tenant at all
+    "acmecorp/inputs/x.jsonl",     # a tenant whose name starts with this one's
+    "acme/../globex/x.jsonl",      # a way out
+    "acme//x.jsonl",
+])
+def test_an_input_outside_the_tenants_prefix_is_rejected_naming_field_and_fix(key: str) -> None:
+    rules = replace(RULES, inputs_under_tenant_prefix=True)
+    request = batch_request("other-1", tenant="acme", requests=None, input_uri=f"s3://llmbatch-input/{key}")
+    command = classify(origin(*request_message(request)), rules, NOW)
+    assert isinstance(command, Reject), key
+    assert command.error.reason == "invalid_field" and command.error.field == "input_uri"
+    assert "s3://llmbatch-input/acme/" in command.error.message
+    # the rule is a setting (on by default)
+    assert isinstance(classify(origin(*request_message(request)), RULES, NOW), Accept)
+
+
+def test_the_settings_turn_the_tenant_prefix_rule_on_by_default() -> None:
+    from dispatcher.intake import intake_rules
+    from dispatcher.settings import DispatcherOptions, DispatcherSettings
+
+    assert intake_rules(DispatcherSettings(_env_file=None)).inputs_under_tenant_prefix  # type: ignore[call-arg]
+    off = DispatcherSettings(_env_file=None, dispatcher=DispatcherOptions(inputs_under_tenant_prefix=False))  # type: ignore[call-arg]
+    assert not intake_rules(off).inputs_under_tenant_prefix
