@@ -211,10 +211,9 @@ def test_a_batch_redis_forgot_reads_from_its_manifest() -> None:
     assert content.content == b'{"custom_id": "r0"}\n'
 
 
-def test_a_batch_whose_event_never_got_out_is_published_again_when_read() -> None:
-    """The record is written before the event: an API that stops in between (here: the publish fails
-    and so does the clean-up of the record) left a batch reading ``validating`` for ever."""
-    api = make_api(republish_after_s=60)
+def lost_create(api: ApiHarness, **body: Any) -> dict[str, Any]:
+    """A create whose event never got out: its publish fails and so does the clean-up of its record
+    (as when the API stops in between); returns the batch as the list then shows it."""
     file_id = uploaded(api)
     api.publisher.fail = True
 
@@ -222,10 +221,18 @@ def test_a_batch_whose_event_never_got_out_is_published_again_when_read() -> Non
         raise OSError("MinIO went away too")
 
     api.objects.delete = stuck  # type: ignore[method-assign]
-    answer = create(api, input_file_id=file_id, endpoint=CHAT, metadata={"team": "search"})
-    assert answer.status_code == 503
+    assert create(api, input_file_id=file_id, endpoint=CHAT, **body).status_code == 503
     api.publisher.fail = False
     [batch] = api.client.get("/v1/batches", headers=api.auth()).json()["data"]
+    return dict(batch)
+
+
+def test_a_batch_whose_event_never_got_out_is_published_again_when_read() -> None:
+    """The record is written before the event: an API that stops in between (here: the publish fails
+    and so does the clean-up of the record) left a batch reading ``validating`` for ever."""
+    api = make_api(republish_after_s=60)
+    batch = lost_create(api, metadata={"team": "search"})
+    file_id = batch["input_file_id"]
     assert batch["status"] == "validating" and api.publisher.records == []  # not yet: maybe in flight
 
     api.clock.now += 61
@@ -269,16 +276,7 @@ def test_a_cancel_of_a_batch_whose_event_never_got_out_is_sent_again_after_it() 
     """The first cancel found no batch (the dispatcher ignores a cancel of an unknown batch): without
     a second one after the request, the batch the user cancelled would run."""
     api = make_api(republish_after_s=60)
-    file_id = uploaded(api)
-    api.publisher.fail = True
-
-    async def stuck(bucket: str, key: str) -> None:
-        raise OSError("MinIO went away too")
-
-    api.objects.delete = stuck  # type: ignore[method-assign]
-    assert create(api, input_file_id=file_id, endpoint=CHAT).status_code == 503
-    api.publisher.fail = False
-    [batch] = api.client.get("/v1/batches", headers=api.auth()).json()["data"]
+    batch = lost_create(api)
     cancelled = api.client.post(f"/v1/batches/{batch['id']}/cancel", headers=api.auth())
     assert cancelled.json()["status"] == "cancelling"
     api.clock.now += 61
@@ -293,16 +291,8 @@ def test_a_lost_create_is_not_published_again_after_its_completion_window() -> N
     """Redis forgets finished batches after 7 days, and a batch that failed before running has no
     manifest: published again then, a batch could run a second time."""
     api = make_api(republish_after_s=60)
-    file_id = uploaded(api)
-    api.publisher.fail = True
-
-    async def stuck(bucket: str, key: str) -> None:
-        raise OSError("MinIO went away too")
-
-    api.objects.delete = stuck  # type: ignore[method-assign]
-    assert create(api, input_file_id=file_id, endpoint=CHAT, completion_window="24h").status_code == 503
-    api.publisher.fail = False
+    batch = lost_create(api, completion_window="24h")
     api.clock.now += 86400
-    [batch] = api.client.get("/v1/batches", headers=api.auth()).json()["data"]
+    api.client.get("/v1/batches", headers=api.auth())
     api.client.get(f"/v1/batches/{batch['id']}", headers=api.auth())
     assert api.publisher.records == []
