@@ -54,14 +54,23 @@ def cluster_serve_config(
                         http_address=settings.ray.serve_address)
 
 
-def config_lost(config: dict[str, Any], details: dict[str, Any]) -> bool:
-    """Whether Serve holds none of ``config``'s applications (``details``: ``GET
-    /api/serve/applications/``): its head restarted without them, or Serve was shut down. The
-    dispatcher then deploys them again. Some missing is not lost: ``llmbatch engines stop`` removes
-    one model's application until the next deploy from settings, and that stays so."""
+def serve_controller(details: dict[str, Any]) -> str | None:
+    """The actor id of the cluster's Serve controller (``details``: ``GET /api/serve/applications/``);
+    ``None`` when Serve is not running. A new id means Serve started again (its head restarted)."""
+    info = details.get("controller_info") or {}
+    actor = info.get("actor_id") if isinstance(info, dict) else None
+    return str(actor) if actor else None
+
+
+def config_lost(config: dict[str, Any], details: dict[str, Any], deployed_on: str | None) -> bool:
+    """Whether Serve lost ``config``'s applications: it holds none of them and is not the Serve
+    instance they were deployed on (``deployed_on``, its controller's actor id): its head restarted
+    without them. The same instance without them is an operator's doing (``llmbatch engines stop``,
+    until the next deploy from settings), and stays so."""
     wanted = {str(app["name"]) for app in config.get("applications") or []}
     present = set(details.get("applications") or {})
-    return bool(wanted) and not wanted & present
+    restarted = deployed_on is None or serve_controller(details) != deployed_on
+    return bool(wanted) and not wanted & present and restarted
 
 
 def runner_env_vars(settings: DispatcherSettings) -> dict[str, str]:

@@ -171,9 +171,9 @@ class Dispatcher:
         await self._until_ok("kafka topics", self._ensure_topics)
         await self._until_ok("kafka consumer", self.consumer.start)
         await self._check_durability()
-        deployed = False
+        deployed_on: str | None = None
         if opts.shared_engines and opts.deploy_engines:
-            deployed = await self._deploy_engines_at_start()
+            deployed_on = await self._deploy_engines_at_start()
         self._tasks = [
             asyncio.create_task(self.consumer.run(), name="consumer"),
             asyncio.create_task(self.tracker.run(), name="tracker"),
@@ -181,7 +181,7 @@ class Dispatcher:
         if self.runner is not None:
             self._tasks.append(asyncio.create_task(self._watch_engines(self.runner), name="engine-metrics"))
         if opts.shared_engines and opts.deploy_engines:
-            keep = self._keep_engines_deployed(deployed)
+            keep = self._keep_engines_deployed(deployed_on)
             self._tasks.append(asyncio.create_task(keep, name="engine-deploy"))
         if opts.reconcile_interval_s > 0:
             self._tasks.append(asyncio.create_task(self._reconcile(), name="reconcile"))
@@ -236,24 +236,24 @@ class Dispatcher:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), 5.0)
 
-    async def _deploy_engines_at_start(self) -> bool:
-        """Deploy the engines; a config Serve refuses stops the start. Ray not answering does not:
+    async def _deploy_engines_at_start(self) -> str | None:
+        """Deploy the engines; returns the Serve instance they went to (its controller's id), ``None``
+        if Ray does not answer. A config Serve refuses stops the start; Ray not answering does not:
         intake goes on, and :meth:`_keep_engines_deployed` deploys once Ray is back."""
         try:
-            await self._deploy_engines()
+            return await self._deploy_engines()
         except DispatcherError as exc:
             if not exc.retriable:
                 raise
             log.warning("engines not deployed: Ray does not answer; deploying them once it does",
                         extra={"error": str(exc)})
-            return False
-        return True
+            return None
 
-    async def _keep_engines_deployed(self, deployed: bool) -> None:
-        """Deploy the engines once Ray answers, if the start could not (``deployed`` False); then,
-        on the tracker leader, again whenever Serve has lost all of them (a Ray head restarted
-        without GCS fault tolerance comes back with no applications: the batches waiting for an
-        engine would otherwise fail with engine_unavailable)."""
+    async def _keep_engines_deployed(self, deployed_on: str | None) -> None:
+        """Deploy the engines once Ray answers, if the start could not (``deployed_on`` None); then,
+        on the tracker leader, again whenever Serve has lost all of them: a Ray head restarted without
+        GCS fault tolerance comes back with no applications (a new Serve instance), and the batches
+        waiting for an engine would otherwise fail with engine_unavailable."""
         from dispatcher.engines import config_lost
         from dispatcher.serve_api import ServeApi
 
@@ -262,16 +262,16 @@ class Dispatcher:
         while not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), ENGINE_POLL_S)
-            if self._stop.is_set() or (deployed and not self.tracker.is_leader):
+            if self._stop.is_set() or (deployed_on is not None and not self.tracker.is_leader):
                 continue
             try:
-                if deployed and config_lost(self._engines_config(), await api.status()):
+                if deployed_on is not None and config_lost(self._engines_config(), await api.status(),
+                                                           deployed_on):
                     log.warning("Ray Serve has none of the engines (a Ray head restart?): deploying "
                                 "them again")
-                    deployed = False
-                if not deployed:
-                    await self._deploy_engines()
-                    deployed = True
+                    deployed_on = None
+                if deployed_on is None:
+                    deployed_on = await self._deploy_engines()
                 refused = ""
             except DispatcherError as exc:
                 if exc.retriable:  # the tracker reports Ray's outages; no line per poll
@@ -285,13 +285,17 @@ class Dispatcher:
 
         return cluster_serve_config(self.settings)
 
-    async def _deploy_engines(self) -> None:
-        """Apply the registry to the cluster's Serve config (idempotent: unchanged apps keep running)."""
+    async def _deploy_engines(self) -> str:
+        """Apply the registry to the cluster's Serve config (idempotent: unchanged apps keep running);
+        returns the Serve instance it went to (its controller's actor id, "" if Serve does not say)."""
+        from dispatcher.engines import serve_controller
         from dispatcher.serve_api import ServeApi
 
         config = self._engines_config()
-        await ServeApi(self.settings.ray.address).deploy(config)
+        api = ServeApi(self.settings.ray.address)
+        await api.deploy(config)
         log.info("engines deployed", extra={"applications": [a["name"] for a in config["applications"]]})
+        return serve_controller(await api.status()) or ""
 
     async def _ensure_topics(self) -> None:
         from producer.topics import ensure_topics

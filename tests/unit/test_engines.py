@@ -16,6 +16,7 @@ from dispatcher.engines import (
     config_lost,
     replica_pids,
     serve_config,
+    serve_controller,
     summarize,
     with_scaling,
     without,
@@ -158,18 +159,28 @@ def test_scale_and_stop_change_one_model_only() -> None:
         without(registry, "nope")
 
 
-def test_config_is_lost_only_when_serve_has_none_of_its_applications() -> None:
+def test_config_is_lost_only_when_a_new_serve_instance_has_none_of_its_applications() -> None:
     config = serve_config(_registry(), http_address="http://127.0.0.1:8000")
     names = [a["name"] for a in config["applications"]]
-    # a restarted head: no applications at all, or only someone else's
-    assert config_lost(config, {"applications": {}})
-    assert config_lost(config, {})
-    assert config_lost(config, {"applications": {"someone-else": {"status": "RUNNING"}}})
-    # all there, or one removed by `llmbatch engines stop` (that stays so until the next deploy)
-    assert not config_lost(config, {"applications": {n: {"status": "RUNNING"} for n in names}})
-    assert not config_lost(config, {"applications": {names[0]: {"status": "DEPLOYING"}}})
+    ours, restarted = {"actor_id": "a1"}, {"actor_id": "b2"}
+
+    def serve(controller: dict[str, str] | None, *apps: str) -> dict[str, Any]:
+        return {"controller_info": controller or {}, "applications": {a: {"status": "RUNNING"} for a in apps}}
+
+    # a restarted head: Serve not running at all, or a new instance with none (or only someone else's)
+    assert serve_controller(serve(None)) is None and serve_controller(serve(ours)) == "a1"
+    assert config_lost(config, serve(None), "a1")
+    assert config_lost(config, {}, "a1")
+    assert config_lost(config, serve(restarted, "someone-else"), "a1")
+    # the instance they went to: all there, one removed, or even all removed by `llmbatch engines stop`
+    # (that stays so until the next deploy from settings)
+    assert not config_lost(config, serve(ours, *names), "a1")
+    assert not config_lost(config, serve(ours, names[0]), "a1")
+    assert not config_lost(config, serve(ours), "a1")
+    # a new instance that has them (another dispatcher deployed them) is not lost either
+    assert not config_lost(config, serve(restarted, *names), "a1")
     # nothing to deploy is never lost
-    assert not config_lost({"applications": []}, {})
+    assert not config_lost({"applications": []}, {}, "a1")
 
 
 def test_summarize_reads_serve_details() -> None:
