@@ -186,3 +186,13 @@ def test_a_publish_the_acls_refuse_is_not_authorized_naming_user_and_topic(
     assert not caught.value.retriable
     assert "user 'svc'" in str(caught.value) and "'t.res'" in str(caught.value)
     assert "secret-pw" not in str(caught.value)
+
+
+def test_dlq_says_a_hidden_dead_letter_topic_may_be_forbidden_rather_than_missing() -> None:
+    from dispatcher.ops.dlq_cli import _hidden
+    from llmbatch.settings import LLMBatchSettings
+
+    sasl = KafkaSettings(security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512", sasl_username="ops",
+                         sasl_password="pw")  # type: ignore[arg-type]
+    assert _hidden(LLMBatchSettings(kafka=sasl)) == " (or user 'ops' may not read it)"
+    assert _hidden(LLMBatchSettings(kafka=KafkaSettings())) == ""
