@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 import typer
 
 if TYPE_CHECKING:
+    from dispatcher.kafka_acl import AclBinding
+    from dispatcher.kafka_acl_admin import ApplyReport
     from dispatcher.settings import DispatcherSettings
 
 app = typer.Typer(
@@ -92,6 +94,101 @@ def redis_acl(
         typer.echo("\n".join(acl_lines(Keys(prefix), passwords)))
     except ValueError as exc:
         _fail(str(exc))
+
+
+@app.command("kafka-acl")
+def kafka_acl(
+    user: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--user",
+            metavar="ROLE=NAME",
+            help="The SASL user of a role (producer, dispatcher, operator); repeat for more users of a "
+            "role. Default: a user named like the role.",
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the bindings as a JSON list.")] = False,
+    apply: Annotated[
+        bool,
+        typer.Option(
+            "--apply",
+            help="Create the missing topics and the missing bindings on the broker of LLMBATCH_KAFKA__*, "
+            "whose SASL user must be a super user. Idempotent; other ACLs are listed, not removed.",
+        ),
+    ] = False,
+) -> None:
+    """Print the Kafka ACL bindings of each role: the producer writes requests (and follows results),
+    only the dispatcher reads requests (in its group, LLMBATCH_DISPATCHER__GROUP_ID) and writes results
+    and dead letters, the operator reads dead letters and replays to the requests topic.
+
+    Topic names come from LLMBATCH_KAFKA__TOPICS__*. Every binding is an ALLOW on one literal topic or
+    group; no role gets Create or anything on the cluster (the admin creates the topics: --apply)."""
+    import orjson
+
+    from dispatcher.kafka_acl import ROLES, Role, acl_bindings, check_user, render
+
+    users: dict[Role, list[str]] = {}
+    for item in user or []:
+        role, sep, name = item.partition("=")
+        if not sep or not name:
+            _fail(f"--user takes ROLE=NAME (e.g. --user producer=batch-api), got {item!r}")
+        if role not in ROLES:
+            _fail(f"--user {item!r}: unknown role {role!r}, one of {', '.join(ROLES)}")
+        try:
+            users.setdefault(role, []).append(check_user(name))
+        except ValueError as exc:
+            _fail(f"--user {item!r}: {exc}")
+    settings = _settings_or_exit()
+    try:
+        bindings = acl_bindings(settings.kafka.topics, settings.dispatcher.group_id, users)
+    except ValueError as exc:
+        _fail(str(exc))
+    if not apply:
+        if as_json:
+            typer.echo(orjson.dumps([b.model_dump() for b in bindings], option=orjson.OPT_INDENT_2).decode())
+        else:
+            typer.echo(render(bindings))
+        return
+    if settings.kafka.security_protocol == "PLAINTEXT":
+        _fail("--apply needs the admin's credentials: set LLMBATCH_KAFKA__SECURITY_PROTOCOL (SASL_SSL or "
+              "SASL_PLAINTEXT), LLMBATCH_KAFKA__SASL_MECHANISM, _SASL_USERNAME and _SASL_PASSWORD")
+    _apply_kafka_acl(settings, bindings, as_json)
+
+
+def _apply_kafka_acl(settings: DispatcherSettings, bindings: list[AclBinding], as_json: bool) -> None:
+    import orjson
+
+    from dispatcher.errors import DispatcherError
+    from dispatcher.kafka_acl_admin import apply_bindings
+    from producer.errors import ProducerError
+    from producer.topics import ensure_topics
+
+    async def both() -> tuple[list[str], ApplyReport]:
+        try:
+            topics = await ensure_topics(settings.kafka)
+        except ProducerError as exc:
+            # a refused login shows up here first: ask the login why before calling it an outage
+            from producer.kafka import authentication_failure
+
+            raise DispatcherError(await authentication_failure(settings.kafka) or exc.message) from exc
+        return topics, await apply_bindings(settings.kafka, bindings)
+
+    try:
+        topics, report = asyncio.run(both())
+    except DispatcherError as exc:
+        _fail(str(exc), code=1)
+    if as_json:
+        typer.echo(orjson.dumps({"topics_created": topics, **report.model_dump()},
+                                option=orjson.OPT_INDENT_2).decode())
+        return
+    if topics:
+        typer.echo(f"created topic(s): {', '.join(topics)}")
+    typer.echo(f"{len(report.created)} binding(s) created, {len(report.present)} already present")
+    for binding in report.created:
+        typer.echo(f"  created {binding.principal} {binding.describe()}")
+    if report.other:
+        typer.echo(f"{len(report.other)} other ACL(s) of these users (not llmbatch's plan, left alone):")
+        typer.echo("\n".join(f"  {line}" for line in report.other))
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:

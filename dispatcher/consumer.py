@@ -38,7 +38,7 @@ from dispatcher.answers import duplicate_answer, failure_answer, rejection_answe
 from dispatcher.cancel import apply_cancel
 from dispatcher.cancel_scan import CancelScanner
 from dispatcher.dlt import OriginalRecord
-from dispatcher.errors import BrokerUnavailable, DispatcherError, classify
+from dispatcher.errors import BrokerUnavailable, DispatcherError, classify, classify_kafka_start
 from dispatcher.events import build_accepted
 from dispatcher.intake import Accept, Cancel, Command, IntakeRules, Reject, intake_rules
 from dispatcher.intake import classify as classify_record
@@ -125,7 +125,7 @@ class RequestConsumer:
         try:
             await self._consumer.start()
         except Exception as exc:
-            raise classify(exc, default=BrokerUnavailable) from exc
+            raise await classify_kafka_start(exc, self.settings.kafka) from exc
 
     def request_stop(self) -> None:
         self._stopping.set()

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llmbatch.settings import KafkaSettings
 
 
 class DispatcherError(Exception):
@@ -69,6 +73,19 @@ class NotFound(PermanentError):
     code = "not_found"
 
 
+class KafkaNotAuthorized(PermanentError):
+    """The broker's ACLs refuse this user the operation (a topic, the consumer group, the cluster):
+    retrying cannot help until an admin grants it (``llmbatch dispatcher kafka-acl``)."""
+
+    code = "kafka_not_authorized"
+
+
+class KafkaAuthenticationFailed(PermanentError):
+    """The broker refused the SASL credentials (LLMBATCH_KAFKA__SASL_USERNAME / _PASSWORD)."""
+
+    code = "kafka_authentication_failed"
+
+
 class InvalidSettings(PermanentError):
     """The settings cannot run a dispatcher (e.g. no model configured); the message says the fix."""
 
@@ -87,6 +104,13 @@ class ManifestInvalid(DispatcherError):
     retriable = True
     code = "manifest_invalid"
 
+
+_NOT_AUTHORIZED = {
+    "TopicAuthorizationFailedError",
+    "GroupAuthorizationFailedError",
+    "ClusterAuthorizationFailedError",
+    "TransactionalIdAuthorizationFailed",
+}
 
 _TRANSIENT_ERRNOS = {
     errno.ECONNREFUSED,
@@ -133,6 +157,11 @@ def classify(exc: BaseException, *, default: type[DispatcherError] = TransientEr
         if isinstance(exc, KafkaError):
             if type(exc).__name__ in {"MessageSizeTooLargeError", "RecordTooLargeError"}:
                 return RecordTooLarge(message)
+            if type(exc).__name__ in _NOT_AUTHORIZED:
+                return KafkaNotAuthorized(f"Kafka refused it ({message}): the user lacks an ACL; "
+                                          "`llmbatch dispatcher kafka-acl` lists each role's")
+            if type(exc).__name__ in {"SaslAuthenticationFailed", "AuthenticationFailedError"}:
+                return KafkaAuthenticationFailed(message)
             if getattr(exc, "retriable", False) or type(exc).__name__ in {
                 "KafkaConnectionError",
                 "KafkaTimeoutError",
@@ -160,3 +189,17 @@ def classify(exc: BaseException, *, default: type[DispatcherError] = TransientEr
     ):
         return default(message)
     return PermanentError(message)
+
+
+async def classify_kafka_start(exc: BaseException, kafka: KafkaSettings) -> DispatcherError:
+    """:func:`classify` for a Kafka client that failed to start. aiokafka reports a refused SASL
+    login as "Unable to bootstrap" (an outage, retried for ever); a direct login says whether the
+    credentials were refused, which is :class:`KafkaAuthenticationFailed` (not retriable)."""
+    error = classify(exc, default=BrokerUnavailable)
+    if error.retriable and kafka.security_protocol.startswith("SASL"):
+        from producer.kafka import authentication_failure
+
+        why = await authentication_failure(kafka)
+        if why is not None:
+            return KafkaAuthenticationFailed(why)
+    return error

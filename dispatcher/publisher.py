@@ -18,7 +18,13 @@ from aiokafka import AIOKafkaProducer
 
 from dispatcher import logs
 from dispatcher.dlt import DeadLetter, build_dead_letter, fit_dead_letter, reduce_dead_letter
-from dispatcher.errors import BrokerUnavailable, DispatcherError, RecordTooLarge, classify
+from dispatcher.errors import (
+    BrokerUnavailable,
+    DispatcherError,
+    RecordTooLarge,
+    classify,
+    classify_kafka_start,
+)
 from dispatcher.events import Outcome, build_terminal
 from dispatcher.intake import original_with_value
 from dispatcher.metrics import Metrics
@@ -66,7 +72,7 @@ class EventProducer:
             try:
                 await producer.start()
             except Exception as exc:
-                raise classify(exc, default=BrokerUnavailable) from exc
+                raise await classify_kafka_start(exc, self.kafka) from exc
             self._started.append(producer)
 
     async def stop(self) -> None:

@@ -11,9 +11,11 @@ Importing this package does not import aiokafka or minio; they load on first use
 
 from producer.client import BatchClient, BatchHandle, ClientOptions, new_batch_id
 from producer.errors import (
+    AuthenticationFailed,
     BrokerUnavailable,
     InputFileError,
     InvalidInput,
+    NotAuthorized,
     ProducerError,
     PublishFailed,
     ResultsNotFound,
@@ -26,12 +28,14 @@ from producer.sync import SyncBatchClient
 from producer.topics import ensure_topics
 
 __all__ = [
+    "AuthenticationFailed",
     "BatchClient",
     "BatchHandle",
     "BrokerUnavailable",
     "ClientOptions",
     "InputFileError",
     "InvalidInput",
+    "NotAuthorized",
     "ProducerError",
     "PublishFailed",
     "Published",

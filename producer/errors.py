@@ -45,6 +45,15 @@ class PublishFailed(ProducerError):
     """Kafka rejected the record (e.g. too large, not authorised)."""
 
 
+class NotAuthorized(PublishFailed):
+    """The broker's ACLs refuse this user the topic (e.g. writing the results topic): retrying cannot
+    help until an admin grants it."""
+
+
+class AuthenticationFailed(ProducerError):
+    """The broker refused the SASL credentials (LLMBATCH_KAFKA__SASL_USERNAME / _PASSWORD)."""
+
+
 class TopicMissing(ProducerError):
     """A topic the call needs does not exist (run ``ensure_topics`` or ask an operator)."""
 

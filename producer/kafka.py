@@ -15,7 +15,14 @@ from datetime import datetime
 from typing import Any
 
 from llmbatch.settings import KafkaSettings
-from producer.errors import BrokerUnavailable, PublishFailed, TopicMissing
+from producer.errors import (
+    AuthenticationFailed,
+    BrokerUnavailable,
+    NotAuthorized,
+    ProducerError,
+    PublishFailed,
+    TopicMissing,
+)
 from schemas import Envelope, EventType, SchemaError, decode, encode
 
 log = logging.getLogger(__name__)
@@ -31,6 +38,56 @@ def _unreachable(kafka: KafkaSettings, exc: BaseException | None = None) -> Brok
         f"Kafka at {kafka.bootstrap_servers} is unreachable{why}; check LLMBATCH_KAFKA__BOOTSTRAP_SERVERS "
         "and that the broker is running"
     )
+
+
+async def authentication_failure(kafka: KafkaSettings, timeout_s: float = 10.0) -> str | None:
+    """Why the broker refuses ``kafka``'s SASL login (one line naming the user and the settings, never
+    the password), or None: the login works, the settings use no SASL, or the broker does not answer.
+
+    aiokafka's bootstrap logs the broker's refusal and raises only "Unable to bootstrap", which reads
+    as an outage; one direct connection to the first bootstrap server gets the refusal back."""
+    if not kafka.security_protocol.startswith("SASL"):
+        return None
+    from aiokafka.conn import create_conn
+    from aiokafka.errors import (
+        AuthenticationFailedError,
+        SaslAuthenticationFailed,
+        UnsupportedSaslMechanismError,
+    )
+
+    host, _, port = kafka.bootstrap_servers.split(",")[0].rpartition(":")
+    options = {k: v for k, v in kafka.client_kwargs().items() if k != "bootstrap_servers"}
+    try:
+        conn = await asyncio.wait_for(create_conn(host, int(port), **options), timeout_s)
+    except (SaslAuthenticationFailed, AuthenticationFailedError, UnsupportedSaslMechanismError) as exc:
+        said = str(exc).removeprefix(f"[Error {getattr(exc, 'errno', '')}] ").strip() or type(exc).__name__
+        return (
+            f"Kafka at {kafka.bootstrap_servers} refused the {kafka.sasl_mechanism} login of user "
+            f"{kafka.sasl_username!r} ({said}); check LLMBATCH_KAFKA__SASL_USERNAME and "
+            "LLMBATCH_KAFKA__SASL_PASSWORD"
+        )
+    except Exception:  # unreachable, timed out: not an authentication problem
+        return None
+    conn.close()
+    return None
+
+
+async def _start_failure(kafka: KafkaSettings, exc: BaseException) -> ProducerError:
+    """The error for a client that did not start: refused credentials, else unreachable."""
+    why = await authentication_failure(kafka)
+    return AuthenticationFailed(why) if why is not None else _unreachable(kafka, exc)
+
+
+def _refused(kafka: KafkaSettings, topic: str, exc: BaseException, action: str) -> NotAuthorized:
+    user = f"user {kafka.sasl_username!r}" if kafka.sasl_username else "this client"
+    return NotAuthorized(
+        f"Kafka does not allow {user} to {action} topic {topic!r} ({type(exc).__name__}); ask the Kafka "
+        "admin for the ACL (`llmbatch dispatcher kafka-acl` lists what each role gets)"
+    )
+
+
+_NOT_AUTHORIZED = frozenset({"TopicAuthorizationFailedError", "ClusterAuthorizationFailedError",
+                             "TransactionalIdAuthorizationFailed"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +141,7 @@ class Publisher:
                 await asyncio.wait_for(producer.start(), self._connect_timeout_s)
             except (TimeoutError, KafkaError, OSError) as exc:
                 await _quietly(producer.stop())
-                raise _unreachable(self._kafka, exc) from exc
+                raise await _start_failure(self._kafka, exc) from exc
             self._producer = producer
 
     async def stop(self) -> None:
@@ -127,6 +184,8 @@ class Publisher:
         except (KafkaConnectionError, KafkaTimeoutError, RequestTimedOutError, NotEnoughReplicasError) as exc:
             raise _unreachable(self._kafka, exc) from exc
         except KafkaError as exc:
+            if type(exc).__name__ in _NOT_AUTHORIZED:
+                raise _refused(self._kafka, topic, exc, "write") from exc
             raise PublishFailed(
                 f"Kafka rejected the event for topic {topic!r}: {type(exc).__name__}: {exc}"
             ) from exc
@@ -170,15 +229,22 @@ async def follow_events(
     try:
         try:
             await asyncio.wait_for(consumer.start(), connect_timeout_s)
+        except (TimeoutError, KafkaError, OSError) as exc:
+            raise await _start_failure(kafka, exc) from exc
+        try:
             partitions = await asyncio.wait_for(_partitions(consumer, topic), connect_timeout_s)
         except (TimeoutError, KafkaError, OSError) as exc:
             raise _unreachable(kafka, exc) from exc
         if not partitions:
-            raise TopicMissing(f"topic {topic!r} does not exist on {kafka.bootstrap_servers}")
+            # Kafka lists only the topics a user may Describe: missing and forbidden look alike
+            hidden = f", or user {kafka.sasl_username!r} may not read it" if kafka.sasl_username else ""
+            raise TopicMissing(f"topic {topic!r} does not exist on {kafka.bootstrap_servers}{hidden}")
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         try:
             starts = await asyncio.wait_for(_start_offsets(consumer, tps, since, from_end), connect_timeout_s)
         except (TimeoutError, KafkaError, OSError) as exc:
+            if type(exc).__name__ in _NOT_AUTHORIZED:
+                raise _refused(kafka, topic, exc, "read") from exc
             raise _unreachable(kafka, exc) from exc
         # assign and seek with no await in between, so the fetcher never starts from a default position
         consumer.assign(tps)
@@ -190,6 +256,8 @@ async def follow_events(
             try:
                 batches = await consumer.getmany(timeout_ms=int(poll_timeout_s * 1000), max_records=500)
             except KafkaError as exc:
+                if type(exc).__name__ in _NOT_AUTHORIZED:  # Describe (e.g. implied by Write) but not Read
+                    raise _refused(kafka, topic, exc, "read") from exc
                 raise _unreachable(kafka, exc) from exc
             for records in batches.values():
                 for record in records:

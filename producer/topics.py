@@ -9,6 +9,7 @@ from llmbatch.settings import KafkaSettings, LLMBatchSettings
 from producer.errors import BrokerUnavailable, ProducerError
 
 TOPIC_ALREADY_EXISTS = 36
+TOPIC_AUTHORIZATION_FAILED = 29
 DEAD_LETTER_RETENTION_MS = 30 * 24 * 3600 * 1000
 """Dead letters are inspected and replayed by humans: keep them a month."""
 
@@ -78,6 +79,11 @@ async def ensure_topics(
         for name, code, message in _topic_errors(response):
             if code == 0:
                 created.append(name)
+            elif code == TOPIC_AUTHORIZATION_FAILED:
+                raise ProducerError(
+                    f"cannot create topic {name!r}: this Kafka user may not (TOPIC_AUTHORIZATION_FAILED); "
+                    "a Kafka admin creates the topics (`llmbatch dispatcher kafka-acl --apply` does)"
+                )
             elif code != TOPIC_ALREADY_EXISTS:
                 raise ProducerError(f"cannot create topic {name!r}: error {code} {message or ''}".strip())
         return created

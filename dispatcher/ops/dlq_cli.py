@@ -95,6 +95,13 @@ def _filter(
     return ReplayFilter(reasons=_split(reason), keys=_split(key), since=start, until=end, limit=limit)
 
 
+def _hidden(settings: LLMBatchSettings) -> str:
+    """Kafka lists only the topics a user may Describe: with a SASL user, missing and forbidden look
+    alike (the operator role's ACLs: ``llmbatch dispatcher kafka-acl``)."""
+    user = settings.kafka.sasl_username
+    return f" (or user {user!r} may not read it)" if user else ""
+
+
 async def _snapshot(settings: LLMBatchSettings, topic: str, flt: ReplayFilter) -> Snapshot:
     return await read_dead_letters(settings.kafka, topic, since=flt.since)
 
@@ -171,8 +178,8 @@ def list_command(
         )
         return
     if not snap.exists:
-        err.print(f"dead-letter topic {dlt_topic!r} does not exist yet: nothing was dead-lettered",
-                  markup=False)
+        err.print(f"dead-letter topic {dlt_topic!r} does not exist yet{_hidden(settings)}: nothing was "
+                  "dead-lettered", markup=False)
         return
     if not letters:
         err.print(f"no dead letters match ({len(snap.letters)} in {dlt_topic})", markup=False)
@@ -361,8 +368,8 @@ def replay_command(
             summary = Summary.of(items, dry_run=dry_run)
             if not json_output:
                 if not snap.exists:
-                    err.print(f"dead-letter topic {dlt_topic!r} does not exist yet: nothing to replay",
-                              markup=False)
+                    err.print(f"dead-letter topic {dlt_topic!r} does not exist yet{_hidden(settings)}: "
+                              "nothing to replay", markup=False)
                 elif items:
                     out.print(_plan_table(items, dry_run=dry_run))
                 else:
