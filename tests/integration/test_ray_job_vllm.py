@@ -402,7 +402,7 @@ def test_stop_midway_then_attempt_2_each_custom_id_exactly_once(
 ) -> None:
     [replica] = shared.replicas()
     before = shared.before()
-    n = 48
+    n = 32
     uri = h.put_input(
         "resume.jsonl",
         [
