@@ -189,6 +189,12 @@ class BatchService:
             window_s = parse_duration(window).total_seconds()
         except ValueError as exc:
             raise InvalidRequest(str(exc), param="completion_window") from None
+        now = self.clock()
+        batch_id = new_id(BATCH_PREFIX, now)
+        try:  # before the file is read: see FileService.delete
+            await self.records.add_use(tenant, body.input_file_id, batch_id)
+        except Exception as exc:
+            raise from_exception(exc) from exc
         file = await self.records.get("files", StoredFile, tenant, body.input_file_id)
         if file is None:
             raise NotFound(f"No such File object: {body.input_file_id}", param="input_file_id")
@@ -198,8 +204,6 @@ class BatchService:
                 f"{file.endpoint.value!r} (or upload a file for {body.endpoint.value})",
                 param="endpoint",
             )
-        now = self.clock()
-        batch_id = new_id(BATCH_PREFIX, now)
         input_uri = self.layout.content_uri(tenant, file.id)
         try:
             request = BatchRequest(

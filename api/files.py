@@ -17,8 +17,8 @@ from typing import IO
 
 from api import results
 from api.batches import BatchReader
-from api.errors import InvalidRequest, NotFound, from_exception
-from api.objects import FileDeleted, FileObject, ListPage
+from api.errors import ApiError, Conflict, InvalidRequest, NotFound, from_exception
+from api.objects import TERMINAL_STATUSES, FileDeleted, FileObject, ListPage
 from api.records import FILE_ID, FILE_PREFIX, Layout, RecordStore, StoredFile, new_id
 from api.status import ERROR_PREFIX, OUTPUT_PREFIX
 from api.storage import ObjectMissing, ObjectStore
@@ -27,6 +27,7 @@ from producer.errors import InvalidInput
 from producer.storage import INPUT_CONTENT_TYPE
 
 READ_BYTES = 1 << 20
+_READ_AHEAD = 16
 MAX_FILE_PAGE = 10_000
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -139,11 +140,46 @@ class FileService:
             raise InvalidRequest(f"{file_id} is a batch's result file: it cannot be deleted", param="file_id")
         stored = await self._stored(tenant, file_id)
         try:
+            await self._refuse_in_use(stored)
             await self.records.delete("files", tenant, stored.id)
+            try:  # a create that found the record before it went has marked its use by now
+                await self._refuse_in_use(stored)
+            except Conflict:
+                await self.records.put("files", stored)
+                raise
             await self.objects.delete(self.layout.bucket, self.layout.content_key(tenant, stored.id))
+        except ApiError:
+            raise
         except Exception as exc:
             raise from_exception(exc) from exc
         return FileDeleted(id=stored.id)
+
+    async def _refuse_in_use(self, stored: StoredFile) -> None:
+        """A 409 while a batch created from the file may still read it: its dispatcher reads the input
+        when the batch starts (and again on a retried attempt), so deleting it then failed the batch."""
+        ids = await self.records.uses(stored.tenant, stored.id)
+        now = self.clock()
+
+        async def running(batch_id: str) -> str | None:
+            """The batch's status while it may still read its input, else ``None``."""
+            try:
+                snapshot = await self.batches.one(stored.tenant, batch_id)
+            except NotFound:  # a create that failed after marking the use
+                return None
+            if snapshot.job is None and snapshot.manifest is None and now >= snapshot.stored.expires_at:
+                return None  # never reached the dispatcher, and is not sent again any more
+            status = snapshot.batch().status
+            return None if status in TERMINAL_STATUSES else status
+
+        for start in range(0, len(ids), _READ_AHEAD):  # bounded concurrency
+            chunk = ids[start : start + _READ_AHEAD]
+            for batch_id, status in zip(chunk, await asyncio.gather(*map(running, chunk)), strict=True):
+                if status is not None:
+                    raise Conflict(
+                        f"{stored.id} is the input of batch {batch_id}, which is {status}: delete the file "
+                        "once the batch has ended, or cancel the batch first",
+                        param="file_id", code="file_in_use",
+                    )
 
     async def content(self, tenant: str, file_id: str) -> tuple[FileObject, AsyncIterator[bytes]]:
         """The file's description and its bytes as a stream (checked to exist before streaming)."""

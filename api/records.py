@@ -13,6 +13,7 @@ llmbatch object is)::
     <tenant>/api/files/<file_id>.json       its record (StoredFile)
     <tenant>/api/batches/<batch_id>.json    a batch created through the API (StoredBatch)
     <tenant>/api/idempotency/<sha256>.json  an Idempotency-Key's create (IdempotentCreate)
+    <tenant>/api/file-uses/<file_id>/<batch_id>  an empty marker: a batch was created from the file
 
 A record exists only once its content does (the file is written first, its record last), and goes
 first on delete. Ids from a path are checked against their pattern before any key is built.
@@ -119,6 +120,10 @@ class Layout:
     def record_key(self, tenant: str, kind: Literal["files", "batches"], record_id: str) -> str:
         return f"{self.folder(tenant, kind)}{record_id}.json"
 
+    def uses_folder(self, tenant: str, file_id: str) -> str:
+        """Where the markers of the batches created from a file are kept."""
+        return f"{tenant}/api/file-uses/{file_id}/"
+
     def idempotency_key(self, tenant: str, key_sha256: str) -> str:
         """Where a tenant's ``Idempotency-Key`` (by its SHA-256) is kept."""
         return f"{tenant}/api/idempotency/{key_sha256}.json"
@@ -166,6 +171,19 @@ class RecordStore:
         pattern = FILE_ID if kind == "files" else BATCH_ID
         found = [key[len(folder):].removesuffix(".json") for key in keys if key.endswith(".json")]
         return [record_id for record_id in found if pattern.fullmatch(record_id)]
+
+    async def add_use(self, tenant: str, file_id: str, batch_id: str) -> None:
+        """Mark ``file_id`` as the input of ``batch_id`` (written before the file's record is read, so a
+        delete that lists the uses after removing that record sees every create that found it)."""
+        if FILE_ID.fullmatch(file_id) and BATCH_ID.fullmatch(batch_id):
+            key = self.layout.uses_folder(tenant, file_id) + batch_id
+            await self.objects.put(self.layout.bucket, key, io.BytesIO(b""), 0, content_type=JSON_TYPE)
+
+    async def uses(self, tenant: str, file_id: str, *, limit: int = 10_000) -> list[str]:
+        """The ids of up to ``limit`` batches created from ``file_id`` (newest first)."""
+        folder = self.layout.uses_folder(tenant, file_id)
+        keys = await self.objects.list_keys(self.layout.bucket, folder, limit=limit)
+        return [key[len(folder):] for key in keys if BATCH_ID.fullmatch(key[len(folder):])]
 
     async def page(
         self, kind: Literal["files", "batches"], model: type[R], tenant: str, *, after: str | None, limit: int

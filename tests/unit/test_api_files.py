@@ -197,3 +197,78 @@ def test_concatenation_holds_one_chunk_at_a_time() -> None:
     chunks = asyncio.run(collect())
     assert b"".join(chunks) == b"x" * 200_000 + b"\n" + b"y" * 100_000 + b"\n"
     assert max(len(c) for c in chunks) <= 1 << 16 and len(chunks) > 4
+
+
+def _batch_of(api: ApiHarness, file_id: str) -> str:
+    answer = api.client.post("/v1/batches", headers=api.auth(),
+                             json={"input_file_id": file_id, "endpoint": "/v1/chat/completions"})
+    assert answer.status_code == 200, answer.text
+    return str(answer.json()["id"])
+
+
+def test_a_file_a_batch_may_still_read_is_not_deleted_until_the_batch_ended() -> None:
+    """Before, the delete went through and the queued batch failed ``input_not_found`` when it started."""
+    api = make_api()
+    data = jsonl(chat_line("a"))
+    file_id = upload_ok(api, data)["id"]
+    other = upload_ok(api, jsonl(chat_line("b")))["id"]
+    _batch_of(api, other)  # another file's batch does not hold this one
+    batch_id = _batch_of(api, file_id)
+    for step in ("validating", "in_progress"):
+        if step == "in_progress":
+            api.accept_all()
+            api.dispatcher.run(batch_id, api.clock.now)
+        answer = api.client.delete(f"/v1/files/{file_id}", headers=api.auth())
+        assert answer.status_code == 409, (step, answer.text)
+        error = answer.json()["error"]
+        assert error["code"] == "file_in_use" and error["param"] == "file_id"
+        assert batch_id in error["message"] and step in error["message"]
+        # nothing of the file went
+        assert api.client.get(f"/v1/files/{file_id}/content", headers=api.auth()).content == data
+    api.dispatcher.finish(batch_id, Outcome(State.COMPLETED, api.clock.now + 5, [], []))
+    assert api.client.delete(f"/v1/files/{file_id}", headers=api.auth()).status_code == 200
+    assert api.client.get(f"/v1/files/{file_id}", headers=api.auth()).status_code == 404
+
+
+def test_a_batch_that_never_reached_the_dispatcher_holds_its_file_only_within_its_window() -> None:
+    api = make_api()
+    file_id = upload_ok(api, jsonl(chat_line("a")))["id"]
+    _batch_of(api, file_id)  # never taken in (its event was lost): sent again while in its window
+    assert api.client.delete(f"/v1/files/{file_id}", headers=api.auth()).status_code == 409
+    api.clock.now += 25 * 3600  # past the default 24 h window: it is not sent again any more
+    assert api.client.delete(f"/v1/files/{file_id}", headers=api.auth()).status_code == 200
+
+
+def test_a_create_that_found_the_file_while_it_was_being_deleted_keeps_it() -> None:
+    """The create marks its use before it reads the file's record; the delete looks again after removing
+    the record, so a create that read it in between is seen, and the record is put back."""
+    api = make_api()
+    data = jsonl(chat_line("a"))
+    file_id = upload_ok(api, data)["id"]
+    batch_id = _batch_of(api, file_id)
+    marker = next(k for k in api.objects.keys(INPUT_BUCKET) if k.endswith(f"/file-uses/{file_id}/{batch_id}"))
+    use = api.objects.objects.pop((INPUT_BUCKET, marker))  # not there at the delete's first look
+    remove = api.objects.delete
+
+    async def delete(bucket: str, key: str) -> None:
+        await remove(bucket, key)
+        if key.endswith(f"/api/files/{file_id}.json"):  # the create's marker lands meanwhile
+            api.objects.objects[(INPUT_BUCKET, marker)] = use
+
+    api.objects.delete = delete  # type: ignore[method-assign]
+    answer = api.client.delete(f"/v1/files/{file_id}", headers=api.auth())
+    assert answer.status_code == 409 and answer.json()["error"]["code"] == "file_in_use"
+    assert api.client.get(f"/v1/files/{file_id}", headers=api.auth()).status_code == 200
+    assert api.client.get(f"/v1/files/{file_id}/content", headers=api.auth()).content == data
+
+
+def test_a_create_of_a_missing_file_is_not_found_and_holds_nothing() -> None:
+    api = make_api()
+    answer = api.client.post("/v1/batches", headers=api.auth(),
+                             json={"input_file_id": f"file-{'0' * 29}", "endpoint": "/v1/chat/completions"})
+    assert answer.status_code == 404 and answer.json()["error"]["param"] == "input_file_id"
+    file_id = upload_ok(api, jsonl(chat_line("a")))["id"]
+    bad = api.client.post("/v1/batches", headers=api.auth(),
+                          json={"input_file_id": file_id, "endpoint": "/v1/completions"})
+    assert bad.status_code == 400  # the endpoint does not match: no batch, so the file is free
+    assert api.client.delete(f"/v1/files/{file_id}", headers=api.auth()).status_code == 200
