@@ -66,7 +66,9 @@ async def test_the_apis_conditional_write_creates_once_and_never_overwrites(
         await store.put_new(f"no-such-{uuid.uuid4().hex[:8]}", key, b"{}", content_type="application/json")
 
 
-async def test_a_files_uses_are_empty_markers_listed_back_by_batch_id(s3_settings: S3Settings, bucket: str) -> None:
+async def test_a_files_uses_are_empty_markers_listed_back_by_batch_id(
+    s3_settings: S3Settings, bucket: str
+) -> None:
     """api.records' use markers (what keeps a file a batch may still read from being deleted) on the
     real server: empty objects under the file's folder, listed back as batch ids."""
     from api.records import Layout, RecordStore, new_id
@@ -82,7 +84,8 @@ async def test_a_files_uses_are_empty_markers_listed_back_by_batch_id(s3_setting
     await records.add_use(tenant, "../not-a-file", batches[0])  # never builds a key from a bad id
     assert sorted(await records.uses(tenant, file_id)) == sorted(batches)
     assert await records.uses(tenant, "file-unknown") == []
-    assert _client(s3_settings).stat_object(bucket, f"{tenant}/api/file-uses/{file_id}/{batches[0]}").size == 0
+    marker = f"{tenant}/api/file-uses/{file_id}/{batches[0]}"
+    assert _client(s3_settings).stat_object(bucket, marker).size == 0
 
 
 def test_multipart_upload_20mb(s3_settings: S3Settings, bucket: str) -> None:
