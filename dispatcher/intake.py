@@ -33,7 +33,7 @@ from dispatcher.store import IntakeItem
 from schemas.batch import BatchRequest, CancelRequest, InlineLimits, check_deadline, check_inline_limits
 from schemas.cloudevents import H_ID, H_SOURCE, decode
 from schemas.common import BATCH_ID_PATTERN, TENANT_PATTERN
-from schemas.dlt import DltReason, ReplayInfo
+from schemas.dlt import REPLAY_SIG, DltReason, ReplayInfo
 from schemas.engines import UnknownModelError
 from schemas.errors import Reason, SchemaError
 from schemas.events import REQUEST_EVENT_TYPES
@@ -57,6 +57,8 @@ class IntakeRules:
     """An input_uri must name an object under ``<bucket>/<tenant>/``."""
     request_in_redis_max_bytes: int = 1 << 30
     """Larger request records are kept in Redis by coordinates only (see dispatcher.request_body)."""
+    replay_key: bytes | None = field(default=None, repr=False)
+    """Replay headers must be signed with it (``LLMBATCH_REPLAY__KEY``); ``None``: honoured unsigned."""
 
 
 def intake_rules(settings: DispatcherSettings) -> IntakeRules:
@@ -72,6 +74,7 @@ def intake_rules(settings: DispatcherSettings) -> IntakeRules:
         readable_buckets=frozenset(settings.s3.readable_buckets()),
         inputs_under_tenant_prefix=opts.inputs_under_tenant_prefix,
         request_in_redis_max_bytes=opts.request_in_redis_max_bytes,
+        replay_key=settings.replay.key_bytes(),
     )
 
 
@@ -227,6 +230,20 @@ def record_marker(origin: OriginalRecord) -> tuple[str, str]:
     return "record", f"{origin.topic}:{origin.partition}:{origin.offset}:{origin.timestamp_ms}"
 
 
+def check_replay_signed(replay: ReplayInfo, key: bytes, source: str, event_id: str) -> None:
+    """:class:`SchemaError` (field ``llmbatch-replay-sig``) unless an operator holding the replay key
+    replayed this very event: replay headers reopen a failed batch, which no producer may do."""
+    if replay.verify(key, source=source, event_id=event_id):
+        return
+    state = "is not signed" if replay.signature is None else "does not verify"
+    raise SchemaError(
+        Reason.INVALID_HEADER,
+        f"replay {replay.replay_id!r} (by {replay.replayed_by!r}) {state}: only `llmbatch dlq replay` "
+        "run with this dispatcher's LLMBATCH_REPLAY__KEY may replay; replay the dead letter with it",
+        field=REPLAY_SIG,
+    )
+
+
 def check_served(request: BatchRequest, served: frozenset[str]) -> None:
     """Raise ``SchemaError(model_not_found)`` unless ``request.model`` is served here: a batch never
     runs on another model than the one it names."""
@@ -247,6 +264,8 @@ def classify(origin: OriginalRecord, rules: IntakeRules, now: float) -> Command:
     try:
         envelope = decode(origin.key, origin.value, origin.headers, expect=REQUEST_EVENT_TYPES)
         replay = ReplayInfo.from_headers(envelope.extra_headers)
+        if replay is not None and rules.replay_key is not None:
+            check_replay_signed(replay, rules.replay_key, envelope.source, envelope.id)
         marker = _marker(envelope.source, envelope.id, replay)
         data = envelope.data
         if isinstance(data, CancelRequest):

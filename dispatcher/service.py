@@ -165,6 +165,9 @@ class Dispatcher:
                 "models": sorted(self.settings.served_models),
             },
         )
+        if self.settings.replay.key is None:
+            log.warning("LLMBATCH_REPLAY__KEY is not set: replay headers are honoured from any producer "
+                        "that may write the requests topic (they reopen failed batches)")
         if self.health is not None:
             await self.health.start()
         await self._until_ok("kafka producer", self.producer.start)

@@ -195,6 +195,29 @@ class RaySettings(BaseModel):
     # optional: `ray://` client address is NOT used; jobs go through the HTTP Jobs API only
 
 
+class ReplaySettings(BaseModel):
+    """Who may replay dead letters (``LLMBATCH_REPLAY__KEY``)."""
+
+    key: SecretStr | None = Field(
+        default=None,
+        description="A shared secret (at least 32 characters) of the operators' `llmbatch dlq replay` and "
+        "the dispatchers: a replay is signed with it (HMAC-SHA256, header llmbatch-replay-sig) and the "
+        "dispatcher dead-letters replay headers it cannot verify. Unset: replay headers are honoured from "
+        "any producer that may write the requests topic (the dispatcher says so as it starts).",
+    )
+
+    @field_validator("key")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 32:
+            raise ValueError("must be at least 32 characters (e.g. `openssl rand -hex 32`), or unset")
+        return value
+
+    def key_bytes(self) -> bytes | None:
+        """The key as bytes, or ``None`` when unset."""
+        return None if self.key is None else self.key.get_secret_value().encode()
+
+
 class LLMBatchSettings(BaseSettings):
     """Root settings object: ``LLMBatchSettings()`` reads the environment."""
 
@@ -210,6 +233,7 @@ class LLMBatchSettings(BaseSettings):
     redis: RedisSettings = RedisSettings()
     s3: S3Settings = S3Settings()
     ray: RaySettings = RaySettings()
+    replay: ReplaySettings = ReplaySettings()
 
 
 def parse_env_file(path: Path) -> dict[str, str]:

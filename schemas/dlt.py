@@ -11,6 +11,8 @@ UTF-8), so existing Kafka tools read them. ``llmbatch-*`` headers are UTF-8 text
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import re
 import struct
 from collections.abc import Iterable
@@ -18,6 +20,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.common import UtcDatetime, format_time
@@ -39,6 +42,7 @@ ORIGINAL_HEADERS_DROPPED = "llmbatch-dlt-original-headers-dropped"
 REPLAY_ID = "llmbatch-replay-id"
 REPLAY_AT = "llmbatch-replay-at"
 REPLAY_BY = "llmbatch-replay-by"
+REPLAY_SIG = "llmbatch-replay-sig"
 
 DLT_HEADERS = frozenset(
     {
@@ -59,7 +63,7 @@ DLT_HEADERS = frozenset(
     }
 )
 """Headers added when dead-lettering (stripped again on replay)."""
-REPLAY_HEADERS = frozenset({REPLAY_ID, REPLAY_AT, REPLAY_BY})
+REPLAY_HEADERS = frozenset({REPLAY_ID, REPLAY_AT, REPLAY_BY, REPLAY_SIG})
 """Headers added when replaying a dead letter to its original topic."""
 
 MAX_EXCEPTION_MESSAGE_BYTES = 4096
@@ -209,34 +213,61 @@ class DltRecord(BaseModel):
 
 
 class ReplayInfo(BaseModel):
-    """``llmbatch-replay-{id,at,by}``: added when an operator replays a dead letter."""
+    """``llmbatch-replay-{id,at,by}``: added when an operator replays a dead letter, and
+    ``llmbatch-replay-sig`` when the operator holds the replay key (:meth:`signed`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     replay_id: Annotated[str, Field(min_length=1, max_length=128)]
     replayed_at: UtcDatetime
     replayed_by: Annotated[str, Field(min_length=1, max_length=256)]
+    signature: Annotated[str | None, Field(default=None, pattern=r"^[0-9a-f]{64}$")] = None
+
+    def _digest(self, key: bytes, source: str, event_id: str) -> str:
+        # the provenance and the event it travels with, length-safe (a JSON list)
+        message = orjson.dumps(["llmbatch-replay-v1", self.replay_id, format_time(self.replayed_at),
+                                self.replayed_by, source, event_id])
+        return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+    def signed(self, key: bytes, *, source: str, event_id: str) -> ReplayInfo:
+        """This replay with its HMAC-SHA256 under ``key``, bound to the event's ``ce_source`` and
+        ``ce_id`` (a signature copied onto another event does not verify)."""
+        return self.model_copy(update={"signature": self._digest(key, source, event_id)})
+
+    def verify(self, key: bytes, *, source: str, event_id: str) -> bool:
+        """Whether the replay was signed with ``key`` for this event."""
+        return self.signature is not None and hmac.compare_digest(
+            self.signature, self._digest(key, source, event_id)
+        )
 
     def to_headers(self) -> list[tuple[str, bytes]]:
         """The replay headers."""
-        return [
+        headers = [
             (REPLAY_ID, self.replay_id.encode()),
             (REPLAY_AT, format_time(self.replayed_at).encode()),
             (REPLAY_BY, self.replayed_by.encode()),
         ]
+        return headers if self.signature is None else [*headers, (REPLAY_SIG, self.signature.encode())]
 
     @classmethod
     def from_headers(cls, headers: Iterable[tuple[str, bytes | None]]) -> ReplayInfo | None:
-        """Decode replay headers; ``None`` when absent or unreadable."""
+        """Decode replay headers; ``None`` when absent or unreadable (an unreadable signature is
+        kept as no signature)."""
         found = {name: value for name, value in headers if name in REPLAY_HEADERS and value is not None}
         try:
-            return cls(
+            info = cls(
                 replay_id=found[REPLAY_ID].decode(),
                 replayed_at=datetime.fromisoformat(found[REPLAY_AT].decode()),
                 replayed_by=found[REPLAY_BY].decode(),
             )
         except (KeyError, ValueError):  # pydantic's ValidationError is a ValueError
             return None
+        try:
+            if REPLAY_SIG not in found:
+                return info
+            return cls.model_validate({**info.model_dump(), "signature": found[REPLAY_SIG].decode()})
+        except ValueError:
+            return info
 
 
 def strip_dlt_headers(headers: Iterable[tuple[str, bytes]]) -> list[tuple[str, bytes]]:

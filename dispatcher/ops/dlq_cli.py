@@ -476,6 +476,7 @@ async def _execute(
             by=who,
             limiter=RateLimiter(per_second),
             on_outcome=on_outcome,
+            replay_key=settings.replay.key_bytes(),
         )
 
 

@@ -50,6 +50,7 @@ from dispatcher.errors import StateStoreUnavailable, classify
 from dispatcher.ops.dlq_reader import DeadLetterView
 from dispatcher.states import NON_TERMINAL, State
 from dispatcher.store import StateStore
+from schemas.cloudevents import H_ID, H_SOURCE
 from schemas.dlt import ReplayInfo
 from schemas.events import EventType
 
@@ -211,9 +212,14 @@ class OutgoingRecord:
     headers: list[tuple[str, bytes]]
 
 
-def build_record(item: ReplayItem, info: ReplayInfo) -> OutgoingRecord:
-    """The record to publish: original key/value/headers plus the replay provenance headers."""
+def build_record(item: ReplayItem, info: ReplayInfo, key: bytes | None = None) -> OutgoingRecord:
+    """The record to publish: original key/value/headers plus the replay provenance headers, signed
+    for the original event (its ``ce_source`` / ``ce_id``) when the replay ``key`` is given."""
     letter = item.letter
+    if key is not None:
+        original = dict(letter.original_headers)
+        info = info.signed(key, source=original.get(H_SOURCE, b"").decode(errors="replace"),
+                           event_id=original.get(H_ID, b"").decode(errors="replace"))
     headers = [*letter.original_headers, *info.to_headers()]
     return OutgoingRecord(item.target_topic, letter.key, letter.value, headers)
 
@@ -380,6 +386,7 @@ async def execute(
     on_outcome: Callable[[Outcome], None] = lambda outcome: None,
     now: Callable[[], datetime] | None = None,
     connect_timeout_s: float = 10.0,
+    replay_key: bytes | None = None,
 ) -> tuple[list[Outcome], bool]:
     """Publish every ``replay`` item (acks=all), then record it in the ledger.
 
@@ -414,7 +421,7 @@ async def execute(
         for item in todo:
             await limiter.acquire()
             info = ReplayInfo(replay_id=item.replay_id, replayed_at=clock(), replayed_by=by)
-            record = build_record(item, info)
+            record = build_record(item, info, replay_key)
             try:
                 meta = await producer.send_and_wait(
                     record.topic, value=record.value, key=record.key, headers=record.headers

@@ -4,7 +4,8 @@ process (fast deterministic engine in the Ray job).
 1. A batch names an input file that is not there yet: its Ray job exits ``input_not_found``, the batch
    fails and is dead-lettered. The operator uploads the file and replays the dead letter: the
    dispatcher reopens the batch, it completes; a rerun replays nothing; replaying again is refused
-   because the batch completed.
+   because the batch completed. Replays are signed (``LLMBATCH_REPLAY__KEY``): the same replay headers
+   copied by a producer, unsigned, are dead-lettered and reopen nothing.
 2. ``llmbatch jobs cancel --wait`` stops a running batch, which ends ``cancelled`` with partial results.
 """
 
@@ -14,19 +15,28 @@ import asyncio
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
+from pydantic import SecretStr
 from typer.testing import CliRunner
 
 from dispatcher.keys import Keys
 from dispatcher.settings import DispatcherOptions, DispatcherSettings, JobOptions
 from dispatcher.store import StateStore
 from llmbatch.cli import app
-from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings, TopicSettings
+from llmbatch.settings import (
+    KafkaSettings,
+    RaySettings,
+    RedisSettings,
+    ReplaySettings,
+    S3Settings,
+    TopicSettings,
+)
 from llmbatch.stack.process import free_port
 from producer.storage import ensure_buckets, make_client, put_bytes
 from producer.topics import ensure_topics
@@ -107,6 +117,7 @@ async def ops(kafka_settings: KafkaSettings, redis_settings: RedisSettings, s3_s
                                      progress_interval_s=1, shared_engines=False),
         job=JobOptions(python=sys.executable, progress_interval_s=0.5, ray_stop_wait_s=10, stop_wait_s=30),
         engines=registry(ENGINE),
+        replay=ReplaySettings(key=SecretStr(f"e2e-replay-key-{uuid.uuid4().hex}")),
     )
     ensure_buckets(make_client(s3_settings), s3_settings)
     await ensure_topics(settings)
@@ -137,18 +148,29 @@ async def test_replay_after_fixing_the_input_completes_the_batch(ops: Ops) -> No
     assert dry["summary"]["to_replay"] == 1 and dry["items"][0]["batch_state"] == "failed"
     assert len(await ops.topic(ops.settings.kafka.topics.requests)) == 1           # the dry run sent nothing
 
+    # a producer copying replay headers (unsigned) reopens nothing: its record is dead-lettered
+    forged = ReplayInfo(replay_id="forged-1", replayed_at=datetime.now(UTC), replayed_by="a-producer")
+    await ops.send((original[0], original[1], [*original[2], *forged.to_headers()]))
+
+    async def refused() -> list[Any]:
+        return [d for d in await ops.topic(dlt_topic) if dict(d.headers)[dlt.REASON] == b"invalid_event"]
+
+    [letter] = await wait_for(refused, 60, what="the forged replay's dead letter")
+    assert dlt.REPLAY_SIG.encode() in dict(letter.headers)[dlt.EXCEPTION_MESSAGE]
+    assert (await ops.cli("jobs", "get", batch_id, "--json"))["state"] == "failed"
+
     lines = b"".join(orjson.dumps(line) + b"\n" for line in inline_lines(3))
     put_bytes(make_client(s3), s3, input_uri, lines, len(lines))                   # the operator's fix
     done = await ops.cli("dlq", "replay", "--execute", "--reason", "input_not_found", "--by", "e2e-operator",
                          "--json")
     assert done["summary"]["replayed"] == 1
     requests = await ops.topic(ops.settings.kafka.topics.requests)
-    assert len(requests) == 2
-    replayed = requests[1]
+    assert len(requests) == 3
+    replayed = requests[2]
     assert (replayed.key, replayed.value) == (original[0], original[1])
     assert dict(replayed.headers)["ce_id"] == f"ev-{batch_id}".encode()
     info = ReplayInfo.from_headers(list(replayed.headers))
-    assert info is not None and info.replayed_by == "e2e-operator"
+    assert info is not None and info.replayed_by == "e2e-operator" and info.signature is not None
     assert not {n for n, _ in replayed.headers} & dlt.DLT_HEADERS
 
     completed = await ops.terminal(batch_id, EventType.COMPLETED)
@@ -162,9 +184,10 @@ async def test_replay_after_fixing_the_input_completes_the_batch(ops: Ops) -> No
 
     rerun = await ops.cli("dlq", "replay", "--execute", "--reason", "input_not_found", "--json")
     assert (rerun["summary"]["replayed"], rerun["summary"]["already_replayed"]) == (0, 1)
-    again = await ops.cli("dlq", "replay", "--execute", "--include-replayed", "--json", code=3)
+    again = await ops.cli("dlq", "replay", "--execute", "--include-replayed", "--reason", "input_not_found",
+                          "--json", code=3)
     assert again["summary"]["refused"] == 1 and "already completed" in again["items"][0]["why"]
-    assert len(await ops.topic(ops.settings.kafka.topics.requests)) == 2           # nothing replayed twice
+    assert len(await ops.topic(ops.settings.kafka.topics.requests)) == 3           # nothing replayed twice
     listed = await ops.cli("dlq", "list", "--json")
     assert listed["dead_letters"][0]["replayed"]["replay_id"] == info.replay_id
 

@@ -114,6 +114,45 @@ def test_replay_headers_make_a_distinct_marker() -> None:
     assert command.item.marker == ("urn:test:upstream", "e-1#replay:r-1")
 
 
+REPLAY_KEY = b"k" * 32
+
+
+def _replayed(
+    info: ReplayInfo, event_id: str = "e-1"
+) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
+    return request_message(batch_request("b"), event_id=event_id, extra_headers=info.to_headers())
+
+
+def test_with_a_replay_key_only_a_replay_signed_for_this_event_reopens() -> None:
+    """Before, any producer could add replay headers and so reopen a failed batch (a new lifecycle)."""
+    rules = replace(RULES, replay_key=REPLAY_KEY)
+    info = ReplayInfo(replay_id="r-1", replayed_at=datetime.now(UTC), replayed_by="ops")
+    signed = info.signed(REPLAY_KEY, source="urn:test:upstream", event_id="e-1")
+    command = classify(origin(*_replayed(signed)), rules, NOW)
+    assert isinstance(command, Accept) and command.item.replay_id == "r-1"
+    forged = [
+        ("not signed", info, "e-1"),
+        ("another key", info.signed(b"x" * 32, source="urn:test:upstream", event_id="e-1"), "e-1"),
+        ("another event's signature", signed, "e-2"),
+        ("another replay id", signed.model_copy(update={"replay_id": "r-2"}), "e-1"),
+    ]
+    for what, replay, event_id in forged:
+        command = classify(origin(*_replayed(replay, event_id)), rules, NOW)
+        assert isinstance(command, Reject), what
+        assert command.error.field == dlt_headers.REPLAY_SIG and command.error.reason == Reason.INVALID_HEADER
+        assert "LLMBATCH_REPLAY__KEY" in command.error.message
+        assert headers_dict(command.dead_letter.headers)[dlt_headers.REASON] == b"invalid_event"
+    # without a key, replay headers are honoured as they are (the dispatcher warns as it starts)
+    assert isinstance(classify(origin(*_replayed(info)), RULES, NOW), Accept)
+
+
+def test_a_plain_request_needs_no_signature_under_a_replay_key() -> None:
+    rules = replace(RULES, replay_key=REPLAY_KEY)
+    key, value, headers = request_message(batch_request("b"), event_id="e-1")
+    command = classify(origin(key, value, headers), rules, NOW)
+    assert isinstance(command, Accept) and command.item.replay_id is None
+
+
 def _drop(headers: list[tuple[str, bytes]], name: str) -> list[tuple[str, bytes]]:
     return [(k, v) for k, v in headers if k != name]
 

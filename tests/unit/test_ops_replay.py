@@ -153,6 +153,19 @@ def test_replayed_record_keeps_payload_and_ce_id_and_adds_provenance() -> None:
     assert v.previous_replay == earlier
 
 
+def test_with_the_replay_key_the_record_is_signed_for_its_original_event() -> None:
+    key = b"s" * 32
+    [item] = decide([letter("b-1")])
+    info = ReplayInfo(replay_id=item.replay_id, replayed_at=T0, replayed_by="ops@host")
+    record = build_record(item, info, key)
+    back = ReplayInfo.from_headers(record.headers)
+    headers = dict(record.headers)
+    assert back is not None and back.signature is not None
+    assert back.verify(key, source=headers["ce_source"].decode(), event_id="ev-b-1")
+    assert not back.verify(key, source=headers["ce_source"].decode(), event_id="ev-b-2")
+    assert dlt.REPLAY_SIG not in dict(build_record(item, info).headers)  # no key: unsigned, as before
+
+
 # --- pacing --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("text", "per_second"), [("10", 10.0), ("10/s", 10.0), ("2.5/s", 2.5),

@@ -68,6 +68,19 @@ def test_bad_urls_are_rejected(model: type, field: str, value: str) -> None:
     assert field in str(info.value)
 
 
+def test_a_replay_key_is_long_and_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMBATCH_REPLAY__KEY", "too-short")
+    with pytest.raises(ValidationError) as info:
+        LLMBatchSettings(_env_file=None)  # type: ignore[call-arg]
+    assert "replay.key" in str(info.value) and "32 characters" in str(info.value)
+    key = "r" * 40
+    monkeypatch.setenv("LLMBATCH_REPLAY__KEY", key)
+    settings = LLMBatchSettings(_env_file=None)  # type: ignore[call-arg]
+    assert settings.replay.key_bytes() == key.encode() and key not in repr(settings)
+    monkeypatch.delenv("LLMBATCH_REPLAY__KEY")
+    assert LLMBatchSettings(_env_file=None).replay.key_bytes() is None  # type: ignore[call-arg]
+
+
 def test_state_file_round_trip_is_owner_only(tmp_path: Path) -> None:
     state = StackState(run_dir=tmp_path)
     state.services["minio"] = ServiceRecord("minio", 123, {"s3": 9000}, "http://127.0.0.1:9000", "l", "d",
