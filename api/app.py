@@ -73,7 +73,8 @@ def build_services(
                          fallback_after_s=options.state_fallback_after_s, clock=clock)
     return Services(
         files=FileService(objects, records, reader, max_upload_bytes=options.max_upload_bytes,
-                          max_file_requests=options.max_file_requests, clock=clock),
+                          max_file_requests=options.max_file_requests,
+                          max_stored_bytes=options.max_stored_bytes, clock=clock),
         batches=BatchService(reader, records.layout, publisher, requests_topic=requests_topic,
                              source=options.source, default_window=options.default_completion_window,
                              priority=options.priority, republish_after_s=options.republish_after_s,

@@ -95,6 +95,13 @@ class RateLimited(ApiError):
     code = "rate_limit_exceeded"
 
 
+class QuotaExceeded(ApiError):
+    """429: the tenant holds as much as it may (waiting does not help: it must free some first)."""
+
+    status = 429
+    type = "insufficient_quota"
+
+
 class ServiceUnavailable(ApiError):
     """503: Kafka, Redis or object storage is unreachable; the same call may succeed later."""
 

@@ -17,7 +17,7 @@ from typing import IO
 
 from api import results
 from api.batches import BatchReader
-from api.errors import ApiError, Conflict, InvalidRequest, NotFound, from_exception
+from api.errors import ApiError, Conflict, InvalidRequest, NotFound, QuotaExceeded, from_exception
 from api.objects import TERMINAL_STATUSES, FileDeleted, FileObject, ListPage
 from api.records import FILE_ID, FILE_PREFIX, Layout, RecordStore, StoredFile, new_id
 from api.status import ERROR_PREFIX, OUTPUT_PREFIX
@@ -50,6 +50,7 @@ class FileService:
         *,
         max_upload_bytes: int,
         max_file_requests: int,
+        max_stored_bytes: int = 0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.objects = objects
@@ -58,6 +59,7 @@ class FileService:
         self.batches = batches
         self.max_upload_bytes = max_upload_bytes
         self.max_file_requests = max_file_requests
+        self.max_stored_bytes = max_stored_bytes
         self.clock = clock
 
     async def upload(
@@ -83,6 +85,12 @@ class FileService:
             valid = await asyncio.to_thread(check)
         except InvalidInput as exc:
             raise from_exception(exc, param="file") from None
+        try:
+            await self._check_quota(tenant, valid.size)
+        except ApiError:
+            raise
+        except Exception as exc:
+            raise from_exception(exc) from exc
         now = self.clock()
         stored = StoredFile(
             id=new_id(FILE_PREFIX, now),
@@ -105,6 +113,20 @@ class FileService:
         except Exception as exc:
             raise from_exception(exc) from exc
         return _file_object(stored)
+
+    async def _check_quota(self, tenant: str, size: int) -> None:
+        """429 when the tenant's uploaded files and this one would be over ``max_stored_bytes``
+        (counted from one listing of ``<tenant>/files/``; uploads at the same moment may each pass)."""
+        if not self.max_stored_bytes:
+            return
+        used = await self.objects.total_size(self.layout.bucket, self.layout.content_folder(tenant))
+        if used + size > self.max_stored_bytes:
+            raise QuotaExceeded(
+                f"this file ({size} bytes) and the {used} bytes of files you keep are over your storage "
+                f"quota of {self.max_stored_bytes} bytes (LLMBATCH_API__MAX_STORED_BYTES): delete files "
+                "you no longer need (DELETE /v1/files/{id}) and upload again",
+                param="file", code="storage_quota_exceeded",
+            )
 
     async def get(self, tenant: str, file_id: str) -> FileObject:
         if file_id.startswith((OUTPUT_PREFIX, ERROR_PREFIX)):

@@ -108,8 +108,12 @@ class Layout:
     def __init__(self, bucket: str) -> None:
         self.bucket = bucket
 
+    def content_folder(self, tenant: str) -> str:
+        """Where the tenant's uploaded files are (what its storage quota counts)."""
+        return f"{tenant}/files/"
+
     def content_key(self, tenant: str, file_id: str) -> str:
-        return f"{tenant}/files/{file_id}.jsonl"
+        return f"{self.content_folder(tenant)}{file_id}.jsonl"
 
     def content_uri(self, tenant: str, file_id: str) -> str:
         return f"s3://{self.bucket}/{self.content_key(tenant, file_id)}"

@@ -42,6 +42,11 @@ class ApiOptions(BaseModel):
     max_file_requests: int = Field(
         default=1_000_000, ge=1, description="Most request lines in one uploaded batch file."
     )
+    max_stored_bytes: int = Field(
+        default=0, ge=0,
+        description="Bytes of uploaded files each tenant may keep (0 = no limit); an upload that would go "
+        "over is 429 storage_quota_exceeded (delete files to make room).",
+    )
     max_json_bytes: int = Field(
         default=1 << 20, ge=1024, le=64 << 20, description="Largest JSON request body (bytes)."
     )

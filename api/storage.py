@@ -53,6 +53,10 @@ class ObjectStore(Protocol):
         """Up to ``limit`` keys under ``prefix`` after ``start_after``, in key order."""
         ...
 
+    async def total_size(self, bucket: str, prefix: str) -> int:
+        """The bytes of every object under ``prefix`` (one listing; no object is read)."""
+        ...
+
     async def delete(self, bucket: str, key: str) -> None:
         """Remove the object (no error when it is already gone)."""
         ...
@@ -166,6 +170,16 @@ class MinioObjectStore:
             except Exception as exc:
                 raise self._error(exc, f"listing s3://{bucket}/{prefix}") from exc
             return keys
+
+        return await asyncio.to_thread(run)
+
+    async def total_size(self, bucket: str, prefix: str) -> int:
+        def run() -> int:
+            try:
+                return sum(int(obj.size or 0) for obj in self._client.list_objects(
+                    bucket, prefix=prefix, recursive=True))
+            except Exception as exc:
+                raise self._error(exc, f"listing s3://{bucket}/{prefix}") from exc
 
         return await asyncio.to_thread(run)
 

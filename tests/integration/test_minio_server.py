@@ -88,6 +88,21 @@ async def test_a_files_uses_are_empty_markers_listed_back_by_batch_id(
     assert _client(s3_settings).stat_object(bucket, marker).size == 0
 
 
+async def test_the_storage_quota_counts_the_bytes_under_a_prefix(
+    s3_settings: S3Settings, bucket: str
+) -> None:
+    """api.storage's total_size (what the API's storage quota reads): one listing, sizes summed."""
+    from api.storage import MinioObjectStore
+
+    store = MinioObjectStore(s3_settings)
+    prefix = f"quota-{uuid.uuid4().hex[:8]}/files/"
+    assert await store.total_size(bucket, prefix) == 0
+    for n, size in enumerate((10, 0, 3000)):
+        await store.put(bucket, f"{prefix}f{n}.jsonl", io.BytesIO(b"x" * size), size, content_type="x")
+    await store.put(bucket, f"{prefix[:-1]}-other/f.jsonl", io.BytesIO(b"y"), 1, content_type="x")
+    assert await store.total_size(bucket, prefix) == 3010
+
+
 def test_multipart_upload_20mb(s3_settings: S3Settings, bucket: str) -> None:
     client = _client(s3_settings)
     payload = os.urandom(20 * 1024 * 1024)

@@ -68,6 +68,9 @@ class MemoryObjectStore:
             keys = [k for k in keys if k > start_after]
         return keys[:limit]
 
+    async def total_size(self, bucket: str, prefix: str) -> int:
+        return sum(len(v) for (b, k), v in self.objects.items() if b == bucket and k.startswith(prefix))
+
     async def delete(self, bucket: str, key: str) -> None:
         self.objects.pop((bucket, key), None)
 

@@ -272,3 +272,22 @@ def test_a_create_of_a_missing_file_is_not_found_and_holds_nothing() -> None:
                           json={"input_file_id": file_id, "endpoint": "/v1/completions"})
     assert bad.status_code == 400  # the endpoint does not match: no batch, so the file is free
     assert api.client.delete(f"/v1/files/{file_id}", headers=api.auth()).status_code == 200
+
+
+def test_an_upload_over_the_tenants_storage_quota_is_429_until_files_are_deleted() -> None:
+    data = jsonl(chat_line("a"), chat_line("b"))
+    api = make_api(max_stored_bytes=2 * len(data) + 10)
+    first = upload_ok(api, data)["id"]
+    upload_ok(api, data)
+    answer = api.upload(data)
+    assert answer.status_code == 429, answer.text
+    error = answer.json()["error"]
+    assert (error["type"], error["code"]) == ("insufficient_quota", "storage_quota_exceeded")
+    assert error["param"] == "file" and "LLMBATCH_API__MAX_STORED_BYTES" in error["message"]
+    assert f"{2 * len(data)} bytes" in error["message"]
+    assert len([k for k in api.objects.keys(INPUT_BUCKET) if "/files/" in k and "/api/" not in k]) == 2
+    upload_ok(api, data, tenant="globex")  # each tenant has its own quota
+    assert api.client.delete(f"/v1/files/{first}", headers=api.auth()).status_code == 200
+    upload_ok(api, data)  # room again
+    big = jsonl(*(chat_line(f"c{i}") for i in range(100)))
+    assert make_api().upload(big).status_code == 200  # 0: no limit
