@@ -4,22 +4,23 @@ An upload (``purpose=batch``) is read from the spooled multipart part in 1 MiB c
 :func:`api.upload.validate_batch_file` in a worker thread, then written to
 ``<tenant>/files/<file_id>.jsonl`` of the input bucket byte for byte, and its record last
 (:mod:`api.records`). A batch's ``output_file_id`` / ``error_file_id`` are read-only logical files
-over its result shards (:mod:`api.results`); they are not listed by ``GET /v1/files``.
+over its result shards (:mod:`api.results`), listed by ``GET /v1/files?purpose=batch_output``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import IO
 
 from api import results
-from api.batches import BatchReader
+from api.batches import BatchReader, Snapshot
 from api.errors import ApiError, Conflict, InvalidRequest, NotFound, QuotaExceeded, from_exception
 from api.objects import TERMINAL_STATUSES, FileDeleted, FileObject, ListPage
-from api.records import FILE_ID, FILE_PREFIX, Layout, RecordStore, StoredFile, new_id
+from api.records import BATCH_ID, FILE_ID, FILE_PREFIX, Layout, RecordStore, StoredBatch, StoredFile, new_id
 from api.status import ERROR_PREFIX, OUTPUT_PREFIX
 from api.storage import ObjectMissing, ObjectStore
 from api.upload import ValidatedFile, validate_batch_file
@@ -28,6 +29,7 @@ from producer.storage import INPUT_CONTENT_TYPE
 
 READ_BYTES = 1 << 20
 _READ_AHEAD = 16
+_RESULT_SCAN = 50  # batches read at once when listing result files
 MAX_FILE_PAGE = 10_000
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -140,6 +142,8 @@ class FileService:
             raise InvalidRequest(f"limit must be between 1 and {MAX_FILE_PAGE} (got {limit})", param="limit")
         if order not in {"asc", "desc"}:
             raise InvalidRequest(f"order must be 'asc' or 'desc' (got {order[:20]!r})", param="order")
+        if purpose == "batch_output":
+            return await self._list_results(tenant, after=after, limit=limit, order=order)
         if after is not None and not FILE_ID.fullmatch(after):
             raise InvalidRequest(f"after must be a file id from an earlier page (got {after[:80]!r})",
                                  param="after")
@@ -155,6 +159,59 @@ class FileService:
             stored, has_more = [s for s in chosen if s is not None], len(ids) > limit
         objects = [_file_object(s) for s in stored]
         return ListPage[FileObject].of(objects, has_more=has_more, ids=[o.id for o in objects])
+
+    async def _list_results(self, tenant: str, *, after: str | None, limit: int, order: str
+                            ) -> ListPage[FileObject]:
+        """The result files of the tenant's ended batches (``purpose=batch_output``), in the order of
+        their batches' creation, a batch's output file before its error file."""
+        after_batch, after_kind = None, None
+        if after is not None:
+            after_kind = "output" if after.startswith(OUTPUT_PREFIX) else "error"
+            after_batch = after.removeprefix(OUTPUT_PREFIX if after_kind == "output" else ERROR_PREFIX)
+            if not after.startswith((OUTPUT_PREFIX, ERROR_PREFIX)) or not BATCH_ID.fullmatch(after_batch):
+                raise InvalidRequest(f"after must be a result file id from an earlier page of purpose "
+                                     f"batch_output (got {after[:80]!r})", param="after")
+        found: builtins.list[FileObject] = []
+        if after_kind == "output":  # the rest of that batch: its error file
+            found += [f for f in await self._results_of_ids(tenant, [after_batch or ""]) if f.id != after
+                      and f.id.startswith(ERROR_PREFIX)]
+        async for chunk in self._batch_ids(tenant, order=order, after=after_batch):
+            found += await self._results_of_ids(tenant, chunk)
+            if len(found) > limit:
+                break
+        page = found[:limit]
+        return ListPage[FileObject].of(page, has_more=len(found) > limit, ids=[o.id for o in page])
+
+    async def _batch_ids(
+        self, tenant: str, *, order: str, after: str | None
+    ) -> AsyncIterator[builtins.list[str]]:
+        """The tenant's batch ids after ``after``, newest first (``desc``) or oldest first, in chunks."""
+        if order == "asc":  # S3 lists keys one way only: take every id, oldest first
+            ids = list(reversed(await self.records.ids("batches", tenant, after=None, limit=1_000_000)))
+            if after is not None:
+                ids = ids[ids.index(after) + 1 :] if after in ids else []
+            for start in range(0, len(ids), _RESULT_SCAN):
+                yield ids[start : start + _RESULT_SCAN]
+            return
+        cursor = after
+        while ids := await self.records.ids("batches", tenant, after=cursor, limit=_RESULT_SCAN):
+            yield ids
+            cursor = ids[-1]
+
+    async def _results_of_ids(
+        self, tenant: str, batch_ids: Sequence[str]
+    ) -> builtins.list[FileObject]:
+        """The result files of those batches that have ended with some, in order."""
+        stored = [s for s in await asyncio.gather(
+            *(self.records.get("batches", StoredBatch, tenant, i) for i in batch_ids)) if s is not None]
+        out: builtins.list[FileObject] = []
+        for snapshot in await self.batches.many(stored):
+            for kind in ("output", "error"):
+                try:
+                    out.append(_result_object(await self._describe(snapshot, kind)))
+                except NotFound:  # no such file (not ended, no such lines, or a shard is gone)
+                    continue
+        return out
 
     async def delete(self, tenant: str, file_id: str) -> FileDeleted:
         if file_id.startswith((OUTPUT_PREFIX, ERROR_PREFIX)):
@@ -229,9 +286,14 @@ class FileService:
             snapshot = await self.batches.one(tenant, batch_id)
         except NotFound:
             raise _missing(file_id) from None
+        return await self._describe(snapshot, kind)
+
+    async def _describe(self, snapshot: Snapshot, kind: results.Kind) -> results.ResultFile:
+        """The batch's output or error file; :class:`NotFound` until it ended with such lines."""
         batch = snapshot.batch()
-        if (batch.output_file_id if kind == "output" else batch.error_file_id) != file_id:
-            raise _missing(file_id)  # the batch has not ended, or has no such lines
+        file_id = batch.output_file_id if kind == "output" else batch.error_file_id
+        if file_id is None:
+            raise _missing(f"{OUTPUT_PREFIX if kind == 'output' else ERROR_PREFIX}{snapshot.stored.id}")
         job = snapshot.job
         uris = results.shard_uris(
             kind,
@@ -241,7 +303,7 @@ class FileService:
         ended = next((t for t in (batch.completed_at, batch.failed_at, batch.expired_at, batch.cancelled_at)
                       if t is not None), batch.created_at)
         try:
-            return await results.describe(self.objects, batch_id, kind, uris, float(ended))
+            return await results.describe(self.objects, snapshot.stored.id, kind, uris, float(ended))
         except ObjectMissing:
             raise _missing(file_id) from None
 

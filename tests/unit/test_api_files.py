@@ -291,3 +291,45 @@ def test_an_upload_over_the_tenants_storage_quota_is_429_until_files_are_deleted
     upload_ok(api, data)  # room again
     big = jsonl(*(chat_line(f"c{i}") for i in range(100)))
     assert make_api().upload(big).status_code == 200  # 0: no limit
+
+
+def test_result_files_are_listed_under_purpose_batch_output_in_pages() -> None:
+    """Before, ``GET /v1/files`` had no way to list them (``purpose=batch_output`` gave an empty list)."""
+    api = make_api()
+    first = _finished_batch(api, [b'{"n": 1}\n'], [b'{"e": 1}\n'])
+    api.clock.now += 10
+    file_id = upload_ok(api, jsonl(chat_line("r")))["id"]
+    running = _batch_of(api, file_id)
+    api.accept_all()
+    api.dispatcher.run(running, api.clock.now)
+    api.clock.now += 10
+    last = _finished_batch(api, [b'{"n": 2}\n', b'{"n": 3}\n'], [])
+
+    def listed(**params: Any) -> dict[str, Any]:
+        answer = api.client.get("/v1/files", headers=api.auth(), params={"purpose": "batch_output", **params})
+        assert answer.status_code == 200, answer.text
+        return dict(answer.json())
+
+    everything = listed()
+    ids = [f["id"] for f in everything["data"]]
+    assert ids == [output_file_id(last), output_file_id(first), error_file_id(first)]
+    assert {f["purpose"] for f in everything["data"]} == {"batch_output"}
+    assert everything["data"][0]["bytes"] == len(b'{"n": 2}\n{"n": 3}\n') and not everything["has_more"]
+    pages, after = [], None
+    while True:  # one at a time, each page continuing after the last
+        page = listed(limit=1, **({"after": after} if after else {}))
+        pages += [f["id"] for f in page["data"]]
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    assert pages == ids
+    assert [f["id"] for f in listed(order="asc")["data"]] == [output_file_id(first), error_file_id(first),
+                                                              output_file_id(last)]
+    assert [f["id"] for f in listed(after=output_file_id(first))["data"]] == [error_file_id(first)]
+    uploads = api.client.get("/v1/files", headers=api.auth(), params={"purpose": "batch"}).json()["data"]
+    assert all(f["purpose"] == "batch" for f in uploads) and len(uploads) == 3
+    other = api.client.get("/v1/files", headers=api.auth("globex"), params={"purpose": "batch_output"})
+    assert other.json()["data"] == []  # another tenant's results do not exist for it
+    bad = api.client.get("/v1/files", headers=api.auth(),
+                         params={"purpose": "batch_output", "after": file_id})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "after"
