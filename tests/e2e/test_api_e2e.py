@@ -145,6 +145,8 @@ async def test_the_openai_sdk_runs_a_batch_through_the_http_api_on_real_vllm(
         content = await asyncio.to_thread(client.files.content, done.output_file_id)
         outputs = [orjson.loads(raw) for raw in content.text.splitlines() if raw.strip()]
         assert sorted(o["custom_id"] for o in outputs) == sorted(line["custom_id"] for line in lines)
+        results = await asyncio.to_thread(client.files.list, purpose="batch_output")
+        assert done.output_file_id in [f.id for f in results.data]
         for out in outputs:
             assert out["response"]["status_code"] == 200 and out["error"] is None
             completion = ChatCompletion.model_validate(out["response"]["body"])
