@@ -349,14 +349,15 @@ async def test_two_replicas_one_killed_the_other_takes_over(
     settings = with_engine(env.settings, slow)
     one = env.spawn("one", settings)
     two = env.spawn("two", settings)
-    before = [batch_request(f"r2-{i}-{uuid.uuid4().hex[:6]}", requests=inline_lines(4)) for i in range(3)]
+    # one batch at a time (max_in_flight=1): one running at the kill, one queued behind it, one sent after
+    before = [batch_request(f"r2-{i}-{uuid.uuid4().hex[:6]}", requests=inline_lines(4)) for i in range(2)]
     await env.send(*(request_message(r) for r in before))
     await wait_for(lambda: _any_running(env, before), 180, what="a job running")
     leader_token = await env.store.client.get(env.store.keys.lease("tracker"))
     assert leader_token, "no tracker leader"
     victim, survivor = (one, two) if str(leader_token).startswith("one/") else (two, one)
     victim.kill9()
-    after = [batch_request(f"r2b-{i}-{uuid.uuid4().hex[:6]}", requests=inline_lines(2)) for i in range(2)]
+    after = [batch_request(f"r2b-{uuid.uuid4().hex[:6]}", requests=inline_lines(2))]
     await env.send(*(request_message(r) for r in after))
     ids = [r.batch_id for r in before + after]
     await env.wait_terminal(ids, within=480)
