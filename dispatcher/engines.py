@@ -75,9 +75,11 @@ def config_lost(config: dict[str, Any], details: dict[str, Any], deployed_on: st
 
 def runner_env_vars(settings: DispatcherSettings) -> dict[str, str]:
     """The batch runner's environment, as a job's: where S3 is, and ``job.env_vars``. No secret: the
-    replicas take the S3 keys and the Redis password from the Ray workers' own environment."""
+    replicas take the S3 keys and the Redis password from the Ray workers' own environment. The endpoint
+    goes in ``LLMBATCH_S3__ENDPOINT`` too, as a job's does: ray_job.s3 reads that first, so one the Ray
+    node inherited (a stale shell's, another stack's) would otherwise win."""
     s3 = settings.s3
-    env = {"AWS_ENDPOINT_URL_S3": s3.endpoint, "AWS_REGION": s3.region}
+    env = {"LLMBATCH_S3__ENDPOINT": s3.endpoint, "AWS_ENDPOINT_URL_S3": s3.endpoint, "AWS_REGION": s3.region}
     env.update(settings.job.env_vars)
     return env
 

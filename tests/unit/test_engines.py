@@ -228,7 +228,8 @@ def test_manifest_serve_config_is_the_dispatchers_without_secrets() -> None:
     assert not [name for name, value in SECRETS.items() if value in text]
     runner = config["applications"][-1]
     assert runner["name"] == RUNNER_APP
-    assert set(runner["runtime_env"]["env_vars"]) == {"AWS_ENDPOINT_URL_S3", "AWS_REGION"}  # where, not keys
+    assert set(runner["runtime_env"]["env_vars"]) == {  # where, not keys
+        "LLMBATCH_S3__ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_REGION"}
     # what the dispatcher deploys itself is the same config: neither carries the Redis password or S3
     # keys (the replicas inherit them from the Ray pods' environment)
     assert config == cluster_serve_config(settings)

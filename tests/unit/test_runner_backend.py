@@ -263,7 +263,9 @@ def test_cluster_config_adds_the_runner_with_the_short_path_only() -> None:
     runner = config["applications"][-1]
     assert runner["route_prefix"] == ROUTE_PREFIX and runner["args"] == {"max_runs": 7}
     # where S3 is, never its keys (the replicas have them from the Ray workers' environment)
-    assert runner["runtime_env"]["env_vars"] == {"AWS_ENDPOINT_URL_S3": s3.endpoint, "AWS_REGION": s3.region}
+    # (LLMBATCH_S3__ENDPOINT too: ray_job.s3 reads it first, and a Ray node may have inherited another)
+    assert runner["runtime_env"]["env_vars"] == {"LLMBATCH_S3__ENDPOINT": s3.endpoint,
+                                                 "AWS_ENDPOINT_URL_S3": s3.endpoint, "AWS_REGION": s3.region}
     assert config["http_options"] == {"host": "0.0.0.0", "port": 8000}
     off_opts = DispatcherOptions(shared_engines=True, short_path_max_lines=0)
     off = settings.model_copy(update={"dispatcher": off_opts})
