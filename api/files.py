@@ -21,7 +21,7 @@ from api.batches import BatchReader, Snapshot
 from api.errors import ApiError, Conflict, InvalidRequest, NotFound, QuotaExceeded, from_exception
 from api.objects import TERMINAL_STATUSES, FileDeleted, FileObject, ListPage
 from api.records import BATCH_ID, FILE_ID, FILE_PREFIX, Layout, RecordStore, StoredBatch, StoredFile, new_id
-from api.status import ERROR_PREFIX, OUTPUT_PREFIX
+from api.status import ERROR_PREFIX, OUTPUT_PREFIX, error_file_id, output_file_id
 from api.storage import ObjectMissing, ObjectStore
 from api.upload import ValidatedFile, validate_batch_file
 from producer.errors import InvalidInput
@@ -151,10 +151,8 @@ class FileService:
             return ListPage[FileObject].of([], has_more=False, ids=[])
         if order == "desc":
             stored, has_more = await self.records.page("files", StoredFile, tenant, after=after, limit=limit)
-        else:  # S3 lists keys one way only: take every id, oldest first
-            ids = list(reversed(await self.records.ids("files", tenant, after=None, limit=1_000_000)))
-            if after is not None:
-                ids = ids[ids.index(after) + 1 :] if after in ids else []
+        else:
+            ids = await self.records.ids_oldest_first("files", tenant, after=after)
             chosen = [await self.records.get("files", StoredFile, tenant, i) for i in ids[:limit]]
             stored, has_more = [s for s in chosen if s is not None], len(ids) > limit
         objects = [_file_object(s) for s in stored]
@@ -173,8 +171,8 @@ class FileService:
                                      f"batch_output (got {after[:80]!r})", param="after")
         found: builtins.list[FileObject] = []
         if after_kind == "output":  # the rest of that batch: its error file
-            found += [f for f in await self._results_of_ids(tenant, [after_batch or ""]) if f.id != after
-                      and f.id.startswith(ERROR_PREFIX)]
+            found += [f for f in await self._results_of_ids(tenant, [after_batch or ""])
+                      if f.id.startswith(ERROR_PREFIX)]
         async for chunk in self._batch_ids(tenant, order=order, after=after_batch):
             found += await self._results_of_ids(tenant, chunk)
             if len(found) > limit:
@@ -186,10 +184,8 @@ class FileService:
         self, tenant: str, *, order: str, after: str | None
     ) -> AsyncIterator[builtins.list[str]]:
         """The tenant's batch ids after ``after``, newest first (``desc``) or oldest first, in chunks."""
-        if order == "asc":  # S3 lists keys one way only: take every id, oldest first
-            ids = list(reversed(await self.records.ids("batches", tenant, after=None, limit=1_000_000)))
-            if after is not None:
-                ids = ids[ids.index(after) + 1 :] if after in ids else []
+        if order == "asc":
+            ids = await self.records.ids_oldest_first("batches", tenant, after=after)
             for start in range(0, len(ids), _RESULT_SCAN):
                 yield ids[start : start + _RESULT_SCAN]
             return
@@ -293,7 +289,8 @@ class FileService:
         batch = snapshot.batch()
         file_id = batch.output_file_id if kind == "output" else batch.error_file_id
         if file_id is None:
-            raise _missing(f"{OUTPUT_PREFIX if kind == 'output' else ERROR_PREFIX}{snapshot.stored.id}")
+            ids = output_file_id if kind == "output" else error_file_id
+            raise _missing(ids(snapshot.stored.id))
         job = snapshot.job
         uris = results.shard_uris(
             kind,

@@ -176,6 +176,16 @@ class RecordStore:
         found = [key[len(folder):].removesuffix(".json") for key in keys if key.endswith(".json")]
         return [record_id for record_id in found if pattern.fullmatch(record_id)]
 
+    async def ids_oldest_first(
+        self, kind: Literal["files", "batches"], tenant: str, *, after: str | None
+    ) -> list[str]:
+        """Every record id of the tenant after ``after``, oldest first (S3 lists keys one way only:
+        all ids are read, then reversed)."""
+        ids = list(reversed(await self.ids(kind, tenant, after=None, limit=1_000_000)))
+        if after is not None:
+            ids = ids[ids.index(after) + 1 :] if after in ids else []
+        return ids
+
     async def add_use(self, tenant: str, file_id: str, batch_id: str) -> None:
         """Mark ``file_id`` as the input of ``batch_id`` (written before the file's record is read, so a
         delete that lists the uses after removing that record sees every create that found it)."""

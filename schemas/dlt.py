@@ -254,20 +254,16 @@ class ReplayInfo(BaseModel):
         """Decode replay headers; ``None`` when absent or unreadable (an unreadable signature is
         kept as no signature)."""
         found = {name: value for name, value in headers if name in REPLAY_HEADERS and value is not None}
+        signature = found.get(REPLAY_SIG, b"").decode("ascii", "replace")
         try:
-            info = cls(
+            return cls(
                 replay_id=found[REPLAY_ID].decode(),
                 replayed_at=datetime.fromisoformat(found[REPLAY_AT].decode()),
                 replayed_by=found[REPLAY_BY].decode(),
+                signature=signature if _SHA256.match(signature) else None,
             )
         except (KeyError, ValueError):  # pydantic's ValidationError is a ValueError
             return None
-        try:
-            if REPLAY_SIG not in found:
-                return info
-            return cls.model_validate({**info.model_dump(), "signature": found[REPLAY_SIG].decode()})
-        except ValueError:
-            return info
 
 
 def strip_dlt_headers(headers: Iterable[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
