@@ -87,6 +87,16 @@ class DispatcherOptions(BaseModel):
     submitted_timeout_s: float = Field(
         default=900.0, gt=0, description="A job PENDING this long is stopped and retried."
     )
+    job_delete_settle_s: float = Field(
+        default=20.0, ge=0, le=3600,
+        description="How long after a batch's terminal event its Ray jobs are deleted from the head (Ray "
+        "writes back a job deleted before its supervisor exited; such a job is deleted again later).",
+    )
+    job_delete_recheck_s: float = Field(
+        default=60.0, gt=0, le=86_400,
+        description="How long after deleting a finished Ray job the head is asked for it again (deleted "
+        "again if Ray wrote it back); also the wait before retrying a delete the head could not answer.",
+    )
     finished_ttl_s: int = Field(
         default=7 * 86400, ge=60, description="How long finished batches stay in Redis."
     )

@@ -95,7 +95,13 @@ class Tracker:
         self.clock = clock
         self.policy = self.opts.attempt_policy
         topics = settings.kafka.topics
-        self.job_cleanup = JobCleanup(store, backend, clock=clock)
+        self.job_cleanup = JobCleanup(
+            store,
+            backend,
+            retry_after_s=self.opts.job_delete_recheck_s,
+            settle_s=self.opts.job_delete_settle_s,
+            clock=clock,
+        )
         self.bodies = bodies or RequestBodies(RecordReader(settings.kafka))
         self.publisher = TerminalPublisher(
             store,

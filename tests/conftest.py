@@ -47,3 +47,18 @@ def settings(kafka_settings: KafkaSettings, redis_settings: RedisSettings,
              s3_settings: S3Settings) -> LLMBatchSettings:
     """Settings pointing at real Kafka, Redis and MinIO (Ray: request ``ray_settings`` too)."""
     return LLMBatchSettings(kafka=kafka_settings, redis=redis_settings, s3=s3_settings)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Seconds per test file (setup + call + teardown), slowest first: where the suite's time goes."""
+    per_file: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if isinstance(report, pytest.TestReport):
+                path = report.nodeid.split("::", 1)[0]
+                per_file[path] = per_file.get(path, 0.0) + report.duration
+    if not per_file:
+        return
+    terminalreporter.write_sep("=", "seconds per test file")
+    for path, seconds in sorted(per_file.items(), key=lambda item: -item[1]):
+        terminalreporter.write_line(f"{seconds:9.1f}s  {path}")

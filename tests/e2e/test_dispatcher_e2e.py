@@ -169,6 +169,9 @@ def world(
         io_backoff_base_s=0.2,
         io_backoff_max_s=1,
         progress_interval_s=1,
+        # finished jobs deleted within seconds (the happy path waits for the delete and its check)
+        job_delete_settle_s=5,
+        job_delete_recheck_s=10,
         log_json=True,
         # 2 test CPUs fit one Ray Data job at a time; more would starve each other
         max_in_flight=1,

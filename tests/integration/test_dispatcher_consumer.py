@@ -97,7 +97,12 @@ class Harness:
         await self.producer.stop()
         await self.store.close()
 
-    async def send(self, messages: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]]) -> None:
+    async def send(
+        self,
+        messages: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]],
+        partitions: list[int] | None = None,
+    ) -> None:
+        """Send in order; with `partitions`, message i goes to partitions[i] instead of its key's."""
         producer = AIOKafkaProducer(
             acks="all",
             max_request_size=self.settings.kafka.topics.max_message_bytes,
@@ -105,9 +110,13 @@ class Harness:
         )
         await producer.start()
         try:
-            for key, value, headers in messages:
+            for i, (key, value, headers) in enumerate(messages):
                 await producer.send_and_wait(
-                    self.settings.kafka.topics.requests, value=value, key=key, headers=headers
+                    self.settings.kafka.topics.requests,
+                    value=value,
+                    key=key,
+                    headers=headers,
+                    partition=None if partitions is None else partitions[i],
                 )
         finally:
             await producer.stop()
@@ -418,7 +427,8 @@ async def test_revoked_partitions_move_to_the_other_consumer(settings: LLMBatchS
             what="rebalance to one partition each",
         )
         requests = [batch_request(f"rb-{i}-" + uuid.uuid4().hex[:6]) for i in range(6)]
-        await a.send([request_message(r) for r in requests])
+        # pinned, three to each partition: random keys put all six on one partition 1 time in 32
+        await a.send([request_message(r) for r in requests], partitions=[i % 2 for i in range(6)])
         await wait_for(lambda: _committed_is(a, 6), 60, what="both consumers commit")
         assert a.consumer.accepted_total > 0 and b.consumer.accepted_total > 0
         assert a.consumer.accepted_total + b.consumer.accepted_total == 6

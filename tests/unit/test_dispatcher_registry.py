@@ -210,6 +210,11 @@ class FakeStore:
     async def read_progress(self, batch_id: str) -> dict[str, str]:
         return {"completed": "3", "total": "5"}
 
+    deferred: list[tuple[list[str], float]] = field(default_factory=list)
+
+    async def defer_job_deletes(self, submission_ids: list[str], due: float) -> None:
+        self.deferred.append((list(submission_ids), due))
+
 
 @dataclass
 class FakeBackend:
@@ -231,11 +236,14 @@ class FakeResults:
         return Shards([output_prefix + "output-a1-00000.jsonl"], [])
 
 
-def tracker(engines: EngineRegistry) -> tuple[Tracker, FakeStore, FakeBackend]:
+def tracker(
+    engines: EngineRegistry, options: DispatcherOptions | None = None
+) -> tuple[Tracker, FakeStore, FakeBackend]:
     settings = DispatcherSettings(
         _env_file=None,
         redis=RedisSettings(url="redis://redis:6379/0", password=SecretStr("pw"), key_prefix="p"),
         engines=engines,
+        dispatcher=options or DispatcherOptions(),
     )
     store, backend = FakeStore(), FakeBackend()
     results: Any = FakeResults()
@@ -243,6 +251,13 @@ def tracker(engines: EngineRegistry) -> tuple[Tracker, FakeStore, FakeBackend]:
     jobs: Any = backend
     t = Tracker(settings, store, jobs, results, producer, Metrics(), clock=lambda: 1_790_000_000.0)  # type: ignore[arg-type]
     return t, store, backend
+
+
+async def test_finished_jobs_are_deleted_after_the_settle_time_of_the_settings() -> None:
+    t, store, _ = tracker(registry(), DispatcherOptions(job_delete_settle_s=7, job_delete_recheck_s=9))
+    await t.job_cleanup.forget(stored(State.COMPLETED.value, 2))
+    assert store.deferred == [(["b-gone-a1", "b-gone-a2"], 1_790_000_007.0)]
+    assert t.job_cleanup.retry_after_s == 9
 
 
 def stored(state: str, attempt: int, **extra: str) -> BatchRecord:
