@@ -25,6 +25,7 @@ def build_app(settings: ApiSettings) -> FastAPI:
     from dispatcher.keys import Keys
     from dispatcher.store import StateStore
     from producer.kafka import Publisher
+    from schemas.tenant_auth import TenantSigner
 
     options = settings.api
     store = StateStore.from_url(
@@ -37,6 +38,7 @@ def build_app(settings: ApiSettings) -> FastAPI:
         settings.kafka,
         connect_timeout_s=options.connect_timeout_s,
         publish_timeout_s=options.publish_timeout_s,
+        signer=TenantSigner(settings.tenants.key_bytes()),
     )
     services = build_services(
         options,

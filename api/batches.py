@@ -283,7 +283,7 @@ class BatchService:
                         "was published again", stored.id, now - stored.created_at)
 
     def _cancel_event(self, batch_id: str, tenant: str) -> Envelope[CancelRequest]:
-        request = CancelRequest(batch_id=batch_id, reason="cancelled through the HTTP API",
+        request = CancelRequest(batch_id=batch_id, tenant=tenant, reason="cancelled through the HTTP API",
                                 requested_by=f"api:{tenant}")
         return Envelope.new(request, source=self.source)
 

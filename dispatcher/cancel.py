@@ -1,6 +1,7 @@
 """Applying a consumed ``cancel_requested`` command to the batch's state in Redis.
 
-A batch that never launched is cancelled at once; one with a job (or a queued retry) is flagged
+A cancel naming another tenant than the batch's is ignored (as one of an unknown batch). A batch
+that never launched is cancelled at once; one with a job (or a queued retry) is flagged
 ``cancel_requested`` and the tracker stops the job and reports partial results (a queued retry at its
 next tick, not when the queue reaches it). A redelivered cancel
 (its event id marker is set) is skipped; every write is a compare-and-set, so the whole step may be
@@ -38,6 +39,12 @@ async def apply_cancel(
                     "cancel ignored: batch unknown or finished",
                     extra={"state": record.state.value if record else None},
                 )
+                metrics.processed.labels(outcome="cancel_ignored").inc()
+                break
+            if (record.get("tenant") or "default") != cancel.request.tenant:
+                # no answer either way: the cancel's sender learns nothing about another tenant's batch
+                log.warning("cancel ignored: it names another tenant than the batch's",
+                            extra={"cancel_tenant": cancel.request.tenant, "tenant": record.get("tenant")})
                 metrics.processed.labels(outcome="cancel_ignored").inc()
                 break
             reason = cancel.request.reason or "cancel requested"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -31,12 +32,13 @@ from dispatcher.settings import ENGINES_ENV, DispatcherSettings
 from dispatcher.states import State
 from dispatcher.store import IntakeItem
 from schemas.batch import BatchRequest, CancelRequest, InlineLimits, check_deadline, check_inline_limits
-from schemas.cloudevents import H_ID, H_SOURCE, decode
+from schemas.cloudevents import H_ID, H_SOURCE, Envelope, decode
 from schemas.common import BATCH_ID_PATTERN, TENANT_PATTERN
 from schemas.dlt import REPLAY_SIG, DltReason, ReplayInfo
 from schemas.engines import UnknownModelError
 from schemas.errors import Reason, SchemaError
 from schemas.events import REQUEST_EVENT_TYPES
+from schemas.tenant_auth import TENANT_SIG, verify_tenant_signature
 
 _BATCH_ID_RE = re.compile(BATCH_ID_PATTERN)
 _TENANT_RE = re.compile(TENANT_PATTERN)
@@ -59,6 +61,9 @@ class IntakeRules:
     """Larger request records are kept in Redis by coordinates only (see dispatcher.request_body)."""
     replay_key: bytes | None = field(default=None, repr=False)
     """Replay headers must be signed with it (``LLMBATCH_REPLAY__KEY``); ``None``: honoured unsigned."""
+    tenant_keys: Mapping[str, bytes] = field(default_factory=dict, repr=False)
+    """Tenant -> key (``LLMBATCH_TENANTS__KEYS``): requests and cancels must be signed with the key of
+    the tenant they name; empty: tenant claims are trusted."""
 
 
 def intake_rules(settings: DispatcherSettings) -> IntakeRules:
@@ -75,6 +80,7 @@ def intake_rules(settings: DispatcherSettings) -> IntakeRules:
         inputs_under_tenant_prefix=opts.inputs_under_tenant_prefix,
         request_in_redis_max_bytes=opts.request_in_redis_max_bytes,
         replay_key=settings.replay.key_bytes(),
+        tenant_keys=settings.tenants.key_bytes(),
     )
 
 
@@ -244,6 +250,35 @@ def check_replay_signed(replay: ReplayInfo, key: bytes, source: str, event_id: s
     )
 
 
+def check_tenant_signed(
+    envelope: Envelope[BatchRequest | CancelRequest], value: bytes, keys: Mapping[str, bytes]
+) -> None:
+    """:class:`SchemaError` (field ``llmbatch-tenant-sig``) unless the event is signed with the key of
+    the tenant it names (:mod:`schemas.tenant_auth`): no producer acts for a tenant it has no key of."""
+    tenant = envelope.data.tenant
+    what = "cancel" if isinstance(envelope.data, CancelRequest) else "request"
+    key = keys.get(tenant)
+    if key is None:
+        raise SchemaError(
+            Reason.INVALID_HEADER,
+            f"tenant {tenant!r} has no key on this dispatcher: add it to LLMBATCH_TENANTS__KEYS of the "
+            f"dispatchers and of the producers that act for it, then send the {what} again",
+            field=TENANT_SIG,
+        )
+    raw = envelope.header(TENANT_SIG)
+    signature = raw.decode(errors="replace") if raw is not None else None
+    if verify_tenant_signature(key, signature, event_type=envelope.type.value, source=envelope.source,
+                               event_id=envelope.id, tenant=tenant, value=value):
+        return
+    state = "is not signed" if signature is None else "does not verify"
+    raise SchemaError(
+        Reason.INVALID_HEADER,
+        f"the {what} for tenant {tenant!r} {state}: only a producer holding that tenant's key "
+        "(LLMBATCH_TENANTS__KEYS) may act for it; send it again from one",
+        field=TENANT_SIG,
+    )
+
+
 def check_served(request: BatchRequest, served: frozenset[str]) -> None:
     """Raise ``SchemaError(model_not_found)`` unless ``request.model`` is served here: a batch never
     runs on another model than the one it names."""
@@ -266,6 +301,8 @@ def classify(origin: OriginalRecord, rules: IntakeRules, now: float) -> Command:
         replay = ReplayInfo.from_headers(envelope.extra_headers)
         if replay is not None and rules.replay_key is not None:
             check_replay_signed(replay, rules.replay_key, envelope.source, envelope.id)
+        if rules.tenant_keys:
+            check_tenant_signed(envelope, origin.value or b"", rules.tenant_keys)
         marker = _marker(envelope.source, envelope.id, replay)
         data = envelope.data
         if isinstance(data, CancelRequest):

@@ -168,6 +168,12 @@ class Dispatcher:
         if self.settings.replay.key is None:
             log.warning("LLMBATCH_REPLAY__KEY is not set: replay headers are honoured from any producer "
                         "that may write the requests topic (they reopen failed batches)")
+        if not self.settings.tenants.keys:
+            log.warning("LLMBATCH_TENANTS__KEYS is not set: the tenant a request or cancel names is trusted "
+                        "from any producer that may write the requests topic")
+        else:
+            log.info("requests and cancels must be signed by their tenant",
+                     extra={"tenants": sorted(self.settings.tenants.keys)})
         if self.health is not None:
             await self.health.start()
         await self._until_ok("kafka producer", self.producer.start)

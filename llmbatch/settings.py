@@ -15,6 +15,8 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.common import TENANT_PATTERN
+
 MIN_MESSAGE_BYTES = 64 << 10
 """Smallest ``max.message.bytes`` llmbatch accepts: a reduced dead letter must always fit."""
 MAX_MESSAGE_BYTES = 100 << 20
@@ -218,6 +220,35 @@ class ReplaySettings(BaseModel):
         return None if self.key is None else self.key.get_secret_value().encode()
 
 
+class TenantSettings(BaseModel):
+    """Who may act for which tenant (``LLMBATCH_TENANTS__KEYS``)."""
+
+    keys: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description="Tenant name -> its signing key (at least 32 characters), as JSON. A producer or the "
+        "HTTP API signs the requests and cancels of those tenants with them (HMAC-SHA256, header "
+        "llmbatch-tenant-sig); give each producer only the keys of the tenants it acts for. A dispatcher "
+        "that has keys refuses (dead letter invalid_event and a rejected answer) every request or cancel "
+        "not signed with the key of the tenant it names. Empty on the dispatcher: tenant claims are "
+        "trusted (it says so as it starts).",
+    )
+
+    @field_validator("keys")
+    @classmethod
+    def _valid_keys(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for tenant, key in value.items():
+            if not re.match(TENANT_PATTERN, tenant):
+                raise ValueError(f"tenant {tenant!r}: use 1-64 lowercase letters, digits or '-'")
+            if len(key.get_secret_value()) < 32:
+                raise ValueError(f"the key of tenant {tenant!r} must be at least 32 characters "
+                                 "(e.g. `openssl rand -hex 32`)")
+        return value
+
+    def key_bytes(self) -> dict[str, bytes]:
+        """Tenant -> key bytes (empty when no tenant has a key)."""
+        return {tenant: key.get_secret_value().encode() for tenant, key in self.keys.items()}
+
+
 class LLMBatchSettings(BaseSettings):
     """Root settings object: ``LLMBatchSettings()`` reads the environment."""
 
@@ -234,6 +265,7 @@ class LLMBatchSettings(BaseSettings):
     s3: S3Settings = S3Settings()
     ray: RaySettings = RaySettings()
     replay: ReplaySettings = ReplaySettings()
+    tenants: TenantSettings = TenantSettings()
 
 
 def parse_env_file(path: Path) -> dict[str, str]:

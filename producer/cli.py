@@ -349,11 +349,12 @@ def cancel(
     ctx: typer.Context,
     batch_id: Annotated[str, typer.Argument(help="The batch to cancel.", show_default=False)],
     reason: Annotated[str | None, typer.Option(help="Why (kept for audit).")] = None,
+    tenant: Annotated[str, typer.Option(help="The tenant whose batch it is.")] = "default",
 ) -> None:
     """Ask the dispatcher to cancel a batch (partial results are kept)."""
 
     async def body(client: BatchClient) -> None:
-        await client.cancel(batch_id, reason=reason, requested_by=os.environ.get("USER"))
+        await client.cancel(batch_id, tenant=tenant, reason=reason, requested_by=os.environ.get("USER"))
         err.print(f"cancel requested for {batch_id}", markup=False)
 
     _run(ctx, body)

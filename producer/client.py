@@ -51,6 +51,7 @@ from schemas import (
     utcnow,
 )
 from schemas.job import MANIFEST_NAME
+from schemas.tenant_auth import TenantSigner
 
 Answer = TerminalEventData | BatchRejected
 """What ends a wait: the batch's terminal event, or the ``rejected`` answer to a request."""
@@ -135,7 +136,7 @@ class BatchHandle:
 
     async def cancel(self, reason: str | None = None) -> Published:
         """Ask the dispatcher to cancel this batch."""
-        return await self._need_client().cancel(self.batch_id, reason=reason)
+        return await self._need_client().cancel(self.batch_id, tenant=self.tenant, reason=reason)
 
 
 ResultSource = Envelope[Any] | TerminalEventData | Manifest | Sequence[str]
@@ -154,6 +155,7 @@ class BatchClient:
             connect_timeout_s=self.options.connect_timeout_s,
             publish_timeout_s=self.options.publish_timeout_s,
             enable_idempotence=self.options.enable_idempotence,
+            signer=TenantSigner(self.settings.tenants.key_bytes()),
         )
         self._s3: Any = None
 
@@ -305,11 +307,18 @@ class BatchClient:
         return await self._publisher.publish(self.settings.kafka.topics.requests, envelope)
 
     async def cancel(
-        self, batch_id: str, *, reason: str | None = None, requested_by: str | None = None
+        self,
+        batch_id: str,
+        *,
+        tenant: str = "default",
+        reason: str | None = None,
+        requested_by: str | None = None,
     ) -> Published:
-        """Publish ``cancel_requested`` for ``batch_id``; partial results are kept."""
+        """Publish ``cancel_requested`` for ``batch_id`` of ``tenant``; partial results are kept."""
         try:
-            request = CancelRequest(batch_id=batch_id, reason=reason, requested_by=requested_by)
+            request = CancelRequest(
+                batch_id=batch_id, tenant=tenant, reason=reason, requested_by=requested_by
+            )
         except ValidationError as exc:
             raise InvalidInput(str(SchemaError.from_validation_error(exc))) from None
         envelope = Envelope.new(request, source=self.options.source)

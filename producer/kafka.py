@@ -24,6 +24,7 @@ from producer.errors import (
     TopicMissing,
 )
 from schemas import Envelope, EventType, SchemaError, decode, encode
+from schemas.tenant_auth import TenantSigner
 
 log = logging.getLogger(__name__)
 _DEDUPE_WINDOW = 10_000
@@ -100,7 +101,8 @@ class Published:
 
 
 class Publisher:
-    """Publishes :class:`~schemas.Envelope`\\ s with ``acks=all``, key = batch_id."""
+    """Publishes :class:`~schemas.Envelope`\\ s with ``acks=all``, key = batch_id; with a ``signer``,
+    requests and cancels of the tenants it has keys for carry ``llmbatch-tenant-sig``."""
 
     def __init__(
         self,
@@ -111,8 +113,10 @@ class Publisher:
         enable_idempotence: bool = False,
         linger_ms: int = 0,
         compression_type: str | None = None,
+        signer: TenantSigner | None = None,
     ) -> None:
         self._kafka = kafka
+        self._signer = signer
         self._connect_timeout_s = connect_timeout_s
         self._publish_timeout_s = publish_timeout_s
         self._options: dict[str, Any] = {
@@ -172,6 +176,9 @@ class Publisher:
                 futures = []
                 for envelope in envelopes:
                     key, value, headers = encode(envelope)
+                    signature = self._signer.sign(envelope, value) if self._signer else None
+                    if signature is not None:
+                        headers.append(signature)
                     futures.append(await self._producer.send(topic, value=value, key=key, headers=headers))
                 return list(await asyncio.gather(*futures))
 

@@ -176,6 +176,11 @@ class CancelRequest(BaseModel):
     )
 
     batch_id: BatchId
+    tenant: Tenant = Field(
+        default="default",
+        description="The tenant whose batch it is: a cancel naming another tenant than the batch's is "
+        "ignored (and with tenant keys on the dispatcher it must be signed by this tenant).",
+    )
     reason: Annotated[str, Field(max_length=1024)] | None = Field(
         default=None, description="Why, for humans."
     )

@@ -211,6 +211,9 @@ def cancel_command(
     force: Annotated[
         bool, typer.Option("--force", help="Publish the cancel even if Redis does not know the batch.")
     ] = False,
+    tenant: Annotated[
+        str, typer.Option(help="With --force for a batch Redis does not know: the tenant whose batch it is.")
+    ] = "default",
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the batch's terminal event.")] = False,
     timeout: Annotated[float, typer.Option(min=1, help="With --wait: seconds to wait at most.")] = 300.0,
     json_output: JsonOption = False,
@@ -239,7 +242,12 @@ def cancel_command(
         options = ClientOptions(connect_timeout_s=5.0, publish_timeout_s=15.0)
         try:
             async with BatchClient(settings, options=options) as client:
-                published = await client.cancel(batch_id, reason=reason, requested_by=result["requested_by"])
+                published = await client.cancel(
+                    batch_id,
+                    tenant=(record.get("tenant") if record is not None else None) or tenant,
+                    reason=reason,
+                    requested_by=result["requested_by"],
+                )
                 result["published"] = {
                     "topic": published.topic,
                     "partition": published.partition,

@@ -118,6 +118,7 @@ def test_cancel_publishes_cancel_requested_and_reads_cancelling_then_cancelled()
     event = api.publisher.events()[-1]
     assert event.type is EventType.CANCEL_REQUESTED and isinstance(event.data, CancelRequest)
     assert event.data.batch_id == batch_id and event.data.requested_by == "api:acme"
+    assert event.data.tenant == "acme"  # the dispatcher ignores a cancel naming another tenant
     assert api.client.get(f"/v1/batches/{batch_id}", headers=api.auth()).json()["status"] == "cancelling"
     # asking again publishes nothing more
     again = api.client.post(f"/v1/batches/{batch_id}/cancel", headers=api.auth())

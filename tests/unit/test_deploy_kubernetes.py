@@ -217,7 +217,7 @@ def _references(objects: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]
                 for env in container.get("env") or []:
                     value_from = env.get("valueFrom") or {}
                     for key, kind in (("configMapKeyRef", "ConfigMap"), ("secretKeyRef", "Secret")):
-                        if key in value_from:
+                        if key in value_from and not value_from[key].get("optional"):  # absent is fine
                             ref = value_from[key]
                             refs.setdefault((kind, ref["name"]), set()).add(ref["key"])
         cluster = _cluster_spec(obj)
