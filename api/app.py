@@ -78,7 +78,7 @@ def build_services(
         batches=BatchService(reader, records.layout, publisher, requests_topic=requests_topic,
                              source=options.source, default_window=options.default_completion_window,
                              priority=options.priority, republish_after_s=options.republish_after_s,
-                             clock=clock),
+                             max_active=options.max_active_batches, clock=clock),
         auth=Authenticator(options.keys),
         limiter=RateLimiter(options.rate_per_s, options.rate_burst, clock=monotonic),
         max_upload_bytes=options.max_upload_bytes,

@@ -27,8 +27,9 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from api import idempotency, results
-from api.errors import Conflict, InvalidRequest, NotFound, from_exception
+from api.errors import ApiError, Conflict, InvalidRequest, NotFound, from_exception
 from api.objects import TERMINAL_STATUSES, Batch, BatchCreate, ListPage
+from api.quota import ActiveBatches
 from api.records import (
     BATCH_ID,
     BATCH_PREFIX,
@@ -125,9 +126,12 @@ class BatchService:
         default_window: str = "24h",
         priority: int = 5,
         republish_after_s: float = 120.0,
+        max_active: int = 0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.reader = reader
+        self.active = ActiveBatches(reader.records, reader.state, limit=max_active,
+                                    unknown_after_s=reader.fallback_after_s, clock=clock)
         self.idempotency = idempotency.IdempotencyStore(reader.objects, layout)
         self.republish_after_s = republish_after_s
         self.records = reader.records
@@ -144,6 +148,7 @@ class BatchService:
         With ``idempotency_key``, one batch per key (:mod:`api.idempotency`)."""
         if idempotency_key is None:
             stored, envelope = await self._new_batch(tenant, body)
+            await self._admit(stored)
             await self.records.put("batches", stored)
             try:
                 await self.publisher.publish(self.requests_topic, envelope)
@@ -155,9 +160,12 @@ class BatchService:
         claim = await self.idempotency.get(tenant, digest)
         if claim is None:
             stored, _ = await self._new_batch(tenant, body)
+            await self._admit(stored)
             mine = IdempotentCreate(request_sha256=asked, batch=stored)
             claim = mine if await self.idempotency.claim(tenant, digest, mine) else None
-            claim = claim or await self.idempotency.get(tenant, digest)  # a concurrent create won
+            if claim is None:  # a concurrent create won: this batch will not exist
+                await self.active.forget(tenant, stored.id)
+            claim = claim or await self.idempotency.get(tenant, digest)
             if claim is None:
                 raise Conflict(f"a create with this {idempotency.HEADER} is in progress: retry",
                                code="idempotency_key_in_use")
@@ -240,8 +248,18 @@ class BatchService:
         )
         return stored, envelope
 
+    async def _admit(self, stored: StoredBatch) -> None:
+        """Count the batch against its tenant's active-batch quota (429 when over it)."""
+        try:
+            await self.active.admit(stored.tenant, stored.id)
+        except ApiError:
+            raise
+        except Exception as exc:
+            raise from_exception(exc) from exc
+
     async def _forget(self, stored: StoredBatch) -> None:
         try:
+            await self.active.forget(stored.tenant, stored.id)
             await self.records.delete("batches", stored.tenant, stored.id)
         except Exception:  # the publish error is the one to report; an orphan record only reads validating
             log.warning("could not remove the record of unpublished batch %s", stored.id, exc_info=True)

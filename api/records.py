@@ -14,6 +14,7 @@ llmbatch object is)::
     <tenant>/api/batches/<batch_id>.json    a batch created through the API (StoredBatch)
     <tenant>/api/idempotency/<sha256>.json  an Idempotency-Key's create (IdempotentCreate)
     <tenant>/api/file-uses/<file_id>/<batch_id>  an empty marker: a batch was created from the file
+    <tenant>/api/active/<batch_id>               an empty marker: a batch that may not have ended yet
 
 A record exists only once its content does (the file is written first, its record last), and goes
 first on delete. Ids from a path are checked against their pattern before any key is built.
@@ -48,6 +49,12 @@ def new_id(prefix: str, now_s: float) -> str:
     """A fresh id that sorts before every id made earlier (newest first)."""
     countdown = _COUNTDOWN_FROM - int(now_s * 1000)
     return f"{prefix}{countdown:013d}{secrets.token_hex(8)}"
+
+
+def made_at(record_id: str, prefix: str) -> float:
+    """When :func:`new_id` made ``record_id`` (seconds; ms precision)."""
+    countdown = int(record_id[len(prefix) : len(prefix) + 13])
+    return (_COUNTDOWN_FROM - countdown) / 1000
 
 
 class Record(BaseModel):
@@ -128,6 +135,10 @@ class Layout:
         """Where the markers of the batches created from a file are kept."""
         return f"{tenant}/api/file-uses/{file_id}/"
 
+    def active_folder(self, tenant: str) -> str:
+        """Where the markers of the tenant's batches that may not have ended yet are kept."""
+        return f"{tenant}/api/active/"
+
     def idempotency_key(self, tenant: str, key_sha256: str) -> str:
         """Where a tenant's ``Idempotency-Key`` (by its SHA-256) is kept."""
         return f"{tenant}/api/idempotency/{key_sha256}.json"
@@ -198,6 +209,23 @@ class RecordStore:
         folder = self.layout.uses_folder(tenant, file_id)
         keys = await self.objects.list_keys(self.layout.bucket, folder, limit=limit)
         return [key[len(folder):] for key in keys if BATCH_ID.fullmatch(key[len(folder):])]
+
+    async def add_active(self, tenant: str, batch_id: str) -> None:
+        """Mark ``batch_id`` as one of the tenant's batches that may not have ended yet."""
+        if BATCH_ID.fullmatch(batch_id):
+            key = self.layout.active_folder(tenant) + batch_id
+            await self.objects.put(self.layout.bucket, key, io.BytesIO(b""), 0, content_type=JSON_TYPE)
+
+    async def active(self, tenant: str, *, limit: int) -> list[str]:
+        """The ids of up to ``limit`` batches marked active (newest first)."""
+        folder = self.layout.active_folder(tenant)
+        keys = await self.objects.list_keys(self.layout.bucket, folder, limit=limit)
+        return [key[len(folder):] for key in keys if BATCH_ID.fullmatch(key[len(folder):])]
+
+    async def drop_active(self, tenant: str, batch_id: str) -> None:
+        """Remove the active mark of ``batch_id`` (it ended, or its create failed)."""
+        if BATCH_ID.fullmatch(batch_id):
+            await self.objects.delete(self.layout.bucket, self.layout.active_folder(tenant) + batch_id)
 
     async def page(
         self, kind: Literal["files", "batches"], model: type[R], tenant: str, *, after: str | None, limit: int

@@ -88,6 +88,24 @@ async def test_a_files_uses_are_empty_markers_listed_back_by_batch_id(
     assert _client(s3_settings).stat_object(bucket, marker).size == 0
 
 
+async def test_active_marks_are_listed_newest_first_and_dropped(s3_settings: S3Settings, bucket: str) -> None:
+    """api.records' active-batch marks (what the API's active-batch quota counts) on the real server."""
+    from api.records import BATCH_PREFIX, Layout, RecordStore, made_at, new_id
+    from api.storage import MinioObjectStore
+
+    records = RecordStore(MinioObjectStore(s3_settings), Layout(bucket))
+    tenant = f"t{uuid.uuid4().hex[:8]}"
+    batches = [new_id(BATCH_PREFIX, 1.79e9 + n) for n in range(3)]
+    for batch_id in batches:
+        await records.add_active(tenant, batch_id)
+    await records.add_active(tenant, "../not-a-batch")  # never builds a key from a bad id
+    assert await records.active(tenant, limit=10) == batches[::-1]
+    assert await records.active(tenant, limit=2) == batches[:0:-1]
+    await records.drop_active(tenant, batches[1])
+    assert await records.active(tenant, limit=10) == [batches[2], batches[0]]
+    assert made_at(batches[2], BATCH_PREFIX) == 1.79e9 + 2
+
+
 async def test_the_storage_quota_counts_the_bytes_under_a_prefix(
     s3_settings: S3Settings, bucket: str
 ) -> None:

@@ -297,3 +297,59 @@ def test_a_lost_create_is_not_published_again_after_its_completion_window() -> N
     api.client.get("/v1/batches", headers=api.auth())
     api.client.get(f"/v1/batches/{batch['id']}", headers=api.auth())
     assert api.publisher.records == []
+
+
+# --- the active-batch quota --------------------------------------------------------------------------
+
+
+def _active_marks(api: Any, tenant: str = "acme") -> list[str]:
+    return [key for (_, key) in api.objects.objects if key.startswith(f"{tenant}/api/active/")]
+
+
+def test_a_create_over_the_tenants_active_batch_quota_is_429_until_one_ends() -> None:
+    api = make_api(max_active_batches=2)
+    file_id = uploaded(api)
+    first, second = (create(api, input_file_id=file_id, endpoint=CHAT).json()["id"] for _ in range(2))
+    refused = create(api, input_file_id=file_id, endpoint=CHAT)
+    assert refused.status_code == 429, refused.text
+    error = refused.json()["error"]
+    assert (error["type"], error["code"]) == ("insufficient_quota", "active_batch_quota_exceeded")
+    assert "LLMBATCH_API__MAX_ACTIVE_BATCHES" in error["message"]
+    assert len(api.publisher.events()) == 2 and len(_active_marks(api)) == 2  # nothing published, no mark
+    # another tenant has its own quota
+    assert create(api, "globex", input_file_id=uploaded(api, "globex"), endpoint=CHAT).status_code == 200
+    # one ends (the dispatcher took both in, one was cancelled): room for one more, and its mark is gone
+    api.accept_all()
+    api.dispatcher.run(first, api.clock.now)
+    api.dispatcher.finish(second, Outcome(State.CANCELLED, api.clock.now))
+    third = create(api, input_file_id=file_id, endpoint=CHAT)
+    assert third.status_code == 200, third.text
+    assert sorted(_active_marks(api)) == sorted(f"acme/api/active/{b}" for b in (first, third.json()["id"]))
+    assert create(api, input_file_id=file_id, endpoint=CHAT).status_code == 429
+
+
+def test_a_batch_the_dispatcher_never_heard_of_stops_counting_after_the_fallback_time() -> None:
+    api = make_api(max_active_batches=1, state_fallback_after_s=300)
+    file_id = uploaded(api)
+    assert create(api, input_file_id=file_id, endpoint=CHAT).status_code == 200  # never taken in
+    assert create(api, input_file_id=file_id, endpoint=CHAT).status_code == 429
+    api.clock.now += 301
+    assert create(api, input_file_id=file_id, endpoint=CHAT).status_code == 200
+
+
+def test_without_a_limit_nothing_is_marked() -> None:
+    api = make_api()
+    file_id = uploaded(api)
+    for _ in range(3):
+        assert create(api, input_file_id=file_id, endpoint=CHAT).status_code == 200
+    assert _active_marks(api) == []
+
+
+def test_a_create_whose_publish_fails_leaves_no_active_mark() -> None:
+    api = make_api(max_active_batches=1)
+    file_id = uploaded(api)
+    api.publisher.fail = True
+    assert create(api, input_file_id=file_id, endpoint=CHAT).status_code == 503
+    api.publisher.fail = False
+    assert _active_marks(api) == []
+    assert create(api, input_file_id=file_id, endpoint=CHAT).status_code == 200
