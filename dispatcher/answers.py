@@ -2,7 +2,9 @@
 
 Every request that names a usable batch id (the record key) gets an answer on the results topic,
 ``llmbatch.batch.rejected.v1`` (:class:`~schemas.events.BatchRejected`): an invalid event (with where
-its dead letter is), a new request for a batch id already in use (with that batch's state), or a
+its dead letter is), a new request for a batch id already in use (with that batch's state, unless the
+batch is another tenant's: batch ids are one namespace, and one tenant learns nothing of another's
+batch from an answer), or a
 record the consumer gave up on (``processing_failed``). A record without a usable batch id goes to
 the dead-letter topic only. Each answer's ``ce_id`` is fixed by the request it answers, so one
 re-sent after a redelivery carries the same id.
@@ -26,10 +28,11 @@ from schemas.openai import ErrorObject
 
 
 def rejection_answer(
-    reject: Reject, written: Any, behind: State | None, *, source: str, now: float
+    reject: Reject, written: Any, behind: State | None, *, source: str, now: float, hidden: bool = False
 ) -> Envelope[Any]:
     """The answer to a dead-lettered request whose batch id is readable. ``written`` is the dead
-    letter's ``RecordMetadata``; ``behind`` the state of the batch that already had the id."""
+    letter's ``RecordMetadata``; ``behind`` the state of the batch that already had the id; ``hidden``:
+    that batch is another tenant's, whose state the answer does not tell (``batch_status`` absent)."""
     error = reject.error
     return build_rejected(
         reject.batch_id or "",
@@ -39,31 +42,37 @@ def rejection_answer(
         now=now,
         request_id=reject.request_id,
         request_source=reject.request_source,
-        batch_status=behind or State.DEAD_LETTERED,
+        batch_status=None if hidden else behind or State.DEAD_LETTERED,
         dead_letter=RecordRef(
             topic=reject.dead_letter.topic, partition=written.partition, offset=written.offset
         ),
     )
 
 
-def duplicate_answer(accept: Accept, result: IntakeResult, *, source: str, now: float) -> Envelope[Any]:
-    """The answer to a new request (a new event id) for a batch id already in use: nothing applied."""
+def duplicate_answer(
+    accept: Accept, result: IntakeResult, *, source: str, now: float, owner: str | None = None
+) -> Envelope[Any]:
+    """The answer to a new request (a new event id) for a batch id already in use: nothing applied.
+    ``owner``: the tenant of the batch that has the id; when it is not the request's, the answer does
+    not tell that batch's state (``batch_status`` absent)."""
     batch_id = accept.item.batch_id
-    state = result.state.value if result.state else "unknown"
+    hidden = owner is not None and owner != accept.request.tenant
+    if hidden:
+        message = (f"batch id {batch_id!r} is in use by another tenant; this request was not applied. "
+                   "Use a new batch_id")
+    else:
+        state = result.state.value if result.state else "unknown"
+        message = (f"batch {batch_id!r} already exists ({state}); this request was not applied. "
+                   "Follow that batch's events, or use a new batch_id for a new batch")
     return build_rejected(
         batch_id,
-        ErrorObject(
-            code=Reason.DUPLICATE_BATCH_ID,
-            message=f"batch {batch_id!r} already exists ({state}); this request was not applied. "
-            "Follow that batch's events, or use a new batch_id for a new batch",
-            param="batch_id",
-        ),
+        ErrorObject(code=Reason.DUPLICATE_BATCH_ID, message=message, param="batch_id"),
         source=source,
         answer_of=":".join(accept.item.marker),
         now=now,
         request_id=accept.item.fields.get("event_id"),
         request_source=accept.item.fields.get("source"),
-        batch_status=result.state,
+        batch_status=None if hidden else result.state,
         traceparent=accept.traceparent,
     )
 

@@ -40,7 +40,7 @@ from dispatcher.cancel_scan import CancelScanner
 from dispatcher.dlt import OriginalRecord
 from dispatcher.errors import BrokerUnavailable, DispatcherError, classify, classify_kafka_start
 from dispatcher.events import build_accepted
-from dispatcher.intake import Accept, Cancel, Command, IntakeRules, Reject, intake_rules
+from dispatcher.intake import Accept, Cancel, Command, IntakeRules, Reject, claimed_tenant, intake_rules
 from dispatcher.intake import classify as classify_record
 from dispatcher.metrics import Metrics
 from dispatcher.publisher import EventProducer, SendFuture, gather_sends
@@ -341,6 +341,13 @@ class RequestConsumer:
             if isinstance(command, Accept):
                 histogram.observe(latency)
 
+    async def _owners(self, batch_ids: list[str]) -> dict[str, str]:
+        """batch id -> its tenant, for those of ``batch_ids`` Redis has."""
+        if not batch_ids:
+            return {}
+        return {r.batch_id: r.get("tenant") or "default"
+                for r in await self.store.get_many(batch_ids) if r is not None}
+
     async def _give_up(self, entry: Entry, failed: GaveUp, epoch: int) -> None:
         command = entry[2]
         batch_id = _batch_id_of(command)
@@ -390,6 +397,10 @@ class RequestConsumer:
             if r.outcome == "dup_event" and r.state is not None and not r.state.is_terminal
         ]
         stored = {r.batch_id: r for r in await self.store.get_many(again) if r is not None} if again else {}
+        # whose are the batches an answer would describe: another tenant's state is not told
+        owned = [a.item.batch_id for a, r in zip(accepts, results, strict=True) if r.outcome == "duplicate"]
+        owned += [r.batch_id for r, s in zip(fresh, behind, strict=True) if r.batch_id and s is not None]
+        owners = await self._owners(owned)
         for accept, result in zip(accepts, results, strict=True):
             with logs.bind(batch_id=accept.item.batch_id, trace_id=logs.trace_id_of(accept.traceparent)):
                 record: BatchRecord | None = stored.get(accept.item.batch_id)
@@ -415,7 +426,8 @@ class RequestConsumer:
                     sends.append(
                         await self.producer.send_event(
                             results_topic,
-                            duplicate_answer(accept, result, source=self.opts.source, now=self.clock()),
+                            duplicate_answer(accept, result, source=self.opts.source, now=self.clock(),
+                                             owner=owners.get(accept.item.batch_id)),
                         )
                     )
                 if result.is_new:
@@ -456,7 +468,10 @@ class RequestConsumer:
         answers: list[SendFuture] = []
         for reject, meta, state in zip(fresh, written, behind, strict=True):
             if reject.batch_id is not None:  # the answer names where its dead letter is
-                answer = rejection_answer(reject, meta, state, source=self.opts.source, now=self.clock())
+                owner = owners.get(reject.batch_id)
+                hidden = owner is not None and owner != (claimed_tenant(reject.origin) or "default")
+                answer = rejection_answer(reject, meta, state, source=self.opts.source, now=self.clock(),
+                                          hidden=hidden)
                 answers.append(await self.producer.send_event(results_topic, answer))
         await gather_sends(answers)
         if fresh:

@@ -147,7 +147,7 @@ def _readable_batch_id(origin: OriginalRecord) -> str | None:
     return text if _BATCH_ID_RE.match(text) else None
 
 
-def _claimed_tenant(origin: OriginalRecord) -> str | None:
+def claimed_tenant(origin: OriginalRecord) -> str | None:
     """The tenant a rejected request names (the value is the event's data: its ``tenant``), if the
     value is JSON and that is a valid tenant; ``None`` otherwise (the batch then reads as the default
     tenant's, as an accepted request without one does)."""
@@ -199,7 +199,7 @@ def _reject(origin: OriginalRecord, error: SchemaError, rules: IntakeRules, now:
     item = None
     marker = record_marker(origin)
     if batch_id and source and event_id:
-        tenant = _claimed_tenant(origin)
+        tenant = claimed_tenant(origin)
         item = IntakeItem(
             batch_id=batch_id,
             fields={

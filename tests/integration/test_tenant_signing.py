@@ -18,7 +18,14 @@ from schemas.batch import CancelRequest
 from schemas.events import BatchRejected, EventType
 from schemas.tenant_auth import TENANT_SIG
 from tests.integration.test_dispatcher_consumer import Harness, make_settings
-from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, request_message, wait_for
+from tests.support.dispatcher_kit import (
+    MODEL,
+    batch_request,
+    decode_results,
+    inline_lines,
+    request_message,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -85,3 +92,28 @@ async def test_only_requests_and_cancels_signed_by_their_tenant_are_taken(settin
 
 async def _committed_is(h: Harness, n: int) -> bool:
     return await h.committed() == n
+
+
+async def test_a_batch_id_in_use_by_another_tenant_is_refused_without_telling_its_state(
+    settings: LLMBatchSettings,
+) -> None:
+    h = Harness(make_settings(settings))
+    await h.start()
+    try:
+        mine = batch_request("taken-" + uuid.uuid4().hex[:6], tenant="acme")
+        theirs = mine.model_copy(update={"tenant": "globex"})
+        again = mine.model_copy(update={"metadata": {"again": "1"}})
+        await h.send([request_message(mine), request_message(theirs, event_id="ev-globex"),
+                      request_message(again, event_id="ev-again")])
+        await wait_for(lambda: _committed_is(h, 3), 60, what="three requests consumed")
+        events = decode_results(await h.reader("results").read_all())
+        answers = {e.data.request_id: e.data for e in events if e.type is EventType.REJECTED}
+        other, same = answers["ev-globex"], answers["ev-again"]
+        assert other.error.code == same.error.code == "duplicate_batch_id"
+        assert other.batch_status is None and "another tenant" in other.error.message
+        assert "queued" not in other.error.message
+        assert same.batch_status is State.QUEUED and "queued" in same.error.message  # acme's own
+        record = await h.store.get(mine.batch_id)
+        assert record is not None and record.get("tenant") == "acme"
+    finally:
+        await h.stop()

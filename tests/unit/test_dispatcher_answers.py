@@ -78,6 +78,25 @@ def test_a_duplicate_request_is_answered_with_the_state_of_the_batch_that_holds_
     assert duplicate_answer(command, result, source="urn:d", now=NOW + 1).id == envelope.id
 
 
+def test_a_duplicate_of_another_tenants_batch_id_is_not_told_that_batchs_state() -> None:
+    command = classify(origin(*request_message(batch_request("b-2", tenant="globex"), event_id="e-2")),
+                       RULES, NOW)
+    assert isinstance(command, Accept)
+    result = IntakeResult("duplicate", State.RUNNING, 7, 0)
+    other = duplicate_answer(command, result, source="urn:d", now=NOW, owner="acme").data
+    assert isinstance(other, BatchRejected) and other.error.code == "duplicate_batch_id"
+    assert other.batch_status is None and other.is_final  # globex's request: nothing more will come
+    assert "another tenant" in other.error.message and "running" not in other.error.message
+    same = duplicate_answer(command, result, source="urn:d", now=NOW, owner="globex").data
+    assert isinstance(same, BatchRejected) and same.batch_status is State.RUNNING
+    assert "running" in same.error.message
+
+
+def test_a_rejection_behind_another_tenants_batch_does_not_tell_its_state() -> None:
+    hidden = rejection_answer(rejected(), Written(0, 1), State.RUNNING, source="urn:d", now=NOW, hidden=True)
+    assert isinstance(hidden.data, BatchRejected) and hidden.data.batch_status is None
+
+
 def test_a_request_given_up_on_is_answered_processing_failed() -> None:
     command = classify(origin(*request_message(batch_request("b-3"), event_id="e-3")), RULES, NOW)
     assert isinstance(command, Accept)
