@@ -562,6 +562,10 @@ def show(report: dict[str, Any], args: argparse.Namespace) -> None:
         print(f"  {name:50} {r['value']:7.2f}  target {r['target']:6}  {'met' if r['met'] else 'NOT met'}")
 
 
+QUICK = {"small": 8, "per_batch": 8, "warm_runs": 3, "conc": 4, "conc_size": 64, "big": 400}
+"""``--quick``: the same phases on smaller sizes (the throughput phase still generates 256 prompts)."""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -589,7 +593,16 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for one phase")
     parser.add_argument("--json", action="store_true", help="print the report as JSON only")
     parser.add_argument("--report", type=Path, default=None, help="also write the JSON report here")
+    quick = ", ".join(f"--{name.replace('_', '-')} {value}" for name, value in QUICK.items())
+    parser.add_argument("--quick", action="store_true",
+                        help=f"smaller defaults ({quick}): about 15 minutes on 2 cores instead of over an "
+                        "hour; sizes given explicitly win")
     args = parser.parse_args()
+    if args.quick:
+        given = {a.split("=", 1)[0] for a in sys.argv[1:] if a.startswith("--")}
+        for name, value in QUICK.items():
+            if f"--{name.replace('_', '-')}" not in given:
+                setattr(args, name, value)
     unknown = set(args.skip) - set(PHASES)
     if unknown:
         parser.error(f"--skip: unknown {sorted(unknown)}; choose from {', '.join(PHASES)}")

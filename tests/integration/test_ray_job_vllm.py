@@ -406,7 +406,7 @@ def test_stop_midway_then_attempt_2_each_custom_id_exactly_once(
     uri = h.put_input(
         "resume.jsonl",
         [
-            chat_line(f"r{i:02d}", f"Tell me a fact about the number {i}.", max_tokens=48, temperature=0.0)
+            chat_line(f"r{i:02d}", f"Tell me a fact about the number {i}.", max_tokens=24, temperature=0.0)
             for i in range(n)
         ],
     )
