@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1.7
 # The dispatcher / operator CLI image. Default command: `llmbatch dispatcher run`; any other
-# `llmbatch` command works too (`docker run --rm IMAGE jobs list`, `... dlq list`).
+# `llmbatch` command works too (`docker run --rm IMAGE jobs list`, `... dlq list`, `... api`).
 #
 # Build from the repository root (the build context is the whole checkout, trimmed by .dockerignore):
 #   docker build -f deploy/docker/dispatcher.Dockerfile -t llmbatch-dispatcher:0.1.0 .
@@ -20,6 +20,7 @@ COPY producer/ producer/
 COPY dispatcher/ dispatcher/
 COPY ray_job/ ray_job/
 COPY schemas/ schemas/
+COPY api/ api/
 # exactly the locked packages (uv.lock, exported with hashes by `make lock`); the lock pins ray, so the
 # dispatcher's Jobs API client matches the cluster's Ray
 RUN /opt/llmbatch/bin/pip install --no-cache-dir --require-hashes --no-deps -r requirements/lock/base.txt \

@@ -55,7 +55,7 @@ def env_example() -> dict[str, str]:
 
 
 def test_profiles_select_the_expected_services(projects: dict[tuple[str, ...], dict[str, Any]]) -> None:
-    core = {"kafka", "kafka-init", "redis", "minio", "minio-init", "ray-head", "dispatcher"}
+    core = {"kafka", "kafka-init", "redis", "minio", "minio-init", "ray-head", "dispatcher", "api"}
     assert set(projects[()]["services"]) == core
     assert set(projects[("cpu",)]["services"]) == core | {"model-init-cpu", "ray-worker-cpu"}
     assert set(projects[("gpu",)]["services"]) == core | {"model-init-gpu", "ray-worker-gpu"}
@@ -92,6 +92,7 @@ def test_startup_order_waits_for_health(everything: dict[str, Any]) -> None:
     assert depended_on_one_shots == {n for n, s in everything.items() if one_shot(s)}
     dispatcher = everything["dispatcher"]["depends_on"]
     assert set(dispatcher) == {"kafka-init", "redis", "minio-init", "ray-head"}
+    assert set(everything["api"]["depends_on"]) == {"kafka-init", "redis", "minio-init"}
     assert set(everything["ray-worker-cpu"]["depends_on"]) == {"ray-head", "model-init-cpu"}
     assert set(everything["ray-worker-gpu"]["depends_on"]) == {"ray-head", "model-init-gpu"}
 
@@ -105,9 +106,26 @@ def test_dispatcher_environment_names_are_settings(projects: dict[tuple[str, ...
     assert example - names == set(), ".env.example names that are not settings"
 
 
+def test_the_api_runs_the_image_cli_with_settings_names_and_a_valid_key_map(
+    projects: dict[tuple[str, ...], dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from api.settings import ApiSettings
+
+    api = projects[()]["services"]["api"]
+    assert api["command"][0] == "api" and api["image"] == projects[()]["services"]["dispatcher"]["image"]
+    env = api["environment"]
+    assert set(env) - vd.settings_env_names(ApiSettings) == set(), "not settings names"
+    # the example key map is what the API reads: every key a SHA-256 hash
+    monkeypatch.setenv("LLMBATCH_API__KEYS", env["LLMBATCH_API__KEYS"])
+    settings = ApiSettings(_env_file=None)  # type: ignore[call-arg]
+    assert settings.api.keys and all(len(h) == 64 for h in settings.api.keys)
+
+
 def test_ray_containers_use_settings_names(everything: dict[str, Any]) -> None:
-    names = vd.settings_env_names()
+    from api.settings import ApiSettings
+
     for name, service in everything.items():
+        names = vd.settings_env_names(ApiSettings if name == "api" else None)
         for key in service.get("environment") or {}:
             if key.startswith("LLMBATCH_"):
                 assert key in names, f"{name}: {key}"

@@ -181,6 +181,16 @@ def test_copy_sources_are_in_the_build_context(dockerfile: Path) -> None:
     assert copied >= 5
 
 
+def test_the_dispatcher_image_installs_every_package_of_the_cli() -> None:
+    """The image is the whole `llmbatch` CLI (`llmbatch api` too): every package the project installs
+    must be copied into its build stage, or `pip install .` silently leaves it out."""
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]["packages"]
+    build = vd.parse_dockerfile(DISPATCHER).stage("build")
+    copied = {ins.args.split()[0].rstrip("/") for ins in build.instructions
+              if ins.keyword == "COPY" and "from" not in ins.flags}
+    assert set(packages) <= copied, f"not copied into {DISPATCHER.name}: {sorted(set(packages) - copied)}"
+
+
 def test_dockerignore_keeps_the_context_small() -> None:
     for rel in (
         ".git/config",
