@@ -44,7 +44,7 @@ def _load_vd() -> Any:
 vd = _load_vd()
 
 # Secrets gpu-prod expects to exist already (created by the operator, never committed)
-EXTERNAL_SECRETS = {"llmbatch-credentials", "llmbatch-ray-auth"}
+EXTERNAL_SECRETS = {"llmbatch-credentials", "llmbatch-ray-auth", "llmbatch-api-keys"}
 RAY_PORTS = {"gcs-server": 6379, "dashboard": 8265}
 
 
@@ -278,7 +278,9 @@ def test_external_secrets_are_documented_with_every_key(renders: dict[str, list[
 
 
 def test_every_llmbatch_variable_is_a_setting(renders: dict[str, list[dict[str, Any]]]) -> None:
-    names = vd.settings_env_names()
+    from api.settings import ApiSettings
+
+    names = vd.settings_env_names() | vd.settings_env_names(ApiSettings)  # the dispatcher's and the API's
     used: set[str] = set()
     for objects in renders.values():
         used |= set(_config(objects))
@@ -356,12 +358,55 @@ def test_dispatcher_deployment(renders: dict[str, list[dict[str, Any]]]) -> None
         assert instance and instance[0]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
         labels = vd.pod_template_labels(deployment)
         assert vd.selector_matches(spec["selector"], labels)
-        pdb = vd.one(objects, "PodDisruptionBudget")
+        pdb = vd.one(objects, "PodDisruptionBudget", "llmbatch-dispatcher")
         assert vd.selector_matches(pdb["spec"]["selector"], labels)
         assert 1 <= pdb["spec"]["minAvailable"] < spec["replicas"]
         service = vd.one(objects, "Service", "llmbatch-dispatcher-metrics")
         assert vd.selector_matches({"matchLabels": service["spec"]["selector"]}, labels)
         assert {p["name"]: p["targetPort"] for p in service["spec"]["ports"]}["metrics"] == "metrics"
+
+
+def test_api_deployment(renders: dict[str, list[dict[str, Any]]]) -> None:
+    """The HTTP API: the dispatcher image's `llmbatch api` on all interfaces, probed on /livez, with the
+    dispatcher's addresses (llmbatch-config) and its own keys; a Service and a PDB select its pods."""
+    from api.settings import ApiSettings
+
+    for overlay in vd.OVERLAYS:
+        objects = renders[overlay]
+        deployment = vd.one(objects, "Deployment", "llmbatch-api")
+        dispatcher = vd.one(objects, "Deployment", "llmbatch-dispatcher")
+        spec = deployment["spec"]
+        pod = spec["template"]["spec"]
+        (container,) = pod["containers"]
+        (image,) = {c["image"] for c in dispatcher["spec"]["template"]["spec"]["containers"]}
+        assert container["image"] == image and container["args"][0] == "api"
+        port = {p["name"]: p["containerPort"] for p in container["ports"]}["http"]
+        assert container["args"][container["args"].index("--port") + 1] == str(port)
+        assert container["args"][container["args"].index("--host") + 1] == "0.0.0.0"
+        probes = ("livenessProbe", "readinessProbe", "startupProbe")
+        assert {container[k]["httpGet"]["path"] for k in probes} == {"/livez"}
+        env = {e["name"]: e for e in container["env"]}
+        # (cpu-dev generates the Secret: its name gets kustomize's content hash)
+        assert env["LLMBATCH_API__KEYS"]["valueFrom"]["secretKeyRef"]["name"].startswith("llmbatch-api-keys")
+        (config_map,) = [o["metadata"]["name"] for o in vd.by_kind(objects, "ConfigMap")
+                         if o["metadata"]["name"].startswith("llmbatch-config")]
+        assert {"configMapRef": {"name": config_map}} in container["envFrom"]
+        labels = vd.pod_template_labels(deployment)
+        service = vd.one(objects, "Service", "llmbatch-api")
+        assert vd.selector_matches({"matchLabels": service["spec"]["selector"]}, labels)
+        assert not vd.selector_matches({"matchLabels": service["spec"]["selector"]},
+                                       vd.pod_template_labels(dispatcher))
+        pdb = vd.one(objects, "PodDisruptionBudget", "llmbatch-api")
+        assert vd.selector_matches(pdb["spec"]["selector"], labels)
+        # the config it reads builds valid API settings: the dispatcher's addresses and topics
+        keys = '{"%s": "default"}' % ("a" * 64)
+        with pytest.MonkeyPatch.context() as env_vars:
+            for name, value in {**_config(objects), "LLMBATCH_API__KEYS": keys}.items():
+                env_vars.setenv(name, value)
+            settings = ApiSettings(_env_file=None)  # type: ignore[call-arg]
+        dispatcher_settings = _settings(objects)
+        assert settings.kafka == dispatcher_settings.kafka
+        assert settings.s3.endpoint == dispatcher_settings.s3.endpoint
 
 
 def test_servicemonitor_scrapes_the_dispatcher(renders: dict[str, list[dict[str, Any]]]) -> None:
