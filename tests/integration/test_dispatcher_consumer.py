@@ -459,7 +459,7 @@ async def test_a_rebalance_during_a_slow_redis_leaves_no_stale_partition_behind(
     # records on both partitions before the first consumer starts: its first segment holds both
     first = [batch_request(f"slow-{i}-" + uuid.uuid4().hex[:6]) for i in range(8)]
     await ensure_topics(s)
-    await a.send([request_message(r) for r in first])
+    await a.send([request_message(r) for r in first], partitions=[i % 2 for i in range(8)])
     hold.set()
     await a.start()
     b: Harness | None = None
