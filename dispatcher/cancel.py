@@ -41,10 +41,10 @@ async def apply_cancel(
                 )
                 metrics.processed.labels(outcome="cancel_ignored").inc()
                 break
-            if (record.get("tenant") or "default") != cancel.request.tenant:
+            if record.tenant != cancel.request.tenant:
                 # no answer either way: the cancel's sender learns nothing about another tenant's batch
                 log.warning("cancel ignored: it names another tenant than the batch's",
-                            extra={"cancel_tenant": cancel.request.tenant, "tenant": record.get("tenant")})
+                            extra={"cancel_tenant": cancel.request.tenant, "tenant": record.tenant})
                 metrics.processed.labels(outcome="cancel_ignored").inc()
                 break
             reason = cancel.request.reason or "cancel requested"

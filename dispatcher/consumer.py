@@ -345,8 +345,7 @@ class RequestConsumer:
         """batch id -> its tenant, for those of ``batch_ids`` Redis has."""
         if not batch_ids:
             return {}
-        return {r.batch_id: r.get("tenant") or "default"
-                for r in await self.store.get_many(batch_ids) if r is not None}
+        return {r.batch_id: r.tenant for r in await self.store.get_many(batch_ids) if r is not None}
 
     async def _give_up(self, entry: Entry, failed: GaveUp, epoch: int) -> None:
         command = entry[2]

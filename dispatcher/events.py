@@ -147,7 +147,7 @@ def build_accepted(record: BatchRecord, *, source: str) -> Envelope[Any]:
     data = BatchAccepted.model_construct(
         batch_id=record.batch_id,
         status=State.ACCEPTED,
-        tenant=record.get("tenant", "default") or "default",
+        tenant=record.tenant,
         model=record.get("model", "unknown") or "unknown",
         endpoint=Endpoint(record.get("endpoint") or Endpoint.CHAT_COMPLETIONS.value),
         priority=int(record.get("priority", "5") or 5),
@@ -221,7 +221,7 @@ def build_progress(
     data = BatchProgress(
         batch_id=record.batch_id,
         status=State.FINALIZING if record.state is State.FINALIZING else State.RUNNING,
-        tenant=record.get("tenant", "default") or "default",
+        tenant=record.tenant,
         attempt=max(1, record.attempt),
         request_counts=counts,
         usage=usage,
@@ -255,7 +255,7 @@ def build_terminal(record: BatchRecord, *, source: str) -> Envelope[Any]:
         )
     data = model(
         batch_id=record.batch_id,
-        tenant=record.get("tenant", "default") or "default",
+        tenant=record.tenant,
         model=record.get("model", "unknown") or "unknown",
         output_uris=outcome.output_uris,
         error_uris=outcome.error_uris,

@@ -32,8 +32,6 @@ from schemas.job import submission_id
 
 log = logging.getLogger(__name__)
 
-RETRY_AFTER_S = 60.0
-SETTLE_S = 20.0
 CHECK = "check:"  # never in a submission id (batch ids are [A-Za-z0-9._-])
 
 
@@ -43,8 +41,8 @@ class JobCleanup:
 
     store: StateStore
     backend: JobBackend
-    retry_after_s: float = RETRY_AFTER_S
-    settle_s: float = SETTLE_S
+    retry_after_s: float  # LLMBATCH_DISPATCHER__JOB_DELETE_RECHECK_S
+    settle_s: float  # LLMBATCH_DISPATCHER__JOB_DELETE_SETTLE_S
     clock: Callable[[], float] = time.time
     deferred: int = field(default=0, init=False)  # how many deletes were put off (for logs and tests)
     came_back: int = field(default=0, init=False)  # deleted jobs Ray wrote back (deleted again)

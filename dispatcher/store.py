@@ -63,6 +63,11 @@ class BatchRecord:
         return self.fields.get(name) == "1"
 
     @property
+    def tenant(self) -> str:
+        """The tenant the batch belongs to (``default`` when its request named none)."""
+        return self.fields.get("tenant") or "default"
+
+    @property
     def generation(self) -> int:
         return int(self.fields.get("generation", "0") or 0)
 

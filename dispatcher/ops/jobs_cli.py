@@ -244,7 +244,7 @@ def cancel_command(
             async with BatchClient(settings, options=options) as client:
                 published = await client.cancel(
                     batch_id,
-                    tenant=(record.get("tenant") if record is not None else None) or tenant,
+                    tenant=record.tenant if record is not None else tenant,
                     reason=reason,
                     requested_by=result["requested_by"],
                 )

@@ -127,7 +127,7 @@ async def test_a_delete_the_head_cannot_answer_is_tried_again_later(store: State
 
 async def test_a_refused_delete_is_not_retried_and_does_not_hold_back_the_others(store: StateStore) -> None:
     head = Head(jobs=set(sids("b1", 2)), refuse={sids("b1", 2)[0]})
-    cleanup = JobCleanup(store, head, settle_s=0, clock=Clock())  # type: ignore[arg-type]
+    cleanup = JobCleanup(store, head, retry_after_s=60, settle_s=0, clock=Clock())  # type: ignore[arg-type]
     await cleanup.forget(finished("b1", 2))
     assert await cleanup.retry_due() == 2
     assert head.jobs == {sids("b1", 2)[0]} and await store.due_job_deletes(2e9) == checks("b1", 2)[1:]
