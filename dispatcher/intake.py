@@ -53,6 +53,8 @@ class IntakeRules:
     group_id: str
     served_models: frozenset[str]
     """The models requests may name (the registry's keys); any other is ``model_not_found``."""
+    pooling_models: frozenset[str] = frozenset()
+    """The served models that embed (``/v1/embeddings`` only); the others generate text."""
     inline_limits: InlineLimits = field(default_factory=InlineLimits)
     readable_buckets: frozenset[str] = frozenset()
     inputs_under_tenant_prefix: bool = False
@@ -75,6 +77,7 @@ def intake_rules(settings: DispatcherSettings) -> IntakeRules:
         dlt_topic=topics.dead_letter,
         group_id=opts.group_id,
         served_models=settings.served_models,
+        pooling_models=settings.pooling_models,
         inline_limits=opts.inline_limits,
         readable_buckets=frozenset(settings.s3.readable_buckets()),
         inputs_under_tenant_prefix=opts.inputs_under_tenant_prefix,
@@ -279,11 +282,25 @@ def check_tenant_signed(
     )
 
 
-def check_served(request: BatchRequest, served: frozenset[str]) -> None:
-    """Raise ``SchemaError(model_not_found)`` unless ``request.model`` is served here: a batch never
-    runs on another model than the one it names."""
+def check_served(
+    request: BatchRequest, served: frozenset[str], pooling: frozenset[str] = frozenset()
+) -> None:
+    """Raise ``SchemaError(model_not_found)`` unless ``request.model`` is served here for
+    ``request.endpoint``: a batch never runs on another model than the one it names, and an embedding
+    model answers only ``/v1/embeddings`` (a text-generation model everything else)."""
     if request.model in served:
-        return
+        embeds = request.model in pooling
+        if embeds == request.endpoint.pooling:
+            return
+        kind = "an embedding model" if embeds else "a text-generation model"
+        fitting = sorted(served & pooling) if request.endpoint.pooling else sorted(served - pooling)
+        listed = ", ".join(repr(m) for m in fitting) or "none configured"
+        raise SchemaError(
+            Reason.MODEL_NOT_FOUND,
+            f"model {request.model!r} is {kind}: it does not serve {request.endpoint.value}. Models that "
+            f"do: {listed}. Send the batch to one of those, or with an endpoint {request.model!r} serves",
+            field="endpoint",
+        )
     known = str(UnknownModelError(request.model, sorted(served)))
     other = "Send the batch with one of those models, or serve" if served else "Serve"
     raise SchemaError(
@@ -309,7 +326,7 @@ def classify(origin: OriginalRecord, rules: IntakeRules, now: float) -> Command:
             return Cancel(data.batch_id, data, marker, envelope.traceparent, origin)
         if not isinstance(data, BatchRequest):  # pragma: no cover - decode(expect=...) guarantees it
             raise SchemaError(Reason.UNSUPPORTED_TYPE, f"unexpected data {type(data).__name__}")
-        check_served(data, rules.served_models)
+        check_served(data, rules.served_models, rules.pooling_models)
         check_inline_limits(data, rules.inline_limits)
         accepted_at = datetime.fromtimestamp(now, UTC)
         check_deadline(data, accepted_at)

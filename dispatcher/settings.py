@@ -333,6 +333,12 @@ class DispatcherSettings(LLMBatchSettings):
         """The model names requests may name (the registry's keys)."""
         return frozenset(self.engines.models)
 
+    @property
+    def pooling_models(self) -> frozenset[str]:
+        """The served models that are embedding models (runner ``pooling``: ``/v1/embeddings`` only)."""
+        models = self.engines.models
+        return frozenset(name for name, entry in models.items() if entry.engine.runner == "pooling")
+
     def serving_problem(self) -> str | None:
         """Why a dispatcher with these settings must not start (one line), or ``None``."""
         if not self.engines.models:

@@ -52,6 +52,7 @@ ENDPOINT_ALIASES = {
     "chat": Endpoint.CHAT_COMPLETIONS,
     "chat/completions": Endpoint.CHAT_COMPLETIONS,
     "completions": Endpoint.COMPLETIONS,
+    "embeddings": Endpoint.EMBEDDINGS,
     **{e.value: e for e in Endpoint},
 }
 

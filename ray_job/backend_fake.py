@@ -8,7 +8,10 @@ with an engine error, through the same per-request isolation path as vLLM.
 
 from __future__ import annotations
 
+import math
+import struct
 import time
+import zlib
 
 from ray_job.records import Generation, GenRequest, TokenLogprob
 from schemas.job import EngineConfig
@@ -56,8 +59,23 @@ class FakeBackend:
         return [fake_generation(req) for req in done]
 
 
+FAKE_EMBEDDING_DIMENSIONS = 8
+
+
+def fake_embedding(token_ids: list[int], dimensions: int = FAKE_EMBEDDING_DIMENSIONS) -> list[float]:
+    """A deterministic unit vector derived from the token ids (equal inputs, equal vectors)."""
+    seed = zlib.crc32(struct.pack(f"<{len(token_ids)}q", *token_ids))
+    raw = [((seed * (i + 1) * 2654435761) % 2001 - 1000) / 1000 + 1e-3 for i in range(dimensions)]
+    norm = math.sqrt(sum(x * x for x in raw))
+    return [x / norm for x in raw]
+
+
 def fake_generation(request: GenRequest) -> Generation:
     """The deterministic answer to one request."""
+    if "pooling" in request.sampling:
+        dims = int(request.sampling["pooling"].get("dimensions") or FAKE_EMBEDDING_DIMENSIONS)
+        return Generation(request.key, prompt_tokens=len(request.prompt_token_ids),
+                          embedding=fake_embedding(request.prompt_token_ids, dims))
     words = [w for w in request.prompt_text.split() if not (w.startswith("<") and w.endswith(">"))]
     reply = ["fake", "reply", "to:", *words[-6:]]
     limit = int(request.sampling.get("max_tokens") or len(reply))

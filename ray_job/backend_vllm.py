@@ -29,6 +29,8 @@ def llm_kwargs(model_path: str, config: EngineConfig) -> dict[str, Any]:
         "dtype": config.dtype,
         "enforce_eager": config.enforce_eager,
     }
+    if config.runner == "pooling":
+        kwargs["runner"] = "pooling"
     if config.max_model_len is not None:
         kwargs["max_model_len"] = config.max_model_len
     if config.max_num_seqs is not None:
@@ -59,6 +61,9 @@ class VllmBackend:
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
         from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDead
 
+        if "pooling" in request.sampling:
+            self._add_pooling(request)
+            return
         sampling = {**self._defaults, **request.sampling}
         structured = sampling.pop("structured_outputs", None)
         try:
@@ -84,6 +89,26 @@ class VllmBackend:
                 raise RequestRejected(text, code=code, param=param) from exc
             raise RequestRejected(f"{type(exc).__name__}: {text}", param=param) from exc
         self._keys[request.key] = int(request.sampling.get("logprobs") or 0)
+
+    def _add_pooling(self, request: GenRequest) -> None:
+        """Queue an embedding request (``sampling["pooling"]``: ``PoolingParams`` arguments)."""
+        from vllm.exceptions import VLLMClientError
+        from vllm.pooling_params import PoolingParams
+        from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDead
+
+        try:
+            params = PoolingParams(task="embed", **request.sampling["pooling"])
+            prompt: Any = {"prompt_token_ids": request.prompt_token_ids}
+            self._llm.llm_engine.add_request(request.key, prompt, params)
+        except VllmEngineDead as exc:
+            raise EngineDeadError(str(exc)) from exc
+        except (VLLMClientError, ValueError, TypeError) as exc:
+            param = getattr(exc, "parameter", None)
+            asked = request.sampling["pooling"]
+            if param is None and "dimensions" in asked and "dimension" in str(exc).lower():
+                param = "dimensions"
+            raise RequestRejected(f"{type(exc).__name__}: {exc}", param=param) from exc
+        self._keys[request.key] = 0
 
     def abort(self, keys: list[str]) -> None:
         known = [k for k in keys if self._keys.pop(k, None) is not None]
@@ -129,6 +154,9 @@ def is_structured_outputs_error(exc: BaseException) -> bool:
 
 
 def _generation(key: str, output: Any, top_k: int) -> Generation:
+    if not isinstance(output.outputs, list):  # a PoolingRequestOutput: one vector
+        return Generation(key, prompt_tokens=len(output.prompt_token_ids or []),
+                          embedding=[float(x) for x in output.outputs.data.tolist()])
     completion = output.outputs[0]
     prompt_tokens = len(output.prompt_token_ids or [])
     if completion.finish_reason == "abort":

@@ -24,11 +24,12 @@ import orjson
 import pyarrow as pa
 
 from ray_job import rows
+from ray_job.embeddings import EmbeddingLine
 from ray_job.errors import EngineDeadError, RequestFailure
 from ray_job.fair_queue import FairQueue
-from ray_job.formatting import error_line, output_line
+from ray_job.formatting import embedding_output_line, error_line, output_line
 from ray_job.records import Generation, GenRequest
-from ray_job.sampling import fit_context
+from ray_job.sampling import fit_context, fit_inputs
 from schemas.batch import DEFAULT_PRIORITY
 from schemas.common import Endpoint
 from schemas.job import EngineConfig
@@ -312,11 +313,22 @@ class EngineStage:
         out: list[rows.Row] = []
         requests: list[GenRequest] = []
         owners: dict[str, rows.Row] = {}
+        embedding_lines: dict[int, EmbeddingLine] = {}
         for row in batch:
             if row.kind != rows.REQUEST:
                 out.append(row)
                 continue
             prompt = orjson.loads(row.payload)
+            if "inputs" in prompt:  # an embedding line: one request per input
+                too_long = fit_inputs(prompt["inputs"], backend.max_model_len)
+                if too_long is not None:
+                    out.append(self._error_row(row, too_long))
+                    continue
+                line = EmbeddingLine.from_prompt(str(row.line_no), prompt, row.custom_id)
+                embedding_lines[row.line_no] = line
+                requests.extend(line.requests)
+                owners.update((request.key, row) for request in line.requests)
+                continue
             sampling = prompt["sampling"]
             failure = fit_context(
                 sampling,
@@ -342,6 +354,9 @@ class EngineStage:
         created = int(time.time())
         for gen in self._engine.generate(requests, group=self._group, priority=self._priority):
             row = owners[gen.key]
+            if row.line_no in embedding_lines:
+                embedding_lines[row.line_no].take(gen)
+                continue
             if gen.failure is not None:
                 out.append(self._error_row(row, gen.failure))
                 continue
@@ -366,7 +381,27 @@ class EngineStage:
                     self.ready_at,
                 )
             )
+        for line in embedding_lines.values():
+            out.append(self._embedding_row(owners[line.requests[0].key], line))
         return out
+
+    def _embedding_row(self, row: rows.Row, line: EmbeddingLine) -> rows.Row:
+        failure = line.failure()
+        if failure is not None:
+            return self._error_row(row, failure)
+        vectors = line.vectors()
+        payload = embedding_output_line(
+            vectors,
+            batch_id=self._batch_id,
+            custom_id=row.custom_id,
+            line_no=row.line_no,
+            model=self._model,
+            encoding_format=line.encoding_format,
+        )
+        tokens = sum(gen.prompt_tokens for gen in vectors)
+        return rows.Row(
+            row.line_no, rows.OUTPUT, row.custom_id, payload, tokens, 0, self.engine_start_s, self.ready_at
+        )
 
     def _error_row(self, row: rows.Row, failure: RequestFailure) -> rows.Row:
         payload = error_line(failure, batch_id=self._batch_id, custom_id=row.custom_id, line_no=row.line_no)

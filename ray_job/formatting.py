@@ -1,15 +1,17 @@
 """OpenAI batch output lines: ``{id, custom_id, response{status_code, request_id, body}, error}``.
 
-Successful requests get a ``ChatCompletion`` (``/v1/chat/completions``) or ``Completion``
-(``/v1/completions``) body with ``usage``. Failed ones get an error line: ``error{code, message,
-param, line}`` always, plus an OpenAI-style error ``response`` (HTTP 400/500, ``body.error``) when
-the line was a readable request. Ids are derived from ``batch_id`` and ``custom_id``, so a request
-re-run in a later attempt keeps the same ids.
+Successful requests get a ``ChatCompletion`` (``/v1/chat/completions``), ``Completion``
+(``/v1/completions``) or ``CreateEmbeddingResponse`` (``/v1/embeddings``) body with ``usage``.
+Failed ones get an error line: ``error{code, message, param, line}`` always, plus an OpenAI-style
+error ``response`` (HTTP 400/500, ``body.error``) when the line was a readable request. Ids are
+derived from ``batch_id`` and ``custom_id``, so a request re-run in a later attempt keeps the same ids.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import struct
 from typing import Any
 
 import orjson
@@ -119,17 +121,57 @@ def output_line(
 ) -> bytes:
     """One output-file line (JSON + newline) for a successful generation."""
     ident = stable_hex(batch_id, custom_id, line_no)
+    return _ok_line(ident, custom_id, response_body(endpoint, gen, model=model, ident=ident, created=created))
+
+
+def _ok_line(ident: str, custom_id: str, body: dict[str, Any]) -> bytes:
     line = {
         "id": f"batch_req_{ident}",
         "custom_id": custom_id,
-        "response": {
-            "status_code": 200,
-            "request_id": f"req_{ident}",
-            "body": response_body(endpoint, gen, model=model, ident=ident, created=created),
-        },
+        "response": {"status_code": 200, "request_id": f"req_{ident}", "body": body},
         "error": None,
     }
     return orjson.dumps(line) + b"\n"
+
+
+def encode_embedding(vector: list[float], encoding_format: str) -> list[float] | str:
+    """One vector as OpenAI returns it: a list of floats, or (``base64``) its little-endian float32
+    bytes in base64."""
+    if encoding_format == "base64":
+        return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+    return vector
+
+
+def embedding_body(gens: list[Generation], *, model: str, encoding_format: str) -> dict[str, Any]:
+    """The ``CreateEmbeddingResponse`` of one embedding line: one ``data`` item per input, in order."""
+    prompt_tokens = sum(gen.prompt_tokens for gen in gens)
+    return {
+        "object": "list",
+        "data": [
+            {
+                "object": "embedding",
+                "index": index,
+                "embedding": encode_embedding(gen.embedding or [], encoding_format),
+            }
+            for index, gen in enumerate(gens)
+        ],
+        "model": model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
+
+
+def embedding_output_line(
+    gens: list[Generation],
+    *,
+    batch_id: str,
+    custom_id: str,
+    line_no: int,
+    model: str,
+    encoding_format: str,
+) -> bytes:
+    """One output-file line (JSON + newline) for an embedding line whose every input succeeded."""
+    ident = stable_hex(batch_id, custom_id, line_no)
+    return _ok_line(ident, custom_id, embedding_body(gens, model=model, encoding_format=encoding_format))
 
 
 def error_line(failure: RequestFailure, *, batch_id: str, custom_id: str, line_no: int) -> bytes:

@@ -2,7 +2,8 @@
 
 Chat requests are rendered with the model's own chat template (``tokenizer.apply_chat_template``,
 generation prompt added) and tokenized without extra special tokens, exactly as vLLM's ``LLM.chat``
-does; completion prompts are tokenized with special tokens, as ``LLM.generate`` does. The engine
+does; completion prompts are tokenized with special tokens, as ``LLM.generate`` does, and so is
+each text input of an embedding request (``LLM.embed``). The engine
 then receives token ids, so the prompt token count in ``usage`` is the one the engine ran.
 
 The fake backend uses :class:`WhitespaceTokenizer` (no model files needed); everything else in the
@@ -20,7 +21,7 @@ import pyarrow as pa
 from ray_job import rows
 from ray_job.errors import INVALID_PROMPT, RequestFailure
 from ray_job.formatting import error_line
-from ray_job.sampling import sampling_kwargs
+from ray_job.sampling import pooling_kwargs, sampling_kwargs
 from schemas.common import Endpoint
 
 
@@ -83,6 +84,29 @@ def render_prompt(tokenizer: Tokenizer, endpoint: Endpoint, body: dict[str, Any]
     return text, tokenizer.encode(text, add_special_tokens=True)
 
 
+def embedding_inputs(tokenizer: Tokenizer, body: dict[str, Any]) -> list[list[int]]:
+    """The token ids of each input of a ``/v1/embeddings`` body: texts are tokenized with special
+    tokens (as vLLM's ``LLM.embed``), token lists are taken as they are."""
+    value = body["input"]
+    items = [value] if isinstance(value, str) or (value and isinstance(value[0], int)) else value
+    return [
+        tokenizer.encode(item, add_special_tokens=True) if isinstance(item, str) else list(item)
+        for item in items
+    ]
+
+
+def _embedding_row(tokenizer: Tokenizer, row: rows.Row, body: dict[str, Any], *, keep_text: bool) -> rows.Row:
+    inputs = embedding_inputs(tokenizer, body)
+    prompt: dict[str, Any] = {
+        "inputs": inputs,
+        "sampling": {"pooling": pooling_kwargs(body)},
+        "encoding_format": body.get("encoding_format") or "float",
+    }
+    if keep_text:
+        prompt["prompt"] = body["input"] if isinstance(body["input"], str) else ""
+    return rows.Row(row.line_no, rows.REQUEST, row.custom_id, orjson.dumps(prompt), sum(map(len, inputs)))
+
+
 def build_rows(
     tokenizer: Tokenizer, endpoint: Endpoint, batch: list[rows.Row], *, batch_id: str, keep_text: bool
 ) -> list[rows.Row]:
@@ -94,6 +118,9 @@ def build_rows(
             continue
         request = orjson.loads(row.payload)
         body = request["body"]
+        if endpoint.pooling:
+            out.append(_embedding_row(tokenizer, row, body, keep_text=keep_text))
+            continue
         try:
             text, ids = render_prompt(tokenizer, endpoint, body)
         except Exception as exc:  # a template may reject a conversation (e.g. roles out of order)

@@ -23,7 +23,8 @@ class TokenLogprob:
 
 @dataclass(slots=True)
 class GenRequest:
-    """One request as the engine sees it: the rendered prompt and vLLM-style sampling arguments.
+    """One request as the engine sees it: the rendered prompt and vLLM-style sampling arguments
+    (or, for an embedding, ``{"pooling": {...}}``: vLLM ``PoolingParams`` arguments).
 
     ``key`` identifies the request inside one job attempt (the input line number as text).
     """
@@ -45,4 +46,6 @@ class Generation:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
+    embedding: list[float] | None = None
+    """The vector of an embedding request (``sampling`` holds ``pooling``); ``None`` for text."""
     failure: RequestFailure | None = None

@@ -74,6 +74,29 @@ def structured_outputs(response_format: Any) -> dict[str, Any] | None:
     return None
 
 
+def pooling_kwargs(body: dict[str, Any]) -> dict[str, Any]:
+    """The ``PoolingParams`` arguments of a ``/v1/embeddings`` body (``dimensions`` when asked)."""
+    out: dict[str, Any] = {}
+    if body.get("dimensions") is not None:
+        out["dimensions"] = body["dimensions"]
+    return out
+
+
+def fit_inputs(inputs: list[list[int]], max_model_len: int) -> RequestFailure | None:
+    """An embedding line's inputs against the context window: each must fit whole (OpenAI refuses
+    longer inputs rather than cutting them)."""
+    for index, ids in enumerate(inputs):
+        if len(ids) > max_model_len:
+            return RequestFailure(
+                CONTEXT_LENGTH_EXCEEDED,
+                f"This model's maximum context length is {max_model_len} tokens. However, input {index} has "
+                f"{len(ids)} tokens. Please reduce the length of the input.",
+                "input",
+                400,
+            )
+    return None
+
+
 def wants_logprobs(sampling: dict[str, Any]) -> bool:
     """True when the request asked for logprobs."""
     return sampling.get("logprobs") is not None

@@ -30,6 +30,12 @@ class Endpoint(StrEnum):
 
     CHAT_COMPLETIONS = "/v1/chat/completions"
     COMPLETIONS = "/v1/completions"
+    EMBEDDINGS = "/v1/embeddings"
+
+    @property
+    def pooling(self) -> bool:
+        """True for the endpoints an embedding (pooling) model serves, False for text generation."""
+        return self is Endpoint.EMBEDDINGS
 
 
 class BatchStatus(StrEnum):

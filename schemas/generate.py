@@ -48,7 +48,13 @@ from schemas.dlt import (
 )
 from schemas.events import EVENT_DATA_MODELS, REQUEST_EVENT_TYPES, EventType
 from schemas.job import JobSpec, Manifest
-from schemas.openai import BatchInputLine, BatchOutputLine, ChatCompletionBody, CompletionBody
+from schemas.openai import (
+    BatchInputLine,
+    BatchOutputLine,
+    ChatCompletionBody,
+    CompletionBody,
+    EmbeddingBody,
+)
 
 CONTRACT_VERSION = "1.0.0"
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -64,6 +70,7 @@ FILE_FORMATS: dict[str, type[BaseModel]] = {
     "batch-input-line": BatchInputLine,
     "chat-completion-body": ChatCompletionBody,
     "completion-body": CompletionBody,
+    "embedding-body": EmbeddingBody,
     "batch-output-line": BatchOutputLine,
     "job-spec": JobSpec,
     "manifest": Manifest,

@@ -83,6 +83,11 @@ class EngineConfig(BaseModel):
         description="Batches each engine replica works on at once, so the engine never idles between "
         "batches.",
     )
+    runner: Literal["generate", "pooling"] = Field(
+        default="generate",
+        description="'generate': a text-generation model (/v1/chat/completions, /v1/completions); "
+        "'pooling': an embedding model (/v1/embeddings), vLLM's --runner pooling.",
+    )
     backend: Literal["vllm", "fake"] = Field(
         default="vllm",
         description="'fake' = a fast deterministic stand-in for tests (same pipeline, no model). "
@@ -92,6 +97,10 @@ class EngineConfig(BaseModel):
     fake_fail_custom_ids: list[str] = Field(
         default_factory=list, description="fake backend: requests that fail with an engine error."
     )
+
+    def serves(self, endpoint: Endpoint) -> bool:
+        """Whether an engine of this runner answers ``endpoint`` (embeddings need ``pooling``)."""
+        return endpoint.pooling == (self.runner == "pooling")
 
 
 class JobSpec(BaseModel):

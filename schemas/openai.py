@@ -37,6 +37,9 @@ MAX_STOP_SEQUENCES = 4
 MAX_LOGIT_BIAS = 1024
 """Most tokens one request may bias."""
 MAX_CUSTOM_ID_LENGTH = 512
+MAX_EMBEDDING_INPUTS = 2048
+"""Most inputs one ``/v1/embeddings`` line may carry (OpenAI's limit)."""
+MAX_TOKEN_ID = 2**31 - 1
 
 CustomId = Annotated[
     str,
@@ -254,10 +257,59 @@ class CompletionBody(SamplingParams):
         return handler(value)
 
 
-RequestBody = ChatCompletionBody | CompletionBody
-BODY_MODELS: dict[Endpoint, type[ChatCompletionBody] | type[CompletionBody]] = {
+TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]], Field(min_length=1)]
+_INPUTS_COUNT = Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)
+_INPUT_SHAPE = (
+    f"input must be a non-empty string, a list of 1-{MAX_EMBEDDING_INPUTS} non-empty strings, a list of "
+    "token ids, or a list of such lists"
+)
+
+
+class EmbeddingBody(BaseModel):
+    """Body of a ``/v1/embeddings`` request line: one or many inputs, one vector each."""
+
+    model_config = _BODY_CONFIG
+
+    input: (
+        Annotated[str, Field(min_length=1)]
+        | Annotated[list[Annotated[str, Field(min_length=1)]], _INPUTS_COUNT]
+        | TokenIds
+        | Annotated[list[TokenIds], _INPUTS_COUNT]
+    ) = Field(description="Text, texts, token ids, or lists of token ids; each input gets one embedding.")
+    model: ModelName | None = Field(
+        default=None, description="If given, must equal the batch model (OpenAI requires it per line)."
+    )
+    encoding_format: Literal["float", "base64"] | None = Field(
+        default=None, description="float (default): lists of numbers; base64: little-endian float32 bytes."
+    )
+    dimensions: Annotated[int, Field(ge=1, le=65_536)] | None = Field(
+        default=None, description="Only for models trained to be cut short (Matryoshka); others refuse it."
+    )
+    user: Annotated[str, Field(max_length=256)] | None = None
+
+    @field_validator("input", mode="wrap")
+    @classmethod
+    def _input_shape(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise ValueError(_INPUT_SHAPE) from None
+
+    def max_output_tokens(self) -> int | None:
+        """Embeddings generate no tokens."""
+        return None
+
+
+RequestBody = ChatCompletionBody | CompletionBody | EmbeddingBody
+BODY_MODELS: dict[Endpoint, type[RequestBody]] = {
     Endpoint.CHAT_COMPLETIONS: ChatCompletionBody,
     Endpoint.COMPLETIONS: CompletionBody,
+    Endpoint.EMBEDDINGS: EmbeddingBody,
+}
+_NEEDED_FIELD = {
+    Endpoint.CHAT_COMPLETIONS: "messages",
+    Endpoint.COMPLETIONS: "prompt",
+    Endpoint.EMBEDDINGS: "input",
 }
 
 
@@ -291,8 +343,7 @@ def _body_error(exc: ValidationError, url: Endpoint) -> PydanticCustomError:
         msg = f"unsupported parameter for {url.value}; supported: {supported}"
         reason: str = Reason.UNKNOWN_FIELD
     elif kind == "missing" and len(parts) == 1:
-        needed = "messages" if url is Endpoint.CHAT_COMPLETIONS else "prompt"
-        msg = f"required for {url.value} (a request needs '{needed}')"
+        msg = f"required for {url.value} (a request needs '{_NEEDED_FIELD[url]}')"
         reason = Reason.MISSING_FIELD
     elif kind == "missing":
         msg = "required"
@@ -326,10 +377,11 @@ class BatchInputLine(BaseModel):
     url: Endpoint
     body: dict[str, Any] = Field(
         description="The request body, sent to the engine as is: see chat-completion-body.schema.json "
-        "(url /v1/chat/completions) or completion-body.schema.json (url /v1/completions)."
+        "(url /v1/chat/completions), completion-body.schema.json (url /v1/completions) or "
+        "embedding-body.schema.json (url /v1/embeddings)."
     )
 
-    _typed: ChatCompletionBody | CompletionBody | None = PrivateAttr(default=None)
+    _typed: RequestBody | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _validate_body(self) -> BatchInputLine:
@@ -339,8 +391,9 @@ class BatchInputLine(BaseModel):
             raise _body_error(exc, self.url) from None
         return self
 
-    def typed_body(self) -> ChatCompletionBody | CompletionBody:
-        """The body validated as :class:`ChatCompletionBody` or :class:`CompletionBody`."""
+    def typed_body(self) -> RequestBody:
+        """The body validated as the endpoint's model (:class:`ChatCompletionBody`,
+        :class:`CompletionBody` or :class:`EmbeddingBody`)."""
         private = self.__pydantic_private__  # direct access: this is on the per-line hot path
         typed = private.get("_typed") if private else None
         if typed is None:

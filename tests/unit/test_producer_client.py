@@ -70,7 +70,7 @@ async def test_submit_validates_before_any_io(unreachable: LLMBatchSettings, tmp
     cases: list[tuple[dict[str, Any], str]] = [
         ({"requests": [line()], "file": bad_file}, "exactly one"),
         ({}, "exactly one"),
-        ({"requests": [line()], "endpoint": "/v1/embeddings"}, "unknown endpoint"),
+        ({"requests": [line()], "endpoint": "/v1/moderations"}, "unknown endpoint"),
         ({"requests": [line()], "batch_id": "bad id"}, "batch_id"),
         ({"requests": [line()], "metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
         ({"requests": [line()], "priority": 11}, "priority"),

@@ -45,7 +45,7 @@ def test_each_kind_of_bad_line_gets_its_code_and_line_number() -> None:
         line(None),
         line("a"),
         line("a"),
-        line("b", url="/v1/embeddings", input="x"),
+        line("b", url="/v1/moderations", input="x"),
         line("c", method="GET"),
         line("d", url="/v1/completions", prompt="x"),
         line("e", messages=[{"role": "user", "content": "x"}], foo=1),

@@ -84,7 +84,7 @@ def test_json_schemas_accept_what_models_emit_and_reject_what_they_reject() -> N
         {**payload, "priority": 10},
         {**payload, "batch_id": "-x"},
         {**payload, "typo": 1},
-        {**payload, "endpoint": "/v1/embeddings"},
+        {**payload, "endpoint": "/v1/moderations"},
         {**payload, "metadata": {f"k{i}": "v" for i in range(17)}},
     ):
         assert list(validator.iter_errors(bad)), bad

@@ -125,7 +125,7 @@ def test_exactly_one_input() -> None:
     assert empty.field == "requests"
 
 
-@pytest.mark.parametrize("endpoint", ["/v1/embeddings", "chat", "/v1/chat/completions/", ""])
+@pytest.mark.parametrize("endpoint", ["/v1/moderations", "chat", "/v1/chat/completions/", ""])
 def test_endpoint_enum(endpoint: str) -> None:
     assert reject(request(endpoint=endpoint)).field == "endpoint"
 

@@ -190,7 +190,7 @@ def test_crlf_and_bom_tolerated() -> None:
             "body.prompt",
         ),
         ({**chat_line(), "method": "GET"}, Reason.INVALID_FIELD, "method"),
-        ({**chat_line(), "url": "/v1/embeddings"}, Reason.INVALID_FIELD, "url"),
+        ({**chat_line(), "url": "/v1/moderations"}, Reason.INVALID_FIELD, "url"),
         ({**chat_line(), "custom_id": ""}, Reason.INVALID_FIELD, "custom_id"),
         ({**chat_line(), "custom_id": "x" * 513}, Reason.INVALID_FIELD, "custom_id"),
         ({**chat_line(), "custom_id": 5}, Reason.INVALID_FIELD, "custom_id"),

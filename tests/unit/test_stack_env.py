@@ -69,7 +69,9 @@ def test_env_sourced_by_bash_points_at_stack_and_carries_dispatcher_settings(
     _state(run_dir)
     model = _fake_model(tmp_path / "my models" / "SmolLM2")
     cache = tmp_path / "cache with space"
-    env = _clean_env(LLMBATCH_CACHE=str(cache), LLMBATCH_MODEL_DIR=str(model))
+    embedder = tmp_path / "my models" / "MiniLM"
+    env = _clean_env(LLMBATCH_CACHE=str(cache), LLMBATCH_MODEL_DIR=str(model),
+                     LLMBATCH_EMBEDDING_MODEL_DIR=str(embedder))
     proc = subprocess.run([sys.executable, "-m", "llmbatch", "stack", "env", "--run-dir", str(run_dir)],
                           capture_output=True, text=True, env=env, cwd=tmp_path, check=False, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -84,15 +86,21 @@ def test_env_sourced_by_bash_points_at_stack_and_carries_dispatcher_settings(
     assert got["LLMBATCH_S3__SECRET_KEY"] == SECRET_KEY
     assert got["LLMBATCH_RAY__ADDRESS"] == "http://127.0.0.1:18265"
     assert got["LLMBATCH_JOB__PYTHON"] == sys.executable
-    # one registry entry: the name the demo sends -> the converted model, with the fast-start engine
+    # the name the demo sends -> the converted model, with the fast-start engine; and the embedding model
+    threads = {"omp_threads": len(os.sched_getaffinity(0))}
     assert json.loads(got["LLMBATCH_ENGINES__MODELS"]) == {
         "HuggingFaceTB/SmolLM2-135M-Instruct": {
             "path": str(model),
             "engine": {"enforce_eager": True, "dtype": "bfloat16", "max_model_len": 2048, "batch_size": 4,
                        "max_num_batched_tokens": 512},
             # it computes on every core of the machine, not on the one thread Ray gives 1 CPU
-            "resources": {"omp_threads": len(os.sched_getaffinity(0))},
-        }
+            "resources": threads,
+        },
+        "sentence-transformers/all-MiniLM-L6-v2": {
+            "path": str(embedder),
+            "engine": {"runner": "pooling", "enforce_eager": True, "dtype": "float32", "batch_size": 16},
+            "resources": threads,
+        },
     }
     assert demo.MODEL == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert got["LLMBATCH_JOB__ENGINE_CACHE_DIR"] == str(cache / "engine-cache")
@@ -108,6 +116,7 @@ def test_env_sourced_by_bash_points_at_stack_and_carries_dispatcher_settings(
     assert settings.serving_problem() is None
     entry = settings.engines.get(demo.MODEL)
     assert entry.path == str(model) and entry.engine.enforce_eager and entry.engine.dtype == "bfloat16"
+    assert settings.pooling_models == {"sentence-transformers/all-MiniLM-L6-v2"}
     assert not list(tmp_path.glob("PWNED*")), "a value was executed by the shell"
 
 
