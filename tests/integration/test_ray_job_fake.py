@@ -193,3 +193,32 @@ def test_deadline_stops_the_attempt_and_keeps_what_finished(h: Harness) -> None:
     assert manifest.status == "partial" and 0 < manifest.request_counts.completed < lines
     assert manifest.request_counts.total == lines  # known from the input, not just what ended
     assert manifest.error is not None and manifest.error.code == "deadline_exceeded"
+
+
+def test_an_embedding_batch_runs_as_a_ray_job_one_vector_per_input(h: Harness) -> None:
+    """The Ray-job path (Ray Data's prompt and engine stages) of a /v1/embeddings batch: each line's
+    inputs fan out to the engine and come back as one CreateEmbeddingResponse, in order."""
+
+    def embed(custom_id: str, **body: Any) -> dict[str, Any]:
+        return {"custom_id": custom_id, "method": "POST", "url": "/v1/embeddings", "body": body}
+
+    lines: list[dict[str, Any] | bytes] = [embed(f"e{i}", input=[f"text {i}", "same", f"more {i}"])
+                                           for i in range(6)]
+    lines += [embed("ids", input=[[5, 6, 7]], encoding_format="base64"), embed("bad", input="x", foo=1)]
+    uri = h.put_input("embeddings.jsonl", lines)
+    spec = h.spec("fake-embed", input_uri=uri, endpoint="/v1/embeddings",
+                  engine=EngineConfig(**FAST, runner="pooling", batch_size=3, batches_in_flight=1))
+    status, _ = h.run(spec)
+    assert status == JobStatus.SUCCEEDED, h.logs_tail(spec.submission_id)
+    manifest = h.manifest(spec)
+    assert manifest.request_counts.model_dump() == {"total": 8, "completed": 7, "failed": 1}
+    outputs = {o["custom_id"]: o["response"]["body"] for o in h.lines(manifest.output_uris)}
+    assert set(outputs) == {*(f"e{i}" for i in range(6)), "ids"}
+    for i in range(6):
+        data = outputs[f"e{i}"]["data"]
+        assert [d["index"] for d in data] == [0, 1, 2] and len(data[0]["embedding"]) == 8
+        assert data[1]["embedding"] == outputs["e0"]["data"][1]["embedding"]   # "same" in every line
+        assert data[0]["embedding"] != data[2]["embedding"]
+    assert isinstance(outputs["ids"]["data"][0]["embedding"], str)             # base64
+    [error] = h.lines(manifest.error_uris)
+    assert error["custom_id"] == "bad" and error["error"]["code"] == "unsupported_parameter"
