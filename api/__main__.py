@@ -22,18 +22,12 @@ def build_app(settings: ApiSettings) -> FastAPI:
     from api.app import build_services, create_app
     from api.state import RedisStateReader
     from api.storage import MinioObjectStore
-    from dispatcher.keys import Keys
     from dispatcher.store import StateStore
     from producer.kafka import Publisher
     from schemas.tenant_auth import TenantSigner
 
     options = settings.api
-    store = StateStore.from_url(
-        settings.redis.url,
-        password=settings.redis.effective_password(),
-        keys=Keys(settings.redis.key_prefix),
-        socket_timeout=options.connect_timeout_s,
-    )
+    store = StateStore.from_settings(settings.redis, socket_timeout=options.connect_timeout_s)
     publisher = Publisher(
         settings.kafka,
         connect_timeout_s=options.connect_timeout_s,

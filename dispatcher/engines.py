@@ -77,9 +77,15 @@ def runner_env_vars(settings: DispatcherSettings) -> dict[str, str]:
     """The batch runner's environment, as a job's: where S3 is, and ``job.env_vars``. No secret: the
     replicas take the S3 keys and the Redis password from the Ray workers' own environment. The endpoint
     goes in ``LLMBATCH_S3__ENDPOINT`` too, as a job's does: ray_job.s3 reads that first, so one the Ray
-    node inherited (a stale shell's, another stack's) would otherwise win."""
+    node inherited (a stale shell's, another stack's) would otherwise win. CA bundles of TLS servers
+    (``LLMBATCH_S3__CA_FILE``, ``LLMBATCH_REDIS__SSL_CA_CERTS``) go as paths: the nodes hold the same
+    files there (a mounted ConfigMap; on the local stack, the same machine)."""
     s3 = settings.s3
     env = {"LLMBATCH_S3__ENDPOINT": s3.endpoint, "AWS_ENDPOINT_URL_S3": s3.endpoint, "AWS_REGION": s3.region}
+    if s3.ca_file is not None:
+        env["LLMBATCH_S3__CA_FILE"] = str(s3.ca_file)
+    if settings.redis.ssl_ca_certs is not None:
+        env["LLMBATCH_REDIS__SSL_CA_CERTS"] = str(settings.redis.ssl_ca_certs)
     env.update(settings.job.env_vars)
     return env
 

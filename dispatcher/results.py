@@ -45,12 +45,18 @@ class ResultStore:
         if self._client is None:
             from minio import Minio
 
+            http = None
+            if self.settings.ca_file and self.settings.secure:  # an https endpoint signed by that CA
+                import urllib3
+
+                http = urllib3.PoolManager(cert_reqs="CERT_REQUIRED", ca_certs=str(self.settings.ca_file))
             self._client = Minio(
                 self.settings.host,
                 access_key=self.settings.access_key.get_secret_value(),
                 secret_key=self.settings.secret_key.get_secret_value(),
                 secure=self.settings.secure,
                 region=self.settings.region,
+                http_client=http,
             )
         return self._client
 

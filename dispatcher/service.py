@@ -21,7 +21,6 @@ from dispatcher.backend import JobBackend
 from dispatcher.consumer import RequestConsumer
 from dispatcher.errors import DispatcherError, InvalidSettings
 from dispatcher.http import HealthServer
-from dispatcher.keys import Keys
 from dispatcher.metrics import Metrics
 from dispatcher.publisher import EventProducer
 from dispatcher.reconcile import Reconciler
@@ -66,13 +65,8 @@ class Dispatcher:
         opts = settings.dispatcher
         self.metrics = metrics or Metrics()
         self.crash = crash_hook(list(opts.crash_at))
-        password = settings.redis.password.get_secret_value() if settings.redis.password else None
-        self.store = StateStore.from_url(
-            settings.redis.url,
-            password=password,
-            keys=Keys(settings.redis.key_prefix),
-            finished_ttl_s=opts.finished_ttl_s,
-            dedupe_ttl_s=opts.event_dedupe_ttl_s,
+        self.store = StateStore.from_settings(
+            settings.redis, finished_ttl_s=opts.finished_ttl_s, dedupe_ttl_s=opts.event_dedupe_ttl_s
         )
         self.results = ResultStore(settings.s3)
         self.runner: RunnerClient | None = None

@@ -29,6 +29,7 @@ from dispatcher import lua, states
 from dispatcher.errors import ConflictError, StateStoreUnavailable, classify
 from dispatcher.keys import Keys
 from dispatcher.states import State
+from llmbatch.settings import RedisSettings
 
 T = TypeVar("T")
 
@@ -191,9 +192,15 @@ class StateStore:
         finished_ttl_s: int = 7 * 86400,
         dedupe_ttl_s: int = 7 * 86400,
         socket_timeout: float = 5.0,
+        ssl_ca_certs: str | None = None,
     ) -> StateStore:
+        """A store on ``url``; ``ssl_ca_certs``: the CA that signed a ``rediss://`` server's certificate."""
+        tls: dict[str, Any] = {}
+        if ssl_ca_certs and url.startswith("rediss://"):
+            tls["ssl_ca_certs"] = ssl_ca_certs
         client = aioredis.Redis.from_url(
             url,
+            **tls,
             password=password,
             decode_responses=True,
             socket_timeout=socket_timeout,
@@ -202,6 +209,18 @@ class StateStore:
             retry_on_timeout=False,
         )
         return cls(client, keys or Keys(), finished_ttl_s, dedupe_ttl_s)
+
+    @classmethod
+    def from_settings(cls, redis: RedisSettings, **options: Any) -> StateStore:
+        """A store on the Redis of ``redis``: its URL, password, CA bundle and key prefix;
+        ``options`` as :meth:`from_url`'s (TTLs, ``socket_timeout``)."""
+        return cls.from_url(
+            redis.url,
+            password=redis.effective_password(),
+            keys=Keys(redis.key_prefix),
+            ssl_ca_certs=str(redis.ssl_ca_certs) if redis.ssl_ca_certs else None,
+            **options,
+        )
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -126,6 +126,11 @@ class RedisSettings(BaseModel):
     url: str = "redis://127.0.0.1:6379/0"
     password: SecretStr | None = None
     key_prefix: str = "llmbatch"
+    ssl_ca_certs: Path | None = Field(
+        default=None,
+        description="CA bundle to verify a rediss:// server (default: the system's). The same path must "
+        "hold it on the Ray nodes (jobs and the batch runner get LLMBATCH_REDIS__SSL_CA_CERTS).",
+    )
 
     @field_validator("url")
     @classmethod
@@ -163,6 +168,11 @@ class S3Settings(BaseModel):
     results_bucket: str = "llmbatch-results"
     # input_uri values may only name these buckets (plus input_bucket); empty = input_bucket only
     allowed_input_buckets: list[str] = Field(default_factory=list)
+    ca_file: Path | None = Field(
+        default=None,
+        description="CA bundle to verify an https:// endpoint (default: the system's). The same path must "
+        "hold it on the Ray nodes (jobs and the batch runner get LLMBATCH_S3__CA_FILE).",
+    )
 
     @field_validator("endpoint")
     @classmethod

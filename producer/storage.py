@@ -43,6 +43,7 @@ def make_client(s3: S3Settings, *, timeout_s: float = 10.0, retries: int = 2) ->
             status_forcelist=(500, 502, 503, 504),
         ),
         maxsize=8,
+        ca_certs=str(s3.ca_file) if s3.ca_file and s3.secure else None,
     )
     return Minio(
         s3.host,

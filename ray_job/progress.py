@@ -86,8 +86,10 @@ class Progress:
         if redis_url and key:
             import redis
 
+            ca = os.environ.get("LLMBATCH_REDIS__SSL_CA_CERTS")
             self._client = redis.Redis.from_url(
                 redis_url,
+                **({"ssl_ca_certs": ca} if ca and redis_url.startswith("rediss://") else {}),
                 password=os.environ.get("LLMBATCH_REDIS__PASSWORD") or None,
                 socket_timeout=5,
                 socket_connect_timeout=5,

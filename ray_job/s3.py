@@ -2,6 +2,7 @@
 
 - endpoint: ``LLMBATCH_S3__ENDPOINT`` (e.g. ``http://127.0.0.1:9000``), else ``AWS_ENDPOINT_URL_S3``
   / ``AWS_ENDPOINT_URL``, else AWS itself;
+- an https endpoint is verified against ``LLMBATCH_S3__CA_FILE`` when set (else the system's CAs);
 - credentials: ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (``AWS_SESSION_TOKEN``), else
   pyarrow's default AWS chain; region ``AWS_REGION`` / ``AWS_DEFAULT_REGION`` (default us-east-1).
 
@@ -42,6 +43,9 @@ def filesystem() -> pafs.S3FileSystem:
     if url:
         scheme, _, host = url.partition("://")
         kwargs.update(endpoint_override=host, scheme=scheme)
+    ca_file = os.environ.get("LLMBATCH_S3__CA_FILE")
+    if ca_file and url and url.startswith("https://"):
+        kwargs["tls_ca_file_path"] = ca_file
     key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
     if key and secret:
         kwargs.update(access_key=key, secret_key=secret, session_token=os.environ.get("AWS_SESSION_TOKEN"))

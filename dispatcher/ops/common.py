@@ -24,7 +24,6 @@ from pydantic import BaseModel, ValidationError
 from rich.console import Console
 
 from dispatcher.errors import DispatcherError
-from dispatcher.keys import Keys
 from dispatcher.store import StateStore
 from llmbatch.settings import LLMBatchSettings
 
@@ -141,20 +140,14 @@ def run(body: Callable[[], Coroutine[Any, Any, T]]) -> T:
 
 async def open_store(settings: LLMBatchSettings) -> StateStore:
     """A state store on the configured Redis, checked with a ping (fails fast, one clear line)."""
-    redis = settings.redis
-    store = StateStore.from_url(
-        redis.url,
-        password=redis.password.get_secret_value() if redis.password else None,
-        keys=Keys(redis.key_prefix),
-        socket_timeout=CONNECT_TIMEOUT_S,
-    )
+    store = StateStore.from_settings(settings.redis, socket_timeout=CONNECT_TIMEOUT_S)
     try:
         await asyncio.wait_for(store.ping(), CONNECT_TIMEOUT_S + 1)
     except (DispatcherError, TimeoutError) as exc:
         await _close_quietly(store)
         detail = str(exc).split(":", 1)[0] if isinstance(exc, DispatcherError) else "timeout"
         raise OpsError(
-            f"Redis at {safe_url(redis.url)} did not answer ({detail}); check LLMBATCH_REDIS__URL"
+            f"Redis at {safe_url(settings.redis.url)} did not answer ({detail}); check LLMBATCH_REDIS__URL"
         ) from None
     return store
 

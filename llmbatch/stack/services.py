@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from llmbatch.stack.ports import PortAllocator, allocator
 from llmbatch.stack.process import (
@@ -33,6 +34,7 @@ from llmbatch.stack.process import (
     wait_until,
 )
 from llmbatch.stack.state import CACHE_DIR, ServiceRecord
+from llmbatch.stack.tls import TlsFiles
 
 KAFKA_VERSION = "4.2.0"
 # MinIO publishes no semver tags; this is the pseudo-version `go install ...@latest` resolved to on
@@ -143,10 +145,17 @@ class KafkaSasl:
                 raise StackError(f"the password of Kafka user {name!r} may hold letters, digits and "
                                  "_ . ~ - only")
 
-    def client(self, user: str) -> dict[str, str]:
-        """aiokafka's SASL keyword arguments for ``user``."""
-        return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-512",
-                "sasl_plain_username": user, "sasl_plain_password": self.passwords[user]}
+    def client(self, user: str, ca_cert: Path | None = None) -> dict[str, Any]:
+        """aiokafka's SASL keyword arguments for ``user``; ``ca_cert``: over TLS (SASL_SSL), the broker
+        verified against that CA."""
+        kwargs: dict[str, Any] = {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-512",
+                                  "sasl_plain_username": user, "sasl_plain_password": self.passwords[user]}
+        if ca_cert is not None:
+            import ssl
+
+            context = ssl.create_default_context(cafile=str(ca_cert))
+            kwargs.update(security_protocol="SASL_SSL", ssl_context=context)
+        return kwargs
 
 
 KAFKA_CONTROLLER_USER = "kraft-controller"
@@ -154,7 +163,7 @@ _SCRAM_TEXT = re.compile(r"[A-Za-z0-9_.~-]+")
 
 
 def start_kafka(run_dir: Path, *, restart: ServiceRecord | None = None,
-                sasl: KafkaSasl | None = None) -> ServiceRecord:
+                sasl: KafkaSasl | None = None, tls: TlsFiles | None = None) -> ServiceRecord:
     """Start a single-node KRaft Kafka with its data in ``run_dir/kafka``.
 
     ``restart`` is the record of an earlier start in the same ``run_dir``: the broker comes back on its
@@ -169,15 +178,20 @@ def start_kafka(run_dir: Path, *, restart: ServiceRecord | None = None,
     on 127.0.0.1 too, with SASL/PLAIN and a principal of its own in ``super.users`` (KRaft sends the
     broker's registration there; a PLAINTEXT controller listener would need ``User:ANONYMOUS`` as a
     super user, which anyone reaching the port would be).
+
+    ``tls`` (with ``sasl``) makes the client listener SASL_SSL: the broker presents ``tls``'s server
+    certificate (a PEM keystore) and clients verify it against ``tls.ca_cert``.
     """
     if sasl is not None:
         sasl.check()
+    if tls is not None and sasl is None:
+        raise StackError("a TLS Kafka here is SASL_SSL: give it KafkaSasl users too")
     with _start_ports() as ports:
-        return _start_kafka(run_dir, ports, restart, sasl)
+        return _start_kafka(run_dir, ports, restart, sasl, tls)
 
 
 def _kafka_properties(data: Path, port: int, controller: int, sasl: KafkaSasl | None,
-                      controller_password: str) -> list[str]:
+                      controller_password: str, tls: TlsFiles | None = None) -> list[str]:
     if sasl is None:
         listeners = [
             f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
@@ -189,15 +203,16 @@ def _kafka_properties(data: Path, port: int, controller: int, sasl: KafkaSasl | 
         scram = "org.apache.kafka.common.security.scram.ScramLoginModule"
         plain = "org.apache.kafka.common.security.plain.PlainLoginModule"
         ctl = KAFKA_CONTROLLER_USER
+        name = "SASL_SSL" if tls is not None else "SASL_PLAINTEXT"
         listeners = [
-            f"listeners=SASL_PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
-            f"advertised.listeners=SASL_PLAINTEXT://127.0.0.1:{port}",
-            "inter.broker.listener.name=SASL_PLAINTEXT",
-            "listener.security.protocol.map=CONTROLLER:SASL_PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
+            f"listeners={name}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
+            f"advertised.listeners={name}://127.0.0.1:{port}",
+            f"inter.broker.listener.name={name}",
+            f"listener.security.protocol.map=CONTROLLER:SASL_PLAINTEXT,{name}:{name}",
             "sasl.enabled.mechanisms=SCRAM-SHA-512",
             "sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512",
             # the broker's own login on its client listener: the admin, a super user
-            f"listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config={scram} required "
+            f"listener.name.{name.lower()}.scram-sha-512.sasl.jaas.config={scram} required "
             f'username="{sasl.admin}" password="{sasl.passwords[sasl.admin]}";',
             # SCRAM cannot guard the controller listener (its credentials live in the metadata it
             # serves): a static PLAIN user that only this node knows
@@ -209,6 +224,14 @@ def _kafka_properties(data: Path, port: int, controller: int, sasl: KafkaSasl | 
             f"super.users=User:{sasl.admin};User:{ctl}",
             "allow.everyone.if.no.acl.found=false",
         ]
+        if tls is not None:  # PEM files as they are (no JKS conversion); no client certificates
+            listeners += [
+                "ssl.keystore.type=PEM",
+                f"ssl.keystore.location={tls.server_keystore}",
+                "ssl.truststore.type=PEM",
+                f"ssl.truststore.location={tls.ca_cert}",
+                "ssl.client.auth=none",
+            ]
     return [
         "process.roles=broker,controller",
         "node.id=1",
@@ -240,7 +263,7 @@ def _owner_only(path: Path, text: str) -> None:
 
 
 def _start_kafka(run_dir: Path, ports: _StartPorts, restart: ServiceRecord | None = None,
-                 sasl: KafkaSasl | None = None) -> ServiceRecord:
+                 sasl: KafkaSasl | None = None, tls: TlsFiles | None = None) -> ServiceRecord:
     libs = kafka_libs()
     data = run_dir / "kafka"
     data.mkdir(parents=True, exist_ok=True)
@@ -252,7 +275,7 @@ def _start_kafka(run_dir: Path, ports: _StartPorts, restart: ServiceRecord | Non
         port, controller = ports.one(), ports.one()
     log = run_dir / "logs" / "kafka.log"
     props = data / "server.properties"
-    text = "\n".join(_kafka_properties(data, port, controller, sasl, secrets.token_urlsafe(24)))
+    text = "\n".join(_kafka_properties(data, port, controller, sasl, secrets.token_urlsafe(24), tls))
     if sasl is None:
         props.write_text(text)
     else:  # it holds the admin's and the controller's passwords
@@ -280,11 +303,14 @@ def _start_kafka(run_dir: Path, ports: _StartPorts, restart: ServiceRecord | Non
                 args.unlink(missing_ok=True)
     pid = spawn(["java", *java_opts, "-cp", classpath, "kafka.Kafka", str(props)], log)
     ports.hand_over(pid)
-    client = sasl.client(sasl.admin) if sasl is not None else {}
+    ca = tls.ca_cert if tls is not None else None
+    client = sasl.client(sasl.admin, ca) if sasl is not None else {}
     waited = wait_until(lambda: _kafka_ready(port, client), 90, pid, "Kafka", log)
+    extra = {"security_protocol": str(client["security_protocol"])} if sasl is not None else {}
+    if ca is not None:
+        extra["ca_cert"] = str(ca)
     return ServiceRecord("kafka", pid, {"broker": port, "controller": controller},
-                         f"127.0.0.1:{port}", str(log), str(data), round(waited, 2),
-                         {"security_protocol": "SASL_PLAINTEXT"} if sasl is not None else {})
+                         f"127.0.0.1:{port}", str(log), str(data), round(waited, 2), extra)
 
 
 def kafka_cluster_id(random_bytes: Callable[[], bytes] = lambda: uuid.uuid4().bytes) -> str:
@@ -299,7 +325,7 @@ def kafka_cluster_id(random_bytes: Callable[[], bytes] = lambda: uuid.uuid4().by
             return cluster_id
 
 
-def _kafka_ready(port: int, client: Mapping[str, str] | None = None) -> bool:
+def _kafka_ready(port: int, client: Mapping[str, Any] | None = None) -> bool:
     """The broker answers a metadata request (not just an open port); ``client``: SASL login options."""
     if not port_open(port):
         return False
@@ -339,7 +365,7 @@ def redis_binary() -> str:
 
 def start_redis(run_dir: Path, port: int | None = None, name: str = "redis", *,
                 fresh_port_if_taken: bool = False, password: str | None = None,
-                acl: list[str] | None = None) -> ServiceRecord:
+                acl: list[str] | None = None, tls: TlsFiles | None = None) -> ServiceRecord:
     """Start Redis with its data (AOF) in ``run_dir/name``.
 
     ``port`` asks for that port again (a restart); if something took it meanwhile this fails, or,
@@ -347,14 +373,16 @@ def start_redis(run_dir: Path, port: int | None = None, name: str = "redis", *,
     their clients at ``record.address``. ``password`` turns authentication on (``requirepass``, in a
     0600 config file rather than on the command line, where ``ps`` shows it); the record leaves it out.
     ``acl`` adds ACL users (``user ...`` lines, e.g. ``llmbatch dispatcher redis-acl``) to that file.
+    ``tls`` makes it speak TLS only (no plaintext port; clients verify it against ``tls.ca_cert``):
+    the record's address is then ``rediss://``.
     """
     with _start_ports() as ports:
-        return _start_redis(run_dir, port, name, fresh_port_if_taken, ports, password, acl or [])
+        return _start_redis(run_dir, port, name, fresh_port_if_taken, ports, password, acl or [], tls)
 
 
 def _start_redis(run_dir: Path, port: int | None, name: str, fresh_port_if_taken: bool,
                  ports: _StartPorts, password: str | None = None,
-                 acl: list[str] | None = None) -> ServiceRecord:
+                 acl: list[str] | None = None, tls: TlsFiles | None = None) -> ServiceRecord:
     data = run_dir / name
     data.mkdir(parents=True, exist_ok=True)
     if port is not None and not ports.claim(port):
@@ -367,6 +395,11 @@ def _start_redis(run_dir: Path, port: int | None, name: str, fresh_port_if_taken
     argv = [redis_binary(), "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data),
             "--appendonly", "yes", "--appendfsync", "always", "--daemonize", "no",
             "--save", "", "--protected-mode", "yes", "--logfile", ""]
+    if tls is not None:  # the TLS port only: a plaintext client gets nothing
+        argv[argv.index("--port") + 1] = "0"
+        argv += ["--tls-port", str(port), "--tls-cert-file", str(tls.server_cert),
+                 "--tls-key-file", str(tls.server_key), "--tls-ca-cert-file", str(tls.ca_cert),
+                 "--tls-auth-clients", "no"]
     if password is not None or acl:
         if password is not None and (not password or any(c in password for c in '"\\\n\r')):
             raise StackError("a Redis password must be non-empty, without quotes, backslashes or line breaks")
@@ -379,16 +412,20 @@ def _start_redis(run_dir: Path, port: int | None, name: str, fresh_port_if_taken
         argv.insert(1, str(conf))  # redis-server <config file> [--options]
     pid = spawn(argv, log)
     ports.hand_over(pid)
-    waited = wait_until(lambda: _redis_ping(port, pid, password), 20, pid, "Redis", log)
-    return ServiceRecord(name, pid, {"redis": port}, f"redis://127.0.0.1:{port}/0", str(log), str(data),
-                         round(waited, 2))
+    ca = str(tls.ca_cert) if tls is not None else None
+    waited = wait_until(lambda: _redis_ping(port, pid, password, ca), 20, pid, "Redis", log)
+    scheme = "rediss" if tls is not None else "redis"
+    return ServiceRecord(name, pid, {"redis": port}, f"{scheme}://127.0.0.1:{port}/0", str(log), str(data),
+                         round(waited, 2), {"ca_cert": ca} if ca else {})
 
 
-def _redis_ping(port: int, pid: int, password: str | None = None) -> bool:
-    """The server on ``port`` answers and is the process we started (not another one on that port)."""
+def _redis_ping(port: int, pid: int, password: str | None = None, ca_cert: str | None = None) -> bool:
+    """The server on ``port`` answers and is the process we started (not another one on that port);
+    ``ca_cert``: over TLS, verified against that CA."""
     import redis
 
-    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1, password=password)
+    tls: dict[str, Any] = {"ssl": True, "ssl_ca_certs": ca_cert} if ca_cert else {}
+    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1, password=password, **tls)
     try:
         return int(client.info("server")["process_id"]) == pid
     finally:
@@ -397,7 +434,7 @@ def _redis_ping(port: int, pid: int, password: str | None = None) -> bool:
 
 def redis_healthy(rec: ServiceRecord) -> bool:
     try:
-        return _redis_ping(rec.ports["redis"], rec.pid)
+        return _redis_ping(rec.ports["redis"], rec.pid, ca_cert=rec.extra.get("ca_cert"))
     except Exception:
         return False
 
@@ -467,14 +504,17 @@ def ray_node_credentials(
     return env
 
 
-def start_minio(run_dir: Path, *, restart: ServiceRecord | None = None) -> ServiceRecord:
+def start_minio(run_dir: Path, *, restart: ServiceRecord | None = None,
+                tls: TlsFiles | None = None) -> ServiceRecord:
     """Start MinIO with its data and credentials in ``run_dir``; ``restart`` (an earlier start's record)
-    brings it back on the same ports (its data dir is always kept)."""
+    brings it back on the same ports (its data dir is always kept). ``tls``: https only (the record's
+    address is ``https://``; clients verify it against ``tls.ca_cert``)."""
     with _start_ports() as ports:
-        return _start_minio(run_dir, ports, restart)
+        return _start_minio(run_dir, ports, restart, tls)
 
 
-def _start_minio(run_dir: Path, ports: _StartPorts, restart: ServiceRecord | None = None) -> ServiceRecord:
+def _start_minio(run_dir: Path, ports: _StartPorts, restart: ServiceRecord | None = None,
+                 tls: TlsFiles | None = None) -> ServiceRecord:
     binary = minio_binary()
     data = run_dir / "minio"
     data.mkdir(parents=True, exist_ok=True)
@@ -486,24 +526,37 @@ def _start_minio(run_dir: Path, ports: _StartPorts, restart: ServiceRecord | Non
     log = run_dir / "logs" / "minio.log"
     env = {"MINIO_ROOT_USER": user, "MINIO_ROOT_PASSWORD": password, "MINIO_BROWSER": "off",
            "MINIO_UPDATE": "off", "MINIO_CI_CD": "1"}
-    pid = spawn([str(binary), "server", str(data), "--address", f"127.0.0.1:{port}",
-                 "--console-address", f"127.0.0.1:{console}", "--quiet"], log, env=env)
+    argv = [str(binary), "server", str(data), "--address", f"127.0.0.1:{port}",
+            "--console-address", f"127.0.0.1:{console}", "--quiet"]
+    extra = {"access_key": user, "secret_key": password}
+    if tls is not None:  # MinIO reads public.crt / private.key from its certs folder
+        certs = run_dir / "minio-certs"
+        certs.mkdir(mode=0o700, exist_ok=True)
+        shutil.copyfile(tls.server_cert, certs / "public.crt")
+        shutil.copyfile(tls.server_key, certs / "private.key")
+        (certs / "private.key").chmod(0o600)
+        argv += ["--certs-dir", str(certs)]
+        extra["ca_cert"] = str(tls.ca_cert)
+    pid = spawn(argv, log, env=env)
     ports.hand_over(pid)
-    ready = f"http://127.0.0.1:{port}/minio/health/ready"
-    waited = wait_until(lambda: _http_ok(ready), 60, pid, "MinIO", log)
-    return ServiceRecord("minio", pid, {"s3": port, "console": console}, f"http://127.0.0.1:{port}",
-                         str(log), str(data), round(waited, 2),
-                         extra={"access_key": user, "secret_key": password})
+    address = f"{'https' if tls is not None else 'http'}://127.0.0.1:{port}"
+    ca = extra.get("ca_cert")
+    waited = wait_until(lambda: _http_ok(f"{address}/minio/health/ready", ca_cert=ca), 60, pid, "MinIO", log)
+    return ServiceRecord("minio", pid, {"s3": port, "console": console}, address,
+                         str(log), str(data), round(waited, 2), extra=extra)
 
 
-def _http_ok(url: str, timeout: float = 2.0) -> bool:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - loopback URL we built
+def _http_ok(url: str, timeout: float = 2.0, ca_cert: str | None = None) -> bool:
+    import ssl
+
+    context = ssl.create_default_context(cafile=ca_cert) if ca_cert else None
+    with urllib.request.urlopen(url, timeout=timeout, context=context) as resp:  # noqa: S310 - our URL
         return 200 <= int(resp.status) < 300
 
 
 def minio_healthy(rec: ServiceRecord) -> bool:
     try:
-        return _http_ok(f"{rec.address}/minio/health/ready")
+        return _http_ok(f"{rec.address}/minio/health/ready", ca_cert=rec.extra.get("ca_cert"))
     except Exception:
         return False
 

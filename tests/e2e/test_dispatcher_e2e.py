@@ -22,7 +22,6 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from dispatcher.errors import DispatcherError
-from dispatcher.keys import Keys
 from dispatcher.settings import DispatcherOptions, DispatcherSettings, JobOptions
 from dispatcher.states import State
 from dispatcher.store import StateStore
@@ -67,8 +66,7 @@ class Env:
     def __init__(self, settings: DispatcherSettings, run_dir: Path) -> None:
         self.settings = settings
         self.run_dir = run_dir
-        self.store = StateStore.from_url(settings.redis.url, password=settings.redis.effective_password(),
-                                         keys=Keys(settings.redis.key_prefix))
+        self.store = StateStore.from_settings(settings.redis)
         self.procs: list[DispatcherProcess] = []
         self.batch_ids: set[str] = set()
 

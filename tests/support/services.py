@@ -110,6 +110,14 @@ class ServiceProvider:
                                             s3.secret_key.get_secret_value())
         return manager.ray_settings(self._start_local("ray"))
 
+    def fresh_ray(self, s3: S3Settings | None = None) -> RaySettings:
+        """A Ray head with no history: the local one is stopped (by PID) and started again on new
+        ports; a head given in the environment is returned as it is."""
+        if self.sources.get("ray") == "local stack":
+            manager.down(self.run_dir, ["ray"])
+            self._local.discard("ray")
+        return self.ray(s3)
+
     def local_record(self, name: str) -> manager.ServiceRecord | None:
         return StackState.load(self.run_dir).services.get(name)
 

@@ -1,0 +1,135 @@
+"""Every hop over TLS: Kafka SASL_SSL (SCRAM-SHA-512), Redis TLS only (``rediss://``) and MinIO over
+https only, each presenting a certificate of a CA made at test time; a private Ray head whose jobs and
+replicas find the S3 keys in their own environment and the CA bundles' paths in what the dispatcher
+sends them. Two batches run with every hop encrypted: a small one on the warm batch runner (Serve),
+one from an input file as a Ray job on the shared engine; each writes its state, progress and results
+over TLS, and the servers refuse plaintext."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import secrets
+import ssl
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import orjson
+import pytest
+
+from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings
+from llmbatch.stack import services
+from llmbatch.stack.process import stop_tree
+from llmbatch.stack.tls import make_local_ca
+from producer.storage import ensure_buckets, make_client
+from producer.topics import ensure_topics
+from schemas.engines import EngineRegistry, ReplicaResources, Scaling
+from schemas.events import EventType
+from tests.e2e.test_dispatcher_e2e import Env, world
+from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, request_message
+from tests.support.private_ray import PrivateRay
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+
+async def test_batches_run_with_every_hop_encrypted_and_plaintext_is_refused(tmp_path: Path) -> None:
+    from dispatcher.serve_api import ServeApi
+
+    tls = make_local_ca(tmp_path / "tls")
+    run = tmp_path / "stack"
+    (run / "logs").mkdir(parents=True)
+    sasl = services.KafkaSasl("llmbatch", {"llmbatch": secrets.token_hex(16)})
+    started: list[int] = []
+    head: PrivateRay | None = None
+    try:
+        kafka = await asyncio.to_thread(services.start_kafka, run, sasl=sasl, tls=tls)
+        started.append(kafka.pid)
+        redis_rec = await asyncio.to_thread(services.start_redis, run, tls=tls)
+        started.append(redis_rec.pid)
+        minio = await asyncio.to_thread(services.start_minio, run, tls=tls)
+        started.append(minio.pid)
+        assert redis_rec.address.startswith("rediss://") and minio.address.startswith("https://")
+
+        s3 = S3Settings(endpoint=minio.address, access_key=minio.extra["access_key"],
+                        secret_key=minio.extra["secret_key"], ca_file=tls.ca_cert)
+        ensure_buckets(make_client(s3), s3)
+        head = PrivateRay(tmp_path / "ray", s3=s3)
+        await asyncio.to_thread(head.start)
+        kafka_settings = KafkaSettings(
+            bootstrap_servers=kafka.address, security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
+            sasl_username="llmbatch", sasl_password=sasl.passwords["llmbatch"], ssl_cafile=tls.ca_cert,
+        )
+        settings = world(kafka_settings, RedisSettings(url=redis_rec.address, ssl_ca_certs=tls.ca_cert), s3,
+                         RaySettings(address=head.address, serve_address=head.serve_address),
+                         shared_engines=True, max_in_flight=None, short_path_max_bytes=64)
+        entry = settings.engines.get(MODEL).model_copy(update={
+            "resources": ReplicaResources(num_cpus=0.25),
+            "scaling": Scaling(min_replicas=1, max_replicas=1, idle_s=60),
+        })
+        settings = settings.model_copy(update={"engines": EngineRegistry(models={MODEL: entry})})
+        await ensure_topics(settings)
+        e = Env(settings, tmp_path)
+        e.spawn()
+        try:
+            small = batch_request(f"tls-inline-{uuid.uuid4().hex[:6]}", requests=inline_lines(2))
+            key = f"default/tls-{uuid.uuid4().hex[:6]}.jsonl"
+            body = b"".join(orjson.dumps(line) + b"\n" for line in inline_lines(6, prefix="file"))
+            client = make_client(s3)
+            await asyncio.to_thread(client.put_object, s3.input_bucket, key, io.BytesIO(body), len(body))
+            big = batch_request(f"tls-file-{uuid.uuid4().hex[:6]}", input_uri=f"s3://{s3.input_bucket}/{key}")
+            await e.send(request_message(small), request_message(big))
+            found = await e.wait_terminal([small.batch_id, big.batch_id], within=600)
+            for request, lines in ((small, 2), (big, 6)):
+                [event] = found[request.batch_id]
+                assert event.type is EventType.COMPLETED, event.data
+                counts = event.data.request_counts
+                assert (counts.total, counts.completed) == (lines, lines), counts
+                outputs = []
+                for uri in event.data.output_uris:
+                    bucket, _, name = str(uri).removeprefix("s3://").partition("/")
+                    outputs += client.get_object(bucket, name).read().splitlines()
+                assert len(outputs) == lines
+            records = {b.batch_id: await e.store.get(b.batch_id) for b in (small, big)}
+            vias = {b: (r or {}).get("via") for b, r in records.items()}
+            assert vias[small.batch_id] == "batch_runner" and vias[big.batch_id] != "batch_runner", vias
+        finally:
+            await e.close()
+            await ServeApi(head.address, timeout_s=30).deploy({"applications": []})
+
+        # the servers speak TLS only: plaintext clients get nowhere
+        await _refused_plaintext(kafka.address, redis_rec.ports["redis"], minio.address)
+    finally:
+        if head is not None:
+            head.stop()
+        for pid in started:
+            stop_tree(pid)
+
+
+def _plaintext_refused(redis_port: int, minio_https: str) -> None:
+    import redis
+
+    plain_redis = redis.Redis(host="127.0.0.1", port=redis_port, socket_timeout=3)
+    with pytest.raises(redis.ConnectionError):
+        plain_redis.ping()
+    plain_redis.close()
+
+    with pytest.raises(urllib.error.HTTPError) as caught:  # Go's TLS server answers plain HTTP with 400
+        urllib.request.urlopen(minio_https.replace("https://", "http://") + "/minio/health/ready", timeout=5)
+    assert caught.value.code == 400
+    with pytest.raises(urllib.error.URLError) as unverified:  # and https with the system's CAs fails
+        urllib.request.urlopen(minio_https + "/minio/health/ready", timeout=5,
+                               context=ssl.create_default_context())
+    assert "CERTIFICATE_VERIFY_FAILED" in str(unverified.value)
+
+
+async def _refused_plaintext(kafka_address: str, redis_port: int, minio_https: str) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.errors import KafkaConnectionError
+
+    await asyncio.to_thread(_plaintext_refused, redis_port, minio_https)
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_address, request_timeout_ms=3000)
+    with pytest.raises((KafkaConnectionError, asyncio.TimeoutError, OSError)):
+        await asyncio.wait_for(admin.start(), 10)
+    await admin.close()

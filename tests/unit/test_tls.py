@@ -1,0 +1,139 @@
+"""TLS on every hop, the parts without servers: the local CA (what Kafka, Redis and MinIO present and
+clients trust), the CA bundles reaching jobs and the batch runner, the Kafka SASL_SSL properties and
+the clients' TLS options. The servers themselves: tests/e2e/test_tls_e2e.py."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import ssl
+import stat
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from dispatcher.engines import runner_env_vars
+from dispatcher.jobspec import build_job_spec
+from dispatcher.keys import Keys
+from dispatcher.ray_backend import build_submission
+from dispatcher.settings import DispatcherSettings
+from dispatcher.store import StateStore
+from llmbatch.settings import KafkaSettings, RedisSettings, S3Settings
+from llmbatch.stack import services
+from llmbatch.stack.tls import make_local_ca
+from tests.support.dispatcher_kit import registry
+from tests.unit.test_dispatcher_backend import record
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_local_ca_signs_a_server_certificate_for_loopback_only(tmp_path: Path) -> None:
+    from cryptography import x509
+
+    files = make_local_ca(tmp_path / "tls")
+    ca = x509.load_pem_x509_certificate(files.ca_cert.read_bytes())
+    server = x509.load_pem_x509_certificate(files.server_cert.read_bytes())
+    assert server.issuer == ca.subject
+    server.verify_directly_issued_by(ca)
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == ["localhost"]
+    assert names.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("127.0.0.1")]
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert not server.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert server.not_valid_after_utc - dt.datetime.now(dt.UTC) <= dt.timedelta(days=7)
+    for private in (files.server_key, files.server_keystore):   # keys: owner only
+        assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    keystore = files.server_keystore.read_text()
+    assert keystore.startswith("-----BEGIN PRIVATE KEY-----") and "BEGIN CERTIFICATE" in keystore
+    # a TLS client trusting ca.pem accepts the server's chain (Python's own verification)
+    context = ssl.create_default_context(cafile=str(files.ca_cert))
+    context.load_cert_chain(str(files.server_cert), str(files.server_key))  # key and cert belong together
+
+
+def test_every_call_makes_a_new_ca(tmp_path: Path) -> None:
+    first, second = make_local_ca(tmp_path / "a"), make_local_ca(tmp_path / "b")
+    assert first.ca_cert.read_bytes() != second.ca_cert.read_bytes()
+
+
+def _settings(**redis: object) -> DispatcherSettings:
+    return DispatcherSettings(
+        _env_file=None,  # type: ignore[call-arg]
+        s3=S3Settings(endpoint="https://minio:9000", access_key=SecretStr("k"), secret_key=SecretStr("s"),
+                      ca_file=Path("/etc/llmbatch/ca.pem")),
+        redis=RedisSettings(url="rediss://redis:6380/0", **redis),  # type: ignore[arg-type]
+        engines=registry(),
+    )
+
+
+def test_jobs_and_the_batch_runner_get_the_ca_bundles_paths_and_no_secret() -> None:
+    settings = _settings(ssl_ca_certs=Path("/etc/llmbatch/redis-ca.pem"), password=SecretStr("pw-secret"))
+    env = runner_env_vars(settings)
+    assert env["LLMBATCH_S3__CA_FILE"] == "/etc/llmbatch/ca.pem"
+    assert env["LLMBATCH_REDIS__SSL_CA_CERTS"] == "/etc/llmbatch/redis-ca.pem"
+    assert env["LLMBATCH_S3__ENDPOINT"] == "https://minio:9000"
+    job_env = build_submission(settings, build_job_spec(record(), 1, settings, Keys("p")))["runtime_env"]
+    assert job_env["env_vars"]["LLMBATCH_S3__CA_FILE"] == "/etc/llmbatch/ca.pem"
+    assert "pw-secret" not in str(job_env)
+    plain = _settings()
+    assert "LLMBATCH_REDIS__SSL_CA_CERTS" not in runner_env_vars(plain)
+
+
+def test_the_state_store_verifies_a_rediss_server_against_the_ca_bundle() -> None:
+    store = StateStore.from_settings(RedisSettings(url="rediss://redis:6380/0",
+                                                   ssl_ca_certs=Path("/etc/ca.pem")))
+    pool = store.client.connection_pool
+    assert pool.connection_kwargs["ssl_ca_certs"] == "/etc/ca.pem"
+    assert pool.connection_class.__name__ == "SSLConnection"          # verifies by default (CERT_REQUIRED)
+    plain = StateStore.from_settings(RedisSettings(url="redis://redis:6379/0",
+                                                   ssl_ca_certs=Path("/etc/ca.pem")))
+    assert "ssl_ca_certs" not in plain.client.connection_pool.connection_kwargs
+
+
+def test_kafka_sasl_ssl_settings_build_a_verifying_context(tmp_path: Path) -> None:
+    files = make_local_ca(tmp_path)
+    kafka = KafkaSettings(bootstrap_servers="127.0.0.1:9093", security_protocol="SASL_SSL",
+                          sasl_mechanism="SCRAM-SHA-512", sasl_username="u", sasl_password=SecretStr("p"),
+                          ssl_cafile=files.ca_cert)
+    context = kafka.client_kwargs()["ssl_context"]
+    assert isinstance(context, ssl.SSLContext)
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+
+
+def test_a_tls_kafka_listens_sasl_ssl_on_its_pem_keystore(tmp_path: Path) -> None:
+    files = make_local_ca(tmp_path)
+    sasl = services.KafkaSasl("admin", {"admin": "pw"})
+    props = services._kafka_properties(tmp_path, 9093, 9094, sasl, "ctl-pw", files)
+    assert "listeners=SASL_SSL://127.0.0.1:9093,CONTROLLER://127.0.0.1:9094" in props
+    assert "inter.broker.listener.name=SASL_SSL" in props
+    assert f"ssl.keystore.location={files.server_keystore}" in props
+    assert f"ssl.truststore.location={files.ca_cert}" in props
+    assert any(p.startswith("listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=") for p in props)
+    assert not any("PLAINTEXT://127.0.0.1:9093" in p for p in props)
+    with pytest.raises(services.StackError, match="SASL_SSL"):
+        services.start_kafka(tmp_path, tls=files)
+    client = sasl.client("admin", files.ca_cert)
+    assert client["security_protocol"] == "SASL_SSL" and isinstance(client["ssl_context"], ssl.SSLContext)
+
+
+def test_the_job_side_s3_filesystem_trusts_the_ca_bundle(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from ray_job import s3
+
+    files = make_local_ca(tmp_path)
+    seen: dict[str, object] = {}
+
+    def fake(**kwargs: object) -> object:
+        seen.update(kwargs)
+        return object()
+
+    monkeypatch.setattr(s3.pafs, "S3FileSystem", fake)
+    monkeypatch.setenv("LLMBATCH_S3__ENDPOINT", "https://127.0.0.1:9000")
+    monkeypatch.setenv("LLMBATCH_S3__CA_FILE", str(files.ca_cert))
+    s3.filesystem()
+    assert seen["tls_ca_file_path"] == str(files.ca_cert) and seen["scheme"] == "https"
+    seen.clear()
+    monkeypatch.setenv("LLMBATCH_S3__ENDPOINT", "http://127.0.0.1:9000")
+    s3.filesystem()
+    assert "tls_ca_file_path" not in seen
