@@ -67,11 +67,14 @@ def prepare(names: Services = None, model: bool = typer.Option(True, help="also 
 
 
 @app.command()
-def up(names: Services = None, run_dir: RunDir = None) -> None:
+def up(names: Services = None, run_dir: RunDir = None,
+       tls: bool = typer.Option(False, "--tls", help="Kafka (SASL_SSL), Redis and MinIO over TLS only, "
+                                "with a CA made for the run folder; `stack env` then exports the CA "
+                                "bundles and the Kafka login")) -> None:
     """Start the services (already running and healthy ones are reused)."""
     folder = run_dir or default_run_dir()
     try:
-        state = manager.up(folder, _names(names))
+        state = manager.up(folder, _names(names), tls=tls)
     except StackError as exc:
         _fail(exc)
     for name, rec in state.services.items():

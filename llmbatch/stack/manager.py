@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import sys
 import time
@@ -140,14 +141,23 @@ def prepare_summary(outcomes: Iterable[PrepareOutcome]) -> str:
     return f"[prepare] done in {total:.0f} s: " + ", ".join(o.describe() for o in done)
 
 
-def up(run_dir: Path, names: Iterable[str] = ALL_SERVICES) -> StackState:
-    """Start every named service not already running and healthy; reuse the rest."""
+def up(run_dir: Path, names: Iterable[str] = ALL_SERVICES, *, tls: bool = False) -> StackState:
+    """Start every named service not already running and healthy; reuse the rest.
+
+    ``tls``: Kafka (SASL_SSL, one SCRAM user), Redis and MinIO speak TLS only, with certificates of a
+    CA made for this run folder (``run_dir/tls``); :func:`env_exports` and :func:`settings_for` then
+    carry the CA bundle and the Kafka login. A running service of the other kind is refused (stop it
+    first), never silently reused."""
     wanted = list(names)
     prepare(wanted)
     state = StackState.load(run_dir)
     to_start: list[str] = []
     for name in wanted:
         rec = state.services.get(name)
+        if rec and alive(rec.pid) and name in TLS_SERVICES and is_tls(rec) != tls:
+            kind = "with" if is_tls(rec) else "without"
+            raise StackError(f"{name} is running {kind} TLS in {run_dir}: `llmbatch stack down` first, then "
+                             f"`llmbatch stack up{' --tls' if tls else ''}`")
         if rec and alive(rec.pid) and services.HEALTH[name](rec):
             continue
         if rec and alive(rec.pid):  # running but unhealthy: replace it
@@ -156,8 +166,9 @@ def up(run_dir: Path, names: Iterable[str] = ALL_SERVICES) -> StackState:
         to_start.append(name)
     errors: list[StackError] = []
     # start in parallel: Ray takes 7-25 s, Kafka ~5 s, the others ~1 s
+    starters = tls_starters(run_dir) if tls else services.STARTERS
     with ThreadPoolExecutor(max_workers=len(to_start) or 1) as pool:
-        futures = {name: pool.submit(services.STARTERS[name], run_dir) for name in to_start}
+        futures = {name: pool.submit(starters[name], run_dir) for name in to_start}
         for name, fut in futures.items():
             try:
                 state.services[name] = fut.result()
@@ -167,6 +178,37 @@ def up(run_dir: Path, names: Iterable[str] = ALL_SERVICES) -> StackState:
     if errors:
         raise errors[0]
     return state
+
+
+TLS_SERVICES = ("kafka", "redis", "minio")
+KAFKA_TLS_USER = "llmbatch"
+
+
+def is_tls(rec: ServiceRecord) -> bool:
+    """Whether a recorded service speaks TLS (its record names the CA that signed it)."""
+    return "ca_cert" in rec.extra
+
+
+def tls_starters(run_dir: Path) -> dict[str, Callable[[Path], ServiceRecord]]:
+    """The starters of a TLS stack: one CA per run folder, kept across restarts of the services."""
+    from llmbatch.stack.tls import local_ca
+
+    files = local_ca(run_dir / "tls")
+
+    def kafka(folder: Path) -> ServiceRecord:
+        # a new start formats the data anew, so a new password each time; the record (0600) keeps it
+        password = secrets.token_hex(16)
+        sasl = services.KafkaSasl(KAFKA_TLS_USER, {KAFKA_TLS_USER: password})
+        rec = services.start_kafka(folder, sasl=sasl, tls=files)
+        rec.extra.update(sasl_username=KAFKA_TLS_USER, sasl_password=password)
+        return rec
+
+    return {
+        "kafka": kafka,
+        "redis": lambda d: services.start_redis(d, tls=files),
+        "minio": lambda d: services.start_minio(d, tls=files),
+        "ray": services.start_ray,
+    }
 
 
 def down(run_dir: Path, names: Iterable[str] = ALL_SERVICES) -> list[str]:
@@ -207,15 +249,14 @@ def settings_for(state: StackState, base: LLMBatchSettings | None = None) -> LLM
     base = base or LLMBatchSettings()
     data = base.model_copy(deep=True)
     svc = state.services
+    exports = env_exports(state)
     if "kafka" in svc:
-        data.kafka = KafkaSettings(**{**base.kafka.model_dump(), "bootstrap_servers": svc["kafka"].address,
-                                      "security_protocol": "PLAINTEXT", "sasl_mechanism": None})
+        data.kafka = KafkaSettings(**{**base.kafka.model_dump(), "security_protocol": "PLAINTEXT",
+                                      "sasl_mechanism": None, **_fields(exports, "LLMBATCH_KAFKA__")})
     if "redis" in svc:
-        data.redis = RedisSettings(url=svc["redis"].address, key_prefix=base.redis.key_prefix)
+        data.redis = RedisSettings(key_prefix=base.redis.key_prefix, **_fields(exports, "LLMBATCH_REDIS__"))
     if "minio" in svc:
-        m = svc["minio"]
-        data.s3 = S3Settings(**{**base.s3.model_dump(), "endpoint": m.address,
-                                "access_key": m.extra["access_key"], "secret_key": m.extra["secret_key"]})
+        data.s3 = S3Settings(**{**base.s3.model_dump(), **_fields(exports, "LLMBATCH_S3__")})
     if "ray" in svc:
         data.ray = ray_settings(svc["ray"])
     return data
@@ -227,18 +268,37 @@ def ray_settings(rec: ServiceRecord) -> RaySettings:
     return RaySettings(address=rec.address, **({"serve_address": serve} if serve else {}))
 
 
+def _fields(exports: dict[str, str], prefix: str) -> dict[str, str]:
+    """The settings fields ``exports`` sets under ``prefix`` (``LLMBATCH_S3__CA_FILE`` -> ``ca_file``)."""
+    return {k.removeprefix(prefix).lower(): v for k, v in exports.items() if k.startswith(prefix)}
+
+
 def env_exports(state: StackState) -> dict[str, str]:
-    """Environment variables that point any llmbatch process at this stack."""
+    """Environment variables that point any llmbatch process at this stack (on a TLS stack: the CA
+    bundle of each service and the Kafka login too)."""
     svc = state.services
     env: dict[str, str] = {}
     if "kafka" in svc:
-        env["LLMBATCH_KAFKA__BOOTSTRAP_SERVERS"] = svc["kafka"].address
+        kafka = svc["kafka"]
+        env["LLMBATCH_KAFKA__BOOTSTRAP_SERVERS"] = kafka.address
+        if is_tls(kafka):
+            env.update({
+                "LLMBATCH_KAFKA__SECURITY_PROTOCOL": "SASL_SSL",
+                "LLMBATCH_KAFKA__SASL_MECHANISM": "SCRAM-SHA-512",
+                "LLMBATCH_KAFKA__SASL_USERNAME": kafka.extra["sasl_username"],
+                "LLMBATCH_KAFKA__SASL_PASSWORD": kafka.extra["sasl_password"],
+                "LLMBATCH_KAFKA__SSL_CAFILE": kafka.extra["ca_cert"],
+            })
     if "redis" in svc:
         env["LLMBATCH_REDIS__URL"] = svc["redis"].address
+        if is_tls(svc["redis"]):
+            env["LLMBATCH_REDIS__SSL_CA_CERTS"] = svc["redis"].extra["ca_cert"]
     if "minio" in svc:
         env["LLMBATCH_S3__ENDPOINT"] = svc["minio"].address
         env["LLMBATCH_S3__ACCESS_KEY"] = svc["minio"].extra["access_key"]
         env["LLMBATCH_S3__SECRET_KEY"] = svc["minio"].extra["secret_key"]
+        if is_tls(svc["minio"]):
+            env["LLMBATCH_S3__CA_FILE"] = svc["minio"].extra["ca_cert"]
     if "ray" in svc:
         env["LLMBATCH_RAY__ADDRESS"] = svc["ray"].address
         if svc["ray"].extra.get("serve_address"):

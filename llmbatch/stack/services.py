@@ -347,8 +347,13 @@ def _kafka_ready(port: int, client: Mapping[str, Any] | None = None) -> bool:
 
 
 def kafka_healthy(rec: ServiceRecord) -> bool:
+    client: dict[str, Any] = {}
+    user = rec.extra.get("sasl_username")
+    if user:  # a TLS stack's broker: its login and CA are in the record
+        ca = rec.extra.get("ca_cert")
+        client = KafkaSasl(user, {user: rec.extra["sasl_password"]}).client(user, Path(ca) if ca else None)
     try:
-        return _kafka_ready(rec.ports["broker"])
+        return _kafka_ready(rec.ports["broker"], client)
     except Exception:
         return False
 

@@ -43,6 +43,19 @@ def _write_private(path: Path, data: bytes) -> None:
         fh.write(data)
 
 
+def local_ca(folder: Path) -> TlsFiles:
+    """The CA in ``folder`` if it is complete and valid for at least another day, else a new one."""
+    from cryptography import x509
+
+    files = TlsFiles(folder / "ca.pem", folder / "server.pem", folder / "server.key")
+    paths = (files.ca_cert, files.server_cert, files.server_key, files.server_keystore)
+    if all(p.exists() for p in paths):
+        cert = x509.load_pem_x509_certificate(files.server_cert.read_bytes())
+        if cert.not_valid_after_utc - dt.datetime.now(dt.UTC) > dt.timedelta(days=1):
+            return files
+    return make_local_ca(folder)
+
+
 def make_local_ca(folder: Path, *, now: dt.datetime | None = None) -> TlsFiles:
     """Write a fresh CA and a server certificate for 127.0.0.1/localhost into ``folder``."""
     from cryptography import x509

@@ -11,7 +11,6 @@ import asyncio
 import base64
 import math
 import struct
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,11 +22,10 @@ from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Setti
 from producer.topics import ensure_topics
 from schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling
 from schemas.job import EngineConfig
-from tests.e2e.test_api_e2e import API_KEY, ApiProcess
+from tests.e2e.test_api_e2e import API_KEY, ApiProcess, _wait_done
 from tests.e2e.test_dispatcher_e2e import Env, buckets, world  # noqa: F401 (buckets is a fixture)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
-TERMINAL = {"completed", "failed", "expired", "cancelled"}
 TEXTS = [
     "The cat sits on the mat.",
     "Kafka is a distributed event log.",
@@ -90,15 +88,6 @@ def _direct_vectors(texts: list[str]) -> list[list[float]]:
 def _cosine(a: list[float], b: list[float]) -> float:
     dot = sum(x * y for x, y in zip(a, b, strict=True))
     return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
-
-
-def _wait_done(client: Any, batch_id: str, within: float) -> Any:
-    end = time.monotonic() + within
-    while True:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in TERMINAL or time.monotonic() > end:
-            return batch
-        time.sleep(2)
 
 
 async def test_an_embedding_batch_through_the_http_api_matches_the_model_run_directly(

@@ -1,15 +1,14 @@
-"""Every hop over TLS: Kafka SASL_SSL (SCRAM-SHA-512), Redis TLS only (``rediss://``) and MinIO over
-https only, each presenting a certificate of a CA made at test time; a private Ray head whose jobs and
-replicas find the S3 keys in their own environment and the CA bundles' paths in what the dispatcher
-sends them. Two batches run with every hop encrypted: a small one on the warm batch runner (Serve),
-one from an input file as a Ray job on the shared engine; each writes its state, progress and results
-over TLS, and the servers refuse plaintext."""
+"""Every hop over TLS, as ``llmbatch stack up --tls`` starts the local stack: Kafka SASL_SSL
+(SCRAM-SHA-512), Redis TLS only (``rediss://``) and MinIO over https only, each presenting a
+certificate of a CA made at test time, and a Ray head whose jobs and replicas find the S3 keys in their
+own environment and the CA bundles' paths in what the dispatcher sends them. Two batches run with every
+hop encrypted: a small one on the warm batch runner (Serve), one from an input file as a Ray job on the
+shared engine; each writes its state, progress and results over TLS, and the servers refuse plaintext."""
 
 from __future__ import annotations
 
 import asyncio
 import io
-import secrets
 import ssl
 import urllib.error
 import urllib.request
@@ -19,17 +18,14 @@ from pathlib import Path
 import orjson
 import pytest
 
-from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings
-from llmbatch.stack import services
-from llmbatch.stack.process import stop_tree
-from llmbatch.stack.tls import make_local_ca
+from llmbatch.stack import manager
+from llmbatch.stack.process import StackError
 from producer.storage import ensure_buckets, make_client
 from producer.topics import ensure_topics
 from schemas.engines import EngineRegistry, ReplicaResources, Scaling
 from schemas.events import EventType
 from tests.e2e.test_dispatcher_e2e import Env, world
 from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, request_message
-from tests.support.private_ray import PrivateRay
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -37,32 +33,16 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 async def test_batches_run_with_every_hop_encrypted_and_plaintext_is_refused(tmp_path: Path) -> None:
     from dispatcher.serve_api import ServeApi
 
-    tls = make_local_ca(tmp_path / "tls")
     run = tmp_path / "stack"
-    (run / "logs").mkdir(parents=True)
-    sasl = services.KafkaSasl("llmbatch", {"llmbatch": secrets.token_hex(16)})
-    started: list[int] = []
-    head: PrivateRay | None = None
     try:
-        kafka = await asyncio.to_thread(services.start_kafka, run, sasl=sasl, tls=tls)
-        started.append(kafka.pid)
-        redis_rec = await asyncio.to_thread(services.start_redis, run, tls=tls)
-        started.append(redis_rec.pid)
-        minio = await asyncio.to_thread(services.start_minio, run, tls=tls)
-        started.append(minio.pid)
-        assert redis_rec.address.startswith("rediss://") and minio.address.startswith("https://")
-
-        s3 = S3Settings(endpoint=minio.address, access_key=minio.extra["access_key"],
-                        secret_key=minio.extra["secret_key"], ca_file=tls.ca_cert)
-        ensure_buckets(make_client(s3), s3)
-        head = PrivateRay(tmp_path / "ray", s3=s3)
-        await asyncio.to_thread(head.start)
-        kafka_settings = KafkaSettings(
-            bootstrap_servers=kafka.address, security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
-            sasl_username="llmbatch", sasl_password=sasl.passwords["llmbatch"], ssl_cafile=tls.ca_cert,
-        )
-        settings = world(kafka_settings, RedisSettings(url=redis_rec.address, ssl_ca_certs=tls.ca_cert), s3,
-                         RaySettings(address=head.address, serve_address=head.serve_address),
+        # what `llmbatch stack up --tls` does: a CA for the run folder, TLS-only Kafka, Redis and MinIO
+        state = await asyncio.to_thread(manager.up, run, tls=True)
+        stack = manager.settings_for(state)
+        assert stack.kafka.security_protocol == "SASL_SSL" and stack.kafka.ssl_cafile is not None
+        assert stack.redis.url.startswith("rediss://") and stack.redis.ssl_ca_certs is not None
+        assert stack.s3.endpoint.startswith("https://") and stack.s3.ca_file is not None
+        ensure_buckets(make_client(stack.s3), stack.s3)
+        settings = world(stack.kafka, stack.redis, stack.s3, stack.ray,
                          shared_engines=True, max_in_flight=None, short_path_max_bytes=64)
         entry = settings.engines.get(MODEL).model_copy(update={
             "resources": ReplicaResources(num_cpus=0.25),
@@ -76,9 +56,11 @@ async def test_batches_run_with_every_hop_encrypted_and_plaintext_is_refused(tmp
             small = batch_request(f"tls-inline-{uuid.uuid4().hex[:6]}", requests=inline_lines(2))
             key = f"default/tls-{uuid.uuid4().hex[:6]}.jsonl"
             body = b"".join(orjson.dumps(line) + b"\n" for line in inline_lines(6, prefix="file"))
-            client = make_client(s3)
-            await asyncio.to_thread(client.put_object, s3.input_bucket, key, io.BytesIO(body), len(body))
-            big = batch_request(f"tls-file-{uuid.uuid4().hex[:6]}", input_uri=f"s3://{s3.input_bucket}/{key}")
+            client = make_client(stack.s3)
+            await asyncio.to_thread(client.put_object, stack.s3.input_bucket, key, io.BytesIO(body),
+                                    len(body))
+            big = batch_request(f"tls-file-{uuid.uuid4().hex[:6]}",
+                                input_uri=f"s3://{stack.s3.input_bucket}/{key}")
             await e.send(request_message(small), request_message(big))
             found = await e.wait_terminal([small.batch_id, big.batch_id], within=600)
             for request, lines in ((small, 2), (big, 6)):
@@ -96,15 +78,17 @@ async def test_batches_run_with_every_hop_encrypted_and_plaintext_is_refused(tmp
             assert vias[small.batch_id] == "batch_runner" and vias[big.batch_id] != "batch_runner", vias
         finally:
             await e.close()
-            await ServeApi(head.address, timeout_s=30).deploy({"applications": []})
+            await ServeApi(stack.ray.address, timeout_s=30).deploy({"applications": []})
 
         # the servers speak TLS only: plaintext clients get nowhere
-        await _refused_plaintext(kafka.address, redis_rec.ports["redis"], minio.address)
+        services = state.services
+        await _refused_plaintext(services["kafka"].address, services["redis"].ports["redis"],
+                                 services["minio"].address)
+        # and `stack up` without --tls will not reuse them as plaintext services
+        with pytest.raises(StackError, match="running with TLS"):
+            manager.up(run, ["redis"])
     finally:
-        if head is not None:
-            head.stop()
-        for pid in started:
-            stop_tree(pid)
+        manager.down(run)
 
 
 def _plaintext_refused(redis_port: int, minio_https: str) -> None:

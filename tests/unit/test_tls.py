@@ -9,6 +9,7 @@ import ipaddress
 import ssl
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import SecretStr
@@ -137,3 +138,67 @@ def test_the_job_side_s3_filesystem_trusts_the_ca_bundle(
     monkeypatch.setenv("LLMBATCH_S3__ENDPOINT", "http://127.0.0.1:9000")
     s3.filesystem()
     assert "tls_ca_file_path" not in seen
+
+
+def _tls_state(tmp_path: Path) -> Any:
+    from llmbatch.stack.state import ServiceRecord, StackState
+
+    ca = str(tmp_path / "tls" / "ca.pem")
+    state = StackState(tmp_path)
+    state.services = {
+        "kafka": ServiceRecord("kafka", 1, {"broker": 9093}, "127.0.0.1:9093", "", "", 0.0,
+                               {"security_protocol": "SASL_SSL", "ca_cert": ca, "sasl_username": "llmbatch",
+                                "sasl_password": "kpw"}),
+        "redis": ServiceRecord("redis", 2, {"redis": 6380}, "rediss://127.0.0.1:6380/0", "", "", 0.0,
+                               {"ca_cert": ca}),
+        "minio": ServiceRecord("minio", 3, {"s3": 9000}, "https://127.0.0.1:9000", "", "", 0.0,
+                               {"access_key": "ak", "secret_key": "sk", "ca_cert": ca}),
+    }
+    return state
+
+
+def test_a_tls_stacks_exports_and_settings_carry_the_ca_and_the_kafka_login(tmp_path: Path) -> None:
+    from llmbatch.stack import manager
+
+    state = _tls_state(tmp_path)
+    ca = str(tmp_path / "tls" / "ca.pem")
+    env = manager.env_exports(state)
+    assert env["LLMBATCH_KAFKA__SECURITY_PROTOCOL"] == "SASL_SSL"
+    assert env["LLMBATCH_KAFKA__SASL_MECHANISM"] == "SCRAM-SHA-512"
+    assert env["LLMBATCH_KAFKA__SASL_USERNAME"] == "llmbatch"
+    assert env["LLMBATCH_KAFKA__SASL_PASSWORD"] == "kpw"
+    assert env["LLMBATCH_KAFKA__SSL_CAFILE"] == env["LLMBATCH_REDIS__SSL_CA_CERTS"] == ca
+    assert env["LLMBATCH_S3__CA_FILE"] == ca and env["LLMBATCH_S3__ENDPOINT"] == "https://127.0.0.1:9000"
+    settings = manager.settings_for(state)
+    assert settings.kafka.security_protocol == "SASL_SSL" and str(settings.kafka.ssl_cafile) == ca
+    password = settings.kafka.sasl_password
+    assert password is not None and password.get_secret_value() == "kpw"
+    assert settings.redis.url == "rediss://127.0.0.1:6380/0" and str(settings.redis.ssl_ca_certs) == ca
+    assert str(settings.s3.ca_file) == ca and settings.s3.secure
+    for name in ("kafka", "redis", "minio"):                       # plaintext records export no TLS
+        state.services[name].extra.pop("ca_cert")
+    state.services["kafka"].extra.clear()
+    plain = manager.env_exports(state)
+    assert not any(k.endswith(("CA_FILE", "CA_CERTS", "CAFILE", "SECURITY_PROTOCOL")) for k in plain)
+    assert manager.settings_for(state).kafka.security_protocol == "PLAINTEXT"
+
+
+def test_up_will_not_mix_tls_and_plaintext_services(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmbatch.stack import manager
+
+    state = _tls_state(tmp_path)
+    state.save()
+    monkeypatch.setattr(manager, "prepare", lambda names: None)
+    monkeypatch.setattr(manager, "alive", lambda pid: True)
+    with pytest.raises(services.StackError, match=r"redis is running with TLS .* `llmbatch stack down`"):
+        manager.up(tmp_path, ["redis"])
+
+
+def test_the_run_folders_ca_is_kept_while_valid(tmp_path: Path) -> None:
+    from llmbatch.stack.tls import local_ca
+
+    first = local_ca(tmp_path).ca_cert.read_bytes()
+    assert local_ca(tmp_path).ca_cert.read_bytes() == first
+    make_local_ca(tmp_path, now=dt.datetime.now(dt.UTC) - dt.timedelta(days=6, hours=12))  # 12 h left
+    old = (tmp_path / "ca.pem").read_bytes()
+    assert local_ca(tmp_path).ca_cert.read_bytes() not in {first, old}
