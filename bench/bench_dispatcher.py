@@ -39,7 +39,6 @@ if str(ROOT) not in sys.path:
 import psutil  # noqa: E402
 from aiokafka import AIOKafkaProducer  # noqa: E402
 
-from dispatcher.keys import Keys  # noqa: E402
 from dispatcher.settings import DispatcherOptions, DispatcherSettings, JobOptions  # noqa: E402
 from dispatcher.store import StateStore  # noqa: E402
 from llmbatch.settings import LLMBatchSettings, RaySettings, TopicSettings  # noqa: E402
@@ -139,7 +138,7 @@ async def phase_intake(base: LLMBatchSettings, n: int, run_dir: Path) -> dict[st
     settings = world(base, dead_ray)
     await ensure_topics(settings)
     produce_s = await preload(settings, n)
-    store = StateStore.from_url(settings.redis.url, keys=Keys(settings.redis.key_prefix))
+    store = StateStore.from_settings(settings.redis)
     proc = DispatcherProcess(settings, run_dir / "intake.log").start()
     ps = psutil.Process(proc.pid)
     peak_rss = 0
@@ -196,7 +195,7 @@ async def phase_overhead(
     settings = world(base, ray)
     ensure_buckets(make_client(settings.s3), settings.s3)
     await ensure_topics(settings)
-    store = StateStore.from_url(settings.redis.url, keys=Keys(settings.redis.key_prefix))
+    store = StateStore.from_settings(settings.redis)
     proc = DispatcherProcess(settings, run_dir / "overhead.log").start()
     producer = AIOKafkaProducer(acks="all", **settings.kafka.client_kwargs())
     await producer.start()
@@ -241,7 +240,8 @@ async def compare_fsync(base: LLMBatchSettings, n: int, run_dir: Path) -> dict[s
     import redis.asyncio as aioredis
 
     password = base.redis.password.get_secret_value() if base.redis.password else None
-    client = aioredis.Redis.from_url(base.redis.url, password=password)
+    tls = {"ssl_ca_certs": str(base.redis.ssl_ca_certs)} if base.redis.ssl_ca_certs else {}
+    client = aioredis.Redis.from_url(base.redis.url, password=password, **tls)
     original = (await client.config_get("appendfsync"))["appendfsync"]
     out: dict[str, Any] = {}
     try:

@@ -82,9 +82,24 @@ def pooling_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+MAX_EMBEDDING_TOKENS_PER_LINE = 300_000
+"""Most tokens all inputs of one ``/v1/embeddings`` line may sum to (OpenAI's per-request limit); it also
+bounds what one line holds in memory on its way through the stages."""
+
+
 def fit_inputs(inputs: list[list[int]], max_model_len: int) -> RequestFailure | None:
     """An embedding line's inputs against the context window: each must fit whole (OpenAI refuses
-    longer inputs rather than cutting them)."""
+    longer inputs rather than cutting them), and together at most
+    :data:`MAX_EMBEDDING_TOKENS_PER_LINE` tokens."""
+    total = sum(map(len, inputs))
+    if total > MAX_EMBEDDING_TOKENS_PER_LINE:
+        return RequestFailure(
+            "max_tokens_per_request",
+            f"Requested {total} tokens, max {MAX_EMBEDDING_TOKENS_PER_LINE} tokens per request: split the "
+            "inputs over more lines.",
+            "input",
+            400,
+        )
     for index, ids in enumerate(inputs):
         if len(ids) > max_model_len:
             return RequestFailure(

@@ -197,3 +197,13 @@ def test_usage_counts_the_tokens_of_every_input() -> None:
     body = embedding_body(gens, model="m", encoding_format="float")
     assert body["usage"] == {"prompt_tokens": 7, "total_tokens": 7}
     assert [d["embedding"] for d in body["data"]] == [[1.0], [0.0]]
+
+
+def test_a_line_over_the_per_request_token_limit_fails_alone() -> None:
+    from ray_job.sampling import MAX_EMBEDDING_TOKENS_PER_LINE, fit_inputs
+
+    inputs = [[1] * 200] * (MAX_EMBEDDING_TOKENS_PER_LINE // 200 + 1)
+    failure = fit_inputs(inputs, max_model_len=256)
+    assert failure is not None and (failure.code, failure.param) == ("max_tokens_per_request", "input")
+    assert f"max {MAX_EMBEDDING_TOKENS_PER_LINE} tokens per request" in failure.message
+    assert fit_inputs(inputs[:-1], max_model_len=256) is None
