@@ -18,6 +18,7 @@ mapping itself is :func:`api.status.to_batch`.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,8 +45,10 @@ from api.state import StateReader
 from api.status import to_batch
 from api.storage import ObjectStore
 from dispatcher.ops.jobs import JobDetail
+from dispatcher.states import State
 from producer.kafka import Published
 from schemas import BatchRequest, CancelRequest, Envelope, SchemaError, check_submittable, parse_duration
+from schemas.common import BATCH_ID_PATTERN, Endpoint
 from schemas.job import Manifest
 
 MAX_BATCH_PAGE = 100
@@ -91,12 +94,26 @@ class BatchReader:
         self.clock = clock
 
     async def one(self, tenant: str, batch_id: str) -> Snapshot:
-        """The tenant's batch; :class:`~api.errors.NotFound` for any other id."""
+        """The tenant's batch, created through the API or published to Kafka by one of the tenant's
+        services; :class:`~api.errors.NotFound` for any other id."""
         stored = await self.records.get("batches", StoredBatch, tenant, batch_id)
+        if stored is None:
+            stored = await self._sent_to_kafka(tenant, batch_id)
         if stored is None:
             raise NotFound(f"No batch found with id {batch_id!r}", param="batch_id")
         (snapshot,) = await self.many([stored])
         return snapshot
+
+    async def _sent_to_kafka(self, tenant: str, batch_id: str) -> StoredBatch | None:
+        """A batch the dispatcher accepted for ``tenant`` from Kafka, as the API shows it (read from
+        Redis; not stored). Ids in the API's own namespace (``batch_...``) are the API's alone, and a
+        refused request's record carries no tenant that was checked: neither is shown."""
+        if batch_id.startswith(BATCH_PREFIX) or not KAFKA_BATCH_ID.fullmatch(batch_id):
+            return None
+        (job,) = await self.state.get_many([batch_id])
+        if job is None or job.tenant != tenant or job.state is State.DEAD_LETTERED:
+            return None
+        return kafka_view(job)
 
     async def many(self, stored: Sequence[StoredBatch]) -> list[Snapshot]:
         jobs = await self.state.get_many([s.id for s in stored])
@@ -110,6 +127,31 @@ class BatchReader:
                 )
             out.append(Snapshot(record, job, manifest))
         return out
+
+
+KAFKA_BATCH_ID = re.compile(BATCH_ID_PATTERN)
+
+
+def kafka_view(job: JobDetail) -> StoredBatch:
+    """What the API shows of a batch published to Kafka: its request as the dispatcher recorded it
+    (no input file of the API: ``input_file_id`` is empty; its window from its deadline)."""
+    created = (job.accepted_at or job.state_at or datetime.now(UTC)).timestamp()
+    expires = job.deadline.timestamp() if job.deadline is not None else created + 86_400
+    return StoredBatch(
+        id=job.batch_id,
+        tenant=job.tenant,
+        created_at=created,
+        input_file_id="",
+        endpoint=Endpoint(job.endpoint or Endpoint.CHAT_COMPLETIONS.value),
+        model=job.model,
+        completion_window=f"{max(1, round(expires - created))}s",
+        expires_at=expires,
+        metadata={k: v for k, v in job.metadata.items()},
+        total=job.counts.total,
+        input_uri=job.input_uri or "",
+        priority=job.priority if job.priority is not None else 5,
+        via_kafka=True,
+    )
 
 
 class BatchService:
@@ -281,7 +323,7 @@ class BatchService:
         for snapshot in snapshots:
             stored = snapshot.stored
             last = max(stored.created_at, stored.republished_at or 0.0)
-            known = snapshot.job is not None or snapshot.manifest is not None
+            known = snapshot.job is not None or snapshot.manifest is not None or stored.via_kafka
             # past its completion window it would only run late (and, once the dispatcher's 7 days of
             # event ids are over, a batch it has forgotten would run again)
             if known or now - last < self.republish_after_s or now >= stored.expires_at:
@@ -353,7 +395,8 @@ class BatchService:
             raise from_exception(exc) from exc
         stored = snapshot.stored.model_copy(update={"cancel_requested_at": self.clock()})
         try:
-            await self.records.put("batches", stored)
+            if not stored.via_kafka:  # the API keeps records of its own batches only
+                await self.records.put("batches", stored)
         except Exception:  # the cancel is out: the dispatcher's record will say cancelling soon
             log.warning("could not record the cancel of batch %s", batch_id, exc_info=True)
         return to_batch(stored, snapshot.job, snapshot.manifest)

@@ -97,6 +97,11 @@ class StoredBatch(Record):
     republished_at: float | None = Field(
         default=None, description="When the API last published its event again (see BatchService)."
     )
+    via_kafka: bool = Field(
+        default=False,
+        description="A view of a batch the tenant published straight to Kafka (never stored: the API did "
+        "not create it, and it has no input file of the API).",
+    )
 
 
 class IdempotentCreate(BaseModel):

@@ -170,6 +170,11 @@ async def test_the_openai_sdk_runs_a_batch_through_the_http_api_on_real_vllm(
             body = storage.get_object(bucket, key).read()
             kafka_outputs += [orjson.loads(raw) for raw in body.splitlines()]
         assert _texts(kafka_outputs) == _texts(outputs) and len(outputs) == 5
+        # the tenant's key reads that Kafka batch and its output file through the API too
+        seen = await asyncio.to_thread(client.batches.retrieve, request.batch_id)
+        assert seen.status == "completed" and seen.output_file_id, seen
+        via_api = await asyncio.to_thread(client.files.content, seen.output_file_id)
+        assert _texts([orjson.loads(raw) for raw in via_api.text.splitlines()]) == _texts(kafka_outputs)
     finally:
         client.close()
         await e.close()

@@ -353,3 +353,60 @@ def test_a_create_whose_publish_fails_leaves_no_active_mark() -> None:
     api.publisher.fail = False
     assert _active_marks(api) == []
     assert create(api, input_file_id=file_id, endpoint=CHAT).status_code == 200
+
+
+def _sent_to_kafka(api: ApiHarness, batch_id: str, tenant: str = "acme") -> None:
+    """A batch a tenant's service published straight to Kafka, taken in by the dispatcher."""
+    from tests.support.dispatcher_kit import batch_request, request_message
+
+    request = batch_request(batch_id, model=MODEL, tenant=tenant, metadata={"team": "kafka"},
+                            requests=[chat_line(f"k{i}") for i in range(2)])
+    key, value, headers = request_message(request, source="urn:svc:indexer")
+    assert key is not None and value is not None
+    api.dispatcher.take_in((REQUESTS_TOPIC, key, value, headers), api.clock.now)
+
+
+def test_a_batch_sent_to_kafka_reads_back_for_its_tenant_only_with_its_result_file_and_cancel() -> None:
+    api = make_api()
+    _sent_to_kafka(api, "nightly-eval-7")
+    got = api.client.get("/v1/batches/nightly-eval-7", headers=api.auth())
+    assert got.status_code == 200, got.text
+    batch = got.json()
+    assert (batch["id"], batch["status"], batch["input_file_id"]) == ("nightly-eval-7", "in_progress", "")
+    assert batch["request_counts"]["total"] == 2 and batch["metadata"] == {"team": "kafka"}
+    assert batch["endpoint"] == CHAT and batch["model"] == MODEL
+    assert batch["expires_at"] > batch["created_at"]
+    from openai.types import Batch
+
+    Batch.model_validate(batch)                               # the SDK reads it as any other batch
+    other = api.client.get("/v1/batches/nightly-eval-7", headers=api.auth("globex"))
+    assert other.status_code == 404                           # another tenant's key sees nothing
+    # it is not listed (the API lists the batches it created) and nothing was stored for it
+    assert api.client.get("/v1/batches", headers=api.auth()).json()["data"] == []
+    assert not [k for k in api.objects.keys("llmbatch-input") if "nightly-eval-7" in k]
+
+    cancelled = api.client.post("/v1/batches/nightly-eval-7/cancel", headers=api.auth())
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelling"
+    (event,) = [e for e in api.publisher.events() if isinstance(e.data, CancelRequest)]
+    assert (event.data.batch_id, event.data.tenant) == ("nightly-eval-7", "acme")
+    assert not [k for k in api.objects.keys("llmbatch-input") if "nightly-eval-7" in k]
+
+    out = "s3://llmbatch-results/acme/nightly-eval-7/l1/output-a1-00000.jsonl"
+    api.write_shard(out, b'{"custom_id": "k0"}\n{"custom_id": "k1"}\n')
+    api.dispatcher.finish("nightly-eval-7", Outcome(State.COMPLETED, api.clock.now + 3, [out], [],
+                                                    counts={"total": 2, "completed": 2, "failed": 0}))
+    done = api.client.get("/v1/batches/nightly-eval-7", headers=api.auth()).json()
+    assert done["status"] == "completed" and done["output_file_id"] == output_file_id("nightly-eval-7")
+    content = api.client.get(f"/v1/files/{done['output_file_id']}/content", headers=api.auth())
+    assert content.status_code == 200 and content.content.count(b"custom_id") == 2
+    assert api.client.get(f"/v1/files/{done['output_file_id']}/content",
+                          headers=api.auth("globex")).status_code == 404
+
+
+def test_refused_requests_and_api_shaped_ids_are_never_read_from_kafka() -> None:
+    api = make_api()
+    api.dispatcher.reject("refused-1", api.clock.now, "invalid_event", "bad")
+    assert api.client.get("/v1/batches/refused-1", headers=api.auth()).status_code == 404
+    for api_form in ("batch_" + "1" * 13 + "a" * 16, "batch_1"):   # the API's namespace, sent to Kafka
+        _sent_to_kafka(api, api_form)
+        assert api.client.get(f"/v1/batches/{api_form}", headers=api.auth()).status_code == 404
