@@ -137,12 +137,25 @@ class FileService:
 
     async def list(self, tenant: str, *, after: str | None, limit: int, order: str, purpose: str | None
                    ) -> ListPage[FileObject]:
-        """The tenant's uploaded files (``order`` by creation: ``desc``, the default, or ``asc``)."""
+        """The tenant's files: ``purpose=batch`` its uploads (``order`` by creation: ``desc``, the
+        default, or ``asc``), ``purpose=batch_output`` its batches' result files, and without a purpose
+        both: the uploads, then the result files (one order for every page)."""
         if not 1 <= limit <= MAX_FILE_PAGE:
             raise InvalidRequest(f"limit must be between 1 and {MAX_FILE_PAGE} (got {limit})", param="limit")
         if order not in {"asc", "desc"}:
             raise InvalidRequest(f"order must be 'asc' or 'desc' (got {order[:20]!r})", param="order")
         if purpose == "batch_output":
+            return await self._list_results(tenant, after=after, limit=limit, order=order)
+        if purpose is None and (after is None or FILE_ID.fullmatch(after)):
+            uploads = await self.list(tenant, after=after, limit=limit, order=order, purpose="batch")
+            if uploads.has_more:
+                return uploads
+            rest = await self._list_results(tenant, after=None, limit=limit - len(uploads.data) or 1,
+                                            order=order)
+            items = [*uploads.data, *rest.data][:limit]
+            more = rest.has_more or len(uploads.data) + len(rest.data) > limit
+            return ListPage[FileObject].of(items, has_more=more, ids=[f.id for f in items])
+        if purpose is None and after is not None and after.startswith((OUTPUT_PREFIX, ERROR_PREFIX)):
             return await self._list_results(tenant, after=after, limit=limit, order=order)
         if after is not None and not FILE_ID.fullmatch(after):
             raise InvalidRequest(f"after must be a file id from an earlier page (got {after[:80]!r})",

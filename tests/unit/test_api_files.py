@@ -333,3 +333,33 @@ def test_result_files_are_listed_under_purpose_batch_output_in_pages() -> None:
     bad = api.client.get("/v1/files", headers=api.auth(),
                          params={"purpose": "batch_output", "after": file_id})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "after"
+
+
+def test_without_a_purpose_every_file_is_listed_uploads_first_then_results_in_pages() -> None:
+    """As OpenAI's ``GET /v1/files``: every file of the tenant (before, the uploads only)."""
+    api = make_api()
+    first = _finished_batch(api, [b'{"n": 1}\n'], [b'{"e": 1}\n'])
+    api.clock.now += 10
+    last = _finished_batch(api, [b'{"n": 2}\n'], [])
+
+    def listed(**params: Any) -> dict[str, Any]:
+        answer = api.client.get("/v1/files", headers=api.auth(), params=params)
+        assert answer.status_code == 200, answer.text
+        return dict(answer.json())
+
+    uploads = [f["id"] for f in listed(purpose="batch")["data"]]
+    results = [f["id"] for f in listed(purpose="batch_output")["data"]]
+    assert len(uploads) == 2
+    assert results == [output_file_id(last), output_file_id(first), error_file_id(first)]
+    everything = listed()
+    assert [f["id"] for f in everything["data"]] == uploads + results and not everything["has_more"]
+    for size in (1, 2, 3, 5):  # pages of every size meet the uploads/results seam without a gap or a repeat
+        pages, after = [], None
+        while True:
+            page = listed(limit=size, **({"after": after} if after else {}))
+            pages += [f["id"] for f in page["data"]]
+            if not page["has_more"]:
+                break
+            after = page["last_id"]
+        assert pages == uploads + results, size
+    assert [f["id"] for f in listed(limit=2)["data"]] == uploads and listed(limit=2)["has_more"]
