@@ -113,7 +113,11 @@ class BatchReader:
         (job,) = await self.state.get_many([batch_id])
         if job is None or job.tenant != tenant or job.state is State.DEAD_LETTERED:
             return None
-        return kafka_view(job)
+        try:
+            return kafka_view(job)
+        except (ValidationError, ValueError):  # a record the API cannot show (an older one): not found
+            log.warning("batch %s: its record cannot be shown as an API batch", batch_id, exc_info=True)
+            return None
 
     async def many(self, stored: Sequence[StoredBatch]) -> list[Snapshot]:
         jobs = await self.state.get_many([s.id for s in stored])

@@ -410,3 +410,11 @@ def test_refused_requests_and_api_shaped_ids_are_never_read_from_kafka() -> None
     for api_form in ("batch_" + "1" * 13 + "a" * 16, "batch_1"):   # the API's namespace, sent to Kafka
         _sent_to_kafka(api, api_form)
         assert api.client.get(f"/v1/batches/{api_form}", headers=api.auth()).status_code == 404
+
+
+def test_a_kafka_record_the_api_cannot_show_is_not_found_not_a_500() -> None:
+    api = make_api()
+    _sent_to_kafka(api, "old-record")
+    api.dispatcher.hashes["old-record"]["endpoint"] = "/v1/retired"
+    answer = api.client.get("/v1/batches/old-record", headers=api.auth())
+    assert answer.status_code == 404 and answer.json()["error"]["param"] == "batch_id"
