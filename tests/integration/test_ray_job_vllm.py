@@ -251,7 +251,7 @@ def test_20_line_file_exact_counts_codes_text_and_usage(
             "body": {"messages": [{"role": "user", "content": "no id"}]},
         },  # 15 missing custom_id
         chat_line("q00", "duplicate id"),  # 16 duplicate custom_id
-        {"custom_id": "emb", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}},  # 17 url
+        {"custom_id": "emb", "method": "POST", "url": "/v1/moderations", "body": {"input": "x"}},  # 17 url
         {**chat_line("get", "wrong method"), "method": "GET"},  # 18 method
         chat_line("long", "word " * 1500, max_tokens=8),  # 19 longer than max_model_len 1024
         chat_line("engine", "Say no.", max_tokens=4, logprobs=True, top_logprobs=5),  # 20 vLLM refuses it
