@@ -105,9 +105,10 @@ class RayJobsBackend:
 
     def _get_client(self) -> Any:
         if self._client is None:
-            os.environ.setdefault(
-                "RAY_AUTH_MODE", "disabled" if self.settings.ray.auth_token is None else "token"
-            )
+            # The token, when there is one, travels in our own Authorization header. Ray's client-side
+            # "token" mode would look for a token of its own, and Ray reads the mode once per process:
+            # a token-less backend later in the same process would then be refused before it asks.
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             from ray.job_submission import JobSubmissionClient
 
             timeout = self.timeout_s
