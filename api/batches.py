@@ -150,7 +150,7 @@ def kafka_view(job: JobDetail) -> StoredBatch:
         model=job.model,
         completion_window=f"{max(1, round(expires - created))}s",
         expires_at=expires,
-        metadata={k: v for k, v in job.metadata.items()},
+        metadata=dict(job.metadata),
         total=job.counts.total,
         input_uri=job.input_uri or "",
         priority=job.priority if job.priority is not None else 5,

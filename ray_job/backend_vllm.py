@@ -58,21 +58,25 @@ class VllmBackend:
     def add(self, request: GenRequest) -> None:
         from vllm import SamplingParams
         from vllm.exceptions import VLLMClientError
+        from vllm.pooling_params import PoolingParams
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
         from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDead
 
-        if "pooling" in request.sampling:
-            self._add_pooling(request)
-            return
+        pooling = request.sampling.get("pooling")  # an embedding: PoolingParams arguments
         sampling = {**self._defaults, **request.sampling}
         structured = sampling.pop("structured_outputs", None)
+        params: Any
         try:
-            if structured is not None:
-                sampling["structured_outputs"] = StructuredOutputsParams(**structured)
-            if sampling.get("logit_bias"):
-                sampling["logit_bias"] = {int(token): bias for token, bias in sampling["logit_bias"].items()}
-            params = SamplingParams(**sampling)
-            params.output_kind = RequestOutputKind.FINAL_ONLY
+            if pooling is not None:
+                params = PoolingParams(task="embed", **pooling)
+            else:
+                if structured is not None:
+                    sampling["structured_outputs"] = StructuredOutputsParams(**structured)
+                if sampling.get("logit_bias"):
+                    biases = sampling["logit_bias"].items()
+                    sampling["logit_bias"] = {int(token): bias for token, bias in biases}
+                params = SamplingParams(**sampling)
+                params.output_kind = RequestOutputKind.FINAL_ONLY
             prompt: Any = {"prompt_token_ids": request.prompt_token_ids}
             self._llm.llm_engine.add_request(request.key, prompt, params)
         except VllmEngineDead as exc:
@@ -85,30 +89,12 @@ class VllmBackend:
                 # the schema did not compile (xgrammar): that line's own mistake, named as OpenAI would
                 raise RequestRejected(f"response_format: {text}", code=INVALID_RESPONSE_FORMAT,
                                       param="response_format") from exc
+            if param is None and pooling and "dimensions" in pooling and "dimension" in text.lower():
+                param = "dimensions"  # a model that cannot cut its vectors short
             if code:
                 raise RequestRejected(text, code=code, param=param) from exc
             raise RequestRejected(f"{type(exc).__name__}: {text}", param=param) from exc
         self._keys[request.key] = int(request.sampling.get("logprobs") or 0)
-
-    def _add_pooling(self, request: GenRequest) -> None:
-        """Queue an embedding request (``sampling["pooling"]``: ``PoolingParams`` arguments)."""
-        from vllm.exceptions import VLLMClientError
-        from vllm.pooling_params import PoolingParams
-        from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDead
-
-        try:
-            params = PoolingParams(task="embed", **request.sampling["pooling"])
-            prompt: Any = {"prompt_token_ids": request.prompt_token_ids}
-            self._llm.llm_engine.add_request(request.key, prompt, params)
-        except VllmEngineDead as exc:
-            raise EngineDeadError(str(exc)) from exc
-        except (VLLMClientError, ValueError, TypeError) as exc:
-            param = getattr(exc, "parameter", None)
-            asked = request.sampling["pooling"]
-            if param is None and "dimensions" in asked and "dimension" in str(exc).lower():
-                param = "dimensions"
-            raise RequestRejected(f"{type(exc).__name__}: {exc}", param=param) from exc
-        self._keys[request.key] = 0
 
     def abort(self, keys: list[str]) -> None:
         known = [k for k in keys if self._keys.pop(k, None) is not None]

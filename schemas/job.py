@@ -98,10 +98,6 @@ class EngineConfig(BaseModel):
         default_factory=list, description="fake backend: requests that fail with an engine error."
     )
 
-    def serves(self, endpoint: Endpoint) -> bool:
-        """Whether an engine of this runner answers ``endpoint`` (embeddings need ``pooling``)."""
-        return endpoint.pooling == (self.runner == "pooling")
-
 
 class JobSpec(BaseModel):
     """Everything one Ray job attempt needs; exactly one of ``input_uri`` and ``requests``."""

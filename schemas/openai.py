@@ -295,10 +295,6 @@ class EmbeddingBody(BaseModel):
         except ValidationError:
             raise ValueError(_INPUT_SHAPE) from None
 
-    def max_output_tokens(self) -> int | None:
-        """Embeddings generate no tokens."""
-        return None
-
 
 RequestBody = ChatCompletionBody | CompletionBody | EmbeddingBody
 BODY_MODELS: dict[Endpoint, type[RequestBody]] = {

@@ -122,12 +122,6 @@ def test_an_embedding_batch_runs_only_on_an_embedding_model_and_a_chat_batch_nev
     assert "Models that do: 'chat-model'" in caught.value.message
 
 
-def test_the_engine_config_says_which_endpoints_a_runner_serves() -> None:
-    pooling, generate = EngineConfig(runner="pooling"), EngineConfig()
-    assert pooling.serves(Endpoint.EMBEDDINGS) and not pooling.serves(Endpoint.CHAT_COMPLETIONS)
-    assert generate.serves(Endpoint.COMPLETIONS) and not generate.serves(Endpoint.EMBEDDINGS)
-
-
 # --- prompt stage, engine stage, output ----------------------------------------------------------------
 
 
