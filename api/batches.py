@@ -110,8 +110,8 @@ class BatchReader:
         refused request's record carries no tenant that was checked: neither is shown."""
         if batch_id.startswith(BATCH_PREFIX) or not KAFKA_BATCH_ID.fullmatch(batch_id):
             return None
-        (job,) = await self.state.get_many([batch_id])
-        if job is None or job.tenant != tenant or job.state is State.DEAD_LETTERED:
+        (job,) = await self.state.get_many([(tenant, batch_id)])
+        if job is None or job.state is State.DEAD_LETTERED:
             return None
         try:
             return kafka_view(job)
@@ -120,7 +120,7 @@ class BatchReader:
             return None
 
     async def many(self, stored: Sequence[StoredBatch]) -> list[Snapshot]:
-        jobs = await self.state.get_many([s.id for s in stored])
+        jobs = await self.state.get_many([(s.tenant, s.id) for s in stored])
         now = self.clock()
         out = []
         for record, job in zip(stored, jobs, strict=True):

@@ -69,7 +69,8 @@ class ActiveBatches:
         """How many of ``batch_ids`` are under way; the marks of the others are removed."""
         now = self.clock()
         count = 0
-        for batch_id, job in zip(batch_ids, await self.state.get_many(batch_ids), strict=True):
+        jobs = await self.state.get_many([(tenant, b) for b in batch_ids])
+        for batch_id, job in zip(batch_ids, jobs, strict=True):
             if job is None:
                 ended = now - made_at(batch_id, BATCH_PREFIX) > self.unknown_after_s
             else:

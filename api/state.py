@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from dispatcher.keys import BatchKey, batch_key
 from dispatcher.ops.jobs import JobDetail, detail_of
 from dispatcher.store import BatchRecord
 
@@ -19,17 +20,18 @@ from dispatcher.store import BatchRecord
 class StateReader(Protocol):
     """The dispatcher's view of batches."""
 
-    async def get_many(self, batch_ids: Sequence[str]) -> list[JobDetail | None]:
-        """One entry per id, in order (``None``: Redis has no record of it)."""
+    async def get_many(self, batches: Sequence[tuple[str, str]]) -> list[JobDetail | None]:
+        """One entry per ``(tenant, batch_id)``, in order (``None``: Redis has no record of it).
+        Batch ids are scoped by tenant: the tenant is part of what names a batch."""
         ...
 
 
 class BatchRecords(Protocol):
     """The part of :class:`~dispatcher.store.StateStore` the reader uses."""
 
-    async def get_many(self, batch_ids: Sequence[str]) -> list[BatchRecord | None]: ...
+    async def get_many(self, batch_keys: Sequence[BatchKey]) -> list[BatchRecord | None]: ...
 
-    async def read_progress_many(self, batch_ids: Sequence[str]) -> list[dict[str, str]]: ...
+    async def read_progress_many(self, batch_keys: Sequence[BatchKey]) -> list[dict[str, str]]: ...
 
 
 class RedisStateReader:
@@ -38,8 +40,9 @@ class RedisStateReader:
     def __init__(self, store: BatchRecords) -> None:
         self._store = store
 
-    async def get_many(self, batch_ids: Sequence[str]) -> list[JobDetail | None]:
-        records = await self._store.get_many(batch_ids) if batch_ids else []
-        live = [r.batch_id for r in records if r is not None and not r.state.is_terminal]
+    async def get_many(self, batches: Sequence[tuple[str, str]]) -> list[JobDetail | None]:
+        keys = [batch_key(tenant, batch_id) for tenant, batch_id in batches]
+        records = await self._store.get_many(keys) if keys else []
+        live = [r.key for r in records if r is not None and not r.state.is_terminal]
         progress = dict(zip(live, await self._store.read_progress_many(live), strict=True)) if live else {}
-        return [None if r is None else detail_of(r, progress.get(r.batch_id, {})) for r in records]
+        return [None if r is None else detail_of(r, progress.get(r.key, {})) for r in records]

@@ -2,9 +2,8 @@
 
 Every request that names a usable batch id (the record key) gets an answer on the results topic,
 ``llmbatch.batch.rejected.v1`` (:class:`~schemas.events.BatchRejected`): an invalid event (with where
-its dead letter is), a new request for a batch id already in use (with that batch's state, unless the
-batch is another tenant's: batch ids are one namespace, and one tenant learns nothing of another's
-batch from an answer), or a
+its dead letter is), a new request for a batch id its tenant already uses (with that batch's state:
+batch ids are scoped by tenant, so the batch described is always the requester's own), or a
 record the consumer gave up on (``processing_failed``). A record without a usable batch id goes to
 the dead-letter topic only. Each answer's ``ce_id`` is fixed by the request it answers, so one
 re-sent after a redelivery carries the same id.
@@ -28,11 +27,11 @@ from schemas.openai import ErrorObject
 
 
 def rejection_answer(
-    reject: Reject, written: Any, behind: State | None, *, source: str, now: float, hidden: bool = False
+    reject: Reject, written: Any, behind: State | None, *, source: str, now: float
 ) -> Envelope[Any]:
     """The answer to a dead-lettered request whose batch id is readable. ``written`` is the dead
-    letter's ``RecordMetadata``; ``behind`` the state of the batch that already had the id; ``hidden``:
-    that batch is another tenant's, whose state the answer does not tell (``batch_status`` absent)."""
+    letter's ``RecordMetadata``; ``behind`` the state of the batch (of the tenant the request claims)
+    that already had the id."""
     error = reject.error
     return build_rejected(
         reject.batch_id or "",
@@ -42,28 +41,21 @@ def rejection_answer(
         now=now,
         request_id=reject.request_id,
         request_source=reject.request_source,
-        batch_status=None if hidden else behind or State.DEAD_LETTERED,
+        batch_status=behind or State.DEAD_LETTERED,
+        tenant=reject.tenant,
         dead_letter=RecordRef(
             topic=reject.dead_letter.topic, partition=written.partition, offset=written.offset
         ),
     )
 
 
-def duplicate_answer(
-    accept: Accept, result: IntakeResult, *, source: str, now: float, owner: str | None = None
-) -> Envelope[Any]:
-    """The answer to a new request (a new event id) for a batch id already in use: nothing applied.
-    ``owner``: the tenant of the batch that has the id; when it is not the request's, the answer does
-    not tell that batch's state (``batch_status`` absent)."""
-    batch_id = accept.item.batch_id
-    hidden = owner is not None and owner != accept.request.tenant
-    if hidden:
-        message = (f"batch id {batch_id!r} is in use by another tenant; this request was not applied. "
-                   "Use a new batch_id")
-    else:
-        state = result.state.value if result.state else "unknown"
-        message = (f"batch {batch_id!r} already exists ({state}); this request was not applied. "
-                   "Follow that batch's events, or use a new batch_id for a new batch")
+def duplicate_answer(accept: Accept, result: IntakeResult, *, source: str, now: float) -> Envelope[Any]:
+    """The answer to a new request (a new event id) for a batch id its tenant already uses: nothing
+    applied."""
+    batch_id = accept.request.batch_id
+    state = result.state.value if result.state else "unknown"
+    message = (f"batch {batch_id!r} already exists ({state}); this request was not applied. "
+               "Follow that batch's events, or use a new batch_id for a new batch")
     return build_rejected(
         batch_id,
         ErrorObject(code=Reason.DUPLICATE_BATCH_ID, message=message, param="batch_id"),
@@ -72,8 +64,9 @@ def duplicate_answer(
         now=now,
         request_id=accept.item.fields.get("event_id"),
         request_source=accept.item.fields.get("source"),
-        batch_status=None if hidden else result.state,
+        batch_status=result.state,
         traceparent=accept.traceparent,
+        tenant=accept.request.tenant,
     )
 
 
@@ -91,8 +84,10 @@ def failure_answer(
         fields = command.item.fields
         request_id, request_source = fields.get("event_id"), fields.get("source")
         traceparent = command.traceparent
+        tenant: str | None = command.request.tenant
     else:
         request_id, request_source, traceparent = command.request_id, command.request_source, None
+        tenant = command.tenant
     return build_rejected(
         batch_id,
         ErrorObject(
@@ -107,4 +102,5 @@ def failure_answer(
         request_source=request_source,
         dead_letter=written,
         traceparent=traceparent,
+        tenant=tenant,
     )

@@ -1,6 +1,7 @@
 """Applying a consumed ``cancel_requested`` command to the batch's state in Redis.
 
-A cancel naming another tenant than the batch's is ignored (as one of an unknown batch). A batch
+A cancel names a batch of its own tenant (batch ids are scoped by tenant: another tenant's batch of
+the same id is another batch, which the cancel never reaches). A batch
 that never launched is cancelled at once; one with a job (or a queued retry) is flagged
 ``cancel_requested`` and the tracker stops the job and reports partial results (a queued retry at its
 next tick, not when the queue reaches it). A redelivered cancel
@@ -28,12 +29,13 @@ async def apply_cancel(
     store: StateStore, metrics: Metrics, cancel: Cancel, clock: Callable[[], float]
 ) -> None:
     """Record ``cancel``; raises :class:`TransientError` when the batch kept changing meanwhile."""
-    with logs.bind(batch_id=cancel.batch_id, trace_id=logs.trace_id_of(cancel.traceparent)):
+    with logs.bind(batch_id=cancel.batch_id, tenant=cancel.request.tenant,
+                   trace_id=logs.trace_id_of(cancel.traceparent)):
         if (await store.markers_exist([cancel.marker]))[0]:
             metrics.processed.labels(outcome="duplicate_cancel").inc()
             return
         for _ in range(20):
-            record = await store.get(cancel.batch_id)
+            record = await store.get(cancel.key)
             if record is None or record.state.is_terminal:
                 log.info(
                     "cancel ignored: batch unknown or finished",
@@ -41,17 +43,11 @@ async def apply_cancel(
                 )
                 metrics.processed.labels(outcome="cancel_ignored").inc()
                 break
-            if record.tenant != cancel.request.tenant:
-                # no answer either way: the cancel's sender learns nothing about another tenant's batch
-                log.warning("cancel ignored: it names another tenant than the batch's",
-                            extra={"cancel_tenant": cancel.request.tenant, "tenant": record.tenant})
-                metrics.processed.labels(outcome="cancel_ignored").inc()
-                break
             reason = cancel.request.reason or "cancel requested"
             if record.state in {State.ACCEPTED, State.QUEUED} and record.attempt == 0:
                 outcome = Outcome(State.CANCELLED, clock(), counts={"total": int(record.get("total") or 0)})
                 result = await store.transition(
-                    cancel.batch_id,
+                    cancel.key,
                     State.CANCELLED,
                     expected_version=record.version,
                     fields={
@@ -62,7 +58,7 @@ async def apply_cancel(
                 )
             else:  # the tracker stops the job and reports partial results (a queued retry: at once)
                 result = await store.transition(
-                    cancel.batch_id,
+                    cancel.key,
                     record.state,
                     expected_version=record.version,
                     from_states=[record.state],
@@ -75,10 +71,10 @@ async def apply_cancel(
                 )
             if result.ok:
                 if record.state is State.QUEUED and record.attempt > 0:
-                    await store.due_now(cancel.batch_id, clock())  # a queued retry: the next tick
+                    await store.due_now(cancel.key, clock())  # a queued retry: the next tick
                 log.info("cancel recorded", extra={"state": record.state.value})
                 metrics.processed.labels(outcome="cancel").inc()
                 break
         else:  # the batch kept changing under us: try the whole record again (nothing committed)
-            raise TransientError(f"cancel of {cancel.batch_id}: state kept changing")
+            raise TransientError(f"cancel of {cancel.key}: state kept changing")
         await store.set_marker(cancel.marker)

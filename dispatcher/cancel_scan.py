@@ -103,7 +103,7 @@ class CancelScanner:
             return 0
         if (await self.store.markers_exist([command.marker]))[0]:  # applied by an earlier pass
             return 0
-        [state] = await self.store.states_many([command.batch_id])
+        [state] = await self.store.states_many([command.key])
         if state is None or state.is_terminal:
             # unknown: its request is still in the backlog (or it ended, and a replay may be there):
             # the consumer applies it in order

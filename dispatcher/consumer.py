@@ -40,7 +40,7 @@ from dispatcher.cancel_scan import CancelScanner
 from dispatcher.dlt import OriginalRecord
 from dispatcher.errors import BrokerUnavailable, DispatcherError, classify, classify_kafka_start
 from dispatcher.events import build_accepted
-from dispatcher.intake import Accept, Cancel, Command, IntakeRules, Reject, claimed_tenant, intake_rules
+from dispatcher.intake import Accept, Cancel, Command, IntakeRules, Reject, intake_rules
 from dispatcher.intake import classify as classify_record
 from dispatcher.metrics import Metrics
 from dispatcher.publisher import EventProducer, SendFuture, gather_sends
@@ -341,12 +341,6 @@ class RequestConsumer:
             if isinstance(command, Accept):
                 histogram.observe(latency)
 
-    async def _owners(self, batch_ids: list[str]) -> dict[str, str]:
-        """batch id -> its tenant, for those of ``batch_ids`` Redis has."""
-        if not batch_ids:
-            return {}
-        return {r.batch_id: r.tenant for r in await self.store.get_many(batch_ids) if r is not None}
-
     async def _give_up(self, entry: Entry, failed: GaveUp, epoch: int) -> None:
         command = entry[2]
         batch_id = _batch_id_of(command)
@@ -382,7 +376,9 @@ class RequestConsumer:
         fresh = [r for r, exists in zip(rejects, seen, strict=True) if not exists]
         self.metrics.processed.labels(outcome="duplicate_rejected").inc(len(rejects) - len(fresh))
         # what stands behind each rejected id, read before anything is written: the answers say it
-        behind = await self.store.states_many([r.batch_id or "" for r in fresh])
+        named = [r.key for r in fresh if r.key is not None]
+        named_states = dict(zip(named, await self.store.states_many(named), strict=True))
+        behind = [named_states.get(r.key) if r.key is not None else None for r in fresh]
         results = await self.store.intake_many([a.item for a in accepts])
         self.crash("after_accept")
         sends: list[SendFuture] = []
@@ -391,21 +387,18 @@ class RequestConsumer:
         # a redelivered request whose batch has not ended: its 'accepted' may never have gone out (a
         # crash between the intake and the publish); send it again, as stored (the original time)
         again = [
-            a.item.batch_id
+            a.item.key
             for a, r in zip(accepts, results, strict=True)
             if r.outcome == "dup_event" and r.state is not None and not r.state.is_terminal
         ]
-        stored = {r.batch_id: r for r in await self.store.get_many(again) if r is not None} if again else {}
-        # whose are the batches an answer would describe: another tenant's state is not told
-        owned = [a.item.batch_id for a, r in zip(accepts, results, strict=True) if r.outcome == "duplicate"]
-        owned += [r.batch_id for r, s in zip(fresh, behind, strict=True) if r.batch_id and s is not None]
-        owners = await self._owners(owned)
+        stored = {r.key: r for r in await self.store.get_many(again) if r is not None} if again else {}
         for accept, result in zip(accepts, results, strict=True):
-            with logs.bind(batch_id=accept.item.batch_id, trace_id=logs.trace_id_of(accept.traceparent)):
-                record: BatchRecord | None = stored.get(accept.item.batch_id)
+            with logs.bind(batch_id=accept.request.batch_id, tenant=accept.request.tenant,
+                           trace_id=logs.trace_id_of(accept.traceparent)):
+                record: BatchRecord | None = stored.get(accept.item.key)
                 if result.is_new:
                     record = BatchRecord(
-                        accept.item.batch_id,
+                        accept.item.key,
                         State.QUEUED,
                         result.version,
                         {
@@ -425,8 +418,7 @@ class RequestConsumer:
                     sends.append(
                         await self.producer.send_event(
                             results_topic,
-                            duplicate_answer(accept, result, source=self.opts.source, now=self.clock(),
-                                             owner=owners.get(accept.item.batch_id)),
+                            duplicate_answer(accept, result, source=self.opts.source, now=self.clock()),
                         )
                     )
                 if result.is_new:
@@ -467,10 +459,7 @@ class RequestConsumer:
         answers: list[SendFuture] = []
         for reject, meta, state in zip(fresh, written, behind, strict=True):
             if reject.batch_id is not None:  # the answer names where its dead letter is
-                owner = owners.get(reject.batch_id)
-                hidden = owner is not None and owner != (claimed_tenant(reject.origin) or "default")
-                answer = rejection_answer(reject, meta, state, source=self.opts.source, now=self.clock(),
-                                          hidden=hidden)
+                answer = rejection_answer(reject, meta, state, source=self.opts.source, now=self.clock())
                 answers.append(await self.producer.send_event(results_topic, answer))
         await gather_sends(answers)
         if fresh:
@@ -490,10 +479,10 @@ class RequestConsumer:
 
 def _batch_id_of(command: Command) -> str | None:
     if isinstance(command, Accept):
-        return command.item.batch_id
+        return command.request.batch_id
     if isinstance(command, Cancel):
         return command.batch_id
-    return command.item.batch_id if command.item is not None else None
+    return command.batch_id if command.item is not None else None
 
 
 def _type_label(headers: Any) -> str:

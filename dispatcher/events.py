@@ -16,6 +16,7 @@ import orjson
 from pydantic import BaseModel
 
 from dispatcher.dlt import OriginalRecord
+from dispatcher.keys import BatchKey
 from dispatcher.states import State, terminal_event_state
 from dispatcher.store import BatchRecord
 from schemas.cloudevents import Envelope, stable_event_id
@@ -46,21 +47,22 @@ def _lineage(generation: int, replay_id: str | None) -> tuple[str, str]:
     return str(generation), replay_id or ""
 
 
-def accepted_event_id(batch_id: str, generation: int, replay_id: str | None) -> str:
-    return stable_event_id(batch_id, EventType.ACCEPTED, *_lineage(generation, replay_id))
+def accepted_event_id(key: BatchKey, generation: int, replay_id: str | None) -> str:
+    """Event ids derive from the batch's key, so two tenants' batches of one id get distinct ids."""
+    return stable_event_id(key, EventType.ACCEPTED, *_lineage(generation, replay_id))
 
 
-def terminal_event_id(batch_id: str, state: State, generation: int, replay_id: str | None) -> str:
+def terminal_event_id(key: BatchKey, state: State, generation: int, replay_id: str | None) -> str:
     """The one ``ce_id`` of the terminal event of this batch lifecycle."""
     event_state = terminal_event_state(state)
-    return stable_event_id(batch_id, TERMINAL_TYPE_BY_STATUS[event_state], *_lineage(generation, replay_id))
+    return stable_event_id(key, TERMINAL_TYPE_BY_STATUS[event_state], *_lineage(generation, replay_id))
 
 
 def progress_event_id(
-    batch_id: str, generation: int, replay_id: str | None, attempt: int, counts: RequestCounts
+    key: BatchKey, generation: int, replay_id: str | None, attempt: int, counts: RequestCounts
 ) -> str:
     return stable_event_id(
-        batch_id,
+        key,
         EventType.PROGRESS,
         *_lineage(generation, replay_id),
         str(attempt),
@@ -159,7 +161,7 @@ def build_accepted(record: BatchRecord, *, source: str) -> Envelope[Any]:
         metadata=_metadata(record),
     )
     return Envelope.model_construct(
-        id=accepted_event_id(record.batch_id, record.generation, record.get("replay_id")),
+        id=accepted_event_id(record.key, record.generation, record.get("replay_id")),
         source=source,
         type=EventType.ACCEPTED,
         time=accepted,
@@ -193,12 +195,14 @@ def build_rejected(
     batch_status: State | None = None,
     dead_letter: RecordRef | None = None,
     traceparent: str | None = None,
+    tenant: str | None = None,
 ) -> Envelope[Any]:
     """The ``rejected`` answer to one request. ``answer_of`` names the rejected request (its Kafka
     coordinates, or its source and id) and fixes the event id: a request rejected again after a
-    redelivery gets an answer with the same ``ce_id``."""
+    redelivery gets an answer with the same ``ce_id``. ``tenant``: the one the request named."""
     data = BatchRejected(
         batch_id=batch_id,
+        tenant=tenant,
         request_id=request_id,
         request_source=request_source,
         error=error,
@@ -232,7 +236,7 @@ def build_progress(
         data,
         source=source,
         id=progress_event_id(
-            record.batch_id, record.generation, record.get("replay_id"), record.attempt, counts
+            record.key, record.generation, record.get("replay_id"), record.attempt, counts
         ),
         time=ts(now),
         traceparent=record.get("traceparent"),
@@ -274,7 +278,7 @@ def build_terminal(record: BatchRecord, *, source: str) -> Envelope[Any]:
         metadata=_metadata(record),
     )
     event_id = record.get("terminal_event_id") or terminal_event_id(
-        record.batch_id, record.state, record.generation, record.get("replay_id")
+        record.key, record.state, record.generation, record.get("replay_id")
     )
     return Envelope.new(
         data, source=source, id=event_id, time=ts(outcome.finished_at), traceparent=record.get("traceparent")
@@ -286,7 +290,7 @@ def terminal_fields(record: BatchRecord, outcome: Outcome) -> dict[str, str]:
     return {
         "outcome": outcome.to_json(),
         "terminal_event_id": terminal_event_id(
-            record.batch_id, outcome.state, record.generation, record.get("replay_id")
+            record.key, outcome.state, record.generation, record.get("replay_id")
         ),
         "finished_at": repr(outcome.finished_at),
         "published": "0",

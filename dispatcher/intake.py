@@ -26,6 +26,7 @@ from dispatcher.dlt import (
     exception_fqcn,
     reason_for_schema_error,
 )
+from dispatcher.keys import BatchKey, batch_key
 from dispatcher.request_body import body_fields
 from dispatcher.scheduler import ready_score
 from dispatcher.settings import ENGINES_ENV, DispatcherSettings
@@ -105,6 +106,11 @@ class Cancel:
     traceparent: str | None
     origin: OriginalRecord
 
+    @property
+    def key(self) -> BatchKey:
+        """The batch it cancels: its tenant's batch of that id."""
+        return batch_key(self.request.tenant, self.batch_id)
+
 
 @dataclass(frozen=True)
 class Reject:
@@ -120,6 +126,12 @@ class Reject:
     batch_id: str | None = None
     request_id: str | None = None
     request_source: str | None = None
+    tenant: str | None = None  # the tenant it claims (see claimed_tenant), when readable
+
+    @property
+    def key(self) -> BatchKey | None:
+        """The batch it names (the claimed tenant's, else the default tenant's), if readable."""
+        return batch_key(self.tenant, self.batch_id) if self.batch_id else None
 
     @property
     def answer_of(self) -> str:
@@ -150,14 +162,15 @@ def _readable_batch_id(origin: OriginalRecord) -> str | None:
     return text if _BATCH_ID_RE.match(text) else None
 
 
-def claimed_tenant(origin: OriginalRecord) -> str | None:
-    """The tenant a rejected request names (the value is the event's data: its ``tenant``), if the
-    value is JSON and that is a valid tenant; ``None`` otherwise (the batch then reads as the default
-    tenant's, as an accepted request without one does)."""
-    if not origin.value:
+def claimed_tenant(value: bytes | None) -> str | None:
+    """The tenant a request's record value names (the value is the event's data: its ``tenant``), if
+    the value is JSON and that is a valid tenant; ``None`` otherwise (the batch then reads as the
+    default tenant's, as an accepted request without one does). For records that did not validate:
+    a rejected request, a dead letter."""
+    if not value:
         return None
     try:
-        data = orjson.loads(origin.value)
+        data = orjson.loads(value)
     except orjson.JSONDecodeError:
         return None
     tenant = data.get("tenant") if isinstance(data, dict) else None
@@ -201,10 +214,10 @@ def _reject(origin: OriginalRecord, error: SchemaError, rules: IntakeRules, now:
     event_id = event_id if event_id and len(event_id) <= 256 else None
     item = None
     marker = record_marker(origin)
+    tenant = claimed_tenant(origin.value) if batch_id else None
     if batch_id and source and event_id:
-        tenant = claimed_tenant(origin)
         item = IntakeItem(
-            batch_id=batch_id,
+            key=batch_key(tenant, batch_id),
             fields={
                 "batch_id": batch_id,
                 # whose it claims to be, as for an accepted request (`llmbatch jobs` shows it)
@@ -230,6 +243,7 @@ def _reject(origin: OriginalRecord, error: SchemaError, rules: IntakeRules, now:
         batch_id=batch_id,
         request_id=event_id,
         request_source=source,
+        tenant=tenant,
     )
 
 
@@ -345,7 +359,7 @@ def classify(origin: OriginalRecord, rules: IntakeRules, now: float) -> Command:
             check_tenant_prefix(data.input_uri, data.tenant)
         deadline = data.effective_deadline(accepted_at).timestamp()
         item = IntakeItem(
-            batch_id=data.batch_id,
+            key=batch_key(data.tenant, data.batch_id),
             fields=intake_fields(data, origin, envelope.source, envelope.id, envelope.traceparent, now,
                                  body_max_bytes=rules.request_in_redis_max_bytes),
             marker=marker,

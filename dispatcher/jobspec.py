@@ -20,7 +20,7 @@ def results_prefix(settings: DispatcherSettings, record: BatchRecord) -> str:
     """Where this lifecycle of the batch keeps its results (see :func:`schemas.job.output_prefix`)."""
     return output_prefix(
         settings.s3.results_bucket,
-        record.get("tenant", "default") or "default",
+        record.tenant,
         record.batch_id,
         record.get("lifecycle") or None,
     )
@@ -58,7 +58,7 @@ def build_job_spec(
         engine_wait_s=opts.engine_wait_s,
         # never a password in the spec (command line, uploaded spec): the job gets it from its env
         redis_url=settings.redis.url_without_password(job.redis_username) if job.pass_redis_url else None,
-        progress_key=keys.progress(record.batch_id) if job.pass_redis_url else None,
+        progress_key=keys.progress(record.key) if job.pass_redis_url else None,
         progress_interval_s=job.progress_interval_s,
         shard_max_lines=job.shard_max_lines,
         shard_max_seconds=job.shard_max_seconds,

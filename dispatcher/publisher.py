@@ -242,6 +242,7 @@ class TerminalPublisher:
                 continue
             with logs.bind(
                 batch_id=record.batch_id,
+                tenant=record.tenant,
                 attempt=record.attempt,
                 trace_id=logs.trace_id_of(record.get("traceparent")),
             ):
@@ -270,11 +271,11 @@ class TerminalPublisher:
             )
             if await self._write_dead_letter(letter):
                 self.crash("after_dlt")
-                await self.store.mark_dlt_written(record.batch_id, event_id)
+                await self.store.mark_dlt_written(record.key, event_id)
         envelope = build_terminal(record, source=self.source)
         await self.producer.publish(self.results_topic, envelope)
         self.crash("after_publish")
-        await self.store.mark_published(record.batch_id, event_id)
+        await self.store.mark_published(record.key, event_id)
         status = terminal_event_state(record.state).value
         started = outcome.started_at
         if started is not None:

@@ -33,6 +33,7 @@ from dispatcher.dlt import OriginalRecord
 from dispatcher.errors import BrokerUnavailable, classify
 from dispatcher.intake import Accept, IntakeRules
 from dispatcher.intake import classify as classify_record
+from dispatcher.keys import BatchKey, batch_key
 from dispatcher.metrics import Metrics
 from dispatcher.record_reader import RecordReader
 from dispatcher.scheduler import ready_score
@@ -54,29 +55,35 @@ _CHUNK = 500
 class Pending:
     """A batch accepted and not ended (as far as the results topic says)."""
 
-    batch_id: str
+    key: BatchKey
     request: RecordRef
     accepted_at: datetime
     accepted: BatchAccepted | None = None
 
 
-def track(pending: dict[str, Pending], event: Envelope[Any]) -> None:
+def _key_of(event: Envelope[Any]) -> BatchKey:
+    tenant = getattr(event.data, "tenant", None)
+    return batch_key(tenant if isinstance(tenant, str) else None, event.batch_id)
+
+
+def track(pending: dict[BatchKey, Pending], event: Envelope[Any]) -> None:
     """Update ``pending`` with one event of the results topic (events of an id come in order:
     they share a partition). Pure."""
     data = event.data
+    key = _key_of(event)
     if isinstance(data, BatchAccepted):
         if data.request is None:  # accepted before events named their request: nothing to re-read
-            pending.pop(event.batch_id, None)
+            pending.pop(key, None)
         else:
-            pending[event.batch_id] = Pending(event.batch_id, data.request, data.accepted_at, data)
+            pending[key] = Pending(key, data.request, data.accepted_at, data)
     elif event.is_terminal:
-        pending.pop(event.batch_id, None)
+        pending.pop(key, None)
 
 
-def unfinished(events: Iterable[Envelope[Any]]) -> dict[str, Pending]:
+def unfinished(events: Iterable[Envelope[Any]]) -> dict[BatchKey, Pending]:
     """The batches of ``events`` (the results topic, each partition in order) accepted and not
     ended: each id's latest ``accepted`` that no terminal event followed. Pure."""
-    pending: dict[str, Pending] = {}
+    pending: dict[BatchKey, Pending] = {}
     for event in events:
         track(pending, event)
     return pending
@@ -127,17 +134,17 @@ class Reconciler:
         if origin is None:
             return await self._restore_gone(pending, where)
         command = classify_record(origin, self.rules, pending.accepted_at.timestamp())
-        if not isinstance(command, Accept) or command.item.batch_id != pending.batch_id:
+        if not isinstance(command, Accept) or command.item.key != pending.key:
             self.metrics.reconciled.labels(outcome="request_invalid").inc()
             log.error("batch state lost and its request no longer validates: it cannot be restored",
-                      extra={"batch_id": pending.batch_id, "request": where})
+                      extra={"batch_id": pending.key, "request": where})
             return 0
         [result] = await self.store.intake_many([command.item])
         if not result.is_new:  # taken in meanwhile (a redelivery, another pass)
             return 0
         self.metrics.reconciled.labels(outcome="restored").inc()
         log.warning("batch state was lost; taken in again from its request",
-                    extra={"batch_id": pending.batch_id, "request": where})
+                    extra={"batch_id": pending.key, "request": where})
         return 1
 
     async def _restore_gone(self, pending: Pending, where: str) -> int:
@@ -146,16 +153,16 @@ class Reconciler:
         self.metrics.reconciled.labels(outcome="request_gone").inc()
         if pending.accepted is None:
             log.error("batch state lost and its request is no longer on the topic: it cannot be restored",
-                      extra={"batch_id": pending.batch_id, "request": where})
+                      extra={"batch_id": pending.key, "request": where})
             return 0
         [result] = await self.store.intake_many([gone_item(pending.accepted, pending.request)])
         if result.is_new:
             log.error("batch state lost and its request is no longer on the topic: it ends failed "
-                      "(request_gone)", extra={"batch_id": pending.batch_id, "request": where})
+                      "(request_gone)", extra={"batch_id": pending.key, "request": where})
         return 0
 
     # -- Kafka ------------------------------------------------------------------------------------
-    async def _unfinished_since(self, since: float) -> dict[str, Pending]:
+    async def _unfinished_since(self, since: float) -> dict[BatchKey, Pending]:
         from aiokafka import TopicPartition
 
         topic = self.settings.kafka.topics.results
@@ -175,7 +182,7 @@ class Reconciler:
             consumer.assign(tps)
             for tp in tps:
                 consumer.seek(tp, starts[tp])
-            pending: dict[str, Pending] = {}
+            pending: dict[BatchKey, Pending] = {}
             while todo:
                 batches = await consumer.getmany(*todo, timeout_ms=1000, max_records=2000)
                 for tp, records in batches.items():
@@ -214,7 +221,7 @@ def gone_item(accepted: BatchAccepted, request: RecordRef) -> IntakeItem:
     if accepted.total_requests is not None:
         fields["total"] = str(accepted.total_requests)
     return IntakeItem(
-        batch_id=accepted.batch_id,
+        key=batch_key(accepted.tenant, accepted.batch_id),
         fields=fields,
         marker=(fields["source"], fields["event_id"]),
         initial=State.QUEUED,

@@ -27,7 +27,7 @@ from redis.commands.core import AsyncScript
 
 from dispatcher import lua, states
 from dispatcher.errors import ConflictError, StateStoreUnavailable, classify
-from dispatcher.keys import Keys
+from dispatcher.keys import BatchKey, Keys, split_batch_key
 from dispatcher.states import State
 from llmbatch.settings import RedisSettings
 
@@ -41,16 +41,22 @@ MAX_JOB_DELETES = 100_000  # Ray jobs waiting for another delete, at most
 
 @dataclass(frozen=True)
 class BatchRecord:
-    """A snapshot of one batch hash (all values are the strings Redis stores)."""
+    """A snapshot of one batch hash (all values are the strings Redis stores). ``key`` is what the
+    store names it by (:func:`dispatcher.keys.batch_key`); ``batch_id`` the id its request gave."""
 
-    batch_id: str
+    key: BatchKey
     state: State
     version: int
     fields: Mapping[str, str]
 
     @classmethod
-    def from_hash(cls, batch_id: str, data: Mapping[str, str]) -> BatchRecord:
-        return cls(batch_id, State(data["state"]), int(data.get("version", "0")), dict(data))
+    def from_hash(cls, key: BatchKey, data: Mapping[str, str]) -> BatchRecord:
+        return cls(key, State(data["state"]), int(data.get("version", "0")), dict(data))
+
+    @property
+    def batch_id(self) -> str:
+        """The batch id the request gave (without its tenant)."""
+        return self.fields.get("batch_id") or split_batch_key(self.key)[1]
 
     def get(self, name: str, default: str | None = None) -> str | None:
         value = self.fields.get(name)
@@ -66,7 +72,7 @@ class BatchRecord:
     @property
     def tenant(self) -> str:
         """The tenant the batch belongs to (``default`` when its request named none)."""
-        return self.fields.get("tenant") or "default"
+        return self.fields.get("tenant") or split_batch_key(self.key)[0]
 
     @property
     def generation(self) -> int:
@@ -98,7 +104,7 @@ class BatchRecord:
 class IntakeItem:
     """One batch to create (state ``queued``) or to record as rejected (``dead_lettered``)."""
 
-    batch_id: str
+    key: BatchKey
     fields: Mapping[str, str]
     marker: tuple[str, str]  # (ce_source, dedupe id)
     initial: State = State.QUEUED
@@ -238,12 +244,13 @@ class StateStore:
     # -- intake ----------------------------------------------------------------------------------
     def _intake_args(self, item: IntakeItem, now: float) -> tuple[list[str], list[str]]:
         fields = dict(item.fields)
-        fields.setdefault("batch_id", item.batch_id)
+        fields.setdefault("tenant", split_batch_key(item.key)[0])
+        fields.setdefault("batch_id", split_batch_key(item.key)[1])
         fields["ready_score"] = _fmt(item.ready_score)
         if item.deadline is not None:
             fields["deadline"] = _fmt(item.deadline)
         args = [
-            item.batch_id,
+            item.key,
             self.keys.event(*item.marker) if item.initial is not State.QUEUED else "",
             _fmt(now),
             _fmt(item.ready_score),
@@ -252,7 +259,7 @@ class StateStore:
             item.initial.value,
             orjson.dumps(fields).decode(),
         ]
-        return [self.keys.batch(item.batch_id)], args
+        return [self.keys.batch(item.key)], args
 
     async def intake_many(self, items: Sequence[IntakeItem]) -> list[IntakeResult]:
         """Create (or dedupe) many batches in one round trip; results in the same order."""
@@ -278,35 +285,36 @@ class StateStore:
         return (await self.intake_many([item]))[0]
 
     # -- reads ------------------------------------------------------------------------------------
-    async def get(self, batch_id: str) -> BatchRecord | None:
-        data = _str_hash(await self._call(lambda: self.client.hgetall(self.keys.batch(batch_id))))
-        return BatchRecord.from_hash(batch_id, data) if data else None
+    async def get(self, key: BatchKey) -> BatchRecord | None:
+        data = _str_hash(await self._call(lambda: self.client.hgetall(self.keys.batch(key))))
+        return BatchRecord.from_hash(key, data) if data else None
 
-    async def get_many(self, batch_ids: Sequence[str]) -> list[BatchRecord | None]:
+    async def get_many(self, batch_keys: Sequence[BatchKey]) -> list[BatchRecord | None]:
         async def run() -> list[Any]:
             async with self.client.pipeline(transaction=False) as pipe:
-                for bid in batch_ids:
-                    pipe.hgetall(self.keys.batch(bid))
+                for key in batch_keys:
+                    pipe.hgetall(self.keys.batch(key))
                 return list(await pipe.execute())
 
-        raw = await self._call(run) if batch_ids else []
-        return [BatchRecord.from_hash(bid, d) if d else None for bid, d in zip(batch_ids, raw, strict=True)]
+        raw = await self._call(run) if batch_keys else []
+        return [BatchRecord.from_hash(k, d) if d else None for k, d in zip(batch_keys, raw, strict=True)]
 
-    async def states_many(self, batch_ids: Sequence[str]) -> list[State | None]:
+    async def states_many(self, batch_keys: Sequence[BatchKey]) -> list[State | None]:
         """The state of each batch (``None``: no such batch), in one round trip."""
 
         async def run() -> list[Any]:
             async with self.client.pipeline(transaction=False) as pipe:
-                for bid in batch_ids:
-                    pipe.hget(self.keys.batch(bid), "state")
+                for key in batch_keys:
+                    pipe.hget(self.keys.batch(key), "state")
                 return list(await pipe.execute())
 
-        raw = await self._call(run) if batch_ids else []
+        raw = await self._call(run) if batch_keys else []
         return [State(_s(x)) if x else None for x in raw]
 
-    async def ids_in_state(self, state: State, limit: int = 1000, offset: int = 0) -> list[str]:
+    async def ids_in_state(self, state: State, limit: int = 1000, offset: int = 0) -> list[BatchKey]:
         key = self.keys.state_index(state)
-        return [_s(x) for x in await self._call(lambda: self.client.zrange(key, offset, offset + limit - 1))]
+        raw = await self._call(lambda: self.client.zrange(key, offset, offset + limit - 1))
+        return [BatchKey(_s(x)) for x in raw]
 
     async def count(self, state: State) -> int:
         return int(await self._call(lambda: self.client.zcard(self.keys.state_index(state))))
@@ -333,26 +341,27 @@ class StateStore:
         """Queued batches (ready now or waiting for a retry backoff)."""
         return await self.count(State.QUEUED)
 
-    async def ready_ids(self, limit: int) -> list[str]:
+    async def ready_ids(self, limit: int) -> list[BatchKey]:
         """Queued batches that may launch now, in launch order."""
         if limit <= 0:
             return []
-        return [_s(x) for x in await self._call(lambda: self.client.zrange(self.keys.ready, 0, limit - 1))]
+        raw = await self._call(lambda: self.client.zrange(self.keys.ready, 0, limit - 1))
+        return [BatchKey(_s(x)) for x in raw]
 
-    async def due_deadlines(self, now: float, limit: int = 100) -> list[str]:
+    async def due_deadlines(self, now: float, limit: int = 100) -> list[BatchKey]:
         key = self.keys.deadlines
         raw = await self._call(lambda: self.client.zrangebyscore(key, "-inf", now, start=0, num=limit))
-        return [_s(x) for x in raw]
+        return [BatchKey(_s(x)) for x in raw]
 
-    async def due_now(self, batch_id: str, now: float) -> None:
+    async def due_now(self, batch: BatchKey, now: float) -> None:
         """Put a queued batch at the head of the deadline index, so the tracker's next tick finishes
         it (a cancelled retry waiting in the queue) instead of when its turn comes."""
         key = self.keys.deadlines
-        await self._call(lambda: self.client.zadd(key, {batch_id: now}))
+        await self._call(lambda: self.client.zadd(key, {batch: now}))
 
-    async def unpublished_ids(self, limit: int = 100) -> list[str]:
+    async def unpublished_ids(self, limit: int = 100) -> list[BatchKey]:
         key = self.keys.unpublished
-        return [_s(x) for x in await self._call(lambda: self.client.zrange(key, 0, limit - 1))]
+        return [BatchKey(_s(x)) for x in await self._call(lambda: self.client.zrange(key, 0, limit - 1))]
 
     async def markers_exist(self, markers: Sequence[tuple[str, str]]) -> list[bool]:
         """Whether each command event (source, id) was already applied."""
@@ -380,18 +389,18 @@ class StateStore:
         if markers:
             await self._call(run)
 
-    async def read_progress(self, batch_id: str) -> dict[str, str]:
-        return _str_hash(await self._call(lambda: self.client.hgetall(self.keys.progress(batch_id))))
+    async def read_progress(self, key: BatchKey) -> dict[str, str]:
+        return _str_hash(await self._call(lambda: self.client.hgetall(self.keys.progress(key))))
 
-    async def read_progress_many(self, batch_ids: Sequence[str]) -> list[dict[str, str]]:
-        """The progress hashes of ``batch_ids`` (one round trip; empty for a batch without one)."""
-        if not batch_ids:
+    async def read_progress_many(self, batch_keys: Sequence[BatchKey]) -> list[dict[str, str]]:
+        """The progress hashes of ``batch_keys`` (one round trip; empty for a batch without one)."""
+        if not batch_keys:
             return []
 
         async def run() -> list[Any]:
             async with self.client.pipeline(transaction=False) as pipe:
-                for batch_id in batch_ids:
-                    pipe.hgetall(self.keys.progress(batch_id))
+                for key in batch_keys:
+                    pipe.hgetall(self.keys.progress(key))
                 return list(await pipe.execute())
 
         return [_str_hash(h) for h in await self._call(run)]
@@ -399,7 +408,7 @@ class StateStore:
     # -- writes -----------------------------------------------------------------------------------
     async def transition(
         self,
-        batch_id: str,
+        key: BatchKey,
         to: State,
         *,
         expected_version: int | None = None,
@@ -409,7 +418,7 @@ class StateStore:
         ready_score: float | None = None,
         not_before: float | None = None,
     ) -> TransitionResult:
-        """Move ``batch_id`` to ``to`` if it is in one of ``from_states`` (default: every state the
+        """Move batch ``key`` to ``to`` if it is in one of ``from_states`` (default: every state the
         lifecycle allows) and, when given, at ``expected_version``. ``to`` may equal the current
         non-terminal state to update fields under the same guard."""
         allowed = set(states.sources_of(to)) if from_states is None else set(from_states)
@@ -423,14 +432,14 @@ class StateStore:
         if not_before is not None:
             sets["not_before"] = _fmt(not_before)
         keys = [
-            self.keys.batch(batch_id),
+            self.keys.batch(key),
             self.keys.ready,
             self.keys.delayed,
             self.keys.deadlines,
             self.keys.unpublished,
         ]
         args = [
-            batch_id,
+            key,
             "" if expected_version is None else str(expected_version),
             ",".join(sorted(s.value for s in allowed)),
             to.value,
@@ -446,23 +455,23 @@ class StateStore:
         outcome, state, version = (_s(x) for x in reply)
         return TransitionResult(outcome == "ok", outcome, State(state) if state else None, int(version))
 
-    async def transition_or_raise(self, batch_id: str, to: State, **kwargs: Any) -> TransitionResult:
-        result = await self.transition(batch_id, to, **kwargs)
+    async def transition_or_raise(self, key: BatchKey, to: State, **kwargs: Any) -> TransitionResult:
+        result = await self.transition(key, to, **kwargs)
         if not result.ok:
             raise ConflictError(
-                f"{batch_id}: cannot move to {to.value} ({result.outcome}, "
+                f"{key}: cannot move to {to.value} ({result.outcome}, "
                 f"state={result.state}, version={result.version})"
             )
         return result
 
-    async def mark_dlt_written(self, batch_id: str, event_id: str) -> bool:
-        keys = [self.keys.batch(batch_id)]
+    async def mark_dlt_written(self, key: BatchKey, event_id: str) -> bool:
+        keys = [self.keys.batch(key)]
         args = [event_id, _fmt(self.clock()), _TERMINAL_CSV]
         return _s(await self._call(lambda: self._scripts.mark_dlt(keys=keys, args=args))) == "ok"
 
-    async def mark_published(self, batch_id: str, event_id: str) -> bool:
-        keys = [self.keys.batch(batch_id), self.keys.unpublished, self.keys.progress(batch_id)]
-        args = [batch_id, event_id, _fmt(self.clock()), str(self.finished_ttl_s), _TERMINAL_CSV]
+    async def mark_published(self, key: BatchKey, event_id: str) -> bool:
+        keys = [self.keys.batch(key), self.keys.unpublished, self.keys.progress(key)]
+        args = [key, event_id, _fmt(self.clock()), str(self.finished_ttl_s), _TERMINAL_CSV]
         return _s(await self._call(lambda: self._scripts.mark_published(keys=keys, args=args))) == "ok"
 
     async def promote_due(self, limit: int = 500) -> int:

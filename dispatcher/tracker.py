@@ -42,7 +42,7 @@ from dispatcher.errors import DispatcherError, JobRejected, ManifestInvalid, Req
 from dispatcher.events import Outcome, build_progress, safe_counts, terminal_fields
 from dispatcher.job_cleanup import JobCleanup
 from dispatcher.jobspec import build_job_spec, results_prefix
-from dispatcher.keys import Keys
+from dispatcher.keys import BatchKey, Keys
 from dispatcher.metrics import Metrics
 from dispatcher.publisher import EventProducer, TerminalPublisher
 from dispatcher.record_reader import RecordReader
@@ -118,8 +118,8 @@ class Tracker:
         self.token = f"{self.opts.instance_id}/{uuid.uuid4().hex[:8]}"
         self.is_leader = False
         self.last_tick = time.monotonic()
-        self._progress_at: dict[str, float] = {}
-        self._progress_sig: dict[str, tuple[int, ...]] = {}
+        self._progress_at: dict[BatchKey, float] = {}
+        self._progress_sig: dict[BatchKey, tuple[int, ...]] = {}
         self._sweep_at = 0.0
         self._cleanup_at = time.monotonic()
         self._stopping = asyncio.Event()
@@ -212,6 +212,7 @@ class Tracker:
             async with self._sem:
                 with logs.bind(
                     batch_id=record.batch_id,
+                    tenant=record.tenant,
                     attempt=record.attempt,
                     trace_id=logs.trace_id_of(record.get("traceparent")),
                 ):
@@ -249,13 +250,13 @@ class Tracker:
             if r is not None and r.state in {State.ACCEPTED, State.QUEUED}
         ]
         stops = [(r, self._stop_reason(r, now)) for r in records]
-        due = {r.batch_id: reason for r, reason in stops if reason in {"cancel", "deadline"}}
-        await self._each([r for r in records if r.batch_id in due],
-                         lambda r: self.finish_stopped(r, due[r.batch_id]))
+        due = {r.key: reason for r, reason in stops if reason in {"cancel", "deadline"}}
+        await self._each([r for r in records if r.key in due],
+                         lambda r: self.finish_stopped(r, due[r.key]))
 
     # -- 3. in-flight --------------------------------------------------------------------------------
     async def poll_in_flight(self) -> None:
-        ids: list[str] = []
+        ids: list[BatchKey] = []
         for state in (State.SUBMITTED, State.RUNNING, State.FINALIZING):
             found = await self.store.ids_in_state(state, limit=10_000)
             if state is State.SUBMITTED:
@@ -325,7 +326,7 @@ class Tracker:
     async def _confirm(self, record: BatchRecord) -> None:
         if not record.flag("confirmed"):
             await self.store.transition(
-                record.batch_id,
+                record.key,
                 record.state,
                 from_states=[record.state],
                 expected_version=record.version,
@@ -336,7 +337,7 @@ class Tracker:
         now = self.clock()
         first_start = record.number("started_at")
         result = await self.store.transition(
-            record.batch_id,
+            record.key,
             State.RUNNING,
             expected_version=record.version,
             fields={
@@ -356,7 +357,7 @@ class Tracker:
         the next check instead of being taken as done."""
         if not self.settings.job.pass_redis_url:  # the job has nowhere to send heartbeats
             return
-        progress = await self.store.read_progress(record.batch_id)
+        progress = await self.store.read_progress(record.key)
         beat = 0.0
         if progress.get("attempt") == str(record.attempt):
             with contextlib.suppress(ValueError):
@@ -402,7 +403,7 @@ class Tracker:
         now = self.clock()
         if decision.retry:
             result = await self.store.transition(
-                record.batch_id,
+                record.key,
                 State.QUEUED,
                 expected_version=record.version,
                 from_states=[State.SUBMITTED, State.RUNNING, State.FINALIZING],
@@ -441,7 +442,7 @@ class Tracker:
             self.metrics.attempts.labels(event="stop_requested").inc()
             log.info("stopping job", extra={"reason": reason, "submission_id": sid})
             await self.store.transition(
-                record.batch_id,
+                record.key,
                 record.state,
                 from_states=[record.state],
                 expected_version=record.version,
@@ -469,7 +470,7 @@ class Tracker:
     async def finish_succeeded(self, record: BatchRecord) -> None:
         if record.state is not State.FINALIZING:
             result = await self.store.transition(
-                record.batch_id,
+                record.key,
                 State.FINALIZING,
                 expected_version=record.version,
                 fields={"confirmed": "1", "job_ended_at": repr(self.clock())},
@@ -477,7 +478,7 @@ class Tracker:
             if not result.ok:
                 return
             self.crash("after_job_end")
-            record = await self.store.get(record.batch_id) or record
+            record = await self.store.get(record.key) or record
         prefix = results_prefix(self.settings, record)
         try:
             manifest = await self.results.read_manifest(prefix)
@@ -499,15 +500,15 @@ class Tracker:
 
     async def finish(self, record: BatchRecord, outcome: Outcome) -> None:
         result = await self.store.transition(
-            record.batch_id,
+            record.key,
             outcome.state,
             expected_version=record.version,
             fields=terminal_fields(record, outcome),
             delete=_STOP_FIELDS,
         )
         if result.ok:
-            self._progress_at.pop(record.batch_id, None)
-            self._progress_sig.pop(record.batch_id, None)
+            self._progress_at.pop(record.key, None)
+            self._progress_sig.pop(record.key, None)
             self.metrics.attempts.labels(event=outcome.state.value).inc()
             log.info(
                 "batch finished", extra={"status": outcome.state.value, "error_code": outcome.error_code}
@@ -556,7 +557,7 @@ class Tracker:
                 dlt_reason,
             )
         shards = await self.results.list_shards(prefix)
-        progress = await self.store.read_progress(record.batch_id)
+        progress = await self.store.read_progress(record.key)
         counts = {k: _int(progress.get(k)) for k in ("total", "completed", "failed")}
         if not counts["total"]:
             counts["total"] = int(record.get("total") or 0)
@@ -590,7 +591,8 @@ class Tracker:
         for record in await self.store.get_many(ids):
             if record is None or record.state is not State.QUEUED:
                 continue
-            with logs.bind(batch_id=record.batch_id, trace_id=logs.trace_id_of(record.get("traceparent"))):
+            with logs.bind(batch_id=record.batch_id, tenant=record.tenant,
+                           trace_id=logs.trace_id_of(record.get("traceparent"))):
                 reason = self._stop_reason(record, self.clock())
                 try:
                     if reason is not None:
@@ -631,11 +633,11 @@ class Tracker:
 
     async def admission(self) -> Admission:
         """The shared engines' room now: each model's capacity and its launched batches' load."""
-        ids: list[str] = []
+        ids: list[BatchKey] = []
         for state in (State.SUBMITTED, State.RUNNING):  # finalizing batches have nothing at the engines
             ids += await self.store.ids_in_state(state, limit=10_000)
         records = [r for r in await self.store.get_many(ids) if r is not None and r.state in states.IN_FLIGHT]
-        progress = await self.store.read_progress_many([r.batch_id for r in records])
+        progress = await self.store.read_progress_many([r.key for r in records])
         load = [x for r, p in zip(records, progress, strict=True) if (x := self._load_of(r, p)) is not None]
         capacity = {
             model: engine_capacity(
@@ -690,7 +692,7 @@ class Tracker:
             return False
         now = self.clock()
         result = await self.store.transition(
-            record.batch_id,
+            record.key,
             State.SUBMITTED,
             expected_version=record.version,
             fields={
@@ -705,7 +707,7 @@ class Tracker:
             return False
         self.metrics.attempts.labels(event="submitted").inc()
         self._awaiting_start = True
-        fresh = await self.store.get(record.batch_id)
+        fresh = await self.store.get(record.key)
         if fresh is not None:
             with logs.bind(attempt=attempt):
                 await self.submit(fresh, spec)  # the spec does not change with the transition
@@ -745,7 +747,7 @@ class Tracker:
             },
         )
         await self.store.transition(
-            record.batch_id,
+            record.key,
             State.SUBMITTED,
             from_states=[State.SUBMITTED],
             expected_version=record.version,
@@ -769,10 +771,10 @@ class Tracker:
 
     # -- 5/6. progress and gauges ----------------------------------------------------------------------
     async def maybe_progress(self, record: BatchRecord, now: float) -> None:
-        last = self._progress_at.get(record.batch_id, 0.0)
+        last = self._progress_at.get(record.key, 0.0)
         if now - last < self.opts.progress_interval_s:
             return
-        progress = await self.store.read_progress(record.batch_id)
+        progress = await self.store.read_progress(record.key)
         if not progress:
             return
         counts = safe_counts(
@@ -784,10 +786,10 @@ class Tracker:
             completion_tokens=_int(progress.get("completion_tokens")),
         )
         sig = (record.attempt, counts.total, counts.completed, counts.failed)
-        self._progress_at[record.batch_id] = now
-        if self._progress_sig.get(record.batch_id) == sig:
+        self._progress_at[record.key] = now
+        if self._progress_sig.get(record.key) == sig:
             return
-        self._progress_sig[record.batch_id] = sig
+        self._progress_sig[record.key] = sig
         envelope = build_progress(record, counts, usage, source=self.opts.source, now=now)
         await self.producer.publish(self.settings.kafka.topics.results, envelope)
 

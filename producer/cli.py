@@ -240,6 +240,7 @@ async def _follow(
     as_json: bool,
     show_progress: bool,
     request_id: str | None = None,
+    tenant: str | None = None,
 ) -> Envelope[Any] | None:
     """Print events as they arrive; with a batch id, stop at its answer (terminal event, or the
     rejection of ``request_id`` / a final one; see :func:`producer.client.is_answer`) and return it."""
@@ -253,7 +254,7 @@ async def _follow(
         disable=not (show_progress and batch_id and err.is_terminal),
     )
     task = progress.add_task(batch_id or "", total=None)
-    stream = client.events(batch_id, since=since, from_end=batch_id is None and since is None)
+    stream = client.events(batch_id, since=since, from_end=batch_id is None and since is None, tenant=tenant)
     with progress:
         async with aclosing(stream) as events:
             async for envelope in events:
@@ -337,6 +338,7 @@ def submit(
             as_json=json_output,
             show_progress=True,
             request_id=handle.event_id,
+            tenant=handle.tenant,
         )
         try:
             return await asyncio.wait_for(follow, timeout)
@@ -375,6 +377,12 @@ def watch(
         bool, typer.Option("--json", help="Print events as JSON lines on stdout.")
     ] = False,
     timeout: Annotated[float | None, typer.Option(help="Give up after this many seconds.")] = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option(
+            help="Only this tenant's events (batch ids are scoped by tenant). Default: every tenant's."
+        ),
+    ] = None,
 ) -> None:
     """Stream result events live; with an id, show progress and stop when the batch ends."""
 
@@ -382,7 +390,8 @@ def watch(
         start = _parse_since(since)
         if start is None and batch_id is not None:
             start = utcnow() - timedelta(hours=24)
-        follow = _follow(client, batch_id, since=start, as_json=json_output, show_progress=True)
+        follow = _follow(client, batch_id, since=start, as_json=json_output, show_progress=True,
+                         tenant=tenant)
         try:
             return await asyncio.wait_for(follow, timeout)
         except TimeoutError:

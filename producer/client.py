@@ -124,14 +124,16 @@ class BatchHandle:
         (see :meth:`BatchClient.wait`)."""
         client = self._need_client()
         return await client.wait(
-            self.batch_id, timeout, since=client.follow_start(self.submitted_at), request_id=self.event_id
+            self.batch_id, timeout, since=client.follow_start(self.submitted_at), request_id=self.event_id,
+            tenant=self.tenant,
         )
 
     def events(self, *, stop_at_terminal: bool = True) -> AsyncGenerator[Envelope[Any], None]:
         """This batch's events since submission."""
         client = self._need_client()
         return client.events(
-            self.batch_id, since=client.follow_start(self.submitted_at), stop_at_terminal=stop_at_terminal
+            self.batch_id, since=client.follow_start(self.submitted_at), stop_at_terminal=stop_at_terminal,
+            tenant=self.tenant,
         )
 
     async def cancel(self, reason: str | None = None) -> Published:
@@ -333,8 +335,10 @@ class BatchClient:
         since: datetime | None = None,
         from_end: bool = False,
         stop_at_terminal: bool = True,
+        tenant: str | None = None,
     ) -> AsyncGenerator[Envelope[Any], None]:
-        """Follow the results topic from ``since`` (or the end / the beginning), filtered by batch id.
+        """Follow the results topic from ``since`` (or the end / the beginning), filtered by batch id
+        and, when given, by tenant (batch ids are scoped by tenant: two tenants' batches may share one).
 
         Ends after the batch's terminal event when ``batch_id`` is given and ``stop_at_terminal``;
         otherwise runs until the caller stops iterating.
@@ -343,6 +347,7 @@ class BatchClient:
             self.settings.kafka,
             self.settings.kafka.topics.results,
             batch_id=batch_id,
+            tenant=tenant,
             since=since,
             from_end=from_end,
             stop_at_terminal=stop_at_terminal,
@@ -357,8 +362,10 @@ class BatchClient:
         *,
         since: datetime | None = None,
         request_id: str | None = None,
+        tenant: str | None = None,
     ) -> Envelope[Answer]:
-        """Return the answer about ``batch_id`` (from ``since``; default: the last 24 hours): its
+        """Return the answer about ``batch_id`` of ``tenant`` (default: any tenant's batch of that
+        id; from ``since``; default: the last 24 hours): its
         terminal event, or a ``llmbatch.batch.rejected.v1`` event (data :class:`BatchRejected`:
         the reason, and where the dead letter is) that answers ``request_id`` (the ``event_id`` of
         the request you published; :meth:`BatchHandle.wait` passes it) or, without ``request_id``,
@@ -370,7 +377,7 @@ class BatchClient:
         start = since if since is not None else utcnow() - timedelta(hours=24)
 
         async def first_terminal() -> Envelope[Answer]:
-            async with aclosing(self.events(batch_id, since=start)) as stream:
+            async with aclosing(self.events(batch_id, since=start, tenant=tenant)) as stream:
                 async for envelope in stream:
                     if is_answer(envelope, request_id):
                         return envelope

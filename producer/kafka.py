@@ -211,6 +211,7 @@ async def follow_events(
     topic: str,
     *,
     batch_id: str | None = None,
+    tenant: str | None = None,
     since: datetime | None = None,
     from_end: bool = False,
     stop_at_terminal: bool = True,
@@ -218,7 +219,8 @@ async def follow_events(
     connect_timeout_s: float = 10.0,
     poll_timeout_s: float = 0.5,
 ) -> AsyncGenerator[Envelope[Any], None]:
-    """Yield events of ``topic`` (optionally only those keyed by ``batch_id``) as they arrive.
+    """Yield events of ``topic`` (optionally only those keyed by ``batch_id``, and only those of
+    ``tenant``: batch ids are scoped by tenant) as they arrive.
 
     Starting point per partition: the first offset at or after ``since`` (``offsets_for_times``,
     so the topic is not re-read from the start), or the end when ``from_end`` is set, or the
@@ -281,6 +283,8 @@ async def follow_events(
                             exc,
                         )
                         continue
+                    if tenant is not None and event_tenant(envelope) != tenant:
+                        continue
                     ident = (envelope.source, envelope.id)
                     if ident in seen:
                         continue
@@ -292,6 +296,12 @@ async def follow_events(
                         return
     finally:
         await _quietly(consumer.stop())
+
+
+def event_tenant(envelope: Envelope[Any]) -> str:
+    """The tenant an event is about (``default`` when it names none)."""
+    tenant = getattr(envelope.data, "tenant", None)
+    return tenant if isinstance(tenant, str) else "default"
 
 
 async def _partitions(consumer: Any, topic: str) -> set[int]:

@@ -163,6 +163,11 @@ class BatchRejected(BaseModel):
     model_config = _EVENT_CONFIG
 
     batch_id: BatchId
+    tenant: Tenant | None = Field(
+        default=None,
+        description="The tenant the request named, when readable (batch ids are scoped by tenant: the "
+        "answer is about this tenant's batch of that id; absent: the default tenant's).",
+    )
     status: Literal["rejected"] = "rejected"
     request_id: str | None = Field(default=None, description="ce_id of the rejected request, if readable.")
     request_source: str | None = Field(default=None, description="ce_source of the rejected request.")

@@ -4,7 +4,7 @@
 -- the line is refused only at its first deny-oom command, and any write before it, e.g. a DEL,
 -- let the rest through: an intake under OOM would then succeed and fill Redis further).
 --
--- KEYS[1]  the batch hash            <p>:batch:<id>
+-- KEYS[1]  the batch hash            <p>:batch:<key> (see dispatcher/keys.py: the id, or <tenant>/<id>)
 -- ARGV[1]  batch id
 -- ARGV[2]  dedupe marker key ('' = none; set for non-queued intakes)
 -- ARGV[3]  now (unix s)

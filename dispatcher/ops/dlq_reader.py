@@ -19,6 +19,8 @@ from typing import Any
 
 import orjson
 
+from dispatcher.intake import claimed_tenant
+from dispatcher.keys import BatchKey, batch_key
 from dispatcher.ops.common import CONNECT_TIMEOUT_S, OpsError
 from llmbatch.settings import KafkaSettings
 from schemas import dlt
@@ -72,6 +74,13 @@ class DeadLetterView:
     @property
     def key_text(self) -> str | None:
         return self.key.decode("utf-8", "replace") if self.key is not None else None
+
+    @property
+    def batch_key(self) -> BatchKey | None:
+        """The batch the dead letter's request names (record key: the batch id; its tenant: the one
+        the value claims, else the default), or ``None`` without a key."""
+        text = self.key_text
+        return batch_key(claimed_tenant(self.value), text) if text is not None else None
 
     def header(self, name: str) -> bytes | None:
         """The last header named ``name`` (Spring Kafka semantics), or ``None``."""

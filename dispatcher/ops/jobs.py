@@ -20,6 +20,7 @@ import orjson
 from pydantic import BaseModel, Field
 
 from dispatcher.errors import StateStoreUnavailable, classify
+from dispatcher.keys import BatchKey, batch_key
 from dispatcher.ops.common import from_ts
 from dispatcher.states import State
 from dispatcher.store import BatchRecord, StateStore
@@ -244,10 +245,10 @@ async def _progress_many(store: StateStore, records: Sequence[BatchRecord]) -> l
     live = [r for r in records if not r.state.is_terminal]
     if not live:
         return [{} for _ in records]
-    found: dict[str, dict[str, str]] = {}
+    found: dict[BatchKey, dict[str, str]] = {}
     for record in live:  # few live batches per page; one round trip each keeps it simple
-        found[record.batch_id] = await store.read_progress(record.batch_id)
-    return [found.get(r.batch_id, {}) for r in records]
+        found[record.key] = await store.read_progress(record.key)
+    return [found.get(r.key, {}) for r in records]
 
 
 async def list_jobs(
@@ -261,7 +262,7 @@ async def list_jobs(
     newest first, at most ``limit``."""
     chosen = list(states) if states else list(State)
     low: str | float = since.timestamp() if since is not None else "-inf"
-    scored: list[tuple[float, str]] = []
+    scored: list[tuple[float, BatchKey]] = []
     client = store.client
     for state in chosen:
         key = store.keys.state_index(state)
@@ -271,17 +272,19 @@ async def list_jobs(
             raise classify(exc, default=StateStoreUnavailable) from exc
         # withscores=True: (member, score) pairs (redis-py types the reply as a union of shapes)
         pairs = cast("list[tuple[Any, Any]]", rows)
-        scored.extend((float(score), str(member)) for member, score in pairs)
+        scored.extend((float(score), BatchKey(str(member))) for member, score in pairs)
     scored.sort(reverse=True)
-    ids = [batch_id for _, batch_id in scored[:limit]]
+    ids = [key for _, key in scored[:limit]]
     records = [r for r in await store.get_many(ids) if r is not None]
     progress = await _progress_many(store, records)
     return [summary_of(r, p) for r, p in zip(records, progress, strict=True)]
 
 
-async def get_job(store: StateStore, batch_id: str) -> JobDetail | None:
-    record = await store.get(batch_id)
+async def get_job(store: StateStore, batch_id: str, tenant: str | None = None) -> JobDetail | None:
+    """The batch ``batch_id`` of ``tenant`` (``None``: the default tenant), or ``None``."""
+    key = batch_key(tenant, batch_id)
+    record = await store.get(key)
     if record is None:
         return None
-    progress = await store.read_progress(batch_id) if not record.state.is_terminal else {}
+    progress = await store.read_progress(key) if not record.state.is_terminal else {}
     return detail_of(record, progress)

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from dispatcher.keys import batch_key
 from dispatcher.ops.common import (
     EXIT_USAGE,
     OpsError,
@@ -178,6 +179,9 @@ def _print_detail(job: JobDetail) -> None:
 def get_command(
     ctx: typer.Context,
     batch_id: Annotated[str, typer.Argument(help="The batch id.", show_default=False)],
+    tenant: Annotated[
+        str, typer.Option(help="The tenant whose batch it is (batch ids are scoped by tenant).")
+    ] = "default",
     json_output: JsonOption = False,
 ) -> None:
     """Show one batch: state timeline, attempts and Ray submission ids, counts, results, last error."""
@@ -186,12 +190,13 @@ def get_command(
     async def body() -> JobDetail:
         store = await open_store(settings)
         try:
-            job = await get_job(store, batch_id)
+            job = await get_job(store, batch_id, tenant)
         finally:
             await store.close()
         if job is None:
             raise OpsError(
-                f"no batch {batch_id!r} in Redis at this key prefix ({settings.redis.key_prefix!r}); "
+                f"no batch {batch_id!r} of tenant {tenant!r} in Redis at this key prefix "
+                f"({settings.redis.key_prefix!r}); "
                 "finished batches are kept for LLMBATCH_DISPATCHER__FINISHED_TTL_S (7 days by default)"
             )
         return job
@@ -212,7 +217,7 @@ def cancel_command(
         bool, typer.Option("--force", help="Publish the cancel even if Redis does not know the batch.")
     ] = False,
     tenant: Annotated[
-        str, typer.Option(help="With --force for a batch Redis does not know: the tenant whose batch it is.")
+        str, typer.Option(help="The tenant whose batch it is (batch ids are scoped by tenant).")
     ] = "default",
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the batch's terminal event.")] = False,
     timeout: Annotated[float, typer.Option(min=1, help="With --wait: seconds to wait at most.")] = 300.0,
@@ -227,11 +232,12 @@ def cancel_command(
 
         store = await open_store(settings)
         try:
-            record = await store.get(batch_id)
+            record = await store.get(batch_key(tenant, batch_id))
         finally:
             await store.close()
         if record is None and not force:
-            raise OpsError(f"no batch {batch_id!r} in Redis; pass --force to publish the cancel anyway")
+            raise OpsError(f"no batch {batch_id!r} of tenant {tenant!r} in Redis; pass --force to publish "
+                           "the cancel anyway")
         if record is not None and record.state.is_terminal:
             raise OpsError(f"batch {batch_id!r} already ended {record.state.value}; nothing to cancel")
         result: dict[str, Any] = {
@@ -244,7 +250,7 @@ def cancel_command(
             async with BatchClient(settings, options=options) as client:
                 published = await client.cancel(
                     batch_id,
-                    tenant=record.tenant if record is not None else tenant,
+                    tenant=tenant,
                     reason=reason,
                     requested_by=result["requested_by"],
                 )
@@ -265,7 +271,7 @@ def cancel_command(
                     start = from_ts(accepted)
                     if start is not None:
                         since = start - timedelta(minutes=5)
-                    terminal = await client.wait(batch_id, timeout, since=since)
+                    terminal = await client.wait(batch_id, timeout, since=since, tenant=tenant)
                     result["terminal"] = {"type": terminal.type.value, "id": terminal.id,
                                           "status": str(terminal.data.status)}
                     if not json_output:

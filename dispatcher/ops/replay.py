@@ -47,6 +47,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from dispatcher.errors import StateStoreUnavailable, classify
+from dispatcher.keys import BatchKey
 from dispatcher.ops.dlq_reader import DeadLetterView
 from dispatcher.states import NON_TERMINAL, State
 from dispatcher.store import StateStore
@@ -160,7 +161,7 @@ def plan(
     letters: Sequence[DeadLetterView],
     *,
     ledger: Mapping[str, LedgerEntry],
-    states: Mapping[str, State | None],
+    states: Mapping[BatchKey, State | None],
     default_topic: str,
     to_topic: str | None = None,
     force: bool = False,
@@ -172,7 +173,7 @@ def plan(
         previous = ledger.get(letter.coordinate)
         round_ = previous.round + 1 if previous is not None else 1
         target = target_topic_for(letter, to_topic, default_topic)
-        key = letter.key_text
+        key = letter.batch_key
         state = states.get(key) if key is not None else None
         item = ReplayItem(
             letter, Decision.REPLAY, "", target, replay_id_for(letter, round_), round_, state, previous
@@ -354,9 +355,9 @@ class ReplayLedger:
         await self._call(write)
 
 
-async def batch_states(store: StateStore, letters: Sequence[DeadLetterView]) -> dict[str, State | None]:
-    """Current state of each dead letter's batch (its key), ``None`` when Redis does not know it."""
-    keys = sorted({v.key_text for v in letters if v.key_text})
+async def batch_states(store: StateStore, letters: Sequence[DeadLetterView]) -> dict[BatchKey, State | None]:
+    """Current state of each dead letter's batch, ``None`` when Redis does not know it."""
+    keys = sorted({k for v in letters if (k := v.batch_key) is not None})
     records = await store.get_many(keys)
     return {k: (r.state if r is not None else None) for k, r in zip(keys, records, strict=True)}
 

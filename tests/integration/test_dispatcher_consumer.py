@@ -558,7 +558,7 @@ async def test_an_unexpected_error_on_one_record_dead_letters_only_that_record(
 
     async def buggy(items: Any) -> Any:
         calls.append(len(items))
-        if any(item.batch_id == poison.batch_id for item in items):
+        if any(item.key == poison.batch_id for item in items):
             raise RuntimeError("a bug met by this record only")
         return await intake_many(items)
 

@@ -44,7 +44,7 @@ def item(
     if lifecycle is not None:
         fields["lifecycle"] = lifecycle
     return IntakeItem(
-        batch_id=batch_id,
+        key=batch_id,
         fields=fields,
         marker=("src", event if replay is None else f"{event}#replay:{replay}"),
         initial=initial,

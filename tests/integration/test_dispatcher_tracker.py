@@ -20,7 +20,7 @@ from dispatcher.backend import JobInfo, JobState, SubmitResult
 from dispatcher.errors import RayUnavailable
 from dispatcher.intake import intake_fields
 from dispatcher.jobspec import results_prefix
-from dispatcher.keys import Keys
+from dispatcher.keys import Keys, batch_key
 from dispatcher.metrics import Metrics
 from dispatcher.results import Shards
 from dispatcher.scheduler import ready_score
@@ -97,17 +97,37 @@ async def drop(store: StateStore) -> None:
 
 
 async def queue(store: StateStore, batch_id: str, lines: int, *, model: str = "a", priority: int = 0,
-                age: float = 0.0, offset: int = 0) -> None:
+                age: float = 0.0, offset: int = 0, tenant: str = "default") -> None:
     lines_of = inline_lines(lines, model=model)
-    request = batch_request(batch_id, model=model, priority=priority, requests=lines_of)
+    request = batch_request(batch_id, model=model, priority=priority, requests=lines_of, tenant=tenant)
     key, value, headers = request_message(request)
     record = origin(key, value, headers, offset=offset)
     fields = intake_fields(request, record, "test", batch_id, None, NOW - age)
-    await store.intake_many([IntakeItem(batch_id, fields, ("test", batch_id),
-                                        ready_score=ready_score(priority, NOW - age))])
+    [result] = await store.intake_many([IntakeItem(batch_key(tenant, batch_id), fields, ("test", batch_id),
+                                                   ready_score=ready_score(priority, NOW - age))])
+    assert result.is_new
 
 
 Kit = tuple[Tracker, StateStore, Jobs]
+
+
+async def test_two_tenants_batches_of_one_id_run_as_two_batches(kit: Kit) -> None:
+    tracker, store, jobs = kit
+    await queue(store, "same", 3, tenant="acme", offset=1)
+    await queue(store, "same", 3, tenant="globex", offset=2)  # scoped ids: no duplicate
+    await tracker.launch()
+    specs = {s.tenant: s for s in jobs.submitted}
+    assert set(specs) == {"acme", "globex"} and len(jobs.submitted) == 2
+    acme, globex = specs["acme"], specs["globex"]
+    assert acme.batch_id == globex.batch_id == "same"
+    assert "/acme/same/" in acme.output_prefix and "/globex/same/" in globex.output_prefix
+    assert acme.submission_id != globex.submission_id  # their lifecycles differ (two records)
+    assert acme.progress_key == store.keys.progress(batch_key("acme", "same"))
+    assert acme.progress_key != globex.progress_key
+    for tenant in ("acme", "globex"):
+        record = await store.get(batch_key(tenant, "same"))
+        assert record is not None and record.state is State.SUBMITTED and record.tenant == tenant
+    assert await store.get(batch_key(None, "same")) is None  # the default tenant has no such batch
 
 
 async def test_small_batches_launch_while_the_replicas_have_room(kit: Kit) -> None:

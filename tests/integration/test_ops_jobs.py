@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from dispatcher.events import Outcome, terminal_fields
 from dispatcher.intake import intake_fields
-from dispatcher.keys import Keys
+from dispatcher.keys import Keys, batch_key
 from dispatcher.states import State
 from dispatcher.store import IntakeItem, StateStore
 from llmbatch.cli import app
@@ -62,7 +62,8 @@ class World:
         key, value, headers = request_message(request, event_id=f"ev-{batch_id}")
         rec = origin(key, value, headers, topic=self.settings.kafka.topics.requests)
         now = time.time()
-        item = IntakeItem(batch_id, intake_fields(request, rec, "urn:test", f"ev-{batch_id}", None, now),
+        item = IntakeItem(batch_key(request.tenant, batch_id),
+                          intake_fields(request, rec, "urn:test", f"ev-{batch_id}", None, now),
                           ("urn:test", f"ev-{batch_id}"), deadline=now + 3600)
         assert (await self.store.intake(item)).is_new
 
@@ -192,6 +193,21 @@ async def test_cancel_publishes_for_live_batches_only(world: World) -> None:
                                                          (EventType.CANCEL_REQUESTED, f"x-{tag}")]
     data = cancels[0].data
     assert isinstance(data, CancelRequest) and data.reason == "operator test" and data.requested_by
+
+
+async def test_get_and_cancel_name_a_batch_by_tenant_and_id(world: World) -> None:
+    batch_id = f"t-{uuid.uuid4().hex[:6]}"
+    await world.queued(batch_id, tenant="acme")
+    # batch ids are scoped by tenant: the default tenant has no batch of that id
+    assert "of tenant 'default'" in one_line_error(await cli(world, "jobs", "get", batch_id))
+    job = as_json(await cli(world, "jobs", "get", batch_id, "--tenant", "acme", "--json"))
+    assert (job["batch_id"], job["tenant"], job["state"]) == (batch_id, "acme", "queued")
+    assert "no batch" in one_line_error(await cli(world, "jobs", "cancel", batch_id))
+    result = as_json(await cli(world, "jobs", "cancel", batch_id, "--tenant", "acme", "--json"))
+    assert result["state"] == "queued"
+    [record] = [r for r in await world.requests() if r.key == batch_id.encode()]
+    cancel = decode(record.key, record.value, record.headers).data
+    assert isinstance(cancel, CancelRequest) and cancel.tenant == "acme"
 
 
 def test_errors_are_one_line_in_a_real_process(settings: LLMBatchSettings) -> None:

@@ -1,6 +1,7 @@
 """Signed tenants on real Kafka and Redis: the producer SDK signs with the keys it holds, the
 dispatcher's consumer accepts only requests and cancels signed by the tenant they name, answers the
-others on the results topic, and ignores a cancel naming another tenant than the batch's."""
+others on the results topic; batch ids are scoped by tenant, so a cancel reaches only its own
+tenant's batch, and two tenants may use one batch id for two batches."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
+from dispatcher.keys import batch_key
 from dispatcher.states import State
 from llmbatch.settings import LLMBatchSettings, TenantSettings
 from producer.client import BatchClient, ClientOptions
@@ -57,14 +59,16 @@ async def test_only_requests_and_cancels_signed_by_their_tenant_are_taken(settin
             assert answer.data.error.param == TENANT_SIG and "is not signed" in answer.data.error.message
             assert answer.data.dead_letter is not None
 
-            record = await h.store.get(mine.batch_id)
+            key = batch_key("acme", mine.batch_id)
+            record = await h.store.get(key)
             assert record is not None and record.state is State.QUEUED and record.get("tenant") == "acme"
-            # globex signs a cancel of its own tenant for acme's batch: taken, and ignored
+            # globex signs a cancel of its own tenant's batch of that id: taken, and ignored (globex has
+            # no such batch; acme's is another batch)
             await globex.cancel(mine.batch_id, tenant="globex", reason="not yours")
             # an unsigned cancel naming acme (a raw producer without the key): dead-lettered
             await h.send([request_message(CancelRequest(batch_id=mine.batch_id, tenant="acme"))])
             await wait_for(lambda: _committed_is(h, 4), 60, what="the two cancels consumed")
-            record = await h.store.get(mine.batch_id)
+            record = await h.store.get(key)
             assert record is not None and record.state is State.QUEUED and not record.flag("cancel_requested")
             assert h.metrics.processed.labels(outcome="cancel_ignored")._value.get() == 1
             dead = await h.reader("dead_letter").read_all()
@@ -73,7 +77,7 @@ async def test_only_requests_and_cancels_signed_by_their_tenant_are_taken(settin
 
             await acme.cancel(mine.batch_id, tenant="acme")  # its own tenant's, signed: applied
             await wait_for(lambda: _committed_is(h, 5), 60, what="acme's cancel consumed")
-            record = await h.store.get(mine.batch_id)
+            record = await h.store.get(key)
             assert record is not None and record.state is State.CANCELLED
             # without keys on the dispatcher the same unsigned claim is taken (tenant trusted)
             plain = Harness(make_settings(settings))
@@ -82,7 +86,7 @@ async def test_only_requests_and_cancels_signed_by_their_tenant_are_taken(settin
                 request = batch_request("plain-" + uuid.uuid4().hex[:6], tenant="globex")
                 await plain.send([request_message(request)])
                 await wait_for(lambda: _committed_is(plain, 1), 60, what="the unsigned request consumed")
-                taken = await plain.store.get(request.batch_id)
+                taken = await plain.store.get(batch_key("globex", request.batch_id))
                 assert taken is not None and taken.state is State.QUEUED
             finally:
                 await plain.stop()
@@ -94,26 +98,39 @@ async def _committed_is(h: Harness, n: int) -> bool:
     return await h.committed() == n
 
 
-async def test_a_batch_id_in_use_by_another_tenant_is_refused_without_telling_its_state(
+async def test_two_tenants_using_one_batch_id_get_two_batches_and_a_cancel_reaches_only_its_own(
     settings: LLMBatchSettings,
 ) -> None:
     h = Harness(make_settings(settings))
     await h.start()
     try:
-        mine = batch_request("taken-" + uuid.uuid4().hex[:6], tenant="acme")
+        mine = batch_request("shared-" + uuid.uuid4().hex[:6], tenant="acme")
         theirs = mine.model_copy(update={"tenant": "globex"})
         again = mine.model_copy(update={"metadata": {"again": "1"}})
         await h.send([request_message(mine), request_message(theirs, event_id="ev-globex"),
                       request_message(again, event_id="ev-again")])
         await wait_for(lambda: _committed_is(h, 3), 60, what="three requests consumed")
         events = decode_results(await h.reader("results").read_all())
+        accepted = {e.data.tenant: e for e in events if e.type is EventType.ACCEPTED}
+        assert set(accepted) == {"acme", "globex"}  # one batch each, under the one id
+        assert accepted["acme"].id != accepted["globex"].id  # consumers dedupe by id: both must stay
         answers = {e.data.request_id: e.data for e in events if e.type is EventType.REJECTED}
-        other, same = answers["ev-globex"], answers["ev-again"]
-        assert other.error.code == same.error.code == "duplicate_batch_id"
-        assert other.batch_status is None and "another tenant" in other.error.message
-        assert "queued" not in other.error.message
-        assert same.batch_status is State.QUEUED and "queued" in same.error.message  # acme's own
-        record = await h.store.get(mine.batch_id)
-        assert record is not None and record.get("tenant") == "acme"
+        assert set(answers) == {"ev-again"}  # only acme's second request runs into acme's batch
+        same = answers["ev-again"]
+        assert same.error.code == "duplicate_batch_id" and same.tenant == "acme"
+        assert same.batch_status is State.QUEUED and "queued" in same.error.message
+        acme = await h.store.get(batch_key("acme", mine.batch_id))
+        globex = await h.store.get(batch_key("globex", mine.batch_id))
+        assert acme is not None and globex is not None
+        assert (acme.tenant, acme.batch_id, globex.tenant, globex.batch_id) == (
+            "acme", mine.batch_id, "globex", mine.batch_id)
+        assert acme.get("lifecycle") != globex.get("lifecycle")  # so their results and Ray jobs differ
+
+        await h.send([request_message(CancelRequest(batch_id=mine.batch_id, tenant="globex"))])
+        await wait_for(lambda: _committed_is(h, 4), 60, what="globex's cancel consumed")
+        acme = await h.store.get(batch_key("acme", mine.batch_id))
+        globex = await h.store.get(batch_key("globex", mine.batch_id))
+        assert globex is not None and globex.state is State.CANCELLED
+        assert acme is not None and acme.state is State.QUEUED and not acme.flag("cancel_requested")
     finally:
         await h.stop()

@@ -14,6 +14,7 @@ from api.storage import CHUNK_BYTES, ObjectMissing
 from dispatcher.dlt import OriginalRecord
 from dispatcher.events import Outcome, terminal_fields
 from dispatcher.intake import intake_fields
+from dispatcher.keys import BatchKey, batch_key, split_batch_key
 from dispatcher.states import State
 from dispatcher.store import BatchRecord
 from producer.errors import BrokerUnavailable
@@ -105,11 +106,21 @@ class MemoryDispatcher:
         self.hashes: dict[str, dict[str, str]] = {}
         self.progress: dict[str, dict[str, str]] = {}
 
-    async def get_many(self, batch_ids: Sequence[str]) -> list[BatchRecord | None]:
-        return [BatchRecord.from_hash(b, self.hashes[b]) if b in self.hashes else None for b in batch_ids]
+    def _find(self, key: BatchKey) -> str | None:
+        """The id of the batch ``key`` names: batch ids are scoped by tenant (the tests' ids are unique
+        across tenants, so hashes are kept by id, and a key of another tenant finds nothing)."""
+        tenant, batch_id = split_batch_key(key)
+        found = self.hashes.get(batch_id)
+        return batch_id if found is not None and found.get("tenant", "default") == tenant else None
 
-    async def read_progress_many(self, batch_ids: Sequence[str]) -> list[dict[str, str]]:
-        return [dict(self.progress.get(b, {})) for b in batch_ids]
+    async def get_many(self, batch_keys: Sequence[BatchKey]) -> list[BatchRecord | None]:
+        found = [self._find(k) for k in batch_keys]
+        return [BatchRecord.from_hash(k, self.hashes[b]) if b is not None else None
+                for k, b in zip(batch_keys, found, strict=True)]
+
+    async def read_progress_many(self, batch_keys: Sequence[BatchKey]) -> list[dict[str, str]]:
+        found = [self._find(k) for k in batch_keys]
+        return [dict(self.progress.get(b, {})) if b is not None else {} for b in found]
 
     def _set(self, batch_id: str, state: State, now: float, **fields: object) -> None:
         current = self.hashes[batch_id]
@@ -119,7 +130,8 @@ class MemoryDispatcher:
             current["state"], current["state_at"] = state.value, repr(now)
 
     def record(self, batch_id: str) -> BatchRecord:
-        return BatchRecord.from_hash(batch_id, self.hashes[batch_id])
+        fields = self.hashes[batch_id]
+        return BatchRecord.from_hash(batch_key(fields.get("tenant"), batch_id), fields)
 
     def take_in(self, record: tuple[str, bytes, bytes, list[tuple[str, bytes]]], now: float, offset: int = 0
                 ) -> str:

@@ -78,23 +78,28 @@ def test_a_duplicate_request_is_answered_with_the_state_of_the_batch_that_holds_
     assert duplicate_answer(command, result, source="urn:d", now=NOW + 1).id == envelope.id
 
 
-def test_a_duplicate_of_another_tenants_batch_id_is_not_told_that_batchs_state() -> None:
+def test_a_duplicate_names_the_requesters_tenant_whose_batch_holds_the_id() -> None:
+    # batch ids are scoped by tenant: the batch a duplicate runs into is always the requester's own
     command = classify(origin(*request_message(batch_request("b-2", tenant="globex"), event_id="e-2")),
                        RULES, NOW)
-    assert isinstance(command, Accept)
+    assert isinstance(command, Accept) and command.item.key == "globex/b-2"
     result = IntakeResult("duplicate", State.RUNNING, 7, 0)
-    other = duplicate_answer(command, result, source="urn:d", now=NOW, owner="acme").data
-    assert isinstance(other, BatchRejected) and other.error.code == "duplicate_batch_id"
-    assert other.batch_status is None and other.is_final  # globex's request: nothing more will come
-    assert "another tenant" in other.error.message and "running" not in other.error.message
-    same = duplicate_answer(command, result, source="urn:d", now=NOW, owner="globex").data
-    assert isinstance(same, BatchRejected) and same.batch_status is State.RUNNING
-    assert "running" in same.error.message
+    data = duplicate_answer(command, result, source="urn:d", now=NOW).data
+    assert isinstance(data, BatchRejected) and data.tenant == "globex" and data.batch_id == "b-2"
+    assert data.batch_status is State.RUNNING and "running" in data.error.message
 
 
-def test_a_rejection_behind_another_tenants_batch_does_not_tell_its_state() -> None:
-    hidden = rejection_answer(rejected(), Written(0, 1), State.RUNNING, source="urn:d", now=NOW, hidden=True)
-    assert isinstance(hidden.data, BatchRejected) and hidden.data.batch_status is None
+def test_a_rejection_names_the_tenant_its_request_claims() -> None:
+    request = batch_request("b-1", tenant="acme", model="no-such-model",
+                            requests=inline_lines(1, model="no-such-model"))
+    command = classify(origin(*request_message(request, event_id="e-9")), RULES, NOW)
+    assert isinstance(command, Reject) and command.key == "acme/b-1"
+    data = rejection_answer(command, Written(0, 1), None, source="urn:d", now=NOW).data
+    assert isinstance(data, BatchRejected) and data.tenant == "acme"
+    assert rejection_answer(rejected(), Written(0, 1), None, source="urn:d", now=NOW).data.tenant == "default"
+    _, _, headers = request_message(request, event_id="e-10")
+    unreadable = classify(origin(b"b-1", b"not json", headers), RULES, NOW)
+    assert isinstance(unreadable, Reject) and unreadable.tenant is None and unreadable.key == "b-1"
 
 
 def test_a_request_given_up_on_is_answered_processing_failed() -> None:

@@ -62,7 +62,7 @@ def test_valid_request_is_accepted_with_everything_the_batch_needs() -> None:
     command = classify(origin(key, value, headers, offset=7), RULES, NOW)
     assert isinstance(command, Accept)
     item = command.item
-    assert item.batch_id == "batch-1" and item.initial is State.QUEUED
+    assert item.key == "batch-1" and item.initial is State.QUEUED  # the default tenant's key: the id
     assert item.marker == ("urn:test:upstream", "e-1")
     assert item.fields["request"] == value.decode()  # kept verbatim for the job and the DLT
     assert item.fields["total"] == "3" and item.fields["priority"] == "8"

@@ -22,18 +22,18 @@ NOW = 1_790_000_000.0
 RULES = IntakeRules(requests_topic="req", dlt_topic="req.dlt", group_id="g", served_models=frozenset({MODEL}))
 
 
-def accepted(batch_id: str, offset: int) -> Envelope[Any]:
-    key, value, headers = request_message(batch_request(batch_id))
+def accepted(batch_id: str, offset: int, tenant: str = "default") -> Envelope[Any]:
+    key, value, headers = request_message(batch_request(batch_id, tenant=tenant))
     command = classify(origin(key, value, headers, topic="req", partition=1, offset=offset), RULES, NOW)
     assert isinstance(command, Accept)
-    record = BatchRecord(batch_id, State.QUEUED, 1, {**command.item.fields, "generation": "0"})
+    record = BatchRecord(command.item.key, State.QUEUED, 1, {**command.item.fields, "generation": "0"})
     return build_accepted(record, source="urn:d")
 
 
-def ended(batch_id: str) -> Envelope[Any]:
+def ended(batch_id: str, tenant: str = "default") -> Envelope[Any]:
     at = datetime.fromtimestamp(NOW, UTC)
-    return Envelope.new(BatchCancelled(batch_id=batch_id, model=MODEL, accepted_at=at, finished_at=at),
-                        source="urn:d")
+    return Envelope.new(BatchCancelled(batch_id=batch_id, tenant=tenant, model=MODEL, accepted_at=at,
+                                       finished_at=at), source="urn:d")
 
 
 def test_accepted_batches_without_a_terminal_event_are_unfinished() -> None:
@@ -49,6 +49,13 @@ def test_a_batch_accepted_again_after_it_ended_is_unfinished_with_its_new_reques
     pending = unfinished([accepted("a", 3), ended("a"), accepted("a", 9)])
     assert pending["a"].request.offset == 9
     assert unfinished([accepted("a", 3), accepted("a", 9), ended("a")]) == {}
+
+
+def test_two_tenants_batches_of_one_id_are_told_apart() -> None:
+    events = [accepted("a", 3, "acme"), accepted("a", 4, "globex"), ended("a", "acme")]
+    pending = unfinished(events)
+    assert set(pending) == {"globex/a"} and pending["globex/a"].request.offset == 4
+    assert set(unfinished(events[:2])) == {"acme/a", "globex/a"}
 
 
 def test_an_accepted_event_that_names_no_request_is_not_reconciled() -> None:
