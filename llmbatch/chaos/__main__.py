@@ -37,16 +37,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shared-engines", action="store_true",
                         help="run the batches on the warm shared engine (the service's default path) "
                         "instead of a Ray job each (the driver fault then finds no driver and is skipped)")
+    parser.add_argument("--drain-timeout", type=float, dest="drain_timeout_s",
+                        help=f"seconds the batches get to end after the workload is sent (default "
+                        f"{full.drain_timeout_s:g}); one not ended then counts as stuck or lost")
     parser.add_argument("--seed", type=int, default=0, help="the workload's seed")
     parser.add_argument("--run-dir", type=Path, help="the stack's data (default: a new temp dir)")
     parser.add_argument("--keep", action="store_true", help="leave the stack running afterwards")
     args = parser.parse_args(argv)
     config = dataclasses.replace(SHORT) if args.short else full  # SHORT itself stays as it is
-    for name in ("batches", "malformed", "replicas", "rounds", "faults", "run_dir"):
+    for name in ("batches", "malformed", "replicas", "rounds", "faults", "run_dir", "drain_timeout_s"):
         value = getattr(args, name)
         if value is not None:
-            if isinstance(value, int) and value < (1 if name in {"batches", "replicas", "rounds"} else 0):
-                parser.error(f"--{name.replace('_', '-')} must be at least 1")
+            least = 1 if name in {"batches", "replicas", "rounds"} else 0
+            if isinstance(value, int | float) and value < least:
+                parser.error(f"--{name.replace('_', '-').removesuffix('-s')} must be at least {least}")
             setattr(config, name, value)
     config.seed, config.keep, config.shared_engines = args.seed, args.keep, args.shared_engines
     logging.basicConfig(level=logging.WARNING, format="%(message)s")

@@ -60,7 +60,8 @@ class ChaosConfig:
     rounds: int = 2
     fault_every_s: float = 20.0
     send_over_s: float = 60.0  # the workload is spread over this long, faults run meanwhile
-    drain_timeout_s: float = 1200.0
+    # 200 batches as Ray jobs end at about 5 a minute on 2 cores (a Ray job each, max_in_flight 3)
+    drain_timeout_s: float = 3600.0
     seed: int = 0
     run_dir: Path | None = None
     keep: bool = False

@@ -45,6 +45,9 @@ def test_cli_help_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(["--batches", "0"])
     assert info.value.code == 2 and "--batches must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["--drain-timeout", "-5"])
+    assert info.value.code == 2 and "--drain-timeout must be at least 0" in capsys.readouterr().err
 
 
 def test_the_default_faults_follow_the_engine_path() -> None:
