@@ -42,7 +42,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 KUSTOMIZE = DEPLOY / "kubernetes"
 OVERLAYS = ("cpu-dev", "gpu-prod", "gpu-prod-rayservice")
-COMPONENTS = ("model-from-minio",)
+COMPONENTS = ("model-from-minio", "kafka-sasl")
+# components that go in the overlay's own kustomization (their Jobs read the overlay's ConfigMap)
+INSIDE_OVERLAY = frozenset({"kafka-sasl"})
 DOCKERFILES = (DEPLOY / "docker" / "dispatcher.Dockerfile", DEPLOY / "docker" / "ray.Dockerfile")
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 ENV_EXAMPLE = ROOT / ".env.example"
@@ -128,7 +130,24 @@ def render_overlay(name: str) -> list[dict[str, Any]]:
 
 
 def render_with_components(overlay: str, components: Iterable[str]) -> list[dict[str, Any]]:
-    """An overlay plus components, rendered through a throw-away kustomization (as a user would)."""
+    """An overlay plus components, rendered as a user would: through a throw-away kustomization
+    that takes the overlay as a resource, or, for the components in :data:`INSIDE_OVERLAY`, with
+    the components listed under ``components:`` of the overlay's own kustomization (a copy beside
+    it, so its relative paths hold): their objects then find the overlay's hashed ConfigMap."""
+    components = list(components)
+    if any(c in INSIDE_OVERLAY for c in components):
+        source = KUSTOMIZE / "overlays" / overlay
+        with tempfile.TemporaryDirectory(prefix=f".{overlay}-", dir=source.parent) as tmp:
+            copy = Path(tmp)
+            for item in source.iterdir():
+                if item.is_file():
+                    shutil.copy2(item, copy / item.name)
+            kustomization = yaml.safe_load((copy / "kustomization.yaml").read_text())
+            kustomization["components"] = [
+                *(kustomization.get("components") or []), *(f"../../components/{c}" for c in components)
+            ]
+            (copy / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
+            return render_kustomize(copy)
     with tempfile.TemporaryDirectory(prefix="llmbatch-kustomize-") as tmp:
         rel = os.path.relpath(KUSTOMIZE, tmp)
         body = {

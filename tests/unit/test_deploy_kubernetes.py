@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shlex
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +46,8 @@ vd = _load_vd()
 
 # Secrets gpu-prod expects to exist already (created by the operator, never committed)
 EXTERNAL_SECRETS = {"llmbatch-credentials", "llmbatch-ray-auth", "llmbatch-api-keys"}
+# and the ones a component adds (created by hand as its kustomization.yaml shows)
+COMPONENT_SECRETS = {"kafka-sasl": {"llmbatch-kafka-users", "llmbatch-kafka-ca"}}
 RAY_PORTS = {"gcs-server": 6379, "dashboard": 8265}
 
 
@@ -255,6 +258,7 @@ def test_every_reference_resolves(renders: dict[str, list[dict[str, Any]]], over
         }
         assert keys <= set(data), f"{kind}/{name} lacks keys {keys - set(data)}"
     expected_missing = {("Secret", s) for s in EXTERNAL_SECRETS} if overlay.startswith("gpu-prod") else set()
+    expected_missing |= {("Secret", s) for s in COMPONENT_SECRETS.get(overlay.partition("+")[2], ())}
     assert set(missing) == expected_missing
 
 
@@ -925,7 +929,8 @@ def test_topics_job_uses_the_settings_names(renders: dict[str, list[dict[str, An
             "LLMBATCH_KAFKA__TOPICS__PARTITIONS",
             "LLMBATCH_KAFKA__TOPICS__REPLICATION_FACTOR",
         }
-        assert used <= set(config), used - set(config)
+        sasl_only = {"LLMBATCH_KAFKA__SASL_MECHANISM"}  # read on a SASL listener only (components/kafka-sasl)
+        assert used - sasl_only <= set(config), used - set(config)
         assert "--if-not-exists" in script
         assert container["image"] == "apache/kafka:4.2.0"
 
@@ -1029,3 +1034,98 @@ def test_every_ray_container_cleans_up_a_crashed_workers_processes(
             for container in group["template"]["spec"]["containers"]:
                 env = {e["name"]: e.get("value") for e in container.get("env", [])}
                 assert env.get("RAY_process_group_cleanup_enabled") == "1", (overlay, container["name"])
+
+
+# --- components/kafka-sasl: SASL_SSL logins and the ACL Job ---------------------------------------
+
+
+def _env_value(container: dict[str, Any], name: str) -> Any:
+    [entry] = [e for e in container.get("env") or [] if e["name"] == name]
+    return entry.get("value", entry.get("valueFrom"))
+
+
+def test_kafka_sasl_gives_each_workload_its_own_login_and_the_acl_job_binds_those_users(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    objects = renders["gpu-prod+kafka-sasl"]
+    config = _config(objects)
+    assert (config["LLMBATCH_KAFKA__SECURITY_PROTOCOL"], config["LLMBATCH_KAFKA__SASL_MECHANISM"]) == (
+        "SASL_SSL", "SCRAM-SHA-512")
+    ca_dir = str(Path(config["LLMBATCH_KAFKA__SSL_CAFILE"]).parent)
+    logins: dict[str, str] = {}
+    for kind, name in (("Deployment", "llmbatch-dispatcher"), ("Deployment", "llmbatch-api"),
+                       ("Job", "llmbatch-kafka-acls")):
+        pod = vd.one(objects, kind, name)["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        logins[name] = _env_value(container, "LLMBATCH_KAFKA__SASL_USERNAME")
+        secret = _env_value(container, "LLMBATCH_KAFKA__SASL_PASSWORD")["secretKeyRef"]
+        assert secret == {"name": "llmbatch-kafka-users", "key": f"{logins[name]}-password"}
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert mounts["kafka-ca"] == ca_dir
+        assert volumes["kafka-ca"]["secret"]["secretName"] == "llmbatch-kafka-ca"
+    assert len(set(logins.values())) == 3  # no two workloads share a login
+    job = vd.one(objects, "Job", "llmbatch-kafka-acls")
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    assert args[:3] == ["dispatcher", "kafka-acl", "--apply"]
+    users = dict(a.split("=", 1) for a in args[4::2])
+    assert args[3::2] == ["--user"] * len(users)
+    # the ACL plan grants each role to the user its workload logs in as
+    assert users["dispatcher"] == logins["llmbatch-dispatcher"]
+    assert users["producer"] == logins["llmbatch-api"]
+    assert logins["llmbatch-kafka-acls"] not in users.values()  # the admin is a super user, not a role
+    # the Job's command runs with the rendered settings (without --apply: it prints the plan)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMBATCH_")}
+    env.update(config)
+    env.update({"LLMBATCH_KAFKA__SASL_USERNAME": logins["llmbatch-kafka-acls"],
+                "LLMBATCH_KAFKA__SASL_PASSWORD": "not-used"})
+    plan = [a for a in args if a != "--apply"]
+    proc = subprocess.run([sys.executable, "-m", "llmbatch", *plan], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    for role, user in users.items():
+        assert f"{role} (User:{user})" in proc.stdout
+
+
+def test_the_topics_job_logs_in_as_the_admin_on_a_sasl_listener(
+    renders: dict[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    """Runs the topics Job's real script with a stand-in kafka-topics.sh that records its arguments."""
+    calls = tmp_path / "calls"
+    stub = tmp_path / "kafka-topics.sh"
+    stub.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    stub.chmod(0o755)
+
+    def run(objects: list[dict[str, Any]]) -> list[str]:
+        job = vd.one(objects, "Job", "llmbatch-kafka-topics")
+        (container,) = job["spec"]["template"]["spec"]["containers"]
+        script = container["command"][-1].replace("/opt/kafka/bin/kafka-topics.sh", str(stub))
+        env = {"PATH": os.environ["PATH"], "TMPDIR": str(tmp_path), **_config(objects)}
+        for entry in container.get("env") or []:
+            env[entry["name"]] = entry.get("value", "admin-secret")  # a secretKeyRef: a stand-in
+        calls.unlink(missing_ok=True)
+        subprocess.run(["bash", "-ec", script], env=env, check=True, timeout=30)
+        return calls.read_text().splitlines()
+
+    plain = run(renders["gpu-prod"])
+    assert len(plain) == 4 and not any("--command-config" in c for c in plain)
+    sasl = run(renders["gpu-prod+kafka-sasl"])
+    props = tmp_path / "client.properties"
+    assert len(sasl) == 4 and all(f"--command-config {props}" in c for c in sasl)
+    text = props.read_text()
+    assert "security.protocol=SASL_SSL" in text and "sasl.mechanism=SCRAM-SHA-512" in text
+    assert 'username="admin" password="admin-secret";' in text
+    assert "ssl.truststore.location=/etc/llmbatch/kafka-ca/ca.crt" in text
+    assert props.stat().st_mode & 0o077 == 0  # the admin's password: readable by its owner only
+
+
+def test_kafka_sasl_secrets_are_documented_with_every_key(renders: dict[str, list[dict[str, Any]]]) -> None:
+    refs = _references(renders["gpu-prod+kafka-sasl"])
+    text = (vd.KUSTOMIZE / "components/kafka-sasl/kustomization.yaml").read_text()
+    text = re.sub(r"\\\n[#\s]*", " ", text)
+    commands = re.findall(r"create secret generic (\S+)([^\n]*)", text)
+    [users] = [c for c in commands if c[0] == "llmbatch-kafka-users"]
+    for key in refs[("Secret", "llmbatch-kafka-users")]:
+        assert f"--from-literal={key}=" in users[1], key
+    assert "create secret generic llmbatch-kafka-ca --from-file=ca.crt=" in text
