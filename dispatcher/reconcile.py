@@ -61,16 +61,11 @@ class Pending:
     accepted: BatchAccepted | None = None
 
 
-def _key_of(event: Envelope[Any]) -> BatchKey:
-    tenant = getattr(event.data, "tenant", None)
-    return batch_key(tenant if isinstance(tenant, str) else None, event.batch_id)
-
-
 def track(pending: dict[BatchKey, Pending], event: Envelope[Any]) -> None:
     """Update ``pending`` with one event of the results topic (events of an id come in order:
     they share a partition). Pure."""
     data = event.data
-    key = _key_of(event)
+    key = batch_key(event.tenant, event.batch_id)
     if isinstance(data, BatchAccepted):
         if data.request is None:  # accepted before events named their request: nothing to re-read
             pending.pop(key, None)

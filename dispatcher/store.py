@@ -244,7 +244,6 @@ class StateStore:
     # -- intake ----------------------------------------------------------------------------------
     def _intake_args(self, item: IntakeItem, now: float) -> tuple[list[str], list[str]]:
         fields = dict(item.fields)
-        fields.setdefault("tenant", split_batch_key(item.key)[0])
         fields.setdefault("batch_id", split_batch_key(item.key)[1])
         fields["ready_score"] = _fmt(item.ready_score)
         if item.deadline is not None:

@@ -283,7 +283,7 @@ async def follow_events(
                             exc,
                         )
                         continue
-                    if tenant is not None and event_tenant(envelope) != tenant:
+                    if tenant is not None and envelope.tenant != tenant:
                         continue
                     ident = (envelope.source, envelope.id)
                     if ident in seen:
@@ -296,12 +296,6 @@ async def follow_events(
                         return
     finally:
         await _quietly(consumer.stop())
-
-
-def event_tenant(envelope: Envelope[Any]) -> str:
-    """The tenant an event is about (``default`` when it names none)."""
-    tenant = getattr(envelope.data, "tenant", None)
-    return tenant if isinstance(tenant, str) else "default"
 
 
 async def _partitions(consumer: Any, topic: str) -> set[int]:

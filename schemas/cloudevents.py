@@ -96,6 +96,13 @@ class Envelope(BaseModel, Generic[DataT]):
         return self.subject
 
     @property
+    def tenant(self) -> str:
+        """The tenant whose batch this event is about (``default`` when its data names none); batch
+        ids are scoped by tenant, so ``(tenant, batch_id)`` names the batch."""
+        tenant = getattr(self.data, "tenant", None)
+        return tenant if isinstance(tenant, str) else "default"
+
+    @property
     def is_terminal(self) -> bool:
         """True for completed/failed/cancelled/expired events."""
         return self.type.is_terminal
