@@ -191,6 +191,57 @@ def _apply_kafka_acl(settings: DispatcherSettings, bindings: list[AclBinding], a
         typer.echo("\n".join(f"  {line}" for line in report.other))
 
 
+@app.command("minio-tenant")
+def minio_tenant(
+    tenant: Annotated[str, typer.Argument(help="The tenant whose worker pool the policy is for.")],
+    user: Annotated[
+        str | None,
+        typer.Option(help="The pool's MinIO user (access key). Default: llmbatch-tenant-<tenant>."),
+    ] = None,
+    apply: Annotated[
+        bool,
+        typer.Option(
+            "--apply",
+            help="Create or replace the policy on the MinIO of LLMBATCH_S3__* (whose keys must be an "
+            "admin's) and make it the user's only policy; the user is created (or its secret reset) when "
+            "LLMBATCH_TENANT_S3_SECRET_KEY is set.",
+        ),
+    ] = False,
+) -> None:
+    """Print (or --apply) the MinIO policy of a tenant's worker pool: its jobs read inputs and read and
+    write results only under <bucket>/<tenant>/ (buckets from LLMBATCH_S3__*), nothing else.
+
+    Give the pool's Ray nodes that user's keys (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY in their
+    environment) and list the tenant in LLMBATCH_TENANTS__POOLS."""
+    import os
+
+    import orjson
+
+    from dispatcher.minio_admin import SECRET_ENV, apply_tenant_policy
+    from dispatcher.minio_policy import check_tenant, tenant_policy
+
+    try:
+        check_tenant(tenant)
+    except ValueError as exc:
+        _fail(str(exc))
+    settings = _settings_or_exit()
+    if not apply:
+        document = tenant_policy(tenant, input_buckets=settings.s3.readable_buckets(),
+                                 results_bucket=settings.s3.results_bucket)
+        typer.echo(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode())
+        return
+    from dispatcher.errors import DispatcherError
+
+    try:
+        report = apply_tenant_policy(settings.s3, tenant, user=user,
+                                     secret_key=os.environ.get(SECRET_ENV) or None)
+    except DispatcherError as exc:
+        _fail(str(exc), code=1)
+    created = "created" if report.user_created else "updated"
+    typer.echo(f"policy {report.policy} applied; user {report.user} {created}, its policies: "
+               f"{', '.join(report.policies_of_user) or '(none)'}")
+
+
 def _fail(message: str, code: int = 2) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)

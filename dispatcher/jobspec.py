@@ -54,6 +54,7 @@ def build_job_spec(
         output_prefix=results_prefix(settings, record),
         lifecycle=record.get("lifecycle") or None,
         engine=entry.engine,
+        pool_resource=settings.tenants.pool_of(parsed.tenant),
         engine_app=app_name(parsed.model) if opts.shared_engines else None,
         engine_wait_s=opts.engine_wait_s,
         # never a password in the spec (command line, uploaded spec): the job gets it from its env

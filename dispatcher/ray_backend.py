@@ -75,8 +75,9 @@ def build_submission(
         kwargs["entrypoint_num_gpus"] = job.entrypoint_num_gpus
     if job.entrypoint_memory:
         kwargs["entrypoint_memory"] = job.entrypoint_memory
-    if job.entrypoint_resources:
-        kwargs["entrypoint_resources"] = dict(job.entrypoint_resources)
+    if job.entrypoint_resources:  # beside the tenant pool's share that submit_kwargs may have set
+        pool = kwargs.get("entrypoint_resources", {})
+        kwargs["entrypoint_resources"] = {**job.entrypoint_resources, **pool}
     kwargs["metadata"] = {**kwargs.get("metadata", {}), "llmbatch": "dispatcher"}
     return kwargs
 

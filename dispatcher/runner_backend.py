@@ -35,8 +35,9 @@ SizeOf = Callable[[str], Awaitable[int | None]]
 
 
 def takes_short_path(spec: JobSpec, *, max_lines: int, max_bytes: int, input_size: int | None) -> bool:
-    """Whether ``spec`` runs on the batch runner: a shared engine and a small input."""
-    if spec.engine_app is None or max_lines <= 0:
+    """Whether ``spec`` runs on the batch runner: a shared engine and a small input. Never a pooled
+    tenant's batch: the runner reads and writes every tenant's files with its own keys."""
+    if spec.engine_app is None or max_lines <= 0 or spec.pool_resource is not None:
         return False
     if spec.requests is not None:
         return len(spec.requests) <= max_lines

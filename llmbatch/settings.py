@@ -231,7 +231,8 @@ class ReplaySettings(BaseModel):
 
 
 class TenantSettings(BaseModel):
-    """Who may act for which tenant (``LLMBATCH_TENANTS__KEYS``)."""
+    """Who may act for which tenant (``LLMBATCH_TENANTS__KEYS``) and where its jobs run
+    (``LLMBATCH_TENANTS__POOLS``)."""
 
     keys: dict[str, SecretStr] = Field(
         default_factory=dict,
@@ -254,9 +255,33 @@ class TenantSettings(BaseModel):
                                  "(e.g. `openssl rand -hex 32`)")
         return value
 
+    pools: list[str] = Field(
+        default_factory=list,
+        description="Tenants whose batches run only on their own Ray worker pool, as JSON (e.g. "
+        '["acme"]): nodes started with --num-cpus=0 and --resources=\'{"llmbatch_tenant_<tenant>": <CPUs>}\' '
+        "whose environment holds that tenant's S3 keys, limited by a MinIO policy to its prefixes "
+        "(`llmbatch dispatcher minio-tenant`). Their jobs ask that resource where others ask CPUs, so each "
+        "runs only on its own pool and nothing else runs there. They always run as Ray jobs (never on the "
+        "shared batch runner, which reads every tenant's files) and wait while the pool has no node.",
+    )
+
+    @field_validator("pools")
+    @classmethod
+    def _valid_pools(cls, value: list[str]) -> list[str]:
+        for tenant in value:
+            if not re.match(TENANT_PATTERN, tenant):
+                raise ValueError(f"tenant {tenant!r}: use 1-64 lowercase letters, digits or '-'")
+        return sorted(set(value))
+
     def key_bytes(self) -> dict[str, bytes]:
         """Tenant -> key bytes (empty when no tenant has a key)."""
         return {tenant: key.get_secret_value().encode() for tenant, key in self.keys.items()}
+
+    def pool_of(self, tenant: str) -> str | None:
+        """The Ray resource of ``tenant``'s own worker pool, or ``None`` when it has none."""
+        from schemas.job import tenant_pool_resource
+
+        return tenant_pool_resource(tenant) if tenant in self.pools else None
 
 
 class LLMBatchSettings(BaseSettings):

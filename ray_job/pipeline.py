@@ -69,15 +69,17 @@ def engine_settings(spec: JobSpec) -> str:
     return engine.model_dump_json()
 
 
-def rebatch(ds: Dataset, rows: int) -> Dataset:
+def rebatch(ds: Dataset, rows: int, resources: dict[str, Any] | None = None) -> Dataset:
     """Blocks of ``rows`` rows, so each engine task is one batch: the batches of one replica then
     run concurrently on its engine, and each batch's results reach the driver as soon as it ends
     (a task's outputs are merged into one block released when the task finishes).
 
     This is ``ds.repartition(target_num_rows_per_block=rows)`` with fractional CPUs: the public call
     gives its tasks 1 CPU each, which an engine replica holding the node's other CPU starves forever
-    on a small node. Falls back to the public call if Ray's internals move.
+    on a small node. ``resources``: its tasks' (:meth:`schemas.job.JobSpec.stage_resources`). Falls
+    back to the public call if Ray's internals move (not for a pooled tenant's job).
     """
+    remote_args = resources or {"num_cpus": REBATCH_CPUS}
     try:
         from ray.data._internal.logical.interfaces import LogicalPlan
         from ray.data._internal.logical.operators import StreamingRepartition
@@ -85,10 +87,12 @@ def rebatch(ds: Dataset, rows: int) -> Dataset:
         op = StreamingRepartition(
             target_num_rows_per_block=rows,
             input_dependencies=[ds._logical_plan.dag],
-            ray_remote_args={"num_cpus": REBATCH_CPUS},
+            ray_remote_args=remote_args,
         )
         return Dataset._from_parent(ds, LogicalPlan(op, ds.context))
     except (ImportError, AttributeError, TypeError):  # pragma: no cover - other Ray versions
+        if "resources" in remote_args:  # a pooled tenant's tasks must not leave its pool
+            raise
         return ds.repartition(target_num_rows_per_block=rows)
 
 
@@ -112,13 +116,14 @@ def build(spec: JobSpec, done_shards: Sequence[str], *, input_path: str | None) 
     shards at ``done_shards`` answer are skipped)."""
     source = source_of(spec, done_shards, input_path=input_path)
     model_path = spec.model_path or spec.model
+    # every task and actor asks spec.stage_resources: a pooled tenant's run only on its pool's nodes
     ds: Dataset = ray.data.from_items([{"part": 0}])
     ds = ds.map_batches(
         cast(Any, read_rows),
         batch_size=1,
         batch_format="pyarrow",
         fn_kwargs={"source": source},
-        num_cpus=READ_CPUS,
+        **spec.stage_resources(READ_CPUS),
     )
     ds = ds.map_batches(
         PromptStage,
@@ -131,9 +136,9 @@ def build(spec: JobSpec, done_shards: Sequence[str], *, input_path: str | None) 
             "batch_id": spec.batch_id,
             "backend": spec.engine.backend,
         },
-        num_cpus=PROMPT_CPUS,
+        **spec.stage_resources(PROMPT_CPUS),
     )
-    ds = rebatch(ds, spec.engine.batch_size)
+    ds = rebatch(ds, spec.engine.batch_size, spec.stage_resources(REBATCH_CPUS))
     return ds.map_batches(
         EngineStage,
         batch_size=spec.engine.batch_size,
@@ -151,6 +156,6 @@ def build(spec: JobSpec, done_shards: Sequence[str], *, input_path: str | None) 
             "priority": spec.priority,
         },
         # a client of the shared engine needs next to no CPU and never a GPU
-        num_cpus=SHARED_CLIENT_CPUS if spec.engine_app else spec.engine.num_cpus_per_replica,
+        **spec.stage_resources(SHARED_CLIENT_CPUS if spec.engine_app else spec.engine.num_cpus_per_replica),
         num_gpus=None if spec.engine_app else (spec.engine.num_gpus_per_replica or None),
     )

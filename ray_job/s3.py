@@ -64,13 +64,23 @@ def uri_of(path: str) -> str:
     return f"s3://{path}"
 
 
+_REFUSALS = ("NoSuchBucket", "NO_SUCH_BUCKET", "AccessDenied", "ACCESS_DENIED", "Forbidden", "403",
+             "does not exist")
+
+
+def is_refusal(error_text: str) -> bool:
+    """Whether an S3 error says the object is missing or forbidden (an answer, not an outage).
+    pyarrow names S3's codes its own way (``AWS Error ACCESS_DENIED during HeadObject``)."""
+    return any(s in error_text for s in _REFUSALS)
+
+
 def check_readable(fs: pafs.FileSystem, path: str) -> int:
     """Size of the object at ``path``; :class:`InputNotFoundError` when it is missing or forbidden."""
     try:
         info = fs.get_file_info(path)
     except OSError as exc:
         text = str(exc)
-        if any(s in text for s in ("NoSuchBucket", "AccessDenied", "Forbidden", "403", "does not exist")):
+        if is_refusal(text):
             raise InputNotFoundError(f"cannot read s3://{path}: {text[:300]}") from exc
         raise
     if info.type != pafs.FileType.File:

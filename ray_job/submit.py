@@ -31,7 +31,7 @@ import orjson
 
 import ray_job
 import schemas
-from schemas.job import JobSpec
+from schemas.job import POOL_SHARE, JobSpec
 
 RESULT_PREFIX = "LLMBATCH_RESULT "
 MAX_ENTRYPOINT_CHARS = 100_000
@@ -99,15 +99,19 @@ def entrypoint_for_uri(spec_uri: str, *, python: str = "python") -> str:
 def submit_kwargs(
     spec: JobSpec, env: dict[str, Any], *, spec_uri: str | None = None, python: str = "python"
 ) -> dict[str, Any]:
-    """Keyword arguments for ``JobSubmissionClient.submit_job`` for this attempt."""
+    """Keyword arguments for ``JobSubmissionClient.submit_job`` for this attempt (a pooled
+    tenant's driver asks for a share of its pool's resource, so it starts only on the pool)."""
     command = entrypoint_for_uri(spec_uri, python=python) if spec_uri else entrypoint(spec, python=python)
-    return {
+    kwargs: dict[str, Any] = {
         "submission_id": spec.submission_id,
         "entrypoint": command,
         "runtime_env": env,
         "entrypoint_num_cpus": 0,
         "metadata": {"batch_id": spec.batch_id, "attempt": str(spec.attempt)},
     }
+    if spec.pool_resource:
+        kwargs["entrypoint_resources"] = {spec.pool_resource: POOL_SHARE}
+    return kwargs
 
 
 def parse_result(logs: str) -> dict[str, Any] | None:

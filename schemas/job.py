@@ -26,6 +26,20 @@ SHARD_KINDS = ("output", "error")
 LIFECYCLE_PATTERN = r"^[a-z0-9]{1,32}$"
 """A batch lifecycle's id (see :func:`output_prefix`)."""
 
+POOL_RESOURCE_PREFIX = "llmbatch_tenant_"
+POOL_RESOURCE_PATTERN = r"^llmbatch_tenant_[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$"
+POOL_SHARE = 0.01
+"""What a pooled tenant's driver asks of its pool's resource (and the least any of its tasks asks).
+
+A node of a tenant's pool starts with ``--num-cpus=0 --resources='{"llmbatch_tenant_<tenant>": N}'``
+(N: its CPUs): the tenant's tasks ask that resource where others ask CPUs, and no other work, which
+asks CPUs, can land on the node and run with the tenant's keys."""
+
+
+def tenant_pool_resource(tenant: str) -> str:
+    """The Ray custom resource that marks the nodes of ``tenant``'s own worker pool."""
+    return f"{POOL_RESOURCE_PREFIX}{tenant}"
+
 
 def submission_id(batch_id: str, attempt: int, lifecycle: str | None = None) -> str:
     """The Ray submission id of an attempt: ``<batch_id>-<lifecycle>-a<attempt>``
@@ -121,6 +135,13 @@ class JobSpec(BaseModel):
         description="Which lifecycle of the batch id this is (in the output prefix and submission id).",
     )
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    pool_resource: str | None = Field(
+        default=None,
+        pattern=POOL_RESOURCE_PATTERN,
+        description="The Ray resource of the tenant's own worker pool (``llmbatch_tenant_<tenant>``): "
+        "the driver and every task and actor of the job ask for a share of it, so the job runs only "
+        "on nodes whose environment holds that tenant's S3 keys (scoped to its prefixes).",
+    )
     engine_app: str | None = Field(
         default=None,
         max_length=200,
@@ -165,7 +186,18 @@ class JobSpec(BaseModel):
             raise ValueError(
                 f"output_prefix must end with '{tail}' (s3://bucket/<tenant>/<batch_id>/[<lifecycle>/])"
             )
+        if self.pool_resource is not None and self.pool_resource != tenant_pool_resource(self.tenant):
+            raise ValueError(f"pool_resource must be {tenant_pool_resource(self.tenant)!r}: a job runs "
+                             "on its own tenant's pool")
         return self
+
+    def stage_resources(self, num_cpus: float) -> dict[str, Any]:
+        """Ray resources of a task or actor of this job that needs ``num_cpus`` CPUs. On a tenant's pool
+        it asks the pool's resource instead (the pool's nodes advertise no CPU: see :data:`POOL_SHARE`),
+        so it runs only there."""
+        if self.pool_resource is None:
+            return {"num_cpus": num_cpus}
+        return {"num_cpus": 0, "resources": {self.pool_resource: max(num_cpus, POOL_SHARE)}}
 
     @property
     def submission_id(self) -> str:

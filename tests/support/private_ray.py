@@ -126,8 +126,12 @@ class PrivateRayWorker:
     :meth:`start` returns once the head lists the node ALIVE; :attr:`node_id` is its id."""
 
     def __init__(self, head: PrivateRay, run_dir: Path, *, num_cpus: int = 1,
-                 resources: dict[str, float] | None = None, name: str = "worker") -> None:
+                 resources: dict[str, float] | None = None, name: str = "worker",
+                 node_env: dict[str, str] | None = None) -> None:
         self.head = head
+        # what its jobs and replicas find in their environment: the head's unless given (a tenant
+        # pool's node carries that tenant's own S3 keys)
+        self.node_env = dict(head.node_env if node_env is None else node_env)
         self.run_dir = run_dir
         self.num_cpus = num_cpus
         self.resources = dict(resources or {})
@@ -163,7 +167,7 @@ class PrivateRayWorker:
         self.temp.mkdir(parents=True, exist_ok=True)
         before = {n["node_id"] for n in self.head.nodes()}
         env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1",
-               **self.head.node_env}
+               **self.node_env}
         argv = [
             str(ray_executable()),
             "start",
