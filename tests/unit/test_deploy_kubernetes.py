@@ -47,7 +47,8 @@ vd = _load_vd()
 # Secrets gpu-prod expects to exist already (created by the operator, never committed)
 EXTERNAL_SECRETS = {"llmbatch-credentials", "llmbatch-ray-auth", "llmbatch-api-keys"}
 # and the ones a component adds (created by hand as its kustomization.yaml shows)
-COMPONENT_SECRETS = {"kafka-sasl": {"llmbatch-kafka-users", "llmbatch-kafka-ca"}}
+COMPONENT_SECRETS = {"kafka-sasl": {"llmbatch-kafka-users", "llmbatch-kafka-ca"},
+                     "tenant-pool": {"llmbatch-tenant-acme-s3"}}
 RAY_PORTS = {"gcs-server": 6379, "dashboard": 8265}
 
 
@@ -1129,3 +1130,46 @@ def test_kafka_sasl_secrets_are_documented_with_every_key(renders: dict[str, lis
     for key in refs[("Secret", "llmbatch-kafka-users")]:
         assert f"--from-literal={key}=" in users[1], key
     assert "create secret generic llmbatch-kafka-ca --from-file=ca.crt=" in text
+
+
+# --- components/tenant-pool: one tenant's worker group and keys -----------------------------------
+
+
+def test_tenant_pool_gives_the_tenant_a_group_of_its_own_with_its_keys_and_no_cpu_for_others(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    from llmbatch.settings import TenantSettings
+    from schemas.job import tenant_pool_resource
+
+    objects = renders["gpu-prod+tenant-pool"]
+    groups = {g["groupName"]: g for g in _raycluster(objects)["spec"]["workerGroupSpecs"]}
+    assert set(groups) == {"gpu", "cpu", "tenant-acme"}
+    pool = groups["tenant-acme"]
+    params = pool["rayStartParams"]
+    assert params["num-cpus"] == "0"  # nothing that asks CPUs (every other tenant's work) lands here
+    assert json.loads(json.loads(params["resources"])) == {tenant_pool_resource("acme"): 4}
+    assert pool["minReplicas"] == 0 and pool["replicas"] == 0
+    cpus = pool["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"]
+    assert int(cpus) == 4, "the resource should count the container's CPUs"
+
+    def s3_secrets(group: dict[str, Any]) -> set[str]:
+        env = group["template"]["spec"]["containers"][0]["env"]
+        return {e["valueFrom"]["secretKeyRef"]["name"] for e in env
+                if e["name"].startswith("AWS_") and "valueFrom" in e}
+
+    assert s3_secrets(pool) == {"llmbatch-tenant-acme-s3"}
+    assert s3_secrets(groups["gpu"]) == s3_secrets(groups["cpu"]) == {"llmbatch-credentials"}
+    # the dispatcher sends acme's jobs there
+    deployments = vd.by_kind(objects, "Deployment")
+    [dispatcher] = [o for o in deployments if o["metadata"]["name"] == "llmbatch-dispatcher"]
+    env = {e["name"]: e.get("value") for e in dispatcher["spec"]["template"]["spec"]["containers"][0]["env"]}
+    pools = TenantSettings(pools=json.loads(env["LLMBATCH_TENANTS__POOLS"]))
+    assert pools.pool_of("acme") == "llmbatch_tenant_acme"
+    # the guide creates the Secret with every key the group reads
+    refs = _references(objects)
+    text = (vd.KUSTOMIZE / "components/tenant-pool/kustomization.yaml").read_text()
+    text = re.sub(r"\\\n[#\s]*", " ", text)
+    commands = re.findall(r"create secret generic (\S+)([^\n]*)", text)
+    [command] = [c for c in commands if c[0] == "llmbatch-tenant-acme-s3"]
+    for key in refs[("Secret", "llmbatch-tenant-acme-s3")]:
+        assert f"--from-literal={key}=" in command[1], key
