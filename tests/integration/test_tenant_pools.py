@@ -226,6 +226,11 @@ def test_a_pooled_tenants_batch_runs_on_its_pool_only_and_completes(pools: Pools
     elsewhere = {name: nodes for name, nodes in placed.items() if nodes != {p.acme_node.node_id}}
     assert not elsewhere, (p.acme_node.node_id, elsewhere)
     assert result is None or result["exit_code"] == 0, result
+    # the tenant's keys live in its nodes' environment only: not in what the Jobs API shows
+    with urllib.request.urlopen(f"{p.head.address}/api/jobs/", timeout=10) as resp:
+        shown = resp.read().decode()
+    assert spec.submission_id in shown
+    assert p.keys["acme"].secret not in shown and p.keys["acme"].access not in shown
 
 
 def test_a_pooled_job_cannot_read_or_write_another_tenants_prefix(pools: Pools) -> None:
