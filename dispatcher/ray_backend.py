@@ -70,7 +70,10 @@ def build_submission(
     if not job.ship_modules:
         env.pop("py_modules", None)
     kwargs = job_submit.submit_kwargs(spec, env, spec_uri=spec_uri, python=job.python)
-    kwargs["entrypoint_num_cpus"] = job.entrypoint_num_cpus
+    if spec.pool_resource is None:
+        kwargs["entrypoint_num_cpus"] = job.entrypoint_num_cpus
+    elif job.entrypoint_num_cpus:  # the pool's nodes have no CPU: the driver asks its pool's resource
+        kwargs["entrypoint_resources"] = {spec.pool_resource: job.entrypoint_num_cpus}
     if job.entrypoint_num_gpus:
         kwargs["entrypoint_num_gpus"] = job.entrypoint_num_gpus
     if job.entrypoint_memory:

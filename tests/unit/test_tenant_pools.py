@@ -68,6 +68,13 @@ def test_a_pooled_tenants_spec_and_submission_ask_for_its_pool_and_others_do_not
     pooled = {"worker": 1.0, "llmbatch_tenant_acme": POOL_SHARE}
     assert build_submission(s, acme)["entrypoint_resources"] == pooled
     assert build_submission(s, other)["entrypoint_resources"] == {"worker": 1.0}
+    # a driver that asks CPUs asks them of the pool instead (its nodes advertise none)
+    s = _settings(["acme"], entrypoint_num_cpus=0.5)
+    kwargs = build_submission(s, build_job_spec(_record("acme"), 1, s, Keys("p")))
+    assert kwargs["entrypoint_num_cpus"] == 0
+    assert kwargs["entrypoint_resources"] == {"llmbatch_tenant_acme": 0.5}
+    other_kwargs = build_submission(s, build_job_spec(_record("globex"), 1, s, Keys("p")))
+    assert other_kwargs["entrypoint_num_cpus"] == 0.5 and "entrypoint_resources" not in other_kwargs
     # the spec the job reads carries it (command line or uploaded spec)
     assert JobSpec.model_validate_json(acme.model_dump_json()).pool_resource == "llmbatch_tenant_acme"
 
