@@ -43,18 +43,17 @@ class TenantApplyReport(BaseModel):
 
 
 def _admin(s3: S3Settings) -> Any:
+    import urllib3
     from minio.credentials.providers import StaticProvider
     from minio.minioadmin import MinioAdmin
 
-    http_client = None
-    if s3.secure and s3.ca_file is not None:
-        import urllib3
-
-        http_client = urllib3.PoolManager(
-            ssl_context=ssl.create_default_context(cafile=str(s3.ca_file)),
-            timeout=urllib3.Timeout(connect=10, read=30),
-            retries=urllib3.Retry(total=2, backoff_factor=0.5),
-        )
+    # bounded: an operator's command, not a service (a server that does not answer is said in seconds)
+    options: dict[str, Any] = {"timeout": urllib3.Timeout(connect=5, read=30),
+                               "retries": urllib3.Retry(total=1, backoff_factor=0.2)}
+    if s3.secure:
+        cafile = str(s3.ca_file) if s3.ca_file is not None else None
+        options["ssl_context"] = ssl.create_default_context(cafile=cafile)
+    http_client = urllib3.PoolManager(**options)
     return MinioAdmin(
         endpoint=s3.host,
         credentials=StaticProvider(s3.access_key.get_secret_value(), s3.secret_key.get_secret_value()),

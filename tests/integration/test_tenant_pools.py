@@ -36,8 +36,10 @@ from typing import Any
 import pytest
 from minio import Minio
 from minio.error import S3Error
+from pydantic import SecretStr
 from ray.job_submission import JobStatus
 
+from dispatcher.errors import PermanentError
 from dispatcher.minio_admin import apply_tenant_policy, pool_user
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
 from ray_job.errors import ExitCode
@@ -206,6 +208,14 @@ def test_a_tenants_keys_reach_only_its_own_prefixes(pools: Pools) -> None:
     # applying again (no secret: the user exists) keeps the user and its one policy
     report = apply_tenant_policy(p.s3, "acme", user=p.keys["acme"].access)
     assert not report.user_created and report.policies_of_user == ["llmbatch-tenant-acme"], report
+    # a tenant's keys cannot change policies (the command says whose keys it needs); a user that does
+    # not exist is not made without its secret
+    as_acme = p.s3.model_copy(update={"access_key": SecretStr(p.keys["acme"].access),
+                                      "secret_key": SecretStr(p.keys["acme"].secret)})
+    with pytest.raises(PermanentError, match="must be an admin's"):
+        apply_tenant_policy(as_acme, "acme", user=p.keys["acme"].access)
+    with pytest.raises(PermanentError, match="LLMBATCH_TENANT_S3_SECRET_KEY"):
+        apply_tenant_policy(p.s3, "acme", user=f"nobody-{p.h.tag}")
 
 
 def test_a_pooled_tenants_batch_runs_on_its_pool_only_and_completes(pools: Pools) -> None:

@@ -165,3 +165,18 @@ def test_the_cli_prints_the_policy_of_the_settings_buckets(monkeypatch: pytest.M
 
 def test_the_pool_resource_is_named_after_the_tenant() -> None:
     assert tenant_pool_resource("acme") == "llmbatch_tenant_acme"
+
+
+def test_applying_needs_a_secret_long_enough_and_a_server_that_answers() -> None:
+    from dispatcher.errors import PermanentError, StorageUnavailable
+    from dispatcher.minio_admin import SECRET_ENV, apply_tenant_policy
+    from llmbatch.stack.process import free_port
+
+    nowhere = S3Settings(endpoint=f"http://127.0.0.1:{free_port()}", access_key=SecretStr("admin"),
+                         secret_key=SecretStr("admin-secret"))
+    with pytest.raises(PermanentError, match=SECRET_ENV):
+        apply_tenant_policy(nowhere, "acme", secret_key="short")
+    with pytest.raises(StorageUnavailable, match="MinIO did not answer") as caught:
+        apply_tenant_policy(nowhere, "acme", secret_key="long-enough-secret")
+    assert caught.value.retriable
+    assert "admin-secret" not in str(caught.value) and "long-enough-secret" not in str(caught.value)
