@@ -168,6 +168,10 @@ class Dispatcher:
         else:
             log.info("requests and cancels must be signed by their tenant",
                      extra={"tenants": sorted(self.settings.tenants.keys)})
+        if self.settings.tenants.pools:
+            log.info("these tenants' jobs run only on their own worker pools (Ray resource "
+                     "llmbatch_tenant_<tenant>), never on the shared batch runner",
+                     extra={"tenants": self.settings.tenants.pools})
         if self.health is not None:
             await self.health.start()
         await self._until_ok("kafka producer", self.producer.start)
