@@ -180,7 +180,7 @@ def up(run_dir: Path, names: Iterable[str] = ALL_SERVICES, *, tls: bool = False)
     return state
 
 
-TLS_SERVICES = ("kafka", "redis", "minio")
+TLS_SERVICES = ("kafka", "redis", "minio", "ray")
 KAFKA_TLS_USER = "llmbatch"
 
 
@@ -191,9 +191,12 @@ def is_tls(rec: ServiceRecord) -> bool:
 
 def tls_starters(run_dir: Path) -> dict[str, Callable[[Path], ServiceRecord]]:
     """The starters of a TLS stack: one CA per run folder, kept across restarts of the services."""
+    from ray._private.services import get_node_ip_address
+
     from llmbatch.stack.tls import local_ca
 
-    files = local_ca(run_dir / "tls")
+    # Ray's processes call each other at the address Ray picks for this node (it never keeps 127.0.0.1)
+    files = local_ca(run_dir / "tls", node_ips=(str(get_node_ip_address()),))  # type: ignore[no-untyped-call]
 
     def kafka(folder: Path) -> ServiceRecord:
         # a new start formats the data anew, so a new password each time; the record (0600) keeps it
@@ -207,7 +210,7 @@ def tls_starters(run_dir: Path) -> dict[str, Callable[[Path], ServiceRecord]]:
         "kafka": kafka,
         "redis": lambda d: services.start_redis(d, tls=files),
         "minio": lambda d: services.start_minio(d, tls=files),
-        "ray": services.start_ray,
+        "ray": lambda d: services.start_ray(d, tls=files),
     }
 
 

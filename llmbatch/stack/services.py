@@ -576,16 +576,24 @@ def ray_executable() -> Path:
 
 
 def start_ray(run_dir: Path, num_cpus: int = 2, object_store_bytes: int = 1_000_000_000, *,
-              restart: ServiceRecord | None = None) -> ServiceRecord:
+              restart: ServiceRecord | None = None, tls: TlsFiles | None = None) -> ServiceRecord:
     """Start a Ray head. ``restart`` (an earlier start's record) brings it back on the same addresses
     (Jobs API, GCS, Serve, metrics), as a KubeRay head pod comes back: clients keep their settings,
-    the job records of the old head are gone."""
+    the job records of the old head are gone. ``tls``: Ray's gRPC (GCS, raylet, object manager,
+    workers, and so every job's driver and Serve replica) speaks mutual TLS with that certificate
+    (``RAY_USE_TLS``; its Jobs API and Serve's HTTP proxy stay plain HTTP, on 127.0.0.1 here)."""
     with _start_ports() as ports:
-        return _start_ray(run_dir, num_cpus, object_store_bytes, ports, restart)
+        return _start_ray(run_dir, num_cpus, object_store_bytes, ports, restart, tls)
+
+
+def ray_tls_env(tls: TlsFiles) -> dict[str, str]:
+    """The variables that turn on TLS for every Ray process of a node (they inherit them)."""
+    return {"RAY_USE_TLS": "1", "RAY_TLS_SERVER_CERT": str(tls.server_cert),
+            "RAY_TLS_SERVER_KEY": str(tls.server_key), "RAY_TLS_CA_CERT": str(tls.ca_cert)}
 
 
 def _start_ray(run_dir: Path, num_cpus: int, object_store_bytes: int, ports: _StartPorts,
-               restart: ServiceRecord | None = None) -> ServiceRecord:
+               restart: ServiceRecord | None = None, tls: TlsFiles | None = None) -> ServiceRecord:
     # Ray's own temp dir must be short (unix socket paths are limited to 107 bytes)
     temp = Path(tempfile.gettempdir()) / f"llmbatch-ray-{os.getpid()}-{secrets.token_hex(3)}"
     temp.mkdir(parents=True, exist_ok=True)
@@ -612,6 +620,7 @@ def _start_ray(run_dir: Path, num_cpus: int, object_store_bytes: int, ports: _St
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         # the stack's S3 keys, as a Kubernetes Secret gives them to the Ray pods
         **ray_node_credentials(*minio_credentials(run_dir)),
+        **(ray_tls_env(tls) if tls is not None else {}),
     }
     argv = [str(ray_executable()), "start", "--head", "--block", f"--num-cpus={num_cpus}",
             f"--port={gcs}", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
@@ -629,10 +638,12 @@ def _start_ray(run_dir: Path, num_cpus: int, object_store_bytes: int, ports: _St
     # submit job" for tens of seconds on a loaded machine): healthy = a first job has run
     probe = _RayJobProbe(address)
     waited += wait_until(probe.done, 180, pid, "Ray head (first job)", log, interval=0.5)
+    extra = {"gcs_address": f"127.0.0.1:{gcs}", "serve_address": f"http://127.0.0.1:{serve}"}
+    if tls is not None:
+        extra["ca_cert"] = str(tls.ca_cert)
     return ServiceRecord("ray", pid, {"gcs": gcs, "dashboard": dashboard, "client": client, "serve": serve,
                                       "metrics": metrics},
-                         address, str(log), str(temp), round(waited, 2),
-                         extra={"gcs_address": f"127.0.0.1:{gcs}", "serve_address": f"http://127.0.0.1:{serve}"})
+                         address, str(log), str(temp), round(waited, 2), extra=extra)
 
 
 class _RayJobProbe:

@@ -1,7 +1,9 @@
 """A certificate authority made on the spot, for a local stack whose every hop is TLS.
 
 :func:`make_local_ca` writes a CA and one server certificate for ``127.0.0.1`` / ``localhost``
-(what the local Kafka, Redis and MinIO present) into a folder, keys readable by their owner only.
+(what the local Kafka, Redis and MinIO present) into a folder, keys readable by their owner only. The
+local Ray head presents it too (its gRPC: GCS, raylets, workers, with ``RAY_USE_TLS``); Ray's processes
+call each other at the node's own address, which ``node_ips`` adds to the certificate.
 Clients verify the servers against ``ca.pem`` (``LLMBATCH_KAFKA__SSL_CAFILE``,
 ``LLMBATCH_REDIS__SSL_CA_CERTS``, ``LLMBATCH_S3__CA_FILE``). Nothing here is for production: there
 the certificates come from the cluster's own CA (cert-manager, a cloud's), and these settings point
@@ -43,21 +45,27 @@ def _write_private(path: Path, data: bytes) -> None:
         fh.write(data)
 
 
-def local_ca(folder: Path) -> TlsFiles:
-    """The CA in ``folder`` if it is complete and valid for at least another day, else a new one."""
+def local_ca(folder: Path, *, node_ips: tuple[str, ...] = ()) -> TlsFiles:
+    """The CA in ``folder`` if it is complete, valid for at least another day and its server
+    certificate names every address of ``node_ips``, else a new one."""
     from cryptography import x509
 
     files = TlsFiles(folder / "ca.pem", folder / "server.pem", folder / "server.key")
     paths = (files.ca_cert, files.server_cert, files.server_key, files.server_keystore)
     if all(p.exists() for p in paths):
         cert = x509.load_pem_x509_certificate(files.server_cert.read_bytes())
-        if cert.not_valid_after_utc - dt.datetime.now(dt.UTC) > dt.timedelta(days=1):
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        named = {str(ip) for ip in names.get_values_for_type(x509.IPAddress)}
+        fresh = cert.not_valid_after_utc - dt.datetime.now(dt.UTC) > dt.timedelta(days=1)
+        if fresh and set(node_ips) <= named:
             return files
-    return make_local_ca(folder)
+    return make_local_ca(folder, node_ips=node_ips)
 
 
-def make_local_ca(folder: Path, *, now: dt.datetime | None = None) -> TlsFiles:
-    """Write a fresh CA and a server certificate for 127.0.0.1/localhost into ``folder``."""
+def make_local_ca(folder: Path, *, now: dt.datetime | None = None,
+                  node_ips: tuple[str, ...] = ()) -> TlsFiles:
+    """Write a fresh CA and a server certificate for 127.0.0.1/localhost (and ``node_ips``, this
+    machine's own addresses) into ``folder``."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -90,7 +98,9 @@ def make_local_ca(folder: Path, *, now: dt.datetime | None = None) -> TlsFiles:
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + VALID_FOR)
         .add_extension(x509.SubjectAlternativeName([
-            x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            x509.DNSName("localhost"),
+            *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in dict.fromkeys(("127.0.0.1", *node_ips))),
+        ]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
                                               ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)

@@ -3,7 +3,9 @@
 certificate of a CA made at test time, and a Ray head whose jobs and replicas find the S3 keys in their
 own environment and the CA bundles' paths in what the dispatcher sends them. Two batches run with every
 hop encrypted: a small one on the warm batch runner (Serve), one from an input file as a Ray job on the
-shared engine; each writes its state, progress and results over TLS, and the servers refuse plaintext."""
+shared engine; each writes its state, progress and results over TLS, and the servers refuse plaintext.
+Ray's own gRPC (GCS, raylet, workers: the job's driver, the replicas) is TLS too; its Jobs API and Serve's
+HTTP proxy are plain HTTP on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -84,6 +86,7 @@ async def test_batches_run_with_every_hop_encrypted_and_plaintext_is_refused(tmp
         services = state.services
         await _refused_plaintext(services["kafka"].address, services["redis"].ports["redis"],
                                  services["minio"].address)
+        _ray_grpc_is_tls_only(services["ray"].ports["gcs"], run / "tls")
         # and `stack up` without --tls will not reuse them as plaintext services
         with pytest.raises(StackError, match="running with TLS"):
             manager.up(run, ["redis"])
@@ -106,6 +109,27 @@ def _plaintext_refused(redis_port: int, minio_https: str) -> None:
         urllib.request.urlopen(minio_https + "/minio/health/ready", timeout=5,
                                context=ssl.create_default_context())
     assert "CERTIFICATE_VERIFY_FAILED" in str(unverified.value)
+
+
+def _ray_grpc_is_tls_only(gcs_port: int, tls_dir: Path) -> None:
+    """Ray's GCS (and with it every raylet, worker, driver and replica, which call it) speaks TLS only:
+    a plaintext gRPC client is refused, one with the CA and a certificate of it is answered."""
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    def nodes(channel: grpc.Channel) -> int:
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        reply = stub.GetAllNodeInfo(gcs_service_pb2.GetAllNodeInfoRequest(), timeout=10)
+        return len(reply.node_info_list)
+
+    with grpc.insecure_channel(f"127.0.0.1:{gcs_port}") as plain, pytest.raises(grpc.RpcError):
+        nodes(plain)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=(tls_dir / "ca.pem").read_bytes(),
+        private_key=(tls_dir / "server.key").read_bytes(),
+        certificate_chain=(tls_dir / "server.pem").read_bytes())
+    with grpc.secure_channel(f"127.0.0.1:{gcs_port}", credentials) as secure:
+        assert nodes(secure) >= 1
 
 
 async def _refused_plaintext(kafka_address: str, redis_port: int, minio_https: str) -> None:

@@ -202,3 +202,26 @@ def test_the_run_folders_ca_is_kept_while_valid(tmp_path: Path) -> None:
     make_local_ca(tmp_path, now=dt.datetime.now(dt.UTC) - dt.timedelta(days=6, hours=12))  # 12 h left
     old = (tmp_path / "ca.pem").read_bytes()
     assert local_ca(tmp_path).ca_cert.read_bytes() not in {first, old}
+
+
+def test_the_certificate_names_the_nodes_own_address_for_ray_and_a_missing_one_makes_a_new_ca(
+    tmp_path: Path,
+) -> None:
+    from cryptography import x509
+
+    from llmbatch.stack.services import ray_tls_env
+    from llmbatch.stack.tls import local_ca
+
+    files = local_ca(tmp_path, node_ips=("192.0.2.7",))
+    server = x509.load_pem_x509_certificate(files.server_cert.read_bytes())
+    names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("127.0.0.1"),
+                                                          ipaddress.ip_address("192.0.2.7")]
+    first = files.ca_cert.read_bytes()
+    assert local_ca(tmp_path, node_ips=("192.0.2.7",)).ca_cert.read_bytes() == first  # kept
+    assert local_ca(tmp_path).ca_cert.read_bytes() == first  # loopback only: kept too
+    assert local_ca(tmp_path, node_ips=("192.0.2.8",)).ca_cert.read_bytes() != first  # the node moved
+    # every process of the Ray node inherits these: mutual TLS with that certificate
+    assert ray_tls_env(files) == {"RAY_USE_TLS": "1", "RAY_TLS_SERVER_CERT": str(files.server_cert),
+                                  "RAY_TLS_SERVER_KEY": str(files.server_key),
+                                  "RAY_TLS_CA_CERT": str(files.ca_cert)}
