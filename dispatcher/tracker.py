@@ -17,6 +17,9 @@ change is a compare-and-set and submission ids are idempotent). Each tick:
    shared engines only while the model's replicas have room (:class:`~dispatcher.scheduler.Admission`);
 5. publish pending terminal events (and dead letters) idempotently;
 6. publish throttled progress events, refresh gauges.
+
+Starting an attempt (its spec, the engines' room, the submission) is :mod:`dispatcher.launcher`'s;
+what a batch's outcome is when it did not end with its own manifest, :mod:`dispatcher.outcomes`'.
 """
 
 from __future__ import annotations
@@ -38,24 +41,24 @@ from dispatcher.backend import (
     JobInfo,
     JobState,
 )
-from dispatcher.errors import DispatcherError, JobRejected, ManifestInvalid, RequestUnavailable
+from dispatcher.errors import DispatcherError, ManifestInvalid
 from dispatcher.events import Outcome, build_progress, safe_counts, terminal_fields
 from dispatcher.job_cleanup import JobCleanup
-from dispatcher.jobspec import build_job_spec, results_prefix
+from dispatcher.jobspec import results_prefix
 from dispatcher.keys import BatchKey, Keys
+from dispatcher.launcher import STOP_FIELDS, Launcher
 from dispatcher.metrics import Metrics
+from dispatcher.outcomes import OutcomeReader, counter, outcome_from_manifest, ray_message_summary
 from dispatcher.publisher import EventProducer, TerminalPublisher
 from dispatcher.record_reader import RecordReader
 from dispatcher.request_body import RequestBodies
 from dispatcher.results import ResultStore
-from dispatcher.scheduler import Admission, EngineLoad, engine_capacity, launch_slots, window_requests
-from dispatcher.settings import ENGINES_ENV, DispatcherSettings
+from dispatcher.scheduler import launch_slots
+from dispatcher.settings import DispatcherSettings
 from dispatcher.states import State
 from dispatcher.store import BatchRecord, StateStore
 from schemas.dlt import DltReason
-from schemas.engines import UnknownModelError
-from schemas.errors import SchemaError
-from schemas.job import MANIFEST_NAME, JobSpec, Manifest
+from schemas.job import MANIFEST_NAME, JobSpec
 from schemas.openai import Usage
 
 log = logging.getLogger(__name__)
@@ -65,7 +68,6 @@ LEASE = "tracker"
 WARN_EVERY_S = 30.0  # the same dependency outage is logged at most this often
 FAST_POLL_S = 0.2
 MIN_TICK_GAP_S = 0.05  # poll interval while a submitted job has not started yet (event -> RUNNING latency)
-_STOP_FIELDS = ("stop_reason", "stop_requested_at")
 HEARTBEAT = "heartbeat"  # stop reason of a hung attempt
 
 
@@ -102,7 +104,7 @@ class Tracker:
             settle_s=self.opts.job_delete_settle_s,
             clock=clock,
         )
-        self.bodies = bodies or RequestBodies(RecordReader(settings.kafka))
+        bodies = bodies or RequestBodies(RecordReader(settings.kafka))
         self.publisher = TerminalPublisher(
             store,
             producer,
@@ -113,7 +115,7 @@ class Tracker:
             metrics=metrics,
             crash=crash,
             after_publish=self.forget_jobs,
-            bodies=self.bodies,
+            bodies=bodies,
         )
         self.token = f"{self.opts.instance_id}/{uuid.uuid4().hex[:8]}"
         self.is_leader = False
@@ -125,10 +127,10 @@ class Tracker:
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
         self._warned: dict[str, float] = {}
-        self._awaiting_start = False  # a job was submitted and is not running yet: poll faster
         self._sem = asyncio.Semaphore(16)
-        #: live replicas per model (the engines' figures, refreshed by the service); admission capacity
-        self.engine_replicas: dict[str, int] = {}
+        self.outcomes = OutcomeReader(settings, store, results, clock=clock)
+        self.launcher = Launcher(settings, store, backend, bodies, metrics, self.outcomes,
+                                 finish=self.finish, clock=clock, crash=crash)
 
     # -- loop ----------------------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -152,7 +154,7 @@ class Tracker:
                     except Exception:
                         log.exception("tracker tick failed")
                 interval = self.opts.poll_interval_s
-                if self._awaiting_start:
+                if self.launcher.awaiting_start:
                     interval = min(interval, FAST_POLL_S)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), interval)
@@ -260,7 +262,7 @@ class Tracker:
         for state in (State.SUBMITTED, State.RUNNING, State.FINALIZING):
             found = await self.store.ids_in_state(state, limit=10_000)
             if state is State.SUBMITTED:
-                self._awaiting_start = bool(found)
+                self.launcher.awaiting_start = bool(found)
             ids += found
         records = [r for r in await self.store.get_many(ids) if r is not None and r.state in states.IN_FLIGHT]
         await self._each(records, self.check)
@@ -408,7 +410,7 @@ class Tracker:
                 expected_version=record.version,
                 from_states=[State.SUBMITTED, State.RUNNING, State.FINALIZING],
                 fields={"last_error_code": code, "last_error_message": message[:2000]},
-                delete=[*_STOP_FIELDS, "confirmed"],
+                delete=[*STOP_FIELDS, "confirmed"],
                 not_before=now + decision.delay_s,
             )
             if result.ok:
@@ -422,7 +424,7 @@ class Tracker:
         error_message = (
             message if not retriable else f"{record.attempts_made} attempt(s) failed; last: {code}: {message}"
         )
-        outcome = await self.partial_outcome(
+        outcome = await self.outcomes.partial(
             record,
             State.FAILED,
             error_code=error_code,
@@ -459,7 +461,7 @@ class Tracker:
             return
         state = State.CANCELLED if reason == "cancel" else State.EXPIRED
         message = record.get("cancel_reason") if reason == "cancel" else "the batch passed its deadline"
-        outcome = await self.partial_outcome(
+        outcome = await self.outcomes.partial(
             record,
             state,
             error_code=None if state is State.CANCELLED else "deadline_exceeded",
@@ -504,7 +506,7 @@ class Tracker:
             outcome.state,
             expected_version=record.version,
             fields=terminal_fields(record, outcome),
-            delete=_STOP_FIELDS,
+            delete=STOP_FIELDS,
         )
         if result.ok:
             self._progress_at.pop(record.key, None)
@@ -514,73 +516,11 @@ class Tracker:
                 "batch finished", extra={"status": outcome.state.value, "error_code": outcome.error_code}
             )
 
-    async def partial_outcome(
-        self,
-        record: BatchRecord,
-        state: State,
-        *,
-        error_code: str | None,
-        error_message: str | None,
-        dlt_reason: str | None = None,
-    ) -> Outcome:
-        """What earlier or stopped attempts left: a manifest of the last attempt if it wrote one,
-        else the shards found and the job's progress counters."""
-        now = self.clock()
-        started = record.number("started_at")
-        if record.attempt == 0:
-            return Outcome(
-                state,
-                now,
-                counts={"total": int(record.get("total") or 0)},
-                started_at=started,
-                error_code=error_code,
-                error_message=error_message,
-                dlt_reason=dlt_reason,
-            )
-        prefix = results_prefix(self.settings, record)
-        manifest = None
-        with contextlib.suppress(ManifestInvalid):
-            manifest = await self.results.read_manifest(prefix)
-        if manifest is not None and manifest.attempt == record.attempt:
-            base = outcome_from_manifest(manifest, record, now, prefix + MANIFEST_NAME, state=state)
-            return Outcome(
-                state,
-                now,
-                base.output_uris,
-                base.error_uris,
-                base.manifest_uri,
-                base.counts,
-                base.usage,
-                started,
-                error_code,
-                error_message,
-                dlt_reason,
-            )
-        shards = await self.results.list_shards(prefix)
-        progress = await self.store.read_progress(record.key)
-        counts = {k: _int(progress.get(k)) for k in ("total", "completed", "failed")}
-        if not counts["total"]:
-            counts["total"] = int(record.get("total") or 0)
-        usage = {k: _int(progress.get(k)) for k in ("prompt_tokens", "completion_tokens")}
-        return Outcome(
-            state,
-            now,
-            shards.output_uris,
-            shards.error_uris,
-            None,
-            counts,
-            usage,
-            started,
-            error_code,
-            error_message,
-            dlt_reason,
-        )
-
     # -- 4. launch -----------------------------------------------------------------------------------
     async def launch(self) -> None:
         in_flight = await self.store.in_flight_count()
         slots = launch_slots(in_flight, self.opts.launch_limit)
-        admission = await self.admission() if self.opts.shared_engines and slots else None
+        admission = await self.launcher.admission() if self.opts.shared_engines and slots else None
         # a few extra: cancelled or expired entries at the head are finished, not launched (and with
         # shared engines a model without room must not hold back the other models' batches)
         extra = 64 if admission is not None else 8
@@ -599,8 +539,8 @@ class Tracker:
                         await self.finish_stopped(record, reason)
                     elif (
                         launched < slots
-                        and self._admits(admission, record)
-                        and await self.start_attempt(record)
+                        and self.launcher.admits(admission, record)
+                        and await self.launcher.start_attempt(record)
                     ):
                         launched += 1
                 except DispatcherError as exc:
@@ -612,162 +552,35 @@ class Tracker:
                 self.metrics.admitted.labels(model=model).set(admission.requests(model))
                 self.metrics.admission_waiting.labels(model=model).set(1 if model in admission.blocked else 0)
 
-    def _load_of(self, record: BatchRecord, progress: dict[str, str]) -> EngineLoad | None:
-        """What a batch has (or, queued, would have) at its model's replicas; ``None`` off the registry."""
-        model = record.get("model") or ""
-        entry = self.settings.engines.models.get(model)
-        if entry is None:
-            return None
-        total = _int(progress.get("total")) or _int(record.get("total")) or None
-        done = _int(progress.get("completed")) + _int(progress.get("failed"))
-        window = window_requests(total, done, entry.batch_window)
-        return EngineLoad(model, _int(record.get("priority")), window)
-
-    def _admits(self, admission: Admission | None, record: BatchRecord) -> bool:
-        if admission is None:
-            return True
-        load = self._load_of(record, {})
-        if load is None:  # its model left the registry: start_attempt fails it (model_not_found)
-            return True
-        return admission.admit(load.model, load.priority, load.requests)
-
-    async def admission(self) -> Admission:
-        """The shared engines' room now: each model's capacity and its launched batches' load."""
-        ids: list[BatchKey] = []
-        for state in (State.SUBMITTED, State.RUNNING):  # finalizing batches have nothing at the engines
-            ids += await self.store.ids_in_state(state, limit=10_000)
-        records = [r for r in await self.store.get_many(ids) if r is not None and r.state in states.IN_FLIGHT]
-        progress = await self.store.read_progress_many([r.key for r in records])
-        load = [x for r, p in zip(records, progress, strict=True) if (x := self._load_of(r, p)) is not None]
-        capacity = {
-            model: engine_capacity(
-                entry.admit_per_replica,
-                live_replicas=self.engine_replicas.get(model),
-                min_replicas=entry.scaling.min_replicas,
-                max_replicas=entry.scaling.max_replicas,
-            )
-            for model, entry in self.settings.engines.models.items()
-        }
-        for model, cap in capacity.items():
-            self.metrics.admission_capacity.labels(model=model).set(cap)
-        return Admission.of(capacity, load)
-
     async def job_spec(self, record: BatchRecord, attempt: int) -> JobSpec:
-        """:func:`build_job_spec` with the request body read back from Kafka when Redis does not keep
-        it (raises :class:`RequestUnavailable` when it is gone, a transient error when Kafka is down)."""
-        body = await self.bodies.text(record)
-        return build_job_spec(record, attempt, self.settings, self.keys, request=body)
-
-    async def fail_request_gone(self, record: BatchRecord, exc: RequestUnavailable) -> None:
-        outcome = Outcome(
-            State.FAILED,
-            self.clock(),
-            counts={"total": int(record.get("total") or 0)},
-            error_code=str(DltReason.REQUEST_GONE),
-            error_message=str(exc)[:2000],
-            dlt_reason=str(DltReason.REQUEST_GONE),
-        )
-        await self.finish(record, outcome)
+        """The spec of an attempt (see :meth:`Launcher.job_spec`)."""
+        return await self.launcher.job_spec(record, attempt)
 
     async def start_attempt(self, record: BatchRecord) -> bool:
-        attempt = record.attempt + 1
-        try:
-            spec = await self.job_spec(record, attempt)
-        except UnknownModelError as exc:
-            await self.fail_unserved(record, exc)
-            return False
-        except RequestUnavailable as exc:
-            await self.fail_request_gone(record, exc)
-            return False
-        except (SchemaError, ValueError) as exc:
-            outcome = Outcome(
-                State.FAILED,
-                self.clock(),
-                counts={"total": int(record.get("total") or 0)},
-                error_code=str(DltReason.INPUT_INVALID),
-                error_message=f"job spec: {exc}"[:2000],
-                dlt_reason=str(DltReason.INPUT_INVALID),
-            )
-            await self.finish(record, outcome)
-            return False
-        now = self.clock()
-        result = await self.store.transition(
-            record.key,
-            State.SUBMITTED,
-            expected_version=record.version,
-            fields={
-                "attempt": str(attempt),
-                "submission_id": spec.submission_id,
-                "submitted_at": repr(now),
-                "confirmed": "0",
-            },
-            delete=_STOP_FIELDS,
-        )
-        if not result.ok:
-            return False
-        self.metrics.attempts.labels(event="submitted").inc()
-        self._awaiting_start = True
-        fresh = await self.store.get(record.key)
-        if fresh is not None:
-            with logs.bind(attempt=attempt):
-                await self.submit(fresh, spec)  # the spec does not change with the transition
-        return True
+        """Start the next attempt of a queued batch (see :meth:`Launcher.start_attempt`)."""
+        return await self.launcher.start_attempt(record)
 
     async def submit(self, record: BatchRecord, spec: JobSpec | None = None) -> None:
-        """Submit (or resubmit) the record's current attempt; idempotent by submission id. ``spec`` is
-        the attempt's spec when the caller built it already (an offloaded body is read from Kafka once)."""
-        if spec is None:
-            try:
-                spec = await self.job_spec(record, record.attempt)
-            except UnknownModelError as exc:
-                await self.fail_unserved(record, exc)
-                return
-            except RequestUnavailable as exc:
-                await self.fail_request_gone(record, exc)
-                return
-        try:
-            result = await self.backend.submit(spec)
-        except JobRejected as exc:
-            outcome = await self.partial_outcome(
-                record,
-                State.FAILED,
-                error_code=str(DltReason.SUBMIT_REJECTED),
-                error_message=str(exc),
-                dlt_reason=str(DltReason.SUBMIT_REJECTED),
-            )
-            await self.finish(record, outcome)
-            return
-        self.crash("after_submit")
-        log.info(
-            "job submitted",
-            extra={
-                "submission_id": result.submission_id,
-                "already_existed": result.already_existed,
-                "via": result.via,
-            },
-        )
-        await self.store.transition(
-            record.key,
-            State.SUBMITTED,
-            from_states=[State.SUBMITTED],
-            expected_version=record.version,
-            fields={"confirmed": "1", "via": result.via},
-        )
+        """Submit (or resubmit) the record's current attempt (see :meth:`Launcher.submit`)."""
+        await self.launcher.submit(record, spec)
 
-    async def fail_unserved(self, record: BatchRecord, exc: UnknownModelError) -> None:
-        """The batch's model left the registry after acceptance: fail it at once (retrying cannot
-        help, and it must never run on another model), keeping what earlier attempts wrote. The dead
-        letter (``model_not_found``) can be replayed once the model is served again."""
-        log.error("model not served; failing the batch", extra={"model": exc.model, "served": exc.known})
-        outcome = await self.partial_outcome(
-            record,
-            State.FAILED,
-            error_code=str(DltReason.MODEL_NOT_FOUND),
-            error_message=f"{exc}. Serve it in {ENGINES_ENV} and replay the dead letter, or resend "
-            "the batch with a served model",
-            dlt_reason=str(DltReason.MODEL_NOT_FOUND),
-        )
-        await self.finish(record, outcome)
+    @property
+    def bodies(self) -> RequestBodies:
+        """Where the request bodies Redis does not keep are read back from (the topic)."""
+        return self.launcher.bodies
+
+    @bodies.setter
+    def bodies(self, value: RequestBodies) -> None:
+        self.launcher.bodies = value
+
+    @property
+    def engine_replicas(self) -> dict[str, int]:
+        """Live replicas per model (set by the service from the engines' figures): admission capacity."""
+        return self.launcher.engine_replicas
+
+    @engine_replicas.setter
+    def engine_replicas(self, value: dict[str, int]) -> None:
+        self.launcher.engine_replicas = value
 
     # -- 5/6. progress and gauges ----------------------------------------------------------------------
     async def maybe_progress(self, record: BatchRecord, now: float) -> None:
@@ -778,12 +591,12 @@ class Tracker:
         if not progress:
             return
         counts = safe_counts(
-            {k: _int(progress.get(k)) for k in ("total", "completed", "failed")},
+            {k: counter(progress.get(k)) for k in ("total", "completed", "failed")},
             int(record.get("total") or 0) or None,
         )
         usage = Usage(
-            prompt_tokens=_int(progress.get("prompt_tokens")),
-            completion_tokens=_int(progress.get("completion_tokens")),
+            prompt_tokens=counter(progress.get("prompt_tokens")),
+            completion_tokens=counter(progress.get("completion_tokens")),
         )
         sig = (record.attempt, counts.total, counts.completed, counts.failed)
         self._progress_at[record.key] = now
@@ -798,53 +611,6 @@ class Tracker:
         for state, n in counts.items():
             self.metrics.batches.labels(state=state.value).set(n)
         self.metrics.in_flight.set(sum(counts[s] for s in states.IN_FLIGHT))
-
-
-RAY_SUMMARY_CHARS = 200
-
-
-def ray_message_summary(message: str | None) -> str:
-    """What of Ray's job message may go into public events and dead letters: its first sentence,
-    never the driver's log tail Ray appends ("..., last available logs (truncated to 20,000 chars):"
-    and up to 20 kB of whatever the job printed), which only the dispatcher's log gets."""
-    if not message:
-        return ""
-    head = message.split("\n", 1)[0]
-    for marker in (", last available logs", "last available logs"):
-        head = head.split(marker, 1)[0]
-    head = head.strip().rstrip(",:;")
-    return head if len(head) <= RAY_SUMMARY_CHARS else head[: RAY_SUMMARY_CHARS - 3] + "..."
-
-
-def outcome_from_manifest(
-    manifest: Manifest, record: BatchRecord, now: float, manifest_uri: str, *, state: State | None = None
-) -> Outcome:
-    """The outcome a manifest reports (``state`` overrides its status, e.g. for a stopped job)."""
-    status = state or (State.EXPIRED if manifest.status == "partial" else State(str(manifest.status)))
-    counts = manifest.request_counts
-    usage = manifest.usage
-    error = manifest.error
-    failed = status is State.FAILED
-    return Outcome(
-        state=status,
-        finished_at=now,
-        output_uris=manifest.output_uris,
-        error_uris=manifest.error_uris,
-        manifest_uri=manifest_uri,
-        counts={"total": counts.total, "completed": counts.completed, "failed": counts.failed},
-        usage={"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens},
-        started_at=record.number("started_at") or manifest.timings.started_at.timestamp(),
-        error_code=(error.code if error else "input_invalid") if failed else None,
-        error_message=(error.message if error else None) if failed else None,
-        dlt_reason=str(DltReason.INPUT_INVALID) if failed else None,
-    )
-
-
-def _int(value: str | None) -> int:
-    try:
-        return max(0, int(float(value or 0)))
-    except ValueError:
-        return 0
 
 
 def _component(exc: DispatcherError) -> str:

@@ -390,7 +390,7 @@ async def test_a_failed_jobs_public_message_carries_no_driver_log() -> None:
 
 
 def test_ray_message_summary() -> None:
-    from dispatcher.tracker import RAY_SUMMARY_CHARS, ray_message_summary
+    from dispatcher.outcomes import RAY_SUMMARY_CHARS, ray_message_summary
 
     assert ray_message_summary(None) == "" and ray_message_summary("") == ""
     assert ray_message_summary("Job was intentionally stopped.") == "Job was intentionally stopped."
