@@ -1121,14 +1121,19 @@ def test_the_topics_job_logs_in_as_the_admin_on_a_sasl_listener(
     assert props.stat().st_mode & 0o077 == 0  # the admin's password: readable by its owner only
 
 
+def _assert_secret_documented(objects: list[dict[str, Any]], component: str, secret: str) -> str:
+    """The component's comment creates ``secret`` with every key the rendered objects read; its text."""
+    refs = _references(objects)
+    comment = (vd.KUSTOMIZE / f"components/{component}/kustomization.yaml").read_text()
+    text = re.sub(r"\\\n[#\s]*", " ", comment)
+    [command] = [c for c in re.findall(r"create secret generic (\S+)([^\n]*)", text) if c[0] == secret]
+    for key in refs[("Secret", secret)]:
+        assert f"--from-literal={key}=" in command[1], key
+    return text
+
+
 def test_kafka_sasl_secrets_are_documented_with_every_key(renders: dict[str, list[dict[str, Any]]]) -> None:
-    refs = _references(renders["gpu-prod+kafka-sasl"])
-    text = (vd.KUSTOMIZE / "components/kafka-sasl/kustomization.yaml").read_text()
-    text = re.sub(r"\\\n[#\s]*", " ", text)
-    commands = re.findall(r"create secret generic (\S+)([^\n]*)", text)
-    [users] = [c for c in commands if c[0] == "llmbatch-kafka-users"]
-    for key in refs[("Secret", "llmbatch-kafka-users")]:
-        assert f"--from-literal={key}=" in users[1], key
+    text = _assert_secret_documented(renders["gpu-prod+kafka-sasl"], "kafka-sasl", "llmbatch-kafka-users")
     assert "create secret generic llmbatch-kafka-ca --from-file=ca.crt=" in text
 
 
@@ -1166,10 +1171,4 @@ def test_tenant_pool_gives_the_tenant_a_group_of_its_own_with_its_keys_and_no_cp
     pools = TenantSettings(pools=json.loads(env["LLMBATCH_TENANTS__POOLS"]))
     assert pools.pool_of("acme") == "llmbatch_tenant_acme"
     # the guide creates the Secret with every key the group reads
-    refs = _references(objects)
-    text = (vd.KUSTOMIZE / "components/tenant-pool/kustomization.yaml").read_text()
-    text = re.sub(r"\\\n[#\s]*", " ", text)
-    commands = re.findall(r"create secret generic (\S+)([^\n]*)", text)
-    [command] = [c for c in commands if c[0] == "llmbatch-tenant-acme-s3"]
-    for key in refs[("Secret", "llmbatch-tenant-acme-s3")]:
-        assert f"--from-literal={key}=" in command[1], key
+    _assert_secret_documented(objects, "tenant-pool", "llmbatch-tenant-acme-s3")
