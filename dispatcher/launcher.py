@@ -80,6 +80,7 @@ class Launcher:
         return EngineLoad(model, counter(record.get("priority")), window)
 
     def admits(self, admission: Admission | None, record: BatchRecord) -> bool:
+        """Whether a queued batch fits the engines' room (always, without shared engines)."""
         if admission is None:
             return True
         load = self.load_of(record, {})
