@@ -218,7 +218,8 @@ def minio_tenant(
     import orjson
 
     from dispatcher.minio_admin import SECRET_ENV, apply_tenant_policy
-    from dispatcher.minio_policy import check_tenant, tenant_policy
+    from dispatcher.minio_policy import tenant_policy
+    from schemas.common import check_tenant
 
     try:
         check_tenant(tenant)

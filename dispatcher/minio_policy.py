@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from schemas.common import TENANT_PATTERN
+from schemas.common import check_tenant
 
 POLICY_PREFIX = "llmbatch-tenant-"
 READ_ACTIONS = ("s3:GetObject",)
@@ -38,16 +38,8 @@ def policy_name(tenant: str) -> str:
     return POLICY_PREFIX + check_tenant(tenant)
 
 
-def check_tenant(tenant: str) -> str:
-    """``tenant`` when it is a valid tenant name, else :class:`ValueError` saying what one looks like."""
-    if not re.match(TENANT_PATTERN, tenant):
-        raise ValueError(f"tenant {tenant!r}: use 1-64 lowercase letters, digits or '-', "
-                         "not starting or ending with '-'")
-    return tenant
-
-
 def _check_bucket(bucket: str) -> str:
-    if not _BUCKET.match(bucket) or ".." in bucket:
+    if not _BUCKET.fullmatch(bucket) or ".." in bucket:
         raise ValueError(f"bucket {bucket!r} is not a valid S3 bucket name")
     return bucket
 

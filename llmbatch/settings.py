@@ -15,7 +15,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas.common import TENANT_PATTERN
+from schemas.common import check_tenant
 
 MIN_MESSAGE_BYTES = 64 << 10
 """Smallest ``max.message.bytes`` llmbatch accepts: a reduced dead letter must always fit."""
@@ -248,8 +248,7 @@ class TenantSettings(BaseModel):
     @classmethod
     def _valid_keys(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
         for tenant, key in value.items():
-            if not re.match(TENANT_PATTERN, tenant):
-                raise ValueError(f"tenant {tenant!r}: use 1-64 lowercase letters, digits or '-'")
+            check_tenant(tenant)
             if len(key.get_secret_value()) < 32:
                 raise ValueError(f"the key of tenant {tenant!r} must be at least 32 characters "
                                  "(e.g. `openssl rand -hex 32`)")
@@ -268,10 +267,7 @@ class TenantSettings(BaseModel):
     @field_validator("pools")
     @classmethod
     def _valid_pools(cls, value: list[str]) -> list[str]:
-        for tenant in value:
-            if not re.match(TENANT_PATTERN, tenant):
-                raise ValueError(f"tenant {tenant!r}: use 1-64 lowercase letters, digits or '-'")
-        return sorted(set(value))
+        return sorted({check_tenant(tenant) for tenant in value})
 
     def key_bytes(self) -> dict[str, bytes]:
         """Tenant -> key bytes (empty when no tenant has a key)."""

@@ -180,3 +180,13 @@ def test_applying_needs_a_secret_long_enough_and_a_server_that_answers() -> None
         apply_tenant_policy(nowhere, "acme", secret_key="long-enough-secret")
     assert caught.value.retriable
     assert "admin-secret" not in str(caught.value) and "long-enough-secret" not in str(caught.value)
+
+
+def test_a_tenant_name_with_a_trailing_newline_is_refused_everywhere_it_is_checked() -> None:
+    # re.match with `$` lets "acme\n" through; the one check all three use matches the whole name
+    with pytest.raises(ValidationError, match="tenant 'acme\\\\n'"):
+        TenantSettings(pools=["acme\n"])
+    with pytest.raises(ValidationError, match="tenant 'acme\\\\n'"):
+        TenantSettings(keys={"acme\n": SecretStr("k" * 32)})
+    with pytest.raises(ValueError, match="tenant 'acme\\\\n'"):
+        policy_name("acme\n")
