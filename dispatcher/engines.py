@@ -23,19 +23,28 @@ def serve_config(
     *,
     http_address: str,
     runner: dict[str, Any] | None = None,
+    ssl_files: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
     """The Serve multi-application config: one handle-only application per model, plus the batch
     runner (``runner``, from :func:`ray_job.runner.serve_application`) when given.
 
     Serve's HTTP proxy runs on the head node at ``http_address``'s port, runner or not: Serve takes
     its HTTP options from the deploy that started it and never changes them later, so every
-    deploy of a cluster must name the same ones."""
+    deploy of a cluster must name the same ones. ``ssl_files`` (certificate, key: paths on the head)
+    make it speak TLS only, for an https:// ``http_address``."""
     apps = [serve_application(model, entry, env_vars) for model, entry in sorted(registry.models.items())]
     url = urlsplit(http_address)
     loopback = url.hostname in ("127.0.0.1", "localhost", "::1")
+    https = url.scheme == "https"
+    if https != (ssl_files is not None):
+        raise ValueError(f"Serve's proxy at {http_address} needs a certificate and key exactly when it is https://")
+    http: dict[str, Any] = {"host": "127.0.0.1" if loopback else "0.0.0.0",  # noqa: S104
+                            "port": url.port or (443 if https else 80)}
+    if ssl_files is not None:
+        http.update(ssl_certfile=ssl_files[0], ssl_keyfile=ssl_files[1])
     return {
         "proxy_location": "HeadOnly",
-        "http_options": {"host": "127.0.0.1" if loopback else "0.0.0.0", "port": url.port or 80},  # noqa: S104
+        "http_options": http,
         "applications": [*apps, runner] if runner is not None else apps,
     }
 
@@ -50,8 +59,11 @@ def cluster_serve_config(
     if opts.shared_engines and opts.short_path_max_lines > 0:
         runner = runner_application(max_runs=opts.short_path_max_runs, env_vars=runner_env_vars(settings))
     models = registry if registry is not None else settings.engines
+    ray = settings.ray
+    files = ((ray.serve_ssl_certfile, ray.serve_ssl_keyfile)
+             if ray.serve_ssl_certfile is not None and ray.serve_ssl_keyfile is not None else None)
     return serve_config(models, engine_env_vars(settings), runner=runner,
-                        http_address=settings.ray.serve_address)
+                        http_address=ray.serve_address, ssl_files=files)
 
 
 def serve_controller(details: dict[str, Any]) -> str | None:

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from dispatcher.backend import JobInfo, JobState, SubmitResult
 from dispatcher.errors import DispatcherError, JobRejected, PermanentError, RayUnavailable, classify
+from dispatcher.ray_http import auth_headers
 from dispatcher.settings import DispatcherSettings
 from schemas.job import JobSpec
 
@@ -103,10 +104,6 @@ class RayJobsBackend:
         self._client: Any = None
         self._sem = asyncio.Semaphore(max_threads)
 
-    def _headers(self) -> dict[str, str] | None:
-        token = self.settings.ray.auth_token
-        return {"Authorization": f"Bearer {token.get_secret_value()}"} if token is not None else None
-
     def _get_client(self) -> Any:
         if self._client is None:
             # The token, when there is one, travels in our own Authorization header. Ray's client-side
@@ -122,7 +119,9 @@ class RayJobsBackend:
                     kwargs.setdefault("timeout", timeout)
                     return super()._do_request(method, endpoint, **kwargs)
 
-            self._client = _TimedClient(self.settings.ray.address, headers=self._headers())
+            ray = self.settings.ray
+            self._client = _TimedClient(ray.address, headers=auth_headers(ray.auth_token) or None,
+                                        verify=str(ray.ca_file) if ray.ca_file is not None else True)
         return self._client
 
     async def _call(self, what: str, fn: Callable[[Any], T]) -> T:

@@ -21,12 +21,15 @@ import asyncio
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
 
 from dispatcher.backend import JobBackend, JobInfo, JobState, SubmitResult
 from dispatcher.errors import JobRejected, RayUnavailable
+from dispatcher.ray_http import tls_context
+from llmbatch.settings import RaySettings
 from ray_job.runner import ROUTE_PREFIX
 from schemas.job import JobSpec
 
@@ -59,16 +62,23 @@ def job_info(view: dict[str, Any]) -> JobInfo:
 class RunnerClient:
     """The batch runner's HTTP API (see :mod:`ray_job.runner`)."""
 
-    def __init__(self, serve_address: str, timeout_s: float = 30.0) -> None:
+    def __init__(self, serve_address: str, timeout_s: float = 30.0, *, ca_file: Path | None = None) -> None:
         self.base = serve_address.rstrip("/") + ROUTE_PREFIX
         self.timeout_s = timeout_s
+        self.context = tls_context(self.base, ca_file)
+
+    @classmethod
+    def of(cls, ray: RaySettings, timeout_s: float = 30.0) -> RunnerClient:
+        """The runner behind ``ray``'s Serve proxy (verified with its CA bundle; Ray's token is not
+        sent: the proxy does not ask for it, and the runner is an application, not the cluster)."""
+        return cls(ray.serve_address, timeout_s, ca_file=ray.ca_file)
 
     def _request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, Any]:
         req = urllib.request.Request(  # noqa: S310 - the Serve address from settings
             self.base + path, data=body, method=method, headers={"Content-Type": "application/json"}
         )
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
+            with urllib.request.urlopen(req, timeout=self.timeout_s, context=self.context) as resp:  # noqa: S310
                 return int(resp.status), orjson.loads(resp.read() or b"null")
         except urllib.error.HTTPError as exc:
             raw = exc.read()[:4000]

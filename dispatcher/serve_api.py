@@ -11,11 +11,15 @@ from __future__ import annotations
 import asyncio
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import orjson
+from pydantic import SecretStr
 
 from dispatcher.errors import PermanentError, RayUnavailable
+from dispatcher.ray_http import auth_headers, tls_context
+from llmbatch.settings import RaySettings
 
 PATH = "/api/serve/applications/"
 
@@ -23,20 +27,31 @@ PATH = "/api/serve/applications/"
 class ServeApi:
     """Deploy and read the cluster's Serve applications through the dashboard."""
 
-    def __init__(self, address: str, timeout_s: float = 30.0) -> None:
+    def __init__(self, address: str, timeout_s: float = 30.0, *, token: SecretStr | None = None,
+                 ca_file: Path | None = None) -> None:
         self.address = address.rstrip("/")
         self.timeout_s = timeout_s
+        self.headers = {"Content-Type": "application/json", **auth_headers(token)}
+        self.context = tls_context(self.address, ca_file)
+
+    @classmethod
+    def of(cls, ray: RaySettings, timeout_s: float = 30.0) -> ServeApi:
+        """The API of the cluster ``ray`` names (its address, token and CA bundle)."""
+        return cls(ray.address, timeout_s, token=ray.auth_token, ca_file=ray.ca_file)
 
     def _request(self, method: str, body: dict[str, Any] | None = None) -> Any:
         data = orjson.dumps(body) if body is not None else None
         req = urllib.request.Request(  # noqa: S310 - the dashboard address from settings
-            self.address + PATH, data=data, method=method, headers={"Content-Type": "application/json"}
+            self.address + PATH, data=data, method=method, headers=self.headers
         )
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
+            with urllib.request.urlopen(req, timeout=self.timeout_s, context=self.context) as resp:  # noqa: S310
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:2000].decode("utf-8", "replace")
+            if exc.code in (401, 403):  # a missing or rotated token: an outage of every batch, as for jobs
+                raise RayUnavailable(f"the Ray dashboard at {self.address} refused our credentials "
+                                     f"({exc.code}): check LLMBATCH_RAY__AUTH_TOKEN") from exc
             if exc.code >= 500 or exc.code == 429:
                 raise RayUnavailable(f"Ray Serve API answered {exc.code}: {detail}") from exc
             raise PermanentError(f"Ray Serve refused the config ({exc.code}): {detail}") from exc

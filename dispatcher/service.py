@@ -78,7 +78,7 @@ class Dispatcher:
                 # imported here: the runner's module brings Ray, which the plain job path never needs
                 from dispatcher.runner_backend import RoutedBackend, RunnerClient
 
-                self.runner = RunnerClient(settings.ray.serve_address)
+                self.runner = RunnerClient.of(settings.ray)
                 backend = RoutedBackend(
                     backend,
                     self.runner,
@@ -264,7 +264,7 @@ class Dispatcher:
         from dispatcher.engines import config_lost
         from dispatcher.serve_api import ServeApi
 
-        api = ServeApi(self.settings.ray.address)
+        api = ServeApi.of(self.settings.ray)
         refused = ""
         while not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
@@ -299,7 +299,7 @@ class Dispatcher:
         from dispatcher.serve_api import ServeApi
 
         config = self._engines_config()
-        api = ServeApi(self.settings.ray.address)
+        api = ServeApi.of(self.settings.ray)
         await api.deploy(config)
         log.info("engines deployed", extra={"applications": [a["name"] for a in config["applications"]]})
         return serve_controller(await api.status()) or ""

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.common import check_tenant
@@ -202,9 +202,44 @@ class RaySettings(BaseModel):
     serve_address: str = Field(
         default="http://127.0.0.1:8000",
         description="Ray Serve's HTTP proxy (the batch runner of the short path). A loopback host "
-        "makes the proxy listen on 127.0.0.1 only, any other host on 0.0.0.0.",
+        "makes the proxy listen on 127.0.0.1 only, any other host on 0.0.0.0. https:// makes the proxy "
+        "speak TLS only, with serve_ssl_certfile and serve_ssl_keyfile.",
+    )
+    ca_file: Path | None = Field(
+        default=None,
+        description="CA bundle to verify https:// Ray addresses (the Jobs API and Serve's proxy; default: "
+        "the system's).",
+    )
+    serve_ssl_certfile: str | None = Field(
+        default=None,
+        description="Path ON THE RAY HEAD of the certificate (chain) Serve's HTTP proxy presents when "
+        "serve_address is https:// (it must name serve_address's host).",
+    )
+    serve_ssl_keyfile: str | None = Field(
+        default=None,
+        description="Path ON THE RAY HEAD of serve_ssl_certfile's private key.",
     )
     # optional: `ray://` client address is NOT used; jobs go through the HTTP Jobs API only
+
+    @field_validator("address", "serve_address")
+    @classmethod
+    def _http_url(cls, value: str, info: ValidationInfo) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"LLMBATCH_RAY__{str(info.field_name).upper()} must be an http:// or https:// "
+                             "URL such as http://127.0.0.1:8265")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _serve_tls_files(self) -> RaySettings:
+        files = (self.serve_ssl_certfile, self.serve_ssl_keyfile)
+        https = self.serve_address.startswith("https://")
+        if https and None in files:
+            raise ValueError("LLMBATCH_RAY__SERVE_ADDRESS is https://: set LLMBATCH_RAY__SERVE_SSL_CERTFILE "
+                             "and LLMBATCH_RAY__SERVE_SSL_KEYFILE (paths on the Ray head), or use http://")
+        if not https and files != (None, None):
+            raise ValueError("LLMBATCH_RAY__SERVE_SSL_CERTFILE/_KEYFILE need an https:// "
+                             "LLMBATCH_RAY__SERVE_ADDRESS")
+        return self
 
 
 class ReplaySettings(BaseModel):

@@ -85,10 +85,10 @@ def list_command(ctx: typer.Context, json_output: JsonOption = False) -> None:
     settings = load(ctx)
 
     async def body() -> list[EngineStatus]:
-        details = await ServeApi(settings.ray.address).status()
+        details = await ServeApi.of(settings.ray).status()
         rows = summarize(settings.engines, details)
         try:
-            figures = await RunnerClient(settings.ray.serve_address, timeout_s=15).engines()
+            figures = await RunnerClient.of(settings.ray, timeout_s=15).engines()
         except DispatcherError as exc:
             err.print(f"engine figures unavailable (the batch runner at {settings.ray.serve_address} did "
                       f"not answer: {exc})")
@@ -106,7 +106,7 @@ def _apply(settings: DispatcherSettings, registry: EngineRegistry,
     """Deploy ``registry``; report on ``shown`` (default the same)."""
 
     async def body() -> list[EngineStatus]:
-        api = ServeApi(settings.ray.address, timeout_s=120)
+        api = ServeApi.of(settings.ray, timeout_s=120)
         await api.deploy(cluster_serve_config(settings, registry))
         return summarize(shown or registry, await api.status())
 

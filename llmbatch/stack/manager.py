@@ -225,6 +225,8 @@ def down(run_dir: Path, names: Iterable[str] = ALL_SERVICES) -> list[str]:
         if alive(rec.pid):
             stop_tree(rec.pid)
             stopped.append(name)
+        if front := int(rec.extra.get("front_pid", 0)):  # Ray's dashboard TLS front
+            stop_tree(front)
         allocator().release_owner(rec.pid)  # its port reservations (see llmbatch.stack.ports)
         if name == "ray":  # Ray's session dir lives in /tmp (socket path limits): remove it
             shutil.rmtree(rec.data_dir, ignore_errors=True)
@@ -267,8 +269,7 @@ def settings_for(state: StackState, base: LLMBatchSettings | None = None) -> LLM
 
 def ray_settings(rec: ServiceRecord) -> RaySettings:
     """How to reach a local Ray head: Jobs API / dashboard and Serve's HTTP proxy."""
-    serve = rec.extra.get("serve_address")
-    return RaySettings(address=rec.address, **({"serve_address": serve} if serve else {}))
+    return RaySettings.model_validate(_fields(_ray_exports(rec), "LLMBATCH_RAY__"))
 
 
 def _fields(exports: dict[str, str], prefix: str) -> dict[str, str]:
@@ -303,9 +304,18 @@ def env_exports(state: StackState) -> dict[str, str]:
         if is_tls(svc["minio"]):
             env["LLMBATCH_S3__CA_FILE"] = svc["minio"].extra["ca_cert"]
     if "ray" in svc:
-        env["LLMBATCH_RAY__ADDRESS"] = svc["ray"].address
-        if svc["ray"].extra.get("serve_address"):
-            env["LLMBATCH_RAY__SERVE_ADDRESS"] = svc["ray"].extra["serve_address"]
+        env.update(_ray_exports(svc["ray"]))
+    return env
+
+
+def _ray_exports(rec: ServiceRecord) -> dict[str, str]:
+    """The Ray head's settings: its Jobs API and Serve proxy (https with their CA on a TLS stack)."""
+    env = {"LLMBATCH_RAY__ADDRESS": rec.address}
+    for field in ("serve_address", "serve_ssl_certfile", "serve_ssl_keyfile"):
+        if rec.extra.get(field):
+            env[f"LLMBATCH_RAY__{field.upper()}"] = rec.extra[field]
+    if is_tls(rec):
+        env["LLMBATCH_RAY__CA_FILE"] = rec.extra["ca_cert"]
     return env
 
 

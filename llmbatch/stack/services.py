@@ -31,6 +31,7 @@ from llmbatch.stack.process import (
     StackError,
     port_open,
     spawn,
+    stop_tree,
     wait_until,
 )
 from llmbatch.stack.state import CACHE_DIR, ServiceRecord
@@ -581,7 +582,9 @@ def start_ray(run_dir: Path, num_cpus: int = 2, object_store_bytes: int = 1_000_
     (Jobs API, GCS, Serve, metrics), as a KubeRay head pod comes back: clients keep their settings,
     the job records of the old head are gone. ``tls``: Ray's gRPC (GCS, raylet, object manager,
     workers, and so every job's driver and Serve replica) speaks mutual TLS with that certificate
-    (``RAY_USE_TLS``; its Jobs API and Serve's HTTP proxy stay plain HTTP, on 127.0.0.1 here)."""
+    (``RAY_USE_TLS``), its dashboard (Jobs and Serve APIs) is reached through a TLS front
+    (:mod:`llmbatch.stack.tls_front`) and the record names an https:// Serve proxy with that
+    certificate (Serve's own TLS, turned on by the dispatcher's deploy)."""
     with _start_ports() as ports:
         return _start_ray(run_dir, num_cpus, object_store_bytes, ports, restart, tls)
 
@@ -602,10 +605,16 @@ def _start_ray(run_dir: Path, num_cpus: int, object_store_bytes: int, ports: _St
         gcs, dashboard, client, serve, metrics = ports.again(
             "The Ray head", restart.ports, "gcs", "dashboard", "client", "serve", "metrics")
         agent = ports.one()
+        front = 0
+        if tls is not None:  # the old head's front goes with it (it holds the port)
+            if old_front := int(restart.extra.get("front_pid", 0)):
+                stop_tree(old_front)
+            front = ports.again("The Ray head", restart.ports, "dashboard_tls")[0]
     else:
         gcs, dashboard, client, agent = ports.one(), ports.one(), ports.one(), ports.one()
         serve = ports.one()  # Serve's HTTP proxy (the batch runner), bound once Serve starts
         metrics = ports.one()  # Prometheus metrics of the node (Ray's, Serve's, llmbatch_engine_*)
+        front = ports.one() if tls is not None else 0  # the dashboard's TLS front
     workers = ports.block(200)
     log = run_dir / "logs" / "ray.log"
     env = {
@@ -639,11 +648,24 @@ def _start_ray(run_dir: Path, num_cpus: int, object_store_bytes: int, ports: _St
     probe = _RayJobProbe(address)
     waited += wait_until(probe.done, 180, pid, "Ray head (first job)", log, interval=0.5)
     extra = {"gcs_address": f"127.0.0.1:{gcs}", "serve_address": f"http://127.0.0.1:{serve}"}
+    named = {"gcs": gcs, "dashboard": dashboard, "client": client, "serve": serve, "metrics": metrics}
     if tls is not None:
-        extra["ca_cert"] = str(tls.ca_cert)
-    return ServiceRecord("ray", pid, {"gcs": gcs, "dashboard": dashboard, "client": client, "serve": serve,
-                                      "metrics": metrics},
-                         address, str(log), str(temp), round(waited, 2), extra=extra)
+        front_pid = start_tls_front(front, dashboard, tls, run_dir / "logs" / "ray-tls-front.log")
+        address = f"https://127.0.0.1:{front}"
+        named["dashboard_tls"] = front
+        extra.update(ca_cert=str(tls.ca_cert), front_pid=str(front_pid),
+                     serve_address=f"https://127.0.0.1:{serve}", serve_ssl_certfile=str(tls.server_cert),
+                     serve_ssl_keyfile=str(tls.server_key))
+        waited += wait_until(lambda: _ray_jobs_api_ready(address, str(tls.ca_cert)), 30, front_pid,
+                             "Ray dashboard's TLS front", run_dir / "logs" / "ray-tls-front.log")
+    return ServiceRecord("ray", pid, named, address, str(log), str(temp), round(waited, 2), extra=extra)
+
+
+def start_tls_front(port: int, dashboard: int, tls: TlsFiles, log: Path) -> int:
+    """Start the dashboard's TLS front (:mod:`llmbatch.stack.tls_front`); return its PID."""
+    argv = [sys.executable, "-m", "llmbatch.stack.tls_front", f"--listen-port={port}",
+            f"--target-port={dashboard}", f"--cert={tls.server_cert}", f"--key={tls.server_key}"]
+    return spawn(argv, log)
 
 
 class _RayJobProbe:
@@ -674,14 +696,13 @@ class _RayJobProbe:
         return bool(status == "SUCCEEDED")
 
 
-def _ray_jobs_api_ready(address: str) -> bool:
-    with urllib.request.urlopen(f"{address}/api/jobs/", timeout=3) as resp:  # noqa: S310 - loopback
-        return int(resp.status) == 200
+def _ray_jobs_api_ready(address: str, ca_cert: str | None = None) -> bool:
+    return _http_ok(f"{address}/api/jobs/", timeout=3, ca_cert=ca_cert)
 
 
 def ray_healthy(rec: ServiceRecord) -> bool:
     try:
-        return _ray_jobs_api_ready(rec.address)
+        return _ray_jobs_api_ready(rec.address, rec.extra.get("ca_cert"))
     except Exception:
         return False
 

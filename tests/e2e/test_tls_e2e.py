@@ -4,8 +4,9 @@ certificate of a CA made at test time, and a Ray head whose jobs and replicas fi
 own environment and the CA bundles' paths in what the dispatcher sends them. Two batches run with every
 hop encrypted: a small one on the warm batch runner (Serve), one from an input file as a Ray job on the
 shared engine; each writes its state, progress and results over TLS, and the servers refuse plaintext.
-Ray's own gRPC (GCS, raylet, workers: the job's driver, the replicas) is TLS too; its Jobs API and Serve's
-HTTP proxy are plain HTTP on 127.0.0.1."""
+Ray's own gRPC (GCS, raylet, workers: the job's driver, the replicas) is TLS too; the dispatcher reaches
+its dashboard (Jobs and Serve APIs) through the TLS front the stack puts before it, and Serve's HTTP proxy
+(the batch runner) speaks TLS itself, with the certificate the dispatcher's Serve config names."""
 
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ async def test_batches_run_with_every_hop_encrypted_and_plaintext_is_refused(tmp
         assert stack.kafka.security_protocol == "SASL_SSL" and stack.kafka.ssl_cafile is not None
         assert stack.redis.url.startswith("rediss://") and stack.redis.ssl_ca_certs is not None
         assert stack.s3.endpoint.startswith("https://") and stack.s3.ca_file is not None
+        assert stack.ray.address.startswith("https://") and stack.ray.serve_address.startswith("https://")
+        assert stack.ray.ca_file is not None and stack.ray.serve_ssl_certfile is not None
         ensure_buckets(make_client(stack.s3), stack.s3)
         settings = world(stack.kafka, stack.redis, stack.s3, stack.ray,
                          shared_engines=True, max_in_flight=None, short_path_max_bytes=64)
@@ -78,9 +81,13 @@ async def test_batches_run_with_every_hop_encrypted_and_plaintext_is_refused(tmp
             records = {b.batch_id: await e.store.get(b.batch_id) for b in (small, big)}
             vias = {b: (r or {}).get("via") for b, r in records.items()}
             assert vias[small.batch_id] == "batch_runner" and vias[big.batch_id] != "batch_runner", vias
+            # Ray's HTTP hops: the dashboard's front and Serve's proxy take TLS only
+            ray = stack.ray
+            for url in (ray.address + "/api/jobs/", ray.serve_address + "/llmbatch-runner/engines"):
+                await asyncio.to_thread(_http_refused, url)
         finally:
             await e.close()
-            await ServeApi(stack.ray.address, timeout_s=30).deploy({"applications": []})
+            await ServeApi.of(stack.ray, timeout_s=30).deploy({"applications": []})
 
         # the servers speak TLS only: plaintext clients get nowhere
         services = state.services
@@ -109,6 +116,16 @@ def _plaintext_refused(redis_port: int, minio_https: str) -> None:
         urllib.request.urlopen(minio_https + "/minio/health/ready", timeout=5,
                                context=ssl.create_default_context())
     assert "CERTIFICATE_VERIFY_FAILED" in str(unverified.value)
+
+
+def _http_refused(https_url: str) -> None:
+    """Plain HTTP to ``https_url``'s port gets no answer, https without the CA fails verification."""
+    import http.client
+
+    with pytest.raises((http.client.RemoteDisconnected, ConnectionError, urllib.error.URLError)):
+        urllib.request.urlopen(https_url.replace("https://", "http://"), timeout=5)
+    with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+        urllib.request.urlopen(https_url, timeout=5, context=ssl.create_default_context())
 
 
 def _ray_grpc_is_tls_only(gcs_port: int, tls_dir: Path) -> None:

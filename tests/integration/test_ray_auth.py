@@ -91,3 +91,17 @@ async def test_a_launch_with_a_rotated_token_waits_instead_of_failing_the_batch(
     finally:
         await drop(store)
         await backend.close()
+
+
+async def test_the_serve_api_on_a_head_with_token_auth_sends_the_token(head: PrivateRay) -> None:
+    """The dispatcher deploys and reads its engines through the dashboard's Serve API: on a head with
+    token auth it must send the token there too (it used to send none: 401, taken for a refused config).
+    A wrong token is an outage, as for jobs."""
+    from dispatcher.serve_api import ServeApi
+
+    details = await ServeApi.of(RaySettings(address=head.address, auth_token=SecretStr(TOKEN))).status()
+    assert "applications" in details
+    for token in (None, SecretStr("rotated-" + TOKEN)):
+        with pytest.raises(RayUnavailable, match=r"\(40[13]\): check LLMBATCH_RAY__AUTH_TOKEN") as info:
+            await ServeApi.of(RaySettings(address=head.address, auth_token=token)).status()
+        assert info.value.retriable and TOKEN not in str(info.value)

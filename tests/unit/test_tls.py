@@ -153,6 +153,10 @@ def _tls_state(tmp_path: Path) -> Any:
                                {"ca_cert": ca}),
         "minio": ServiceRecord("minio", 3, {"s3": 9000}, "https://127.0.0.1:9000", "", "", 0.0,
                                {"access_key": "ak", "secret_key": "sk", "ca_cert": ca}),
+        "ray": ServiceRecord("ray", 4, {"dashboard": 8265, "dashboard_tls": 8443}, "https://127.0.0.1:8443",
+                             "", "", 0.0, {"ca_cert": ca, "serve_address": "https://127.0.0.1:8000",
+                                       "serve_ssl_certfile": "/run/tls/server.pem",
+                                       "serve_ssl_keyfile": "/run/tls/server.key", "front_pid": "5"}),
     }
     return state
 
@@ -175,12 +179,20 @@ def test_a_tls_stacks_exports_and_settings_carry_the_ca_and_the_kafka_login(tmp_
     assert password is not None and password.get_secret_value() == "kpw"
     assert settings.redis.url == "rediss://127.0.0.1:6380/0" and str(settings.redis.ssl_ca_certs) == ca
     assert str(settings.s3.ca_file) == ca and settings.s3.secure
-    for name in ("kafka", "redis", "minio"):                       # plaintext records export no TLS
+    # Ray: the dashboard through its TLS front, Serve's proxy with the certificate, both verified by the CA
+    assert env["LLMBATCH_RAY__CA_FILE"] == ca and env["LLMBATCH_RAY__ADDRESS"] == "https://127.0.0.1:8443"
+    assert settings.ray.serve_address == "https://127.0.0.1:8000" and str(settings.ray.ca_file) == ca
+    assert (settings.ray.serve_ssl_certfile, settings.ray.serve_ssl_keyfile) == ("/run/tls/server.pem",
+                                                                               "/run/tls/server.key")
+    for name in ("kafka", "redis", "minio", "ray"):                # plaintext records export no TLS
         state.services[name].extra.pop("ca_cert")
     state.services["kafka"].extra.clear()
+    state.services["ray"].extra = {"serve_address": "http://127.0.0.1:8000"}
     plain = manager.env_exports(state)
-    assert not any(k.endswith(("CA_FILE", "CA_CERTS", "CAFILE", "SECURITY_PROTOCOL")) for k in plain)
+    assert not any(k.endswith(("CA_FILE", "CA_CERTS", "CAFILE", "SECURITY_PROTOCOL", "SSL_CERTFILE"))
+                   for k in plain)
     assert manager.settings_for(state).kafka.security_protocol == "PLAINTEXT"
+    assert manager.settings_for(state).ray.serve_address == "http://127.0.0.1:8000"
 
 
 def test_up_will_not_mix_tls_and_plaintext_services(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
