@@ -1,9 +1,9 @@
 """A TLS front for a server that speaks plain HTTP only: the Ray dashboard (its Jobs and Serve APIs).
 
-Ray serves its dashboard over HTTP only. On a Ray head pod the fix is a TLS-terminating sidecar that
-listens on the pod's address and talks to the dashboard on the pod's loopback; ``llmbatch stack up
---tls`` starts this process as that sidecar: it takes TLS connections on 127.0.0.1 with the run
-folder's certificate and relays each one's bytes to the dashboard's plaintext loopback port.
+Ray serves its dashboard over HTTP only. ``llmbatch stack up --tls`` starts this process before it: it
+takes TLS connections on 127.0.0.1 with the run folder's certificate and relays each one's bytes to the
+dashboard's plaintext loopback port. On Kubernetes it is a sidecar of the Ray head pod that listens on
+the pod's address (``deploy/kubernetes/components/ray-https``).
 
 It holds at most :data:`MAX_CONNECTIONS` connections (more are closed at once), gives a handshake
 :data:`HANDSHAKE_S` and drops a connection idle for :data:`IDLE_S` either way.
@@ -46,7 +46,7 @@ async def _close(writer: asyncio.StreamWriter) -> None:
 
 
 class TlsFront:
-    """Relays TLS connections on ``listen_port`` to ``target_port`` (both on 127.0.0.1)."""
+    """Relays TLS connections (see :meth:`serve`) to ``target_port`` on 127.0.0.1."""
 
     def __init__(self, target_port: int, context: ssl.SSLContext) -> None:
         self.target_port = target_port
@@ -77,8 +77,9 @@ class TlsFront:
             self.open -= 1
             await _close(client_w)
 
-    async def serve(self, listen_port: int, ready: asyncio.Event | None = None) -> None:
-        server = await asyncio.start_server(self.handle, "127.0.0.1", listen_port, ssl=self.context,
+    async def serve(self, listen_port: int, ready: asyncio.Event | None = None, *,
+                    listen_host: str = "127.0.0.1") -> None:
+        server = await asyncio.start_server(self.handle, listen_host, listen_port, ssl=self.context,
                                             ssl_handshake_timeout=HANDSHAKE_S)
         async with server:
             if ready is not None:
@@ -97,8 +98,11 @@ def server_context(cert: str, key: str) -> ssl.SSLContext:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m llmbatch.stack.tls_front",
-        description="Accept TLS on 127.0.0.1:LISTEN and relay every connection to 127.0.0.1:TARGET "
-                    "(the local stack's TLS front of the Ray dashboard).")
+        description="Accept TLS on LISTEN_HOST:LISTEN_PORT and relay every connection to "
+                    "127.0.0.1:TARGET_PORT (the TLS front of the Ray dashboard: a process of the local "
+                    "stack, a sidecar of a Ray head pod).")
+    parser.add_argument("--listen-host", default="127.0.0.1",
+                        help="address to listen on (default 127.0.0.1; 0.0.0.0 in a pod)")
     parser.add_argument("--listen-port", type=int, required=True, help="port to take TLS connections on")
     parser.add_argument("--target-port", type=int, required=True, help="plaintext port to relay to")
     parser.add_argument("--cert", required=True, help="PEM certificate (chain) to present")
@@ -124,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         assert task is not None
         loop.add_signal_handler(signal.SIGTERM, task.cancel)
         with contextlib.suppress(asyncio.CancelledError):
-            await TlsFront(args.target_port, context).serve(args.listen_port)
+            await TlsFront(args.target_port, context).serve(args.listen_port, listen_host=args.listen_host)
 
     asyncio.run(run())
     return 0

@@ -48,7 +48,7 @@ vd = _load_vd()
 EXTERNAL_SECRETS = {"llmbatch-credentials", "llmbatch-ray-auth", "llmbatch-api-keys"}
 # and the ones a component adds (created by hand as its kustomization.yaml shows)
 COMPONENT_SECRETS = {"kafka-sasl": {"llmbatch-kafka-users", "llmbatch-kafka-ca"},
-                     "tenant-pool": {"llmbatch-tenant-acme-s3"}}
+                     "tenant-pool": {"llmbatch-tenant-acme-s3"}, "ray-https": {"llmbatch-ray-tls"}}
 RAY_PORTS = {"gcs-server": 6379, "dashboard": 8265}
 
 
@@ -1172,3 +1172,81 @@ def test_tenant_pool_gives_the_tenant_a_group_of_its_own_with_its_keys_and_no_cp
     assert pools.pool_of("acme") == "llmbatch_tenant_acme"
     # the guide creates the Secret with every key the group reads
     _assert_secret_documented(objects, "tenant-pool", "llmbatch-tenant-acme-s3")
+
+
+# --- components/ray-https: the dispatchers' HTTP hops to Ray over TLS ------------------------------
+
+
+def _named(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    [found] = [o for o in vd.by_kind(objects, kind) if o["metadata"]["name"] == name]
+    assert isinstance(found, dict)
+    return found
+
+
+def _mounted(container: dict[str, Any], pod: dict[str, Any], path: str) -> str:
+    """The Secret whose volume holds ``path`` in ``container`` (and, if it lists items, that file)."""
+    volumes = {v["name"]: v for v in pod.get("volumes") or []}
+    for mount in container.get("volumeMounts") or []:
+        folder = mount["mountPath"].rstrip("/") + "/"
+        if path.startswith(folder):
+            secret = volumes[mount["name"]]["secret"]
+            items = {i["path"]: i["key"] for i in secret.get("items") or []}
+            name = path.removeprefix(folder)
+            assert not items or name in items, (path, items)
+            return str(secret["secretName"])
+    raise AssertionError(f"{path} is not in any volume of {container['name']}")
+
+
+def test_ray_https_puts_a_tls_front_before_the_dashboard_and_tls_on_serves_proxy(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    from dispatcher.engines import cluster_serve_config
+    from llmbatch.stack import tls_front
+
+    objects = renders["gpu-prod+ray-https"]
+    head = _raycluster(objects)["spec"]["headGroupSpec"]["template"]["spec"]
+    ray_head, front = head["containers"]
+    assert (ray_head["name"], front["name"]) == ("ray-head", "dashboard-tls")
+    assert front["image"] == ray_head["image"]  # the head's image, as the overlay made it
+    # the sidecar runs the tested front: TLS on 8443 of the pod, relayed to the dashboard's port
+    command = front["command"]
+    assert command[:3] == ["python", "-m", "llmbatch.stack.tls_front"]
+    args = tls_front.parse_args(command[3:])
+    dashboard = {p["name"]: p["containerPort"] for p in ray_head["ports"]}["dashboard"]
+    assert (args.listen_host, args.listen_port, args.target_port) == ("0.0.0.0", 8443, dashboard)
+    assert {p["name"]: p["containerPort"] for p in front["ports"]} == {"dashboard-tls": 8443}
+    assert _mounted(front, head, args.cert) == _mounted(front, head, args.key) == "llmbatch-ray-tls"
+    # the Service the dispatchers call reaches that port on the head pod
+    service = _named(objects, "Service", "llmbatch-ray-dashboard-tls")
+    assert service["spec"]["selector"] == {"app.kubernetes.io/name": "llmbatch-ray",
+                                           "ray.io/node-type": "head"}
+    assert service["spec"]["ports"][0]["targetPort"] == "dashboard-tls"
+    # the dispatchers' settings: https to both, the CA mounted, Serve's certificate where the head has it
+    dispatcher = _named(objects, "Deployment", "llmbatch-dispatcher")
+    pod = dispatcher["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = _config(objects)
+    env.update({e["name"]: e["value"] for e in container["env"] if "value" in e})
+    env.update({"LLMBATCH_S3__ACCESS_KEY": "k", "LLMBATCH_S3__SECRET_KEY": "s",
+                "LLMBATCH_REDIS__PASSWORD": "p", "LLMBATCH_RAY__AUTH_TOKEN": "t"})
+    settings = vd.build_settings(env)
+    ray = settings.ray
+    assert ray.address == f"https://{service['metadata']['name']}:8443"
+    assert ray.serve_address.startswith("https://llmbatch-ray-head-svc:")
+    assert _mounted(container, pod, str(ray.ca_file)) == "llmbatch-ray-tls"  # its ca.crt only
+    http = cluster_serve_config(settings)["http_options"]
+    assert _mounted(ray_head, head, http["ssl_certfile"]) == _mounted(ray_head, head, http["ssl_keyfile"]) \
+        == "llmbatch-ray-tls"
+    # the dispatchers reach the front and Serve's proxy, no longer the dashboard's plain port
+    policy = _named(objects, "NetworkPolicy", "llmbatch-ray-head")
+    ports_of: dict[str, set[int]] = {}
+    for rule in policy["spec"]["ingress"]:
+        for peer in rule.get("from") or []:
+            name = (peer.get("podSelector") or {}).get("matchLabels", {}).get("app.kubernetes.io/name")
+            for port in rule.get("ports") or []:
+                ports_of.setdefault(str(name), set()).add(port["port"])
+    assert ports_of["llmbatch-dispatcher"] == {8443, 8000}
+    assert 8265 in ports_of["None"]  # the operator (namespace selector) and the RayJob submitters keep it
+    text = (vd.KUSTOMIZE / "components/ray-https/kustomization.yaml").read_text()
+    assert re.search(r"create secret generic llmbatch-ray-tls \\\n#\s+--from-file=tls.crt=\S+ "
+                     r"--from-file=tls.key=\S+ --from-file=ca.crt=", text)
