@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 KUSTOMIZE = DEPLOY / "kubernetes"
 OVERLAYS = ("cpu-dev", "gpu-prod", "gpu-prod-rayservice")
-COMPONENTS = ("model-from-minio", "kafka-sasl", "tenant-pool", "ray-https")
+COMPONENTS = ("model-from-minio", "kafka-sasl", "tenant-pool", "ray-https", "ray-grpc-tls")
 # components that go in the overlay's own kustomization (their Jobs read the overlay's ConfigMap)
 INSIDE_OVERLAY = frozenset({"kafka-sasl"})
 DOCKERFILES = (DEPLOY / "docker" / "dispatcher.Dockerfile", DEPLOY / "docker" / "ray.Dockerfile")

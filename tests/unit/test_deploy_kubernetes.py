@@ -1250,3 +1250,16 @@ def test_ray_https_puts_a_tls_front_before_the_dashboard_and_tls_on_serves_proxy
     text = (vd.KUSTOMIZE / "components/ray-https/kustomization.yaml").read_text()
     assert re.search(r"create secret generic llmbatch-ray-tls \\\n#\s+--from-file=tls.crt=\S+ "
                      r"--from-file=tls.key=\S+ --from-file=ca.crt=", text)
+
+
+# --- components/ray-grpc-tls: Ray's gRPC over KubeRay's mTLS -----------------------------------------
+
+
+def test_ray_grpc_tls_turns_on_kuberays_mtls_and_changes_nothing_else(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    tls = _raycluster(renders["gpu-prod+ray-grpc-tls"])["spec"]
+    assert tls.pop("tlsOptions") == {"enabled": True}
+    assert tls == _raycluster(renders["gpu-prod"])["spec"]
+    comment = (vd.KUSTOMIZE / "components/ray-grpc-tls/kustomization.yaml").read_text()
+    assert "{name: RayClusterMTLS, enabled: true}" in comment and "cert-manager" in comment
