@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from llmbatch.chaos.processes import DispatcherProcess
-from llmbatch.stack import services
+from llmbatch.stack import ray_head, services
 from llmbatch.stack.process import alive
 from llmbatch.stack.state import ServiceRecord, StackState
 
@@ -48,7 +48,7 @@ _RESTART: dict[str, Callable[[Path, ServiceRecord], ServiceRecord]] = {
     "kafka": lambda run_dir, rec: services.start_kafka(run_dir, restart=rec),
     "minio": lambda run_dir, rec: services.start_minio(run_dir, restart=rec),
     "redis": lambda run_dir, rec: services.start_redis(run_dir, port=rec.ports["redis"], name=rec.name),
-    "ray": lambda run_dir, rec: services.start_ray(run_dir, restart=rec),
+    "ray": lambda run_dir, rec: ray_head.start_ray(run_dir, restart=rec),
 }
 
 
@@ -112,7 +112,7 @@ class Faults:
         state = StackState.load(self.run_dir)
         rec = state.services[name]
         await (kill9_tree(rec.pid) if name == "ray" else kill9(rec.pid))
-        if name == "ray":  # its session dir (in /tmp, see services.start_ray)
+        if name == "ray":  # its session dir (in /tmp, see ray_head.start_ray)
             await asyncio.to_thread(shutil.rmtree, rec.data_dir, True)
         await asyncio.sleep(self.down_s)
         again = await asyncio.to_thread(_RESTART[name], self.run_dir, rec)

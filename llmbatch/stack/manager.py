@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmbatch.settings import KafkaSettings, LLMBatchSettings, RaySettings, RedisSettings, S3Settings
-from llmbatch.stack import services
+from llmbatch.stack import ray_head, services
 from llmbatch.stack import state as _state
 from llmbatch.stack.ports import allocator
 from llmbatch.stack.process import StackError, alive, stop_tree, tree_rss_bytes
@@ -210,7 +210,7 @@ def tls_starters(run_dir: Path) -> dict[str, Callable[[Path], ServiceRecord]]:
         "kafka": kafka,
         "redis": lambda d: services.start_redis(d, tls=files),
         "minio": lambda d: services.start_minio(d, tls=files),
-        "ray": lambda d: services.start_ray(d, tls=files),
+        "ray": lambda d: ray_head.start_ray(d, tls=files),
     }
 
 

@@ -6,8 +6,10 @@ import contextlib
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -148,3 +150,10 @@ def tree_rss_bytes(pid: int) -> int:
             except (psutil.AccessDenied, AttributeError):
                 total += int(proc.memory_info().rss)
     return total
+
+
+def http_ok(url: str, timeout: float = 2.0, ca_cert: str | None = None) -> bool:
+    """``url`` answers 2xx (verified against ``ca_cert`` when https)."""
+    context = ssl.create_default_context(cafile=ca_cert) if ca_cert else None
+    with urllib.request.urlopen(url, timeout=timeout, context=context) as resp:  # noqa: S310 - our URL
+        return 200 <= int(resp.status) < 300

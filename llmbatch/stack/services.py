@@ -1,39 +1,32 @@
 """How to fetch, start and health-check each real service of the local stack.
 
 Kafka (Apache, KRaft, jars from Maven Central), Redis (Debian redis-server, AOF), MinIO (built from
-its Go module), Ray head (Jobs API). Each ``start_*`` returns a :class:`ServiceRecord`; all bind
-127.0.0.1 on ports from the stack's one allocator (:mod:`llmbatch.stack.ports`) and keep data under
-the run folder. A started service owns its port reservations; a failed start gives them back.
+its Go module); the Ray head is :mod:`llmbatch.stack.ray_head`. Each ``start_*`` returns a
+:class:`ServiceRecord`; all bind 127.0.0.1 on ports from the stack's one allocator
+(:mod:`llmbatch.stack.ports`) and keep data under the run folder. A started service owns its port
+reservations; a failed start gives them back.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import os
 import re
 import secrets
 import shutil
 import subprocess
-import sys
 import tempfile
-import urllib.error
-import urllib.request
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llmbatch.stack.ports import PortAllocator, allocator
-from llmbatch.stack.process import (
-    StackError,
-    port_open,
-    spawn,
-    stop_tree,
-    wait_until,
-)
+from llmbatch.stack.node_credentials import minio_credentials
+from llmbatch.stack.process import StackError, http_ok, port_open, spawn, wait_until
+from llmbatch.stack.ray_head import ray_executable, ray_healthy, start_ray
+from llmbatch.stack.start_ports import StartPorts, start_ports
 from llmbatch.stack.state import CACHE_DIR, ServiceRecord
 from llmbatch.stack.tls import TlsFiles
 
@@ -52,56 +45,6 @@ def _run(argv: list[str], what: str, env: dict[str, str] | None = None, cwd: Pat
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
         raise StackError(f"{what} failed (exit {proc.returncode})", tail)
-
-
-class _StartPorts:
-    """The ports one start takes: handed to the service's PID once it runs, given back on failure."""
-
-    def __init__(self, ports: PortAllocator) -> None:
-        self._ports = ports
-        self.held: list[int] = []
-
-    def one(self) -> int:
-        port = self._ports.port()
-        self.held.append(port)
-        return port
-
-    def block(self, size: int) -> int:
-        first = self._ports.port_range(size)
-        self.held.extend(range(first, first + size))
-        return first
-
-    def claim(self, port: int) -> bool:
-        ok = self._ports.claim(port)
-        if ok:
-            self.held.append(port)
-        return ok
-
-    def again(self, service: str, ports: dict[str, int], *names: str) -> list[int]:
-        """Claim the ports ``names`` a restarted ``service`` had (from its record), or raise."""
-        for name in names:
-            if not self.claim(ports[name]):
-                raise StackError(f"{service} cannot restart on port {ports[name]}: something already listens "
-                                 "there or another process reserved it")
-        return [ports[name] for name in names]
-
-    def hand_over(self, pid: int) -> None:
-        self._ports.hand_over(self.held, pid)
-
-    def give_back(self) -> None:
-        """Only reservations of this process or of a service that died go: a service that is still
-        up (a health timeout) keeps its ports until it is stopped."""
-        self._ports.release(self.held)
-
-
-@contextlib.contextmanager
-def _start_ports() -> Iterator[_StartPorts]:
-    ports = _StartPorts(allocator())
-    try:
-        yield ports
-    except BaseException:
-        ports.give_back()
-        raise
 
 
 # --- Kafka ------------------------------------------------------------------------------------
@@ -187,7 +130,7 @@ def start_kafka(run_dir: Path, *, restart: ServiceRecord | None = None,
         sasl.check()
     if tls is not None and sasl is None:
         raise StackError("a TLS Kafka here is SASL_SSL: give it KafkaSasl users too")
-    with _start_ports() as ports:
+    with start_ports() as ports:
         return _start_kafka(run_dir, ports, restart, sasl, tls)
 
 
@@ -263,7 +206,7 @@ def _owner_only(path: Path, text: str) -> None:
         fh.write(text)
 
 
-def _start_kafka(run_dir: Path, ports: _StartPorts, restart: ServiceRecord | None = None,
+def _start_kafka(run_dir: Path, ports: StartPorts, restart: ServiceRecord | None = None,
                  sasl: KafkaSasl | None = None, tls: TlsFiles | None = None) -> ServiceRecord:
     libs = kafka_libs()
     data = run_dir / "kafka"
@@ -382,12 +325,12 @@ def start_redis(run_dir: Path, port: int | None = None, name: str = "redis", *,
     ``tls`` makes it speak TLS only (no plaintext port; clients verify it against ``tls.ca_cert``):
     the record's address is then ``rediss://``.
     """
-    with _start_ports() as ports:
+    with start_ports() as ports:
         return _start_redis(run_dir, port, name, fresh_port_if_taken, ports, password, acl or [], tls)
 
 
 def _start_redis(run_dir: Path, port: int | None, name: str, fresh_port_if_taken: bool,
-                 ports: _StartPorts, password: str | None = None,
+                 ports: StartPorts, password: str | None = None,
                  acl: list[str] | None = None, tls: TlsFiles | None = None) -> ServiceRecord:
     data = run_dir / name
     data.mkdir(parents=True, exist_ok=True)
@@ -466,60 +409,16 @@ def minio_binary() -> Path:
     return binary
 
 
-def minio_credentials(run_dir: Path) -> tuple[str, str]:
-    """The run folder's MinIO user and password, made on first use (mode 0600).
-
-    MinIO and the Ray head (whose jobs and replicas need the keys) start in parallel and both ask: the
-    first file linked into place wins, so both get the same pair."""
-    path = run_dir / "minio.credentials.json"
-    if not path.exists():
-        run_dir.mkdir(parents=True, exist_ok=True)
-        keep_minio_credentials(run_dir, "llmbatch-" + secrets.token_hex(4), secrets.token_urlsafe(24),
-                               replace=False)
-    user, password = json.loads(path.read_text())
-    return str(user), str(password)
-
-
-def keep_minio_credentials(run_dir: Path, user: str, password: str, *, replace: bool = True) -> None:
-    """Write the S3 keys the run folder's services use (a test session whose S3 is not the local
-    MinIO hands the local Ray head that S3's keys this way). Atomic; ``replace=False`` keeps a pair
-    another start wrote first."""
-    path = run_dir / "minio.credentials.json"
-    tmp = run_dir / f".minio.credentials.{os.getpid()}.{secrets.token_hex(4)}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump([user, password], fh)
-    try:
-        if replace:
-            os.replace(tmp, path)
-        else:
-            with contextlib.suppress(FileExistsError):
-                os.link(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def ray_node_credentials(
-    access_key: str, secret_key: str, redis_password: str | None = None
-) -> dict[str, str]:
-    """The environment a Ray node hands its jobs and Serve replicas: the S3 keys (and the Redis
-    password), which the dispatcher never sends in a ``runtime_env`` (the dashboard shows those)."""
-    env = {"AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key}
-    if redis_password:
-        env["LLMBATCH_REDIS__PASSWORD"] = redis_password
-    return env
-
-
 def start_minio(run_dir: Path, *, restart: ServiceRecord | None = None,
                 tls: TlsFiles | None = None) -> ServiceRecord:
     """Start MinIO with its data and credentials in ``run_dir``; ``restart`` (an earlier start's record)
     brings it back on the same ports (its data dir is always kept). ``tls``: https only (the record's
     address is ``https://``; clients verify it against ``tls.ca_cert``)."""
-    with _start_ports() as ports:
+    with start_ports() as ports:
         return _start_minio(run_dir, ports, restart, tls)
 
 
-def _start_minio(run_dir: Path, ports: _StartPorts, restart: ServiceRecord | None = None,
+def _start_minio(run_dir: Path, ports: StartPorts, restart: ServiceRecord | None = None,
                  tls: TlsFiles | None = None) -> ServiceRecord:
     binary = minio_binary()
     data = run_dir / "minio"
@@ -547,162 +446,14 @@ def _start_minio(run_dir: Path, ports: _StartPorts, restart: ServiceRecord | Non
     ports.hand_over(pid)
     address = f"{'https' if tls is not None else 'http'}://127.0.0.1:{port}"
     ca = extra.get("ca_cert")
-    waited = wait_until(lambda: _http_ok(f"{address}/minio/health/ready", ca_cert=ca), 60, pid, "MinIO", log)
+    waited = wait_until(lambda: http_ok(f"{address}/minio/health/ready", ca_cert=ca), 60, pid, "MinIO", log)
     return ServiceRecord("minio", pid, {"s3": port, "console": console}, address,
                          str(log), str(data), round(waited, 2), extra=extra)
 
 
-def _http_ok(url: str, timeout: float = 2.0, ca_cert: str | None = None) -> bool:
-    import ssl
-
-    context = ssl.create_default_context(cafile=ca_cert) if ca_cert else None
-    with urllib.request.urlopen(url, timeout=timeout, context=context) as resp:  # noqa: S310 - our URL
-        return 200 <= int(resp.status) < 300
-
-
 def minio_healthy(rec: ServiceRecord) -> bool:
     try:
-        return _http_ok(f"{rec.address}/minio/health/ready", ca_cert=rec.extra.get("ca_cert"))
-    except Exception:
-        return False
-
-
-# --- Ray --------------------------------------------------------------------------------------
-
-def ray_executable() -> Path:
-    candidate = Path(sys.executable).parent / "ray"
-    if not candidate.exists():
-        raise StackError(f"`ray` not found beside {sys.executable}: run scripts/bootstrap.sh")
-    return candidate
-
-
-def start_ray(run_dir: Path, num_cpus: int = 2, object_store_bytes: int = 1_000_000_000, *,
-              restart: ServiceRecord | None = None, tls: TlsFiles | None = None) -> ServiceRecord:
-    """Start a Ray head. ``restart`` (an earlier start's record) brings it back on the same addresses
-    (Jobs API, GCS, Serve, metrics), as a KubeRay head pod comes back: clients keep their settings,
-    the job records of the old head are gone. ``tls``: Ray's gRPC (GCS, raylet, object manager,
-    workers, and so every job's driver and Serve replica) speaks mutual TLS with that certificate
-    (``RAY_USE_TLS``), its dashboard (Jobs and Serve APIs) is reached through a TLS front
-    (:mod:`llmbatch.stack.tls_front`) and the record names an https:// Serve proxy with that
-    certificate (Serve's own TLS, turned on by the dispatcher's deploy)."""
-    with _start_ports() as ports:
-        return _start_ray(run_dir, num_cpus, object_store_bytes, ports, restart, tls)
-
-
-def ray_tls_env(tls: TlsFiles) -> dict[str, str]:
-    """The variables that turn on TLS for every Ray process of a node (they inherit them)."""
-    return {"RAY_USE_TLS": "1", "RAY_TLS_SERVER_CERT": str(tls.server_cert),
-            "RAY_TLS_SERVER_KEY": str(tls.server_key), "RAY_TLS_CA_CERT": str(tls.ca_cert)}
-
-
-def _start_ray(run_dir: Path, num_cpus: int, object_store_bytes: int, ports: _StartPorts,
-               restart: ServiceRecord | None = None, tls: TlsFiles | None = None) -> ServiceRecord:
-    # Ray's own temp dir must be short (unix socket paths are limited to 107 bytes)
-    temp = Path(tempfile.gettempdir()) / f"llmbatch-ray-{os.getpid()}-{secrets.token_hex(3)}"
-    temp.mkdir(parents=True, exist_ok=True)
-    # one allocator for all of them: the dashboard can never land inside the worker range
-    if restart is not None:
-        gcs, dashboard, client, serve, metrics = ports.again(
-            "The Ray head", restart.ports, "gcs", "dashboard", "client", "serve", "metrics")
-        agent = ports.one()
-        front = 0
-        if tls is not None:  # the old head's front goes with it (it holds the port)
-            if old_front := int(restart.extra.get("front_pid", 0)):
-                stop_tree(old_front)
-            front = ports.again("The Ray head", restart.ports, "dashboard_tls")[0]
-    else:
-        gcs, dashboard, client, agent = ports.one(), ports.one(), ports.one(), ports.one()
-        serve = ports.one()  # Serve's HTTP proxy (the batch runner), bound once Serve starts
-        metrics = ports.one()  # Prometheus metrics of the node (Ray's, Serve's, llmbatch_engine_*)
-        front = ports.one() if tls is not None else 0  # the dashboard's TLS front
-    workers = ports.block(200)
-    log = run_dir / "logs" / "ray.log"
-    env = {
-        "RAY_AUTH_MODE": "disabled",  # explicit: a stray ~/.ray/auth_token would otherwise turn auth on
-        "RAY_USAGE_STATS_ENABLED": "0",
-        # a crashed or SIGKILLed worker's process group goes with it: an engine replica's vLLM
-        # EngineCore would otherwise live on, orphaned, holding the model and its KV cache
-        "RAY_process_group_cleanup_enabled": "1",
-        "RAY_DEDUP_LOGS": "0",
-        "PYTHONUNBUFFERED": "1",
-        # job entrypoints say `python ...`: make that the venv's interpreter, as on a worker image
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        # the stack's S3 keys, as a Kubernetes Secret gives them to the Ray pods
-        **ray_node_credentials(*minio_credentials(run_dir)),
-        **(ray_tls_env(tls) if tls is not None else {}),
-    }
-    argv = [str(ray_executable()), "start", "--head", "--block", f"--num-cpus={num_cpus}",
-            f"--port={gcs}", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
-            f"--dashboard-port={dashboard}", "--include-dashboard=true",
-            f"--dashboard-agent-listen-port={agent}", f"--ray-client-server-port={client}",
-            f"--metrics-export-port={metrics}",
-            f"--min-worker-port={workers}", f"--max-worker-port={workers + 199}",
-            f"--object-store-memory={object_store_bytes}", f"--temp-dir={temp}",
-            "--disable-usage-stats"]
-    pid = spawn(argv, log, env=env)
-    ports.hand_over(pid)
-    address = f"http://127.0.0.1:{dashboard}"
-    waited = wait_until(lambda: _ray_jobs_api_ready(address), 180, pid, "Ray head", log, interval=1.0)
-    # the Jobs API answers before the head's job agent can take a job ("No available agent to
-    # submit job" for tens of seconds on a loaded machine): healthy = a first job has run
-    probe = _RayJobProbe(address)
-    waited += wait_until(probe.done, 180, pid, "Ray head (first job)", log, interval=0.5)
-    extra = {"gcs_address": f"127.0.0.1:{gcs}", "serve_address": f"http://127.0.0.1:{serve}"}
-    named = {"gcs": gcs, "dashboard": dashboard, "client": client, "serve": serve, "metrics": metrics}
-    if tls is not None:
-        front_pid = start_tls_front(front, dashboard, tls, run_dir / "logs" / "ray-tls-front.log")
-        address = f"https://127.0.0.1:{front}"
-        named["dashboard_tls"] = front
-        extra.update(ca_cert=str(tls.ca_cert), front_pid=str(front_pid),
-                     serve_address=f"https://127.0.0.1:{serve}", serve_ssl_certfile=str(tls.server_cert),
-                     serve_ssl_keyfile=str(tls.server_key))
-        waited += wait_until(lambda: _ray_jobs_api_ready(address, str(tls.ca_cert)), 30, front_pid,
-                             "Ray dashboard's TLS front", run_dir / "logs" / "ray-tls-front.log")
-    return ServiceRecord("ray", pid, named, address, str(log), str(temp), round(waited, 2), extra=extra)
-
-
-def start_tls_front(port: int, dashboard: int, tls: TlsFiles, log: Path) -> int:
-    """Start the dashboard's TLS front (:mod:`llmbatch.stack.tls_front`); return its PID."""
-    argv = [sys.executable, "-m", "llmbatch.stack.tls_front", f"--listen-port={port}",
-            f"--target-port={dashboard}", f"--cert={tls.server_cert}", f"--key={tls.server_key}"]
-    return spawn(argv, log)
-
-
-class _RayJobProbe:
-    """Submits one trivial job (again while the head refuses it) and reports when it succeeded."""
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self.submission_id = f"llmbatch-stack-ready-{secrets.token_hex(4)}"
-        self.submitted = False
-
-    def done(self) -> bool:
-        if not self.submitted:
-            body = json.dumps({"entrypoint": "true", "submission_id": self.submission_id,
-                               "entrypoint_num_cpus": 0}).encode()
-            req = urllib.request.Request(f"{self.address}/api/jobs/", data=body, method="POST",  # noqa: S310
-                                         headers={"Content-Type": "application/json"})
-            try:
-                with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 - loopback
-                    self.submitted = int(resp.status) == 200
-            except urllib.error.HTTPError as exc:  # a retry of a submission that went through
-                self.submitted = b"already exists" in exc.read()
-            return False
-        url = f"{self.address}/api/jobs/{self.submission_id}"
-        with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback
-            status = json.loads(resp.read())["status"]
-        if status in ("FAILED", "STOPPED"):
-            raise StackError(f"the Ray head's first job ended {status}")
-        return bool(status == "SUCCEEDED")
-
-
-def _ray_jobs_api_ready(address: str, ca_cert: str | None = None) -> bool:
-    return _http_ok(f"{address}/api/jobs/", timeout=3, ca_cert=ca_cert)
-
-
-def ray_healthy(rec: ServiceRecord) -> bool:
-    try:
-        return _ray_jobs_api_ready(rec.address, rec.extra.get("ca_cert"))
+        return http_ok(f"{rec.address}/minio/health/ready", ca_cert=rec.extra.get("ca_cert"))
     except Exception:
         return False
 

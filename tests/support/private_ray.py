@@ -17,8 +17,9 @@ from typing import Any
 import psutil
 
 from llmbatch.settings import S3Settings
+from llmbatch.stack.node_credentials import ray_node_credentials
 from llmbatch.stack.process import StackError, free_port, free_port_range, spawn, stop_tree, wait_until
-from llmbatch.stack.services import ray_executable, ray_node_credentials
+from llmbatch.stack.ray_head import ray_executable
 
 
 class PrivateRay:

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from llmbatch.settings import KafkaSettings, LLMBatchSettings, RaySettings, RedisSettings, S3Settings
-from llmbatch.stack import manager, services
+from llmbatch.stack import manager
+from llmbatch.stack.node_credentials import keep_minio_credentials
 from llmbatch.stack.process import alive
 from llmbatch.stack.state import StackState
 
@@ -106,7 +107,7 @@ class ServiceProvider:
             self.sources["ray"] = "env"
             return LLMBatchSettings().ray
         if s3 is not None and self.sources.get("minio") != "local stack":
-            services.keep_minio_credentials(self.run_dir, s3.access_key.get_secret_value(),
+            keep_minio_credentials(self.run_dir, s3.access_key.get_secret_value(),
                                             s3.secret_key.get_secret_value())
         return manager.ray_settings(self._start_local("ray"))
 

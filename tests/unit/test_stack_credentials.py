@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llmbatch.stack.services import keep_minio_credentials, minio_credentials, ray_node_credentials
+from llmbatch.stack.node_credentials import keep_minio_credentials, minio_credentials, ray_node_credentials
 
 pytestmark = pytest.mark.unit
 

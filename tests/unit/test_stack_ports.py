@@ -143,7 +143,7 @@ def test_ray_head_ports_never_collide_and_stay_out_of_the_ephemeral_range(tmp_pa
     so this fails against it on the first assertion about the ephemeral range; the old
     free_port_range() did not know what free_port() had handed out, so they could also overlap."""
     alloc = PortAllocator(tmp_path / "reservations")
-    for size in (100, 200, 100, 200):  # tests/support/private_ray.py, then services.start_ray
+    for size in (100, 200, 100, 200):  # tests/support/private_ray.py, then ray_head.start_ray
         one_ray_head(alloc.port, alloc.port_range, size)
 
 
@@ -310,7 +310,7 @@ def test_two_processes_allocating_at_once_never_share_a_port(tmp_path: Path) -> 
 
 def test_a_restart_claims_its_old_ports_or_names_the_service_and_the_taken_port(tmp_path: Path) -> None:
     from llmbatch.stack.process import StackError
-    from llmbatch.stack.services import _StartPorts
+    from llmbatch.stack.start_ports import StartPorts as _StartPorts
 
     alloc = PortAllocator(tmp_path / "reservations")
     free, taken = alloc.port(), alloc.port()  # both reserved by this (live) process

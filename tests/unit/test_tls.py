@@ -221,7 +221,7 @@ def test_the_certificate_names_the_nodes_own_address_for_ray_and_a_missing_one_m
 ) -> None:
     from cryptography import x509
 
-    from llmbatch.stack.services import ray_tls_env
+    from llmbatch.stack.ray_head import ray_tls_env
     from llmbatch.stack.tls import local_ca
 
     files = local_ca(tmp_path, node_ips=("192.0.2.7",))

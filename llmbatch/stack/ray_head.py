@@ -1,0 +1,158 @@
+"""The local stack's Ray head: ``ray start --head`` with its Jobs API, GCS, Serve and metrics ports
+from the stack's allocator, the run folder's S3 keys in its environment (what its jobs and Serve replicas
+use) and, on a TLS stack, Ray's gRPC TLS and a TLS front before its dashboard."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from llmbatch.stack.node_credentials import minio_credentials, ray_node_credentials
+from llmbatch.stack.process import StackError, http_ok, spawn, stop_tree, wait_until
+from llmbatch.stack.start_ports import StartPorts, start_ports
+from llmbatch.stack.state import ServiceRecord
+from llmbatch.stack.tls import TlsFiles
+
+
+def ray_executable() -> Path:
+    candidate = Path(sys.executable).parent / "ray"
+    if not candidate.exists():
+        raise StackError(f"`ray` not found beside {sys.executable}: run scripts/bootstrap.sh")
+    return candidate
+
+
+def start_ray(run_dir: Path, num_cpus: int = 2, object_store_bytes: int = 1_000_000_000, *,
+              restart: ServiceRecord | None = None, tls: TlsFiles | None = None) -> ServiceRecord:
+    """Start a Ray head. ``restart`` (an earlier start's record) brings it back on the same addresses
+    (Jobs API, GCS, Serve, metrics), as a KubeRay head pod comes back: clients keep their settings,
+    the job records of the old head are gone. ``tls``: Ray's gRPC (GCS, raylet, object manager,
+    workers, and so every job's driver and Serve replica) speaks mutual TLS with that certificate
+    (``RAY_USE_TLS``), its dashboard (Jobs and Serve APIs) is reached through a TLS front
+    (:mod:`llmbatch.stack.tls_front`) and the record names an https:// Serve proxy with that
+    certificate (Serve's own TLS, turned on by the dispatcher's deploy)."""
+    with start_ports() as ports:
+        return _start_ray(run_dir, num_cpus, object_store_bytes, ports, restart, tls)
+
+
+def ray_tls_env(tls: TlsFiles) -> dict[str, str]:
+    """The variables that turn on TLS for every Ray process of a node (they inherit them)."""
+    return {"RAY_USE_TLS": "1", "RAY_TLS_SERVER_CERT": str(tls.server_cert),
+            "RAY_TLS_SERVER_KEY": str(tls.server_key), "RAY_TLS_CA_CERT": str(tls.ca_cert)}
+
+
+def _start_ray(run_dir: Path, num_cpus: int, object_store_bytes: int, ports: StartPorts,
+               restart: ServiceRecord | None = None, tls: TlsFiles | None = None) -> ServiceRecord:
+    # Ray's own temp dir must be short (unix socket paths are limited to 107 bytes)
+    temp = Path(tempfile.gettempdir()) / f"llmbatch-ray-{os.getpid()}-{secrets.token_hex(3)}"
+    temp.mkdir(parents=True, exist_ok=True)
+    # one allocator for all of them: the dashboard can never land inside the worker range
+    if restart is not None:
+        gcs, dashboard, client, serve, metrics = ports.again(
+            "The Ray head", restart.ports, "gcs", "dashboard", "client", "serve", "metrics")
+        agent = ports.one()
+        front = 0
+        if tls is not None:  # the old head's front goes with it (it holds the port)
+            if old_front := int(restart.extra.get("front_pid", 0)):
+                stop_tree(old_front)
+            front = ports.again("The Ray head", restart.ports, "dashboard_tls")[0]
+    else:
+        gcs, dashboard, client, agent = ports.one(), ports.one(), ports.one(), ports.one()
+        serve = ports.one()  # Serve's HTTP proxy (the batch runner), bound once Serve starts
+        metrics = ports.one()  # Prometheus metrics of the node (Ray's, Serve's, llmbatch_engine_*)
+        front = ports.one() if tls is not None else 0  # the dashboard's TLS front
+    workers = ports.block(200)
+    log = run_dir / "logs" / "ray.log"
+    env = {
+        "RAY_AUTH_MODE": "disabled",  # explicit: a stray ~/.ray/auth_token would otherwise turn auth on
+        "RAY_USAGE_STATS_ENABLED": "0",
+        # a crashed or SIGKILLed worker's process group goes with it: an engine replica's vLLM
+        # EngineCore would otherwise live on, orphaned, holding the model and its KV cache
+        "RAY_process_group_cleanup_enabled": "1",
+        "RAY_DEDUP_LOGS": "0",
+        "PYTHONUNBUFFERED": "1",
+        # job entrypoints say `python ...`: make that the venv's interpreter, as on a worker image
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        # the stack's S3 keys, as a Kubernetes Secret gives them to the Ray pods
+        **ray_node_credentials(*minio_credentials(run_dir)),
+        **(ray_tls_env(tls) if tls is not None else {}),
+    }
+    argv = [str(ray_executable()), "start", "--head", "--block", f"--num-cpus={num_cpus}",
+            f"--port={gcs}", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dashboard}", "--include-dashboard=true",
+            f"--dashboard-agent-listen-port={agent}", f"--ray-client-server-port={client}",
+            f"--metrics-export-port={metrics}",
+            f"--min-worker-port={workers}", f"--max-worker-port={workers + 199}",
+            f"--object-store-memory={object_store_bytes}", f"--temp-dir={temp}",
+            "--disable-usage-stats"]
+    pid = spawn(argv, log, env=env)
+    ports.hand_over(pid)
+    address = f"http://127.0.0.1:{dashboard}"
+    waited = wait_until(lambda: _ray_jobs_api_ready(address), 180, pid, "Ray head", log, interval=1.0)
+    # the Jobs API answers before the head's job agent can take a job ("No available agent to
+    # submit job" for tens of seconds on a loaded machine): healthy = a first job has run
+    probe = _RayJobProbe(address)
+    waited += wait_until(probe.done, 180, pid, "Ray head (first job)", log, interval=0.5)
+    extra = {"gcs_address": f"127.0.0.1:{gcs}", "serve_address": f"http://127.0.0.1:{serve}"}
+    named = {"gcs": gcs, "dashboard": dashboard, "client": client, "serve": serve, "metrics": metrics}
+    if tls is not None:
+        front_pid = start_tls_front(front, dashboard, tls, run_dir / "logs" / "ray-tls-front.log")
+        address = f"https://127.0.0.1:{front}"
+        named["dashboard_tls"] = front
+        extra.update(ca_cert=str(tls.ca_cert), front_pid=str(front_pid),
+                     serve_address=f"https://127.0.0.1:{serve}", serve_ssl_certfile=str(tls.server_cert),
+                     serve_ssl_keyfile=str(tls.server_key))
+        waited += wait_until(lambda: _ray_jobs_api_ready(address, str(tls.ca_cert)), 30, front_pid,
+                             "Ray dashboard's TLS front", run_dir / "logs" / "ray-tls-front.log")
+    return ServiceRecord("ray", pid, named, address, str(log), str(temp), round(waited, 2), extra=extra)
+
+
+def start_tls_front(port: int, dashboard: int, tls: TlsFiles, log: Path) -> int:
+    """Start the dashboard's TLS front (:mod:`llmbatch.stack.tls_front`); return its PID."""
+    argv = [sys.executable, "-m", "llmbatch.stack.tls_front", f"--listen-port={port}",
+            f"--target-port={dashboard}", f"--cert={tls.server_cert}", f"--key={tls.server_key}"]
+    return spawn(argv, log)
+
+
+class _RayJobProbe:
+    """Submits one trivial job (again while the head refuses it) and reports when it succeeded."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.submission_id = f"llmbatch-stack-ready-{secrets.token_hex(4)}"
+        self.submitted = False
+
+    def done(self) -> bool:
+        if not self.submitted:
+            body = json.dumps({"entrypoint": "true", "submission_id": self.submission_id,
+                               "entrypoint_num_cpus": 0}).encode()
+            req = urllib.request.Request(f"{self.address}/api/jobs/", data=body, method="POST",  # noqa: S310
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 - loopback
+                    self.submitted = int(resp.status) == 200
+            except urllib.error.HTTPError as exc:  # a retry of a submission that went through
+                self.submitted = b"already exists" in exc.read()
+            return False
+        url = f"{self.address}/api/jobs/{self.submission_id}"
+        with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback
+            status = json.loads(resp.read())["status"]
+        if status in ("FAILED", "STOPPED"):
+            raise StackError(f"the Ray head's first job ended {status}")
+        return bool(status == "SUCCEEDED")
+
+
+def _ray_jobs_api_ready(address: str, ca_cert: str | None = None) -> bool:
+    return http_ok(f"{address}/api/jobs/", timeout=3, ca_cert=ca_cert)
+
+
+def ray_healthy(rec: ServiceRecord) -> bool:
+    try:
+        return _ray_jobs_api_ready(rec.address, rec.extra.get("ca_cert"))
+    except Exception:
+        return False
