@@ -24,6 +24,7 @@ batches ran as a Ray job instead).
   stack is down, run twice: with the engine environment the service's engine has, and with vLLM's own
   CPU processes, ``VLLM_ENABLE_V1_MULTIPROCESSING=1``): output tokens / (first submit -> last
   terminal); plain: tokens / ``llm.chat`` time. Target >= 0.9x one batch and the faster plain run.
+  The cores each process of the machine used during the 4 x 128 phase are printed beside it.
 - fairness: a ``--big``-line priority-0 batch, and once it makes progress the warm runs' batch at
   priority 9: its accepted -> terminal vs the warm runs' median (the idle engine). Target <= 2x.
 
@@ -434,8 +435,10 @@ async def measure(svc: Service, args: argparse.Namespace, report: dict[str, Any]
     if "throughput" not in skip:
         texts = prompts(args.conc * args.conc_size)
         say(f"[throughput] {args.conc} x {args.conc_size} at once, warm engine ...")
+        before, began = cpu_snapshot(), time.perf_counter()
         report["conc"] = await svc.phase("conc", [
             (texts[i * args.conc_size:(i + 1) * args.conc_size], 5) for i in range(args.conc)])
+        report["conc"]["cpu_cores"] = cpu_by_component(before, cpu_snapshot(), time.perf_counter() - began)
         say(f"[throughput] 1 x {len(texts)}, warm engine ...")
         report["one"] = await svc.phase("one", [(texts, 5)])
 
@@ -467,6 +470,40 @@ async def measure(svc: Service, args: argparse.Namespace, report: dict[str, Any]
             "urgent": urgent,
         }
     report["routes"] = await svc.routes()
+
+
+def cpu_snapshot() -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) of every process of this machine, with a label for its component:
+    a Ray worker's title (``ray::ServeReplica:...``), a Python script or module, else the executable."""
+    import psutil
+
+    out: dict[int, tuple[str, float]] = {}
+    for proc in psutil.process_iter(["cmdline", "name", "cpu_times"]):
+        cmd, times = proc.info["cmdline"] or [proc.info["name"] or "?"], proc.info["cpu_times"]
+        if times is None:
+            continue
+        head = cmd[0]
+        if head.startswith("ray::"):
+            label = head.split(" ")[0][:60]
+        elif Path(head).name.startswith("python") and len(cmd) > 1:
+            arg = cmd[2] if cmd[1] in ("-m", "-u") and len(cmd) > 2 else cmd[1]
+            label = "python " + (Path(arg).name if "/" in arg else arg)[:50]
+        elif Path(head).name == "java":
+            label = "java (Kafka)"
+        else:
+            label = Path(head).name[:40]
+        out[proc.pid] = (label, times.user + times.system)
+    return out
+
+
+def cpu_by_component(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
+                     wall_s: float, top: int = 10) -> dict[str, float]:
+    """Share of one core each component used between two snapshots (processes alive at the end)."""
+    used: dict[str, float] = {}
+    for pid, (label, seconds) in after.items():
+        used[label] = used.get(label, 0.0) + seconds - before.get(pid, (label, 0.0))[1]
+    ranked = sorted(used.items(), key=lambda kv: -kv[1])[:top]
+    return {label: round(seconds / wall_s, 3) for label, seconds in ranked if seconds > 0}
 
 
 def say(text: str) -> None:
@@ -543,6 +580,9 @@ def show(report: dict[str, Any], args: argparse.Namespace) -> None:
           f"p50 {w['p50_overhead_s']:.2f} s (all {w['overhead_s']}), submit->accepted p50 "
           f"{w['p50_submit_to_accepted_s']:.2f} s; load1 {w['load1']['mean']:.1f}")
     line(f"{args.conc} x {args.conc_size} at once, warm", "conc")
+    if "cpu_cores" in report.get("conc", {}):
+        shares = ", ".join(f"{k} {v:.2f}" for k, v in report["conc"]["cpu_cores"].items())
+        print(f"    cores used during it, by process: {shares}")
     line(f"1 x {args.conc * args.conc_size}, warm", "one")
     for key, label in (("plain", "plain LLM.chat, engine env"),
                        ("plain_vllm_procs", "plain, vLLM's processes")):
