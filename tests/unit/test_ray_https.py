@@ -11,9 +11,7 @@ import socket
 import ssl
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pydantic import SecretStr, ValidationError
@@ -28,6 +26,7 @@ from llmbatch.stack import tls_front
 from llmbatch.stack.tls import TlsFiles, make_local_ca
 from ray_job.runner import ROUTE_PREFIX
 from schemas.engines import EngineRegistry
+from tests.support.scripted_http import ScriptedHttpServer
 
 pytestmark = pytest.mark.unit
 
@@ -72,36 +71,6 @@ def test_the_serve_config_turns_on_tls_in_serves_proxy_exactly_for_https() -> No
 # --- the TLS front and the clients, on real sockets ------------------------------------------------
 
 
-class _PlainServer:
-    """A plain HTTP server that answers every GET/PUT with ``{}`` and records each request's headers."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, str, dict[str, str]]] = []
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def _answer(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                self.rfile.read(length)
-                owner.seen.append((self.command, self.path, dict(self.headers)))
-                body = b'{"engines": {}}' if self.path.endswith("/engines") else b"{}"
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            do_GET = do_PUT = _answer
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = int(self.httpd.server_address[1])
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-
 class _Front:
     """A :class:`tls_front.TlsFront` on its own event loop thread."""
 
@@ -143,42 +112,43 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
 
 
 @pytest.fixture
-def plain() -> Iterator[_PlainServer]:
-    server = _PlainServer()
+def plain() -> Iterator[ScriptedHttpServer]:
+    """A plain HTTP server that answers every request with ``{}`` (the runner's engines with none)."""
+    server = ScriptedHttpServer(default=(200, b"{}"))
+    server.answers[("GET", ROUTE_PREFIX + "/engines")] = (200, b'{"engines": {}}')
     yield server
-    server.httpd.shutdown()
-    server.httpd.server_close()
+    server.close()
 
 
 @pytest.fixture
-def front(plain: _PlainServer, files: TlsFiles) -> Iterator[_Front]:
+def front(plain: ScriptedHttpServer, files: TlsFiles) -> Iterator[_Front]:
     relay = _Front(plain.port, files)
     yield relay
     relay.stop()
 
 
 def test_the_serve_api_reaches_the_dashboard_through_the_front_with_the_ca_and_the_token(
-    plain: _PlainServer, front: _Front, files: TlsFiles
+    plain: ScriptedHttpServer, front: _Front, files: TlsFiles
 ) -> None:
     ray = RaySettings(address=front.address, ca_file=files.ca_cert, auth_token=SecretStr(TOKEN))
     api = ServeApi.of(ray, timeout_s=5)
     assert asyncio.run(api.status()) == {}
     asyncio.run(api.deploy({"applications": []}))
-    assert [(m, p) for m, p, _ in plain.seen] == [("GET", PATH), ("PUT", PATH)]
-    assert all(headers["Authorization"] == f"Bearer {TOKEN}" for _, _, headers in plain.seen)
+    assert [(s.method, s.path) for s in plain.seen] == [("GET", PATH), ("PUT", PATH)]
+    assert all(s.headers["Authorization"] == f"Bearer {TOKEN}" for s in plain.seen)
 
 
 def test_the_batch_runner_client_verifies_serves_certificate_and_sends_no_ray_token(
-    plain: _PlainServer, front: _Front, files: TlsFiles
+    plain: ScriptedHttpServer, front: _Front, files: TlsFiles
 ) -> None:
     ray = RaySettings(serve_address=front.address, serve_ssl_certfile="c", serve_ssl_keyfile="k",
                       ca_file=files.ca_cert, auth_token=SecretStr(TOKEN))
     assert asyncio.run(RunnerClient.of(ray, timeout_s=5).engines()) == {}
-    [(method, path, headers)] = plain.seen
+    [(method, path, _, headers)] = plain.seen
     assert (method, path) == ("GET", ROUTE_PREFIX + "/engines") and "Authorization" not in headers
 
 
-def test_clients_without_the_ca_are_refused_and_say_why(plain: _PlainServer, front: _Front) -> None:
+def test_clients_without_the_ca_are_refused_and_say_why(plain: ScriptedHttpServer, front: _Front) -> None:
     ray = RaySettings(address=front.address, serve_address=front.address, serve_ssl_certfile="c",
                       serve_ssl_keyfile="k")
     with pytest.raises(RayUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
@@ -188,14 +158,14 @@ def test_clients_without_the_ca_are_refused_and_say_why(plain: _PlainServer, fro
     assert plain.seen == []
 
 
-def test_the_front_speaks_tls_only(plain: _PlainServer, front: _Front) -> None:
+def test_the_front_speaks_tls_only(plain: ScriptedHttpServer, front: _Front) -> None:
     with pytest.raises(RayUnavailable):
         asyncio.run(ServeApi(front.address.replace("https://", "http://"), timeout_s=5).status())
     assert plain.seen == []
 
 
 def test_the_front_closes_connections_beyond_its_limit_and_serves_again_after(
-    plain: _PlainServer, front: _Front, files: TlsFiles, monkeypatch: pytest.MonkeyPatch
+    plain: ScriptedHttpServer, front: _Front, files: TlsFiles, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(tls_front, "MAX_CONNECTIONS", 1)
     context = ssl.create_default_context(cafile=str(files.ca_cert))

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import orjson
@@ -20,6 +18,7 @@ from llmbatch.settings import RaySettings, S3Settings
 from ray_job.runner import APP_NAME, ROUTE_PREFIX, BatchRunner, route
 from schemas.engines import EngineModel, EngineRegistry
 from schemas.job import JobSpec
+from tests.support.scripted_http import ScriptedHttpServer
 
 pytestmark = pytest.mark.unit
 
@@ -102,46 +101,18 @@ def test_job_info_maps_the_runner_view() -> None:
 # --- the HTTP client against a real server --------------------------------------------------------
 
 
-class _Server:
-    """Answers like the runner: a scripted (status, body) per method+path; records requests."""
-
-    def __init__(self) -> None:
-        self.answers: dict[tuple[str, str], tuple[int, bytes]] = {}
-        self.seen: list[tuple[str, str, bytes]] = []
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _answer(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                owner.seen.append((self.command, self.path, self.rfile.read(length)))
-                code, body = owner.answers.get((self.command, self.path), (404, b"not found"))
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            do_GET = do_POST = _answer
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.address = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-
 @pytest.fixture
-def server() -> Iterator[_Server]:
-    srv = _Server()
+def server() -> Iterator[ScriptedHttpServer]:
+    """Answers like the runner: a scripted (status, body) per method+path, else 404; records requests."""
+    srv = ScriptedHttpServer()
     yield srv
-    srv.httpd.shutdown()
-    srv.httpd.server_close()
+    srv.close()
 
 
 RUNS = ROUTE_PREFIX + "/runs"
 
 
-def test_client_speaks_the_runner_api(server: _Server) -> None:
+def test_client_speaks_the_runner_api(server: ScriptedHttpServer) -> None:
     client = RunnerClient(server.address, timeout_s=5)
     spec = _spec(lines=2)
     server.answers[("POST", RUNS)] = (202, b'{"submission_id": "b-1-a1", "already_existed": false}')
@@ -167,7 +138,9 @@ def test_client_speaks_the_runner_api(server: _Server) -> None:
         (400, b'{"error": "invalid job spec"}', JobRejected),
     ],
 )
-def test_client_classifies_refusals(server: _Server, code: int, body: bytes, error: type[Exception]) -> None:
+def test_client_classifies_refusals(
+    server: ScriptedHttpServer, code: int, body: bytes, error: type[Exception]
+) -> None:
     server.answers[("POST", RUNS)] = (code, body)
     with pytest.raises(error):
         asyncio.run(RunnerClient(server.address, timeout_s=5).submit(_spec(lines=1)))
@@ -214,7 +187,7 @@ def _routed(server_address: str, jobs: _Jobs, sizes: dict[str, int]) -> RoutedBa
                          size_of=size_of)
 
 
-def test_small_batches_go_to_the_runner_the_rest_to_ray_jobs(server: _Server) -> None:
+def test_small_batches_go_to_the_runner_the_rest_to_ray_jobs(server: ScriptedHttpServer) -> None:
     jobs = _Jobs()
     server.answers[("POST", RUNS)] = (202, b'{"already_existed": false}')
     backend = _routed(server.address, jobs, {"s3://inputs/k.jsonl": 100})
@@ -227,7 +200,7 @@ def test_small_batches_go_to_the_runner_the_rest_to_ray_jobs(server: _Server) ->
     assert jobs.submitted == ["b-1-a3", "b-1-a4", "b-1-a5"] and len(server.seen) == 2
 
 
-def test_status_asks_the_runner_then_the_jobs_api(server: _Server) -> None:
+def test_status_asks_the_runner_then_the_jobs_api(server: ScriptedHttpServer) -> None:
     jobs = _Jobs({"b-1-a2": JobInfo(JobState.RUNNING)})
     server.answers[("GET", RUNS + "/b-1-a1")] = (200, b'{"status": "SUCCEEDED", "driver_exit_code": 0}')
     server.answers[("GET", RUNS + "/b-1-a2")] = (404, b'{"error": "unknown"}')
