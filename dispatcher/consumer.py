@@ -362,7 +362,7 @@ class RequestConsumer:
             try:
                 await self.retry.run(
                     "answer",
-                    lambda: self.producer.send_event(self.settings.kafka.topics.results, answer),
+                    lambda: self.producer.publish(self.settings.kafka.topics.results, answer),
                     epoch,
                     max_attempts=self.opts.record_max_attempts,
                 )

@@ -587,6 +587,51 @@ async def test_an_unexpected_error_on_one_record_dead_letters_only_that_record(
         await h.stop()
 
 
+async def test_the_answer_to_a_record_given_up_on_waits_for_the_broker_and_is_retried(
+    settings: LLMBatchSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker refuses the rejection answer of a record given up on (injected once: the send of the
+    result fails with a request timeout): the answer is sent again and arrives once. Before, the
+    acknowledgement was never awaited and the answer was lost without a word."""
+    from aiokafka.errors import KafkaTimeoutError
+
+    h = Harness(make_settings(settings, record_max_attempts=2))
+    poison = batch_request("unanswered-" + uuid.uuid4().hex[:6])
+    intake_many = h.store.intake_many
+
+    async def buggy(items: Any) -> Any:
+        if any(item.key == poison.batch_id for item in items):
+            raise RuntimeError("a bug met by this record only")
+        return await intake_many(items)
+
+    monkeypatch.setattr(h.store, "intake_many", buggy)
+    await h.start()
+    kafka = h.producer._producer
+    send = kafka.send
+    refused: list[str] = []
+
+    async def flaky_send(topic: str, *args: Any, **kwargs: Any) -> Any:
+        if topic == h.settings.kafka.topics.results and not refused:
+            refused.append(topic)
+            failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            failed.set_exception(KafkaTimeoutError("injected: the result was not acknowledged"))
+            return failed
+        return await send(topic, *args, **kwargs)
+
+    monkeypatch.setattr(kafka, "send", flaky_send)
+    try:
+        await h.send([request_message(poison)])
+        await wait_for(lambda: _committed_is(h, 1), 60, what="the offset to move past the record")
+        assert refused, "the answer was never sent"
+        answers = [
+            e for e in decode_results(await h.reader("results").read_all()) if e.batch_id == poison.batch_id
+        ]
+        assert [e.type for e in answers] == [EventType.REJECTED], answers
+        assert h.metrics.failed_records._value.get() == 1
+    finally:
+        await h.stop()
+
+
 async def _create_small_dead_letter_topic(s: DispatcherSettings, max_bytes: int) -> None:
     """The dead-letter topic as someone else created it: smaller than the setting says."""
     from aiokafka.admin import NewTopic

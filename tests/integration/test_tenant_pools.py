@@ -154,9 +154,12 @@ def _denied(call: Any) -> bool:
     return False
 
 
-RAY_DATA_SINGLETONS = ("ActorLocationTracker", "AutoscalingCoordinator", "datasets_stats_actor")
-"""Ray Data's bookkeeping actors (one per cluster, on the head, no resources): they see operator
-names, block locations and stats, never a row; everything else of a job is its own work."""
+RAY_DATA_SINGLETONS = ("ActorLocationTracker", "AutoscalingCoordinator", "datasets_stats_actor",
+                       "_StatsActor.", "_AutoscalingCoordinatorActor.")
+"""Ray Data's bookkeeping actors (one per cluster, on the head, no resources) by actor name, and the
+calls a job makes to them (tasks named after their class, which the state API lists under the job
+only sometimes): they see operator names, block locations and stats, never a row; everything else
+of a job is its own work."""
 
 
 def _job_nodes(head: PrivateRay, submission_id: str) -> tuple[str, dict[str, set[str]]]:
