@@ -13,7 +13,10 @@ and one variant on top:
 - ``vllm-procs``: vLLM's own CPU default (an EngineCore process, a worker process whose OpenMP
   thread is pinned to one core, the other core reserved for the EngineCore, which busy-polls the
   worker);
-- ``nobind``: vLLM's processes without pinning (``VLLM_CPU_OMP_THREADS_BIND=nobind``).
+- ``nobind``: vLLM's processes without pinning (``VLLM_CPU_OMP_THREADS_BIND=nobind``);
+- ``inproc2``, ``inproc2-bt5``, ``inproc2-bt0``: in-process on 2 OpenMP threads, with Intel OpenMP's
+  default ``KMP_BLOCKTIME`` (a thread spins 200 ms after each parallel region before it sleeps),
+  5 ms (what vLLM sets for its pinned workers) and 0.
 
 ``--background`` (cores, in steps of 0.25) starts that many processes that each wake every 10 ms
 and compute for 2.5 ms, the way a service's many small threads load the machine (Kafka, Ray, a
@@ -46,6 +49,11 @@ VARIANTS: dict[str, dict[str, str]] = {
     "vllm-procs": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
     "nobind": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
                "OMP_NUM_THREADS": "1"},
+    # in-process on 2 threads (what --omp-threads 2 gives a replica), with Intel OpenMP's default
+    # 200 ms of spinning after each parallel region, vLLM's 5 ms (it sets it for pinned workers), none
+    "inproc2": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "2"},
+    "inproc2-bt5": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "2", "KMP_BLOCKTIME": "5"},
+    "inproc2-bt0": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "2", "KMP_BLOCKTIME": "0"},
 }
 BURN_S, PERIOD_S = 0.0025, 0.010
 
