@@ -76,8 +76,9 @@ class EventProducer:
             self._started.append(producer)
 
     async def stop(self) -> None:
-        started, self._started = self._started, []
-        for producer in started:
+        """Stop both producers, started or not (one never started still holds a client to close)."""
+        self._started = []
+        for producer in (self._producer, self._dlt_producer):
             try:
                 await producer.stop()
             except Exception:

@@ -265,7 +265,7 @@ class Dispatcher:
         from dispatcher.serve_api import ServeApi
 
         api = ServeApi.of(self.settings.ray)
-        refused = ""
+        refused, failing = "", False
         while not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), ENGINE_POLL_S)
@@ -279,13 +279,19 @@ class Dispatcher:
                     deployed_on = None
                 if deployed_on is None:
                     deployed_on = await self._deploy_engines()
-                refused = ""
+                refused, failing = "", False
             except DispatcherError as exc:
-                if exc.retriable:  # the tracker reports Ray's outages; no line per poll
+                if exc.retriable and deployed_on is None and not failing:  # once per streak of failures
+                    failing = True
+                    log.warning("engines still not deployed; trying again every %.0f s", ENGINE_POLL_S,
+                                extra={"error": str(exc)})
+                elif exc.retriable:  # the tracker reports Ray's outages; no line per poll
                     log.debug("engine deployment check failed: %s", exc)
                 elif str(exc) != refused:  # said once per refusal
                     refused = str(exc)
                     log.error("Ray Serve refused the engines' config", extra={"error": refused})
+            except Exception:  # a bug here must not end the loop: the engines would never be deployed
+                log.exception("engine deployment check failed unexpectedly; the next poll tries again")
 
     def _engines_config(self) -> dict[str, Any]:
         from dispatcher.engines import cluster_serve_config

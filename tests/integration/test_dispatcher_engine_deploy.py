@@ -65,7 +65,7 @@ async def test_a_dispatcher_starts_while_ray_is_down_and_deploys_the_engines_onc
         assert dispatcher.health is not None
         await wait_for(lambda: _ready(dispatcher.health.bound_port), 60, what="/readyz with Ray down")
         head.start()
-        apps = await wait_for(deployed, 120, interval=2, what="the engines deployed once Ray answers")
+        apps = await wait_for(deployed, 300, interval=2, what="the engines deployed once Ray answers")
         assert apps == {app_name(MODEL), RUNNER_APP}
     finally:
         await dispatcher.stop()

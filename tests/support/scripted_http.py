@@ -4,6 +4,7 @@ Serve's proxy or the Ray dashboard in tests of our HTTP clients (and of the TLS 
 from __future__ import annotations
 
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NamedTuple
 
@@ -18,10 +19,12 @@ class Seen(NamedTuple):
 
 
 class ScriptedHttpServer:
-    """Answers ``answers[(method, path)]`` (status, body), else ``default``; HTTP/1.1 on 127.0.0.1."""
+    """Answers ``answers[(method, path)]`` (status, body), else ``default``, after
+    ``delays[(method, path)]`` seconds (none if absent); HTTP/1.1 on 127.0.0.1."""
 
     def __init__(self, default: tuple[int, bytes] = (404, b"not found")) -> None:
         self.answers: dict[tuple[str, str], tuple[int, bytes]] = {}
+        self.delays: dict[tuple[str, str], float] = {}
         self.seen: list[Seen] = []
         owner = self
 
@@ -31,6 +34,7 @@ class ScriptedHttpServer:
             def _answer(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 owner.seen.append(Seen(self.command, self.path, self.rfile.read(length), dict(self.headers)))
+                time.sleep(owner.delays.get((self.command, self.path), 0.0))
                 code, body = owner.answers.get((self.command, self.path), default)
                 self.send_response(code)
                 self.send_header("Content-Length", str(len(body)))

@@ -1,0 +1,105 @@
+"""The dispatcher's loop that deploys the engines once Ray answers, against a real local HTTP server in
+the dashboard's place: it says once that the deploy keeps failing (before, nothing above debug while
+Ray answered its jobs API but the deploy failed), and a bug in one poll does not end it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import dispatcher.service as service_module
+from dispatcher.serve_api import PATH
+from dispatcher.service import Dispatcher
+from dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.settings import RaySettings, RedisSettings
+from tests.support.dispatcher_kit import registry, wait_for
+from tests.support.scripted_http import ScriptedHttpServer
+from tests.unit.test_dispatcher_registry import FakeBackend
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def dashboard() -> Iterator[ScriptedHttpServer]:
+    server = ScriptedHttpServer(default=(200, b""))
+    yield server
+    server.close()
+
+
+@pytest.fixture
+async def dispatcher(dashboard: ScriptedHttpServer, monkeypatch: pytest.MonkeyPatch) -> Dispatcher:
+    monkeypatch.setattr(service_module, "ENGINE_POLL_S", 0.05)
+    settings = DispatcherSettings(
+        _env_file=None,  # type: ignore[call-arg]
+        dispatcher=DispatcherOptions(metrics_port=None, shared_engines=True),
+        redis=RedisSettings(url="redis://127.0.0.1:1/0"),  # never reached
+        ray=RaySettings(address=dashboard.address),
+        engines=registry(),
+    )
+    backend: Any = FakeBackend()
+    return Dispatcher(settings, backend=backend)
+
+
+def _puts(dashboard: ScriptedHttpServer) -> int:
+    return sum(1 for s in dashboard.seen if s.method == "PUT")
+
+
+async def _run_until_deployed(dispatcher: Dispatcher, dashboard: ScriptedHttpServer, puts: int) -> None:
+    loop = asyncio.create_task(dispatcher._keep_engines_deployed(None))
+    try:
+        await wait_for(lambda: _puts(dashboard) >= puts and not loop.done(), 30, interval=0.05,
+                       what=f"{puts} deploys")
+        await wait_for(lambda: any(s.method == "GET" for s in dashboard.seen), 30, interval=0.05,
+                       what="the status read after a deploy")
+    finally:
+        dispatcher._stop.set()
+        await asyncio.wait_for(loop, 30)
+        await dispatcher.stop()
+
+
+async def test_a_deploy_that_keeps_failing_is_said_once_then_its_success(
+    dispatcher: Dispatcher, dashboard: ScriptedHttpServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    dashboard.answers[("PUT", PATH)] = (503, b"Serve controller is starting")
+
+    async def heal() -> None:
+        await wait_for(lambda: _puts(dashboard) >= 5, 30, interval=0.05, what="5 refused deploys")
+        dashboard.answers[("PUT", PATH)] = (200, b"")
+
+    with caplog.at_level(logging.DEBUG, logger="dispatcher.service"):
+        healing = asyncio.create_task(heal())
+        await _run_until_deployed(dispatcher, dashboard, puts=6)
+        await healing
+    said = [(r.levelno, r.getMessage()) for r in caplog.records
+            if r.name == "dispatcher.service" and r.levelno >= logging.INFO and "engine" in r.getMessage()]
+    assert said == [(logging.WARNING, "engines still not deployed; trying again every 0 s"),
+                    (logging.INFO, "engines deployed")]
+    warning = next(r for r in caplog.records if r.levelno == logging.WARNING)
+    assert "Serve controller is starting" in warning.error  # type: ignore[attr-defined]
+
+
+async def test_a_bug_in_one_poll_does_not_end_the_loop(
+    dispatcher: Dispatcher, dashboard: ScriptedHttpServer, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    real = dispatcher._engines_config
+    calls = 0
+
+    def config_with_a_bug_once() -> dict[str, Any]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise KeyError("a bug")
+        return real()
+
+    monkeypatch.setattr(dispatcher, "_engines_config", config_with_a_bug_once)
+    with caplog.at_level(logging.INFO, logger="dispatcher.service"):
+        await _run_until_deployed(dispatcher, dashboard, puts=1)
+    assert calls >= 2
+    messages = [r.getMessage() for r in caplog.records if r.name == "dispatcher.service"]
+    assert messages[0] == "engine deployment check failed unexpectedly; the next poll tries again"
+    assert "engines deployed" in messages
