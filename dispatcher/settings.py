@@ -142,6 +142,12 @@ class DispatcherOptions(BaseModel):
         "(s3://<bucket>/<tenant>/...; the producer and the HTTP API upload there), so a producer cannot "
         "point a batch at another tenant's input; other requests are rejected (invalid_field, input_uri).",
     )
+    require_signed_events: bool = Field(
+        default=False,
+        description="Refuse to start unless LLMBATCH_TENANTS__KEYS and LLMBATCH_REPLAY__KEY are set, so "
+        "no request, cancel or replay is taken on a producer's word (production: true). Off, a "
+        "dispatcher without them warns at start and trusts the tenant and replay headers it reads.",
+    )
     shared_engines: bool = Field(
         default=True,
         description="Run batches on each model's shared, warm engine (a Ray Serve application, "
@@ -343,6 +349,14 @@ class DispatcherSettings(LLMBatchSettings):
         """Why a dispatcher with these settings must not start (one line), or ``None``."""
         if not self.engines.models:
             return NO_MODEL_CONFIGURED
+        if self.dispatcher.require_signed_events:
+            missing = [name for name, unset in (("LLMBATCH_TENANTS__KEYS", not self.tenants.keys),
+                                                ("LLMBATCH_REPLAY__KEY", self.replay.key is None)) if unset]
+            if missing:
+                return (f"LLMBATCH_DISPATCHER__REQUIRE_SIGNED_EVENTS is on but {' and '.join(missing)} "
+                        f"{'is' if len(missing) == 1 else 'are'} not set: give the dispatcher "
+                        f"{'that key' if len(missing) == 1 else 'those keys'} (on Kubernetes the "
+                        "llmbatch-tenants and llmbatch-credentials Secrets), or turn the requirement off")
         return None
 
     def redacted(self) -> dict[str, object]:

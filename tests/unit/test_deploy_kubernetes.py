@@ -371,6 +371,25 @@ def test_dispatcher_deployment(renders: dict[str, list[dict[str, Any]]]) -> None
         assert {p["name"]: p["targetPort"] for p in service["spec"]["ports"]}["metrics"] == "metrics"
 
 
+@pytest.mark.parametrize("overlay", vd.OVERLAYS)
+def test_production_dispatchers_refuse_to_start_without_the_tenant_and_replay_keys(
+    renders: dict[str, list[dict[str, Any]]], overlay: str
+) -> None:
+    objects = renders[overlay]
+    container = vd.one(objects, "Deployment", "llmbatch-dispatcher")["spec"]["template"]["spec"]["containers"][0]
+    from_secrets = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"]
+                    if "secretKeyRef" in e.get("valueFrom", {})}
+    assert from_secrets["LLMBATCH_TENANTS__KEYS"].startswith("llmbatch-tenants")  # cpu-dev: a generated name
+    assert from_secrets["LLMBATCH_REPLAY__KEY"].startswith("llmbatch-credentials")
+    settings = _settings(objects)  # the ConfigMap and the credentials, no tenant or replay key
+    production = overlay.startswith("gpu-prod")
+    assert settings.dispatcher.require_signed_events is production
+    problem = settings.serving_problem()
+    assert (problem is not None and "LLMBATCH_TENANTS__KEYS and LLMBATCH_REPLAY__KEY" in problem) is production
+    keys = {"LLMBATCH_TENANTS__KEYS": json.dumps({"acme": "t" * 32}), "LLMBATCH_REPLAY__KEY": "r" * 32}
+    assert vd.build_settings({**_config(objects), **keys}).serving_problem() is None
+
+
 def test_api_deployment(renders: dict[str, list[dict[str, Any]]]) -> None:
     """The HTTP API: the dispatcher image's `llmbatch api` on all interfaces, probed on /livez, with the
     dispatcher's addresses (llmbatch-config) and its own keys; a Service and a PDB select its pods."""

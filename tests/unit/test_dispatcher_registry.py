@@ -44,16 +44,6 @@ pytestmark = pytest.mark.unit
 ENV = "LLMBATCH_ENGINES__MODELS"
 
 
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    import os
-
-    for key in [k for k in os.environ if k.startswith("LLMBATCH_")]:
-        monkeypatch.delenv(key)
-    monkeypatch.chdir("/")  # no .env file is read
-    return monkeypatch
-
-
 # --- settings ---------------------------------------------------------------------------------------
 
 
