@@ -376,7 +376,8 @@ def test_production_dispatchers_refuse_to_start_without_the_tenant_and_replay_ke
     renders: dict[str, list[dict[str, Any]]], overlay: str
 ) -> None:
     objects = renders[overlay]
-    container = vd.one(objects, "Deployment", "llmbatch-dispatcher")["spec"]["template"]["spec"]["containers"][0]
+    deployment = vd.one(objects, "Deployment", "llmbatch-dispatcher")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
     from_secrets = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"]
                     if "secretKeyRef" in e.get("valueFrom", {})}
     assert from_secrets["LLMBATCH_TENANTS__KEYS"].startswith("llmbatch-tenants")  # cpu-dev: a generated name
@@ -385,7 +386,8 @@ def test_production_dispatchers_refuse_to_start_without_the_tenant_and_replay_ke
     production = overlay.startswith("gpu-prod")
     assert settings.dispatcher.require_signed_events is production
     problem = settings.serving_problem()
-    assert (problem is not None and "LLMBATCH_TENANTS__KEYS and LLMBATCH_REPLAY__KEY" in problem) is production
+    refused = problem is not None and "LLMBATCH_TENANTS__KEYS and LLMBATCH_REPLAY__KEY" in problem
+    assert refused is production
     keys = {"LLMBATCH_TENANTS__KEYS": json.dumps({"acme": "t" * 32}), "LLMBATCH_REPLAY__KEY": "r" * 32}
     assert vd.build_settings({**_config(objects), **keys}).serving_problem() is None
 
