@@ -18,6 +18,7 @@ reported as :class:`~dispatcher.errors.RayUnavailable` (unknown), never as lost.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
@@ -79,7 +80,7 @@ class RunnerClient:
         )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s, context=self.context) as resp:  # noqa: S310
-                return int(resp.status), orjson.loads(resp.read() or b"null")
+                status, raw = int(resp.status), resp.read()
         except urllib.error.HTTPError as exc:
             raw = exc.read()[:4000]
             if exc.code == 404 and raw.startswith(b"{"):  # the runner's own 404: an unknown run
@@ -88,8 +89,16 @@ class RunnerClient:
             if exc.code >= 500 or exc.code in (404, 408, 429):  # 404 without JSON: no runner app yet
                 raise RayUnavailable(f"batch runner answered {exc.code}: {detail[:500]}") from exc
             raise JobRejected(f"the batch runner refused the batch ({exc.code}): {detail[:1000]}") from exc
-        except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             raise RayUnavailable(f"batch runner at {self.base} did not answer: {exc}") from exc
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            body = None
+        if not isinstance(body, dict):  # every answer of the runner is an object: a proxy's page is not
+            raise RayUnavailable(f"batch runner at {self.base} answered {status} with something that is "
+                                 f"not a JSON object: {raw[:200]!r}")
+        return status, body
 
     async def submit(self, spec: JobSpec) -> SubmitResult:
         _, body = await asyncio.to_thread(self._request, "POST", "/runs", spec.model_dump_json().encode())

@@ -146,6 +146,20 @@ def test_client_classifies_refusals(
         asyncio.run(RunnerClient(server.address, timeout_s=5).submit(_spec(lines=1)))
 
 
+@pytest.mark.parametrize("body", [b"<html>502 Bad Gateway</html>", b"[]", b""])
+def test_a_success_that_is_not_a_json_object_is_an_outage_not_a_crash(
+    server: ScriptedHttpServer, body: bytes
+) -> None:
+    # a proxy's page before the runner, or a body cut short: before, JSONDecodeError or AttributeError
+    server.answers[("POST", RUNS)] = server.answers[("GET", RUNS + "/b-1-a1")] = (200, body)
+    client = RunnerClient(server.address, timeout_s=5)
+    with pytest.raises(RayUnavailable, match="not a JSON object") as caught:
+        asyncio.run(client.submit(_spec(lines=1)))
+    assert caught.value.retriable
+    with pytest.raises(RayUnavailable, match="not a JSON object"):
+        asyncio.run(client.status("b-1-a1"))
+
+
 def test_client_reports_a_dead_address_as_unavailable() -> None:
     with pytest.raises(RayUnavailable, match="did not answer"):
         asyncio.run(RunnerClient("http://127.0.0.1:1", timeout_s=2).status("x"))
