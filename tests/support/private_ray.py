@@ -22,6 +22,31 @@ from llmbatch.stack.process import StackError, free_port, free_port_range, spawn
 from llmbatch.stack.ray_head import ray_executable
 
 
+class StartedTree:
+    """The processes of a ``ray start`` seen during its start-up: a ``ray start`` that gives up (its
+    raylet not registered with the GCS within the 30 s Ray 2.60 fixes) exits before its children, which
+    then outlive it; :meth:`stop` stops them too (psutil's handles check the start time, so a reused
+    PID is never signalled)."""
+
+    def __init__(self) -> None:
+        self.procs: dict[int, psutil.Process] = {}
+
+    def remember(self, pid: int | None) -> None:
+        if pid is None:
+            return
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(pid)
+            for proc in [root, *root.children(recursive=True)]:
+                self.procs.setdefault(proc.pid, proc)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            with contextlib.suppress(psutil.Error):
+                if proc.is_running():
+                    stop_tree(proc.pid, timeout=5)
+        self.procs = {}
+
+
 class PrivateRay:
     def __init__(self, run_dir: Path, num_cpus: int = 2, resources: dict[str, float] | None = None,
                  auth_token: str | None = None, s3: S3Settings | None = None,
@@ -41,6 +66,7 @@ class PrivateRay:
         self.pid: int | None = None
         self.starts = 0
         self.temps: list[Path] = []
+        self._tree = StartedTree()
 
     @property
     def address(self) -> str:
@@ -55,7 +81,21 @@ class PrivateRay:
     def serve_address(self) -> str:
         return f"http://127.0.0.1:{self.serve}"
 
-    def start(self, timeout: float = 180) -> None:
+    def start(self, timeout: float = 180, attempts: int = 3) -> None:
+        """Start the head on its ports; return once its Jobs API answers and it lists itself ALIVE
+        (the Jobs API answers some seconds before the node has registered, more on a loaded machine).
+        A ``ray start`` that gives up (see :class:`StartedTree`) is stopped with what it left and
+        started again, ``attempts`` times in all."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start_once(timeout)
+                return
+            except StackError:
+                self.stop()
+                if attempt == attempts:
+                    raise
+
+    def _start_once(self, timeout: float) -> None:
         self.starts += 1
         temp = Path("/tmp") / f"llmbatch-pray-{os.getpid()}-{secrets.token_hex(3)}"
         temp.mkdir(parents=True, exist_ok=True)
@@ -89,11 +129,16 @@ class PrivateRay:
         self.pid = spawn(argv, log, env=env)
         wait_until(self._ready, timeout, self.pid, "private Ray head", log, interval=1.0)
 
+    def _auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.auth_token}"} if self.auth_token else {}
+
     def _ready(self) -> bool:
-        headers = {"Authorization": f"Bearer {self.auth_token}"} if self.auth_token else {}
-        request = urllib.request.Request(f"{self.address}/api/jobs/", headers=headers)
+        self._tree.remember(self.pid)
+        request = urllib.request.Request(f"{self.address}/api/jobs/", headers=self._auth_headers())
         with urllib.request.urlopen(request, timeout=3) as resp:
-            return int(resp.status) == 200
+            if int(resp.status) != 200:
+                return False
+        return any(n["is_head_node"] and n["state"] == "ALIVE" for n in self.nodes())
 
     def stop(self, timeout: float = 20) -> None:
         """SIGTERM the head's whole tree, SIGKILL what is left after ``timeout`` seconds.
@@ -103,6 +148,7 @@ class PrivateRay:
         if self.pid is not None:
             stop_tree(self.pid, timeout=timeout)
             self.pid = None
+        self._tree.stop()
 
     def remove_temp(self) -> None:
         """Delete Ray's temp dirs of every start (session logs, sockets); call after :meth:`stop`."""
@@ -114,7 +160,8 @@ class PrivateRay:
         """The cluster's nodes as the state API reports them (``node_id``, ``is_head_node``,
         ``state``, ``resources_total``, ...), dead ones included."""
         url = f"{self.address}/api/v0/nodes?limit=100&detail=true"
-        with urllib.request.urlopen(url, timeout=10) as resp:
+        request = urllib.request.Request(url, headers=self._auth_headers())
+        with urllib.request.urlopen(request, timeout=10) as resp:
             body = json.loads(resp.read())
         rows: list[dict[str, Any]] = body["data"]["result"]["result"]
         return rows
@@ -146,14 +193,13 @@ class PrivateRayWorker:
         self.node_id: str | None = None
         self.temp: Path | None = None
         self.log = run_dir / f"ray-{name}.log"
-        self._tree: dict[int, psutil.Process] = {}
+        self._tree = StartedTree()
 
     def start(self, timeout: float = 120, attempts: int = 3) -> str:
         """Start the node; return its node id once the head reports it ALIVE.
 
-        ``ray start`` gives up when its raylet has not registered with the GCS within 30 s (fixed in
-        Ray 2.60), which happens on a machine loaded by other work: then its leftovers are stopped
-        and the node is started again, ``attempts`` times in all."""
+        A ``ray start`` that gives up (see :class:`StartedTree`), which happens on a machine loaded by
+        other work, is stopped with its leftovers and started again, ``attempts`` times in all."""
         for attempt in range(1, attempts + 1):
             try:
                 return self._start_once(timeout)
@@ -191,42 +237,28 @@ class PrivateRayWorker:
         ]
         self.node_id = None
         self.pid = spawn(argv, self.log, env=env)
-        self._tree = {}
         wait_until(lambda: self._joined(before), timeout, self.pid, f"Ray {self.name} node", self.log,
                    interval=0.5)
         assert self.node_id is not None
         return self.node_id
 
     def _joined(self, before: set[str]) -> bool:
-        self._remember_tree()
+        self._tree.remember(self.pid)
         new = [n for n in self.head.nodes()
                if n["node_id"] not in before and not n["is_head_node"] and n["state"] == "ALIVE"]
         if len(new) == 1:
             self.node_id = str(new[0]["node_id"])
         return self.node_id is not None
 
-    def _remember_tree(self) -> None:
-        """Note the node's processes: a ``ray start`` that gives up exits before its raylet."""
-        if self.pid is None:
-            return
-        with contextlib.suppress(psutil.Error):
-            root = psutil.Process(self.pid)
-            for proc in [root, *root.children(recursive=True)]:
-                self._tree.setdefault(proc.pid, proc)
 
     def stop(self, timeout: float = 20) -> None:
         """Stop the node's process tree by PID (before the head's), then delete its temp dir.
 
-        Processes of the tree seen during start-up that outlived their parent are stopped too
-        (psutil's handles check the start time, so a reused PID is never signalled)."""
+        Processes of the tree seen during start-up that outlived their parent are stopped too."""
         if self.pid is not None:
             stop_tree(self.pid, timeout=timeout)
             self.pid = None
-        for proc in self._tree.values():
-            with contextlib.suppress(psutil.Error):
-                if proc.is_running():
-                    stop_tree(proc.pid, timeout=5)
-        self._tree = {}
+        self._tree.stop()
         if self.temp is not None:
             shutil.rmtree(self.temp, ignore_errors=True)
             self.temp = None

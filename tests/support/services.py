@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 from llmbatch.settings import KafkaSettings, LLMBatchSettings, RaySettings, RedisSettings, S3Settings
-from llmbatch.stack import manager
+from llmbatch.stack import manager, ray_head
 from llmbatch.stack.node_credentials import keep_minio_credentials
-from llmbatch.stack.process import alive
+from llmbatch.stack.process import alive, stop_tree
 from llmbatch.stack.state import StackState
 
 ENV_KEYS = {
@@ -112,12 +113,21 @@ class ServiceProvider:
         return manager.ray_settings(self._start_local("ray"))
 
     def fresh_ray(self, s3: S3Settings | None = None) -> RaySettings:
-        """A Ray head with no history: the local one is stopped (by PID) and started again on new
-        ports; a head given in the environment is returned as it is."""
-        if self.sources.get("ray") == "local stack":
-            manager.down(self.run_dir, ["ray"])
-            self._local.discard("ray")
-        return self.ray(s3)
+        """A Ray head with no history on the same addresses: the local one is stopped (by PID) and
+        started again on its ports, so the settings handed out before stay right (with pytest-xdist a
+        worker may run integration tests after the e2e package, which asks for this); a head given
+        in the environment is returned as it is."""
+        record = self.local_record("ray") if self.sources.get("ray") == "local stack" else None
+        if record is None:
+            return self.ray(s3)
+        if alive(record.pid):
+            stop_tree(record.pid)
+        shutil.rmtree(record.data_dir, ignore_errors=True)  # its session dir (see ray_head.start_ray)
+        again = ray_head.start_ray(self.run_dir, restart=record)
+        state = StackState.load(self.run_dir)  # the record the stack stops it by
+        state.services["ray"] = again
+        state.save()
+        return manager.ray_settings(again)
 
     def local_record(self, name: str) -> manager.ServiceRecord | None:
         return StackState.load(self.run_dir).services.get(name)
