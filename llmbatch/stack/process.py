@@ -108,6 +108,33 @@ def stop_tree(pid: int, timeout: float = 20.0) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
+class StartedTree:
+    """The processes of a start-up seen so far. ``ray start`` that gives up (its raylet not registered
+    with the GCS within the 30 s Ray 2.60 fixes, which happens on a loaded machine) exits before its
+    children, which then outlive it: :meth:`stop` stops them too (psutil's handles check the start
+    time, so a reused PID is never signalled)."""
+
+    def __init__(self) -> None:
+        self.procs: dict[int, psutil.Process] = {}
+
+    def remember(self, pid: int | None) -> None:
+        """Note ``pid`` and its descendants as they are now."""
+        if pid is None:
+            return
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(pid)
+            for proc in [root, *root.children(recursive=True)]:
+                self.procs.setdefault(proc.pid, proc)
+
+    def stop(self) -> None:
+        """Stop every noted process that still runs (by PID, with its own tree)."""
+        for proc in self.procs.values():
+            with contextlib.suppress(psutil.Error):
+                if proc.is_running():
+                    stop_tree(proc.pid, timeout=5)
+        self.procs = {}
+
+
 def log_tail(path: Path, lines: int = 25) -> str:
     try:
         data = path.read_bytes()[-16_000:]

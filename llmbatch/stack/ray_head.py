@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 from llmbatch.stack.node_credentials import minio_credentials, ray_node_credentials
-from llmbatch.stack.process import StackError, http_ok, spawn, stop_tree, wait_until
+from llmbatch.stack.process import StackError, StartedTree, http_ok, spawn, stop_tree, wait_until
 from llmbatch.stack.start_ports import StartPorts, start_ports
 from llmbatch.stack.state import ServiceRecord
 from llmbatch.stack.tls import TlsFiles
@@ -90,14 +90,8 @@ def _start_ray(run_dir: Path, num_cpus: int, object_store_bytes: int, ports: Sta
             f"--min-worker-port={workers}", f"--max-worker-port={workers + 199}",
             f"--object-store-memory={object_store_bytes}", f"--temp-dir={temp}",
             "--disable-usage-stats"]
-    pid = spawn(argv, log, env=env)
-    ports.hand_over(pid)
     address = f"http://127.0.0.1:{dashboard}"
-    waited = wait_until(lambda: _ray_jobs_api_ready(address), 180, pid, "Ray head", log, interval=1.0)
-    # the Jobs API answers before the head's job agent can take a job ("No available agent to
-    # submit job" for tens of seconds on a loaded machine): healthy = a first job has run
-    probe = _RayJobProbe(address)
-    waited += wait_until(probe.done, 180, pid, "Ray head (first job)", log, interval=0.5)
+    pid, waited = _spawn_until_ready(argv, log, env, address, ports)
     extra = {"gcs_address": f"127.0.0.1:{gcs}", "serve_address": f"http://127.0.0.1:{serve}"}
     named = {"gcs": gcs, "dashboard": dashboard, "client": client, "serve": serve, "metrics": metrics}
     if tls is not None:
@@ -110,6 +104,45 @@ def _start_ray(run_dir: Path, num_cpus: int, object_store_bytes: int, ports: Sta
         waited += wait_until(lambda: _ray_jobs_api_ready(address, str(tls.ca_cert)), 30, front_pid,
                              "Ray dashboard's TLS front", run_dir / "logs" / "ray-tls-front.log")
     return ServiceRecord("ray", pid, named, address, str(log), str(temp), round(waited, 2), extra=extra)
+
+
+START_ATTEMPTS = 3
+
+
+def _spawn_until_ready(argv: list[str], log: Path, env: dict[str, str], address: str,
+                       ports: StartPorts) -> tuple[int, float]:
+    """Run ``ray start --head --block`` until a first job has run on it: (its PID, seconds waited).
+
+    The Jobs API answers before the head's job agent can take a job ("No available agent to submit
+    job" for tens of seconds on a loaded machine), so healthy means a first job has run. A ``ray
+    start`` that gives up (see :class:`StartedTree`) is stopped with what it left and run again on the
+    same ports, :data:`START_ATTEMPTS` times in all."""
+    waited = 0.0
+    for attempt in range(1, START_ATTEMPTS + 1):
+        tree = StartedTree()
+        pid = spawn(argv, log, env=env)
+        ports.hand_over(pid)
+
+        probe = _RayJobProbe(address)
+
+        def api_ready(pid: int = pid, tree: StartedTree = tree) -> bool:
+            tree.remember(pid)
+            return _ray_jobs_api_ready(address)
+
+        def job_done(pid: int = pid, tree: StartedTree = tree, probe: _RayJobProbe = probe) -> bool:
+            tree.remember(pid)
+            return probe.done()
+
+        try:
+            waited += wait_until(api_ready, 180, pid, "Ray head", log, interval=1.0)
+            waited += wait_until(job_done, 180, pid, "Ray head (first job)", log, interval=0.5)
+            return pid, waited
+        except StackError:
+            stop_tree(pid)
+            tree.stop()
+            if attempt == START_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
 
 
 def start_tls_front(port: int, dashboard: int, tls: TlsFiles, log: Path) -> int:

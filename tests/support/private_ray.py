@@ -5,7 +5,6 @@ join it (``ray start --address``, on this machine, with custom resources such as
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
@@ -14,37 +13,18 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from llmbatch.settings import S3Settings
 from llmbatch.stack.node_credentials import ray_node_credentials
-from llmbatch.stack.process import StackError, free_port, free_port_range, spawn, stop_tree, wait_until
+from llmbatch.stack.process import (
+    StackError,
+    StartedTree,
+    free_port,
+    free_port_range,
+    spawn,
+    stop_tree,
+    wait_until,
+)
 from llmbatch.stack.ray_head import ray_executable
-
-
-class StartedTree:
-    """The processes of a ``ray start`` seen during its start-up: a ``ray start`` that gives up (its
-    raylet not registered with the GCS within the 30 s Ray 2.60 fixes) exits before its children, which
-    then outlive it; :meth:`stop` stops them too (psutil's handles check the start time, so a reused
-    PID is never signalled)."""
-
-    def __init__(self) -> None:
-        self.procs: dict[int, psutil.Process] = {}
-
-    def remember(self, pid: int | None) -> None:
-        if pid is None:
-            return
-        with contextlib.suppress(psutil.Error):
-            root = psutil.Process(pid)
-            for proc in [root, *root.children(recursive=True)]:
-                self.procs.setdefault(proc.pid, proc)
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            with contextlib.suppress(psutil.Error):
-                if proc.is_running():
-                    stop_tree(proc.pid, timeout=5)
-        self.procs = {}
 
 
 class PrivateRay:
