@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
+
+from tests.support.scripted_http import ScriptedHttpServer
 
 
 @pytest.fixture
@@ -14,3 +17,11 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
         monkeypatch.delenv(key)
     monkeypatch.chdir("/")
     return monkeypatch
+
+
+@pytest.fixture
+def dashboard() -> Iterator[ScriptedHttpServer]:
+    """A local HTTP server in the Ray dashboard's place: 200 with an empty body unless scripted."""
+    server = ScriptedHttpServer(default=(200, b""))
+    yield server
+    server.close()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,13 +20,6 @@ from tests.support.scripted_http import ScriptedHttpServer
 from tests.unit.test_dispatcher_registry import FakeBackend
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture
-def dashboard() -> Iterator[ScriptedHttpServer]:
-    server = ScriptedHttpServer(default=(200, b""))
-    yield server
-    server.close()
 
 
 @pytest.fixture

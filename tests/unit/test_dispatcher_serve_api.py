@@ -4,7 +4,6 @@ would not): what each answer becomes, and how long a deploy may take."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import orjson
 import pytest
@@ -15,13 +14,6 @@ from llmbatch.stack.process import free_port
 from tests.support.scripted_http import ScriptedHttpServer
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture
-def dashboard() -> Iterator[ScriptedHttpServer]:
-    server = ScriptedHttpServer(default=(200, b""))
-    yield server
-    server.close()
 
 
 def test_status_is_the_dashboards_json_and_deploy_puts_the_config(dashboard: ScriptedHttpServer) -> None:
