@@ -6,17 +6,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from llmbatch.chaos.processes import DispatcherProcess
-from llmbatch.stack import ray_head, services
+from llmbatch.stack import manager
 from llmbatch.stack.process import alive
-from llmbatch.stack.state import ServiceRecord, StackState
+from llmbatch.stack.state import StackState
 
 FAULT_KINDS = ("dispatcher", "driver", "runner", "redis", "kafka", "minio", "ray")
 """What can be killed: dispatcher replicas, a running job's driver, the shared engines' batch runner
@@ -42,14 +40,6 @@ async def kill9(pid: int, within: float = 30.0) -> None:
         if not alive(pid):
             return
         await asyncio.sleep(0.1)
-
-
-_RESTART: dict[str, Callable[[Path, ServiceRecord], ServiceRecord]] = {
-    "kafka": lambda run_dir, rec: services.start_kafka(run_dir, restart=rec),
-    "minio": lambda run_dir, rec: services.start_minio(run_dir, restart=rec),
-    "redis": lambda run_dir, rec: services.start_redis(run_dir, port=rec.ports["redis"], name=rec.name),
-    "ray": lambda run_dir, rec: ray_head.start_ray(run_dir, restart=rec),
-}
 
 
 async def kill9_tree(pid: int) -> None:
@@ -90,7 +80,7 @@ class Faults:
             line = await self._driver()
         elif kind == "runner":
             line = await self._runner()
-        elif kind in _RESTART:
+        elif kind in manager.RESTARTABLE:
             line = await self._service(kind)
         else:
             raise ValueError(f"unknown fault {kind!r}: one of {', '.join(FAULT_KINDS)}")
@@ -112,13 +102,8 @@ class Faults:
         state = StackState.load(self.run_dir)
         rec = state.services[name]
         await (kill9_tree(rec.pid) if name == "ray" else kill9(rec.pid))
-        if name == "ray":  # its session dir (in /tmp, see ray_head.start_ray)
-            await asyncio.to_thread(shutil.rmtree, rec.data_dir, True)
         await asyncio.sleep(self.down_s)
-        again = await asyncio.to_thread(_RESTART[name], self.run_dir, rec)
-        state = StackState.load(self.run_dir)  # the record the stack stops it by
-        state.services[name] = again
-        state.save()
+        again = await asyncio.to_thread(manager.start_again, self.run_dir, name)
         return f"killed pid {rec.pid}, back on {again.address} as pid {again.pid}"
 
     async def _driver(self, within: float = 60.0) -> str:

@@ -214,6 +214,30 @@ def tls_starters(run_dir: Path) -> dict[str, Callable[[Path], ServiceRecord]]:
     }
 
 
+_START_AGAIN: dict[str, Callable[[Path, ServiceRecord], ServiceRecord]] = {
+    "kafka": lambda run_dir, rec: services.start_kafka(run_dir, restart=rec),
+    "minio": lambda run_dir, rec: services.start_minio(run_dir, restart=rec),
+    "redis": lambda run_dir, rec: services.start_redis(run_dir, port=rec.ports["redis"], name=rec.name),
+    "ray": lambda run_dir, rec: ray_head.start_ray(run_dir, restart=rec),
+}
+
+
+RESTARTABLE = frozenset(_START_AGAIN)  # the services start_again brings back
+
+
+def start_again(run_dir: Path, name: str) -> ServiceRecord:
+    """Start the recorded service ``name``, stopped or killed, again on its ports and data (Ray: with
+    no history, as a KubeRay head pod comes back; its old session dir is removed), and record it."""
+    rec = StackState.load(run_dir).services[name]
+    if name == "ray":  # its session dir (in /tmp, see ray_head.start_ray)
+        shutil.rmtree(rec.data_dir, ignore_errors=True)
+    again = _START_AGAIN[name](run_dir, rec)
+    state = StackState.load(run_dir)  # the record the stack stops it by
+    state.services[name] = again
+    state.save()
+    return again
+
+
 def down(run_dir: Path, names: Iterable[str] = ALL_SERVICES) -> list[str]:
     """Stop the named services by their recorded PIDs; return the names stopped."""
     state = StackState.load(run_dir)

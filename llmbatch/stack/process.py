@@ -126,6 +126,15 @@ class StartedTree:
             for proc in [root, *root.children(recursive=True)]:
                 self.procs.setdefault(proc.pid, proc)
 
+    def checking(self, pid: int | None, check: Callable[[], bool]) -> Callable[[], bool]:
+        """``check`` for :func:`wait_until` that first notes ``pid``'s tree as it is then."""
+
+        def remembered() -> bool:
+            self.remember(pid)
+            return check()
+
+        return remembered
+
     def stop(self) -> None:
         """Stop every noted process that still runs (by PID, with its own tree)."""
         for proc in self.procs.values():

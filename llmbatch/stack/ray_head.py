@@ -122,20 +122,11 @@ def _spawn_until_ready(argv: list[str], log: Path, env: dict[str, str], address:
         tree = StartedTree()
         pid = spawn(argv, log, env=env)
         ports.hand_over(pid)
-
-        probe = _RayJobProbe(address)
-
-        def api_ready(pid: int = pid, tree: StartedTree = tree) -> bool:
-            tree.remember(pid)
-            return _ray_jobs_api_ready(address)
-
-        def job_done(pid: int = pid, tree: StartedTree = tree, probe: _RayJobProbe = probe) -> bool:
-            tree.remember(pid)
-            return probe.done()
-
         try:
-            waited += wait_until(api_ready, 180, pid, "Ray head", log, interval=1.0)
-            waited += wait_until(job_done, 180, pid, "Ray head (first job)", log, interval=0.5)
+            waited += wait_until(tree.checking(pid, lambda: _ray_jobs_api_ready(address)), 180, pid,
+                                 "Ray head", log, interval=1.0)
+            waited += wait_until(tree.checking(pid, _RayJobProbe(address).done), 180, pid,
+                                 "Ray head (first job)", log, interval=0.5)
             return pid, waited
         except StackError:
             stop_tree(pid)

@@ -10,8 +10,9 @@ import os
 import secrets
 import shutil
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from llmbatch.settings import S3Settings
 from llmbatch.stack.node_credentials import ray_node_credentials
@@ -25,6 +26,20 @@ from llmbatch.stack.process import (
     wait_until,
 )
 from llmbatch.stack.ray_head import ray_executable
+
+T = TypeVar("T")
+
+
+def start_in_attempts(start_once: Callable[[], T], stop: Callable[[], None], attempts: int) -> T:
+    """``start_once()``, and after a :class:`StackError` ``stop()`` and again, ``attempts`` times in all."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return start_once()
+        except StackError:
+            stop()
+            if attempt == attempts:
+                raise
+    raise AssertionError("unreachable")
 
 
 class PrivateRay:
@@ -66,14 +81,7 @@ class PrivateRay:
         (the Jobs API answers some seconds before the node has registered, more on a loaded machine).
         A ``ray start`` that gives up (see :class:`StartedTree`) is stopped with what it left and
         started again, ``attempts`` times in all."""
-        for attempt in range(1, attempts + 1):
-            try:
-                self._start_once(timeout)
-                return
-            except StackError:
-                self.stop()
-                if attempt == attempts:
-                    raise
+        start_in_attempts(lambda: self._start_once(timeout), self.stop, attempts)
 
     def _start_once(self, timeout: float) -> None:
         self.starts += 1
@@ -107,13 +115,13 @@ class PrivateRay:
         if self.resources is not None:
             argv.append(f"--resources={json.dumps(self.resources)}")
         self.pid = spawn(argv, log, env=env)
-        wait_until(self._ready, timeout, self.pid, "private Ray head", log, interval=1.0)
+        wait_until(self._tree.checking(self.pid, self._ready), timeout, self.pid, "private Ray head", log,
+                   interval=1.0)
 
     def _auth_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.auth_token}"} if self.auth_token else {}
 
     def _ready(self) -> bool:
-        self._tree.remember(self.pid)
         request = urllib.request.Request(f"{self.address}/api/jobs/", headers=self._auth_headers())
         with urllib.request.urlopen(request, timeout=3) as resp:
             if int(resp.status) != 200:
@@ -180,14 +188,7 @@ class PrivateRayWorker:
 
         A ``ray start`` that gives up (see :class:`StartedTree`), which happens on a machine loaded by
         other work, is stopped with its leftovers and started again, ``attempts`` times in all."""
-        for attempt in range(1, attempts + 1):
-            try:
-                return self._start_once(timeout)
-            except StackError:
-                self.stop()
-                if attempt == attempts:
-                    raise
-        raise AssertionError("unreachable")
+        return start_in_attempts(lambda: self._start_once(timeout), self.stop, attempts)
 
     def _start_once(self, timeout: float) -> str:
         self.temp = Path("/tmp") / f"llmbatch-prayw-{os.getpid()}-{secrets.token_hex(3)}"
@@ -217,13 +218,12 @@ class PrivateRayWorker:
         ]
         self.node_id = None
         self.pid = spawn(argv, self.log, env=env)
-        wait_until(lambda: self._joined(before), timeout, self.pid, f"Ray {self.name} node", self.log,
-                   interval=0.5)
+        wait_until(self._tree.checking(self.pid, lambda: self._joined(before)), timeout, self.pid,
+                   f"Ray {self.name} node", self.log, interval=0.5)
         assert self.node_id is not None
         return self.node_id
 
     def _joined(self, before: set[str]) -> bool:
-        self._tree.remember(self.pid)
         new = [n for n in self.head.nodes()
                if n["node_id"] not in before and not n["is_head_node"] and n["state"] == "ALIVE"]
         if len(new) == 1:

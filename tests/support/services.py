@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 from llmbatch.settings import KafkaSettings, LLMBatchSettings, RaySettings, RedisSettings, S3Settings
-from llmbatch.stack import manager, ray_head
+from llmbatch.stack import manager
 from llmbatch.stack.node_credentials import keep_minio_credentials
 from llmbatch.stack.process import alive, stop_tree
 from llmbatch.stack.state import StackState
@@ -122,12 +121,7 @@ class ServiceProvider:
             return self.ray(s3)
         if alive(record.pid):
             stop_tree(record.pid)
-        shutil.rmtree(record.data_dir, ignore_errors=True)  # its session dir (see ray_head.start_ray)
-        again = ray_head.start_ray(self.run_dir, restart=record)
-        state = StackState.load(self.run_dir)  # the record the stack stops it by
-        state.services["ray"] = again
-        state.save()
-        return manager.ray_settings(again)
+        return manager.ray_settings(manager.start_again(self.run_dir, "ray"))
 
     def local_record(self, name: str) -> manager.ServiceRecord | None:
         return StackState.load(self.run_dir).services.get(name)

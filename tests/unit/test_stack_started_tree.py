@@ -25,8 +25,8 @@ def test_children_that_outlive_their_parent_are_stopped(tmp_path: Path) -> None:
     tree = StartedTree()
     parent = spawn([sys.executable, "-c", PARENT], tmp_path / "parent.log")
     end = time.monotonic() + 30
-    while len(tree.procs) < 2 and time.monotonic() < end:
-        tree.remember(parent)
+    seen_both = tree.checking(parent, lambda: len(tree.procs) >= 2)  # as wait_until polls it
+    while not seen_both() and time.monotonic() < end:
         time.sleep(0.05)
     children = [pid for pid in tree.procs if pid != parent]
     assert len(children) == 1, tree.procs
