@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -415,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = default_run_dir()
     begun = time.monotonic()
     proc: DispatcherProcess | None = None
+    workdir: Path | None = None  # the batch file as sent (uploaded to MinIO, then deleted here)
     code = 1
     try:
         console.rule("[bold]1. local stack: Apache Kafka, Redis, MinIO, Ray")
@@ -475,6 +477,8 @@ def main(argv: list[str] | None = None) -> int:
         if proc is not None:
             rc = proc.stop()
             console.print(f"dispatcher stopped (exit {rc})")
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
         if args.keep:
             default = run_dir == (Path.cwd() / "run" / "stack").resolve()
             where = "" if default else f" --run-dir {run_dir}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,13 +14,18 @@ from tests.support.services import ServiceProvider
 
 
 @pytest.fixture(scope="session")
-def services() -> Iterator[ServiceProvider]:
+def services(request: pytest.FixtureRequest) -> Iterator[ServiceProvider]:
     run_dir = Path(tempfile.mkdtemp(prefix="llmbatch-test-stack-"))
     provider = ServiceProvider(run_dir)
     try:
         yield provider
     finally:
         provider.close()
+        # the services' data and logs (some 80 MB a session): kept only when a test failed
+        if request.session.testsfailed == 0:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        else:
+            print(f"\nthe test stack's data and logs are kept in {run_dir}")
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,9 @@ for Ray's worker range) can hand out the same port twice. So every port here:
 
 - lies OUTSIDE the ephemeral range (``/proc/sys/net/ipv4/ip_local_port_range``) and above the
   well-known defaults (Redis 6379, MinIO 9000, Kafka 9092, Ray 6379/8265/10001 and its default
-  worker ports 10002-19999);
+  worker ports 10002-19999); BELOW the ephemeral range while ports are left there, because Ray
+  picks every port it is not given as ``randint(<an ephemeral port>, 65535)``, which can land on a
+  port reserved here above the range before its service has bound it;
 - is bindable on 127.0.0.1 when handed out;
 - is reserved machine-wide by a file ``<folder>/<port>`` created with ``O_EXCL`` that holds the
   owner's PID (and its start time, so a reused PID does not keep a reservation alive). A
@@ -58,7 +60,8 @@ def ephemeral_range(path: Path = EPHEMERAL_FILE) -> tuple[int, int]:
 
 
 def candidate_ranges(ephemeral: tuple[int, int], floor: int = FLOOR, ceiling: int = CEILING) -> list[range]:
-    """Ports in ``[floor, ceiling]`` outside the inclusive ``ephemeral`` range.
+    """Ports in ``[floor, ceiling]`` outside the inclusive ``ephemeral`` range, in order of preference:
+    the ports below it first, then those above it (see the module doc: Ray's own picks land there).
 
     When the ephemeral range covers everything, the whole window is returned: reservations and the
     bind check still apply, only the protection against client sockets is lost.
@@ -166,8 +169,7 @@ class PortAllocator:
         with self._locked():
             taken = self._live_reservations()
             while True:
-                offset = self._rng.randrange(1 << 30)
-                start = pick(size, taken, self.ranges, offset)
+                start = self._pick_preferred(size, taken)
                 if start is None:
                     raise PortsExhausted(
                         f"no {size} consecutive free ports left in {_describe(self.ranges)} "
@@ -180,6 +182,15 @@ class PortAllocator:
                 if clash is None:
                     return start
                 taken.add(clash)  # a reservation file we could not read: leave that port alone
+
+    def _pick_preferred(self, size: int, taken: Collection[int]) -> int | None:
+        """A free window in the first range that has one (a random place in it: concurrent callers
+        spread out)."""
+        for part in self.ranges:
+            start = pick(size, taken, [part], self._rng.randrange(1 << 30))
+            if start is not None:
+                return start
+        return None
 
     def claim(self, port: int, grace_s: float = 2.0) -> bool:
         """Reserve exactly ``port`` for this process (a restart on its old port); False if taken.

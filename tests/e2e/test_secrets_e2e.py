@@ -119,5 +119,6 @@ async def test_no_secret_in_jobs_api_job_logs_objects_events_or_dispatcher_log(
         if e is not None:
             await e.close()
         head.stop()
+        head.remove_temp()
         if alive(redis_rec.pid):
             stop_tree(redis_rec.pid)

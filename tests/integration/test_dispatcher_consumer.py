@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import hashlib
 import struct
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -307,11 +306,13 @@ async def test_cancel_of_a_queued_batch_finishes_it(harness: Harness) -> None:
     assert await harness.store.unpublished_ids() == [request.batch_id]
 
 
-async def test_redis_outage_commits_nothing_and_loses_nothing(settings: LLMBatchSettings) -> None:
+async def test_redis_outage_commits_nothing_and_loses_nothing(
+    settings: LLMBatchSettings, tmp_path: Path
+) -> None:
     from llmbatch.stack import services as stack_services
     from llmbatch.stack.process import stop_tree
 
-    run_dir = Path(tempfile.mkdtemp(prefix="llmbatch-redis-outage-"))
+    run_dir = tmp_path / "redis-outage"
     rec = stack_services.start_redis(run_dir, name="redis-outage")
     port = rec.ports["redis"]
     h = Harness(make_settings(settings, RedisSettings(url=rec.address)))
@@ -489,6 +490,7 @@ async def test_a_rebalance_during_a_slow_redis_leaves_no_stale_partition_behind(
 
 async def test_redis_out_of_memory_dead_letters_the_record_and_the_consumer_goes_on(
     settings: LLMBatchSettings,
+    tmp_path: Path,
 ) -> None:
     """Redis answers ``OOM command not allowed`` (a real server at maxmemory with noeviction): the record
     is tried record_max_attempts times, dead-lettered (processing_failed), its offset committed, and the
@@ -498,7 +500,7 @@ async def test_redis_out_of_memory_dead_letters_the_record_and_the_consumer_goes
     from llmbatch.stack import services as stack_services
     from llmbatch.stack.process import stop_tree
 
-    run_dir = Path(tempfile.mkdtemp(prefix="llmbatch-redis-oom-"))
+    run_dir = tmp_path / "redis-oom"
     rec = stack_services.start_redis(run_dir, name="redis-oom")
     admin = redis.Redis.from_url(rec.address)
     h = Harness(make_settings(settings, RedisSettings(url=rec.address), record_max_attempts=2))
@@ -868,7 +870,9 @@ async def test_a_lost_batch_whose_request_left_the_topic_still_ends_in_one_termi
     assert ended is not None and ended.state is State.FAILED
 
 
-async def test_kill9_of_redis_right_after_a_burst_loses_no_accepted_batch(settings: LLMBatchSettings) -> None:
+async def test_kill9_of_redis_right_after_a_burst_loses_no_accepted_batch(
+    settings: LLMBatchSettings, tmp_path: Path
+) -> None:
     """Every request whose offset is committed (so its 'accepted' is out) is on disk: Redis runs with
     appendfsync always, so a SIGKILL right after the burst and a restart on the same data keep every
     batch (with everysec the newest writes may still sit in Redis' AOF buffer and die with it)."""
@@ -880,7 +884,7 @@ async def test_kill9_of_redis_right_after_a_burst_loses_no_accepted_batch(settin
     from llmbatch.stack import services as stack_services
     from llmbatch.stack.process import alive, stop_tree
 
-    run_dir = Path(tempfile.mkdtemp(prefix="llmbatch-redis-kill9-"))
+    run_dir = tmp_path / "redis-kill9"
     rec = stack_services.start_redis(run_dir, name="redis-kill9")
     port = rec.ports["redis"]
     h = Harness(make_settings(settings, RedisSettings(url=rec.address)))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,9 +33,9 @@ def test_shared_redis_answers(redis_settings: RedisSettings) -> None:
     assert client.config_get("appendonly")["appendonly"] == "yes"
 
 
-def test_data_survives_restart_with_aof() -> None:
+def test_data_survives_restart_with_aof(tmp_path: Path) -> None:
     # a private server: restarting the shared one would disturb other tests
-    run_dir = Path(tempfile.mkdtemp(prefix="llmbatch-redis-aof-"))
+    run_dir = tmp_path / "redis-aof"
     rec = stack_services.start_redis(run_dir, name="redis-aof")
     port = rec.ports["redis"]
     try:
@@ -61,8 +60,8 @@ def test_data_survives_restart_with_aof() -> None:
         stop_tree(rec.pid)
 
 
-def test_restart_moves_to_a_fresh_port_when_the_old_one_was_taken() -> None:
-    run_dir = Path(tempfile.mkdtemp(prefix="llmbatch-redis-moved-"))
+def test_restart_moves_to_a_fresh_port_when_the_old_one_was_taken(tmp_path: Path) -> None:
+    run_dir = tmp_path / "redis-moved"
     rec = stack_services.start_redis(run_dir, name="redis-moved")
     port = rec.ports["redis"]
     squatter = socket.socket()

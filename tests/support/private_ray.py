@@ -42,6 +42,24 @@ def start_in_attempts(start_once: Callable[[], T], stop: Callable[[], None], att
     raise AssertionError("unreachable")
 
 
+KEPT_LOG_BYTES = 1_000_000  # the end of each log, where a start-up failure is
+
+
+def keep_session_logs(temp: Path, dest: Path) -> None:
+    """Copy the Ray processes' own logs of a node that failed to start (the raylet's, the GCS's, the
+    agents') from its temp dir, which :meth:`stop` deletes, to ``dest`` (a test's tmp dir, kept by
+    pytest): the ``ray start`` output only says that the node timed out."""
+    logs = temp / "session_latest" / "logs"
+    if not logs.is_dir():
+        return
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in logs.iterdir():
+        if path.is_file() and path.suffix in {".out", ".err", ".log"}:
+            with path.open("rb") as src:
+                src.seek(max(path.stat().st_size - KEPT_LOG_BYTES, 0))
+                (dest / path.name).write_bytes(src.read())
+
+
 class PrivateRay:
     def __init__(self, run_dir: Path, num_cpus: int = 2, resources: dict[str, float] | None = None,
                  auth_token: str | None = None, s3: S3Settings | None = None,
@@ -115,8 +133,12 @@ class PrivateRay:
         if self.resources is not None:
             argv.append(f"--resources={json.dumps(self.resources)}")
         self.pid = spawn(argv, log, env=env)
-        wait_until(self._tree.checking(self.pid, self._ready), timeout, self.pid, "private Ray head", log,
-                   interval=1.0)
+        try:
+            wait_until(self._tree.checking(self.pid, self._ready), timeout, self.pid, "private Ray head",
+                       log, interval=1.0)
+        except StackError:
+            keep_session_logs(temp, self.run_dir / f"ray-{self.starts}")
+            raise
 
     def _auth_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.auth_token}"} if self.auth_token else {}
@@ -172,11 +194,7 @@ class PrivateRayWorker:
         self.num_cpus = num_cpus
         self.resources = dict(resources or {})
         self.name = name
-        # the ports Ray would otherwise pick itself (the agent's 52365 default is shared machine-wide)
-        self.node_manager, self.object_manager = free_port(), free_port()
-        self.agent, self.agent_grpc, self.metrics, self.runtime_env_agent = (
-            free_port(), free_port(), free_port(), free_port())
-        self.workers = free_port_range(50)
+        self.attempts = 0
         self.pid: int | None = None
         self.node_id: str | None = None
         self.temp: Path | None = None
@@ -193,6 +211,13 @@ class PrivateRayWorker:
     def _start_once(self, timeout: float) -> str:
         self.temp = Path("/tmp") / f"llmbatch-prayw-{os.getpid()}-{secrets.token_hex(3)}"
         self.temp.mkdir(parents=True, exist_ok=True)
+        self.attempts += 1
+        # the ports Ray would otherwise pick itself (the agent's 52365 default is shared machine-wide),
+        # new ones each attempt: nothing depends on a worker node's ports, and a port some other
+        # process took meanwhile would fail every attempt alike
+        node_manager, object_manager, agent, agent_grpc, metrics, runtime_env_agent = (
+            free_port() for _ in range(6))
+        workers = free_port_range(50)
         before = {n["node_id"] for n in self.head.nodes()}
         env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1",
                **self.node_env}
@@ -204,22 +229,26 @@ class PrivateRayWorker:
             f"--num-cpus={self.num_cpus}",
             f"--resources={json.dumps(self.resources)}",
             "--node-ip-address=127.0.0.1",
-            f"--node-manager-port={self.node_manager}",
-            f"--object-manager-port={self.object_manager}",
-            f"--dashboard-agent-listen-port={self.agent}",
-            f"--dashboard-agent-grpc-port={self.agent_grpc}",
-            f"--metrics-export-port={self.metrics}",
-            f"--runtime-env-agent-port={self.runtime_env_agent}",
-            f"--min-worker-port={self.workers}",
-            f"--max-worker-port={self.workers + 49}",
+            f"--node-manager-port={node_manager}",
+            f"--object-manager-port={object_manager}",
+            f"--dashboard-agent-listen-port={agent}",
+            f"--dashboard-agent-grpc-port={agent_grpc}",
+            f"--metrics-export-port={metrics}",
+            f"--runtime-env-agent-port={runtime_env_agent}",
+            f"--min-worker-port={workers}",
+            f"--max-worker-port={workers + 49}",
             "--object-store-memory=200000000",
             f"--temp-dir={self.temp}",
             "--disable-usage-stats",
         ]
         self.node_id = None
         self.pid = spawn(argv, self.log, env=env)
-        wait_until(self._tree.checking(self.pid, lambda: self._joined(before)), timeout, self.pid,
-                   f"Ray {self.name} node", self.log, interval=0.5)
+        try:
+            wait_until(self._tree.checking(self.pid, lambda: self._joined(before)), timeout, self.pid,
+                       f"Ray {self.name} node", self.log, interval=0.5)
+        except StackError:
+            keep_session_logs(self.temp, self.run_dir / f"ray-{self.name}-attempt-{self.attempts}")
+            raise
         assert self.node_id is not None
         return self.node_id
 

@@ -189,6 +189,21 @@ def test_singles_and_ranges_interleaved_never_repeat_a_port(tmp_path: Path) -> N
     assert set(other.reservations()) >= set(handed)
 
 
+def test_ports_below_the_ephemeral_range_go_first_and_those_above_only_when_none_is_left(
+        tmp_path: Path) -> None:
+    """Ray picks every port it is not given in ``[an ephemeral port, 65535]``: a port reserved above
+    the ephemeral range can be taken by a Ray node before its own service binds it (a CI run lost a
+    worker node three attempts running), so those are the last resort."""
+    window = _quiet_window(40)
+    below, above = range(window.start, window.start + 4), range(window.start + 10, window.stop)
+    for seed in range(5):
+        alloc = PortAllocator(tmp_path / f"r{seed}", ranges=[below, above], rng=random.Random(seed))
+        got = [alloc.port() for _ in range(6)]
+        assert sorted(got[:4]) == list(below), got
+        assert all(p in above for p in got[4:]), got
+        assert alloc.port_range(3) in range(above.start, above.stop - 2)
+
+
 def test_busy_ports_are_skipped(tmp_path: Path) -> None:
     window = _quiet_window(3)
     with socket.socket() as busy:
