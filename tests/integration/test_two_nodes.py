@@ -16,7 +16,7 @@ dir, both stopped by PID. The registry's model asks for ``{"llmbatch_engine": 1}
 
 The replicas run the fake engine, to keep the test short (about 1.5-2.5 min on 2 busy cores, most
 of it starting Ray and Serve): placement and the batch path do not depend on the backend, and real
-vLLM is covered by the slow tests (test_vllm_engine.py, test_ray_job_vllm.py, the e2e vLLM batch).
+vLLM is covered by the slow tests (test_vllm_engine.py, test_ray_job_vllm.py, e2e test_demo.py).
 Both nodes run on this machine, so this shows Ray's placement by resource and the cross-node calls,
 not networking between machines.
 """
