@@ -84,28 +84,61 @@ def alive(pid: int | None) -> bool:
 
 
 def stop_tree(pid: int, timeout: float = 20.0) -> None:
-    """SIGTERM ``pid`` and every descendant, wait, then SIGKILL what is left."""
+    """SIGTERM ``pid`` and let it stop its own children, as an orchestrator stops a container; then
+    SIGTERM whatever of its tree is left, and SIGKILL what is still there ``timeout`` seconds after
+    the first signal.
+
+    Root first because a process tree's shutdown has an order: ``ray start --block`` stops its Ray
+    head in 4 s, while SIGTERM to every process at once made the raylet wait for a GCS already
+    exiting until the SIGKILL, 20 s later.
+    """
     try:
         root = psutil.Process(pid)
     except psutil.NoSuchProcess:
         return
-    try:
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        procs = [root]
-    for proc in procs:
+    deadline = time.monotonic() + timeout
+    procs = _tree(root)
+    with contextlib.suppress(psutil.Error):
+        root.send_signal(signal.SIGTERM)
+    _wait_root(root, procs, deadline)
+    # the rest of the tree, with what started after the first listing (e.g. Ray workers)
+    left = [proc for proc in _unique(procs + _tree(root)) if _running(proc)]
+    for proc in left:
         with contextlib.suppress(psutil.Error):
             proc.send_signal(signal.SIGTERM)
-    _, left = psutil.wait_procs(procs, timeout=timeout)
-    # children started after the first listing (e.g. Ray workers) are collected again
-    with contextlib.suppress(psutil.Error):
-        left += [c for c in root.children(recursive=True) if c not in left]
+    _, left = psutil.wait_procs(left, timeout=max(deadline - time.monotonic(), 1.0))
     for proc in left:
         with contextlib.suppress(psutil.Error):
             proc.kill()
     psutil.wait_procs(left, timeout=5)
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)
+
+
+def _tree(root: psutil.Process) -> list[psutil.Process]:
+    try:
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return [root]
+
+
+def _unique(procs: list[psutil.Process]) -> list[psutil.Process]:
+    return list({proc.pid: proc for proc in procs}.values())
+
+
+def _running(proc: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
+    return False
+
+
+def _wait_root(root: psutil.Process, procs: list[psutil.Process], deadline: float) -> None:
+    """Until the whole tree is gone, or the root is and has left children behind, or ``deadline``."""
+    while time.monotonic() < deadline:
+        _, left = psutil.wait_procs(procs, timeout=0.2)
+        if not left or root not in left:
+            return
+        procs = left
 
 
 class StartedTree:

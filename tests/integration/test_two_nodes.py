@@ -125,7 +125,7 @@ def cluster(s3_settings: S3Settings, redis_settings: RedisSettings,
         yield c
     finally:
         stopping = time.monotonic()
-        head.stop(timeout=5)  # a throwaway cluster: no 20 s for the raylet to give up on its GCS
+        head.stop(timeout=5)  # a throwaway cluster
         head.remove_temp()
         print(f"head stopped in {time.monotonic() - stopping:.1f} s")
 

@@ -151,10 +151,8 @@ class PrivateRay:
         return any(n["is_head_node"] and n["state"] == "ALIVE" for n in self.nodes())
 
     def stop(self, timeout: float = 20) -> None:
-        """SIGTERM the head's whole tree, SIGKILL what is left after ``timeout`` seconds.
-
-        The GCS gets the SIGTERM together with the raylet, whose shutdown then waits for the GCS
-        and is cut short by the SIGKILL: ``timeout`` bounds that wait."""
+        """Stop the head by PID (:func:`stop_tree`: ``ray start`` stops its own processes first, then
+        what is left gets SIGTERM), SIGKILL what is left after ``timeout`` seconds."""
         if self.pid is not None:
             stop_tree(self.pid, timeout=timeout)
             self.pid = None

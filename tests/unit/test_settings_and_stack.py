@@ -145,3 +145,62 @@ def test_cli_rejects_unknown_service(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "unknown service 'zookeeper'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# a parent that, on SIGTERM, stops its child itself (after a moment, as `ray start` stops its raylet and
+# GCS in order) and exits; the child notes who stopped it
+ORDERLY_PARENT = """
+import signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", CHILD])
+def stop(*_):
+    time.sleep(0.5)
+    child.send_signal(signal.SIGINT)
+    child.wait()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+print("ready", flush=True)
+time.sleep(60)
+"""
+ORDERLY_CHILD = """
+import signal, sys, time
+def note(what):
+    def handler(*_):
+        open(sys.argv[1], "a").write(what + "\\n")
+        sys.exit(0)
+    return handler
+signal.signal(signal.SIGINT, note("stopped by its parent"))
+signal.signal(signal.SIGTERM, note("terminated from outside"))
+time.sleep(60)
+"""
+
+
+def test_stop_tree_lets_the_root_stop_its_own_children_first(tmp_path: Path) -> None:
+    import psutil
+
+    notes = tmp_path / "child.notes"
+    child = f"{ORDERLY_CHILD}".replace("sys.argv[1]", repr(str(notes)))
+    script = f"CHILD = {child!r}\n{ORDERLY_PARENT}"
+    pid = spawn([sys.executable, "-c", script], tmp_path / "log")
+    wait_until(lambda: "ready" in (tmp_path / "log").read_text()
+               and bool(psutil.Process(pid).children()), 30, pid, "parent", tmp_path / "log")
+    [kid] = psutil.Process(pid).children()
+    time.sleep(0.5)  # the child's signal handlers are set
+
+    stop_tree(pid, timeout=10)
+
+    assert not alive(pid) and not alive(kid.pid)
+    assert notes.read_text() == "stopped by its parent\n"
+
+
+def test_stop_tree_terminates_what_a_root_that_exited_left_behind(tmp_path: Path) -> None:
+    import psutil
+
+    script = ("import subprocess, sys, time; "
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)")
+    pid = spawn([sys.executable, "-c", script], tmp_path / "log")
+    wait_until(lambda: bool(psutil.Process(pid).children()), 30, pid, "parent", tmp_path / "log")
+    [kid] = psutil.Process(pid).children()
+
+    stop_tree(pid, timeout=10)  # the root dies of SIGTERM and leaves its child: that gets one too
+
+    assert not alive(pid) and not alive(kid.pid)
