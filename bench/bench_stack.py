@@ -1,4 +1,5 @@
-"""Local stack figures: time for each service to become healthy, idle memory, cache disk use.
+"""Local stack figures: time for each service to become healthy, idle memory, cache disk use, and the
+time each one takes to stop (by PID, one after the other).
 
 Run: ``.venv/bin/python bench/bench_stack.py [--idle-seconds 20]``. Starts a private stack in a temp
 folder (free ports), measures, stops it by PID. Prints a table and one JSON line.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import tempfile
 import time
@@ -32,22 +34,31 @@ def main() -> None:
     t0 = time.monotonic()
     state = manager.up(run_dir)
     up_s = time.monotonic() - t0
+    stop_s: dict[str, float] = {}
     try:
         time.sleep(args.idle_seconds)
         rows = manager.status(run_dir)
+        for name in state.services:
+            t = time.monotonic()
+            manager.down(run_dir, [name])
+            stop_s[name] = round(time.monotonic() - t, 2)
     finally:
         manager.down(run_dir)
+        shutil.rmtree(run_dir, ignore_errors=True)
     result = {
         "stack_up_wall_s": round(up_s, 2),
         "healthy_after_s": {n: r.healthy_after_s for n, r in state.services.items()},
         "idle_pss_mib": {r.name: round(r.rss_bytes / 2**20, 1) for r in rows},
         "idle_total_mib": round(sum(r.rss_bytes for r in rows) / 2**20, 1),
+        "stop_s": stop_s,
         "cache_mib": {p.name: round(_du(p) / 2**20, 1) for p in sorted(CACHE_DIR.iterdir()) if p.is_dir()},
     }
     print(f"stack up (parallel start): {result['stack_up_wall_s']} s")
     for name, secs in result["healthy_after_s"].items():
         print(f"  {name:6} healthy after {secs:6.2f} s   idle PSS {result['idle_pss_mib'][name]:7.1f} MiB")
     print(f"  total idle PSS {result['idle_total_mib']} MiB")
+    for name, secs in stop_s.items():
+        print(f"  {name:6} stopped in {secs:6.2f} s")
     for name, mib in result["cache_mib"].items():
         print(f"  cache {name:28} {mib:9.1f} MiB")
     print(json.dumps(result))
