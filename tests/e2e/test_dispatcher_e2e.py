@@ -4,11 +4,9 @@ The dispatcher runs as a separate process (``python -m dispatcher``), so the cra
 with SIGKILL exactly as an orchestrator would. Every test uses its own topics, consumer group and
 Redis key prefix.
 
-Proven elsewhere, not again here: a Ray head killed and restarted on its ports mid-batch, on both
-engine paths (the short chaos run's ``ray`` fault, tests/e2e/test_chaos.py, checked by its verdict:
-one terminal event per batch, every custom_id once, nothing stuck); a batch on real vLLM through
-Kafka and the dispatcher (tests/e2e/test_demo.py on the shared engines; tests/integration/
-test_ray_job_vllm.py for a Ray job's engine).
+Proven elsewhere, not again here: a batch on real vLLM through Kafka and the dispatcher
+(tests/e2e/test_demo.py on the shared engines; tests/integration/test_ray_job_vllm.py for a Ray job's
+own engine).
 """
 
 from __future__ import annotations
@@ -27,6 +25,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from dispatcher.errors import DispatcherError
 from dispatcher.settings import DispatcherOptions, DispatcherSettings, JobOptions
 from dispatcher.states import State
 from dispatcher.store import StateStore
@@ -491,6 +490,46 @@ def datetime_now() -> Any:
     return datetime.now(UTC)
 
 
+# --- Ray head restart ------------------------------------------------------------------------------------
+
+
+async def test_ray_head_restart_loses_the_job_which_is_retried(
+    kafka_settings: KafkaSettings, redis_settings: RedisSettings, buckets: S3Settings, tmp_path: Path
+) -> None:
+    from tests.support.private_ray import PrivateRay
+
+    head = PrivateRay(tmp_path / "ray", s3=buckets)
+    head.start()
+    e = Env(
+        world(
+            kafka_settings,
+            redis_settings,
+            buckets,
+            RaySettings(address=head.address),
+            engine=FAKE.model_copy(update={"fake_delay_s": 1.0, "batch_size": 1, "batches_in_flight": 1}),
+        ),
+        tmp_path,
+    )
+    await ensure_topics(e.settings)
+    try:
+        e.spawn()
+        request = batch_request(f"ray-{uuid.uuid4().hex[:6]}", requests=inline_lines(30))
+        await e.send(request_message(request))
+        await wait_for(lambda: _progress(e, request.batch_id), 240, what="the job to make progress")
+        head.stop()
+        head.start()  # same ports, no job records
+        found = await e.wait_terminal([request.batch_id], within=400)
+        event = found[request.batch_id][0]
+        assert event.type is EventType.COMPLETED
+        assert event.data.attempts >= 2 and event.data.request_counts.completed == 30
+        assert_one_terminal(await e.results(), [request.batch_id])
+        assert "job lost" in "".join(p.log_path.read_text() for p in e.procs)
+    finally:
+        await e.close()
+        head.stop()
+        head.remove_temp()
+
+
 # --- graceful shutdown ----------------------------------------------------------------------------------
 
 
@@ -597,6 +636,60 @@ async def test_shared_engine_serves_every_batch_and_unknown_models_are_refused(
         assert {r.get("via") for r in records if r is not None} == {"batch_runner"}, records
     finally:
         await api.deploy({"applications": []})
+
+
+async def test_a_ray_head_restart_loses_the_shared_engines_which_are_deployed_again(
+    kafka_settings: KafkaSettings, redis_settings: RedisSettings, buckets: S3Settings, tmp_path: Path
+) -> None:
+    """A head restarted without GCS fault tolerance comes back with no Serve applications: the
+    dispatcher (tracker leader) deploys the engines and the batch runner again, and the batch whose
+    runner attempt the restart lost runs again and completes, answered once."""
+    from dispatcher.serve_api import ServeApi
+    from ray_job.runner import APP_NAME
+    from schemas.engines import ReplicaResources, Scaling
+    from tests.support.dispatcher_kit import MODEL
+    from tests.support.private_ray import PrivateRay
+
+    head = PrivateRay(tmp_path / "ray", s3=buckets)
+    head.start()
+    settings = world(kafka_settings, redis_settings, buckets,
+                     RaySettings(address=head.address, serve_address=head.serve_address),
+                     shared_engines=True, max_in_flight=None)
+    slow = FAKE.model_copy(update={"fake_delay_s": 1.0, "batch_size": 1, "batches_in_flight": 1})
+    entry = settings.engines.get(MODEL).model_copy(update={
+        "engine": slow, "resources": ReplicaResources(num_cpus=0.25),
+        "scaling": Scaling(min_replicas=1, max_replicas=1, idle_s=60),
+    })
+    e = Env(settings.model_copy(update={"engines": EngineRegistry(models={MODEL: entry})}), tmp_path)
+    await ensure_topics(e.settings)
+    api = ServeApi(head.address, timeout_s=30)
+
+    async def runner_deployed() -> bool:
+        try:
+            return APP_NAME in ((await api.status()).get("applications") or {})
+        except DispatcherError:
+            return False
+
+    try:
+        e.spawn()
+        request = batch_request(f"rayserve-{uuid.uuid4().hex[:6]}", requests=inline_lines(30))
+        await e.send(request_message(request))
+        await wait_for(lambda: _progress(e, request.batch_id), 300, what="the batch to make progress")
+        head.stop()
+        head.start()  # same ports, no Serve applications
+        assert not await runner_deployed()
+        await wait_for(runner_deployed, 120, interval=2, what="the dispatcher to deploy the engines again")
+        found = await e.wait_terminal([request.batch_id], within=400)
+        event = found[request.batch_id][0]
+        assert event.type is EventType.COMPLETED, event.data.error
+        assert event.data.attempts >= 2 and event.data.request_counts.completed == 30
+        assert_one_terminal(await e.results(), [request.batch_id])
+        assert sorted(_custom_ids(buckets, event.data.output_uris)) == sorted(f"req-{i}" for i in range(30))
+        assert "deploying them again" in "".join(p.log_path.read_text() for p in e.procs)
+    finally:
+        await e.close()
+        head.stop()
+        head.remove_temp()
 
 
 def _custom_ids(s3: S3Settings, uris: list[str]) -> list[str]:
