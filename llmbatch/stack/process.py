@@ -77,10 +77,17 @@ def alive(pid: int | None) -> bool:
     if not pid:
         return False
     try:
-        proc = psutil.Process(pid)
-        return bool(proc.status() != psutil.STATUS_ZOMBIE or proc.num_threads() > 1)
+        return _running(psutil.Process(pid))
     except psutil.Error:
         return False
+
+
+def _running(proc: psutil.Process) -> bool:
+    """:func:`alive` for a handle (which also tells a reused PID apart)."""
+    with contextlib.suppress(psutil.Error):
+        return bool(proc.is_running()
+                    and (proc.status() != psutil.STATUS_ZOMBIE or proc.num_threads() > 1))
+    return False
 
 
 def stop_tree(pid: int, timeout: float = 20.0) -> None:
@@ -100,7 +107,7 @@ def stop_tree(pid: int, timeout: float = 20.0) -> None:
     procs = _tree(root)
     with contextlib.suppress(psutil.Error):
         root.send_signal(signal.SIGTERM)
-    _wait_root(root, procs, deadline)
+    psutil.wait_procs([root], timeout=timeout)  # gone once it has stopped its tree, or given up on it
     # the rest of the tree, with what started after the first listing (e.g. Ray workers)
     left = [proc for proc in _unique(procs + _tree(root)) if _running(proc)]
     for proc in left:
@@ -124,21 +131,6 @@ def _tree(root: psutil.Process) -> list[psutil.Process]:
 
 def _unique(procs: list[psutil.Process]) -> list[psutil.Process]:
     return list({proc.pid: proc for proc in procs}.values())
-
-
-def _running(proc: psutil.Process) -> bool:
-    with contextlib.suppress(psutil.Error):
-        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
-    return False
-
-
-def _wait_root(root: psutil.Process, procs: list[psutil.Process], deadline: float) -> None:
-    """Until the whole tree is gone, or the root is and has left children behind, or ``deadline``."""
-    while time.monotonic() < deadline:
-        _, left = psutil.wait_procs(procs, timeout=0.2)
-        if not left or root not in left:
-            return
-        procs = left
 
 
 class StartedTree:
