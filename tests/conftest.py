@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from llmbatch.settings import KafkaSettings, LLMBatchSettings, RaySettings, RedisSettings, S3Settings
+from tests.support.cpu_account import CpuMeter, machine_busy_seconds
 from tests.support.services import ServiceProvider
+
+CPU_PROPERTY = "cpu_s"
+_cpu_meter: CpuMeter | None = None
+_machine_start: tuple[float, float] | None = None
 
 
 @pytest.fixture(scope="session")
@@ -55,16 +62,43 @@ def settings(kafka_settings: KafkaSettings, redis_settings: RedisSettings,
     return LLMBatchSettings(kafka=kafka_settings, redis=redis_settings, s3=s3_settings)
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _cpu_meter, _machine_start
+    _cpu_meter = CpuMeter()
+    _machine_start = (time.monotonic(), machine_busy_seconds())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Charges each phase's report with the CPU seconds this process's tree used since the last report."""
+    outcome = yield
+    if _cpu_meter is None:
+        return
+    report: pytest.TestReport = outcome.get_result()
+    report.user_properties.append((CPU_PROPERTY, round(_cpu_meter.take(), 3)))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Seconds per test file (setup + call + teardown), slowest first: where the suite's time goes."""
-    per_file: dict[str, float] = {}
+    """Per test file, slowest first: wall seconds (setup + call + teardown) and the CPU seconds its tests'
+    process trees used (the services they started included): where the suite's time and CPU go."""
+    per_file: dict[str, list[float]] = {}
     for reports in terminalreporter.stats.values():
         for report in reports:
             if isinstance(report, pytest.TestReport):
                 path = report.nodeid.split("::", 1)[0]
-                per_file[path] = per_file.get(path, 0.0) + report.duration
+                row = per_file.setdefault(path, [0.0, 0.0])
+                row[0] += report.duration
+                row[1] += sum(float(v) for k, v in report.user_properties if k == CPU_PROPERTY)
     if not per_file:
         return
-    terminalreporter.write_sep("=", "seconds per test file")
-    for path, seconds in sorted(per_file.items(), key=lambda item: -item[1]):
-        terminalreporter.write_line(f"{seconds:9.1f}s  {path}")
+    terminalreporter.write_sep("=", "seconds and CPU seconds per test file")
+    for path, (seconds, cpu) in sorted(per_file.items(), key=lambda item: -item[1][0]):
+        terminalreporter.write_line(f"{seconds:9.1f}s {cpu:9.1f} cpu-s  {path}")
+    seconds, cpu = (sum(row[i] for row in per_file.values()) for i in (0, 1))
+    terminalreporter.write_line(f"{seconds:9.1f}s {cpu:9.1f} cpu-s  in all")
+    if _machine_start is not None:
+        wall = time.monotonic() - _machine_start[0]
+        busy = machine_busy_seconds() - _machine_start[1]
+        cores = os.cpu_count() or 1
+        terminalreporter.write_line(f"the machine's {cores} cores were busy {busy:.0f} of {wall * cores:.0f} "
+                                    f"cpu-s ({busy / (wall * cores):.0%}) in the session's {wall:.0f} s")
