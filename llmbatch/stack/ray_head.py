@@ -14,7 +14,15 @@ import urllib.request
 from pathlib import Path
 
 from llmbatch.stack.node_credentials import minio_credentials, ray_node_credentials
-from llmbatch.stack.process import StackError, StartedTree, http_ok, spawn, stop_tree, wait_until
+from llmbatch.stack.process import (
+    StackError,
+    StartedTree,
+    http_ok,
+    port_open,
+    spawn,
+    stop_tree,
+    wait_until,
+)
 from llmbatch.stack.start_ports import StartPorts, start_ports
 from llmbatch.stack.state import ServiceRecord
 from llmbatch.stack.tls import TlsFiles
@@ -91,7 +99,7 @@ def _start_ray(run_dir: Path, num_cpus: int, object_store_bytes: int, ports: Sta
             f"--object-store-memory={object_store_bytes}", f"--temp-dir={temp}",
             "--disable-usage-stats"]
     address = f"http://127.0.0.1:{dashboard}"
-    pid, waited = _spawn_until_ready(argv, log, env, address, ports)
+    pid, waited = _spawn_until_ready(argv, log, env, address, ports, client)
     extra = {"gcs_address": f"127.0.0.1:{gcs}", "serve_address": f"http://127.0.0.1:{serve}"}
     named = {"gcs": gcs, "dashboard": dashboard, "client": client, "serve": serve, "metrics": metrics}
     if tls is not None:
@@ -110,11 +118,14 @@ START_ATTEMPTS = 3
 
 
 def _spawn_until_ready(argv: list[str], log: Path, env: dict[str, str], address: str,
-                       ports: StartPorts) -> tuple[int, float]:
-    """Run ``ray start --head --block`` until a first job has run on it: (its PID, seconds waited).
+                       ports: StartPorts, client_port: int) -> tuple[int, float]:
+    """Run ``ray start --head --block`` until a first job has run on it and its Ray Client server
+    listens: (its PID, seconds waited).
 
     The Jobs API answers before the head's job agent can take a job ("No available agent to submit
-    job" for tens of seconds on a loaded machine), so healthy means a first job has run. A ``ray
+    job" for tens of seconds on a loaded machine), so healthy means a first job has run. The Ray
+    Client server gives up when the node has not registered within its own 30 s, and ``ray start
+    --block`` then stops the whole head; it binds its port once it found the node. A ``ray
     start`` that gives up (see :class:`StartedTree`) is stopped with what it left and run again on the
     same ports, :data:`START_ATTEMPTS` times in all."""
     waited = 0.0
@@ -127,6 +138,8 @@ def _spawn_until_ready(argv: list[str], log: Path, env: dict[str, str], address:
                                  "Ray head", log, interval=1.0)
             waited += wait_until(tree.checking(pid, _RayJobProbe(address).done), 180, pid,
                                  "Ray head (first job)", log, interval=0.5)
+            waited += wait_until(tree.checking(pid, lambda: port_open(client_port)), 60, pid,
+                                 "Ray head (its Ray Client server)", log, interval=0.5)
             return pid, waited
         except StackError:
             stop_tree(pid)

@@ -21,6 +21,7 @@ from llmbatch.stack.process import (
     StartedTree,
     free_port,
     free_port_range,
+    port_open,
     spawn,
     stop_tree,
     wait_until,
@@ -144,11 +145,19 @@ class PrivateRay:
         return {"Authorization": f"Bearer {self.auth_token}"} if self.auth_token else {}
 
     def _ready(self) -> bool:
+        """The Jobs API answers, the head lists itself ALIVE and the Ray Client server listens.
+
+        The last one because ``ray start --block`` stops the whole head when any of its processes
+        exits, and the Ray Client server does when the node has not registered within its own 30 s
+        (a loaded machine): the head then dies a second after it listed itself ALIVE. The server
+        binds its port only once it found the node, so a listening port means that danger is over."""
         request = urllib.request.Request(f"{self.address}/api/jobs/", headers=self._auth_headers())
         with urllib.request.urlopen(request, timeout=3) as resp:
             if int(resp.status) != 200:
                 return False
-        return any(n["is_head_node"] and n["state"] == "ALIVE" for n in self.nodes())
+        if not any(n["is_head_node"] and n["state"] == "ALIVE" for n in self.nodes()):
+            return False
+        return port_open(self.client)
 
     def stop(self, timeout: float = 20) -> None:
         """Stop the head by PID (:func:`stop_tree`: ``ray start`` stops its own processes first, then
