@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 
 from llmbatch.settings import KafkaSettings, LLMBatchSettings, RaySettings, RedisSettings, S3Settings
-from tests.support.cpu_account import CpuMeter, machine_busy_seconds
+from tests.support.cpu_account import CpuCgroup, CpuMeter, machine_busy_seconds
 from tests.support.services import ServiceProvider
 
 CPU_PROPERTY = "cpu_s"
+CPU_SOURCE_PROPERTY = "cpu_source"
 _cpu_meter: CpuMeter | None = None
+_cpu_source_told = False
 _machine_start: tuple[float, float] | None = None
 
 
@@ -64,27 +66,41 @@ def settings(kafka_settings: KafkaSettings, redis_settings: RedisSettings,
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     global _cpu_meter, _machine_start
-    _cpu_meter = CpuMeter()
+    # each pytest process (xdist worker) in a cgroup of its own, which its services and Ray inherit
+    _cpu_meter = CpuMeter(cgroup=CpuCgroup.join(f"llmbatch-tests-{os.getpid()}"))
     _machine_start = (time.monotonic(), machine_busy_seconds())
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    """Charges each phase's report with the CPU seconds this process's tree used since the last report."""
+    """Charges each phase's report with the CPU seconds this process and all it started used since the
+    last report."""
     outcome = yield
     if _cpu_meter is None:
         return
+    global _cpu_source_told
     report: pytest.TestReport = outcome.get_result()
     report.user_properties.append((CPU_PROPERTY, round(_cpu_meter.take(), 3)))
+    if not _cpu_source_told:
+        report.user_properties.append((CPU_SOURCE_PROPERTY, _cpu_meter.source))
+        _cpu_source_told = True
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _cpu_meter is not None and _cpu_meter.cgroup is not None:
+        _cpu_meter.cgroup.leave()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Per test file, slowest first: wall seconds (setup + call + teardown) and the CPU seconds its tests'
-    process trees used (the services they started included): where the suite's time and CPU go."""
+    """Per test file, slowest first: wall seconds (setup + call + teardown) and the CPU seconds its tests
+    and all they started used (the services included): where the suite's time and CPU go."""
     per_file: dict[str, list[float]] = {}
+    sources: set[str] = set()
     for reports in terminalreporter.stats.values():
         for report in reports:
             if isinstance(report, pytest.TestReport):
+                sources.update(str(v) for k, v in report.user_properties if k == CPU_SOURCE_PROPERTY)
                 path = report.nodeid.split("::", 1)[0]
                 row = per_file.setdefault(path, [0.0, 0.0])
                 row[0] += report.duration
@@ -96,6 +112,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"{seconds:9.1f}s {cpu:9.1f} cpu-s  {path}")
     seconds, cpu = (sum(row[i] for row in per_file.values()) for i in (0, 1))
     terminalreporter.write_line(f"{seconds:9.1f}s {cpu:9.1f} cpu-s  in all")
+    terminalreporter.write_line("CPU counted by: " + "; ".join(sorted(sources)))
     if _machine_start is not None:
         wall = time.monotonic() - _machine_start[0]
         busy = machine_busy_seconds() - _machine_start[1]

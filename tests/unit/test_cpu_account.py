@@ -1,17 +1,26 @@
-"""The suite's CPU accounting charges a test what its process tree burned, reaped children included."""
+"""The suite's CPU accounting charges a test what its processes burned, exited and unreaped ones included."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from tests.support.cpu_account import CpuMeter, machine_busy_seconds, tree_cpu_seconds
+from tests.support.cpu_account import CpuCgroup, CpuMeter, machine_busy_seconds, tree_cpu_seconds
 
 pytestmark = pytest.mark.unit
 
 BURN = "import time\nend = time.process_time() + {s}\nwhile time.process_time() < end: pass\n"
+# a parent that ignores SIGCHLD, as Ray's raylet does: the kernel reaps its children and drops their times
+RAYLET_LIKE = (
+    "import signal, subprocess, sys, time\n"
+    "signal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
+    "subprocess.Popen([sys.executable, '-c', {burn!r}]).pid\n"
+    "time.sleep({wait})\n"
+)
 
 
 def test_a_live_grandchild_is_counted() -> None:
@@ -54,3 +63,47 @@ def test_the_machine_counts_a_burn_in_any_process() -> None:
     before = machine_busy_seconds()
     subprocess.run([sys.executable, "-c", BURN.format(s=0.5)], check=True)
     assert machine_busy_seconds() - before >= 0.45
+
+
+def test_the_tree_loses_a_child_of_a_parent_that_ignores_sigchld() -> None:
+    """Why the suite counts by cgroup where it can: the tree misses what Ray's workers burned."""
+    meter = CpuMeter()
+    # by its end its child burned 0.6 s and was reaped by the kernel; we reap the parent
+    subprocess.run([sys.executable, "-c", RAYLET_LIKE.format(burn=BURN.format(s=0.6), wait=3)], check=True)
+    assert meter.take() < 0.3
+
+
+# a process that joins a cgroup of its own, runs a raylet-like parent whose child burns, and prints
+# what its cgroup and its tree counted (the test's own process stays in the session's cgroup)
+IN_A_CGROUP = """
+import subprocess, sys
+sys.path.insert(0, {root!r})
+from tests.support.cpu_account import CpuCgroup, CpuMeter
+cgroup = CpuCgroup.join({name!r})
+if cgroup is None:
+    print("none", flush=True)
+    sys.exit(0)
+by_cgroup, by_tree = CpuMeter(cgroup=cgroup), CpuMeter()
+subprocess.run([sys.executable, "-c", {raylet_like!r}], check=True)
+print(by_cgroup.take(), by_tree.take(), flush=True)
+cgroup.leave()
+print(cgroup.path.exists(), flush=True)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="moving a process between cgroups needs root")
+def test_a_cgroup_counts_what_the_tree_loses_and_is_removed_when_left() -> None:
+    script = IN_A_CGROUP.format(root=str(Path(__file__).resolve().parents[2]), name=f"cpu-test-{os.getpid()}",
+                                raylet_like=RAYLET_LIKE.format(burn=BURN.format(s=0.6), wait=3))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                         check=True)
+    lines = out.stdout.split()
+    assert lines[0] != "none", "no CPU-accounting cgroup could be made as root"
+    by_cgroup, by_tree, still_there = float(lines[0]), float(lines[1]), lines[2]
+    assert by_cgroup >= 0.55
+    assert by_tree < 0.3
+    assert still_there == "False"
+
+
+def test_no_cgroup_hierarchy_means_no_cgroup(tmp_path: Path) -> None:
+    assert CpuCgroup.join("x", root=tmp_path) is None
