@@ -67,7 +67,10 @@ def settings(kafka_settings: KafkaSettings, redis_settings: RedisSettings,
 def pytest_sessionstart(session: pytest.Session) -> None:
     global _cpu_meter, _machine_start
     # each pytest process (xdist worker) in a cgroup of its own, which its services and Ray inherit
-    _cpu_meter = CpuMeter(cgroup=CpuCgroup.join(f"llmbatch-tests-{os.getpid()}"))
+    # (the xdist controller runs no tests: it stays where it is)
+    config = session.config
+    controller = getattr(config.option, "dist", "no") != "no" and not hasattr(config, "workerinput")
+    _cpu_meter = CpuMeter(cgroup=None if controller else CpuCgroup.join(f"llmbatch-tests-{os.getpid()}"))
     _machine_start = (time.monotonic(), machine_busy_seconds())
 
 

@@ -78,7 +78,13 @@ class CpuCgroup:
         """Move back to the cgroup this process came from; remove the cgroup once nothing runs in it."""
         with contextlib.suppress(OSError):
             (self.home / "cgroup.procs").write_text(f"{os.getpid()}\n")
-            self.path.rmdir()  # refused while a process started by the tests still runs in it
+        # children first (a test's own cgroup left behind by a crash): rmdir is refused while a process
+        # started by the tests still runs in one of them, and then the rest stays too
+        for path in sorted((p for p in self.path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
 
 
 def _own_cgroup(controller: str) -> str:

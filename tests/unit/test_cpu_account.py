@@ -90,9 +90,11 @@ if cgroup is None:
     print("none", flush=True)
     sys.exit(0)
 by_cgroup, by_tree = CpuMeter(cgroup=cgroup), CpuMeter()
-subprocess.run([sys.executable, "-c", {raylet_like!r}], check=True)
-print(by_cgroup.take(), by_tree.take(), flush=True)
-cgroup.leave()
+try:
+    subprocess.run([sys.executable, "-c", {raylet_like!r}], check=True)
+    print(by_cgroup.take(), by_tree.take(), flush=True)
+finally:
+    cgroup.leave()
 print(cgroup.path.exists(), flush=True)
 """
 
@@ -113,3 +115,14 @@ def test_a_cgroup_counts_what_the_tree_loses_and_is_removed_when_left() -> None:
 
 def test_no_cgroup_hierarchy_means_no_cgroup(tmp_path: Path) -> None:
     assert CpuCgroup.join("x", root=tmp_path) is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="moving a process between cgroups needs root")
+def test_leaving_removes_a_cgroup_a_crashed_test_left_inside() -> None:
+    cgroup = CpuCgroup.join(f"cpu-test-outer-{os.getpid()}")
+    assert cgroup is not None, "no CPU-accounting cgroup could be made as root"
+    try:
+        (cgroup.path / "left-by-a-crash" / "deeper").mkdir(parents=True)
+    finally:
+        cgroup.leave()
+    assert not cgroup.path.exists()
