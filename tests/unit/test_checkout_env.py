@@ -30,3 +30,15 @@ def test_the_venv_belongs_to_this_checkout() -> None:
         pytest.fail(f"the suite runs in {sys.prefix}, not in this checkout's {venv} (run `make setup`)")
     # an earlier set-up linked .venv to one venv shared by all clones: each would import another's code
     assert not venv.is_symlink(), f"{venv} links to {venv.readlink()}: a venv shared between checkouts"
+
+
+@pytest.mark.parametrize("module", ["ray", "ray.data", "pyarrow", "pydantic", "vllm", "torch"])
+def test_the_venv_holds_compiled_bytecode(module: str) -> None:
+    """Each of the suite's hundreds of Python processes (Ray workers, drivers, replicas) would compile
+    these from source again where PYTHONDONTWRITEBYTECODE is set: make setup compiles them once."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin, module
+    cached = Path(importlib.util.cache_from_source(spec.origin))
+    assert cached.exists(), f"no bytecode for {module} ({cached}): run `make setup`"
