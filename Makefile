@@ -5,6 +5,8 @@ LLMBATCH := .venv/bin/llmbatch
 PYTEST_ARGS ?=
 # `make test` runs on this many pytest-xdist workers, a test file per worker at a time (a file's
 # module fixtures set up once); each worker starts its own services. 1: one process, as before.
+# Files are handed out in testpaths order (the e2e files, minutes each, first), not xdist's default
+# "most tests first", which left the longest files to the end and one worker idle meanwhile.
 PYTEST_WORKERS ?= 2
 
 .PHONY: setup lock up down status demo test test-fast chaos lint bench clean-run
@@ -43,7 +45,7 @@ lint:
 # pytest exit 5 (nothing collected) counts as a failure: a suite that ran nothing proves nothing.
 # Line coverage per package is printed at the end (scripts/coverage_by_package.py).
 test: setup lint
-	@rm -f .coverage .coverage.*; $(PY) -m pytest --cov --cov-report= $(if $(filter-out 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile) $(PYTEST_ARGS); rc=$$?; \
+	@rm -f .coverage .coverage.*; $(PY) -m pytest --cov --cov-report= $(if $(filter-out 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; \
 	$(PY) scripts/coverage_by_package.py || true; exit $$rc
 
