@@ -102,9 +102,10 @@ class Runner:
             engine_wait_s=1800,
         )
 
-    def run(self, specs: list[Any], via: str = "job") -> dict[str, Any]:
-        """Submit all at once (``via`` a Ray job each, or the batch ``runner`` of the short path);
-        wall time to the last one finished, plus each manifest."""
+    def run(self, specs: list[Any], via: str = "job", in_flight: int | None = None) -> dict[str, Any]:
+        """Submit all at once (``via`` a Ray job each, or the batch ``runner`` of the short path), or
+        at most ``in_flight`` at a time, the next as one ends (the dispatcher's admission); wall time
+        from the first submit to the last one finished, plus each manifest."""
         from dispatcher.runner_backend import RunnerClient
         from producer.storage import get_bytes
         from ray_job.submit import submit_kwargs
@@ -121,16 +122,22 @@ class Runner:
             status = self.jobs.get_job_status(sid)
             return status.is_terminal(), status.value == "SUCCEEDED", ""
 
-        t0 = time.perf_counter()
-        for spec in specs:
+        def submit(spec: Any) -> None:
             if via == "runner":
                 asyncio.run(client.submit(spec))
             else:
                 self.jobs.submit_job(**submit_kwargs(spec, self.env, python=sys.executable))
+
+        waiting = list(specs)
+        submitted: list[Any] = []
+        t0 = time.perf_counter()
         ends: dict[str, float] = {}
         outcome: dict[str, tuple[bool, str]] = {}
         while len(ends) < len(specs):
-            for spec in specs:
+            while waiting and (in_flight is None or len(submitted) - len(ends) < in_flight):
+                submitted.append(waiting.pop(0))
+                submit(submitted[-1])
+            for spec in submitted:
                 if spec.submission_id in ends:
                     continue
                 done, ok, message = finished(spec.submission_id)
@@ -218,6 +225,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--skip-own", action="store_true", help="skip the engine-per-batch mode")
+    parser.add_argument("--own-in-flight", type=int, default=None,
+                        help="engine-per-batch jobs at once, the next as one ends (default: the "
+                        "dispatcher's OWN_ENGINE_IN_FLIGHT; 16 at once on a 2-CPU head stalled)")
     parser.add_argument("--skip-jobs", action="store_true",
                         help="skip the shared engine with a Ray job per batch (short path off)")
     parser.add_argument("--json", action="store_true")
@@ -236,8 +246,12 @@ def main() -> None:
     }
 
     if not args.skip_own:
-        print(f"[own engine per batch] A: {args.small} x {args.per_batch} at once ...", flush=True)
-        report["own_A"] = runner.run([runner.spec(c, None) for c in chunks])
+        from dispatcher.settings import OWN_ENGINE_IN_FLIGHT
+
+        own_in_flight = args.own_in_flight or OWN_ENGINE_IN_FLIGHT
+        print(f"[own engine per batch] A: {args.small} x {args.per_batch}, {own_in_flight} at a time "
+              "(the dispatcher's admission) ...", flush=True)
+        report["own_A"] = runner.run([runner.spec(c, None) for c in chunks], in_flight=own_in_flight)
         print(f"[own engine per batch] B: 1 x {len(texts)} ...", flush=True)
         report["own_B"] = runner.run([runner.spec(texts, None)])
 
