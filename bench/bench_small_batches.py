@@ -193,10 +193,9 @@ def deploy(runner: Runner, *, cold: bool) -> str:
         asyncio.run(api.deploy(empty))
         time.sleep(3)
     s3 = runner.s3
+    # no secret in the Serve config (the dashboard shows it): the stack's Ray head holds the S3 keys
     batch_runner = runner_application(max_runs=64, env_vars={
-        "AWS_ENDPOINT_URL_S3": s3.endpoint, "AWS_REGION": s3.region,
-        "AWS_ACCESS_KEY_ID": s3.access_key.get_secret_value(),
-        "AWS_SECRET_ACCESS_KEY": s3.secret_key.get_secret_value(),
+        "LLMBATCH_S3__ENDPOINT": s3.endpoint, "AWS_ENDPOINT_URL_S3": s3.endpoint, "AWS_REGION": s3.region,
     })
     asyncio.run(api.deploy(serve_config(registry, engine_environment(), runner=batch_runner,
                                         http_address=runner.settings.ray.serve_address)))
