@@ -40,6 +40,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.bench_ray_job import engine_environment, input_lines, prompts, run_plain  # noqa: E402
+from dispatcher.settings import OWN_ENGINE_IN_FLIGHT  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -50,11 +51,11 @@ class Runner:
     def __init__(self, model_path: str, args: argparse.Namespace) -> None:
         from ray.job_submission import JobSubmissionClient
 
-        from llmbatch.settings import LLMBatchSettings
+        from dispatcher.settings import DispatcherSettings
         from producer.storage import ensure_buckets, make_client
         from ray_job.submit import runtime_env
 
-        self.settings = LLMBatchSettings()
+        self.settings = DispatcherSettings()
         s3 = self.settings.s3
         self.s3 = s3
         self.minio = make_client(s3)
@@ -165,7 +166,7 @@ class Runner:
 
 def deploy(runner: Runner, *, cold: bool) -> str:
     """(Re)deploy the model's shared engine; ``cold`` = at zero replicas (the first call starts one)."""
-    from dispatcher.engines import serve_config, summarize
+    from dispatcher.engines import runner_env_vars, serve_config, summarize
     from dispatcher.serve_api import ServeApi
     from ray_job.runner import APP_NAME
     from ray_job.runner import serve_application as runner_application
@@ -192,11 +193,8 @@ def deploy(runner: Runner, *, cold: bool) -> str:
         empty = serve_config(EngineRegistry(models={}), http_address=runner.settings.ray.serve_address)
         asyncio.run(api.deploy(empty))
         time.sleep(3)
-    s3 = runner.s3
-    # no secret in the Serve config (the dashboard shows it): the stack's Ray head holds the S3 keys
-    batch_runner = runner_application(max_runs=64, env_vars={
-        "LLMBATCH_S3__ENDPOINT": s3.endpoint, "AWS_ENDPOINT_URL_S3": s3.endpoint, "AWS_REGION": s3.region,
-    })
+    # the dispatcher's runner environment: no secret (the stack's Ray head holds the S3 keys)
+    batch_runner = runner_application(max_runs=64, env_vars=runner_env_vars(runner.settings))
     asyncio.run(api.deploy(serve_config(registry, engine_environment(), runner=batch_runner,
                                         http_address=runner.settings.ray.serve_address)))
     want_running = 0 if cold else 1
@@ -224,9 +222,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--skip-own", action="store_true", help="skip the engine-per-batch mode")
-    parser.add_argument("--own-in-flight", type=int, default=None,
+    parser.add_argument("--own-in-flight", type=int, default=OWN_ENGINE_IN_FLIGHT,
                         help="engine-per-batch jobs at once, the next as one ends (default: the "
-                        "dispatcher's OWN_ENGINE_IN_FLIGHT; 16 at once on a 2-CPU head stalled)")
+                        "dispatcher's; 16 at once on a 2-CPU head stalled)")
     parser.add_argument("--skip-jobs", action="store_true",
                         help="skip the shared engine with a Ray job per batch (short path off)")
     parser.add_argument("--json", action="store_true")
@@ -245,12 +243,9 @@ def main() -> None:
     }
 
     if not args.skip_own:
-        from dispatcher.settings import OWN_ENGINE_IN_FLIGHT
-
-        own_in_flight = args.own_in_flight or OWN_ENGINE_IN_FLIGHT
-        print(f"[own engine per batch] A: {args.small} x {args.per_batch}, {own_in_flight} at a time "
-              "(the dispatcher's admission) ...", flush=True)
-        report["own_A"] = runner.run([runner.spec(c, None) for c in chunks], in_flight=own_in_flight)
+        print(f"[own engine per batch] A: {args.small} x {args.per_batch}, {args.own_in_flight} at a "
+              "time (the dispatcher's admission) ...", flush=True)
+        report["own_A"] = runner.run([runner.spec(c, None) for c in chunks], in_flight=args.own_in_flight)
         print(f"[own engine per batch] B: 1 x {len(texts)} ...", flush=True)
         report["own_B"] = runner.run([runner.spec(texts, None)])
 
