@@ -60,6 +60,12 @@ class SupersededError(JobError):
     code = "superseded"
 
 
+class ClusterBusyError(JobError):
+    """The cluster could not reserve the resources of the job's stages in time (retried later)."""
+
+    code = "cluster_busy"
+
+
 class EngineUnavailableError(JobError):
     """No engine of the batch's model answered in time (none could start, or all stayed busy)."""
 

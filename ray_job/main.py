@@ -37,6 +37,7 @@ from ray_job.manifest import Status
 from ray_job.memory import UssPeak, driver_uss_mb
 from ray_job.parse import count_request_lines
 from ray_job.progress import Counters, Progress
+from ray_job.reservation import Reservation, bundle_of
 from ray_job.writer import ShardWriter
 from schemas.common import BatchStatus, utcnow
 from schemas.job import MANIFEST_NAME, AttemptRecord, JobSpec, Manifest
@@ -200,13 +201,19 @@ class Attempt:
             ray.init(log_to_driver=True)
         self._install_signal_handlers()  # again: ray.init installs its own SIGTERM handler (it just dies)
         pipeline.configure_data_context()
+        placement: dict[str, Any] | None = None
         if self.spec.engine_app is not None:
             # wait here for a replica of the shared engine (a cold start when it scaled to zero):
             # no engine within engine_wait_s ends the attempt with engine_unavailable
             from ray_job.serve_engine import ServeEngine
 
             ServeEngine(self.spec.engine_app, wait_s=self.spec.engine_wait_s)
-        ds = pipeline.build(self.spec, self.prior.done_shards, input_path=input_path)
+            # then all of the stages' resources at once, or none (see ray_job.reservation)
+            reservation = Reservation(self.spec, bundle_of(pipeline.stage_requests(self.spec)))
+            waited = reservation.wait(pipeline.WAIT_FOR_ACTORS_S)
+            log.info("stages reserved %s after %.1f s", reservation.bundle, waited)
+            placement = reservation.remote_args()
+        ds = pipeline.build(self.spec, self.prior.done_shards, input_path=input_path, placement=placement)
         for table in ds.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=1):
             self.consume(rows.from_table(table))
             for writer in self.writers.values():

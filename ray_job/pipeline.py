@@ -91,7 +91,7 @@ def rebatch(ds: Dataset, rows: int, resources: dict[str, Any] | None = None) -> 
         )
         return Dataset._from_parent(ds, LogicalPlan(op, ds.context))
     except (ImportError, AttributeError, TypeError):  # pragma: no cover - other Ray versions
-        if "resources" in remote_args:  # a pooled tenant's tasks must not leave its pool
+        if set(remote_args) - {"num_cpus"}:  # a pooled tenant's or a reserved job's tasks must stay there
             raise
         return ds.repartition(target_num_rows_per_block=rows)
 
@@ -111,34 +111,55 @@ def source_of(spec: JobSpec, done_shards: Sequence[str], *, input_path: str | No
     )
 
 
-def build(spec: JobSpec, done_shards: Sequence[str], *, input_path: str | None) -> Dataset:
+def prompt_actors(spec: JobSpec) -> int:
+    """Size of the prompt stage's actor pool."""
+    return min(spec.engine.replicas, 4)
+
+
+def stage_requests(spec: JobSpec) -> list[dict[str, Any]]:
+    """The Ray resources of every task and actor slot of a shared-engine job's pipeline, as
+    :func:`build` asks them: the reader's task, the prompt actors, one repartition task and the
+    engine client (what :mod:`ray_job.reservation` reserves for the job)."""
+    slots = [READ_CPUS] + [PROMPT_CPUS] * prompt_actors(spec) + [REBATCH_CPUS, SHARED_CLIENT_CPUS]
+    return [spec.stage_resources(cpus) for cpus in slots]
+
+
+def build(spec: JobSpec, done_shards: Sequence[str], *, input_path: str | None,
+          placement: dict[str, Any] | None = None) -> Dataset:
     """The dataset of finished rows (``output`` / ``error``) for the lines still to do (those the
-    shards at ``done_shards`` answer are skipped)."""
+    shards at ``done_shards`` answer are skipped). ``placement``: remote args that put every task
+    and actor inside the job's reservation (:meth:`ray_job.reservation.Reservation.remote_args`;
+    a shared-engine job's, whose slots :func:`stage_requests` lists)."""
     source = source_of(spec, done_shards, input_path=input_path)
     model_path = spec.model_path or spec.model
-    # every task and actor asks spec.stage_resources: a pooled tenant's run only on its pool's nodes
+    extra = placement or {}
+
+    def resources(cpus: float) -> dict[str, Any]:
+        # every task and actor asks spec.stage_resources: a pooled tenant's run only on its pool's nodes
+        return {**spec.stage_resources(cpus), **extra}
+
     ds: Dataset = ray.data.from_items([{"part": 0}])
     ds = ds.map_batches(
         cast(Any, read_rows),
         batch_size=1,
         batch_format="pyarrow",
         fn_kwargs={"source": source},
-        **spec.stage_resources(READ_CPUS),
+        **resources(READ_CPUS),
     )
     ds = ds.map_batches(
         PromptStage,
         batch_size=None,
         batch_format="pyarrow",
-        compute=ActorPoolStrategy(size=min(spec.engine.replicas, 4)),
+        compute=ActorPoolStrategy(size=prompt_actors(spec)),
         fn_constructor_kwargs={
             "model_path": model_path,
             "endpoint": spec.endpoint.value,
             "batch_id": spec.batch_id,
             "backend": spec.engine.backend,
         },
-        **spec.stage_resources(PROMPT_CPUS),
+        **resources(PROMPT_CPUS),
     )
-    ds = rebatch(ds, spec.engine.batch_size, spec.stage_resources(REBATCH_CPUS))
+    ds = rebatch(ds, spec.engine.batch_size, resources(REBATCH_CPUS))
     return ds.map_batches(
         EngineStage,
         batch_size=spec.engine.batch_size,
@@ -156,6 +177,6 @@ def build(spec: JobSpec, done_shards: Sequence[str], *, input_path: str | None) 
             "priority": spec.priority,
         },
         # a client of the shared engine needs next to no CPU and never a GPU
-        **spec.stage_resources(SHARED_CLIENT_CPUS if spec.engine_app else spec.engine.num_cpus_per_replica),
+        **resources(SHARED_CLIENT_CPUS if spec.engine_app else spec.engine.num_cpus_per_replica),
         num_gpus=None if spec.engine_app else (spec.engine.num_gpus_per_replica or None),
     )
