@@ -116,7 +116,8 @@ def run_size(lines: int, args: argparse.Namespace) -> dict[str, Any]:
     )
     jobs = JobSubmissionClient(settings.ray.address)
     with RssSampler() as sampler:
-        wall, result = run_job(jobs, spec, runtime_env(s3_endpoint=s3.endpoint), poll_s=1.0)
+        env = runtime_env(s3_endpoint=s3.endpoint, env_vars=dict(args.env))
+        wall, result = run_job(jobs, spec, env, poll_s=1.0)
     resp = client.get_object(s3.results_bucket, spec.manifest_uri.removeprefix(f"s3://{s3.results_bucket}/"))
     try:
         manifest = parse_manifest(resp.read())
@@ -144,6 +145,13 @@ def run_size(lines: int, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _env_pair(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"--env takes NAME=VALUE, not {text!r}")
+    return name, value
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -152,6 +160,9 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=512, help="lines per engine call")
     parser.add_argument("--shard-max-lines", type=int, default=10_000)
     parser.add_argument("--keep", action="store_true", help="keep the inputs, outputs and Ray jobs")
+    parser.add_argument("--env", type=_env_pair, action="append", default=[], metavar="NAME=VALUE",
+                        help="extra environment of the job and its workers (repeatable), e.g. "
+                        "ARROW_DEFAULT_MEMORY_POOL=system to compare memory allocators")
     parser.add_argument("--json", action="store_true", help="print the report as JSON only")
     args = parser.parse_args()
     if "LLMBATCH_RAY__ADDRESS" not in os.environ:
