@@ -189,10 +189,8 @@ def deploy(runner: Runner, *, cold: bool) -> str:
             )
         }
     )
-    if cold:  # drop any warm replica first (with the proxy options: this deploy may start Serve)
-        empty = serve_config(EngineRegistry(models={}), http_address=runner.settings.ray.serve_address)
-        asyncio.run(api.deploy(empty))
-        time.sleep(3)
+    if cold:  # drop any warm replica first
+        undeploy(runner)
     # the dispatcher's runner environment: no secret (the stack's Ray head holds the S3 keys)
     batch_runner = runner_application(max_runs=64, env_vars=runner_env_vars(runner.settings))
     asyncio.run(api.deploy(serve_config(registry, engine_environment(), runner=batch_runner,
@@ -210,6 +208,19 @@ def deploy(runner: Runner, *, cold: bool) -> str:
             return app_name(MODEL)
         time.sleep(1)
     raise RuntimeError("the engine app did not come up")
+
+
+def undeploy(runner: Runner) -> None:
+    """Remove the engine and the batch runner (with the proxy options: this deploy may start Serve),
+    so no replica holds CPUs or memory beside what runs next."""
+    from dispatcher.engines import serve_config
+    from dispatcher.serve_api import ServeApi
+    from schemas.engines import EngineRegistry
+
+    api = ServeApi(runner.settings.ray.address, timeout_s=120)
+    empty = serve_config(EngineRegistry(models={}), http_address=runner.settings.ray.serve_address)
+    asyncio.run(api.deploy(empty))
+    time.sleep(3)
 
 
 def main() -> None:
@@ -282,6 +293,7 @@ def main() -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as fh:
         for line in input_lines(texts, args.max_tokens):
             fh.write(json.dumps(line) + "\n")
+    undeploy(runner)  # plain vLLM gets the machine to itself, and the stack is left as it was found
     print("[plain vLLM] LLM.chat on the same prompts ...", flush=True)
     plain = run_plain(model_path, Path(fh.name), args.max_model_len)
     plain.pop("texts", None)
