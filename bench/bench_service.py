@@ -58,6 +58,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.bench_ray_job import input_lines, prompts, run_plain  # noqa: E402
+from llmbatch.stack.dispatcher_env import local_engine_threads  # noqa: E402
 
 if TYPE_CHECKING:
     from dispatcher.serve_api import ServeApi
@@ -622,8 +623,9 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=64,
                         help="lines per engine call of a batch (the stack's own entry says 4)")
     parser.add_argument("--batches-in-flight", type=int, default=4, help="engine calls of a batch at once")
-    parser.add_argument("--omp-threads", type=int, default=0,
-                        help="the engine replica's OMP_NUM_THREADS (default: Ray's, its num_cpus)")
+    parser.add_argument("--omp-threads", type=int, default=local_engine_threads(),
+                        help="the engine replica's OMP_NUM_THREADS (default: the local stack's, every "
+                        "core; 0: Ray's, its num_cpus, 1 thread)")
     parser.add_argument("--fake-delay-s", type=float, default=0.5, help="fake engine: seconds per request")
     parser.add_argument("--skip", type=lambda s: [x for x in s.split(",") if x], default=[],
                         help=f"comma list of {','.join(PHASES)}")
