@@ -35,6 +35,8 @@ STOP_FIELDS = ("stop_reason", "stop_requested_at")
 """Fields of a stop request, cleared when an attempt starts or the batch ends."""
 
 Finish = Callable[[BatchRecord, Outcome], Awaitable[None]]
+SizeOf = Callable[[str], Awaitable[int | None]]
+_SIZES_KEPT = 10_000
 
 
 class Launcher:
@@ -52,6 +54,7 @@ class Launcher:
         finish: Finish,
         clock: Callable[[], float] = time.time,
         crash: Callable[[str], None] = lambda point: None,
+        size_of: SizeOf | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -67,6 +70,9 @@ class Launcher:
         self.engine_replicas: dict[str, int] = {}
         #: a job was submitted and is not running yet (the tracker then polls faster)
         self.awaiting_start = False
+        #: the input file's size (``s3://`` object), which decides its route as in the RoutedBackend
+        self.size_of = size_of
+        self._input_bytes: dict[BatchKey, int | None] = {}
 
     def load_of(self, record: BatchRecord, progress: dict[str, str]) -> EngineLoad | None:
         """What a batch has (or, queued, would have) at its model's replicas; ``None`` off the registry."""
@@ -79,14 +85,38 @@ class Launcher:
         window = window_requests(total, done, entry.batch_window)
         return EngineLoad(model, counter(record.get("priority")), window)
 
-    def admits(self, admission: Admission | None, record: BatchRecord) -> bool:
-        """Whether a queued batch fits the engines' room (always, without shared engines)."""
+    async def admits(self, admission: Admission | None, record: BatchRecord) -> bool:
+        """Whether a queued batch fits the engines' room and, if it would run as a Ray job, a job
+        slot (always, without shared engines)."""
         if admission is None:
             return True
         load = self.load_of(record, {})
         if load is None:  # its model left the registry: start_attempt fails it (model_not_found)
             return True
-        return admission.admit(load.model, load.priority, load.requests)
+        job = await self.takes_job_path(record)
+        if admission.admit(load.model, load.priority, load.requests, job=job):
+            self._input_bytes.pop(record.key, None)
+            return True
+        return False
+
+    async def takes_job_path(self, record: BatchRecord) -> bool:
+        """Whether the batch would run as a Ray job rather than on the batch runner (the rule of
+        :func:`dispatcher.runner_backend.takes_short_path`, from the record; a file's size is asked of
+        S3 once per queued batch)."""
+        opts = self.settings.dispatcher
+        if opts.short_path_max_lines <= 0 or self.settings.tenants.pool_of(record.tenant) is not None:
+            return True
+        uri = record.get("input_uri")
+        if not uri:
+            return counter(record.get("total")) > opts.short_path_max_lines
+        if self.size_of is None:
+            return True
+        if record.key not in self._input_bytes:
+            if len(self._input_bytes) >= _SIZES_KEPT:
+                self._input_bytes.clear()
+            self._input_bytes[record.key] = await self.size_of(uri)
+        size = self._input_bytes[record.key]
+        return size is None or size > opts.short_path_max_bytes
 
     async def admission(self) -> Admission:
         """The shared engines' room now: each model's capacity and its launched batches' load."""
@@ -107,7 +137,9 @@ class Launcher:
         }
         for model, cap in capacity.items():
             self.metrics.admission_capacity.labels(model=model).set(cap)
-        return Admission.of(capacity, load)
+        jobs = sum(1 for r in records if r.get("via") == "ray_job")
+        slots = max(0, self.settings.dispatcher.max_jobs_in_flight - jobs)
+        return Admission.of(capacity, load, job_slots=slots)
 
     async def job_spec(self, record: BatchRecord, attempt: int) -> JobSpec:
         """:func:`build_job_spec` with the request body read back from Kafka when Redis does not keep

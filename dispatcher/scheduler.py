@@ -2,7 +2,8 @@
 
 Queued batches wait in the Redis ``ready`` zset ordered by :func:`ready_score`: higher priority
 first, then older first. At most ``max_in_flight`` batches are launched at once. With shared
-engines a batch is launched only when its model's replicas have room for it (:class:`Admission`).
+engines a batch is launched only when its model's replicas have room for it, and one that would run as
+a Ray job only while fewer than ``max_jobs_in_flight`` jobs run (:class:`Admission`).
 The consumer pauses its partitions while the queue holds ``max_queued`` batches or more and resumes
 once it has drained below ``max_queued * resume_ratio`` (hysteresis, so it does not flap).
 """
@@ -69,23 +70,32 @@ class Admission:
     capacity: Mapping[str, int]
     load: list[EngineLoad] = field(default_factory=list)
     blocked: set[str] = field(default_factory=set)
+    job_slots: int | None = None
+    """Batches that may still start as Ray jobs (``None``: no limit). A job-path batch without a slot
+    waits without holding back its model's other batches (a small batch still takes the short path)."""
 
     @classmethod
-    def of(cls, capacity: Mapping[str, int], load: Iterable[EngineLoad]) -> Admission:
-        return cls(dict(capacity), list(load))
+    def of(cls, capacity: Mapping[str, int], load: Iterable[EngineLoad],
+           job_slots: int | None = None) -> Admission:
+        return cls(dict(capacity), list(load), job_slots=job_slots)
 
     def ahead(self, model: str, priority: int) -> int:
         """Requests of launched batches of ``model`` that run before or beside a ``priority`` batch."""
         return sum(x.requests for x in self.load if x.model == model and x.priority >= priority)
 
-    def admit(self, model: str, priority: int, requests: int) -> bool:
-        """Whether to launch the batch now; an admitted batch joins the load."""
+    def admit(self, model: str, priority: int, requests: int, *, job: bool = False) -> bool:
+        """Whether to launch the batch now (``job``: it would run as a Ray job); an admitted batch
+        joins the load and takes a job slot."""
         if model in self.blocked:
             return False
         ahead = self.ahead(model, priority)
         if ahead and ahead + requests > self.capacity.get(model, 0):
             self.blocked.add(model)
             return False
+        if job and self.job_slots is not None:
+            if self.job_slots <= 0:
+                return False
+            self.job_slots -= 1
         self.load.append(EngineLoad(model, priority, requests))
         return True
 

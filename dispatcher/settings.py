@@ -176,6 +176,12 @@ class DispatcherOptions(BaseModel):
         default=64, ge=1, le=10_000,
         description="Batches the runner runs at once; more wait in queued (retried submit).",
     )
+    max_jobs_in_flight: int = Field(
+        default=8, ge=1, le=10_000,
+        description="With shared_engines: batches launched as Ray jobs at once (those the short path "
+        "does not take). Each job's driver holds ~160 MB on the head while it waits for the cluster "
+        "to reserve its stages; more wait in queued. Short-path batches do not count.",
+    )
     # test hook: the process SIGKILLs itself at these points (crash tests); never set in production
     crash_at: list[CrashPoint] = Field(default_factory=list)
 

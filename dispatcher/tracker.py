@@ -130,7 +130,12 @@ class Tracker:
         self._sem = asyncio.Semaphore(16)
         self.outcomes = OutcomeReader(settings, store, results, clock=clock)
         self.launcher = Launcher(settings, store, backend, bodies, metrics, self.outcomes,
-                                 finish=self.finish, clock=clock, crash=crash)
+                                 finish=self.finish, clock=clock, crash=crash,
+                                 size_of=self.input_size)
+
+    async def input_size(self, uri: str) -> int | None:
+        """Size of a batch's input file (its route: the short path or a Ray job)."""
+        return await self.results.object_size(uri)
 
     # -- loop ----------------------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -539,7 +544,7 @@ class Tracker:
                         await self.finish_stopped(record, reason)
                     elif (
                         launched < slots
-                        and self.launcher.admits(admission, record)
+                        and await self.launcher.admits(admission, record)
                         and await self.launcher.start_attempt(record)
                     ):
                         launched += 1

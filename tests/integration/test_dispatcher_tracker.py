@@ -35,6 +35,8 @@ from tests.support.dispatcher_kit import batch_request, inline_lines, origin, re
 
 pytestmark = pytest.mark.integration
 
+SHORT_PATH_MAX_LINES = DispatcherOptions().short_path_max_lines
+
 NOW = 1_790_000_000.0
 # windows of 8 requests (batch_size 4 x 2 in flight); each replica takes 40 requests of launched batches
 ENTRY = EngineModel(path="fake", engine=EngineConfig(backend="fake", batch_size=4, batches_in_flight=2),
@@ -49,7 +51,9 @@ class Jobs:
 
     async def submit(self, spec: JobSpec) -> SubmitResult:
         self.submitted.append(spec)
-        return SubmitResult(spec.submission_id, False)
+        # routed as the RoutedBackend does: small inline batches on the batch runner
+        short = spec.requests is not None and len(spec.requests) <= SHORT_PATH_MAX_LINES
+        return SubmitResult(spec.submission_id, False, via="batch_runner" if short else "ray_job")
 
     async def status(self, submission_id: str) -> JobInfo:
         return JobInfo(JobState.RUNNING)
@@ -177,6 +181,30 @@ async def test_a_big_batch_counts_its_window_and_an_urgent_one_is_not_held_back(
     # p9 competes only with work of its rank; model b has its own replicas; big5 still waits
     assert sorted(jobs.batches()[5:]) == ["other-model", "urgent"]
     assert [r.batch_id for r in await store.get_many(["big5"]) if r and r.state is State.QUEUED] == ["big5"]
+
+
+async def test_batches_that_run_as_ray_jobs_wait_for_a_job_slot(kit: Kit) -> None:
+    tracker, store, jobs = kit
+    opts = tracker.settings.dispatcher.model_copy(update={"max_jobs_in_flight": 2})
+    tracker.launcher.settings = tracker.settings.model_copy(update={"dispatcher": opts})
+    big = SHORT_PATH_MAX_LINES + 1  # a Ray job each; a window of 8 requests at the replicas
+    for i in range(4):
+        await queue(store, f"job{i}", big, age=100 - i)
+    for i in range(2):
+        await queue(store, f"small{i}", 3, age=50 - i)
+    await tracker.launch()
+    # two jobs; the small batches behind the waiting jobs go on (the short path needs no slot)
+    assert jobs.batches() == ["job0", "job1", "small0", "small1"]
+    await tracker.launch()
+    assert len(jobs.submitted) == 4
+    # job0's driver ended (its batch is finalizing): its slot goes to the oldest waiting job
+    key = batch_key(None, "job0")
+    record = await store.get(key)
+    assert record is not None and record.get("via") == "ray_job"
+    assert (await store.transition(key, State.FINALIZING, expected_version=record.version)).ok
+    await tracker.launch()
+    assert jobs.batches()[4:] == ["job2"]
+    assert await store.count(State.QUEUED) == 1
 
 
 async def test_without_shared_engines_max_in_flight_alone_decides(

@@ -69,6 +69,23 @@ def test_higher_priority_counts_only_work_of_its_rank() -> None:
     assert admission.admit("m", 0, 1) is False  # blocked behind the p5 batch
 
 
+def test_batches_that_run_as_ray_jobs_take_a_slot_and_the_short_path_goes_on_without() -> None:
+    admission = Admission.of({"m": 1000}, [], job_slots=2)
+    assert [admission.admit("m", 0, 8, job=True) for _ in range(3)] == [True, True, False]
+    assert admission.job_slots == 0
+    # a job without a slot holds back neither its model's short-path batches nor another model
+    assert "m" not in admission.blocked
+    assert admission.admit("m", 0, 8) is True and admission.admit("m", 0, 8, job=True) is False
+    assert admission.requests("m") == 24  # the waiting job put nothing on the replicas
+    # without a limit, jobs are admitted by the replicas' room alone
+    free = Admission.of({"m": 1000}, [])
+    assert all(free.admit("m", 0, 8, job=True) for _ in range(20)) and free.job_slots is None
+
+
+def test_the_default_job_limit_is_a_few_drivers() -> None:
+    assert DispatcherOptions().max_jobs_in_flight == 8
+
+
 @given(
     capacity=st.integers(1, 2000),
     batches=st.lists(st.tuples(st.integers(0, 9), st.integers(0, 600)), max_size=40),
