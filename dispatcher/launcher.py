@@ -20,7 +20,7 @@ from dispatcher.keys import BatchKey
 from dispatcher.metrics import Metrics
 from dispatcher.outcomes import OutcomeReader, counter
 from dispatcher.request_body import RequestBodies
-from dispatcher.scheduler import Admission, EngineLoad, engine_capacity, window_requests
+from dispatcher.scheduler import Admission, EngineLoad, engine_capacity, short_path_fits, window_requests
 from dispatcher.settings import ENGINES_ENV, DispatcherSettings
 from dispatcher.states import State
 from dispatcher.store import BatchRecord, StateStore
@@ -100,23 +100,27 @@ class Launcher:
         return False
 
     async def takes_job_path(self, record: BatchRecord) -> bool:
-        """Whether the batch would run as a Ray job rather than on the batch runner (the rule of
-        :func:`dispatcher.runner_backend.takes_short_path`, from the record; a file's size is asked of
-        S3 once per queued batch)."""
+        """Whether the batch would run as a Ray job rather than on the batch runner (the runner
+        backend's rule, :func:`~dispatcher.scheduler.short_path_fits`, from the record; a file's size
+        is asked of S3 once per queued batch, and only when the short path could take it)."""
         opts = self.settings.dispatcher
-        if opts.short_path_max_lines <= 0 or self.settings.tenants.pool_of(record.tenant) is not None:
-            return True
+        pooled = self.settings.tenants.pool_of(record.tenant) is not None
         uri = record.get("input_uri")
-        if not uri:
-            return counter(record.get("total")) > opts.short_path_max_lines
+        size = None
+        if uri and opts.short_path_max_lines > 0 and not pooled:
+            size = await self._input_size(record.key, uri)
+        lines = None if uri else counter(record.get("total"))
+        return not short_path_fits(pooled=pooled, lines=lines, input_size=size,
+                                   max_lines=opts.short_path_max_lines, max_bytes=opts.short_path_max_bytes)
+
+    async def _input_size(self, key: BatchKey, uri: str) -> int | None:
         if self.size_of is None:
-            return True
-        if record.key not in self._input_bytes:
+            return None
+        if key not in self._input_bytes:
             if len(self._input_bytes) >= _SIZES_KEPT:
                 self._input_bytes.clear()
-            self._input_bytes[record.key] = await self.size_of(uri)
-        size = self._input_bytes[record.key]
-        return size is None or size > opts.short_path_max_bytes
+            self._input_bytes[key] = await self.size_of(uri)
+        return self._input_bytes[key]
 
     async def admission(self) -> Admission:
         """The shared engines' room now: each model's capacity and its launched batches' load."""

@@ -30,6 +30,7 @@ import orjson
 from dispatcher.backend import JobBackend, JobInfo, JobState, SubmitResult
 from dispatcher.errors import JobRejected, RayUnavailable
 from dispatcher.ray_http import tls_context
+from dispatcher.scheduler import short_path_fits
 from llmbatch.settings import RaySettings
 from ray_job.runner import ROUTE_PREFIX
 from schemas.job import JobSpec
@@ -39,13 +40,14 @@ SizeOf = Callable[[str], Awaitable[int | None]]
 
 
 def takes_short_path(spec: JobSpec, *, max_lines: int, max_bytes: int, input_size: int | None) -> bool:
-    """Whether ``spec`` runs on the batch runner: a shared engine and a small input. Never a pooled
-    tenant's batch: the runner reads and writes every tenant's files with its own keys."""
-    if spec.engine_app is None or max_lines <= 0 or spec.pool_resource is not None:
+    """Whether ``spec`` runs on the batch runner: a shared engine and a small input
+    (:func:`~dispatcher.scheduler.short_path_fits`). Never a pooled tenant's batch: the runner reads and
+    writes every tenant's files with its own keys."""
+    if spec.engine_app is None:
         return False
-    if spec.requests is not None:
-        return len(spec.requests) <= max_lines
-    return input_size is not None and input_size <= max_bytes
+    lines = len(spec.requests) if spec.requests is not None else None
+    return short_path_fits(pooled=spec.pool_resource is not None, lines=lines, input_size=input_size,
+                           max_lines=max_lines, max_bytes=max_bytes)
 
 
 def job_info(view: dict[str, Any]) -> JobInfo:

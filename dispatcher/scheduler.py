@@ -38,6 +38,18 @@ def window_requests(total: int | None, done: int, window: int) -> int:
     return max(0, min(window, total - done))
 
 
+def short_path_fits(*, pooled: bool, lines: int | None, input_size: int | None, max_lines: int,
+                    max_bytes: int) -> bool:
+    """Whether a shared-engine batch runs on the batch runner (the short path) rather than as a Ray job:
+    at most ``max_lines`` inline ``lines``, or an input file of at most ``max_bytes`` (``input_size``
+    ``None``: unknown, a job). Never a pooled tenant's batch; never when ``max_lines`` is 0 (off)."""
+    if max_lines <= 0 or pooled:
+        return False
+    if lines is not None:
+        return lines <= max_lines
+    return input_size is not None and input_size <= max_bytes
+
+
 def engine_capacity(requests_per_replica: int, *, live_replicas: int | None, min_replicas: int,
                     max_replicas: int) -> int:
     """Requests a model's replicas take: ``requests_per_replica`` for each replica that runs (at

@@ -23,6 +23,7 @@ from dispatcher.jobspec import results_prefix
 from dispatcher.keys import Keys, batch_key
 from dispatcher.metrics import Metrics
 from dispatcher.results import Shards
+from dispatcher.runner_backend import takes_short_path
 from dispatcher.scheduler import ready_score
 from dispatcher.settings import DispatcherOptions, DispatcherSettings, JobOptions
 from dispatcher.states import State
@@ -52,7 +53,7 @@ class Jobs:
     async def submit(self, spec: JobSpec) -> SubmitResult:
         self.submitted.append(spec)
         # routed as the RoutedBackend does: small inline batches on the batch runner
-        short = spec.requests is not None and len(spec.requests) <= SHORT_PATH_MAX_LINES
+        short = takes_short_path(spec, max_lines=SHORT_PATH_MAX_LINES, max_bytes=0, input_size=None)
         return SubmitResult(spec.submission_id, False, via="batch_runner" if short else "ray_job")
 
     async def status(self, submission_id: str) -> JobInfo:
