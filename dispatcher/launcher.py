@@ -15,6 +15,7 @@ from dispatcher import logs, states
 from dispatcher.backend import JobBackend
 from dispatcher.errors import JobRejected, RequestUnavailable
 from dispatcher.events import Outcome
+from dispatcher.input_sizes import SizeOf
 from dispatcher.jobspec import build_job_spec
 from dispatcher.keys import BatchKey
 from dispatcher.metrics import Metrics
@@ -35,8 +36,6 @@ STOP_FIELDS = ("stop_reason", "stop_requested_at")
 """Fields of a stop request, cleared when an attempt starts or the batch ends."""
 
 Finish = Callable[[BatchRecord, Outcome], Awaitable[None]]
-SizeOf = Callable[[str], Awaitable[int | None]]
-_SIZES_KEPT = 10_000
 
 
 class Launcher:
@@ -71,8 +70,8 @@ class Launcher:
         #: a job was submitted and is not running yet (the tracker then polls faster)
         self.awaiting_start = False
         #: the input file's size (``s3://`` object), which decides its route as in the RoutedBackend
+        #: (the service gives both one :class:`~dispatcher.input_sizes.InputSizes`: one ask per batch)
         self.size_of = size_of
-        self._input_bytes: dict[BatchKey, int | None] = {}
 
     def load_of(self, record: BatchRecord, progress: dict[str, str]) -> EngineLoad | None:
         """What a batch has (or, queued, would have) at its model's replicas; ``None`` off the registry."""
@@ -94,33 +93,21 @@ class Launcher:
         if load is None:  # its model left the registry: start_attempt fails it (model_not_found)
             return True
         job = await self.takes_job_path(record)
-        if admission.admit(load.model, load.priority, load.requests, job=job):
-            self._input_bytes.pop(record.key, None)
-            return True
-        return False
+        return admission.admit(load.model, load.priority, load.requests, job=job)
 
     async def takes_job_path(self, record: BatchRecord) -> bool:
         """Whether the batch would run as a Ray job rather than on the batch runner (the runner
         backend's rule, :func:`~dispatcher.scheduler.short_path_fits`, from the record; a file's size
-        is asked of S3 once per queued batch, and only when the short path could take it)."""
+        is asked of ``size_of`` only when the short path could take it)."""
         opts = self.settings.dispatcher
         pooled = self.settings.tenants.pool_of(record.tenant) is not None
         uri = record.get("input_uri")
         size = None
-        if uri and opts.short_path_max_lines > 0 and not pooled:
-            size = await self._input_size(record.key, uri)
+        if uri and opts.short_path_max_lines > 0 and not pooled and self.size_of is not None:
+            size = await self.size_of(uri)
         lines = None if uri else counter(record.get("total"))
         return not short_path_fits(pooled=pooled, lines=lines, input_size=size,
                                    max_lines=opts.short_path_max_lines, max_bytes=opts.short_path_max_bytes)
-
-    async def _input_size(self, key: BatchKey, uri: str) -> int | None:
-        if self.size_of is None:
-            return None
-        if key not in self._input_bytes:
-            if len(self._input_bytes) >= _SIZES_KEPT:
-                self._input_bytes.clear()
-            self._input_bytes[key] = await self.size_of(uri)
-        return self._input_bytes[key]
 
     async def admission(self) -> Admission:
         """The shared engines' room now: each model's capacity and its launched batches' load."""

@@ -21,7 +21,6 @@ import asyncio
 import http.client
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ import orjson
 
 from dispatcher.backend import JobBackend, JobInfo, JobState, SubmitResult
 from dispatcher.errors import JobRejected, RayUnavailable
+from dispatcher.input_sizes import SizeOf
 from dispatcher.ray_http import tls_context
 from dispatcher.scheduler import short_path_fits
 from llmbatch.settings import RaySettings
@@ -36,7 +36,6 @@ from ray_job.runner import ROUTE_PREFIX
 from schemas.job import JobSpec
 
 _STATES = {s.value: s for s in JobState}
-SizeOf = Callable[[str], Awaitable[int | None]]
 
 
 def takes_short_path(spec: JobSpec, *, max_lines: int, max_bytes: int, input_size: int | None) -> bool:

@@ -21,6 +21,7 @@ from dispatcher.backend import JobBackend
 from dispatcher.consumer import RequestConsumer
 from dispatcher.errors import DispatcherError, InvalidSettings
 from dispatcher.http import HealthServer
+from dispatcher.input_sizes import InputSizes
 from dispatcher.metrics import Metrics
 from dispatcher.publisher import EventProducer
 from dispatcher.reconcile import Reconciler
@@ -69,6 +70,8 @@ class Dispatcher:
             settings.redis, finished_ttl_s=opts.finished_ttl_s, dedupe_ttl_s=opts.event_dedupe_ttl_s
         )
         self.results = ResultStore(settings.s3)
+        # one cache for the tracker's admission and the runner backend's route: one S3 HEAD per batch
+        input_sizes = InputSizes(self.results.object_size)
         self.runner: RunnerClient | None = None
         if backend is None:
             from dispatcher.ray_backend import RayJobsBackend
@@ -84,13 +87,14 @@ class Dispatcher:
                     self.runner,
                     max_lines=opts.short_path_max_lines,
                     max_bytes=opts.short_path_max_bytes,
-                    size_of=self.results.object_size,
+                    size_of=input_sizes,
                 )
         self.backend = backend
         self.producer = EventProducer(settings.kafka, self.metrics)
         self.consumer = RequestConsumer(settings, self.store, self.producer, self.metrics, crash=self.crash)
         self.tracker = Tracker(
-            settings, self.store, self.backend, self.results, self.producer, self.metrics, crash=self.crash
+            settings, self.store, self.backend, self.results, self.producer, self.metrics, crash=self.crash,
+            input_sizes=input_sizes,
         )
         self.consumer.on_accepted = self.tracker.wake
         self.reconciler = Reconciler(

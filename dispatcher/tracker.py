@@ -43,6 +43,7 @@ from dispatcher.backend import (
 )
 from dispatcher.errors import DispatcherError, ManifestInvalid
 from dispatcher.events import Outcome, build_progress, safe_counts, terminal_fields
+from dispatcher.input_sizes import InputSizes, SizeOf
 from dispatcher.job_cleanup import JobCleanup
 from dispatcher.jobspec import results_prefix
 from dispatcher.keys import BatchKey, Keys
@@ -84,6 +85,7 @@ class Tracker:
         crash: Callable[[str], None] = lambda point: None,
         clock: Callable[[], float] = time.time,
         bodies: RequestBodies | None = None,
+        input_sizes: SizeOf | None = None,
     ) -> None:
         self.settings = settings
         self.opts = settings.dispatcher
@@ -129,12 +131,12 @@ class Tracker:
         self._warned: dict[str, float] = {}
         self._sem = asyncio.Semaphore(16)
         self.outcomes = OutcomeReader(settings, store, results, clock=clock)
+        if input_sizes is None:
+            input_sizes = InputSizes(self._object_size)
         self.launcher = Launcher(settings, store, backend, bodies, metrics, self.outcomes,
-                                 finish=self.finish, clock=clock, crash=crash,
-                                 size_of=self.input_size)
+                                 finish=self.finish, clock=clock, crash=crash, size_of=input_sizes)
 
-    async def input_size(self, uri: str) -> int | None:
-        """Size of a batch's input file (its route: the short path or a Ray job)."""
+    async def _object_size(self, uri: str) -> int | None:
         return await self.results.object_size(uri)
 
     # -- loop ----------------------------------------------------------------------------------------
