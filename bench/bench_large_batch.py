@@ -6,9 +6,12 @@
 For each size: a ``.jsonl.gz`` input of that many chat lines is written and uploaded to MinIO as a
 stream, one Ray job runs it on the fake engine (no delay: the pipeline is what is measured), and
 every process of the Ray node is sampled every 0.5 s. Prints, per size: wall time, lines/s, the
-driver's peak RSS (the job's own ``ru_maxrss``), the peak RSS and USS of the Ray workers by task (the
-input reader, the prompt and engine stages, the writer), the output shards and their largest line count.
-Flat memory means the peaks do not grow with the line count. Not a test.
+driver's peak RSS (the job's own ``ru_maxrss``), USS and RSS without the object store's pages
+(:func:`ray_job.memory.driver_own_mb`), the peak RSS, USS and RSS without the object
+store's pages of the Ray workers by task (the input reader, the prompt and engine stages, the writer),
+the output shards and their largest line count. Flat memory means USS and RSS without the store do not
+grow with the line count: RSS alone also counts the shared object-store pages a process has touched,
+which grow with the data that passed through it, up to the store's size. Not a test.
 """
 
 from __future__ import annotations
@@ -43,12 +46,12 @@ def write_input(path: Path, lines: int) -> None:
 
 class RssSampler:
     """Peak memory per Ray worker title (``ray::<task>``) over the processes of this machine: RSS,
-    and USS (the pages only that process holds: RSS also counts the shared object-store pages a
-    worker has touched)."""
+    USS (the pages only that process holds) and RSS without the shared object-store pages."""
 
     def __init__(self, interval_s: float = 0.5) -> None:
         self.peaks: dict[str, int] = defaultdict(int)
         self.uss_peaks: dict[str, int] = defaultdict(int)
+        self.own_peaks: dict[str, int] = defaultdict(int)
         self._interval = interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -64,6 +67,8 @@ class RssSampler:
     def _run(self) -> None:
         import psutil
 
+        from ray_job.memory import object_store_bytes
+
         while not self._stop.is_set():
             for proc in psutil.process_iter(["cmdline"]):
                 cmd = proc.info.get("cmdline") or []
@@ -73,16 +78,19 @@ class RssSampler:
                 title = cmd[0].split(" ")[0].removesuffix(".submit").removesuffix(".__init__")
                 try:
                     mem = proc.memory_full_info()
+                    plasma = object_store_bytes(proc)
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     continue
                 self.peaks[title] = max(self.peaks[title], mem.rss)
                 self.uss_peaks[title] = max(self.uss_peaks[title], mem.uss)
+                self.own_peaks[title] = max(self.own_peaks[title], mem.rss - plasma)
             self._stop.wait(self._interval)
 
     def top(self, n: int) -> dict[str, dict[str, float]]:
-        """The ``n`` largest workers by RSS: title -> {rss_mb, uss_mb}."""
+        """The ``n`` largest workers by RSS: title -> {rss_mb, uss_mb, own_rss_mb}."""
         ranked = sorted(self.peaks.items(), key=lambda kv: -kv[1])[:n]
-        return {title: {"rss_mb": round(rss / 2**20, 1), "uss_mb": round(self.uss_peaks[title] / 2**20, 1)}
+        return {title: {"rss_mb": round(rss / 2**20, 1), "uss_mb": round(self.uss_peaks[title] / 2**20, 1),
+                        "own_rss_mb": round(self.own_peaks[title] / 2**20, 1)}
                 for title, rss in ranked}
 
 
@@ -141,6 +149,7 @@ def run_size(lines: int, args: argparse.Namespace) -> dict[str, Any]:
         "driver_max_rss_mb": result.get("driver_max_rss_mb"),
         "driver_uss_mb": result.get("driver_uss_mb"),
         "driver_uss_peak_mb": result.get("driver_uss_peak_mb"),
+        "driver_own_peak_mb": result.get("driver_own_peak_mb"),
         "worker_peaks": sampler.top(4),
     }
 
@@ -179,12 +188,15 @@ def main() -> int:
         print(json.dumps(rows, indent=2))
         return 0
     print(f"\n{'lines':>9} {'gz MB':>6} {'wall s':>7} {'lines/s':>8} {'shards':>6} {'max/shard':>9} "
-          f"{'driver MB':>9} {'drv USS':>7} {'USS peak':>8}  worker peaks MB (RSS / USS)")
+          f"{'driver MB':>9} {'drv USS':>7} {'USS peak':>8} {'own peak':>8}  "
+          f"worker peaks MB (RSS / USS / RSS without the object store's pages)")
     for r in rows:
-        workers = ", ".join(f"{t}={v['rss_mb']}/{v['uss_mb']}" for t, v in r["worker_peaks"].items())
+        workers = ", ".join(f"{t}={v['rss_mb']}/{v['uss_mb']}/{v['own_rss_mb']}"
+                            for t, v in r["worker_peaks"].items())
         print(f"{r['lines']:>9} {r['input_gz_mb']:>6} {r['wall_s']:>7} {r['lines_per_s']:>8} "
               f"{r['shards']:>6} {r['max_shard_lines']:>9} {r['driver_max_rss_mb']!s:>9} "
-              f"{r['driver_uss_mb']!s:>7} {r['driver_uss_peak_mb']!s:>8}  {workers}")
+              f"{r['driver_uss_mb']!s:>7} {r['driver_uss_peak_mb']!s:>8} "
+              f"{r['driver_own_peak_mb']!s:>8}  {workers}")
     return 0
 
 

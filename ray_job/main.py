@@ -34,7 +34,7 @@ from ray_job.errors import (
     SupersededError,
 )
 from ray_job.manifest import Status
-from ray_job.memory import UssPeak, driver_uss_mb
+from ray_job.memory import MemoryPeak, driver_own_mb, driver_uss_mb
 from ray_job.parse import count_request_lines
 from ray_job.progress import Counters, Progress
 from ray_job.reservation import Reservation, bundle_of
@@ -97,7 +97,8 @@ class Attempt:
         self.stop_reason = ""
         self.pipeline_done = False
         self.result: dict[str, Any] | None = None  # the LLMBATCH_RESULT of the attempt, once it ended
-        self.uss_peak = UssPeak()
+        self.uss_peak = MemoryPeak()
+        self.own_peak = MemoryPeak(sample=driver_own_mb)
 
     # --- setup ------------------------------------------------------------------------------
 
@@ -324,6 +325,7 @@ class Attempt:
             "driver_max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "driver_uss_mb": driver_uss_mb(),
             "driver_uss_peak_mb": self.uss_peak.stop(),
+            "driver_own_peak_mb": self.own_peak.stop(),
         }
         return result, intact
 
@@ -335,6 +337,7 @@ class Attempt:
         try:
             self._install_stop()
             self.uss_peak.start()
+            self.own_peak.start()
             self._start_heartbeat()
             self.fs = s3.filesystem()
             input_path = self._input_path(self.fs)

@@ -45,7 +45,7 @@ from ray_job.engine import Engine, EngineStage
 from ray_job.engine_stats import summarize_metrics
 from ray_job.errors import ExitCode
 from ray_job.main import SUPERSEDED, Attempt, StopRequested
-from ray_job.memory import UssPeak
+from ray_job.memory import MemoryPeak
 from ray_job.pipeline import source_of
 from ray_job.prompts import HFTokenizer, Tokenizer, WhitespaceTokenizer, build_rows
 from ray_job.reader import iter_blocks
@@ -89,7 +89,9 @@ class RunnerAttempt(Attempt):
     def __init__(self, spec: JobSpec, *, tokenizer: Callable[[], Tokenizer], keep_text: bool,
                  engine: Callable[[], Engine]) -> None:
         super().__init__(spec, utcnow())
-        self.uss_peak = UssPeak(sample=None)  # the runner's process is every run's: no figure of its own
+        # the runner's process is every run's: no figure of its own
+        self.uss_peak = MemoryPeak(sample=None)
+        self.own_peak = MemoryPeak(sample=None)
         self._tokenizer = tokenizer
         self._keep_text = keep_text
         self._engine = engine
