@@ -48,6 +48,12 @@ def start_ray(run_dir: Path, num_cpus: int = 2, object_store_bytes: int = 1_000_
         return _start_ray(run_dir, num_cpus, object_store_bytes, ports, restart, tls)
 
 
+QUIET_LOG_MONITOR_ENV = {"RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0", "LOG_NAME_UPDATE_INTERVAL_S": "2"}
+"""Ray's log monitor globs the logs directory for new worker logs every 0.1 s until it holds 1,000
+files, the largest share of an idle head's CPU once jobs have run; with these, every 2 s. A new log is
+still read from its start (no line is lost); its first lines reach the driver up to 2 s later."""
+
+
 def ray_tls_env(tls: TlsFiles) -> dict[str, str]:
     """The variables that turn on TLS for every Ray process of a node (they inherit them)."""
     return {"RAY_USE_TLS": "1", "RAY_TLS_SERVER_CERT": str(tls.server_cert),
@@ -83,6 +89,7 @@ def _start_ray(run_dir: Path, num_cpus: int, object_store_bytes: int, ports: Sta
         # EngineCore would otherwise live on, orphaned, holding the model and its KV cache
         "RAY_process_group_cleanup_enabled": "1",
         "RAY_DEDUP_LOGS": "0",
+        **QUIET_LOG_MONITOR_ENV,
         "PYTHONUNBUFFERED": "1",
         # job entrypoints say `python ...`: make that the venv's interpreter, as on a worker image
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
