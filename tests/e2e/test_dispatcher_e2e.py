@@ -490,46 +490,6 @@ def datetime_now() -> Any:
     return datetime.now(UTC)
 
 
-# --- Ray head restart ------------------------------------------------------------------------------------
-
-
-async def test_ray_head_restart_loses_the_job_which_is_retried(
-    kafka_settings: KafkaSettings, redis_settings: RedisSettings, buckets: S3Settings, tmp_path: Path
-) -> None:
-    from tests.support.private_ray import PrivateRay
-
-    head = PrivateRay(tmp_path / "ray", s3=buckets)
-    head.start()
-    e = Env(
-        world(
-            kafka_settings,
-            redis_settings,
-            buckets,
-            RaySettings(address=head.address),
-            engine=FAKE.model_copy(update={"fake_delay_s": 1.0, "batch_size": 1, "batches_in_flight": 1}),
-        ),
-        tmp_path,
-    )
-    await ensure_topics(e.settings)
-    try:
-        e.spawn()
-        request = batch_request(f"ray-{uuid.uuid4().hex[:6]}", requests=inline_lines(30))
-        await e.send(request_message(request))
-        await wait_for(lambda: _progress(e, request.batch_id), 240, what="the job to make progress")
-        head.stop()
-        head.start()  # same ports, no job records
-        found = await e.wait_terminal([request.batch_id], within=400)
-        event = found[request.batch_id][0]
-        assert event.type is EventType.COMPLETED
-        assert event.data.attempts >= 2 and event.data.request_counts.completed == 30
-        assert_one_terminal(await e.results(), [request.batch_id])
-        assert "job lost" in "".join(p.log_path.read_text() for p in e.procs)
-    finally:
-        await e.close()
-        head.stop()
-        head.remove_temp()
-
-
 # --- graceful shutdown ----------------------------------------------------------------------------------
 
 
@@ -638,12 +598,13 @@ async def test_shared_engine_serves_every_batch_and_unknown_models_are_refused(
         await api.deploy({"applications": []})
 
 
-async def test_a_ray_head_restart_loses_the_shared_engines_which_are_deployed_again(
+async def test_a_ray_head_restart_loses_jobs_runs_and_engines_which_all_come_back(
     kafka_settings: KafkaSettings, redis_settings: RedisSettings, buckets: S3Settings, tmp_path: Path
 ) -> None:
-    """A head restarted without GCS fault tolerance comes back with no Serve applications: the
-    dispatcher (tracker leader) deploys the engines and the batch runner again, and the batch whose
-    runner attempt the restart lost runs again and completes, answered once."""
+    """A head restarted without GCS fault tolerance comes back with no jobs and no Serve applications.
+    Two batches run when it goes: one as a Ray job (on the shared engine), one on the batch runner. The
+    dispatcher (tracker leader) finds the job lost, deploys the engines and the runner again, and both
+    batches run again and complete, each answered once with every custom_id once."""
     from dispatcher.serve_api import ServeApi
     from ray_job.runner import APP_NAME
     from schemas.engines import ReplicaResources, Scaling
@@ -652,9 +613,10 @@ async def test_a_ray_head_restart_loses_the_shared_engines_which_are_deployed_ag
 
     head = PrivateRay(tmp_path / "ray", s3=buckets)
     head.start()
+    # 20 lines or fewer take the runner; more run as a Ray job
     settings = world(kafka_settings, redis_settings, buckets,
                      RaySettings(address=head.address, serve_address=head.serve_address),
-                     shared_engines=True, max_in_flight=None)
+                     shared_engines=True, max_in_flight=None, short_path_max_lines=20)
     slow = FAKE.model_copy(update={"fake_delay_s": 1.0, "batch_size": 1, "batches_in_flight": 1})
     entry = settings.engines.get(MODEL).model_copy(update={
         "engine": slow, "resources": ReplicaResources(num_cpus=0.25),
@@ -672,20 +634,29 @@ async def test_a_ray_head_restart_loses_the_shared_engines_which_are_deployed_ag
 
     try:
         e.spawn()
-        request = batch_request(f"rayserve-{uuid.uuid4().hex[:6]}", requests=inline_lines(30))
-        await e.send(request_message(request))
-        await wait_for(lambda: _progress(e, request.batch_id), 300, what="the batch to make progress")
+        job = batch_request(f"rayjob-{uuid.uuid4().hex[:6]}", requests=inline_lines(30))
+        run = batch_request(f"rayrun-{uuid.uuid4().hex[:6]}", requests=inline_lines(20))
+        await e.send(request_message(job), request_message(run))
+        for batch in (job, run):
+            await wait_for(lambda b=batch: _progress(e, b.batch_id), 300, what=f"{batch.batch_id}'s progress")
+        records = {b.batch_id: await e.store.get(b.batch_id) for b in (job, run)}
+        vias = {b: r.get("via") if r is not None else None for b, r in records.items()}
+        assert vias == {job.batch_id: "ray_job", run.batch_id: "batch_runner"}, vias
         head.stop()
-        head.start()  # same ports, no Serve applications
+        head.start()  # same ports, no job records, no Serve applications
         assert not await runner_deployed()
         await wait_for(runner_deployed, 120, interval=2, what="the dispatcher to deploy the engines again")
-        found = await e.wait_terminal([request.batch_id], within=400)
-        event = found[request.batch_id][0]
-        assert event.type is EventType.COMPLETED, event.data.error
-        assert event.data.attempts >= 2 and event.data.request_counts.completed == 30
-        assert_one_terminal(await e.results(), [request.batch_id])
-        assert sorted(_custom_ids(buckets, event.data.output_uris)) == sorted(f"req-{i}" for i in range(30))
-        assert "deploying them again" in "".join(p.log_path.read_text() for p in e.procs)
+        ids = [job.batch_id, run.batch_id]
+        found = await e.wait_terminal(ids, within=400)
+        assert_one_terminal(await e.results(), ids)
+        for batch, n in ((job, 30), (run, 20)):
+            event = found[batch.batch_id][0]
+            assert event.type is EventType.COMPLETED, (batch.batch_id, event.data.error)
+            assert event.data.attempts >= 2 and event.data.request_counts.completed == n
+            answered = _custom_ids(buckets, event.data.output_uris)
+            assert sorted(answered) == sorted(f"req-{i}" for i in range(n)), batch.batch_id
+        logs = "".join(p.log_path.read_text() for p in e.procs)
+        assert "job lost" in logs and "deploying them again" in logs
     finally:
         await e.close()
         head.stop()
