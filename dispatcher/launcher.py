@@ -95,6 +95,13 @@ class Launcher:
         job = await self.takes_job_path(record)
         return admission.admit(load.model, load.priority, load.requests, job=job)
 
+    async def route_of(self, record: BatchRecord) -> str:
+        """How the batch's next attempt will run: ``ray_job`` or ``batch_runner`` (as
+        :attr:`~dispatcher.backend.SubmitResult.via` will say)."""
+        if self.settings.dispatcher.shared_engines and not await self.takes_job_path(record):
+            return "batch_runner"
+        return "ray_job"
+
     async def takes_job_path(self, record: BatchRecord) -> bool:
         """Whether the batch would run as a Ray job rather than on the batch runner (the runner
         backend's rule, :func:`~dispatcher.scheduler.short_path_fits`, from the record; a file's size
@@ -180,6 +187,9 @@ class Launcher:
                 "submission_id": spec.submission_id,
                 "submitted_at": repr(now),
                 "confirmed": "0",
+                # the route it is sent on, confirmed by the submit: a job holds its slot from now on,
+                # also while its submit is retried through a Ray outage
+                "via": await self.route_of(record),
             },
             delete=STOP_FIELDS,
         )

@@ -208,6 +208,33 @@ async def test_batches_that_run_as_ray_jobs_wait_for_a_job_slot(kit: Kit) -> Non
     assert await store.count(State.QUEUED) == 1
 
 
+async def test_a_job_whose_submit_waits_for_ray_holds_its_slot(kit: Kit) -> None:
+    """Ray is down: a job-path batch's submit fails (retriable) and it stays submitted, unconfirmed.
+    It holds its job slot meanwhile, so the next job-path batch waits in queued instead of piling up
+    drivers for when Ray is back; short-path batches go on."""
+    tracker, store, jobs = kit
+    opts = tracker.settings.dispatcher.model_copy(update={"max_jobs_in_flight": 1})
+    tracker.launcher.settings = tracker.settings.model_copy(update={"dispatcher": opts})
+    submit = jobs.submit
+
+    async def ray_down(spec: JobSpec) -> SubmitResult:
+        raise RayUnavailable("the Jobs API does not answer")
+
+    big = SHORT_PATH_MAX_LINES + 1
+    await queue(store, "job0", big, age=100)
+    await queue(store, "job1", big, age=90)
+    await queue(store, "small0", 3, age=80)
+    jobs.submit = ray_down  # type: ignore[method-assign]
+    await tracker.launch()
+    record = await store.get(batch_key(None, "job0"))
+    assert record is not None and record.state is State.SUBMITTED and record.get("confirmed") == "0"
+    jobs.submit = submit  # type: ignore[method-assign]
+    await tracker.launch()
+    await tracker.launch()
+    assert jobs.batches() == ["small0"]  # job1 waits for job0's slot
+    assert await store.count(State.QUEUED) == 1
+
+
 async def test_without_shared_engines_max_in_flight_alone_decides(
     kit: tuple[Tracker, StateStore, Jobs],
 ) -> None:
