@@ -552,6 +552,9 @@ def ratios(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
                    default=None)
         if best is not None:
             put("concurrent / plain LLM.chat, the faster (tok/s)", conc / best, ">= 0.9", conc >= 0.9 * best)
+            # issue 13's figure: one big batch (e.g. --conc 2 --conc-size 1024: 1 x 2048) against plain
+            one = report["one"]["tokens_per_s"]
+            put("one batch / plain LLM.chat, the faster (tok/s)", one / best, ">= 0.9", one >= 0.9 * best)
     if "fairness" in report:
         f = report["fairness"]
         put("fairness: beside the big batch / idle", f["ratio"], "<= 2",
