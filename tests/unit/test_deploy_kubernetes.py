@@ -372,9 +372,11 @@ def test_dispatcher_deployment(renders: dict[str, list[dict[str, Any]]]) -> None
 
 
 @pytest.mark.parametrize("overlay", vd.OVERLAYS)
-def test_production_dispatchers_refuse_to_start_without_the_tenant_and_replay_keys(
+def test_dispatchers_refuse_to_start_without_the_tenant_and_replay_keys(
     renders: dict[str, list[dict[str, Any]]], overlay: str
 ) -> None:
+    """Every overlay, cpu-dev included, runs only requests signed by the tenant they name: a dispatcher
+    without the tenant and replay keys exits at start instead of trusting tenant claims."""
     objects = renders[overlay]
     deployment = vd.one(objects, "Deployment", "llmbatch-dispatcher")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
@@ -383,13 +385,35 @@ def test_production_dispatchers_refuse_to_start_without_the_tenant_and_replay_ke
     assert from_secrets["LLMBATCH_TENANTS__KEYS"].startswith("llmbatch-tenants")  # cpu-dev: a generated name
     assert from_secrets["LLMBATCH_REPLAY__KEY"].startswith("llmbatch-credentials")
     settings = _settings(objects)  # the ConfigMap and the credentials, no tenant or replay key
-    production = overlay.startswith("gpu-prod")
-    assert settings.dispatcher.require_signed_events is production
+    assert settings.dispatcher.require_signed_events is True
     problem = settings.serving_problem()
-    refused = problem is not None and "LLMBATCH_TENANTS__KEYS and LLMBATCH_REPLAY__KEY" in problem
-    assert refused is production
+    assert problem is not None and "LLMBATCH_TENANTS__KEYS and LLMBATCH_REPLAY__KEY" in problem
     keys = {"LLMBATCH_TENANTS__KEYS": json.dumps({"acme": "t" * 32}), "LLMBATCH_REPLAY__KEY": "r" * 32}
     assert vd.build_settings({**_config(objects), **keys}).serving_problem() is None
+
+
+def test_cpu_dev_generates_the_keys_its_dispatchers_and_api_need(
+    renders: dict[str, list[dict[str, Any]]]
+) -> None:
+    """cpu-dev's own (well-known, dev-only) Secrets make its dispatchers serve: the default tenant's
+    signing key, which the HTTP API signs its requests with, and the replay key."""
+    import base64
+
+    objects = renders["cpu-dev"]
+
+    def secret(prefix: str, key: str) -> str:
+        [found] = [o for o in vd.by_kind(objects, "Secret") if o["metadata"]["name"].startswith(prefix)]
+        data = found.get("data") or {}
+        return base64.b64decode(data[key]).decode() if key in data else str(found["stringData"][key])
+
+    tenants = secret("llmbatch-tenants", "keys")
+    assert set(json.loads(tenants)) == {"default"}
+    replay = secret("llmbatch-credentials", "replay-key")
+    keys = {"LLMBATCH_TENANTS__KEYS": tenants, "LLMBATCH_REPLAY__KEY": replay}
+    assert vd.build_settings({**_config(objects), **keys}).serving_problem() is None
+    api = vd.one(objects, "Deployment", "llmbatch-api")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in api["env"]}
+    assert env["LLMBATCH_TENANTS__KEYS"]["valueFrom"]["secretKeyRef"]["name"].startswith("llmbatch-tenants")
 
 
 def test_api_deployment(renders: dict[str, list[dict[str, Any]]]) -> None:
