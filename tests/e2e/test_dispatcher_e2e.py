@@ -636,12 +636,15 @@ async def test_a_ray_head_restart_loses_jobs_runs_and_engines_which_all_come_bac
         e.spawn()
         job = batch_request(f"rayjob-{uuid.uuid4().hex[:6]}", requests=inline_lines(30))
         run = batch_request(f"rayrun-{uuid.uuid4().hex[:6]}", requests=inline_lines(20))
-        await e.send(request_message(job), request_message(run))
-        for batch in (job, run):
-            await wait_for(lambda b=batch: _progress(e, b.batch_id), 300, what=f"{batch.batch_id}'s progress")
+        # the runner's batch goes once the job runs: a Ray job takes 30-60 s to start, the runner none
+        await e.send(request_message(job))
+        await wait_for(lambda: _progress(e, job.batch_id), 300, what="the job's progress")
+        await e.send(request_message(run))
+        await wait_for(lambda: _progress(e, run.batch_id), 120, what="the runner batch's progress")
         records = {b.batch_id: await e.store.get(b.batch_id) for b in (job, run)}
         vias = {b: r.get("via") if r is not None else None for b, r in records.items()}
         assert vias == {job.batch_id: "ray_job", run.batch_id: "batch_runner"}, vias
+        assert {r.state for r in records.values() if r is not None} == {State.RUNNING}  # both mid-batch
         head.stop()
         head.start()  # same ports, no job records, no Serve applications
         assert not await runner_deployed()
