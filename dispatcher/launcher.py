@@ -53,7 +53,7 @@ class Launcher:
         finish: Finish,
         clock: Callable[[], float] = time.time,
         crash: Callable[[str], None] = lambda point: None,
-        size_of: SizeOf | None = None,
+        size_of: SizeOf,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -110,7 +110,7 @@ class Launcher:
         pooled = self.settings.tenants.pool_of(record.tenant) is not None
         uri = record.get("input_uri")
         size = None
-        if uri and opts.short_path_max_lines > 0 and not pooled and self.size_of is not None:
+        if uri and opts.short_path_max_lines > 0 and not pooled:
             size = await self.size_of(uri)
         lines = None if uri else counter(record.get("total"))
         return not short_path_fits(pooled=pooled, lines=lines, input_size=size,
