@@ -7,7 +7,7 @@ For each size: a ``.jsonl.gz`` input of that many chat lines is written and uplo
 stream, one Ray job runs it on the fake engine (no delay: the pipeline is what is measured), and
 every process of the Ray node is sampled every 0.5 s. Prints, per size: wall time, lines/s, the
 driver's peak RSS (the job's own ``ru_maxrss``), USS and RSS without the object store's pages
-(:func:`ray_job.memory.driver_own_mb`), the peak RSS, USS and RSS without the object
+(:attr:`ray_job.memory.MemoryUse.own`), the peak RSS, USS and RSS without the object
 store's pages of the Ray workers by task (the input reader, the prompt and engine stages, the writer),
 the output shards and their largest line count. Flat memory means USS and RSS without the store do not
 grow with the line count: RSS alone also counts the shared object-store pages a process has touched,
@@ -67,7 +67,7 @@ class RssSampler:
     def _run(self) -> None:
         import psutil
 
-        from ray_job.memory import object_store_bytes
+        from ray_job.memory import read_memory
 
         while not self._stop.is_set():
             for proc in psutil.process_iter(["cmdline"]):
@@ -76,14 +76,12 @@ class RssSampler:
                     continue
                 # one worker's title changes with the method it runs ("...(PromptStage)).submit")
                 title = cmd[0].split(" ")[0].removesuffix(".submit").removesuffix(".__init__")
-                try:
-                    mem = proc.memory_full_info()
-                    plasma = object_store_bytes(proc)
-                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                use = read_memory(proc.pid)  # one read of its smaps for all three figures
+                if use is None:  # gone, or not ours to read
                     continue
-                self.peaks[title] = max(self.peaks[title], mem.rss)
-                self.uss_peaks[title] = max(self.uss_peaks[title], mem.uss)
-                self.own_peaks[title] = max(self.own_peaks[title], mem.rss - plasma)
+                self.peaks[title] = max(self.peaks[title], use.rss)
+                self.uss_peaks[title] = max(self.uss_peaks[title], use.uss)
+                self.own_peaks[title] = max(self.own_peaks[title], use.own)
             self._stop.wait(self._interval)
 
     def top(self, n: int) -> dict[str, dict[str, float]]:

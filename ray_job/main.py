@@ -34,7 +34,7 @@ from ray_job.errors import (
     SupersededError,
 )
 from ray_job.manifest import Status
-from ray_job.memory import MemoryPeak, driver_own_mb, driver_uss_mb
+from ray_job.memory import MemoryPeak, mib, read_memory
 from ray_job.parse import count_request_lines
 from ray_job.progress import Counters, Progress
 from ray_job.reservation import Reservation, bundle_of
@@ -97,8 +97,7 @@ class Attempt:
         self.stop_reason = ""
         self.pipeline_done = False
         self.result: dict[str, Any] | None = None  # the LLMBATCH_RESULT of the attempt, once it ended
-        self.uss_peak = MemoryPeak()
-        self.own_peak = MemoryPeak(sample=driver_own_mb)
+        self.memory_peak = MemoryPeak()
 
     # --- setup ------------------------------------------------------------------------------
 
@@ -311,6 +310,8 @@ class Attempt:
             except Exception as exc:
                 intact = False
                 log.error("could not write the manifest: %s", exc)
+        self.memory_peak.stop()
+        now = read_memory()
         result = {
             "batch_id": self.spec.batch_id,
             "attempt": self.spec.attempt,
@@ -323,9 +324,9 @@ class Attempt:
             "timings": built.timings.model_dump(mode="json"),
             "error": error.model_dump(exclude_none=True) if error else None,
             "driver_max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-            "driver_uss_mb": driver_uss_mb(),
-            "driver_uss_peak_mb": self.uss_peak.stop(),
-            "driver_own_peak_mb": self.own_peak.stop(),
+            "driver_uss_mb": mib(now.uss) if now is not None else None,
+            "driver_uss_peak_mb": self.memory_peak.uss_mb,
+            "driver_own_peak_mb": self.memory_peak.own_mb,
         }
         return result, intact
 
@@ -336,8 +337,7 @@ class Attempt:
         code = ExitCode.OK
         try:
             self._install_stop()
-            self.uss_peak.start()
-            self.own_peak.start()
+            self.memory_peak.start()
             self._start_heartbeat()
             self.fs = s3.filesystem()
             input_path = self._input_path(self.fs)

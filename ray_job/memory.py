@@ -1,12 +1,13 @@
-"""The driver's own memory, now and at its sampled peak.
+"""A process's memory with and without Ray's object store, now and at its sampled peak.
 
 Every Ray worker and driver maps the node's whole object store (``/dev/shm/plasma*``); RSS counts each
 store page a process has touched, so ``ru_maxrss`` grows with the data that passed through the
 process (up to the store's size) even when its own memory does not. USS (pages no other process
-shares) leaves most of them out, but not the store pages only this process still maps. The driver's
-own memory is its RSS without the store's pages (:func:`driver_own_mb`). :class:`MemoryPeak` samples
-a figure in a daemon thread every few seconds, so a large batch's figure is its peak, not its value at
-the end.
+shares) leaves most of them out, but not the store pages only this process still maps. A process's
+own memory is its RSS without the store's pages (:attr:`MemoryUse.own`). All three come from one read
+of ``/proc/<pid>/smaps`` (:func:`read_memory`). :class:`MemoryPeak` samples them in a daemon thread
+every few seconds, so a large batch's figures are its peaks, not its values at the end. Figures are
+in MiB (``2**20`` bytes), as ``ru_maxrss / 1024`` is.
 """
 
 from __future__ import annotations
@@ -14,61 +15,97 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
 
 SAMPLE_EVERY_S = 2.0
-
+MIB = 1 << 20
 
 PLASMA_NAME = "plasma"
 """How the object store's file is named (``/dev/shm/plasmaXXXXXX``, or in the plasma directory Ray
 falls back to when ``/dev/shm`` is too small)."""
 
-
-def object_store_bytes(proc: Any) -> int:
-    """Bytes of the object store's mapping resident in ``proc`` (a :class:`psutil.Process`)."""
-    return sum(int(m.rss) for m in proc.memory_maps(grouped=True)
-               if os.path.basename(m.path).startswith(PLASMA_NAME))
+_PRIVATE = (b"Private_Clean:", b"Private_Dirty:", b"Private_Hugetlb:")
 
 
-def driver_own_mb() -> float | None:
-    """This process's RSS without the object store's pages, in MB; ``None`` when the OS does not say."""
+@dataclass(frozen=True)
+class MemoryUse:
+    """One reading of a process's memory, in bytes."""
+
+    rss: int
+    uss: int  # pages no other process maps (psutil's ``uss``)
+    store: int  # resident pages of the object store's mapping
+
+    @property
+    def own(self) -> int:
+        """RSS without the object store's pages."""
+        return self.rss - self.store
+
+
+def mib(n: int) -> float:
+    """Bytes as MiB, one decimal."""
+    return round(n / MIB, 1)
+
+
+def parse_smaps(text: bytes) -> MemoryUse:
+    """Sum a ``/proc/<pid>/smaps`` text: RSS, USS and the object store's resident bytes."""
+    rss = uss = store = 0
+    in_store = False
+    for line in text.splitlines():
+        key, _, rest = line.partition(b" ")
+        if not key.endswith(b":"):  # a mapping's header: "start-end perms offset dev inode [path]"
+            parts = line.split(maxsplit=5)
+            path = parts[5].strip() if len(parts) == 6 else b""
+            in_store = os.path.basename(path).startswith(PLASMA_NAME.encode())
+            continue
+        if key == b"Rss:":
+            kib = int(rest.split()[0])
+            rss += kib
+            if in_store:
+                store += kib
+        elif key in _PRIVATE:
+            uss += int(rest.split()[0])
+    return MemoryUse(rss=rss * 1024, uss=uss * 1024, store=store * 1024)
+
+
+def read_memory(pid: int | str = "self") -> MemoryUse | None:
+    """``pid``'s memory (this process by default); ``None`` when the OS does not say (no such
+    process, no permission, no ``/proc``)."""
     try:
-        import psutil
-
-        proc = psutil.Process()
-        return round((proc.memory_info().rss - object_store_bytes(proc)) / 1e6, 1)
-    except Exception:  # psutil.AccessDenied, no /proc/<pid>/smaps: the figure is informational
-        return None
-
-
-def driver_uss_mb() -> float | None:
-    """This process's USS in MB now; ``None`` when the OS does not say."""
-    try:
-        import psutil
-
-        return round(psutil.Process().memory_full_info().uss / 1e6, 1)
-    except Exception:  # psutil.AccessDenied, no /proc/<pid>/smaps: the figure is informational
+        with open(f"/proc/{pid}/smaps", "rb") as f:
+            return parse_smaps(f.read())
+    except (OSError, ValueError):  # the figure is informational: never fail a batch for it
         return None
 
 
 class MemoryPeak:
-    """The highest ``sample()`` seen between :meth:`start` and :meth:`stop` (every ``every_s``);
-    ``sample=None`` samples nothing (a batch run in a shared process has no memory of its own)."""
+    """The highest USS and own memory seen between :meth:`start` and :meth:`stop` (sampled every
+    ``every_s`` by one thread); ``sample=None`` samples nothing (a batch run in a shared process has
+    no memory of its own)."""
 
     def __init__(self, every_s: float = SAMPLE_EVERY_S,
-                 sample: Callable[[], float | None] | None = driver_uss_mb) -> None:
+                 sample: Callable[[], MemoryUse | None] | None = read_memory) -> None:
         self._every = every_s
         self._sample = sample
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.peak_mb: float | None = None
+        self._uss = 0
+        self._own = 0
         self.samples = 0
 
+    @property
+    def uss_mb(self) -> float | None:
+        return mib(self._uss) if self.samples else None
+
+    @property
+    def own_mb(self) -> float | None:
+        return mib(self._own) if self.samples else None
+
     def _take(self) -> None:
-        value = self._sample() if self._sample is not None else None
-        if value is not None:
+        use = self._sample() if self._sample is not None else None
+        if use is not None:
             self.samples += 1
-            self.peak_mb = value if self.peak_mb is None else max(self.peak_mb, value)
+            self._uss = max(self._uss, use.uss)
+            self._own = max(self._own, use.own)
 
     def _run(self) -> None:
         while not self._stop.wait(self._every):
@@ -78,13 +115,13 @@ class MemoryPeak:
         if self._sample is None:
             return
         self._take()
-        self._thread = threading.Thread(target=self._run, name="uss-peak", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="memory-peak", daemon=True)
         self._thread.start()
 
-    def stop(self) -> float | None:
-        """Stop sampling (one last sample first); returns the peak in MB."""
+    def stop(self) -> None:
+        """Stop sampling (one last sample first); the peaks stay in :attr:`uss_mb` and :attr:`own_mb`."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self._take()
-        return self.peak_mb
+            self._thread = None
+            self._take()

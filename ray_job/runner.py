@@ -90,8 +90,7 @@ class RunnerAttempt(Attempt):
                  engine: Callable[[], Engine]) -> None:
         super().__init__(spec, utcnow())
         # the runner's process is every run's: no figure of its own
-        self.uss_peak = MemoryPeak(sample=None)
-        self.own_peak = MemoryPeak(sample=None)
+        self.memory_peak = MemoryPeak(sample=None)
         self._tokenizer = tokenizer
         self._keep_text = keep_text
         self._engine = engine

@@ -158,6 +158,7 @@ def test_2000_lines_with_flat_driver_memory(h: Harness) -> None:
     for result in (small_result, big_result):
         assert result["driver_uss_peak_mb"] is not None, result
         assert result["driver_uss_peak_mb"] >= result["driver_uss_mb"] - 5, result
+        assert result["driver_own_peak_mb"] is not None, result
 
 
 def test_exit_codes_for_missing_input_and_invalid_spec(h: Harness) -> None:
