@@ -1,4 +1,5 @@
-"""The S3 policy of one tenant's worker pool (pure): what its jobs may read and write.
+"""S3 policies (pure): a tenant's worker pool (:func:`tenant_policy`) and one batch's session on the
+shared batch runner (:func:`batch_policy`).
 
 A pooled tenant's jobs run on Ray nodes whose environment holds that tenant's own S3 keys
 (``LLMBATCH_TENANTS__POOLS``); the keys' user gets this policy and nothing else, so a job (the
@@ -72,3 +73,45 @@ def tenant_policy(tenant: str, *, input_buckets: Iterable[str], results_bucket: 
             "Resource": [f"arn:aws:s3:::{b}/{tenant}/*" for b in inputs],
         })
     return {"Version": "2012-10-17", "Statement": statements}
+
+
+def batch_policy(*, input_uri: str | None, output_prefix: str) -> dict[str, Any]:
+    """The session policy of one batch's temporary keys (see :mod:`dispatcher.s3_sessions`): read its
+    input object (``input_uri``, if any), read, write and delete under its ``output_prefix``
+    (``s3://<results bucket>/<tenant>/<batch_id>/<lifecycle>/``), and list only there."""
+    bucket, _, prefix = _split(output_prefix, "output_prefix")
+    if not prefix.endswith("/") or "*" in prefix or "?" in prefix:
+        raise ValueError(f"output_prefix {output_prefix[:200]!r} must end with '/' and hold no wildcard")
+    statements: list[dict[str, Any]] = [
+        {
+            "Sid": "TheBatchsResults",
+            "Effect": "Allow",
+            "Action": list(WRITE_ACTIONS),
+            "Resource": [f"arn:aws:s3:::{bucket}/{prefix}*"],
+        },
+        {
+            "Sid": "ListOnlyTheBatchsResults",
+            "Effect": "Allow",
+            "Action": ["s3:ListBucket"],
+            "Resource": [f"arn:aws:s3:::{bucket}"],
+            "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}},
+        },
+    ]
+    if input_uri is not None:
+        in_bucket, _, key = _split(input_uri, "input_uri")
+        if not key or key.endswith("/") or "*" in key or "?" in key:
+            raise ValueError(f"input_uri {input_uri[:200]!r} must name one object, without wildcards")
+        statements.insert(1, {
+            "Sid": "TheBatchsInput",
+            "Effect": "Allow",
+            "Action": list(READ_ACTIONS),
+            "Resource": [f"arn:aws:s3:::{in_bucket}/{key}"],
+        })
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def _split(uri: str, field: str) -> tuple[str, str, str]:
+    if not uri.startswith("s3://"):
+        raise ValueError(f"{field} {uri[:200]!r} is not an s3:// URI")
+    bucket, sep, key = uri[5:].partition("/")
+    return _check_bucket(bucket), sep, key

@@ -30,6 +30,7 @@ from dispatcher.backend import JobBackend, JobInfo, JobState, SubmitResult
 from dispatcher.errors import JobRejected, RayUnavailable
 from dispatcher.input_sizes import SizeOf
 from dispatcher.ray_http import tls_context
+from dispatcher.s3_sessions import SessionMinter
 from dispatcher.scheduler import short_path_fits
 from llmbatch.settings import RaySettings
 from ray_job.runner import ROUTE_PREFIX
@@ -64,16 +65,20 @@ def job_info(view: dict[str, Any]) -> JobInfo:
 class RunnerClient:
     """The batch runner's HTTP API (see :mod:`ray_job.runner`)."""
 
-    def __init__(self, serve_address: str, timeout_s: float = 30.0, *, ca_file: Path | None = None) -> None:
+    def __init__(self, serve_address: str, timeout_s: float = 30.0, *, ca_file: Path | None = None,
+                 sessions: SessionMinter | None = None) -> None:
         self.base = serve_address.rstrip("/") + ROUTE_PREFIX
         self.timeout_s = timeout_s
         self.context = tls_context(self.base, ca_file)
+        self.sessions = sessions
 
     @classmethod
-    def of(cls, ray: RaySettings, timeout_s: float = 30.0) -> RunnerClient:
+    def of(cls, ray: RaySettings, timeout_s: float = 30.0, *,
+           sessions: SessionMinter | None = None) -> RunnerClient:
         """The runner behind ``ray``'s Serve proxy (verified with its CA bundle; Ray's token is not
-        sent: the proxy does not ask for it, and the runner is an application, not the cluster)."""
-        return cls(ray.serve_address, timeout_s, ca_file=ray.ca_file)
+        sent: the proxy does not ask for it, and the runner is an application, not the cluster).
+        With ``sessions``, each batch goes with S3 keys of its own (:mod:`dispatcher.s3_sessions`)."""
+        return cls(ray.serve_address, timeout_s, ca_file=ray.ca_file, sessions=sessions)
 
     def _request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, Any]:
         req = urllib.request.Request(  # noqa: S310 - the Serve address from settings
@@ -102,7 +107,10 @@ class RunnerClient:
         return status, body
 
     async def submit(self, spec: JobSpec) -> SubmitResult:
-        _, body = await asyncio.to_thread(self._request, "POST", "/runs", spec.model_dump_json().encode())
+        session = await self.sessions.mint_async(spec) if self.sessions is not None else None
+        payload = orjson.dumps({"spec": orjson.Fragment(spec.model_dump_json()),
+                                "s3_session": session.plain() if session is not None else None})
+        _, body = await asyncio.to_thread(self._request, "POST", "/runs", payload)
         return SubmitResult(
             spec.submission_id, already_existed=bool(body.get("already_existed")), via="batch_runner"
         )

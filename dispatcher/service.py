@@ -80,8 +80,13 @@ class Dispatcher:
             if opts.shared_engines and opts.short_path_max_lines > 0:
                 # imported here: the runner's module brings Ray, which the plain job path never needs
                 from dispatcher.runner_backend import RoutedBackend, RunnerClient
+                from dispatcher.s3_sessions import SessionMinter
 
-                self.runner = RunnerClient.of(settings.ray)
+                sessions = None
+                if opts.runner_s3_sessions:
+                    sessions = SessionMinter(settings.s3, duration_s=opts.runner_s3_session_s,
+                                             role_arn=opts.runner_s3_role_arn)
+                self.runner = RunnerClient.of(settings.ray, sessions=sessions)
                 backend = RoutedBackend(
                     backend,
                     self.runner,

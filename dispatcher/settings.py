@@ -172,6 +172,23 @@ class DispatcherOptions(BaseModel):
         default=1 << 20, ge=0,
         description="With shared_engines: input files up to this size run on the batch runner too.",
     )
+    runner_s3_sessions: bool = Field(
+        default=True,
+        description="Give each batch on the batch runner temporary S3 keys of its own (STS AssumeRole "
+        "with the dispatcher's keys and a policy that reaches the batch's input object and output prefix "
+        "only); the runner then never uses its node's keys. false: the runner reads and writes with its "
+        "node's keys (every tenant's files).",
+    )
+    runner_s3_session_s: int = Field(
+        default=3600, ge=900, le=43_200,
+        description="Lifetime of a runner batch's S3 session (seconds, 900-43200): keep it above the "
+        "longest a runner batch takes (they are small: SHORT_PATH_MAX_LINES/BYTES); past it the batch's "
+        "reads and writes are refused.",
+    )
+    runner_s3_role_arn: str | None = Field(
+        default=None, max_length=2048,
+        description="RoleArn of the AssumeRole call, for S3 services that need one (AWS); MinIO needs none.",
+    )
     short_path_max_runs: int = Field(
         default=64, ge=1, le=10_000,
         description="Batches the runner runs at once; more wait in queued (retried submit).",

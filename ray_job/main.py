@@ -101,6 +101,10 @@ class Attempt:
 
     # --- setup ------------------------------------------------------------------------------
 
+    def _filesystem(self) -> pafs.FileSystem:
+        """The attempt's S3 filesystem: the keys of the process's environment."""
+        return s3.filesystem()
+
     def _input_path(self, fs: pafs.FileSystem) -> str | None:
         if self.spec.input_uri is None:
             return None
@@ -339,7 +343,7 @@ class Attempt:
             self._install_stop()
             self.memory_peak.start()
             self._start_heartbeat()
-            self.fs = s3.filesystem()
+            self.fs = self._filesystem()
             input_path = self._input_path(self.fs)
             self.prior = resume.scan(self.fs, self.prefix_path)
             self.previous = manifest.read_previous(self.fs, self.manifest_path)

@@ -38,9 +38,10 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import orjson
+from pyarrow import fs as pafs
 from pydantic import ValidationError
 
-from ray_job import rows
+from ray_job import rows, s3
 from ray_job.engine import Engine, EngineStage
 from ray_job.engine_stats import summarize_metrics
 from ray_job.errors import ExitCode
@@ -52,7 +53,7 @@ from ray_job.reader import iter_blocks
 from ray_job.records import Generation, GenRequest
 from schemas.batch import DEFAULT_PRIORITY
 from schemas.common import utcnow
-from schemas.job import JobSpec
+from schemas.job import JobSpec, RunnerSubmission, S3Session
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +84,30 @@ def route(method: str, path: str) -> tuple[str, str | None]:
     return "", None
 
 
+def parse_submission(raw: bytes) -> RunnerSubmission:
+    """A submit request's body: ``{"spec": ..., "s3_session": ...}`` or a bare spec (dispatchers before
+    S3 sessions). Raises ValueError naming the fields; its text never holds the values sent (keys)."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"invalid job spec: not JSON ({exc})") from None
+    try:
+        if isinstance(data, dict) and "spec" in data:
+            return RunnerSubmission.model_validate(data)
+        return RunnerSubmission(spec=JobSpec.model_validate(data))
+    except ValidationError as exc:
+        where = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}"
+                          for e in exc.errors(include_input=False, include_url=False))
+        raise ValueError(f"invalid job spec: {where}") from None
+
+
 class RunnerAttempt(Attempt):
     """An attempt run in a thread of the runner: no signals, no Ray Data, a warm engine."""
 
     def __init__(self, spec: JobSpec, *, tokenizer: Callable[[], Tokenizer], keep_text: bool,
-                 engine: Callable[[], Engine]) -> None:
+                 engine: Callable[[], Engine], s3_session: S3Session | None = None) -> None:
         super().__init__(spec, utcnow())
+        self._s3_session = s3_session
         # the runner's process is every run's: no figure of its own
         self.memory_peak = MemoryPeak(sample=None)
         self._tokenizer = tokenizer
@@ -96,6 +115,10 @@ class RunnerAttempt(Attempt):
         self._engine = engine
         self._stop = threading.Event()
         self._timer: threading.Timer | None = None
+
+    def _filesystem(self) -> pafs.FileSystem:
+        """The batch's own S3 session when the dispatcher sent one; else the runner's node keys."""
+        return s3.filesystem(self._s3_session)
 
     def request_stop(self, reason: str) -> None:
         """Stop at the next block boundary (``deadline``, ``stopped``, ``superseded``), keeping what
@@ -224,9 +247,12 @@ class BatchRunner:
     def submit(self, raw: bytes) -> tuple[int, dict[str, Any]]:
         """Start a run of the spec in ``raw`` (JSON)."""
         try:
-            spec = JobSpec.model_validate_json(raw)
-        except ValidationError as exc:
-            return 400, {"error": f"invalid job spec: {exc}"[:2000]}
+            submission = parse_submission(raw)
+        except ValueError as exc:
+            return 400, {"error": str(exc)[:2000]}
+        spec, session = submission.spec, submission.s3_session
+        if session is not None and session.expires_at is not None and session.expires_at <= utcnow():
+            return 400, {"error": "s3_session: the batch's S3 session has expired; submit with a new one"}
         if spec.engine_app is None:
             return 400, {"error": "engine_app: the batch runner only runs batches on a shared engine"}
         with self._lock:
@@ -238,7 +264,7 @@ class BatchRunner:
                 return 429, {"error": f"the runner runs {active} batches already (max_runs)"}
             fake = spec.engine.backend == "fake"
             attempt = RunnerAttempt(spec, tokenizer=lambda: self._tokenizer(spec), keep_text=fake,
-                                    engine=lambda: self._engine(spec))
+                                    engine=lambda: self._engine(spec), s3_session=session)
             run = Run(spec, attempt)
             self._runs[spec.submission_id] = run
         threading.Thread(target=self._execute, args=(run,), name=f"run-{spec.submission_id}"[:60],

@@ -6,8 +6,9 @@
 - credentials: ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (``AWS_SESSION_TOKEN``), else
   pyarrow's default AWS chain; region ``AWS_REGION`` / ``AWS_DEFAULT_REGION`` (default us-east-1).
 
-Every Ray worker of the job gets the same variables (job ``runtime_env``), so each process builds
-its own filesystem; nothing secret is ever logged or pickled.
+Every process builds its own filesystem from its own environment (the keys are never in a job's
+``runtime_env``); a batch on the shared runner brings its own temporary keys instead
+(:class:`schemas.job.S3Session`). Nothing secret is ever logged or pickled.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from pyarrow import fs as pafs
 
 from ray_job.errors import InputNotFoundError
+from schemas.job import S3Session
 
 CHUNK_BYTES = 1 << 20
 
@@ -31,8 +33,10 @@ def endpoint() -> str | None:
     return None
 
 
-def filesystem() -> pafs.S3FileSystem:
-    """A pyarrow S3 filesystem for the configured endpoint and credentials."""
+def filesystem(session: S3Session | None = None) -> pafs.S3FileSystem:
+    """A pyarrow S3 filesystem for the configured endpoint, with ``session``'s keys when given (a
+    runner batch's own, see :class:`schemas.job.S3Session`: never the process's), else the
+    configured credentials."""
     kwargs: dict[str, object] = {
         "region": os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
         "connect_timeout": 10,
@@ -46,6 +50,11 @@ def filesystem() -> pafs.S3FileSystem:
     ca_file = os.environ.get("LLMBATCH_S3__CA_FILE")
     if ca_file and url and url.startswith("https://"):
         kwargs["tls_ca_file_path"] = ca_file
+    if session is not None:
+        kwargs.update(access_key=session.access_key.get_secret_value(),
+                      secret_key=session.secret_key.get_secret_value(),
+                      session_token=session.session_token.get_secret_value())
+        return pafs.S3FileSystem(**kwargs)
     key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
     if key and secret:
         kwargs.update(access_key=key, secret_key=secret, session_token=os.environ.get("AWS_SESSION_TOKEN"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, computed_field, model_validator
 
 from schemas.batch import DEFAULT_PRIORITY
 from schemas.common import BatchId, BatchStatus, Endpoint, ModelName, S3Prefix, S3Uri, Tenant, UtcDatetime
@@ -213,6 +213,38 @@ class JobSpec(BaseModel):
     def manifest_uri(self) -> str:
         """``<output_prefix>manifest.json``."""
         return self.output_prefix + MANIFEST_NAME
+
+
+class S3Session(BaseModel):
+    """Temporary S3 keys (an STS session) that reach one batch's input object and output prefix only:
+    what the dispatcher hands the shared batch runner with each batch (see ``dispatcher.s3_sessions``).
+    Never logged, never in a spec, an event or a job's ``runtime_env``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    access_key: SecretStr = Field(min_length=1)
+    secret_key: SecretStr = Field(min_length=1)
+    session_token: SecretStr = Field(min_length=1)
+    expires_at: UtcDatetime | None = None
+
+    def plain(self) -> dict[str, str | None]:
+        """The keys in clear, for the one request body that carries them to the runner."""
+        return {
+            "access_key": self.access_key.get_secret_value(),
+            "secret_key": self.secret_key.get_secret_value(),
+            "session_token": self.session_token.get_secret_value(),
+            "expires_at": self.expires_at.isoformat() if self.expires_at else None,
+        }
+
+
+class RunnerSubmission(BaseModel):
+    """What the dispatcher POSTs to the batch runner: the spec, and the batch's own S3 session when
+    the dispatcher mints one (``LLMBATCH_DISPATCHER__RUNNER_S3_SESSIONS``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spec: JobSpec
+    s3_session: S3Session | None = None
 
 
 class ShardInfo(BaseModel):

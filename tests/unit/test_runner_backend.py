@@ -15,7 +15,7 @@ from dispatcher.errors import JobRejected, RayUnavailable
 from dispatcher.runner_backend import RoutedBackend, RunnerClient, job_info, takes_short_path
 from dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.settings import RaySettings, S3Settings
-from ray_job.runner import APP_NAME, ROUTE_PREFIX, BatchRunner, route
+from ray_job.runner import APP_NAME, ROUTE_PREFIX, BatchRunner, parse_submission, route
 from schemas.engines import EngineModel, EngineRegistry
 from schemas.job import JobSpec
 from tests.support.scripted_http import ScriptedHttpServer
@@ -121,7 +121,8 @@ def test_client_speaks_the_runner_api(server: ScriptedHttpServer) -> None:
     server.answers[("POST", RUNS + "/b-1-a1/stop")] = (200, b'{"stopped": false}')
     expected = SubmitResult("b-1-a1", already_existed=False, via="batch_runner")
     assert asyncio.run(client.submit(spec)) == expected
-    assert JobSpec.model_validate_json(server.seen[0][2]) == spec  # the whole spec travels
+    sent = parse_submission(server.seen[0][2])
+    assert sent.spec == spec and sent.s3_session is None  # the whole spec travels; no minter, no keys
     info = asyncio.run(client.status("b-1-a1"))
     assert info is not None and info.state is JobState.SUCCEEDED and info.exit_code == 0
     assert asyncio.run(client.stop("b-1-a1")) is False
