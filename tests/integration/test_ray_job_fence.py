@@ -73,7 +73,7 @@ def test_a_stale_attempt_writes_no_shards_and_no_manifest(
     })
     (tmp_path / "results" / "default" / "b1").mkdir(parents=True)
     local = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
-    monkeypatch.setattr(job_main.s3, "filesystem", lambda: local)
+    monkeypatch.setattr(job_main.s3, "filesystem", lambda session=None: local)
     later = orjson.dumps({"batch_id": "b1", "attempt": 2, "note": "the later attempt's manifest"})
 
     def pipeline(att: job_main.Attempt) -> None:
@@ -148,7 +148,7 @@ def heartbeating_spec(batch_id: str, redis_url: str, key: str, tmp_path: Path,
     ``tmp_path`` (the job's S3 filesystem is patched to it)."""
     (tmp_path / "results" / "default" / batch_id).mkdir(parents=True)
     local = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
-    monkeypatch.setattr(job_main.s3, "filesystem", lambda: local)
+    monkeypatch.setattr(job_main.s3, "filesystem", lambda session=None: local)
     return JobSpec.model_validate({
         "batch_id": batch_id, "attempt": 1, "endpoint": "/v1/chat/completions", "model": "m",
         "requests": [{"custom_id": "r0", "method": "POST", "url": "/v1/chat/completions",

@@ -38,7 +38,7 @@ def test_heartbeats_run_during_the_resume_scan(
     client.hset(key, mapping={"completed": "40", "failed": "2", "attempt": "2", "heartbeat_at": "1.0"})
     (tmp_path / "results").mkdir()
     local = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
-    monkeypatch.setattr(job_main.s3, "filesystem", lambda: local)
+    monkeypatch.setattr(job_main.s3, "filesystem", lambda session=None: local)
     seen: list[dict[str, str]] = []
 
     def slow_scan(fs: Any, prefix: str) -> resume.Prior:

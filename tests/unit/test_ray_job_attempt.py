@@ -30,7 +30,7 @@ def _spec() -> JobSpec:
 def attempt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Any:
     (tmp_path / "results").mkdir()
     local = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
-    monkeypatch.setattr(job_main.s3, "filesystem", lambda: local)
+    monkeypatch.setattr(job_main.s3, "filesystem", lambda session=None: local)
 
     def run(pipeline: Any) -> tuple[int, dict[str, Any]]:
         att = job_main.Attempt(_spec(), utcnow())
