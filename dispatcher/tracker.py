@@ -191,6 +191,17 @@ class Tracker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), self.opts.lease_ttl_s / 3)
 
+    def _postponed(self, what: str, exc: DispatcherError) -> None:
+        """A step that met an outage: counted each time, logged once per component every
+        ``WARN_EVERY_S`` (an outage meets every launch and every batch's step, tick after tick)."""
+        component = _component(exc)
+        self.metrics.transient_errors.labels(component=component).inc()
+        now = time.monotonic()
+        if now - self._warned.get(component, -1e9) > WARN_EVERY_S:
+            self._warned[component] = now
+            log.warning(f"{what} postponed (repeats are not logged for a while)",
+                        extra={"error": str(exc), "component": component})
+
     def _set_leader(self, leader: bool) -> None:
         if leader != self.is_leader:
             log.info("tracker leadership " + ("acquired" if leader else "lost"))
@@ -229,15 +240,7 @@ class Tracker:
                         await fn(record)
                     except DispatcherError as exc:
                         if exc.retriable:
-                            component = _component(exc)
-                            self.metrics.transient_errors.labels(component=component).inc()
-                            now = time.monotonic()
-                            if now - self._warned.get(component, -1e9) > WARN_EVERY_S:
-                                self._warned[component] = now
-                                log.warning(
-                                    "batch step postponed (repeats are not logged for a while)",
-                                    extra={"error": str(exc), "component": component},
-                                )
+                            self._postponed("batch step", exc)
                         else:
                             log.error("batch step failed", extra={"error": str(exc)})
                     except Exception:
@@ -551,9 +554,11 @@ class Tracker:
                     ):
                         launched += 1
                 except DispatcherError as exc:
-                    log.warning("launch postponed", extra={"error": str(exc)})
-                    if exc.retriable:
-                        return
+                    if not exc.retriable:
+                        log.warning("launch postponed", extra={"error": str(exc)})
+                        continue
+                    self._postponed("launch", exc)
+                    return
         if admission is not None:
             for model in self.settings.engines.models:
                 self.metrics.admitted.labels(model=model).set(admission.requests(model))

@@ -235,6 +235,34 @@ async def test_a_job_whose_submit_waits_for_ray_holds_its_slot(kit: Kit) -> None
     assert await store.count(State.QUEUED) == 1
 
 
+async def test_an_outage_met_by_every_launch_is_logged_once_not_per_tick(
+    kit: Kit, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """S3 (or Ray) is down: each tick's launch meets it again (a runner batch's session cannot be
+    minted). It is counted every time and logged once, not once per tick."""
+    import logging
+
+    from dispatcher.errors import StorageUnavailable
+
+    tracker, store, jobs = kit
+
+    async def s3_down(spec: JobSpec) -> SubmitResult:
+        raise StorageUnavailable("S3 STS at http://127.0.0.1:9 did not answer")
+
+    for i in range(4):
+        await queue(store, f"small{i}", 3, age=100 - i)
+    jobs.submit = s3_down  # type: ignore[method-assign]
+    counted = tracker.metrics.transient_errors.labels(component="s3")
+    before = counted._value.get()
+    with caplog.at_level(logging.WARNING, logger="dispatcher.tracker"):
+        for _ in range(4):
+            await tracker.launch()
+    said = [r.getMessage() for r in caplog.records if "postponed" in r.getMessage()]
+    assert said == ["launch postponed (repeats are not logged for a while)"]
+    assert counted._value.get() - before == 4
+    assert await store.count(State.SUBMITTED) == 4  # each tick still moved one batch on
+
+
 async def test_without_shared_engines_max_in_flight_alone_decides(
     kit: tuple[Tracker, StateStore, Jobs],
 ) -> None:
