@@ -15,18 +15,15 @@ MinIO answers ``AssumeRole`` for any of its users (no role); AWS needs ``runner_
 from __future__ import annotations
 
 import asyncio
-import logging
 from datetime import UTC
-from typing import Any
 
 import orjson
 
 from dispatcher.errors import JobRejected, StorageUnavailable
 from dispatcher.minio_policy import batch_policy
 from llmbatch.settings import S3Settings
+from producer.storage import http_client
 from schemas.job import JobSpec, S3Session
-
-log = logging.getLogger(__name__)
 
 SESSION_NAME_MAX = 64
 
@@ -34,25 +31,11 @@ SESSION_NAME_MAX = 64
 class SessionMinter:
     """Mints one :class:`S3Session` per runner batch with the dispatcher's S3 keys."""
 
-    def __init__(self, s3: S3Settings, *, duration_s: int = 3600, role_arn: str | None = None,
-                 http_client: Any | None = None) -> None:
+    def __init__(self, s3: S3Settings, *, duration_s: int = 3600, role_arn: str | None = None) -> None:
         self.s3 = s3
         self.duration_s = duration_s
         self.role_arn = role_arn
-        self._http = http_client
-
-    def _http_client(self) -> Any:
-        if self._http is None:
-            import urllib3
-
-            retries = urllib3.Retry(total=2, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504])
-            timeout = urllib3.Timeout(connect=5, read=15)
-            if self.s3.ca_file and self.s3.secure:
-                self._http = urllib3.PoolManager(cert_reqs="CERT_REQUIRED", ca_certs=str(self.s3.ca_file),
-                                                 retries=retries, timeout=timeout)
-            else:
-                self._http = urllib3.PoolManager(retries=retries, timeout=timeout)
-        return self._http
+        self._http = http_client(s3, connect_s=5, read_s=15, retries=2)
 
     def mint(self, spec: JobSpec) -> S3Session:
         """Keys for ``spec``'s batch (blocking: one HTTP call to the S3 service's STS).
@@ -77,7 +60,7 @@ class SessionMinter:
             region=self.s3.region,
             role_arn=self.role_arn,
             role_session_name=spec.submission_id[:SESSION_NAME_MAX] if self.role_arn else None,
-            http_client=self._http_client(),
+            http_client=self._http,
         )
         try:
             creds = provider.retrieve()

@@ -28,13 +28,13 @@ def split_uri(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
-def make_client(s3: S3Settings, *, timeout_s: float = 10.0, retries: int = 2) -> Any:
-    """A ``minio.Minio`` client with short connect timeouts and bounded retries."""
+def http_client(s3: S3Settings, *, connect_s: float, read_s: float, retries: int) -> Any:
+    """A ``urllib3.PoolManager`` for ``s3``'s endpoint: bounded timeouts and retries (5xx answers
+    retried too), an https endpoint verified against ``s3.ca_file`` when set."""
     import urllib3
-    from minio import Minio
 
-    http = urllib3.PoolManager(
-        timeout=urllib3.Timeout(connect=timeout_s, read=max(timeout_s, 60.0)),
+    return urllib3.PoolManager(
+        timeout=urllib3.Timeout(connect=connect_s, read=read_s),
         retries=urllib3.Retry(
             total=retries,
             connect=retries,
@@ -45,6 +45,13 @@ def make_client(s3: S3Settings, *, timeout_s: float = 10.0, retries: int = 2) ->
         maxsize=8,
         ca_certs=str(s3.ca_file) if s3.ca_file and s3.secure else None,
     )
+
+
+def make_client(s3: S3Settings, *, timeout_s: float = 10.0, retries: int = 2) -> Any:
+    """A ``minio.Minio`` client with short connect timeouts and bounded retries."""
+    from minio import Minio
+
+    http = http_client(s3, connect_s=timeout_s, read_s=max(timeout_s, 60.0), retries=retries)
     return Minio(
         s3.host,
         access_key=s3.access_key.get_secret_value() or None,
