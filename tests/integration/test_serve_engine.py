@@ -223,7 +223,12 @@ def test_an_idle_model_scales_to_zero_and_back(ray_settings: RaySettings, serve:
     while replica_pids(_details(serve), MODEL):
         assert time.monotonic() < deadline, summarize(registry, _details(serve))
         time.sleep(2)
-    assert _free_cpus(ray_settings) >= busy_cpus + 0.25
+    # a STOPPING replica is no longer RUNNING but holds its CPUs until its actor exits (CI saw 1.75 -> 1.75)
+    free = _free_cpus(ray_settings)
+    while free < busy_cpus + 0.25 and time.monotonic() < deadline:
+        time.sleep(2)
+        free = _free_cpus(ray_settings)
+    assert free >= busy_cpus + 0.25, (free, busy_cpus, summarize(registry, _details(serve)))
     # a batch from zero: the call starts a replica and is answered
     result = _result(*_probe(ray_settings, 3, wait_s=120))
     assert "error" not in result and result["keys"] == ["0", "1", "2"], result
