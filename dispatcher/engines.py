@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from dispatcher.settings import DispatcherSettings
+from ray_job import node_secrets
 from ray_job.runner import serve_application as runner_application
 from ray_job.serve_engine import serve_application
 from schemas.engines import DEPLOYMENT_NAME, EngineModel, EngineRegistry, Scaling, app_name
@@ -57,7 +58,10 @@ def cluster_serve_config(
     opts = settings.dispatcher
     runner = None
     if opts.shared_engines and opts.short_path_max_lines > 0:
-        runner = runner_application(max_runs=opts.short_path_max_runs, env_vars=runner_env_vars(settings))
+        env = runner_env_vars(settings)
+        if opts.runner_s3_sessions:  # each batch brings S3 keys of its own: the node's stay out of reach
+            env.update(node_secrets.withheld(node_secrets.S3_KEYS))
+        runner = runner_application(max_runs=opts.short_path_max_runs, env_vars=env)
     models = registry if registry is not None else settings.engines
     ray = settings.ray
     files = ((ray.serve_ssl_certfile, ray.serve_ssl_keyfile)

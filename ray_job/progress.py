@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from ray_job import node_secrets
+
 log = logging.getLogger("ray_job.progress")
 
 KEY_TTL_S = 7 * 86400  # the hash outlives its last write by this much (the dispatcher deletes it sooner)
@@ -90,7 +92,7 @@ class Progress:
             self._client = redis.Redis.from_url(
                 redis_url,
                 **({"ssl_ca_certs": ca} if ca and redis_url.startswith("rediss://") else {}),
-                password=os.environ.get("LLMBATCH_REDIS__PASSWORD") or None,
+                password=os.environ.get(node_secrets.REDIS_PASSWORD) or None,
                 socket_timeout=5,
                 socket_connect_timeout=5,
             )

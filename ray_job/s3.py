@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 from pyarrow import fs as pafs
 
+from ray_job import node_secrets
 from ray_job.errors import InputNotFoundError
 from schemas.job import S3Session
 
@@ -55,9 +56,10 @@ def filesystem(session: S3Session | None = None) -> pafs.S3FileSystem:
                       secret_key=session.secret_key.get_secret_value(),
                       session_token=session.session_token.get_secret_value())
         return pafs.S3FileSystem(**kwargs)
-    key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+    key, secret = os.environ.get(node_secrets.S3_ACCESS_KEY), os.environ.get(node_secrets.S3_SECRET_KEY)
     if key and secret:
-        kwargs.update(access_key=key, secret_key=secret, session_token=os.environ.get("AWS_SESSION_TOKEN"))
+        kwargs.update(access_key=key, secret_key=secret,
+                      session_token=os.environ.get(node_secrets.S3_SESSION_TOKEN) or None)
     return pafs.S3FileSystem(**kwargs)
 
 

@@ -129,8 +129,8 @@ def _app_errors(
             errors.append(f"serveConfigV2 route_prefix {prefix!r} is used twice")
         prefixes.add(prefix)
     env = (app.get("runtime_env") or {}).get("env_vars") or {}
-    for key in env:
-        if SECRET_ENV_NAME.search(key):
+    for key, value in env.items():
+        if value and SECRET_ENV_NAME.search(key):  # set empty: what a replica is started without
             errors.append(f"serveConfigV2 {name}: runtime_env carries {key}, a credential, in the manifest; "
                           "give it to the Ray pods from a Secret (secretKeyRef) instead")
     for deployment in app.get("deployments") or []:

@@ -251,7 +251,9 @@ def _secret_named_env(config: dict[str, Any]) -> list[str]:
     found = []
     for app_config in config.get("applications") or []:
         env = (app_config.get("runtime_env") or {}).get("env_vars") or {}
-        found += [f"{app_config.get('name')}: {key}" for key in env if SECRET_ENV_NAME.search(key)]
+        # an empty value is a blank (ray_job.node_secrets: what a replica is started without), no secret
+        found += [f"{app_config.get('name')}: {key}" for key, value in env.items()
+                  if value and SECRET_ENV_NAME.search(key)]
     return found
 
 

@@ -8,6 +8,7 @@ import asyncio
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,11 +17,14 @@ import redis
 from dispatcher.backend import JobInfo, JobState
 from dispatcher.engines import cluster_serve_config, replica_pids, summarize
 from dispatcher.runner_backend import RunnerClient
+from dispatcher.s3_sessions import SessionMinter
 from dispatcher.serve_api import ServeApi
 from dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
+from ray_job import node_secrets
 from ray_job.errors import ExitCode
 from ray_job.runner import APP_NAME
+from ray_job.runner import DEPLOYMENT as RUNNER_DEPLOYMENT
 from schemas.common import BatchStatus, utcnow
 from schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
 from schemas.job import EngineConfig, JobSpec
@@ -61,7 +65,8 @@ def runner(s3_settings: S3Settings, ray_settings: RaySettings, redis_settings: R
         time.sleep(1)
     else:
         raise AssertionError(f"apps not running: {details.get('applications')}")
-    yield RunnerClient(ray_settings.serve_address, timeout_s=30), api
+    # as the dispatcher runs it: each batch brings S3 keys of its own, the runner's replica has none
+    yield RunnerClient(ray_settings.serve_address, timeout_s=30, sessions=SessionMinter(s3_settings)), api
     asyncio.run(api.deploy({"applications": []}))
 
 
@@ -126,6 +131,42 @@ def test_small_batches_run_on_the_warm_runner_with_the_job_contract(
         assert time.monotonic() < deadline, figures
         time.sleep(2)
     assert figures["replicas"] >= 1 and figures["cold_starts"] >= 1 and figures["completion_tokens"] > 0
+
+
+def test_the_replicas_run_without_the_node_secrets_they_do_not_need(
+    runner: tuple[RunnerClient, ServeApi], s3_settings: S3Settings
+) -> None:
+    """The Ray head has the S3 keys in its environment (as Ray pods have them from a Secret); code in the
+    engine replica finds none of the node's secrets in its own, and code in the runner's replica no S3
+    key (its batches bring their own): read from the processes, where such code would look."""
+    _, api = runner
+    details = asyncio.run(api.status())
+    [engine] = replica_pids(details, MODEL)
+    runner_deployment = details["applications"][APP_NAME]["deployments"][RUNNER_DEPLOYMENT]
+    [runner_pid] = [int(r["pid"]) for r in runner_deployment["replicas"] if r.get("state") == "RUNNING"]
+    key, secret = s3_settings.access_key.get_secret_value(), s3_settings.secret_key.get_secret_value()
+    # (failures name variables, never print their values)
+    for pid in (engine, runner_pid):
+        node = _environ(_parent(pid))  # the raylet that started the replica
+        node_has_keys = (node.get(node_secrets.S3_ACCESS_KEY) == key
+                         and node.get(node_secrets.S3_SECRET_KEY) == secret)
+        assert node_has_keys, "the Ray node should hold the S3 keys"
+    engine_env, runner_env = _environ(engine), _environ(runner_pid)
+    assert [name for name in node_secrets.ALL if engine_env.get(name)] == []  # the engine replica has them
+    assert [name for name in node_secrets.S3_KEYS if runner_env.get(name)] == []  # the runner's has them
+    for pid in (engine, runner_pid):
+        raw = (Path("/proc") / str(pid) / "environ").read_bytes()
+        assert key.encode() not in raw and secret.encode() not in raw
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = (Path("/proc") / str(pid) / "environ").read_bytes()
+    return dict(item.decode(errors="replace").partition("=")[::2] for item in raw.split(b"\0") if item)
+
+
+def _parent(pid: int) -> int:
+    stat = (Path("/proc") / str(pid) / "stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
 
 
 def test_stop_keeps_what_finished_and_the_next_attempt_completes_the_rest(

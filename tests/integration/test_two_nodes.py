@@ -39,6 +39,7 @@ import pytest
 from dispatcher.backend import JobInfo, JobState
 from dispatcher.engines import cluster_serve_config, summarize
 from dispatcher.runner_backend import RunnerClient
+from dispatcher.s3_sessions import SessionMinter
 from dispatcher.serve_api import ServeApi
 from dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
@@ -116,7 +117,8 @@ def cluster(s3_settings: S3Settings, redis_settings: RedisSettings,
                                       redis=redis_settings, dispatcher=DispatcherOptions(shared_engines=True))
         api = ServeApi(head.address, timeout_s=60)
         asyncio.run(api.deploy(cluster_serve_config(settings)))
-        c = Cluster(head, api, RunnerClient(ray.serve_address, timeout_s=30),
+        client = RunnerClient(ray.serve_address, timeout_s=30, sessions=SessionMinter(s3_settings))
+        c = Cluster(head, api, client,
                     Harness(s3_settings, ray, redis_settings), run_dir)
         _wait("the batch runner RUNNING", lambda: (
             ((c.details().get("applications") or {}).get(RUNNER_APP) or {}).get("status") == "RUNNING"), 180)

@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 
 from dispatcher.engines import cluster_serve_config
 from dispatcher.ops import engines_cli
+from ray_job import node_secrets
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.unit
@@ -656,11 +657,14 @@ def test_rayservice_owns_the_serve_config_and_carries_no_secret(
                                    engines_cli.RenderFormat.rayservice)
     assert not [name for name, value in secrets.items() if value in text]
     config = yaml.safe_load(yaml.safe_load(text)["spec"]["serveConfigV2"])
-    env_names = {
-        k for app in config["applications"] for k in (app.get("runtime_env") or {}).get("env_vars", {})
-    }
-    assert not {n for n in env_names if rs_checks().SECRET_ENV_NAME.search(n)}
-    # the runner takes them from its pod instead (see test_config_builds_valid_settings)
+    envs = {app["name"]: (app.get("runtime_env") or {}).get("env_vars", {}) for app in config["applications"]}
+    secret_name = rs_checks().SECRET_ENV_NAME
+    named = {(app, k): v for app, env in envs.items() for k, v in env.items() if secret_name.search(k)}
+    assert named and not [v for v in named.values() if v]  # credentials' names only to blank them
+    # the engines are started without the pod's keys and password, the runner without its S3 keys (its
+    # batches bring their own); it takes the Redis password from its pod (test_config_builds_valid_settings)
+    assert {k for app, k in named if app != "llmbatch-runner"} == set(node_secrets.ALL)
+    assert {k for app, k in named if app == "llmbatch-runner"} == set(node_secrets.S3_KEYS)
 
 
 def _normalized(value: Any) -> Any:

@@ -33,6 +33,7 @@ from dispatcher.ops.engines_cli import (
 from dispatcher.ops.engines_cli import app as engines_app
 from dispatcher.settings import DispatcherOptions, DispatcherSettings, JobOptions
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
+from ray_job import node_secrets
 from ray_job.runner import APP_NAME as RUNNER_APP
 from ray_job.serve_engine import IMPORT_PATH, deployment_options, serve_application
 from schemas.engines import (
@@ -45,6 +46,8 @@ from schemas.engines import (
     app_name,
 )
 from schemas.job import EngineConfig
+
+BLANKS = node_secrets.withheld(node_secrets.ALL)  # what an engine replica is started without
 
 pytestmark = pytest.mark.unit
 
@@ -120,7 +123,7 @@ def test_serve_config_has_one_handle_only_app_per_model() -> None:
     assert [a["name"] for a in apps] == [app_name(m) for m in sorted(registry.models)]
     for app in apps:
         assert app["import_path"] == IMPORT_PATH and app["route_prefix"] is None
-        assert app["runtime_env"] == {"env_vars": {"VLLM_CACHE_ROOT": "/cache"}}
+        assert app["runtime_env"] == {"env_vars": {"VLLM_CACHE_ROOT": "/cache", **BLANKS}}
         # the builder gets back exactly the registry entry
         model = app["args"]["model"]
         assert EngineModel.model_validate(app["args"]["entry"]) == registry.get(model)
@@ -131,7 +134,8 @@ def test_serve_config_has_one_handle_only_app_per_model() -> None:
 def test_omp_threads_of_a_model_set_its_replicas_omp_num_threads() -> None:
     entry = EngineModel(path="/m", resources=ReplicaResources(num_cpus=1, omp_threads=2))
     app = serve_application("m", entry, {"OMP_NUM_THREADS": "1", "B": "dispatcher"})
-    assert app["runtime_env"]["env_vars"] == {"OMP_NUM_THREADS": "2", "B": "dispatcher"}  # the model's wins
+    # the model's wins
+    assert app["runtime_env"]["env_vars"] == {"OMP_NUM_THREADS": "2", "B": "dispatcher", **BLANKS}
     # unset: no variable, Ray gives the actor its num_cpus
     plain = serve_application("m", EngineModel(path="/m", resources=ReplicaResources(num_cpus=1)))
     assert "OMP_NUM_THREADS" not in (plain.get("runtime_env") or {}).get("env_vars", {})
@@ -142,8 +146,19 @@ def test_omp_threads_of_a_model_set_its_replicas_omp_num_threads() -> None:
 def test_serve_application_env_merges_entry_env_under_the_dispatcher_env() -> None:
     entry = EngineModel(path="/m", env_vars={"A": "entry", "B": "entry"})
     app = serve_application("m", entry, {"B": "dispatcher"})
-    assert app["runtime_env"] == {"env_vars": {"A": "entry", "B": "dispatcher"}}
-    assert "runtime_env" not in serve_application("m", EngineModel(path="/m"))
+    assert app["runtime_env"] == {"env_vars": {"A": "entry", "B": "dispatcher", **BLANKS}}
+    assert serve_application("m", EngineModel(path="/m"))["runtime_env"] == {"env_vars": BLANKS}
+
+
+def test_engine_replicas_are_started_without_the_node_secrets() -> None:
+    """Every variable that holds a node secret is set empty in an engine's runtime_env, over whatever the
+    entry or the dispatcher would set; weights vLLM reads from s3:// keep the S3 keys."""
+    entry = EngineModel(path="/m", env_vars={"AWS_ACCESS_KEY_ID": "from-entry"})
+    app = serve_application("m", entry, {"LLMBATCH_REDIS__PASSWORD": "from-dispatcher"})
+    env = app["runtime_env"]["env_vars"]
+    assert {name: env[name] for name in node_secrets.ALL} == dict.fromkeys(node_secrets.ALL, "")
+    from_s3 = serve_application("m", EngineModel(path="s3://models/m"))["runtime_env"]["env_vars"]
+    assert from_s3 == {node_secrets.REDIS_PASSWORD: ""}
 
 
 def test_scale_and_stop_change_one_model_only() -> None:
@@ -228,8 +243,10 @@ def test_manifest_serve_config_is_the_dispatchers_without_secrets() -> None:
     assert not [name for name, value in SECRETS.items() if value in text]
     runner = config["applications"][-1]
     assert runner["name"] == RUNNER_APP
-    assert set(runner["runtime_env"]["env_vars"]) == {  # where, not keys
+    env = runner["runtime_env"]["env_vars"]
+    assert {k for k, v in env.items() if v} == {  # where, not keys
         "LLMBATCH_S3__ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_REGION"}
+    assert {k for k, v in env.items() if not v} == set(node_secrets.S3_KEYS)  # its batches bring theirs
     # what the dispatcher deploys itself is the same config: neither carries the Redis password or S3
     # keys (the replicas inherit them from the Ray pods' environment)
     assert config == cluster_serve_config(settings)

@@ -15,6 +15,7 @@ from dispatcher.errors import JobRejected, RayUnavailable
 from dispatcher.runner_backend import RoutedBackend, RunnerClient, job_info, takes_short_path
 from dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.settings import RaySettings, S3Settings
+from ray_job import node_secrets
 from ray_job.runner import APP_NAME, ROUTE_PREFIX, BatchRunner, parse_submission, route
 from schemas.engines import EngineModel, EngineRegistry
 from schemas.job import JobSpec
@@ -252,8 +253,13 @@ def test_cluster_config_adds_the_runner_with_the_short_path_only() -> None:
     assert runner["route_prefix"] == ROUTE_PREFIX and runner["args"] == {"max_runs": 7}
     # where S3 is, never its keys (the replicas have them from the Ray workers' environment)
     # (LLMBATCH_S3__ENDPOINT too: ray_job.s3 reads it first, and a Ray node may have inherited another)
+    # (each batch brings S3 keys of its own: the node's are blanked in its process)
     assert runner["runtime_env"]["env_vars"] == {"LLMBATCH_S3__ENDPOINT": s3.endpoint,
-                                                 "AWS_ENDPOINT_URL_S3": s3.endpoint, "AWS_REGION": s3.region}
+                                                 "AWS_ENDPOINT_URL_S3": s3.endpoint, "AWS_REGION": s3.region,
+                                                 **node_secrets.withheld(node_secrets.S3_KEYS)}
+    no_sessions = settings.model_copy(update={"dispatcher": DispatcherOptions(
+        shared_engines=True, runner_s3_sessions=False)})
+    assert all(cluster_serve_config(no_sessions)["applications"][-1]["runtime_env"]["env_vars"].values())
     assert config["http_options"] == {"host": "0.0.0.0", "port": 8000}
     off_opts = DispatcherOptions(shared_engines=True, short_path_max_lines=0)
     off = settings.model_copy(update={"dispatcher": off_opts})

@@ -1,0 +1,30 @@
+"""The secrets a Ray node's environment holds for llmbatch's processes, by name, and what a Serve
+replica that needs none of them is started with instead.
+
+A node gets its S3 keys and the jobs' Redis password from its own environment (a Kubernetes Secret; the
+local stack's head), and every worker it starts inherits them. Jobs and the batch runner read them
+(:mod:`ray_job.s3`, :mod:`ray_job.progress`); an engine replica reads no S3 object and no Redis key, and
+a batch runner whose batches bring S3 keys of their own (:class:`schemas.job.S3Session`) reads no node
+key. Their Serve applications set these variables empty in their ``runtime_env``
+(:func:`withheld`), so the code they run over every tenant's prompts (a model's own code among it)
+does not find keys to every tenant's files or the state's password in its environment. Empty values
+are names, not secrets: the dashboard may show them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+# variable names, not values
+S3_ACCESS_KEY = "AWS_ACCESS_KEY_ID"
+S3_SECRET_KEY = "AWS_SECRET_ACCESS_KEY"  # noqa: S105
+S3_SESSION_TOKEN = "AWS_SESSION_TOKEN"  # noqa: S105
+REDIS_PASSWORD = "LLMBATCH_REDIS__PASSWORD"  # noqa: S105
+
+S3_KEYS = (S3_ACCESS_KEY, S3_SECRET_KEY, S3_SESSION_TOKEN)
+ALL = (*S3_KEYS, REDIS_PASSWORD)
+
+
+def withheld(names: Iterable[str]) -> dict[str, str]:
+    """``runtime_env`` variables that blank ``names`` in a replica's process (Ray cannot unset one)."""
+    return dict.fromkeys(names, "")
