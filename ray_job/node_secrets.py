@@ -13,6 +13,7 @@ are names, not secrets: the dashboard may show them.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 # variable names, not values
@@ -28,3 +29,9 @@ ALL = (*S3_KEYS, REDIS_PASSWORD)
 def withheld(names: Iterable[str]) -> dict[str, str]:
     """``runtime_env`` variables that blank ``names`` in a replica's process (Ray cannot unset one)."""
     return dict.fromkeys(names, "")
+
+
+def is_withheld(name: str) -> bool:
+    """Whether this process was started without ``name`` on purpose (set empty; unset is not that: a
+    node may give credentials another way, e.g. a web identity)."""
+    return os.environ.get(name) == ""

@@ -41,7 +41,7 @@ import orjson
 from pyarrow import fs as pafs
 from pydantic import ValidationError
 
-from ray_job import rows, s3
+from ray_job import node_secrets, rows, s3
 from ray_job.engine import Engine, EngineStage
 from ray_job.engine_stats import summarize_metrics
 from ray_job.errors import ExitCode
@@ -255,6 +255,11 @@ class BatchRunner:
             return 400, {"error": "s3_session: the batch's S3 session has expired; submit with a new one"}
         if spec.engine_app is None:
             return 400, {"error": "engine_app: the batch runner only runs batches on a shared engine"}
+        if session is None and node_secrets.is_withheld(node_secrets.S3_ACCESS_KEY):
+            return 400, {"error": "s3_session: this batch runner was deployed to run batches with S3 keys "
+                                  "of their own and has none of its node's; set "
+                                  "LLMBATCH_DISPATCHER__RUNNER_S3_SESSIONS alike on every dispatcher "
+                                  "(the one that submitted this has it false)"}
         with self._lock:
             self._prune()
             if spec.submission_id in self._runs:

@@ -118,6 +118,23 @@ def test_a_bad_session_is_refused_without_echoing_the_keys() -> None:
     assert code == 429  # a good session passes the checks (and then meets max_runs=0)
 
 
+def test_a_runner_without_node_keys_refuses_a_batch_without_a_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A runner deployed for sessions has its node's keys blanked: a bare spec (a dispatcher with
+    RUNNER_S3_SESSIONS false) is refused naming the setting, not run into S3's access denied. Keys given
+    another way (unset variables: a web identity, say) do not count as withheld."""
+    runner = BatchRunner(max_runs=0)
+    bare = _spec().model_dump_json().encode()
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "")
+    code, answer = runner.submit(bare)
+    assert code == 400 and "LLMBATCH_DISPATCHER__RUNNER_S3_SESSIONS" in answer["error"], answer
+    code, _ = runner.submit(orjson.dumps({"spec": orjson.loads(bare), "s3_session": _session().plain()}))
+    assert code == 429  # with a session it passes (and meets max_runs=0)
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    assert runner.submit(bare)[0] == 429
+
+
 def test_an_input_name_no_policy_can_hold_fails_the_batch_before_any_call() -> None:
     from dispatcher.errors import JobRejected
 
