@@ -31,6 +31,15 @@ def withheld(names: Iterable[str]) -> dict[str, str]:
     return dict.fromkeys(names, "")
 
 
+def engine_withheld(model_path: str) -> tuple[str, ...]:
+    """What an engine (a Serve replica or a job's engine and prompt actors) of a model at
+    ``model_path`` is started without: every node secret, but the S3 keys for weights vLLM loads from
+    ``s3://`` itself."""
+    if model_path.startswith("s3://"):
+        return (REDIS_PASSWORD,)
+    return ALL
+
+
 def is_withheld(name: str) -> bool:
     """Whether this process was started without ``name`` on purpose (set empty; unset is not that: a
     node may give credentials another way, e.g. a web identity)."""

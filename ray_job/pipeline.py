@@ -17,6 +17,7 @@ from typing import Any, cast
 import ray
 from ray.data import ActorPoolStrategy, DataContext, Dataset
 
+from ray_job import node_secrets
 from ray_job.engine import EngineStage
 from ray_job.prompts import PromptStage
 from ray_job.reader import Source, read_rows
@@ -138,6 +139,11 @@ def build(spec: JobSpec, done_shards: Sequence[str], *, input_path: str | None,
         # every task and actor asks spec.stage_resources: a pooled tenant's run only on its pool's nodes
         return {**spec.stage_resources(cpus), **extra}
 
+    # the prompt and engine actors read no S3 object and no Redis key (the reader task and the driver
+    # do): they start without the node's secrets (Ray merges these env_vars into the job's)
+    keyless: dict[str, Any] = {
+        "runtime_env": {"env_vars": node_secrets.withheld(node_secrets.engine_withheld(model_path))}}
+
     ds: Dataset = ray.data.from_items([{"part": 0}])
     ds = ds.map_batches(
         cast(Any, read_rows),
@@ -158,6 +164,7 @@ def build(spec: JobSpec, done_shards: Sequence[str], *, input_path: str | None,
             "backend": spec.engine.backend,
         },
         **resources(PROMPT_CPUS),
+        **keyless,
     )
     ds = rebatch(ds, spec.engine.batch_size, resources(REBATCH_CPUS))
     return ds.map_batches(
@@ -179,4 +186,5 @@ def build(spec: JobSpec, done_shards: Sequence[str], *, input_path: str | None,
         # a client of the shared engine needs next to no CPU and never a GPU
         **resources(SHARED_CLIENT_CPUS if spec.engine_app else spec.engine.num_cpus_per_replica),
         num_gpus=None if spec.engine_app else (spec.engine.num_gpus_per_replica or None),
+        **keyless,
     )

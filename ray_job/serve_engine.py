@@ -162,7 +162,9 @@ def serve_application(
     """One entry of a Serve config's ``applications`` (REST ``PUT /api/serve/applications/`` or a
     RayService's ``serveConfigV2``): handle-only (no HTTP route), options as in the builder."""
     deployment = deployment_options(entry)
-    env = {**entry.env_vars, **(env_vars or {}), **node_secrets.withheld(replica_withheld(entry))}
+    # started without the node's secrets (ray_job.node_secrets), whatever the entry or dispatcher set
+    blanks = node_secrets.withheld(node_secrets.engine_withheld(entry.path))
+    env = {**entry.env_vars, **(env_vars or {}), **blanks}
     if entry.resources.omp_threads is not None:  # else Ray sets it to the actor's num_cpus
         env["OMP_NUM_THREADS"] = str(entry.resources.omp_threads)
     app: dict[str, Any] = {
@@ -175,14 +177,6 @@ def serve_application(
     if env:
         app["runtime_env"] = {"env_vars": env}
     return app
-
-
-def replica_withheld(entry: EngineModel) -> tuple[str, ...]:
-    """The node's secrets an engine replica of ``entry`` is started without (:mod:`ray_job.node_secrets`):
-    all of them, but the S3 keys for weights vLLM loads from ``s3://`` itself."""
-    if entry.path.startswith("s3://"):
-        return (node_secrets.REDIS_PASSWORD,)
-    return node_secrets.ALL
 
 
 def build_app(args: dict[str, Any]) -> Any:

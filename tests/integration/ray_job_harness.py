@@ -7,6 +7,7 @@ import io
 import os
 import sys
 import time
+import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,7 @@ import orjson
 from minio import Minio
 from ray.job_submission import JobStatus, JobSubmissionClient
 
+from dispatcher.ray_http import auth_headers
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
 from llmbatch.stack.state import CACHE_DIR
 from ray_job.engine_env import engine_env
@@ -155,3 +157,11 @@ class Harness:
 
     def exit_code(self, submission_id: str) -> int | None:
         return self.client.get_job_info(submission_id).driver_exit_code
+
+    def state(self, kind: str) -> list[dict[str, Any]]:
+        """Ray's state API (the dashboard's ``/api/v0/<kind>``): every actor or placement group."""
+        req = urllib.request.Request(f"{self.ray.address}/api/v0/{kind}?detail=1&limit=10000",
+                                     headers=auth_headers(self.ray.auth_token))
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            rows: list[dict[str, Any]] = orjson.loads(resp.read())["data"]["result"]["result"]
+        return rows

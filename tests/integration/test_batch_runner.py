@@ -29,6 +29,7 @@ from schemas.common import BatchStatus, utcnow
 from schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
 from schemas.job import EngineConfig, JobSpec
 from tests.integration.ray_job_harness import Harness, chat_line
+from tests.support.proc_env import environ, parent_pid
 
 pytestmark = pytest.mark.integration
 
@@ -147,26 +148,16 @@ def test_the_replicas_run_without_the_node_secrets_they_do_not_need(
     key, secret = s3_settings.access_key.get_secret_value(), s3_settings.secret_key.get_secret_value()
     # (failures name variables, never print their values)
     for pid in (engine, runner_pid):
-        node = _environ(_parent(pid))  # the raylet that started the replica
+        node = environ(parent_pid(pid))  # the raylet that started the replica
         node_has_keys = (node.get(node_secrets.S3_ACCESS_KEY) == key
                          and node.get(node_secrets.S3_SECRET_KEY) == secret)
         assert node_has_keys, "the Ray node should hold the S3 keys"
-    engine_env, runner_env = _environ(engine), _environ(runner_pid)
+    engine_env, runner_env = environ(engine), environ(runner_pid)
     assert [name for name in node_secrets.ALL if engine_env.get(name)] == []  # the engine replica has them
     assert [name for name in node_secrets.S3_KEYS if runner_env.get(name)] == []  # the runner's has them
     for pid in (engine, runner_pid):
         raw = (Path("/proc") / str(pid) / "environ").read_bytes()
         assert key.encode() not in raw and secret.encode() not in raw
-
-
-def _environ(pid: int) -> dict[str, str]:
-    raw = (Path("/proc") / str(pid) / "environ").read_bytes()
-    return dict(item.decode(errors="replace").partition("=")[::2] for item in raw.split(b"\0") if item)
-
-
-def _parent(pid: int) -> int:
-    stat = (Path("/proc") / str(pid) / "stat").read_text()
-    return int(stat.rsplit(")", 1)[1].split()[1])
 
 
 def test_stop_keeps_what_finished_and_the_next_attempt_completes_the_rest(

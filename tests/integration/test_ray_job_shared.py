@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-import orjson
 import pytest
 from ray.job_submission import JobStatus
 
 from dispatcher.engines import replica_pids, serve_config, summarize
-from dispatcher.ray_http import auth_headers
 from dispatcher.serve_api import ServeApi
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
 from schemas.common import BatchStatus
@@ -82,8 +79,8 @@ def test_two_batches_at_once_on_one_shared_engine(h: Harness, serve: ServeApi) -
     # both ran on the replica that was already there; no batch started an engine
     assert replica_pids(asyncio.run(serve.status()), MODEL) == [replica]
     # each job reserved its stages at once: one placement group, every stage actor inside it
-    groups = {g["name"]: g for g in _state(h, "placement_groups")}
-    actors = _state(h, "actors")
+    groups = {g["name"]: g for g in h.state("placement_groups")}
+    actors = h.state("actors")
     for spec in specs:
         group = groups[f"llmbatch-{spec.submission_id}"]
         assert [b["unit_resources"] for b in group["bundles"]] == [{"CPU": 0.4}]
@@ -91,15 +88,6 @@ def test_two_batches_at_once_on_one_shared_engine(h: Harness, serve: ServeApi) -
                   and str(a["class_name"]).startswith("MapWorker")]
         assert {a["class_name"] for a in stages} >= {"MapWorker(MapBatches(EngineStage))"}, stages
         assert {a["placement_group_id"] for a in stages} == {group["placement_group_id"]}, stages
-
-
-def _state(h: Harness, kind: str) -> list[dict[str, Any]]:
-    """Ray's state API (the dashboard's ``/api/v0/<kind>``): every placement group or actor."""
-    req = urllib.request.Request(
-        f"{h.ray.address}/api/v0/{kind}?detail=1&limit=10000", headers=auth_headers(h.ray.auth_token))
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        rows: list[dict[str, Any]] = orjson.loads(resp.read())["data"]["result"]["result"]
-    return rows
 
 
 def test_no_engine_for_the_model_fails_the_attempt_with_engine_unavailable(h: Harness) -> None:

@@ -1,0 +1,16 @@
+"""What a local process was started with, read from ``/proc`` as code running beside it could read it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def environ(pid: int) -> dict[str, str]:
+    """The environment process ``pid`` was started with (``/proc/<pid>/environ``)."""
+    raw = (Path("/proc") / str(pid) / "environ").read_bytes()
+    return dict(item.decode(errors="replace").partition("=")[::2] for item in raw.split(b"\0") if item)
+
+
+def parent_pid(pid: int) -> int:
+    """The parent of process ``pid`` (for a Ray worker: the raylet that started it)."""
+    return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
