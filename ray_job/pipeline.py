@@ -18,6 +18,7 @@ import ray
 from ray.data import ActorPoolStrategy, DataContext, Dataset
 
 from ray_job import node_secrets
+from ray_job.data_stats import BoundedBlockStats
 from ray_job.engine import EngineStage
 from ray_job.prompts import PromptStage
 from ray_job.reader import Source, read_rows
@@ -43,6 +44,9 @@ def configure_data_context() -> DataContext:
     # the reader's output is merged into blocks up to this size before it moves on: keep it small
     # so the engine starts on the first lines of a big file instead of waiting for 128 MiB of them
     ctx.target_max_block_size = TARGET_BLOCK_BYTES
+    # Ray Data keeps one stats entry per block until the dataset ends: bounded instead (data_stats)
+    if BoundedBlockStats not in ctx.custom_execution_callback_classes:
+        ctx.custom_execution_callback_classes = [*ctx.custom_execution_callback_classes, BoundedBlockStats]
     return ctx
 
 

@@ -7,9 +7,12 @@ input with flat driver memory. Real vLLM behaviour is proven in test_ray_job_vll
 
 from __future__ import annotations
 
+import re
+import sys
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +30,7 @@ from tests.support.proc_env import environ, parent_pid
 pytestmark = pytest.mark.integration
 
 FAST = {"backend": "fake", "num_cpus_per_replica": 0.25}
+PROBE = Path(__file__).parents[1] / "support" / "block_stats_probe.py"
 
 
 @pytest.fixture(scope="module")
@@ -207,6 +211,20 @@ def test_the_engine_actor_runs_without_the_node_secrets(h: Harness) -> None:
     assert node_has_key, "the Ray node should hold the S3 keys"
     assert [name for name in node_secrets.ALL if actor_env.get(name)] == []  # the engine actor has them
     assert h.manifest(spec).request_counts.completed == 40
+
+
+def test_ray_datas_per_block_stats_stay_bounded_in_the_driver(h: Harness) -> None:
+    """Ray Data keeps one stats entry per block until a dataset ends (the driver's slow growth on huge
+    batches); the job's DataContext bounds them. Seen through Ray's own summary, which counts those
+    entries: 200 blocks through a map stage, kept to 20 (at most 40 between trims), all rows through;
+    without the callback Ray counts all 200."""
+    sid = f"fake-blockstats-{h.tag}"
+    h.client.submit_job(submission_id=sid, runtime_env=h.env, entrypoint_num_cpus=0,
+                        entrypoint=f"{sys.executable} {PROBE} 20 200")
+    assert h.wait(sid) == JobStatus.SUCCEEDED, h.logs_tail(sid)
+    found = dict(re.findall(r"PROBE bounded=(\w+) rows=1000 counted=(\d+)", h.client.get_job_logs(sid)))
+    assert set(found) == {"True", "False"}, h.logs_tail(sid)
+    assert 20 <= int(found["True"]) <= 40 and int(found["False"]) == 200, found
 
 
 def test_deadline_stops_the_attempt_and_keeps_what_finished(h: Harness) -> None:
