@@ -17,7 +17,6 @@ from typing import Any, cast
 import ray
 from ray.data import ActorPoolStrategy, DataContext, Dataset
 
-from ray_job import node_secrets
 from ray_job.data_stats import BoundedBlockStats
 from ray_job.engine import EngineStage
 from ray_job.prompts import PromptStage
@@ -143,11 +142,6 @@ def build(spec: JobSpec, done_shards: Sequence[str], *, input_path: str | None,
         # every task and actor asks spec.stage_resources: a pooled tenant's run only on its pool's nodes
         return {**spec.stage_resources(cpus), **extra}
 
-    # the prompt and engine actors read no S3 object and no Redis key (the reader task and the driver
-    # do): they start without the node's secrets (Ray merges these env_vars into the job's)
-    keyless: dict[str, Any] = {
-        "runtime_env": {"env_vars": node_secrets.withheld(node_secrets.engine_withheld(model_path))}}
-
     ds: Dataset = ray.data.from_items([{"part": 0}])
     ds = ds.map_batches(
         cast(Any, read_rows),
@@ -168,7 +162,6 @@ def build(spec: JobSpec, done_shards: Sequence[str], *, input_path: str | None,
             "backend": spec.engine.backend,
         },
         **resources(PROMPT_CPUS),
-        **keyless,
     )
     ds = rebatch(ds, spec.engine.batch_size, resources(REBATCH_CPUS))
     return ds.map_batches(
@@ -190,5 +183,4 @@ def build(spec: JobSpec, done_shards: Sequence[str], *, input_path: str | None,
         # a client of the shared engine needs next to no CPU and never a GPU
         **resources(SHARED_CLIENT_CPUS if spec.engine_app else spec.engine.num_cpus_per_replica),
         num_gpus=None if spec.engine_app else (spec.engine.num_gpus_per_replica or None),
-        **keyless,
     )

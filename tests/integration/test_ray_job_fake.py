@@ -20,12 +20,10 @@ import redis
 from ray.job_submission import JobStatus
 
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
-from ray_job import node_secrets
 from ray_job.errors import ExitCode
 from schemas.common import BatchStatus
 from schemas.job import EngineConfig
 from tests.integration.ray_job_harness import Harness, chat_line
-from tests.support.proc_env import environ, parent_pid
 
 pytestmark = pytest.mark.integration
 
@@ -184,33 +182,6 @@ def test_exit_codes_for_missing_input_and_invalid_spec(h: Harness) -> None:
         entrypoint_num_cpus=0,
     )
     assert h.wait(sid) == JobStatus.FAILED and h.exit_code(sid) == ExitCode.INVALID_SPEC
-
-
-def test_the_engine_actor_runs_without_the_node_secrets(h: Harness) -> None:
-    """The job's driver and reader read S3 with the node's keys; its engine actor (a model's code over
-    every prompt of the batch) starts without them, and so does its prompt actor (same remote args):
-    read from the live engine actor's process, where such code would look."""
-    lines: list[dict[str, Any] | bytes] = [chat_line(f"k{i:02d}", f"item {i}") for i in range(40)]
-    engine = EngineConfig(**FAST, fake_delay_s=0.5, batch_size=2, batches_in_flight=1)  # ~10 s of work
-    spec = h.spec("fake-keyless", input_uri=h.put_input("keyless.jsonl", lines), engine=engine)
-    sid = h.submit(spec)
-    deadline = time.monotonic() + 240
-    pid = None
-    while pid is None:
-        running = time.monotonic() < deadline and not h.client.get_job_status(sid).is_terminal()
-        assert running, h.logs_tail(sid)
-        job_id = h.client.get_job_info(sid).job_id  # set once the driver starts
-        pid = next((int(a["pid"]) for a in h.state("actors")
-                    if job_id and a.get("job_id") == job_id and a.get("state") == "ALIVE" and a.get("pid")
-                    and a.get("class_name") == "MapWorker(MapBatches(EngineStage))"), None)
-        time.sleep(0.3)
-    key = h.s3.access_key.get_secret_value()
-    actor_env, node_env = environ(pid), environ(parent_pid(pid))  # the raylet that started it holds them
-    assert h.wait(sid) == JobStatus.SUCCEEDED, h.logs_tail(sid)  # and the batch still completes
-    node_has_key = node_env.get(node_secrets.S3_ACCESS_KEY) == key  # (failures never print values)
-    assert node_has_key, "the Ray node should hold the S3 keys"
-    assert [name for name in node_secrets.ALL if actor_env.get(name)] == []  # the engine actor has them
-    assert h.manifest(spec).request_counts.completed == 40
 
 
 def test_ray_datas_per_block_stats_stay_bounded_in_the_driver(h: Harness) -> None:
