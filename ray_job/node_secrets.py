@@ -32,9 +32,8 @@ def withheld(names: Iterable[str]) -> dict[str, str]:
 
 
 def engine_withheld(model_path: str) -> tuple[str, ...]:
-    """What an engine (a Serve replica or a job's engine and prompt actors) of a model at
-    ``model_path`` is started without: every node secret, but the S3 keys for weights vLLM loads from
-    ``s3://`` itself."""
+    """What an engine replica of a model at ``model_path`` is started without: every node secret,
+    but the S3 keys for weights vLLM loads from ``s3://`` itself."""
     if model_path.startswith("s3://"):
         return (REDIS_PASSWORD,)
     return ALL

@@ -8,7 +8,6 @@ import asyncio
 import time
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,7 +28,7 @@ from schemas.common import BatchStatus, utcnow
 from schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
 from schemas.job import EngineConfig, JobSpec
 from tests.integration.ray_job_harness import Harness, chat_line
-from tests.support.proc_env import environ, parent_pid
+from tests.support.proc_env import environ, parent_pid, raw_environ
 
 pytestmark = pytest.mark.integration
 
@@ -155,8 +154,8 @@ def test_the_replicas_run_without_the_node_secrets_they_do_not_need(
     engine_env, runner_env = environ(engine), environ(runner_pid)
     assert [name for name in node_secrets.ALL if engine_env.get(name)] == []  # the engine replica has them
     assert [name for name in node_secrets.S3_KEYS if runner_env.get(name)] == []  # the runner's has them
-    for pid in (engine, runner_pid):
-        raw = (Path("/proc") / str(pid) / "environ").read_bytes()
+    for pid in (engine, runner_pid):  # nor under any other name
+        raw = raw_environ(pid)
         assert key.encode() not in raw and secret.encode() not in raw
 
 

@@ -5,9 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def raw_environ(pid: int) -> bytes:
+    """``/proc/<pid>/environ`` as it is: NUL-separated ``NAME=value`` items."""
+    return (Path("/proc") / str(pid) / "environ").read_bytes()
+
+
 def environ(pid: int) -> dict[str, str]:
-    """The environment process ``pid`` was started with (``/proc/<pid>/environ``)."""
-    raw = (Path("/proc") / str(pid) / "environ").read_bytes()
+    """The environment process ``pid`` was started with, by name."""
+    raw = raw_environ(pid)
     return dict(item.decode(errors="replace").partition("=")[::2] for item in raw.split(b"\0") if item)
 
 
