@@ -14,6 +14,8 @@ share one Redis. The layout:
 ``<p>:event:<source>:<id>``       string: dedupe marker of an already-applied command event
 ``<p>:lease:<name>``              string: owner token of a lease (the tracker loop's leader)
 ``<p>:dlq:replayed:<dlt topic>``  hash: dead letters replayed by ``llmbatch dlq replay`` (dispatcher.ops)
+``<p>:s3session:<random>``        string: a Ray job attempt's S3 session until its driver takes it
+                                  (``GETDEL``; see dispatcher.s3_sessions)
 
 Batch ids are scoped by tenant: a batch is stored under its :data:`BatchKey`, ``<batch_id>`` for
 the ``default`` tenant and ``<tenant>/<batch_id>`` for any other (a tenant has no ``/`` and a
@@ -100,3 +102,11 @@ class Keys:
     def replay_ledger(self, dlt_topic: str) -> str:
         """Hash ``<partition>:<offset>`` -> JSON of the replay (see :mod:`dispatcher.ops.replay`)."""
         return f"{self.prefix}:dlq:replayed:{dlt_topic}"
+
+    def s3_session(self, nonce: str) -> str:
+        """A Ray job attempt's S3 session under a random ``nonce`` (:mod:`dispatcher.s3_sessions`)."""
+        return f"{self.prefix}:s3session:{nonce}"
+
+    @property
+    def s3_session_prefix(self) -> str:
+        return f"{self.prefix}:s3session:"

@@ -17,13 +17,17 @@ import asyncio
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dispatcher.backend import JobInfo, JobState, SubmitResult
 from dispatcher.errors import DispatcherError, JobRejected, PermanentError, RayUnavailable, classify
 from dispatcher.ray_http import auth_headers
 from dispatcher.settings import DispatcherSettings
 from schemas.job import JobSpec
+
+if TYPE_CHECKING:
+    from dispatcher.s3_sessions import JobSessions
+    from ray_job.submit import SessionRef
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -52,9 +56,13 @@ def job_env(settings: DispatcherSettings, spec: JobSpec) -> dict[str, str]:
 
 
 def build_submission(
-    settings: DispatcherSettings, spec: JobSpec, spec_uri: str | None = None
+    settings: DispatcherSettings, spec: JobSpec, spec_uri: str | None = None,
+    session: SessionRef | None = None,
 ) -> dict[str, Any]:
-    """``submit_job`` keyword arguments for one attempt (entrypoint, runtime_env, resources)."""
+    """``submit_job`` keyword arguments for one attempt (entrypoint, runtime_env, resources).
+    ``session``: where the attempt takes S3 keys of its own; its processes then start with the
+    node's blanked (:func:`ray_job.node_secrets.job_withheld`)."""
+    from ray_job import node_secrets
     from ray_job import submit as job_submit
 
     job = settings.job
@@ -62,15 +70,19 @@ def build_submission(
     extra: dict[str, Any] = {}
     if job.pip:
         extra["pip"] = list(job.pip)
+    variables = job_env(settings, spec)
+    if session is not None:
+        variables.update(node_secrets.withheld(node_secrets.job_withheld(
+            spec.model_path or spec.model, shared_engine=spec.engine_app is not None)))
     env = job_submit.runtime_env(
         s3_endpoint=s3.endpoint,
-        env_vars=job_env(settings, spec),
+        env_vars=variables,
         stop_wait_s=job.ray_stop_wait_s,
         **extra,
     )
     if not job.ship_modules:
         env.pop("py_modules", None)
-    kwargs = job_submit.submit_kwargs(spec, env, spec_uri=spec_uri, python=job.python)
+    kwargs = job_submit.submit_kwargs(spec, env, spec_uri=spec_uri, python=job.python, session=session)
     if spec.pool_resource is None:
         kwargs["entrypoint_num_cpus"] = job.entrypoint_num_cpus
     elif job.entrypoint_num_cpus:  # the pool's nodes have no CPU: the driver asks its pool's resource
@@ -97,9 +109,12 @@ class RayJobsBackend:
         timeout_s: float = 30.0,
         max_threads: int = 8,
         upload_spec: SpecUploader | None = None,
+        sessions: JobSessions | None = None,
     ) -> None:
         self.settings = settings
         self.upload_spec = upload_spec
+        self.sessions = sessions
+        """With these, each attempt gets S3 keys of its own (:mod:`dispatcher.s3_sessions`)."""
         self.timeout_s = timeout_s
         self._client: Any = None
         self._sem = asyncio.Semaphore(max_threads)
@@ -158,15 +173,17 @@ class RayJobsBackend:
     async def submit(self, spec: JobSpec) -> SubmitResult:
         from ray_job.submit import SpecTooLargeError
 
+        session = await self.sessions.issue(spec) if self.sessions is not None else None
         try:
-            kwargs = build_submission(self.settings, spec)
+            kwargs = build_submission(self.settings, spec, session=session)
         except SpecTooLargeError:
             if self.upload_spec is None:
                 raise JobRejected(
                     f"the job spec of {spec.submission_id} is too large for a command line "
                     "and no spec uploader is configured"
                 ) from None
-            kwargs = build_submission(self.settings, spec, spec_uri=await self.upload_spec(spec))
+            kwargs = build_submission(self.settings, spec, spec_uri=await self.upload_spec(spec),
+                                      session=session)
         sid = spec.submission_id
 
         def submit(client: Any) -> SubmitResult:

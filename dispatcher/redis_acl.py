@@ -3,8 +3,10 @@
 - ``dispatcher``: every key under its prefix, every command but the dangerous ones (it reads
   ``CONFIG GET appendfsync`` to warn about a lossy Redis).
 - ``job`` (Ray jobs and the batch runner): only the progress hashes (``<p>:progress:*``) and only the
-  commands :mod:`ray_job.progress` runs (its script ``write_progress.lua`` and ``HMGET``). A job (user
-  prompts, a model's code) cannot read or write any batch's state.
+  commands :mod:`ray_job.progress` runs (its script ``write_progress.lua`` and ``HMGET``), plus ``GETDEL``
+  and nothing else on the S3 sessions (``<p>:s3session:*``, a Redis 7 selector), which a driver takes
+  once by a name it alone is given. A job (user prompts, a model's code) cannot read or write any
+  batch's state, and cannot list the sessions.
 - ``operator`` (``llmbatch jobs`` / ``dlq``): reads every key under the prefix, writes only the replay
   ledger (``<p>:dlq:replayed:*``).
 
@@ -42,7 +44,8 @@ def acl_rules(keys: Keys) -> dict[Role, str]:
         ),
         "job": (
             f"resetkeys ~{p}:progress:* resetchannels -@all "
-            f"+evalsha +eval +script|load +hmget +hget +hexists +hset +expire {_CONNECTION}"
+            f"+evalsha +eval +script|load +hmget +hget +hexists +hset +expire {_CONNECTION} "
+            f"(~{_glob(keys.s3_session_prefix)}* +getdel)"
         ),
         "operator": (
             f"resetkeys %R~{p}:* ~{p}:dlq:replayed:* resetchannels -@all +@read +@hash +@connection "

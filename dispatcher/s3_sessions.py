@@ -9,20 +9,29 @@ body of the submit request to the runner (:class:`schemas.job.RunnerSubmission`)
 batch's filesystem from them and never from its node's keys. A bug or a hostile spec in one batch can
 then touch no other batch's files, and the keys expire (``runner_s3_session_s``).
 
+A Ray job's processes start from their node's environment, whose keys reach every tenant's files too.
+With job sessions (``LLMBATCH_JOB__S3_SESSIONS``, the default) each attempt gets keys of its own the same
+way (:class:`JobSessions`); they cannot travel in a job's ``runtime_env`` or command line, which the Jobs
+API shows, so they wait in Redis under a random name that only the attempt's command line gives, and the
+driver takes them once (:mod:`ray_job.s3_session`). The job's ``runtime_env`` blanks the node's S3 keys.
+
 MinIO answers ``AssumeRole`` for any of its users (no role); AWS needs ``runner_s3_role_arn``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 from datetime import UTC
 
 import orjson
 
 from dispatcher.errors import JobRejected, StorageUnavailable
 from dispatcher.minio_policy import batch_policy
+from dispatcher.store import StateStore
 from llmbatch.settings import S3Settings
 from producer.storage import http_client
+from ray_job.submit import SessionRef
 from schemas.job import JobSpec, S3Session
 
 SESSION_NAME_MAX = 64
@@ -86,3 +95,26 @@ class SessionMinter:
     async def mint_async(self, spec: JobSpec) -> S3Session:
         """:meth:`mint` in a thread (never on the event loop)."""
         return await asyncio.to_thread(self.mint, spec)
+
+
+class JobSessions:
+    """Each Ray job attempt's S3 session, minted by ``minter`` and kept in Redis (``store``) under a
+    random key for its driver to take once; the Redis copy lives as long as the session."""
+
+    def __init__(self, minter: SessionMinter, store: StateStore) -> None:
+        self.minter = minter
+        self.store = store
+
+    async def issue(self, spec: JobSpec) -> SessionRef:
+        """Mint ``spec``'s session and store it; what the attempt's command line names.
+
+        Raises :class:`JobRejected` when the spec names no Redis for its job
+        (``LLMBATCH_JOB__PASS_REDIS_URL``), besides :meth:`SessionMinter.mint`'s errors and
+        :class:`dispatcher.errors.StateStoreUnavailable`."""
+        if spec.redis_url is None:
+            raise JobRejected("job S3 sessions reach the job through Redis: set LLMBATCH_JOB__PASS_REDIS_URL="
+                              "true or LLMBATCH_JOB__S3_SESSIONS=false")
+        session = await self.minter.mint_async(spec)
+        nonce = secrets.token_urlsafe(24)
+        await self.store.put_s3_session(nonce, orjson.dumps(session.plain()), self.minter.duration_s)
+        return SessionRef(redis_url=spec.redis_url, key=self.store.keys.s3_session(nonce))

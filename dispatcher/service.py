@@ -76,7 +76,16 @@ class Dispatcher:
         if backend is None:
             from dispatcher.ray_backend import RayJobsBackend
 
-            backend = RayJobsBackend(settings, upload_spec=self.results.upload_spec)
+            job_sessions = None
+            if settings.job.s3_sessions:
+                from dispatcher.s3_sessions import JobSessions, SessionMinter
+
+                job_sessions = JobSessions(
+                    SessionMinter(settings.s3, duration_s=settings.job.s3_session_s,
+                                  role_arn=opts.runner_s3_role_arn),
+                    self.store,
+                )
+            backend = RayJobsBackend(settings, upload_spec=self.results.upload_spec, sessions=job_sessions)
             if opts.shared_engines and opts.short_path_max_lines > 0:
                 # imported here: the runner's module brings Ray, which the plain job path never needs
                 from dispatcher.runner_backend import RoutedBackend, RunnerClient

@@ -187,7 +187,8 @@ class DispatcherOptions(BaseModel):
     )
     runner_s3_role_arn: str | None = Field(
         default=None, max_length=2048,
-        description="RoleArn of the AssumeRole call, for S3 services that need one (AWS); MinIO needs none.",
+        description="RoleArn of the AssumeRole calls (runner batches' and Ray jobs' S3 sessions), for S3 "
+        "services that need one (AWS); MinIO needs none.",
     )
     short_path_max_runs: int = Field(
         default=64, ge=1, le=10_000,
@@ -231,6 +232,15 @@ class DispatcherOptions(BaseModel):
 class JobOptions(BaseModel):
     """How Ray jobs are launched (``LLMBATCH_JOB__*``)."""
 
+    @model_validator(mode="after")
+    def _sessions_need_redis(self) -> JobOptions:
+        if self.s3_sessions and not self.pass_redis_url:
+            raise ValueError(
+                "job S3 sessions reach the job's driver through Redis: set LLMBATCH_JOB__PASS_REDIS_URL=true "
+                "or LLMBATCH_JOB__S3_SESSIONS=false (jobs then use their node's S3 keys)"
+            )
+        return self
+
     @field_validator("pass_s3_credentials")
     @classmethod
     def _no_keys_in_runtime_env(cls, value: bool) -> bool:
@@ -266,10 +276,24 @@ class JobOptions(BaseModel):
         "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY from their own environment.",
     )
     pass_redis_url: bool = Field(default=True, description="Let the job write progress counters to Redis.")
+    s3_sessions: bool = Field(
+        default=True,
+        description="Give each Ray job attempt temporary S3 keys of its own (STS AssumeRole with the "
+        "dispatcher's keys and a policy that reaches the batch's input object and output prefix only), "
+        "taken once from Redis by its driver; the job's processes start with the node's S3 keys blanked. "
+        "Needs PASS_REDIS_URL. false: jobs read and write with their node's keys (every tenant's files).",
+    )
+    s3_session_s: int = Field(
+        default=43_200, ge=900, le=43_200,
+        description="Lifetime of a Ray job attempt's S3 session (seconds, 900-43200), counted from its "
+        "submission: an attempt still running past it has its reads and writes refused and fails "
+        "(retriable; the next attempt resumes with a new session).",
+    )
     redis_username: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z0-9._-]{1,64}$",
-        description="The Redis ACL user the jobs connect as (allowed only the progress hashes: "
+        description="The Redis ACL user the jobs connect as (allowed only the progress hashes and taking "
+        "their S3 sessions: "
         "`llmbatch dispatcher redis-acl`); its password is LLMBATCH_REDIS__PASSWORD of the Ray nodes. "
         "Unset: the user of LLMBATCH_REDIS__URL.",
     )

@@ -527,6 +527,16 @@ class StateStore:
         keys, args = [self.keys.lease(name)], [token]
         return int(await self._call(lambda: self._scripts.lease_release(keys=keys, args=args))) == 1
 
+    async def put_s3_session(self, nonce: str, payload: bytes, ttl_s: int) -> None:
+        """Keep a Ray job attempt's S3 session for its driver to take (``SET NX``: never over another)."""
+        key = self.keys.s3_session(nonce)
+
+        async def run() -> None:
+            if not await self.client.set(key, payload, ex=ttl_s, nx=True):
+                raise StateStoreUnavailable(f"the S3 session key {key} exists already")
+
+        await self._call(run)
+
     async def ping(self) -> bool:
         return bool(await self._call(lambda: self.client.ping()))
 

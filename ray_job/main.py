@@ -22,14 +22,13 @@ from typing import Any
 import orjson
 from pyarrow import fs as pafs
 
-from ray_job import manifest, pipeline, resume, rows, s3
+from ray_job import manifest, pipeline, resume, rows, s3, s3_session
 from ray_job import spec as spec_loader
 from ray_job.errors import (
     EngineDeadError,
     EngineUnavailableError,
     ExitCode,
     InputNotFoundError,
-    InvalidSpecError,
     JobError,
     SupersededError,
 )
@@ -40,7 +39,7 @@ from ray_job.progress import Counters, Progress
 from ray_job.reservation import Reservation, bundle_of
 from ray_job.writer import ShardWriter
 from schemas.common import BatchStatus, utcnow
-from schemas.job import MANIFEST_NAME, AttemptRecord, JobSpec, Manifest
+from schemas.job import MANIFEST_NAME, AttemptRecord, JobSpec, Manifest, S3Session
 from schemas.openai import ErrorObject, Usage
 
 RESULT_PREFIX = "LLMBATCH_RESULT "
@@ -79,8 +78,10 @@ class SeenLines:
 class Attempt:
     """State of the running attempt (see the module docstring)."""
 
-    def __init__(self, spec: JobSpec, started_at: datetime) -> None:
+    def __init__(self, spec: JobSpec, started_at: datetime, *, session: S3Session | None = None) -> None:
         self.spec = spec
+        self.session = session
+        """The attempt's own S3 keys (:mod:`ray_job.s3_session`); ``None``: the process's."""
         self.started_at = started_at
         self.prefix_path = s3.path_of(spec.output_prefix)
         self.manifest_path = self.prefix_path + MANIFEST_NAME
@@ -102,8 +103,8 @@ class Attempt:
     # --- setup ------------------------------------------------------------------------------
 
     def _filesystem(self) -> pafs.FileSystem:
-        """The attempt's S3 filesystem: the keys of the process's environment."""
-        return s3.filesystem()
+        """The attempt's S3 filesystem: its session's keys, else those of the process's environment."""
+        return s3.filesystem(self.session)
 
     def _input_path(self, fs: pafs.FileSystem) -> str | None:
         if self.spec.input_uri is None:
@@ -217,7 +218,8 @@ class Attempt:
             waited = reservation.wait(pipeline.WAIT_FOR_ACTORS_S)
             log.info("stages reserved %s after %.1f s", reservation.bundle, waited)
             placement = reservation.remote_args()
-        ds = pipeline.build(self.spec, self.prior.done_shards, input_path=input_path, placement=placement)
+        ds = pipeline.build(self.spec, self.prior.done_shards, input_path=input_path, placement=placement,
+                            session=self.session)
         for table in ds.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=1):
             self.consume(rows.from_table(table))
             for writer in self.writers.values():
@@ -445,9 +447,13 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m ray_job``: returns the process exit code."""
     setup_logging()
     started_at = utcnow()
+    session: S3Session | None = None
     try:
-        spec = spec_loader.load(argv)
-    except InvalidSpecError as exc:
+        args = spec_loader.parse_args(argv)
+        if args.s3_session_key is not None:  # before the spec: a --spec-uri is read with its keys
+            session = s3_session.fetch(args.s3_session_redis, args.s3_session_key)
+        spec = spec_loader.load_spec(args, session)
+    except JobError as exc:
         log.error("%s", exc)
         emit_result(failure_result(None, exc.exit_code, exc.code, str(exc)))
         return int(exc.exit_code)
@@ -458,4 +464,4 @@ def main(argv: list[str] | None = None) -> int:
         spec.input_uri or f"{len(spec.requests or [])} inline requests",
         spec.output_prefix,
     )
-    return Attempt(spec, started_at).run()
+    return Attempt(spec, started_at, session=session).run()

@@ -7,8 +7,10 @@ local stack's head), and every worker it starts inherits them. Jobs and the batc
 a batch runner whose batches bring S3 keys of their own (:class:`schemas.job.S3Session`) reads no node
 key. Their Serve applications set these variables empty in their ``runtime_env``
 (:func:`withheld`), so the code they run over every tenant's prompts (a model's own code among it)
-does not find keys to every tenant's files or the state's password in its environment. Empty values
-are names, not secrets: the dashboard may show them.
+does not find keys to every tenant's files or the state's password in its environment. A Ray job whose
+attempt brings S3 keys of its own (:mod:`ray_job.s3_session`) blanks the node's S3 keys in the job's
+``runtime_env`` (every process of the job: :func:`job_withheld`). Empty values are names, not secrets:
+the dashboard may show them.
 """
 
 from __future__ import annotations
@@ -37,6 +39,15 @@ def engine_withheld(model_path: str) -> tuple[str, ...]:
     if model_path.startswith("s3://"):
         return (REDIS_PASSWORD,)
     return ALL
+
+
+def job_withheld(model_path: str, *, shared_engine: bool) -> tuple[str, ...]:
+    """What the processes of a Ray job with an S3 session of its own are started without: the node's
+    S3 keys, unless the job runs its own engine of weights vLLM loads from ``s3://``. The Redis password
+    stays: the job writes its progress and takes its session with it."""
+    if not shared_engine and model_path.startswith("s3://"):
+        return ()
+    return S3_KEYS
 
 
 def is_withheld(name: str) -> bool:

@@ -21,7 +21,7 @@ from ray_job.data_stats import BoundedBlockStats
 from ray_job.engine import EngineStage
 from ray_job.prompts import PromptStage
 from ray_job.reader import Source, read_rows
-from schemas.job import JobSpec
+from schemas.job import JobSpec, S3Session
 
 READ_CPUS = 0.1
 PROMPT_CPUS = 0.1
@@ -100,8 +100,10 @@ def rebatch(ds: Dataset, rows: int, resources: dict[str, Any] | None = None) -> 
         return ds.repartition(target_num_rows_per_block=rows)
 
 
-def source_of(spec: JobSpec, done_shards: Sequence[str], *, input_path: str | None) -> Source:
-    """What the reader reads for ``spec``: the input file or the inline requests, minus done lines."""
+def source_of(spec: JobSpec, done_shards: Sequence[str], *, input_path: str | None,
+              session: S3Session | None = None) -> Source:
+    """What the reader reads for ``spec``: the input file or the inline requests, minus done lines
+    (with ``session``'s keys, the attempt's own, when given)."""
     inline = b"".join(line.to_jsonl() for line in spec.requests) if spec.requests is not None else None
     return Source(
         batch_id=spec.batch_id,
@@ -112,6 +114,7 @@ def source_of(spec: JobSpec, done_shards: Sequence[str], *, input_path: str | No
         done_shards=tuple(done_shards),
         block_rows=spec.engine.batch_size,
         max_line_bytes=spec.max_line_bytes,
+        session=session,
     )
 
 
@@ -129,12 +132,13 @@ def stage_requests(spec: JobSpec) -> list[dict[str, Any]]:
 
 
 def build(spec: JobSpec, done_shards: Sequence[str], *, input_path: str | None,
-          placement: dict[str, Any] | None = None) -> Dataset:
+          placement: dict[str, Any] | None = None, session: S3Session | None = None) -> Dataset:
     """The dataset of finished rows (``output`` / ``error``) for the lines still to do (those the
     shards at ``done_shards`` answer are skipped). ``placement``: remote args that put every task
     and actor inside the job's reservation (:meth:`ray_job.reservation.Reservation.remote_args`;
-    a shared-engine job's, whose slots :func:`stage_requests` lists)."""
-    source = source_of(spec, done_shards, input_path=input_path)
+    a shared-engine job's, whose slots :func:`stage_requests` lists). ``session``: the attempt's own S3
+    keys, for the reader (:mod:`ray_job.s3_session`)."""
+    source = source_of(spec, done_shards, input_path=input_path, session=session)
     model_path = spec.model_path or spec.model
     extra = placement or {}
 

@@ -19,6 +19,7 @@ from pyarrow import fs as pafs
 from ray_job import resume, rows, s3
 from ray_job.parse import DoneKeys, parse_lines
 from schemas.common import Endpoint
+from schemas.job import S3Session
 from schemas.lines import split_lines
 
 
@@ -35,12 +36,14 @@ class Source:
     """Shards whose lines earlier attempts answered (:attr:`ray_job.resume.Prior.done_shards`), skipped."""
     block_rows: int = 64
     max_line_bytes: int | None = None
+    session: S3Session | None = None
+    """The attempt's own S3 keys (:mod:`ray_job.s3_session`); ``None``: the process's."""
 
 
 def iter_blocks(source: Source, fs: pafs.FileSystem | None = None) -> Iterator[list[rows.Row]]:
     """Row blocks of the input, bad lines as error rows, finished lines skipped."""
     if fs is None and (source.input_path is not None or source.done_shards):
-        fs = s3.filesystem()
+        fs = s3.filesystem(source.session)
     if source.input_path is not None:
         assert fs is not None
         chunks: Iterator[bytes] = s3.read_chunks(fs, source.input_path)

@@ -38,10 +38,9 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import orjson
-from pyarrow import fs as pafs
 from pydantic import ValidationError
 
-from ray_job import node_secrets, rows, s3
+from ray_job import node_secrets, rows
 from ray_job.engine import Engine, EngineStage
 from ray_job.engine_stats import summarize_metrics
 from ray_job.errors import ExitCode
@@ -106,8 +105,7 @@ class RunnerAttempt(Attempt):
 
     def __init__(self, spec: JobSpec, *, tokenizer: Callable[[], Tokenizer], keep_text: bool,
                  engine: Callable[[], Engine], s3_session: S3Session | None = None) -> None:
-        super().__init__(spec, utcnow())
-        self._s3_session = s3_session
+        super().__init__(spec, utcnow(), session=s3_session)  # the batch's own keys, else the node's
         # the runner's process is every run's: no figure of its own
         self.memory_peak = MemoryPeak(sample=None)
         self._tokenizer = tokenizer
@@ -115,10 +113,6 @@ class RunnerAttempt(Attempt):
         self._engine = engine
         self._stop = threading.Event()
         self._timer: threading.Timer | None = None
-
-    def _filesystem(self) -> pafs.FileSystem:
-        """The batch's own S3 session when the dispatcher sent one; else the runner's node keys."""
-        return s3.filesystem(self._s3_session)
 
     def request_stop(self, reason: str) -> None:
         """Stop at the next block boundary (``deadline``, ``stopped``, ``superseded``), keeping what

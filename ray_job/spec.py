@@ -4,7 +4,8 @@
 ``--spec-b64`` is URL-safe base64 of the JSON, optionally zlib-compressed (what
 :func:`ray_job.submit.entrypoint` produces: no shell quoting issues, shorter command lines).
 ``--spec-uri s3://...`` reads the spec from an object, for specs too large for a command line
-(inline requests near their size limit).
+(inline requests near their size limit). ``--s3-session-key`` / ``--s3-session-redis`` name the
+attempt's S3 session in Redis (:mod:`ray_job.s3_session`); the spec is read after it, with its keys.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 from ray_job import s3
 from ray_job.errors import InvalidSpecError
 from schemas.errors import SchemaError
-from schemas.job import JobSpec, parse_job_spec
+from schemas.job import JobSpec, S3Session, parse_job_spec
 
 
 def parser() -> argparse.ArgumentParser:
@@ -28,7 +29,20 @@ def parser() -> argparse.ArgumentParser:
     group.add_argument("--spec-b64", help="the JobSpec JSON, URL-safe base64 (optionally zlib-compressed)")
     group.add_argument("--spec-file", type=Path, help="a file holding the JobSpec JSON")
     group.add_argument("--spec-uri", help="an s3:// object holding the JobSpec JSON")
+    p.add_argument("--s3-session-key", help="the Redis key of the attempt's S3 session (taken once)")
+    p.add_argument("--s3-session-redis", help="the Redis URL (no password) holding --s3-session-key")
     return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The parsed command line; :class:`InvalidSpecError` when it is unusable."""
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as exc:
+        raise InvalidSpecError(f"bad command line (exit {exc.code}): see usage above") from None
+    if (args.s3_session_key is None) != (args.s3_session_redis is None):
+        raise InvalidSpecError("--s3-session-key and --s3-session-redis go together: give both or neither")
+    return args
 
 
 def decode_b64(text: str) -> bytes:
@@ -45,8 +59,9 @@ def decode_b64(text: str) -> bytes:
         raise InvalidSpecError(f"--spec-b64 is neither JSON nor zlib-compressed JSON: {exc}") from None
 
 
-def raw_spec(args: argparse.Namespace) -> bytes:
-    """The spec bytes named by the parsed arguments."""
+def raw_spec(args: argparse.Namespace, session: S3Session | None = None) -> bytes:
+    """The spec bytes named by the parsed arguments (``--spec-uri`` read with ``session``'s keys when
+    given)."""
     if args.spec_json is not None:
         return str(args.spec_json).encode()
     if args.spec_b64 is not None:
@@ -57,7 +72,7 @@ def raw_spec(args: argparse.Namespace) -> bytes:
         except OSError as exc:
             raise InvalidSpecError(f"cannot read --spec-file: {exc}") from None
     try:
-        data = s3.read_bytes(s3.filesystem(), s3.path_of(args.spec_uri))
+        data = s3.read_bytes(s3.filesystem(session), s3.path_of(args.spec_uri))
     except (OSError, ValueError) as exc:
         raise InvalidSpecError(f"cannot read --spec-uri: {exc}") from None
     if data is None:
@@ -67,11 +82,12 @@ def raw_spec(args: argparse.Namespace) -> bytes:
 
 def load(argv: list[str] | None = None) -> JobSpec:
     """Parse the command line and validate the spec; :class:`InvalidSpecError` when it is unusable."""
-    try:
-        args = parser().parse_args(argv)
-    except SystemExit as exc:
-        raise InvalidSpecError(f"bad command line (exit {exc.code}): see usage above") from None
-    data = raw_spec(args)
+    return load_spec(parse_args(argv))
+
+
+def load_spec(args: argparse.Namespace, session: S3Session | None = None) -> JobSpec:
+    """The validated spec the parsed command line names; :class:`InvalidSpecError` when unusable."""
+    data = raw_spec(args, session)
     try:
         return parse_job_spec(data)
     except SchemaError as exc:

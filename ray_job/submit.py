@@ -22,10 +22,13 @@ prefer putting ``AWS_*`` on the Ray pods from a Kubernetes Secret and leave them
 from __future__ import annotations
 
 import base64
+import shlex
 import zlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -72,15 +75,32 @@ def runtime_env(
     return {"py_modules": package_dirs(), "env_vars": variables, **extra}
 
 
+@dataclass(frozen=True)
+class SessionRef:
+    """Where the attempt takes its S3 session (:mod:`ray_job.s3_session`): a Redis URL without a
+    password and a random key. Names only: what the Jobs API shows of it gives no access alone."""
+
+    redis_url: str
+    key: str
+
+    def arguments(self) -> str:
+        """The command-line arguments that name it (shell-quoted)."""
+        if urlsplit(self.redis_url).password is not None:
+            raise ValueError("the session's Redis URL must hold no password (the job takes it from its env)")
+        return f"--s3-session-key {shlex.quote(self.key)} --s3-session-redis {shlex.quote(self.redis_url)}"
+
+
 def encode_spec(spec: JobSpec) -> str:
     """URL-safe base64 of the zlib-compressed spec JSON (what ``--spec-b64`` takes)."""
     packed = zlib.compress(spec.model_dump_json(exclude_none=True).encode(), 9)
     return base64.urlsafe_b64encode(packed).decode().rstrip("=")
 
 
-def entrypoint(spec: JobSpec, *, python: str = "python") -> str:
+def entrypoint(spec: JobSpec, *, python: str = "python", session: SessionRef | None = None) -> str:
     """``python -m ray_job --spec-b64 ...``; :class:`SpecTooLargeError` when it is too long."""
     command = f"{python} -P -m ray_job --spec-b64 {encode_spec(spec)}"
+    if session is not None:
+        command += " " + session.arguments()
     if len(command) > MAX_ENTRYPOINT_CHARS:
         raise SpecTooLargeError(
             f"the encoded spec takes {len(command)} characters (limit {MAX_ENTRYPOINT_CHARS}): upload "
@@ -89,19 +109,25 @@ def entrypoint(spec: JobSpec, *, python: str = "python") -> str:
     return command
 
 
-def entrypoint_for_uri(spec_uri: str, *, python: str = "python") -> str:
+def entrypoint_for_uri(spec_uri: str, *, python: str = "python", session: SessionRef | None = None) -> str:
     """``python -m ray_job --spec-uri s3://...`` for a spec uploaded to S3."""
     if not spec_uri.startswith("s3://") or any(c.isspace() or c in "'\"`$\\;&|<>" for c in spec_uri):
         raise ValueError(f"unsafe spec URI for a command line: {spec_uri[:80]!r}")
-    return f"{python} -P -m ray_job --spec-uri {spec_uri}"
+    command = f"{python} -P -m ray_job --spec-uri {spec_uri}"
+    return command + " " + session.arguments() if session is not None else command
 
 
 def submit_kwargs(
-    spec: JobSpec, env: dict[str, Any], *, spec_uri: str | None = None, python: str = "python"
+    spec: JobSpec, env: dict[str, Any], *, spec_uri: str | None = None, python: str = "python",
+    session: SessionRef | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for ``JobSubmissionClient.submit_job`` for this attempt (a pooled
-    tenant's driver asks for a share of its pool's resource, so it starts only on the pool)."""
-    command = entrypoint_for_uri(spec_uri, python=python) if spec_uri else entrypoint(spec, python=python)
+    tenant's driver asks for a share of its pool's resource, so it starts only on the pool).
+    ``session``: where the attempt takes its own S3 keys (:mod:`ray_job.s3_session`)."""
+    if spec_uri:
+        command = entrypoint_for_uri(spec_uri, python=python, session=session)
+    else:
+        command = entrypoint(spec, python=python, session=session)
     kwargs: dict[str, Any] = {
         "submission_id": spec.submission_id,
         "entrypoint": command,

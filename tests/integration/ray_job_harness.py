@@ -3,6 +3,7 @@ exactly as the dispatcher does (``ray_job.submit``), against the real MinIO, Red
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import sys
@@ -17,10 +18,13 @@ from minio import Minio
 from ray.job_submission import JobStatus, JobSubmissionClient
 
 from dispatcher.ray_http import auth_headers
+from dispatcher.s3_sessions import JobSessions, SessionMinter
+from dispatcher.store import StateStore
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
 from llmbatch.stack.state import CACHE_DIR
+from ray_job import node_secrets
 from ray_job.engine_env import engine_env
-from ray_job.submit import parse_result, runtime_env, submit_kwargs
+from ray_job.submit import SessionRef, parse_result, runtime_env, submit_kwargs
 from schemas.job import EngineConfig, JobSpec, Manifest, parse_manifest
 
 CHAT = "/v1/chat/completions"
@@ -128,9 +132,29 @@ class Harness:
         data.update(kw)
         return JobSpec.model_validate(data)
 
-    def submit(self, spec: JobSpec) -> str:
-        self.client.submit_job(**submit_kwargs(spec, self.env, python=sys.executable))
+    def submit(self, spec: JobSpec, session: SessionRef | None = None) -> str:
+        """Submit ``spec``; with ``session``, as the dispatcher does for an attempt with S3 keys of its
+        own (named on the command line, the node's S3 keys blanked in the job's environment)."""
+        env = self.env
+        if session is not None:
+            blanks = node_secrets.withheld(node_secrets.job_withheld(
+                spec.model_path or spec.model, shared_engine=spec.engine_app is not None))
+            env = {**env, "env_vars": {**env["env_vars"], **blanks}}
+        self.client.submit_job(**submit_kwargs(spec, env, python=sys.executable, session=session))
         return spec.submission_id
+
+    def issue_session(self, spec: JobSpec) -> SessionRef:
+        """``spec``'s S3 session, minted by the real MinIO's STS and kept in the real Redis by the
+        dispatcher's own code (:class:`dispatcher.s3_sessions.JobSessions`)."""
+
+        async def issue() -> SessionRef:
+            store = StateStore.from_url(self.redis.url, password=self.redis.effective_password())
+            try:
+                return await JobSessions(SessionMinter(self.s3, duration_s=900), store).issue(spec)
+            finally:
+                await store.close()
+
+        return asyncio.run(issue())
 
     def wait(self, submission_id: str, timeout: float = 600) -> JobStatus:
         deadline = time.monotonic() + timeout

@@ -20,10 +20,13 @@ import redis
 from ray.job_submission import JobStatus
 
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
+from ray_job import node_secrets
 from ray_job.errors import ExitCode
+from ray_job.submit import SessionRef, parse_result
 from schemas.common import BatchStatus
 from schemas.job import EngineConfig
 from tests.integration.ray_job_harness import Harness, chat_line
+from tests.support.proc_env import environ, parent_pid
 
 pytestmark = pytest.mark.integration
 
@@ -196,6 +199,67 @@ def test_ray_datas_per_block_stats_stay_bounded_in_the_driver(h: Harness) -> Non
     found = dict(re.findall(r"PROBE bounded=(\w+) rows=1000 counted=(\d+)", h.client.get_job_logs(sid)))
     assert set(found) == {"True", "False"}, h.logs_tail(sid)
     assert 20 <= int(found["True"]) <= 40 and int(found["False"]) == 200, found
+
+
+def test_a_job_with_its_own_s3_session_runs_without_the_nodes_keys(h: Harness) -> None:
+    """Issue 14: the attempt takes its session from Redis once and reads and writes with it; its driver
+    and its actors (a model's code among them) start with the node's S3 keys blanked, read from their
+    live processes. The batch completes, so the session's keys did the work; the Redis copy is gone."""
+    lines: list[dict[str, Any] | bytes] = [chat_line(f"k{i:02d}", f"item {i}") for i in range(40)]
+    engine = EngineConfig(**FAST, fake_delay_s=0.5, batch_size=2, batches_in_flight=1)  # ~10 s of work
+    spec = h.spec("fake-session", input_uri=h.put_input("session.jsonl", lines), engine=engine,
+                  redis_url=h.redis.url)
+    ref = h.issue_session(spec)
+    sid = h.submit(spec, session=ref)
+    deadline = time.monotonic() + 240
+    pids: dict[str, int] = {}
+    while "actor" not in pids:
+        running = time.monotonic() < deadline and not h.client.get_job_status(sid).is_terminal()
+        assert running, h.logs_tail(sid)
+        info = h.client.get_job_info(sid)
+        if info.driver_info is not None and info.driver_info.pid:
+            pids["driver"] = int(info.driver_info.pid)
+        actor = next((int(a["pid"]) for a in h.state("actors")
+                      if info.job_id and a.get("job_id") == info.job_id and a.get("state") == "ALIVE"
+                      and a.get("pid") and "MapBatches" in str(a.get("class_name"))), None)
+        if actor is not None:
+            pids["actor"] = actor
+        time.sleep(0.3)
+    envs = {name: environ(pid) for name, pid in pids.items()}
+    node_env = environ(parent_pid(pids["actor"]))  # the raylet that started it holds the keys
+    assert h.wait(sid) == JobStatus.SUCCEEDED, h.logs_tail(sid)
+    key, secret = h.s3.access_key.get_secret_value(), h.s3.secret_key.get_secret_value()
+    node_has_keys = node_env.get(node_secrets.S3_ACCESS_KEY) == key  # (failures never print values)
+    assert node_has_keys, "the Ray node should hold the S3 keys"
+    assert sorted(envs) == ["actor", "driver"]
+    for name, env in envs.items():
+        held = [v for v in node_secrets.S3_KEYS if env.get(v)]
+        assert held == [], f"the job's {name} holds {held}"
+        leaked = [v for v in env.values() if key in v or secret in v]
+        assert not leaked, f"the job's {name} holds a key's value"
+    assert h.manifest(spec).request_counts.completed == 40
+    assert redis.Redis.from_url(h.redis.url).exists(ref.key) == 0  # taken by the driver
+
+
+def test_a_jobs_session_reaches_its_own_batchs_files_only(h: Harness) -> None:
+    """The session minted for one batch does not read another batch's input (the node's keys would):
+    the attempt ends as input_not_found. A session named but not in Redis fails the attempt as
+    retriable (a new attempt gets a new session), never running with the node's keys."""
+    mine = h.spec("fake-sess-a", input_uri=h.put_input("sess-a.jsonl", [chat_line("a", "x")]),
+                  engine=EngineConfig(**FAST), redis_url=h.redis.url)
+    other = h.spec("fake-sess-b", input_uri=h.put_input("sess-b.jsonl", [chat_line("b", "y")]),
+                   engine=EngineConfig(**FAST), redis_url=h.redis.url)
+    sid = h.submit(other, session=h.issue_session(mine))
+    assert h.wait(sid, 240) == JobStatus.FAILED
+    assert h.exit_code(sid) == ExitCode.INPUT_NOT_FOUND, h.logs_tail(sid)
+    missing = SessionRef(redis_url=h.redis.url, key=f"llmbatch:s3session:never-{h.tag}")
+    retry = h.spec("fake-sess-c", input_uri=other.input_uri, engine=EngineConfig(**FAST),
+                   redis_url=h.redis.url)
+    sid = h.submit(retry, session=missing)
+    assert h.wait(sid, 240) == JobStatus.FAILED
+    result = parse_result(h.client.get_job_logs(sid))
+    assert h.exit_code(sid) == ExitCode.RETRIABLE and result is not None
+    assert result["error"]["code"] == "s3_session_missing", h.logs_tail(sid)
 
 
 def test_deadline_stops_the_attempt_and_keeps_what_finished(h: Harness) -> None:

@@ -12,17 +12,20 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
 import pytest
 import redis
 import redis.asyncio as aioredis
 from redis.exceptions import NoPermissionError
 
+from dispatcher.errors import StateStoreUnavailable
 from dispatcher.keys import Keys
 from dispatcher.redis_acl import acl_lines
 from dispatcher.states import State
 from dispatcher.store import StateStore
 from llmbatch.stack import services
 from llmbatch.stack.process import alive, stop_tree
+from ray_job import s3_session
 from ray_job.progress import Counters, Progress
 from tests.integration.test_dispatcher_tracker import queue
 
@@ -101,6 +104,40 @@ async def test_a_job_writes_its_progress_and_cannot_touch_batch_state(
     for forbidden in (lambda: job.hset(batch, "state", "completed"), lambda: job.hgetall(batch),
                       lambda: job.delete(keys.ready), lambda: job.keys("*"), lambda: job.flushall(),
                       lambda: job.hset(keys.progress("x").replace(":progress:", ":batch:"), "state", "x")):
+        with pytest.raises(NoPermissionError):
+            forbidden()
+
+
+async def test_a_job_takes_its_s3_session_once_and_nothing_else_of_the_sessions(
+    acl_redis: AclRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dispatcher keeps an attempt's S3 session; the job's user takes it with GETDEL through
+    ray_job's own fetch, once, and can neither list the sessions nor read one without taking it."""
+    keys = Keys(acl_redis.prefix)
+    store = StateStore.from_url(acl_redis.url("dispatcher"), password=acl_redis.passwords["dispatcher"],
+                                keys=keys)
+    secret = secrets.token_urlsafe(12)
+    session = {"access_key": "AK", "secret_key": secret, "session_token": "tok", "expires_at": None}
+    try:
+        await store.put_s3_session("n1", orjson.dumps(session), 60)
+        await store.put_s3_session("n2", orjson.dumps(session), 60)
+        with pytest.raises(StateStoreUnavailable, match="exists already"):
+            await store.put_s3_session("n1", b"{}", 60)  # never over another
+        await store.put_s3_session("bad", b'{"access_key": "AK"}', 60)
+    finally:
+        await store.close()
+    monkeypatch.setenv("LLMBATCH_REDIS__PASSWORD", acl_redis.passwords["job"])
+    taken = s3_session.fetch(acl_redis.url("job"), keys.s3_session("n1"))
+    assert taken.secret_key.get_secret_value() == secret
+    with pytest.raises(s3_session.SessionMissingError, match="not in Redis") as missing:
+        s3_session.fetch(acl_redis.url("job"), keys.s3_session("n1"))  # taken already
+    assert secret not in str(missing.value)
+    with pytest.raises(s3_session.SessionMissingError, match=r"unreadable \(secret_key, session_token\)"):
+        s3_session.fetch(acl_redis.url("job"), keys.s3_session("bad"))
+    job = acl_redis.client("job")
+    for forbidden in (lambda: job.get(keys.s3_session("n2")), lambda: job.keys(keys.s3_session("*")),
+                      lambda: job.scan(match=keys.s3_session("*")),
+                      lambda: job.set(keys.s3_session("n3"), "x"), lambda: job.getdel(keys.batch("b1"))):
         with pytest.raises(NoPermissionError):
             forbidden()
 

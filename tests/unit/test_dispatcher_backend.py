@@ -137,10 +137,46 @@ def test_submission_kwargs() -> None:
 def test_sending_s3_keys_to_jobs_is_refused_naming_the_fix() -> None:
     with pytest.raises(ValidationError, match=r"pass_s3_credentials[\s\S]*AWS_SECRET_ACCESS_KEY in their"):
         settings(pass_s3_credentials=True)
-    s = settings(pass_s3_credentials=False, pass_redis_url=False, ship_modules=False)  # what overlays say
+    s = settings(pass_s3_credentials=False, pass_redis_url=False, ship_modules=False, s3_sessions=False)
     spec = build_job_spec(record(), 1, s, Keys("p"))
     assert spec.redis_url is None and spec.progress_key is None
     assert "py_modules" not in build_submission(s, spec)["runtime_env"]
+
+
+def test_job_s3_sessions_need_the_jobs_redis_url() -> None:
+    with pytest.raises(ValidationError, match="PASS_REDIS_URL=true or LLMBATCH_JOB__S3_SESSIONS=false"):
+        settings(pass_redis_url=False)
+    assert settings().job.s3_sessions  # on by default
+
+
+@pytest.mark.parametrize(("shared", "model_path", "blanked"), [
+    (True, "/models/smol", True),
+    (True, "s3://models/smol", True),  # the shared engine loads it, not the job
+    (False, "/models/smol", True),
+    (False, "s3://models/smol", False),  # the job's own engine loads the weights with the node's keys
+])
+def test_a_job_with_its_own_s3_session_starts_without_the_nodes_s3_keys(
+    shared: bool, model_path: str, blanked: bool
+) -> None:
+    from ray_job.submit import SessionRef
+
+    s = settings(registry(path=model_path))
+    spec = build_job_spec(record(), 1, s, Keys("p"))
+    spec = spec.model_copy(update={"engine_app": "llmbatch-engine-m" if shared else None})
+    ref = SessionRef(redis_url="redis://job@redis:6379/0", key="p:s3session:abc-123_x")
+    kwargs = build_submission(s, spec, session=ref)
+    variables = kwargs["runtime_env"]["env_vars"]
+    names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+    if blanked:
+        assert {name: variables.get(name) for name in names} == dict.fromkeys(names, "")
+    else:
+        assert not set(names) & set(variables)
+    assert "LLMBATCH_REDIS__PASSWORD" not in variables  # the job takes its session with it
+    assert kwargs["entrypoint"].endswith(
+        " --s3-session-key p:s3session:abc-123_x --s3-session-redis redis://job@redis:6379/0")
+    plain = build_submission(s, spec)  # no session: the node's keys, nothing blanked, no session arguments
+    assert not set(names) & set(plain["runtime_env"]["env_vars"])
+    assert "--s3-session" not in plain["entrypoint"]
 
 
 def test_status_code_parsing() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from ray_job.errors import ExitCode, InvalidSpecError
 from ray_job.main import RESULT_PREFIX, main
 from ray_job.progress import Counters, Progress, progress_fields
 from ray_job.submit import (
+    SessionRef,
     SpecTooLargeError,
     encode_spec,
     entrypoint,
@@ -113,6 +115,22 @@ def test_submit_helpers() -> None:
     )
     with pytest.raises(ValueError, match="unsafe"):
         entrypoint_for_uri("s3://b/x; rm -rf /")
+
+
+def test_a_session_reference_rides_the_command_line_quoted_and_is_parsed_back() -> None:
+    spec = make_spec()
+    ref = SessionRef(redis_url="redis://job@redis:6379/0?ssl_cert_reqs=none&x=1", key="p:s3session:a b")
+    command = entrypoint(spec, python="python", session=ref)
+    argv = shlex.split(command)[4:]  # what the shell hands python -P -m ray_job
+    args = spec_loader.parse_args(argv)
+    assert (args.s3_session_key, args.s3_session_redis) == (ref.key, ref.redis_url)
+    assert spec_loader.load_spec(args) == spec
+    uri_args = spec_loader.parse_args(shlex.split(entrypoint_for_uri("s3://b/s.json", session=ref))[4:])
+    assert uri_args.spec_uri == "s3://b/s.json" and uri_args.s3_session_key == ref.key
+    with pytest.raises(ValueError, match="no password"):
+        SessionRef(redis_url="redis://job:pw@redis:6379/0", key="k").arguments()
+    with pytest.raises(InvalidSpecError, match="go together"):
+        spec_loader.parse_args(["--spec-json", "{}", "--s3-session-key", "k"])
 
 
 def test_huge_inline_specs_need_a_spec_uri() -> None:

@@ -11,9 +11,10 @@ from typing import Any
 import orjson
 import pytest
 
+from dispatcher.errors import JobRejected
 from dispatcher.minio_policy import batch_policy
 from dispatcher.runner_backend import RunnerClient
-from dispatcher.s3_sessions import SessionMinter
+from dispatcher.s3_sessions import JobSessions, SessionMinter
 from llmbatch.settings import S3Settings
 from ray_job.runner import ROUTE_PREFIX, BatchRunner, parse_submission
 from schemas.common import utcnow
@@ -141,3 +142,11 @@ def test_an_input_name_no_policy_can_hold_fails_the_batch_before_any_call() -> N
     minter = SessionMinter(S3Settings(endpoint="http://127.0.0.1:9"))  # never reached
     with pytest.raises(JobRejected, match="wildcard"):
         minter.mint(_spec(input_uri="s3://inputs/acme/all*.jsonl"))
+
+
+async def test_a_job_session_needs_the_jobs_redis_and_asks_no_sts_without_it() -> None:
+    """JobSessions refuses a spec without a Redis URL before minting (nothing could take the keys)."""
+    minter = SessionMinter(S3Settings(endpoint="http://127.0.0.1:9", access_key="a", secret_key="b"))
+    sessions = JobSessions(minter, store=None)  # type: ignore[arg-type]  # never reached
+    with pytest.raises(JobRejected, match="LLMBATCH_JOB__PASS_REDIS_URL=true"):
+        await sessions.issue(_spec(redis_url=None))
