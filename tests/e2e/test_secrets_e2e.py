@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import redis.asyncio as aioredis
 from pydantic import SecretStr
 
 from dispatcher.keys import Keys
@@ -115,6 +116,17 @@ async def test_no_secret_in_jobs_api_job_logs_objects_events_or_dispatcher_log(
         hits = [(name, where) for where, text in texts.items()
                 for name, secret in owned.items() if secret in text]
         assert hits == []
+        # the attempt ran with an S3 session of its own (job S3 sessions are on by default): named on its
+        # command line, taken from Redis by its driver (none is left), the node's keys blanked in the job
+        jobs = [j for j in json.loads(texts["GET /api/jobs/"]) if j.get("submission_id")]
+        assert jobs and all("--s3-session-key" in j["entrypoint"] for j in jobs)
+        assert all(j["runtime_env"]["env_vars"].get("AWS_ACCESS_KEY_ID") == "" for j in jobs)
+        admin_client = aioredis.Redis(port=port, password=admin)
+        try:
+            left = [k async for k in admin_client.scan_iter(match=f"{settings.redis.key_prefix}:s3session:*")]
+        finally:
+            await admin_client.aclose()
+        assert left == []
     finally:
         if e is not None:
             await e.close()
