@@ -7,8 +7,9 @@
   and nothing else on the S3 sessions (``<p>:s3session:*``, a Redis 7 selector), which a driver takes
   once by a name it alone is given. A job (user prompts, a model's code) cannot read or write any
   batch's state, and cannot list the sessions.
-- ``operator`` (``llmbatch jobs`` / ``dlq``): reads every key under the prefix, writes only the replay
-  ledger (``<p>:dlq:replayed:*``).
+- ``operator`` (``llmbatch jobs`` / ``dlq``): reads every key of the layout but the S3 sessions (a job's
+  keys are no operator's business: :data:`OPERATOR_READS`), writes only the replay ledger
+  (``<p>:dlq:replayed:*``).
 
 Passwords are given as SHA-256 hashes (``#<hex>``), so the ACL file holds no password. Key patterns
 come from :class:`dispatcher.keys.Keys`, the one place key names are made.
@@ -35,6 +36,12 @@ def _glob(text: str) -> str:
     return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
 
 
+OPERATOR_READS = ("batch:*", "state:*", "ready", "delayed", "deadlines", "unpublished", "progress:*",
+                  "jobs:delete", "event:*", "lease:*", "dlq:replayed:*")
+"""What the operator reads, after ``<p>:``: every key :class:`dispatcher.keys.Keys` makes but the S3
+sessions (a unit test holds the two together)."""
+
+
 def acl_rules(keys: Keys) -> dict[Role, str]:
     """The ACL rules (without user name and password) of each role for ``keys``' prefix."""
     p = _glob(keys.prefix)
@@ -48,8 +55,8 @@ def acl_rules(keys: Keys) -> dict[Role, str]:
             f"(~{_glob(keys.s3_session_prefix)}* +getdel)"
         ),
         "operator": (
-            f"resetkeys %R~{p}:* ~{p}:dlq:replayed:* resetchannels -@all +@read +@hash +@connection "
-            f"-@dangerous {_CONNECTION}"
+            "resetkeys " + " ".join(f"%R~{p}:{pattern}" for pattern in OPERATOR_READS)
+            + f" ~{p}:dlq:replayed:* resetchannels -@all +@read +@hash +@connection -@dangerous {_CONNECTION}"
         ),
     }
 

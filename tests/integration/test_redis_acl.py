@@ -1,7 +1,7 @@
 """Least privilege in Redis (issue 14, item 2) on a real Redis loaded with ``llmbatch dispatcher
 redis-acl``'s users: the dispatcher runs its state machine (Lua scripts included), a job writes its
 progress through ray_job's own writer but can neither read nor write a batch's state, and the
-operator reads everything and writes only the replay ledger."""
+operator reads everything but the jobs' S3 sessions and writes only the replay ledger."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from redis.exceptions import NoPermissionError
 
 from dispatcher.errors import StateStoreUnavailable
 from dispatcher.keys import Keys
+from dispatcher.ops.jobs import get_job, list_jobs
 from dispatcher.redis_acl import acl_lines
 from dispatcher.states import State
 from dispatcher.store import StateStore
@@ -142,19 +143,34 @@ async def test_a_job_takes_its_s3_session_once_and_nothing_else_of_the_sessions(
             forbidden()
 
 
-async def test_the_operator_reads_everything_and_writes_only_the_replay_ledger(acl_redis: AclRedis) -> None:
+async def test_the_operator_reads_all_but_s3_sessions_and_writes_only_the_replay_ledger(
+    acl_redis: AclRedis,
+) -> None:
     keys = Keys(acl_redis.prefix)
     store = StateStore.from_url(acl_redis.url("dispatcher"), password=acl_redis.passwords["dispatcher"],
                                 keys=keys)
     try:
         await queue(store, "b3", 1)
+        await store.put_s3_session("op", b"{}", 60)
     finally:
         await store.close()
     operator = aioredis.Redis.from_url(acl_redis.url("operator"), password=acl_redis.passwords["operator"])
     try:
         assert (await operator.hgetall(keys.batch("b3")))[b"state"] == b"queued"
         assert await operator.zcard(keys.ready) >= 1
+        assert await operator.zcard(keys.state_index(State.QUEUED)) >= 1
         await operator.hset(keys.replay_ledger("t.dlt"), "0:1", "{}")
+        with pytest.raises(NoPermissionError):
+            await operator.get(keys.s3_session("op"))  # a job's S3 keys are no operator's business
+        # what `llmbatch jobs list/get` run, as the operator
+        as_operator = StateStore.from_url(acl_redis.url("operator"), password=acl_redis.passwords["operator"],
+                                          keys=keys)
+        try:
+            assert "b3" in [job.batch_id for job in await list_jobs(as_operator)]
+            detail = await get_job(as_operator, "b3")
+            assert detail is not None and detail.state is State.QUEUED
+        finally:
+            await as_operator.close()
         with pytest.raises(NoPermissionError):
             await operator.hset(keys.batch("b3"), "state", "cancelled")
         with pytest.raises(NoPermissionError):

@@ -3,12 +3,16 @@ rules themselves are exercised on a real Redis in tests/integration/test_redis_a
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
+import inspect
 
 import pytest
 from typer.testing import CliRunner
 
 from dispatcher.cli import app
+from dispatcher.keys import Keys
+from dispatcher.redis_acl import OPERATOR_READS
 from llmbatch.settings import RedisSettings
 
 pytestmark = pytest.mark.unit
@@ -28,7 +32,8 @@ def test_prints_a_user_per_password_given_and_never_the_password(monkeypatch: py
     job, operator = result.stdout.splitlines()
     assert job.startswith(f"user job reset on #{hashlib.sha256(b'job-secret-1').hexdigest()} ")
     assert r"~tenant\*a:progress:* " in job and "+hset" in job and "+@all" not in job
-    assert operator.startswith("user operator ") and r"%R~tenant\*a:*" in operator
+    assert operator.startswith("user operator ") and r"%R~tenant\*a:batch:*" in operator
+    assert "s3session" not in operator
     assert "secret" not in result.stdout
 
 
@@ -40,3 +45,23 @@ def test_prints_a_user_per_password_given_and_never_the_password(monkeypatch: py
 ])
 def test_the_job_url_names_the_job_user_and_no_password(url: str, user: str | None, expected: str) -> None:
     assert RedisSettings(url=url).url_without_password(user) == expected
+
+
+def test_the_operator_reads_every_key_of_the_layout_but_the_s3_sessions() -> None:
+    """Each name :class:`Keys` makes (one per method or property, found by introspection, so a new key
+    fails here until the operator's patterns say whether it may read it)."""
+    keys = Keys("p")
+    made: dict[str, str] = {}
+    for name, member in inspect.getmembers(Keys):
+        if name.startswith("_") or name in {"prefix"}:
+            continue
+        if isinstance(member, property):
+            made[name] = getattr(keys, name)
+        elif inspect.isfunction(member):
+            params = list(inspect.signature(member).parameters)[1:]
+            value = getattr(keys, name)(*["queued" if param == "state" else "x" for param in params])
+            made[name] = value if isinstance(value, str) else value[0]
+    assert {"batch", "progress", "s3_session", "replay_ledger", "ready"} <= set(made)
+    patterns = [f"p:{pattern}" for pattern in OPERATOR_READS]
+    readable = {name for name, key in made.items() if any(fnmatch.fnmatchcase(key, pat) for pat in patterns)}
+    assert set(made) - readable == {"s3_session", "s3_session_prefix"}, made
