@@ -239,6 +239,11 @@ def test_a_job_with_its_own_s3_session_runs_without_the_nodes_keys(h: Harness) -
         assert not leaked, f"the job's {name} holds a key's value"
     assert h.manifest(spec).request_counts.completed == 40
     assert redis.Redis.from_url(h.redis.url).exists(ref.key) == 0  # taken by the driver
+    # the blanks are job-wide, so Ray Data still fuses the reader into the prompt stage (an actor's own
+    # runtime_env stops that: the read task then runs apart and its rows are shipped to the actor)
+    job_id = h.client.get_job_info(sid).job_id
+    actors = {str(a.get("class_name")) for a in h.state("actors") if a.get("job_id") == job_id}
+    assert any("MapBatches(read_rows)->MapBatches(PromptStage)" in name for name in actors), actors
 
 
 def test_a_jobs_session_reaches_its_own_batchs_files_only(h: Harness) -> None:
