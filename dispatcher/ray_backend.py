@@ -171,9 +171,23 @@ class RayJobsBackend:
                 raise err from exc
 
     async def submit(self, spec: JobSpec) -> SubmitResult:
+        """Submit one attempt; with :attr:`sessions`, it goes with an S3 session of its own, dropped
+        again when the submit made no job (so the keys do not wait in Redis for nothing)."""
+        if self.sessions is None:
+            return await self._submit(spec, None)
+        session = await self.sessions.issue(spec)
+        try:
+            result = await self._submit(spec, session)
+        except BaseException:
+            await self.sessions.withdraw(session)  # had a job been made after all, it fails and is retried
+            raise
+        if result.already_existed:
+            await self.sessions.withdraw(session)  # that attempt runs with the session it was made with
+        return result
+
+    async def _submit(self, spec: JobSpec, session: SessionRef | None) -> SubmitResult:
         from ray_job.submit import SpecTooLargeError
 
-        session = await self.sessions.issue(spec) if self.sessions is not None else None
         try:
             kwargs = build_submission(self.settings, spec, session=session)
         except SpecTooLargeError:

@@ -21,12 +21,13 @@ MinIO answers ``AssumeRole`` for any of its users (no role); AWS needs ``runner_
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from datetime import UTC
 
 import orjson
 
-from dispatcher.errors import JobRejected, StorageUnavailable
+from dispatcher.errors import JobRejected, StateStoreUnavailable, StorageUnavailable
 from dispatcher.minio_policy import batch_policy
 from dispatcher.store import StateStore
 from llmbatch.settings import S3Settings
@@ -35,6 +36,7 @@ from ray_job.submit import SessionRef
 from schemas.job import JobSpec, S3Session
 
 SESSION_NAME_MAX = 64
+log = logging.getLogger(__name__)
 
 
 class SessionMinter:
@@ -118,3 +120,13 @@ class JobSessions:
         nonce = secrets.token_urlsafe(24)
         await self.store.put_s3_session(nonce, orjson.dumps(session.plain()), self.minter.duration_s)
         return SessionRef(redis_url=spec.redis_url, key=self.store.keys.s3_session(nonce))
+
+    async def withdraw(self, ref: SessionRef) -> None:
+        """Drop a session whose submit created no job (refused, failed, or the attempt existed with a
+        session of its own), so the keys do not wait in Redis for their whole life. Best effort: a
+        driver that still finds none fails as retriable (``s3_session_missing``)."""
+        try:
+            await self.store.drop_s3_session(ref.key)
+        except StateStoreUnavailable:
+            log.warning("could not drop an unused S3 session from Redis; it expires by itself",
+                        extra={"ttl_s": self.minter.duration_s})

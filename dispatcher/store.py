@@ -537,6 +537,12 @@ class StateStore:
 
         await self._call(run)
 
+    async def drop_s3_session(self, key: str) -> None:
+        """Forget a session no driver will take (its submit created no job)."""
+        if not key.startswith(self.keys.s3_session_prefix):
+            raise ValueError(f"not an S3 session key of this store: {key[:80]!r}")
+        await self._call(lambda: self.client.delete(key))
+
     async def ping(self) -> bool:
         return bool(await self._call(lambda: self.client.ping()))
 

@@ -12,9 +12,13 @@ from minio import Minio
 from pyarrow import fs as pafs
 from pydantic import SecretStr
 
-from dispatcher.errors import JobRejected, StorageUnavailable
-from dispatcher.s3_sessions import SessionMinter
-from llmbatch.settings import S3Settings
+from dispatcher.errors import JobRejected, RayUnavailable, StorageUnavailable
+from dispatcher.ray_backend import RayJobsBackend
+from dispatcher.s3_sessions import JobSessions, SessionMinter
+from dispatcher.settings import DispatcherSettings
+from dispatcher.store import StateStore
+from llmbatch.settings import RaySettings, RedisSettings, S3Settings
+from llmbatch.stack.process import free_port
 from ray_job import s3
 from ray_job.errors import InputNotFoundError
 from schemas.job import JobSpec, output_prefix
@@ -147,3 +151,40 @@ def test_the_runner_reads_and_writes_a_batch_with_its_session_not_its_environmen
     code, spec = attempt(f"b2-{run}", with_session=False)
     assert code != 0  # the environment's keys are refused: the session was what worked
     assert not list(client.list_objects(s3_settings.results_bucket, prefix=f"acme/b2-{run}/", recursive=True))
+
+
+async def test_a_submit_that_makes_no_job_leaves_no_session_in_redis(
+    s3_settings: S3Settings, redis_settings: RedisSettings, ray_settings: RaySettings, client: Minio
+) -> None:
+    """A Ray job attempt's session waits in Redis for its driver; when the submit makes no job (Ray
+    not there, or the attempt exists already with a session of its own) the dispatcher drops it."""
+    from ray.job_submission import JobSubmissionClient
+
+    prefix = f"ses{uuid.uuid4().hex[:8]}"
+    redis = redis_settings.model_copy(update={"key_prefix": prefix})
+    store = StateStore.from_settings(redis)
+
+    def backend(ray: RaySettings) -> RayJobsBackend:
+        settings = DispatcherSettings(_env_file=None, s3=s3_settings, redis=redis, ray=ray)  # type: ignore[call-arg]
+        return RayJobsBackend(settings, timeout_s=10,
+                              sessions=JobSessions(SessionMinter(s3_settings, duration_s=900), store))
+
+    async def left() -> list[str]:
+        return [key async for key in store.client.scan_iter(match=f"{prefix}:s3session:*")]
+
+    batch_id = f"nojob-{uuid.uuid4().hex[:8]}"
+    input_uri = _put(client, s3_settings.input_bucket, f"acme/{batch_id}.jsonl")
+    spec = _spec(s3_settings, "acme", batch_id, input_uri)
+    spec = spec.model_copy(update={"redis_url": redis.url_without_password()})
+    try:
+        with pytest.raises(RayUnavailable):
+            await backend(RaySettings(address=f"http://127.0.0.1:{free_port()}")).submit(spec)
+        assert await left() == []
+        ray = JobSubmissionClient(ray_settings.address)
+        ray.submit_job(entrypoint="true", submission_id=spec.submission_id)  # the attempt exists already
+        assert (await backend(ray_settings).submit(spec)).already_existed
+        assert await left() == []
+        await store.put_s3_session("kept", b"{}", 60)  # what a made job's driver has yet to take stays
+        assert await left() == [f"{prefix}:s3session:kept"]
+    finally:
+        await store.close()
