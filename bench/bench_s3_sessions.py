@@ -7,7 +7,10 @@ For each of ``--batches`` batch specs (distinct ids, each with an input file): (
 its session (one STS ``AssumeRole`` with a policy naming its input and prefix), (b) the runner's
 first S3 call on the batch, a HEAD of its input, with a filesystem built from the session, against
 (c) the same HEAD with a filesystem built from the node's keys. Prints p50 / p95 / max milliseconds of
-each and the per-batch cost of sessions, (a) + (b) - (c). One process, one run. Not a test.
+each and the per-batch cost of sessions, (a) + (b) - (c). With ``--job-handoff`` (the stack's Redis
+too: ``llmbatch stack up minio redis``) also (d) what a Ray job attempt adds: the dispatcher stores the
+session in Redis (``SET NX EX``) and the driver takes it (``GETDEL`` + parse, ``ray_job.s3_session``).
+One process, one run. Not a test.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, default=200, help="batches (sessions minted), >= 2")
     parser.add_argument("--json", action="store_true", help="print the report as JSON only")
+    parser.add_argument("--job-handoff", action="store_true",
+                        help="also time a Ray job's handoff through Redis (needs the stack's Redis)")
     args = parser.parse_args()
     if args.batches < 2:
         parser.error("--batches must be at least 2")
@@ -63,7 +68,17 @@ def main() -> int:
     mint_ms: list[float] = []
     session_head_ms: list[float] = []
     node_head_ms: list[float] = []
+    handoff_ms: list[float] = []
     keys: list[str] = []
+    import asyncio
+
+    import orjson
+
+    from dispatcher.store import StateStore
+    from ray_job import s3_session
+
+    loop = asyncio.new_event_loop()
+    store = StateStore.from_settings(settings.redis) if args.job_handoff else None
     try:
         for i in range(args.batches):
             key = f"bench-sessions/{run}/in-{i}.jsonl"
@@ -83,14 +98,24 @@ def main() -> int:
             mint_ms.append((t1 - t0) * 1000)
             session_head_ms.append((t2 - t1) * 1000)
             node_head_ms.append((t3 - t2) * 1000)
+            if store is not None:
+                nonce = f"bench-{run}-{i}"
+                t4 = time.perf_counter()
+                loop.run_until_complete(store.put_s3_session(nonce, orjson.dumps(session.plain()), 900))
+                s3_session.fetch(settings.redis.url_without_password(), store.keys.s3_session(nonce))
+                handoff_ms.append((time.perf_counter() - t4) * 1000)
     finally:
         for key in keys:
             client.remove_object(bucket, key)
+        if store is not None:
+            loop.run_until_complete(store.close())
+        loop.close()
     report: dict[str, Any] = {
         "batches": args.batches,
         "mint_ms": _figures(mint_ms),
         "head_with_session_ms (new filesystem)": _figures(session_head_ms),
         "head_with_node_keys_ms (one filesystem)": _figures(node_head_ms),
+        **({"job_handoff_ms (store + take via Redis)": _figures(handoff_ms)} if handoff_ms else {}),
         "per_batch_cost_p50_ms": round(statistics.median(mint_ms) + statistics.median(session_head_ms)
                                        - statistics.median(node_head_ms), 2),
     }
