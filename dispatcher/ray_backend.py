@@ -72,8 +72,7 @@ def build_submission(
         extra["pip"] = list(job.pip)
     variables = job_env(settings, spec)
     if session is not None:
-        variables.update(node_secrets.withheld(node_secrets.job_withheld(
-            spec.model_path or spec.model, shared_engine=spec.engine_app is not None)))
+        variables.update(node_secrets.withheld(node_secrets.job_withheld(spec)))
     env = job_submit.runtime_env(
         s3_endpoint=s3.endpoint,
         env_vars=variables,

@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from schemas.job import JobSpec
+
 # variable names, not values
 S3_ACCESS_KEY = "AWS_ACCESS_KEY_ID"
 S3_SECRET_KEY = "AWS_SECRET_ACCESS_KEY"  # noqa: S105
@@ -41,11 +43,11 @@ def engine_withheld(model_path: str) -> tuple[str, ...]:
     return ALL
 
 
-def job_withheld(model_path: str, *, shared_engine: bool) -> tuple[str, ...]:
-    """What the processes of a Ray job with an S3 session of its own are started without: the node's
-    S3 keys, unless the job runs its own engine of weights vLLM loads from ``s3://``. The Redis password
-    stays: the job writes its progress and takes its session with it."""
-    if not shared_engine and model_path.startswith("s3://"):
+def job_withheld(spec: JobSpec) -> tuple[str, ...]:
+    """What the processes of ``spec``'s Ray job, with an S3 session of its own, are started without: the
+    node's S3 keys, unless the job runs its own engine (no ``engine_app``) of weights vLLM loads from
+    ``s3://``. The Redis password stays: the job writes its progress and takes its session with it."""
+    if spec.engine_app is None and (spec.model_path or spec.model).startswith("s3://"):
         return ()
     return S3_KEYS
 

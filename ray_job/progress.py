@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from ray_job import node_secrets
+from ray_job import job_redis
 
 log = logging.getLogger("ray_job.progress")
 
@@ -86,16 +85,7 @@ class Progress:
         """Called once, from whichever thread noticed (the heartbeat's, most often): the attempt stops
         then, not only at its next write (a stale attempt that never writes would run to its deadline)."""
         if redis_url and key:
-            import redis
-
-            ca = os.environ.get("LLMBATCH_REDIS__SSL_CA_CERTS")
-            self._client = redis.Redis.from_url(
-                redis_url,
-                **({"ssl_ca_certs": ca} if ca and redis_url.startswith("rediss://") else {}),
-                password=os.environ.get(node_secrets.REDIS_PASSWORD) or None,
-                socket_timeout=5,
-                socket_connect_timeout=5,
-            )
+            self._client = job_redis.connect(redis_url, timeout_s=5)
             self._script = self._client.register_script(WRITE_PROGRESS_LUA)
         self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
 

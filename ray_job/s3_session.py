@@ -14,11 +14,9 @@ The driver hands the session to the one task that reads S3 besides itself (the r
 
 from __future__ import annotations
 
-import os
-
 from pydantic import ValidationError
 
-from ray_job import node_secrets
+from ray_job import job_redis
 from ray_job.errors import JobError
 from schemas.job import S3Session
 
@@ -42,14 +40,7 @@ def fetch(redis_url: str, key: str, *, timeout_s: float = 10.0) -> S3Session:
     :class:`SessionUnavailableError`; neither's message holds a key."""
     import redis
 
-    ca = os.environ.get("LLMBATCH_REDIS__SSL_CA_CERTS")
-    client = redis.Redis.from_url(
-        redis_url,
-        **({"ssl_ca_certs": ca} if ca and redis_url.startswith("rediss://") else {}),
-        password=os.environ.get(node_secrets.REDIS_PASSWORD) or None,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-    )
+    client = job_redis.connect(redis_url, timeout_s=timeout_s)
     try:
         raw = client.getdel(key)
     except redis.RedisError as exc:

@@ -137,8 +137,7 @@ class Harness:
         own (named on the command line, the node's S3 keys blanked in the job's environment)."""
         env = self.env
         if session is not None:
-            blanks = node_secrets.withheld(node_secrets.job_withheld(
-                spec.model_path or spec.model, shared_engine=spec.engine_app is not None))
+            blanks = node_secrets.withheld(node_secrets.job_withheld(spec))
             env = {**env, "env_vars": {**env["env_vars"], **blanks}}
         self.client.submit_job(**submit_kwargs(spec, env, python=sys.executable, session=session))
         return spec.submission_id
