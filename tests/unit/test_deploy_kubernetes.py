@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -49,7 +50,7 @@ vd = _load_vd()
 EXTERNAL_SECRETS = {"llmbatch-credentials", "llmbatch-ray-auth", "llmbatch-api-keys"}
 # and the ones a component adds (created by hand as its kustomization.yaml shows)
 COMPONENT_SECRETS = {"kafka-sasl": {"llmbatch-kafka-users", "llmbatch-kafka-ca"},
-                     "tenant-pool": {"llmbatch-tenant-acme-s3"}, "ray-https": {"llmbatch-ray-tls"}}
+                     "ray-https": {"llmbatch-ray-tls"}}
 RAY_PORTS = {"gcs-server": 6379, "dashboard": 8265}
 
 
@@ -326,17 +327,52 @@ def test_config_builds_valid_settings(renders: dict[str, list[dict[str, Any]]], 
     head = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     dashboard = {p["name"]: p["containerPort"] for p in head["ports"]}["dashboard"]
     assert settings.ray.address == f"http://{cluster['metadata']['name']}-head-svc:{dashboard}"
-    # S3 credentials stay on the Ray pods, out of the Jobs API
+    # S3 keys never go through the Jobs API, and no Ray pod holds any: every job attempt and runner
+    # batch gets a session of its own, and no model is read from S3 by a Ray process
     assert settings.job.pass_s3_credentials is False
+    assert settings.job.s3_sessions is True
+    assert settings.dispatcher.runner_s3_sessions is True
+    assert not any(m.path.startswith("s3://") for m in settings.engines.models.values())
     for where, pod in vd.pod_specs(cluster):
         env = {e["name"] for e in pod["containers"][0].get("env") or []}
         assert {
-            "AWS_ACCESS_KEY_ID",
-            "AWS_SECRET_ACCESS_KEY",
             "LLMBATCH_S3__ENDPOINT",
             "RAY_AUTH_TOKEN",
-            "LLMBATCH_REDIS__PASSWORD",  # the batch runner's (a rendered Serve config carries none)
+            "LLMBATCH_REDIS__PASSWORD",  # the jobs' and the batch runner's (a Serve config carries none)
         } <= env, where
+    _assert_ray_pods_hold_no_s3_keys(objects)
+
+
+S3_KEY_VARIABLES = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                    "LLMBATCH_S3__ACCESS_KEY", "LLMBATCH_S3__SECRET_KEY"}
+
+
+def _s3_key_holders(objects: list[dict[str, Any]]) -> list[str]:
+    """Every container of a Ray pod with an S3 key in its env, except model copies from S3 (their own
+    init containers, which end before Ray starts)."""
+    found = []
+    for where, pod in vd.pod_specs(_raycluster(objects)):
+        for container in vd.containers(pod):
+            keys = {e["name"] for e in container.get("env") or []} & S3_KEY_VARIABLES
+            copies_model = "--from-s3" in (container.get("command") or [])
+            if keys and not (copies_model and container in (pod.get("initContainers") or [])):
+                found.append(f"{where} {container['name']}: {sorted(keys)}")
+    return found
+
+
+def _assert_ray_pods_hold_no_s3_keys(objects: list[dict[str, Any]]) -> None:
+    assert _s3_key_holders(objects) == []
+
+
+def test_every_rendering_keeps_s3_keys_off_the_ray_pods(renders: dict[str, list[dict[str, Any]]]) -> None:
+    for name, objects in renders.items():
+        assert _s3_key_holders(objects) == [], name
+    # and the check sees keys where they are
+    objects = copy.deepcopy(renders["gpu-prod"])
+    cluster = _raycluster(objects)
+    env = cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["env"]
+    env.append({"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {"secretKeyRef": {"name": "x", "key": "y"}}})
+    assert _s3_key_holders(objects) == ["RayCluster/llmbatch-ray/gpu ray-worker: ['AWS_SECRET_ACCESS_KEY']"]
 
 
 def test_dispatcher_deployment(renders: dict[str, list[dict[str, Any]]]) -> None:
@@ -1052,7 +1088,12 @@ def test_rayjob_templates(
         assert spec["jobId"] == template["metadata"]["name"]
         words = shlex.split(spec["entrypoint"])
         assert words[:4] == ["python", "-P", "-m", "ray_job"]
-        parser().parse_args(words[4:])
+        args = parser().parse_args(words[4:])
+        # a cluster of the overlays holds no S3 keys: an attempt there brings its session (a cluster of
+        # its own carries its own keys)
+        assert (args.s3_session_key is not None) == ("clusterSelector" in spec), template["metadata"]
+        if args.s3_session_redis is not None:
+            assert urlsplit(args.s3_session_redis).password is None
         assert spec["entrypointNumCpus"] == 0
         assert isinstance(yaml.safe_load(spec["runtimeEnvYAML"]), dict)
 
@@ -1189,7 +1230,7 @@ def test_kafka_sasl_secrets_are_documented_with_every_key(renders: dict[str, lis
 # --- components/tenant-pool: one tenant's worker group and keys -----------------------------------
 
 
-def test_tenant_pool_gives_the_tenant_a_group_of_its_own_with_its_keys_and_no_cpu_for_others(
+def test_tenant_pool_gives_the_tenant_a_group_of_its_own_with_no_keys_and_no_cpu_for_others(
     renders: dict[str, list[dict[str, Any]]],
 ) -> None:
     from llmbatch.settings import TenantSettings
@@ -1206,21 +1247,18 @@ def test_tenant_pool_gives_the_tenant_a_group_of_its_own_with_its_keys_and_no_cp
     cpus = pool["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"]
     assert int(cpus) == 4, "the resource should count the container's CPUs"
 
-    def s3_secrets(group: dict[str, Any]) -> set[str]:
-        env = group["template"]["spec"]["containers"][0]["env"]
-        return {e["valueFrom"]["secretKeyRef"]["name"] for e in env
-                if e["name"].startswith("AWS_") and "valueFrom" in e}
+    # the pool's pods hold what gpu-prod's CPU workers hold, and so no S3 keys (acme's jobs get sessions)
+    def env(group: dict[str, Any]) -> Any:
+        return group["template"]["spec"]["containers"][0]["env"]
 
-    assert s3_secrets(pool) == {"llmbatch-tenant-acme-s3"}
-    assert s3_secrets(groups["gpu"]) == s3_secrets(groups["cpu"]) == {"llmbatch-credentials"}
+    assert env(pool) == env(groups["cpu"])
+    _assert_ray_pods_hold_no_s3_keys(objects)
     # the dispatcher sends acme's jobs there
     deployments = vd.by_kind(objects, "Deployment")
     [dispatcher] = [o for o in deployments if o["metadata"]["name"] == "llmbatch-dispatcher"]
     env = {e["name"]: e.get("value") for e in dispatcher["spec"]["template"]["spec"]["containers"][0]["env"]}
     pools = TenantSettings(pools=json.loads(env["LLMBATCH_TENANTS__POOLS"]))
     assert pools.pool_of("acme") == "llmbatch_tenant_acme"
-    # the guide creates the Secret with every key the group reads
-    _assert_secret_documented(objects, "tenant-pool", "llmbatch-tenant-acme-s3")
 
 
 # --- components/ray-https: the dispatchers' HTTP hops to Ray over TLS ------------------------------
