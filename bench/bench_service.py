@@ -3,7 +3,7 @@ batch runner + shared engine -> MinIO -> results topic), real vLLM on CPU, one r
 
     .venv/bin/python bench/bench_service.py [--engine vllm|fake] [--small 16] [--per-batch 8]
         [--warm-runs 10] [--conc 4] [--conc-size 128] [--big 2000] [--cancel-big]
-        [--skip ab,throughput,fairness,plain] [--stack-dir DIR] [--json] [--report PATH]
+        [--skip ab,throughput,fairness,plain,plain-procs] [--stack-dir DIR] [--json] [--report PATH]
 
 Starts a private local stack (``llmbatch stack up`` in ``run/bench-service-<tag>``; ``--stack-dir``
 uses a running one instead and leaves it up), a dispatcher process with shared engines on the local
@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from producer import BatchClient
     from schemas.cloudevents import Envelope
 
-PHASES = ("ab", "throughput", "fairness", "plain")
+PHASES = ("ab", "throughput", "fairness", "plain", "plain-procs")
 
 
 class BenchError(Exception):
@@ -692,8 +692,9 @@ def main() -> int:
     if code == 0 and args.engine == "vllm" and "plain" not in args.skip:
         say("[plain] vllm LLM.chat on the throughput prompts, fresh process, the engine's environment ...")
         report["plain"] = plain(args, model_path)
-        say("[plain] ... and with vLLM's own CPU processes (EngineCore + pinned worker) ...")
-        report["plain_vllm_procs"] = plain(args, model_path, {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
+        if "plain-procs" not in args.skip:  # always the slower on CPU here; --skip plain-procs saves its run
+            say("[plain] ... and with vLLM's own CPU processes (EngineCore + pinned worker) ...")
+            report["plain_vllm_procs"] = plain(args, model_path, {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
     report["total_s"] = round(time.monotonic() - began, 1)
     report["load1_at_end"] = round(os.getloadavg()[0], 2)
     if code == 0:
