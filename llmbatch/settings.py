@@ -293,8 +293,9 @@ class TenantSettings(BaseModel):
         default_factory=list,
         description="Tenants whose batches run only on their own Ray worker pool, as JSON (e.g. "
         '["acme"]): nodes started with --num-cpus=0 and --resources=\'{"llmbatch_tenant_<tenant>": <CPUs>}\' '
-        "whose environment holds that tenant's S3 keys, limited by a MinIO policy to its prefixes "
-        "(`llmbatch dispatcher minio-tenant`). Their jobs ask that resource where others ask CPUs, so each "
+        "(without job S3 sessions, their environment holds that tenant's S3 keys, limited by a MinIO policy "
+        "to its prefixes: `llmbatch dispatcher minio-tenant`; with them, no keys are needed there). Their "
+        "jobs ask that resource where others ask CPUs, so each "
         "runs only on its own pool and nothing else runs there. They always run as Ray jobs (never on the "
         "shared batch runner, which reads every tenant's files) and wait while the pool has no node.",
     )
