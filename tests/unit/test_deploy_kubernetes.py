@@ -340,11 +340,10 @@ def test_config_builds_valid_settings(renders: dict[str, list[dict[str, Any]]], 
             "RAY_AUTH_TOKEN",
             "LLMBATCH_REDIS__PASSWORD",  # the jobs' and the batch runner's (a Serve config carries none)
         } <= env, where
-    _assert_ray_pods_hold_no_s3_keys(objects)
+    # (that no Ray pod holds S3 keys is checked for every rendering below)
 
 
-S3_KEY_VARIABLES = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-                    "LLMBATCH_S3__ACCESS_KEY", "LLMBATCH_S3__SECRET_KEY"}
+S3_KEY_VARIABLES = {*node_secrets.S3_KEYS, "LLMBATCH_S3__ACCESS_KEY", "LLMBATCH_S3__SECRET_KEY"}
 
 
 def _s3_key_holders(objects: list[dict[str, Any]]) -> list[str]:
@@ -358,10 +357,6 @@ def _s3_key_holders(objects: list[dict[str, Any]]) -> list[str]:
             if keys and not (copies_model and container in (pod.get("initContainers") or [])):
                 found.append(f"{where} {container['name']}: {sorted(keys)}")
     return found
-
-
-def _assert_ray_pods_hold_no_s3_keys(objects: list[dict[str, Any]]) -> None:
-    assert _s3_key_holders(objects) == []
 
 
 def test_every_rendering_keeps_s3_keys_off_the_ray_pods(renders: dict[str, list[dict[str, Any]]]) -> None:
@@ -1227,7 +1222,7 @@ def test_kafka_sasl_secrets_are_documented_with_every_key(renders: dict[str, lis
     assert "create secret generic llmbatch-kafka-ca --from-file=ca.crt=" in text
 
 
-# --- components/tenant-pool: one tenant's worker group and keys -----------------------------------
+# --- components/tenant-pool: one tenant's worker group ------------------------------------------
 
 
 def test_tenant_pool_gives_the_tenant_a_group_of_its_own_with_no_keys_and_no_cpu_for_others(
@@ -1247,12 +1242,12 @@ def test_tenant_pool_gives_the_tenant_a_group_of_its_own_with_no_keys_and_no_cpu
     cpus = pool["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"]
     assert int(cpus) == 4, "the resource should count the container's CPUs"
 
-    # the pool's pods hold what gpu-prod's CPU workers hold, and so no S3 keys (acme's jobs get sessions)
-    def env(group: dict[str, Any]) -> Any:
+    # the pool's pods hold what gpu-prod's CPU workers hold, and so no S3 keys (acme's jobs get sessions;
+    # test_every_rendering_keeps_s3_keys_off_the_ray_pods covers this rendering too)
+    def worker_env(group: dict[str, Any]) -> Any:
         return group["template"]["spec"]["containers"][0]["env"]
 
-    assert env(pool) == env(groups["cpu"])
-    _assert_ray_pods_hold_no_s3_keys(objects)
+    assert worker_env(pool) == worker_env(groups["cpu"])
     # the dispatcher sends acme's jobs there
     deployments = vd.by_kind(objects, "Deployment")
     [dispatcher] = [o for o in deployments if o["metadata"]["name"] == "llmbatch-dispatcher"]
