@@ -32,8 +32,17 @@ pytestmark = pytest.mark.integration
 
 MODEL = "fake-shared"
 # a probe driver: N requests through the shared engine in one call, results as one JSON line
+# The driver's stdout is unbuffered (PYTHONUNBUFFERED on the Ray node): print() writes a line's text and
+# its newline in two calls, and a log line written between them (Ray's, on stderr, to the same job log)
+# lands on the probe's line. The probes write each line in one call.
+EMIT = """
+def emit(result):
+    sys.stdout.write("PROBE " + orjson.dumps(result).decode() + "\\n")
+    sys.stdout.flush()
+"""
 PROBE = """
 import sys, time, orjson
+""" + EMIT + """
 from ray_job.serve_engine import ServeEngine
 from ray_job.records import GenRequest
 app, n, wait = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
@@ -42,16 +51,17 @@ try:
     engine = ServeEngine(app, wait_s=wait, retries=3)
     out = engine.generate([GenRequest(str(i), [1, 2, 3], {"max_tokens": 4}, prompt_text=f"p{i}",
                                       custom_id=f"c{i}") for i in range(n)])
-    print("PROBE " + orjson.dumps({"keys": [g.key for g in out], "texts": [g.text for g in out],
+    emit({"keys": [g.key for g in out], "texts": [g.text for g in out],
           "failures": [g.failure.code if g.failure else None for g in out],
-          "seconds": time.time() - started}).decode(), flush=True)
+          "seconds": time.time() - started})
 except Exception as exc:
-    print("PROBE " + orjson.dumps({"error": type(exc).__name__, "code": getattr(exc, "code", None),
-          "message": str(exc)[:500], "seconds": time.time() - started}).decode(), flush=True)
+    emit({"error": type(exc).__name__, "code": getattr(exc, "code", None),
+          "message": str(exc)[:500], "seconds": time.time() - started})
 """
 # two batches through one replica: a long low-priority one, then (while it runs) a short urgent one
 PRIORITY_PROBE = """
 import sys, time, threading, orjson
+""" + EMIT + """
 from ray_job.serve_engine import ServeEngine
 from ray_job.records import GenRequest
 engine = ServeEngine(sys.argv[1], wait_s=120, retries=0)
@@ -68,7 +78,7 @@ time.sleep(1.5)
 urgent_at = time.time()
 call("urgent", 2, 9)
 low.join()
-print("PROBE " + orjson.dumps({"started": started, "urgent_at": urgent_at, **done}).decode(), flush=True)
+emit({"started": started, "urgent_at": urgent_at, **done})
 """
 
 
