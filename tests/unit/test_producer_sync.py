@@ -198,3 +198,41 @@ def test_the_with_block_closes_client_and_loop(clean_env: pytest.MonkeyPatch) ->
     [loop] = closed
     assert loop.is_closed()
 
+
+
+def test_close_twice_is_harmless_and_a_call_after_it_says_so(clean_env: pytest.MonkeyPatch) -> None:
+    closes: list[int] = []
+    made: list[str] = []
+
+    async def close() -> None:
+        closes.append(1)
+
+    async def manifest(batch_id: str, *, tenant: str) -> None:
+        made.append(batch_id)  # never reached: no coroutine is made once the client is closed
+
+    with SyncBatchClient(SETTINGS) as client:
+        inner: Any = client.client
+        inner.close, inner.manifest = close, manifest
+        client.close()  # inside the with block: __exit__ closes again
+    client.close()
+    assert closes == [1]
+    with pytest.raises(ProducerError, match="closed; make a new one"):
+        client.manifest("b1")
+    assert made == []
+
+
+def test_an_iterator_outliving_its_client_closes_quietly(clean_env: pytest.MonkeyPatch) -> None:
+    source = Source([1, 2, 3])
+    client: Any = SyncBatchClient(SETTINGS)
+    inner: Any = client.client
+    inner.events = lambda *a, **k: source.generator()
+
+    async def close() -> None:
+        pass
+
+    inner.close = close
+    stream = client.events("b1")
+    assert next(stream) == 1
+    client.close()  # the loop's shutdown closes the generator it still holds
+    assert source.cleaned_up
+    stream.close()
