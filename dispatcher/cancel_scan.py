@@ -80,11 +80,12 @@ class CancelScanner:
                 if not batches:
                     break
                 for tp, records in batches.items():
-                    for record in records:
+                    taken = records[:budget[tp]]  # a fetch may overshoot the budget: the rest waits
+                    for record in taken:
                         if peek_type(list(record.headers or ())) == _CANCEL:
                             applied += await self._apply(record)
                         self._scanned[tp] = record.offset + 1
-                    budget[tp] -= len(records)
+                    budget[tp] -= len(taken)
                     if self._scanned.get(tp, 0) >= ends[tp] or budget[tp] <= 0:
                         todo.discard(tp)
         except DispatcherError:

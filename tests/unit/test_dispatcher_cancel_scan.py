@@ -406,3 +406,15 @@ def test_side_consumers_read_committed_records_in_no_group_and_fetch_the_largest
     assert kwargs["isolation_level"] == "read_committed" and kwargs["auto_offset_reset"] == "earliest"
     assert kwargs["max_partition_fetch_bytes"] == fetch_bytes
     assert kwargs["bootstrap_servers"] == "k1:9092,k2:9092" and kwargs["client_id"] == "disp"
+
+
+async def test_the_budget_holds_when_a_fetch_overshoots_it(rig: Rig) -> None:
+    # fetches of 2 against a budget of 3: the second fetch hands over offsets 2 and 3, only 2 is read
+    rig.store.records[BatchKey("b-run")] = stored("b-run", State.RUNNING)
+    rig.log.fetch_size = 2
+    rig.scanner.max_records = 3
+    rig.log.append(P0, *(request(f"b-{i}") for i in range(3)), cancel("b-run", "c-1"))
+    assert await rig.scanner.scan({P0: 0}) == 0
+    assert not rig.store.records[BatchKey("b-run")].flag("cancel_requested")
+    assert await rig.scanner.scan({P0: 0}) == 1  # the next pass starts at the record left over
+    assert rig.log.read(P0) == [3]
