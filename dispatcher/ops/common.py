@@ -2,7 +2,7 @@
 
 Exit codes (all ops commands): 0 done; 1 error (one ``error: ...`` line on stderr, never a traceback
 unless ``LLMBATCH_DEBUG=1``); 2 usage error; 3 done, but some selected items were refused or
-skipped (see the summary); 130 interrupted.
+skipped (see the summary); 4 ``--wait`` ran out of time (as ``llmbatch submit --wait``); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ S = TypeVar("S", bound=LLMBatchSettings)
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INCOMPLETE = 3
+EXIT_TIMEOUT = 4
 EXIT_INTERRUPTED = 130
 CONNECT_TIMEOUT_S = 5.0
 

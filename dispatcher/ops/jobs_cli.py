@@ -17,6 +17,7 @@ from rich.table import Table
 
 from dispatcher.keys import batch_key
 from dispatcher.ops.common import (
+    EXIT_TIMEOUT,
     EXIT_USAGE,
     OpsError,
     ago,
@@ -277,7 +278,7 @@ def cancel_command(
                     if not json_output:
                         err.print(f"{batch_id} ended {terminal.data.status}", markup=False)
         except WaitTimeout as exc:
-            raise OpsError(exc.message, 4) from None
+            raise OpsError(exc.message, EXIT_TIMEOUT) from None
         except ProducerError as exc:
             raise OpsError(exc.message) from None
         return result
