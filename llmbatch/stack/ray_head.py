@@ -54,6 +54,14 @@ files, the largest share of an idle head's CPU once jobs have run; with these, e
 still read from its start (no line is lost); its first lines reach the driver up to 2 s later."""
 
 
+QUIET_SERVE_ENV = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5", "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000"}
+"""Serve's controller runs its control loop every 0.1 s and its replicas and handles export their cached
+metrics every 0.1 s; on a node whose engine computes on every core, each wake-up takes a core from one
+of the engine's OpenMP threads. With these, every 0.5 s and 1 s: an idle controller beside a warm engine
+used 0.037 of a core, now 0.014-0.016. A deploy, a scale-up or a replica's replacement notices each of its
+steps up to 0.4 s later; requests to running replicas are routed as before (no router waits on the loop)."""
+
+
 def ray_tls_env(tls: TlsFiles) -> dict[str, str]:
     """The variables that turn on TLS for every Ray process of a node (they inherit them)."""
     return {"RAY_USE_TLS": "1", "RAY_TLS_SERVER_CERT": str(tls.server_cert),
@@ -90,6 +98,7 @@ def _start_ray(run_dir: Path, num_cpus: int, object_store_bytes: int, ports: Sta
         "RAY_process_group_cleanup_enabled": "1",
         "RAY_DEDUP_LOGS": "0",
         **QUIET_LOG_MONITOR_ENV,
+        **QUIET_SERVE_ENV,
         "PYTHONUNBUFFERED": "1",
         # job entrypoints say `python ...`: make that the venv's interpreter, as on a worker image
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",

@@ -18,12 +18,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import orjson
+import psutil
 import pytest
 from ray.job_submission import JobStatus, JobSubmissionClient
 
 from dispatcher.engines import replica_pids, serve_config, summarize
 from dispatcher.serve_api import ServeApi
 from llmbatch.settings import RaySettings
+from llmbatch.stack.ray_head import QUIET_SERVE_ENV
 from schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
 from schemas.job import EngineConfig
 from tests.support.services import ServiceProvider
@@ -158,6 +160,30 @@ def test_batches_share_one_warm_engine(ray_settings: RaySettings, serve: ServeAp
     assert all(f is None for r in results for f in r["failures"])
     # no batch started an engine of its own: the same single replica served both
     assert replica_pids(_details(serve), MODEL) == pids_before
+
+
+def _serve_env(head_pid: int, title: str) -> dict[str, str]:
+    """The environment of the head's process titled ``title...`` (a Serve actor)."""
+    for proc in psutil.Process(head_pid).children(recursive=True):
+        try:
+            if proc.cmdline()[:1] and proc.cmdline()[0].startswith(title):
+                return proc.environ()
+        except psutil.Error:  # gone, or a zombie (the head's short-lived children)
+            continue
+    raise AssertionError(f"no {title} process under the Ray head {head_pid}")
+
+
+def test_serve_wakes_less_often_beside_the_engine(ray_settings: RaySettings, serve: ServeApi,
+                                                  services: ServiceProvider) -> None:
+    registry = _registry(delay_s=0.0)
+    asyncio.run(serve.deploy(serve_config(registry, http_address=ray_settings.serve_address)))
+    _wait_app(serve, registry, {"RUNNING"})
+    record = services.local_record("ray")
+    if record is None:
+        pytest.fail("the check needs the suite's own Ray head (its process tree)")
+    for title in ("ray::ServeController", "ray::ServeReplica"):
+        env = _serve_env(record.pid, title)
+        assert QUIET_SERVE_ENV.items() <= env.items(), (title, {k: env.get(k) for k in QUIET_SERVE_ENV})
 
 
 def test_replicas_export_engine_metrics(ray_settings: RaySettings, serve: ServeApi,

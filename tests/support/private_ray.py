@@ -26,7 +26,7 @@ from llmbatch.stack.process import (
     stop_tree,
     wait_until,
 )
-from llmbatch.stack.ray_head import QUIET_LOG_MONITOR_ENV, ray_executable
+from llmbatch.stack.ray_head import QUIET_LOG_MONITOR_ENV, QUIET_SERVE_ENV, ray_executable
 
 T = TypeVar("T")
 
@@ -109,7 +109,7 @@ class PrivateRay:
         self.temps.append(temp)
         log = self.run_dir / f"ray-{self.starts}.log"
         env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1",
-               **QUIET_LOG_MONITOR_ENV, **self.node_env}
+               **QUIET_LOG_MONITOR_ENV, **QUIET_SERVE_ENV, **self.node_env}
         if self.auth_token is not None:
             env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.auth_token)
         argv = [
@@ -227,7 +227,7 @@ class PrivateRayWorker:
         workers = free_port_range(50)
         before = {n["node_id"] for n in self.head.nodes()}
         env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1",
-               **QUIET_LOG_MONITOR_ENV, **self.node_env}
+               **QUIET_LOG_MONITOR_ENV, **QUIET_SERVE_ENV, **self.node_env}
         argv = [
             str(ray_executable()),
             "start",
