@@ -26,6 +26,7 @@ from dispatcher.engines import replica_pids, serve_config, summarize
 from dispatcher.serve_api import ServeApi
 from llmbatch.settings import RaySettings
 from llmbatch.stack.ray_head import QUIET_SERVE_ENV
+from llmbatch.stack.state import ServiceRecord
 from schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
 from schemas.job import EngineConfig
 from tests.support.services import ServiceProvider
@@ -173,14 +174,21 @@ def _serve_env(head_pid: int, title: str) -> dict[str, str]:
     raise AssertionError(f"no {title} process under the Ray head {head_pid}")
 
 
-def test_serve_wakes_less_often_beside_the_engine(ray_settings: RaySettings, serve: ServeApi,
-                                                  services: ServiceProvider) -> None:
+def _deployed_on_own_head(ray_settings: RaySettings, serve: ServeApi, services: ServiceProvider,
+                          needs: str) -> ServiceRecord:
+    """Deploy the probe model and return the suite's own Ray head (a test that needs ``needs``)."""
     registry = _registry(delay_s=0.0)
     asyncio.run(serve.deploy(serve_config(registry, http_address=ray_settings.serve_address)))
     _wait_app(serve, registry, {"RUNNING"})
     record = services.local_record("ray")
     if record is None:
-        pytest.fail("the check needs the suite's own Ray head (its process tree)")
+        pytest.fail(f"the check needs the suite's own Ray head ({needs})")
+    return record
+
+
+def test_serve_wakes_less_often_beside_the_engine(ray_settings: RaySettings, serve: ServeApi,
+                                                  services: ServiceProvider) -> None:
+    record = _deployed_on_own_head(ray_settings, serve, services, "its process tree")
     for title in ("ray::ServeController", "ray::ServeReplica"):
         env = _serve_env(record.pid, title)
         assert QUIET_SERVE_ENV.items() <= env.items(), (title, {k: env.get(k) for k in QUIET_SERVE_ENV})
@@ -188,12 +196,7 @@ def test_serve_wakes_less_often_beside_the_engine(ray_settings: RaySettings, ser
 
 def test_replicas_export_engine_metrics(ray_settings: RaySettings, serve: ServeApi,
                                         services: ServiceProvider) -> None:
-    registry = _registry(delay_s=0.0)
-    asyncio.run(serve.deploy(serve_config(registry, http_address=ray_settings.serve_address)))
-    _wait_app(serve, registry, {"RUNNING"})
-    record = services.local_record("ray")
-    if record is None:
-        pytest.fail("the metrics check needs the suite's own Ray head (its metrics port)")
+    record = _deployed_on_own_head(ray_settings, serve, services, "its metrics port")
     before = _metric(record.ports["metrics"], "requests_total")
     result = _result(*_probe(ray_settings, 7))
     assert result["keys"] == [str(i) for i in range(7)]
