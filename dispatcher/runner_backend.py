@@ -5,7 +5,8 @@ and the short path are on. It sends a batch to the runner when :func:`takes_shor
 (shared engine, at most ``short_path_max_lines`` inline lines or an input file of at most
 ``short_path_max_bytes``), every other batch to the Jobs API. Status and stop ask the runner first
 and fall back to the Jobs API for the submission ids it does not know, so a dispatcher restart or
-a change of the limits never loses track of a batch. A runner replica that was replaced forgets
+a change of the limits never loses track of a batch; the status checks of one tracker tick reach the
+runner as one request (:mod:`dispatcher.coalesce`). A runner replica that was replaced forgets
 its runs: the tracker then sees NOT_FOUND and retries the attempt, as after a Ray head restart.
 While the runner does not answer at all, a submission the Jobs API does not know either is
 reported as :class:`~dispatcher.errors.RayUnavailable` (unknown), never as lost.
@@ -21,19 +22,21 @@ import asyncio
 import http.client
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from dispatcher.backend import JobBackend, JobInfo, JobState, SubmitResult
+from dispatcher.coalesce import Coalescer
 from dispatcher.errors import JobRejected, RayUnavailable
 from dispatcher.input_sizes import SizeOf
 from dispatcher.ray_http import tls_context
 from dispatcher.s3_sessions import SessionMinter
 from dispatcher.scheduler import short_path_fits
 from llmbatch.settings import RaySettings
-from ray_job.runner import ROUTE_PREFIX
+from ray_job.runner import MAX_STATUS_IDS, ROUTE_PREFIX
 from schemas.job import JobSpec
 
 _STATES = {s.value: s for s in JobState}
@@ -71,6 +74,9 @@ class RunnerClient:
         self.timeout_s = timeout_s
         self.context = tls_context(self.base, ca_file)
         self.sessions = sessions
+        # the tracker checks its batches at once: one request for the states of all of them
+        self._statuses: Coalescer[str, JobInfo | None] = Coalescer(self.statuses, missing=None,
+                                                                   max_keys=MAX_STATUS_IDS)
 
     @classmethod
     def of(cls, ray: RaySettings, timeout_s: float = 30.0, *,
@@ -116,7 +122,25 @@ class RunnerClient:
         )
 
     async def status(self, submission_id: str) -> JobInfo | None:
-        """The run's state; ``None`` when the runner does not know it."""
+        """The run's state; ``None`` when the runner does not know it. The calls of one event-loop turn
+        share one request (:meth:`statuses`)."""
+        return await self._statuses.get(submission_id)
+
+    async def statuses(self, submission_ids: Sequence[str]) -> dict[str, JobInfo | None]:
+        """The states of many runs in one request (``POST /statuses``); ``None`` for unknown ones. A
+        runner from before that route (its 404) is asked run by run."""
+        payload = orjson.dumps({"submission_ids": list(submission_ids)})
+        code, body = await asyncio.to_thread(self._request, "POST", "/statuses", payload)
+        if code == 404:
+            answers = await asyncio.gather(*(self._status_of(sid) for sid in submission_ids))
+            return dict(zip(submission_ids, answers, strict=True))
+        runs = body.get("runs")
+        if not isinstance(runs, dict):
+            raise RayUnavailable(f"batch runner at {self.base} answered POST /statuses without 'runs'")
+        return {sid: job_info(view) if isinstance(view := runs.get(sid), dict) else None
+                for sid in submission_ids}
+
+    async def _status_of(self, submission_id: str) -> JobInfo | None:
         code, body = await asyncio.to_thread(self._request, "GET", "/runs/" + submission_id)
         return None if code == 404 else job_info(body)
 

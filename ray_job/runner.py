@@ -16,6 +16,8 @@ HTTP (for the dispatcher, which is not a Ray driver), under the route prefix:
 - ``GET /runs/<submission_id>``: 200 with the run's state (the Jobs API's states and exit codes),
   404 when this replica does not know it (never given, or the replica was replaced: the dispatcher
   treats that as a lost job and retries);
+- ``POST /statuses`` with ``{"submission_ids": [...]}`` (at most :data:`MAX_STATUS_IDS`): 200
+  ``{"runs": {submission_id: state or null}}``, the states of many runs in one request (null: unknown);
 - ``POST /runs/<submission_id>/stop``: 200 ``{"stopped": bool}``, 404 when unknown;
 - ``GET /engines``: 200 ``{"engines": {model: figures}}``, the shared engines' figures summed over
   their replicas (:mod:`ray_job.engine_stats`, from every node's metrics agent; about 10 s old).
@@ -58,6 +60,7 @@ log = logging.getLogger(__name__)
 
 APP_NAME = "llmbatch-runner"
 ROUTE_PREFIX = "/llmbatch-runner"
+MAX_STATUS_IDS = 1000
 DEPLOYMENT = "BatchRunner"
 IMPORT_PATH = "ray_job.runner:build_app"
 # how long a finished run stays answerable (the dispatcher polls every second or so)
@@ -71,6 +74,8 @@ def route(method: str, path: str) -> tuple[str, str | None]:
     parts = [p for p in path.split("/") if p]
     if method == "GET" and parts and parts[-1] == "engines":
         return "engines", None
+    if method == "POST" and parts and parts[-1] == "statuses":
+        return "statuses", None
     if "runs" not in parts:
         return "", None
     rest = parts[len(parts) - parts[::-1].index("runs"):]
@@ -81,6 +86,21 @@ def route(method: str, path: str) -> tuple[str, str | None]:
     if method == "POST" and len(rest) == 2 and rest[1] == "stop":
         return "stop", rest[0]
     return "", None
+
+
+def parse_status_ids(raw: bytes) -> list[str]:
+    """The ids of a ``POST /statuses`` body; ValueError naming the field and the fix."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise ValueError('the body must be JSON: {"submission_ids": ["<id>", ...]}') from None
+    ids = data.get("submission_ids") if isinstance(data, dict) else None
+    if not isinstance(ids, list) or not all(isinstance(i, str) and 0 < len(i) <= 256 for i in ids):
+        raise ValueError("submission_ids: give a list of submission ids (strings of 1-256 characters)")
+    if len(ids) > MAX_STATUS_IDS:
+        raise ValueError(f"submission_ids: at most {MAX_STATUS_IDS} per request, got {len(ids)}; "
+                         "split them")
+    return ids
 
 
 def parse_submission(raw: bytes) -> RunnerSubmission:
@@ -228,6 +248,8 @@ class BatchRunner:
             code, body = self.submit(await request.body())
         elif op == "status" and sid is not None:
             code, body = self.status(sid)
+        elif op == "statuses":
+            code, body = self.statuses(await request.body())
         elif op == "stop" and sid is not None:
             code, body = self.stop(sid)
         elif op == "engines":
@@ -275,6 +297,15 @@ class BatchRunner:
         if run is None:
             return 404, {"error": f"unknown submission {submission_id}"}
         return 200, run.view()
+
+    def statuses(self, raw: bytes) -> tuple[int, dict[str, Any]]:
+        """The states of the runs ``raw`` (``{"submission_ids": [...]}``) names; null for unknown ones."""
+        try:
+            ids = parse_status_ids(raw)
+        except ValueError as exc:
+            return 400, {"error": str(exc)}
+        runs = {sid: run.view() if (run := self._runs.get(sid)) is not None else None for sid in ids}
+        return 200, {"runs": runs}
 
     def stop(self, submission_id: str) -> tuple[int, dict[str, Any]]:
         run = self._runs.get(submission_id)

@@ -108,6 +108,10 @@ def test_small_batches_run_on_the_warm_runner_with_the_job_contract(
         info = _wait(client, spec.submission_id)
         assert info.state is JobState.SUCCEEDED and info.exit_code == 0, info
     elapsed = time.monotonic() - started
+    # the states of many runs in one request, through Serve's proxy (the tracker's tick)
+    ids = [s.submission_id for s in specs]
+    states = asyncio.run(client.statuses([*ids, "never-submitted-a1"]))
+    assert [i.state if i is not None else None for i in states.values()] == [JobState.SUCCEEDED] * 2 + [None]
     for spec, n, bad in zip(specs, (9, 5), (1, 0), strict=True):
         manifest = h.manifest(spec)
         assert manifest.status == BatchStatus.COMPLETED and manifest.attempt == 1

@@ -16,7 +16,14 @@ from dispatcher.runner_backend import RoutedBackend, RunnerClient, job_info, tak
 from dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.settings import RaySettings, S3Settings
 from ray_job import node_secrets
-from ray_job.runner import APP_NAME, ROUTE_PREFIX, BatchRunner, parse_submission, route
+from ray_job.runner import (
+    APP_NAME,
+    MAX_STATUS_IDS,
+    ROUTE_PREFIX,
+    BatchRunner,
+    parse_submission,
+    route,
+)
 from schemas.engines import EngineModel, EngineRegistry
 from schemas.job import JobSpec
 from tests.support.scripted_http import ScriptedHttpServer
@@ -73,6 +80,8 @@ def test_short_path_off_when_max_lines_is_zero() -> None:
         ("DELETE", "/llmbatch-runner/runs/x", ("", None)),
         ("POST", "/llmbatch-runner/runs/x/kill", ("", None)),
         ("GET", "/llmbatch-runner/other", ("", None)),
+        ("POST", "/llmbatch-runner/statuses", ("statuses", None)),
+        ("GET", "/llmbatch-runner/statuses", ("", None)),
     ],
 )
 def test_runner_routes(method: str, path: str, expected: tuple[str, str | None]) -> None:
@@ -88,6 +97,28 @@ def test_runner_refuses_bad_specs_and_too_many_runs_without_starting_anything() 
     code, body = runner.submit(_spec(lines=1).model_dump_json().encode())
     assert code == 429 and "max_runs" in body["error"]
     assert runner.status("b-1-a1")[0] == 404 and runner.stop("b-1-a1")[0] == 404
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        (b"{not json", "must be JSON"),
+        (b'["b-1-a1"]', "submission_ids: give a list"),
+        (b'{"submission_ids": "b-1-a1"}', "submission_ids: give a list"),
+        (b'{"submission_ids": [1]}', "submission_ids: give a list"),
+        (b'{"submission_ids": [""]}', "submission_ids: give a list"),
+        (orjson.dumps({"submission_ids": ["x"] * (MAX_STATUS_IDS + 1)}), "at most"),
+    ],
+)
+def test_runner_refuses_bad_status_requests_naming_the_field(body: bytes, error: str) -> None:
+    code, answer = BatchRunner().statuses(body)
+    assert code == 400 and error in answer["error"]
+
+
+def test_runner_answers_the_states_of_many_runs_at_once() -> None:
+    runner = BatchRunner()
+    code, body = runner.statuses(orjson.dumps({"submission_ids": ["b-1-a1", "b-2-a1"]}))
+    assert (code, body) == (200, {"runs": {"b-1-a1": None, "b-2-a1": None}})
 
 
 def test_job_info_maps_the_runner_view() -> None:
@@ -111,6 +142,7 @@ def server() -> Iterator[ScriptedHttpServer]:
 
 
 RUNS = ROUTE_PREFIX + "/runs"
+STATUSES = ROUTE_PREFIX + "/statuses"
 
 
 def test_client_speaks_the_runner_api(server: ScriptedHttpServer) -> None:
@@ -118,7 +150,7 @@ def test_client_speaks_the_runner_api(server: ScriptedHttpServer) -> None:
     spec = _spec(lines=2)
     server.answers[("POST", RUNS)] = (202, b'{"submission_id": "b-1-a1", "already_existed": false}')
     done = orjson.dumps({"status": "SUCCEEDED", "driver_exit_code": 0})
-    server.answers[("GET", RUNS + "/b-1-a1")] = (200, done)
+    server.answers[("POST", STATUSES)] = (200, b'{"runs": {"b-1-a1": ' + done + b', "b-1-a2": null}}')
     server.answers[("POST", RUNS + "/b-1-a1/stop")] = (200, b'{"stopped": false}')
     expected = SubmitResult("b-1-a1", already_existed=False, via="batch_runner")
     assert asyncio.run(client.submit(spec)) == expected
@@ -127,8 +159,42 @@ def test_client_speaks_the_runner_api(server: ScriptedHttpServer) -> None:
     info = asyncio.run(client.status("b-1-a1"))
     assert info is not None and info.state is JobState.SUCCEEDED and info.exit_code == 0
     assert asyncio.run(client.stop("b-1-a1")) is False
-    server.answers[("GET", RUNS + "/b-1-a2")] = (404, b'{"error": "unknown submission b-1-a2"}')
-    assert asyncio.run(client.status("b-1-a2")) is None
+    assert asyncio.run(client.status("b-1-a2")) is None  # the runner does not know it
+
+
+def test_the_checks_of_one_tick_ask_the_runner_once(server: ScriptedHttpServer) -> None:
+    # before: a GET /runs/<id> through Serve's proxy per batch in flight and tick
+    client = RunnerClient(server.address, timeout_s=5)
+    running = orjson.dumps({"status": "RUNNING"})
+    server.answers[("POST", STATUSES)] = (200, b'{"runs": {"b-1-a1": ' + running + b', "b-2-a1": null}}')
+
+    async def tick() -> list[JobInfo | None]:
+        return await asyncio.gather(*(client.status(s) for s in ["b-1-a1", "b-2-a1", "b-3-a1"]))
+
+    one, two, three = asyncio.run(tick())
+    assert one is not None and one.state is JobState.RUNNING and two is None and three is None
+    assert [(s.method, s.path) for s in server.seen] == [("POST", STATUSES)]
+    assert orjson.loads(server.seen[0].body) == {"submission_ids": ["b-1-a1", "b-2-a1", "b-3-a1"]}
+
+
+def test_a_runner_without_the_many_states_route_is_asked_run_by_run(server: ScriptedHttpServer) -> None:
+    client = RunnerClient(server.address, timeout_s=5)
+    server.answers[("POST", STATUSES)] = (404, b'{"error": "no route POST /llmbatch-runner/statuses"}')
+    server.answers[("GET", RUNS + "/b-1-a1")] = (200, b'{"status": "SUCCEEDED", "driver_exit_code": 0}')
+    server.answers[("GET", RUNS + "/b-2-a1")] = (404, b'{"error": "unknown submission b-2-a1"}')
+
+    async def tick() -> list[JobInfo | None]:
+        return await asyncio.gather(client.status("b-1-a1"), client.status("b-2-a1"))
+
+    done, unknown = asyncio.run(tick())
+    assert done is not None and done.state is JobState.SUCCEEDED and unknown is None
+    assert sorted(s.path for s in server.seen) == sorted([STATUSES, RUNS + "/b-1-a1", RUNS + "/b-2-a1"])
+
+
+def test_a_states_answer_without_runs_is_an_outage(server: ScriptedHttpServer) -> None:
+    server.answers[("POST", STATUSES)] = (200, b'{"error": "what"}')
+    with pytest.raises(RayUnavailable, match="without 'runs'"):
+        asyncio.run(RunnerClient(server.address, timeout_s=5).status("b-1-a1"))
 
 
 @pytest.mark.parametrize(
@@ -153,7 +219,7 @@ def test_a_success_that_is_not_a_json_object_is_an_outage_not_a_crash(
     server: ScriptedHttpServer, body: bytes
 ) -> None:
     # a proxy's page before the runner, or a body cut short: before, JSONDecodeError or AttributeError
-    server.answers[("POST", RUNS)] = server.answers[("GET", RUNS + "/b-1-a1")] = (200, body)
+    server.answers[("POST", RUNS)] = server.answers[("POST", STATUSES)] = (200, body)
     client = RunnerClient(server.address, timeout_s=5)
     with pytest.raises(RayUnavailable, match="not a JSON object") as caught:
         asyncio.run(client.submit(_spec(lines=1)))
@@ -218,8 +284,8 @@ def test_small_batches_go_to_the_runner_the_rest_to_ray_jobs(server: ScriptedHtt
 
 def test_status_asks_the_runner_then_the_jobs_api(server: ScriptedHttpServer) -> None:
     jobs = _Jobs({"b-1-a2": JobInfo(JobState.RUNNING)})
-    server.answers[("GET", RUNS + "/b-1-a1")] = (200, b'{"status": "SUCCEEDED", "driver_exit_code": 0}')
-    server.answers[("GET", RUNS + "/b-1-a2")] = (404, b'{"error": "unknown"}')
+    server.answers[("POST", STATUSES)] = (200, b'{"runs": {"b-1-a1": {"status": "SUCCEEDED", '
+                                          b'"driver_exit_code": 0}}}')
     server.answers[("POST", RUNS + "/b-1-a2/stop")] = (404, b'{"error": "unknown"}')
     backend = _routed(server.address, jobs, {})
     assert asyncio.run(backend.status("b-1-a1")).state is JobState.SUCCEEDED
