@@ -1122,6 +1122,24 @@ def test_every_ray_container_cleans_up_a_crashed_workers_processes(
                 assert env.get("RAY_process_group_cleanup_enabled") == "1", (overlay, container["name"])
 
 
+
+def test_cpu_dev_ray_pods_run_serve_as_quietly_as_the_local_stack(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    """On CPU the engine computes on every core of its pod, so the Ray containers of cpu-dev carry the
+    local stack's Serve intervals (one source: ``QUIET_SERVE_ENV``); gpu-prod keeps Ray's defaults."""
+    from llmbatch.stack.ray_head import QUIET_SERVE_ENV
+
+    spec = _raycluster(renders["cpu-dev"])["spec"]
+    for group in (spec["headGroupSpec"], *spec["workerGroupSpecs"]):
+        for container in group["template"]["spec"]["containers"]:
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            assert {k: env.get(k) for k in QUIET_SERVE_ENV} == QUIET_SERVE_ENV, container["name"]
+    gpu = _raycluster(renders["gpu-prod"])["spec"]
+    for group in (gpu["headGroupSpec"], *gpu["workerGroupSpecs"]):
+        for container in group["template"]["spec"]["containers"]:
+            assert not {e["name"] for e in container.get("env", [])} & QUIET_SERVE_ENV.keys()
+
 # --- components/kafka-sasl: SASL_SSL logins and the ACL Job ---------------------------------------
 
 
