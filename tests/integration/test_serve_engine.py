@@ -14,7 +14,7 @@ import signal
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
@@ -29,6 +29,7 @@ from llmbatch.stack.ray_head import QUIET_SERVE_ENV
 from llmbatch.stack.state import ServiceRecord
 from schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
 from schemas.job import EngineConfig
+from tests.support.proc_env import environ_of_first
 from tests.support.services import ServiceProvider
 
 pytestmark = pytest.mark.integration
@@ -163,15 +164,9 @@ def test_batches_share_one_warm_engine(ray_settings: RaySettings, serve: ServeAp
     assert replica_pids(_details(serve), MODEL) == pids_before
 
 
-def _serve_env(head_pid: int, title: str) -> dict[str, str]:
-    """The environment of the head's process titled ``title...`` (a Serve actor)."""
-    for proc in psutil.Process(head_pid).children(recursive=True):
-        try:
-            if proc.cmdline()[:1] and proc.cmdline()[0].startswith(title):
-                return proc.environ()
-        except psutil.Error:  # gone, or a zombie (the head's short-lived children)
-            continue
-    raise AssertionError(f"no {title} process under the Ray head {head_pid}")
+def _titled(title: str) -> Callable[[list[str]], bool]:
+    """Matches a command line whose process title starts with ``title`` (a Ray actor's)."""
+    return lambda argv: bool(argv) and argv[0].startswith(title)
 
 
 def _deployed_on_own_head(ray_settings: RaySettings, serve: ServeApi, services: ServiceProvider,
@@ -190,7 +185,9 @@ def test_serve_wakes_less_often_beside_the_engine(ray_settings: RaySettings, ser
                                                   services: ServiceProvider) -> None:
     record = _deployed_on_own_head(ray_settings, serve, services, "its process tree")
     for title in ("ray::ServeController", "ray::ServeReplica"):
-        env = _serve_env(record.pid, title)
+        tree = (p.pid for p in psutil.Process(record.pid).children(recursive=True))
+        env = environ_of_first(tree, _titled(title))
+        assert env is not None, f"no {title} process under the Ray head {record.pid}"
         assert QUIET_SERVE_ENV.items() <= env.items(), (title, {k: env.get(k) for k in QUIET_SERVE_ENV})
 
 

@@ -10,23 +10,13 @@ import pytest
 from llmbatch.stack import manager
 from llmbatch.stack.process import alive
 from llmbatch.stack.ray_head import QUIET_LOG_MONITOR_ENV
+from tests.support.proc_env import environ_of_first
 
 pytestmark = pytest.mark.integration
 
 
 def _tree(pid: int) -> list[int]:
     return [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
-
-
-def _log_monitor_env(pid: int) -> dict[str, str] | None:
-    """The environment of ``pid`` if it is Ray's log monitor."""
-    try:
-        proc = psutil.Process(pid)
-        if any(a.endswith("log_monitor.py") for a in proc.cmdline()):
-            return proc.environ()
-    except psutil.Error:  # gone, or a zombie (the head's short-lived children)
-        pass
-    return None
 
 
 def test_up_is_idempotent_and_down_stops_everything(tmp_path: Path) -> None:
@@ -44,7 +34,9 @@ def test_up_is_idempotent_and_down_stops_everything(tmp_path: Path) -> None:
         trees = {n: _tree(pid) for n, pid in first.items()}
         assert len(trees["ray"]) > 3, "the Ray head runs gcs, raylet, dashboard... as children"
         # its log monitor looks for new worker logs every 2 s, not every 0.1 s (idle CPU)
-        [monitor_env] = [env for p in trees["ray"] if (env := _log_monitor_env(p)) is not None]
+        monitor_env = environ_of_first(
+            trees["ray"], lambda argv: any(a.endswith("log_monitor.py") for a in argv))
+        assert monitor_env is not None, "no log monitor under the Ray head"
         assert QUIET_LOG_MONITOR_ENV.items() <= monitor_env.items()
     finally:
         stopped = manager.down(tmp_path, names)
