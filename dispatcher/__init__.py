@@ -8,5 +8,6 @@ command), :mod:`~dispatcher.dlt` (dead letters), :mod:`~dispatcher.events` (resu
 :mod:`~dispatcher.jobspec`. Transport at the edges: :mod:`~dispatcher.store` (Redis, Lua CAS),
 :mod:`~dispatcher.consumer` (Kafka in), :mod:`~dispatcher.publisher` (Kafka out),
 :mod:`~dispatcher.ray_backend` (Ray Jobs API), :mod:`~dispatcher.results` (MinIO),
-:mod:`~dispatcher.tracker` (leader loop), :mod:`~dispatcher.service` (wiring), :mod:`~dispatcher.http`.
+:mod:`~dispatcher.tracker` (leader loop; :mod:`~dispatcher.in_flight` checks each batch holding a job),
+:mod:`~dispatcher.service` (wiring), :mod:`~dispatcher.http`.
 """

@@ -356,7 +356,7 @@ async def test_no_engine_in_time_fails_the_batch_once_without_retrying() -> None
     t, store, _ = tracker(registry(path="/models/smollm2"))
     message = "no engine of llmbatch-engine-x answered"
     info = JobInfo(JobState.FAILED, exit_code=EXIT_ENGINE_UNAVAILABLE, message=message)
-    await t.job_failed(stored("running", 1, submission_id="b-gone-a1"), info)
+    await t.checks.job_failed(stored("running", 1, submission_id="b-gone-a1"), info)
     fields, _ = _failed(store)  # straight to failed: attempt 1 of 3 is not retried
     assert fields["error_code"] == "engine_unavailable"
     assert "no engine" in fields["error_message"]
@@ -368,11 +368,11 @@ async def test_a_failed_jobs_public_message_carries_no_driver_log() -> None:
     from dispatcher.backend import JobInfo, JobState
 
     t, store, _ = tracker(registry(path="/models/smollm2"))
-    t.policy = t.policy.__class__(max_attempts=1, backoff=t.policy.backoff)
+    t.checks.policy = t.checks.policy.__class__(max_attempts=1, backoff=t.checks.policy.backoff)
     ray_message = ("Job entrypoint command failed with exit code 1, last available logs (truncated to "
                    "20,000 chars):\nTraceback ...\nprompt: my secret prompt\nKeyError: 'x'\n")
     info = JobInfo(JobState.FAILED, exit_code=1, message=ray_message)
-    await t.job_failed(stored("running", 1, submission_id="b-gone-a1"), info)
+    await t.checks.job_failed(stored("running", 1, submission_id="b-gone-a1"), info)
     fields, _ = _failed(store)
     assert "secret prompt" not in str(fields) and "Traceback" not in str(fields)
     assert "Job entrypoint command failed with exit code 1" in fields["error_message"]
