@@ -1,0 +1,349 @@
+"""dispatcher.in_flight: what one check of an in-flight batch does, for each answer of its job's backend.
+
+The store, backend, results and producer are small in-memory stand-ins that record what was asked of
+them; the decisions (retry or fail, stop then wait, finalize, progress) are the real code's. The same
+paths run against real Redis in tests/integration/test_dispatcher_tracker.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from pydantic import SecretStr
+
+from dispatcher.backend import EXIT_ENGINE_UNAVAILABLE, EXIT_INPUT_NOT_FOUND, JobInfo, JobState
+from dispatcher.events import Outcome
+from dispatcher.in_flight import HEARTBEAT, InFlight
+from dispatcher.keys import Keys
+from dispatcher.metrics import Metrics
+from dispatcher.outcomes import OutcomeReader
+from dispatcher.results import Shards
+from dispatcher.settings import DispatcherOptions, DispatcherSettings
+from dispatcher.states import State
+from dispatcher.store import BatchRecord, TransitionResult
+from llmbatch.settings import RedisSettings
+from tests.support.dispatcher_kit import batch_request, inline_lines, request_message
+
+pytestmark = pytest.mark.unit
+
+NOW = 1_790_000_000.0
+SID = "b-1-a1"
+
+
+@dataclass
+class Store:
+    keys: Keys = field(default_factory=lambda: Keys("p"))
+    transitions: list[tuple[State, dict[str, Any]]] = field(default_factory=list)
+    progress: dict[str, str] = field(default_factory=dict)
+    refuse: bool = False  # every compare-and-set loses (another replica moved the batch)
+
+    async def transition(self, batch_id: str, to: State, **kwargs: Any) -> TransitionResult:
+        if self.refuse:
+            return TransitionResult(False, "conflict", None, 4)
+        fields = dict(kwargs.get("fields") or {})
+        if "not_before" in kwargs:
+            fields["not_before"] = kwargs["not_before"]
+        self.transitions.append((to, fields))
+        return TransitionResult(True, "ok", to, 4)
+
+    async def get(self, batch_id: str) -> BatchRecord | None:
+        return None
+
+    async def read_progress(self, batch_id: str) -> dict[str, str]:
+        return dict(self.progress)
+
+    @property
+    def states(self) -> list[State]:
+        return [to for to, _ in self.transitions]
+
+
+@dataclass
+class Backend:
+    info: JobInfo = field(default_factory=lambda: JobInfo(JobState.RUNNING))
+    stopped: list[str] = field(default_factory=list)
+
+    async def status(self, submission_id: str) -> JobInfo:
+        return self.info
+
+    async def stop(self, submission_id: str) -> bool:
+        self.stopped.append(submission_id)
+        return True
+
+
+class Results:
+    async def read_manifest(self, output_prefix: str) -> None:
+        return None
+
+    async def list_shards(self, output_prefix: str) -> Shards:
+        return Shards([], [])
+
+
+@dataclass
+class Producer:
+    published: list[tuple[str, Any]] = field(default_factory=list)
+
+    async def publish(self, topic: str, envelope: Any) -> None:
+        self.published.append((topic, envelope))
+
+
+@dataclass
+class Kit:
+    checks: InFlight
+    store: Store
+    backend: Backend
+    producer: Producer
+    resubmitted: list[str]
+    clock: list[float]
+
+
+def kit(**options: Any) -> Kit:
+    settings = DispatcherSettings(
+        _env_file=None,
+        redis=RedisSettings(url="redis://redis:6379/0", password=SecretStr("pw"), key_prefix="p"),
+        dispatcher=DispatcherOptions(**options),
+    )
+    store, backend, producer, resubmitted, clock = Store(), Backend(), Producer(), [], [NOW]
+    results: Any = Results()
+
+    async def resubmit(record: BatchRecord) -> None:
+        resubmitted.append(record.key)
+
+    def now() -> float:
+        return clock[0]
+
+    outcomes = OutcomeReader(settings, store, results, clock=now)  # type: ignore[arg-type]
+    checks = InFlight(settings, store, backend, results, producer, Metrics(), outcomes,  # type: ignore[arg-type]
+                      resubmit=resubmit, clock=now, crash=lambda point: None)
+    return Kit(checks, store, backend, producer, resubmitted, clock)
+
+
+def record(state: State, attempt: int = 1, **extra: str) -> BatchRecord:
+    _, value, _ = request_message(batch_request("b-1", requests=inline_lines(5)))
+    fields = {"state": state.value, "version": "3", "request": value.decode(), "attempt": str(attempt),
+              "total": "5", "submission_id": SID, "confirmed": "1", "submitted_at": repr(NOW - 5)}
+    fields.update(extra)
+    return BatchRecord.from_hash("b-1", fields)
+
+
+def terminal(store: Store) -> tuple[State, Outcome]:
+    [(to, fields)] = store.transitions
+    return to, Outcome.from_json(fields["outcome"])
+
+
+# --- what the job's backend says ------------------------------------------------------------------
+
+
+async def test_a_submission_ray_never_confirmed_is_submitted_again() -> None:
+    k = kit()
+    k.backend.info = JobInfo(JobState.NOT_FOUND)
+    await k.checks.check(record(State.SUBMITTED, confirmed="0"))
+    assert k.resubmitted == ["b-1"] and k.store.transitions == []
+
+
+async def test_a_confirmed_job_ray_forgot_is_lost_and_retried_after_the_backoff() -> None:
+    k = kit()
+    k.backend.info = JobInfo(JobState.NOT_FOUND)
+    await k.checks.check(record(State.RUNNING))
+    [(to, fields)] = k.store.transitions
+    assert to is State.QUEUED and fields["last_error_code"] == "job_lost"
+    assert fields["not_before"] > NOW and k.resubmitted == []
+
+
+async def test_a_submitted_attempt_ray_confirmed_then_forgot_is_lost_not_submitted_twice() -> None:
+    k = kit()
+    k.backend.info = JobInfo(JobState.NOT_FOUND)
+    await k.checks.check(record(State.SUBMITTED))  # confirmed: Ray knew it once (a restarted head)
+    assert k.resubmitted == [] and k.store.states == [State.QUEUED]
+
+
+async def test_a_job_pending_too_long_is_stopped_and_retried() -> None:
+    k = kit(submitted_timeout_s=60)
+    k.backend.info = JobInfo(JobState.PENDING)
+    await k.checks.check(record(State.SUBMITTED, submitted_at=repr(NOW - 61)))
+    assert k.backend.stopped == [SID]
+    assert k.store.states == [State.QUEUED]
+    assert k.store.transitions[0][1]["last_error_code"] == "job_stuck_pending"
+
+
+async def test_a_pending_job_is_confirmed_once_and_left_to_start() -> None:
+    k = kit(submitted_timeout_s=60)
+    k.backend.info = JobInfo(JobState.PENDING)
+    await k.checks.check(record(State.SUBMITTED, confirmed="0"))
+    assert k.store.transitions == [(State.SUBMITTED, {"confirmed": "1"})]
+    await k.checks.check(record(State.SUBMITTED))  # already confirmed: nothing to write
+    assert len(k.store.transitions) == 1 and k.backend.stopped == []
+
+
+async def test_a_started_job_marks_the_batch_running_keeping_its_first_start() -> None:
+    k = kit()
+    k.backend.info = JobInfo(JobState.RUNNING, start_time=NOW - 2)
+    await k.checks.check(record(State.SUBMITTED, attempt=2, started_at=repr(NOW - 900)))
+    [(to, fields)] = k.store.transitions
+    assert to is State.RUNNING
+    assert float(fields["started_at"]) == NOW - 900  # the batch's, not this attempt's
+    assert float(fields["attempt_started_at"]) == NOW - 2
+
+
+async def test_a_job_stopped_outside_the_dispatcher_is_retried() -> None:
+    k = kit()
+    k.backend.info = JobInfo(JobState.STOPPED)
+    await k.checks.check(record(State.RUNNING))
+    assert k.store.states == [State.QUEUED]
+    assert k.store.transitions[0][1]["last_error_code"] == "job_stopped"
+
+
+async def test_a_record_in_flight_without_a_submission_id_is_retried_not_polled() -> None:
+    k = kit()
+    k.backend.info = JobInfo(JobState.SUCCEEDED)  # must not be asked
+    await k.checks.check(record(State.RUNNING, submission_id=""))
+    assert k.store.transitions[0][1]["last_error_code"] == "internal_error"
+
+
+# --- failures ---------------------------------------------------------------------------------------
+
+
+async def test_a_missing_input_fails_at_once_with_its_own_reason() -> None:
+    k = kit()
+    k.backend.info = JobInfo(JobState.FAILED, exit_code=EXIT_INPUT_NOT_FOUND)
+    await k.checks.check(record(State.RUNNING, attempt=1))
+    to, outcome = terminal(k.store)
+    assert to is State.FAILED and outcome.error_code == "input_not_found"
+    assert outcome.dlt_reason == "input_not_found"
+
+
+async def test_an_engine_that_never_answered_fails_the_batch_without_retries() -> None:
+    k = kit()
+    k.backend.info = JobInfo(JobState.FAILED, exit_code=EXIT_ENGINE_UNAVAILABLE, message="no engine")
+    await k.checks.check(record(State.RUNNING, attempt=1))
+    to, outcome = terminal(k.store)
+    assert to is State.FAILED and outcome.error_code == "engine_unavailable"
+    assert outcome.dlt_reason == "attempts_exhausted"
+
+
+async def test_a_retriable_failure_retries_until_the_attempts_run_out() -> None:
+    k = kit(max_attempts=3)
+    k.backend.info = JobInfo(JobState.FAILED, exit_code=1, error_type="DriverCrashed")
+    await k.checks.check(record(State.RUNNING, attempt=2))
+    assert k.store.states == [State.QUEUED]
+    assert k.store.transitions[0][1]["last_error_code"] == "DriverCrashed"
+    k.store.transitions.clear()
+    await k.checks.check(record(State.RUNNING, attempt=3))
+    to, outcome = terminal(k.store)
+    assert to is State.FAILED and outcome.error_code == "attempts_exhausted"
+    assert "3 attempt(s) failed; last: DriverCrashed" in (outcome.error_message or "")
+
+
+async def test_a_lost_compare_and_set_counts_no_retry() -> None:
+    k = kit()
+    k.store.refuse = True
+    k.backend.info = JobInfo(JobState.STOPPED)
+    metrics = k.checks.metrics.attempts.labels(event="retried")
+    before = metrics._value.get()
+    await k.checks.check(record(State.RUNNING))
+    assert metrics._value.get() == before
+
+
+# --- stops: cancel, deadline, heartbeat ---------------------------------------------------------------
+
+
+def test_stop_reasons_in_order_cancel_then_deadline_then_heartbeat() -> None:
+    k = kit()
+    past = repr(NOW - 1)
+    assert k.checks.stop_reason(record(State.RUNNING), NOW) is None
+    assert k.checks.stop_reason(record(State.RUNNING, stop_reason=HEARTBEAT), NOW) == HEARTBEAT
+    late = record(State.RUNNING, stop_reason=HEARTBEAT, deadline=past)
+    assert k.checks.stop_reason(late, NOW) == "deadline"
+    assert k.checks.stop_reason(
+        record(State.RUNNING, deadline=past, cancel_requested="1"), NOW) == "cancel"
+    assert k.checks.stop_reason(record(State.RUNNING, deadline=repr(NOW + 1)), NOW) is None
+
+
+async def test_a_cancel_stops_the_job_once_then_waits_for_it_then_gives_up_waiting() -> None:
+    k = kit()
+    running = record(State.RUNNING, cancel_requested="1", cancel_reason="not needed")
+    await k.checks.check(running)
+    assert k.backend.stopped == [SID]
+    assert k.store.transitions == [(State.RUNNING, {"stop_reason": "cancel", "stop_requested_at": repr(NOW)})]
+    asked = record(State.RUNNING, cancel_requested="1", stop_requested_at=repr(NOW))
+    k.store.transitions.clear()
+    k.clock[0] = NOW + 1
+    await k.checks.check(asked)  # still running, within job.stop_wait_s: wait, do not stop again
+    assert k.backend.stopped == [SID] and k.store.transitions == []
+    k.clock[0] = NOW + k.checks.settings.job.stop_wait_s + 1
+    await k.checks.check(asked)
+    to, outcome = terminal(k.store)
+    assert to is State.CANCELLED and outcome.error_code is None
+
+
+async def test_a_job_that_ended_after_a_cancel_finishes_the_batch_cancelled_at_once() -> None:
+    k = kit()
+    k.backend.info = JobInfo(JobState.STOPPED)
+    await k.checks.check(record(State.RUNNING, cancel_requested="1", stop_requested_at=repr(NOW)))
+    assert terminal(k.store)[0] is State.CANCELLED and k.backend.stopped == []
+
+
+async def test_a_passed_deadline_expires_the_batch_with_its_code() -> None:
+    k = kit()
+    k.backend.info = JobInfo(JobState.FAILED, exit_code=1)  # ended by itself: no stop to wait for
+    await k.checks.check(record(State.RUNNING, deadline=repr(NOW - 1)))
+    to, outcome = terminal(k.store)
+    assert to is State.EXPIRED and outcome.error_code == "deadline_exceeded"
+
+
+async def test_a_succeeded_job_wins_over_a_late_cancel() -> None:
+    k = kit()
+    k.backend.info = JobInfo(JobState.SUCCEEDED)
+    await k.checks.check(record(State.RUNNING, cancel_requested="1"))
+    assert k.store.states[0] is State.FINALIZING and k.backend.stopped == []
+
+
+async def test_a_silent_job_is_stopped_and_its_successor_waits_for_the_stop() -> None:
+    k = kit(heartbeat_timeout_s=60)
+    k.store.progress = {"attempt": "1", "heartbeat_at": repr(NOW - 61)}
+    await k.checks.check(record(State.RUNNING, running_at=repr(NOW - 300)))
+    assert k.backend.stopped == [SID]
+    asked = {"stop_reason": HEARTBEAT, "stop_requested_at": repr(NOW)}
+    assert k.store.transitions == [(State.RUNNING, asked)]
+    k.store.transitions.clear()
+    k.backend.info = JobInfo(JobState.STOPPED)
+    await k.checks.check(record(State.RUNNING, stop_reason=HEARTBEAT, stop_requested_at=repr(NOW)))
+    assert k.store.states == [State.QUEUED]
+    assert k.store.transitions[0][1]["last_error_code"] == "heartbeat_expired"
+
+
+async def test_a_heartbeat_of_an_earlier_attempt_does_not_keep_this_one_alive() -> None:
+    k = kit(heartbeat_timeout_s=60)
+    k.store.progress = {"attempt": "1", "heartbeat_at": repr(NOW)}
+    await k.checks.check(record(State.RUNNING, attempt=2, running_at=repr(NOW - 300)))
+    assert k.backend.stopped == [SID]
+    k2 = kit(heartbeat_timeout_s=60)
+    k2.store.progress = {"attempt": "2", "heartbeat_at": repr(NOW - 5)}
+    await k2.checks.check(record(State.RUNNING, attempt=2, running_at=repr(NOW - 300)))
+    assert k2.backend.stopped == []
+
+
+# --- success and progress -----------------------------------------------------------------------------
+
+
+async def test_a_succeeded_job_without_its_manifest_is_retried_after_finalizing() -> None:
+    k = kit()
+    k.backend.info = JobInfo(JobState.SUCCEEDED)
+    await k.checks.check(record(State.RUNNING))
+    assert k.store.states == [State.FINALIZING, State.QUEUED]
+    assert k.store.transitions[1][1]["last_error_code"] == "manifest_missing"
+
+
+async def test_progress_is_published_when_the_counts_move_and_not_more_often_than_the_interval() -> None:
+    k = kit(progress_interval_s=10)
+    running = record(State.RUNNING)
+    k.store.progress = {"total": "5", "completed": "1", "failed": "0"}
+    await k.checks.maybe_progress(running, NOW)
+    await k.checks.maybe_progress(running, NOW + 5)  # within the interval
+    await k.checks.maybe_progress(running, NOW + 11)  # same counts
+    assert len(k.producer.published) == 1
+    k.store.progress["completed"] = "3"
+    await k.checks.maybe_progress(running, NOW + 22)
+    assert len(k.producer.published) == 2
+    assert k.producer.published[1][1].data.request_counts.completed == 3
