@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from dispatcher.batch_record import BatchRecord
 from dispatcher.keys import BatchKey, batch_key
 from dispatcher.ops.jobs import JobDetail, detail_of
-from dispatcher.store import BatchRecord
 
 
 class StateReader(Protocol):

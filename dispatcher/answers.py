@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from dispatcher.batch_record import IntakeResult
 from dispatcher.dlt import describe_schema_error
 from dispatcher.events import build_rejected
 from dispatcher.intake import Accept, Reject, record_marker
 from dispatcher.record_retry import GaveUp, describe
 from dispatcher.states import State
-from dispatcher.store import IntakeResult
 from schemas.cloudevents import Envelope
 from schemas.dlt import DltReason
 from schemas.errors import Reason

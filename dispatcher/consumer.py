@@ -35,6 +35,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from dispatcher import logs
 from dispatcher.answers import duplicate_answer, failure_answer, rejection_answer
+from dispatcher.batch_record import BatchRecord
 from dispatcher.cancel import apply_cancel
 from dispatcher.cancel_scan import CancelScanner
 from dispatcher.dlt import OriginalRecord
@@ -49,7 +50,7 @@ from dispatcher.retry import Backoff
 from dispatcher.scheduler import Backpressure
 from dispatcher.settings import DispatcherSettings
 from dispatcher.states import State
-from dispatcher.store import BatchRecord, StateStore
+from dispatcher.store import StateStore
 from schemas.cloudevents import peek_type
 
 log = logging.getLogger(__name__)

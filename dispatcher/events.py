@@ -15,10 +15,10 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
+from dispatcher.batch_record import BatchRecord
 from dispatcher.dlt import OriginalRecord
 from dispatcher.keys import BatchKey
 from dispatcher.states import State, terminal_event_state
-from dispatcher.store import BatchRecord
 from schemas.cloudevents import Envelope, stable_event_id
 from schemas.common import Endpoint
 from schemas.events import (

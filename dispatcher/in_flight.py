@@ -30,6 +30,7 @@ from dispatcher.backend import (
     JobInfo,
     JobState,
 )
+from dispatcher.batch_record import BatchRecord
 from dispatcher.errors import ManifestInvalid
 from dispatcher.events import Outcome, build_progress, safe_counts, terminal_fields
 from dispatcher.jobspec import results_prefix
@@ -41,7 +42,7 @@ from dispatcher.publisher import EventProducer
 from dispatcher.results import ResultStore
 from dispatcher.settings import DispatcherSettings
 from dispatcher.states import State
-from dispatcher.store import BatchRecord, StateStore
+from dispatcher.store import StateStore
 from schemas.dlt import DltReason
 from schemas.job import MANIFEST_NAME
 from schemas.openai import Usage

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from dispatcher.batch_record import IntakeItem
 from dispatcher.dlt import (
     DeadLetter,
     OriginalRecord,
@@ -31,7 +32,6 @@ from dispatcher.request_body import body_fields
 from dispatcher.scheduler import ready_score
 from dispatcher.settings import ENGINES_ENV, DispatcherSettings
 from dispatcher.states import State
-from dispatcher.store import IntakeItem
 from schemas.batch import BatchRequest, CancelRequest, InlineLimits, check_deadline, check_inline_limits
 from schemas.cloudevents import H_ID, H_SOURCE, Envelope, decode
 from schemas.common import BATCH_ID_PATTERN, TENANT_PATTERN

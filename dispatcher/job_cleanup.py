@@ -26,8 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dispatcher.backend import JobBackend
+from dispatcher.batch_record import BatchRecord
 from dispatcher.errors import DispatcherError
-from dispatcher.store import BatchRecord, StateStore
+from dispatcher.store import StateStore
 from schemas.job import submission_id
 
 log = logging.getLogger(__name__)

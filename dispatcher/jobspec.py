@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from dispatcher.batch_record import BatchRecord
 from dispatcher.keys import Keys
 from dispatcher.settings import DispatcherSettings
-from dispatcher.store import BatchRecord
 from schemas.batch import parse_batch_request
 from schemas.engines import app_name
 from schemas.job import JobSpec, output_prefix

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from dispatcher import logs, states
 from dispatcher.backend import JobBackend
+from dispatcher.batch_record import BatchRecord
 from dispatcher.errors import JobRejected, RequestUnavailable
 from dispatcher.events import Outcome
 from dispatcher.input_sizes import SizeOf
@@ -24,7 +25,7 @@ from dispatcher.request_body import RequestBodies
 from dispatcher.scheduler import Admission, EngineLoad, engine_capacity, short_path_fits, window_requests
 from dispatcher.settings import ENGINES_ENV, DispatcherSettings
 from dispatcher.states import State
-from dispatcher.store import BatchRecord, StateStore
+from dispatcher.store import StateStore
 from schemas.dlt import DltReason
 from schemas.engines import UnknownModelError
 from schemas.errors import SchemaError

@@ -11,13 +11,14 @@ import contextlib
 import time
 from collections.abc import Callable
 
+from dispatcher.batch_record import BatchRecord
 from dispatcher.errors import ManifestInvalid
 from dispatcher.events import Outcome
 from dispatcher.jobspec import results_prefix
 from dispatcher.results import ResultStore
 from dispatcher.settings import DispatcherSettings
 from dispatcher.states import State
-from dispatcher.store import BatchRecord, StateStore
+from dispatcher.store import StateStore
 from schemas.dlt import DltReason
 from schemas.job import MANIFEST_NAME, Manifest
 

@@ -17,6 +17,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from dispatcher import logs
+from dispatcher.batch_record import BatchRecord
 from dispatcher.dlt import DeadLetter, build_dead_letter, fit_dead_letter, reduce_dead_letter
 from dispatcher.errors import (
     BrokerUnavailable,
@@ -30,7 +31,7 @@ from dispatcher.intake import original_with_value
 from dispatcher.metrics import Metrics
 from dispatcher.request_body import RequestBodies
 from dispatcher.states import State, terminal_event_state
-from dispatcher.store import BatchRecord, StateStore
+from dispatcher.store import StateStore
 from llmbatch.settings import KafkaSettings
 from schemas.cloudevents import Envelope, encode
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import orjson
 
+from dispatcher.batch_record import IntakeItem
 from dispatcher.dlt import OriginalRecord
 from dispatcher.errors import BrokerUnavailable, classify
 from dispatcher.intake import Accept, IntakeRules
@@ -40,7 +41,7 @@ from dispatcher.scheduler import ready_score
 from dispatcher.settings import DispatcherSettings
 from dispatcher.side_consumer import side_consumer
 from dispatcher.states import State
-from dispatcher.store import IntakeItem, StateStore
+from dispatcher.store import StateStore
 from schemas.cloudevents import Envelope, decode, peek_type
 from schemas.errors import SchemaError
 from schemas.events import TERMINAL_EVENT_TYPES, BatchAccepted, EventType, RecordRef

@@ -12,12 +12,15 @@ the topic no longer has (retention shorter than the batch waited) or that change
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
+from dispatcher.batch_record import BatchRecord
 from dispatcher.dlt import OriginalRecord
 from dispatcher.errors import RequestUnavailable
-from dispatcher.record_reader import RecordReader
-from dispatcher.store import BatchRecord
 from schemas.events import RecordRef
+
+if TYPE_CHECKING:  # the reader is Kafka's; parsing a body (intake) needs none of it
+    from dispatcher.record_reader import RecordReader
 
 
 def body_fields(value: bytes, max_bytes: int) -> dict[str, str]:

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 
 from dispatcher import logs, states
 from dispatcher.backend import JobBackend
+from dispatcher.batch_record import BatchRecord
 from dispatcher.errors import DispatcherError
 from dispatcher.in_flight import InFlight
 from dispatcher.input_sizes import InputSizes, SizeOf
@@ -42,7 +43,7 @@ from dispatcher.results import ResultStore
 from dispatcher.scheduler import launch_slots
 from dispatcher.settings import DispatcherSettings
 from dispatcher.states import State
-from dispatcher.store import BatchRecord, StateStore
+from dispatcher.store import StateStore
 from schemas.job import JobSpec
 
 log = logging.getLogger(__name__)

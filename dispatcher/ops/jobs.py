@@ -19,11 +19,12 @@ from typing import Any, cast
 import orjson
 from pydantic import BaseModel, Field
 
+from dispatcher.batch_record import BatchRecord
 from dispatcher.errors import StateStoreUnavailable, classify
 from dispatcher.keys import BatchKey, batch_key
 from dispatcher.ops.common import from_ts
 from dispatcher.states import State
-from dispatcher.store import BatchRecord, StateStore
+from dispatcher.store import StateStore
 from schemas.job import submission_id
 
 

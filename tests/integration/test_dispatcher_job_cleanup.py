@@ -14,11 +14,12 @@ import pytest
 from pydantic import SecretStr
 
 from dispatcher import store as store_module
+from dispatcher.batch_record import BatchRecord
 from dispatcher.errors import JobRejected, RayUnavailable
 from dispatcher.job_cleanup import CHECK, JobCleanup
 from dispatcher.settings import DispatcherSettings
 from dispatcher.states import State
-from dispatcher.store import BatchRecord, StateStore
+from dispatcher.store import StateStore
 from llmbatch.settings import RaySettings, RedisSettings
 from tests.support.dispatcher_kit import wait_for
 from tests.support.scratch_store import scratch_store

@@ -7,9 +7,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from dispatcher.batch_record import IntakeItem
 from dispatcher.errors import StateStoreUnavailable
 from dispatcher.states import State, TransitionError
-from dispatcher.store import IntakeItem, StateStore
+from dispatcher.store import StateStore
 from llmbatch.settings import RedisSettings
 from tests.support.scratch_store import scratch_store
 

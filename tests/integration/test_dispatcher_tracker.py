@@ -17,6 +17,7 @@ from pydantic import SecretStr
 
 from dispatcher import states
 from dispatcher.backend import JobInfo, JobState, SubmitResult
+from dispatcher.batch_record import BatchRecord, IntakeItem
 from dispatcher.errors import RayUnavailable
 from dispatcher.intake import intake_fields
 from dispatcher.jobspec import results_prefix
@@ -27,7 +28,7 @@ from dispatcher.runner_backend import takes_short_path
 from dispatcher.scheduler import ready_score
 from dispatcher.settings import DispatcherOptions, DispatcherSettings, JobOptions
 from dispatcher.states import State
-from dispatcher.store import BatchRecord, IntakeItem, StateStore
+from dispatcher.store import StateStore
 from dispatcher.tracker import Tracker
 from llmbatch.settings import RaySettings, RedisSettings
 from schemas.engines import EngineModel, EngineRegistry, Scaling

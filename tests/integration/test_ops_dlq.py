@@ -19,12 +19,13 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from typer.testing import CliRunner
 
+from dispatcher.batch_record import IntakeItem
 from dispatcher.dlt import OriginalRecord, build_dead_letter
 from dispatcher.events import Outcome, terminal_fields
 from dispatcher.intake import intake_fields
 from dispatcher.keys import Keys
 from dispatcher.states import State
-from dispatcher.store import IntakeItem, StateStore
+from dispatcher.store import StateStore
 from llmbatch.cli import app
 from llmbatch.settings import LLMBatchSettings, TopicSettings
 from producer.topics import ensure_topics

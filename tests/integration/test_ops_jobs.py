@@ -20,11 +20,12 @@ import orjson
 import pytest
 from typer.testing import CliRunner
 
+from dispatcher.batch_record import IntakeItem
 from dispatcher.events import Outcome, terminal_fields
 from dispatcher.intake import intake_fields
 from dispatcher.keys import Keys, batch_key
 from dispatcher.states import State
-from dispatcher.store import IntakeItem, StateStore
+from dispatcher.store import StateStore
 from llmbatch.cli import app
 from llmbatch.settings import LLMBatchSettings, TopicSettings
 from producer.topics import ensure_topics

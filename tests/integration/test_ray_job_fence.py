@@ -14,8 +14,9 @@ import pytest
 import redis
 from pyarrow import fs as pafs
 
+from dispatcher.batch_record import IntakeItem
 from dispatcher.states import State
-from dispatcher.store import IntakeItem, StateStore
+from dispatcher.store import StateStore
 from llmbatch.settings import RedisSettings
 from ray_job import main as job_main
 from ray_job import rows

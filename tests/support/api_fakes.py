@@ -11,12 +11,12 @@ from datetime import UTC, datetime
 from typing import IO, Any
 
 from api.storage import CHUNK_BYTES, ObjectMissing
+from dispatcher.batch_record import BatchRecord
 from dispatcher.dlt import OriginalRecord
 from dispatcher.events import Outcome, terminal_fields
 from dispatcher.intake import intake_fields
 from dispatcher.keys import BatchKey, batch_key, split_batch_key
 from dispatcher.states import State
-from dispatcher.store import BatchRecord
 from producer.errors import BrokerUnavailable
 from producer.kafka import Published
 from schemas import REQUEST_EVENT_TYPES, BatchRequest, Envelope, decode, encode

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import pytest
 
 from dispatcher.answers import duplicate_answer, failure_answer, rejection_answer
+from dispatcher.batch_record import IntakeResult
 from dispatcher.intake import Accept, IntakeRules, Reject, classify
 from dispatcher.record_retry import GaveUp
 from dispatcher.states import State
-from dispatcher.store import IntakeResult
 from schemas.cloudevents import decode, encode
 from schemas.events import RESULT_EVENT_TYPES, BatchRejected, EventType, RecordRef
 from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, origin, request_message

@@ -8,6 +8,7 @@ import sys
 import pytest
 from pydantic import SecretStr, ValidationError
 
+from dispatcher.batch_record import BatchRecord
 from dispatcher.errors import (
     BrokerUnavailable,
     PermanentError,
@@ -20,7 +21,6 @@ from dispatcher.keys import Keys
 from dispatcher.ray_backend import _status_code, build_submission
 from dispatcher.settings import DispatcherSettings, JobOptions
 from dispatcher.states import State
-from dispatcher.store import BatchRecord
 from llmbatch.settings import RedisSettings, S3Settings
 from schemas.engines import EngineModel, EngineRegistry, UnknownModelError
 from schemas.job import EngineConfig

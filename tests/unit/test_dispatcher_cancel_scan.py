@@ -15,6 +15,7 @@ from aiokafka.errors import KafkaConnectionError, RequestTimedOutError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from dispatcher import cancel_scan, intake, states
+from dispatcher.batch_record import BatchRecord, TransitionResult
 from dispatcher.cancel_scan import CancelScanner
 from dispatcher.errors import BrokerUnavailable, StateStoreUnavailable
 from dispatcher.intake import IntakeRules
@@ -23,7 +24,7 @@ from dispatcher.metrics import Metrics
 from dispatcher.settings import DispatcherSettings
 from dispatcher.side_consumer import side_consumer
 from dispatcher.states import State
-from dispatcher.store import BatchRecord, StateStore, TransitionResult
+from dispatcher.store import StateStore
 from llmbatch.settings import MIN_MESSAGE_BYTES, KafkaSettings, TopicSettings
 from schemas.batch import CancelRequest
 from tests.support.dispatcher_kit import MODEL, SOURCE, batch_request, request_message

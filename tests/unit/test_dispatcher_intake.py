@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 import orjson
 import pytest
 
+from dispatcher.batch_record import BatchRecord
 from dispatcher.dlt import OriginalRecord, build_dead_letter
 from dispatcher.events import (
     Outcome,
@@ -24,7 +25,6 @@ from dispatcher.events import (
 )
 from dispatcher.intake import Accept, Cancel, IntakeRules, Reject, classify, lifecycle_of
 from dispatcher.states import State
-from dispatcher.store import BatchRecord
 from schemas import dlt as dlt_headers
 from schemas.batch import BatchRequest, CancelRequest, InlineLimits
 from schemas.cloudevents import decode, encode

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dispatcher.batch_record import BatchRecord
 from dispatcher.keys import DEFAULT_TENANT, Keys, batch_key, split_batch_key
 from dispatcher.states import State
-from dispatcher.store import BatchRecord
 from schemas.common import BATCH_ID_PATTERN, TENANT_PATTERN
 
 pytestmark = pytest.mark.unit

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
+from dispatcher.batch_record import BatchRecord
 from dispatcher.events import build_accepted
 from dispatcher.intake import Accept, IntakeRules, classify
 from dispatcher.reconcile import unfinished
 from dispatcher.states import State
-from dispatcher.store import BatchRecord
 from schemas.cloudevents import Envelope
 from schemas.events import BatchCancelled, BatchProgress, RecordRef
 from tests.support.dispatcher_kit import MODEL, batch_request, origin, request_message

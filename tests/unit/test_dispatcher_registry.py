@@ -14,6 +14,7 @@ from pydantic import SecretStr
 from typer.testing import CliRunner
 
 from dispatcher.backend import EXIT_ENGINE_UNAVAILABLE, SubmitResult
+from dispatcher.batch_record import BatchRecord, TransitionResult
 from dispatcher.cli import app
 from dispatcher.dlt import OriginalRecord
 from dispatcher.errors import InvalidSettings
@@ -31,7 +32,6 @@ from dispatcher.settings import (
     load_settings,
 )
 from dispatcher.states import State
-from dispatcher.store import BatchRecord, TransitionResult
 from dispatcher.tracker import Tracker
 from llmbatch.settings import RedisSettings
 from schemas.engines import EngineRegistry

@@ -14,6 +14,7 @@ import pytest
 from pydantic import SecretStr
 
 from dispatcher.backend import EXIT_ENGINE_UNAVAILABLE, EXIT_INPUT_NOT_FOUND, JobInfo, JobState
+from dispatcher.batch_record import BatchRecord, TransitionResult
 from dispatcher.events import Outcome
 from dispatcher.in_flight import HEARTBEAT, InFlight
 from dispatcher.keys import Keys
@@ -22,7 +23,6 @@ from dispatcher.outcomes import OutcomeReader
 from dispatcher.results import Shards
 from dispatcher.settings import DispatcherOptions, DispatcherSettings
 from dispatcher.states import State
-from dispatcher.store import BatchRecord, TransitionResult
 from llmbatch.settings import RedisSettings
 from tests.support.dispatcher_kit import batch_request, inline_lines, request_message
 

@@ -19,13 +19,13 @@ import pytest
 from aiokafka.errors import KafkaConnectionError
 from typer.testing import CliRunner, Result
 
+from dispatcher.batch_record import BatchRecord
 from dispatcher.keys import BatchKey, Keys, batch_key
 from dispatcher.ops import jobs_cli
 from dispatcher.ops.common import EXIT_USAGE, OpsError
 from dispatcher.ops.jobs import Counts, JobSummary
 from dispatcher.ops.jobs_cli import _done, app, operator_name, parse_states
 from dispatcher.states import State
-from dispatcher.store import BatchRecord
 from llmbatch.settings import KafkaSettings, LLMBatchSettings, RedisSettings, TopicSettings
 from producer.client import BatchClient
 from producer.errors import WaitTimeout

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
+from dispatcher.batch_record import BatchRecord
 from dispatcher.dlt import OriginalRecord, build_dead_letter
 from dispatcher.ops.common import OpsError, parse_when, safe_url
 from dispatcher.ops.dlq_reader import DeadLetterView, decode_payload, describe_header, parse_locator
@@ -25,7 +26,6 @@ from dispatcher.ops.replay import (
     replay_id_for,
 )
 from dispatcher.states import State
-from dispatcher.store import BatchRecord
 from schemas import dlt
 from schemas.batch import CancelRequest
 from schemas.dlt import ReplayInfo

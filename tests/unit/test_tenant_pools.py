@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from pydantic import SecretStr, ValidationError
 from typer.testing import CliRunner
 
+from dispatcher.batch_record import BatchRecord
 from dispatcher.cli import app
 from dispatcher.jobspec import build_job_spec
 from dispatcher.keys import Keys
@@ -21,7 +22,6 @@ from dispatcher.minio_policy import policy_name, tenant_policy
 from dispatcher.ray_backend import build_submission
 from dispatcher.runner_backend import takes_short_path
 from dispatcher.settings import DispatcherOptions, DispatcherSettings, JobOptions
-from dispatcher.store import BatchRecord
 from llmbatch.settings import S3Settings, TenantSettings
 from schemas.common import TENANT_PATTERN
 from schemas.job import POOL_SHARE, JobSpec, tenant_pool_resource
