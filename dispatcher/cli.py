@@ -267,7 +267,7 @@ _LEGACY_NAMES = frozenset({"LLMBATCH_JOB__MODEL_PATH", "LLMBATCH_JOB__MODEL_PATH
 
 
 def _settings_or_exit() -> DispatcherSettings:
-    from dispatcher.settings import SettingsInvalid, load_settings
+    from dispatcher.settings_loader import SettingsInvalid, load_settings
 
     try:
         return load_settings()

@@ -111,7 +111,7 @@ def test_max_in_flight_defaults_follow_the_engine_mode() -> None:
 
 
 def test_a_heartbeat_interval_near_the_timeout_is_refused_naming_both_variables() -> None:
-    from dispatcher.settings import SettingsInvalid, load_settings
+    from dispatcher.settings_loader import SettingsInvalid, load_settings
 
     with pytest.raises(SettingsInvalid) as info:
         load_settings(_env_file=None, job={"progress_interval_s": 100})

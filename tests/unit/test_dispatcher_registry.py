@@ -24,13 +24,8 @@ from dispatcher.metrics import Metrics
 from dispatcher.request_body import RequestBodies
 from dispatcher.results import Shards
 from dispatcher.service import Dispatcher
-from dispatcher.settings import (
-    DispatcherOptions,
-    DispatcherSettings,
-    SettingsInvalid,
-    describe_settings_error,
-    load_settings,
-)
+from dispatcher.settings import DispatcherOptions, DispatcherSettings
+from dispatcher.settings_loader import SettingsInvalid, describe_settings_error, load_settings
 from dispatcher.states import State
 from dispatcher.tracker import Tracker
 from llmbatch.settings import RedisSettings
