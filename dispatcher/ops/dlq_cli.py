@@ -6,11 +6,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
-import orjson
 import typer
-from rich.json import JSON
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -36,6 +34,7 @@ from dispatcher.ops.dlq_reader import (
     parse_locator,
     read_dead_letters,
 )
+from dispatcher.ops.dlq_render import entry_json, original, plan_table, print_letter, print_summary, short
 from dispatcher.ops.jobs_cli import operator_name
 from dispatcher.ops.replay import (
     Decision,
@@ -79,7 +78,6 @@ SinceOption = Annotated[
 UntilOption = Annotated[
     str | None, typer.Option(help="Dead-lettered at/before: 30m (ago), 1d or an RFC 3339 time.")
 ]
-MESSAGE_WIDTH = 70
 
 
 def _split(values: list[str] | None) -> frozenset[str]:
@@ -122,20 +120,6 @@ async def _ledger_entries(
         await store.close()
 
 
-def _short(text: str | None, width: int = MESSAGE_WIDTH) -> str:
-    if not text:
-        return ""
-    line = " ".join(text.split())
-    return line if len(line) <= width else line[: width - 1] + "…"
-
-
-def _original(letter: DeadLetterView) -> str:
-    rec = letter.record
-    if rec is None:
-        return "-"
-    return f"{rec.original_topic}/{rec.original_partition}@{rec.original_offset}"
-
-
 # --- list ------------------------------------------------------------------------------------------------
 
 
@@ -172,7 +156,7 @@ def list_command(
                 "total_in_topic": len(snap.letters),
                 "count": len(letters),
                 "dead_letters": [
-                    {**v.summary(), "replayed": _entry_json(ledger.get(v.coordinate))} for v in letters
+                    {**v.summary(), "replayed": entry_json(ledger.get(v.coordinate))} for v in letters
                 ],
             }
         )
@@ -193,16 +177,12 @@ def list_command(
             v.coordinate,
             v.key_text or "-",
             v.reason,
-            _original(v),
+            original(v),
             replayed,
-            _short(v.record.exception_message if v.record else None),
+            short(v.record.exception_message if v.record else None),
         )
     out.print(table)
     err.print(f"{len(letters)} of {len(snap.letters)} dead letter(s) in {dlt_topic}", markup=False)
-
-
-def _entry_json(entry: LedgerEntry | None) -> dict[str, Any] | None:
-    return entry.model_dump(mode="json") if entry is not None else None
 
 
 # --- inspect ---------------------------------------------------------------------------------------------
@@ -244,70 +224,13 @@ def inspect_command(
     if warning:
         err.print(f"warning: replay status unknown: {warning}", markup=False)
     if json_output:
-        emit_json([{**v.full(), "replayed": _entry_json(ledger.get(v.coordinate))} for v in letters])
+        emit_json([{**v.full(), "replayed": entry_json(ledger.get(v.coordinate))} for v in letters])
         return
     for v in letters:
-        _print_letter(v, ledger.get(v.coordinate))
-
-
-def _print_letter(v: DeadLetterView, entry: LedgerEntry | None) -> None:
-    full = v.full()
-    out.rule(f"{v.topic} {v.coordinate}")
-    facts = Table(show_header=False, box=None, pad_edge=False)
-    facts.add_column(style="bold")
-    facts.add_column(overflow="fold")
-    rec = v.record
-    rows: list[tuple[str, Any]] = [
-        ("dead-lettered", show_time(v.time)),
-        ("key", v.key_text),
-        ("reason", v.reason),
-        ("event", f"{v.event_type or '?'} id={v.event_id or '?'} source={v.event_source or '?'}"),
-        ("original", _original(v)),
-        ("original time", show_time(full["original_timestamp"])),
-        ("consumer group", rec.consumer_group if rec else None),
-        ("exception", rec.exception_fqcn if rec else None),
-        ("message", rec.exception_message if rec else None),
-        ("valid now", "yes" if full["valid_now"] else f"no: {full['validation_error_now']}"),
-        ("replayed", f"{entry.replay_id} at {show_time(entry.at)} by {entry.by} -> {entry.to_topic}"
-         if entry else "no"),
-    ]
-    previous = v.previous_replay
-    if previous is not None:
-        rows.append(("was a replay", f"{previous.replay_id} by {previous.replayed_by}"))
-    for name, value in rows:
-        facts.add_row(name, "-" if value is None else str(value))
-    out.print(facts)
-    headers = Table("header", "value", "encoding", title="headers")
-    for h in full["headers"]:
-        headers.add_row(h["name"], str(h["value"]), h["encoding"])
-    out.print(headers)
-    out.print("[bold]payload[/bold]" + (f" ({full['payload_bytes']} bytes)" if full["payload_bytes"] else ""))
-    payload = full["payload"]
-    if payload is None:
-        out.print("(null)")
-    else:
-        out.print(JSON(orjson.dumps(payload).decode()))
+        print_letter(v, ledger.get(v.coordinate))
 
 
 # --- replay ----------------------------------------------------------------------------------------------
-
-
-def _plan_table(items: list[ReplayItem], *, dry_run: bool) -> Table:
-    title = "replay plan (dry run)" if dry_run else "replay plan"
-    table = Table("time", "dlt p:o", "key", "reason", "decision", "why", "to", title=title)
-    for item in items:
-        v = item.letter
-        style = {Decision.REPLAY: "green", Decision.REFUSED: "red"}.get(item.decision, "dim")
-        table.add_row(
-            show_time(v.time),
-            v.coordinate,
-            v.key_text or "-",
-            v.reason,
-            f"[{style}]{item.decision.value}[/{style}]",
-            item.why,
-            item.target_topic,
-        )
-    return table
 
 
 @app.command("replay")
@@ -371,7 +294,7 @@ def replay_command(
                     err.print(f"dead-letter topic {dlt_topic!r} does not exist yet{_hidden(settings)}: "
                               "nothing to replay", markup=False)
                 elif items:
-                    out.print(_plan_table(items, dry_run=dry_run))
+                    out.print(plan_table(items, dry_run=dry_run))
                 else:
                     err.print(f"no dead letters match ({len(snap.letters)} in {dlt_topic})", markup=False)
             targets = {i.target_topic for i in items if i.decision is Decision.REPLAY}
@@ -409,7 +332,7 @@ def replay_command(
             }
         )
     else:
-        _print_summary(summary, outcomes)
+        print_summary(summary, outcomes)
     if summary.interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
     if summary.failed:
@@ -478,24 +401,3 @@ async def _execute(
             on_outcome=on_outcome,
             replay_key=settings.replay.key_bytes(),
         )
-
-
-def _print_summary(summary: Summary, outcomes: list[Outcome]) -> None:
-    parts = [f"{summary.selected} selected"]
-    if summary.dry_run:
-        parts.append(f"{summary.to_replay} would be replayed")
-    else:
-        parts.append(f"{summary.replayed} replayed")
-        if summary.failed:
-            parts.append(f"{summary.failed} failed")
-    parts.append(f"{summary.already_replayed} already replayed")
-    parts.append(f"{summary.refused} refused")
-    prefix = "dry run: " if summary.dry_run else ("interrupted: " if summary.interrupted else "")
-    err.print(prefix + ", ".join(parts), markup=False)
-    if summary.dry_run and summary.to_replay:
-        err.print("nothing was published; run again with --execute to replay", markup=False)
-    if summary.refused:
-        err.print("refused items need --force (see 'why')", markup=False)
-    if summary.interrupted:
-        err.print("what was replayed is recorded; rerun the same command to continue", markup=False)
-
