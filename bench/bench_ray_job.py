@@ -104,6 +104,27 @@ def engine_environment() -> dict[str, str]:
 # --- (a) plain vLLM -----------------------------------------------------------------------------
 
 
+def thread_switches(pid: int | str = "self") -> tuple[int, int] | None:
+    """Voluntary and involuntary context switches of process ``pid``, summed over its threads (Linux
+    ``/proc/<pid>/task/*/status``); None when the process is gone or unreadable."""
+    woke = preempted = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        for line in status.splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                woke += int(line.split()[1])
+            elif line.startswith("nonvoluntary_ctxt_switches:"):
+                preempted += int(line.split()[1])
+    return woke, preempted
+
+
 def plain_worker(model: str, path: str, max_model_len: int) -> None:
     """Runs in a fresh process: prints one JSON line."""
     from vllm import LLM, SamplingParams
@@ -114,15 +135,19 @@ def plain_worker(model: str, path: str, max_model_len: int) -> None:
     start_s = time.perf_counter() - t0
     convs = [line["body"]["messages"] for line in lines]
     params = SamplingParams(max_tokens=lines[0]["body"]["max_tokens"], temperature=0.0)
-    t1 = time.perf_counter()
+    switched, t1 = thread_switches(), time.perf_counter()
     outs = llm.chat(convs, params, use_tqdm=False)
     gen_s = time.perf_counter() - t1
+    after = thread_switches()
+    woke, preempted = (a - b for a, b in zip(after or (0, 0), switched or (0, 0), strict=True))
     print(
         "BENCH_RESULT "
         + json.dumps(
             {
                 "engine_start_s": start_s,
                 "generation_s": gen_s,
+                "wakeups_per_s": round(woke / gen_s),
+                "preempted_per_s": round(preempted / gen_s),
                 "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
                 "prompt_tokens": sum(len(o.prompt_token_ids or []) for o in outs),
                 "texts": {line["custom_id"]: o.outputs[0].text for line, o in zip(lines, outs, strict=True)},

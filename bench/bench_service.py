@@ -24,7 +24,9 @@ batches ran as a Ray job instead).
   stack is down, run twice: with the engine environment the service's engine has, and with vLLM's own
   CPU processes, ``VLLM_ENABLE_V1_MULTIPROCESSING=1``): output tokens / (first submit -> last
   terminal); plain: tokens / ``llm.chat`` time. Target >= 0.9x one batch and the faster plain run.
-  The cores each process of the machine used during the 4 x 128 phase are printed beside it.
+  The cores each process of the machine used during the 4 x 128 phase are printed beside it, and each
+  one's wake-ups and preemptions per second (context switches summed over its threads): an engine's
+  OpenMP threads stall at every barrier one of them is preempted at. The plain runs report their own.
 - fairness: a ``--big``-line priority-0 batch, and once it makes progress the warm runs' batch at
   priority 9: its accepted -> terminal vs the warm runs' median (the idle engine). Target <= 2x.
 
@@ -436,10 +438,12 @@ async def measure(svc: Service, args: argparse.Namespace, report: dict[str, Any]
     if "throughput" not in skip:
         texts = prompts(args.conc * args.conc_size)
         say(f"[throughput] {args.conc} x {args.conc_size} at once, warm engine ...")
-        before, began = cpu_snapshot(), time.perf_counter()
+        before, switched, began = cpu_snapshot(), switch_snapshot(), time.perf_counter()
         report["conc"] = await svc.phase("conc", [
             (texts[i * args.conc_size:(i + 1) * args.conc_size], 5) for i in range(args.conc)])
-        report["conc"]["cpu_cores"] = cpu_by_component(before, cpu_snapshot(), time.perf_counter() - began)
+        wall = time.perf_counter() - began
+        report["conc"]["cpu_cores"] = cpu_by_component(before, cpu_snapshot(), wall)
+        report["conc"]["switches"] = switches_by_component(switched, switch_snapshot(), wall)
         say(f"[throughput] 1 x {len(texts)}, warm engine ...")
         report["one"] = await svc.phase("one", [(texts, 5)])
 
@@ -473,9 +477,22 @@ async def measure(svc: Service, args: argparse.Namespace, report: dict[str, Any]
     report["routes"] = await svc.routes()
 
 
+def component(cmd: list[str]) -> str:
+    """A label for a process: a Ray worker's title (``ray::ServeReplica:...``), a Python script or module,
+    else the executable."""
+    head = cmd[0]
+    if head.startswith("ray::"):
+        return head.split(" ")[0][:60]
+    if Path(head).name.startswith("python") and len(cmd) > 1:
+        arg = cmd[2] if cmd[1] in ("-m", "-u") and len(cmd) > 2 else cmd[1]
+        return "python " + (Path(arg).name if "/" in arg else arg)[:50]
+    if Path(head).name == "java":
+        return "java (Kafka)"
+    return Path(head).name[:40]
+
+
 def cpu_snapshot() -> dict[int, tuple[str, float]]:
-    """CPU seconds (user + system) of every process of this machine, with a label for its component:
-    a Ray worker's title (``ray::ServeReplica:...``), a Python script or module, else the executable."""
+    """CPU seconds (user + system) of every process of this machine, labelled by :func:`component`."""
     import psutil
 
     out: dict[int, tuple[str, float]] = {}
@@ -483,17 +500,39 @@ def cpu_snapshot() -> dict[int, tuple[str, float]]:
         cmd, times = proc.info["cmdline"] or [proc.info["name"] or "?"], proc.info["cpu_times"]
         if times is None:
             continue
-        head = cmd[0]
-        if head.startswith("ray::"):
-            label = head.split(" ")[0][:60]
-        elif Path(head).name.startswith("python") and len(cmd) > 1:
-            arg = cmd[2] if cmd[1] in ("-m", "-u") and len(cmd) > 2 else cmd[1]
-            label = "python " + (Path(arg).name if "/" in arg else arg)[:50]
-        elif Path(head).name == "java":
-            label = "java (Kafka)"
-        else:
-            label = Path(head).name[:40]
-        out[proc.pid] = (label, times.user + times.system)
+        out[proc.pid] = (component(cmd), times.user + times.system)
+    return out
+
+
+def switch_snapshot() -> dict[int, tuple[str, int, int]]:
+    """Context switches of every process of this machine, summed over its threads: voluntary (the
+    thread slept and was woken: a wake-up) and involuntary (it was preempted while it could run)."""
+    import psutil
+
+    from bench.bench_ray_job import thread_switches
+
+    out: dict[int, tuple[str, int, int]] = {}
+    for proc in psutil.process_iter(["cmdline", "name"]):
+        switches = thread_switches(proc.pid)
+        if switches is not None:
+            out[proc.pid] = (component(proc.info["cmdline"] or [proc.info["name"] or "?"]), *switches)
+    return out
+
+
+def switches_by_component(before: dict[int, tuple[str, int, int]], after: dict[int, tuple[str, int, int]],
+                          wall_s: float, top: int = 10) -> dict[str, dict[str, int]]:
+    """Wake-ups and preemptions per second of each component between two snapshots, the most waking
+    first, and ``outside the engine``: the wake-ups of everything but engine replicas."""
+    rates: dict[str, list[float]] = {}
+    for pid, (label, woke, preempted) in after.items():
+        _, woke0, preempted0 = before.get(pid, (label, 0, 0))
+        rate = rates.setdefault(label, [0.0, 0.0])
+        rate[0] += (woke - woke0) / wall_s
+        rate[1] += (preempted - preempted0) / wall_s
+    ranked = sorted(rates.items(), key=lambda kv: -kv[1][0])[:top]
+    out = {label: {"wakeups_per_s": round(w), "preempted_per_s": round(p)} for label, (w, p) in ranked}
+    outside = sum(w for label, (w, _) in rates.items() if "llmbatch-engine" not in label)
+    out["outside the engine"] = {"wakeups_per_s": round(outside), "preempted_per_s": 0}
     return out
 
 
@@ -587,6 +626,10 @@ def show(report: dict[str, Any], args: argparse.Namespace) -> None:
     if "cpu_cores" in report.get("conc", {}):
         shares = ", ".join(f"{k} {v:.2f}" for k, v in report["conc"]["cpu_cores"].items())
         print(f"    cores used during it, by process: {shares}")
+    if "switches" in report.get("conc", {}):
+        rates = ", ".join(f"{k} {v['wakeups_per_s']} ({v['preempted_per_s']})"
+                          for k, v in report["conc"]["switches"].items())
+        print(f"    wake-ups/s (preempted/s) during it, by process: {rates}")
     line(f"1 x {args.conc * args.conc_size}, warm", "one")
     for key, label in (("plain", "plain LLM.chat, engine env"),
                        ("plain_vllm_procs", "plain, vLLM's processes")):
@@ -594,7 +637,8 @@ def show(report: dict[str, Any], args: argparse.Namespace) -> None:
             p = report[key]
             print(f"  {label:34} engine start {p['engine_start_s']:.1f} s, generation "
                   f"{p['generation_s']:.1f} s, {p['output_tokens']} tokens, {p['tokens_per_s']:.1f} tok/s; "
-                  f"load1 {p['load1']['before']:.1f} -> {p['load1']['after']:.1f}")
+                  f"load1 {p['load1']['before']:.1f} -> {p['load1']['after']:.1f}; its threads preempted "
+                  f"{p.get('preempted_per_s', '?')}/s, woken {p.get('wakeups_per_s', '?')}/s")
     if "fairness" in report:
         f = report["fairness"]
         big = f["big"]
