@@ -36,29 +36,23 @@ import time
 import urllib.request
 import uuid
 from contextlib import aclosing
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
-from rich.console import Console
-from rich.json import JSON
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from llmbatch.demo_batch import MODEL, Batch, prepare_batch
+from llmbatch.demo_report import compare, console, report
 from llmbatch.settings import LLMBatchSettings
 from llmbatch.stack import manager
 from llmbatch.stack.dispatcher_env import dispatcher_environ
-from llmbatch.stack.model import SERVED_MODEL
 from llmbatch.stack.process import StackError, free_port, log_tail, stop_tree
 from llmbatch.stack.state import StackState, default_run_dir
 
-console = Console(highlight=False)
 DATA_FILE = Path(__file__).parent / "demo_data" / "batch.jsonl"
-MODEL = SERVED_MODEL  # the name the local dispatcher serves the converted model under
-ANSWERS_SHOWN = 5
 
 
 class DemoError(Exception):
@@ -69,54 +63,7 @@ class DemoError(Exception):
         self.tail = tail
 
 
-@dataclass
-class Batch:
-    """The demo batch as prepared from the sample file."""
-
-    path: Path
-    prompts: dict[str, str]                      # custom_id -> last user message, valid lines only
-    invalid: list[str] = field(default_factory=list)  # "line N: why" per invalid line
-
-    @property
-    def total_lines(self) -> int:
-        return len(self.prompts) + len(self.invalid)
-
-
-# --- 1. the batch file -----------------------------------------------------------------------------------
-
-
-def prepare_batch(source: Path, prompts: int | None, workdir: Path) -> Batch:
-    """The sample file cut to ``prompts`` valid lines (invalid lines kept), checked with the same
-    validator the producer and the Ray job use."""
-    from schemas import Endpoint, iter_input_lines
-
-    raw = source.read_bytes().splitlines(keepends=True)
-    results = list(iter_input_lines(raw, endpoint=Endpoint.CHAT_COMPLETIONS, model=MODEL))
-    kept: list[bytes] = []
-    chosen: dict[str, str] = {}
-    invalid: list[str] = []
-    for result in results:
-        line = raw[result.line_no - 1]
-        if result.line is None:
-            kept.append(line)
-            continue
-        if prompts is not None and len(chosen) >= prompts:
-            continue
-        messages = result.line.body.get("messages") or []
-        users = [m.get("content", "") for m in messages if isinstance(m, dict) and m.get("role") == "user"]
-        chosen[result.line.custom_id] = str(users[-1]) if users else ""
-        kept.append(line)
-    target = workdir / "demo-batch.jsonl"
-    target.write_bytes(b"".join(line if line.endswith(b"\n") else line + b"\n" for line in kept))
-    # line numbers as the job will report them: re-validate the file actually sent
-    sent = target.read_bytes().splitlines(keepends=True)
-    for result in iter_input_lines(sent, endpoint=Endpoint.CHAT_COMPLETIONS, model=MODEL):
-        if result.error is not None:
-            invalid.append(str(result.error))
-    return Batch(target, chosen, invalid)
-
-
-# --- 2. the dispatcher ------------------------------------------------------------------------------------
+# --- the dispatcher --------------------------------------------------------------------------------------
 
 
 def dispatcher_env(state: StackState, model_path: Path, metrics_port: int) -> dict[str, str]:
@@ -183,10 +130,6 @@ class DispatcherProcess:
 
 
 # --- 3-5. submit, follow, report -------------------------------------------------------------------------
-
-
-def _seconds(delta: timedelta | None) -> float | None:
-    return round(delta.total_seconds(), 2) if delta is not None else None
 
 
 async def submit(client: Any, batch: Batch, batch_id: str) -> Any:
@@ -269,107 +212,6 @@ async def follow(client: Any, batch_id: str, since: Any, proc: DispatcherProcess
         return next(iter(done)).result()
 
 
-def _answer_text(line: Any) -> str:
-    body: dict[str, Any] = line.response.body if line.response is not None else {}
-    try:
-        return str(body["choices"][0]["message"]["content"]).strip()
-    except (KeyError, IndexError, TypeError):
-        return orjson.dumps(body).decode()[:200]
-
-
-def show_results(batch: Batch, data: Any, answers: dict[str, str],
-                 errors: dict[str, dict[str, str]]) -> None:
-    """Where the results are, a few answers, and the error lines."""
-    console.rule("[bold]results")
-    locations = Table(show_header=False, box=None)
-    for uri in data.output_uris:
-        locations.add_row("output", uri)
-    for uri in data.error_uris:
-        locations.add_row("errors", uri)
-    if data.manifest_uri:
-        locations.add_row("manifest", data.manifest_uri)
-    console.print(locations)
-    shown = Table("custom_id", "prompt", "answer", title=f"{min(ANSWERS_SHOWN, len(answers))} of "
-                  f"{len(answers)} answers", show_lines=True)
-    for custom_id, text in list(answers.items())[:ANSWERS_SHOWN]:
-        shown.add_row(custom_id, batch.prompts.get(custom_id, ""), text[:300])
-    console.print(shown)
-    if errors:
-        failed = Table("custom_id", "error code", "message", title="error file (isolated bad lines)")
-        for custom_id, error in errors.items():
-            failed.add_row(custom_id, error["code"], error["message"][:160])
-        console.print(failed)
-
-
-async def report(client: Any, batch: Batch, terminal: Any, *, show: bool = True) -> dict[str, Any]:
-    """Print what the batch produced (the figures only unless ``show``); return the same as a dict
-    (``--summary-json``)."""
-    data = terminal.data
-    console.rule("[bold]completion event")
-    console.print(f"type {terminal.type.value}  ce_id {terminal.id}", markup=False)
-    if show:
-        console.print(JSON(data.model_dump_json()))
-    answers: dict[str, str] = {}
-    errors: dict[str, dict[str, str]] = {}
-    async for line in client.iter_results(terminal):
-        answers[line.custom_id] = _answer_text(line)
-    async for line in client.iter_results(terminal, errors=True):
-        errors[line.custom_id] = {"code": line.error.code if line.error else "error",
-                                  "message": line.error.message if line.error else ""}
-    manifest = None
-    with contextlib.suppress(Exception):  # the event has everything that matters; timings are a bonus
-        manifest = await client.manifest(data.batch_id, tenant=data.tenant)
-
-    if show:
-        show_results(batch, data, answers, errors)
-    counts, usage = data.request_counts, data.usage
-    engine_start = manifest.timings.engine_start_s if manifest is not None else None
-    generation = manifest.timings.generation_s if manifest is not None else None
-    timings = {
-        "queue_wait_s": _seconds(data.started_at - data.accepted_at) if data.started_at else None,
-        "engine_start_s": round(engine_start, 2) if engine_start is not None else None,
-        "generation_s": round(generation, 2) if generation is not None else None,
-        "generation_tok_per_s": round(usage.completion_tokens / generation, 1) if generation else None,
-        "accepted_to_finished_s": _seconds(data.finished_at - data.accepted_at),
-    }
-    figures = Table(show_header=False, box=None)
-    figures.add_row("status", f"[bold]{data.status}[/bold]")
-    figures.add_row("requests", f"{counts.total} total: {counts.completed} completed, {counts.failed} failed")
-    figures.add_row("tokens", f"{usage.prompt_tokens} prompt, {usage.completion_tokens} completion")
-    figures.add_row("queue wait", _fmt_s(timings["queue_wait_s"]) + " (accepted -> attempt started)")
-    figures.add_row("engine start", _fmt_s(timings["engine_start_s"]) + " (waited for an engine: vLLM load + "
-                    "warm-up when it was cold)")
-    rate = timings["generation_tok_per_s"]
-    figures.add_row("generation", _fmt_s(timings["generation_s"])
-                    + (f" = [bold]{rate} tokens/s[/bold]" if rate else ""))
-    figures.add_row("end to end", _fmt_s(timings["accepted_to_finished_s"]) + " (accepted -> finished)")
-    figures.add_row("attempts", f"{data.attempts} ({data.ray_submission_id})")
-    if data.error is not None:
-        first = data.error.message.strip().splitlines()[0] if data.error.message.strip() else ""
-        figures.add_row("error", f"[red]{escape(data.error.code)}[/red]: {escape(first[:200])}")
-    console.print(figures)
-    return {
-        "batch_id": data.batch_id,
-        "status": str(data.status),
-        "event_id": terminal.id,
-        "event_type": terminal.type.value,
-        "request_counts": counts.model_dump(),
-        "usage": usage.model_dump(),
-        "output_uris": list(data.output_uris),
-        "error_uris": list(data.error_uris),
-        "manifest_uri": data.manifest_uri,
-        "timings": timings,
-        "answers": answers,
-        "errors": errors,
-        "prompts": batch.prompts,
-        "invalid_lines": batch.invalid,
-    }
-
-
-def _fmt_s(value: Any) -> str:
-    return f"{value:.1f} s" if isinstance(value, int | float) else "-"
-
-
 async def run_batch(settings: LLMBatchSettings, batch: Batch, proc: DispatcherProcess, limit_s: float,
                     *, label: str = "", show: bool = True) -> dict[str, Any]:
     from producer import BatchClient, ensure_topics
@@ -385,16 +227,6 @@ async def run_batch(settings: LLMBatchSettings, batch: Batch, proc: DispatcherPr
         terminal = await follow(client, batch_id, started, proc, limit_s)
         summary = await report(client, batch, terminal, show=show)
     return summary
-
-
-def compare(cold: dict[str, Any], warm: dict[str, Any]) -> None:
-    """The same batch twice: the first started the engine, the second found it warm."""
-    table = Table("run", "status", "end to end", "engine wait", "generation", title="cold vs warm engine")
-    for name, run in (("cold (engine starts)", cold), ("warm (engine running)", warm)):
-        t = run["timings"]
-        table.add_row(name, run["status"], _fmt_s(t["accepted_to_finished_s"]), _fmt_s(t["engine_start_s"]),
-                      _fmt_s(t["generation_s"]))
-    console.print(table)
 
 
 # --- main --------------------------------------------------------------------------------------------------

@@ -27,7 +27,8 @@ TRANSPORT_MODULES = {"dispatcher.store", "dispatcher.consumer", "dispatcher.publ
 PURE_DOMAIN = ["dispatcher.states", "dispatcher.retry", "dispatcher.scheduler", "dispatcher.intake",
                "dispatcher.dlt", "dispatcher.events", "dispatcher.jobspec", "dispatcher.batch_record",
                "dispatcher.keys", "dispatcher.coalesce", "dispatcher.request_body"]
-TOP = {"llmbatch.cli", "llmbatch.demo", "llmbatch.__main__", "dispatcher.__main__", "api.__main__"}
+TOP = {"llmbatch.cli", "llmbatch.demo", "llmbatch.demo_batch", "llmbatch.demo_report",
+       "llmbatch.__main__", "dispatcher.__main__", "api.__main__"}
 
 
 def _name(path: Path) -> str:
