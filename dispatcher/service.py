@@ -14,11 +14,12 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dispatcher import logs
 from dispatcher.backend import JobBackend
 from dispatcher.consumer import RequestConsumer
+from dispatcher.engine_keeper import EngineKeeper
 from dispatcher.errors import DispatcherError, InvalidSettings
 from dispatcher.http import HealthServer
 from dispatcher.input_sizes import InputSizes
@@ -35,9 +36,6 @@ if TYPE_CHECKING:
     from dispatcher.runner_backend import RunnerClient
 
 log = logging.getLogger(__name__)
-
-ENGINE_POLL_S = 15.0  # how often the tracker leader refreshes llmbatch_engine_* (Ray exports every ~10 s)
-
 
 def crash_hook(points: list[str]) -> Callable[[str], None]:
     """Test hook: SIGKILL this very process when it reaches one of ``points`` (kill -9 semantics)."""
@@ -114,6 +112,8 @@ class Dispatcher:
         self.reconciler = Reconciler(
             settings, self.store, self.consumer.rules, self.metrics, reader=self.tracker.bodies.reader
         )
+        self._stop = asyncio.Event()
+        self.engines = EngineKeeper(settings, self.tracker, self.metrics, self._stop)
         self.health: HealthServer | None = None
         if opts.metrics_port is not None:
             self.health = HealthServer(
@@ -123,7 +123,6 @@ class Dispatcher:
                 host=opts.metrics_host,
                 port=opts.metrics_port,
             )
-        self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
         self._stalled: list[str] = []
@@ -198,38 +197,20 @@ class Dispatcher:
         await self._check_durability()
         deployed_on: str | None = None
         if opts.shared_engines and opts.deploy_engines:
-            deployed_on = await self._deploy_engines_at_start()
+            deployed_on = await self.engines.deploy_at_start()
         self._tasks = [
             asyncio.create_task(self.consumer.run(), name="consumer"),
             asyncio.create_task(self.tracker.run(), name="tracker"),
         ]
         if self.runner is not None:
-            self._tasks.append(asyncio.create_task(self._watch_engines(self.runner), name="engine-metrics"))
+            self._tasks.append(asyncio.create_task(self.engines.watch(self.runner), name="engine-metrics"))
         if opts.shared_engines and opts.deploy_engines:
-            keep = self._keep_engines_deployed(deployed_on)
+            keep = self.engines.keep_deployed(deployed_on)
             self._tasks.append(asyncio.create_task(keep, name="engine-deploy"))
         if opts.reconcile_interval_s > 0:
             self._tasks.append(asyncio.create_task(self._reconcile(), name="reconcile"))
         self._started = True
         log.info("dispatcher started")
-
-    async def _watch_engines(self, runner: RunnerClient) -> None:
-        """Export the shared engines' figures (``llmbatch_engine_*``) while this replica leads the
-        tracker (one exporter, so sums over dispatcher pods stay right); clear them otherwise. The
-        replicas per model also size the tracker's admission (unknown: the registry's minimum)."""
-        while not self._stop.is_set():
-            figures: dict[str, dict[str, Any]] = {}
-            if self.tracker.is_leader:
-                try:
-                    figures = await runner.engines()
-                except DispatcherError as exc:  # the tracker reports Ray's outages; no line per poll
-                    log.debug("engine figures unavailable: %s", exc)
-            self.metrics.set_engines(figures)
-            self.tracker.engine_replicas = {
-                model: f["replicas"] for model, f in figures.items() if isinstance(f.get("replicas"), int)
-            }
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), ENGINE_POLL_S)
 
     async def _check_durability(self) -> None:
         """Say once when Redis may lose acknowledged intakes in a crash (see dispatcher.reconcile)."""
@@ -260,73 +241,6 @@ class Dispatcher:
             was_leader = leader
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), 5.0)
-
-    async def _deploy_engines_at_start(self) -> str | None:
-        """Deploy the engines; returns the Serve instance they went to (its controller's id), ``None``
-        if Ray does not answer. A config Serve refuses stops the start; Ray not answering does not:
-        intake goes on, and :meth:`_keep_engines_deployed` deploys once Ray is back."""
-        try:
-            return await self._deploy_engines()
-        except DispatcherError as exc:
-            if not exc.retriable:
-                raise
-            log.warning("engines not deployed: Ray does not answer; deploying them once it does",
-                        extra={"error": str(exc)})
-            return None
-
-    async def _keep_engines_deployed(self, deployed_on: str | None) -> None:
-        """Deploy the engines once Ray answers, if the start could not (``deployed_on`` None); then,
-        on the tracker leader, again whenever Serve has lost all of them: a Ray head restarted without
-        GCS fault tolerance comes back with no applications (a new Serve instance), and the batches
-        waiting for an engine would otherwise fail with engine_unavailable."""
-        from dispatcher.engines import config_lost
-        from dispatcher.serve_api import ServeApi
-
-        api = ServeApi.of(self.settings.ray)
-        refused, failing = "", False
-        while not self._stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), ENGINE_POLL_S)
-            if self._stop.is_set() or (deployed_on is not None and not self.tracker.is_leader):
-                continue
-            try:
-                if deployed_on is not None and config_lost(self._engines_config(), await api.status(),
-                                                           deployed_on):
-                    log.warning("Ray Serve has none of the engines (a Ray head restart?): deploying "
-                                "them again")
-                    deployed_on = None
-                if deployed_on is None:
-                    deployed_on = await self._deploy_engines()
-                refused, failing = "", False
-            except DispatcherError as exc:
-                if exc.retriable and deployed_on is None and not failing:  # once per streak of failures
-                    failing = True
-                    log.warning("engines still not deployed; trying again every %.0f s", ENGINE_POLL_S,
-                                extra={"error": str(exc)})
-                elif exc.retriable:  # the tracker reports Ray's outages; no line per poll
-                    log.debug("engine deployment check failed: %s", exc)
-                elif str(exc) != refused:  # said once per refusal
-                    refused = str(exc)
-                    log.error("Ray Serve refused the engines' config", extra={"error": refused})
-            except Exception:  # a bug here must not end the loop: the engines would never be deployed
-                log.exception("engine deployment check failed unexpectedly; the next poll tries again")
-
-    def _engines_config(self) -> dict[str, Any]:
-        from dispatcher.engines import cluster_serve_config
-
-        return cluster_serve_config(self.settings)
-
-    async def _deploy_engines(self) -> str:
-        """Apply the registry to the cluster's Serve config (idempotent: unchanged apps keep running);
-        returns the Serve instance it went to (its controller's actor id, "" if Serve does not say)."""
-        from dispatcher.engines import serve_controller
-        from dispatcher.serve_api import ServeApi
-
-        config = self._engines_config()
-        api = ServeApi.of(self.settings.ray)
-        await api.deploy(config)
-        log.info("engines deployed", extra={"applications": [a["name"] for a in config["applications"]]})
-        return serve_controller(await api.status()) or ""
 
     async def _ensure_topics(self) -> None:
         from producer.topics import ensure_topics
