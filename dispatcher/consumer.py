@@ -3,10 +3,10 @@
 For each fetched batch of records the consumer
 
 1. classifies every record (:func:`dispatcher.intake.classify`, pure): accept, cancel or reject;
-2. applies them in record order, in segments (a cancel ends a segment): intake scripts pipelined
-   into Redis, then the ``accepted`` events and dead letters, awaited until the broker acknowledged,
-   then the ``rejected`` answers to every request that was not accepted and names a batch id
-   (:mod:`dispatcher.answers`: invalid, a batch id in use, or given up on);
+2. applies them in record order, in segments (a cancel ends a segment; :mod:`dispatcher.intake_apply`):
+   intake scripts pipelined into Redis, then the ``accepted`` events and dead letters, awaited until
+   the broker acknowledged, then the ``rejected`` answers to every request that was not accepted and
+   names a batch id (:mod:`dispatcher.answers`: invalid, a batch id in use, or given up on);
 3. commits the offsets of what is done.
 
 A transient failure (Redis, broker) retries the same segment with backoff, without limit; everything
@@ -27,29 +27,26 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from dispatcher import logs
-from dispatcher.answers import duplicate_answer, failure_answer, rejection_answer
-from dispatcher.batch_record import BatchRecord
+from dispatcher.answers import failure_answer
 from dispatcher.cancel import apply_cancel
 from dispatcher.cancel_scan import CancelScanner
 from dispatcher.dlt import OriginalRecord
 from dispatcher.errors import BrokerUnavailable, DispatcherError, classify, classify_kafka_start
-from dispatcher.events import build_accepted
-from dispatcher.intake import Accept, Cancel, Command, IntakeRules, Reject, intake_rules
+from dispatcher.intake import Accept, Cancel, Command, IntakeRules, intake_rules
 from dispatcher.intake import classify as classify_record
+from dispatcher.intake_apply import IntakeApplier
 from dispatcher.metrics import Metrics
-from dispatcher.publisher import EventProducer, SendFuture, gather_sends
+from dispatcher.publisher import EventProducer
 from dispatcher.record_retry import Abandoned, GaveUp, RecordRetry, describe
 from dispatcher.retry import Backoff
 from dispatcher.scheduler import Backpressure
 from dispatcher.settings import DispatcherSettings
-from dispatcher.states import State
 from dispatcher.store import StateStore
 from schemas.cloudevents import peek_type
 
@@ -91,6 +88,8 @@ class RequestConsumer:
         self.clock = clock
         self.rules: IntakeRules = intake_rules(settings)
         self.cancel_scanner = CancelScanner(settings, store, self.rules, metrics, clock=clock)
+        self.applier = IntakeApplier(store, producer, metrics, results_topic=settings.kafka.topics.results,
+                                     source=self.opts.source, clock=clock, crash=crash)
         self._scan_at = 0.0
         self.backoff: Backoff = self.opts.io_backoff
         self.backpressure = Backpressure(self.opts.max_queued, self.opts.resume_ratio)
@@ -319,7 +318,7 @@ class RequestConsumer:
         try:
             await self.retry.run(
                 "intake",
-                lambda: self._apply_intake(commands),
+                lambda: self._apply(commands),
                 epoch,
                 max_attempts=self.opts.record_max_attempts if single else 1,
             )
@@ -341,6 +340,12 @@ class RequestConsumer:
         for command in commands:
             if isinstance(command, Accept):
                 histogram.observe(latency)
+
+    async def _apply(self, commands: Sequence[Command]) -> None:
+        accepted = await self.applier.apply(commands)
+        self.accepted_total += accepted
+        if accepted and self.on_accepted is not None:
+            self.on_accepted()
 
     async def _give_up(self, entry: Entry, failed: GaveUp, epoch: int) -> None:
         command = entry[2]
@@ -369,114 +374,6 @@ class RequestConsumer:
                 )
             except GaveUp as lost:
                 log.error("the rejected request could not be answered", extra={"error": describe(lost.error)})
-
-    async def _apply_intake(self, commands: Sequence[Command]) -> None:
-        accepts = [c for c in commands if isinstance(c, Accept)]
-        rejects = [c for c in commands if isinstance(c, Reject)]
-        seen = await self.store.markers_exist([r.marker for r in rejects])
-        fresh = [r for r, exists in zip(rejects, seen, strict=True) if not exists]
-        self.metrics.processed.labels(outcome="duplicate_rejected").inc(len(rejects) - len(fresh))
-        # what stands behind each rejected id, read before anything is written: the answers say it
-        named = [r.key for r in fresh if r.key is not None]
-        named_states = dict(zip(named, await self.store.states_many(named), strict=True))
-        behind = [named_states.get(r.key) if r.key is not None else None for r in fresh]
-        results = await self.store.intake_many([a.item for a in accepts])
-        self.crash("after_accept")
-        sends: list[SendFuture] = []
-        outcomes: Counter[str] = Counter()
-        results_topic = self.settings.kafka.topics.results
-        # a redelivered request whose batch has not ended: its 'accepted' may never have gone out (a
-        # crash between the intake and the publish); send it again, as stored (the original time)
-        again = [
-            a.item.key
-            for a, r in zip(accepts, results, strict=True)
-            if r.outcome == "dup_event" and r.state is not None and not r.state.is_terminal
-        ]
-        stored = {r.key: r for r in await self.store.get_many(again) if r is not None} if again else {}
-        for accept, result in zip(accepts, results, strict=True):
-            with logs.bind(batch_id=accept.request.batch_id, tenant=accept.request.tenant,
-                           trace_id=logs.trace_id_of(accept.traceparent)):
-                record: BatchRecord | None = stored.get(accept.item.key)
-                if result.is_new:
-                    record = BatchRecord(
-                        accept.item.key,
-                        State.QUEUED,
-                        result.version,
-                        {
-                            **accept.item.fields,
-                            "generation": str(result.generation),
-                            "deadline": repr(accept.item.deadline or 0.0),
-                            "replay_id": accept.item.replay_id or "",
-                        },
-                    )
-                if record is not None:  # the same stable id each time: consumers drop the copies
-                    sends.append(
-                        await self.producer.send_event(
-                            results_topic, build_accepted(record, source=self.opts.source)
-                        )
-                    )
-                if result.outcome == "duplicate":
-                    sends.append(
-                        await self.producer.send_event(
-                            results_topic,
-                            duplicate_answer(accept, result, source=self.opts.source, now=self.clock()),
-                        )
-                    )
-                if result.is_new:
-                    log.info(
-                        "batch accepted",
-                        extra={
-                            "outcome": result.outcome,
-                            "generation": result.generation,
-                            "priority": accept.request.priority,
-                        },
-                    )
-                else:
-                    log.info(
-                        "duplicate request ignored",
-                        extra={
-                            "outcome": result.outcome,
-                            "state": result.state.value if result.state else None,
-                        },
-                    )
-                outcomes[result.outcome if not result.is_new else "accepted"] += 1
-        letters = [await self.producer.send_dead_letter(r.dead_letter) for r in fresh]
-        for reject in fresh:
-            log.warning(
-                "record dead-lettered",
-                extra={
-                    "reason": reject.dead_letter.reason,
-                    "error": str(reject.error)[:500],
-                    "topic": reject.origin.topic,
-                    "partition": reject.origin.partition,
-                    "offset": reject.origin.offset,
-                    "batch_id": reject.batch_id,
-                },
-            )
-            self.metrics.processed.labels(outcome="dead_lettered").inc()
-        for outcome, count in outcomes.items():
-            self.metrics.processed.labels(outcome=outcome).inc(count)
-        written = (await gather_sends(sends + letters))[len(sends) :]
-        answers: list[SendFuture] = []
-        for reject, meta, state in zip(fresh, written, behind, strict=True):
-            if reject.batch_id is not None:  # the answer names where its dead letter is
-                answer = rejection_answer(reject, meta, state, source=self.opts.source, now=self.clock())
-                answers.append(await self.producer.send_event(results_topic, answer))
-        await gather_sends(answers)
-        if fresh:
-            try:
-                await self.store.intake_many([r.item for r in fresh if r.item is not None])
-                await self.store.set_markers([r.marker for r in fresh])
-            except DispatcherError as exc:
-                if exc.retriable:
-                    raise
-                # the dead letters and answers are written: a retry would only write them again
-                log.warning("dead-lettered records not recorded in Redis", extra={"error": str(exc)})
-        accepted = sum(1 for r in results if r.is_new)
-        self.accepted_total += accepted
-        if accepted and self.on_accepted is not None:
-            self.on_accepted()
-
 
 def _batch_id_of(command: Command) -> str | None:
     if isinstance(command, Accept):

@@ -23,7 +23,8 @@ TRANSPORT_LIBS = {"redis", "aiokafka", "ray", "httpx", "minio", "vllm", "fastapi
                   "urllib3", "boto3", "s3fs"}
 TRANSPORT_MODULES = {"dispatcher.store", "dispatcher.consumer", "dispatcher.publisher",
                      "dispatcher.ray_backend", "dispatcher.results", "dispatcher.runner_backend",
-                     "dispatcher.record_reader", "dispatcher.service", "dispatcher.http"}
+                     "dispatcher.record_reader", "dispatcher.service", "dispatcher.http",
+                     "dispatcher.intake_apply", "dispatcher.engine_keeper"}
 PURE_DOMAIN = ["dispatcher.states", "dispatcher.retry", "dispatcher.scheduler", "dispatcher.intake",
                "dispatcher.dlt", "dispatcher.events", "dispatcher.jobspec", "dispatcher.batch_record",
                "dispatcher.keys", "dispatcher.coalesce", "dispatcher.request_body"]
