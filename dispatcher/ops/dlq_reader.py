@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from dispatcher.intake import claimed_tenant
+from dispatcher.intake_checks import claimed_tenant
 from dispatcher.keys import BatchKey, batch_key
 from dispatcher.ops.common import CONNECT_TIMEOUT_S, OpsError
 from llmbatch.settings import KafkaSettings

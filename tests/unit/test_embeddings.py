@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dispatcher.intake import check_served
+from dispatcher.intake_checks import check_served
 from ray_job import rows
 from ray_job.engine import EngineStage
 from ray_job.formatting import embedding_body, encode_embedding

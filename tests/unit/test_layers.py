@@ -26,6 +26,7 @@ TRANSPORT_MODULES = {"dispatcher.store", "dispatcher.consumer", "dispatcher.publ
                      "dispatcher.record_reader", "dispatcher.service", "dispatcher.http",
                      "dispatcher.intake_apply", "dispatcher.engine_keeper"}
 PURE_DOMAIN = ["dispatcher.states", "dispatcher.retry", "dispatcher.scheduler", "dispatcher.intake",
+               "dispatcher.intake_checks",
                "dispatcher.dlt", "dispatcher.events", "dispatcher.jobspec", "dispatcher.batch_record",
                "dispatcher.keys", "dispatcher.coalesce", "dispatcher.request_body"]
 TOP = {"llmbatch.cli", "llmbatch.demo", "llmbatch.demo_batch", "llmbatch.demo_report",
