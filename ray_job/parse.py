@@ -1,6 +1,6 @@
 """Input lines -> pipeline rows: validate each line, turn bad ones into error lines, skip done ones.
 
-Validation is :func:`schemas.openai.iter_input_lines` (the same rules the producer checks before
+Validation is :func:`schemas.input_lines.iter_input_lines` (the same rules the producer checks before
 upload): invalid JSON, missing/duplicate ``custom_id``, wrong ``method``/``url``, bad body fields.
 Every non-blank line yields exactly one result line in the batch's output, except lines an earlier
 attempt already finished (:class:`DoneKeys`), which are skipped.
@@ -18,8 +18,8 @@ from ray_job.errors import UNREADABLE_CUSTOM_ID, RequestFailure
 from ray_job.formatting import error_line
 from schemas.common import Endpoint
 from schemas.custom_ids import MEMORY_LIMIT, CustomIdIndex
+from schemas.input_lines import iter_input_lines
 from schemas.lines import count_lines
-from schemas.openai import iter_input_lines
 
 
 class DoneKeys:

@@ -4,7 +4,9 @@ Imports only pydantic, orjson and the standard library (it ships to Ray workers)
 
 - :mod:`schemas.errors` - :class:`SchemaError` (the one error type, with ``reason``/``field``).
 - :mod:`schemas.common` - constrained ids, names, URIs, :class:`Endpoint`, :class:`BatchStatus`.
-- :mod:`schemas.openai` - OpenAI batch input/output lines, typed bodies, the per-line parser.
+- :mod:`schemas.openai` - OpenAI batch input/output lines, request counts, usage.
+- :mod:`schemas.request_bodies` - the typed request bodies per endpoint and their limits.
+- :mod:`schemas.input_lines` - the per-line parser and the streaming file check.
 - :mod:`schemas.batch` - :class:`BatchRequest`, :class:`CancelRequest`, acceptance checks.
 - :mod:`schemas.events` - event types, result event data models, the type registry.
 - :mod:`schemas.cloudevents` - the CloudEvents binary-mode Kafka codec.
@@ -59,6 +61,7 @@ from schemas.events import (
     TerminalEventData,
     event_type_for,
 )
+from schemas.input_lines import InputReport, LineResult, check_input_lines, iter_input_lines, parse_input_line
 from schemas.job import (
     MANIFEST_NAME,
     AttemptRecord,
@@ -76,19 +79,12 @@ from schemas.job import (
 from schemas.openai import (
     BatchInputLine,
     BatchOutputLine,
-    ChatCompletionBody,
-    ChatMessage,
-    CompletionBody,
     ErrorObject,
-    InputReport,
-    LineResult,
     RequestCounts,
     ResponseObject,
     Usage,
-    check_input_lines,
-    iter_input_lines,
-    parse_input_line,
 )
+from schemas.request_bodies import ChatCompletionBody, ChatMessage, CompletionBody
 
 __all__ = [
     "DEFAULT_COMPLETION_WINDOW",

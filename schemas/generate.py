@@ -48,13 +48,8 @@ from schemas.dlt import (
 )
 from schemas.events import EVENT_DATA_MODELS, REQUEST_EVENT_TYPES, EventType
 from schemas.job import JobSpec, Manifest
-from schemas.openai import (
-    BatchInputLine,
-    BatchOutputLine,
-    ChatCompletionBody,
-    CompletionBody,
-    EmbeddingBody,
-)
+from schemas.openai import BatchInputLine, BatchOutputLine
+from schemas.request_bodies import ChatCompletionBody, CompletionBody, EmbeddingBody
 
 CONTRACT_VERSION = "1.0.0"
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"

@@ -3,7 +3,7 @@
 Input files come from upstream services and may be hostile or broken: 2 GB without a newline, one
 line with a 300 MB prompt. :func:`split_lines` holds at most ``max_line_bytes + 1`` bytes of a line:
 a longer line is yielded cut to that length (the caller sees it is too long by its length alone and
-answers it with a ``line_too_large`` error, see :func:`schemas.openai.parse_input_line`) and the rest
+answers it with a ``line_too_large`` error, see :func:`schemas.input_lines.parse_input_line`) and the rest
 of it is skipped up to the next newline. Work is linear in the input (no ``tail + chunk`` copies).
 :func:`count_lines` counts non-blank lines holding no line at all.
 """

@@ -21,8 +21,10 @@ from ray_job.prompts import WhitespaceTokenizer, build_rows
 from ray_job.records import Generation
 from schemas.common import Endpoint
 from schemas.errors import Reason, SchemaError
+from schemas.input_lines import parse_input_line
 from schemas.job import EngineConfig
-from schemas.openai import MAX_EMBEDDING_INPUTS, BatchOutputLine, parse_input_line
+from schemas.openai import BatchOutputLine
+from schemas.request_bodies import MAX_EMBEDDING_INPUTS
 from tests.support.dispatcher_kit import batch_request
 
 pytestmark = pytest.mark.unit
