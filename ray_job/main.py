@@ -19,21 +19,14 @@ from datetime import datetime
 from types import FrameType
 from typing import Any
 
-import orjson
 from pyarrow import fs as pafs
 
 from ray_job import manifest, pipeline, resume, rows, s3, s3_session
 from ray_job import spec as spec_loader
-from ray_job.errors import (
-    EngineDeadError,
-    EngineUnavailableError,
-    ExitCode,
-    InputNotFoundError,
-    JobError,
-    SupersededError,
-)
+from ray_job.errors import EngineUnavailableError, ExitCode, InputNotFoundError, JobError, SupersededError
 from ray_job.manifest import Status
 from ray_job.memory import MemoryPeak, mib, read_memory
+from ray_job.outcome import SUPERSEDED, emit_result, failure_code, failure_result, settle, stop_error
 from ray_job.parse import count_request_lines
 from ray_job.progress import Counters, Progress
 from ray_job.reservation import Reservation, bundle_of
@@ -42,19 +35,12 @@ from schemas.common import BatchStatus, utcnow
 from schemas.job import MANIFEST_NAME, AttemptRecord, JobSpec, Manifest, S3Session
 from schemas.openai import ErrorObject, Usage
 
-RESULT_PREFIX = "LLMBATCH_RESULT "
 log = logging.getLogger("ray_job")
 
 
 class StopRequested(BaseException):
     """SIGTERM/SIGINT or the deadline: stop, keep what finished (a BaseException so no
     ``except Exception`` on the way swallows it)."""
-
-
-def emit_result(result: dict[str, Any]) -> None:
-    """Print the machine-readable last line the dispatcher parses from the job logs."""
-    sys.stdout.write(RESULT_PREFIX + orjson.dumps(result).decode() + "\n")
-    sys.stdout.flush()
 
 
 class SeenLines:
@@ -270,16 +256,11 @@ class Attempt:
             completion_tokens=self.prior.completion_tokens
             + sum(w.completion_tokens for w in self.writers.values()),
         )
-        if not intact and status == "completed":
-            status = "partial"
         out_lines = sum(i.lines for i in self.writers["output"].shards) if "output" in self.writers else 0
         err_lines = sum(i.lines for i in self.writers["error"].shards) if "error" in self.writers else 0
-        nothing_valid = not self.prior.shards and out_lines == 0 and err_lines == self.invalid_lines
-        if status == "completed" and nothing_valid:
-            status = "failed"  # no valid request at all: the batch fails, as OpenAI's does
-            error = ErrorObject(code="input_invalid", message=(
-                f"none of the {err_lines} input lines is a valid request: the error file names each "
-                "line's problem" if err_lines else "the input has no request lines (empty file)"))
+        status, error = settle(status, error, intact=intact, resumed=bool(self.prior.shards),
+                               output_lines=out_lines, error_lines=err_lines,
+                               invalid_lines=self.invalid_lines)
         record = AttemptRecord(
             attempt=self.spec.attempt,
             submission_id=self.spec.submission_id,
@@ -399,42 +380,6 @@ class Attempt:
     def _close_progress(self) -> None:
         if self.progress is not None:
             self.progress.close()
-
-
-SUPERSEDED = "superseded"
-"""The stop reason of an attempt that found a later one running (or the batch ended)."""
-
-
-def stop_error(reason: str) -> ErrorObject:
-    """The error of an attempt stopped early for ``reason`` (deadline, superseded, a signal's name)."""
-    if reason == SUPERSEDED:
-        return ErrorObject(code=SupersededError.code, message="a later attempt of the batch started "
-                           "or the batch ended: this attempt stopped")
-    code_name = "deadline_exceeded" if reason == "deadline" else "stopped"
-    return ErrorObject(code=code_name, message=f"the attempt was stopped early ({reason})")
-
-
-def failure_code(exc: BaseException) -> str:
-    """A machine-readable code for an exception that ended the attempt."""
-    if isinstance(exc, JobError):
-        return exc.code
-    if "EngineDeadError" in str(exc):  # raised in an engine actor, wrapped by Ray
-        return EngineDeadError.code
-    if "EngineUnavailableError" in str(exc):
-        return EngineUnavailableError.code
-    return "job_failed"
-
-
-def failure_result(spec: JobSpec | None, code: int, error_code: str, message: str) -> dict[str, Any]:
-    """The result line of an attempt that could not run at all."""
-    return {
-        "batch_id": spec.batch_id if spec else None,
-        "attempt": spec.attempt if spec else None,
-        "status": "failed",
-        "exit_code": code,
-        "error": {"code": error_code, "message": message[:4000]},
-        "manifest_uri": spec.manifest_uri if spec else None,
-    }
 
 
 def setup_logging() -> None:

@@ -46,8 +46,9 @@ from ray_job import node_secrets, rows
 from ray_job.engine import Engine, EngineStage
 from ray_job.engine_stats import summarize_metrics
 from ray_job.errors import ExitCode
-from ray_job.main import SUPERSEDED, Attempt, StopRequested
+from ray_job.main import Attempt, StopRequested
 from ray_job.memory import MemoryPeak
+from ray_job.outcome import SUPERSEDED
 from ray_job.pipeline import source_of
 from ray_job.prompts import HFTokenizer, Tokenizer, WhitespaceTokenizer, build_rows
 from ray_job.reader import iter_blocks

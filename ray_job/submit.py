@@ -34,9 +34,9 @@ import orjson
 
 import ray_job
 import schemas
+from ray_job.outcome import RESULT_PREFIX
 from schemas.job import POOL_SHARE, JobSpec
 
-RESULT_PREFIX = "LLMBATCH_RESULT "
 MAX_ENTRYPOINT_CHARS = 100_000
 """Linux limits one argument to 128 KiB; bigger specs go through ``--spec-uri``."""
 STOP_WAIT_S = 15

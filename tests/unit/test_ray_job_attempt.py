@@ -11,6 +11,7 @@ from pyarrow import fs as pafs
 
 from ray_job import main as job_main
 from ray_job.errors import ExitCode
+from ray_job.outcome import RESULT_PREFIX
 from schemas.common import utcnow
 from schemas.job import JobSpec
 
@@ -37,8 +38,8 @@ def attempt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
         monkeypatch.setattr(att, "_run_pipeline", lambda _input: pipeline(att))
         monkeypatch.setattr(att, "_install_stop", lambda: None)
         code = att.run()
-        line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(job_main.RESULT_PREFIX)]
-        return code, orjson.loads(line[-1][len(job_main.RESULT_PREFIX):])
+        line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(RESULT_PREFIX)]
+        return code, orjson.loads(line[-1][len(RESULT_PREFIX):])
 
     return run
 

@@ -10,7 +10,7 @@ import pytest
 
 from ray_job import pipeline
 from ray_job.errors import ClusterBusyError, ExitCode, JobError
-from ray_job.main import failure_code
+from ray_job.outcome import failure_code
 from ray_job.reservation import bundle_of
 from schemas.job import POOL_SHARE, EngineConfig, JobSpec, tenant_pool_resource
 

@@ -13,7 +13,8 @@ import pytest
 
 from ray_job import spec as spec_loader
 from ray_job.errors import ExitCode, InvalidSpecError
-from ray_job.main import RESULT_PREFIX, main
+from ray_job.main import main
+from ray_job.outcome import RESULT_PREFIX
 from ray_job.progress import Counters, Progress, progress_fields
 from ray_job.submit import (
     SessionRef,
@@ -206,7 +207,7 @@ print('BAD', bad)
 
 def test_failure_codes() -> None:
     from ray_job.errors import EngineDeadError, InputNotFoundError
-    from ray_job.main import failure_code
+    from ray_job.outcome import failure_code
 
     assert failure_code(EngineDeadError("x")) == "engine_dead"
     assert failure_code(InputNotFoundError("x")) == "input_not_found"

@@ -1,0 +1,60 @@
+"""ray_job.outcome: how an attempt ends (pure), and the result line the dispatcher reads back."""
+
+from __future__ import annotations
+
+import pytest
+
+from ray_job.outcome import SUPERSEDED, emit_result, failure_result, settle, stop_error
+from ray_job.submit import parse_result
+from schemas.openai import ErrorObject
+
+pytestmark = pytest.mark.unit
+LINES = {"output_lines": 3, "error_lines": 1, "invalid_lines": 1}
+
+
+def test_a_complete_attempt_with_some_valid_lines_stays_completed() -> None:
+    assert settle("completed", None, intact=True, resumed=False, **LINES) == ("completed", None)
+
+
+def test_shards_not_all_written_make_a_completed_attempt_partial() -> None:
+    assert settle("completed", None, intact=False, resumed=False, **LINES) == ("partial", None)
+
+
+@pytest.mark.parametrize(("errors", "says"), [(4, "none of the 4 input lines"), (0, "empty file")])
+def test_no_valid_line_at_all_fails_the_batch_with_input_invalid(errors: int, says: str) -> None:
+    status, error = settle("completed", None, intact=True, resumed=False, output_lines=0, error_lines=errors,
+                           invalid_lines=errors)
+    assert status == "failed" and error is not None
+    assert error.code == "input_invalid" and says in error.message
+
+
+def test_engine_errors_or_earlier_shards_are_not_invalid_input() -> None:
+    # every line failed on the engine (errors beyond the invalid ones): the batch completed
+    assert settle("completed", None, intact=True, resumed=False, output_lines=0, error_lines=3,
+                  invalid_lines=1)[0] == "completed"
+    # a resumed attempt with nothing left to do: its earlier attempts wrote the answers
+    assert settle("completed", None, intact=True, resumed=True, output_lines=0, error_lines=0,
+                  invalid_lines=0)[0] == "completed"
+
+
+def test_a_stopped_attempt_keeps_its_status_and_error() -> None:
+    stopped = stop_error("deadline")
+    assert settle("partial", stopped, intact=True, resumed=False, output_lines=0, error_lines=0,
+                  invalid_lines=0) == ("partial", stopped)
+
+
+def test_stop_errors_name_the_reason() -> None:
+    assert stop_error("deadline").code == "deadline_exceeded"
+    assert stop_error("SIGTERM") == ErrorObject(code="stopped",
+                                                message="the attempt was stopped early (SIGTERM)")
+    assert stop_error(SUPERSEDED).code == "superseded"
+
+
+def test_the_result_line_reads_back_through_the_dispatchers_parser(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    emit_result(failure_result(None, 3, "input_not_found", "x" * 5000))
+    printed = capsys.readouterr().out
+    result = parse_result("INFO some log line\n" + printed)
+    assert result is not None and result["status"] == "failed" and result["exit_code"] == 3
+    assert result["batch_id"] is None and len(result["error"]["message"]) == 4000
