@@ -59,10 +59,6 @@ class Keys:
     def batch(self, key: BatchKey) -> str:
         return f"{self.prefix}:batch:{key}"
 
-    @property
-    def batch_prefix(self) -> str:
-        return f"{self.prefix}:batch:"
-
     def state_index(self, state: State | str) -> str:
         return f"{self.prefix}:state:{State(state).value}"
 

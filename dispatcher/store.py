@@ -35,6 +35,7 @@ from llmbatch.settings import RedisSettings
 T = TypeVar("T")
 
 _TERMINAL_CSV = ",".join(sorted(s.value for s in states.TERMINAL))
+_STATES_CSV = ",".join(s.value for s in State)  # the order of Keys.all_state_indexes()
 MAX_JOB_DELETES = 100_000  # Ray jobs waiting for another delete, at most
 
 @dataclass
@@ -80,8 +81,7 @@ class StateStore:
         reg = self.client.register_script
         self._scripts = _Scripts(
             intake=reg(
-                lua.load("intake").replace("@PREFIX@", self.keys.prefix)
-                .replace("@DEDUPE_TTL@", str(self.dedupe_ttl_s))
+                lua.load("intake").replace("@DEDUPE_TTL@", str(self.dedupe_ttl_s))
                 .replace("@FINISHED_TTL@", str(self.finished_ttl_s))
             ),
             transition=reg(lua.load("transition")),
@@ -141,10 +141,6 @@ class StateStore:
         except Exception as exc:
             raise classify(exc, default=StateStoreUnavailable) from exc
 
-    @property
-    def _sprefix(self) -> str:
-        return self.keys.state_index(State.QUEUED)[: -len(State.QUEUED.value)]
-
     # -- intake ----------------------------------------------------------------------------------
     def _intake_args(self, item: IntakeItem, now: float) -> tuple[list[str], list[str]]:
         fields = dict(item.fields)
@@ -154,15 +150,27 @@ class StateStore:
             fields["deadline"] = _fmt(item.deadline)
         args = [
             item.key,
-            self.keys.event(*item.marker) if item.initial is not State.QUEUED else "",
+            "" if item.initial is State.QUEUED else "1",
             _fmt(now),
             _fmt(item.ready_score),
             "" if item.deadline is None else _fmt(item.deadline),
             item.replay_id or "",
             item.initial.value,
             orjson.dumps(fields).decode(),
+            _STATES_CSV,
+            _TERMINAL_CSV,
         ]
-        return [self.keys.batch(item.key)], args
+        keys = [
+            self.keys.batch(item.key),
+            self.keys.progress(item.key),
+            self.keys.event(*item.marker),
+            self.keys.ready,
+            self.keys.delayed,
+            self.keys.deadlines,
+            self.keys.unpublished,
+            *self.keys.all_state_indexes(),
+        ]
+        return keys, args
 
     async def intake_many(self, items: Sequence[IntakeItem]) -> list[IntakeResult]:
         """Create (or dedupe) many batches in one round trip; results in the same order."""
@@ -340,6 +348,7 @@ class StateStore:
             self.keys.delayed,
             self.keys.deadlines,
             self.keys.unpublished,
+            *self.keys.all_state_indexes(),
         ]
         args = [
             key,
@@ -351,7 +360,7 @@ class StateStore:
             orjson.dumps(list(delete)).decode(),
             "" if ready_score is None else _fmt(ready_score),
             "" if not_before is None else _fmt(not_before),
-            self._sprefix,
+            _STATES_CSV,
             _TERMINAL_CSV,
         ]
         reply = await self._call(lambda: self._scripts.transition(keys=keys, args=args))
@@ -379,9 +388,14 @@ class StateStore:
 
     async def promote_due(self, limit: int = 500) -> int:
         """Move queued batches whose retry backoff has elapsed back into the ``ready`` zset."""
-        keys = [self.keys.delayed, self.keys.ready]
-        args = [_fmt(self.clock()), str(limit), self.keys.batch_prefix]
-        return int(await self._call(lambda: self._scripts.promote(keys=keys, args=args)))
+        now = _fmt(self.clock())
+        due = [_s(k) for k in await self._call(
+            lambda: self.client.zrangebyscore(self.keys.delayed, "-inf", now, start=0, num=limit))]
+        if not due:
+            return 0
+        # the script moves only these (each still delayed and due): every key it touches is declared
+        keys = [self.keys.delayed, self.keys.ready, *(self.keys.batch(BatchKey(k)) for k in due)]
+        return int(await self._call(lambda: self._scripts.promote(keys=keys, args=[now, *due])))
 
     async def sweep_finished(self, limit: int = 1000) -> int:
         """Drop index entries of finished batches whose hash has expired (older than the TTL)."""

@@ -1,11 +1,12 @@
 """The dispatcher's Redis Lua scripts, one file per operation, each with a header naming its KEYS and
-ARGV (and, honestly, the keys it touches without declaring them). :func:`load` reads one."""
+ARGV; every key a script touches is declared in KEYS (tests/integration/test_store_declared_keys.py
+watches them on a real Redis). :func:`load` reads one."""
 
 from __future__ import annotations
 
 from importlib import resources
 
-_WITH_COMMON = frozenset({"transition", "mark_published", "mark_dlt_written"})
+_WITH_COMMON = frozenset({"intake", "transition", "mark_published", "mark_dlt_written"})
 
 
 SHEBANG = "#!lua\n"

@@ -5,25 +5,29 @@
 -- let the rest through: an intake under OOM would then succeed and fill Redis further).
 --
 -- KEYS[1]  the batch hash            <p>:batch:<key> (see dispatcher/keys.py: the id, or <tenant>/<id>)
+-- KEYS[2]  its progress hash       <p>:progress:<key>
+-- KEYS[3]  its dedupe marker       <p>:event:<source>:<id> (written only when ARGV[2] is '1')
+-- KEYS[4]  <p>:ready     KEYS[5]  <p>:delayed     KEYS[6]  <p>:deadlines     KEYS[7]  <p>:unpublished
+-- KEYS[8..] the state indexes <p>:state:<state>, one per state, in the order of ARGV[9]
 -- ARGV[1]  batch id
--- ARGV[2]  dedupe marker key ('' = none; set for non-queued intakes)
+-- ARGV[2]  '1': dedupe by the marker (non-queued intakes); '': by the batch's source and event id
 -- ARGV[3]  now (unix s)
 -- ARGV[4]  ready score (priority, then age)
 -- ARGV[5]  deadline (unix s, '' = none)
 -- ARGV[6]  replay id ('' = not a replay)
 -- ARGV[7]  initial state (queued, or dead_lettered for a rejected request)
 -- ARGV[8]  the batch fields as JSON
--- Constants of the script (replaced when it is loaded: fewer arguments per call): @PREFIX@ (the key
--- prefix), @DEDUPE_TTL@, @FINISHED_TTL@.
--- Also touches, by name from the prefix (NOT declared in KEYS: not Redis-Cluster safe):
---   <p>:state:<state>, <p>:ready, <p>:delayed, <p>:deadlines, <p>:unpublished, <p>:progress:<id>,
---   the marker key.
+-- ARGV[9]  the state names, in the order of KEYS[8..]      ARGV[10] terminal states (csv; common.lua)
+-- Constants of the script (replaced when it is loaded: fewer arguments per call): @DEDUPE_TTL@,
+-- @FINISHED_TTL@. Every key it touches is declared in KEYS (Redis-Cluster safe when the key prefix
+-- holds a hash tag, e.g. {llmbatch}).
 -- Returns {outcome, state, version, generation}; outcome: created | reopened | duplicate | dup_event.
-local P, DEDUPE_TTL, FINISHED_TTL = '@PREFIX@', '@DEDUPE_TTL@', '@FINISHED_TTL@'
-local id, marker, now, initial = ARGV[1], ARGV[2], ARGV[3], ARGV[7]
-local batch = KEYS[1]
-local sprefix, ready, deadlines = P .. ':state:', P .. ':ready', P .. ':deadlines'
-if marker ~= '' and redis.call('EXISTS', marker) == 1 then
+local DEDUPE_TTL, FINISHED_TTL = '@DEDUPE_TTL@', '@FINISHED_TTL@'
+local id, by_marker, now, initial = ARGV[1], ARGV[2] == '1', ARGV[3], ARGV[7]
+local batch, progress, marker = KEYS[1], KEYS[2], KEYS[3]
+local ready, delayed, deadlines, unpublished = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local zsets = state_zsets(8, ARGV[9])
+if by_marker and redis.call('EXISTS', marker) == 1 then
   local cur = redis.call('HMGET', batch, 'state', 'version', 'generation')
   return {'dup_event', cur[1] or '', cur[2] or '0', cur[3] or '0'}
 end
@@ -51,17 +55,17 @@ if cur[1] then
   -- the lifecycle (results prefix, submission ids) is kept, so a replay may resume its shards
   local prev_lifecycle = redis.call('HGET', batch, 'lifecycle')
   if prev_lifecycle then fields['lifecycle'] = prev_lifecycle end
-  redis.call('ZREM', sprefix .. state, id)
-  redis.call('ZREM', P .. ':unpublished', id)
+  redis.call('ZREM', zsets[state], id)
+  redis.call('ZREM', unpublished, id)
   redis.call('ZREM', ready, id)
-  redis.call('ZREM', P .. ':delayed', id)
-  redis.call('DEL', batch, P .. ':progress:' .. id)
+  redis.call('ZREM', delayed, id)
+  redis.call('DEL', batch, progress)
   generation = generation + 1
   outcome = 'reopened'
 end
 if outcome == 'created' then
   -- a new lifecycle: a progress hash left by an old one (its record gone) must not fence it out
-  redis.call('DEL', P .. ':progress:' .. id)
+  redis.call('DEL', progress)
 end
 fields['state'] = initial
 fields['version'] = tostring(version + 1)
@@ -76,12 +80,12 @@ end
 local flat = {}
 for k, v in pairs(fields) do flat[#flat + 1] = k; flat[#flat + 1] = tostring(v) end
 redis.call('HSET', batch, unpack(flat))
-redis.call('ZADD', sprefix .. initial, now, id)
+redis.call('ZADD', zsets[initial], now, id)
 if initial == 'queued' then
   redis.call('ZADD', ready, ARGV[4], id)
   if ARGV[5] ~= '' then redis.call('ZADD', deadlines, ARGV[5], id) end
 else
   redis.call('EXPIRE', batch, FINISHED_TTL)
 end
-if marker ~= '' then redis.call('SET', marker, id, 'EX', DEDUPE_TTL) end
+if by_marker then redis.call('SET', marker, id, 'EX', DEDUPE_TTL) end
 return {outcome, initial, tostring(version + 1), tostring(generation)}

@@ -4,16 +4,18 @@
 --
 -- KEYS[1]  the batch hash      KEYS[2]  <p>:ready      KEYS[3]  <p>:delayed
 -- KEYS[4]  <p>:deadlines       KEYS[5]  <p>:unpublished
+-- KEYS[6..] the state indexes <p>:state:<state>, one per state, in the order of ARGV[10]
 -- ARGV[1]  batch id            ARGV[2]  expected version ('' = any)
 -- ARGV[3]  allowed from-states (comma-separated)
 -- ARGV[4]  to-state            ARGV[5]  now (unix s)
 -- ARGV[6]  fields to set (JSON object)          ARGV[7]  fields to delete (JSON array)
 -- ARGV[8]  ready score ('' = the stored one)    ARGV[9]  not-before for a delayed retry ('' = now)
--- ARGV[10] state index prefix (<p>:state:)      ARGV[11] terminal states (comma-separated)
--- Also touches <p>:state:<from> and <p>:state:<to> (NOT declared in KEYS).
+-- ARGV[10] the state names, in the order of KEYS[6..]      ARGV[11] terminal states (csv)
+-- Every key it touches is declared in KEYS.
 -- Returns {ok | conflict | missing, state, version}.
 local batch, ready, delayed, deadlines, unpublished = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local id, to, now, sprefix = ARGV[1], ARGV[4], ARGV[5], ARGV[10]
+local id, to, now = ARGV[1], ARGV[4], ARGV[5]
+local zsets = state_zsets(6, ARGV[10])
 local cur = redis.call('HMGET', batch, 'state', 'version')
 if not cur[1] then return {'missing', '', '0'} end
 local state, version = cur[1], tonumber(cur[2] or '0')
@@ -28,8 +30,8 @@ sets['version'] = tostring(version + 1)
 if to ~= state then sets['state_at'] = now end
 hset_map(batch, sets)
 if to ~= state then
-  redis.call('ZREM', sprefix .. state, id)
-  redis.call('ZADD', sprefix .. to, now, id)
+  redis.call('ZREM', zsets[state], id)
+  redis.call('ZADD', zsets[to], now, id)
 end
 if to == 'queued' then
   local nb = ARGV[9]
