@@ -62,10 +62,6 @@ class Keys:
     def state_index(self, state: State | str) -> str:
         return f"{self.prefix}:state:{State(state).value}"
 
-    def all_state_indexes(self) -> list[str]:
-        """One index per state, in :data:`State` declaration order (the Lua scripts rely on it)."""
-        return [self.state_index(s) for s in State]
-
     @property
     def ready(self) -> str:
         return f"{self.prefix}:ready"

@@ -35,7 +35,10 @@ from llmbatch.settings import RedisSettings
 T = TypeVar("T")
 
 _TERMINAL_CSV = ",".join(sorted(s.value for s in states.TERMINAL))
-_STATES_CSV = ",".join(s.value for s in State)  # the order of Keys.all_state_indexes()
+# the state indexes an intake may touch: its initial state's (queued, dead_lettered) and, when it
+# reopens a batch, the one it leaves (failed, dead_lettered)
+_INTAKE_STATES = (State.QUEUED, State.DEAD_LETTERED, State.FAILED)
+_INTAKE_STATES_CSV = ",".join(s.value for s in _INTAKE_STATES)
 MAX_JOB_DELETES = 100_000  # Ray jobs waiting for another delete, at most
 
 @dataclass
@@ -157,7 +160,7 @@ class StateStore:
             item.replay_id or "",
             item.initial.value,
             orjson.dumps(fields).decode(),
-            _STATES_CSV,
+            _INTAKE_STATES_CSV,
             _TERMINAL_CSV,
         ]
         keys = [
@@ -168,7 +171,7 @@ class StateStore:
             self.keys.delayed,
             self.keys.deadlines,
             self.keys.unpublished,
-            *self.keys.all_state_indexes(),
+            *(self.keys.state_index(s) for s in _INTAKE_STATES),
         ]
         return keys, args
 
@@ -339,6 +342,7 @@ class StateStore:
             elif src in states.TERMINAL:
                 raise states.TransitionError(f"{src.value} is terminal; its fields are immutable")
         now = self.clock()
+        indexed = sorted(allowed | {to})  # the state indexes it may leave or enter, declared
         sets = {k: ("" if v is None else str(v)) for k, v in (fields or {}).items()}
         if not_before is not None:
             sets["not_before"] = _fmt(not_before)
@@ -348,7 +352,7 @@ class StateStore:
             self.keys.delayed,
             self.keys.deadlines,
             self.keys.unpublished,
-            *self.keys.all_state_indexes(),
+            *(self.keys.state_index(s) for s in indexed),
         ]
         args = [
             key,
@@ -360,7 +364,7 @@ class StateStore:
             orjson.dumps(list(delete)).decode(),
             "" if ready_score is None else _fmt(ready_score),
             "" if not_before is None else _fmt(not_before),
-            _STATES_CSV,
+            ",".join(s.value for s in indexed),
             _TERMINAL_CSV,
         ]
         reply = await self._call(lambda: self._scripts.transition(keys=keys, args=args))

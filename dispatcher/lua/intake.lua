@@ -8,7 +8,7 @@
 -- KEYS[2]  its progress hash       <p>:progress:<key>
 -- KEYS[3]  its dedupe marker       <p>:event:<source>:<id> (written only when ARGV[2] is '1')
 -- KEYS[4]  <p>:ready     KEYS[5]  <p>:delayed     KEYS[6]  <p>:deadlines     KEYS[7]  <p>:unpublished
--- KEYS[8..] the state indexes <p>:state:<state>, one per state, in the order of ARGV[9]
+-- KEYS[8..] the state indexes it may touch, <p>:state:<queued|dead_lettered|failed>, in ARGV[9]'s order
 -- ARGV[1]  batch id
 -- ARGV[2]  '1': dedupe by the marker (non-queued intakes); '': by the batch's source and event id
 -- ARGV[3]  now (unix s)

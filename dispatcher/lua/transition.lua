@@ -4,7 +4,7 @@
 --
 -- KEYS[1]  the batch hash      KEYS[2]  <p>:ready      KEYS[3]  <p>:delayed
 -- KEYS[4]  <p>:deadlines       KEYS[5]  <p>:unpublished
--- KEYS[6..] the state indexes <p>:state:<state>, one per state, in the order of ARGV[10]
+-- KEYS[6..] the state indexes <p>:state:<s> of the allowed from-states and the to-state, in ARGV[10]'s order
 -- ARGV[1]  batch id            ARGV[2]  expected version ('' = any)
 -- ARGV[3]  allowed from-states (comma-separated)
 -- ARGV[4]  to-state            ARGV[5]  now (unix s)
