@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -28,9 +28,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llmbatch.settings import LLMBatchSettings
 from producer import storage
-from producer.errors import InvalidInput, ProducerError, ResultsNotFound, StorageError, WaitTimeout
+from producer.errors import InvalidInput, ProducerError, WaitTimeout
 from producer.inputs import PreparedFile, prepare_file, prepare_requests, write_jsonl
 from producer.kafka import Published, Publisher, follow_events
+from producer.results import ResultReader, ResultSource
 from schemas import (
     RESULT_EVENT_TYPES,
     BatchInputLine,
@@ -46,11 +47,8 @@ from schemas import (
     TerminalEventData,
     check_deadline,
     check_submittable,
-    output_prefix,
-    parse_manifest,
     utcnow,
 )
-from schemas.job import MANIFEST_NAME
 from schemas.tenant_auth import TenantSigner
 
 Answer = TerminalEventData | BatchRejected
@@ -139,9 +137,6 @@ class BatchHandle:
     async def cancel(self, reason: str | None = None) -> Published:
         """Ask the dispatcher to cancel this batch."""
         return await self._need_client().cancel(self.batch_id, tenant=self.tenant, reason=reason)
-
-
-ResultSource = Envelope[Any] | TerminalEventData | Manifest | Sequence[str]
 
 
 class BatchClient:
@@ -390,54 +385,18 @@ class BatchClient:
 
     # ---------------------------------------------------------------------------- results
 
+    @property
+    def results(self) -> ResultReader:
+        """The results reader on this client's S3 (manifests, output and error lines)."""
+        return ResultReader(self.s3, self.settings.s3)
+
     async def manifest(self, batch_id: str, *, tenant: str = "default") -> Manifest:
-        """Read ``manifest.json`` of a finished batch from the results bucket (of its latest
-        lifecycle, when the batch id was used again after its record expired; the terminal event's
-        ``manifest_uri`` names the one of that lifecycle).
+        """:meth:`ResultReader.manifest`: ``manifest.json`` of a finished batch (its latest lifecycle)."""
+        return await self.results.manifest(batch_id, tenant=tenant)
 
-        Raises:
-            ResultsNotFound: no manifest yet (the batch is unknown or still running).
-        """
-        folder = output_prefix(self.settings.s3.results_bucket, tenant, batch_id)
-        found = await asyncio.to_thread(
-            storage.latest_manifest, self.s3, self.settings.s3, folder, MANIFEST_NAME
-        )
-        if found is None:
-            raise ResultsNotFound(f"no results for batch {batch_id!r} yet (no manifest under {folder})")
-        uri = found
-        try:
-            raw = await asyncio.to_thread(storage.get_bytes, self.s3, self.settings.s3, uri)
-        except StorageError as exc:
-            if "not found" in exc.message:
-                raise ResultsNotFound(
-                    f"no results for batch {batch_id!r} yet ({uri} does not exist)"
-                ) from None
-            raise
-        try:
-            return parse_manifest(raw)
-        except SchemaError as exc:
-            raise ProducerError(f"{uri} is not a valid manifest: {exc}") from None
-
-    async def iter_results(
-        self, source: ResultSource, *, errors: bool = False
-    ) -> AsyncIterator[BatchOutputLine]:
-        """Yield the output lines (or, with ``errors``, the error lines) of a finished batch.
-
-        ``source`` is a terminal event (or its data), a :class:`Manifest`, or a list of shard URIs.
-        Shards are read one at a time.
-        """
-        for uri in _result_uris(source, errors=errors):
-            raw_lines = await asyncio.to_thread(self._read_lines, uri)
-            for number, raw in enumerate(raw_lines, start=1):
-                try:
-                    yield BatchOutputLine.model_validate_json(raw)
-                except ValidationError as exc:
-                    raise ProducerError(
-                        f"{uri} line {number}: {SchemaError.from_validation_error(exc)}"
-                    ) from None
-
-    def _read_lines(self, uri: str) -> list[bytes]:
-        return list(storage.iter_lines(self.s3, self.settings.s3, uri))
+    def iter_results(self, source: ResultSource, *, errors: bool = False) -> AsyncIterator[BatchOutputLine]:
+        """:meth:`ResultReader.iter_results`: the output (or error) lines of a finished batch."""
+        return self.results.iter_results(source, errors=errors)
 
     async def results_by_custom_id(
         self, source: ResultSource, *, errors: bool = False
@@ -448,17 +407,6 @@ class BatchClient:
     async def ensure_buckets(self) -> None:
         """Create the input and results buckets if missing (local stacks, tests)."""
         await asyncio.to_thread(storage.ensure_buckets, self.s3, self.settings.s3)
-
-
-def _result_uris(source: ResultSource, *, errors: bool) -> list[str]:
-    found: Any = source.data if isinstance(source, Envelope) else source
-    if isinstance(found, TerminalEventData | Manifest):
-        return list(found.error_uris if errors else found.output_uris)
-    if isinstance(found, str):
-        return [found]
-    if isinstance(found, BaseModel):
-        raise ProducerError(f"{type(found).__name__} carries no result files; pass a terminal event")
-    return [str(uri) for uri in found]
 
 
 def _check_fields(fields: dict[str, Any]) -> None:

@@ -11,9 +11,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from llmbatch.settings import LLMBatchSettings
-from producer.client import Answer, BatchClient, BatchHandle, ClientOptions, ResultSource
+from producer.client import Answer, BatchClient, BatchHandle, ClientOptions
 from producer.errors import ProducerError
 from producer.kafka import Published
+from producer.results import ResultSource
 from schemas import BatchOutputLine, Envelope, Manifest
 
 T = TypeVar("T")

@@ -24,7 +24,8 @@ from producer import (
     new_batch_id,
 )
 from producer.cli import _describe
-from producer.client import _result_uris, is_answer
+from producer.client import is_answer
+from producer.results import result_uris
 from schemas import BatchCompleted, BatchRejected, BatchStatus, Endpoint, Envelope, Manifest, parse_manifest
 from schemas.errors import Reason
 from schemas.events import RecordRef
@@ -160,18 +161,18 @@ def test_result_uris_from_every_source() -> None:
         error_uris=["s3://res/default/b/error-00000.jsonl"],
     )
     env = Envelope.new(data, source="s")
-    assert _result_uris(env, errors=False) == ["s3://res/default/b/output-00000.jsonl"]
-    assert _result_uris(data, errors=True) == ["s3://res/default/b/error-00000.jsonl"]
+    assert result_uris(env, errors=False) == ["s3://res/default/b/output-00000.jsonl"]
+    assert result_uris(data, errors=True) == ["s3://res/default/b/error-00000.jsonl"]
     manifest: Manifest = parse_manifest(
         b'{"batch_id": "b", "attempt": 1, "status": "completed", "output_shards": '
         b'[{"uri": "s3://res/default/b/output-a1-00000.jsonl", "lines": 1}],'
         b'"timings": {"started_at": "2026-01-01T00:00:00Z", "finished_at": "2026-01-01T00:01:00Z"}}'
     )
-    assert _result_uris(manifest, errors=False) == ["s3://res/default/b/output-a1-00000.jsonl"]
-    assert _result_uris(manifest, errors=True) == []
-    assert _result_uris(["s3://a/b", "s3://a/c"], errors=False) == ["s3://a/b", "s3://a/c"]
+    assert result_uris(manifest, errors=False) == ["s3://res/default/b/output-a1-00000.jsonl"]
+    assert result_uris(manifest, errors=True) == []
+    assert result_uris(["s3://a/b", "s3://a/c"], errors=False) == ["s3://a/b", "s3://a/c"]
     with pytest.raises(ProducerError, match="no result files"):
-        _result_uris(
+        result_uris(
             Envelope.new(data.model_copy(), source="s").model_copy(update={"data": manifest.usage}),
             errors=False,
         )
