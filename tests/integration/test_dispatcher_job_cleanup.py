@@ -21,6 +21,7 @@ from dispatcher.settings import DispatcherSettings
 from dispatcher.states import State
 from dispatcher.store import StateStore
 from llmbatch.settings import RaySettings, RedisSettings
+from tests.support.clock import Clock
 from tests.support.dispatcher_kit import wait_for
 from tests.support.scratch_store import scratch_store
 
@@ -50,13 +51,6 @@ class Head:
                 self.jobs.remove(submission_id)
             return True
         return False
-
-
-class Clock:
-    now = 1_790_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

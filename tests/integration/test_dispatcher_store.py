@@ -12,17 +12,10 @@ from dispatcher.errors import StateStoreUnavailable
 from dispatcher.states import State, TransitionError
 from dispatcher.store import StateStore
 from llmbatch.settings import RedisSettings
+from tests.support.clock import Clock
 from tests.support.scratch_store import scratch_store
 
 pytestmark = pytest.mark.integration
-
-
-class Clock:
-    def __init__(self, now: float = 1_790_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

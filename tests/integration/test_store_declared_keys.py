@@ -29,6 +29,7 @@ from dispatcher.keys import BatchKey
 from dispatcher.states import State
 from dispatcher.store import StateStore
 from llmbatch.settings import RedisSettings
+from tests.support.clock import Clock
 from tests.support.scratch_store import scratch_store
 
 pytestmark = pytest.mark.integration
@@ -75,14 +76,6 @@ def _args(text: str) -> list[str]:
     """MONITOR's quoted arguments, unescaped (it writes ``\\xNN``, ``\\"`` and the like)."""
     return [codecs.decode(a.encode("latin-1", "backslashreplace"), "unicode_escape")
             for a in _ARG.findall(text)]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = NOW
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import pytest
 
 from dispatcher.input_sizes import InputSizes
 from dispatcher.settings import DispatcherSettings
+from tests.support.clock import Clock
 
 pytestmark = pytest.mark.unit
 
@@ -24,16 +25,8 @@ class Objects:
         return self.sizes.get(uri)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_size_is_asked_once_then_again_after_its_time() -> None:
-    objects, clock = Objects({"s3://in/a": 10}), Clock()
+    objects, clock = Objects({"s3://in/a": 10}), Clock(1000.0)
     sizes = InputSizes(objects.size, ttl_s=60, clock=clock)
     assert asyncio.run(sizes("s3://in/a")) == 10
     objects.sizes["s3://in/a"] = 20  # replaced: the answer stays until it expires
@@ -46,7 +39,7 @@ def test_a_size_is_asked_once_then_again_after_its_time() -> None:
 
 def test_a_missing_object_is_remembered_too() -> None:
     objects = Objects({})
-    sizes = InputSizes(objects.size, clock=Clock())
+    sizes = InputSizes(objects.size, clock=Clock(1000.0))
     assert asyncio.run(sizes("s3://in/gone")) is None
     assert asyncio.run(sizes("s3://in/gone")) is None
     assert objects.asked == ["s3://in/gone"]
@@ -54,7 +47,7 @@ def test_a_missing_object_is_remembered_too() -> None:
 
 def test_the_memory_is_bounded_and_forgets_the_oldest() -> None:
     objects = Objects({f"s3://in/{n}": n for n in range(5)})
-    sizes = InputSizes(objects.size, kept=3, clock=Clock())
+    sizes = InputSizes(objects.size, kept=3, clock=Clock(1000.0))
     for n in range(5):
         asyncio.run(sizes(f"s3://in/{n}"))
     assert len(sizes) == 3
