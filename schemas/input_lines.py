@@ -79,14 +79,13 @@ def parse_input_line(
         SchemaError: with ``line``, ``field`` and, when it could be read, ``custom_id`` set.
     """
     if max_line_bytes is not None and len(raw) > max_line_bytes:
-        err = SchemaError(
+        raise SchemaError(
             Reason.LINE_TOO_LARGE,
             f"the line is longer than {max_line_bytes} bytes (LLMBATCH_JOB__MAX_LINE_BYTES): shorten its "
             "content or split the request",
             line=line_no,
+            custom_id=_cheap_custom_id(raw),
         )
-        err.custom_id = _cheap_custom_id(raw)
-        raise err
     obj = _load_object(raw, line_no)
     custom_id = obj.get("custom_id") if isinstance(obj.get("custom_id"), str) else None
     try:
@@ -96,24 +95,22 @@ def parse_input_line(
         err.custom_id = custom_id
         raise err from None
     if endpoint is not None and line.url != endpoint:
-        err = SchemaError(
+        raise SchemaError(
             Reason.URL_MISMATCH,
             f"{line.url.value!r} differs from the batch endpoint {Endpoint(endpoint).value!r}",
             field="url",
             line=line_no,
+            custom_id=custom_id,
         )
-        err.custom_id = custom_id
-        raise err
     body_model = line.body.get("model")
     if model is not None and body_model is not None and body_model != model:
-        err = SchemaError(
+        raise SchemaError(
             Reason.MODEL_MISMATCH,
             f"{body_model!r} differs from the batch model {model!r}: drop body.model or make it match",
             field="body.model",
             line=line_no,
+            custom_id=custom_id,
         )
-        err.custom_id = custom_id
-        raise err
     return line
 
 
