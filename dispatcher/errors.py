@@ -186,6 +186,7 @@ def classify(exc: BaseException, *, default: type[DispatcherError] = TransientEr
     module = type(exc).__module__ or ""
     if module.startswith(("requests", "urllib3", "aiohttp")) and (
         "Connection" in name or "Timeout" in name or "Protocol" in name or "Chunked" in name
+        or name == "MaxRetryError"  # urllib3 gave up retrying (refused connections, repeated 5xx)
     ):
         return default(message)
     return PermanentError(message)

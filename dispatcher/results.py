@@ -21,6 +21,38 @@ from schemas.job import MANIFEST_NAME, JobSpec, Manifest, parse_manifest
 T = TypeVar("T")
 _SHARD_RE = re.compile(r"(?:^|/)(output|error)-(?:a\d+-)?\d{5,}\.jsonl$")
 _MISSING = {"NoSuchKey", "NoSuchBucket", "NoSuchObject"}
+_REFUSED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"}
+
+
+def _http_status(exc: Exception) -> int | None:
+    """The HTTP status of a minio error: an ``S3Error``'s response, a ``ServerError``'s status code, an
+    ``InvalidResponseError``'s code."""
+    for value in (getattr(getattr(exc, "response", None), "status", None),
+                  getattr(exc, "status_code", None), getattr(exc, "_code", None)):
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def translate_s3_error(exc: Exception, endpoint: str) -> Exception:
+    """What a failed minio call means here: a missing object or bucket is :class:`FileNotFoundError`;
+    keys the server refuses are :class:`StorageUnavailable` naming the settings to check (every batch
+    waits, none is failed, until the operator fixes them); another 4xx answer is a
+    :class:`PermanentError`; a 5xx answer, a timeout, throttling or no answer is
+    :class:`StorageUnavailable`."""
+    code = getattr(exc, "code", None)
+    if code in _MISSING:
+        return FileNotFoundError(str(code))
+    if code in _REFUSED:
+        return StorageUnavailable(
+            f"S3 at {endpoint} refused the dispatcher's keys ({code}): check LLMBATCH_S3__ACCESS_KEY, "
+            "LLMBATCH_S3__SECRET_KEY and their policy; batches wait until they work")
+    if type(exc).__name__ in {"S3Error", "ServerError", "InvalidResponseError"}:
+        status = _http_status(exc)
+        if status is not None and status < 500 and status not in {408, 429}:
+            return PermanentError(f"S3 answered {status}: {exc}")
+        return StorageUnavailable(f"S3: {exc}")
+    return classify(exc, default=StorageUnavailable)
 
 
 def split_uri(uri: str) -> tuple[str, str]:
@@ -64,15 +96,7 @@ class ResultStore:
         try:
             return await asyncio.to_thread(fn)
         except Exception as exc:
-            code = getattr(exc, "code", None)
-            if code in _MISSING:
-                raise FileNotFoundError(str(code)) from exc
-            if type(exc).__name__ in {"S3Error", "ServerError", "InvalidResponseError"}:
-                status = getattr(exc, "status", None) or getattr(exc, "_status_code", None)
-                if isinstance(status, int) and status < 500 and status not in {408, 429}:
-                    raise PermanentError(f"S3: {exc}") from exc
-                raise StorageUnavailable(f"S3: {exc}") from exc
-            raise classify(exc, default=StorageUnavailable) from exc
+            raise translate_s3_error(exc, self.settings.endpoint) from exc
 
     async def read_manifest(self, output_prefix: str) -> Manifest | None:
         """The manifest under ``output_prefix``; ``None`` if there is none; ManifestInvalid if unreadable."""
