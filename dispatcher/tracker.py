@@ -108,6 +108,7 @@ class Tracker:
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()
         self._warned: dict[str, float] = {}
+        self._failing: dict[tuple[str, BatchKey], str] = {}  # (step, batch) -> its permanent error, said
         self._sem = asyncio.Semaphore(16)
         self.outcomes = OutcomeReader(settings, store, results, clock=clock)
         self.checks = InFlight(settings, store, backend, results, producer, metrics, self.outcomes,
@@ -208,7 +209,10 @@ class Tracker:
             self._cleanup_at = now
             await self.job_cleanup.retry_due()
 
-    async def _each(self, records: list[BatchRecord], fn: Callable[[BatchRecord], Awaitable[None]]) -> None:
+    async def _each(self, records: list[BatchRecord], fn: Callable[[BatchRecord], Awaitable[None]],
+                    step: str = "check") -> None:
+        """``fn`` on each record, 16 at a time; an outage is logged as :meth:`_postponed` says, a
+        permanent error once per batch and ``step`` until it changes or the step works again."""
         async def guarded(record: BatchRecord) -> None:
             async with self._sem:
                 with logs.bind(
@@ -217,19 +221,29 @@ class Tracker:
                     attempt=record.attempt,
                     trace_id=logs.trace_id_of(record.get("traceparent")),
                 ):
+                    failing = (step, record.key)
                     try:
                         await fn(record)
                     except DispatcherError as exc:
                         if exc.retriable:
                             self._postponed("batch step", exc)
-                        else:
-                            log.error("batch step failed", extra={"error": str(exc)})
+                        elif self._failing.get(failing) != str(exc):  # said once per batch and error
+                            self._failing[failing] = str(exc)
+                            log.error("batch step failed (said again only if the error changes)",
+                                      extra={"error": str(exc), "step": step})
                     except Exception:
                         log.exception("batch step crashed")
+                    else:
+                        if self._failing.pop(failing, None) is not None:
+                            log.info("batch step works again", extra={"step": step})
                     finally:
                         self.last_tick = time.monotonic()  # a long tick that moves is not a stall
 
         await asyncio.gather(*(guarded(r) for r in records))
+        # batches no longer handed to this step (ended, or not due) are forgotten: the map stays bounded
+        keys = {r.key for r in records}
+        for gone in [k for k in self._failing if k[0] == step and k[1] not in keys]:
+            del self._failing[gone]
 
     # -- 2. deadlines of queued batches --------------------------------------------------------------
     async def expire_queued(self) -> None:
@@ -245,7 +259,7 @@ class Tracker:
         stops = [(r, self.checks.stop_reason(r, now)) for r in records]
         due = {r.key: reason for r, reason in stops if reason in {"cancel", "deadline"}}
         await self._each([r for r in records if r.key in due],
-                         lambda r: self.checks.finish_stopped(r, due[r.key]))
+                         lambda r: self.checks.finish_stopped(r, due[r.key]), step="expire")
 
     # -- 3. in-flight --------------------------------------------------------------------------------
     async def poll_in_flight(self) -> None:
