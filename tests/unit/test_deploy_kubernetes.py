@@ -135,6 +135,19 @@ def test_overlay_renders_the_whole_system(renders: dict[str, list[dict[str, Any]
     assert len(names) == len(set(names)), "duplicate objects"
 
 
+@pytest.mark.parametrize("component", vd.COMPONENTS)
+def test_what_a_component_adds_lands_in_the_overlays_namespace(
+        renders: dict[str, list[dict[str, Any]]], component: str) -> None:
+    """Rendered as each component's header says (the overlay under resources:, the component under
+    components:, no namespace of its own), every object is in the overlay's namespace; an object
+    without one lands in whatever namespace kubectl's context names, apart from what it serves."""
+    objects = renders[f"gpu-prod+{component}"]
+    namespace = vd.one(objects, "Namespace")["metadata"]["name"]
+    elsewhere = [(o["kind"], o["metadata"]["name"]) for o in objects
+                 if o["kind"] != "Namespace" and o["metadata"].get("namespace") != namespace]
+    assert not elsewhere, f"not in namespace {namespace}: {elsewhere}"
+
+
 def test_kuberay_objects_validate_against_the_real_crds(
     renders: dict[str, list[dict[str, Any]]], rayjob_templates: dict[str, dict[str, Any]]
 ) -> None:
