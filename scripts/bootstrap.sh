@@ -4,7 +4,8 @@
 #   2. this checkout's own .venv, exactly as uv.lock says (engine, model converter, test and lint
 #      tools included), hard-linked from uv's shared cache: seconds once the cache is warm
 #   3. `llmbatch stack prepare`: Kafka jars, the MinIO binary, the converted model (cached)
-#   4. the Go tool that renders/validates deploy/ (cached)
+#   4. the Go tool that renders/validates deploy/, and etcd, kube-apiserver and the KubeRay operator
+#      for the deploy tests (built from the Go module proxy, cached)
 # Heavy downloads are cached in $LLMBATCH_CACHE (default ~/.cache/llmbatch), never in the checkout.
 # Prints a line before each long step and the seconds each step took at the end.
 set -euo pipefail
@@ -61,10 +62,14 @@ venv() {
 # --- 3 + 4. services' binaries, the model, the deploy validator -----------------------------
 prepare() { .venv/bin/llmbatch stack prepare; }
 deploy_tools() { .venv/bin/python scripts/validate_deploy.py --build >/dev/null; }
+# etcd, kube-apiserver and the KubeRay operator for tests/integration/test_kuberay_operator.py
+# (Go module proxy; ~5 min of CPU the first time, cached by their go.sum)
+kube_tools() { .venv/bin/python -m tests.support.kube_control_plane --build; }
 
 step apt apt_packages
 step venv venv
 step prepare prepare
 step deploy deploy_tools
+step kube kube_tools
 log "done in ${SECONDS} s:"
 for line in "${summary[@]}"; do log "  $line"; done

@@ -1,0 +1,328 @@
+"""deploy/kubernetes against a real control plane: etcd, kube-apiserver 1.37 with the KubeRay v1.7.0
+CRDs of ../shared/kuberay-crds, and the real KubeRay operator (v1.6.1, the newest the Go module
+proxy serves here). See tests/support/kube_control_plane.py.
+
+- every rendered overlay and component is accepted by the API server (strict field validation,
+  server-side dry-run, admission);
+- the operator turns our RayCluster, RayService and RayJob into the pods we mean: engine workers
+  carry the `llmbatch_engine` resource, the GPU group starts from zero, credentials reach pods only
+  as Secret references, the autoscaler sidecar is there;
+- each rule scripts/validate_deploy.py re-implements from KubeRay's validation.go is one the real
+  operator (or the API server) enforces too.
+
+No kubelet runs here: pods are created and stay Pending.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import importlib.util
+import json
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.kube_control_plane import (
+    ControlPlane,
+    KindNotServed,
+    KubeApiError,
+    KubeClient,
+    start_control_plane,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.integration
+
+RAY = "ray.io/v1"
+# kinds of other operators' CRDs, not installed here (prometheus-operator)
+FOREIGN_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted",
+              "pod-security.kubernetes.io/enforce-version": "latest"}
+
+
+def _load(name: str, path: Path) -> Any:
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+vd = _load("validate_deploy", ROOT / "scripts" / "validate_deploy.py")
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    crds = [vd.crd_document(kind) for kind in ("RayCluster", "RayJob", "RayService")]
+    started = start_control_plane(tmp_path_factory.mktemp("kube"), crds)
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture(scope="module")
+def kube(plane: ControlPlane) -> Iterator[KubeClient]:
+    client = plane.client()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def _renders() -> dict[str, Callable[[], list[dict[str, Any]]]]:
+    out: dict[str, Callable[[], list[dict[str, Any]]]] = {
+        name: (lambda name=name: vd.render_overlay(name)) for name in vd.OVERLAYS
+    }
+    for component in vd.COMPONENTS:
+        out[f"gpu-prod+{component}"] = lambda c=component: vd.render_with_components("gpu-prod", [c])
+    return out
+
+
+RENDERS = _renders()
+
+
+def _namespace(kube: KubeClient, name: str, labels: dict[str, str] | None = None) -> None:
+    """The namespace (restricted Pod Security unless ``labels`` say otherwise) and its `default`
+    ServiceAccount (kube-controller-manager's job; none runs here, and the ServiceAccount admission
+    plugin refuses pods without it)."""
+    kube.apply({"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": name, "labels": labels or RESTRICTED}})
+    kube.apply({"apiVersion": "v1", "kind": "ServiceAccount",
+                "metadata": {"name": "default", "namespace": name}})
+
+
+def apply_all(kube: KubeClient, objects: list[dict[str, Any]], *, dry_run: bool) -> set[tuple[str, str]]:
+    """Apply ``objects`` (namespaces for real first); return the kinds no API group serves."""
+    for obj in objects:
+        if obj["kind"] == "Namespace":
+            _namespace(kube, obj["metadata"]["name"], obj["metadata"].get("labels"))
+    skipped: set[tuple[str, str]] = set()
+    errors = []
+    for obj in objects:
+        if obj["kind"] == "Namespace":
+            continue
+        try:
+            kube.apply(obj, dry_run=dry_run)
+        except KindNotServed:
+            skipped.add((obj["apiVersion"], obj["kind"]))
+        except KubeApiError as exc:
+            errors.append(f"{obj['kind']}/{obj['metadata']['name']}: {exc}")
+    assert not errors, "the API server refused:\n" + "\n".join(errors)
+    return skipped
+
+
+def _events(kube: KubeClient, namespace: str, name: str) -> list[dict[str, Any]]:
+    return [e for e in kube.list("v1", "Event", namespace) if e["involvedObject"]["name"] == name]
+
+
+def _pods(kube: KubeClient, namespace: str, cluster: str) -> list[dict[str, Any]]:
+    return kube.list("v1", "Pod", namespace, selector=f"ray.io/cluster={cluster}")
+
+
+def _secret_values(objects: list[dict[str, Any]]) -> set[str]:
+    values = set()
+    for obj in objects:
+        if obj["kind"] != "Secret":
+            continue
+        values |= set((obj.get("stringData") or {}).values())
+        values |= {base64.b64decode(v).decode() for v in (obj.get("data") or {}).values()}
+    return {v for v in values if len(v) >= 8}
+
+
+def _ray_container(pod: dict[str, Any]) -> dict[str, Any]:
+    found: dict[str, Any] = pod["spec"]["containers"][0]  # KubeRay's rule: Ray runs in the first
+    return found
+
+
+def _start_command(pod: dict[str, Any]) -> str:
+    container = _ray_container(pod)
+    return " ".join([*container.get("command", []), *container.get("args", [])])
+
+
+def _worker_groups(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {g["groupName"]: g for g in spec.get("workerGroupSpecs") or []}
+
+
+@pytest.mark.parametrize("render", sorted(RENDERS))
+def test_the_api_server_accepts_every_rendered_object(kube: KubeClient, render: str) -> None:
+    skipped = apply_all(kube, RENDERS[render](), dry_run=True)
+    assert skipped <= FOREIGN_KINDS, f"kinds no API group serves: {skipped - FOREIGN_KINDS}"
+
+
+def test_the_api_server_refuses_a_field_the_crd_does_not_have(kube: KubeClient) -> None:
+    """The check above can fail: strict field validation names an unknown field."""
+    cluster = copy.deepcopy(vd.one(RENDERS["cpu-dev"](), "RayCluster"))
+    _namespace(kube, cluster["metadata"]["namespace"])
+    cluster["spec"]["headGroupSpec"]["rayStartParam"] = {"num-cpus": "0"}  # typo of rayStartParams
+    with pytest.raises(KubeApiError, match="rayStartParam"):
+        kube.apply(cluster, dry_run=True)
+
+
+def test_the_operator_builds_the_dev_cluster_we_mean(plane: ControlPlane, kube: KubeClient) -> None:
+    objects = RENDERS["cpu-dev"]()
+    apply_all(kube, objects, dry_run=False)
+    cluster = vd.one(objects, "RayCluster")
+    namespace, name = cluster["metadata"]["namespace"], cluster["metadata"]["name"]
+    groups = _worker_groups(cluster["spec"])
+    expected_workers = sum(g.get("replicas", g.get("minReplicas", 0)) for g in groups.values())
+
+    pods = plane.wait_for(
+        f"head and {expected_workers} worker pods of {name}",
+        lambda: (found if len(found := _pods(kube, namespace, name)) == 1 + expected_workers
+                 else None))
+    assert not [e for e in _events(kube, namespace, name) if e["reason"] == "InvalidRayClusterSpec"]
+    # the API server admitted every pod, the containers KubeRay adds included, under restricted
+    live = kube.get("v1", "Namespace", namespace)
+    assert live is not None
+    assert live["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    by_group = {p["metadata"]["labels"]["ray.io/group"]: p for p in pods}
+    head = by_group["headgroup"]
+    assert "autoscaler" in {c["name"] for c in head["spec"]["containers"]}  # KubeRay's sidecar
+    for group_name in groups:  # and its init container, each admitted as restricted
+        assert "wait-gcs-ready" in {c["name"] for c in by_group[group_name]["spec"]["initContainers"]}
+    assert "ray start --head" in _start_command(head)
+    assert _ray_container(head)["image"] == cluster["spec"]["headGroupSpec"]["template"]["spec"][
+        "containers"][0]["image"]
+    for group_name, group in groups.items():
+        pod = by_group[group_name]
+        resources = (group.get("rayStartParams") or {}).get("resources")
+        if resources:  # the engine placement: `ray start --resources=...` carries it unchanged
+            assert f"--resources={resources}" in _start_command(pod), _start_command(pod)
+
+    text = json.dumps(pods)
+    leaked = [v for v in _secret_values(objects) - {namespace} if v in text]
+    assert not leaked, "a Secret's value is written into a pod the operator built"
+    for pod in pods:
+        env = {e["name"]: e for e in _ray_container(pod).get("env", [])}
+        assert "secretKeyRef" in env["RAY_AUTH_TOKEN"]["valueFrom"], env["RAY_AUTH_TOKEN"]
+        assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "LLMBATCH_S3__ACCESS_KEY",
+                    "LLMBATCH_S3__SECRET_KEY"} & set(env)
+
+
+def test_restricted_pod_security_refuses_a_head_without_its_security_context(
+        plane: ControlPlane, kube: KubeClient) -> None:
+    """The admission above is real: the same cluster without the head's securityContext gets no pod."""
+    objects = RENDERS["cpu-dev"]()
+    apply_all(kube, [o for o in objects if o["kind"] == "Namespace"], dry_run=False)
+    cluster = copy.deepcopy(vd.one(objects, "RayCluster"))
+    namespace, name = cluster["metadata"]["namespace"], "psa-probe"
+    cluster["metadata"] = {"name": name, "namespace": namespace}
+    head = cluster["spec"]["headGroupSpec"]["template"]["spec"]
+    head.pop("securityContext")
+    head["containers"][0].pop("securityContext")
+    kube.apply(cluster)
+    refusals = plane.wait_for(f"FailedToCreateHeadPod for {name}", lambda: [
+        e for e in _events(kube, namespace, name) if e["reason"] == "FailedToCreateHeadPod"])
+    assert 'violates PodSecurity "restricted:latest"' in refusals[0]["message"]
+    groups = {p["metadata"]["labels"]["ray.io/group"] for p in _pods(kube, namespace, name)}
+    assert "headgroup" not in groups
+    kube.delete(RAY, "RayCluster", name, namespace)
+
+
+def test_the_operator_turns_the_rayservice_into_a_cluster_scaling_engines_from_zero(
+        plane: ControlPlane, kube: KubeClient) -> None:
+    objects = RENDERS["gpu-prod-rayservice"]()
+    service = vd.one(objects, "RayService")
+    namespace, name = service["metadata"]["namespace"], service["metadata"]["name"]
+    apply_all(kube, [o for o in objects if (o["apiVersion"], o["kind"]) not in FOREIGN_KINDS],
+              dry_run=False)
+
+    def owned_cluster() -> dict[str, Any] | None:
+        for c in kube.list(RAY, "RayCluster", namespace):
+            if any(ref["kind"] == "RayService" and ref["name"] == name
+                   for ref in c["metadata"].get("ownerReferences", [])):
+                return c
+        return None
+
+    cluster = plane.wait_for(f"the RayCluster of RayService {name}", owned_cluster)
+    wanted = service["spec"]["rayClusterConfig"]
+    assert cluster["spec"]["enableInTreeAutoscaling"] is True
+    assert cluster["spec"]["authOptions"] == wanted["authOptions"]
+    gpu = _worker_groups(cluster["spec"])["gpu"]
+    assert (gpu["minReplicas"], gpu.get("replicas", 0)) == (0, 0)
+    assert "llmbatch_engine" in gpu["rayStartParams"]["resources"]
+
+    cluster_name = cluster["metadata"]["name"]
+    expected = 1 + sum(g.get("replicas", 0) for g in _worker_groups(cluster["spec"]).values())
+    pods = plane.wait_for(
+        f"the pods of {cluster_name}",
+        lambda: found if len(found := _pods(kube, namespace, cluster_name)) == expected else None)
+    groups = {p["metadata"]["labels"]["ray.io/group"] for p in pods}
+    assert "gpu" not in groups  # no GPU worker until a replica asks for one
+    head = next(p for p in pods if p["metadata"]["labels"]["ray.io/group"] == "headgroup")
+    assert "autoscaler" in {c["name"] for c in head["spec"]["containers"]}
+    auth = {e["name"]: e for e in _ray_container(head).get("env", [])}["RAY_AUTH_TOKEN"]
+    assert auth["valueFrom"]["secretKeyRef"]["name"] == wanted["authOptions"]["secretName"]
+    for kind, obj in (("RayService", name), ("RayCluster", cluster_name)):
+        bad = [e for e in _events(kube, namespace, obj) if e["reason"].startswith("Invalid")]
+        assert not bad, f"{kind} {obj}: {bad}"
+
+
+def test_the_operator_starts_the_per_batch_rayjobs_cluster(plane: ControlPlane, kube: KubeClient
+                                                           ) -> None:
+    job = vd.load_yaml_objects(vd.KUSTOMIZE / "rayjob" / "rayjob-per-batch.yaml")[0]
+    job["metadata"]["namespace"] = "llmbatch-jobs"
+    _namespace(kube, "llmbatch-jobs")
+    kube.apply(job)
+    name = job["metadata"]["name"]
+
+    def cluster() -> dict[str, Any] | None:
+        found = kube.get(RAY, "RayJob", name, "llmbatch-jobs")
+        cluster_name = ((found or {}).get("status") or {}).get("rayClusterName")
+        return kube.get(RAY, "RayCluster", cluster_name, "llmbatch-jobs") if cluster_name else None
+
+    created = plane.wait_for(f"the RayCluster of RayJob {name}", cluster)
+    assert created["spec"]["rayVersion"] == job["spec"]["rayClusterSpec"]["rayVersion"]
+    assert not [e for e in _events(kube, "llmbatch-jobs", name) if e["reason"] == "InvalidRayJobSpec"]
+
+
+def _break_min_over_max(spec: dict[str, Any]) -> None:
+    group = spec["workerGroupSpecs"][0]
+    group["minReplicas"], group["maxReplicas"], group["replicas"] = 3, 1, 1
+
+
+def _break_suspend_with_autoscaler(spec: dict[str, Any]) -> None:
+    spec["enableInTreeAutoscaling"] = True
+    spec["workerGroupSpecs"][0]["suspend"] = True
+
+
+def _break_restart_policy_v2(spec: dict[str, Any]) -> None:
+    spec["enableInTreeAutoscaling"] = True
+    spec["autoscalerOptions"] = {**(spec.get("autoscalerOptions") or {}), "version": "v2"}
+    spec["workerGroupSpecs"][0]["template"]["spec"]["restartPolicy"] = "Always"
+
+
+def _break_resources_twice(spec: dict[str, Any]) -> None:
+    group = next(g for g in spec["workerGroupSpecs"] if (g.get("rayStartParams") or {}).get("resources"))
+    group["resources"] = {"llmbatch_engine": "1"}
+
+
+def _break_token_on_old_ray(spec: dict[str, Any]) -> None:
+    spec["authOptions"] = {"mode": "token"}
+    spec["rayVersion"] = "2.40.0"
+
+
+@pytest.mark.parametrize("breaker", [_break_min_over_max, _break_suspend_with_autoscaler,
+                                     _break_restart_policy_v2, _break_resources_twice,
+                                     _break_token_on_old_ray],
+                         ids=lambda f: f.__name__.removeprefix("_break_"))
+def test_a_rule_validate_deploy_enforces_is_enforced_by_the_real_operator(
+        plane: ControlPlane, kube: KubeClient, breaker: Callable[[dict[str, Any]], None]) -> None:
+    cluster = copy.deepcopy(vd.one(RENDERS["cpu-dev"](), "RayCluster"))
+    namespace = "llmbatch-rules"
+    _namespace(kube, namespace)
+    name = f"rule-{breaker.__name__.removeprefix('_break_').replace('_', '-')}"
+    cluster["metadata"] = {"name": name, "namespace": namespace}
+    breaker(cluster["spec"])
+    assert vd.kuberay_semantic_errors(cluster), "validate_deploy lets it through"
+    kube.apply(cluster)  # the CRD schema lets it through: only the operator knows the rule
+    plane.wait_for(f"an InvalidRayClusterSpec event for {name}", lambda: [
+        e for e in _events(kube, namespace, name) if e["reason"] == "InvalidRayClusterSpec"])
+    assert not _pods(kube, namespace, name)

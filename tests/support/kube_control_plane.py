@@ -1,0 +1,330 @@
+"""A real Kubernetes control plane on 127.0.0.1 for the deploy tests: etcd, kube-apiserver and the
+KubeRay operator, each built from the Go module proxy (deploy/tools/kubeapi,
+deploy/tools/kuberay-operator) once and cached under ``~/.cache/llmbatch/bin``.
+
+There is no kubelet and no container runtime (this machine has neither), so pods are created,
+admitted and stored, but never run. What is real: the API server's validation (native objects, the
+KubeRay CRDs' schemas and CEL rules, admission), server-side apply, and the KubeRay operator's own
+checks and the pods and services it builds from our RayCluster and RayService.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from llmbatch.stack.process import StackError, free_port, spawn, stop_tree, wait_until
+from llmbatch.stack.state import CACHE_DIR
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS = ROOT / "deploy" / "tools"
+KUBE_APISERVER = "k8s.io/kubernetes/cmd/kube-apiserver"
+ETCD = "go.etcd.io/etcd/server/v3"
+KUBERAY_OPERATOR = "github.com/ray-project/kuberay/ray-operator"
+FIELD_MANAGER = "llmbatch-tests"
+
+
+class KubeApiError(RuntimeError):
+    """The API server refused a request; ``status`` and ``reason`` are its answer's."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status, self.reason, self.message = status, reason, message
+
+
+class KindNotServed(LookupError):
+    """No API group on the server serves this apiVersion and kind (its CRD is not installed)."""
+
+
+def _binary_name(package: str) -> str:
+    parts = package.split("/")
+    return parts[-2] if re.fullmatch(r"v\d+", parts[-1]) else parts[-1]
+
+
+def go_binaries(module: Path, packages: Sequence[str]) -> dict[str, Path]:
+    """Build ``packages`` of the Go module in ``module`` (its go.mod pins them) once; return
+    package -> binary. The cache key is the module's go.mod and go.sum."""
+    digest = hashlib.sha256()
+    for name in ("go.mod", "go.sum"):
+        digest.update((module / name).read_bytes())
+    target = CACHE_DIR / "bin" / f"{module.name}-{digest.hexdigest()[:12]}"
+    binaries = {p: target / _binary_name(p) for p in packages}
+    if all(b.exists() for b in binaries.values()):
+        return binaries
+    go = shutil.which("go")
+    if go is None:
+        raise StackError(f"`go` is not on PATH: the deploy tests build {module} with it")
+    print(f"[setup] building {module.relative_to(ROOT)} with Go (first time only; minutes)",
+          file=sys.stderr, flush=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=readonly -buildvcs=false",
+           "CGO_ENABLED": "0"}
+    proc = subprocess.run([go, "build", "-trimpath", "-o", f"{tmp}/", *packages], cwd=module,
+                          env=env, capture_output=True, text=True, timeout=3600, check=False)
+    if proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise StackError(f"building {module.name} failed", f"{proc.stdout}{proc.stderr}"[-4000:])
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    for old in target.parent.glob(f"{module.name}-*"):  # keep only the current build
+        if old != target:
+            shutil.rmtree(old, ignore_errors=True)
+    return binaries
+
+
+def _tls(ca_cert: Path) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(ca_cert))
+
+
+class KubeClient:
+    """The few REST calls the tests need: discovery, server-side apply, get, list, delete."""
+
+    def __init__(self, server: str, token: str, ca_cert: Path) -> None:
+        self._http = httpx.Client(base_url=server, verify=_tls(ca_cert), timeout=30.0,
+                                  headers={"Authorization": f"Bearer {token}"})
+        self._resources: dict[str, dict[str, tuple[str, bool]]] = {}
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _request(self, method: str, url: str, **kwargs: Any) -> Any:
+        resp = self._http.request(method, url, **kwargs)
+        if resp.status_code >= 300:
+            try:
+                body = resp.json()
+            except ValueError:
+                body = {"reason": "", "message": resp.text}
+            raise KubeApiError(resp.status_code, body.get("reason", ""), body.get("message", ""))
+        return resp.json()
+
+    def _resource(self, api_version: str, kind: str) -> tuple[str, bool]:
+        if api_version not in self._resources:
+            base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+            try:
+                listing = self._request("GET", base)["resources"]
+            except KubeApiError as exc:
+                if exc.status == 404:
+                    raise KindNotServed(f"{api_version} is not served") from exc
+                raise
+            self._resources[api_version] = {
+                r["kind"]: (r["name"], r["namespaced"]) for r in listing if "/" not in r["name"]
+            }
+        try:
+            return self._resources[api_version][kind]
+        except KeyError:
+            raise KindNotServed(f"{api_version} {kind} is not served") from None
+
+    def path(self, api_version: str, kind: str, namespace: str | None = None,
+             name: str | None = None) -> str:
+        plural, namespaced = self._resource(api_version, kind)
+        base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        where = f"/namespaces/{namespace}" if namespaced and namespace else ""
+        return f"{base}{where}/{plural}" + (f"/{name}" if name else "")
+
+    def apply(self, obj: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        """Server-side apply, as ``kubectl apply --server-side --force-conflicts``."""
+        meta = obj["metadata"]
+        url = self.path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
+        params = {"fieldManager": FIELD_MANAGER, "force": "true", "fieldValidation": "Strict"}
+        if dry_run:
+            params["dryRun"] = "All"
+        result: dict[str, Any] = self._request(
+            "PATCH", url, params=params, content=json.dumps(obj),
+            headers={"Content-Type": "application/apply-patch+yaml"},
+        )
+        return result
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None
+            ) -> dict[str, Any] | None:
+        try:
+            obj: dict[str, Any] = self._request("GET", self.path(api_version, kind, namespace, name))
+        except KubeApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj
+
+    def list(self, api_version: str, kind: str, namespace: str | None = None,
+             selector: str | None = None) -> list[dict[str, Any]]:
+        params = {"labelSelector": selector} if selector else {}
+        items: list[dict[str, Any]] = self._request(
+            "GET", self.path(api_version, kind, namespace), params=params)["items"]
+        return items
+
+    def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> None:
+        with contextlib.suppress(KubeApiError):
+            self._request("DELETE", self.path(api_version, kind, namespace, name))
+
+
+@dataclass
+class ControlPlane:
+    """etcd, kube-apiserver and the KubeRay operator, started and stopped by PID."""
+
+    workdir: Path
+    server: str = ""
+    token: str = ""
+    ca_cert: Path = Path()
+    operator_log: Path = Path()
+    pids: list[int] = field(default_factory=list)
+
+    def client(self) -> KubeClient:
+        return KubeClient(self.server, self.token, self.ca_cert)
+
+    def stop(self) -> None:
+        for pid in reversed(self.pids):  # operator, then API server, then etcd
+            stop_tree(pid)
+        self.pids.clear()
+
+    def wait_for(self, what: str, check: Any, timeout: float = 60.0) -> Any:
+        """Poll ``check()`` until it returns something truthy; fail naming ``what``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = check()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what}: not within {timeout:.0f}s (operator log "
+                                     f"{self.operator_log})")
+            time.sleep(0.5)
+
+
+def _service_account_keys(workdir: Path) -> tuple[Path, Path]:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private, public = workdir / "sa.key", workdir / "sa.pub"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                          serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    private.chmod(0o600)
+    return private, public
+
+
+def _kubeconfig(path: Path, server: str, token: str, ca_cert: Path) -> None:
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "local",
+        "clusters": [{"name": "local", "cluster": {"server": server,
+                                                  "certificate-authority": str(ca_cert)}}],
+        "users": [{"name": "admin", "user": {"token": token}}],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
+    }
+    path.write_text(json.dumps(config))  # JSON is YAML
+    path.chmod(0o600)
+
+
+def start_control_plane(workdir: Path, crds: Sequence[dict[str, Any]]) -> ControlPlane:
+    """Start etcd, kube-apiserver (token auth, RBAC, default admission) with the
+    CustomResourceDefinitions ``crds`` installed, and the KubeRay operator watching every
+    namespace."""
+    kube = go_binaries(TOOLS / "kubeapi", [KUBE_APISERVER, ETCD])
+    operator = go_binaries(TOOLS / "kuberay-operator", [KUBERAY_OPERATOR])[KUBERAY_OPERATOR]
+    workdir.mkdir(parents=True, exist_ok=True)
+    plane = ControlPlane(workdir=workdir, token=secrets.token_hex(16))
+    try:
+        _start(plane, kube, operator, crds)
+    except BaseException:
+        plane.stop()
+        raise
+    return plane
+
+
+def _start(plane: ControlPlane, kube: dict[str, Path], operator: Path,
+           crds: Sequence[dict[str, Any]]) -> None:
+    work = plane.workdir
+    client_port, peer_port = free_port(), free_port()
+    etcd_log = work / "etcd.log"
+    pid = spawn([str(kube[ETCD]), "--name", "t", "--data-dir", str(work / "etcd"),
+                 "--listen-client-urls", f"http://127.0.0.1:{client_port}",
+                 "--advertise-client-urls", f"http://127.0.0.1:{client_port}",
+                 "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
+                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
+                 "--initial-cluster", f"t=http://127.0.0.1:{peer_port}",
+                 "--unsafe-no-fsync", "--log-level", "warn"], etcd_log)
+    plane.pids.append(pid)
+    wait_until(lambda: httpx.get(f"http://127.0.0.1:{client_port}/health").json()["health"] == "true",
+               60, pid, "etcd", etcd_log)
+
+    private, public = _service_account_keys(work)
+    tokens = work / "tokens.csv"
+    tokens.write_text(f'{plane.token},llmbatch-test-admin,llmbatch-test-admin,"system:masters"\n')
+    tokens.chmod(0o600)
+    port = free_port()
+    certs = work / "certs"
+    api_log = work / "kube-apiserver.log"
+    pid = spawn([str(kube[KUBE_APISERVER]), f"--etcd-servers=http://127.0.0.1:{client_port}",
+                 "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+                 f"--secure-port={port}", f"--cert-dir={certs}", f"--token-auth-file={tokens}",
+                 "--authorization-mode=RBAC", "--service-cluster-ip-range=10.96.0.0/16",
+                 # the `kubernetes` Service's endpoint would be 127.0.0.1, which it refuses
+                 "--endpoint-reconciler-type=none",
+                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                 f"--service-account-key-file={public}",
+                 f"--service-account-signing-key-file={private}"], api_log)
+    plane.pids.append(pid)
+    plane.server = f"https://127.0.0.1:{port}"
+    plane.ca_cert = certs / "apiserver.crt"
+    headers = {"Authorization": f"Bearer {plane.token}"}
+    wait_until(lambda: httpx.get(f"{plane.server}/readyz", headers=headers,
+                                 verify=_tls(plane.ca_cert)).status_code == 200,
+               180, pid, "kube-apiserver", api_log, interval=0.5)
+
+    client = plane.client()
+    try:
+        for crd in crds:
+            client.apply(crd)
+        def established(name: str) -> bool:
+            found = client.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", name) or {}
+            conditions = (found.get("status") or {}).get("conditions") or []
+            return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+        plane.wait_for("the CRDs established",
+                       lambda: all(established(crd["metadata"]["name"]) for crd in crds))
+    finally:
+        client.close()
+
+    kubeconfig = work / "kubeconfig"
+    _kubeconfig(kubeconfig, plane.server, plane.token, plane.ca_cert)
+    probe = free_port()
+    plane.operator_log = work / "kuberay-operator.log"
+    pid = spawn([str(operator), f"--metrics-addr=127.0.0.1:{free_port()}",
+                 f"--health-probe-bind-address=127.0.0.1:{probe}",
+                 "--enable-leader-election=false", "--log-stdout-encoder=console"],
+                plane.operator_log, env={"KUBECONFIG": str(kubeconfig)})
+    plane.pids.append(pid)
+    wait_until(lambda: httpx.get(f"http://127.0.0.1:{probe}/readyz").status_code == 200,
+               120, pid, "kuberay-operator", plane.operator_log)
+
+
+def build() -> None:
+    """Build (or find cached) every binary :func:`start_control_plane` runs."""
+    go_binaries(TOOLS / "kubeapi", [KUBE_APISERVER, ETCD])
+    go_binaries(TOOLS / "kuberay-operator", [KUBERAY_OPERATOR])
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="The tests' Kubernetes control plane.")
+    parser.add_argument("--build", action="store_true", required=True,
+                        help="build etcd, kube-apiserver and the KubeRay operator into the cache")
+    parser.parse_args()
+    build()
