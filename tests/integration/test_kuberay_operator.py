@@ -146,6 +146,26 @@ def _start_command(pod: dict[str, Any]) -> str:
     return " ".join([*container.get("command", []), *container.get("args", [])])
 
 
+def _api_token_holders(pod: dict[str, Any]) -> set[str]:
+    """Containers of a stored pod (after admission) that see a Kubernetes API token."""
+    token_volumes = {
+        v["name"] for v in pod["spec"].get("volumes") or []
+        if any("serviceAccountToken" in source for source in (v.get("projected") or {}).get("sources", []))
+    }
+    return {c["name"] for c in [*pod["spec"]["containers"], *(pod["spec"].get("initContainers") or [])]
+            if {m["name"] for m in c.get("volumeMounts") or []} & token_volumes}
+
+
+def assert_only_the_autoscaler_holds_an_api_token(pods: list[dict[str, Any]]) -> None:
+    """KubeRay's Role lets the head pod's account patch pods and the RayCluster itself. Job drivers
+    run in the head's Ray container: with that token a batch could rewrite the worker template (an
+    env from any Secret of the namespace, say). Only the autoscaler sidecar needs it."""
+    holders = {p["metadata"]["name"]: _api_token_holders(p) for p in pods}
+    wanted = {p["metadata"]["name"]: {"autoscaler"} & {c["name"] for c in p["spec"]["containers"]}
+              for p in pods}
+    assert holders == wanted
+
+
 def _worker_groups(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {g["groupName"]: g for g in spec.get("workerGroupSpecs") or []}
 
@@ -196,6 +216,7 @@ def test_the_operator_builds_the_dev_cluster_we_mean(plane: ControlPlane, kube: 
         if resources:  # the engine placement: `ray start --resources=...` carries it unchanged
             assert f"--resources={resources}" in _start_command(pod), _start_command(pod)
 
+    assert_only_the_autoscaler_holds_an_api_token(pods)
     text = json.dumps(pods)
     leaked = [v for v in _secret_values(objects) - {namespace} if v in text]
     assert not leaked, "a Secret's value is written into a pod the operator built"
@@ -258,6 +279,7 @@ def test_the_operator_turns_the_rayservice_into_a_cluster_scaling_engines_from_z
     assert "gpu" not in groups  # no GPU worker until a replica asks for one
     head = next(p for p in pods if p["metadata"]["labels"]["ray.io/group"] == "headgroup")
     assert "autoscaler" in {c["name"] for c in head["spec"]["containers"]}
+    assert_only_the_autoscaler_holds_an_api_token(pods)
     auth = {e["name"]: e for e in _ray_container(head).get("env", [])}["RAY_AUTH_TOKEN"]
     assert auth["valueFrom"]["secretKeyRef"]["name"] == wanted["authOptions"]["secretName"]
     for kind, obj in (("RayService", name), ("RayCluster", cluster_name)):
@@ -280,6 +302,12 @@ def test_the_operator_starts_the_per_batch_rayjobs_cluster(plane: ControlPlane, 
 
     created = plane.wait_for(f"the RayCluster of RayJob {name}", cluster)
     assert created["spec"]["rayVersion"] == job["spec"]["rayClusterSpec"]["rayVersion"]
+    cluster_name = created["metadata"]["name"]
+    expected = 1 + sum(g.get("replicas", 0) for g in _worker_groups(created["spec"]).values())
+    pods = plane.wait_for(
+        f"the pods of {cluster_name}",
+        lambda: found if len(found := _pods(kube, "llmbatch-jobs", cluster_name)) == expected else None)
+    assert_only_the_autoscaler_holds_an_api_token(pods)
     assert not [e for e in _events(kube, "llmbatch-jobs", name) if e["reason"] == "InvalidRayJobSpec"]
 
 
