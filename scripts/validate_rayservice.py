@@ -1,9 +1,9 @@
-"""KubeRay RayService checks and the Ray resources of worker groups, for scripts/validate_deploy.py.
+"""KubeRay RayService checks and the Ray resources of worker groups, for scripts/validate_kuberay.py.
 
 What no CRD schema says and the KubeRay operator / Ray autoscaler would only find out on a cluster:
 
 - the RayService rules of ray-operator's ``ValidateRayServiceMetadata`` / ``ValidateRayServiceSpec``
-  (the RayCluster rules of ``spec.rayClusterConfig`` are validate_deploy's, passed in);
+  (the RayCluster rules of ``spec.rayClusterConfig`` are validate_kuberay's, passed in);
 - ``serveConfigV2``: YAML, a Serve multi-application config, no credentials in its runtime_env, its
   HTTP port the head's ``serve`` port (KubeRay health-checks that one), and every deployment's
   ``ray_actor_options`` satisfiable by the head or a worker group that can scale up;

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import signal
@@ -27,23 +26,16 @@ import pytest
 from llmbatch.settings import KafkaSettings, LLMBatchSettings, S3Settings
 from llmbatch.stack.process import free_port
 from tests.support.dispatcher_kit import registry_env, settings_env
+from tests.support.scripts import load_file, load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
 
 
-def _load(name: str, path: Path) -> Any:
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-vd = _load("validate_deploy", ROOT / "scripts" / "validate_deploy.py")
-fetch_model = _load("fetch_model", ROOT / "deploy" / "docker" / "fetch_model.py")
+vd = load_script("validate_deploy")
+dockerfiles = load_script("validate_dockerfiles")
+grafana = load_script("validate_dashboard")
+fetch_model = load_file("fetch_model", ROOT / "deploy" / "docker" / "fetch_model.py")
 
 
 def _get(url: str, timeout: float = 5) -> tuple[int, str, str]:
@@ -56,7 +48,7 @@ def _get(url: str, timeout: float = 5) -> tuple[int, str, str]:
 
 def _image_argv() -> list[str]:
     """The dispatcher image's ENTRYPOINT + CMD, with the console script taken from this venv."""
-    runtime = vd.parse_dockerfile(vd.DOCKERFILES[0]).stage("runtime")
+    runtime = dockerfiles.parse_dockerfile(dockerfiles.DOCKERFILES[0]).stage("runtime")
     entry = json.loads([i for i in runtime.instructions if i.keyword == "ENTRYPOINT"][-1].args)
     cmd = json.loads([i for i in runtime.instructions if i.keyword == "CMD"][-1].args)
     argv = entry + cmd
@@ -160,15 +152,16 @@ async def test_dashboard_metrics_are_in_a_live_scrape(
     else:
         raise AssertionError(f"no dead letter counted:\n{text[-2000:]}\n{_tail(dispatcher)}")
 
-    scraped = vd.exposition_names(text)
-    dashboard = json.loads(vd.DASHBOARD.read_text())
-    referenced = set().union(*(vd.promql_metric_names(e) for _, e in vd.dashboard_targets(dashboard)))
+    scraped = grafana.exposition_names(text)
+    dashboard = json.loads(grafana.DASHBOARD.read_text())
+    targets = grafana.dashboard_targets(dashboard)
+    referenced = set().union(*(grafana.promql_metric_names(e) for _, e in targets))
     assert referenced, "the dashboard queries nothing"
     missing = referenced - scraped
     assert missing == set(), f"dashboard queries series the live /metrics lacks: {sorted(missing)}"
     # what the scrape offers under the llmbatch_ prefix is what the registry declares (no drift)
     assert {n for n in scraped if n.startswith("llmbatch_") and not n.endswith("_created")} >= set(
-        vd.registry_metrics()
+        grafana.registry_metrics()
     )
 
     # SIGTERM (Kubernetes / docker stop): clean exit well inside terminationGracePeriodSeconds

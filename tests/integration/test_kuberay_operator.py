@@ -7,7 +7,7 @@ proxy serves here). See tests/support/kube_control_plane.py.
 - the operator turns our RayCluster, RayService and RayJob into the pods we mean: engine workers
   carry the `llmbatch_engine` resource, the GPU group starts from zero, credentials reach pods only
   as Secret references, the autoscaler sidecar is there;
-- each rule scripts/validate_deploy.py re-implements from KubeRay's validation.go is one the real
+- each rule scripts/validate_kuberay.py re-implements from KubeRay's validation.go is one the real
   operator (or the API server) enforces too.
 
 No kubelet runs here: pods are created and stay Pending.
@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import base64
 import copy
-import importlib.util
 import json
-import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,8 +30,8 @@ from tests.support.kube_control_plane import (
     KubeClient,
     start_control_plane,
 )
+from tests.support.scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
 
 RAY = "ray.io/v1"
@@ -44,22 +41,13 @@ RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted",
               "pod-security.kubernetes.io/enforce-version": "latest"}
 
 
-def _load(name: str, path: Path) -> Any:
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-vd = _load("validate_deploy", ROOT / "scripts" / "validate_deploy.py")
+vd = load_script("validate_deploy")
+kuberay = load_script("validate_kuberay")
 
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    crds = [vd.crd_document(kind) for kind in ("RayCluster", "RayJob", "RayService")]
+    crds = [kuberay.crd_document(kind) for kind in ("RayCluster", "RayJob", "RayService")]
     started = start_control_plane(tmp_path_factory.mktemp("kube"), crds)
     try:
         yield started
@@ -341,7 +329,7 @@ def _break_token_on_old_ray(spec: dict[str, Any]) -> None:
                                      _break_restart_policy_v2, _break_resources_twice,
                                      _break_token_on_old_ray],
                          ids=lambda f: f.__name__.removeprefix("_break_"))
-def test_a_rule_validate_deploy_enforces_is_enforced_by_the_real_operator(
+def test_a_rule_validate_kuberay_enforces_is_enforced_by_the_real_operator(
         plane: ControlPlane, kube: KubeClient, breaker: Callable[[dict[str, Any]], None]) -> None:
     cluster = copy.deepcopy(vd.one(RENDERS["cpu-dev"](), "RayCluster"))
     namespace = "llmbatch-rules"
@@ -349,7 +337,7 @@ def test_a_rule_validate_deploy_enforces_is_enforced_by_the_real_operator(
     name = f"rule-{breaker.__name__.removeprefix('_break_').replace('_', '-')}"
     cluster["metadata"] = {"name": name, "namespace": namespace}
     breaker(cluster["spec"])
-    assert vd.kuberay_semantic_errors(cluster), "validate_deploy lets it through"
+    assert kuberay.kuberay_semantic_errors(cluster), "validate_kuberay lets it through"
     kube.apply(cluster)  # the CRD schema lets it through: only the operator knows the rule
     plane.wait_for(f"an InvalidRayClusterSpec event for {name}", lambda: [
         e for e in _events(kube, namespace, name) if e["reason"] == "InvalidRayClusterSpec"])

@@ -4,9 +4,7 @@ healthchecks, startup order, settings names, ports, volumes, pinned images, comm
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from itertools import combinations
 from pathlib import Path
 from typing import Any
@@ -14,21 +12,15 @@ from urllib.parse import urlparse
 
 import pytest
 
+from tests.support.scripts import load_file, load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.unit
 
 
-def _load(name: str, path: Path) -> Any:
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-vd = _load("validate_deploy", ROOT / "scripts" / "validate_deploy.py")
+vd = load_script("validate_deploy")
+dockerfiles = load_script("validate_dockerfiles")
+grafana = load_script("validate_dashboard")
 PROFILE_SETS = [(), ("cpu",), ("gpu",), ("cpu", "monitoring"), ("gpu", "monitoring")]
 
 
@@ -286,7 +278,7 @@ def test_images_are_pinned_or_built_here(everything: dict[str, Any]) -> None:
             build = service["build"]
             dockerfile = Path(build["context"]) / build["dockerfile"]
             assert dockerfile.exists(), dockerfile
-            stages = {s.name for s in vd.parse_dockerfile(dockerfile).stages}
+            stages = {s.name for s in dockerfiles.parse_dockerfile(dockerfile).stages}
             assert build.get("target") in stages | {None}, f"{name}: target {build.get('target')}"
             assert tag.endswith(build["target"]) if build.get("target") else True, (
                 f"{name}: tag says the target"
@@ -318,7 +310,7 @@ def test_commands_parse(everything: dict[str, Any]) -> None:
 
     import llmbatch.cli
 
-    fetch_model = _load("fetch_model", vd.DEPLOY / "docker" / "fetch_model.py")
+    fetch_model = load_file("fetch_model", vd.DEPLOY / "docker" / "fetch_model.py")
     checked = set()
     for name, service in everything.items():
         command = service.get("command") or []
@@ -356,7 +348,7 @@ def test_monitoring_provisioning(everything: dict[str, Any]) -> None:
         v["target"]: v["source"] for v in everything["grafana"]["volumes"] if v["type"] == "bind"
     }
     dashboards = [Path(s) for t, s in grafana_mounts.items() if t.endswith(".json")]
-    assert [d.resolve() for d in dashboards] == [vd.DASHBOARD.resolve()]
+    assert [d.resolve() for d in dashboards] == [grafana.DASHBOARD.resolve()]
     provider = vd.load_yaml((vd.DEPLOY / "compose/grafana/provisioning/dashboards/llmbatch.yaml").read_text())
     folder = provider["providers"][0]["options"]["path"]
     assert any(t.startswith(folder + "/") for t in grafana_mounts)

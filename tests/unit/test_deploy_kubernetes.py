@@ -27,24 +27,14 @@ from typer.testing import CliRunner
 from dispatcher.engines import cluster_serve_config
 from dispatcher.ops import engines_cli
 from ray_job import node_secrets
+from tests.support.scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.unit
 
 
-def _load_vd() -> Any:
-    if "validate_deploy" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            "validate_deploy", ROOT / "scripts" / "validate_deploy.py"
-        )
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["validate_deploy"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["validate_deploy"]
-
-
-vd = _load_vd()
+vd = load_script("validate_deploy")
+kuberay = load_script("validate_kuberay")
+grafana = load_script("validate_dashboard")
 
 # Secrets gpu-prod expects to exist already (created by the operator, never committed)
 EXTERNAL_SECRETS = {"llmbatch-credentials", "llmbatch-ray-auth", "llmbatch-api-keys"}
@@ -158,8 +148,8 @@ def test_kuberay_objects_validate_against_the_real_crds(
     for obj in objects:
         if obj["apiVersion"].startswith("ray.io/"):
             assert obj["apiVersion"] == "ray.io/v1"
-            assert vd.validate_kuberay(obj) == [], obj["metadata"]["name"]
-            assert vd.kuberay_semantic_errors(obj) == [], obj["metadata"]["name"]
+            assert kuberay.validate_kuberay(obj) == [], obj["metadata"]["name"]
+            assert kuberay.kuberay_semantic_errors(obj) == [], obj["metadata"]["name"]
             checked += 1
     assert checked == len(renders) + 2 + 1
 
@@ -168,25 +158,25 @@ def test_strict_crd_validation_catches_mistakes(renders: dict[str, list[dict[str
     cluster = _raycluster(renders["gpu-prod"])
     typo = copy.deepcopy(cluster)
     typo["spec"]["workerGroupSpecs"][0]["maxReplica"] = 3
-    assert any("maxReplica" in e for e in vd.validate_kuberay(typo))
+    assert any("maxReplica" in e for e in kuberay.validate_kuberay(typo))
     wrong_type = copy.deepcopy(cluster)
     wrong_type["spec"]["workerGroupSpecs"][0]["minReplicas"] = "zero"
-    assert vd.validate_kuberay(wrong_type)
+    assert kuberay.validate_kuberay(wrong_type)
     bad_enum = copy.deepcopy(cluster)
     bad_enum["spec"]["autoscalerOptions"]["upscalingMode"] = "Fast"
-    assert vd.validate_kuberay(bad_enum)
+    assert kuberay.validate_kuberay(bad_enum)
     old_ray = copy.deepcopy(cluster)
     old_ray["spec"]["rayVersion"] = "2.40.0"
-    assert any("token auth" in e for e in vd.kuberay_semantic_errors(old_ray))
+    assert any("token auth" in e for e in kuberay.kuberay_semantic_errors(old_ray))
 
 
 def test_rayjob_semantic_rules_catch_mistakes(rayjob_templates: dict[str, dict[str, Any]]) -> None:
     reuse = copy.deepcopy(rayjob_templates["rayjob-reuse-cluster.yaml"])
     reuse["spec"]["ttlSecondsAfterFinished"] = 60
-    assert any("ttlSecondsAfterFinished" in e for e in vd.kuberay_semantic_errors(reuse))
+    assert any("ttlSecondsAfterFinished" in e for e in kuberay.kuberay_semantic_errors(reuse))
     neither = copy.deepcopy(reuse)
     del neither["spec"]["clusterSelector"]
-    assert any("one of rayClusterSpec" in e for e in vd.kuberay_semantic_errors(neither))
+    assert any("one of rayClusterSpec" in e for e in kuberay.kuberay_semantic_errors(neither))
 
 
 def test_native_objects_validate_with_kubernetes_validate(renders: dict[str, list[dict[str, Any]]]) -> None:
@@ -532,7 +522,7 @@ def test_grafana_dashboard_configmap(renders: dict[str, list[dict[str, Any]]]) -
             if (c["metadata"].get("labels") or {}).get("grafana_dashboard") == "1"
         ]
         assert len(dashboards) == 1
-        assert dashboards[0]["data"]["llmbatch-dashboard.json"] == vd.DASHBOARD.read_text()
+        assert dashboards[0]["data"]["llmbatch-dashboard.json"] == grafana.DASHBOARD.read_text()
 
 
 # --- Ray ---------------------------------------------------------------------------------------------
@@ -605,7 +595,7 @@ ENGINE_RESOURCE = "llmbatch_engine"
 
 def _node(cluster_spec: dict[str, Any], group: str) -> dict[str, float]:
     """What one node of ``group`` offers, as the Ray autoscaler reads the spec."""
-    return dict(vd.rayservice_checks().node_resources(cluster_spec)[group])
+    return dict(kuberay.rayservice_checks().node_resources(cluster_spec)[group])
 
 
 @pytest.mark.parametrize("overlay", vd.OVERLAYS)
@@ -645,7 +635,7 @@ def test_the_registry_fits_the_cluster(renders: dict[str, list[dict[str, Any]]],
 
 
 def rs_checks() -> Any:
-    return vd.rayservice_checks()
+    return kuberay.rayservice_checks()
 
 
 # --- the engines as a RayService (overlays/gpu-prod-rayservice) --------------------------------------
@@ -819,35 +809,36 @@ RAYSERVICE_MISTAKES: dict[str, tuple[Mutation, str]] = {
 def test_rayservice_semantic_rules_catch_mistakes(
     renders: dict[str, list[dict[str, Any]]], mistake: str
 ) -> None:
-    assert vd.kuberay_semantic_errors(_rayservice(renders)) == []
+    assert kuberay.kuberay_semantic_errors(_rayservice(renders)) == []
     mutate, expected = RAYSERVICE_MISTAKES[mistake]
-    errors = vd.kuberay_semantic_errors(mutate(_rayservice(renders)))
+    errors = kuberay.kuberay_semantic_errors(mutate(_rayservice(renders)))
     assert any(expected in e for e in errors), errors
 
 
 def test_rayservice_crd_validation_is_strict(renders: dict[str, list[dict[str, Any]]]) -> None:
-    assert vd.validate_kuberay(_rayservice(renders)) == []
+    assert kuberay.validate_kuberay(_rayservice(renders)) == []
     typo = _rayservice(renders)
     typo["spec"]["serveConfigv2"] = typo["spec"].pop("serveConfigV2")
-    assert any("serveConfigv2" in e for e in vd.validate_kuberay(typo))
+    assert any("serveConfigv2" in e for e in kuberay.validate_kuberay(typo))
     nested = _set_path(_rayservice(renders), f"{GPU_GROUP}/maxReplica", 3)
-    assert any("maxReplica" in e for e in vd.validate_kuberay(nested))
+    assert any("maxReplica" in e for e in kuberay.validate_kuberay(nested))
     wrong_type = _set_path(_rayservice(renders), "spec/rayClusterDeletionDelaySeconds", "60")
-    assert vd.validate_kuberay(wrong_type)
+    assert kuberay.validate_kuberay(wrong_type)
     bad_auth = _set_path(_rayservice(renders), "spec/rayClusterConfig/authOptions/mode", "password")
-    assert vd.validate_kuberay(bad_auth)
+    assert kuberay.validate_kuberay(bad_auth)
     missing = _rayservice(renders)
     del missing["spec"]["rayClusterConfig"]
-    assert any("rayClusterConfig" in e for e in vd.validate_kuberay(missing))
+    assert any("rayClusterConfig" in e for e in kuberay.validate_kuberay(missing))
 
 
 def test_group_resource_quoting_is_checked_on_rayclusters_too(
     renders: dict[str, list[dict[str, Any]]],
 ) -> None:
     cluster = copy.deepcopy(vd.one(renders["gpu-prod"], "RayCluster"))
-    assert vd.kuberay_semantic_errors(cluster) == []
+    assert kuberay.kuberay_semantic_errors(cluster) == []
     cluster["spec"]["workerGroupSpecs"][0]["rayStartParams"]["resources"] = "llmbatch_engine=1"
-    assert any("RayCluster gpu: rayStartParams.resources" in e for e in vd.kuberay_semantic_errors(cluster))
+    errors = kuberay.kuberay_semantic_errors(cluster)
+    assert any("RayCluster gpu: rayStartParams.resources" in e for e in errors)
 
 
 def _served(settings: Any, name: str) -> Any:
@@ -1114,10 +1105,10 @@ def test_deploycheck_reports_kustomize_errors(tmp_path: Path) -> None:
 
 def test_crds_are_the_kuberay_release() -> None:
     for kind in ("RayCluster", "RayJob", "RayService"):
-        crd = vd.crd_document(kind)
+        crd = kuberay.crd_document(kind)
         assert crd["spec"]["group"] == "ray.io" and crd["spec"]["names"]["kind"] == kind
         assert [v["name"] for v in crd["spec"]["versions"] if v.get("storage")] == ["v1"]
-    assert os.path.basename(vd.kuberay_crd_dir()) == "kuberay-crds"
+    assert os.path.basename(kuberay.kuberay_crd_dir()) == "kuberay-crds"
 
 
 def test_every_ray_container_cleans_up_a_crashed_workers_processes(
@@ -1133,7 +1124,6 @@ def test_every_ray_container_cleans_up_a_crashed_workers_processes(
             for container in group["template"]["spec"]["containers"]:
                 env = {e["name"]: e.get("value") for e in container.get("env", [])}
                 assert env.get("RAY_process_group_cleanup_enabled") == "1", (overlay, container["name"])
-
 
 
 def test_cpu_dev_ray_pods_run_serve_as_quietly_as_the_local_stack(
