@@ -20,6 +20,7 @@ import shutil
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,11 @@ KUBE_APISERVER = "k8s.io/kubernetes/cmd/kube-apiserver"
 ETCD = "go.etcd.io/etcd/server/v3"
 KUBERAY_OPERATOR = "github.com/ray-project/kuberay/ray-operator"
 FIELD_MANAGER = "llmbatch-tests"
+# prometheus-operator's ServiceMonitor CRD (gpu-prod's ServiceMonitor), from the Go module proxy:
+# module, version, its go.sum hash (checked), the file inside
+SERVICEMONITOR_CRD = ("github.com/prometheus-operator/prometheus-operator", "v0.85.0",
+                      "h1:M5xLCLEoaW2IJfnuCwFzzpL+jSVQu3KGT84Pye+fW8s=",
+                      "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml")
 
 
 class KubeApiError(RuntimeError):
@@ -93,6 +99,25 @@ def go_binaries(module: Path, packages: Sequence[str]) -> dict[str, Path]:
 
 def _tls(ca_cert: Path) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(ca_cert))
+
+
+def go_module_file(module: str, version: str, h1: str, path: str) -> Path:
+    """``path`` inside Go module ``module@version``, downloaded through the Go module proxy (verified
+    by the checksum database, and against ``h1``) into Go's module cache."""
+    go = shutil.which("go")
+    if go is None:
+        raise StackError(f"`go` is not on PATH: the deploy tests download {module} with it")
+    with tempfile.TemporaryDirectory(prefix="llmbatch-gomod-") as outside_any_module:
+        proc = subprocess.run([go, "mod", "download", "-json", f"{module}@{version}"],
+                              cwd=outside_any_module, env={**os.environ, "GOTOOLCHAIN": "local",
+                                                           "GOFLAGS": "-mod=mod"},
+                              capture_output=True, text=True, timeout=600, check=False)
+    if proc.returncode != 0:
+        raise StackError(f"go mod download {module}@{version} failed", proc.stdout + proc.stderr)
+    found = json.loads(proc.stdout)
+    if found.get("Sum") != h1:
+        raise StackError(f"{module}@{version} is {found.get('Sum')}, not the pinned {h1}")
+    return Path(found["Dir"]) / path
 
 
 class KubeClient:
@@ -318,6 +343,7 @@ def build() -> None:
     """Build (or find cached) every binary :func:`start_control_plane` runs."""
     go_binaries(TOOLS / "kubeapi", [KUBE_APISERVER, ETCD])
     go_binaries(TOOLS / "kuberay-operator", [KUBERAY_OPERATOR])
+    go_module_file(*SERVICEMONITOR_CRD)
 
 
 if __name__ == "__main__":
@@ -325,6 +351,7 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description="The tests' Kubernetes control plane.")
     parser.add_argument("--build", action="store_true", required=True,
-                        help="build etcd, kube-apiserver and the KubeRay operator into the cache")
+                        help="build etcd, kube-apiserver and the KubeRay operator into the cache, "
+                             "and download the ServiceMonitor CRD")
     parser.parse_args()
     build()
