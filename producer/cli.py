@@ -21,50 +21,36 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
-import orjson
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from llmbatch.settings import LLMBatchSettings
+from producer.cli_args import (
+    EXIT_ERROR,
+    CliFailure,
+    parse_deadline,
+    parse_endpoint,
+    parse_metadata,
+    parse_since,
+)
+from producer.cli_events import describe, event_json
 from producer.client import BatchClient, ClientOptions, is_answer
 from producer.errors import InvalidInput, ProducerError, WaitTimeout
 from schemas import (
-    BatchProgress,
-    BatchRejected,
     BatchStatus,
-    Endpoint,
     Envelope,
     SchemaError,
-    TerminalEventData,
-    format_time,
-    parse_duration,
     utcnow,
 )
 
 T = TypeVar("T")
-EXIT_ERROR = 1
 EXIT_NOT_COMPLETED = 3
 EXIT_TIMEOUT = 4
 CLI_CONNECT_TIMEOUT_S = 5.0
-ENDPOINT_ALIASES = {
-    "chat": Endpoint.CHAT_COMPLETIONS,
-    "chat/completions": Endpoint.CHAT_COMPLETIONS,
-    "completions": Endpoint.COMPLETIONS,
-    "embeddings": Endpoint.EMBEDDINGS,
-    **{e.value: e for e in Endpoint},
-}
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-class CliFailure(Exception):
-    """A user-facing failure: printed as one line, exit code attached."""
-
-    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def _fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
@@ -140,98 +126,6 @@ def _run(ctx: typer.Context, body: Callable[[BatchClient], Awaitable[T]]) -> T:
         _fail(f"unexpected {type(exc).__name__}: {exc} (set LLMBATCH_DEBUG=1 for a traceback)")
 
 
-def _parse_endpoint(value: str) -> Endpoint:
-    key = value.strip()
-    endpoint = ENDPOINT_ALIASES.get(key) or ENDPOINT_ALIASES.get(key.lower())
-    if endpoint is None:
-        raise CliFailure(
-            f"unknown endpoint {value!r}: use chat (/v1/chat/completions) or completions (/v1/completions)"
-        )
-    return endpoint
-
-
-def _parse_metadata(pairs: list[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise CliFailure(f"--metadata {pair!r}: use key=value")
-        out[key] = value
-    return out
-
-
-def _parse_since(value: str | None) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        return utcnow() - parse_duration(value)
-    except ValueError:
-        pass
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise CliFailure(
-            f"--since {value!r}: use a duration such as 30m, 2h, 1d or an RFC 3339 time"
-        ) from None
-    if parsed.tzinfo is None:
-        raise CliFailure(f"--since {value!r}: add a UTC offset, e.g. {value}Z")
-    return parsed
-
-
-def _parse_deadline(value: str | None) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        return utcnow() + parse_duration(value)
-    except ValueError:
-        pass
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise CliFailure(
-            f"--deadline {value!r}: use an RFC 3339 time with offset or a duration like 2h"
-        ) from None
-    if parsed.tzinfo is None:
-        raise CliFailure(f"--deadline {value!r}: add a UTC offset, e.g. {value}Z")
-    return parsed
-
-
-def _event_json(envelope: Envelope[Any]) -> bytes:
-    return orjson.dumps(
-        {
-            "id": envelope.id,
-            "source": envelope.source,
-            "type": envelope.type.value,
-            "time": format_time(envelope.time),
-            "subject": envelope.subject,
-            "data": envelope.data.model_dump(mode="json"),
-        }
-    )
-
-
-def _describe(envelope: Envelope[Any]) -> str:
-    data = envelope.data
-    status = getattr(data, "status", None)
-    kind = envelope.type.value.removeprefix("llmbatch.batch.")
-    text = f"{format_time(envelope.time)} {envelope.subject} {kind}"
-    counts = getattr(data, "request_counts", None)
-    if counts is not None:
-        text += f" {counts.completed}+{counts.failed}/{counts.total}"
-    if isinstance(data, BatchRejected):
-        text += f" error={data.error.code}: {data.error.message}"
-        if data.dead_letter is not None:
-            where = data.dead_letter
-            text += f" dead_letter={where.topic}/{where.partition}@{where.offset}"
-    elif isinstance(data, TerminalEventData):
-        if data.error is not None:
-            text += f" error={data.error.code}: {data.error.message}"
-        if data.output_uris:
-            text += f" outputs={len(data.output_uris)}"
-    elif status is not None and not isinstance(data, BatchProgress):
-        text += f" {status}"
-    return text
-
-
 async def _follow(
     client: BatchClient,
     batch_id: str | None,
@@ -263,10 +157,10 @@ async def _follow(
                 if counts is not None and counts.total:
                     progress.update(task, total=counts.total, completed=counts.completed + counts.failed)
                 if as_json:
-                    sys.stdout.buffer.write(_event_json(envelope) + b"\n")
+                    sys.stdout.buffer.write(event_json(envelope) + b"\n")
                     sys.stdout.flush()
                 else:
-                    progress.console.print(_describe(envelope), markup=False)
+                    progress.console.print(describe(envelope), markup=False)
                 if batch_id is not None and is_answer(envelope, request_id):
                     return envelope
     return None
@@ -313,13 +207,13 @@ def submit(
         handle = await client.submit(
             file=file,
             model=model,
-            endpoint=_parse_endpoint(endpoint),
+            endpoint=parse_endpoint(endpoint),
             batch_id=batch_id,
-            metadata=_parse_metadata(metadata or []),
+            metadata=parse_metadata(metadata or []),
             tenant=tenant,
             priority=priority,
             completion_window=completion_window,
-            deadline=_parse_deadline(deadline),
+            deadline=parse_deadline(deadline),
             skip_invalid=skip_invalid,
         )
         typer.echo(handle.batch_id)
@@ -387,7 +281,7 @@ def watch(
     """Stream result events live; with an id, show progress and stop when the batch ends."""
 
     async def body(client: BatchClient) -> Envelope[Any] | None:
-        start = _parse_since(since)
+        start = parse_since(since)
         if start is None and batch_id is not None:
             start = utcnow() - timedelta(hours=24)
         follow = _follow(client, batch_id, since=start, as_json=json_output, show_progress=True,

@@ -23,7 +23,7 @@ from producer import (
     SyncBatchClient,
     new_batch_id,
 )
-from producer.cli import _describe
+from producer.cli_events import describe
 from producer.client import is_answer
 from producer.results import result_uris
 from schemas import BatchCompleted, BatchRejected, BatchStatus, Endpoint, Envelope, Manifest, parse_manifest
@@ -232,5 +232,5 @@ def test_a_wait_ends_at_its_own_rejection_or_a_final_one() -> None:
         source="urn:d",
     )
     assert is_answer(done) and is_answer(done, "e-mine")
-    text = _describe(mine)
+    text = describe(mine)
     assert "rejected" in text and "model_not_found" in text and "t.dlt/0@5" in text
