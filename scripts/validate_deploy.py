@@ -20,7 +20,6 @@ What it brings:
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -338,20 +337,11 @@ def build_settings(env: dict[str, str]) -> Any:
 # --- CLI ------------------------------------------------------------------------------------------
 
 
-def _sibling(name: str) -> Any:
-    """scripts/<name>.py, loaded by path once: scripts/ is no package, and this module may itself have
-    been loaded by path (the tests) or run as a script."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 def main(argv: list[str] | None = None) -> int:
     """``--build``: only build/cache deploycheck (e.g. from a setup step); else render and check all."""
+    # run as a script, scripts/ is sys.path[0] (a test that loaded it by path has it in sys.modules)
+    import validate_kuberay
+
     args = sys.argv[1:] if argv is None else argv
     print(f"deploycheck: {deploycheck_binary()}")
     if "--build" in args:
@@ -363,8 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"overlay {overlay}: {len(objects)} objects ({', '.join(kinds)})")
         for obj in objects:
             if obj["apiVersion"].startswith("ray.io/"):
-                kuberay = _sibling("validate_kuberay")
-                errors = kuberay.validate_kuberay(obj) + kuberay.kuberay_semantic_errors(obj)
+                errors = [*validate_kuberay.validate_kuberay(obj),
+                          *validate_kuberay.kuberay_semantic_errors(obj)]
             else:
                 errors = validate_native(obj) if is_native(obj) else []
             for error in errors:
