@@ -19,7 +19,6 @@ What it brings:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -44,7 +43,6 @@ ENV_EXAMPLE = ROOT / ".env.example"
 DECKCHECK_SRC = DEPLOY / "tools" / "deploycheck"
 KUBERNETES_VERSION = "1.37.0"
 KUBERAY_VERSION = "v1.7.0"
-CACHE = Path(os.environ.get("LLMBATCH_CACHE", Path.home() / ".cache" / "llmbatch"))
 
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: the CRDs are 2 MB of YAML
@@ -62,45 +60,10 @@ class DeployCheckError(RuntimeError):
 
 
 def deploycheck_binary() -> Path:
-    """Build deploy/tools/deploycheck once (Go module proxy) and return the cached binary."""
-    digest = hashlib.sha256()
-    for name in ("go.mod", "go.sum", "main.go"):
-        digest.update((DECKCHECK_SRC / name).read_bytes())
-    target = CACHE / "bin" / f"deploycheck-{digest.hexdigest()[:12]}"
-    if target.exists():
-        return target
-    go = shutil.which("go")
-    if go is None:
-        raise DeployCheckError(
-            "`go` is not on PATH: the deploy checks build deploy/tools/deploycheck with it"
-        )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    print("[setup] building deploy/tools/deploycheck (kustomize + compose-go) with Go "
-          "(first time only; ~1-3 min)", file=sys.stderr, flush=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}")
-    env = {
-        **os.environ,
-        "GOTOOLCHAIN": "local",
-        "GOFLAGS": "-mod=readonly -buildvcs=false",
-        "CGO_ENABLED": "0",
-    }
-    proc = subprocess.run(
-        [go, "build", "-trimpath", "-o", str(tmp), "."],
-        cwd=DECKCHECK_SRC,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        check=False,
-    )
-    if proc.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise DeployCheckError(f"building deploycheck failed:\n{proc.stdout}{proc.stderr}")
-    tmp.replace(target)
-    for old in target.parent.glob("deploycheck-*"):  # keep only the current build
-        if old != target and not old.name.startswith("."):
-            old.unlink(missing_ok=True)
-    return target
+    """deploy/tools/deploycheck, built once (Go module proxy) and cached (llmbatch.stack.go_build)."""
+    from llmbatch.stack.go_build import go_binaries
+
+    return go_binaries(DECKCHECK_SRC, ["."])["."]
 
 
 def _run_deploycheck(*args: str) -> str:

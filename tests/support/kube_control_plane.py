@@ -11,15 +11,12 @@ checks and the pods and services it builds from our RayCluster and RayService.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import re
 import secrets
 import shutil
 import ssl
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -31,8 +28,8 @@ import httpx
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from llmbatch.stack.go_build import go_binaries
 from llmbatch.stack.process import StackError, free_port, spawn, stop_tree, wait_until
-from llmbatch.stack.state import CACHE_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ROOT / "deploy" / "tools"
@@ -57,44 +54,6 @@ class KubeApiError(RuntimeError):
 
 class KindNotServed(LookupError):
     """No API group on the server serves this apiVersion and kind (its CRD is not installed)."""
-
-
-def _binary_name(package: str) -> str:
-    parts = package.split("/")
-    return parts[-2] if re.fullmatch(r"v\d+", parts[-1]) else parts[-1]
-
-
-def go_binaries(module: Path, packages: Sequence[str]) -> dict[str, Path]:
-    """Build ``packages`` of the Go module in ``module`` (its go.mod pins them) once; return
-    package -> binary. The cache key is the module's go.mod and go.sum."""
-    digest = hashlib.sha256()
-    for name in ("go.mod", "go.sum"):
-        digest.update((module / name).read_bytes())
-    target = CACHE_DIR / "bin" / f"{module.name}-{digest.hexdigest()[:12]}"
-    binaries = {p: target / _binary_name(p) for p in packages}
-    if all(b.exists() for b in binaries.values()):
-        return binaries
-    go = shutil.which("go")
-    if go is None:
-        raise StackError(f"`go` is not on PATH: the deploy tests build {module} with it")
-    print(f"[setup] building {module.relative_to(ROOT)} with Go (first time only; minutes)",
-          file=sys.stderr, flush=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=readonly -buildvcs=false",
-           "CGO_ENABLED": "0"}
-    proc = subprocess.run([go, "build", "-trimpath", "-o", f"{tmp}/", *packages], cwd=module,
-                          env=env, capture_output=True, text=True, timeout=3600, check=False)
-    if proc.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise StackError(f"building {module.name} failed", f"{proc.stdout}{proc.stderr}"[-4000:])
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
-    for old in target.parent.glob(f"{module.name}-*"):  # keep only the current build
-        if old != target:
-            shutil.rmtree(old, ignore_errors=True)
-    return binaries
 
 
 def _tls(ca_cert: Path) -> ssl.SSLContext:
