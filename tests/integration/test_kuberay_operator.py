@@ -24,33 +24,27 @@ from typing import Any
 
 import pytest
 
-from tests.support.kube_control_plane import (
-    SERVICEMONITOR_CRD,
-    ControlPlane,
-    KindNotServed,
-    KubeApiError,
-    KubeClient,
-    go_module_file,
-    start_control_plane,
+from tests.support.kube_control_plane import ControlPlane, KubeApiError, KubeClient, start_control_plane
+from tests.support.kube_objects import (
+    RAY,
+    apply_all,
+    cluster_pods,
+    crds,
+    ensure_namespace,
+    kuberay,
+    object_events,
+    ray_container,
+    start_command,
+    vd,
+    worker_groups,
 )
-from tests.support.scripts import load_script
 
 pytestmark = pytest.mark.integration
-
-RAY = "ray.io/v1"
-RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted",
-              "pod-security.kubernetes.io/enforce-version": "latest"}
-
-
-vd = load_script("validate_deploy")
-kuberay = load_script("validate_kuberay")
 
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    crds = [kuberay.crd_document(kind) for kind in ("RayCluster", "RayJob", "RayService")]
-    crds.append(vd.load_yaml(go_module_file(*SERVICEMONITOR_CRD).read_text()))
-    started = start_control_plane(tmp_path_factory.mktemp("kube"), crds)
+    started = start_control_plane(tmp_path_factory.mktemp("kube"), crds())
     try:
         yield started
     finally:
@@ -78,44 +72,6 @@ def _renders() -> dict[str, Callable[[], list[dict[str, Any]]]]:
 RENDERS = _renders()
 
 
-def _namespace(kube: KubeClient, name: str, labels: dict[str, str] | None = None) -> None:
-    """The namespace (restricted Pod Security unless ``labels`` say otherwise) and its `default`
-    ServiceAccount (kube-controller-manager's job; none runs here, and the ServiceAccount admission
-    plugin refuses pods without it)."""
-    kube.apply({"apiVersion": "v1", "kind": "Namespace",
-                "metadata": {"name": name, "labels": labels or RESTRICTED}})
-    kube.apply({"apiVersion": "v1", "kind": "ServiceAccount",
-                "metadata": {"name": "default", "namespace": name}})
-
-
-def apply_all(kube: KubeClient, objects: list[dict[str, Any]], *, dry_run: bool) -> set[tuple[str, str]]:
-    """Apply ``objects`` (namespaces for real first); return the kinds no API group serves."""
-    for obj in objects:
-        if obj["kind"] == "Namespace":
-            _namespace(kube, obj["metadata"]["name"], obj["metadata"].get("labels"))
-    skipped: set[tuple[str, str]] = set()
-    errors = []
-    for obj in objects:
-        if obj["kind"] == "Namespace":
-            continue
-        try:
-            kube.apply(obj, dry_run=dry_run)
-        except KindNotServed:
-            skipped.add((obj["apiVersion"], obj["kind"]))
-        except KubeApiError as exc:
-            errors.append(f"{obj['kind']}/{obj['metadata']['name']}: {exc}")
-    assert not errors, "the API server refused:\n" + "\n".join(errors)
-    return skipped
-
-
-def _events(kube: KubeClient, namespace: str, name: str) -> list[dict[str, Any]]:
-    return [e for e in kube.list("v1", "Event", namespace) if e["involvedObject"]["name"] == name]
-
-
-def _pods(kube: KubeClient, namespace: str, cluster: str) -> list[dict[str, Any]]:
-    return kube.list("v1", "Pod", namespace, selector=f"ray.io/cluster={cluster}")
-
-
 def _secret_values(objects: list[dict[str, Any]]) -> set[str]:
     values = set()
     for obj in objects:
@@ -124,16 +80,6 @@ def _secret_values(objects: list[dict[str, Any]]) -> set[str]:
         values |= set((obj.get("stringData") or {}).values())
         values |= {base64.b64decode(v).decode() for v in (obj.get("data") or {}).values()}
     return {v for v in values if len(v) >= 8}
-
-
-def _ray_container(pod: dict[str, Any]) -> dict[str, Any]:
-    found: dict[str, Any] = pod["spec"]["containers"][0]  # KubeRay's rule: Ray runs in the first
-    return found
-
-
-def _start_command(pod: dict[str, Any]) -> str:
-    container = _ray_container(pod)
-    return " ".join([*container.get("command", []), *container.get("args", [])])
 
 
 def _api_token_holders(pod: dict[str, Any]) -> set[str]:
@@ -156,10 +102,6 @@ def assert_only_the_autoscaler_holds_an_api_token(pods: list[dict[str, Any]]) ->
     assert holders == wanted
 
 
-def _worker_groups(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {g["groupName"]: g for g in spec.get("workerGroupSpecs") or []}
-
-
 @pytest.mark.parametrize("render", sorted(RENDERS))
 def test_the_api_server_accepts_every_rendered_object(kube: KubeClient, render: str) -> None:
     skipped = apply_all(kube, RENDERS[render](), dry_run=True)
@@ -169,7 +111,7 @@ def test_the_api_server_accepts_every_rendered_object(kube: KubeClient, render: 
 def test_the_api_server_refuses_a_field_the_crd_does_not_have(kube: KubeClient) -> None:
     """The check above can fail: strict field validation names an unknown field."""
     cluster = copy.deepcopy(vd.one(RENDERS["cpu-dev"](), "RayCluster"))
-    _namespace(kube, cluster["metadata"]["namespace"])
+    ensure_namespace(kube, cluster["metadata"]["namespace"])
     cluster["spec"]["headGroupSpec"]["rayStartParam"] = {"num-cpus": "0"}  # typo of rayStartParams
     with pytest.raises(KubeApiError, match="rayStartParam"):
         kube.apply(cluster, dry_run=True)
@@ -180,14 +122,14 @@ def test_the_operator_builds_the_dev_cluster_we_mean(plane: ControlPlane, kube: 
     apply_all(kube, objects, dry_run=False)
     cluster = vd.one(objects, "RayCluster")
     namespace, name = cluster["metadata"]["namespace"], cluster["metadata"]["name"]
-    groups = _worker_groups(cluster["spec"])
+    groups = worker_groups(cluster["spec"])
     expected_workers = sum(g.get("replicas", g.get("minReplicas", 0)) for g in groups.values())
 
     pods = plane.wait_for(
         f"head and {expected_workers} worker pods of {name}",
-        lambda: (found if len(found := _pods(kube, namespace, name)) == 1 + expected_workers
+        lambda: (found if len(found := cluster_pods(kube, namespace, name)) == 1 + expected_workers
                  else None))
-    assert not [e for e in _events(kube, namespace, name) if e["reason"] == "InvalidRayClusterSpec"]
+    assert not [e for e in object_events(kube, namespace, name) if e["reason"] == "InvalidRayClusterSpec"]
     # the API server admitted every pod, the containers KubeRay adds included, under restricted
     live = kube.get("v1", "Namespace", namespace)
     assert live is not None
@@ -197,21 +139,21 @@ def test_the_operator_builds_the_dev_cluster_we_mean(plane: ControlPlane, kube: 
     assert "autoscaler" in {c["name"] for c in head["spec"]["containers"]}  # KubeRay's sidecar
     for group_name in groups:  # and its init container, each admitted as restricted
         assert "wait-gcs-ready" in {c["name"] for c in by_group[group_name]["spec"]["initContainers"]}
-    assert "ray start --head" in _start_command(head)
-    assert _ray_container(head)["image"] == cluster["spec"]["headGroupSpec"]["template"]["spec"][
+    assert "ray start --head" in start_command(head)
+    assert ray_container(head)["image"] == cluster["spec"]["headGroupSpec"]["template"]["spec"][
         "containers"][0]["image"]
     for group_name, group in groups.items():
         pod = by_group[group_name]
         resources = (group.get("rayStartParams") or {}).get("resources")
         if resources:  # the engine placement: `ray start --resources=...` carries it unchanged
-            assert f"--resources={resources}" in _start_command(pod), _start_command(pod)
+            assert f"--resources={resources}" in start_command(pod), start_command(pod)
 
     assert_only_the_autoscaler_holds_an_api_token(pods)
     text = json.dumps(pods)
     leaked = [v for v in _secret_values(objects) - {namespace} if v in text]
     assert not leaked, "a Secret's value is written into a pod the operator built"
     for pod in pods:
-        env = {e["name"]: e for e in _ray_container(pod).get("env", [])}
+        env = {e["name"]: e for e in ray_container(pod).get("env", [])}
         assert "secretKeyRef" in env["RAY_AUTH_TOKEN"]["valueFrom"], env["RAY_AUTH_TOKEN"]
         assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "LLMBATCH_S3__ACCESS_KEY",
                     "LLMBATCH_S3__SECRET_KEY"} & set(env)
@@ -230,9 +172,9 @@ def test_restricted_pod_security_refuses_a_head_without_its_security_context(
     head["containers"][0].pop("securityContext")
     kube.apply(cluster)
     refusals = plane.wait_for(f"FailedToCreateHeadPod for {name}", lambda: [
-        e for e in _events(kube, namespace, name) if e["reason"] == "FailedToCreateHeadPod"])
+        e for e in object_events(kube, namespace, name) if e["reason"] == "FailedToCreateHeadPod"])
     assert 'violates PodSecurity "restricted:latest"' in refusals[0]["message"]
-    groups = {p["metadata"]["labels"]["ray.io/group"] for p in _pods(kube, namespace, name)}
+    groups = {p["metadata"]["labels"]["ray.io/group"] for p in cluster_pods(kube, namespace, name)}
     assert "headgroup" not in groups
     kube.delete(RAY, "RayCluster", name, namespace)
 
@@ -255,24 +197,24 @@ def test_the_operator_turns_the_rayservice_into_a_cluster_scaling_engines_from_z
     wanted = service["spec"]["rayClusterConfig"]
     assert cluster["spec"]["enableInTreeAutoscaling"] is True
     assert cluster["spec"]["authOptions"] == wanted["authOptions"]
-    gpu = _worker_groups(cluster["spec"])["gpu"]
+    gpu = worker_groups(cluster["spec"])["gpu"]
     assert (gpu["minReplicas"], gpu.get("replicas", 0)) == (0, 0)
     assert "llmbatch_engine" in gpu["rayStartParams"]["resources"]
 
     cluster_name = cluster["metadata"]["name"]
-    expected = 1 + sum(g.get("replicas", 0) for g in _worker_groups(cluster["spec"]).values())
+    expected = 1 + sum(g.get("replicas", 0) for g in worker_groups(cluster["spec"]).values())
     pods = plane.wait_for(
         f"the pods of {cluster_name}",
-        lambda: found if len(found := _pods(kube, namespace, cluster_name)) == expected else None)
+        lambda: found if len(found := cluster_pods(kube, namespace, cluster_name)) == expected else None)
     groups = {p["metadata"]["labels"]["ray.io/group"] for p in pods}
     assert "gpu" not in groups  # no GPU worker until a replica asks for one
     head = next(p for p in pods if p["metadata"]["labels"]["ray.io/group"] == "headgroup")
     assert "autoscaler" in {c["name"] for c in head["spec"]["containers"]}
     assert_only_the_autoscaler_holds_an_api_token(pods)
-    auth = {e["name"]: e for e in _ray_container(head).get("env", [])}["RAY_AUTH_TOKEN"]
+    auth = {e["name"]: e for e in ray_container(head).get("env", [])}["RAY_AUTH_TOKEN"]
     assert auth["valueFrom"]["secretKeyRef"]["name"] == wanted["authOptions"]["secretName"]
     for kind, obj in (("RayService", name), ("RayCluster", cluster_name)):
-        bad = [e for e in _events(kube, namespace, obj) if e["reason"].startswith("Invalid")]
+        bad = [e for e in object_events(kube, namespace, obj) if e["reason"].startswith("Invalid")]
         assert not bad, f"{kind} {obj}: {bad}"
 
 
@@ -280,7 +222,7 @@ def test_the_operator_starts_the_per_batch_rayjobs_cluster(plane: ControlPlane, 
                                                            ) -> None:
     job = vd.load_yaml_objects(vd.KUSTOMIZE / "rayjob" / "rayjob-per-batch.yaml")[0]
     job["metadata"]["namespace"] = "llmbatch-jobs"
-    _namespace(kube, "llmbatch-jobs")
+    ensure_namespace(kube, "llmbatch-jobs")
     kube.apply(job)
     name = job["metadata"]["name"]
 
@@ -292,12 +234,13 @@ def test_the_operator_starts_the_per_batch_rayjobs_cluster(plane: ControlPlane, 
     created = plane.wait_for(f"the RayCluster of RayJob {name}", cluster)
     assert created["spec"]["rayVersion"] == job["spec"]["rayClusterSpec"]["rayVersion"]
     cluster_name = created["metadata"]["name"]
-    expected = 1 + sum(g.get("replicas", 0) for g in _worker_groups(created["spec"]).values())
+    expected = 1 + sum(g.get("replicas", 0) for g in worker_groups(created["spec"]).values())
     pods = plane.wait_for(
         f"the pods of {cluster_name}",
-        lambda: found if len(found := _pods(kube, "llmbatch-jobs", cluster_name)) == expected else None)
+        lambda: (found if len(found := cluster_pods(kube, "llmbatch-jobs", cluster_name)) == expected
+                 else None))
     assert_only_the_autoscaler_holds_an_api_token(pods)
-    assert not [e for e in _events(kube, "llmbatch-jobs", name) if e["reason"] == "InvalidRayJobSpec"]
+    assert not [e for e in object_events(kube, "llmbatch-jobs", name) if e["reason"] == "InvalidRayJobSpec"]
 
 
 def _break_min_over_max(spec: dict[str, Any]) -> None:
@@ -334,12 +277,12 @@ def test_a_rule_validate_kuberay_enforces_is_enforced_by_the_real_operator(
         plane: ControlPlane, kube: KubeClient, breaker: Callable[[dict[str, Any]], None]) -> None:
     cluster = copy.deepcopy(vd.one(RENDERS["cpu-dev"](), "RayCluster"))
     namespace = "llmbatch-rules"
-    _namespace(kube, namespace)
+    ensure_namespace(kube, namespace)
     name = f"rule-{breaker.__name__.removeprefix('_break_').replace('_', '-')}"
     cluster["metadata"] = {"name": name, "namespace": namespace}
     breaker(cluster["spec"])
     assert kuberay.kuberay_semantic_errors(cluster), "validate_kuberay lets it through"
     kube.apply(cluster)  # the CRD schema lets it through: only the operator knows the rule
     plane.wait_for(f"an InvalidRayClusterSpec event for {name}", lambda: [
-        e for e in _events(kube, namespace, name) if e["reason"] == "InvalidRayClusterSpec"])
-    assert not _pods(kube, namespace, name)
+        e for e in object_events(kube, namespace, name) if e["reason"] == "InvalidRayClusterSpec"])
+    assert not cluster_pods(kube, namespace, name)

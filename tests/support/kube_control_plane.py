@@ -80,7 +80,8 @@ def go_module_file(module: str, version: str, h1: str, path: str) -> Path:
 
 
 class KubeClient:
-    """The few REST calls the tests need: discovery, server-side apply, get, list, delete."""
+    """The few REST calls the tests need: discovery, server-side apply, get, list, delete, and
+    service account tokens."""
 
     def __init__(self, server: str, token: str, ca_cert: Path) -> None:
         self._http = httpx.Client(base_url=server, verify=_tls(ca_cert), timeout=30.0,
@@ -153,6 +154,31 @@ class KubeClient:
         items: list[dict[str, Any]] = self._request(
             "GET", self.path(api_version, kind, namespace), params=params)["items"]
         return items
+
+    def request_token(self, namespace: str, service_account: str, *, expiration_seconds: int,
+                      audiences: Sequence[str] = (), bound_pod: dict[str, Any] | None = None) -> str:
+        """A token of ``service_account``, asked for as the kubelet asks for the one in a pod's
+        projected ``serviceAccountToken`` volume (TokenRequest API, bound to ``bound_pod``)."""
+        spec: dict[str, Any] = {"expirationSeconds": expiration_seconds}
+        if audiences:
+            spec["audiences"] = list(audiences)
+        if bound_pod is not None:
+            meta = bound_pod["metadata"]
+            spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
+                                      "uid": meta["uid"]}
+        url = self.path("v1", "ServiceAccount", namespace, service_account) + "/token"
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+        token: str = self._request("POST", url, json=body)["status"]["token"]
+        return token
+
+    def patch_status(self, api_version: str, kind: str, name: str, namespace: str,
+                     status: dict[str, Any]) -> dict[str, Any]:
+        """Merge ``status`` into the object's status subresource (what a kubelet does for a pod)."""
+        result: dict[str, Any] = self._request(
+            "PATCH", self.path(api_version, kind, namespace, name) + "/status",
+            content=json.dumps({"status": status}),
+            headers={"Content-Type": "application/merge-patch+json"})
+        return result
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> None:
         with contextlib.suppress(KubeApiError):

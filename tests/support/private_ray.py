@@ -10,7 +10,7 @@ import os
 import secrets
 import shutil
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -64,8 +64,11 @@ def keep_session_logs(temp: Path, dest: Path) -> None:
 class PrivateRay:
     def __init__(self, run_dir: Path, num_cpus: int = 2, resources: dict[str, float] | None = None,
                  auth_token: str | None = None, s3: S3Settings | None = None,
-                 redis_password: str | None = None) -> None:
+                 redis_password: str | None = None, start_args: Sequence[str] = (),
+                 env: Mapping[str, str] | None = None) -> None:
         self.run_dir = run_dir
+        self.start_args = list(start_args)  # more ``ray start`` options, e.g. ``--no-monitor``
+        self.env = dict(env or {})  # more environment for the head's processes
         # what its jobs and replicas find in their environment (never sent in a runtime_env)
         self.node_env = ray_node_credentials(s3.access_key.get_secret_value(),
                                              s3.secret_key.get_secret_value(), redis_password) if s3 else {}
@@ -112,6 +115,7 @@ class PrivateRay:
                **QUIET_LOG_MONITOR_ENV, **QUIET_SERVE_ENV, **self.node_env}
         if self.auth_token is not None:
             env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.auth_token)
+        env.update(self.env)
         argv = [
             str(ray_executable()),
             "start",
@@ -130,6 +134,7 @@ class PrivateRay:
             "--object-store-memory=500000000",
             f"--temp-dir={temp}",
             "--disable-usage-stats",
+            *self.start_args,
         ]
         if self.resources is not None:
             argv.append(f"--resources={json.dumps(self.resources)}")
@@ -192,8 +197,11 @@ class PrivateRayWorker:
 
     def __init__(self, head: PrivateRay, run_dir: Path, *, num_cpus: int = 1,
                  resources: dict[str, float] | None = None, name: str = "worker",
-                 node_env: dict[str, str] | None = None) -> None:
+                 node_env: dict[str, str] | None = None, start_args: Sequence[str] = (),
+                 env: Mapping[str, str] | None = None) -> None:
         self.head = head
+        self.start_args = list(start_args)  # more ``ray start`` options, e.g. ``--num-gpus=1``
+        self.env = dict(env or {})  # more environment for the node's processes
         # what its jobs and replicas find in their environment: the head's unless given (a tenant
         # pool's node carries that tenant's own S3 keys)
         self.node_env = dict(head.node_env if node_env is None else node_env)
@@ -228,6 +236,9 @@ class PrivateRayWorker:
         before = {n["node_id"] for n in self.head.nodes()}
         env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1",
                **QUIET_LOG_MONITOR_ENV, **QUIET_SERVE_ENV, **self.node_env}
+        if self.head.auth_token is not None:
+            env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.head.auth_token)
+        env.update(self.env)
         argv = [
             str(ray_executable()),
             "start",
@@ -247,6 +258,7 @@ class PrivateRayWorker:
             "--object-store-memory=200000000",
             f"--temp-dir={self.temp}",
             "--disable-usage-stats",
+            *self.start_args,
         ]
         self.node_id = None
         self.pid = spawn(argv, self.log, env=env)

@@ -1,0 +1,228 @@
+"""gpu-prod's engine group scales 0 -> 2 -> 0 by Ray's own autoscaler, as KubeRay runs it.
+
+The pieces are real: the tests' control plane (kube-apiserver, the KubeRay operator; see
+tests/support/kube_control_plane.py) holding gpu-prod as rendered, a Ray head on this machine
+started as the operator's head pod says (``--no-monitor``, no CPUs, autoscaler v2, the pod's
+``RAY_*`` environment, token auth), and Ray's ``kuberay-autoscaler`` with the files our manifest's
+projected volume gives the ``autoscaler`` container: a token of the head pod's service account
+(TokenRequest, bound to the pod, as the kubelet asks for it) and the cluster CA.
+
+No kubelet runs here; the test stands in for it on the GPU pods the operator makes: it starts a Ray
+node as the pod's container would (``ray start --address`` with the pod's resources and ``RAY_*``
+environment: the pod's name as the node's cloud instance id) and reports the pod Running.
+
+What it shows: demand for the engine resource (``llmbatch_engine``) makes the autoscaler patch the
+RayCluster's GPU group from 0 to 2 replicas with only that account's rights, and the operator makes
+two GPU pods; the CPU group is left alone; once the demand is gone and the nodes are idle, the
+autoscaler takes the group back to 0 and the operator deletes the pods. The same token cannot read
+the namespace's Secrets. One knob differs from gpu-prod: the idle timeout (seconds, not minutes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmbatch.stack.process import free_port, spawn, stop_tree
+from tests.support.kube_control_plane import ControlPlane, KubeApiError, KubeClient, start_control_plane
+from tests.support.kube_objects import (
+    RAY,
+    apply_all,
+    cluster_pods,
+    container,
+    container_env,
+    crds,
+    project_volume,
+    ray_container,
+    start_command,
+    vd,
+    worker_groups,
+)
+from tests.support.private_ray import PrivateRay, PrivateRayWorker
+
+pytestmark = pytest.mark.integration
+
+ENGINE_DEMAND = [{"llmbatch_engine": 1}, {"llmbatch_engine": 1}]
+IDLE_TIMEOUT_S = 5  # gpu-prod: 900 s
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    started = start_control_plane(tmp_path_factory.mktemp("kube"), crds())
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def _replicas(kube: KubeClient, namespace: str, name: str) -> dict[str, int]:
+    cluster = kube.get(RAY, "RayCluster", name, namespace)
+    assert cluster is not None
+    return {g: spec.get("replicas", 0) for g, spec in worker_groups(cluster["spec"]).items()}
+
+
+def _group_pods(kube: KubeClient, namespace: str, name: str, group: str) -> list[dict[str, Any]]:
+    return [p for p in cluster_pods(kube, namespace, name)
+            if p["metadata"]["labels"]["ray.io/group"] == group
+            and "deletionTimestamp" not in p["metadata"]]
+
+
+def _publish_root_ca(kube: KubeClient, plane: ControlPlane, namespace: str) -> None:
+    """kube-root-ca.crt, which kube-controller-manager (not run here) publishes in every namespace."""
+    kube.apply({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "kube-root-ca.crt", "namespace": namespace},
+                "data": {"ca.crt": plane.ca_cert.read_text()}})
+
+
+def _operators_secrets(kube: KubeClient, namespace: str) -> None:
+    """The Secrets gpu-prod's kustomization.yaml has the operator create before the first apply."""
+    for name, keys in (("llmbatch-credentials", ("s3-access-key", "s3-secret-key", "redis-password",
+                                                 "replay-key")),
+                       ("llmbatch-ray-auth", ("auth_token",))):
+        kube.apply({"apiVersion": "v1", "kind": "Secret",
+                    "metadata": {"name": name, "namespace": namespace},
+                    "stringData": {key: secrets.token_hex(32) for key in keys}})
+
+
+def _request_resources(ray: PrivateRay, bundles: list[dict[str, Any]]) -> None:
+    """A driver asks the autoscaler for ``bundles`` (Ray's ``request_resources``; ``[]`` withdraws
+    the request), then exits."""
+    code = ("import sys, json, ray; from ray.autoscaler.sdk import request_resources; "
+            "ray.init(address=sys.argv[1], log_to_driver=False); "
+            "request_resources(bundles=json.loads(sys.argv[2])); ray.shutdown()")
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": str(ray.auth_token)}
+    subprocess.run([sys.executable, "-c", code, ray.gcs_address, json.dumps(bundles)],
+                   env=env, check=True, timeout=120, capture_output=True)
+
+
+def _run_as_kubelet(kube: KubeClient, ray: PrivateRay, pod: dict[str, Any], run_dir: Path
+                    ) -> PrivateRayWorker:
+    """Run ``pod``'s Ray container as a Ray node of ``ray`` (its ``ray start`` resources, CPUs and
+    GPU limit, its ``RAY_*`` environment) and report the pod Running, as a kubelet would."""
+    argv = shlex.split(start_command(pod).split(";")[-1])
+    options = dict(a.removeprefix("--").split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+    gpus = ray_container(pod)["resources"]["limits"].get("nvidia.com/gpu", "0")
+    env = {k: v for k, v in container_env(kube, pod, "ray-worker").items() if k.startswith("RAY_")}
+    env.pop("RAY_ADDRESS")  # the head Service's name; the node joins ``ray`` by its address instead
+    node = PrivateRayWorker(ray, run_dir, num_cpus=int(options["num-cpus"]),
+                            resources=json.loads(options["resources"]), name=pod["metadata"]["name"],
+                            start_args=[f"--num-gpus={gpus}"], env=env)
+    node.start()
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    ray_name = ray_container(pod)["name"]
+    kube.patch_status("v1", "Pod", pod["metadata"]["name"], pod["metadata"]["namespace"], {
+        "phase": "Running", "podIP": "127.0.0.1", "hostIP": "127.0.0.1", "startTime": now,
+        "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}],
+        "containerStatuses": [{"name": ray_name, "ready": True, "restartCount": 0,
+                               "image": ray_container(pod)["image"], "imageID": "",
+                               "state": {"running": {"startedAt": now}}}],
+    })
+    return node
+
+
+def test_the_engine_group_scales_from_zero_and_back_by_the_autoscaler_with_the_head_accounts_rights(
+        plane: ControlPlane, tmp_path: Path) -> None:
+    kube = plane.client()
+    objects = vd.render_overlay("gpu-prod")
+    cluster = vd.one(objects, "RayCluster")
+    namespace, name = cluster["metadata"]["namespace"], cluster["metadata"]["name"]
+    for group in cluster["spec"]["workerGroupSpecs"]:
+        group["idleTimeoutSeconds"] = IDLE_TIMEOUT_S
+    apply_all(kube, objects, dry_run=False)
+    _publish_root_ca(kube, plane, namespace)
+    _operators_secrets(kube, namespace)
+    expected = 1 + sum(g.get("replicas", 0) for g in worker_groups(cluster["spec"]).values())
+    created = plane.wait_for(f"the head and worker pods of {name}", lambda: (
+        found if len(found := cluster_pods(kube, namespace, name)) == expected else None))
+    head = next(p for p in created if p["metadata"]["labels"]["ray.io/node-type"] == "head")
+    cpu_replicas = worker_groups(cluster["spec"])["cpu"]["replicas"]
+    assert _replicas(kube, namespace, name) == {"gpu": 0, "cpu": cpu_replicas}
+
+    # the head as the operator built it: Ray's monitor is left to the sidecar, the head takes no tasks
+    head_command = shlex.split(start_command(head).split(";")[-1])
+    assert {"--no-monitor", "--num-cpus=0"} <= set(head_command), head_command
+    head_env = {k: v for k, v in container_env(kube, head, "ray-head").items() if k.startswith("RAY_")}
+    assert head_env["RAY_enable_autoscaler_v2"] == "true"
+    assert start_command(head, "autoscaler").endswith(
+        "ray kuberay-autoscaler --cluster-name $(RAY_CLUSTER_NAME) "
+        "--cluster-namespace $(RAY_CLUSTER_NAMESPACE)")
+    scaler_env = container_env(kube, head, "autoscaler")
+    (mount,) = [m for m in container(head, "autoscaler")["volumeMounts"]
+                if m["name"] == "autoscaler-api-token"]
+    volume = tmp_path / "autoscaler-api-token"
+    project_volume(kube, head, mount["name"], volume)
+
+    ray = PrivateRay(tmp_path / "ray", num_cpus=0, auth_token=head_env.pop("RAY_AUTH_TOKEN"),
+                     start_args=["--no-monitor"], env=head_env)
+    nodes: list[PrivateRayWorker] = []
+    scaler_pid = None
+    scaler_log = tmp_path / "autoscaler.log"
+    try:
+        ray.start()
+        host, port = plane.server.removeprefix("https://").rsplit(":", 1)
+        scaler_pid = spawn(
+            [sys.executable, "-m", "tests.support.kuberay_autoscaler",
+             "--cluster-name", scaler_env["RAY_CLUSTER_NAME"],
+             "--cluster-namespace", scaler_env["RAY_CLUSTER_NAMESPACE"],
+             "--gcs-address", ray.gcs_address,
+             "--mount-path", mount["mountPath"], "--volume-dir", str(volume)],
+            scaler_log,
+            env={**scaler_env, "KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT_HTTPS": port,
+                 "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+                 "RAY_USAGE_STATS_ENABLED": "0", "AUTOSCALER_METRIC_PORT": str(free_port())},
+            cwd=Path(__file__).resolve().parents[2])
+
+        _request_resources(ray, ENGINE_DEMAND)
+        plane.wait_for(f"the autoscaler scales {name}'s gpu group to 2 (log {scaler_log})",
+                       lambda: _replicas(kube, namespace, name)["gpu"] == 2, timeout=180)
+        gpu_pods = plane.wait_for("two gpu pods", lambda: (
+            found if len(found := _group_pods(kube, namespace, name, "gpu")) == 2 else None))
+        assert _replicas(kube, namespace, name)["cpu"] == cpu_replicas
+        for pod in gpu_pods:
+            assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+            nodes.append(_run_as_kubelet(kube, ray, pod, tmp_path / "nodes"))
+        engines = [n for n in ray.nodes() if n["state"] == "ALIVE"
+                   and n["resources_total"].get("llmbatch_engine")]
+        assert len(engines) == 2
+
+        _request_resources(ray, [])
+        plane.wait_for(f"the autoscaler scales {name}'s gpu group back to 0 (log {scaler_log})",
+                       lambda: _replicas(kube, namespace, name)["gpu"] == 0, timeout=180)
+        plane.wait_for("the gpu pods deleted",
+                       lambda: not _group_pods(kube, namespace, name, "gpu"))
+        assert _replicas(kube, namespace, name)["cpu"] == cpu_replicas
+    finally:
+        if scaler_pid is not None:
+            stop_tree(scaler_pid)
+        for node in nodes:
+            node.stop()
+        ray.stop()
+        ray.remove_temp()
+    log = scaler_log.read_text()
+    assert "Forbidden" not in log and " 403" not in log, log[-3000:]
+    for pod in gpu_pods:  # the autoscaler knew each node for its pod, and removed it for being idle
+        pod_name = re.escape(pod["metadata"]["name"])
+        assert re.search(rf"ALLOCATED->RAY_RUNNING \(id=[^,]+, type=gpu, cloud_instance_id={pod_name},",
+                         log), log[-3000:]
+    assert "Removing 2 nodes of type gpu (idle)" in log, log[-3000:]
+
+    # the token the autoscaler used is the head account's, which reads no Secret
+    as_head = KubeClient(plane.server, (volume / "token").read_text(), plane.ca_cert)
+    try:
+        with pytest.raises(KubeApiError) as refused:
+            as_head.list("v1", "Secret", namespace)
+        assert refused.value.status == 403
+    finally:
+        as_head.close()
+        kube.close()
