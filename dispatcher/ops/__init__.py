@@ -4,7 +4,7 @@
 - :mod:`dispatcher.ops.jobs` - read models of batches in Redis (pure view building + queries).
 - :mod:`dispatcher.ops.jobs_cli` - the ``jobs`` command group.
 - :mod:`dispatcher.ops.dlq_reader` - read the dead-letter topic as :class:`DeadLetterView` records.
-- :mod:`dispatcher.ops.replay` - replay planning (pure), the rate limiter, the Redis replay ledger and
-  the publishing edge.
+- :mod:`dispatcher.ops.replay` - replay planning and records (pure), the rate limiter.
+- :mod:`dispatcher.ops.replay_publish` - the publishing edge (Kafka) and the replay ledger (Redis).
 - :mod:`dispatcher.ops.dlq_cli` - the ``dlq`` command group.
 """

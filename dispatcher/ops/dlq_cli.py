@@ -39,17 +39,14 @@ from dispatcher.ops.jobs_cli import operator_name
 from dispatcher.ops.replay import (
     Decision,
     LedgerEntry,
-    Outcome,
     RateLimiter,
     ReplayFilter,
     ReplayItem,
-    ReplayLedger,
     Summary,
-    batch_states,
-    execute,
     parse_rate,
     plan,
 )
+from dispatcher.ops.replay_publish import Outcome, ReplayLedger, batch_states, execute
 from dispatcher.store import StateStore
 from llmbatch.settings import LLMBatchSettings
 

@@ -11,7 +11,8 @@ from rich.table import Table
 
 from dispatcher.ops.common import err, out, show_time
 from dispatcher.ops.dlq_reader import DeadLetterView
-from dispatcher.ops.replay import Decision, LedgerEntry, Outcome, ReplayItem, Summary
+from dispatcher.ops.replay import Decision, LedgerEntry, ReplayItem, Summary
+from dispatcher.ops.replay_publish import Outcome
 
 MESSAGE_WIDTH = 70
 
