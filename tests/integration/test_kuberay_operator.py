@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import base64
 import copy
+import functools
 import json
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -60,12 +62,19 @@ def kube(plane: ControlPlane) -> Iterator[KubeClient]:
         client.close()
 
 
+def _rendered_once(render: Callable[[], list[dict[str, Any]]]) -> Callable[[], list[dict[str, Any]]]:
+    """``render`` runs once; each call gets its own copy of the objects (tests change them)."""
+    cached = functools.cache(render)
+    return lambda: copy.deepcopy(cached())
+
+
 def _renders() -> dict[str, Callable[[], list[dict[str, Any]]]]:
     out: dict[str, Callable[[], list[dict[str, Any]]]] = {
-        name: (lambda name=name: vd.render_overlay(name)) for name in vd.OVERLAYS
+        name: _rendered_once(lambda name=name: vd.render_overlay(name)) for name in vd.OVERLAYS
     }
     for component in vd.COMPONENTS:
-        out[f"gpu-prod+{component}"] = lambda c=component: vd.render_with_components("gpu-prod", [c])
+        out[f"gpu-prod+{component}"] = _rendered_once(
+            lambda c=component: vd.render_with_components("gpu-prod", [c]))
     return out
 
 
@@ -115,6 +124,15 @@ def test_the_api_server_refuses_a_field_the_crd_does_not_have(kube: KubeClient) 
     cluster["spec"]["headGroupSpec"]["rayStartParam"] = {"num-cpus": "0"}  # typo of rayStartParams
     with pytest.raises(KubeApiError, match="rayStartParam"):
         kube.apply(cluster, dry_run=True)
+
+
+def test_a_namespaced_object_without_its_namespace_is_named(kube: KubeClient) -> None:
+    """What the ray-https component's Service once was: the API server would only answer 404."""
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "no-namespace"},
+               "spec": {"ports": [{"port": 8265}]}}
+    with pytest.raises(AssertionError, match=re.escape(
+            "Service/no-namespace: Service 'no-namespace' is namespaced: give its metadata.namespace")):
+        apply_all(kube, [service], dry_run=True)
 
 
 def test_the_operator_builds_the_dev_cluster_we_mean(plane: ControlPlane, kube: KubeClient) -> None:

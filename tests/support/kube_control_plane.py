@@ -79,6 +79,11 @@ def go_module_file(module: str, version: str, h1: str, path: str) -> Path:
     return Path(found["Dir"]) / path
 
 
+def _group_path(api_version: str) -> str:
+    """The REST path of an API group version: the core group is ``/api/v1``, others ``/apis/<g>/<v>``."""
+    return "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+
+
 class KubeClient:
     """The few REST calls the tests need: discovery, server-side apply, get, list, delete, and
     service account tokens."""
@@ -103,9 +108,8 @@ class KubeClient:
 
     def _resource(self, api_version: str, kind: str) -> tuple[str, bool]:
         if api_version not in self._resources:
-            base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
             try:
-                listing = self._request("GET", base)["resources"]
+                listing = self._request("GET", _group_path(api_version))["resources"]
             except KubeApiError as exc:
                 if exc.status == 404:
                     raise KindNotServed(f"{api_version} is not served") from exc
@@ -121,9 +125,10 @@ class KubeClient:
     def path(self, api_version: str, kind: str, namespace: str | None = None,
              name: str | None = None) -> str:
         plural, namespaced = self._resource(api_version, kind)
-        base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        if namespaced and name and not namespace:
+            raise ValueError(f"{kind} {name!r} is namespaced: give its metadata.namespace")
         where = f"/namespaces/{namespace}" if namespaced and namespace else ""
-        return f"{base}{where}/{plural}" + (f"/{name}" if name else "")
+        return f"{_group_path(api_version)}{where}/{plural}" + (f"/{name}" if name else "")
 
     def apply(self, obj: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
         """Server-side apply, as ``kubectl apply --server-side --force-conflicts``."""

@@ -58,7 +58,7 @@ def apply_all(kube: KubeClient, objects: list[dict[str, Any]], *, dry_run: bool)
             kube.apply(obj, dry_run=dry_run)
         except KindNotServed:
             skipped.add((obj["apiVersion"], obj["kind"]))
-        except KubeApiError as exc:
+        except (KubeApiError, ValueError) as exc:  # ValueError: a namespaced object without namespace
             errors.append(f"{obj['kind']}/{obj['metadata']['name']}: {exc}")
     assert not errors, "the API server refused:\n" + "\n".join(errors)
     return skipped
