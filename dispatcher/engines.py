@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 from dispatcher.settings import DispatcherSettings
 from ray_job import node_secrets
 from ray_job.runner import serve_application as runner_application
+from ray_job.runner_http import APP_NAME, DEPLOYMENT
 from ray_job.serve_engine import serve_application
 from schemas.engines import DEPLOYMENT_NAME, EngineModel, EngineRegistry, Scaling, app_name
 
@@ -194,8 +195,6 @@ def summarize(registry: EngineRegistry, details: dict[str, Any]) -> list[EngineS
 
 def runner_pids(details: dict[str, Any]) -> list[int]:
     """PIDs of the batch runner's running replicas (for operators and crash tests)."""
-    from ray_job.runner import APP_NAME, DEPLOYMENT
-
     app = (details.get("applications") or {}).get(APP_NAME) or {}
     replicas = ((app.get("deployments") or {}).get(DEPLOYMENT) or {}).get("replicas") or []
     return [int(r["pid"]) for r in replicas if r.get("state") == "RUNNING" and r.get("pid")]

@@ -36,7 +36,7 @@ from dispatcher.ray_http import tls_context
 from dispatcher.s3_sessions import SessionMinter
 from dispatcher.scheduler import short_path_fits
 from llmbatch.settings import RaySettings
-from ray_job.runner import MAX_STATUS_IDS, ROUTE_PREFIX
+from ray_job.runner_http import MAX_STATUS_IDS, ROUTE_PREFIX
 from schemas.job import JobSpec
 
 _STATES = {s.value: s for s in JobState}

@@ -8,7 +8,8 @@ given in a thread of its own. A batch keeps everything the job path gives it: th
 prompt and engine stages, shards, manifest, progress and heartbeats in Redis, resume after a lost
 attempt, stop and deadline (checked between blocks of ``engine.batch_size`` lines).
 
-HTTP (for the dispatcher, which is not a Ray driver), under the route prefix:
+HTTP (for the dispatcher, which is not a Ray driver), under the route prefix (parsed in
+:mod:`ray_job.runner_http`):
 
 - ``POST /runs`` with a :class:`~schemas.job.JobSpec` as JSON: 202 (started) or 200 (that
   submission id is known already), 400 for a spec that does not parse, 429 when the replica runs
@@ -16,7 +17,8 @@ HTTP (for the dispatcher, which is not a Ray driver), under the route prefix:
 - ``GET /runs/<submission_id>``: 200 with the run's state (the Jobs API's states and exit codes),
   404 when this replica does not know it (never given, or the replica was replaced: the dispatcher
   treats that as a lost job and retries);
-- ``POST /statuses`` with ``{"submission_ids": [...]}`` (at most :data:`MAX_STATUS_IDS`): 200
+- ``POST /statuses`` with ``{"submission_ids": [...]}`` (at most
+  :data:`~ray_job.runner_http.MAX_STATUS_IDS`): 200
   ``{"runs": {submission_id: state or null}}``, the states of many runs in one request (null: unknown);
 - ``POST /runs/<submission_id>/stop``: 200 ``{"stopped": bool}``, 404 when unknown;
 - ``GET /engines``: 200 ``{"engines": {model: figures}}``, the shared engines' figures summed over
@@ -40,7 +42,6 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import orjson
-from pydantic import ValidationError
 
 from ray_job import node_secrets, rows
 from ray_job.engine import Engine, EngineStage
@@ -53,72 +54,23 @@ from ray_job.pipeline import source_of
 from ray_job.prompts import HFTokenizer, Tokenizer, WhitespaceTokenizer, build_rows
 from ray_job.reader import iter_blocks
 from ray_job.records import Generation, GenRequest
+from ray_job.runner_http import (
+    APP_NAME,
+    DEPLOYMENT,
+    ROUTE_PREFIX,
+    parse_status_ids,
+    parse_submission,
+    route,
+)
 from schemas.batch import DEFAULT_PRIORITY
 from schemas.common import utcnow
-from schemas.job import JobSpec, RunnerSubmission, S3Session
+from schemas.job import JobSpec, S3Session
 
 log = logging.getLogger(__name__)
 
-APP_NAME = "llmbatch-runner"
-ROUTE_PREFIX = "/llmbatch-runner"
-MAX_STATUS_IDS = 1000
-DEPLOYMENT = "BatchRunner"
 IMPORT_PATH = "ray_job.runner:build_app"
 # how long a finished run stays answerable (the dispatcher polls every second or so)
 KEEP_FINISHED_S = 3600.0
-
-
-def route(method: str, path: str) -> tuple[str, str | None]:
-    """``(operation, submission_id)`` of a request; operation ``""`` when the route is unknown.
-
-    ``path`` may carry the route prefix; only the segments from ``runs`` on count."""
-    parts = [p for p in path.split("/") if p]
-    if method == "GET" and parts and parts[-1] == "engines":
-        return "engines", None
-    if method == "POST" and parts and parts[-1] == "statuses":
-        return "statuses", None
-    if "runs" not in parts:
-        return "", None
-    rest = parts[len(parts) - parts[::-1].index("runs"):]
-    if method == "POST" and not rest:
-        return "submit", None
-    if method == "GET" and len(rest) == 1:
-        return "status", rest[0]
-    if method == "POST" and len(rest) == 2 and rest[1] == "stop":
-        return "stop", rest[0]
-    return "", None
-
-
-def parse_status_ids(raw: bytes) -> list[str]:
-    """The ids of a ``POST /statuses`` body; ValueError naming the field and the fix."""
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise ValueError('the body must be JSON: {"submission_ids": ["<id>", ...]}') from None
-    ids = data.get("submission_ids") if isinstance(data, dict) else None
-    if not isinstance(ids, list) or not all(isinstance(i, str) and 0 < len(i) <= 256 for i in ids):
-        raise ValueError("submission_ids: give a list of submission ids (strings of 1-256 characters)")
-    if len(ids) > MAX_STATUS_IDS:
-        raise ValueError(f"submission_ids: at most {MAX_STATUS_IDS} per request, got {len(ids)}; "
-                         "split them")
-    return ids
-
-
-def parse_submission(raw: bytes) -> RunnerSubmission:
-    """A submit request's body: ``{"spec": ..., "s3_session": ...}`` or a bare spec (dispatchers before
-    S3 sessions). Raises ValueError naming the fields; its text never holds the values sent (keys)."""
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise ValueError(f"invalid job spec: not JSON ({exc})") from None
-    try:
-        if isinstance(data, dict) and "spec" in data:
-            return RunnerSubmission.model_validate(data)
-        return RunnerSubmission(spec=JobSpec.model_validate(data))
-    except ValidationError as exc:
-        where = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}"
-                          for e in exc.errors(include_input=False, include_url=False))
-        raise ValueError(f"invalid job spec: {where}") from None
 
 
 class RunnerAttempt(Attempt):

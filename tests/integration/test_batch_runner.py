@@ -22,8 +22,8 @@ from dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
 from ray_job import node_secrets
 from ray_job.errors import ExitCode
-from ray_job.runner import APP_NAME
-from ray_job.runner import DEPLOYMENT as RUNNER_DEPLOYMENT
+from ray_job.runner_http import APP_NAME
+from ray_job.runner_http import DEPLOYMENT as RUNNER_DEPLOYMENT
 from schemas.common import BatchStatus, utcnow
 from schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
 from schemas.job import EngineConfig, JobSpec

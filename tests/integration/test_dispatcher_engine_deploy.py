@@ -15,7 +15,7 @@ from dispatcher.serve_api import ServeApi
 from dispatcher.service import Dispatcher
 from dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings, TopicSettings
-from ray_job.runner import APP_NAME as RUNNER_APP
+from ray_job.runner_http import APP_NAME as RUNNER_APP
 from schemas.engines import app_name
 from tests.integration.test_dispatcher_tracker import Jobs
 from tests.support.dispatcher_kit import MODEL, registry, wait_for

@@ -44,7 +44,7 @@ from dispatcher.serve_api import ServeApi
 from dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
 from ray_job.errors import ExitCode
-from ray_job.runner import APP_NAME as RUNNER_APP
+from ray_job.runner_http import APP_NAME as RUNNER_APP
 from schemas.common import BatchStatus
 from schemas.engines import DEPLOYMENT_NAME, EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
 from schemas.job import EngineConfig, JobSpec

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from dispatcher.metrics import ENGINE_GAUGES, Metrics
 from ray_job.engine_metrics import COUNTERS, GAUGES, RATE_WINDOW_S, EngineMetrics
 from ray_job.engine_stats import summarize_metrics
-from ray_job.runner import route
+from ray_job.runner_http import route
 
 pytestmark = pytest.mark.unit
 

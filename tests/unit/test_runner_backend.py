@@ -16,14 +16,8 @@ from dispatcher.runner_backend import RoutedBackend, RunnerClient, job_info, tak
 from dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.settings import RaySettings, S3Settings
 from ray_job import node_secrets
-from ray_job.runner import (
-    APP_NAME,
-    MAX_STATUS_IDS,
-    ROUTE_PREFIX,
-    BatchRunner,
-    parse_submission,
-    route,
-)
+from ray_job.runner import BatchRunner
+from ray_job.runner_http import APP_NAME, MAX_STATUS_IDS, ROUTE_PREFIX, parse_submission, route
 from schemas.engines import EngineModel, EngineRegistry
 from schemas.job import JobSpec
 from tests.support.scripted_http import ScriptedHttpServer

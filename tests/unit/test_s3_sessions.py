@@ -16,7 +16,8 @@ from dispatcher.minio_policy import batch_policy
 from dispatcher.runner_backend import RunnerClient
 from dispatcher.s3_sessions import JobSessions, SessionMinter
 from llmbatch.settings import S3Settings
-from ray_job.runner import ROUTE_PREFIX, BatchRunner, parse_submission
+from ray_job.runner import BatchRunner
+from ray_job.runner_http import ROUTE_PREFIX, parse_submission
 from schemas.common import utcnow
 from schemas.job import JobSpec, S3Session
 from tests.support.scripted_http import ScriptedHttpServer
