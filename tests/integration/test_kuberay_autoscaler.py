@@ -7,9 +7,10 @@ started as the operator's head pod says (``--no-monitor``, no CPUs, autoscaler v
 projected volume gives the ``autoscaler`` container: a token of the head pod's service account
 (TokenRequest, bound to the pod, as the kubelet asks for it) and the cluster CA.
 
-No kubelet runs here; the test stands in for it on the GPU pods the operator makes: it starts a Ray
-node as the pod's container would (``ray start --address`` with the pod's resources and ``RAY_*``
-environment: the pod's name as the node's cloud instance id) and reports the pod Running.
+No kubelet runs here; tests/support/pod_runner.py stands in for it on the head pod and on the GPU pods
+the operator makes: it starts Ray here as the pod's container would (the pod's ``ray start`` resources
+and ``RAY_*`` environment: the pod's name as the node's cloud instance id) and reports the pod
+Running.
 
 What it shows: demand for the engine resource (``llmbatch_engine``) makes the autoscaler patch the
 RayCluster's GPU group from 0 to 2 replicas with only that account's rights, and the operator makes
@@ -24,11 +25,9 @@ import json
 import os
 import re
 import secrets
-import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +43,11 @@ from tests.support.kube_objects import (
     container_env,
     crds,
     project_volume,
-    ray_container,
     start_command,
     vd,
     worker_groups,
 )
+from tests.support.pod_runner import ray_env, ray_start_options, run_head_pod, run_worker_pod
 from tests.support.private_ray import PrivateRay, PrivateRayWorker
 
 pytestmark = pytest.mark.integration
@@ -106,31 +105,6 @@ def _request_resources(ray: PrivateRay, bundles: list[dict[str, Any]]) -> None:
                    env=env, check=True, timeout=120, capture_output=True)
 
 
-def _run_as_kubelet(kube: KubeClient, ray: PrivateRay, pod: dict[str, Any], run_dir: Path
-                    ) -> PrivateRayWorker:
-    """Run ``pod``'s Ray container as a Ray node of ``ray`` (its ``ray start`` resources, CPUs and
-    GPU limit, its ``RAY_*`` environment) and report the pod Running, as a kubelet would."""
-    argv = shlex.split(start_command(pod).split(";")[-1])
-    options = dict(a.removeprefix("--").split("=", 1) for a in argv if a.startswith("--") and "=" in a)
-    gpus = ray_container(pod)["resources"]["limits"].get("nvidia.com/gpu", "0")
-    env = {k: v for k, v in container_env(kube, pod, "ray-worker").items() if k.startswith("RAY_")}
-    env.pop("RAY_ADDRESS")  # the head Service's name; the node joins ``ray`` by its address instead
-    node = PrivateRayWorker(ray, run_dir, num_cpus=int(options["num-cpus"]),
-                            resources=json.loads(options["resources"]), name=pod["metadata"]["name"],
-                            start_args=[f"--num-gpus={gpus}"], env=env)
-    node.start()
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    ray_name = ray_container(pod)["name"]
-    kube.patch_status("v1", "Pod", pod["metadata"]["name"], pod["metadata"]["namespace"], {
-        "phase": "Running", "podIP": "127.0.0.1", "hostIP": "127.0.0.1", "startTime": now,
-        "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now}],
-        "containerStatuses": [{"name": ray_name, "ready": True, "restartCount": 0,
-                               "image": ray_container(pod)["image"], "imageID": "",
-                               "state": {"running": {"startedAt": now}}}],
-    })
-    return node
-
-
 def test_the_engine_group_scales_from_zero_and_back_by_the_autoscaler_with_the_head_accounts_rights(
         plane: ControlPlane, tmp_path: Path) -> None:
     kube = plane.client()
@@ -150,10 +124,9 @@ def test_the_engine_group_scales_from_zero_and_back_by_the_autoscaler_with_the_h
     assert _replicas(kube, namespace, name) == {"gpu": 0, "cpu": cpu_replicas}
 
     # the head as the operator built it: Ray's monitor is left to the sidecar, the head takes no tasks
-    head_command = shlex.split(start_command(head).split(";")[-1])
-    assert {"--no-monitor", "--num-cpus=0"} <= set(head_command), head_command
-    head_env = {k: v for k, v in container_env(kube, head, "ray-head").items() if k.startswith("RAY_")}
-    assert head_env["RAY_enable_autoscaler_v2"] == "true"
+    options, flags = ray_start_options(head)
+    assert ("--no-monitor" in flags, options["num-cpus"]) == (True, "0"), start_command(head)
+    assert ray_env(kube, head)["RAY_enable_autoscaler_v2"] == "true"
     assert start_command(head, "autoscaler").endswith(
         "ray kuberay-autoscaler --cluster-name $(RAY_CLUSTER_NAME) "
         "--cluster-namespace $(RAY_CLUSTER_NAMESPACE)")
@@ -163,13 +136,12 @@ def test_the_engine_group_scales_from_zero_and_back_by_the_autoscaler_with_the_h
     volume = tmp_path / "autoscaler-api-token"
     project_volume(kube, head, mount["name"], volume)
 
-    ray = PrivateRay(tmp_path / "ray", num_cpus=0, auth_token=head_env.pop("RAY_AUTH_TOKEN"),
-                     start_args=["--no-monitor"], env=head_env)
+    ray: PrivateRay | None = None
     nodes: list[PrivateRayWorker] = []
     scaler_pid = None
     scaler_log = tmp_path / "autoscaler.log"
     try:
-        ray.start()
+        ray = run_head_pod(kube, head, tmp_path / "ray")
         host, port = plane.server.removeprefix("https://").rsplit(":", 1)
         scaler_pid = spawn(
             [sys.executable, "-m", "tests.support.kuberay_autoscaler",
@@ -191,7 +163,7 @@ def test_the_engine_group_scales_from_zero_and_back_by_the_autoscaler_with_the_h
         assert _replicas(kube, namespace, name)["cpu"] == cpu_replicas
         for pod in gpu_pods:
             assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
-            nodes.append(_run_as_kubelet(kube, ray, pod, tmp_path / "nodes"))
+            nodes.append(run_worker_pod(kube, ray, pod, tmp_path / "nodes"))
         engines = [n for n in ray.nodes() if n["state"] == "ALIVE"
                    and n["resources_total"].get("llmbatch_engine")]
         assert len(engines) == 2
@@ -207,8 +179,9 @@ def test_the_engine_group_scales_from_zero_and_back_by_the_autoscaler_with_the_h
             stop_tree(scaler_pid)
         for node in nodes:
             node.stop()
-        ray.stop()
-        ray.remove_temp()
+        if ray is not None:
+            ray.stop()
+            ray.remove_temp()
     log = scaler_log.read_text()
     assert "Forbidden" not in log and " 403" not in log, log[-3000:]
     for pod in gpu_pods:  # the autoscaler knew each node for its pod, and removed it for being idle

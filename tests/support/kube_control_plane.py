@@ -19,7 +19,7 @@ import ssl
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -246,16 +246,17 @@ def _kubeconfig(path: Path, server: str, token: str, ca_cert: Path) -> None:
     path.chmod(0o600)
 
 
-def start_control_plane(workdir: Path, crds: Sequence[dict[str, Any]]) -> ControlPlane:
+def start_control_plane(workdir: Path, crds: Sequence[dict[str, Any]],
+                        operator_env: Mapping[str, str] | None = None) -> ControlPlane:
     """Start etcd, kube-apiserver (token auth, RBAC, default admission) with the
     CustomResourceDefinitions ``crds`` installed, and the KubeRay operator watching every
-    namespace."""
+    namespace (with ``operator_env`` added to its environment)."""
     kube = go_binaries(TOOLS / "kubeapi", [KUBE_APISERVER, ETCD])
     operator = go_binaries(TOOLS / "kuberay-operator", [KUBERAY_OPERATOR])[KUBERAY_OPERATOR]
     workdir.mkdir(parents=True, exist_ok=True)
     plane = ControlPlane(workdir=workdir, token=secrets.token_hex(16))
     try:
-        _start(plane, kube, operator, crds)
+        _start(plane, kube, operator, crds, operator_env or {})
     except BaseException:
         plane.stop()
         raise
@@ -263,7 +264,7 @@ def start_control_plane(workdir: Path, crds: Sequence[dict[str, Any]]) -> Contro
 
 
 def _start(plane: ControlPlane, kube: dict[str, Path], operator: Path,
-           crds: Sequence[dict[str, Any]]) -> None:
+           crds: Sequence[dict[str, Any]], operator_env: Mapping[str, str]) -> None:
     work = plane.workdir
     client_port, peer_port = free_port(), free_port()
     etcd_log = work / "etcd.log"
@@ -323,7 +324,7 @@ def _start(plane: ControlPlane, kube: dict[str, Path], operator: Path,
     pid = spawn([str(operator), f"--metrics-addr=127.0.0.1:{free_port()}",
                  f"--health-probe-bind-address=127.0.0.1:{probe}",
                  "--enable-leader-election=false", "--log-stdout-encoder=console"],
-                plane.operator_log, env={"KUBECONFIG": str(kubeconfig)})
+                plane.operator_log, env={**operator_env, "KUBECONFIG": str(kubeconfig)})
     plane.pids.append(pid)
     wait_until(lambda: httpx.get(f"http://127.0.0.1:{probe}/readyz").status_code == 200,
                120, pid, "kuberay-operator", plane.operator_log)

@@ -1,0 +1,80 @@
+"""The tests' stand-in for a kubelet (none runs here): run a Ray pod the KubeRay operator made as
+local Ray processes started the way the pod's container would start them, and report the pod
+Running and Ready through the API server.
+
+A head pod becomes a :class:`PrivateRay` and a worker pod a :class:`PrivateRayWorker` of it: the
+CPUs, custom resources and ``--no-monitor`` of the pod's ``ray start``, its GPU limit as Ray's GPU
+count, its ``RAY_*`` environment (the token from its Secret, the pod's name as the node's cloud
+instance id). Addresses and ports are this machine's, not the pod's.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tests.support.kube_control_plane import KubeClient
+from tests.support.kube_objects import container_env, ray_container, start_command
+from tests.support.private_ray import PrivateRay, PrivateRayWorker
+
+# `ray start` options of a pod that hold on this machine too (the rest name its ports and addresses)
+KEPT_FLAGS = {"--no-monitor"}
+
+
+def ray_start_options(pod: dict[str, Any]) -> tuple[dict[str, str], set[str]]:
+    """The ``--name=value`` options and the bare flags of the pod's ``ray start``."""
+    argv = shlex.split(start_command(pod).split(";")[-1])
+    options = dict(a.removeprefix("--").split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+    return options, {a for a in argv if a.startswith("--") and "=" not in a}
+
+
+def ray_env(kube: KubeClient, pod: dict[str, Any]) -> dict[str, str]:
+    """The ``RAY_*`` variables of the pod's Ray container, as the kubelet resolves them."""
+    env = container_env(kube, pod, ray_container(pod)["name"])
+    return {k: v for k, v in env.items() if k.startswith("RAY_") and k != "RAY_ADDRESS"}
+
+
+def run_head_pod(kube: KubeClient, pod: dict[str, Any], run_dir: Path) -> PrivateRay:
+    """Start the head pod's Ray head here; report the pod Running."""
+    options, flags = ray_start_options(pod)
+    env = ray_env(kube, pod)
+    head = PrivateRay(run_dir, num_cpus=int(options.get("num-cpus", "1")),
+                      auth_token=env.pop("RAY_AUTH_TOKEN", None),
+                      start_args=sorted(flags & KEPT_FLAGS), env=env)
+    head.start()
+    report_running(kube, pod)
+    return head
+
+
+def run_worker_pod(kube: KubeClient, head: PrivateRay, pod: dict[str, Any], run_dir: Path
+                   ) -> PrivateRayWorker:
+    """Start the worker pod's Ray node here, joined to ``head``; report the pod Running."""
+    options, flags = ray_start_options(pod)
+    gpus = ray_container(pod).get("resources", {}).get("limits", {}).get("nvidia.com/gpu", "0")
+    env = ray_env(kube, pod)
+    env.pop("RAY_AUTH_TOKEN", None)  # the head's, which the node is given anyway
+    node = PrivateRayWorker(head, run_dir, num_cpus=int(options.get("num-cpus", "1")),
+                            resources=json.loads(options.get("resources", "{}")),
+                            name=pod["metadata"]["name"],
+                            start_args=[f"--num-gpus={gpus}", *sorted(flags & KEPT_FLAGS)], env=env)
+    node.start()
+    report_running(kube, pod)
+    return node
+
+
+def report_running(kube: KubeClient, pod: dict[str, Any]) -> None:
+    """What a kubelet reports once the pod's containers run and pass their probes."""
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    statuses = [{"name": c["name"], "ready": True, "started": True, "restartCount": 0,
+                 "image": c["image"], "imageID": "", "state": {"running": {"startedAt": now}}}
+                for c in pod["spec"]["containers"]]
+    kube.patch_status("v1", "Pod", pod["metadata"]["name"], pod["metadata"]["namespace"], {
+        "phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
+        "hostIP": "127.0.0.1", "startTime": now,
+        "conditions": [{"type": t, "status": "True", "lastTransitionTime": now}
+                       for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")],
+        "containerStatuses": statuses,
+    })
