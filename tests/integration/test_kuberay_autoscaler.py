@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -33,21 +32,26 @@ from typing import Any
 
 import pytest
 
-from llmbatch.stack.process import free_port, spawn, stop_tree
 from tests.support.kube_control_plane import ControlPlane, KubeApiError, KubeClient, start_control_plane
 from tests.support.kube_objects import (
     RAY,
     apply_all,
     cluster_pods,
-    container,
-    container_env,
     crds,
-    project_volume,
+    create_operator_secrets,
+    publish_root_ca,
     start_command,
     vd,
     worker_groups,
 )
-from tests.support.pod_runner import ray_env, ray_start_options, run_head_pod, run_worker_pod
+from tests.support.pod_runner import (
+    AutoscalerContainer,
+    ray_env,
+    ray_start_options,
+    run_autoscaler_container,
+    run_head_pod,
+    run_worker_pod,
+)
 from tests.support.private_ray import PrivateRay, PrivateRayWorker
 
 pytestmark = pytest.mark.integration
@@ -77,23 +81,6 @@ def _group_pods(kube: KubeClient, namespace: str, name: str, group: str) -> list
             and "deletionTimestamp" not in p["metadata"]]
 
 
-def _publish_root_ca(kube: KubeClient, plane: ControlPlane, namespace: str) -> None:
-    """kube-root-ca.crt, which kube-controller-manager (not run here) publishes in every namespace."""
-    kube.apply({"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": "kube-root-ca.crt", "namespace": namespace},
-                "data": {"ca.crt": plane.ca_cert.read_text()}})
-
-
-def _operators_secrets(kube: KubeClient, namespace: str) -> None:
-    """The Secrets gpu-prod's kustomization.yaml has the operator create before the first apply."""
-    for name, keys in (("llmbatch-credentials", ("s3-access-key", "s3-secret-key", "redis-password",
-                                                 "replay-key")),
-                       ("llmbatch-ray-auth", ("auth_token",))):
-        kube.apply({"apiVersion": "v1", "kind": "Secret",
-                    "metadata": {"name": name, "namespace": namespace},
-                    "stringData": {key: secrets.token_hex(32) for key in keys}})
-
-
 def _request_resources(ray: PrivateRay, bundles: list[dict[str, Any]]) -> None:
     """A driver asks the autoscaler for ``bundles`` (Ray's ``request_resources``; ``[]`` withdraws
     the request), then exits."""
@@ -114,8 +101,8 @@ def test_the_engine_group_scales_from_zero_and_back_by_the_autoscaler_with_the_h
     for group in cluster["spec"]["workerGroupSpecs"]:
         group["idleTimeoutSeconds"] = IDLE_TIMEOUT_S
     apply_all(kube, objects, dry_run=False)
-    _publish_root_ca(kube, plane, namespace)
-    _operators_secrets(kube, namespace)
+    publish_root_ca(kube, namespace, plane.ca_cert)
+    create_operator_secrets(kube, namespace)
     expected = 1 + sum(g.get("replicas", 0) for g in worker_groups(cluster["spec"]).values())
     created = plane.wait_for(f"the head and worker pods of {name}", lambda: (
         found if len(found := cluster_pods(kube, namespace, name)) == expected else None))
@@ -130,33 +117,15 @@ def test_the_engine_group_scales_from_zero_and_back_by_the_autoscaler_with_the_h
     assert start_command(head, "autoscaler").endswith(
         "ray kuberay-autoscaler --cluster-name $(RAY_CLUSTER_NAME) "
         "--cluster-namespace $(RAY_CLUSTER_NAMESPACE)")
-    scaler_env = container_env(kube, head, "autoscaler")
-    (mount,) = [m for m in container(head, "autoscaler")["volumeMounts"]
-                if m["name"] == "autoscaler-api-token"]
-    volume = tmp_path / "autoscaler-api-token"
-    project_volume(kube, head, mount["name"], volume)
-
     ray: PrivateRay | None = None
     nodes: list[PrivateRayWorker] = []
-    scaler_pid = None
-    scaler_log = tmp_path / "autoscaler.log"
+    scaler: AutoscalerContainer | None = None
     try:
         ray = run_head_pod(kube, head, tmp_path / "ray")
-        host, port = plane.server.removeprefix("https://").rsplit(":", 1)
-        scaler_pid = spawn(
-            [sys.executable, "-m", "tests.support.kuberay_autoscaler",
-             "--cluster-name", scaler_env["RAY_CLUSTER_NAME"],
-             "--cluster-namespace", scaler_env["RAY_CLUSTER_NAMESPACE"],
-             "--gcs-address", ray.gcs_address,
-             "--mount-path", mount["mountPath"], "--volume-dir", str(volume)],
-            scaler_log,
-            env={**scaler_env, "KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT_HTTPS": port,
-                 "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-                 "RAY_USAGE_STATS_ENABLED": "0", "AUTOSCALER_METRIC_PORT": str(free_port())},
-            cwd=Path(__file__).resolve().parents[2])
+        scaler = run_autoscaler_container(kube, plane.server, head, ray, tmp_path)
 
         _request_resources(ray, ENGINE_DEMAND)
-        plane.wait_for(f"the autoscaler scales {name}'s gpu group to 2 (log {scaler_log})",
+        plane.wait_for(f"the autoscaler scales {name}'s gpu group to 2 (log {scaler.log})",
                        lambda: _replicas(kube, namespace, name)["gpu"] == 2, timeout=180)
         gpu_pods = plane.wait_for("two gpu pods", lambda: (
             found if len(found := _group_pods(kube, namespace, name, "gpu")) == 2 else None))
@@ -169,20 +138,21 @@ def test_the_engine_group_scales_from_zero_and_back_by_the_autoscaler_with_the_h
         assert len(engines) == 2
 
         _request_resources(ray, [])
-        plane.wait_for(f"the autoscaler scales {name}'s gpu group back to 0 (log {scaler_log})",
+        plane.wait_for(f"the autoscaler scales {name}'s gpu group back to 0 (log {scaler.log})",
                        lambda: _replicas(kube, namespace, name)["gpu"] == 0, timeout=180)
         plane.wait_for("the gpu pods deleted",
                        lambda: not _group_pods(kube, namespace, name, "gpu"))
         assert _replicas(kube, namespace, name)["cpu"] == cpu_replicas
     finally:
-        if scaler_pid is not None:
-            stop_tree(scaler_pid)
+        if scaler is not None:
+            scaler.stop()
         for node in nodes:
             node.stop()
         if ray is not None:
             ray.stop()
             ray.remove_temp()
-    log = scaler_log.read_text()
+    assert scaler is not None
+    log = scaler.log.read_text()
     assert "Forbidden" not in log and " 403" not in log, log[-3000:]
     for pod in gpu_pods:  # the autoscaler knew each node for its pod, and removed it for being idle
         pod_name = re.escape(pod["metadata"]["name"])
@@ -191,7 +161,7 @@ def test_the_engine_group_scales_from_zero_and_back_by_the_autoscaler_with_the_h
     assert "Removing 2 nodes of type gpu (idle)" in log, log[-3000:]
 
     # the token the autoscaler used is the head account's, which reads no Secret
-    as_head = KubeClient(plane.server, (volume / "token").read_text(), plane.ca_cert)
+    as_head = KubeClient(plane.server, (scaler.volume / "token").read_text(), plane.ca_cert)
     try:
         with pytest.raises(KubeApiError) as refused:
             as_head.list("v1", "Secret", namespace)

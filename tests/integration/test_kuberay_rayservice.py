@@ -1,4 +1,5 @@
-"""gpu-prod-rayservice's serveConfigV2, deployed by the real KubeRay operator on a running head.
+"""gpu-prod-rayservice's serveConfigV2, deployed by the real KubeRay operator on a running head, and
+its engine scaled from zero onto a GPU worker the autoscaler adds.
 
 The pieces are real: the tests' control plane (kube-apiserver, the KubeRay operator; see
 tests/support/kube_control_plane.py) holding gpu-prod-rayservice as rendered, and Ray on this machine
@@ -8,11 +9,19 @@ the head and the CPU worker, with their ``ray start`` options, ``RAY_*`` environ
 Service name (``<cluster>-head-svc.<namespace>.svc.cluster.local:8265``) through
 tests/support/service_routes.py, which stands in for cluster DNS and kube-proxy.
 
-What it shows: the operator submits our serveConfigV2 to that dashboard with the token of
-``authOptions.secretName`` (Ray's token auth is on), Serve runs every application of it (the batch
-runner's replica on the CPU worker, the engine deployment at zero replicas until asked), and the
-RayService reports them RUNNING. One knob differs from gpu-prod-rayservice: Serve's HTTP proxy binds
-127.0.0.1 on a free port instead of 0.0.0.0:8000.
+What it shows:
+
+- the operator submits our serveConfigV2 to that dashboard with the token of
+  ``authOptions.secretName`` (Ray's token auth is on); Serve runs every application of it (the batch
+  runner's replica on the CPU worker, the engine deployment at zero replicas) and the RayService
+  reports them RUNNING;
+- an engine call from zero replicas makes Serve ask for a replica on an ``llmbatch_engine`` node; Ray's
+  autoscaler, run as the head pod's sidecar with its token volume, scales the GPU group 0 -> 1; the
+  operator makes the pod, and the replica runs on that node.
+
+Two knobs differ from gpu-prod-rayservice: Serve's HTTP proxy binds 127.0.0.1 on a free port instead
+of 0.0.0.0:8000, and the engine runs the fake backend (no model and no GPU here; the GPU is Ray's
+logical one, from the pod's ``nvidia.com/gpu`` limit).
 
 Not shown: the RayService's Ready condition. It counts the serve Service's endpoints, which need
 EndpointSlices (kube-controller-manager's, not run here) and the operator's proxy health check on
@@ -22,7 +31,9 @@ each pod's ``serve`` port.
 from __future__ import annotations
 
 import json
-import secrets
+import os
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,9 +43,23 @@ import pytest
 import yaml
 
 from llmbatch.stack.process import free_port
+from schemas.engines import DEPLOYMENT_NAME
 from tests.support.kube_control_plane import ControlPlane, KubeClient, start_control_plane
-from tests.support.kube_objects import RAY, apply_all, cluster_pods, crds, vd
-from tests.support.pod_runner import run_head_pod, run_worker_pod
+from tests.support.kube_objects import (
+    RAY,
+    apply_all,
+    cluster_pods,
+    crds,
+    create_operator_secrets,
+    publish_root_ca,
+    vd,
+)
+from tests.support.pod_runner import (
+    AutoscalerContainer,
+    run_autoscaler_container,
+    run_head_pod,
+    run_worker_pod,
+)
 from tests.support.private_ray import PrivateRay, PrivateRayWorker
 from tests.support.service_routes import ServiceRoutes
 
@@ -62,17 +87,6 @@ def plane(tmp_path_factory: pytest.TempPathFactory, routes: ServiceRoutes) -> It
         started.stop()
 
 
-def _operators_secrets(kube: KubeClient, namespace: str) -> str:
-    """The Secrets gpu-prod's kustomization.yaml has the operator create; returns the Ray token."""
-    token = secrets.token_hex(32)
-    for name, data in (("llmbatch-credentials", {k: secrets.token_hex(16) for k in (
-                           "s3-access-key", "s3-secret-key", "redis-password", "replay-key")}),
-                       ("llmbatch-ray-auth", {"auth_token": token})):
-        kube.apply({"apiVersion": "v1", "kind": "Secret",
-                    "metadata": {"name": name, "namespace": namespace}, "stringData": data})
-    return token
-
-
 def _owned_cluster(kube: KubeClient, namespace: str, service: str) -> dict[str, Any] | None:
     for cluster in kube.list(RAY, "RayCluster", namespace):
         if any(ref["kind"] == "RayService" and ref["name"] == service
@@ -94,8 +108,25 @@ def _app_statuses(kube: KubeClient, namespace: str, name: str) -> dict[str, str]
     apps = ((service.get("status") or {}).get("activeServiceStatus") or {}).get("applicationStatuses") or {}
     return {app: info.get("status", "") for app, info in apps.items()}
 
+def _group_replicas(kube: KubeClient, namespace: str, cluster: str) -> dict[str, int]:
+    found = kube.get(RAY, "RayCluster", cluster, namespace) or {"spec": {}}
+    return {g["groupName"]: g.get("replicas", 0) for g in found["spec"].get("workerGroupSpecs", [])}
 
-def test_the_operator_deploys_our_serve_config_with_the_token_of_auth_options(
+
+def _call_engine(head: PrivateRay, app: str, log: Path) -> subprocess.Popen[bytes]:
+    """A driver calling the engine's ``info`` through a Serve handle (waits for a replica)."""
+    code = ("import sys, ray; from ray import serve; "
+            "ray.init(address=sys.argv[1], log_to_driver=False); "
+            "h = serve.get_deployment_handle(sys.argv[3], app_name=sys.argv[2]); "
+            "print(h.info.remote().result(timeout_s=280)); ray.shutdown()")
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": str(head.auth_token)}
+    with log.open("wb") as out:
+        return subprocess.Popen([sys.executable, "-c", code, head.gcs_address, app, DEPLOYMENT_NAME],
+                                env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+
+def test_the_operator_deploys_our_serve_config_and_an_engine_call_scales_the_gpu_group_from_zero(
         plane: ControlPlane, routes: ServiceRoutes, tmp_path: Path) -> None:
     kube = plane.client()
     objects = vd.render_overlay("gpu-prod-rayservice")
@@ -103,10 +134,13 @@ def test_the_operator_deploys_our_serve_config_with_the_token_of_auth_options(
     namespace, name = service["metadata"]["namespace"], service["metadata"]["name"]
     config = yaml.safe_load(service["spec"]["serveConfigV2"])
     config["http_options"] = {**config["http_options"], "host": "127.0.0.1", "port": free_port()}
+    (engine_app,) = [app for app in config["applications"] if app["name"].startswith("llmbatch-engine-")]
+    engine_app["args"]["entry"]["engine"]["backend"] = "fake"  # no model, no GPU here
     service["spec"]["serveConfigV2"] = yaml.safe_dump(config, sort_keys=False)
     wanted_apps = {app["name"]: app["import_path"] for app in config["applications"]}
     apply_all(kube, objects, dry_run=False)
-    token = _operators_secrets(kube, namespace)
+    publish_root_ca(kube, namespace, plane.ca_cert)
+    token = create_operator_secrets(kube, namespace)["llmbatch-ray-auth"]["auth_token"]
     assert service["spec"]["rayClusterConfig"]["authOptions"]["secretName"] == "llmbatch-ray-auth"
 
     cluster = plane.wait_for(f"the RayCluster of RayService {name}",
@@ -122,6 +156,8 @@ def test_the_operator_deploys_our_serve_config_with_the_token_of_auth_options(
 
     head: PrivateRay | None = None
     nodes: list[PrivateRayWorker] = []
+    scaler: AutoscalerContainer | None = None
+    caller: subprocess.Popen[bytes] | None = None
     try:
         head_pod = next(p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "head")
         head = run_head_pod(kube, head_pod, tmp_path / "ray")
@@ -145,7 +181,29 @@ def test_the_operator_deploys_our_serve_config_with_the_token_of_auth_options(
         submitted = [status for method, url, status in routes.seen if method == "PUT"
                      and url == f"http://{service_host}:{DASHBOARD_PORT}/api/serve/applications/"]
         assert 200 in submitted and not {401, 403} & set(submitted), routes.seen
+
+        # an engine call from zero replicas: Serve asks for a replica on an `llmbatch_engine` node,
+        # Ray's autoscaler (the head pod's sidecar) scales the GPU group from 0, the operator makes
+        # the pod, and the replica lands on it
+        scaler = run_autoscaler_container(kube, plane.server, head_pod, head, tmp_path)
+        caller = _call_engine(head, engine_app["name"], tmp_path / "caller.log")
+        gpu_pod = plane.wait_for(f"a gpu pod for the engine replica (autoscaler log {scaler.log})",
+                                 lambda: next((p for p in cluster_pods(kube, namespace, cluster_name)
+                                               if p["metadata"]["labels"]["ray.io/group"] == "gpu"), None),
+                                 timeout=240)
+        gpu_node = run_worker_pod(kube, head, gpu_pod, tmp_path / "nodes")
+        nodes.append(gpu_node)
+        assert caller.wait(timeout=300) == 0, (tmp_path / "caller.log").read_text()[-3000:]
+        replicas = _serve_applications(head, token)[engine_app["name"]]["deployments"][
+            DEPLOYMENT_NAME]["replicas"]
+        assert [(r["state"], r["node_id"]) for r in replicas] == [("RUNNING", gpu_node.node_id)]
+        assert _group_replicas(kube, namespace, cluster_name)["gpu"] == 1
     finally:
+        if caller is not None and caller.poll() is None:
+            caller.kill()
+            caller.wait()
+        if scaler is not None:
+            scaler.stop()
         for node in nodes:
             node.stop()
         if head is not None:

@@ -6,6 +6,7 @@ and volume files a kubelet would."""
 from __future__ import annotations
 
 import base64
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +159,22 @@ def project_volume(kube: KubeClient, pod: dict[str, Any], volume: str, dest: Pat
                 (dest / item["path"]).write_text(_field(pod, item["fieldRef"]["fieldPath"]))
         else:
             raise NotImplementedError(f"projected source {sorted(source)} of volume {volume}")
+
+
+def publish_root_ca(kube: KubeClient, namespace: str, ca_cert: Path) -> None:
+    """kube-root-ca.crt, which kube-controller-manager (not run here) publishes in every namespace."""
+    kube.apply({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "kube-root-ca.crt", "namespace": namespace},
+                "data": {"ca.crt": ca_cert.read_text()}})
+
+
+def create_operator_secrets(kube: KubeClient, namespace: str) -> dict[str, dict[str, str]]:
+    """The Secrets gpu-prod's kustomization.yaml has the operator create before the first apply,
+    with random values; returns them by name."""
+    wanted = {"llmbatch-credentials": ("s3-access-key", "s3-secret-key", "redis-password", "replay-key"),
+              "llmbatch-ray-auth": ("auth_token",)}
+    made = {name: {key: secrets.token_hex(32) for key in keys} for name, keys in wanted.items()}
+    for name, data in made.items():
+        kube.apply({"apiVersion": "v1", "kind": "Secret",
+                    "metadata": {"name": name, "namespace": namespace}, "stringData": data})
+    return made

@@ -5,19 +5,24 @@ Running and Ready through the API server.
 A head pod becomes a :class:`PrivateRay` and a worker pod a :class:`PrivateRayWorker` of it: the
 CPUs, custom resources and ``--no-monitor`` of the pod's ``ray start``, its GPU limit as Ray's GPU
 count, its ``RAY_*`` environment (the token from its Secret, the pod's name as the node's cloud
-instance id). Addresses and ports are this machine's, not the pod's.
+instance id). Addresses and ports are this machine's, not the pod's. The head pod's ``autoscaler``
+container runs as Ray's own KubeRay autoscaler with the files of its token volume.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import sys
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tests.support.kube_control_plane import KubeClient
-from tests.support.kube_objects import container_env, ray_container, start_command
+from llmbatch.stack.process import free_port, spawn, stop_tree
+from tests.support.kube_control_plane import ROOT, KubeClient
+from tests.support.kube_objects import container, container_env, project_volume, ray_container, start_command
 from tests.support.private_ray import PrivateRay, PrivateRayWorker
 
 # `ray start` options of a pod that hold on this machine too (the rest name its ports and addresses)
@@ -78,3 +83,44 @@ def report_running(kube: KubeClient, pod: dict[str, Any]) -> None:
                        for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")],
         "containerStatuses": statuses,
     })
+
+
+@dataclass
+class AutoscalerContainer:
+    """The head pod's ``autoscaler`` container run here (see :func:`run_autoscaler_container`)."""
+
+    pid: int
+    log: Path
+    volume: Path  # the files of its token volume: ``token``, ``ca.crt``, ``namespace``
+
+    def stop(self) -> None:
+        stop_tree(self.pid)
+
+
+def run_autoscaler_container(kube: KubeClient, server: str, head_pod: dict[str, Any], head: PrivateRay,
+                             run_dir: Path) -> AutoscalerContainer:
+    """Run the head pod's ``autoscaler`` container here: Ray's ``ray kuberay-autoscaler`` (through
+    tests/support/kuberay_autoscaler.py) with the container's environment, the API server at
+    ``server`` as ``KUBERNETES_SERVICE_HOST``/``_PORT_HTTPS`` say in a pod, and the files the kubelet
+    would put in its service account token volume (asked for as the kubelet asks)."""
+    env = container_env(kube, head_pod, "autoscaler")
+    token_volumes = {v["name"] for v in head_pod["spec"]["volumes"]
+                     if any("serviceAccountToken" in source
+                            for source in (v.get("projected") or {}).get("sources", []))}
+    (mount,) = [m for m in container(head_pod, "autoscaler").get("volumeMounts") or []
+                if m["name"] in token_volumes]
+    volume = run_dir / mount["name"]
+    project_volume(kube, head_pod, mount["name"], volume)
+    host, port = server.removeprefix("https://").rsplit(":", 1)
+    log = run_dir / "autoscaler.log"
+    pid = spawn(
+        [sys.executable, "-m", "tests.support.kuberay_autoscaler",
+         "--cluster-name", env["RAY_CLUSTER_NAME"], "--cluster-namespace", env["RAY_CLUSTER_NAMESPACE"],
+         "--gcs-address", head.gcs_address,
+         "--mount-path", mount["mountPath"], "--volume-dir", str(volume)],
+        log,
+        env={**env, "KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT_HTTPS": port,
+             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+             "RAY_USAGE_STATS_ENABLED": "0", "AUTOSCALER_METRIC_PORT": str(free_port())},
+        cwd=ROOT)
+    return AutoscalerContainer(pid, log, volume)
