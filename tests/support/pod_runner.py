@@ -5,16 +5,23 @@ Running and Ready through the API server.
 A head pod becomes a :class:`PrivateRay` and a worker pod a :class:`PrivateRayWorker` of it: the
 CPUs, custom resources and ``--no-monitor`` of the pod's ``ray start``, its GPU limit as Ray's GPU
 count, its ``RAY_*`` environment (the token from its Secret, the pod's name as the node's cloud
-instance id). Addresses and ports are this machine's, not the pod's. The head pod's ``autoscaler``
-container runs as Ray's own KubeRay autoscaler with the files of its token volume.
+instance id). Addresses and ports are this machine's, not the pod's. A pod is reported Running and
+Ready once its readiness probe, run as the kubelet runs it (no credentials), passes. The head pod's
+``autoscaler`` container runs as Ray's own KubeRay autoscaler with the files of its token volume.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
+import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,6 +34,8 @@ from tests.support.private_ray import PrivateRay, PrivateRayWorker
 
 # `ray start` options of a pod that hold on this machine too (the rest name its ports and addresses)
 KEPT_FLAGS = {"--no-monitor"}
+DEFAULT_AGENT_PORT = "52365"  # Ray's, when a pod's `ray start` names none
+DEFAULT_DASHBOARD_PORT = "8265"
 
 
 def ray_start_options(pod: dict[str, Any]) -> tuple[dict[str, str], set[str]]:
@@ -50,6 +59,8 @@ def run_head_pod(kube: KubeClient, pod: dict[str, Any], run_dir: Path) -> Privat
                       auth_token=env.pop("RAY_AUTH_TOKEN", None),
                       start_args=sorted(flags & KEPT_FLAGS), env=env)
     head.start()
+    wait_ready(pod, {int(options.get("dashboard-agent-listen-port", DEFAULT_AGENT_PORT)): head.agent,
+                     int(options.get("dashboard-port", DEFAULT_DASHBOARD_PORT)): head.dashboard})
     report_running(kube, pod)
     return head
 
@@ -66,8 +77,70 @@ def run_worker_pod(kube: KubeClient, head: PrivateRay, pod: dict[str, Any], run_
                             name=pod["metadata"]["name"],
                             start_args=[f"--num-gpus={gpus}", *sorted(flags & KEPT_FLAGS)], env=env)
     node.start()
+    assert node.agent_port is not None
+    wait_ready(pod, {int(options.get("dashboard-agent-listen-port", DEFAULT_AGENT_PORT)): node.agent_port})
     report_running(kube, pod)
     return node
+
+
+def wait_ready(pod: dict[str, Any], ports: dict[int, int], timeout: float = 120.0) -> str:
+    """Run the Ray container's readiness probe as the kubelet does, against the node started here
+    (``ports`` maps the pod's ports to this machine's), until it passes; return what it printed or
+    answered. An ``httpGet`` probe is a GET with no credentials (2xx/3xx passes); an ``exec`` probe
+    runs its command here with ``localhost:<pod port>`` pointed at the mapped port (exit 0 passes).
+    AssertionError naming the last failure if it never passes within ``timeout``."""
+    probe = ray_container(pod).get("readinessProbe")
+    if probe is None:
+        return ""
+    if "httpGet" in probe:
+        attempt = _http_probe(probe["httpGet"], ports)
+    else:
+        attempt = _exec_probe(probe["exec"], ports)
+    deadline = time.monotonic() + timeout
+    while True:
+        passed, said = attempt(float(probe.get("timeoutSeconds", 1)))
+        if passed:
+            return said
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the readiness probe of {pod['metadata']['name']} never passed: {said}")
+        time.sleep(1.0)
+
+
+def _mapped(ports: dict[int, int], port: int) -> int:
+    assert port in ports, f"the probe names port {port}, none of the pod's {sorted(ports)}"
+    return ports[port]
+
+
+def _http_probe(get: dict[str, Any], ports: dict[int, int]) -> Callable[[float], tuple[bool, str]]:
+    url = f"http://127.0.0.1:{_mapped(ports, int(get['port']))}{get.get('path', '/')}"
+
+    def attempt(timeout: float) -> tuple[bool, str]:
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as resp:
+                return True, resp.read().decode(errors="replace")
+        except urllib.error.HTTPError as exc:  # 4xx/5xx: the probe fails
+            return False, f"GET {url}: HTTP {exc.code} {exc.read()[:300]!r}"
+        except OSError as exc:
+            return False, f"GET {url}: {exc}"
+
+    return attempt
+
+
+def _exec_probe(exec_: dict[str, Any], ports: dict[int, int]) -> Callable[[float], tuple[bool, str]]:
+    command = [re.sub(r"\blocalhost:(\d+)", lambda m: f"127.0.0.1:{_mapped(ports, int(m[1]))}", arg)
+               for arg in exec_["command"]]
+
+    def attempt(timeout: float) -> tuple[bool, str]:
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout + 5, check=False)
+        except subprocess.TimeoutExpired:
+            return False, f"{command}: timed out"
+        said = (done.stdout + done.stderr).strip()
+        if done.returncode != 0:
+            return False, f"{command}: exit {done.returncode} {said}"
+        return True, said
+
+    return attempt
 
 
 def report_running(kube: KubeClient, pod: dict[str, Any]) -> None:

@@ -214,6 +214,7 @@ class PrivateRayWorker:
         self.node_id: str | None = None
         self.temp: Path | None = None
         self.log = run_dir / f"ray-{name}.log"
+        self.agent_port: int | None = None
         self._tree = StartedTree()
 
     def start(self, timeout: float = 120, attempts: int = 3) -> str:
@@ -233,6 +234,7 @@ class PrivateRayWorker:
         node_manager, object_manager, agent, agent_grpc, metrics, runtime_env_agent = (
             free_port() for _ in range(6))
         workers = free_port_range(50)
+        self.agent_port = agent  # the dashboard agent's HTTP port (its /api/healthz)
         before = {n["node_id"] for n in self.head.nodes()}
         env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1",
                **QUIET_LOG_MONITOR_ENV, **QUIET_SERVE_ENV, **self.node_env}
