@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmbatch.settings import KafkaSettings, LLMBatchSettings, RaySettings, RedisSettings, S3Settings
-from llmbatch.stack import ray_head, services
+from llmbatch.stack import kafka_broker, ray_head, services
 from llmbatch.stack import state as _state
 from llmbatch.stack.ports import allocator
 from llmbatch.stack.process import StackError, alive, stop_tree, tree_rss_bytes
@@ -58,8 +58,8 @@ class PrepareOutcome:
 
 
 def _kafka_jar() -> Path:
-    """The jar :func:`services.kafka_libs` checks for before fetching from Maven Central."""
-    version = services.KAFKA_VERSION
+    """The jar :func:`kafka_broker.kafka_libs` checks for before fetching from Maven Central."""
+    version = kafka_broker.KAFKA_VERSION
     return _state.CACHE_DIR / f"kafka-{version}" / "libs" / f"kafka_2.13-{version}.jar"
 
 
@@ -96,7 +96,7 @@ def _convert_model() -> object:
 
 
 PREPARE_STEPS: dict[str, PrepareStep] = {
-    "kafka": PrepareStep("kafka", f"fetching the Apache Kafka {services.KAFKA_VERSION} jars from Maven "
+    "kafka": PrepareStep("kafka", f"fetching the Apache Kafka {kafka_broker.KAFKA_VERSION} jars from Maven "
                          "Central", "first time only; ~15 s",
                          lambda: _kafka_jar().exists(), _preparer("kafka")),
     "redis": PrepareStep("redis", "looking for redis-server (scripts/bootstrap.sh installs it)", "instant",
@@ -201,8 +201,8 @@ def tls_starters(run_dir: Path) -> dict[str, Callable[[Path], ServiceRecord]]:
     def kafka(folder: Path) -> ServiceRecord:
         # a new start formats the data anew, so a new password each time; the record (0600) keeps it
         password = secrets.token_hex(16)
-        sasl = services.KafkaSasl(KAFKA_TLS_USER, {KAFKA_TLS_USER: password})
-        rec = services.start_kafka(folder, sasl=sasl, tls=files)
+        sasl = kafka_broker.KafkaSasl(KAFKA_TLS_USER, {KAFKA_TLS_USER: password})
+        rec = kafka_broker.start_kafka(folder, sasl=sasl, tls=files)
         rec.extra.update(sasl_username=KAFKA_TLS_USER, sasl_password=password)
         return rec
 
@@ -215,7 +215,7 @@ def tls_starters(run_dir: Path) -> dict[str, Callable[[Path], ServiceRecord]]:
 
 
 _START_AGAIN: dict[str, Callable[[Path, ServiceRecord], ServiceRecord]] = {
-    "kafka": lambda run_dir, rec: services.start_kafka(run_dir, restart=rec),
+    "kafka": lambda run_dir, rec: kafka_broker.start_kafka(run_dir, restart=rec),
     "minio": lambda run_dir, rec: services.start_minio(run_dir, restart=rec),
     "redis": lambda run_dir, rec: services.start_redis(run_dir, port=rec.ports["redis"], name=rec.name),
     "ray": lambda run_dir, rec: ray_head.start_ray(run_dir, restart=rec),

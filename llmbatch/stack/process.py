@@ -218,3 +218,14 @@ def http_ok(url: str, timeout: float = 2.0, ca_cert: str | None = None) -> bool:
     context = ssl.create_default_context(cafile=ca_cert) if ca_cert else None
     with urllib.request.urlopen(url, timeout=timeout, context=context) as resp:  # noqa: S310 - our URL
         return 200 <= int(resp.status) < 300
+
+
+def run_checked(argv: list[str], what: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+                timeout: float = 1800) -> None:
+    """Run ``argv`` to its end; :class:`StackError` naming ``what`` with the last 25 lines of its
+    output if it fails."""
+    proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(env or {})},
+                          cwd=cwd, timeout=timeout, check=False)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
+        raise StackError(f"{what} failed (exit {proc.returncode})", tail)

@@ -32,7 +32,7 @@ from dispatcher.errors import KafkaAuthenticationFailed
 from dispatcher.ops.dlq_reader import read_dead_letters
 from dispatcher.publisher import EventProducer
 from llmbatch.settings import KafkaSettings, TopicSettings
-from llmbatch.stack import services
+from llmbatch.stack import kafka_broker, services
 from llmbatch.stack.process import alive, stop_tree
 from producer.errors import AuthenticationFailed, NotAuthorized, TopicMissing
 from producer.kafka import Publisher, follow_events
@@ -51,7 +51,7 @@ REFUSAL_S = 10.0  # a refusal is answered at once; the publish timeout (30 s) wo
 @dataclass
 class AclKafka:
     record: services.ServiceRecord
-    sasl: services.KafkaSasl
+    sasl: kafka_broker.KafkaSasl
     topics: TopicSettings
     group: str
     before_acls: BaseException | None = None
@@ -101,8 +101,8 @@ async def acl_kafka(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[A
     topics = TopicSettings(requests=f"acl{tag}.requests", results=f"acl{tag}.results",
                            dead_letter=f"acl{tag}.requests.dlt", partitions=1)
     users = ("admin", *ROLES, "nobody")
-    sasl = services.KafkaSasl("admin", {u: secrets.token_urlsafe(18) for u in users})
-    rec = await asyncio.to_thread(services.start_kafka, tmp_path_factory.mktemp("kafka-acl"), sasl=sasl)
+    sasl = kafka_broker.KafkaSasl("admin", {u: secrets.token_urlsafe(18) for u in users})
+    rec = await asyncio.to_thread(kafka_broker.start_kafka, tmp_path_factory.mktemp("kafka-acl"), sasl=sasl)
     try:
         kafka = AclKafka(rec, sasl, topics, f"acl{tag}-dispatcher")
         # the topics exist (made by the admin) but no ACL does: the producer is refused even on requests

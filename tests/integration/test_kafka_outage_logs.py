@@ -18,7 +18,7 @@ import pytest
 from dispatcher.settings import DispatcherOptions, DispatcherSettings, JobOptions
 from llmbatch.chaos.processes import DispatcherProcess
 from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings, TopicSettings
-from llmbatch.stack import services
+from llmbatch.stack import kafka_broker
 from llmbatch.stack.process import alive, stop_tree
 from schemas.engines import EngineModel, EngineRegistry
 from schemas.job import EngineConfig
@@ -45,7 +45,7 @@ def _lines(path: Path) -> list[dict[str, object]]:
 async def test_a_broker_outage_logs_aiokafka_once_per_kind_not_per_retry(
     tmp_path: Path, redis_settings: RedisSettings, s3_settings: S3Settings, ray_settings: RaySettings
 ) -> None:
-    kafka = await asyncio.to_thread(services.start_kafka, tmp_path)
+    kafka = await asyncio.to_thread(kafka_broker.start_kafka, tmp_path)
     run = f"outage-{uuid.uuid4().hex[:6]}"
     settings = DispatcherSettings(
         _env_file=None,
@@ -72,7 +72,7 @@ async def test_a_broker_outage_logs_aiokafka_once_per_kind_not_per_retry(
         os.kill(kafka.pid, signal.SIGKILL)
         await asyncio.sleep(OUTAGE_S)
         assert not reaped_or_alive(kafka.pid)
-        restarted = await asyncio.to_thread(services.start_kafka, tmp_path, restart=kafka)
+        restarted = await asyncio.to_thread(kafka_broker.start_kafka, tmp_path, restart=kafka)
         await asyncio.sleep(10)
         assert proc.alive(), log.read_text()[-3000:]
         during = _lines(log)[before:]

@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import OffsetAndMetadata
 
-from llmbatch.stack import services
+from llmbatch.stack import kafka_broker, services
 from llmbatch.stack.process import alive, stop_tree
 from llmbatch.stack.state import ServiceRecord
 from tests.support.services import reaped_or_alive
@@ -89,11 +89,11 @@ def _stop(*records: ServiceRecord | None) -> None:
 
 async def test_kafka_restarts_on_its_ports_with_its_data(tmp_path: Path) -> None:
     topic = f"t-{uuid.uuid4().hex[:8]}"
-    first = await asyncio.to_thread(services.start_kafka, tmp_path)  # its readiness check runs a loop
+    first = await asyncio.to_thread(kafka_broker.start_kafka, tmp_path)  # its readiness check runs a loop
     again = None
     try:
         await _write(first.address, topic)
-        again = await _kill9_then_restart(services.start_kafka, tmp_path, first)
+        again = await _kill9_then_restart(kafka_broker.start_kafka, tmp_path, first)
         assert again.ports == first.ports and again.address == first.address
         values, committed = await _read(again.address, topic)
         assert values == [f"v{i}".encode() for i in range(5)] and committed == 2

@@ -22,8 +22,8 @@ from dispatcher.cli import app
 from dispatcher.errors import KafkaAuthenticationFailed, KafkaNotAuthorized, classify
 from dispatcher.kafka_acl import ROLES, AclBinding, acl_bindings, render, role_grants
 from llmbatch.settings import KafkaSettings, TopicSettings
+from llmbatch.stack.kafka_broker import KafkaSasl, _kafka_properties
 from llmbatch.stack.process import StackError
-from llmbatch.stack.services import KafkaSasl, _kafka_properties
 from producer.errors import NotAuthorized
 from producer.kafka import Publisher
 from schemas.batch import CancelRequest

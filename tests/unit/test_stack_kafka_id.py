@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from llmbatch.stack.services import kafka_cluster_id
+from llmbatch.stack.kafka_broker import kafka_cluster_id
 
 pytestmark = pytest.mark.unit
 

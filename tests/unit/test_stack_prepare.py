@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from llmbatch.stack import manager, model, services
+from llmbatch.stack import kafka_broker, manager, model, services
 from llmbatch.stack import state as stack_state
 from llmbatch.stack.cli import app
 from llmbatch.stack.process import StackError
@@ -26,8 +26,9 @@ MINIO_TAG = services.MINIO_MODULE.rsplit("@", 1)[1]
 
 
 def _kafka_jar(cache: Path) -> Path:
-    """Where the real services.kafka_libs puts the broker jar (written out here on purpose)."""
-    return cache / f"kafka-{services.KAFKA_VERSION}" / "libs" / f"kafka_2.13-{services.KAFKA_VERSION}.jar"
+    """Where the real kafka_broker.kafka_libs puts the broker jar (written out here on purpose)."""
+    version = kafka_broker.KAFKA_VERSION
+    return cache / f"kafka-{version}" / "libs" / f"kafka_2.13-{version}.jar"
 
 
 def _minio(cache: Path) -> Path:
@@ -36,10 +37,12 @@ def _minio(cache: Path) -> Path:
 
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A private cache for both the checks (state.CACHE_DIR) and the real preparers (services')."""
+    """A private cache for both the checks (state.CACHE_DIR) and the real preparers (services' and
+    kafka_broker's)."""
     folder = tmp_path / "cache"
     monkeypatch.setattr(stack_state, "CACHE_DIR", folder)
     monkeypatch.setattr(services, "CACHE_DIR", folder)
+    monkeypatch.setattr(kafka_broker, "CACHE_DIR", folder)
     monkeypatch.setenv("LLMBATCH_MODEL_DIR", str(folder / "models" / "SmolLM2-135M-Instruct"))
     return folder
 
@@ -152,7 +155,7 @@ def test_cached_checks_agree_with_the_real_preparers(cache: Path, monkeypatch: p
     monkeypatch.setattr(shutil, "which",
                         lambda cmd, *a, **k: None if cmd in ("mvn", "go") else real_which(cmd))
     steps = manager.PREPARE_STEPS
-    for name, real in (("kafka", services.kafka_libs), ("minio", services.minio_binary)):
+    for name, real in (("kafka", kafka_broker.kafka_libs), ("minio", services.minio_binary)):
         assert not steps[name].is_cached()
         with pytest.raises(StackError):
             real()
@@ -161,7 +164,7 @@ def test_cached_checks_agree_with_the_real_preparers(cache: Path, monkeypatch: p
         made.parent.mkdir(parents=True, exist_ok=True)
         made.write_bytes(b"x")
     assert steps["kafka"].is_cached() and steps["minio"].is_cached()
-    assert services.kafka_libs() == kafka_jar.parent
+    assert kafka_broker.kafka_libs() == kafka_jar.parent
     assert services.minio_binary() == minio
 
 

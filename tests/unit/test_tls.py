@@ -21,7 +21,7 @@ from dispatcher.ray_backend import build_submission
 from dispatcher.settings import DispatcherSettings
 from dispatcher.store import StateStore
 from llmbatch.settings import KafkaSettings, RedisSettings, S3Settings
-from llmbatch.stack import services
+from llmbatch.stack import kafka_broker, services
 from llmbatch.stack.tls import make_local_ca
 from tests.support.dispatcher_kit import registry
 from tests.unit.test_dispatcher_backend import record
@@ -103,8 +103,8 @@ def test_kafka_sasl_ssl_settings_build_a_verifying_context(tmp_path: Path) -> No
 
 def test_a_tls_kafka_listens_sasl_ssl_on_its_pem_keystore(tmp_path: Path) -> None:
     files = make_local_ca(tmp_path)
-    sasl = services.KafkaSasl("admin", {"admin": "pw"})
-    props = services._kafka_properties(tmp_path, 9093, 9094, sasl, "ctl-pw", files)
+    sasl = kafka_broker.KafkaSasl("admin", {"admin": "pw"})
+    props = kafka_broker._kafka_properties(tmp_path, 9093, 9094, sasl, "ctl-pw", files)
     assert "listeners=SASL_SSL://127.0.0.1:9093,CONTROLLER://127.0.0.1:9094" in props
     assert "inter.broker.listener.name=SASL_SSL" in props
     assert f"ssl.keystore.location={files.server_keystore}" in props
@@ -112,7 +112,7 @@ def test_a_tls_kafka_listens_sasl_ssl_on_its_pem_keystore(tmp_path: Path) -> Non
     assert any(p.startswith("listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=") for p in props)
     assert not any("PLAINTEXT://127.0.0.1:9093" in p for p in props)
     with pytest.raises(services.StackError, match="SASL_SSL"):
-        services.start_kafka(tmp_path, tls=files)
+        kafka_broker.start_kafka(tmp_path, tls=files)
     client = sasl.client("admin", files.ca_cert)
     assert client["security_protocol"] == "SASL_SSL" and isinstance(client["ssl_context"], ssl.SSLContext)
 
