@@ -15,17 +15,17 @@ What it shows:
   ``authOptions.secretName`` (Ray's token auth is on); Serve runs every application of it (the batch
   runner's replica on the CPU worker, the engine deployment at zero replicas) and the RayService
   reports them RUNNING;
+- the operator's health check of Serve's proxy on the head pod (``GET <pod IP>:8000/-/healthz``, through
+  the same stand-in, pod IPs being made-up 10.244.0.x addresses) passes, the operator labels the head
+  a serve endpoint, and once the serve Service's EndpointSlice is published (kube-controller-manager's
+  job; :func:`tests.support.pod_runner.publish_endpoints` stands in) the RayService is Ready;
 - an engine call from zero replicas makes Serve ask for a replica on an ``llmbatch_engine`` node; Ray's
   autoscaler, run as the head pod's sidecar with its token volume, scales the GPU group 0 -> 1; the
   operator makes the pod, and the replica runs on that node.
 
 Two knobs differ from gpu-prod-rayservice: Serve's HTTP proxy binds 127.0.0.1 on a free port instead
-of 0.0.0.0:8000, and the engine runs the fake backend (no model and no GPU here; the GPU is Ray's
-logical one, from the pod's ``nvidia.com/gpu`` limit).
-
-Not shown: the RayService's Ready condition. It counts the serve Service's endpoints, which need
-EndpointSlices (kube-controller-manager's, not run here) and the operator's proxy health check on
-each pod's ``serve`` port.
+of 0.0.0.0:8000 (the pod's port 8000 is routed to it), and the engine runs the fake backend (no model
+and no GPU here; the GPU is Ray's logical one, from the pod's ``nvidia.com/gpu`` limit).
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ from tests.support.kube_objects import (
 )
 from tests.support.pod_runner import (
     AutoscalerContainer,
+    publish_endpoints,
     run_autoscaler_container,
     run_head_pod,
     run_worker_pod,
@@ -66,6 +67,7 @@ from tests.support.service_routes import ServiceRoutes
 pytestmark = pytest.mark.integration
 
 DASHBOARD_PORT = 8265  # the head Service's `dashboard` port (KubeRay's default, ours too)
+HEAD_IP = "10.244.0.2"  # the head pod's address on the made-up pod network (routed by ServiceRoutes)
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +110,13 @@ def _app_statuses(kube: KubeClient, namespace: str, name: str) -> dict[str, str]
     apps = ((service.get("status") or {}).get("activeServiceStatus") or {}).get("applicationStatuses") or {}
     return {app: info.get("status", "") for app, info in apps.items()}
 
+
+def _ready(kube: KubeClient, namespace: str, name: str) -> bool:
+    service = kube.get(RAY, "RayService", name, namespace) or {}
+    return any(c["type"] == "Ready" and c["status"] == "True"
+               for c in (service.get("status") or {}).get("conditions", []))
+
+
 def _group_replicas(kube: KubeClient, namespace: str, cluster: str) -> dict[str, int]:
     found = kube.get(RAY, "RayCluster", cluster, namespace) or {"spec": {}}
     return {g["groupName"]: g.get("replicas", 0) for g in found["spec"].get("workerGroupSpecs", [])}
@@ -123,7 +132,6 @@ def _call_engine(head: PrivateRay, app: str, log: Path) -> subprocess.Popen[byte
     with log.open("wb") as out:
         return subprocess.Popen([sys.executable, "-c", code, head.gcs_address, app, DEPLOYMENT_NAME],
                                 env=env, stdout=out, stderr=subprocess.STDOUT)
-
 
 
 def test_the_operator_deploys_our_serve_config_and_an_engine_call_scales_the_gpu_group_from_zero(
@@ -154,19 +162,24 @@ def test_the_operator_deploys_our_serve_config_and_an_engine_call_scales_the_gpu
          if s["metadata"]["labels"].get("ray.io/node-type") == "head"), None))
     assert DASHBOARD_PORT in {p["port"] for p in head_svc["spec"]["ports"] if p["name"] == "dashboard"}
 
+    pod_ips = (f"10.244.0.{i}" for i in range(3, 250))  # the workers' on the made-up pod network
     head: PrivateRay | None = None
     nodes: list[PrivateRayWorker] = []
     scaler: AutoscalerContainer | None = None
     caller: subprocess.Popen[bytes] | None = None
     try:
         head_pod = next(p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "head")
-        head = run_head_pod(kube, head_pod, tmp_path / "ray")
+        head = run_head_pod(kube, head_pod, tmp_path / "ray", pod_ip=HEAD_IP)
         assert head.auth_token == token  # the pod's RAY_AUTH_TOKEN is the Secret's
         service_host = f"{head_svc['metadata']['name']}.{namespace}.svc.cluster.local"
         routes.route(service_host, DASHBOARD_PORT, head.dashboard)
+        # the head pod's `serve` port on the pod network: Serve's HTTP proxy here
+        serve_port = next(p["containerPort"] for p in head_pod["spec"]["containers"][0]["ports"]
+                          if p["name"] == "serve")
+        routes.route(HEAD_IP, serve_port, config["http_options"]["port"])
         for pod in pods:
             if pod is not head_pod:
-                nodes.append(run_worker_pod(kube, head, pod, tmp_path / "nodes"))
+                nodes.append(run_worker_pod(kube, head, pod, tmp_path / "nodes", pod_ip=next(pod_ips)))
 
         statuses = plane.wait_for(
             f"RayService {name} reporting every application RUNNING (proxy saw {routes.seen[-5:]})",
@@ -182,6 +195,18 @@ def test_the_operator_deploys_our_serve_config_and_an_engine_call_scales_the_gpu
                      and url == f"http://{service_host}:{DASHBOARD_PORT}/api/serve/applications/"]
         assert 200 in submitted and not {401, 403} & set(submitted), routes.seen
 
+        # the operator's health check of Serve's proxy on the head pod passes, so it labels the head
+        # as a serve endpoint; with that endpoint published the RayService is Ready
+        plane.wait_for(f"the head pod labelled ray.io/serve=true (proxy saw {routes.seen[-5:]})",
+                       lambda: (kube.get("v1", "Pod", head_pod["metadata"]["name"], namespace) or {})[
+                           "metadata"]["labels"].get("ray.io/serve") == "true")
+        serve_svc = plane.wait_for(f"the serve Service of RayService {name}", lambda: next(
+            (s for s in kube.list("v1", "Service", namespace)
+             if (s["spec"].get("selector") or {}).get("ray.io/serve") == "true"), None))
+        assert not _ready(kube, namespace, name)  # no serve endpoint yet
+        assert head_pod["metadata"]["name"] in publish_endpoints(kube, serve_svc)
+        plane.wait_for(f"RayService {name} Ready", lambda: _ready(kube, namespace, name))
+
         # an engine call from zero replicas: Serve asks for a replica on an `llmbatch_engine` node,
         # Ray's autoscaler (the head pod's sidecar) scales the GPU group from 0, the operator makes
         # the pod, and the replica lands on it
@@ -191,7 +216,7 @@ def test_the_operator_deploys_our_serve_config_and_an_engine_call_scales_the_gpu
                                  lambda: next((p for p in cluster_pods(kube, namespace, cluster_name)
                                                if p["metadata"]["labels"]["ray.io/group"] == "gpu"), None),
                                  timeout=240)
-        gpu_node = run_worker_pod(kube, head, gpu_pod, tmp_path / "nodes")
+        gpu_node = run_worker_pod(kube, head, gpu_pod, tmp_path / "nodes", pod_ip=next(pod_ips))
         nodes.append(gpu_node)
         assert caller.wait(timeout=300) == 0, (tmp_path / "caller.log").read_text()[-3000:]
         replicas = _serve_applications(head, token)[engine_app["name"]]["deployments"][

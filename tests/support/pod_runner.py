@@ -51,8 +51,9 @@ def ray_env(kube: KubeClient, pod: dict[str, Any]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith("RAY_") and k != "RAY_ADDRESS"}
 
 
-def run_head_pod(kube: KubeClient, pod: dict[str, Any], run_dir: Path) -> PrivateRay:
-    """Start the head pod's Ray head here; report the pod Running."""
+def run_head_pod(kube: KubeClient, pod: dict[str, Any], run_dir: Path, pod_ip: str = "127.0.0.1"
+                 ) -> PrivateRay:
+    """Start the head pod's Ray head here; report the pod Running with ``pod_ip``."""
     options, flags = ray_start_options(pod)
     env = ray_env(kube, pod)
     head = PrivateRay(run_dir, num_cpus=int(options.get("num-cpus", "1")),
@@ -61,13 +62,14 @@ def run_head_pod(kube: KubeClient, pod: dict[str, Any], run_dir: Path) -> Privat
     head.start()
     wait_ready(pod, {int(options.get("dashboard-agent-listen-port", DEFAULT_AGENT_PORT)): head.agent,
                      int(options.get("dashboard-port", DEFAULT_DASHBOARD_PORT)): head.dashboard})
-    report_running(kube, pod)
+    report_running(kube, pod, pod_ip)
     return head
 
 
-def run_worker_pod(kube: KubeClient, head: PrivateRay, pod: dict[str, Any], run_dir: Path
-                   ) -> PrivateRayWorker:
-    """Start the worker pod's Ray node here, joined to ``head``; report the pod Running."""
+def run_worker_pod(kube: KubeClient, head: PrivateRay, pod: dict[str, Any], run_dir: Path,
+                   pod_ip: str = "127.0.0.1") -> PrivateRayWorker:
+    """Start the worker pod's Ray node here, joined to ``head``; report the pod Running with
+    ``pod_ip``."""
     options, flags = ray_start_options(pod)
     gpus = ray_container(pod).get("resources", {}).get("limits", {}).get("nvidia.com/gpu", "0")
     env = ray_env(kube, pod)
@@ -79,7 +81,7 @@ def run_worker_pod(kube: KubeClient, head: PrivateRay, pod: dict[str, Any], run_
     node.start()
     assert node.agent_port is not None
     wait_ready(pod, {int(options.get("dashboard-agent-listen-port", DEFAULT_AGENT_PORT)): node.agent_port})
-    report_running(kube, pod)
+    report_running(kube, pod, pod_ip)
     return node
 
 
@@ -143,14 +145,15 @@ def _exec_probe(exec_: dict[str, Any], ports: dict[int, int]) -> Callable[[float
     return attempt
 
 
-def report_running(kube: KubeClient, pod: dict[str, Any]) -> None:
-    """What a kubelet reports once the pod's containers run and pass their probes."""
+def report_running(kube: KubeClient, pod: dict[str, Any], pod_ip: str = "127.0.0.1") -> None:
+    """What a kubelet reports once the pod's containers run and pass their probes. ``pod_ip``: a
+    made-up pod network address (see :mod:`tests.support.service_routes`) or 127.0.0.1."""
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     statuses = [{"name": c["name"], "ready": True, "started": True, "restartCount": 0,
                  "image": c["image"], "imageID": "", "state": {"running": {"startedAt": now}}}
                 for c in pod["spec"]["containers"]]
     kube.patch_status("v1", "Pod", pod["metadata"]["name"], pod["metadata"]["namespace"], {
-        "phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
+        "phase": "Running", "podIP": pod_ip, "podIPs": [{"ip": pod_ip}],
         "hostIP": "127.0.0.1", "startTime": now,
         "conditions": [{"type": t, "status": "True", "lastTransitionTime": now}
                        for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")],
@@ -197,3 +200,33 @@ def run_autoscaler_container(kube: KubeClient, server: str, head_pod: dict[str, 
              "RAY_USAGE_STATS_ENABLED": "0", "AUTOSCALER_METRIC_PORT": str(free_port())},
         cwd=ROOT)
     return AutoscalerContainer(pid, log, volume)
+
+
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def publish_endpoints(kube: KubeClient, service: dict[str, Any]) -> list[str]:
+    """The EndpointSlice kube-controller-manager (not run here) keeps for ``service``: every pod its
+    selector matches, by pod IP, ready when the pod's Ready condition is; returns the pods' names."""
+    meta = service["metadata"]
+    pods = [p for p in kube.list("v1", "Pod", meta["namespace"])
+            if _selects(service["spec"].get("selector") or {}, p["metadata"].get("labels") or {})
+            and (p.get("status") or {}).get("podIP")]
+    endpoints = [{
+        "addresses": [p["status"]["podIP"]],
+        "conditions": {"ready": any(c["type"] == "Ready" and c["status"] == "True"
+                                    for c in p["status"].get("conditions", []))},
+        "targetRef": {"kind": "Pod", "name": p["metadata"]["name"], "namespace": meta["namespace"],
+                      "uid": p["metadata"]["uid"]},
+    } for p in pods]
+    kube.apply({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": f"{meta['name']}-tests", "namespace": meta["namespace"],
+                     "labels": {"kubernetes.io/service-name": meta["name"],
+                                "endpointslice.kubernetes.io/managed-by": "llmbatch-tests"}},
+        "addressType": "IPv4", "endpoints": endpoints,
+        "ports": [{"name": port.get("name"), "port": port["port"], "protocol": port.get("protocol", "TCP")}
+                  for port in service["spec"].get("ports", [])],
+    })
+    return [p["metadata"]["name"] for p in pods]

@@ -1,6 +1,7 @@
-"""Cluster DNS and Service routing for a process on this machine that talks to Kubernetes Services
-by name (the KubeRay operator calls a Ray head's dashboard at
-``<cluster>-head-svc.<namespace>.svc.cluster.local:8265``).
+"""Cluster DNS, Service routing and the pod network for a process on this machine that talks to
+Kubernetes Services by name or to pods by IP (the KubeRay operator calls a Ray head's dashboard at
+``<cluster>-head-svc.<namespace>.svc.cluster.local:8265`` and Serve's proxy at ``<pod IP>:8000``;
+the tests give pods made-up 10.244.0.x addresses).
 
 No cluster DNS and no kube-proxy run here. Started with ``HTTP_PROXY`` pointing at a
 :class:`ServiceRoutes`, a Go program (or any client honouring the variable) sends its plain-HTTP
