@@ -26,53 +26,29 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.kube_control_plane import ControlPlane, KubeApiError, KubeClient, start_control_plane
+from tests.support.kube_control_plane import ControlPlane, KubeApiError, KubeClient
 from tests.support.kube_objects import (
-    RAY,
     apply_all,
     cluster_pods,
-    crds,
     create_operator_secrets,
+    group_replicas,
     publish_root_ca,
     start_command,
     vd,
     worker_groups,
 )
-from tests.support.pod_runner import (
-    AutoscalerContainer,
-    ray_env,
-    ray_start_options,
-    run_autoscaler_container,
-    run_head_pod,
-    run_worker_pod,
-)
-from tests.support.private_ray import PrivateRay, PrivateRayWorker
+from tests.support.pod_runner import LocalPods, ray_env, ray_start_options
+from tests.support.private_ray import PrivateRay
 
 pytestmark = pytest.mark.integration
 
 ENGINE_DEMAND = [{"llmbatch_engine": 1}, {"llmbatch_engine": 1}]
 IDLE_TIMEOUT_S = 5  # gpu-prod: 900 s
-
-
-@pytest.fixture(scope="module")
-def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    started = start_control_plane(tmp_path_factory.mktemp("kube"), crds())
-    try:
-        yield started
-    finally:
-        started.stop()
-
-
-def _replicas(kube: KubeClient, namespace: str, name: str) -> dict[str, int]:
-    cluster = kube.get(RAY, "RayCluster", name, namespace)
-    assert cluster is not None
-    return {g: spec.get("replicas", 0) for g, spec in worker_groups(cluster["spec"]).items()}
 
 
 def _group_pods(kube: KubeClient, namespace: str, name: str, group: str) -> list[dict[str, Any]]:
@@ -108,7 +84,7 @@ def test_the_engine_group_scales_from_zero_and_back_by_the_autoscaler_with_the_h
         found if len(found := cluster_pods(kube, namespace, name)) == expected else None))
     head = next(p for p in created if p["metadata"]["labels"]["ray.io/node-type"] == "head")
     cpu_replicas = worker_groups(cluster["spec"])["cpu"]["replicas"]
-    assert _replicas(kube, namespace, name) == {"gpu": 0, "cpu": cpu_replicas}
+    assert group_replicas(kube, namespace, name) == {"gpu": 0, "cpu": cpu_replicas}
 
     # the head as the operator built it: Ray's monitor is left to the sidecar, the head takes no tasks
     options, flags = ray_start_options(head)
@@ -117,41 +93,29 @@ def test_the_engine_group_scales_from_zero_and_back_by_the_autoscaler_with_the_h
     assert start_command(head, "autoscaler").endswith(
         "ray kuberay-autoscaler --cluster-name $(RAY_CLUSTER_NAME) "
         "--cluster-namespace $(RAY_CLUSTER_NAMESPACE)")
-    ray: PrivateRay | None = None
-    nodes: list[PrivateRayWorker] = []
-    scaler: AutoscalerContainer | None = None
-    try:
-        ray = run_head_pod(kube, head, tmp_path / "ray")
-        scaler = run_autoscaler_container(kube, plane.server, head, ray, tmp_path)
+    with LocalPods(kube, tmp_path) as local:
+        ray = local.run_head(head)
+        scaler = local.run_autoscaler(plane.server, head)
 
         _request_resources(ray, ENGINE_DEMAND)
         plane.wait_for(f"the autoscaler scales {name}'s gpu group to 2 (log {scaler.log})",
-                       lambda: _replicas(kube, namespace, name)["gpu"] == 2, timeout=180)
+                       lambda: group_replicas(kube, namespace, name)["gpu"] == 2, timeout=180)
         gpu_pods = plane.wait_for("two gpu pods", lambda: (
             found if len(found := _group_pods(kube, namespace, name, "gpu")) == 2 else None))
-        assert _replicas(kube, namespace, name)["cpu"] == cpu_replicas
+        assert group_replicas(kube, namespace, name)["cpu"] == cpu_replicas
         for pod in gpu_pods:
             assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
-            nodes.append(run_worker_pod(kube, ray, pod, tmp_path / "nodes"))
+            local.run_worker(pod)
         engines = [n for n in ray.nodes() if n["state"] == "ALIVE"
                    and n["resources_total"].get("llmbatch_engine")]
         assert len(engines) == 2
 
         _request_resources(ray, [])
         plane.wait_for(f"the autoscaler scales {name}'s gpu group back to 0 (log {scaler.log})",
-                       lambda: _replicas(kube, namespace, name)["gpu"] == 0, timeout=180)
+                       lambda: group_replicas(kube, namespace, name)["gpu"] == 0, timeout=180)
         plane.wait_for("the gpu pods deleted",
                        lambda: not _group_pods(kube, namespace, name, "gpu"))
-        assert _replicas(kube, namespace, name)["cpu"] == cpu_replicas
-    finally:
-        if scaler is not None:
-            scaler.stop()
-        for node in nodes:
-            node.stop()
-        if ray is not None:
-            ray.stop()
-            ray.remove_temp()
-    assert scaler is not None
+        assert group_replicas(kube, namespace, name)["cpu"] == cpu_replicas
     log = scaler.log.read_text()
     assert "Forbidden" not in log and " 403" not in log, log[-3000:]
     for pod in gpu_pods:  # the autoscaler knew each node for its pod, and removed it for being idle

@@ -26,12 +26,11 @@ from typing import Any
 
 import pytest
 
-from tests.support.kube_control_plane import ControlPlane, KubeApiError, KubeClient, start_control_plane
+from tests.support.kube_control_plane import ControlPlane, KubeApiError, KubeClient
 from tests.support.kube_objects import (
     RAY,
     apply_all,
     cluster_pods,
-    crds,
     ensure_namespace,
     kuberay,
     object_events,
@@ -42,15 +41,6 @@ from tests.support.kube_objects import (
 )
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    started = start_control_plane(tmp_path_factory.mktemp("kube"), crds())
-    try:
-        yield started
-    finally:
-        started.stop()
 
 
 @pytest.fixture(scope="module")

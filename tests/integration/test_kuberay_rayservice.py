@@ -51,17 +51,12 @@ from tests.support.kube_objects import (
     cluster_pods,
     crds,
     create_operator_secrets,
+    group_replicas,
     publish_root_ca,
     vd,
 )
-from tests.support.pod_runner import (
-    AutoscalerContainer,
-    publish_endpoints,
-    run_autoscaler_container,
-    run_head_pod,
-    run_worker_pod,
-)
-from tests.support.private_ray import PrivateRay, PrivateRayWorker
+from tests.support.pod_runner import LocalPods, publish_endpoints
+from tests.support.private_ray import PrivateRay
 from tests.support.service_routes import ServiceRoutes
 
 pytestmark = pytest.mark.integration
@@ -117,11 +112,6 @@ def _ready(kube: KubeClient, namespace: str, name: str) -> bool:
                for c in (service.get("status") or {}).get("conditions", []))
 
 
-def _group_replicas(kube: KubeClient, namespace: str, cluster: str) -> dict[str, int]:
-    found = kube.get(RAY, "RayCluster", cluster, namespace) or {"spec": {}}
-    return {g["groupName"]: g.get("replicas", 0) for g in found["spec"].get("workerGroupSpecs", [])}
-
-
 def _call_engine(head: PrivateRay, app: str, log: Path) -> subprocess.Popen[bytes]:
     """A driver calling the engine's ``info`` through a Serve handle (waits for a replica)."""
     code = ("import sys, ray; from ray import serve; "
@@ -163,13 +153,9 @@ def test_the_operator_deploys_our_serve_config_and_an_engine_call_scales_the_gpu
     assert DASHBOARD_PORT in {p["port"] for p in head_svc["spec"]["ports"] if p["name"] == "dashboard"}
 
     pod_ips = (f"10.244.0.{i}" for i in range(3, 250))  # the workers' on the made-up pod network
-    head: PrivateRay | None = None
-    nodes: list[PrivateRayWorker] = []
-    scaler: AutoscalerContainer | None = None
-    caller: subprocess.Popen[bytes] | None = None
-    try:
+    with LocalPods(kube, tmp_path) as local:
         head_pod = next(p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "head")
-        head = run_head_pod(kube, head_pod, tmp_path / "ray", pod_ip=HEAD_IP)
+        head = local.run_head(head_pod, pod_ip=HEAD_IP)
         assert head.auth_token == token  # the pod's RAY_AUTH_TOKEN is the Secret's
         service_host = f"{head_svc['metadata']['name']}.{namespace}.svc.cluster.local"
         routes.route(service_host, DASHBOARD_PORT, head.dashboard)
@@ -179,7 +165,7 @@ def test_the_operator_deploys_our_serve_config_and_an_engine_call_scales_the_gpu
         routes.route(HEAD_IP, serve_port, config["http_options"]["port"])
         for pod in pods:
             if pod is not head_pod:
-                nodes.append(run_worker_pod(kube, head, pod, tmp_path / "nodes", pod_ip=next(pod_ips)))
+                local.run_worker(pod, pod_ip=next(pod_ips))
 
         statuses = plane.wait_for(
             f"RayService {name} reporting every application RUNNING (proxy saw {routes.seen[-5:]})",
@@ -210,28 +196,21 @@ def test_the_operator_deploys_our_serve_config_and_an_engine_call_scales_the_gpu
         # an engine call from zero replicas: Serve asks for a replica on an `llmbatch_engine` node,
         # Ray's autoscaler (the head pod's sidecar) scales the GPU group from 0, the operator makes
         # the pod, and the replica lands on it
-        scaler = run_autoscaler_container(kube, plane.server, head_pod, head, tmp_path)
+        scaler = local.run_autoscaler(plane.server, head_pod)
         caller = _call_engine(head, engine_app["name"], tmp_path / "caller.log")
         gpu_pod = plane.wait_for(f"a gpu pod for the engine replica (autoscaler log {scaler.log})",
                                  lambda: next((p for p in cluster_pods(kube, namespace, cluster_name)
                                                if p["metadata"]["labels"]["ray.io/group"] == "gpu"), None),
                                  timeout=240)
-        gpu_node = run_worker_pod(kube, head, gpu_pod, tmp_path / "nodes", pod_ip=next(pod_ips))
-        nodes.append(gpu_node)
-        assert caller.wait(timeout=300) == 0, (tmp_path / "caller.log").read_text()[-3000:]
+        gpu_node = local.run_worker(gpu_pod, pod_ip=next(pod_ips))
+        try:
+            assert caller.wait(timeout=300) == 0, (tmp_path / "caller.log").read_text()[-3000:]
+        finally:
+            if caller.poll() is None:
+                caller.kill()
+                caller.wait()
         replicas = _serve_applications(head, token)[engine_app["name"]]["deployments"][
             DEPLOYMENT_NAME]["replicas"]
         assert [(r["state"], r["node_id"]) for r in replicas] == [("RUNNING", gpu_node.node_id)]
-        assert _group_replicas(kube, namespace, cluster_name)["gpu"] == 1
-    finally:
-        if caller is not None and caller.poll() is None:
-            caller.kill()
-            caller.wait()
-        if scaler is not None:
-            scaler.stop()
-        for node in nodes:
-            node.stop()
-        if head is not None:
-            head.stop()
-            head.remove_temp()
-        kube.close()
+        assert group_replicas(kube, namespace, cluster_name)["gpu"] == 1
+    kube.close()

@@ -178,3 +178,10 @@ def create_operator_secrets(kube: KubeClient, namespace: str) -> dict[str, dict[
         kube.apply({"apiVersion": "v1", "kind": "Secret",
                     "metadata": {"name": name, "namespace": namespace}, "stringData": data})
     return made
+
+
+def group_replicas(kube: KubeClient, namespace: str, cluster: str) -> dict[str, int]:
+    """``replicas`` of each worker group of a RayCluster as the API server has it now."""
+    found = kube.get(RAY, "RayCluster", cluster, namespace)
+    assert found is not None, f"RayCluster {namespace}/{cluster} does not exist"
+    return {g: spec.get("replicas", 0) for g, spec in worker_groups(found["spec"]).items()}

@@ -60,9 +60,14 @@ def run_head_pod(kube: KubeClient, pod: dict[str, Any], run_dir: Path, pod_ip: s
                       auth_token=env.pop("RAY_AUTH_TOKEN", None),
                       start_args=sorted(flags & KEPT_FLAGS), env=env)
     head.start()
-    wait_ready(pod, {int(options.get("dashboard-agent-listen-port", DEFAULT_AGENT_PORT)): head.agent,
-                     int(options.get("dashboard-port", DEFAULT_DASHBOARD_PORT)): head.dashboard})
-    report_running(kube, pod, pod_ip)
+    try:
+        wait_ready(pod, {int(options.get("dashboard-agent-listen-port", DEFAULT_AGENT_PORT)): head.agent,
+                         int(options.get("dashboard-port", DEFAULT_DASHBOARD_PORT)): head.dashboard})
+        report_running(kube, pod, pod_ip)
+    except BaseException:
+        head.stop()
+        head.remove_temp()
+        raise
     return head
 
 
@@ -79,9 +84,14 @@ def run_worker_pod(kube: KubeClient, head: PrivateRay, pod: dict[str, Any], run_
                             name=pod["metadata"]["name"],
                             start_args=[f"--num-gpus={gpus}", *sorted(flags & KEPT_FLAGS)], env=env)
     node.start()
-    assert node.agent_port is not None
-    wait_ready(pod, {int(options.get("dashboard-agent-listen-port", DEFAULT_AGENT_PORT)): node.agent_port})
-    report_running(kube, pod, pod_ip)
+    try:
+        assert node.agent_port is not None
+        wait_ready(pod, {int(options.get("dashboard-agent-listen-port", DEFAULT_AGENT_PORT)):
+                         node.agent_port})
+        report_running(kube, pod, pod_ip)
+    except BaseException:
+        node.stop()
+        raise
     return node
 
 
@@ -230,3 +240,45 @@ def publish_endpoints(kube: KubeClient, service: dict[str, Any]) -> list[str]:
                   for port in service["spec"].get("ports", [])],
     })
     return [p["metadata"]["name"] for p in pods]
+
+
+class LocalPods:
+    """The pods of one cluster this stand-in runs, stopped together by :meth:`close` (the autoscaler,
+    then the workers, then the head) or at the end of a ``with`` block."""
+
+    def __init__(self, kube: KubeClient, run_dir: Path) -> None:
+        self.kube = kube
+        self.run_dir = run_dir
+        self.head: PrivateRay | None = None
+        self.nodes: list[PrivateRayWorker] = []
+        self.autoscaler: AutoscalerContainer | None = None
+
+    def __enter__(self) -> LocalPods:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run_head(self, pod: dict[str, Any], pod_ip: str = "127.0.0.1") -> PrivateRay:
+        self.head = run_head_pod(self.kube, pod, self.run_dir / "ray", pod_ip)
+        return self.head
+
+    def run_worker(self, pod: dict[str, Any], pod_ip: str = "127.0.0.1") -> PrivateRayWorker:
+        assert self.head is not None, "run the head pod first"
+        node = run_worker_pod(self.kube, self.head, pod, self.run_dir / "nodes", pod_ip)
+        self.nodes.append(node)
+        return node
+
+    def run_autoscaler(self, server: str, head_pod: dict[str, Any]) -> AutoscalerContainer:
+        assert self.head is not None, "run the head pod first"
+        self.autoscaler = run_autoscaler_container(self.kube, server, head_pod, self.head, self.run_dir)
+        return self.autoscaler
+
+    def close(self) -> None:
+        if self.autoscaler is not None:
+            self.autoscaler.stop()
+        for node in self.nodes:
+            node.stop()
+        if self.head is not None:
+            self.head.stop()
+            self.head.remove_temp()
