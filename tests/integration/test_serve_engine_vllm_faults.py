@@ -55,7 +55,10 @@ ENGINE: dict[str, Any] = {
     "batch_size": 4,
     "batches_in_flight": 4,
 }
-LINES = 36
+# the kill waits for the first output shard (4 lines); at 36 lines the batch's last calls could end
+# before the kill on a fast run (seen once: every call answered, none lost), so the batch is long
+# enough to leave several waves of 4 calls after it
+LINES = 72
 # how long the victim's engine processes may take to go once the replacement serves
 ORPHAN_WAIT_S = 60.0
 
