@@ -35,6 +35,7 @@ from tests.support.kube_objects import (
     kuberay,
     object_events,
     ray_container,
+    rayservice_cluster,
     start_command,
     vd,
     worker_groups,
@@ -194,14 +195,8 @@ def test_the_operator_turns_the_rayservice_into_a_cluster_scaling_engines_from_z
     namespace, name = service["metadata"]["namespace"], service["metadata"]["name"]
     apply_all(kube, objects, dry_run=False)
 
-    def owned_cluster() -> dict[str, Any] | None:
-        for c in kube.list(RAY, "RayCluster", namespace):
-            if any(ref["kind"] == "RayService" and ref["name"] == name
-                   for ref in c["metadata"].get("ownerReferences", [])):
-                return c
-        return None
-
-    cluster = plane.wait_for(f"the RayCluster of RayService {name}", owned_cluster)
+    cluster = plane.wait_for(f"the RayCluster of RayService {name}",
+                             lambda: rayservice_cluster(kube, namespace, name))
     wanted = service["spec"]["rayClusterConfig"]
     assert cluster["spec"]["enableInTreeAutoscaling"] is True
     assert cluster["spec"]["authOptions"] == wanted["authOptions"]

@@ -53,6 +53,7 @@ from tests.support.kube_objects import (
     create_operator_secrets,
     group_replicas,
     publish_root_ca,
+    rayservice_cluster,
     vd,
 )
 from tests.support.pod_runner import LocalPods, publish_endpoints
@@ -82,14 +83,6 @@ def plane(tmp_path_factory: pytest.TempPathFactory, routes: ServiceRoutes) -> It
         yield started
     finally:
         started.stop()
-
-
-def _owned_cluster(kube: KubeClient, namespace: str, service: str) -> dict[str, Any] | None:
-    for cluster in kube.list(RAY, "RayCluster", namespace):
-        if any(ref["kind"] == "RayService" and ref["name"] == service
-               for ref in cluster["metadata"].get("ownerReferences", [])):
-            return cluster
-    return None
 
 
 def _serve_applications(head: PrivateRay, token: str) -> dict[str, Any]:
@@ -142,7 +135,7 @@ def test_the_operator_deploys_our_serve_config_and_an_engine_call_scales_the_gpu
     assert service["spec"]["rayClusterConfig"]["authOptions"]["secretName"] == "llmbatch-ray-auth"
 
     cluster = plane.wait_for(f"the RayCluster of RayService {name}",
-                             lambda: _owned_cluster(kube, namespace, name))
+                             lambda: rayservice_cluster(kube, namespace, name))
     cluster_name = cluster["metadata"]["name"]
     expected = 1 + sum(g.get("replicas", 0) for g in cluster["spec"]["workerGroupSpecs"])
     pods = plane.wait_for(f"the pods of {cluster_name}", lambda: (

@@ -185,3 +185,12 @@ def group_replicas(kube: KubeClient, namespace: str, cluster: str) -> dict[str, 
     found = kube.get(RAY, "RayCluster", cluster, namespace)
     assert found is not None, f"RayCluster {namespace}/{cluster} does not exist"
     return {g: spec.get("replicas", 0) for g, spec in worker_groups(found["spec"]).items()}
+
+
+def rayservice_cluster(kube: KubeClient, namespace: str, service: str) -> dict[str, Any] | None:
+    """The RayCluster the operator made for RayService ``service`` (its owner), if any yet."""
+    for cluster in kube.list(RAY, "RayCluster", namespace):
+        if any(ref["kind"] == "RayService" and ref["name"] == service
+               for ref in cluster["metadata"].get("ownerReferences", [])):
+            return cluster
+    return None

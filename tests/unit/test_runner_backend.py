@@ -17,7 +17,7 @@ from dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.settings import RaySettings, S3Settings
 from ray_job import node_secrets
 from ray_job.runner import BatchRunner
-from ray_job.runner_http import APP_NAME, MAX_STATUS_IDS, ROUTE_PREFIX, parse_submission, route
+from ray_job.runner_http import APP_NAME, MAX_STATUS_IDS, ROUTE_PREFIX, parse_submission
 from schemas.engines import EngineModel, EngineRegistry
 from schemas.job import JobSpec
 from tests.support.scripted_http import ScriptedHttpServer
@@ -61,25 +61,6 @@ def test_short_path_takes_small_batches_on_a_shared_engine(spec: JobSpec, size: 
 def test_short_path_off_when_max_lines_is_zero() -> None:
     assert not takes_short_path(_spec(lines=1), max_lines=0, max_bytes=10**9, input_size=None)
     assert not takes_short_path(_spec(), max_lines=0, max_bytes=10**9, input_size=1)
-
-
-@pytest.mark.parametrize(
-    ("method", "path", "expected"),
-    [
-        ("POST", "/llmbatch-runner/runs", ("submit", None)),
-        ("POST", "/runs/", ("submit", None)),
-        ("GET", "/llmbatch-runner/runs/b-1-a1", ("status", "b-1-a1")),
-        ("POST", "/llmbatch-runner/runs/b-1-a1/stop", ("stop", "b-1-a1")),
-        ("GET", "/llmbatch-runner/runs", ("", None)),
-        ("DELETE", "/llmbatch-runner/runs/x", ("", None)),
-        ("POST", "/llmbatch-runner/runs/x/kill", ("", None)),
-        ("GET", "/llmbatch-runner/other", ("", None)),
-        ("POST", "/llmbatch-runner/statuses", ("statuses", None)),
-        ("GET", "/llmbatch-runner/statuses", ("", None)),
-    ],
-)
-def test_runner_routes(method: str, path: str, expected: tuple[str, str | None]) -> None:
-    assert route(method, path) == expected
 
 
 def test_runner_refuses_bad_specs_and_too_many_runs_without_starting_anything() -> None:
