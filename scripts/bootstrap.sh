@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # `make setup`: installs everything llmbatch needs on a bare machine, idempotently, from locks.
-#   1. Debian packages: redis-server, libtcmalloc-minimal4 (only when missing; needs root/apt)
+#   1. Debian packages: redis-server, libtcmalloc-minimal4, and iptables, ipset for the network policy
+#      test's kube-router (only when missing; needs root/apt)
 #   2. this checkout's own .venv, exactly as uv.lock says (engine, model converter, test and lint
 #      tools included), hard-linked from uv's shared cache: seconds once the cache is warm
 #   3. `llmbatch stack prepare`: Kafka jars, the MinIO binary, the converted model (cached)
-#   4. the Go tool that renders/validates deploy/, and etcd, kube-apiserver and the KubeRay operator
-#      for the deploy tests (built from the Go module proxy, cached)
+#   4. the Go tool that renders/validates deploy/, and etcd, kube-apiserver, the KubeRay operator and
+#      kube-router for the deploy tests (built from the Go module proxy, cached)
 # Heavy downloads are cached in $LLMBATCH_CACHE (default ~/.cache/llmbatch), never in the checkout.
 # Prints a line before each long step and the seconds each step took at the end.
 set -euo pipefail
@@ -27,6 +28,9 @@ apt_packages() {
   local need=()
   command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
   ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 >/dev/null 2>&1 || need+=(libtcmalloc-minimal4)
+  # kube-router (tests/support/kube_router.py) programs a test node's firewall with these
+  command -v iptables >/dev/null 2>&1 || need+=(iptables)
+  command -v ipset >/dev/null 2>&1 || need+=(ipset)
   ((${#need[@]})) || return 0
   log "installing Debian packages ${need[*]} (first time only; ~30 s)"
   local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
@@ -62,7 +66,8 @@ venv() {
 # --- 3 + 4. services' binaries, the model, the deploy validator -----------------------------
 prepare() { .venv/bin/llmbatch stack prepare; }
 deploy_tools() { .venv/bin/python scripts/validate_deploy.py --build >/dev/null; }
-# etcd, kube-apiserver and the KubeRay operator for tests/integration/test_kuberay_operator.py
+# etcd, kube-apiserver, the KubeRay operator and kube-router for tests/integration/test_kuberay_*.py
+# and test_pod_network_policy.py
 # (Go module proxy; ~5 min of CPU the first time, cached by their go.sum)
 kube_tools() { .venv/bin/python -m tests.support.kube_control_plane --build; }
 

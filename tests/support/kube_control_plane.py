@@ -36,6 +36,7 @@ TOOLS = ROOT / "deploy" / "tools"
 KUBE_APISERVER = "k8s.io/kubernetes/cmd/kube-apiserver"
 ETCD = "go.etcd.io/etcd/server/v3"
 KUBERAY_OPERATOR = "github.com/ray-project/kuberay/ray-operator"
+KUBE_ROUTER = "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router"  # tests/support/kube_router.py
 FIELD_MANAGER = "llmbatch-tests"
 # prometheus-operator's ServiceMonitor CRD (gpu-prod's ServiceMonitor), from the Go module proxy:
 # module, version, its go.sum hash (checked), the file inside
@@ -176,7 +177,7 @@ class KubeClient:
         token: str = self._request("POST", url, json=body)["status"]["token"]
         return token
 
-    def patch_status(self, api_version: str, kind: str, name: str, namespace: str,
+    def patch_status(self, api_version: str, kind: str, name: str, namespace: str | None,
                      status: dict[str, Any]) -> dict[str, Any]:
         """Merge ``status`` into the object's status subresource (what a kubelet does for a pod)."""
         result: dict[str, Any] = self._request(
@@ -334,6 +335,7 @@ def build() -> None:
     """Build (or find cached) every binary :func:`start_control_plane` runs."""
     go_binaries(TOOLS / "kubeapi", [KUBE_APISERVER, ETCD])
     go_binaries(TOOLS / "kuberay-operator", [KUBERAY_OPERATOR])
+    go_binaries(TOOLS / "kube-router", [KUBE_ROUTER])
     go_module_file(*SERVICEMONITOR_CRD)
 
 
@@ -342,7 +344,8 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description="The tests' Kubernetes control plane.")
     parser.add_argument("--build", action="store_true", required=True,
-                        help="build etcd, kube-apiserver and the KubeRay operator into the cache, "
+                        help="build etcd, kube-apiserver, the KubeRay operator and kube-router into "
+                             "the cache, "
                              "and download the ServiceMonitor CRD")
     parser.parse_args()
     build()

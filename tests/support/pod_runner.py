@@ -30,7 +30,8 @@ from typing import Any
 from llmbatch.stack.process import free_port, spawn, stop_tree
 from tests.support.kube_control_plane import ROOT, KubeClient
 from tests.support.kube_objects import container, container_env, project_volume, ray_container, start_command
-from tests.support.private_ray import PrivateRay, PrivateRayWorker
+from tests.support.pod_network import PodNetwork
+from tests.support.private_ray import PodPlace, PrivateRay, PrivateRayWorker
 
 # `ray start` options of a pod that hold on this machine too (the rest name its ports and addresses)
 KEPT_FLAGS = {"--no-monitor"}
@@ -51,19 +52,31 @@ def ray_env(kube: KubeClient, pod: dict[str, Any]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith("RAY_") and k != "RAY_ADDRESS"}
 
 
-def run_head_pod(kube: KubeClient, pod: dict[str, Any], run_dir: Path, pod_ip: str = "127.0.0.1"
-                 ) -> PrivateRay:
-    """Start the head pod's Ray head here; report the pod Running with ``pod_ip``."""
+def _place(net: PodNetwork | None, pod: dict[str, Any]) -> PodPlace | None:
+    return None if net is None else PodPlace(net, net.add_pod(pod["metadata"]["name"]))
+
+
+def run_head_pod(kube: KubeClient, pod: dict[str, Any], run_dir: Path, pod_ip: str = "127.0.0.1",
+                 net: PodNetwork | None = None) -> PrivateRay:
+    """Start the head pod's Ray head here; report the pod Running with ``pod_ip``. With ``net``, the
+    head runs in a pod of that network instead, on the pod's IP and ports (its metrics port too)."""
     options, flags = ray_start_options(pod)
     env = ray_env(kube, pod)
+    place = _place(net, pod)
+    kept = sorted(flags & KEPT_FLAGS)
+    if place is not None and "metrics-export-port" in options:
+        kept.append(f"--metrics-export-port={options['metrics-export-port']}")
     head = PrivateRay(run_dir, num_cpus=int(options.get("num-cpus", "1")),
-                      auth_token=env.pop("RAY_AUTH_TOKEN", None),
-                      start_args=sorted(flags & KEPT_FLAGS), env=env)
+                      auth_token=env.pop("RAY_AUTH_TOKEN", None), start_args=kept, env=env, place=place)
+    if place is not None:  # the pod has its IP once its sandbox is up, long before it is Ready
+        report_running(kube, pod, place.pod.ip, place.net.node_ip, ready=False)
     head.start()
     try:
         wait_ready(pod, {int(options.get("dashboard-agent-listen-port", DEFAULT_AGENT_PORT)): head.agent,
-                         int(options.get("dashboard-port", DEFAULT_DASHBOARD_PORT)): head.dashboard})
-        report_running(kube, pod, pod_ip)
+                         int(options.get("dashboard-port", DEFAULT_DASHBOARD_PORT)): head.dashboard},
+                   place=place)
+        report_running(kube, pod, pod_ip if place is None else place.pod.ip,
+                       "127.0.0.1" if net is None else net.node_ip)
     except BaseException:
         head.stop()
         head.remove_temp()
@@ -72,42 +85,50 @@ def run_head_pod(kube: KubeClient, pod: dict[str, Any], run_dir: Path, pod_ip: s
 
 
 def run_worker_pod(kube: KubeClient, head: PrivateRay, pod: dict[str, Any], run_dir: Path,
-                   pod_ip: str = "127.0.0.1") -> PrivateRayWorker:
+                   pod_ip: str = "127.0.0.1", net: PodNetwork | None = None) -> PrivateRayWorker:
     """Start the worker pod's Ray node here, joined to ``head``; report the pod Running with
-    ``pod_ip``."""
+    ``pod_ip``. With ``net``, the node runs in a pod of that network, joined to the head by its pod
+    IP (what the head Service's name resolves to: KubeRay makes it headless)."""
     options, flags = ray_start_options(pod)
+    place = _place(net, pod)
     gpus = ray_container(pod).get("resources", {}).get("limits", {}).get("nvidia.com/gpu", "0")
     env = ray_env(kube, pod)
     env.pop("RAY_AUTH_TOKEN", None)  # the head's, which the node is given anyway
     node = PrivateRayWorker(head, run_dir, num_cpus=int(options.get("num-cpus", "1")),
                             resources=json.loads(options.get("resources", "{}")),
                             name=pod["metadata"]["name"],
-                            start_args=[f"--num-gpus={gpus}", *sorted(flags & KEPT_FLAGS)], env=env)
+                            start_args=[f"--num-gpus={gpus}", *sorted(flags & KEPT_FLAGS)], env=env,
+                            place=place)
+    if place is not None:  # the pod has its IP once its sandbox is up, long before it is Ready
+        report_running(kube, pod, place.pod.ip, place.net.node_ip, ready=False)
     node.start()
     try:
         assert node.agent_port is not None
         wait_ready(pod, {int(options.get("dashboard-agent-listen-port", DEFAULT_AGENT_PORT)):
-                         node.agent_port})
-        report_running(kube, pod, pod_ip)
+                         node.agent_port}, place=place)
+        report_running(kube, pod, pod_ip if place is None else place.pod.ip,
+                       "127.0.0.1" if net is None else net.node_ip)
     except BaseException:
         node.stop()
         raise
     return node
 
 
-def wait_ready(pod: dict[str, Any], ports: dict[int, int], timeout: float = 120.0) -> str:
+def wait_ready(pod: dict[str, Any], ports: dict[int, int], timeout: float = 120.0,
+               place: PodPlace | None = None) -> str:
     """Run the Ray container's readiness probe as the kubelet does, against the node started here
     (``ports`` maps the pod's ports to this machine's), until it passes; return what it printed or
     answered. An ``httpGet`` probe is a GET with no credentials (2xx/3xx passes); an ``exec`` probe
     runs its command here with ``localhost:<pod port>`` pointed at the mapped port (exit 0 passes).
-    AssertionError naming the last failure if it never passes within ``timeout``."""
+    With ``place`` (a pod of a pod network) the GET goes from the node to the pod IP and the command
+    runs in the pod. AssertionError naming the last failure if it never passes within ``timeout``."""
     probe = ray_container(pod).get("readinessProbe")
     if probe is None:
         return ""
     if "httpGet" in probe:
-        attempt = _http_probe(probe["httpGet"], ports)
+        attempt = _http_probe(probe["httpGet"], ports, place)
     else:
-        attempt = _exec_probe(probe["exec"], ports)
+        attempt = _exec_probe(probe["exec"], ports, place)
     deadline = time.monotonic() + timeout
     while True:
         passed, said = attempt(float(probe.get("timeoutSeconds", 1)))
@@ -123,13 +144,18 @@ def _mapped(ports: dict[int, int], port: int) -> int:
     return ports[port]
 
 
-def _http_probe(get: dict[str, Any], ports: dict[int, int]) -> Callable[[float], tuple[bool, str]]:
-    url = f"http://127.0.0.1:{_mapped(ports, int(get['port']))}{get.get('path', '/')}"
+def _http_probe(get: dict[str, Any], ports: dict[int, int], place: PodPlace | None
+                ) -> Callable[[float], tuple[bool, str]]:
+    host = "127.0.0.1" if place is None else place.pod.ip
+    url = f"http://{host}:{_mapped(ports, int(get['port']))}{get.get('path', '/')}"
+
+    def fetch(timeout: float) -> str:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return str(resp.read().decode(errors="replace"))
 
     def attempt(timeout: float) -> tuple[bool, str]:
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as resp:
-                return True, resp.read().decode(errors="replace")
+            return True, (fetch(timeout) if place is None else place.call(lambda: fetch(timeout)))
         except urllib.error.HTTPError as exc:  # 4xx/5xx: the probe fails
             return False, f"GET {url}: HTTP {exc.code} {exc.read()[:300]!r}"
         except OSError as exc:
@@ -138,9 +164,12 @@ def _http_probe(get: dict[str, Any], ports: dict[int, int]) -> Callable[[float],
     return attempt
 
 
-def _exec_probe(exec_: dict[str, Any], ports: dict[int, int]) -> Callable[[float], tuple[bool, str]]:
+def _exec_probe(exec_: dict[str, Any], ports: dict[int, int], place: PodPlace | None
+                ) -> Callable[[float], tuple[bool, str]]:
     command = [re.sub(r"\blocalhost:(\d+)", lambda m: f"127.0.0.1:{_mapped(ports, int(m[1]))}", arg)
                for arg in exec_["command"]]
+    if place is not None:  # in the container: its own localhost
+        command = place.command(command)
 
     def attempt(timeout: float) -> tuple[bool, str]:
         try:
@@ -155,17 +184,22 @@ def _exec_probe(exec_: dict[str, Any], ports: dict[int, int]) -> Callable[[float
     return attempt
 
 
-def report_running(kube: KubeClient, pod: dict[str, Any], pod_ip: str = "127.0.0.1") -> None:
-    """What a kubelet reports once the pod's containers run and pass their probes. ``pod_ip``: a
-    made-up pod network address (see :mod:`tests.support.service_routes`) or 127.0.0.1."""
+def report_running(kube: KubeClient, pod: dict[str, Any], pod_ip: str = "127.0.0.1",
+                   host_ip: str = "127.0.0.1", *, ready: bool = True) -> None:
+    """What a kubelet reports once the pod's containers run and pass their probes (``ready``), or
+    once they run, before their probes passed (not ``ready``: the pod has its IP already, so a
+    network policy enforcer counts it as the pod it is). ``pod_ip``: a made-up pod network address
+    (see :mod:`tests.support.service_routes`), a pod's address in a :class:`PodNetwork`, or
+    127.0.0.1; ``host_ip``: its node's address."""
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    statuses = [{"name": c["name"], "ready": True, "started": True, "restartCount": 0,
+    statuses = [{"name": c["name"], "ready": ready, "started": True, "restartCount": 0,
                  "image": c["image"], "imageID": "", "state": {"running": {"startedAt": now}}}
                 for c in pod["spec"]["containers"]]
     kube.patch_status("v1", "Pod", pod["metadata"]["name"], pod["metadata"]["namespace"], {
         "phase": "Running", "podIP": pod_ip, "podIPs": [{"ip": pod_ip}],
-        "hostIP": "127.0.0.1", "startTime": now,
-        "conditions": [{"type": t, "status": "True", "lastTransitionTime": now}
+        "hostIP": host_ip, "startTime": now,
+        "conditions": [{"type": t, "status": "True" if ready or t in ("PodScheduled", "Initialized")
+                        else "False", "lastTransitionTime": now}
                        for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")],
         "containerStatuses": statuses,
     })
@@ -246,9 +280,10 @@ class LocalPods:
     """The pods of one cluster this stand-in runs, stopped together by :meth:`close` (the autoscaler,
     then the workers, then the head) or at the end of a ``with`` block."""
 
-    def __init__(self, kube: KubeClient, run_dir: Path) -> None:
+    def __init__(self, kube: KubeClient, run_dir: Path, net: PodNetwork | None = None) -> None:
         self.kube = kube
         self.run_dir = run_dir
+        self.net = net  # run each pod in a pod of this network; None: on this machine's network
         self.head: PrivateRay | None = None
         self.nodes: list[PrivateRayWorker] = []
         self.autoscaler: AutoscalerContainer | None = None
@@ -260,12 +295,12 @@ class LocalPods:
         self.close()
 
     def run_head(self, pod: dict[str, Any], pod_ip: str = "127.0.0.1") -> PrivateRay:
-        self.head = run_head_pod(self.kube, pod, self.run_dir / "ray", pod_ip)
+        self.head = run_head_pod(self.kube, pod, self.run_dir / "ray", pod_ip, self.net)
         return self.head
 
     def run_worker(self, pod: dict[str, Any], pod_ip: str = "127.0.0.1") -> PrivateRayWorker:
         assert self.head is not None, "run the head pod first"
-        node = run_worker_pod(self.kube, self.head, pod, self.run_dir / "nodes", pod_ip)
+        node = run_worker_pod(self.kube, self.head, pod, self.run_dir / "nodes", pod_ip, self.net)
         self.nodes.append(node)
         return node
 

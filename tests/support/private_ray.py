@@ -27,8 +27,28 @@ from llmbatch.stack.process import (
     wait_until,
 )
 from llmbatch.stack.ray_head import QUIET_LOG_MONITOR_ENV, QUIET_SERVE_ENV, ray_executable
+from tests.support.pod_network import Pod, PodNetwork
 
 T = TypeVar("T")
+
+# a head in a pod of a PodNetwork has the pod's whole port space: Ray's own ports, as in the pod spec
+POD_HEAD_PORTS = {"gcs": 6379, "dashboard": 8265, "client": 10001, "agent": 52365, "serve": 8000}
+POD_WORKER_PORTS = 11000  # first of the worker processes' ports in a pod
+
+
+class PodPlace:
+    """Where a Ray node of these tests runs when it runs in a pod of a :class:`PodNetwork`: its
+    processes in the pod's network namespace, its address the pod IP, and the test's own calls to it
+    made from the node (as a kubelet's probes are)."""
+
+    def __init__(self, net: PodNetwork, pod: Pod) -> None:
+        self.net, self.pod = net, pod
+
+    def command(self, argv: list[str]) -> list[str]:
+        return self.net.command(argv, self.pod.netns)
+
+    def call(self, fn: Callable[[], T]) -> T:
+        return self.net.on_node(fn)
 
 
 def start_in_attempts(start_once: Callable[[], T], stop: Callable[[], None], attempts: int) -> T:
@@ -65,8 +85,9 @@ class PrivateRay:
     def __init__(self, run_dir: Path, num_cpus: int = 2, resources: dict[str, float] | None = None,
                  auth_token: str | None = None, s3: S3Settings | None = None,
                  redis_password: str | None = None, start_args: Sequence[str] = (),
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, place: PodPlace | None = None) -> None:
         self.run_dir = run_dir
+        self.place = place  # None: this machine's network, on 127.0.0.1 and free ports
         self.start_args = list(start_args)  # more ``ray start`` options, e.g. ``--no-monitor``
         self.env = dict(env or {})  # more environment for the head's processes
         # what its jobs and replicas find in their environment (never sent in a runtime_env)
@@ -75,11 +96,19 @@ class PrivateRay:
         self.auth_token = auth_token  # None: auth off; else Ray's token auth with this token
         self.num_cpus = num_cpus
         self.resources = resources  # custom resources (``--resources``); None = Ray's default
-        self.gcs, self.dashboard, self.client, self.agent = free_port(), free_port(), free_port(), free_port()
-        self.serve = free_port()  # for Serve's HTTP proxy: Serve binds it once a config names it
-        # one allocator, so the worker range never overlaps the ports above; the reservations belong
-        # to this (test) process, not to the head, so they stay ours across a head restart
-        self.workers = free_port_range(100)
+        if place is not None:
+            self.host = place.pod.ip
+            self.gcs, self.dashboard, self.client, self.agent, self.serve = (
+                POD_HEAD_PORTS[k] for k in ("gcs", "dashboard", "client", "agent", "serve"))
+            self.workers = POD_WORKER_PORTS
+        else:
+            self.host = "127.0.0.1"
+            self.gcs, self.dashboard, self.client, self.agent = (free_port(), free_port(), free_port(),
+                                                                 free_port())
+            self.serve = free_port()  # for Serve's HTTP proxy: Serve binds it once a config names it
+            # one allocator, so the worker range never overlaps the ports above; the reservations
+            # belong to this (test) process, not to the head, so they stay ours across a head restart
+            self.workers = free_port_range(100)
         self.pid: int | None = None
         self.starts = 0
         self.temps: list[Path] = []
@@ -87,16 +116,20 @@ class PrivateRay:
 
     @property
     def address(self) -> str:
-        return f"http://127.0.0.1:{self.dashboard}"
+        return f"http://{self.host}:{self.dashboard}"
 
     @property
     def gcs_address(self) -> str:
         """What a worker node's ``ray start --address`` names."""
-        return f"127.0.0.1:{self.gcs}"
+        return f"{self.host}:{self.gcs}"
 
     @property
     def serve_address(self) -> str:
-        return f"http://127.0.0.1:{self.serve}"
+        return f"http://{self.host}:{self.serve}"
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """``fn()`` where the head's addresses are reachable (on the pod's node, or here)."""
+        return fn() if self.place is None else self.place.call(fn)
 
     def start(self, timeout: float = 180, attempts: int = 3) -> None:
         """Start the head on its ports; return once its Jobs API answers and it lists itself ALIVE
@@ -123,8 +156,9 @@ class PrivateRay:
             "--block",
             f"--num-cpus={self.num_cpus}",
             f"--port={self.gcs}",
-            "--node-ip-address=127.0.0.1",
-            "--dashboard-host=127.0.0.1",
+            f"--node-ip-address={self.host}",
+            # in a pod, as KubeRay's head: every address of the pod (and nothing else is on it)
+            f"--dashboard-host={'127.0.0.1' if self.place is None else '0.0.0.0'}",
             f"--dashboard-port={self.dashboard}",
             "--include-dashboard=true",
             f"--dashboard-agent-listen-port={self.agent}",
@@ -138,9 +172,10 @@ class PrivateRay:
         ]
         if self.resources is not None:
             argv.append(f"--resources={json.dumps(self.resources)}")
-        self.pid = spawn(argv, log, env=env)
+        self.pid = spawn(argv if self.place is None else self.place.command(argv), log, env=env)
         try:
-            wait_until(self._tree.checking(self.pid, self._ready), timeout, self.pid, "private Ray head",
+            wait_until(self._tree.checking(self.pid, lambda: self.call(self._ready)), timeout, self.pid,
+                       "private Ray head",
                        log, interval=1.0)
         except StackError:
             keep_session_logs(temp, self.run_dir / f"ray-{self.starts}")
@@ -162,7 +197,7 @@ class PrivateRay:
                 return False
         if not any(n["is_head_node"] and n["state"] == "ALIVE" for n in self.nodes()):
             return False
-        return port_open(self.client)
+        return port_open(self.client, self.host)
 
     def stop(self, timeout: float = 20) -> None:
         """Stop the head by PID (:func:`stop_tree`: ``ray start`` stops its own processes first, then
@@ -183,9 +218,12 @@ class PrivateRay:
         ``state``, ``resources_total``, ...), dead ones included."""
         url = f"{self.address}/api/v0/nodes?limit=100&detail=true"
         request = urllib.request.Request(url, headers=self._auth_headers())
-        with urllib.request.urlopen(request, timeout=10) as resp:
-            body = json.loads(resp.read())
-        rows: list[dict[str, Any]] = body["data"]["result"]["result"]
+
+        def fetch() -> Any:
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                return json.loads(resp.read())
+
+        rows: list[dict[str, Any]] = self.call(fetch)["data"]["result"]["result"]
         return rows
 
 
@@ -198,8 +236,10 @@ class PrivateRayWorker:
     def __init__(self, head: PrivateRay, run_dir: Path, *, num_cpus: int = 1,
                  resources: dict[str, float] | None = None, name: str = "worker",
                  node_env: dict[str, str] | None = None, start_args: Sequence[str] = (),
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, place: PodPlace | None = None) -> None:
         self.head = head
+        self.place = place  # None: this machine's network (see PrivateRay)
+        self.host = "127.0.0.1" if place is None else place.pod.ip
         self.start_args = list(start_args)  # more ``ray start`` options, e.g. ``--num-gpus=1``
         self.env = dict(env or {})  # more environment for the node's processes
         # what its jobs and replicas find in their environment: the head's unless given (a tenant
@@ -248,7 +288,7 @@ class PrivateRayWorker:
             "--block",
             f"--num-cpus={self.num_cpus}",
             f"--resources={json.dumps(self.resources)}",
-            "--node-ip-address=127.0.0.1",
+            f"--node-ip-address={self.host}",
             f"--node-manager-port={node_manager}",
             f"--object-manager-port={object_manager}",
             f"--dashboard-agent-listen-port={agent}",
@@ -263,7 +303,7 @@ class PrivateRayWorker:
             *self.start_args,
         ]
         self.node_id = None
-        self.pid = spawn(argv, self.log, env=env)
+        self.pid = spawn(argv if self.place is None else self.place.command(argv), self.log, env=env)
         try:
             wait_until(self._tree.checking(self.pid, lambda: self._joined(before)), timeout, self.pid,
                        f"Ray {self.name} node", self.log, interval=0.5)

@@ -1,0 +1,113 @@
+"""The tests' pod network (tests/support/pod_network.py), on real network namespaces: pods reach
+each other by pod IP through the node and nothing of it is on this machine's own network; the
+relay onto the node's loopback; namespaces of a killed test are cleaned up. A few seconds."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.pod_network import NETNS_DIR, PREFIX, PodNetwork, in_netns, remove_stale
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def net() -> Iterator[PodNetwork]:
+    with PodNetwork("10.244.7") as started:
+        yield started
+
+
+def _serve_once(net: PodNetwork, pod: str, port: int, reply: bytes) -> threading.Thread:
+    server = net.in_pod(pod, lambda: socket.create_server(("0.0.0.0", port)))
+
+    def answer() -> None:
+        with server:
+            conn, (peer, _) = server.accept()
+            with conn:
+                conn.sendall(reply + b" " + peer.encode())
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    return thread
+
+
+def _fetch(ip: str, port: int) -> bytes:
+    with socket.create_connection((ip, port), timeout=5) as conn:
+        return conn.recv(100)
+
+
+def test_pods_reach_each_other_by_pod_ip_and_see_each_others_address(net: PodNetwork) -> None:
+    a, b = net.add_pod("a"), net.add_pod("b")
+    assert (a.ip, b.ip, net.node_ip) == ("10.244.7.2", "10.244.7.3", "10.244.7.1")
+    served = _serve_once(net, "a", 8265, b"from-a")
+    assert net.in_pod("b", lambda: _fetch(a.ip, 8265)) == f"from-a {b.ip}".encode()
+    served.join(5)
+    # the node reaches its pods too (as a kubelet's probe), from the node's address
+    _serve_once(net, "b", 8265, b"from-b")
+    assert net.on_node(lambda: _fetch(b.ip, 8265)) == f"from-b {net.node_ip}".encode()
+
+
+def test_each_pod_has_its_own_ports_and_a_command_runs_in_its_namespace(net: PodNetwork) -> None:
+    a, b = net.add_pod("a"), net.add_pod("b")
+    servers = [net.in_pod(name, lambda: socket.create_server(("127.0.0.1", 6379))) for name in ("a", "b")]
+    try:
+        shown = subprocess.run(net.command(["ip", "-4", "-o", "addr", "show", "eth0"], b.netns),
+                               capture_output=True, text=True, check=True).stdout
+        assert f"inet {b.ip}/24" in shown and a.ip not in shown
+    finally:
+        for server in servers:
+            server.close()
+
+
+def test_a_relay_brings_a_port_of_this_machine_onto_the_nodes_loopback(net: PodNetwork) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as upstream:
+        def answer() -> None:
+            conn, _ = upstream.accept()
+            with conn:
+                conn.sendall(conn.recv(100).upper())
+
+        threading.Thread(target=answer, daemon=True).start()
+        port = net.forward_from_node(upstream.getsockname()[1])
+
+        def ask() -> bytes:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+                conn.sendall(b"ping")
+                return conn.recv(100)
+
+        assert net.on_node(ask) == b"PING"
+
+
+def test_an_error_in_a_namespace_reaches_the_caller_and_the_network_is_gone_after_close() -> None:
+    net = PodNetwork("10.244.8")
+    net.start()
+    pod = net.add_pod("a")
+    with pytest.raises(ConnectionRefusedError):
+        net.in_pod("a", lambda: socket.create_connection((pod.ip, 1), timeout=5))
+    net.close()
+    assert not (NETNS_DIR / net.node).exists() and not (NETNS_DIR / pod.netns).exists()
+
+
+def test_namespaces_of_a_process_that_is_gone_are_removed_and_live_ones_kept(net: PodNetwork) -> None:
+    done = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True, check=True)
+    dead = f"{PREFIX}{done.stdout.strip()}-0000-node"  # that shell has exited
+    subprocess.run(["ip", "netns", "add", dead], check=True)
+    try:
+        assert dead in remove_stale()
+        assert not (NETNS_DIR / dead).exists()
+        assert (NETNS_DIR / net.node).exists()  # this process's own
+    finally:
+        subprocess.run(["ip", "netns", "del", dead], capture_output=True, check=False)
+
+
+def test_in_netns_leaves_the_calling_thread_where_it_was(net: PodNetwork) -> None:
+    def links() -> str:
+        return open("/proc/thread-self/net/dev").read()
+
+    before = links()
+    assert "cbr0" in in_netns(net.node, links)
+    assert links() == before and "cbr0" not in before

@@ -1,0 +1,135 @@
+"""cpu-dev's Ray pods on a pod network, with its NetworkPolicies enforced by a real enforcer.
+
+The pieces are real: the tests' control plane (kube-apiserver and the KubeRay operator) holding
+cpu-dev as rendered; kube-router's network policy controller (the one k3s ships) enforcing the
+NetworkPolicies of deploy/kubernetes/base/ray/networkpolicy.yaml on the node; Ray's token auth.
+No kubelet and no CNI plugin run here: tests/support/pod_network.py gives each pod a network
+namespace of its own on a node bridge (what the bridge CNI plugin does), and
+tests/support/pod_runner.py starts the operator's Ray pods in them as their containers would, on
+their pod IPs and the ports of their pod spec. The dispatcher and API pods run nothing; the test
+connects from inside them, so the packets come from their pod IPs.
+
+What it shows:
+
+- before the enforcer runs, the API pod reaches the Ray head's Jobs API (so what follows is the
+  policies' doing, not the network's);
+- once it runs, the API pod (which has no business with Ray) reaches neither the head's Jobs API
+  and GCS nor the worker, while the dispatcher pod still reaches the Jobs API; there Ray's token
+  decides: without the token 401, with it 200;
+- a worker pod started under the policies joins the head over the pod network with the token from
+  the cluster's Secret (the head lists it ALIVE at its pod IP), and the head's metrics port answers
+  a pod of namespace ``monitoring`` but not the API pod.
+"""
+
+from __future__ import annotations
+
+import base64
+import socket
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.kube_control_plane import ControlPlane, KubeClient
+from tests.support.kube_objects import apply_all, cluster_pods, ensure_namespace, vd
+from tests.support.kube_router import register_node, start_kube_router
+from tests.support.pod_network import PodNetwork
+from tests.support.pod_runner import LocalPods, report_running
+
+pytestmark = pytest.mark.integration
+
+NODE = "node-a"
+JOBS_PORT, GCS_PORT, METRICS_PORT = 8265, 6379, 8080
+
+
+def _connects(net: PodNetwork, pod: str, ip: str, port: int) -> bool:
+    def attempt() -> bool:
+        try:
+            with socket.create_connection((ip, port), timeout=3):
+                return True
+        except OSError:  # refused (kube-router rejects), or timed out
+            return False
+
+    return net.in_pod(pod, attempt)
+
+
+def _jobs_api(net: PodNetwork, pod: str, ip: str, token: str | None) -> int:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return net.in_pod(pod, lambda: httpx.get(f"http://{ip}:{JOBS_PORT}/api/jobs/", headers=headers,
+                                             timeout=10).status_code)
+
+
+def _run_plain_pod(kube: KubeClient, net: PodNetwork, template_of: dict[str, Any], name: str,
+                   namespace: str) -> str:
+    """A pod made from a Deployment's template (its labels are what the policies select), given a
+    pod IP on ``net`` and reported Running; nothing runs in it but the test's own connections."""
+    template = template_of["spec"]["template"]
+    pod = kube.apply({"apiVersion": "v1", "kind": "Pod",
+                      "metadata": {"name": name, "namespace": namespace,
+                                   "labels": template["metadata"]["labels"]},
+                      "spec": template["spec"]})
+    report_running(kube, pod, net.add_pod(name).ip, net.node_ip)
+    return name
+
+
+def test_cpu_dev_ray_pods_under_their_network_policies_enforced_by_kube_router(
+        plane: ControlPlane, tmp_path: Path) -> None:
+    kube = plane.client()
+    objects = vd.render_overlay("cpu-dev")
+    cluster = vd.one(objects, "RayCluster")
+    namespace, name = cluster["metadata"]["namespace"], cluster["metadata"]["name"]
+    assert {p["metadata"]["name"] for p in objects if p["kind"] == "NetworkPolicy"} == {
+        "llmbatch-ray-head", "llmbatch-ray-workers"}
+    apply_all(kube, objects, dry_run=False)
+    deployments = {d["metadata"]["name"]: d for d in objects if d["kind"] == "Deployment"}
+    token = next(s for s in objects if s["kind"] == "Secret"
+                 and s["metadata"]["name"].startswith("llmbatch-ray-auth"))
+    pods = plane.wait_for(f"the head and worker pods of {name}", lambda: (
+        found if len(found := cluster_pods(kube, namespace, name)) == 2 else None))
+    head_pod = next(p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "head")
+    worker_pod = next(p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "worker")
+    register_node(kube, NODE, "10.244.0.1")
+
+    with PodNetwork() as net, LocalPods(kube, tmp_path, net) as local:
+        assert net.node_ip == "10.244.0.1"
+        head = local.run_head(head_pod)
+        head_ip = net.pods[head_pod["metadata"]["name"]].ip
+        # the token is the Secret's, as the kubelet gives it to the pod
+        assert head.auth_token == base64.b64decode(token["data"]["auth_token"]).decode()
+        api = _run_plain_pod(kube, net, deployments["llmbatch-api"], "llmbatch-api-test", namespace)
+        dispatcher = _run_plain_pod(kube, net, deployments["llmbatch-dispatcher"],
+                                    "llmbatch-dispatcher-test", namespace)
+        ensure_namespace(kube, "monitoring", {"kubernetes.io/metadata.name": "monitoring"})
+        prometheus = _run_plain_pod(kube, net, {"spec": {"template": {
+            "metadata": {"labels": {"app.kubernetes.io/name": "prometheus"}},
+            "spec": {"containers": [{"name": "prometheus", "image": "prometheus"}]}}}},
+            "prometheus-test", "monitoring")
+
+        # no enforcer yet: the pod network lets every pod reach the head
+        assert _connects(net, api, head_ip, JOBS_PORT)
+        assert _connects(net, api, head_ip, METRICS_PORT)
+
+        router = start_kube_router(plane, net, NODE, tmp_path)
+        try:
+            plane.wait_for(f"kube-router enforcing the head's policy (log {router.log})",
+                           lambda: not _connects(net, api, head_ip, JOBS_PORT), timeout=90)
+            rules = router.rules(net)
+            assert _connects(net, dispatcher, head_ip, JOBS_PORT), rules
+            assert _jobs_api(net, dispatcher, head_ip, None) == 401
+            assert _jobs_api(net, dispatcher, head_ip, head.auth_token) == 200
+            assert not _connects(net, api, head_ip, GCS_PORT), rules
+            assert _connects(net, prometheus, head_ip, METRICS_PORT), rules
+            assert not _connects(net, api, head_ip, METRICS_PORT), rules
+
+            # a worker pod started under the policies joins over the pod network with the token
+            worker = local.run_worker(worker_pod)
+            worker_ip = net.pods[worker_pod["metadata"]["name"]].ip
+            (node,) = [n for n in head.nodes() if n["node_id"] == worker.node_id]
+            assert (node["state"], node["node_ip"]) == ("ALIVE", worker_ip)
+            assert worker.agent_port is not None
+            assert _connects(net, worker_pod["metadata"]["name"], head_ip, GCS_PORT)
+            assert not _connects(net, api, worker_ip, worker.agent_port), router.rules(net)
+        finally:
+            router.stop()
+    kube.close()

@@ -1,0 +1,226 @@
+"""A pod network on this machine: a node and its pods, each in a network namespace of its own.
+
+No kubelet and no CNI plugin run here; this does what the bridge CNI plugin does on a node. The
+node is a network namespace holding a bridge with the node's address (``<subnet>.1``). Each pod is
+a network namespace with its own loopback and ``eth0`` (a veth pair whose other end is on the
+bridge), a pod IP of the subnet, and a default route through the node. So pods reach each other by
+pod IP through the node's bridge, where the node's iptables (``br_netfilter``) see every packet,
+as on a Kubernetes node, and each pod has the whole port space to itself (a Ray head listens on its
+pod's 6379, 8265, 8080 as in the pod spec).
+
+The network is private to the test that made it: nothing of it is in this machine's own network
+namespace. The test process reaches it in two ways:
+
+- :meth:`PodNetwork.on_node` runs a function in a thread that entered the node's namespace (what a
+  process on the node, such as the kubelet's probes, would see);
+- :meth:`PodNetwork.command` prefixes a command with ``nsenter`` so that it runs in a pod's (or the
+  node's) namespace.
+
+:meth:`PodNetwork.forward_from_node` makes a local port of this machine (the API server) reachable
+from the node at ``127.0.0.1:<port>``, for a node agent such as kube-router.
+
+Namespaces are named ``llmbatch-<pid>-...``; :meth:`close` deletes them, and a new network deletes
+those of processes that no longer run (a test that was killed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import secrets
+import socket
+import subprocess
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+CLONE_NEWNET = 0x40000000
+NETNS_DIR = Path("/run/netns")
+PREFIX = "llmbatch-"
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def enter_netns(name: str) -> None:
+    """Move the calling thread (only it: ``setns`` is per thread) into network namespace ``name``."""
+    fd = os.open(NETNS_DIR / name, os.O_RDONLY)
+    try:
+        if _libc.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into {name}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+def in_netns(name: str, fn: Callable[[], T]) -> T:
+    """``fn()`` run in a new thread inside network namespace ``name``; its result or its exception."""
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            enter_netns(name)
+            box["result"] = fn()
+        except BaseException as exc:  # handed to the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name=f"netns-{name}", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["result"]  # type: ignore[return-value]
+
+
+def _ip(*args: str, netns: str | None = None) -> None:
+    argv = ["ip", *(["-n", netns] if netns else []), *args]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip()}")
+
+
+def _sysctl(netns: str, key: str, value: str) -> None:
+    subprocess.run(["ip", "netns", "exec", netns, "sysctl", "-q", "-w", f"{key}={value}"],
+                   check=True, capture_output=True, timeout=30)
+
+
+def remove_stale() -> list[str]:
+    """Delete the namespaces of test processes that no longer run; return their names."""
+    removed = []
+    for path in NETNS_DIR.glob(f"{PREFIX}*") if NETNS_DIR.is_dir() else []:
+        match = re.match(rf"{PREFIX}(\d+)-", path.name)
+        if match and not Path(f"/proc/{match[1]}").exists():
+            _ip("netns", "del", path.name)
+            removed.append(path.name)
+    return removed
+
+
+@dataclass(frozen=True)
+class Pod:
+    """One pod's network: its namespace and address."""
+
+    name: str
+    netns: str
+    ip: str
+
+
+class PodNetwork:
+    """One node and its pods (see the module docstring). ``subnet``: the first three octets of the
+    node's pod CIDR (a /24)."""
+
+    def __init__(self, subnet: str = "10.244.0") -> None:
+        self.subnet = subnet
+        self.tag = f"{os.getpid()}-{secrets.token_hex(2)}"
+        self.node = f"{PREFIX}{self.tag}-node"
+        self.pods: dict[str, Pod] = {}
+        self._forwarders: list[socket.socket] = []
+        self._closed = threading.Event()
+
+    @property
+    def node_ip(self) -> str:
+        return f"{self.subnet}.1"
+
+    def __enter__(self) -> PodNetwork:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        remove_stale()
+        _ip("netns", "add", self.node)
+        try:
+            _ip("link", "set", "lo", "up", netns=self.node)
+            _ip("link", "add", "cbr0", "type", "bridge", netns=self.node)
+            _ip("addr", "add", f"{self.node_ip}/24", "dev", "cbr0", netns=self.node)
+            _ip("link", "set", "cbr0", "up", netns=self.node)
+            # bridged pod-to-pod packets go through the node's iptables, where policies are enforced
+            _sysctl(self.node, "net.bridge.bridge-nf-call-iptables", "1")
+            _sysctl(self.node, "net.ipv4.ip_forward", "1")
+        except BaseException:
+            self.close()
+            raise
+
+    def add_pod(self, name: str) -> Pod:
+        """A new pod namespace with the next free address of the subnet."""
+        assert name not in self.pods, name
+        index = len(self.pods) + 2
+        pod = Pod(name, f"{PREFIX}{self.tag}-p{index}", f"{self.subnet}.{index}")
+        _ip("netns", "add", pod.netns)
+        host_end = f"veth{secrets.token_hex(4)}"  # interface names: 15 characters at most
+        _ip("link", "add", host_end, "netns", self.node, "type", "veth", "peer", "name", "eth0",
+            "netns", pod.netns)
+        _ip("link", "set", host_end, "master", "cbr0", "up", netns=self.node)
+        _ip("link", "set", "lo", "up", netns=pod.netns)
+        _ip("addr", "add", f"{pod.ip}/24", "dev", "eth0", netns=pod.netns)
+        _ip("link", "set", "eth0", "up", netns=pod.netns)
+        _ip("route", "add", "default", "via", self.node_ip, netns=pod.netns)
+        self.pods[name] = pod
+        return pod
+
+    def command(self, argv: Sequence[str], netns: str) -> list[str]:
+        """``argv`` run in network namespace ``netns`` (nsenter execs it: same PID)."""
+        return ["nsenter", f"--net={NETNS_DIR / netns}", "--", *argv]
+
+    def on_node(self, fn: Callable[[], T]) -> T:
+        """``fn()`` run on the node (in a thread inside the node's namespace)."""
+        return in_netns(self.node, fn)
+
+    def in_pod(self, name: str, fn: Callable[[], T]) -> T:
+        """``fn()`` run in pod ``name`` (in a thread inside its namespace): its connections come
+        from the pod's IP."""
+        return in_netns(self.pods[name].netns, fn)
+
+    def forward_from_node(self, host_port: int) -> int:
+        """Make ``127.0.0.1:<host_port>`` of this machine reachable from the node; return the port on
+        the node's loopback that leads there (plain TCP relay, each connection in two threads)."""
+        listener = in_netns(self.node, lambda: socket.create_server(("127.0.0.1", 0)))
+        self._forwarders.append(listener)
+        threading.Thread(target=self._relay_accept, args=(listener, host_port), daemon=True,
+                         name=f"relay-{host_port}").start()  # started here: dials from this namespace
+        port: int = listener.getsockname()[1]
+        return port
+
+    def _relay_accept(self, listener: socket.socket, host_port: int) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", host_port), timeout=10)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=_pipe, args=(src, dst), daemon=True).start()
+
+    def close(self) -> None:
+        """Close the relays and delete every namespace (stop the processes in them first)."""
+        self._closed.set()
+        for listener in self._forwarders:
+            listener.close()
+        for pod in self.pods.values():
+            _ip_quiet("netns", "del", pod.netns)
+        self.pods.clear()
+        _ip_quiet("netns", "del", self.node)
+
+
+def _ip_quiet(*args: str) -> None:
+    subprocess.run(["ip", *args], capture_output=True, check=False, timeout=30)
+
+
+def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := src.recv(65536):
+            dst.sendall(data)
+    for sock in (src, dst):
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
