@@ -17,15 +17,21 @@ What it shows:
   reports them RUNNING;
 - the operator's health check of Serve's proxy on the head pod (``GET <pod IP>:8000/-/healthz``, through
   the same stand-in, pod IPs being made-up 10.244.0.x addresses) passes, the operator labels the head
-  a serve endpoint, and once the serve Service's EndpointSlice is published (kube-controller-manager's
-  job; :func:`tests.support.pod_runner.publish_endpoints` stands in) the RayService is Ready;
+  a serve endpoint, kube-controller-manager's EndpointSlice controller (the real one; pods are bound
+  to a registered node) publishes it, and the RayService is Ready;
 - an engine call from zero replicas makes Serve ask for a replica on an ``llmbatch_engine`` node; Ray's
   autoscaler, run as the head pod's sidecar with its token volume, scales the GPU group 0 -> 1; the
-  operator makes the pod, and the replica runs on that node.
+  operator makes the pod, and the replica runs on that node;
+- an upgrade (a changed head template with its Serve config): the operator brings up a second cluster
+  while the first keeps serving, deploys the config there, switches the serve Service and its
+  EndpointSlice to it once its applications run, and deletes the old cluster, whose pods
+  kube-controller-manager's garbage collector deletes (the stand-in stops their Ray nodes).
 
-Two knobs differ from gpu-prod-rayservice: Serve's HTTP proxy binds 127.0.0.1 on a free port instead
-of 0.0.0.0:8000 (the pod's port 8000 is routed to it), and the engine runs the fake backend (no model
-and no GPU here; the GPU is Ray's logical one, from the pod's ``nvidia.com/gpu`` limit).
+Knobs that differ from gpu-prod-rayservice: Serve's HTTP proxy binds 127.0.0.1 on a free port instead
+of 0.0.0.0:8000 (the pod's port 8000 is routed to it; the upgraded cluster's on another, as both heads
+run on this machine), the engine runs the fake backend (no model and no GPU here; the GPU is Ray's
+logical one, from the pod's ``nvidia.com/gpu`` limit), and the old cluster is deleted 5 s after the
+switch (default 60).
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ import yaml
 
 from llmbatch.stack.process import free_port
 from schemas.engines import DEPLOYMENT_NAME
-from tests.support.kube_control_plane import ControlPlane, KubeClient, start_control_plane
+from tests.support.kube_control_plane import CONTROLLERS, ControlPlane, KubeClient, start_control_plane
 from tests.support.kube_objects import (
     RAY,
     apply_all,
@@ -56,7 +62,7 @@ from tests.support.kube_objects import (
     rayservice_cluster,
     vd,
 )
-from tests.support.pod_runner import LocalPods, publish_endpoints
+from tests.support.pod_runner import LocalPods
 from tests.support.private_ray import PrivateRay
 from tests.support.service_routes import ServiceRoutes
 
@@ -64,6 +70,7 @@ pytestmark = pytest.mark.integration
 
 DASHBOARD_PORT = 8265  # the head Service's `dashboard` port (KubeRay's default, ours too)
 HEAD_IP = "10.244.0.2"  # the head pod's address on the made-up pod network (routed by ServiceRoutes)
+NODE = "node-a"  # the node the kubelet stand-in registers and binds its pods to
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +85,8 @@ def routes() -> Iterator[ServiceRoutes]:
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory: pytest.TempPathFactory, routes: ServiceRoutes) -> Iterator[ControlPlane]:
     started = start_control_plane(tmp_path_factory.mktemp("kube"), crds(),
-                                  operator_env={"HTTP_PROXY": routes.url, "NO_PROXY": "127.0.0.1,localhost"})
+                                  operator_env={"HTTP_PROXY": routes.url, "NO_PROXY": "127.0.0.1,localhost"},
+                                  controllers=CONTROLLERS)
     try:
         yield started
     finally:
@@ -146,7 +154,7 @@ def test_the_operator_deploys_our_serve_config_and_an_engine_call_scales_the_gpu
     assert DASHBOARD_PORT in {p["port"] for p in head_svc["spec"]["ports"] if p["name"] == "dashboard"}
 
     pod_ips = (f"10.244.0.{i}" for i in range(3, 250))  # the workers' on the made-up pod network
-    with LocalPods(kube, tmp_path) as local:
+    with LocalPods(kube, tmp_path, node=NODE) as local:
         head_pod = next(p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "head")
         head = local.run_head(head_pod, pod_ip=HEAD_IP)
         assert head.auth_token == token  # the pod's RAY_AUTH_TOKEN is the Secret's
@@ -179,12 +187,11 @@ def test_the_operator_deploys_our_serve_config_and_an_engine_call_scales_the_gpu
         plane.wait_for(f"the head pod labelled ray.io/serve=true (proxy saw {routes.seen[-5:]})",
                        lambda: (kube.get("v1", "Pod", head_pod["metadata"]["name"], namespace) or {})[
                            "metadata"]["labels"].get("ray.io/serve") == "true")
-        serve_svc = plane.wait_for(f"the serve Service of RayService {name}", lambda: next(
-            (s for s in kube.list("v1", "Service", namespace)
-             if (s["spec"].get("selector") or {}).get("ray.io/serve") == "true"), None))
-        assert not _ready(kube, namespace, name)  # no serve endpoint yet
-        assert head_pod["metadata"]["name"] in publish_endpoints(kube, serve_svc)
         plane.wait_for(f"RayService {name} Ready", lambda: _ready(kube, namespace, name))
+        serve_svc = _serve_service(kube, namespace)
+        # kube-controller-manager's slice; KubeRay labels the workers serve endpoints too, though
+        # with proxy_location HeadOnly no proxy runs there (the dispatcher uses the head Service)
+        assert HEAD_IP in _serve_endpoints(kube, serve_svc)
 
         # an engine call from zero replicas: Serve asks for a replica on an `llmbatch_engine` node,
         # Ray's autoscaler (the head pod's sidecar) scales the GPU group from 0, the operator makes
@@ -206,4 +213,94 @@ def test_the_operator_deploys_our_serve_config_and_an_engine_call_scales_the_gpu
             DEPLOYMENT_NAME]["replicas"]
         assert [(r["state"], r["node_id"]) for r in replicas] == [("RUNNING", gpu_node.node_id)]
         assert group_replicas(kube, namespace, cluster_name)["gpu"] == 1
+
+        _upgrade_switches_clusters(plane, kube, routes, service, config, cluster_name, local, pod_ips,
+                                   tmp_path / "upgrade")
     kube.close()
+
+
+def _serve_service(kube: KubeClient, namespace: str) -> dict[str, Any]:
+    found: dict[str, Any] = next(s for s in kube.list("v1", "Service", namespace)
+                                 if (s["spec"].get("selector") or {}).get("ray.io/serve") == "true")
+    return found
+
+
+def _serve_endpoints(kube: KubeClient, service: dict[str, Any]) -> list[str]:
+    """The ready addresses of ``service``'s EndpointSlices made by kube-controller-manager."""
+    meta = service["metadata"]
+    slices = kube.list("discovery.k8s.io/v1", "EndpointSlice", meta["namespace"],
+                       selector=f"kubernetes.io/service-name={meta['name']}")
+    return sorted(address for s in slices
+                  if s["metadata"]["labels"].get("endpointslice.kubernetes.io/managed-by")
+                  == "endpointslice-controller.k8s.io"
+                  for e in s.get("endpoints") or [] if (e.get("conditions") or {}).get("ready")
+                  for address in e["addresses"])
+
+
+def _service_status(kube: KubeClient, namespace: str, name: str, which: str) -> dict[str, Any]:
+    service = kube.get(RAY, "RayService", name, namespace) or {}
+    found: dict[str, Any] = (service.get("status") or {}).get(which) or {}
+    return found
+
+
+def _upgrade_switches_clusters(plane: ControlPlane, kube: KubeClient, routes: ServiceRoutes,
+                               service: dict[str, Any], config: dict[str, Any], old_cluster: str,
+                               old_pods: LocalPods, pod_ips: Iterator[str], run_dir: Path) -> None:
+    """A new release of the RayService's cluster (a changed head template) with its Serve config:
+    the operator brings up a second cluster beside the serving one, deploys the config there, points
+    the serve Service at it once its applications run, and deletes the old cluster (its pods go with
+    it, by kube-controller-manager's garbage collector). Serve's proxy of the new head gets a port of
+    its own (both heads run on this machine)."""
+    namespace, name = service["metadata"]["namespace"], service["metadata"]["name"]
+    config = {**config, "http_options": {**config["http_options"], "port": free_port()}}
+    service["spec"]["serveConfigV2"] = yaml.safe_dump(config, sort_keys=False)
+    head_container = service["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    head_container["env"] = [*head_container.get("env", []), {"name": "LLMBATCH_RELEASE", "value": "2"}]
+    service["spec"]["rayClusterDeletionDelaySeconds"] = 5  # default 60
+    kube.apply(service)
+    new_cluster = plane.wait_for(f"a pending cluster of RayService {name}", lambda: _service_status(
+        kube, namespace, name, "pendingServiceStatus").get("rayClusterName"))
+    assert new_cluster != old_cluster
+    # while the new cluster comes up, the old one serves
+    assert _service_status(kube, namespace, name, "activeServiceStatus")["rayClusterName"] == old_cluster
+    assert _serve_service(kube, namespace)["spec"]["selector"]["ray.io/cluster"] == old_cluster
+    assert HEAD_IP in _serve_endpoints(kube, _serve_service(kube, namespace))
+
+    cluster = plane.wait_for(f"RayCluster {new_cluster}",
+                             lambda: kube.get(RAY, "RayCluster", new_cluster, namespace))
+    expected = 1 + sum(g.get("replicas", 0) for g in cluster["spec"]["workerGroupSpecs"])
+    pods = plane.wait_for(f"the pods of {new_cluster}", lambda: (
+        found if len(found := cluster_pods(kube, namespace, new_cluster)) == expected else None))
+    head_svc = plane.wait_for(f"the head Service of {new_cluster}", lambda: next(
+        (s for s in kube.list("v1", "Service", namespace, selector=f"ray.io/cluster={new_cluster}")
+         if s["metadata"]["labels"].get("ray.io/node-type") == "head"), None))
+    head_pod = next(p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "head")
+    with LocalPods(kube, run_dir, node=NODE) as local:
+        head_ip = next(pod_ips)
+        head = local.run_head(head_pod, pod_ip=head_ip)
+        routes.route(f"{head_svc['metadata']['name']}.{namespace}.svc.cluster.local", DASHBOARD_PORT,
+                     head.dashboard)
+        routes.route(head_ip, 8000, config["http_options"]["port"])
+        for pod in pods:
+            if pod is not head_pod:
+                local.run_worker(pod, pod_ip=next(pod_ips))
+
+        plane.wait_for(f"RayService {name} switched to {new_cluster} (proxy saw {routes.seen[-5:]})",
+                       lambda: _service_status(kube, namespace, name, "activeServiceStatus").get(
+                           "rayClusterName") == new_cluster, timeout=300)
+        active = _service_status(kube, namespace, name, "activeServiceStatus")
+        assert {app: info["status"] for app, info in active["applicationStatuses"].items()} == {
+            app["name"]: "RUNNING" for app in config["applications"]}
+        assert not _service_status(kube, namespace, name, "pendingServiceStatus").get("rayClusterName")
+        assert _serve_service(kube, namespace)["spec"]["selector"]["ray.io/cluster"] == new_cluster
+        plane.wait_for("the serve Service's endpoints on the new cluster only", lambda: (
+            head_ip in (found := _serve_endpoints(kube, _serve_service(kube, namespace)))
+            and HEAD_IP not in found))
+        assert set(_serve_applications(head, str(head.auth_token))) == {
+            app["name"] for app in config["applications"]}
+        # its pods are deleted by the garbage collector, and their nodes stopped by the kubelet
+        plane.wait_for(f"the old cluster {old_cluster} deleted, with its pods", lambda: (
+            kube.get(RAY, "RayCluster", old_cluster, namespace) is None
+            and (old_pods.reap() or True) and not cluster_pods(kube, namespace, old_cluster)), timeout=120)
+        assert old_pods.head is not None and old_pods.head.pid is None  # stopped
+        plane.wait_for(f"RayService {name} Ready on {new_cluster}", lambda: _ready(kube, namespace, name))

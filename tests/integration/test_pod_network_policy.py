@@ -33,7 +33,7 @@ import pytest
 
 from tests.support.kube_control_plane import ControlPlane, KubeClient
 from tests.support.kube_objects import apply_all, cluster_pods, ensure_namespace, vd
-from tests.support.kube_router import register_node, start_kube_router
+from tests.support.kube_router import start_kube_router
 from tests.support.pod_network import PodNetwork
 from tests.support.pod_runner import LocalPods, report_running
 
@@ -69,6 +69,7 @@ def _run_plain_pod(kube: KubeClient, net: PodNetwork, template_of: dict[str, Any
                       "metadata": {"name": name, "namespace": namespace,
                                    "labels": template["metadata"]["labels"]},
                       "spec": template["spec"]})
+    kube.bind(namespace, name, NODE)
     report_running(kube, pod, net.add_pod(name).ip, net.node_ip)
     return name
 
@@ -89,10 +90,8 @@ def test_cpu_dev_ray_pods_under_their_network_policies_enforced_by_kube_router(
         found if len(found := cluster_pods(kube, namespace, name)) == 2 else None))
     head_pod = next(p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "head")
     worker_pod = next(p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "worker")
-    register_node(kube, NODE, "10.244.0.1")
 
-    with PodNetwork() as net, LocalPods(kube, tmp_path, net) as local:
-        assert net.node_ip == "10.244.0.1"
+    with PodNetwork() as net, LocalPods(kube, tmp_path, net, node=NODE) as local:
         head = local.run_head(head_pod)
         head_ip = net.pods[head_pod["metadata"]["name"]].ip
         # the token is the Secret's, as the kubelet gives it to the pod

@@ -34,6 +34,10 @@ from llmbatch.stack.process import StackError, free_port, spawn, stop_tree, wait
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ROOT / "deploy" / "tools"
 KUBE_APISERVER = "k8s.io/kubernetes/cmd/kube-apiserver"
+KUBE_CONTROLLER_MANAGER = "k8s.io/kubernetes/cmd/kube-controller-manager"
+# the controllers of kube-controller-manager a test can ask for: the Services' EndpointSlices, and the
+# garbage collector (what a deleted owner owned goes too: a deleted RayCluster's pods)
+CONTROLLERS = ("endpointslice", "garbagecollector")
 ETCD = "go.etcd.io/etcd/server/v3"
 KUBERAY_OPERATOR = "github.com/ray-project/kuberay/ray-operator"
 KUBE_ROUTER = "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router"  # tests/support/kube_router.py
@@ -186,9 +190,18 @@ class KubeClient:
             headers={"Content-Type": "application/merge-patch+json"})
         return result
 
-    def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> None:
+    def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None,
+               *, grace_period_seconds: int | None = None) -> None:
+        params = {} if grace_period_seconds is None else {"gracePeriodSeconds": grace_period_seconds}
         with contextlib.suppress(KubeApiError):
-            self._request("DELETE", self.path(api_version, kind, namespace, name))
+            self._request("DELETE", self.path(api_version, kind, namespace, name), params=params)
+
+    def bind(self, namespace: str, pod: str, node: str) -> None:
+        """Bind ``pod`` to ``node`` (what kube-scheduler does; none runs here)."""
+        self._request("POST", self.path("v1", "Pod", namespace, pod) + "/binding", content=json.dumps({
+            "apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod, "namespace": namespace},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}}),
+            headers={"Content-Type": "application/json"})
 
 
 @dataclass
@@ -248,16 +261,21 @@ def _kubeconfig(path: Path, server: str, token: str, ca_cert: Path) -> None:
 
 
 def start_control_plane(workdir: Path, crds: Sequence[dict[str, Any]],
-                        operator_env: Mapping[str, str] | None = None) -> ControlPlane:
+                        operator_env: Mapping[str, str] | None = None,
+                        controllers: Sequence[str] = ()) -> ControlPlane:
     """Start etcd, kube-apiserver (token auth, RBAC, default admission) with the
     CustomResourceDefinitions ``crds`` installed, and the KubeRay operator watching every
-    namespace (with ``operator_env`` added to its environment)."""
-    kube = go_binaries(TOOLS / "kubeapi", [KUBE_APISERVER, ETCD])
+    namespace (with ``operator_env`` added to its environment). ``controllers``: those of
+    kube-controller-manager to run as well (of :data:`CONTROLLERS`); none: it does not run."""
+    assert set(controllers) <= set(CONTROLLERS), controllers
+    kube = go_binaries(TOOLS / "kubeapi", [KUBE_APISERVER, ETCD, KUBE_CONTROLLER_MANAGER])
     operator = go_binaries(TOOLS / "kuberay-operator", [KUBERAY_OPERATOR])[KUBERAY_OPERATOR]
     workdir.mkdir(parents=True, exist_ok=True)
     plane = ControlPlane(workdir=workdir, token=secrets.token_hex(16))
     try:
         _start(plane, kube, operator, crds, operator_env or {})
+        if controllers:
+            _start_controller_manager(plane, kube[KUBE_CONTROLLER_MANAGER], controllers)
     except BaseException:
         plane.stop()
         raise
@@ -331,9 +349,22 @@ def _start(plane: ControlPlane, kube: dict[str, Path], operator: Path,
                120, pid, "kuberay-operator", plane.operator_log)
 
 
+def _start_controller_manager(plane: ControlPlane, binary: Path, controllers: Sequence[str]) -> None:
+    port = free_port()
+    log = plane.workdir / "kube-controller-manager.log"
+    pid = spawn([str(binary), f"--kubeconfig={plane.workdir / 'kubeconfig'}",
+                 "--bind-address=127.0.0.1", f"--secure-port={port}",
+                 f"--cert-dir={plane.workdir / 'kcm-certs'}", "--leader-elect=false",
+                 f"--controllers={','.join(controllers)}"], log)
+    plane.pids.insert(2, pid)  # stopped after the operator, before the API server
+    wait_until(lambda: httpx.get(f"https://127.0.0.1:{port}/healthz",  # anyone may; its own cert
+                                 verify=False).status_code == 200,
+               120, pid, "kube-controller-manager", log)
+
+
 def build() -> None:
     """Build (or find cached) every binary :func:`start_control_plane` runs."""
-    go_binaries(TOOLS / "kubeapi", [KUBE_APISERVER, ETCD])
+    go_binaries(TOOLS / "kubeapi", [KUBE_APISERVER, ETCD, KUBE_CONTROLLER_MANAGER])
     go_binaries(TOOLS / "kuberay-operator", [KUBERAY_OPERATOR])
     go_binaries(TOOLS / "kube-router", [KUBE_ROUTER])
     go_module_file(*SERVICEMONITOR_CRD)
@@ -344,7 +375,8 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description="The tests' Kubernetes control plane.")
     parser.add_argument("--build", action="store_true", required=True,
-                        help="build etcd, kube-apiserver, the KubeRay operator and kube-router into "
+                        help="build etcd, kube-apiserver, kube-controller-manager, the KubeRay operator and "
+                             "kube-router into "
                              "the cache, "
                              "and download the ServiceMonitor CRD")
     parser.parse_args()

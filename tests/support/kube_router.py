@@ -9,7 +9,7 @@ rules are the node's and nothing of this machine's own network changes. It needs
 ipset (Debian packages, scripts/bootstrap.sh).
 
 A pod is local to the node (and has its ingress enforced) when its ``status.hostIP`` is the node's
-InternalIP, which :func:`register_node` gives the Node object.
+InternalIP (:func:`tests.support.pod_runner.register_node`).
 """
 
 from __future__ import annotations
@@ -23,24 +23,13 @@ import httpx
 
 from llmbatch.stack.go_build import go_binaries
 from llmbatch.stack.process import free_port, spawn, stop_tree, wait_until
-from tests.support.kube_control_plane import KUBE_ROUTER, TOOLS, ControlPlane, KubeClient
+from tests.support.kube_control_plane import KUBE_ROUTER, TOOLS, ControlPlane
 from tests.support.pod_network import PodNetwork
 
 
 def binary() -> Path:
     """kube-router, built once from deploy/tools/kube-router's go.sum (cached)."""
     return go_binaries(TOOLS / "kube-router", [KUBE_ROUTER])[KUBE_ROUTER]
-
-
-def register_node(kube: KubeClient, name: str, address: str) -> None:
-    """The Node object a kubelet would register, with ``address`` as its InternalIP."""
-    kube.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name,
-                "labels": {"kubernetes.io/hostname": name}}})
-    kube.patch_status("v1", "Node", name, None, {
-        "addresses": [{"type": "InternalIP", "address": address}, {"type": "Hostname", "address": name}],
-        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                        "message": "the tests' node"}],
-    })
 
 
 @dataclass

@@ -5,9 +5,12 @@ Running and Ready through the API server.
 A head pod becomes a :class:`PrivateRay` and a worker pod a :class:`PrivateRayWorker` of it: the
 CPUs, custom resources and ``--no-monitor`` of the pod's ``ray start``, its GPU limit as Ray's GPU
 count, its ``RAY_*`` environment (the token from its Secret, the pod's name as the node's cloud
-instance id). Addresses and ports are this machine's, not the pod's. A pod is reported Running and
-Ready once its readiness probe, run as the kubelet runs it (no credentials), passes. The head pod's
-``autoscaler`` container runs as Ray's own KubeRay autoscaler with the files of its token volume.
+instance id). Addresses and ports are this machine's, not the pod's, unless a
+:class:`~tests.support.pod_network.PodNetwork` is given: then each pod runs in a network namespace of
+its own, on its pod IP and the ports of its pod spec. A pod is reported Running and Ready once its
+readiness probe, run as the kubelet runs it (no credentials), passes. The head pod's ``autoscaler``
+container runs as Ray's own KubeRay autoscaler with the files of its token volume. Given a node name,
+:class:`LocalPods` registers that node, binds its pods to it and finishes their deletion.
 """
 
 from __future__ import annotations
@@ -246,47 +249,61 @@ def run_autoscaler_container(kube: KubeClient, server: str, head_pod: dict[str, 
     return AutoscalerContainer(pid, log, volume)
 
 
-def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
-    return all(labels.get(k) == v for k, v in selector.items())
-
-
-def publish_endpoints(kube: KubeClient, service: dict[str, Any]) -> list[str]:
-    """The EndpointSlice kube-controller-manager (not run here) keeps for ``service``: every pod its
-    selector matches, by pod IP, ready when the pod's Ready condition is; returns the pods' names."""
-    meta = service["metadata"]
-    pods = [p for p in kube.list("v1", "Pod", meta["namespace"])
-            if _selects(service["spec"].get("selector") or {}, p["metadata"].get("labels") or {})
-            and (p.get("status") or {}).get("podIP")]
-    endpoints = [{
-        "addresses": [p["status"]["podIP"]],
-        "conditions": {"ready": any(c["type"] == "Ready" and c["status"] == "True"
-                                    for c in p["status"].get("conditions", []))},
-        "targetRef": {"kind": "Pod", "name": p["metadata"]["name"], "namespace": meta["namespace"],
-                      "uid": p["metadata"]["uid"]},
-    } for p in pods]
-    kube.apply({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": f"{meta['name']}-tests", "namespace": meta["namespace"],
-                     "labels": {"kubernetes.io/service-name": meta["name"],
-                                "endpointslice.kubernetes.io/managed-by": "llmbatch-tests"}},
-        "addressType": "IPv4", "endpoints": endpoints,
-        "ports": [{"name": port.get("name"), "port": port["port"], "protocol": port.get("protocol", "TCP")}
-                  for port in service["spec"].get("ports", [])],
+def register_node(kube: KubeClient, name: str, address: str) -> None:
+    """The Node object a kubelet registers, Ready, with ``address`` as its InternalIP."""
+    kube.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name,
+                "labels": {"kubernetes.io/hostname": name}}})
+    kube.patch_status("v1", "Node", name, None, {
+        "addresses": [{"type": "InternalIP", "address": address}, {"type": "Hostname", "address": name}],
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                        "message": "the tests' node"}],
     })
-    return [p["metadata"]["name"] for p in pods]
 
 
 class LocalPods:
     """The pods of one cluster this stand-in runs, stopped together by :meth:`close` (the autoscaler,
-    then the workers, then the head) or at the end of a ``with`` block."""
+    then the workers, then the head) or at the end of a ``with`` block.
 
-    def __init__(self, kube: KubeClient, run_dir: Path, net: PodNetwork | None = None) -> None:
+    With ``node``, it is that node's kubelet: it registers the Node (its address the pod network's
+    node address, or 127.0.0.1), binds each pod to it before running it (kube-scheduler's job; none
+    runs here), and :meth:`reap` finishes the deletion of its pods, as a kubelet must for a pod bound
+    to its node. Without, pods stay unscheduled (enough for the KubeRay operator; not for
+    kube-controller-manager's EndpointSlices, which need the pod's node)."""
+
+    def __init__(self, kube: KubeClient, run_dir: Path, net: PodNetwork | None = None,
+                 node: str | None = None) -> None:
         self.kube = kube
         self.run_dir = run_dir
         self.net = net  # run each pod in a pod of this network; None: on this machine's network
+        self.node = node
         self.head: PrivateRay | None = None
         self.nodes: list[PrivateRayWorker] = []
         self.autoscaler: AutoscalerContainer | None = None
+        self._running: dict[str, tuple[str, PrivateRay | PrivateRayWorker]] = {}  # pod -> (ns, node)
+        if node is not None:
+            register_node(kube, node, "127.0.0.1" if net is None else net.node_ip)
+
+    def _bind(self, pod: dict[str, Any]) -> None:
+        if self.node is not None and not pod["spec"].get("nodeName"):
+            self.kube.bind(pod["metadata"]["namespace"], pod["metadata"]["name"], self.node)
+
+    def reap(self) -> list[str]:
+        """Stop the Ray node of each pod of ours being deleted (workers before the head, the head's
+        autoscaler with it) and remove the pod (grace 0, as the kubelet does once its containers are
+        gone); return their names."""
+        reaped = []
+        ordered = sorted(self._running.items(), key=lambda item: item[1][1] is self.head)
+        for name, (namespace, ray_node) in ordered:
+            found = self.kube.get("v1", "Pod", name, namespace)
+            if found is not None and "deletionTimestamp" not in found["metadata"]:
+                continue
+            if ray_node is self.head and self.autoscaler is not None:
+                self.autoscaler.stop()
+            ray_node.stop()
+            self.kube.delete("v1", "Pod", name, namespace, grace_period_seconds=0)
+            del self._running[name]
+            reaped.append(name)
+        return reaped
 
     def __enter__(self) -> LocalPods:
         return self
@@ -295,13 +312,17 @@ class LocalPods:
         self.close()
 
     def run_head(self, pod: dict[str, Any], pod_ip: str = "127.0.0.1") -> PrivateRay:
+        self._bind(pod)
         self.head = run_head_pod(self.kube, pod, self.run_dir / "ray", pod_ip, self.net)
+        self._running[pod["metadata"]["name"]] = (pod["metadata"]["namespace"], self.head)
         return self.head
 
     def run_worker(self, pod: dict[str, Any], pod_ip: str = "127.0.0.1") -> PrivateRayWorker:
         assert self.head is not None, "run the head pod first"
+        self._bind(pod)
         node = run_worker_pod(self.kube, self.head, pod, self.run_dir / "nodes", pod_ip, self.net)
         self.nodes.append(node)
+        self._running[pod["metadata"]["name"]] = (pod["metadata"]["namespace"], node)
         return node
 
     def run_autoscaler(self, server: str, head_pod: dict[str, Any]) -> AutoscalerContainer:
