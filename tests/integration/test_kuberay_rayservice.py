@@ -145,12 +145,7 @@ def test_the_operator_deploys_our_serve_config_and_an_engine_call_scales_the_gpu
     cluster = plane.wait_for(f"the RayCluster of RayService {name}",
                              lambda: rayservice_cluster(kube, namespace, name))
     cluster_name = cluster["metadata"]["name"]
-    expected = 1 + sum(g.get("replicas", 0) for g in cluster["spec"]["workerGroupSpecs"])
-    pods = plane.wait_for(f"the pods of {cluster_name}", lambda: (
-        found if len(found := cluster_pods(kube, namespace, cluster_name)) == expected else None))
-    head_svc = plane.wait_for(f"the head Service of {cluster_name}", lambda: next(
-        (s for s in kube.list("v1", "Service", namespace, selector=f"ray.io/cluster={cluster_name}")
-         if s["metadata"]["labels"].get("ray.io/node-type") == "head"), None))
+    pods, head_svc = _pods_and_head_service(plane, kube, cluster)
     assert DASHBOARD_PORT in {p["port"] for p in head_svc["spec"]["ports"] if p["name"] == "dashboard"}
 
     pod_ips = (f"10.244.0.{i}" for i in range(3, 250))  # the workers' on the made-up pod network
@@ -219,6 +214,20 @@ def test_the_operator_deploys_our_serve_config_and_an_engine_call_scales_the_gpu
     kube.close()
 
 
+def _pods_and_head_service(plane: ControlPlane, kube: KubeClient, cluster: dict[str, Any]
+                           ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Once the operator made them: every pod of ``cluster`` (head and the workers' replicas) and its
+    head Service."""
+    namespace, name = cluster["metadata"]["namespace"], cluster["metadata"]["name"]
+    expected = 1 + sum(g.get("replicas", 0) for g in cluster["spec"]["workerGroupSpecs"])
+    pods = plane.wait_for(f"the pods of {name}", lambda: (
+        found if len(found := cluster_pods(kube, namespace, name)) == expected else None))
+    head_svc = plane.wait_for(f"the head Service of {name}", lambda: next(
+        (s for s in kube.list("v1", "Service", namespace, selector=f"ray.io/cluster={name}")
+         if s["metadata"]["labels"].get("ray.io/node-type") == "head"), None))
+    return pods, head_svc
+
+
 def _serve_service(kube: KubeClient, namespace: str) -> dict[str, Any]:
     found: dict[str, Any] = next(s for s in kube.list("v1", "Service", namespace)
                                  if (s["spec"].get("selector") or {}).get("ray.io/serve") == "true")
@@ -268,12 +277,7 @@ def _upgrade_switches_clusters(plane: ControlPlane, kube: KubeClient, routes: Se
 
     cluster = plane.wait_for(f"RayCluster {new_cluster}",
                              lambda: kube.get(RAY, "RayCluster", new_cluster, namespace))
-    expected = 1 + sum(g.get("replicas", 0) for g in cluster["spec"]["workerGroupSpecs"])
-    pods = plane.wait_for(f"the pods of {new_cluster}", lambda: (
-        found if len(found := cluster_pods(kube, namespace, new_cluster)) == expected else None))
-    head_svc = plane.wait_for(f"the head Service of {new_cluster}", lambda: next(
-        (s for s in kube.list("v1", "Service", namespace, selector=f"ray.io/cluster={new_cluster}")
-         if s["metadata"]["labels"].get("ray.io/node-type") == "head"), None))
+    pods, head_svc = _pods_and_head_service(plane, kube, cluster)
     head_pod = next(p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "head")
     with LocalPods(kube, run_dir, node=NODE) as local:
         head_ip = next(pod_ips)
