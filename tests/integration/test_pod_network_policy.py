@@ -24,54 +24,20 @@ What it shows:
 from __future__ import annotations
 
 import base64
-import socket
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
-from tests.support.kube_control_plane import ControlPlane, KubeClient
+from tests.support.kube_control_plane import ControlPlane
 from tests.support.kube_objects import apply_all, cluster_pods, ensure_namespace, vd
 from tests.support.kube_router import start_kube_router
+from tests.support.pod_checks import JOBS_PORT, NODE, connects, jobs_api, run_plain_pod
 from tests.support.pod_network import PodNetwork
-from tests.support.pod_runner import LocalPods, report_running
+from tests.support.pod_runner import LocalPods
 
 pytestmark = pytest.mark.integration
 
-NODE = "node-a"
-JOBS_PORT, GCS_PORT, METRICS_PORT = 8265, 6379, 8080
-
-
-def _connects(net: PodNetwork, pod: str, ip: str, port: int) -> bool:
-    def attempt() -> bool:
-        try:
-            with socket.create_connection((ip, port), timeout=3):
-                return True
-        except OSError:  # refused (kube-router rejects), or timed out
-            return False
-
-    return net.in_pod(pod, attempt)
-
-
-def _jobs_api(net: PodNetwork, pod: str, ip: str, token: str | None) -> int:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return net.in_pod(pod, lambda: httpx.get(f"http://{ip}:{JOBS_PORT}/api/jobs/", headers=headers,
-                                             timeout=10).status_code)
-
-
-def _run_plain_pod(kube: KubeClient, net: PodNetwork, template_of: dict[str, Any], name: str,
-                   namespace: str) -> str:
-    """A pod made from a Deployment's template (its labels are what the policies select), given a
-    pod IP on ``net`` and reported Running; nothing runs in it but the test's own connections."""
-    template = template_of["spec"]["template"]
-    pod = kube.apply({"apiVersion": "v1", "kind": "Pod",
-                      "metadata": {"name": name, "namespace": namespace,
-                                   "labels": template["metadata"]["labels"]},
-                      "spec": template["spec"]})
-    kube.bind(namespace, name, NODE)
-    report_running(kube, pod, net.add_pod(name).ip, net.node_ip)
-    return name
+GCS_PORT, METRICS_PORT = 6379, 8080
 
 
 def test_cpu_dev_ray_pods_under_their_network_policies_enforced_by_kube_router(
@@ -96,30 +62,30 @@ def test_cpu_dev_ray_pods_under_their_network_policies_enforced_by_kube_router(
         head_ip = net.pods[head_pod["metadata"]["name"]].ip
         # the token is the Secret's, as the kubelet gives it to the pod
         assert head.auth_token == base64.b64decode(token["data"]["auth_token"]).decode()
-        api = _run_plain_pod(kube, net, deployments["llmbatch-api"], "llmbatch-api-test", namespace)
-        dispatcher = _run_plain_pod(kube, net, deployments["llmbatch-dispatcher"],
+        api = run_plain_pod(kube, net, deployments["llmbatch-api"], "llmbatch-api-test", namespace)
+        dispatcher = run_plain_pod(kube, net, deployments["llmbatch-dispatcher"],
                                     "llmbatch-dispatcher-test", namespace)
         ensure_namespace(kube, "monitoring", {"kubernetes.io/metadata.name": "monitoring"})
-        prometheus = _run_plain_pod(kube, net, {"spec": {"template": {
+        prometheus = run_plain_pod(kube, net, {"spec": {"template": {
             "metadata": {"labels": {"app.kubernetes.io/name": "prometheus"}},
             "spec": {"containers": [{"name": "prometheus", "image": "prometheus"}]}}}},
             "prometheus-test", "monitoring")
 
         # no enforcer yet: the pod network lets every pod reach the head
-        assert _connects(net, api, head_ip, JOBS_PORT)
-        assert _connects(net, api, head_ip, METRICS_PORT)
+        assert connects(net, api, head_ip, JOBS_PORT)
+        assert connects(net, api, head_ip, METRICS_PORT)
 
         router = start_kube_router(plane, net, NODE, tmp_path)
         try:
             plane.wait_for(f"kube-router enforcing the head's policy (log {router.log})",
-                           lambda: not _connects(net, api, head_ip, JOBS_PORT), timeout=90)
+                           lambda: not connects(net, api, head_ip, JOBS_PORT), timeout=90)
             rules = router.rules(net)
-            assert _connects(net, dispatcher, head_ip, JOBS_PORT), rules
-            assert _jobs_api(net, dispatcher, head_ip, None) == 401
-            assert _jobs_api(net, dispatcher, head_ip, head.auth_token) == 200
-            assert not _connects(net, api, head_ip, GCS_PORT), rules
-            assert _connects(net, prometheus, head_ip, METRICS_PORT), rules
-            assert not _connects(net, api, head_ip, METRICS_PORT), rules
+            assert connects(net, dispatcher, head_ip, JOBS_PORT), rules
+            assert jobs_api(net, dispatcher, head_ip, None) == 401
+            assert jobs_api(net, dispatcher, head_ip, head.auth_token) == 200
+            assert not connects(net, api, head_ip, GCS_PORT), rules
+            assert connects(net, prometheus, head_ip, METRICS_PORT), rules
+            assert not connects(net, api, head_ip, METRICS_PORT), rules
 
             # a worker pod started under the policies joins over the pod network with the token
             worker = local.run_worker(worker_pod)
@@ -127,8 +93,8 @@ def test_cpu_dev_ray_pods_under_their_network_policies_enforced_by_kube_router(
             (node,) = [n for n in head.nodes() if n["node_id"] == worker.node_id]
             assert (node["state"], node["node_ip"]) == ("ALIVE", worker_ip)
             assert worker.agent_port is not None
-            assert _connects(net, worker_pod["metadata"]["name"], head_ip, GCS_PORT)
-            assert not _connects(net, api, worker_ip, worker.agent_port), router.rules(net)
+            assert connects(net, worker_pod["metadata"]["name"], head_ip, GCS_PORT)
+            assert not connects(net, api, worker_ip, worker.agent_port), router.rules(net)
         finally:
             router.stop()
     kube.close()
