@@ -39,7 +39,8 @@ if str(ROOT) not in sys.path:
 import psutil  # noqa: E402
 from aiokafka import AIOKafkaProducer  # noqa: E402
 
-from dispatcher.settings import DispatcherOptions, DispatcherSettings, JobOptions  # noqa: E402
+from dispatcher.job_options import JobOptions  # noqa: E402
+from dispatcher.settings import DispatcherOptions, DispatcherSettings  # noqa: E402
 from dispatcher.store import StateStore  # noqa: E402
 from llmbatch.settings import LLMBatchSettings, RaySettings, TopicSettings  # noqa: E402
 from llmbatch.stack.process import free_port  # noqa: E402

@@ -24,7 +24,8 @@ from typing import Any
 
 import orjson
 
-from dispatcher.settings import DispatcherOptions, DispatcherSettings, JobOptions
+from dispatcher.job_options import JobOptions
+from dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.chaos.faults import Faults, default_faults
 from llmbatch.chaos.processes import DispatcherProcess
 from llmbatch.chaos.verdict import Kind, Seen, Verdict, judge

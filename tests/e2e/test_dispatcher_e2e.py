@@ -26,7 +26,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from dispatcher.errors import DispatcherError
-from dispatcher.settings import DispatcherOptions, DispatcherSettings, JobOptions
+from dispatcher.job_options import JobOptions
+from dispatcher.settings import DispatcherOptions, DispatcherSettings
 from dispatcher.states import State
 from dispatcher.store import StateStore
 from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings, TopicSettings

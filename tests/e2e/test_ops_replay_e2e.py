@@ -25,8 +25,9 @@ from aiokafka import AIOKafkaProducer
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
+from dispatcher.job_options import JobOptions
 from dispatcher.keys import Keys
-from dispatcher.settings import DispatcherOptions, DispatcherSettings, JobOptions
+from dispatcher.settings import DispatcherOptions, DispatcherSettings
 from dispatcher.store import StateStore
 from llmbatch.cli import app
 from llmbatch.settings import (

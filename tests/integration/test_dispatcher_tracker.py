@@ -20,13 +20,14 @@ from dispatcher.backend import JobInfo, JobState, SubmitResult
 from dispatcher.batch_record import BatchRecord, IntakeItem
 from dispatcher.errors import RayUnavailable
 from dispatcher.intake import intake_fields
+from dispatcher.job_options import JobOptions
 from dispatcher.jobspec import results_prefix
 from dispatcher.keys import Keys, batch_key
 from dispatcher.metrics import Metrics
 from dispatcher.results import Shards
 from dispatcher.runner_backend import takes_short_path
 from dispatcher.scheduler import ready_score
-from dispatcher.settings import DispatcherOptions, DispatcherSettings, JobOptions
+from dispatcher.settings import DispatcherOptions, DispatcherSettings
 from dispatcher.states import State
 from dispatcher.store import StateStore
 from dispatcher.tracker import Tracker

@@ -15,7 +15,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from dispatcher.settings import DispatcherOptions, DispatcherSettings, JobOptions
+from dispatcher.job_options import JobOptions
+from dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.chaos.processes import DispatcherProcess
 from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings, TopicSettings
 from llmbatch.stack import kafka_broker

@@ -14,10 +14,11 @@ from pydantic import SecretStr
 
 from dispatcher.backend import JobState
 from dispatcher.errors import RayUnavailable
+from dispatcher.job_options import JobOptions
 from dispatcher.keys import Keys
 from dispatcher.metrics import Metrics
 from dispatcher.ray_backend import RayJobsBackend
-from dispatcher.settings import DispatcherSettings, JobOptions
+from dispatcher.settings import DispatcherSettings
 from dispatcher.states import State
 from dispatcher.store import StateStore
 from dispatcher.tracker import Tracker

@@ -16,10 +16,11 @@ from dispatcher.errors import (
     TransientError,
     classify,
 )
+from dispatcher.job_options import JobOptions
 from dispatcher.jobspec import build_job_spec
 from dispatcher.keys import Keys
 from dispatcher.ray_backend import _status_code, build_submission
-from dispatcher.settings import DispatcherSettings, JobOptions
+from dispatcher.settings import DispatcherSettings
 from dispatcher.states import State
 from llmbatch.settings import RedisSettings, S3Settings
 from schemas.engines import EngineModel, EngineRegistry, UnknownModelError

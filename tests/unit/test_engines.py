@@ -21,6 +21,7 @@ from dispatcher.engines import (
     with_scaling,
     without,
 )
+from dispatcher.job_options import JobOptions
 from dispatcher.ops.common import OpsError
 from dispatcher.ops.engines_cli import (
     RenderFormat,
@@ -31,7 +32,7 @@ from dispatcher.ops.engines_cli import (
     settings_from_env_files,
 )
 from dispatcher.ops.engines_cli import app as engines_app
-from dispatcher.settings import DispatcherOptions, DispatcherSettings, JobOptions
+from dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
 from ray_job import node_secrets
 from ray_job.runner import APP_NAME as RUNNER_APP

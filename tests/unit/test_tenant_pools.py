@@ -16,12 +16,13 @@ from typer.testing import CliRunner
 
 from dispatcher.batch_record import BatchRecord
 from dispatcher.cli import app
+from dispatcher.job_options import JobOptions
 from dispatcher.jobspec import build_job_spec
 from dispatcher.keys import Keys
 from dispatcher.minio_policy import policy_name, tenant_policy
 from dispatcher.ray_backend import build_submission
 from dispatcher.runner_backend import takes_short_path
-from dispatcher.settings import DispatcherOptions, DispatcherSettings, JobOptions
+from dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.settings import S3Settings, TenantSettings
 from schemas.common import TENANT_PATTERN
 from schemas.job import POOL_SHARE, JobSpec, tenant_pool_resource
