@@ -18,7 +18,8 @@ What it shows:
   decides: without the token 401, with it 200;
 - a worker pod started under the policies joins the head over the pod network with the token from
   the cluster's Secret (the head lists it ALIVE at its pod IP), and the head's metrics port answers
-  a pod of namespace ``monitoring`` but not the API pod.
+  a pod of namespace ``monitoring`` but not the API pod; the KubeRay operator's pod (namespace
+  ``kuberay-system``) reaches the Jobs API but not the GCS, and another pod of its namespace neither.
 """
 
 from __future__ import annotations
@@ -70,6 +71,13 @@ def test_cpu_dev_ray_pods_under_their_network_policies_enforced_by_kube_router(
             "metadata": {"labels": {"app.kubernetes.io/name": "prometheus"}},
             "spec": {"containers": [{"name": "prometheus", "image": "prometheus"}]}}}},
             "prometheus-test", "monitoring")
+        # the KubeRay operator's pod (its Helm chart's labels) and another pod of its namespace
+        ensure_namespace(kube, "kuberay-system", {"kubernetes.io/metadata.name": "kuberay-system"})
+        operator, webhook = (run_plain_pod(kube, net, {"spec": {"template": {
+            "metadata": {"labels": {"app.kubernetes.io/name": "kuberay-operator",
+                                    "app.kubernetes.io/component": component}},
+            "spec": {"containers": [{"name": component, "image": "kuberay"}]}}}},
+            f"{component}-test", "kuberay-system") for component in ("kuberay-operator", "webhook"))
 
         # no enforcer yet: the pod network lets every pod reach the head
         assert connects(net, api, head_ip, JOBS_PORT)
@@ -86,6 +94,10 @@ def test_cpu_dev_ray_pods_under_their_network_policies_enforced_by_kube_router(
             assert not connects(net, api, head_ip, GCS_PORT), rules
             assert connects(net, prometheus, head_ip, METRICS_PORT), rules
             assert not connects(net, api, head_ip, METRICS_PORT), rules
+            # the operator polls the dashboard (RayJob status, Serve applications), nothing else
+            assert jobs_api(net, operator, head_ip, head.auth_token) == 200, rules
+            assert not connects(net, operator, head_ip, GCS_PORT), rules
+            assert not connects(net, webhook, head_ip, JOBS_PORT), rules
 
             # a worker pod started under the policies joins over the pod network with the token
             worker = local.run_worker(worker_pod)
