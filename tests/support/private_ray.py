@@ -175,8 +175,7 @@ class PrivateRay:
         self.pid = spawn(argv if self.place is None else self.place.command(argv), log, env=env)
         try:
             wait_until(self._tree.checking(self.pid, lambda: self.call(self._ready)), timeout, self.pid,
-                       "private Ray head",
-                       log, interval=1.0)
+                       "private Ray head", log, interval=1.0)
         except StackError:
             keep_session_logs(temp, self.run_dir / f"ray-{self.starts}")
             raise
