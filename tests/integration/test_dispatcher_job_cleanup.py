@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from dispatcher import store as store_module
+from dispatcher import store_upkeep
 from dispatcher.batch_record import BatchRecord
 from dispatcher.errors import JobRejected, RayUnavailable
 from dispatcher.job_cleanup import CHECK, JobCleanup
@@ -129,7 +129,7 @@ async def test_a_refused_delete_is_not_retried_and_does_not_hold_back_the_others
 
 
 async def test_the_deletes_waiting_are_bounded(store: StateStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store_module, "MAX_JOB_DELETES", 3)
+    monkeypatch.setattr(store_upkeep, "MAX_JOB_DELETES", 3)
     for n in range(5):
         await store.defer_job_deletes([f"j{n}"], 1000.0 + n)
     assert await store.due_job_deletes(2e9) == ["j2", "j3", "j4"]
