@@ -102,8 +102,7 @@ def _serve_applications(head: PrivateRay, token: str) -> dict[str, Any]:
 
 
 def _app_statuses(kube: KubeClient, namespace: str, name: str) -> dict[str, str]:
-    service = kube.get(RAY, "RayService", name, namespace) or {}
-    apps = ((service.get("status") or {}).get("activeServiceStatus") or {}).get("applicationStatuses") or {}
+    apps = _service_status(kube, namespace, name, "activeServiceStatus").get("applicationStatuses") or {}
     return {app: info.get("status", "") for app, info in apps.items()}
 
 
@@ -292,8 +291,7 @@ def _upgrade_switches_clusters(plane: ControlPlane, kube: KubeClient, routes: Se
         plane.wait_for(f"RayService {name} switched to {new_cluster} (proxy saw {routes.seen[-5:]})",
                        lambda: _service_status(kube, namespace, name, "activeServiceStatus").get(
                            "rayClusterName") == new_cluster, timeout=300)
-        active = _service_status(kube, namespace, name, "activeServiceStatus")
-        assert {app: info["status"] for app, info in active["applicationStatuses"].items()} == {
+        assert _app_statuses(kube, namespace, name) == {
             app["name"]: "RUNNING" for app in config["applications"]}
         assert not _service_status(kube, namespace, name, "pendingServiceStatus").get("rayClusterName")
         assert _serve_service(kube, namespace)["spec"]["selector"]["ray.io/cluster"] == new_cluster

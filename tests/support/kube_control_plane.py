@@ -248,7 +248,8 @@ def _service_account_keys(workdir: Path) -> tuple[Path, Path]:
     return private, public
 
 
-def _kubeconfig(path: Path, server: str, token: str, ca_cert: Path) -> None:
+def write_kubeconfig(path: Path, server: str, token: str, ca_cert: Path) -> None:
+    """A kubeconfig (mode 0600) for ``server`` with bearer ``token``, trusting ``ca_cert``."""
     config = {
         "apiVersion": "v1", "kind": "Config", "current-context": "local",
         "clusters": [{"name": "local", "cluster": {"server": server,
@@ -337,7 +338,7 @@ def _start(plane: ControlPlane, kube: dict[str, Path], operator: Path,
         client.close()
 
     kubeconfig = work / "kubeconfig"
-    _kubeconfig(kubeconfig, plane.server, plane.token, plane.ca_cert)
+    write_kubeconfig(kubeconfig, plane.server, plane.token, plane.ca_cert)
     probe = free_port()
     plane.operator_log = work / "kuberay-operator.log"
     pid = spawn([str(operator), f"--metrics-addr=127.0.0.1:{free_port()}",
@@ -376,8 +377,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="The tests' Kubernetes control plane.")
     parser.add_argument("--build", action="store_true", required=True,
                         help="build etcd, kube-apiserver, kube-controller-manager, the KubeRay operator and "
-                             "kube-router into "
-                             "the cache, "
-                             "and download the ServiceMonitor CRD")
+                             "kube-router into the cache, and download the ServiceMonitor CRD")
     parser.parse_args()
     build()

@@ -14,7 +14,6 @@ InternalIP (:func:`tests.support.pod_runner.register_node`).
 
 from __future__ import annotations
 
-import json
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ import httpx
 
 from llmbatch.stack.go_build import go_binaries
 from llmbatch.stack.process import free_port, spawn, stop_tree, wait_until
-from tests.support.kube_control_plane import KUBE_ROUTER, TOOLS, ControlPlane
+from tests.support.kube_control_plane import KUBE_ROUTER, TOOLS, ControlPlane, write_kubeconfig
 from tests.support.pod_network import PodNetwork
 
 
@@ -55,14 +54,7 @@ def start_kube_router(plane: ControlPlane, net: PodNetwork, node: str, workdir: 
     server through a relay onto the node's loopback (the server's certificate names 127.0.0.1)."""
     port = net.forward_from_node(int(plane.server.rsplit(":", 1)[1]))
     kubeconfig = workdir / "kube-router.kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "node",
-        "clusters": [{"name": "local", "cluster": {"server": f"https://127.0.0.1:{port}",
-                                                  "certificate-authority": str(plane.ca_cert)}}],
-        "users": [{"name": "kube-router", "user": {"token": plane.token}}],
-        "contexts": [{"name": "node", "context": {"cluster": "local", "user": "kube-router"}}],
-    }))
-    kubeconfig.chmod(0o600)
+    write_kubeconfig(kubeconfig, f"https://127.0.0.1:{port}", plane.token, plane.ca_cert)
     health = free_port()  # on the node's own loopback: any port is free there
     log = workdir / "kube-router.log"
     argv = [str(binary()), f"--kubeconfig={kubeconfig}", f"--hostname-override={node}",

@@ -77,10 +77,10 @@ def in_netns(name: str, fn: Callable[[], T]) -> T:
     return box["result"]  # type: ignore[return-value]
 
 
-def _ip(*args: str, netns: str | None = None) -> None:
+def _ip(*args: str, netns: str | None = None, check: bool = True) -> None:
     argv = ["ip", *(["-n", netns] if netns else []), *args]
     done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
-    if done.returncode != 0:
+    if check and done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip()}")
 
 
@@ -208,13 +208,9 @@ class PodNetwork:
         for listener in self._forwarders:
             listener.close()
         for pod in self.pods.values():
-            _ip_quiet("netns", "del", pod.netns)
+            _ip("netns", "del", pod.netns, check=False)
         self.pods.clear()
-        _ip_quiet("netns", "del", self.node)
-
-
-def _ip_quiet(*args: str) -> None:
-    subprocess.run(["ip", *args], capture_output=True, check=False, timeout=30)
+        _ip("netns", "del", self.node, check=False)
 
 
 def _pipe(src: socket.socket, dst: socket.socket) -> None:

@@ -55,8 +55,14 @@ def ray_env(kube: KubeClient, pod: dict[str, Any]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith("RAY_") and k != "RAY_ADDRESS"}
 
 
-def _place(net: PodNetwork | None, pod: dict[str, Any]) -> PodPlace | None:
-    return None if net is None else PodPlace(net, net.add_pod(pod["metadata"]["name"]))
+def _place(net: PodNetwork | None, pod: dict[str, Any], pod_ip: str
+           ) -> tuple[PodPlace | None, str, str]:
+    """Where ``pod`` runs: on this machine (``pod_ip``, node 127.0.0.1), or in a new pod of ``net``
+    (its pod IP, the net's node address); returns the place and the pod's and node's addresses."""
+    if net is None:
+        return None, pod_ip, "127.0.0.1"
+    place = PodPlace(net, net.add_pod(pod["metadata"]["name"]))
+    return place, place.pod.ip, net.node_ip
 
 
 def run_head_pod(kube: KubeClient, pod: dict[str, Any], run_dir: Path, pod_ip: str = "127.0.0.1",
@@ -65,21 +71,20 @@ def run_head_pod(kube: KubeClient, pod: dict[str, Any], run_dir: Path, pod_ip: s
     head runs in a pod of that network instead, on the pod's IP and ports (its metrics port too)."""
     options, flags = ray_start_options(pod)
     env = ray_env(kube, pod)
-    place = _place(net, pod)
+    place, pod_ip, host_ip = _place(net, pod, pod_ip)
     kept = sorted(flags & KEPT_FLAGS)
     if place is not None and "metrics-export-port" in options:
         kept.append(f"--metrics-export-port={options['metrics-export-port']}")
     head = PrivateRay(run_dir, num_cpus=int(options.get("num-cpus", "1")),
                       auth_token=env.pop("RAY_AUTH_TOKEN", None), start_args=kept, env=env, place=place)
     if place is not None:  # the pod has its IP once its sandbox is up, long before it is Ready
-        report_running(kube, pod, place.pod.ip, place.net.node_ip, ready=False)
+        report_running(kube, pod, pod_ip, host_ip, ready=False)
     head.start()
     try:
         wait_ready(pod, {int(options.get("dashboard-agent-listen-port", DEFAULT_AGENT_PORT)): head.agent,
                          int(options.get("dashboard-port", DEFAULT_DASHBOARD_PORT)): head.dashboard},
                    place=place)
-        report_running(kube, pod, pod_ip if place is None else place.pod.ip,
-                       "127.0.0.1" if net is None else net.node_ip)
+        report_running(kube, pod, pod_ip, host_ip)
     except BaseException:
         head.stop()
         head.remove_temp()
@@ -93,7 +98,7 @@ def run_worker_pod(kube: KubeClient, head: PrivateRay, pod: dict[str, Any], run_
     ``pod_ip``. With ``net``, the node runs in a pod of that network, joined to the head by its pod
     IP (what the head Service's name resolves to: KubeRay makes it headless)."""
     options, flags = ray_start_options(pod)
-    place = _place(net, pod)
+    place, pod_ip, host_ip = _place(net, pod, pod_ip)
     gpus = ray_container(pod).get("resources", {}).get("limits", {}).get("nvidia.com/gpu", "0")
     env = ray_env(kube, pod)
     env.pop("RAY_AUTH_TOKEN", None)  # the head's, which the node is given anyway
@@ -103,14 +108,13 @@ def run_worker_pod(kube: KubeClient, head: PrivateRay, pod: dict[str, Any], run_
                             start_args=[f"--num-gpus={gpus}", *sorted(flags & KEPT_FLAGS)], env=env,
                             place=place)
     if place is not None:  # the pod has its IP once its sandbox is up, long before it is Ready
-        report_running(kube, pod, place.pod.ip, place.net.node_ip, ready=False)
+        report_running(kube, pod, pod_ip, host_ip, ready=False)
     node.start()
     try:
         assert node.agent_port is not None
         wait_ready(pod, {int(options.get("dashboard-agent-listen-port", DEFAULT_AGENT_PORT)):
                          node.agent_port}, place=place)
-        report_running(kube, pod, pod_ip if place is None else place.pod.ip,
-                       "127.0.0.1" if net is None else net.node_ip)
+        report_running(kube, pod, pod_ip, host_ip)
     except BaseException:
         node.stop()
         raise
