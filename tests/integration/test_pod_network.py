@@ -1,18 +1,19 @@
 """The tests' pod network (tests/support/pod_network.py), on real network namespaces: pods reach
 each other by pod IP through the node and nothing of it is on this machine's own network; the
-relay onto the node's loopback; namespaces of a killed test are cleaned up. A few seconds."""
+relay onto the node's loopback; namespaces of a killed test are cleaned up; pods of two nodes joined
+by a LAN reach each other through both nodes. A few seconds."""
 
 from __future__ import annotations
 
 import socket
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.pod_network import NETNS_DIR, PREFIX, PodNetwork, in_netns, remove_stale
+from tests.support.pod_network import NETNS_DIR, PREFIX, NodeLan, PodNetwork, in_netns, remove_stale
 
 pytestmark = pytest.mark.integration
 
@@ -113,3 +114,42 @@ def test_in_netns_leaves_the_calling_thread_where_it_was(net: PodNetwork) -> Non
     before = links()
     assert "cbr0" in in_netns(net.node, links)
     assert links() == before and "cbr0" not in before
+
+
+def _count_forwarded(net: PodNetwork, src: str, dst: str) -> Callable[[], int]:
+    """Count the packets from ``src`` to ``dst`` that ``net``'s node routes (its FORWARD chain, where
+    policies are enforced); the returned function reads the count."""
+    rule = ["FORWARD", "-s", src, "-d", dst]
+    subprocess.run(net.command(["iptables", "-A", *rule], net.node), check=True)
+
+    def read() -> int:
+        done = subprocess.run(net.command(["iptables", "-L", "FORWARD", "-v", "-x", "-n"], net.node),
+                              capture_output=True, text=True, check=True)
+        (line,) = [row for row in done.stdout.splitlines()[2:] if src in row and dst in row]
+        return int(line.split()[0])
+
+    return read
+
+
+def test_pods_on_two_nodes_reach_each_other_routed_through_both_nodes_with_their_own_addresses() -> None:
+    with PodNetwork("10.244.9") as one, PodNetwork("10.244.10") as two:
+        a, b = one.add_pod("a"), two.add_pod("b")
+        # not joined yet: node one has no route to the other node's pods
+        with pytest.raises(OSError, match="unreachable"):
+            one.in_pod("a", lambda: socket.create_connection((b.ip, 8265), timeout=2))
+        with NodeLan([one, two]) as lan:
+            assert (lan.address(one), lan.address(two)) == ("10.245.0.1", "10.245.0.2")
+            seen = [_count_forwarded(node, a.ip, b.ip) for node in (one, two)]
+            served = _serve_once(two, "b", 8265, b"from-b")
+            # no NAT on the way: the pod on the other node sees this pod's own address
+            assert one.in_pod("a", lambda: _fetch(b.ip, 8265)) == f"from-b {a.ip}".encode()
+            served.join(5)
+            served = _serve_once(one, "a", 6379, b"from-a")
+            assert two.in_pod("b", lambda: _fetch(a.ip, 6379)) == f"from-a {b.ip}".encode()
+            served.join(5)
+            # both nodes routed the packets, so their iptables (where policies are) saw them
+            assert [count() > 0 for count in seen] == [True, True]
+        assert not (NETNS_DIR / lan.netns).exists()
+        # the uplinks went with the LAN: the nodes are apart again
+        with pytest.raises(OSError, match="unreachable"):
+            one.in_pod("a", lambda: socket.create_connection((b.ip, 8265), timeout=2))

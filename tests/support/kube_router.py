@@ -53,10 +53,10 @@ def start_kube_router(plane: ControlPlane, net: PodNetwork, node: str, workdir: 
     """Start kube-router's firewall on ``net``'s node (Node object ``node``), talking to the API
     server through a relay onto the node's loopback (the server's certificate names 127.0.0.1)."""
     port = net.forward_from_node(int(plane.server.rsplit(":", 1)[1]))
-    kubeconfig = workdir / "kube-router.kubeconfig"
+    kubeconfig = workdir / f"kube-router-{node}.kubeconfig"
     write_kubeconfig(kubeconfig, f"https://127.0.0.1:{port}", plane.token, plane.ca_cert)
     health = free_port()  # on the node's own loopback: any port is free there
-    log = workdir / "kube-router.log"
+    log = workdir / f"kube-router-{node}.log"
     argv = [str(binary()), f"--kubeconfig={kubeconfig}", f"--hostname-override={node}",
             "--run-firewall=true", "--run-router=false", "--run-service-proxy=false",
             "--enable-cni=false", "--enable-ipv6=false", f"--health-port={health}",

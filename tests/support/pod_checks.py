@@ -40,14 +40,15 @@ def jobs_api(net: PodNetwork, pod: str, ip: str, token: str | None, *, port: int
 
 
 def run_plain_pod(kube: KubeClient, net: PodNetwork, template_of: dict[str, Any], name: str,
-                  namespace: str) -> str:
-    """A pod made from a Deployment's template (its labels are what the policies select), given a
-    pod IP on ``net`` and reported Running; nothing runs in it but the test's own connections."""
+                  namespace: str, node: str = NODE) -> str:
+    """A pod made from a Deployment's template (its labels are what the policies select), bound to
+    ``node``, given a pod IP on ``net`` (that node's network) and reported Running; nothing runs in
+    it but the test's own connections."""
     template = template_of["spec"]["template"]
     pod = kube.apply({"apiVersion": "v1", "kind": "Pod",
                       "metadata": {"name": name, "namespace": namespace,
                                    "labels": template["metadata"]["labels"]},
                       "spec": template["spec"]})
-    kube.bind(namespace, name, NODE)
+    kube.bind(namespace, name, node)
     report_running(kube, pod, net.add_pod(name).ip, net.node_ip)
     return name

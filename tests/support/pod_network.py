@@ -19,6 +19,12 @@ namespace. The test process reaches it in two ways:
 :meth:`PodNetwork.forward_from_node` makes a local port of this machine (the API server) reachable
 from the node at ``127.0.0.1:<port>``, for a node agent such as kube-router.
 
+Several nodes make one cluster network with :class:`NodeLan`: each node (a :class:`PodNetwork` of
+its own /24) gets an uplink on a shared LAN and a route to every other node's pod CIDR through that
+node's LAN address, as kube-router's or flannel's host-gateway routing programs it. Pods on different
+nodes then reach each other by pod IP, routed through both nodes (no NAT, so each side sees the
+other's pod IP), and each node's iptables see the packets that enter or leave its pods.
+
 Namespaces are named ``llmbatch-<pid>-...``; :meth:`close` deletes them, and a new network deletes
 those of processes that no longer run (a test that was killed).
 """
@@ -211,6 +217,56 @@ class PodNetwork:
             _ip("netns", "del", pod.netns, check=False)
         self.pods.clear()
         _ip("netns", "del", self.node, check=False)
+
+
+class NodeLan:
+    """The LAN between the nodes of several :class:`PodNetwork` (see the module docstring): a
+    namespace of its own holding a bridge, each node's ``uplink`` on it at ``<lan>.<n>`` (n = 1, 2,
+    ... in the order given) and on each node a route to every other node's pod CIDR. Start the nodes
+    first; :meth:`close` deletes the LAN (the nodes keep their own pods)."""
+
+    def __init__(self, nodes: Sequence[PodNetwork], lan: str = "10.245.0") -> None:
+        assert len({n.subnet for n in nodes}) == len(nodes), "each node needs a pod CIDR of its own"
+        self.nodes = list(nodes)
+        self.lan = lan
+        self.netns = f"{PREFIX}{os.getpid()}-{secrets.token_hex(2)}-lan"
+
+    def address(self, node: PodNetwork) -> str:
+        """``node``'s address on the LAN."""
+        return f"{self.lan}.{self.nodes.index(node) + 1}"
+
+    def __enter__(self) -> NodeLan:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        _ip("netns", "add", self.netns)
+        try:
+            _ip("link", "set", "lo", "up", netns=self.netns)
+            _ip("link", "add", "lan0", "type", "bridge", netns=self.netns)
+            _ip("link", "set", "lan0", "up", netns=self.netns)
+            for node in self.nodes:
+                lan_end = f"veth{secrets.token_hex(4)}"
+                _ip("link", "add", lan_end, "netns", self.netns, "type", "veth", "peer", "name",
+                    "uplink", "netns", node.node)
+                _ip("link", "set", lan_end, "master", "lan0", "up", netns=self.netns)
+                _ip("addr", "add", f"{self.address(node)}/24", "dev", "uplink", netns=node.node)
+                _ip("link", "set", "uplink", "up", netns=node.node)
+            for node in self.nodes:
+                for other in self.nodes:
+                    if other is not node:
+                        _ip("route", "add", f"{other.subnet}.0/24", "via", self.address(other),
+                            netns=node.node)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Delete the LAN: the uplinks go with it (a veth pair dies with either end)."""
+        _ip("netns", "del", self.netns, check=False)
 
 
 def _pipe(src: socket.socket, dst: socket.socket) -> None:

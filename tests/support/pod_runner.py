@@ -284,12 +284,21 @@ class LocalPods:
         self.nodes: list[PrivateRayWorker] = []
         self.autoscaler: AutoscalerContainer | None = None
         self._running: dict[str, tuple[str, PrivateRay | PrivateRayWorker]] = {}  # pod -> (ns, node)
+        self._nets: dict[str | None, PodNetwork | None] = {node: net}  # each node's pod network
         if node is not None:
             register_node(kube, node, "127.0.0.1" if net is None else net.node_ip)
 
-    def _bind(self, pod: dict[str, Any]) -> None:
-        if self.node is not None and not pod["spec"].get("nodeName"):
-            self.kube.bind(pod["metadata"]["namespace"], pod["metadata"]["name"], self.node)
+    def add_node(self, node: str, net: PodNetwork) -> None:
+        """Be the kubelet of one more node, ``node``, whose pods run in ``net`` (another node's network
+        of the same cluster, see :class:`~tests.support.pod_network.NodeLan`); :meth:`run_worker`
+        places a pod there when told."""
+        assert self.node is not None and self.net is not None, "multi-node needs a first node and network"
+        register_node(self.kube, node, net.node_ip)
+        self._nets[node] = net
+
+    def _bind(self, pod: dict[str, Any], node: str | None) -> None:
+        if node is not None and not pod["spec"].get("nodeName"):
+            self.kube.bind(pod["metadata"]["namespace"], pod["metadata"]["name"], node)
 
     def reap(self) -> list[str]:
         """Stop the Ray node of each pod of ours being deleted (workers before the head, the head's
@@ -316,18 +325,21 @@ class LocalPods:
         self.close()
 
     def run_head(self, pod: dict[str, Any], pod_ip: str = "127.0.0.1") -> PrivateRay:
-        self._bind(pod)
+        self._bind(pod, self.node)
         self.head = run_head_pod(self.kube, pod, self.run_dir / "ray", pod_ip, self.net)
         self._running[pod["metadata"]["name"]] = (pod["metadata"]["namespace"], self.head)
         return self.head
 
-    def run_worker(self, pod: dict[str, Any], pod_ip: str = "127.0.0.1") -> PrivateRayWorker:
+    def run_worker(self, pod: dict[str, Any], pod_ip: str = "127.0.0.1", node: str | None = None
+                   ) -> PrivateRayWorker:
+        """Run a worker pod on the head's node, or on ``node`` (one of :meth:`add_node`)."""
         assert self.head is not None, "run the head pod first"
-        self._bind(pod)
-        node = run_worker_pod(self.kube, self.head, pod, self.run_dir / "nodes", pod_ip, self.net)
-        self.nodes.append(node)
-        self._running[pod["metadata"]["name"]] = (pod["metadata"]["namespace"], node)
-        return node
+        node = node or self.node
+        self._bind(pod, node)
+        worker = run_worker_pod(self.kube, self.head, pod, self.run_dir / "nodes", pod_ip, self._nets[node])
+        self.nodes.append(worker)
+        self._running[pod["metadata"]["name"]] = (pod["metadata"]["namespace"], worker)
+        return worker
 
     def run_autoscaler(self, server: str, head_pod: dict[str, Any]) -> AutoscalerContainer:
         assert self.head is not None, "run the head pod first"
