@@ -66,22 +66,29 @@ def test_each_pod_has_its_own_ports_and_a_command_runs_in_its_namespace(net: Pod
             server.close()
 
 
-def test_a_relay_brings_a_port_of_this_machine_onto_the_nodes_loopback(net: PodNetwork) -> None:
+def test_a_relay_brings_a_port_of_this_machine_onto_the_nodes_and_a_pods_loopback(net: PodNetwork) -> None:
+    net.add_pod("a")
     with socket.create_server(("127.0.0.1", 0)) as upstream:
         def answer() -> None:
-            conn, _ = upstream.accept()
-            with conn:
-                conn.sendall(conn.recv(100).upper())
+            for _ in range(2):
+                conn, _ = upstream.accept()
+                with conn:
+                    conn.sendall(conn.recv(100).upper())
 
         threading.Thread(target=answer, daemon=True).start()
-        port = net.forward_from_node(upstream.getsockname()[1])
+        on_node = net.forward_from_node(upstream.getsockname()[1])
+        in_pod = net.forward_into_pod("a", upstream.getsockname()[1])
 
-        def ask() -> bytes:
+        def ask(port: int) -> bytes:
             with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
                 conn.sendall(b"ping")
                 return conn.recv(100)
 
-        assert net.on_node(ask) == b"PING"
+        assert net.on_node(lambda: ask(on_node)) == b"PING"
+        assert net.in_pod("a", lambda: ask(in_pod)) == b"PING"
+        if in_pod != on_node:  # each relay listens in its own namespace only
+            with pytest.raises(ConnectionRefusedError):
+                net.in_pod("a", lambda: ask(on_node))
 
 
 def test_an_error_in_a_namespace_reaches_the_caller_and_the_network_is_gone_after_close() -> None:

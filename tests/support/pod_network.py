@@ -17,7 +17,8 @@ namespace. The test process reaches it in two ways:
   node's) namespace.
 
 :meth:`PodNetwork.forward_from_node` makes a local port of this machine (the API server) reachable
-from the node at ``127.0.0.1:<port>``, for a node agent such as kube-router.
+from the node at ``127.0.0.1:<port>``, for a node agent such as kube-router, and
+:meth:`PodNetwork.forward_into_pod` from a pod's own loopback, for a container such as the autoscaler.
 
 Several nodes make one cluster network with :class:`NodeLan`: each node (a :class:`PodNetwork` of
 its own /24) gets an uplink on a shared LAN and a route to every other node's pod CIDR through that
@@ -36,6 +37,7 @@ import ctypes
 import os
 import re
 import secrets
+import shutil
 import socket
 import subprocess
 import threading
@@ -48,6 +50,7 @@ T = TypeVar("T")
 
 CLONE_NEWNET = 0x40000000
 NETNS_DIR = Path("/run/netns")
+NETNS_ETC = Path("/etc/netns")  # per-namespace /etc files, which `ip netns exec` mounts
 PREFIX = "llmbatch-"
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -96,14 +99,22 @@ def _sysctl(netns: str, key: str, value: str) -> None:
 
 
 def remove_stale() -> list[str]:
-    """Delete the namespaces of test processes that no longer run; return their names."""
+    """Delete the namespaces of test processes that no longer run, and their ``/etc/netns`` files
+    (:mod:`tests.support.cluster_hosts`); return their names."""
     removed = []
     for path in NETNS_DIR.glob(f"{PREFIX}*") if NETNS_DIR.is_dir() else []:
-        match = re.match(rf"{PREFIX}(\d+)-", path.name)
-        if match and not Path(f"/proc/{match[1]}").exists():
+        if _stale(path):
             _ip("netns", "del", path.name)
             removed.append(path.name)
+    for path in NETNS_ETC.glob(f"{PREFIX}*") if NETNS_ETC.is_dir() else []:
+        if _stale(path):
+            shutil.rmtree(path, ignore_errors=True)
     return removed
+
+
+def _stale(path: Path) -> bool:
+    match = re.match(rf"{PREFIX}(\d+)-", path.name)
+    return match is not None and not Path(f"/proc/{match[1]}").exists()
 
 
 @dataclass(frozen=True)
@@ -186,7 +197,15 @@ class PodNetwork:
     def forward_from_node(self, host_port: int) -> int:
         """Make ``127.0.0.1:<host_port>`` of this machine reachable from the node; return the port on
         the node's loopback that leads there (plain TCP relay, each connection in two threads)."""
-        listener = in_netns(self.node, lambda: socket.create_server(("127.0.0.1", 0)))
+        return self._forward_into(self.node, host_port)
+
+    def forward_into_pod(self, name: str, host_port: int) -> int:
+        """As :meth:`forward_from_node`, onto pod ``name``'s own loopback (for a container that
+        talks to the API server, which a pod reaches through the ``kubernetes`` Service)."""
+        return self._forward_into(self.pods[name].netns, host_port)
+
+    def _forward_into(self, netns: str, host_port: int) -> int:
+        listener = in_netns(netns, lambda: socket.create_server(("127.0.0.1", 0)))
         self._forwarders.append(listener)
         threading.Thread(target=self._relay_accept, args=(listener, host_port), daemon=True,
                          name=f"relay-{host_port}").start()  # started here: dials from this namespace

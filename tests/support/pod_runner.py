@@ -195,9 +195,8 @@ def report_running(kube: KubeClient, pod: dict[str, Any], pod_ip: str = "127.0.0
                    host_ip: str = "127.0.0.1", *, ready: bool = True) -> None:
     """What a kubelet reports once the pod's containers run and pass their probes (``ready``), or
     once they run, before their probes passed (not ``ready``: the pod has its IP already, so a
-    network policy enforcer counts it as the pod it is). ``pod_ip``: a made-up pod network address
-    (see :mod:`tests.support.service_routes`), a pod's address in a :class:`PodNetwork`, or
-    127.0.0.1; ``host_ip``: its node's address."""
+    network policy enforcer counts it as the pod it is). ``pod_ip``: a pod's address in a
+    :class:`PodNetwork`, or 127.0.0.1; ``host_ip``: its node's address."""
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     statuses = [{"name": c["name"], "ready": ready, "started": True, "restartCount": 0,
                  "image": c["image"], "imageID": "", "state": {"running": {"startedAt": now}}}
@@ -229,7 +228,9 @@ def run_autoscaler_container(kube: KubeClient, server: str, head_pod: dict[str, 
     """Run the head pod's ``autoscaler`` container here: Ray's ``ray kuberay-autoscaler`` (through
     tests/support/kuberay_autoscaler.py) with the container's environment, the API server at
     ``server`` as ``KUBERNETES_SERVICE_HOST``/``_PORT_HTTPS`` say in a pod, and the files the kubelet
-    would put in its service account token volume (asked for as the kubelet asks)."""
+    would put in its service account token volume (asked for as the kubelet asks). When the head runs
+    in a pod of a pod network, so does the container: in the head pod's network namespace, the API
+    server relayed onto that pod's loopback."""
     env = container_env(kube, head_pod, "autoscaler")
     token_volumes = {v["name"] for v in head_pod["spec"]["volumes"]
                      if any("serviceAccountToken" in source
@@ -239,12 +240,18 @@ def run_autoscaler_container(kube: KubeClient, server: str, head_pod: dict[str, 
     volume = run_dir / mount["name"]
     project_volume(kube, head_pod, mount["name"], volume)
     host, port = server.removeprefix("https://").rsplit(":", 1)
+    argv = [sys.executable, "-m", "tests.support.kuberay_autoscaler",
+            "--cluster-name", env["RAY_CLUSTER_NAME"], "--cluster-namespace", env["RAY_CLUSTER_NAMESPACE"],
+            "--gcs-address", head.gcs_address,
+            "--mount-path", mount["mountPath"], "--volume-dir", str(volume)]
+    if head.place is not None:  # a container of the head pod: in its network namespace, where the
+        # API server (the `kubernetes` Service in a cluster) is relayed onto the pod's loopback
+        port = str(head.place.net.forward_into_pod(head.place.pod.name, int(port)))
+        host = "127.0.0.1"
+        argv = head.place.command(argv)
     log = run_dir / "autoscaler.log"
     pid = spawn(
-        [sys.executable, "-m", "tests.support.kuberay_autoscaler",
-         "--cluster-name", env["RAY_CLUSTER_NAME"], "--cluster-namespace", env["RAY_CLUSTER_NAMESPACE"],
-         "--gcs-address", head.gcs_address,
-         "--mount-path", mount["mountPath"], "--volume-dir", str(volume)],
+        argv,
         log,
         env={**env, "KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT_HTTPS": port,
              "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
