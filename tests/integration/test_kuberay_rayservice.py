@@ -1,13 +1,17 @@
 """gpu-prod-rayservice's serveConfigV2, deployed by the real KubeRay operator on a running head, and
-its engine scaled from zero onto a GPU worker the autoscaler adds.
+its engine scaled from zero onto a GPU worker the autoscaler adds, all on a pod network.
 
-The pieces are real: the tests' control plane (kube-apiserver, the KubeRay operator; see
-tests/support/kube_control_plane.py) holding gpu-prod-rayservice as rendered, and Ray on this machine
-started as the pods the operator made say (tests/support/pod_runner.py stands in for the kubelet:
-the head and the CPU worker, with their ``ray start`` options, ``RAY_*`` environment and the token of
-``authOptions.secretName``; pods reported Running). The operator reaches the head's dashboard by its
-Service name (``<cluster>-head-svc.<namespace>.svc.cluster.local:8265``) through
-tests/support/service_routes.py, which stands in for cluster DNS and kube-proxy.
+The pieces are real: the tests' control plane (kube-apiserver, kube-controller-manager's EndpointSlice
+and garbage collector controllers, the KubeRay operator; see tests/support/kube_control_plane.py)
+holding gpu-prod-rayservice as rendered, and Ray started as the pods the operator made say
+(tests/support/pod_runner.py stands in for the kubelet: the head and the CPU worker, with their
+``ray start`` options, ``RAY_*`` environment and the token of ``authOptions.secretName``; pods reported
+Running). Every pod has a network namespace and a pod IP of its own on one node
+(tests/support/pod_network.py), the operator too: it runs in a pod of that network, reaches the API
+server through a relay on its own loopback (the ``kubernetes`` Service in a cluster) and the head's
+dashboard by the head Service's name (``<cluster>-head-svc.<namespace>.svc.cluster.local:8265``), which
+tests/support/cluster_hosts.py resolves as cluster DNS would: KubeRay's head Service is headless, so
+the name is the head pod's IP, from the EndpointSlice kube-controller-manager publishes.
 
 What it shows:
 
@@ -15,23 +19,20 @@ What it shows:
   ``authOptions.secretName`` (Ray's token auth is on); Serve runs every application of it (the batch
   runner's replica on the CPU worker, the engine deployment at zero replicas) and the RayService
   reports them RUNNING;
-- the operator's health check of Serve's proxy on the head pod (``GET <pod IP>:8000/-/healthz``, through
-  the same stand-in, pod IPs being made-up 10.244.0.x addresses) passes, the operator labels the head
-  a serve endpoint, kube-controller-manager's EndpointSlice controller (the real one; pods are bound
-  to a registered node) publishes it, and the RayService is Ready;
+- the operator's health check of Serve's proxy on the head pod (``GET <pod IP>:8000/-/healthz``, over
+  the pod network) passes, the operator labels the head a serve endpoint, kube-controller-manager's
+  EndpointSlice controller publishes it, and the RayService is Ready;
 - an engine call from zero replicas makes Serve ask for a replica on an ``llmbatch_engine`` node; Ray's
-  autoscaler, run as the head pod's sidecar with its token volume, scales the GPU group 0 -> 1; the
-  operator makes the pod, and the replica runs on that node;
-- an upgrade (a changed head template with its Serve config): the operator brings up a second cluster
-  while the first keeps serving, deploys the config there, switches the serve Service and its
-  EndpointSlice to it once its applications run, and deletes the old cluster, whose pods
-  kube-controller-manager's garbage collector deletes (the stand-in stops their Ray nodes).
+  autoscaler, run in the head pod as its sidecar with its token volume, scales the GPU group 0 -> 1;
+  the operator makes the pod, and the replica runs on that node;
+- an upgrade (a changed head template): the operator brings up a second cluster while the first
+  keeps serving, deploys the config there, switches the serve Service and its EndpointSlice to it
+  once its applications run, and deletes the old cluster, whose pods kube-controller-manager's
+  garbage collector deletes (the stand-in stops their Ray nodes).
 
-Knobs that differ from gpu-prod-rayservice: Serve's HTTP proxy binds 127.0.0.1 on a free port instead
-of 0.0.0.0:8000 (the pod's port 8000 is routed to it; the upgraded cluster's on another, as both heads
-run on this machine), the engine runs the fake backend (no model and no GPU here; the GPU is Ray's
-logical one, from the pod's ``nvidia.com/gpu`` limit), and the old cluster is deleted 5 s after the
-switch (default 60).
+Knobs that differ from gpu-prod-rayservice: the engine runs the fake backend (no model and no GPU here;
+the GPU is Ray's logical one, from the pod's ``nvidia.com/gpu`` limit), and the old cluster is deleted
+5 s after the switch (default 60).
 """
 
 from __future__ import annotations
@@ -48,9 +49,16 @@ from typing import Any
 import pytest
 import yaml
 
-from llmbatch.stack.process import free_port
+from llmbatch.stack.process import stop_tree
 from schemas.engines import DEPLOYMENT_NAME
-from tests.support.kube_control_plane import CONTROLLERS, ControlPlane, KubeClient, start_control_plane
+from tests.support.cluster_hosts import ClusterHosts
+from tests.support.kube_control_plane import (
+    CONTROLLERS,
+    ControlPlane,
+    KubeClient,
+    start_control_plane,
+    start_operator,
+)
 from tests.support.kube_objects import (
     RAY,
     apply_all,
@@ -62,43 +70,58 @@ from tests.support.kube_objects import (
     rayservice_cluster,
     vd,
 )
+from tests.support.pod_network import PodNetwork
 from tests.support.pod_runner import LocalPods
 from tests.support.private_ray import PrivateRay
-from tests.support.service_routes import ServiceRoutes
 
 pytestmark = pytest.mark.integration
 
 DASHBOARD_PORT = 8265  # the head Service's `dashboard` port (KubeRay's default, ours too)
-HEAD_IP = "10.244.0.2"  # the head pod's address on the made-up pod network (routed by ServiceRoutes)
 NODE = "node-a"  # the node the kubelet stand-in registers and binds its pods to
+OPERATOR_POD = "kuberay-operator"
 
 
 @pytest.fixture(scope="module")
-def routes() -> Iterator[ServiceRoutes]:
-    started = ServiceRoutes().start()
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    started = start_control_plane(tmp_path_factory.mktemp("kube"), crds(), controllers=CONTROLLERS,
+                                  operator=False)  # the test starts it in a pod
     try:
         yield started
     finally:
         started.stop()
 
 
-@pytest.fixture(scope="module")
-def plane(tmp_path_factory: pytest.TempPathFactory, routes: ServiceRoutes) -> Iterator[ControlPlane]:
-    started = start_control_plane(tmp_path_factory.mktemp("kube"), crds(),
-                                  operator_env={"HTTP_PROXY": routes.url, "NO_PROXY": "127.0.0.1,localhost"},
-                                  controllers=CONTROLLERS)
-    try:
-        yield started
-    finally:
-        started.stop()
+@pytest.fixture
+def net(plane: ControlPlane) -> Iterator[PodNetwork]:
+    """The pod network, with the KubeRay operator running in a pod of it."""
+    with PodNetwork() as started:
+        pod = started.add_pod(OPERATOR_POD)
+        kube = plane.client()
+        hosts = ClusterHosts(kube, pod.netns).start()
+        relay = started.forward_into_pod(OPERATOR_POD, int(plane.server.rsplit(":", 1)[1]))
+        pid = None
+        try:
+            pid = start_operator(plane, {}, server=f"https://127.0.0.1:{relay}", wrap=hosts.command,
+                                 call=lambda ready: started.in_pod(OPERATOR_POD, ready))
+            yield started
+        finally:
+            if pid is not None:
+                stop_tree(pid)
+                plane.pids.remove(pid)
+            hosts.stop()
+            kube.close()
 
 
 def _serve_applications(head: PrivateRay, token: str) -> dict[str, Any]:
     request = urllib.request.Request(f"{head.address}/api/serve/applications/",
                                      headers={"Authorization": f"Bearer {token}"})
-    with urllib.request.urlopen(request, timeout=10) as resp:
-        found: dict[str, Any] = json.loads(resp.read())["applications"]
-        return found
+
+    def fetch() -> dict[str, Any]:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            found: dict[str, Any] = json.loads(resp.read())["applications"]
+            return found
+
+    return head.call(fetch)
 
 
 def _app_statuses(kube: KubeClient, namespace: str, name: str) -> dict[str, str]:
@@ -113,25 +136,26 @@ def _ready(kube: KubeClient, namespace: str, name: str) -> bool:
 
 
 def _call_engine(head: PrivateRay, app: str, log: Path) -> subprocess.Popen[bytes]:
-    """A driver calling the engine's ``info`` through a Serve handle (waits for a replica)."""
+    """A driver in the head pod calling the engine's ``info`` through a Serve handle (waits for a
+    replica)."""
     code = ("import sys, ray; from ray import serve; "
             "ray.init(address=sys.argv[1], log_to_driver=False); "
             "h = serve.get_deployment_handle(sys.argv[3], app_name=sys.argv[2]); "
             "print(h.info.remote().result(timeout_s=280)); ray.shutdown()")
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": str(head.auth_token)}
     with log.open("wb") as out:
-        return subprocess.Popen([sys.executable, "-c", code, head.gcs_address, app, DEPLOYMENT_NAME],
-                                env=env, stdout=out, stderr=subprocess.STDOUT)
+        assert head.place is not None
+        argv = [sys.executable, "-c", code, head.gcs_address, app, DEPLOYMENT_NAME]
+        return subprocess.Popen(head.place.command(argv), env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
 def test_the_operator_deploys_our_serve_config_and_an_engine_call_scales_the_gpu_group_from_zero(
-        plane: ControlPlane, routes: ServiceRoutes, tmp_path: Path) -> None:
+        plane: ControlPlane, net: PodNetwork, tmp_path: Path) -> None:
     kube = plane.client()
     objects = vd.render_overlay("gpu-prod-rayservice")
     service = vd.one(objects, "RayService")
     namespace, name = service["metadata"]["namespace"], service["metadata"]["name"]
     config = yaml.safe_load(service["spec"]["serveConfigV2"])
-    config["http_options"] = {**config["http_options"], "host": "127.0.0.1", "port": free_port()}
     (engine_app,) = [app for app in config["applications"] if app["name"].startswith("llmbatch-engine-")]
     engine_app["args"]["entry"]["engine"]["backend"] = "fake"  # no model, no GPU here
     service["spec"]["serveConfigV2"] = yaml.safe_dump(config, sort_keys=False)
@@ -146,46 +170,37 @@ def test_the_operator_deploys_our_serve_config_and_an_engine_call_scales_the_gpu
     cluster_name = cluster["metadata"]["name"]
     pods, head_svc = _pods_and_head_service(plane, kube, cluster)
     assert DASHBOARD_PORT in {p["port"] for p in head_svc["spec"]["ports"] if p["name"] == "dashboard"}
+    assert head_svc["spec"]["clusterIP"] == "None"  # headless: its name is the head pod's IP
 
-    pod_ips = (f"10.244.0.{i}" for i in range(3, 250))  # the workers' on the made-up pod network
-    with LocalPods(kube, tmp_path, node=NODE) as local:
+    with LocalPods(kube, tmp_path, net, node=NODE) as local:
         head_pod = next(p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "head")
-        head = local.run_head(head_pod, pod_ip=HEAD_IP)
+        head = local.run_head(head_pod)
+        head_ip = net.pods[head_pod["metadata"]["name"]].ip
         assert head.auth_token == token  # the pod's RAY_AUTH_TOKEN is the Secret's
-        service_host = f"{head_svc['metadata']['name']}.{namespace}.svc.cluster.local"
-        routes.route(service_host, DASHBOARD_PORT, head.dashboard)
-        # the head pod's `serve` port on the pod network: Serve's HTTP proxy here
-        serve_port = next(p["containerPort"] for p in head_pod["spec"]["containers"][0]["ports"]
-                          if p["name"] == "serve")
-        routes.route(HEAD_IP, serve_port, config["http_options"]["port"])
         for pod in pods:
             if pod is not head_pod:
-                local.run_worker(pod, pod_ip=next(pod_ips))
+                local.run_worker(pod)
 
         statuses = plane.wait_for(
-            f"RayService {name} reporting every application RUNNING (proxy saw {routes.seen[-5:]})",
+            f"RayService {name} reporting every application RUNNING (operator log {plane.operator_log})",
             lambda: (found if set((found := _app_statuses(kube, namespace, name)).values()) == {"RUNNING"}
                      and set(found) == set(wanted_apps) else None), timeout=300)
         assert set(statuses) == set(wanted_apps)
+        # what the operator submitted through the head Service's name, with the token (auth is on)
         deployed = _serve_applications(head, token)
         assert {app: info["deployed_app_config"]["import_path"]
                 for app, info in deployed.items()} == wanted_apps
-        # the operator's submissions, through the head Service's name (a 502 is one sent before the
-        # route was there; the operator retries)
-        submitted = [status for method, url, status in routes.seen if method == "PUT"
-                     and url == f"http://{service_host}:{DASHBOARD_PORT}/api/serve/applications/"]
-        assert 200 in submitted and not {401, 403} & set(submitted), routes.seen
 
         # the operator's health check of Serve's proxy on the head pod passes, so it labels the head
         # as a serve endpoint; with that endpoint published the RayService is Ready
-        plane.wait_for(f"the head pod labelled ray.io/serve=true (proxy saw {routes.seen[-5:]})",
+        plane.wait_for(f"the head pod labelled ray.io/serve=true (operator log {plane.operator_log})",
                        lambda: (kube.get("v1", "Pod", head_pod["metadata"]["name"], namespace) or {})[
                            "metadata"]["labels"].get("ray.io/serve") == "true")
         plane.wait_for(f"RayService {name} Ready", lambda: _ready(kube, namespace, name))
         serve_svc = _serve_service(kube, namespace)
         # kube-controller-manager's slice; KubeRay labels the workers serve endpoints too, though
         # with proxy_location HeadOnly no proxy runs there (the dispatcher uses the head Service)
-        assert HEAD_IP in _serve_endpoints(kube, serve_svc)
+        assert head_ip in _serve_endpoints(kube, serve_svc)
 
         # an engine call from zero replicas: Serve asks for a replica on an `llmbatch_engine` node,
         # Ray's autoscaler (the head pod's sidecar) scales the GPU group from 0, the operator makes
@@ -196,7 +211,7 @@ def test_the_operator_deploys_our_serve_config_and_an_engine_call_scales_the_gpu
                                  lambda: next((p for p in cluster_pods(kube, namespace, cluster_name)
                                                if p["metadata"]["labels"]["ray.io/group"] == "gpu"), None),
                                  timeout=240)
-        gpu_node = local.run_worker(gpu_pod, pod_ip=next(pod_ips))
+        gpu_node = local.run_worker(gpu_pod)
         try:
             assert caller.wait(timeout=300) == 0, (tmp_path / "caller.log").read_text()[-3000:]
         finally:
@@ -208,7 +223,7 @@ def test_the_operator_deploys_our_serve_config_and_an_engine_call_scales_the_gpu
         assert [(r["state"], r["node_id"]) for r in replicas] == [("RUNNING", gpu_node.node_id)]
         assert group_replicas(kube, namespace, cluster_name)["gpu"] == 1
 
-        _upgrade_switches_clusters(plane, kube, routes, service, config, cluster_name, local, pod_ips,
+        _upgrade_switches_clusters(plane, kube, net, service, config, cluster_name, local,
                                    tmp_path / "upgrade")
     kube.close()
 
@@ -251,17 +266,14 @@ def _service_status(kube: KubeClient, namespace: str, name: str, which: str) -> 
     return found
 
 
-def _upgrade_switches_clusters(plane: ControlPlane, kube: KubeClient, routes: ServiceRoutes,
+def _upgrade_switches_clusters(plane: ControlPlane, kube: KubeClient, net: PodNetwork,
                                service: dict[str, Any], config: dict[str, Any], old_cluster: str,
-                               old_pods: LocalPods, pod_ips: Iterator[str], run_dir: Path) -> None:
-    """A new release of the RayService's cluster (a changed head template) with its Serve config:
-    the operator brings up a second cluster beside the serving one, deploys the config there, points
-    the serve Service at it once its applications run, and deletes the old cluster (its pods go with
-    it, by kube-controller-manager's garbage collector). Serve's proxy of the new head gets a port of
-    its own (both heads run on this machine)."""
+                               old_pods: LocalPods, run_dir: Path) -> None:
+    """A new release of the RayService's cluster (a changed head template): the operator brings up a
+    second cluster beside the serving one, deploys the config there, points the serve Service at it
+    once its applications run, and deletes the old cluster (its pods go with it, by
+    kube-controller-manager's garbage collector). The new pods are pods of the same network."""
     namespace, name = service["metadata"]["namespace"], service["metadata"]["name"]
-    config = {**config, "http_options": {**config["http_options"], "port": free_port()}}
-    service["spec"]["serveConfigV2"] = yaml.safe_dump(config, sort_keys=False)
     head_container = service["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     head_container["env"] = [*head_container.get("env", []), {"name": "LLMBATCH_RELEASE", "value": "2"}]
     service["spec"]["rayClusterDeletionDelaySeconds"] = 5  # default 60
@@ -269,26 +281,25 @@ def _upgrade_switches_clusters(plane: ControlPlane, kube: KubeClient, routes: Se
     new_cluster = plane.wait_for(f"a pending cluster of RayService {name}", lambda: _service_status(
         kube, namespace, name, "pendingServiceStatus").get("rayClusterName"))
     assert new_cluster != old_cluster
+    assert old_pods.head is not None
+    old_head_ip = old_pods.head.host
     # while the new cluster comes up, the old one serves
     assert _service_status(kube, namespace, name, "activeServiceStatus")["rayClusterName"] == old_cluster
     assert _serve_service(kube, namespace)["spec"]["selector"]["ray.io/cluster"] == old_cluster
-    assert HEAD_IP in _serve_endpoints(kube, _serve_service(kube, namespace))
+    assert old_head_ip in _serve_endpoints(kube, _serve_service(kube, namespace))
 
     cluster = plane.wait_for(f"RayCluster {new_cluster}",
                              lambda: kube.get(RAY, "RayCluster", new_cluster, namespace))
-    pods, head_svc = _pods_and_head_service(plane, kube, cluster)
+    pods, _ = _pods_and_head_service(plane, kube, cluster)
     head_pod = next(p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "head")
-    with LocalPods(kube, run_dir, node=NODE) as local:
-        head_ip = next(pod_ips)
-        head = local.run_head(head_pod, pod_ip=head_ip)
-        routes.route(f"{head_svc['metadata']['name']}.{namespace}.svc.cluster.local", DASHBOARD_PORT,
-                     head.dashboard)
-        routes.route(head_ip, 8000, config["http_options"]["port"])
+    with LocalPods(kube, run_dir, net, node=NODE) as local:
+        head = local.run_head(head_pod)
+        head_ip = head.host
         for pod in pods:
             if pod is not head_pod:
-                local.run_worker(pod, pod_ip=next(pod_ips))
+                local.run_worker(pod)
 
-        plane.wait_for(f"RayService {name} switched to {new_cluster} (proxy saw {routes.seen[-5:]})",
+        plane.wait_for(f"RayService {name} switched to {new_cluster} (operator log {plane.operator_log})",
                        lambda: _service_status(kube, namespace, name, "activeServiceStatus").get(
                            "rayClusterName") == new_cluster, timeout=300)
         assert _app_statuses(kube, namespace, name) == {
@@ -297,12 +308,12 @@ def _upgrade_switches_clusters(plane: ControlPlane, kube: KubeClient, routes: Se
         assert _serve_service(kube, namespace)["spec"]["selector"]["ray.io/cluster"] == new_cluster
         plane.wait_for("the serve Service's endpoints on the new cluster only", lambda: (
             head_ip in (found := _serve_endpoints(kube, _serve_service(kube, namespace)))
-            and HEAD_IP not in found))
+            and old_head_ip not in found))
         assert set(_serve_applications(head, str(head.auth_token))) == {
             app["name"] for app in config["applications"]}
         # its pods are deleted by the garbage collector, and their nodes stopped by the kubelet
         plane.wait_for(f"the old cluster {old_cluster} deleted, with its pods", lambda: (
             kube.get(RAY, "RayCluster", old_cluster, namespace) is None
             and (old_pods.reap() or True) and not cluster_pods(kube, namespace, old_cluster)), timeout=120)
-        assert old_pods.head is not None and old_pods.head.pid is None  # stopped
+        assert old_pods.head.pid is None  # stopped
         plane.wait_for(f"RayService {name} Ready on {new_cluster}", lambda: _ready(kube, namespace, name))

@@ -19,7 +19,7 @@ import ssl
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -263,18 +263,20 @@ def write_kubeconfig(path: Path, server: str, token: str, ca_cert: Path) -> None
 
 def start_control_plane(workdir: Path, crds: Sequence[dict[str, Any]],
                         operator_env: Mapping[str, str] | None = None,
-                        controllers: Sequence[str] = ()) -> ControlPlane:
+                        controllers: Sequence[str] = (), *, operator: bool = True) -> ControlPlane:
     """Start etcd, kube-apiserver (token auth, RBAC, default admission) with the
     CustomResourceDefinitions ``crds`` installed, and the KubeRay operator watching every
-    namespace (with ``operator_env`` added to its environment). ``controllers``: those of
-    kube-controller-manager to run as well (of :data:`CONTROLLERS`); none: it does not run."""
+    namespace (with ``operator_env`` added to its environment; not ``operator``: the caller starts
+    it, :func:`start_operator`). ``controllers``: those of kube-controller-manager to run as well (of
+    :data:`CONTROLLERS`); none: it does not run."""
     assert set(controllers) <= set(CONTROLLERS), controllers
     kube = go_binaries(TOOLS / "kubeapi", [KUBE_APISERVER, ETCD, KUBE_CONTROLLER_MANAGER])
-    operator = go_binaries(TOOLS / "kuberay-operator", [KUBERAY_OPERATOR])[KUBERAY_OPERATOR]
     workdir.mkdir(parents=True, exist_ok=True)
     plane = ControlPlane(workdir=workdir, token=secrets.token_hex(16))
     try:
-        _start(plane, kube, operator, crds, operator_env or {})
+        _start(plane, kube, crds)
+        if operator:
+            start_operator(plane, operator_env or {})
         if controllers:
             _start_controller_manager(plane, kube[KUBE_CONTROLLER_MANAGER], controllers)
     except BaseException:
@@ -283,8 +285,7 @@ def start_control_plane(workdir: Path, crds: Sequence[dict[str, Any]],
     return plane
 
 
-def _start(plane: ControlPlane, kube: dict[str, Path], operator: Path,
-           crds: Sequence[dict[str, Any]], operator_env: Mapping[str, str]) -> None:
+def _start(plane: ControlPlane, kube: dict[str, Path], crds: Sequence[dict[str, Any]]) -> None:
     work = plane.workdir
     client_port, peer_port = free_port(), free_port()
     etcd_log = work / "etcd.log"
@@ -337,17 +338,30 @@ def _start(plane: ControlPlane, kube: dict[str, Path], operator: Path,
     finally:
         client.close()
 
-    kubeconfig = work / "kubeconfig"
-    write_kubeconfig(kubeconfig, plane.server, plane.token, plane.ca_cert)
+    write_kubeconfig(work / "kubeconfig", plane.server, plane.token, plane.ca_cert)
+
+
+def start_operator(plane: ControlPlane, env: Mapping[str, str], *, server: str | None = None,
+                   wrap: Callable[[list[str]], list[str]] | None = None,
+                   call: Callable[[Callable[[], bool]], bool] | None = None) -> int:
+    """Start the KubeRay operator watching every namespace, with ``env`` added to its environment;
+    return its PID (stopped with the plane, before the API server). For an operator in a pod:
+    ``server`` the API server's address as the pod reaches it, ``wrap`` its command line (into the
+    pod's namespace), ``call`` runs its readiness check where the operator listens."""
+    operator = go_binaries(TOOLS / "kuberay-operator", [KUBERAY_OPERATOR])[KUBERAY_OPERATOR]
+    kubeconfig = plane.workdir / "kuberay-operator.kubeconfig"
+    write_kubeconfig(kubeconfig, server or plane.server, plane.token, plane.ca_cert)
     probe = free_port()
-    plane.operator_log = work / "kuberay-operator.log"
-    pid = spawn([str(operator), f"--metrics-addr=127.0.0.1:{free_port()}",
-                 f"--health-probe-bind-address=127.0.0.1:{probe}",
-                 "--enable-leader-election=false", "--log-stdout-encoder=console"],
-                plane.operator_log, env={**operator_env, "KUBECONFIG": str(kubeconfig)})
-    plane.pids.append(pid)
-    wait_until(lambda: httpx.get(f"http://127.0.0.1:{probe}/readyz").status_code == 200,
-               120, pid, "kuberay-operator", plane.operator_log)
+    plane.operator_log = plane.workdir / "kuberay-operator.log"
+    argv = [str(operator), f"--metrics-addr=127.0.0.1:{free_port()}",
+            f"--health-probe-bind-address=127.0.0.1:{probe}",
+            "--enable-leader-election=false", "--log-stdout-encoder=console"]
+    pid = spawn(wrap(argv) if wrap else argv, plane.operator_log,
+                env={**env, "KUBECONFIG": str(kubeconfig)})
+    plane.pids.insert(2, pid)  # stopped before the API server (and etcd)
+    ready = lambda: httpx.get(f"http://127.0.0.1:{probe}/readyz").status_code == 200  # noqa: E731
+    wait_until(lambda: call(ready) if call else ready(), 120, pid, "kuberay-operator", plane.operator_log)
+    return pid
 
 
 def _start_controller_manager(plane: ControlPlane, binary: Path, controllers: Sequence[str]) -> None:
