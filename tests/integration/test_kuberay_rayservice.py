@@ -11,7 +11,10 @@ Running). Every pod has a network namespace and a pod IP of its own on one node
 server through a relay on its own loopback (the ``kubernetes`` Service in a cluster) and the head's
 dashboard by the head Service's name (``<cluster>-head-svc.<namespace>.svc.cluster.local:8265``), which
 tests/support/cluster_hosts.py resolves as cluster DNS would: KubeRay's head Service is headless, so
-the name is the head pod's IP, from the EndpointSlice kube-controller-manager publishes.
+the name is the head pod's IP, from the EndpointSlice kube-controller-manager publishes. kube-router's
+firewall enforces the overlay's NetworkPolicies on the node, and the operator's pod carries the labels
+and namespace of its Helm chart, which they name: every call of the operator to the head passes them
+(the dashboard by the base policy, Serve's proxy by the overlay's networkpolicy-operator-serve.yaml).
 
 What it shows:
 
@@ -65,19 +68,21 @@ from tests.support.kube_objects import (
     cluster_pods,
     crds,
     create_operator_secrets,
+    ensure_namespace,
     group_replicas,
     publish_root_ca,
     rayservice_cluster,
     vd,
 )
+from tests.support.kube_router import start_kube_router
+from tests.support.pod_checks import JOBS_PORT, NODE, connects, run_plain_pod
 from tests.support.pod_network import PodNetwork
-from tests.support.pod_runner import LocalPods
+from tests.support.pod_runner import LocalPods, register_node
 from tests.support.private_ray import PrivateRay
 
 pytestmark = pytest.mark.integration
 
 DASHBOARD_PORT = 8265  # the head Service's `dashboard` port (KubeRay's default, ours too)
-NODE = "node-a"  # the node the kubelet stand-in registers and binds its pods to
 OPERATOR_POD = "kuberay-operator"
 
 
@@ -92,15 +97,24 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
 
 
 @pytest.fixture
-def net(plane: ControlPlane) -> Iterator[PodNetwork]:
-    """The pod network, with the KubeRay operator running in a pod of it."""
+def net(plane: ControlPlane, tmp_path: Path) -> Iterator[PodNetwork]:
+    """The pod network, with the KubeRay operator running in a pod of it (namespace kuberay-system,
+    its Helm chart's labels, which the head's NetworkPolicy names) and kube-router enforcing the
+    NetworkPolicies on the node."""
     with PodNetwork() as started:
-        pod = started.add_pod(OPERATOR_POD)
         kube = plane.client()
-        hosts = ClusterHosts(kube, pod.netns).start()
+        register_node(kube, NODE, started.node_ip)
+        ensure_namespace(kube, "kuberay-system", {"kubernetes.io/metadata.name": "kuberay-system"})
+        run_plain_pod(kube, started, {"spec": {"template": {
+            "metadata": {"labels": {"app.kubernetes.io/name": "kuberay-operator",
+                                    "app.kubernetes.io/component": "kuberay-operator"}},
+            "spec": {"containers": [{"name": "kuberay-operator", "image": "kuberay"}]}}}},
+            OPERATOR_POD, "kuberay-system", NODE)
+        hosts = ClusterHosts(kube, started.pods[OPERATOR_POD].netns).start()
         relay = started.forward_into_pod(OPERATOR_POD, int(plane.server.rsplit(":", 1)[1]))
-        pid = None
+        router, pid = None, None
         try:
+            router = start_kube_router(plane, started, NODE, tmp_path)
             pid = start_operator(plane, {}, server=f"https://127.0.0.1:{relay}", wrap=hosts.command,
                                  call=lambda ready: started.in_pod(OPERATOR_POD, ready))
             yield started
@@ -108,6 +122,8 @@ def net(plane: ControlPlane) -> Iterator[PodNetwork]:
             if pid is not None:
                 stop_tree(pid)
                 plane.pids.remove(pid)
+            if router is not None:
+                router.stop()
             hosts.stop()
             kube.close()
 
@@ -177,6 +193,11 @@ def test_the_operator_deploys_our_serve_config_and_an_engine_call_scales_the_gpu
         head = local.run_head(head_pod)
         head_ip = net.pods[head_pod["metadata"]["name"]].ip
         assert head.auth_token == token  # the pod's RAY_AUTH_TOKEN is the Secret's
+        # the policies hold: a pod they do not name is refused by the head
+        deployments = {d["metadata"]["name"]: d for d in objects if d["kind"] == "Deployment"}
+        api = run_plain_pod(kube, net, deployments["llmbatch-api"], "llmbatch-api-test", namespace)
+        plane.wait_for("kube-router enforcing the head's policy",
+                       lambda: not connects(net, api, head_ip, JOBS_PORT), timeout=90)
         for pod in pods:
             if pod is not head_pod:
                 local.run_worker(pod)
