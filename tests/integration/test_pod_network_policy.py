@@ -30,9 +30,16 @@ from pathlib import Path
 import pytest
 
 from tests.support.kube_control_plane import ControlPlane
-from tests.support.kube_objects import apply_all, cluster_pods, ensure_namespace, vd
+from tests.support.kube_objects import ensure_namespace, vd
 from tests.support.kube_router import start_kube_router
-from tests.support.pod_checks import JOBS_PORT, NODE, connects, jobs_api, run_plain_pod
+from tests.support.pod_checks import (
+    JOBS_PORT,
+    NODE,
+    apply_one_worker_cluster,
+    connects,
+    jobs_api,
+    run_plain_pod,
+)
 from tests.support.pod_network import PodNetwork
 from tests.support.pod_runner import LocalPods
 
@@ -45,18 +52,13 @@ def test_cpu_dev_ray_pods_under_their_network_policies_enforced_by_kube_router(
         plane: ControlPlane, tmp_path: Path) -> None:
     kube = plane.client()
     objects = vd.render_overlay("cpu-dev")
-    cluster = vd.one(objects, "RayCluster")
-    namespace, name = cluster["metadata"]["namespace"], cluster["metadata"]["name"]
     assert {p["metadata"]["name"] for p in objects if p["kind"] == "NetworkPolicy"} == {
         "llmbatch-ray-head", "llmbatch-ray-workers"}
-    apply_all(kube, objects, dry_run=False)
-    deployments = {d["metadata"]["name"]: d for d in objects if d["kind"] == "Deployment"}
     token = next(s for s in objects if s["kind"] == "Secret"
                  and s["metadata"]["name"].startswith("llmbatch-ray-auth"))
-    pods = plane.wait_for(f"the head and worker pods of {name}", lambda: (
-        found if len(found := cluster_pods(kube, namespace, name)) == 2 else None))
-    head_pod = next(p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "head")
-    worker_pod = next(p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "worker")
+    applied = apply_one_worker_cluster(plane, kube, objects)
+    namespace, deployments = applied.namespace, applied.deployments
+    head_pod, worker_pod = applied.head, applied.worker
 
     with PodNetwork() as net, LocalPods(kube, tmp_path, net, node=NODE) as local:
         head = local.run_head(head_pod)

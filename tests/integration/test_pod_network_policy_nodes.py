@@ -30,9 +30,16 @@ import httpx
 import pytest
 
 from tests.support.kube_control_plane import ControlPlane
-from tests.support.kube_objects import apply_all, cluster_pods, vd
+from tests.support.kube_objects import vd
 from tests.support.kube_router import start_kube_router
-from tests.support.pod_checks import JOBS_PORT, NODE, connects, jobs_api, run_plain_pod
+from tests.support.pod_checks import (
+    JOBS_PORT,
+    NODE,
+    apply_one_worker_cluster,
+    connects,
+    jobs_api,
+    run_plain_pod,
+)
 from tests.support.pod_network import NodeLan, PodNetwork
 from tests.support.pod_runner import LocalPods
 
@@ -82,14 +89,9 @@ def test_cpu_dev_on_two_nodes_each_node_enforcing_its_own_pods_policies(
         plane: ControlPlane, tmp_path: Path) -> None:
     kube = plane.client()
     objects = vd.render_overlay("cpu-dev")
-    cluster = vd.one(objects, "RayCluster")
-    namespace, name = cluster["metadata"]["namespace"], cluster["metadata"]["name"]
-    apply_all(kube, objects, dry_run=False)
-    deployments = {d["metadata"]["name"]: d for d in objects if d["kind"] == "Deployment"}
-    pods = plane.wait_for(f"the head and worker pods of {name}", lambda: (
-        found if len(found := cluster_pods(kube, namespace, name)) == 2 else None))
-    head_pod = next(p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "head")
-    worker_pod = next(p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "worker")
+    applied = apply_one_worker_cluster(plane, kube, objects)
+    namespace, deployments = applied.namespace, applied.deployments
+    head_pod, worker_pod = applied.head, applied.worker
 
     with (PodNetwork("10.244.0") as net_a, PodNetwork("10.244.1") as net_b, NodeLan([net_a, net_b]),
           LocalPods(kube, tmp_path, net_a, node=NODE) as local):

@@ -21,9 +21,16 @@ import pytest
 from llmbatch.stack.process import spawn, stop_tree
 from llmbatch.stack.tls import make_local_ca
 from tests.support.kube_control_plane import ROOT, ControlPlane
-from tests.support.kube_objects import apply_all, cluster_pods, vd
+from tests.support.kube_objects import vd
 from tests.support.kube_router import start_kube_router
-from tests.support.pod_checks import JOBS_PORT, NODE, connects, jobs_api, run_plain_pod
+from tests.support.pod_checks import (
+    JOBS_PORT,
+    NODE,
+    apply_one_worker_cluster,
+    connects,
+    jobs_api,
+    run_plain_pod,
+)
 from tests.support.pod_network import PodNetwork
 from tests.support.pod_runner import LocalPods
 
@@ -37,15 +44,11 @@ def test_ray_https_moves_the_dispatcher_to_the_tls_front_and_keeps_submitters_on
     kube = plane.client()
     objects = vd.render_with_components("cpu-dev", ["ray-https"])
     cluster = vd.one(objects, "RayCluster")
-    namespace, name = cluster["metadata"]["namespace"], cluster["metadata"]["name"]
     (sidecar,) = [c for c in cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"]
                   if c["name"] == "dashboard-tls"]
     assert sidecar["command"][:3] == ["python", "-m", "llmbatch.stack.tls_front"]
-    apply_all(kube, objects, dry_run=False)
-    deployments = {d["metadata"]["name"]: d for d in objects if d["kind"] == "Deployment"}
-    pods = plane.wait_for(f"the head and worker pods of {name}", lambda: (
-        found if len(found := cluster_pods(kube, namespace, name)) == 2 else None))
-    head_pod = next(p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "head")
+    applied = apply_one_worker_cluster(plane, kube, objects)
+    namespace, deployments, head_pod = applied.namespace, applied.deployments, applied.head
 
     with PodNetwork() as net, LocalPods(kube, tmp_path, net, node=NODE) as local:
         head = local.run_head(head_pod)

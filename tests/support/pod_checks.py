@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import socket
 import ssl
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tests.support.kube_control_plane import KubeClient
+from tests.support.kube_control_plane import ControlPlane, KubeClient
+from tests.support.kube_objects import apply_all, cluster_pods, vd
 from tests.support.pod_network import PodNetwork
 from tests.support.pod_runner import report_running
 
@@ -52,3 +54,32 @@ def run_plain_pod(kube: KubeClient, net: PodNetwork, template_of: dict[str, Any]
     kube.bind(namespace, name, node)
     report_running(kube, pod, net.add_pod(name).ip, net.node_ip)
     return name
+
+
+@dataclass(frozen=True)
+class AppliedCluster:
+    """A rendered overlay applied for real, once the operator made its RayCluster's pods."""
+
+    namespace: str
+    deployments: dict[str, dict[str, Any]]  # the overlay's Deployments by name
+    head: dict[str, Any]  # the head pod
+    worker: dict[str, Any]  # the one worker pod
+
+
+def apply_one_worker_cluster(plane: ControlPlane, kube: KubeClient, objects: list[dict[str, Any]]
+                             ) -> AppliedCluster:
+    """Apply ``objects`` (cpu-dev's render: a RayCluster with one worker) and wait for the operator's
+    head and worker pods."""
+    cluster = vd.one(objects, "RayCluster")
+    namespace, name = cluster["metadata"]["namespace"], cluster["metadata"]["name"]
+    apply_all(kube, objects, dry_run=False)
+    pods = plane.wait_for(f"the head and worker pods of {name}", lambda: (
+        found if len(found := cluster_pods(kube, namespace, name)) == 2 else None))
+
+    def of_type(node_type: str) -> dict[str, Any]:
+        found: dict[str, Any] = next(
+            p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == node_type)
+        return found
+
+    return AppliedCluster(namespace, {d["metadata"]["name"]: d for d in objects if d["kind"] == "Deployment"},
+                          of_type("head"), of_type("worker"))
