@@ -157,6 +157,15 @@ def test_pods_on_two_nodes_reach_each_other_routed_through_both_nodes_with_their
             # both nodes routed the packets, so their iptables (where policies are) saw them
             assert [count() > 0 for count in seen] == [True, True]
         assert not (NETNS_DIR / lan.netns).exists()
-        # the uplinks went with the LAN: the nodes are apart again
+        # the uplinks are gone as soon as the LAN is closed (not whenever the kernel finishes tearing
+        # the LAN's namespace down), so the nodes are apart again at once, and can be joined again
+        for node in (one, two):
+            shown = subprocess.run(["ip", "-n", node.node, "link", "show", "uplink"],
+                                   capture_output=True, check=False)
+            assert shown.returncode != 0, node.node
         with pytest.raises(OSError, match="unreachable"):
             one.in_pod("a", lambda: socket.create_connection((b.ip, 8265), timeout=2))
+        with NodeLan([one, two]):
+            served = _serve_once(two, "b", 8265, b"again")
+            assert one.in_pod("a", lambda: _fetch(b.ip, 8265)) == f"again {a.ip}".encode()
+            served.join(5)

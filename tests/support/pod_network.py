@@ -284,7 +284,11 @@ class NodeLan:
             raise
 
     def close(self) -> None:
-        """Delete the LAN: the uplinks go with it (a veth pair dies with either end)."""
+        """Delete the LAN and the nodes' uplinks. Each uplink is deleted first, in its node: the
+        kernel tears a deleted namespace's interfaces down later, in the background, so until then
+        an uplink whose LAN end is going would still carry the route to the other nodes' pods."""
+        for node in self.nodes:
+            _ip("link", "del", "uplink", netns=node.node, check=False)
         _ip("netns", "del", self.netns, check=False)
 
 
