@@ -4,6 +4,7 @@ batch runner + shared engine -> MinIO -> results topic), real vLLM on CPU, one r
     .venv/bin/python bench/bench_service.py [--engine vllm|fake] [--small 16] [--per-batch 8]
         [--warm-runs 10] [--conc 4] [--conc-size 128] [--big 2000] [--cancel-big]
         [--skip ab,throughput,fairness,plain,plain-procs] [--stack-dir DIR] [--json] [--report PATH]
+        [--background normal,nice19,batch-out,batch,both]
 
 Starts a private local stack (``llmbatch stack up`` in ``run/bench-service-<tag>``; ``--stack-dir``
 uses a running one instead and leaves it up), a dispatcher process with shared engines on the local
@@ -27,6 +28,8 @@ batches ran as a Ray job instead).
   The cores each process of the machine used during the 4 x 128 phase are printed beside it, and each
   one's wake-ups and preemptions per second (context switches summed over its threads): an engine's
   OpenMP threads stall at every barrier one of them is preempted at. The plain runs report their own.
+- ``--background``: the throughput phase once per scheduling of the run's processes, in the order
+  given (see :meth:`Service.scheduling`; an experiment, the stack keeps the default afterwards).
 - fairness: a ``--big``-line priority-0 batch, and once it makes progress the warm runs' batch at
   priority 9: its accepted -> terminal vs the warm runs' median (the idle engine). Target <= 2x.
 
@@ -186,6 +189,7 @@ class Service:
         self.api: ServeApi | None = None
         self.dsettings: DispatcherSettings | None = None
         self.subs: list[Sub] = []
+        self.state: Any = None
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- up and down ---------------------------------------------------------------------------
@@ -215,6 +219,7 @@ class Service:
             if missing:
                 raise BenchError(f"{', '.join(missing)} not recorded in {self.run_dir}")
         stack_s = time.monotonic() - began
+        self.state = state
         port = free_port()
         env = dispatcher_env(state, Path(self.model_path), port)
         registry = registry_json(self.args, self.model_path)
@@ -266,6 +271,46 @@ class Service:
             with contextlib.suppress(Exception):
                 await self.api.deploy(serve_config(EngineRegistry(models={}),
                                                    http_address=self.dsettings.ray.serve_address))
+
+    def scheduling(self, mode: str) -> dict[str, int]:
+        """Experiment: the CPU scheduling of this run's processes (the Ray head's session and the
+        sessions of Kafka, Redis, MinIO, the dispatcher and this bench). ``normal``: all SCHED_OTHER,
+        autogroup nice 0. ``nice19``: the sessions but the Ray head's at autogroup nice 19.
+        ``batch-out``: every thread but the engine replicas' SCHED_BATCH (a SCHED_BATCH thread never
+        preempts a running one when it wakes). ``batch``: that, and the replicas' gloo loop threads.
+        ``both``: ``batch`` and ``nice19``."""
+        import psutil
+
+        ray_sid = os.getsid(self.state.services["ray"].pid)
+        others = [r.pid for n, r in self.state.services.items() if n != "ray"]
+        if self.proc is not None:
+            others.append(self.proc.proc.pid)
+        others.append(os.getpid())
+        other_sids = {os.getsid(p) for p in others}
+        counts = {"threads_batch": 0, "threads_other": 0, "sessions_niced": 0}
+        for proc in psutil.process_iter(["cmdline"]):
+            try:
+                sid = os.getsid(proc.pid)
+            except OSError:
+                continue
+            if sid != ray_sid and sid not in other_sids:
+                continue
+            engine = (proc.info["cmdline"] or [""])[0].startswith("ray::ServeReplica:llmbatch-engine")
+            if sid in other_sids and proc.pid in others:
+                with contextlib.suppress(OSError):
+                    Path(f"/proc/{proc.pid}/autogroup").write_text(
+                        "19\n" if mode in ("nice19", "both") else "0\n")
+                    counts["sessions_niced"] += mode in ("nice19", "both")
+            for tid_dir in Path(f"/proc/{proc.pid}/task").glob("*"):
+                with contextlib.suppress(OSError, ValueError):
+                    tid = int(tid_dir.name)
+                    comm = (tid_dir / "comm").read_text().strip()
+                    batch = mode in ("batch", "batch-out", "both") and (
+                        not engine or (mode != "batch-out" and comm == "gloo_tcp_loop"))
+                    os.sched_setscheduler(tid, os.SCHED_BATCH if batch else os.SCHED_OTHER,
+                                          os.sched_param(0))
+                    counts["threads_batch" if batch else "threads_other"] += 1
+        return counts
 
     def need(self) -> tuple[BatchClient, DispatcherProcess, ServeApi, DispatcherSettings]:
         if self.client is None or self.proc is None or self.api is None or self.dsettings is None:
@@ -437,13 +482,22 @@ async def measure(svc: Service, args: argparse.Namespace, report: dict[str, Any]
 
     if "throughput" not in skip:
         texts = prompts(args.conc * args.conc_size)
-        say(f"[throughput] {args.conc} x {args.conc_size} at once, warm engine ...")
-        before, switched, began = cpu_snapshot(), switch_snapshot(), time.perf_counter()
-        report["conc"] = await svc.phase("conc", [
-            (texts[i * args.conc_size:(i + 1) * args.conc_size], 5) for i in range(args.conc)])
-        wall = time.perf_counter() - began
-        report["conc"]["cpu_cores"] = cpu_by_component(before, cpu_snapshot(), wall)
-        report["conc"]["switches"] = switches_by_component(switched, switch_snapshot(), wall)
+        for run, mode in enumerate(args.background or [None]):
+            key = "conc" if mode is None else f"conc_{mode}_{run}"
+            if mode is not None:
+                say(f"[throughput] scheduling {mode}: {svc.scheduling(mode)}")
+            say(f"[throughput] {args.conc} x {args.conc_size} at once, warm engine ...")
+            before, switched, began = cpu_snapshot(), switch_snapshot(), time.perf_counter()
+            report[key] = await svc.phase("conc", [
+                (texts[i * args.conc_size:(i + 1) * args.conc_size], 5) for i in range(args.conc)])
+            wall = time.perf_counter() - began
+            report[key]["cpu_cores"] = cpu_by_component(before, cpu_snapshot(), wall)
+            report[key]["switches"] = switches_by_component(switched, switch_snapshot(), wall)
+            say(f"[throughput] {mode}: {report[key]['tokens_per_s']:.1f} tok/s; "
+                f"switches {report[key]['switches']}")
+        if args.background:
+            report["conc"] = report[f"conc_{args.background[0]}_0"]
+            svc.scheduling("normal")
         say(f"[throughput] 1 x {len(texts)}, warm engine ...")
         report["one"] = await svc.phase("one", [(texts, 5)])
 
@@ -630,6 +684,8 @@ def show(report: dict[str, Any], args: argparse.Namespace) -> None:
         rates = ", ".join(f"{k} {v['wakeups_per_s']} ({v['preempted_per_s']})"
                           for k, v in report["conc"]["switches"].items())
         print(f"    wake-ups/s (preempted/s) during it, by process: {rates}")
+    for run, mode in enumerate(args.background):
+        line(f"  scheduling {mode}", f"conc_{mode}_{run}")
     line(f"1 x {args.conc * args.conc_size}, warm", "one")
     for key, label in (("plain", "plain LLM.chat, engine env"),
                        ("plain_vllm_procs", "plain, vLLM's processes")):
@@ -676,6 +732,9 @@ def main() -> int:
     parser.add_argument("--fake-delay-s", type=float, default=0.5, help="fake engine: seconds per request")
     parser.add_argument("--skip", type=lambda s: [x for x in s.split(",") if x], default=[],
                         help=f"comma list of {','.join(PHASES)}")
+    parser.add_argument("--background", type=lambda s: [x for x in s.split(",") if x],
+                        default=[], help="experiment, comma list of normal,nice19,batch-out,batch,both: run "
+                        "the throughput phase once per scheduling of the run's processes")
     parser.add_argument("--stack-dir", type=Path, default=None,
                         help="use the stack running there (left up) instead of a private one")
     parser.add_argument("--keep", action="store_true", help="leave the private stack up")
