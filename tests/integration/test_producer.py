@@ -56,6 +56,7 @@ from schemas import (
     encode,
     stable_event_id,
 )
+from tests.support.dispatcher_kit import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -210,20 +211,20 @@ def completed_event(batch_id: str, *, status: str = "completed", **extra: Any) -
 # ------------------------------------------------------------------------------ topics
 
 
-async def topic_configs(admin: AIOKafkaAdminClient, names: list[str], within_s: float = 15.0
-                        ) -> dict[str, dict[str, str]]:
+async def described_configs(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, dict[str, str]]:
     """Each topic's configs as the broker describes them. A topic just created can be described with
     an error code and no configs until the broker's metadata has it (creation is asynchronous): asked
-    again then, for ``within_s`` at most; a described topic without an error is returned as it is."""
-    deadline = time.monotonic() + within_s
-    while True:
+    again then, for 15 s at most; topics described without an error are returned as they are."""
+    async def without_errors() -> dict[str, dict[str, str]] | None:
         described = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, n) for n in names])
         resources = [resource for response in described for resource in response.resources]
-        pending = [(resource[3], resource[0]) for resource in resources if resource[0] != 0]
-        if not pending:
-            return {resource[3]: {entry[0]: entry[1] for entry in resource[4]} for resource in resources}
-        assert time.monotonic() < deadline, f"topics still described with errors (name, code): {pending}"
-        await asyncio.sleep(0.2)
+        if any(resource[0] != 0 for resource in resources):
+            return None
+        return {resource[3]: {entry[0]: entry[1] for entry in resource[4]} for resource in resources}
+
+    found: dict[str, dict[str, str]] = await wait_for(
+        without_errors, 15, interval=0.2, what=f"topics {names} described without an error code")
+    return found
 
 
 async def test_ensure_topics_creates_missing_ones_once(settings: LLMBatchSettings) -> None:
@@ -241,7 +242,7 @@ async def test_ensure_topics_creates_missing_ones_once(settings: LLMBatchSetting
     try:
         described = await admin.describe_topics([topics.requests, topics.dead_letter])
         assert [len(t["partitions"]) for t in described] == [2, 2]
-        flat = (await topic_configs(admin, [topics.dead_letter]))[topics.dead_letter]
+        flat = (await described_configs(admin, [topics.dead_letter]))[topics.dead_letter]
         assert flat["retention.ms"] == str(30 * 24 * 3600 * 1000)
     finally:
         await admin.close()
@@ -262,7 +263,7 @@ async def test_topics_take_records_up_to_the_settings_size(settings: LLMBatchSet
     admin = AIOKafkaAdminClient(**custom.client_kwargs())
     await admin.start()
     try:
-        described = await topic_configs(admin, [topics.requests, topics.results, topics.dead_letter])
+        described = await described_configs(admin, [topics.requests, topics.results, topics.dead_letter])
         sizes = {name: configs["max.message.bytes"] for name, configs in described.items()}
     finally:
         await admin.close()
