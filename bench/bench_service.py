@@ -296,7 +296,7 @@ class Service:
             if sid != ray_sid and sid not in other_sids:
                 continue
             engine = (proc.info["cmdline"] or [""])[0].startswith("ray::ServeReplica:llmbatch-engine")
-            if sid in other_sids and proc.pid in others:
+            if proc.pid in others:
                 with contextlib.suppress(OSError):
                     Path(f"/proc/{proc.pid}/autogroup").write_text(
                         "19\n" if mode in ("nice19", "both") else "0\n")
