@@ -145,7 +145,9 @@ def test_the_engine_group_scales_from_zero_and_back_by_the_autoscaler_with_the_h
         pod_name = re.escape(pod["metadata"]["name"])
         assert re.search(rf"ALLOCATED->RAY_RUNNING \(id=[^,]+, type=gpu, cloud_instance_id={pod_name},",
                          log), log[-3000:]
-    assert "Removing 2 nodes of type gpu (idle)" in log, log[-3000:]
+    # both removed for being idle: in one round, or one per round when their idle times end apart
+    idle_removals = re.findall(r"Removing (\d+) nodes of type gpu \(idle\)\.", log)
+    assert sum(map(int, idle_removals)) == 2, log[-3000:]
 
     # the token the autoscaler used is the head account's, which reads no Secret
     as_head = KubeClient(plane.server, (scaler.volume / "token").read_text(), plane.ca_cert)
