@@ -59,6 +59,9 @@ ENGINE: dict[str, Any] = {
 # before the kill on a fast run (seen once: every call answered, none lost), so the batch is long
 # enough to leave several waves of 4 calls after it
 LINES = 72
+# short answers: how many waves of calls follow the kill is set by LINES, not by the answers' length
+# (a wave of 4 calls of 4 takes seconds at 12 tokens on these cores, against 0.2 s between checks)
+MAX_TOKENS = 12
 # how long the victim's engine processes may take to go once the replacement serves
 ORPHAN_WAIT_S = 60.0
 
@@ -167,7 +170,8 @@ def test_a_killed_vllm_replica_is_replaced_and_the_batch_completes_once(
     found.extend(victim_procs)
 
     uri = h.put_input("faults.jsonl", [
-        chat_line(f"k{i:02d}", f"Tell me a fact about the number {i}.", max_tokens=32, temperature=0.0)
+        chat_line(f"k{i:02d}", f"Tell me a fact about the number {i}.", max_tokens=MAX_TOKENS,
+                  temperature=0.0)
         for i in range(LINES)
     ])
     spec = h.spec("vllm-kill", input_uri=uri, model_path=model_path, engine=EngineConfig(**ENGINE),
