@@ -31,6 +31,7 @@ from producer import storage
 from producer.errors import InvalidInput, ProducerError, WaitTimeout
 from producer.inputs import PreparedFile, prepare_file, prepare_requests, write_jsonl
 from producer.kafka import Published, Publisher, follow_events
+from producer.request_checks import build_request, check_fields, check_request, fits_inline
 from producer.results import ResultReader, ResultSource
 from schemas import (
     RESULT_EVENT_TYPES,
@@ -45,7 +46,6 @@ from schemas import (
     Manifest,
     SchemaError,
     TerminalEventData,
-    check_deadline,
     check_submittable,
     utcnow,
 )
@@ -228,7 +228,7 @@ class BatchClient:
             "completion_window": completion_window,
             "deadline": deadline,
         }
-        _check_fields(fields)
+        check_fields(fields)
         prepared: PreparedFile | None = None
         skipped = 0
         try:
@@ -243,15 +243,15 @@ class BatchClient:
                     requests, endpoint=endpoint, model=model, skip_invalid=skip_invalid
                 )
                 skipped, count = report.invalid, len(lines)
-                request = _build({**fields, "requests": lines})
-                if self._fits_inline(request):
+                request = build_request({**fields, "requests": lines})
+                if fits_inline(request, self.options.inline_limits):
                     return await self._publish_batch(request, count, skipped, traceparent)
                 if not self.options.spill_to_storage:
                     check_submittable(request, self.options.inline_limits)  # raises limit_exceeded
                 prepared = await asyncio.to_thread(write_jsonl, lines)
             uri = f"s3://{self.settings.s3.input_bucket}/{storage.input_key(tenant, prepared.sha256)}"
-            request = _build({**fields, "input_uri": uri})
-            _check(request, self.options.inline_limits)
+            request = build_request({**fields, "input_uri": uri})
+            check_request(request, self.options.inline_limits)
             await self._publisher.start()  # an unreachable broker fails before anything is uploaded
             await asyncio.to_thread(
                 storage.upload_input,
@@ -268,19 +268,10 @@ class BatchClient:
             if prepared is not None:
                 prepared.cleanup()
 
-    def _fits_inline(self, request: BatchRequest) -> bool:
-        try:
-            check_submittable(request, self.options.inline_limits, now=None)
-        except SchemaError as exc:
-            if exc.reason == "limit_exceeded":
-                return False
-            raise
-        return True
-
     async def _publish_batch(
         self, request: BatchRequest, count: int, skipped: int, traceparent: str | None
     ) -> BatchHandle:
-        _check(request, self.options.inline_limits)
+        check_request(request, self.options.inline_limits)
         envelope = Envelope.new(request, source=self.options.source, traceparent=traceparent)
         published = await self._publisher.publish(self.settings.kafka.topics.requests, envelope)
         return BatchHandle(
@@ -299,7 +290,7 @@ class BatchClient:
 
     async def submit_request(self, request: BatchRequest, *, traceparent: str | None = None) -> Published:
         """Publish a ready-made :class:`BatchRequest` (its ``input_uri`` must already exist)."""
-        _check(request, self.options.inline_limits)
+        check_request(request, self.options.inline_limits)
         envelope = Envelope.new(request, source=self.options.source, traceparent=traceparent)
         return await self._publisher.publish(self.settings.kafka.topics.requests, envelope)
 
@@ -408,28 +399,3 @@ class BatchClient:
         """Create the input and results buckets if missing (local stacks, tests)."""
         await asyncio.to_thread(storage.ensure_buckets, self.s3, self.settings.s3)
 
-
-def _check_fields(fields: dict[str, Any]) -> None:
-    """Validate the batch-level fields alone (before reading any input)."""
-    try:
-        check_deadline(
-            BatchRequest.model_validate({**fields, "input_uri": "s3://placeholder-bucket/x.jsonl"})
-        )
-    except ValidationError as exc:
-        raise InvalidInput(str(SchemaError.from_validation_error(exc))) from None
-    except SchemaError as exc:
-        raise InvalidInput(str(exc), [exc]) from None
-
-
-def _build(fields: dict[str, Any]) -> BatchRequest:
-    try:
-        return BatchRequest.model_validate(fields)
-    except ValidationError as exc:
-        raise InvalidInput(str(SchemaError.from_validation_error(exc))) from None
-
-
-def _check(request: BatchRequest, limits: InlineLimits) -> None:
-    try:
-        check_submittable(request, limits)
-    except SchemaError as exc:
-        raise InvalidInput(str(exc), [exc]) from None
