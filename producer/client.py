@@ -24,14 +24,14 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from llmbatch.settings import LLMBatchSettings
 from producer import storage
 from producer.errors import InvalidInput, ProducerError, WaitTimeout
 from producer.inputs import PreparedFile, prepare_file, prepare_requests, write_jsonl
 from producer.kafka import Published, Publisher, follow_events
-from producer.request_checks import build_request, check_fields, check_request, fits_inline
+from producer.request_checks import build_request, check_fields, check_request, fits_inline, invalid_input
 from producer.results import ResultReader, ResultSource
 from schemas import (
     RESULT_EVENT_TYPES,
@@ -46,7 +46,6 @@ from schemas import (
     Manifest,
     SchemaError,
     TerminalEventData,
-    check_submittable,
     utcnow,
 )
 from schemas.tenant_auth import TenantSigner
@@ -247,7 +246,7 @@ class BatchClient:
                 if fits_inline(request, self.options.inline_limits):
                     return await self._publish_batch(request, count, skipped, traceparent)
                 if not self.options.spill_to_storage:
-                    check_submittable(request, self.options.inline_limits)  # raises limit_exceeded
+                    check_request(request, self.options.inline_limits)  # raises limit_exceeded
                 prepared = await asyncio.to_thread(write_jsonl, lines)
             uri = f"s3://{self.settings.s3.input_bucket}/{storage.input_key(tenant, prepared.sha256)}"
             request = build_request({**fields, "input_uri": uri})
@@ -303,12 +302,10 @@ class BatchClient:
         requested_by: str | None = None,
     ) -> Published:
         """Publish ``cancel_requested`` for ``batch_id`` of ``tenant``; partial results are kept."""
-        try:
+        with invalid_input():
             request = CancelRequest(
                 batch_id=batch_id, tenant=tenant, reason=reason, requested_by=requested_by
             )
-        except ValidationError as exc:
-            raise InvalidInput(str(SchemaError.from_validation_error(exc))) from None
         envelope = Envelope.new(request, source=self.options.source)
         return await self._publisher.publish(self.settings.kafka.topics.requests, envelope)
 

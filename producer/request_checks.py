@@ -7,6 +7,8 @@ Kafka or object storage.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from pydantic import ValidationError
@@ -18,31 +20,35 @@ PLACEHOLDER_INPUT_URI = "s3://placeholder-bucket/x.jsonl"
 """Stands in for the input while the batch-level fields are checked alone (before any input is read)."""
 
 
-def check_fields(fields: dict[str, Any]) -> None:
-    """Validate the batch-level fields alone (model, endpoint, metadata, priority, tenant, window,
-    deadline), before any input is read."""
+@contextmanager
+def invalid_input() -> Iterator[None]:
+    """Translate the contract's errors raised inside into :class:`InvalidInput`: a pydantic
+    ``ValidationError`` by its :class:`SchemaError` message, a :class:`SchemaError` with itself attached."""
     try:
-        check_deadline(BatchRequest.model_validate({**fields, "input_uri": PLACEHOLDER_INPUT_URI}))
+        yield
     except ValidationError as exc:
         raise InvalidInput(str(SchemaError.from_validation_error(exc))) from None
     except SchemaError as exc:
         raise InvalidInput(str(exc), [exc]) from None
+
+
+def check_fields(fields: dict[str, Any]) -> None:
+    """Validate the batch-level fields alone (model, endpoint, metadata, priority, tenant, window,
+    deadline), before any input is read."""
+    with invalid_input():
+        check_deadline(BatchRequest.model_validate({**fields, "input_uri": PLACEHOLDER_INPUT_URI}))
 
 
 def build_request(fields: dict[str, Any]) -> BatchRequest:
     """The :class:`BatchRequest` of ``fields`` (with its ``requests`` or ``input_uri``)."""
-    try:
+    with invalid_input():
         return BatchRequest.model_validate(fields)
-    except ValidationError as exc:
-        raise InvalidInput(str(SchemaError.from_validation_error(exc))) from None
 
 
 def check_request(request: BatchRequest, limits: InlineLimits) -> None:
     """Whether ``request`` may be published as it is: within ``limits``, deadline not passed."""
-    try:
+    with invalid_input():
         check_submittable(request, limits)
-    except SchemaError as exc:
-        raise InvalidInput(str(exc), [exc]) from None
 
 
 def fits_inline(request: BatchRequest, limits: InlineLimits) -> bool:
