@@ -73,6 +73,8 @@ if TYPE_CHECKING:
     from schemas.cloudevents import Envelope
 
 PHASES = ("ab", "throughput", "fairness", "plain", "plain-procs")
+SCHEDULINGS = ("normal", "nice19", "batch-out", "batch", "both")
+"""``--background`` modes (:meth:`Service.scheduling`)."""
 
 
 class BenchError(Exception):
@@ -733,7 +735,7 @@ def main() -> int:
     parser.add_argument("--skip", type=lambda s: [x for x in s.split(",") if x], default=[],
                         help=f"comma list of {','.join(PHASES)}")
     parser.add_argument("--background", type=lambda s: [x for x in s.split(",") if x],
-                        default=[], help="experiment, comma list of normal,nice19,batch-out,batch,both: run "
+                        default=[], help=f"experiment, comma list of {','.join(SCHEDULINGS)}: run "
                         "the throughput phase once per scheduling of the run's processes")
     parser.add_argument("--stack-dir", type=Path, default=None,
                         help="use the stack running there (left up) instead of a private one")
@@ -751,9 +753,10 @@ def main() -> int:
         for name, value in QUICK.items():
             if f"--{name.replace('_', '-')}" not in given:
                 setattr(args, name, value)
-    unknown = set(args.skip) - set(PHASES)
-    if unknown:
-        parser.error(f"--skip: unknown {sorted(unknown)}; choose from {', '.join(PHASES)}")
+    for option, values, known in (("--skip", args.skip, PHASES),
+                                  ("--background", args.background, SCHEDULINGS)):
+        if unknown := set(values) - set(known):
+            parser.error(f"{option}: unknown {sorted(unknown)}; choose from {', '.join(known)}")
     if min(args.small, args.per_batch, args.warm_runs, args.conc, args.conc_size, args.big) < 1:
         parser.error("sizes must be at least 1")
 

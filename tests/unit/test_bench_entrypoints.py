@@ -20,3 +20,12 @@ def test_help_exits_0(script: str) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     assert "usage:" in result.stdout
 
+
+
+@pytest.mark.parametrize(("option", "value"), [("--skip", "plian"), ("--background", "nice20")])
+def test_bench_service_refuses_an_unknown_phase_or_scheduling_naming_it(option: str, value: str) -> None:
+    # --small 0 would fail later with another message: the unknown value is refused first
+    result = subprocess.run([sys.executable, str(BENCH / "bench_service.py"), option, value, "--small", "0"],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 2
+    assert f"{option}: unknown ['{value}']; choose from" in result.stderr, result.stderr[-2000:]
