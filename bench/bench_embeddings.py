@@ -8,7 +8,7 @@ The same texts are embedded, interleaved ``--reps`` times (this machine is noisy
 
 - ``plain``: ``LLM.embed(texts)``, vLLM's own batch call (it tokenizes and steps).
 - ``service``: what a batch runs: input lines parsed, the prompt stage (our tokenizer call, one engine
-  request per input), the engine stage (:class:`ray_job.engine.EngineRunner`, the step loop the
+  request per input), the engine stage (:class:`ray_job.engine_runner.EngineRunner`, the step loop the
   shared engines run) and the output lines (``CreateEmbeddingResponse`` JSON).
 
 For each ``--inputs-per-line`` (1 = one text per line; 8 = OpenAI's list input), prints texts/s per
@@ -53,7 +53,7 @@ class SharedEngine:
     """The engine stage's view of an engine that already exists (as the batch runner's warm ones)."""
 
     def __init__(self, backend: Any) -> None:
-        from ray_job.engine import EngineRunner
+        from ray_job.engine_runner import EngineRunner
 
         self.max_model_len = backend.max_model_len
         self.default_max_tokens = backend.default_max_tokens

@@ -8,7 +8,7 @@ interleaved ``--reps`` times (this machine is noisy: compare within a run, read 
 
 - ``chat``: plain ``LLM.chat`` (vLLM tokenizes and steps; what bench_service calls "plain").
 - ``ids``: ``LLM.generate`` on the token ids our prompt stage makes (vLLM's loop, no tokenizing).
-- ``runner``: :class:`ray_job.engine.EngineRunner` with the registry's ``max_active`` (256), all
+- ``runner``: :class:`ray_job.engine_runner.EngineRunner` with the registry's ``max_active`` (256), all
   prompts in one call (our step loop and fair queue instead of vLLM's).
 - ``window``: the batch runner's windows: calls of ``--batch-size`` prompts, ``--in-flight`` at
   once, the oldest awaited before the next is sent (as ``ray_job.runner`` does), one group.
@@ -75,7 +75,7 @@ def run_mode(mode: str, backend: Any, counted: Counted, requests: list[Any], con
     """(seconds, output tokens, engine steps seen by our loop) of one mode."""
     from vllm import SamplingParams
 
-    from ray_job.engine import EngineRunner
+    from ray_job.engine_runner import EngineRunner
 
     llm = backend._llm
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)

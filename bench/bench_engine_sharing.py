@@ -1,6 +1,6 @@
 """Benchmark: how batches share one warm engine (real vLLM on CPU, in one process, no Ray).
 
-What the shared engine's replica does with the requests of many batches (ray_job.engine.EngineRunner
+What the shared engine's replica does with the requests of many batches (ray_job.engine_runner.EngineRunner
 and its fair queue), measured on one vLLM engine, side by side in one run:
 
 - fairness: an 8-line priority-9 batch alone on the idle engine, then while a ``--big``-line
@@ -82,7 +82,7 @@ def tokens(out: list[Any]) -> int:
 
 
 def fairness(b: Bench, backend: Any) -> dict[str, Any]:
-    from ray_job.engine import EngineRunner
+    from ray_job.engine_runner import EngineRunner
 
     small = b.user(prompts(8), 32, "s")
     big = b.user(prompts(b.args.big), 32, "b")
@@ -119,7 +119,7 @@ def system_prompt(topic: str) -> str:
 
 def prefix(b: Bench, backends: dict[str, Any]) -> dict[str, Any]:
     from ray_job import fair_queue
-    from ray_job.engine import EngineRunner
+    from ray_job.engine_runner import EngineRunner
 
     asks = prompts(b.args.prefix_lines)
     requests = [b.request(f"x{i}", [{"role": "system", "content": system_prompt(SYSTEM_TOPICS[i % 4])},
@@ -143,7 +143,7 @@ def prefix(b: Bench, backends: dict[str, Any]) -> dict[str, Any]:
 
 
 def throughput(b: Bench, backend: Any) -> dict[str, Any]:
-    from ray_job.engine import EngineRunner
+    from ray_job.engine_runner import EngineRunner
 
     texts = prompts(512)
     runner = EngineRunner(backend, max_active=b.args.max_active)

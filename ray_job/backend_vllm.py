@@ -42,7 +42,7 @@ def llm_kwargs(model_path: str, config: EngineConfig) -> dict[str, Any]:
 
 
 class VllmBackend:
-    """Adds requests to a ``vllm.LLM`` and steps it; see :class:`ray_job.engine.EngineRunner`."""
+    """Adds requests to a ``vllm.LLM`` and steps it; see :class:`ray_job.engine_runner.EngineRunner`."""
 
     def __init__(self, model_path: str, config: EngineConfig) -> None:
         from vllm import LLM

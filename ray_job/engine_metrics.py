@@ -14,7 +14,7 @@ import time
 from collections import deque
 from typing import Any
 
-from ray_job.engine import RunnerStats
+from ray_job.engine_runner import RunnerStats
 
 log = logging.getLogger(__name__)
 

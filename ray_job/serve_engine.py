@@ -1,7 +1,7 @@
 """Warm engines shared by every batch: one Ray Serve application per model of the registry.
 
-Each replica of an application holds one engine (:func:`ray_job.engine.make_backend`: vLLM, or
-the fake for tests, the same code on CPU and GPU) behind an :class:`~ray_job.engine.EngineRunner`,
+Each replica of an application holds one engine (:func:`ray_job.engine_runner.make_backend`: vLLM, or
+the fake for tests, the same code on CPU and GPU) behind an :class:`~ray_job.engine_runner.EngineRunner`,
 so the requests of many batches run on it at once (continuous batching across batches). Serve
 routes each call to the least loaded replica, scales the replicas between ``min_replicas`` and
 ``max_replicas`` on the calls in flight per replica, removes idle ones after ``idle_s`` (down to
@@ -24,8 +24,8 @@ from dataclasses import replace
 from typing import Any, cast
 
 from ray_job import node_secrets
-from ray_job.engine import EngineRunner, make_backend
 from ray_job.engine_metrics import EngineMetrics
+from ray_job.engine_runner import EngineRunner, make_backend
 from ray_job.errors import ENGINE_ERROR, EngineDeadError, EngineUnavailableError, RequestFailure
 from ray_job.records import Generation, GenRequest
 from schemas.batch import DEFAULT_PRIORITY
@@ -96,7 +96,7 @@ class EngineServer:
     async def generate(self, requests: list[GenRequest], group: str = "",
                        priority: int = DEFAULT_PRIORITY) -> list[Generation]:
         """Run ``requests`` (keys unique within the call) of batch ``group`` on this replica's engine
-        (see :class:`~ray_job.engine.EngineRunner` for how batches share it).
+        (see :class:`~ray_job.engine_runner.EngineRunner` for how batches share it).
 
         Calls of different batches run at once and their keys (input line numbers) repeat: each
         call's keys are made unique on the engine and given back in the answers."""
