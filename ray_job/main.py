@@ -26,7 +26,15 @@ from ray_job import spec as spec_loader
 from ray_job.errors import EngineUnavailableError, ExitCode, InputNotFoundError, JobError, SupersededError
 from ray_job.manifest import Status
 from ray_job.memory import MemoryPeak, mib, read_memory
-from ray_job.outcome import SUPERSEDED, emit_result, failure_code, failure_result, settle, stop_error
+from ray_job.outcome import (
+    SUPERSEDED,
+    attempt_result,
+    emit_result,
+    failure_code,
+    failure_result,
+    settle,
+    stop_error,
+)
 from ray_job.parse import count_request_lines
 from ray_job.progress import Counters, Progress
 from ray_job.reservation import Reservation, bundle_of
@@ -41,24 +49,6 @@ log = logging.getLogger("ray_job")
 class StopRequested(BaseException):
     """SIGTERM/SIGINT or the deadline: stop, keep what finished (a BaseException so no
     ``except Exception`` on the way swallows it)."""
-
-
-class SeenLines:
-    """A bitmap of input line numbers already written by this attempt (guards against a retried
-    Ray task delivering a block twice); one bit per line."""
-
-    def __init__(self) -> None:
-        self._bits = bytearray()
-
-    def add(self, line_no: int) -> bool:
-        """Mark ``line_no``; False when it was already marked."""
-        byte, bit = divmod(line_no, 8)
-        if byte >= len(self._bits):
-            self._bits.extend(b"\x00" * (byte + 1 - len(self._bits) + 4096))
-        if self._bits[byte] & (1 << bit):
-            return False
-        self._bits[byte] |= 1 << bit
-        return True
 
 
 class Attempt:
@@ -76,7 +66,7 @@ class Attempt:
         self.previous: Manifest | None = None
         self.progress: Progress | None = None
         self.writers: dict[str, ShardWriter] = {}
-        self.seen = SeenLines()
+        self.seen = rows.SeenLines()
         self.invalid_lines = 0  # input lines that failed validation (this attempt)
         self.total: int | None = len(spec.requests) if spec.requests is not None else None
         self.engine_start_s: float | None = None
@@ -299,23 +289,13 @@ class Attempt:
                 log.error("could not write the manifest: %s", exc)
         self.memory_peak.stop()
         now = read_memory()
-        result = {
-            "batch_id": self.spec.batch_id,
-            "attempt": self.spec.attempt,
-            "status": built.status,
-            "request_counts": built.request_counts.model_dump(),
-            "usage": built.usage.model_dump(),
-            "manifest_uri": self.spec.manifest_uri,
-            "output_shards": len(built.output_shards),
-            "error_shards": len(built.error_shards),
-            "timings": built.timings.model_dump(mode="json"),
-            "error": error.model_dump(exclude_none=True) if error else None,
+        memory = {
             "driver_max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "driver_uss_mb": mib(now.uss) if now is not None else None,
             "driver_uss_peak_mb": self.memory_peak.uss_mb,
             "driver_own_peak_mb": self.memory_peak.own_mb,
         }
-        return result, intact
+        return {**attempt_result(self.spec, built, error), **memory}, intact
 
     def run(self) -> int:
         """Run the attempt; returns the exit code (see :class:`ray_job.errors.ExitCode`)."""

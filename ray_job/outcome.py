@@ -1,6 +1,6 @@
 """How an attempt ends, decided without I/O: its final status and error from what it wrote, the error
-of an early stop, the code of the exception that ended it, and the result line of one that could not
-run at all (:mod:`ray_job.main` writes them into the manifest and the result line).
+of an early stop, the code of the exception that ended it, and the result line of one that ran (from
+its manifest) or could not run at all (:mod:`ray_job.main` writes them into the manifest and the result line).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from schemas.openai import ErrorObject
 
 if TYPE_CHECKING:  # the dispatcher reads result lines (ray_job.submit) without loading pyarrow
     from ray_job.manifest import Status
-    from schemas.job import JobSpec
+    from schemas.job import JobSpec, Manifest
 
 RESULT_PREFIX = "LLMBATCH_RESULT "
 """Starts the machine-readable last line of a job's output (:func:`emit_result`)."""
@@ -77,4 +77,21 @@ def failure_result(spec: JobSpec | None, code: int, error_code: str, message: st
         "exit_code": code,
         "error": {"code": error_code, "message": message[:4000]},
         "manifest_uri": spec.manifest_uri if spec else None,
+    }
+
+
+def attempt_result(spec: JobSpec, built: Manifest, error: ErrorObject | None) -> dict[str, Any]:
+    """The result line of an attempt that ran, from the manifest it built (the driver adds its
+    memory figures)."""
+    return {
+        "batch_id": spec.batch_id,
+        "attempt": spec.attempt,
+        "status": built.status,
+        "request_counts": built.request_counts.model_dump(),
+        "usage": built.usage.model_dump(),
+        "manifest_uri": spec.manifest_uri,
+        "output_shards": len(built.output_shards),
+        "error_shards": len(built.error_shards),
+        "timings": built.timings.model_dump(mode="json"),
+        "error": error.model_dump(exclude_none=True) if error else None,
     }

@@ -8,6 +8,8 @@ from different stages and batches always concatenate).
 - ``output`` / ``error``: finished; ``payload`` is the final output-file / error-file line;
 - ``invalid``: finished, an input line that failed validation (an ``error`` the engine never saw;
   a batch whose every line is ``invalid`` fails with ``input_invalid``, as OpenAI's does).
+
+The driver keeps the line numbers it has written in :class:`SeenLines`.
 """
 
 from __future__ import annotations
@@ -63,3 +65,21 @@ def from_table(table: pa.Table) -> list[Row]:
     """An Arrow table (any column order, extra columns ignored) -> rows."""
     data = table.select(SCHEMA.names).to_pydict()
     return [Row(*values) for values in zip(*(data[name] for name in SCHEMA.names), strict=True)]
+
+
+class SeenLines:
+    """A bitmap of input line numbers already written by this attempt (guards against a retried
+    Ray task delivering a block twice); one bit per line."""
+
+    def __init__(self) -> None:
+        self._bits = bytearray()
+
+    def add(self, line_no: int) -> bool:
+        """Mark ``line_no``; False when it was already marked."""
+        byte, bit = divmod(line_no, 8)
+        if byte >= len(self._bits):
+            self._bits.extend(b"\x00" * (byte + 1 - len(self._bits) + 4096))
+        if self._bits[byte] & (1 << bit):
+            return False
+        self._bits[byte] |= 1 << bit
+        return True

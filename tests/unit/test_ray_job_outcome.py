@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from ray_job.outcome import SUPERSEDED, emit_result, failure_result, settle, stop_error
+from ray_job import manifest
+from ray_job.outcome import SUPERSEDED, attempt_result, emit_result, failure_result, settle, stop_error
 from ray_job.submit import parse_result
-from schemas.openai import ErrorObject
+from schemas.common import utcnow
+from schemas.job import JobSpec, ShardInfo
+from schemas.openai import ErrorObject, Usage
 
 pytestmark = pytest.mark.unit
 LINES = {"output_lines": 3, "error_lines": 1, "invalid_lines": 1}
@@ -58,3 +61,31 @@ def test_the_result_line_reads_back_through_the_dispatchers_parser(
     result = parse_result("INFO some log line\n" + printed)
     assert result is not None and result["status"] == "failed" and result["exit_code"] == 3
     assert result["batch_id"] is None and len(result["error"]["message"]) == 4000
+
+
+def test_the_result_line_of_an_attempt_that_ran_carries_its_manifests_figures(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    spec = JobSpec.model_validate({
+        "batch_id": "b1", "attempt": 2, "endpoint": "/v1/chat/completions", "model": "m",
+        "input_uri": "s3://inputs/b1.jsonl", "output_prefix": "s3://results/default/b1/",
+    })
+    prefix = "s3://results/default/b1/"
+    shards = [ShardInfo(uri=f"{prefix}output-a2-00000.jsonl", lines=5, attempt=2),
+              ShardInfo(uri=f"{prefix}output-a2-00001.jsonl", lines=2, attempt=2),
+              ShardInfo(uri=f"{prefix}error-a2-00000.jsonl", lines=1, attempt=2)]
+    error = ErrorObject(code="deadline_exceeded", message="the attempt was stopped early (deadline)")
+    built = manifest.build(batch_id="b1", attempt=2, status="partial", total=10, shards=shards,
+                           usage=Usage(prompt_tokens=70, completion_tokens=30), attempts=[],
+                           started_at=utcnow(), finished_at=utcnow(), engine_start_s=1.5,
+                           generation_s=4.25, error=error)
+    emit_result(attempt_result(spec, built, error))
+    result = parse_result(capsys.readouterr().out)
+    assert result is not None
+    assert (result["batch_id"], result["attempt"], result["status"]) == ("b1", 2, "partial")
+    assert result["request_counts"] == {"total": 10, "completed": 7, "failed": 1}
+    assert result["usage"]["prompt_tokens"] == 70 and result["usage"]["completion_tokens"] == 30
+    assert (result["output_shards"], result["error_shards"]) == (2, 1)
+    assert result["manifest_uri"] == spec.manifest_uri
+    assert result["timings"]["engine_start_s"] == 1.5 and result["timings"]["generation_s"] == 4.25
+    assert result["error"] == {"code": "deadline_exceeded", "message": error.message}

@@ -12,9 +12,9 @@ from pyarrow import fs as pafs
 from ray_job import manifest, resume
 from ray_job.errors import RequestFailure, SupersededError
 from ray_job.formatting import error_line, output_line
-from ray_job.main import SeenLines
 from ray_job.parse import DoneKeys
 from ray_job.records import Generation
+from ray_job.rows import SeenLines
 from ray_job.writer import ShardWriter
 from schemas.common import BatchStatus, Endpoint
 from schemas.job import AttemptRecord, Manifest, Timings, parse_manifest
