@@ -30,6 +30,7 @@ from dispatcher.batch_record import BatchRecord, IntakeItem, IntakeResult, Trans
 from dispatcher.errors import ConflictError, StateStoreUnavailable, classify
 from dispatcher.keys import BatchKey, Keys, split_batch_key
 from dispatcher.states import State
+from dispatcher.store_indexes import StoreIndexes
 from dispatcher.store_upkeep import StoreUpkeep
 from llmbatch.settings import RedisSettings
 
@@ -69,11 +70,12 @@ def _fmt(value: float) -> str:
 
 
 @dataclass
-class StateStore(StoreUpkeep):
+class StateStore(StoreIndexes, StoreUpkeep):
     """Async Redis state store. ``client`` must be created with ``decode_responses=True``.
 
-    Its upkeep (expired index entries, Ray jobs to delete, leases, S3 sessions, health) is
-    :class:`~dispatcher.store_upkeep.StoreUpkeep`'s."""
+    Reads of its indexes (batches per state, ready, deadlines, unpublished) are
+    :class:`~dispatcher.store_indexes.StoreIndexes`'; its upkeep (expired index entries, Ray jobs to
+    delete, leases, S3 sessions, health) is :class:`~dispatcher.store_upkeep.StoreUpkeep`'s."""
 
     client: aioredis.Redis
     keys: Keys = field(default_factory=Keys)
@@ -227,58 +229,6 @@ class StateStore(StoreUpkeep):
 
         raw = await self._call(run) if batch_keys else []
         return [State(_s(x)) if x else None for x in raw]
-
-    async def ids_in_state(self, state: State, limit: int = 1000, offset: int = 0) -> list[BatchKey]:
-        key = self.keys.state_index(state)
-        raw = await self._call(lambda: self.client.zrange(key, offset, offset + limit - 1))
-        return [BatchKey(_s(x)) for x in raw]
-
-    async def count(self, state: State) -> int:
-        return int(await self._call(lambda: self.client.zcard(self.keys.state_index(state))))
-
-    async def counts(self) -> dict[State, int]:
-        async def run() -> list[Any]:
-            async with self.client.pipeline(transaction=False) as pipe:
-                for state in State:
-                    pipe.zcard(self.keys.state_index(state))
-                return list(await pipe.execute())
-
-        return dict(zip(State, (int(x) for x in await self._call(run)), strict=True))
-
-    async def in_flight_count(self) -> int:
-        async def run() -> list[Any]:
-            async with self.client.pipeline(transaction=False) as pipe:
-                for state in sorted(states.IN_FLIGHT):
-                    pipe.zcard(self.keys.state_index(state))
-                return list(await pipe.execute())
-
-        return sum(int(x) for x in await self._call(run))
-
-    async def queued_count(self) -> int:
-        """Queued batches (ready now or waiting for a retry backoff)."""
-        return await self.count(State.QUEUED)
-
-    async def ready_ids(self, limit: int) -> list[BatchKey]:
-        """Queued batches that may launch now, in launch order."""
-        if limit <= 0:
-            return []
-        raw = await self._call(lambda: self.client.zrange(self.keys.ready, 0, limit - 1))
-        return [BatchKey(_s(x)) for x in raw]
-
-    async def due_deadlines(self, now: float, limit: int = 100) -> list[BatchKey]:
-        key = self.keys.deadlines
-        raw = await self._call(lambda: self.client.zrangebyscore(key, "-inf", now, start=0, num=limit))
-        return [BatchKey(_s(x)) for x in raw]
-
-    async def due_now(self, batch: BatchKey, now: float) -> None:
-        """Put a queued batch at the head of the deadline index, so the tracker's next tick finishes
-        it (a cancelled retry waiting in the queue) instead of when its turn comes."""
-        key = self.keys.deadlines
-        await self._call(lambda: self.client.zadd(key, {batch: now}))
-
-    async def unpublished_ids(self, limit: int = 100) -> list[BatchKey]:
-        key = self.keys.unpublished
-        return [BatchKey(_s(x)) for x in await self._call(lambda: self.client.zrange(key, 0, limit - 1))]
 
     async def markers_exist(self, markers: Sequence[tuple[str, str]]) -> list[bool]:
         """Whether each command event (source, id) was already applied."""
