@@ -26,7 +26,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.auth import Authenticator, RateLimiter
-from api.batches import BatchReader, BatchService, EventPublisher
+from api.batch_reader import BatchReader
+from api.batches import BatchService, EventPublisher
 from api.errors import ApiError, InternalError, InvalidRequest, PayloadTooLarge, from_exception
 from api.files import FileService
 from api.objects import Batch, BatchCreate, FileDeleted, FileObject, ListPage

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import IO
 
 from api import results
-from api.batches import BatchReader, Snapshot
+from api.batch_reader import BatchReader, Snapshot
 from api.errors import ApiError, Conflict, InvalidRequest, NotFound, QuotaExceeded, from_exception
 from api.objects import TERMINAL_STATUSES, FileDeleted, FileObject, ListPage
 from api.records import BATCH_ID, FILE_ID, FILE_PREFIX, Layout, RecordStore, StoredBatch, StoredFile, new_id
