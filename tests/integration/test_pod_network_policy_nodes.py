@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ import pytest
 from tests.support.kube_control_plane import ControlPlane
 from tests.support.kube_objects import vd
 from tests.support.kube_router import start_kube_router
+from tests.support.net_snapshot import path_snapshot
 from tests.support.pod_checks import (
     JOBS_PORT,
     NODE,
@@ -47,7 +49,6 @@ pytestmark = pytest.mark.integration
 
 GCS_PORT = 6379
 NODE_B = "node-b"
-CONNECT_ATTEMPTS = 3
 # a task that needs a CPU: the head has none (num-cpus 0), so it can only run on the worker
 WHERE_TASK_RAN = ("import ray; ray.init(); "
                   "f = ray.remote(num_cpus=1)(lambda: ray.util.get_node_ip_address()); "
@@ -55,9 +56,9 @@ WHERE_TASK_RAN = ("import ray; ray.init(); "
 
 
 def run_job(net: PodNetwork, pod: str, head_ip: str, token: str, entrypoint: str,
-            timeout: float = 120.0) -> tuple[str, str]:
+            diagnose: Callable[[], str], timeout: float = 120.0) -> tuple[str, str]:
     """Submit ``entrypoint`` to the head's Jobs API from pod ``pod`` and wait for it to end; its
-    status and logs."""
+    status and logs. A connect that times out prints ``diagnose()`` (the path's state) to stderr."""
     base, headers = f"http://{head_ip}:{JOBS_PORT}/api/jobs/", {"Authorization": f"Bearer {token}"}
 
     def call(method: str, path: str, body: dict[str, Any] | None = None) -> Any:
@@ -66,16 +67,12 @@ def run_job(net: PodNetwork, pod: str, head_ip: str, token: str, entrypoint: str
             resp.raise_for_status()
             return resp.json()
 
-        # Two of five runs beside a full CI saw one connect time out (no SYN-ACK in 10 s) on this
-        # allowed path, never a refusal; a refused connection (what a policy does) is not retried.
-        for attempt in range(1, CONNECT_ATTEMPTS + 1):
-            try:
-                return net.in_pod(pod, send)
-            except httpx.ConnectTimeout:
-                if attempt == CONNECT_ATTEMPTS:
-                    raise
-                print(f"{method} {base + path} from pod {pod}: connect timed out, again", file=sys.stderr)
-        raise AssertionError("unreachable")
+        try:
+            return net.in_pod(pod, send)
+        except httpx.ConnectTimeout:  # the path is allowed: say where it broke
+            print(f"{method} {base + path} from pod {pod}: connect timed out\n" + diagnose(),
+                  file=sys.stderr)
+            raise
 
     job = call("POST", "", {"entrypoint": f'{sys.executable} -c "{entrypoint}"'})["submission_id"]
     deadline = time.monotonic() + timeout
@@ -103,6 +100,10 @@ def test_cpu_dev_on_two_nodes_each_node_enforcing_its_own_pods_policies(
         dispatcher = run_plain_pod(kube, net_b, deployments["llmbatch-dispatcher"],
                                     "llmbatch-dispatcher-b", namespace, NODE_B)
         api_a = run_plain_pod(kube, net_a, deployments["llmbatch-api"], "llmbatch-api-a", namespace)
+
+        def diagnose() -> str:
+            return path_snapshot(net_b, dispatcher, net_a, head_pod["metadata"]["name"], JOBS_PORT)
+
         # no enforcer yet: across the nodes, every pod reaches the head
         assert connects(net_b, api, head_ip, JOBS_PORT)
 
@@ -122,7 +123,7 @@ def test_cpu_dev_on_two_nodes_each_node_enforcing_its_own_pods_policies(
             (node,) = [n for n in head.nodes() if n["node_id"] == worker.node_id]
             assert (node["state"], node["node_ip"]) == ("ALIVE", worker_ip)
             assert worker.agent_port is not None
-            status, logs = run_job(net_b, dispatcher, head_ip, head.auth_token, WHERE_TASK_RAN)
+            status, logs = run_job(net_b, dispatcher, head_ip, head.auth_token, WHERE_TASK_RAN, diagnose)
             assert (status, f"task ran on {worker_ip}") == ("SUCCEEDED", logs.strip().splitlines()[-1]), logs
             # node-a's rules guard node-a's pods only: the worker is still open to node-a's API pod
             assert connects(net_a, api_a, worker_ip, worker.agent_port), rules_a
@@ -134,7 +135,7 @@ def test_cpu_dev_on_two_nodes_each_node_enforcing_its_own_pods_policies(
                                timeout=90)
                 rules_b = router_b.rules(net_b)
                 assert connects(net_b, worker_pod["metadata"]["name"], head_ip, GCS_PORT), rules_a
-                status, logs = run_job(net_b, dispatcher, head_ip, head.auth_token, WHERE_TASK_RAN)
+                status, logs = run_job(net_b, dispatcher, head_ip, head.auth_token, WHERE_TASK_RAN, diagnose)
                 assert (status, f"task ran on {worker_ip}") == (
                     "SUCCEEDED", logs.strip().splitlines()[-1]), (logs, rules_b)
                 assert not connects(net_b, api, worker_ip, worker.agent_port), rules_b

@@ -1,12 +1,12 @@
 """A pod network on this machine: a node and its pods, each in a network namespace of its own.
 
 No kubelet and no CNI plugin run here; this does what the bridge CNI plugin does on a node. The
-node is a network namespace holding a bridge with the node's address (``<subnet>.1``). Each pod is
-a network namespace with its own loopback and ``eth0`` (a veth pair whose other end is on the
-bridge), a pod IP of the subnet, and a default route through the node. So pods reach each other by
-pod IP through the node's bridge, where the node's iptables (``br_netfilter``) see every packet,
-as on a Kubernetes node, and each pod has the whole port space to itself (a Ray head listens on its
-pod's 6379, 8265, 8080 as in the pod spec).
+node is a network namespace holding a bridge with the node's address (``<subnet>.1``) and a MAC of
+its own (pinned, so a new pod never changes it). Each pod is a network namespace with its own
+loopback and ``eth0`` (a veth pair whose other end is on the bridge), a pod IP of the subnet, and a
+default route through the node. So pods reach each other by pod IP through the node's bridge, where
+the node's iptables (``br_netfilter``) see every packet, as on a Kubernetes node, and each pod has
+the whole port space to itself (a Ray head listens on its pod's 6379, 8265, 8080 as in the pod spec).
 
 The network is private to the test that made it: nothing of it is in this machine's own network
 namespace. The test process reaches it in two ways:
@@ -142,6 +142,12 @@ class PodNetwork:
     def node_ip(self) -> str:
         return f"{self.subnet}.1"
 
+    @property
+    def node_mac(self) -> str:
+        """The node bridge's MAC: locally administered, from the node's address (``0a:58:`` and
+        its four octets, as the bridge CNI plugin made it)."""
+        return "0a:58:" + ":".join(f"{int(octet):02x}" for octet in self.node_ip.split("."))
+
     def __enter__(self) -> PodNetwork:
         self.start()
         return self
@@ -155,6 +161,9 @@ class PodNetwork:
         try:
             _ip("link", "set", "lo", "up", netns=self.node)
             _ip("link", "add", "cbr0", "type", "bridge", netns=self.node)
+            # pinned, as the bridge CNI plugin does: a bridge without a MAC of its own takes its
+            # lowest port's, so a new pod could change it under the pods that have it cached
+            _ip("link", "set", "cbr0", "address", self.node_mac, netns=self.node)
             _ip("addr", "add", f"{self.node_ip}/24", "dev", "cbr0", netns=self.node)
             _ip("link", "set", "cbr0", "up", netns=self.node)
             # bridged pod-to-pod packets go through the node's iptables, where policies are enforced

@@ -1,0 +1,61 @@
+"""What the pod network looks like at one moment, for a test that saw a connection fail where it
+should not: each namespace's routes and neighbours, the nodes' iptables with their packet counters
+(which rule took the packets), the conntrack entries for the destination, the listening sockets of
+the destination pod, and fresh connects from each hop towards the destination (where the path
+breaks)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from collections.abc import Sequence
+
+from tests.support.pod_network import PodNetwork
+
+
+def _run(net: PodNetwork, netns: str, argv: Sequence[str]) -> str:
+    try:
+        done = subprocess.run(net.command(argv, netns), capture_output=True, text=True, timeout=20,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"({' '.join(argv)}: {exc})"
+    return (done.stdout + done.stderr).strip()
+
+
+def _connect(ip: str, port: int) -> str:
+    try:
+        with socket.create_connection((ip, port), timeout=3):
+            return "connected"
+    except OSError as exc:
+        return type(exc).__name__ + f" {exc}"
+
+
+def path_snapshot(src: PodNetwork, src_pod: str, dst: PodNetwork, dst_pod: str, port: int) -> str:
+    """A text report of the path from pod ``src_pod`` (on ``src``) to ``dst_pod``'s ``port`` (on
+    ``dst``): see the module docstring."""
+    ip = dst.pods[dst_pod].ip
+    out: list[str] = [f"=== path {src_pod} ({src.pods[src_pod].ip}) -> {dst_pod} {ip}:{port}"]
+    probes = [(f"pod {src_pod}", lambda: src.in_pod(src_pod, lambda: _connect(ip, port))),
+              ("node of the source", lambda: src.on_node(lambda: _connect(ip, port))),
+              ("node of the destination", lambda: dst.on_node(lambda: _connect(ip, port))),
+              (f"pod {dst_pod} to itself", lambda: dst.in_pod(dst_pod, lambda: _connect(ip, port)))]
+    for name, probe in probes:
+        out.append(f"--- connect from {name}: {probe()}")
+    spaces = [(src, src.pods[src_pod].netns, f"pod {src_pod}"), (src, src.node, "source node")]
+    if dst is not src:
+        spaces.append((dst, dst.node, "destination node"))
+    spaces.append((dst, dst.pods[dst_pod].netns, f"pod {dst_pod}"))
+    for net, netns, name in spaces:
+        out.append(f"--- {name} ({netns})")
+        out.append(_run(net, netns, ["ip", "route"]))
+        out.append(_run(net, netns, ["ip", "-s", "link"]))
+        out.append(_run(net, netns, ["ip", "neigh"]))
+        out.append(_run(net, netns, ["sh", "-c", f"grep -F '{ip}' /proc/net/nf_conntrack || true"]))
+    out.append(f"--- pod {dst_pod}: listening sockets")
+    out.append(_run(dst, dst.pods[dst_pod].netns, ["ss", "-ltn"]))
+    for net, name in ((src, "source node"), (dst, "destination node")):
+        out.append(f"--- {name}: iptables-save -c")
+        out.append(_run(net, net.node, ["iptables-save", "-c"]))
+        if dst is src:
+            break
+    return "\n".join(out)
