@@ -132,6 +132,9 @@ class SlotBackend:
         self.log: list[set[str]] = []
         self.aborted: list[str] = []
         self.finished: list[str] = []
+        self.gate = threading.Event()  # cleared: a step waits (the engine holds still)
+        self.gate.set()
+        self.stepping = threading.Event()  # set once a step has begun
 
     def add(self, request: GenRequest) -> None:
         self.left[request.key] = self.steps
@@ -145,6 +148,8 @@ class SlotBackend:
         return bool(self.left)
 
     def step(self) -> list[Generation]:
+        self.stepping.set()
+        assert self.gate.wait(10), "the test never opened the gate"
         time.sleep(0.002)
         self.log.append(set(self.left))
         done = []
@@ -175,11 +180,16 @@ def _wait(predicate: Any) -> None:
 
 def test_higher_priority_takes_the_engine_back_and_runs_alone() -> None:
     backend = SlotBackend(steps=5)
+    backend.gate.clear()
     runner = EngineRunner(backend, max_active=4)
     low = [req(f"low{i}") for i in range(12)]
     low_thread, low_out = _in_thread(runner, low, group="low", priority=0)
-    _wait(lambda: len(backend.left) == 4)
-    high = runner.generate([req("high0"), req("high1")], group="high", priority=9)
+    _wait(backend.stepping.is_set)  # four low requests on the engine
+    high_thread, high_out = _in_thread(runner, [req("high0"), req("high1")], group="high", priority=9)
+    _wait(lambda: runner._inbox.qsize() == 1)  # handed over while the low ones are still running
+    backend.gate.set()
+    high_thread.join(10)
+    (high,) = high_out
     assert [g.key for g in high] == ["high0", "high1"] and all(g.failure is None for g in high)
     low_thread.join(10)
     assert [g.key for g in low_out[0]] == [r.key for r in low]
@@ -196,15 +206,22 @@ def test_higher_priority_takes_the_engine_back_and_runs_alone() -> None:
 
 def test_batches_of_equal_priority_take_turns_on_a_full_engine() -> None:
     backend = SlotBackend(steps=2)
+    backend.gate.clear()
     runner = EngineRunner(backend, max_active=2)
     big = [req(f"big{i:03d}") for i in range(40)]
     big_thread, _ = _in_thread(runner, big, group="big")
-    _wait(lambda: len(backend.finished) >= 2)
-    small = runner.generate([req(f"small{i}") for i in range(3)], group="small")
+    _wait(backend.stepping.is_set)  # two big requests on the engine, the other 38 waiting
+    small_thread, small_out = _in_thread(runner, [req(f"small{i}") for i in range(3)], group="small")
+    # the small batch is handed to the runner before the engine moves on (whatever the machine's
+    # load, so the count below does not depend on how fast this thread got here)
+    _wait(lambda: runner._inbox.qsize() == 1)
+    backend.gate.set()
+    small_thread.join(10)
+    (small,) = small_out
     assert all(g.failure is None for g in small)
     until_small = backend.finished[: backend.finished.index("small2") + 1]
     big_done_by_then = sum(k.startswith("big") for k in until_small)
-    assert big_done_by_then <= 2 + 3 + 2, backend.finished  # turns, not the 40 big requests first
+    assert big_done_by_then <= 2 + 3, backend.finished  # the two on the engine, then turns (not all 40)
     big_thread.join(10)
     assert not backend.aborted  # equal priorities never preempt
 
