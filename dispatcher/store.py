@@ -73,9 +73,9 @@ def _fmt(value: float) -> str:
 class StateStore(StoreIndexes, StoreUpkeep):
     """Async Redis state store. ``client`` must be created with ``decode_responses=True``.
 
-    Reads of its indexes (batches per state, ready, deadlines, unpublished) are
-    :class:`~dispatcher.store_indexes.StoreIndexes`'; its upkeep (expired index entries, Ray jobs to
-    delete, leases, S3 sessions, health) is :class:`~dispatcher.store_upkeep.StoreUpkeep`'s."""
+    Reads of its indexes (batches per state, ready, deadlines, unpublished) come from
+    :class:`~dispatcher.store_indexes.StoreIndexes`, its upkeep (expired index entries, Ray jobs to
+    delete, leases, S3 sessions, health) from :class:`~dispatcher.store_upkeep.StoreUpkeep`."""
 
     client: aioredis.Redis
     keys: Keys = field(default_factory=Keys)

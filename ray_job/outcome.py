@@ -1,6 +1,7 @@
 """How an attempt ends, decided without I/O: its final status and error from what it wrote, the error
 of an early stop, the code of the exception that ended it, and the result line of one that ran (from
-its manifest) or could not run at all (:mod:`ray_job.main` writes them into the manifest and the result line).
+its manifest) or could not run at all (:mod:`ray_job.main` writes them into the manifest and the
+result line).
 """
 
 from __future__ import annotations
