@@ -2,7 +2,7 @@
 each other by pod IP through the node and nothing of it is on this machine's own network; the
 relay onto the node's loopback; namespaces of a killed test are cleaned up; pods of two nodes joined
 by a LAN reach each other through both nodes; a new pod does not change the node's MAC address under
-the pods already running. A few seconds."""
+the pods already running; the path snapshot tests print on a failed connect. A few seconds."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.net_snapshot import path_snapshot
 from tests.support.pod_network import NETNS_DIR, PREFIX, NodeLan, PodNetwork, in_netns, remove_stale
 
 pytestmark = pytest.mark.integration
@@ -94,6 +95,23 @@ def test_a_new_pod_does_not_change_the_nodes_mac_under_the_running_pods(net: Pod
     _bridge_port(net, "vlower", "02:00:00:00:00:01")  # a new pod's veth, lower than every other
     assert _bridge_mac(net) == before
     assert _reaches_the_node(net, "a") == "ConnectionRefusedError"
+
+
+def test_a_path_snapshot_reports_each_hop_of_a_pod_to_pod_path(net: PodNetwork) -> None:
+    # what a test prints when a connect it expects times out: it must itself work
+    net.add_pod("a")
+    b = net.add_pod("b")
+    server = net.in_pod("b", lambda: socket.create_server(("0.0.0.0", 8265)))
+    with server:
+        report = path_snapshot(net, "a", net, "b", 8265)
+    assert report.splitlines()[0] == f"=== path a (10.244.7.2) -> b {b.ip}:8265"
+    assert "--- connect from pod a: connected" in report
+    assert "--- connect from pod b to itself: connected" in report
+    assert f"10.244.7.0/24 dev eth0 proto kernel scope link src {b.ip}" in report  # b's routes
+    assert "--- pod b: listening sockets" in report and ":8265" in report
+    assert "--- source node: iptables-save -c" in report
+    closed = path_snapshot(net, "a", net, "b", 8266)
+    assert "--- connect from pod a: ConnectionRefusedError" in closed
 
 
 def test_each_pod_has_its_own_ports_and_a_command_runs_in_its_namespace(net: PodNetwork) -> None:
