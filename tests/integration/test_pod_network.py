@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.net_snapshot import path_snapshot
+from tests.support.net_snapshot import connect_outcome, path_snapshot
 from tests.support.pod_network import NETNS_DIR, PREFIX, NodeLan, PodNetwork, in_netns, remove_stale
 
 pytestmark = pytest.mark.integration
@@ -72,15 +72,7 @@ def _bridge_mac(net: PodNetwork) -> str:
 
 def _reaches_the_node(net: PodNetwork, pod: str) -> str:
     """Connect from ``pod`` to a closed port of the node: refused means the packet got there."""
-
-    def attempt() -> str:
-        try:
-            socket.create_connection((net.node_ip, 1), timeout=3).close()
-        except OSError as exc:
-            return type(exc).__name__
-        return "connected"
-
-    return net.in_pod(pod, attempt)
+    return net.in_pod(pod, lambda: connect_outcome(net.node_ip, 1))
 
 
 def test_a_new_pod_does_not_change_the_nodes_mac_under_the_running_pods(net: PodNetwork) -> None:

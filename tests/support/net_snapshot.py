@@ -22,12 +22,15 @@ def _run(net: PodNetwork, netns: str, argv: Sequence[str]) -> str:
     return (done.stdout + done.stderr).strip()
 
 
-def _connect(ip: str, port: int) -> str:
+def connect_outcome(ip: str, port: int) -> str:
+    """``connected``, or the name of the error a TCP connect to ``ip:port`` ended with from the
+    calling thread's namespace (``ConnectionRefusedError``: the packets got there; ``TimeoutError``:
+    they did not)."""
     try:
         with socket.create_connection((ip, port), timeout=3):
             return "connected"
     except OSError as exc:
-        return type(exc).__name__ + f" {exc}"
+        return type(exc).__name__
 
 
 def path_snapshot(src: PodNetwork, src_pod: str, dst: PodNetwork, dst_pod: str, port: int) -> str:
@@ -35,10 +38,10 @@ def path_snapshot(src: PodNetwork, src_pod: str, dst: PodNetwork, dst_pod: str, 
     ``dst``): see the module docstring."""
     ip = dst.pods[dst_pod].ip
     out: list[str] = [f"=== path {src_pod} ({src.pods[src_pod].ip}) -> {dst_pod} {ip}:{port}"]
-    probes = [(f"pod {src_pod}", lambda: src.in_pod(src_pod, lambda: _connect(ip, port))),
-              ("node of the source", lambda: src.on_node(lambda: _connect(ip, port))),
-              ("node of the destination", lambda: dst.on_node(lambda: _connect(ip, port))),
-              (f"pod {dst_pod} to itself", lambda: dst.in_pod(dst_pod, lambda: _connect(ip, port)))]
+    probes = [(f"pod {src_pod}", lambda: src.in_pod(src_pod, lambda: connect_outcome(ip, port))),
+              ("node of the source", lambda: src.on_node(lambda: connect_outcome(ip, port))),
+              ("node of the destination", lambda: dst.on_node(lambda: connect_outcome(ip, port))),
+              (f"pod {dst_pod} to itself", lambda: dst.in_pod(dst_pod, lambda: connect_outcome(ip, port)))]
     for name, probe in probes:
         out.append(f"--- connect from {name}: {probe()}")
     spaces = [(src, src.pods[src_pod].netns, f"pod {src_pod}"), (src, src.node, "source node")]
@@ -53,9 +56,8 @@ def path_snapshot(src: PodNetwork, src_pod: str, dst: PodNetwork, dst_pod: str, 
         out.append(_run(net, netns, ["sh", "-c", f"grep -F '{ip}' /proc/net/nf_conntrack || true"]))
     out.append(f"--- pod {dst_pod}: listening sockets")
     out.append(_run(dst, dst.pods[dst_pod].netns, ["ss", "-ltn"]))
-    for net, name in ((src, "source node"), (dst, "destination node")):
+    nodes = [(src, "source node")] + ([(dst, "destination node")] if dst is not src else [])
+    for net, name in nodes:
         out.append(f"--- {name}: iptables-save -c")
         out.append(_run(net, net.node, ["iptables-save", "-c"]))
-        if dst is src:
-            break
     return "\n".join(out)
