@@ -311,9 +311,14 @@ def test_every_batch_reports_its_own_wait_for_an_engine(monkeypatch: pytest.Monk
     """The runner caches one engine handle per model; a batch that meets a cold start later (the model
     scaled to zero, or was redeployed) must report that wait as its engine start, not as generation."""
     import time
+    import types
 
+    from ray_job import runner as runner_module
     from ray_job import serve_engine
 
+    clock = [100.0]  # a clock of the test's own: only waiting for a replica moves it
+    monkeypatch.setattr(runner_module, "time", types.SimpleNamespace(perf_counter=lambda: clock[0],
+                                                                     time=time.time))
     waits = [0.0, 0.3]  # the handle's first batch finds a warm replica; a later one a cold start
 
     class Handle:
@@ -323,11 +328,11 @@ def test_every_batch_reports_its_own_wait_for_an_engine(monkeypatch: pytest.Monk
             self.app = app
 
         def wait_ready(self) -> None:
-            time.sleep(waits.pop(0))
+            clock[0] += waits.pop(0)
 
     monkeypatch.setattr(serve_engine, "ServeEngine", Handle)
     runner = BatchRunner()
     spec = _spec(lines=1)
     first = runner._engine(spec)
     later = runner._engine(spec)
-    assert first.engine_start_s < 0.2 and later.engine_start_s >= 0.3
+    assert first.engine_start_s == 0.0 and later.engine_start_s == pytest.approx(0.3)
