@@ -30,7 +30,7 @@ from dispatcher.batch_record import BatchRecord, IntakeItem, IntakeResult, Trans
 from dispatcher.errors import ConflictError, StateStoreUnavailable, classify
 from dispatcher.keys import BatchKey, Keys, split_batch_key
 from dispatcher.states import State
-from dispatcher.store_indexes import StoreIndexes
+from dispatcher.store_indexes import StoreIndexes, reply_text
 from dispatcher.store_upkeep import StoreUpkeep
 from llmbatch.settings import RedisSettings
 
@@ -53,13 +53,9 @@ class _Scripts:
     lease_release: AsyncScript
 
 
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _str_hash(raw: Mapping[Any, Any]) -> dict[str, str]:
     """A hash reply as str -> str (the client decodes already; this only narrows the type)."""
-    return {_s(k): _s(v) for k, v in raw.items()}
+    return {reply_text(k): reply_text(v) for k, v in raw.items()}
 
 
 def _fmt(value: float) -> str:
@@ -196,7 +192,7 @@ class StateStore(StoreIndexes, StoreUpkeep):
         raw = await self._call(run)
         out = []
         for reply in raw:
-            outcome, state, version, generation = (_s(x) for x in reply)
+            outcome, state, version, generation = (reply_text(x) for x in reply)
             out.append(IntakeResult(outcome, State(state) if state else None, int(version), int(generation)))
         return out
 
@@ -228,7 +224,7 @@ class StateStore(StoreIndexes, StoreUpkeep):
                 return list(await pipe.execute())
 
         raw = await self._call(run) if batch_keys else []
-        return [State(_s(x)) if x else None for x in raw]
+        return [State(reply_text(x)) if x else None for x in raw]
 
     async def markers_exist(self, markers: Sequence[tuple[str, str]]) -> list[bool]:
         """Whether each command event (source, id) was already applied."""
@@ -321,7 +317,7 @@ class StateStore(StoreIndexes, StoreUpkeep):
             _TERMINAL_CSV,
         ]
         reply = await self._call(lambda: self._scripts.transition(keys=keys, args=args))
-        outcome, state, version = (_s(x) for x in reply)
+        outcome, state, version = (reply_text(x) for x in reply)
         return TransitionResult(outcome == "ok", outcome, State(state) if state else None, int(version))
 
     async def transition_or_raise(self, key: BatchKey, to: State, **kwargs: Any) -> TransitionResult:
@@ -336,17 +332,18 @@ class StateStore(StoreIndexes, StoreUpkeep):
     async def mark_dlt_written(self, key: BatchKey, event_id: str) -> bool:
         keys = [self.keys.batch(key)]
         args = [event_id, _fmt(self.clock()), _TERMINAL_CSV]
-        return _s(await self._call(lambda: self._scripts.mark_dlt(keys=keys, args=args))) == "ok"
+        return reply_text(await self._call(lambda: self._scripts.mark_dlt(keys=keys, args=args))) == "ok"
 
     async def mark_published(self, key: BatchKey, event_id: str) -> bool:
         keys = [self.keys.batch(key), self.keys.unpublished, self.keys.progress(key)]
         args = [key, event_id, _fmt(self.clock()), str(self.finished_ttl_s), _TERMINAL_CSV]
-        return _s(await self._call(lambda: self._scripts.mark_published(keys=keys, args=args))) == "ok"
+        reply = await self._call(lambda: self._scripts.mark_published(keys=keys, args=args))
+        return reply_text(reply) == "ok"
 
     async def promote_due(self, limit: int = 500) -> int:
         """Move queued batches whose retry backoff has elapsed back into the ``ready`` zset."""
         now = _fmt(self.clock())
-        due = [_s(k) for k in await self._call(
+        due = [reply_text(k) for k in await self._call(
             lambda: self.client.zrangebyscore(self.keys.delayed, "-inf", now, start=0, num=limit))]
         if not due:
             return 0

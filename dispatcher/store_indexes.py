@@ -19,8 +19,13 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+def reply_text(value: Any) -> str:
+    """One Redis reply item as str (bytes decoded; the store's client mostly decodes already)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def _key(raw: Any) -> BatchKey:
-    return BatchKey(raw.decode() if isinstance(raw, bytes) else str(raw))
+    return BatchKey(reply_text(raw))
 
 
 class StoreIndexes:
