@@ -20,6 +20,7 @@ from dispatcher.states import State
 from producer.errors import BrokerUnavailable
 from producer.kafka import Published
 from schemas import REQUEST_EVENT_TYPES, BatchRequest, Envelope, decode, encode
+from tests.support.clock import Clock
 
 
 class MemoryObjectStore:
@@ -195,14 +196,6 @@ T0 = 1_780_000_000.0
 
 
 @dataclass
-class Clock:
-    now: float = T0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@dataclass
 class ApiHarness:
     """The real app (real services) over in-memory ports, and a TestClient to call it."""
 
@@ -247,7 +240,7 @@ def make_api(**options: Any) -> ApiHarness:
     settings = ApiOptions(keys={hash_api_key(key): tenant for tenant, key in KEYS.items()},
                           source="urn:test:api", **options)
     objects, publisher, dispatcher = MemoryObjectStore(), RecordingPublisher(), MemoryDispatcher()
-    clock = Clock()
+    clock = Clock(T0)
     services = build_services(
         settings, objects=objects, state=RedisStateReader(dispatcher), publisher=publisher,
         input_bucket=INPUT_BUCKET, results_bucket=RESULTS_BUCKET, requests_topic=REQUESTS_TOPIC,

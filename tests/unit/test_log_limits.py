@@ -10,16 +10,9 @@ import pytest
 
 from dispatcher import logs
 from dispatcher.log_limits import MAX_KINDS, RepeatLimiter
+from tests.support.clock import Clock
 
 pytestmark = pytest.mark.unit
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def record(name: str, msg: str, *args: object, level: int = logging.ERROR) -> logging.LogRecord:
@@ -27,7 +20,7 @@ def record(name: str, msg: str, *args: object, level: int = logging.ERROR) -> lo
 
 
 def test_a_repeated_library_error_passes_once_then_once_per_interval_with_the_count() -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     limiter = RepeatLimiter(every_s=30, clock=clock)
     passed = []
     for i in range(600):  # a retry every 0.1 s for 60 s
@@ -43,7 +36,7 @@ def test_a_repeated_library_error_passes_once_then_once_per_interval_with_the_co
 
 
 def test_other_kinds_levels_and_loggers_are_not_limited() -> None:
-    limiter = RepeatLimiter(every_s=30, clock=Clock())
+    limiter = RepeatLimiter(every_s=30, clock=Clock(1000.0))
     assert limiter.filter(record("aiokafka", "Unable to update metadata"))
     assert limiter.filter(record("aiokafka.cluster", "Unable to update metadata"))  # another logger
     assert limiter.filter(record("aiokafka", "Another message"))
@@ -55,7 +48,7 @@ def test_other_kinds_levels_and_loggers_are_not_limited() -> None:
 
 
 def test_the_kinds_it_remembers_are_bounded() -> None:
-    limiter = RepeatLimiter(every_s=30, clock=Clock())
+    limiter = RepeatLimiter(every_s=30, clock=Clock(1000.0))
     for i in range(MAX_KINDS + 10):
         assert limiter.filter(record("kafka", f"kind {i}"))
     assert len(limiter._kinds) == MAX_KINDS

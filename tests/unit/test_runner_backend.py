@@ -20,6 +20,7 @@ from ray_job.runner import BatchRunner
 from ray_job.runner_http import APP_NAME, MAX_STATUS_IDS, ROUTE_PREFIX, parse_submission
 from schemas.engines import EngineModel, EngineRegistry
 from schemas.job import JobSpec
+from tests.support.clock import Clock
 from tests.support.scripted_http import ScriptedHttpServer
 
 pytestmark = pytest.mark.unit
@@ -316,9 +317,8 @@ def test_every_batch_reports_its_own_wait_for_an_engine(monkeypatch: pytest.Monk
     from ray_job import runner as runner_module
     from ray_job import serve_engine
 
-    clock = [100.0]  # a clock of the test's own: only waiting for a replica moves it
-    monkeypatch.setattr(runner_module, "time", types.SimpleNamespace(perf_counter=lambda: clock[0],
-                                                                     time=time.time))
+    clock = Clock()  # the test's own: only waiting for a replica moves it
+    monkeypatch.setattr(runner_module, "time", types.SimpleNamespace(perf_counter=clock, time=time.time))
     waits = [0.0, 0.3]  # the handle's first batch finds a warm replica; a later one a cold start
 
     class Handle:
@@ -328,7 +328,7 @@ def test_every_batch_reports_its_own_wait_for_an_engine(monkeypatch: pytest.Monk
             self.app = app
 
         def wait_ready(self) -> None:
-            clock[0] += waits.pop(0)
+            clock.now += waits.pop(0)
 
     monkeypatch.setattr(serve_engine, "ServeEngine", Handle)
     runner = BatchRunner()
