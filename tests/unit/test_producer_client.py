@@ -42,13 +42,18 @@ def closed_port() -> int:
     return port
 
 
+def local_settings(kafka_port: int, s3_port: int) -> LLMBatchSettings:
+    """Settings whose Kafka and S3 are these ports of 127.0.0.1."""
+    return LLMBatchSettings(
+        kafka=KafkaSettings(bootstrap_servers=f"127.0.0.1:{kafka_port}", request_timeout_ms=2000),
+        s3=S3Settings(endpoint=f"http://127.0.0.1:{s3_port}"),
+    )
+
+
 @pytest.fixture
 def unreachable() -> LLMBatchSettings:
     """Settings whose Kafka and S3 ports have nothing listening."""
-    return LLMBatchSettings(
-        kafka=KafkaSettings(bootstrap_servers=f"127.0.0.1:{closed_port()}", request_timeout_ms=2000),
-        s3=S3Settings(endpoint=f"http://127.0.0.1:{closed_port()}"),
-    )
+    return local_settings(closed_port(), closed_port())
 
 
 @pytest.fixture
@@ -62,11 +67,7 @@ def listening() -> Iterator[tuple[LLMBatchSettings, list[socket.socket]]]:
         sock.setblocking(False)
         socks.append(sock)
     kafka_port, s3_port = (sock.getsockname()[1] for sock in socks)
-    settings = LLMBatchSettings(
-        kafka=KafkaSettings(bootstrap_servers=f"127.0.0.1:{kafka_port}", request_timeout_ms=2000),
-        s3=S3Settings(endpoint=f"http://127.0.0.1:{s3_port}"),
-    )
-    yield settings, socks
+    yield local_settings(kafka_port, s3_port), socks
     for sock in socks:
         sock.close()
 
