@@ -4,7 +4,7 @@ batch runner + shared engine -> MinIO -> results topic), real vLLM on CPU, one r
     .venv/bin/python bench/bench_service.py [--engine vllm|fake] [--small 16] [--per-batch 8]
         [--warm-runs 10] [--conc 4] [--conc-size 128] [--big 2000] [--cancel-big]
         [--skip ab,throughput,fairness,plain,plain-procs] [--stack-dir DIR] [--json] [--report PATH]
-        [--background normal,nice19,batch-out,batch,both]
+        [--background normal,nice19,batch-out,batch,both,split] [--plain-cpus 1]
 
 Starts a private local stack (``llmbatch stack up`` in ``run/bench-service-<tag>``; ``--stack-dir``
 uses a running one instead and leaves it up), a dispatcher process with shared engines on the local
@@ -30,6 +30,9 @@ batches ran as a Ray job instead).
   OpenMP threads stall at every barrier one of them is preempted at. The plain runs report their own.
 - ``--background``: the throughput phase once per scheduling of the run's processes, in the order
   given (see :meth:`Service.scheduling`; an experiment, the stack keeps the default afterwards).
+  ``split`` gives the engine replica the last core alone and the rest of the service the others, as a
+  GPU worker pod has its cores to itself; compare it with ``--plain-cpus`` (plain vLLM on those cores
+  alone) and ``--omp-threads`` set to their count.
 - fairness: a ``--big``-line priority-0 batch, and once it makes progress the warm runs' batch at
   priority 9: its accepted -> terminal vs the warm runs' median (the idle engine). Target <= 2x.
 
@@ -73,7 +76,7 @@ if TYPE_CHECKING:
     from schemas.cloudevents import Envelope
 
 PHASES = ("ab", "throughput", "fairness", "plain", "plain-procs")
-SCHEDULINGS = ("normal", "nice19", "batch-out", "batch", "both")
+SCHEDULINGS = ("normal", "nice19", "batch-out", "batch", "both", "split")
 """``--background`` modes (:meth:`Service.scheduling`)."""
 
 
@@ -193,6 +196,7 @@ class Service:
         self.subs: list[Sub] = []
         self.state: Any = None
         self._tasks: list[asyncio.Task[None]] = []
+        self.cores = os.sched_getaffinity(0)
 
     # --- up and down ---------------------------------------------------------------------------
 
@@ -280,8 +284,12 @@ class Service:
         autogroup nice 0. ``nice19``: the sessions but the Ray head's at autogroup nice 19.
         ``batch-out``: every thread but the engine replicas' SCHED_BATCH (a SCHED_BATCH thread never
         preempts a running one when it wakes). ``batch``: that, and the replicas' gloo loop threads.
-        ``both``: ``batch`` and ``nice19``."""
+        ``both``: ``batch`` and ``nice19``. ``split``: the engine replicas' threads on the last core
+        of this process' affinity, every other thread on the remaining ones (the default: all of them;
+        threads started later inherit their parent thread's)."""
         import psutil
+
+        engine_cores, other_cores = core_split(self.cores, mode)
 
         ray_sid = os.getsid(self.state.services["ray"].pid)
         others = [r.pid for n, r in self.state.services.items() if n != "ray"]
@@ -311,6 +319,7 @@ class Service:
                         not engine or (mode != "batch-out" and comm == "gloo_tcp_loop"))
                     os.sched_setscheduler(tid, os.SCHED_BATCH if batch else os.SCHED_OTHER,
                                           os.sched_param(0))
+                    os.sched_setaffinity(tid, engine_cores if engine else other_cores)
                     counts["threads_batch" if batch else "threads_other"] += 1
         return counts
 
@@ -602,6 +611,16 @@ def cpu_by_component(before: dict[int, tuple[str, float]], after: dict[int, tupl
     return {label: round(seconds / wall_s, 3) for label, seconds in ranked if seconds > 0}
 
 
+def core_split(cores: set[int], mode: str) -> tuple[set[int], set[int]]:
+    """The cores of the engine replicas' threads and of every other thread under ``mode``: with
+    ``split`` the last core for the engines alone and the others for the rest (all of them on one
+    core), else every core for every thread."""
+    if mode != "split" or len(cores) < 2:
+        return set(cores), set(cores)
+    last = max(cores)
+    return {last}, set(cores) - {last}
+
+
 def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
@@ -616,10 +635,17 @@ def plain(args: argparse.Namespace, model_path: str, env_overrides: dict[str, st
 
     texts = prompts(args.conc * args.conc_size)
     load_before = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="bench-service-") as tmp:
-        path = Path(tmp) / "input.jsonl"
-        path.write_text("".join(json.dumps(line) + "\n" for line in input_lines(texts, args.max_tokens)))
-        result = run_plain(model_path, path, int(str(LOCAL_ENGINE["max_model_len"])), env_overrides)
+    cores = os.sched_getaffinity(0)
+    if args.plain_cpus:  # the child inherits this process' affinity
+        env_overrides = {**(env_overrides or {}), "OMP_NUM_THREADS": str(len(args.plain_cpus))}
+        os.sched_setaffinity(0, args.plain_cpus)
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-service-") as tmp:
+            path = Path(tmp) / "input.jsonl"
+            path.write_text("".join(json.dumps(line) + "\n" for line in input_lines(texts, args.max_tokens)))
+            result = run_plain(model_path, path, int(str(LOCAL_ENGINE["max_model_len"])), env_overrides)
+    finally:
+        os.sched_setaffinity(0, cores)
     result.pop("texts", None)
     result["tokens_per_s"] = round(result["output_tokens"] / result["generation_s"], 1)
     result["load1"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}
@@ -737,6 +763,9 @@ def main() -> int:
     parser.add_argument("--background", type=lambda s: [x for x in s.split(",") if x],
                         default=[], help=f"experiment, comma list of {','.join(SCHEDULINGS)}: run "
                         "the throughput phase once per scheduling of the run's processes")
+    parser.add_argument("--plain-cpus", type=lambda s: {int(x) for x in s.split(",") if x}, default=set(),
+                        help="experiment, comma list of CPU numbers: the plain runs on these cores only, "
+                        "with as many OpenMP threads (compare with --background split)")
     parser.add_argument("--stack-dir", type=Path, default=None,
                         help="use the stack running there (left up) instead of a private one")
     parser.add_argument("--keep", action="store_true", help="leave the private stack up")
@@ -757,6 +786,9 @@ def main() -> int:
                                   ("--background", args.background, SCHEDULINGS)):
         if unknown := set(values) - set(known):
             parser.error(f"{option}: unknown {sorted(unknown)}; choose from {', '.join(known)}")
+    if bad := args.plain_cpus - os.sched_getaffinity(0):
+        parser.error(f"--plain-cpus: {sorted(bad)} not among this process' CPUs "
+                     f"{sorted(os.sched_getaffinity(0))}")
     if min(args.small, args.per_batch, args.warm_runs, args.conc, args.conc_size, args.big) < 1:
         parser.error("sizes must be at least 1")
 

@@ -29,3 +29,10 @@ def test_bench_service_refuses_an_unknown_phase_or_scheduling_naming_it(option: 
                             capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 2
     assert f"{option}: unknown ['{value}']; choose from" in result.stderr, result.stderr[-2000:]
+
+
+def test_bench_service_refuses_plain_cpus_this_machine_does_not_give_it() -> None:
+    result = subprocess.run([sys.executable, str(BENCH / "bench_service.py"), "--plain-cpus", "4096",
+                             "--small", "0"], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 2
+    assert "--plain-cpus: [4096] not among this process' CPUs" in result.stderr, result.stderr[-2000:]

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from bench.bench_ray_job import thread_switches
-from bench.bench_service import switches_by_component
+from bench.bench_service import core_split, switches_by_component
 
 pytestmark = pytest.mark.unit
 
@@ -54,3 +54,12 @@ def test_switches_by_component_sums_processes_of_a_label_and_ranks_the_most_waki
     assert rates["java (Kafka)"] == {"wakeups_per_s": 100, "preempted_per_s": 2}
     assert rates["redis-server"]["wakeups_per_s"] == 20  # started during the phase: counted from 0
     assert rates["outside the engine"]["wakeups_per_s"] == 100 + 50 + 20
+
+
+def test_core_split_gives_the_engines_the_last_core_alone_and_the_rest_the_others() -> None:
+    assert core_split({0, 1}, "split") == ({1}, {0})
+    assert core_split({2, 5, 7}, "split") == ({7}, {2, 5})
+    # every other mode, and a single core, leaves every thread on every core
+    assert core_split({0, 1}, "normal") == ({0, 1}, {0, 1})
+    assert core_split({0, 1}, "batch") == ({0, 1}, {0, 1})
+    assert core_split({3}, "split") == ({3}, {3})
