@@ -196,6 +196,7 @@ class Service:
         self.subs: list[Sub] = []
         self.state: Any = None
         self._tasks: list[asyncio.Task[None]] = []
+        # read once: under `split` this process itself is pinned, and `normal` must give back every core
         self.cores = os.sched_getaffinity(0)
 
     # --- up and down ---------------------------------------------------------------------------
