@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # `make setup`: installs everything llmbatch needs on a bare machine, idempotently, from locks.
-#   1. Debian packages: redis-server, libtcmalloc-minimal4, and iptables, ipset for the network policy
-#      test's kube-router (only when missing; needs root/apt)
+#   1. Debian packages: redis-server, libtcmalloc-minimal4, iptables and ipset for the network policy
+#      test's kube-router, libseccomp-dev (runc) and busybox-static for the test node's containers
+#      (only when missing; needs root/apt)
 #   2. this checkout's own .venv, exactly as uv.lock says (engine, model converter, test and lint
 #      tools included), hard-linked from uv's shared cache: seconds once the cache is warm
 #   3. `llmbatch stack prepare`: Kafka jars, the MinIO binary, the converted model (cached)
-#   4. the Go tool that renders/validates deploy/, and etcd, kube-apiserver, the KubeRay operator and
-#      kube-router for the deploy tests (built from the Go module proxy, cached)
+#   4. the Go tool that renders/validates deploy/, and etcd, kube-apiserver, the KubeRay operator,
+#      kube-router, and the kubelet, containerd and runc of the test node for the deploy tests (built
+#      from the Go module proxy, cached)
 # Heavy downloads are cached in $LLMBATCH_CACHE (default ~/.cache/llmbatch), never in the checkout.
 # Prints a line before each long step and the seconds each step took at the end.
 set -euo pipefail
@@ -31,6 +33,9 @@ apt_packages() {
   # kube-router (tests/support/kube_router.py) programs a test node's firewall with these
   command -v iptables >/dev/null 2>&1 || need+=(iptables)
   command -v ipset >/dev/null 2>&1 || need+=(ipset)
+  # the test node (tests/support/kube_node.py): runc links libseccomp; its image holds busybox
+  [ -e /usr/include/seccomp.h ] || need+=(libseccomp-dev)
+  [ -x /bin/busybox ] || need+=(busybox-static)
   ((${#need[@]})) || return 0
   log "installing Debian packages ${need[*]} (first time only; ~30 s)"
   local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
@@ -69,7 +74,11 @@ deploy_tools() { .venv/bin/python scripts/validate_deploy.py --build >/dev/null;
 # etcd, kube-apiserver, the KubeRay operator and kube-router for tests/integration/test_kuberay_*.py
 # and test_pod_network_policy.py
 # (Go module proxy; ~5 min of CPU the first time, cached by their go.sum)
-kube_tools() { .venv/bin/python -m tests.support.kube_control_plane --build; }
+# and the kubelet, containerd, runc and pause of tests/support/kube_node.py (~6 min more, first time)
+kube_tools() {
+  .venv/bin/python -m tests.support.kube_control_plane --build
+  .venv/bin/python -m tests.support.kube_node --build
+}
 
 step apt apt_packages
 step venv venv

@@ -25,18 +25,25 @@ def binary_name(module: Path, package: str) -> str:
     return parts[-2] if re.fullmatch(r"v\d+", parts[-1]) else parts[-1]
 
 
-def source_digest(module: Path) -> str:
-    """Key of a build: go.mod, go.sum and the module's own .go files."""
+def source_digest(module: Path, flags: Sequence[str] = ()) -> str:
+    """Key of a build: go.mod, go.sum and the module's own .go files (and the build ``flags``, when
+    there are any: a module built with others is another build)."""
     digest = hashlib.sha256()
     for path in [module / "go.mod", module / "go.sum", *sorted(module.glob("*.go"))]:
         digest.update(path.read_bytes())
+    if flags:
+        digest.update("\0".join(flags).encode())
     return digest.hexdigest()[:12]
 
 
-def go_binaries(module: Path, packages: Sequence[str]) -> dict[str, Path]:
+def go_binaries(module: Path, packages: Sequence[str], *, cgo: bool = False,
+                tags: Sequence[str] = ()) -> dict[str, Path]:
     """Build ``packages`` of the Go module in folder ``module`` once (``-mod=readonly``: its go.sum
-    decides every version) and return package -> binary. Older builds of the module are removed."""
-    target = CACHE_DIR / "bin" / f"{module.name}-{source_digest(module)}"
+    decides every version) and return package -> binary. Older builds of the module are removed.
+    Static (``CGO_ENABLED=0``) unless ``cgo`` (a program that links a C library, as runc's seccomp
+    does); ``tags``: Go build tags."""
+    flags = [*(["cgo"] if cgo else []), *([f"tags={','.join(tags)}"] if tags else [])]
+    target = CACHE_DIR / "bin" / f"{module.name}-{source_digest(module, flags)}"
     binaries = {p: target / binary_name(module, p) for p in packages}
     if all(b.exists() for b in binaries.values()):
         return binaries
@@ -48,8 +55,9 @@ def go_binaries(module: Path, packages: Sequence[str]) -> dict[str, Path]:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=readonly -buildvcs=false",
-           "CGO_ENABLED": "0"}
-    proc = subprocess.run([go, "build", "-trimpath", "-o", f"{tmp}/", *packages], cwd=module,
+           "CGO_ENABLED": "1" if cgo else "0"}
+    tag_args = ["-tags", ",".join(tags)] if tags else []
+    proc = subprocess.run([go, "build", "-trimpath", *tag_args, "-o", f"{tmp}/", *packages], cwd=module,
                           env=env, capture_output=True, text=True, timeout=3600, check=False)
     if proc.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)

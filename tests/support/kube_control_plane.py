@@ -2,10 +2,12 @@
 KubeRay operator, each built from the Go module proxy (deploy/tools/kubeapi,
 deploy/tools/kuberay-operator) once and cached under ``~/.cache/llmbatch/bin``.
 
-There is no kubelet and no container runtime (this machine has neither), so pods are created,
-admitted and stored, but never run. What is real: the API server's validation (native objects, the
-KubeRay CRDs' schemas and CEL rules, admission), server-side apply, and the KubeRay operator's own
-checks and the pods and services it builds from our RayCluster and RayService.
+The plane itself runs no node: pods are created, admitted and stored, but run only where a test
+adds one (tests/support/kube_node.py: a real kubelet, containerd and runc; or
+tests/support/pod_runner.py's stand-in, which runs a Ray pod as local processes). What is real: the
+API server's validation (native objects, the KubeRay CRDs' schemas and CEL rules, admission),
+server-side apply, and the KubeRay operator's own checks and the pods and services it builds from
+our RayCluster and RayService.
 """
 
 from __future__ import annotations
@@ -180,6 +182,15 @@ class KubeClient:
         body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
         token: str = self._request("POST", url, json=body)["status"]["token"]
         return token
+
+    def review_token(self, token: str, audiences: Sequence[str] = ()) -> dict[str, Any]:
+        """The API server's TokenReview of ``token`` for ``audiences``: its ``status`` (whether it
+        authenticates, and as whom)."""
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                "spec": {"token": token, **({"audiences": list(audiences)} if audiences else {})}}
+        status: dict[str, Any] = self._request(
+            "POST", "/apis/authentication.k8s.io/v1/tokenreviews", json=body)["status"]
+        return status
 
     def patch_status(self, api_version: str, kind: str, name: str, namespace: str | None,
                      status: dict[str, Any]) -> dict[str, Any]:

@@ -70,3 +70,19 @@ def test_a_failed_build_names_the_module_and_keeps_nothing(tmp_path: Path, cache
         go_build.go_binaries(module, ["."])
     assert "undefined" in failure.value.log_tail
     assert not list((cache / "bin").iterdir())
+
+
+TAGGED = ('//go:build special\n\npackage main\n\nimport "fmt"\n\nfunc main() { fmt.Println("tagged") }\n')
+UNTAGGED = ('//go:build !special\n\npackage main\n\nimport "fmt"\n\nfunc main() { fmt.Println("plain") }\n')
+
+
+def test_build_tags_and_cgo_are_part_of_the_build_and_of_its_key(tmp_path: Path, cache: Path) -> None:
+    module = _module(tmp_path / "hello", TAGGED)
+    (module / "plain.go").write_text(UNTAGGED)
+    plain = go_build.go_binaries(module, ["."])["."]
+    assert subprocess.run([plain], capture_output=True, text=True, check=True).stdout == "plain\n"
+    tagged = go_build.go_binaries(module, ["."], tags=["special"])["."]
+    assert subprocess.run([tagged], capture_output=True, text=True, check=True).stdout == "tagged\n"
+    assert tagged.parent != plain.parent
+    assert go_build.source_digest(module, ["cgo"]) != go_build.source_digest(module)
+    assert go_build.source_digest(module, []) == go_build.source_digest(module)  # the old keys hold

@@ -1,0 +1,167 @@
+"""Pods as real containers: a real kubelet (with containerd and runc) as a node of the tests' control
+plane (tests/support/kube_node.py).
+
+What it shows, each through the kubelet alone (nothing here starts a container or writes a pod's
+status): a pod's container runs in a cgroup and PID namespace of its own with the service account
+token the kubelet asked for (TokenRequest, bound to the pod, of the projected volume's audience) in
+its own mount, which the API server accepts for that account and pod; a liveness probe that starts
+failing gets the container killed and restarted, with the kubelet's events saying why; a deleted
+pod's containers and cgroup go, and the kubelet then removes the pod from the API.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.kube_control_plane import ControlPlane, KubeClient, start_control_plane
+from tests.support.kube_node import IMAGE, KubeletNode, kubelet_node
+
+pytestmark = pytest.mark.integration
+
+NAMESPACE = "apps"
+AUDIENCE = "llmbatch-test"
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    plane = start_control_plane(tmp_path_factory.mktemp("plane"), crds=[], operator=False)
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="module")
+def node(plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeletNode]:
+    with kubelet_node(plane, tmp_path_factory.mktemp("node")) as node:
+        yield node
+
+
+@pytest.fixture(scope="module")
+def kube(plane: ControlPlane, node: KubeletNode) -> Iterator[KubeClient]:
+    client = plane.client()
+    client.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    for account in ("default", "reader"):  # no controller makes `default` here
+        client.apply({"apiVersion": "v1", "kind": "ServiceAccount",
+                      "metadata": {"name": account, "namespace": NAMESPACE}})
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def _pod(name: str, node: KubeletNode, script: str, **spec: Any) -> dict[str, Any]:
+    """A hostNetwork pod bound to ``node`` running ``script`` in the node image's busybox sh."""
+    container = {"name": "main", "image": IMAGE, "imagePullPolicy": "Never",
+                 "command": ["/bin/sh", "-c", script], **spec.pop("container", {})}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": {"nodeName": node.name, "hostNetwork": True, "terminationGracePeriodSeconds": 1,
+                     "automountServiceAccountToken": False, "containers": [container], **spec}}
+
+
+def _wait_pod(plane: ControlPlane, kube: KubeClient, node: KubeletNode, name: str, what: str,
+              check: Any, timeout: float = 120) -> dict[str, Any]:
+    def ready() -> dict[str, Any] | None:
+        assert node.running(), node.log()[-3000:]
+        pod = kube.get("v1", "Pod", name, NAMESPACE)
+        return pod if pod is not None and check(pod) else None
+
+    try:
+        found: dict[str, Any] = plane.wait_for(f"pod {name}: {what}", ready, timeout=timeout)
+    except AssertionError:
+        print(json.dumps(kube.get("v1", "Pod", name, NAMESPACE), indent=1)[-3000:])
+        print(node.log()[-3000:])
+        raise
+    return found
+
+
+def _log_lines(node: KubeletNode, pod: dict[str, Any], container: str) -> list[str]:
+    """What the container wrote to stdout, from the log file the kubelet keeps (CRI log format:
+    ``<time> <stream> <tag> <line>``)."""
+    meta = pod["metadata"]
+    (log,) = sorted((node.pod_logs / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / container)
+                    .glob("*.log"))
+    return [line.split(" ", 3)[3] for line in log.read_text().splitlines() if " stdout " in line]
+
+
+def _jwt_claims(token: str) -> dict[str, Any]:
+    payload = token.split(".")[1]
+    claims: dict[str, Any] = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    return claims
+
+
+def test_a_pod_runs_in_a_container_of_its_own_with_the_token_the_kubelet_mounted(
+        plane: ControlPlane, kube: KubeClient, node: KubeletNode) -> None:
+    # `$$` is how a pod's command writes one `$` (the kubelet expands `$(VAR)`)
+    script = ("cat /var/run/secrets/tokens/token; echo; echo pid=$$$$; "
+              "/bin/busybox grep memory /proc/self/cgroup")
+    volume = {"name": "token", "projected": {"sources": [{"serviceAccountToken": {
+        "path": "token", "audience": AUDIENCE, "expirationSeconds": 3600}}]}}
+    kube.apply(_pod("token-reader", node, script, restartPolicy="Never", serviceAccountName="reader",
+                    volumes=[volume], container={"volumeMounts": [{
+                        "name": "token", "mountPath": "/var/run/secrets/tokens", "readOnly": True}]}))
+    pod = _wait_pod(plane, kube, node, "token-reader", "Succeeded",
+                    lambda p: p.get("status", {}).get("phase") in ("Succeeded", "Failed"))
+    assert pod["status"]["phase"] == "Succeeded", pod["status"]
+    token, pid_line, cgroup_line = _log_lines(node, pod, "main")
+
+    uid = pod["metadata"]["uid"]
+    claims = _jwt_claims(token)
+    assert claims["sub"] == f"system:serviceaccount:{NAMESPACE}:reader"
+    assert claims["aud"] == [AUDIENCE]
+    assert claims["kubernetes.io"]["pod"] == {"name": "token-reader", "uid": uid}
+    review = kube.review_token(token, [AUDIENCE])
+    assert review["authenticated"] is True, review
+    assert review["user"]["username"] == f"system:serviceaccount:{NAMESPACE}:reader"
+    assert review["user"]["extra"]["authentication.kubernetes.io/pod-uid"] == [uid]
+
+    assert pid_line == "pid=1"  # the container's own PID namespace: its command is PID 1
+    # the pod's cgroup under the node's root, in its QoS class (no requests: BestEffort)
+    assert f"{node.cgroup_root}/kubepods/besteffort/pod{uid}/" in cgroup_line, cgroup_line
+
+
+def test_a_failing_liveness_probe_gets_the_container_restarted(
+        plane: ControlPlane, kube: KubeClient, node: KubeletNode) -> None:
+    # healthy for 3 s, then the probe's file is gone; the kubelet restarts it, and so on
+    script = "touch /tmp/healthy; sleep 3; rm /tmp/healthy; sleep 600"
+    probe = {"exec": {"command": ["/bin/cat", "/tmp/healthy"]}, "periodSeconds": 1,
+             "failureThreshold": 2}
+    kube.apply(_pod("probed", node, script, container={"livenessProbe": probe}))
+
+    def restarted(pod: dict[str, Any]) -> bool:
+        statuses = pod.get("status", {}).get("containerStatuses") or [{}]
+        return int(statuses[0].get("restartCount", 0)) >= 1 and "running" in statuses[0].get("state", {})
+
+    pod = _wait_pod(plane, kube, node, "probed", "restarted once and running again", restarted)
+    (status,) = pod["status"]["containerStatuses"]
+    terminated = status["lastState"]["terminated"]
+    assert terminated["exitCode"] == 137, terminated  # sh ignores SIGTERM as PID 1: killed after 1 s
+    reasons = {(e["reason"], e["message"].split(":")[0]) for e in kube.list("v1", "Event", NAMESPACE)
+               if e["involvedObject"]["name"] == "probed"}
+    assert ("Unhealthy", "Liveness probe failed") in reasons, reasons
+    assert ("Killing", "Container main failed liveness probe, will be restarted") in reasons, reasons
+
+
+def test_a_deleted_pod_loses_its_containers_and_cgroup_and_then_its_object(
+        plane: ControlPlane, kube: KubeClient, node: KubeletNode) -> None:
+    kube.apply(_pod("doomed", node, "sleep 600"))
+    pod = _wait_pod(plane, kube, node, "doomed", "Running",
+                    lambda p: p.get("status", {}).get("phase") == "Running")
+    uid = pod["metadata"]["uid"]
+    cgroups = list(Path("/sys/fs/cgroup/memory").glob(f"{node.cgroup_root.strip('/')}/kubepods/*/pod{uid}"))
+    assert len(cgroups) == 1, cgroups
+    pids = {int(pid) for procs in cgroups[0].glob("*/cgroup.procs") for pid in procs.read_text().split()}
+    assert pids, "the running pod has processes in its cgroup"
+
+    kube.delete("v1", "Pod", "doomed", NAMESPACE)
+    plane.wait_for("the kubelet removed the deleted pod",
+                   lambda: kube.get("v1", "Pod", "doomed", NAMESPACE) is None, timeout=120)
+    plane.wait_for("the pod's cgroup removed", lambda: not cgroups[0].exists(), timeout=120)
+    assert not pids & node.container_pids()
+    assert all(not Path(f"/proc/{pid}").exists() for pid in pids)

@@ -1,0 +1,409 @@
+"""A real Kubernetes node for the tests: the kubelet, containerd and runc, running real containers
+for pods of the test control plane (:mod:`tests.support.kube_control_plane`).
+
+Everything is built from the Go module proxy once and cached (``deploy/tools/kubelet``,
+``deploy/tools/containerd``, ``deploy/tools/runc``; runc with cgo and seccomp, which needs Debian's
+``libseccomp-dev``), and the pod sandbox's ``pause`` program is compiled from the Kubernetes module's
+own ``build/pause/linux/pause.c``. The node's image (:mod:`tests.support.oci_image`) holds a static
+busybox and ``pause``; it is imported into containerd, so pods use ``imagePullPolicy: Never``.
+
+What a node does to the machine, and how it is kept to the test:
+
+- The kubelet and containerd run in the network namespace of a :class:`PodNetwork` node (their
+  iptables chains, such as ``KUBE-FIREWALL``, stay there; ``hostNetwork`` pods live there too) and
+  reach the API server through :meth:`PodNetwork.forward_from_node`. They share this machine's
+  mount namespace, as on a node (the kubelet mounts a pod's volumes; containerd hands them to runc).
+- Every file is under the node's folder (kubelet root, containerd root and state, pod logs), but
+  ``/var/log/containers``, where the kubelet always links container logs: the node's links go at
+  :meth:`KubeletNode.stop`.
+- Pods' cgroups are under a cgroup root of the node's own (``/llmbatch-<pid>-<tag>``), removed at
+  stop.
+- The kubelet sets kernel tunables that are not per namespace (``kernel.panic=10``,
+  ``vm.overcommit_memory=1``, ...): their values are read before it starts and written back at stop.
+- Teardown is by PID: the kubelet, then every container's processes (the PIDs in the node's
+  cgroups), the containerd shims (their ``shim.pid`` files), containerd; then the node's mounts.
+
+No CNI plugin is installed, so the node's network is "not ready" and only ``hostNetwork`` pods run
+(the kubelet allows those); the pods are bound to the node by ``spec.nodeName`` (no scheduler runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from llmbatch.stack.go_build import go_binaries
+from llmbatch.stack.process import StackError, spawn, stop_tree
+from llmbatch.stack.state import CACHE_DIR
+from tests.support.kube_control_plane import TOOLS, ControlPlane, go_module_file, write_kubeconfig
+from tests.support.oci_image import ImageFile, image_layout, write_image_tar
+from tests.support.pod_network import PodNetwork
+
+KUBELET = "k8s.io/kubernetes/cmd/kubelet"
+CONTAINERD = "github.com/containerd/containerd/v2/cmd/containerd"
+SHIM = "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"
+CTR = "github.com/containerd/containerd/v2/cmd/ctr"
+RUNC = "github.com/opencontainers/runc"
+# the pause program's source, in the Kubernetes module the kubelet is built from (its go.sum hash)
+PAUSE_SOURCE = ("k8s.io/kubernetes", "v1.37.2", "h1:A2VDEiObzkYqFTKhSsn0ZEb0RlLEXpHWj93gi2HqEwE=",
+                "build/pause/linux/pause.c")
+BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static
+IMAGE = "llmbatch.test/node:1"  # busybox and pause; the pod sandbox image too
+CONTAINERD_NS = "k8s.io"  # containerd's namespace of the CRI plugin
+CONTAINER_LOGS = Path("/var/log/containers")
+# what the kubelet writes at start (pkg/kubelet/cm: setupKernelTunables): read before, restored after
+KERNEL_TUNABLES = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+                   "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes")
+CGROUP_FS = Path("/sys/fs/cgroup")
+SHIM_SOCKETS = Path("/run/containerd/s")
+
+
+@dataclass(frozen=True)
+class NodeBinaries:
+    kubelet: Path
+    containerd: Path
+    shim: Path
+    ctr: Path
+    runc: Path
+    pause: Path
+
+
+def build() -> NodeBinaries:
+    """Build (or find cached) the kubelet, containerd, its shim and ``ctr``, runc and ``pause``."""
+    if not BUSYBOX.exists():
+        raise StackError(f"{BUSYBOX} is missing: install Debian's busybox-static (make setup does)")
+    kubelet = go_binaries(TOOLS / "kubelet", [KUBELET])[KUBELET]
+    containerd = go_binaries(TOOLS / "containerd", [CONTAINERD, SHIM, CTR])
+    runc = go_binaries(TOOLS / "runc", [RUNC], cgo=True, tags=["seccomp"])[RUNC]
+    return NodeBinaries(kubelet=kubelet, containerd=containerd[CONTAINERD], shim=containerd[SHIM],
+                        ctr=containerd[CTR], runc=runc, pause=_pause())
+
+
+def _pause() -> Path:
+    source = go_module_file(*PAUSE_SOURCE)
+    data = source.read_bytes()
+    target = CACHE_DIR / "bin" / f"pause-{hashlib.sha256(data).hexdigest()[:12]}" / "pause"
+    if target.exists():
+        return target
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        raise StackError("`gcc` is not on PATH: the test node's pause program is compiled with it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".pause.{os.getpid()}")
+    proc = subprocess.run([gcc, "-Os", "-static", "-o", str(tmp), str(source)], capture_output=True,
+                          text=True, timeout=300, check=False)
+    if proc.returncode != 0:
+        raise StackError("compiling pause.c failed", proc.stdout + proc.stderr)
+    tmp.rename(target)
+    return target
+
+
+def node_image(binaries: NodeBinaries, folder: Path) -> Path:
+    """The node's image as a tar ``ctr images import`` reads: busybox (``/bin/sh`` and the other
+    applets the tests use) and ``/pause`` (its entrypoint, as the sandbox image's)."""
+    applets = tuple(f"/bin/{a}" for a in ("sh", "cat", "echo", "sleep", "rm", "touch", "test", "ls"))
+    layout = image_layout(IMAGE, [ImageFile("/bin/busybox", BUSYBOX, links=applets),
+                                  ImageFile("/pause", binaries.pause)], entrypoint=["/pause"])
+    return write_image_tar(folder / "node-image.tar", layout)
+
+
+def _containerd_config(folder: Path, runc: Path) -> str:
+    cni = folder / "cni"
+    return f"""version = 3
+root = "{folder / 'root'}"
+state = "{folder / 'state'}"
+disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor.v1.otlp",
+                    "io.containerd.internal.v1.tracing", "io.containerd.snapshotter.v1.btrfs",
+                    "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+
+[grpc]
+  address = "{folder / 'containerd.sock'}"
+[ttrpc]
+  address = "{folder / 'containerd.sock.ttrpc'}"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{folder / 'opt'}"
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{IMAGE}"
+[plugins."io.containerd.cri.v1.runtime"]
+  # this machine drops CAP_SYS_RESOURCE: the sandbox's oom_score_adj -998 would be refused
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["{cni / 'bin'}"]
+    conf_dir = "{cni / 'net.d'}"
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+      BinaryName = "{runc}"
+      Root = "{folder / 'runc'}"
+      SystemdCgroup = false
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+"""
+
+
+def kubelet_config(folder: Path, socket: Path, cgroup_root: str) -> dict[str, Any]:
+    """The kubelet's KubeletConfiguration: cgroup v1 allowed (this machine boots it), cgroupfs, no
+    server of its own (probes and pod status need none), pods' logs under ``folder``."""
+    return {
+        "kind": "KubeletConfiguration", "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "enableServer": False, "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1", "healthzPort": 10248,
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False}},
+        "authorization": {"mode": "AlwaysAllow"},
+        "containerRuntimeEndpoint": f"unix://{socket}",
+        "cgroupDriver": "cgroupfs", "cgroupRoot": cgroup_root, "failCgroupV1": False,
+        "failSwapOn": False, "podLogsDir": str(folder / "pods-logs"),
+        "resolvConf": "/etc/resolv.conf", "staticPodPath": "",
+        "nodeStatusUpdateFrequency": "2s", "syncFrequency": "5s",
+        # a shared test machine's disk may be nearly full: evict nothing for it
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%",
+                         "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
+        "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+    }
+
+
+def read_tunables() -> dict[str, str]:
+    return {key: (Path("/proc/sys") / key).read_text().strip() for key in KERNEL_TUNABLES}
+
+
+def write_tunables(values: dict[str, str]) -> None:
+    for key, value in values.items():
+        with contextlib.suppress(OSError):
+            (Path("/proc/sys") / key).write_text(value)
+
+
+def _hierarchies() -> list[Path]:
+    """This machine's cgroup v1 hierarchies (one folder per mounted controller set)."""
+    return sorted(p for p in CGROUP_FS.iterdir() if p.is_dir() and (p / "cgroup.procs").exists()
+                  and p.name != "unified")
+
+
+@dataclass
+class KubeletNode:
+    """A node named ``name`` of ``plane``: containerd and the kubelet in ``net``'s node namespace."""
+
+    name: str
+    folder: Path
+    net: PodNetwork
+    binaries: NodeBinaries
+    cgroup_root: str = field(default_factory=lambda: f"/llmbatch-{os.getpid()}-{secrets.token_hex(3)}")
+    pids: dict[str, int] = field(default_factory=dict)
+    saved_tunables: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def socket(self) -> Path:
+        return self.folder / "containerd" / "containerd.sock"
+
+    @property
+    def pod_logs(self) -> Path:
+        return self.folder / "kubelet" / "pods-logs"
+
+    def ctr(self, *args: str, timeout: float = 120) -> str:
+        """``ctr`` against this node's containerd, in its namespace of the CRI; its output."""
+        proc = subprocess.run([str(self.binaries.ctr), "--address", str(self.socket), "--namespace",
+                               CONTAINERD_NS, *args], capture_output=True, text=True,
+                              timeout=timeout, check=False)
+        if proc.returncode != 0:
+            raise StackError(f"ctr {' '.join(args)} failed", proc.stdout + proc.stderr)
+        return proc.stdout
+
+    def start(self, plane: ControlPlane) -> None:
+        """Start containerd with the node image, then the kubelet registered as node ``name``."""
+        try:
+            self._start_containerd()
+            self._start_kubelet(plane)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_containerd(self) -> None:
+        folder = self.folder / "containerd"
+        for sub in ("cni/bin", "cni/net.d", "opt"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+        config = folder / "config.toml"
+        config.write_text(_containerd_config(folder, self.binaries.runc))
+        log = folder / "containerd.log"
+        # the shim is found on PATH; the cgroups of every container go under the node's root
+        env = {"PATH": f"{self.binaries.shim.parent}:{os.environ.get('PATH', '')}"}
+        self.pids["containerd"] = spawn(self.net.command(
+            [str(self.binaries.containerd), "--config", str(config)], self.net.node), log, env=env)
+        deadline = time.monotonic() + 60
+        while not self.socket.exists() or self._ctr_fails("version"):
+            if time.monotonic() > deadline or not psutil.pid_exists(self.pids["containerd"]):
+                raise StackError("containerd did not start", log.read_text()[-4000:])
+            time.sleep(0.2)
+        self.ctr("images", "import", str(node_image(self.binaries, folder)))
+
+    def _ctr_fails(self, *args: str) -> bool:
+        try:
+            self.ctr(*args, timeout=10)
+        except (StackError, subprocess.TimeoutExpired):
+            return True
+        return False
+
+    def _start_kubelet(self, plane: ControlPlane) -> None:
+        folder = self.folder / "kubelet"
+        folder.mkdir(parents=True, exist_ok=True)
+        self.pod_logs.mkdir(exist_ok=True)
+        for hierarchy in _hierarchies():  # the kubelet wants its cgroup root to exist in each
+            root = hierarchy / self.cgroup_root.strip("/")
+            root.mkdir(exist_ok=True)
+            if hierarchy.name == "cpuset":  # a v1 cpuset takes no process before it has CPUs
+                for key in ("cpuset.cpus", "cpuset.mems"):
+                    (root / key).write_text((hierarchy / key).read_text())
+        server_port = int(plane.server.rsplit(":", 1)[1])
+        kubeconfig = folder / "kubeconfig"
+        write_kubeconfig(kubeconfig, f"https://127.0.0.1:{self.net.forward_from_node(server_port)}",
+                         plane.token, plane.ca_cert)
+        config = folder / "config.json"
+        config.write_text(json.dumps(kubelet_config(folder, self.socket, self.cgroup_root)))
+        self.saved_tunables = read_tunables()
+        self.pids["kubelet"] = spawn(self.net.command([
+            str(self.binaries.kubelet), f"--config={config}", f"--kubeconfig={kubeconfig}",
+            f"--root-dir={folder / 'root'}", f"--cert-dir={folder / 'pki'}",
+            f"--hostname-override={self.name}", f"--node-ip={self.net.node_ip}", "--v=2",
+        ], self.net.node), folder / "kubelet.log")
+        client = plane.client()
+        try:
+            def registered() -> bool:
+                if not self.running():
+                    raise StackError("the kubelet or containerd exited", self.log()[-4000:])
+                node = client.get("v1", "Node", self.name) or {}
+                return bool(node.get("status", {}).get("nodeInfo", {}).get("containerRuntimeVersion"))
+
+            plane.wait_for(f"node {self.name} registered by its kubelet", registered, timeout=120)
+        finally:
+            client.close()
+
+    def running(self) -> bool:
+        return all(psutil.pid_exists(pid) for pid in self.pids.values())
+
+    def log(self) -> str:
+        return (self.folder / "kubelet" / "kubelet.log").read_text(errors="replace")
+
+    def container_pids(self) -> set[int]:
+        """Every process in the node's cgroups (its pods' containers and sandboxes)."""
+        pids: set[int] = set()
+        for hierarchy in _hierarchies():
+            root = hierarchy / self.cgroup_root.strip("/")
+            for procs in root.rglob("cgroup.procs") if root.exists() else []:
+                with contextlib.suppress(OSError, ValueError):
+                    pids.update(int(line) for line in procs.read_text().split())
+        return pids
+
+    def _shims(self) -> dict[int, str]:
+        """This node's containerd shims, PID -> the id they serve: from their ``shim.pid`` files,
+        and the shims serving this node's containerd socket (one whose task is gone has no file)."""
+        tasks = self.folder / "containerd" / "state" / "io.containerd.runtime.v2.task"
+        shims = {}
+        for pid_file in tasks.glob("*/*/shim.pid") if tasks.exists() else []:
+            with contextlib.suppress(OSError, ValueError):
+                shims[int(pid_file.read_text().strip())] = pid_file.parent.name
+        for proc in psutil.process_iter(["exe", "cmdline"]):
+            argv = proc.info["cmdline"] or []
+            if proc.info["exe"] == str(self.binaries.shim) and str(self.socket) in argv and "-id" in argv:
+                shims[proc.pid] = argv[argv.index("-id") + 1]
+        return shims
+
+    def _shim_socket(self, shim_id: str) -> Path:
+        """Where a shim of this node listens (containerd's ``shim.SocketAddress``: a hash of the
+        containerd socket, namespace and id, in a folder every containerd of the machine shares)."""
+        name = hashlib.sha256(f"{self.socket}/{CONTAINERD_NS}/{shim_id}".encode()).hexdigest()
+        return SHIM_SOCKETS / name
+
+    def stop(self) -> None:
+        """Stop everything of the node by PID and give the machine back what the node changed."""
+        if "kubelet" in self.pids:
+            stop_tree(self.pids.pop("kubelet"))
+        shims = self._shims()
+        _kill_all(self.container_pids())
+        shims.update(self._shims())
+        _kill_all(set(shims))
+        for shim_id in shims.values():  # a killed shim leaves its socket behind
+            self._shim_socket(shim_id).unlink(missing_ok=True)
+        if "containerd" in self.pids:
+            stop_tree(self.pids.pop("containerd"))
+        _kill_all(self.container_pids())  # a container a shim restarted meanwhile
+        for mount in sorted(_mounts_under(self.folder), key=len, reverse=True):
+            subprocess.run(["umount", "-l", mount], capture_output=True, check=False, timeout=30)
+        for hierarchy in _hierarchies():
+            _remove_cgroup(hierarchy / self.cgroup_root.strip("/"))
+        for link in CONTAINER_LOGS.glob("*.log") if CONTAINER_LOGS.exists() else []:
+            with contextlib.suppress(OSError):
+                if link.is_symlink() and str(self.folder) in os.readlink(link):
+                    link.unlink()
+        if self.saved_tunables:
+            write_tunables(self.saved_tunables)
+        for shared in (SHIM_SOCKETS, SHIM_SOCKETS.parent):
+            with contextlib.suppress(OSError):
+                shared.rmdir()  # only when empty: another containerd may use them
+
+
+def _kill_all(pids: set[int]) -> None:
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            proc.send_signal(signal.SIGKILL)
+            procs.append(proc)
+    psutil.wait_procs(procs, timeout=10)
+
+
+def _mounts_under(folder: Path) -> Iterator[str]:
+    prefix = str(folder.resolve()) + "/"
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        mount_point = line.split()[4].replace("\\040", " ")
+        if mount_point.startswith(prefix):
+            yield mount_point
+
+
+def _remove_cgroup(path: Path) -> None:
+    """rmdir a cgroup and its children, deepest first (a cgroup folder holds no files to delete)."""
+    if not path.exists():
+        return
+    for child in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts),
+                        reverse=True):
+        with contextlib.suppress(OSError):
+            child.rmdir()
+    with contextlib.suppress(OSError):
+        path.rmdir()
+
+
+@contextlib.contextmanager
+def kubelet_node(plane: ControlPlane, folder: Path, name: str = "node-1") -> Iterator[KubeletNode]:
+    """A started :class:`KubeletNode` of ``plane`` (in a new :class:`PodNetwork`), stopped after."""
+    binaries = build()
+    with PodNetwork(subnet="10.246.0") as net:
+        node = KubeletNode(name=name, folder=folder, net=net, binaries=binaries)
+        node.start(plane)
+        try:
+            yield node
+        finally:
+            node.stop()
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="The tests' kubelet node.")
+    parser.add_argument("--build", action="store_true", required=True,
+                        help="build the kubelet, containerd, runc and pause into the cache")
+    parser.parse_args()
+    build()
