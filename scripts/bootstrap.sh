@@ -74,7 +74,8 @@ deploy_tools() { .venv/bin/python scripts/validate_deploy.py --build >/dev/null;
 # etcd, kube-apiserver, the KubeRay operator and kube-router for tests/integration/test_kuberay_*.py
 # and test_pod_network_policy.py
 # (Go module proxy; ~5 min of CPU the first time, cached by their go.sum)
-# and the kubelet, containerd, runc and pause of tests/support/kube_node.py (~6 min more, first time)
+# and the kubelet, containerd, runc, the CNI plugins and pause of tests/support/kube_node.py
+# (~6-10 min more, first time)
 kube_tools() {
   .venv/bin/python -m tests.support.kube_control_plane --build
   .venv/bin/python -m tests.support.kube_node --build

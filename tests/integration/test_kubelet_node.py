@@ -6,7 +6,11 @@ status): a pod's container runs in a cgroup and PID namespace of its own with th
 token the kubelet asked for (TokenRequest, bound to the pod, of the projected volume's audience) in
 its own mount, which the API server accepts for that account and pod; a liveness probe that starts
 failing gets the container killed and restarted, with the kubelet's events saying why; a deleted
-pod's containers and cgroup go, and the kubelet then removes the pod from the API.
+pod's containers and cgroup go, and the kubelet then removes the pod from the API. On the pod network
+(the reference CNI plugins, called by containerd): a pod reaches another by its pod IP; with a
+NetworkPolicy that lets in only ``role=friend`` pods, enforced by the real kube-router on the node,
+the friend gets through and a stranger does not (with an allow-all ingress rule instead, the test
+fails).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import pytest
 
 from tests.support.kube_control_plane import ControlPlane, KubeClient, start_control_plane
 from tests.support.kube_node import IMAGE, KubeletNode, kubelet_node
+from tests.support.kube_router import start_kube_router
 
 pytestmark = pytest.mark.integration
 
@@ -165,3 +170,55 @@ def test_a_deleted_pod_loses_its_containers_and_cgroup_and_then_its_object(
     plane.wait_for("the pod's cgroup removed", lambda: not cgroups[0].exists(), timeout=120)
     assert not pids & node.container_pids()
     assert all(not Path(f"/proc/{pid}").exists() for pid in pids)
+
+
+def _client_pod(name: str, node: KubeletNode, ip: str, labels: dict[str, str]) -> dict[str, Any]:
+    """A pod on the pod network that fetches ``/index.html`` from ``ip``:8080 (tries for 20 s) and
+    exits 0 once it could. With ``nc``: the static busybox's ``wget`` looks the ``http`` service up
+    through glibc's NSS, which a static binary cannot load in this image (it crashes)."""
+    request = "printf 'GET /index.html HTTP/1.0\\r\\n\\r\\n'"
+    script = (f"for i in $$(seq 20); do {request} | nc -w 1 {ip} 8080 | grep hello && exit 0; "
+              "sleep 1; done; echo never reached; exit 1")
+    pod = _pod(name, node, script, restartPolicy="Never", hostNetwork=False)
+    pod["metadata"]["labels"] = labels
+    return pod
+
+
+def test_pods_on_the_pod_network_reach_each_other_as_their_network_policy_says(
+        plane: ControlPlane, kube: KubeClient, node: KubeletNode, tmp_path: Path) -> None:
+    web = _pod("web", node, "mkdir -p /www; echo hello-from-web > /www/index.html; "
+               "exec httpd -f -p 8080 -h /www", hostNetwork=False)
+    web["metadata"]["labels"] = {"app": "web"}
+    kube.apply(web)
+    pod = _wait_pod(plane, kube, node, "web", "Running with a pod IP",
+                    lambda p: p.get("status", {}).get("phase") == "Running"
+                    and p["status"].get("podIP"))
+    web_ip = pod["status"]["podIP"]
+    assert web_ip != node.net.node_ip and web_ip.startswith(node.net.subnet + "."), web_ip
+    assert pod["status"]["hostIP"] == node.net.node_ip
+
+    # no policy: a pod reaches another by its pod IP, through the node's bridge
+    kube.apply(_client_pod("open-client", node, web_ip, {"role": "any"}))
+    done = _wait_pod(plane, kube, node, "open-client", "done",
+                     lambda p: p.get("status", {}).get("phase") in ("Succeeded", "Failed"))
+    assert done["status"]["phase"] == "Succeeded", _log_lines(node, done, "main")
+    assert _log_lines(node, done, "main") == ["hello-from-web"]
+
+    # web's ingress only from role=friend, enforced by kube-router on the node
+    router = start_kube_router(plane, node.net, node.name, tmp_path)
+    try:
+        kube.apply({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                    "metadata": {"name": "web-friends-only", "namespace": NAMESPACE},
+                    "spec": {"podSelector": {"matchLabels": {"app": "web"}},
+                             "policyTypes": ["Ingress"],
+                             "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "friend"}}}]}]}})
+        kube.apply(_client_pod("stranger", node, web_ip, {"role": "stranger"}))
+        kube.apply(_client_pod("friend", node, web_ip, {"role": "friend"}))
+        finished = {name: _wait_pod(plane, kube, node, name, "done",
+                                    lambda p: p.get("status", {}).get("phase") in ("Succeeded", "Failed"))
+                    for name in ("friend", "stranger")}
+        assert finished["friend"]["status"]["phase"] == "Succeeded", router.rules(node.net)
+        assert finished["stranger"]["status"]["phase"] == "Failed", router.rules(node.net)
+        assert _log_lines(node, finished["stranger"], "main") == ["never reached"]
+    finally:
+        router.stop()

@@ -2,10 +2,11 @@
 for pods of the test control plane (:mod:`tests.support.kube_control_plane`).
 
 Everything is built from the Go module proxy once and cached (``deploy/tools/kubelet``,
-``deploy/tools/containerd``, ``deploy/tools/runc``; runc with cgo and seccomp, which needs Debian's
-``libseccomp-dev``), and the pod sandbox's ``pause`` program is compiled from the Kubernetes module's
-own ``build/pause/linux/pause.c``. The node's image (:mod:`tests.support.oci_image`) holds a static
-busybox and ``pause``; it is imported into containerd, so pods use ``imagePullPolicy: Never``.
+``deploy/tools/containerd``, ``deploy/tools/runc``, ``deploy/tools/cni-plugins``; runc with cgo and
+seccomp, which needs Debian's ``libseccomp-dev``), and the pod sandbox's ``pause`` program is
+compiled from the Kubernetes module's own ``build/pause/linux/pause.c``. The node's image
+(:mod:`tests.support.oci_image`) holds a static busybox and ``pause``; it is imported into
+containerd, so pods use ``imagePullPolicy: Never``.
 
 What a node does to the machine, and how it is kept to the test:
 
@@ -23,8 +24,11 @@ What a node does to the machine, and how it is kept to the test:
 - Teardown is by PID: the kubelet, then every container's processes (the PIDs in the node's
   cgroups), the containerd shims (their ``shim.pid`` files), containerd; then the node's mounts.
 
-No CNI plugin is installed, so the node's network is "not ready" and only ``hostNetwork`` pods run
-(the kubelet allows those); the pods are bound to the node by ``spec.nodeName`` (no scheduler runs).
+Pods get their network from the reference CNI plugins (bridge, host-local, loopback; built from
+``deploy/tools/cni-plugins``): a network namespace of their own, an address of the node's /24 on the
+node's bridge, as :class:`PodNetwork`'s own pods have (so kube-router enforces NetworkPolicies between
+them, :mod:`tests.support.kube_router`); ``hostNetwork`` pods live in the node's namespace. Pods are
+bound to the node by ``spec.nodeName`` (no scheduler runs).
 """
 
 from __future__ import annotations
@@ -57,6 +61,9 @@ CONTAINERD = "github.com/containerd/containerd/v2/cmd/containerd"
 SHIM = "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"
 CTR = "github.com/containerd/containerd/v2/cmd/ctr"
 RUNC = "github.com/opencontainers/runc"
+# the CNI plugins containerd calls for a pod's network (containernetworking/plugins, the reference ones)
+CNI_PLUGINS = tuple(f"github.com/containernetworking/plugins/plugins/{p}"
+                    for p in ("main/bridge", "main/loopback", "ipam/host-local"))
 # the pause program's source, in the Kubernetes module the kubelet is built from (its go.sum hash)
 PAUSE_SOURCE = ("k8s.io/kubernetes", "v1.37.2", "h1:A2VDEiObzkYqFTKhSsn0ZEb0RlLEXpHWj93gi2HqEwE=",
                 "build/pause/linux/pause.c")
@@ -79,6 +86,7 @@ class NodeBinaries:
     ctr: Path
     runc: Path
     pause: Path
+    cni: Path  # the folder of the CNI plugins
 
 
 def build() -> NodeBinaries:
@@ -88,8 +96,9 @@ def build() -> NodeBinaries:
     kubelet = go_binaries(TOOLS / "kubelet", [KUBELET])[KUBELET]
     containerd = go_binaries(TOOLS / "containerd", [CONTAINERD, SHIM, CTR])
     runc = go_binaries(TOOLS / "runc", [RUNC], cgo=True, tags=["seccomp"])[RUNC]
+    cni = go_binaries(TOOLS / "cni-plugins", CNI_PLUGINS)
     return NodeBinaries(kubelet=kubelet, containerd=containerd[CONTAINERD], shim=containerd[SHIM],
-                        ctr=containerd[CTR], runc=runc, pause=_pause())
+                        ctr=containerd[CTR], runc=runc, pause=_pause(), cni=cni[CNI_PLUGINS[0]].parent)
 
 
 def _pause() -> Path:
@@ -112,15 +121,30 @@ def _pause() -> Path:
 
 
 def node_image(binaries: NodeBinaries, folder: Path) -> Path:
-    """The node's image as a tar ``ctr images import`` reads: busybox (``/bin/sh`` and the other
-    applets the tests use) and ``/pause`` (its entrypoint, as the sandbox image's)."""
-    applets = tuple(f"/bin/{a}" for a in ("sh", "cat", "echo", "sleep", "rm", "touch", "test", "ls"))
+    """The node's image as a tar ``ctr images import`` reads: busybox (every applet it has, linked
+    in ``/bin``: ``sh``, ``wget``, ``httpd``, ...) and ``/pause`` (its entrypoint, as the sandbox
+    image's)."""
+    listed = subprocess.run([str(BUSYBOX), "--list"], capture_output=True, text=True, check=True,
+                            timeout=30).stdout.split()
+    applets = tuple(f"/bin/{a}" for a in listed if a != "busybox")
     layout = image_layout(IMAGE, [ImageFile("/bin/busybox", BUSYBOX, links=applets),
                                   ImageFile("/pause", binaries.pause)], entrypoint=["/pause"])
     return write_image_tar(folder / "node-image.tar", layout)
 
 
-def _containerd_config(folder: Path, runc: Path) -> str:
+def cni_config(net: PodNetwork, ipam_dir: Path) -> dict[str, Any]:
+    """The node's CNI network, as the bridge plugin's reference set-up: each pod's ``eth0`` on the
+    node's bridge (``cbr0``, which has the node's address), an address of the node's /24 from
+    host-local (kept in ``ipam_dir``), the node as its gateway; no NAT."""
+    return {"cniVersion": "1.0.0", "name": "llmbatch-pods", "plugins": [{
+        "type": "bridge", "bridge": "cbr0", "isGateway": True, "ipMasq": False, "hairpinMode": True,
+        "ipam": {"type": "host-local", "dataDir": str(ipam_dir), "ranges": [[{
+            "subnet": f"{net.subnet}.0/24", "rangeStart": f"{net.subnet}.100",
+            "rangeEnd": f"{net.subnet}.200", "gateway": net.node_ip}]]},
+    }]}
+
+
+def _containerd_config(folder: Path, binaries: NodeBinaries) -> str:
     cni = folder / "cni"
     return f"""version = 3
 root = "{folder / 'root'}"
@@ -143,13 +167,15 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
 [plugins."io.containerd.cri.v1.runtime"]
   # this machine drops CAP_SYS_RESOURCE: the sandbox's oom_score_adj -998 would be refused
   restrict_oom_score_adj = true
+  # pods' network namespaces under the node's folder, not the machine's /var/run/netns
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.cri.v1.runtime".cni]
-    bin_dirs = ["{cni / 'bin'}"]
+    bin_dirs = ["{binaries.cni}"]
     conf_dir = "{cni / 'net.d'}"
   [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
     runtime_type = "io.containerd.runc.v2"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
-      BinaryName = "{runc}"
+      BinaryName = "{binaries.runc}"
       Root = "{folder / 'runc'}"
       SystemdCgroup = false
 [plugins."io.containerd.grpc.v1.cri"]
@@ -235,10 +261,12 @@ class KubeletNode:
 
     def _start_containerd(self) -> None:
         folder = self.folder / "containerd"
-        for sub in ("cni/bin", "cni/net.d", "opt"):
+        for sub in ("cni/net.d", "cni/ipam", "opt"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
+        (folder / "cni" / "net.d" / "10-llmbatch-pods.conflist").write_text(
+            json.dumps(cni_config(self.net, folder / "cni" / "ipam")))
         config = folder / "config.toml"
-        config.write_text(_containerd_config(folder, self.binaries.runc))
+        config.write_text(_containerd_config(folder, self.binaries))
         log = folder / "containerd.log"
         # the shim is found on PATH; the cgroups of every container go under the node's root
         env = {"PATH": f"{self.binaries.shim.parent}:{os.environ.get('PATH', '')}"}
