@@ -69,6 +69,10 @@ PAUSE_SOURCE = ("k8s.io/kubernetes", "v1.37.2", "h1:A2VDEiObzkYqFTKhSsn0ZEb0RlLE
                 "build/pause/linux/pause.c")
 BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static
 IMAGE = "llmbatch.test/node:1"  # busybox and pause; the pod sandbox image too
+# this machine's /usr (and the checkout's venv) mounted read-only from hostPath volumes, for a Ray
+# container without a Ray image (tests/support/real_ray_pods.py)
+HOST_IMAGE = "llmbatch.test/host-userland:1"
+KUBERNETES_SERVICE = ("10.96.0.1", 443)  # the `kubernetes` Service: first IP of the service range
 CONTAINERD_NS = "k8s.io"  # containerd's namespace of the CRI plugin
 CONTAINER_LOGS = Path("/var/log/containers")
 # what the kubelet writes at start (pkg/kubelet/cm: setupKernelTunables): read before, restored after
@@ -132,15 +136,31 @@ def node_image(binaries: NodeBinaries, folder: Path) -> Path:
     return write_image_tar(folder / "node-image.tar", layout)
 
 
+def host_userland_image(folder: Path) -> Path:
+    """An image of no programs of its own: ``/bin``, ``/lib``, ... link into ``/usr``, which a pod
+    mounts from the node (hostPath, read-only); ``/etc/passwd`` knows root and the Ray pods' user
+    1000 (group 100, as deploy/kubernetes's securityContext)."""
+    passwd = b"root:x:0:0:root:/root:/bin/sh\nray:x:1000:100:ray:/tmp:/bin/sh\n"
+    group = b"root:x:0:\nusers:x:100:\n"
+    files = [ImageFile("/etc/passwd", passwd, mode=0o644), ImageFile("/etc/group", group, mode=0o644)]
+    layout = image_layout(
+        HOST_IMAGE, files,
+        entrypoint=["/bin/sh"], env={"PATH": "/usr/local/bin:/usr/bin:/bin"},
+        empty_dirs=("tmp", "etc", "proc", "sys", "dev", "usr", "root", "home", "run", "var/tmp"),
+        symlinks={f"/{d}": f"usr/{d}" for d in ("bin", "sbin", "lib", "lib64")})
+    return write_image_tar(folder / "host-userland-image.tar", layout)
+
+
 def cni_config(net: PodNetwork, ipam_dir: Path) -> dict[str, Any]:
     """The node's CNI network, as the bridge plugin's reference set-up: each pod's ``eth0`` on the
     node's bridge (``cbr0``, which has the node's address), an address of the node's /24 from
-    host-local (kept in ``ipam_dir``), the node as its gateway; no NAT."""
+    host-local (kept in ``ipam_dir``), the node as its default gateway; no NAT."""
     return {"cniVersion": "1.0.0", "name": "llmbatch-pods", "plugins": [{
         "type": "bridge", "bridge": "cbr0", "isGateway": True, "ipMasq": False, "hairpinMode": True,
         "ipam": {"type": "host-local", "dataDir": str(ipam_dir), "ranges": [[{
             "subnet": f"{net.subnet}.0/24", "rangeStart": f"{net.subnet}.100",
-            "rangeEnd": f"{net.subnet}.200", "gateway": net.node_ip}]]},
+            "rangeEnd": f"{net.subnet}.200", "gateway": net.node_ip}]],
+            "routes": [{"dst": "0.0.0.0/0"}]},  # the node routes the rest (Service IPs, say)
     }]}
 
 
@@ -278,6 +298,15 @@ class KubeletNode:
                 raise StackError("containerd did not start", log.read_text()[-4000:])
             time.sleep(0.2)
         self.ctr("images", "import", str(node_image(self.binaries, folder)))
+        self.ctr("images", "import", str(host_userland_image(folder)))
+
+    def exec_in(self, pod: dict[str, Any], container: str, argv: list[str], timeout: float = 180) -> str:
+        """Run ``argv`` in a running container of ``pod`` (as ``kubectl exec``: the container's user,
+        environment and namespaces); its output. Fails (StackError) on a non-zero exit."""
+        (status,) = [s for s in pod["status"]["containerStatuses"] if s["name"] == container]
+        container_id = status["containerID"].removeprefix("containerd://")
+        return self.ctr("tasks", "exec", "--exec-id", f"test-{secrets.token_hex(4)}", container_id,
+                        *argv, timeout=timeout)
 
     def _ctr_fails(self, *args: str) -> bool:
         try:
@@ -319,6 +348,18 @@ class KubeletNode:
             plane.wait_for(f"node {self.name} registered by its kubelet", registered, timeout=120)
         finally:
             client.close()
+        self._route_kubernetes_service(server_port)
+
+    def _route_kubernetes_service(self, server_port: int) -> None:
+        """What kube-proxy does for the ``kubernetes`` Service (none runs here): its ClusterIP, which
+        the kubelet gives every container as ``KUBERNETES_SERVICE_HOST``, DNATed on the node to a
+        relay (on the node's address) to the API server."""
+        relay = self.net.forward_from_node(server_port, bind=self.net.node_ip)
+        ip, port = KUBERNETES_SERVICE
+        subprocess.run(self.net.command(
+            ["iptables", "-t", "nat", "-A", "PREROUTING", "-d", f"{ip}/32", "-p", "tcp", "--dport",
+             str(port), "-j", "DNAT", "--to-destination", f"{self.net.node_ip}:{relay}"], self.net.node),
+            check=True, capture_output=True, timeout=30)
 
     def running(self) -> bool:
         return all(psutil.pid_exists(pid) for pid in self.pids.values())

@@ -27,11 +27,11 @@ EPOCH = 0
 
 @dataclass(frozen=True)
 class ImageFile:
-    """One file of a layer: its content comes from ``source`` on this machine; ``links``: the
-    symlinks to it (``/bin/sh`` -> ``/bin/busybox``)."""
+    """One file of a layer: its content is ``source`` (bytes, or a file of this machine to read);
+    ``links``: the symlinks to it (``/bin/sh`` -> ``/bin/busybox``)."""
 
     path: str
-    source: Path
+    source: Path | bytes
     mode: int = 0o755
     links: tuple[str, ...] = ()
 
@@ -45,20 +45,30 @@ def _dirs_of(path: str) -> list[str]:
     return ["/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
-def layer_tar(files: Sequence[ImageFile], empty_dirs: Sequence[str] = ("tmp", "etc", "proc", "sys",
-                                                                       "dev")) -> bytes:
-    """An uncompressed layer: ``files``, their symlinks, their parent folders and ``empty_dirs``,
-    owned by root, with time :data:`EPOCH` (the same inputs give the same bytes)."""
+DEFAULT_DIRS = ("tmp", "etc", "proc", "sys", "dev")
+
+
+def layer_tar(files: Sequence[ImageFile], empty_dirs: Sequence[str] = DEFAULT_DIRS,
+              symlinks: Mapping[str, str] | None = None) -> bytes:
+    """An uncompressed layer: ``files``, their links, their parent folders, ``empty_dirs`` and
+    ``symlinks`` (path -> target: ``/bin`` -> ``usr/bin``), owned by root, with time
+    :data:`EPOCH` (the same inputs give the same bytes)."""
+    symlinks = symlinks or {}
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
         dirs = sorted({d for f in files for p in (f.path, *f.links) for d in _dirs_of(p)}
+                      | {d for p in symlinks for d in _dirs_of(p)}
                       | {d.strip("/") for d in empty_dirs})
         for name in dirs:
             info = tarfile.TarInfo(name)
             info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o1777 if name == "tmp" else 0o755, EPOCH
             tar.addfile(info)
+        for path, target in sorted(symlinks.items()):
+            sym = tarfile.TarInfo(path.strip("/"))
+            sym.type, sym.linkname, sym.mode, sym.mtime = tarfile.SYMTYPE, target, 0o777, EPOCH
+            tar.addfile(sym)
         for f in files:
-            data = f.source.read_bytes()
+            data = f.source if isinstance(f.source, bytes) else f.source.read_bytes()
             info = tarfile.TarInfo(f.path.strip("/"))
             info.size, info.mode, info.mtime = len(data), f.mode, EPOCH
             tar.addfile(info, io.BytesIO(data))
@@ -70,10 +80,11 @@ def layer_tar(files: Sequence[ImageFile], empty_dirs: Sequence[str] = ("tmp", "e
 
 
 def image_layout(name: str, files: Sequence[ImageFile], entrypoint: Sequence[str],
-                 env: Mapping[str, str] | None = None) -> dict[str, bytes]:
+                 env: Mapping[str, str] | None = None, *, empty_dirs: Sequence[str] = DEFAULT_DIRS,
+                 symlinks: Mapping[str, str] | None = None) -> dict[str, bytes]:
     """The files of an OCI image layout (path -> bytes) for an image called ``name``
-    (``registry/repository:tag``) with one layer of ``files``."""
-    layer = layer_tar(files)
+    (``registry/repository:tag``) with one layer (:func:`layer_tar`)."""
+    layer = layer_tar(files, empty_dirs, symlinks)
     config = json.dumps({
         "architecture": "amd64", "os": "linux",
         "config": {"Entrypoint": list(entrypoint),

@@ -203,18 +203,19 @@ class PodNetwork:
         from the pod's IP."""
         return in_netns(self.pods[name].netns, fn)
 
-    def forward_from_node(self, host_port: int) -> int:
+    def forward_from_node(self, host_port: int, bind: str = "127.0.0.1") -> int:
         """Make ``127.0.0.1:<host_port>`` of this machine reachable from the node; return the port on
-        the node's loopback that leads there (plain TCP relay, each connection in two threads)."""
-        return self._forward_into(self.node, host_port)
+        the node's loopback (or its address ``bind``) that leads there (plain TCP relay, each
+        connection in two threads)."""
+        return self._forward_into(self.node, host_port, bind)
 
     def forward_into_pod(self, name: str, host_port: int) -> int:
         """As :meth:`forward_from_node`, onto pod ``name``'s own loopback (for a container that
         talks to the API server, which a pod reaches through the ``kubernetes`` Service)."""
         return self._forward_into(self.pods[name].netns, host_port)
 
-    def _forward_into(self, netns: str, host_port: int) -> int:
-        listener = in_netns(netns, lambda: socket.create_server(("127.0.0.1", 0)))
+    def _forward_into(self, netns: str, host_port: int, bind: str = "127.0.0.1") -> int:
+        listener = in_netns(netns, lambda: socket.create_server((bind, 0)))
         self._forwarders.append(listener)
         threading.Thread(target=self._relay_accept, args=(listener, host_port), daemon=True,
                          name=f"relay-{host_port}").start()  # started here: dials from this namespace

@@ -68,3 +68,16 @@ def test_the_tar_holds_the_layout_as_given(tool: Path, tmp_path: Path) -> None:
     with tarfile.open(path) as tar:
         got = {m.name: (tar.extractfile(m) or io.BytesIO()).read() for m in tar.getmembers()}
     assert got == layout
+
+
+def test_files_given_as_bytes_and_folder_links_are_in_the_layer(tool: Path) -> None:
+    data = layer_tar([ImageFile("/etc/passwd", b"root:x:0:0::/root:/bin/sh\n", mode=0o644)],
+                     empty_dirs=("root",), symlinks={"/bin": "usr/bin", "/lib/x": "../usr/lib/x"})
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        passwd = tar.extractfile("etc/passwd")
+        assert passwd is not None and passwd.read() == b"root:x:0:0::/root:/bin/sh\n"
+        assert members["etc/passwd"].mode == 0o644
+        assert members["bin"].issym() and members["bin"].linkname == "usr/bin"
+        assert members["lib"].isdir() and members["lib/x"].linkname == "../usr/lib/x"
+        assert members["root"].isdir() and "tmp" not in members
