@@ -24,8 +24,9 @@ from typing import Any
 import pytest
 
 from tests.support.kube_control_plane import ControlPlane, KubeClient, start_control_plane
-from tests.support.kube_node import IMAGE, KubeletNode, kubelet_node
+from tests.support.kube_node import KubeletNode, kubelet_node
 from tests.support.kube_router import start_kube_router
+from tests.support.node_images import IMAGE
 
 pytestmark = pytest.mark.integration
 

@@ -1,18 +1,20 @@
-"""cpu-dev's Ray head pod as real containers, run by a real kubelet (tests/support/kube_node.py).
+"""cpu-dev's Ray pods as real containers, run by a real kubelet (tests/support/kube_node.py).
 
-The KubeRay operator builds the head pod from cpu-dev's RayCluster as rendered; the only change is
-the image (tests/support/real_ray_pods.py: this machine's /usr and the checkout's venv mounted
-read-only, for want of a Ray image) and the worker group's size (one small worker, from zero). The
-kubelet runs the pod: containerd and runc make its containers, with cpu-dev's securityContext
-(user 1000, no capabilities, the runtime's default seccomp profile), the environment the kubelet
-resolves from Secrets, and the autoscaler's service account token in its projected volume.
+The KubeRay operator builds the pods from cpu-dev's RayCluster as rendered; the only changes are the
+image (tests/support/real_ray_pods.py: this machine's /usr and the checkout's venv mounted
+read-only, for want of a Ray image) and the worker group (one small worker, from zero, without the
+init container that fetches the model). The kubelet runs the pods: containerd and runc make their
+containers, with cpu-dev's securityContext (user 1000, no capabilities, the runtime's default
+seccomp profile), the environment the kubelet resolves from Secrets, the autoscaler's service
+account token in its projected volume, and the cluster's DNS (CoreDNS) as their nameserver.
 
 What it shows: the head pod turns Ready by the kubelet's own probes (KubeRay's exec probes of the
 raylet and the GCS); Ray's processes run as user 1000 with no capabilities under seccomp; Ray's
 token reaches them from the Secret (the pod object holds only the reference), and the Jobs API on
 the pod IP answers 401 without it and 200 with it; the autoscaler container, with nothing but the
-token the kubelet mounted, scales the worker group from 0 to 1 when a driver asks for a CPU, and the
-worker pod the operator then makes joins the head over the pod network.
+token the kubelet mounted, scales the worker group from 0 to 1 when a driver asks for a CPU; the
+worker pod the operator then makes (with KubeRay's ``wait-gcs-ready`` init container) resolves the
+head's headless Service to the head pod's IP and joins it over the pod network.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import httpx
 import psutil
 import pytest
 
+from tests.support.cluster_dns import CLUSTER_DOMAIN
 from tests.support.kube_control_plane import ROOT, ControlPlane, KubeClient, start_control_plane
 from tests.support.kube_node import KubeletNode, kubelet_node
 from tests.support.kube_objects import (
@@ -42,13 +45,17 @@ from tests.support.real_ray_pods import PRIVILEGED, bind_pending, on_host_userla
 
 pytestmark = pytest.mark.integration
 
+RESOLVE = "import socket; print(*sorted({{a[4][0] for a in socket.getaddrinfo({!r}, 6379)}}))"
+LIVE_NODES = ("import ray; ray.init(address='auto', log_to_driver=False); "
+              "print(*(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']))")
 REQUEST_A_CPU = ("import ray; from ray.autoscaler.sdk import request_resources; "
                  "ray.init(address='auto', log_to_driver=False); request_resources(num_cpus=1)")
 
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    plane = start_control_plane(tmp_path_factory.mktemp("plane"), crds())
+    # the EndpointSlice controller publishes the head Service's pod IP, which CoreDNS answers from
+    plane = start_control_plane(tmp_path_factory.mktemp("plane"), crds(), controllers=("endpointslice",))
     try:
         yield plane
     finally:
@@ -62,9 +69,13 @@ def node(plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 def _small_worker_group(cluster: dict[str, Any]) -> None:
-    """One CPU worker group from 0 replicas, sized for this 2-core node (cpu-dev asks 4 CPUs)."""
+    """One CPU worker group from 0 replicas, sized for this 2-core node (cpu-dev asks 4 CPUs), without
+    the init container that fetches the model (it asks a CPU of its own, and no engine runs here):
+    the kubelet refuses a pod that does not fit (OutOfcpu) and the operator makes another, forever."""
     (group,) = cluster["spec"]["workerGroupSpecs"]
     group.update(replicas=0, minReplicas=0, maxReplicas=1)
+    spec = group["template"]["spec"]
+    spec["initContainers"] = [c for c in spec.get("initContainers", []) if c["name"] != "prepare-model"]
     (ray,) = group["template"]["spec"]["containers"]
     ray["resources"] = {"requests": {"cpu": "250m", "memory": "1Gi"},
                         "limits": {"cpu": "1", "memory": "2Gi"}}
@@ -151,6 +162,27 @@ def test_cpu_dev_head_pod_runs_for_real_and_its_autoscaler_scales_with_the_mount
     plane.wait_for("the autoscaler scaled the worker group to 1",
                    lambda: group_replicas(kube, namespace, name).get("cpu") == 1, timeout=180)
 
-    # not yet shown: the worker pod the operator then makes did not turn Ready on this node within
-    # 300 s in the one try so far (its containers never started; cause not found yet)
+    # the worker pod the operator makes finds the head by its Service's name (the cluster's DNS) and
+    # joins it over the pod network: Ray then has two live nodes
+    def worker_ready() -> dict[str, Any] | None:
+        assert node.running(), node.log()[-3000:]
+        bind_pending(kube, namespace, node.name)
+        workers = [p for p in cluster_pods(kube, namespace, name)
+                   if p["metadata"]["labels"]["ray.io/node-type"] == "worker"]
+        return workers[0] if workers and _pod_ready(workers[0]) else None
+
+    try:
+        worker = plane.wait_for("the worker pod Ready", worker_ready, timeout=300)
+    except AssertionError:
+        for pod in cluster_pods(kube, namespace, name):
+            print(json.dumps(pod.get("status"), indent=1)[-2500:])
+        for log in sorted(node.pod_logs.rglob("*.log")):
+            print(log, log.read_text()[-2500:])
+        raise
+    (service,) = kube.list("v1", "Service", namespace, f"ray.io/cluster={name},ray.io/node-type=head")
+    fqdn = f"{service['metadata']['name']}.{namespace}.svc.{CLUSTER_DOMAIN}"
+    resolved = node.exec_in(worker, "ray-worker", [python, "-c", RESOLVE.format(fqdn)]).split()
+    assert resolved == [ip], (fqdn, resolved)
+    alive = node.exec_in(head, "ray-head", [python, "-c", LIVE_NODES]).split()
+    assert sorted(alive) == sorted([ip, worker["status"]["podIP"]]), alive
     kube.close()

@@ -2,11 +2,10 @@
 for pods of the test control plane (:mod:`tests.support.kube_control_plane`).
 
 Everything is built from the Go module proxy once and cached (``deploy/tools/kubelet``,
-``deploy/tools/containerd``, ``deploy/tools/runc``, ``deploy/tools/cni-plugins``; runc with cgo and
-seccomp, which needs Debian's ``libseccomp-dev``), and the pod sandbox's ``pause`` program is
-compiled from the Kubernetes module's own ``build/pause/linux/pause.c``. The node's image
-(:mod:`tests.support.oci_image`) holds a static busybox and ``pause``; it is imported into
-containerd, so pods use ``imagePullPolicy: Never``.
+``deploy/tools/containerd``, ``deploy/tools/runc``, ``deploy/tools/cni-plugins``,
+``deploy/tools/coredns``; runc with cgo and seccomp, which needs Debian's ``libseccomp-dev``). The
+node's images (:mod:`tests.support.node_images`: busybox and ``pause``, the sandbox image; and a
+host-userland image) are imported into containerd, so pods use ``imagePullPolicy: Never``.
 
 What a node does to the machine, and how it is kept to the test:
 
@@ -22,13 +21,16 @@ What a node does to the machine, and how it is kept to the test:
 - The kubelet sets kernel tunables that are not per namespace (``kernel.panic=10``,
   ``vm.overcommit_memory=1``, ...): their values are read before it starts and written back at stop.
 - Teardown is by PID: the kubelet, then every container's processes (the PIDs in the node's
-  cgroups), the containerd shims (their ``shim.pid`` files), containerd; then the node's mounts.
+  cgroups), the containerd shims (their ``shim.pid`` files), CoreDNS, containerd; then the node's
+  mounts.
 
 Pods get their network from the reference CNI plugins (bridge, host-local, loopback; built from
 ``deploy/tools/cni-plugins``): a network namespace of their own, an address of the node's /24 on the
 node's bridge, as :class:`PodNetwork`'s own pods have (so kube-router enforces NetworkPolicies between
-them, :mod:`tests.support.kube_router`); ``hostNetwork`` pods live in the node's namespace. Pods are
-bound to the node by ``spec.nodeName`` (no scheduler runs).
+them, :mod:`tests.support.kube_router`); ``hostNetwork`` pods live in the node's namespace. Their
+nameserver is the cluster's DNS, CoreDNS on the node's address (:mod:`tests.support.cluster_dns`),
+so Services' names resolve as in a cluster. Pods are bound to the node by ``spec.nodeName`` (no
+scheduler runs).
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ import hashlib
 import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import time
@@ -51,9 +52,9 @@ import psutil
 
 from llmbatch.stack.go_build import go_binaries
 from llmbatch.stack.process import StackError, spawn, stop_tree
-from llmbatch.stack.state import CACHE_DIR
-from tests.support.kube_control_plane import TOOLS, ControlPlane, go_module_file, write_kubeconfig
-from tests.support.oci_image import ImageFile, image_layout, write_image_tar
+from tests.support.cluster_dns import CLUSTER_DOMAIN, coredns_binary, start_cluster_dns
+from tests.support.kube_control_plane import TOOLS, ControlPlane, write_kubeconfig
+from tests.support.node_images import IMAGE, host_userland_image, node_image, pause_program
 from tests.support.pod_network import PodNetwork
 
 KUBELET = "k8s.io/kubernetes/cmd/kubelet"
@@ -64,14 +65,6 @@ RUNC = "github.com/opencontainers/runc"
 # the CNI plugins containerd calls for a pod's network (containernetworking/plugins, the reference ones)
 CNI_PLUGINS = tuple(f"github.com/containernetworking/plugins/plugins/{p}"
                     for p in ("main/bridge", "main/loopback", "ipam/host-local"))
-# the pause program's source, in the Kubernetes module the kubelet is built from (its go.sum hash)
-PAUSE_SOURCE = ("k8s.io/kubernetes", "v1.37.2", "h1:A2VDEiObzkYqFTKhSsn0ZEb0RlLEXpHWj93gi2HqEwE=",
-                "build/pause/linux/pause.c")
-BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static
-IMAGE = "llmbatch.test/node:1"  # busybox and pause; the pod sandbox image too
-# this machine's /usr (and the checkout's venv) mounted read-only from hostPath volumes, for a Ray
-# container without a Ray image (tests/support/real_ray_pods.py)
-HOST_IMAGE = "llmbatch.test/host-userland:1"
 KUBERNETES_SERVICE = ("10.96.0.1", 443)  # the `kubernetes` Service: first IP of the service range
 CONTAINERD_NS = "k8s.io"  # containerd's namespace of the CRI plugin
 CONTAINER_LOGS = Path("/var/log/containers")
@@ -91,64 +84,19 @@ class NodeBinaries:
     runc: Path
     pause: Path
     cni: Path  # the folder of the CNI plugins
+    coredns: Path
 
 
 def build() -> NodeBinaries:
-    """Build (or find cached) the kubelet, containerd, its shim and ``ctr``, runc and ``pause``."""
-    if not BUSYBOX.exists():
-        raise StackError(f"{BUSYBOX} is missing: install Debian's busybox-static (make setup does)")
+    """Build (or find cached) the kubelet, containerd, its shim and ``ctr``, runc, the CNI plugins,
+    CoreDNS and ``pause``."""
     kubelet = go_binaries(TOOLS / "kubelet", [KUBELET])[KUBELET]
     containerd = go_binaries(TOOLS / "containerd", [CONTAINERD, SHIM, CTR])
     runc = go_binaries(TOOLS / "runc", [RUNC], cgo=True, tags=["seccomp"])[RUNC]
     cni = go_binaries(TOOLS / "cni-plugins", CNI_PLUGINS)
     return NodeBinaries(kubelet=kubelet, containerd=containerd[CONTAINERD], shim=containerd[SHIM],
-                        ctr=containerd[CTR], runc=runc, pause=_pause(), cni=cni[CNI_PLUGINS[0]].parent)
-
-
-def _pause() -> Path:
-    source = go_module_file(*PAUSE_SOURCE)
-    data = source.read_bytes()
-    target = CACHE_DIR / "bin" / f"pause-{hashlib.sha256(data).hexdigest()[:12]}" / "pause"
-    if target.exists():
-        return target
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        raise StackError("`gcc` is not on PATH: the test node's pause program is compiled with it")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".pause.{os.getpid()}")
-    proc = subprocess.run([gcc, "-Os", "-static", "-o", str(tmp), str(source)], capture_output=True,
-                          text=True, timeout=300, check=False)
-    if proc.returncode != 0:
-        raise StackError("compiling pause.c failed", proc.stdout + proc.stderr)
-    tmp.rename(target)
-    return target
-
-
-def node_image(binaries: NodeBinaries, folder: Path) -> Path:
-    """The node's image as a tar ``ctr images import`` reads: busybox (every applet it has, linked
-    in ``/bin``: ``sh``, ``wget``, ``httpd``, ...) and ``/pause`` (its entrypoint, as the sandbox
-    image's)."""
-    listed = subprocess.run([str(BUSYBOX), "--list"], capture_output=True, text=True, check=True,
-                            timeout=30).stdout.split()
-    applets = tuple(f"/bin/{a}" for a in listed if a != "busybox")
-    layout = image_layout(IMAGE, [ImageFile("/bin/busybox", BUSYBOX, links=applets),
-                                  ImageFile("/pause", binaries.pause)], entrypoint=["/pause"])
-    return write_image_tar(folder / "node-image.tar", layout)
-
-
-def host_userland_image(folder: Path) -> Path:
-    """An image of no programs of its own: ``/bin``, ``/lib``, ... link into ``/usr``, which a pod
-    mounts from the node (hostPath, read-only); ``/etc/passwd`` knows root and the Ray pods' user
-    1000 (group 100, as deploy/kubernetes's securityContext)."""
-    passwd = b"root:x:0:0:root:/root:/bin/sh\nray:x:1000:100:ray:/tmp:/bin/sh\n"
-    group = b"root:x:0:\nusers:x:100:\n"
-    files = [ImageFile("/etc/passwd", passwd, mode=0o644), ImageFile("/etc/group", group, mode=0o644)]
-    layout = image_layout(
-        HOST_IMAGE, files,
-        entrypoint=["/bin/sh"], env={"PATH": "/usr/local/bin:/usr/bin:/bin"},
-        empty_dirs=("tmp", "etc", "proc", "sys", "dev", "usr", "root", "home", "run", "var/tmp"),
-        symlinks={f"/{d}": f"usr/{d}" for d in ("bin", "sbin", "lib", "lib64")})
-    return write_image_tar(folder / "host-userland-image.tar", layout)
+                        ctr=containerd[CTR], runc=runc, pause=pause_program(),
+                        cni=cni[CNI_PLUGINS[0]].parent, coredns=coredns_binary())
 
 
 def cni_config(net: PodNetwork, ipam_dir: Path) -> dict[str, Any]:
@@ -204,9 +152,10 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
 """
 
 
-def kubelet_config(folder: Path, socket: Path, cgroup_root: str) -> dict[str, Any]:
+def kubelet_config(folder: Path, socket: Path, cgroup_root: str, cluster_dns: str) -> dict[str, Any]:
     """The kubelet's KubeletConfiguration: cgroup v1 allowed (this machine boots it), cgroupfs, no
-    server of its own (probes and pod status need none), pods' logs under ``folder``."""
+    server of its own (probes and pod status need none), pods' logs under ``folder``, pods' DNS
+    from ``cluster_dns``."""
     return {
         "kind": "KubeletConfiguration", "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "enableServer": False, "readOnlyPort": 0,
@@ -217,6 +166,7 @@ def kubelet_config(folder: Path, socket: Path, cgroup_root: str) -> dict[str, An
         "cgroupDriver": "cgroupfs", "cgroupRoot": cgroup_root, "failCgroupV1": False,
         "failSwapOn": False, "podLogsDir": str(folder / "pods-logs"),
         "resolvConf": "/etc/resolv.conf", "staticPodPath": "",
+        "clusterDNS": [cluster_dns], "clusterDomain": CLUSTER_DOMAIN,
         "nodeStatusUpdateFrequency": "2s", "syncFrequency": "5s",
         # a shared test machine's disk may be nearly full: evict nothing for it
         "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%",
@@ -271,10 +221,18 @@ class KubeletNode:
         return proc.stdout
 
     def start(self, plane: ControlPlane) -> None:
-        """Start containerd with the node image, then the kubelet registered as node ``name``."""
+        """Start containerd with the node image, the cluster's DNS, then the kubelet registered as
+        node ``name``."""
         try:
             self._start_containerd()
-            self._start_kubelet(plane)
+            server_port = int(plane.server.rsplit(":", 1)[1])
+            kubeconfig = self.folder / "kubeconfig"
+            write_kubeconfig(kubeconfig, f"https://127.0.0.1:{self.net.forward_from_node(server_port)}",
+                             plane.token, plane.ca_cert)
+            self.pids["coredns"] = start_cluster_dns(self.net, self.binaries.coredns,
+                                                     self.folder / "coredns", kubeconfig)
+            self._start_kubelet(plane, kubeconfig)
+            self._route_kubernetes_service(server_port)
         except BaseException:
             self.stop()
             raise
@@ -297,7 +255,7 @@ class KubeletNode:
             if time.monotonic() > deadline or not psutil.pid_exists(self.pids["containerd"]):
                 raise StackError("containerd did not start", log.read_text()[-4000:])
             time.sleep(0.2)
-        self.ctr("images", "import", str(node_image(self.binaries, folder)))
+        self.ctr("images", "import", str(node_image(self.binaries.pause, folder)))
         self.ctr("images", "import", str(host_userland_image(folder)))
 
     def exec_in(self, pod: dict[str, Any], container: str, argv: list[str], timeout: float = 180) -> str:
@@ -315,7 +273,7 @@ class KubeletNode:
             return True
         return False
 
-    def _start_kubelet(self, plane: ControlPlane) -> None:
+    def _start_kubelet(self, plane: ControlPlane, kubeconfig: Path) -> None:
         folder = self.folder / "kubelet"
         folder.mkdir(parents=True, exist_ok=True)
         self.pod_logs.mkdir(exist_ok=True)
@@ -325,12 +283,9 @@ class KubeletNode:
             if hierarchy.name == "cpuset":  # a v1 cpuset takes no process before it has CPUs
                 for key in ("cpuset.cpus", "cpuset.mems"):
                     (root / key).write_text((hierarchy / key).read_text())
-        server_port = int(plane.server.rsplit(":", 1)[1])
-        kubeconfig = folder / "kubeconfig"
-        write_kubeconfig(kubeconfig, f"https://127.0.0.1:{self.net.forward_from_node(server_port)}",
-                         plane.token, plane.ca_cert)
         config = folder / "config.json"
-        config.write_text(json.dumps(kubelet_config(folder, self.socket, self.cgroup_root)))
+        config.write_text(json.dumps(kubelet_config(folder, self.socket, self.cgroup_root,
+                                                    self.net.node_ip)))
         self.saved_tunables = read_tunables()
         self.pids["kubelet"] = spawn(self.net.command([
             str(self.binaries.kubelet), f"--config={config}", f"--kubeconfig={kubeconfig}",
@@ -348,7 +303,6 @@ class KubeletNode:
             plane.wait_for(f"node {self.name} registered by its kubelet", registered, timeout=120)
         finally:
             client.close()
-        self._route_kubernetes_service(server_port)
 
     def _route_kubernetes_service(self, server_port: int) -> None:
         """What kube-proxy does for the ``kubernetes`` Service (none runs here): its ClusterIP, which
@@ -407,8 +361,9 @@ class KubeletNode:
         _kill_all(set(shims))
         for shim_id in shims.values():  # a killed shim leaves its socket behind
             self._shim_socket(shim_id).unlink(missing_ok=True)
-        if "containerd" in self.pids:
-            stop_tree(self.pids.pop("containerd"))
+        for name in ("coredns", "containerd"):
+            if name in self.pids:
+                stop_tree(self.pids.pop(name))
         _kill_all(self.container_pids())  # a container a shim restarted meanwhile
         for mount in sorted(_mounts_under(self.folder), key=len, reverse=True):
             subprocess.run(["umount", "-l", mount], capture_output=True, check=False, timeout=30)
@@ -473,6 +428,7 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description="The tests' kubelet node.")
     parser.add_argument("--build", action="store_true", required=True,
-                        help="build the kubelet, containerd, runc and pause into the cache")
+                        help="build the kubelet, containerd, runc, the CNI plugins, CoreDNS and pause\n"
+                             "into the cache")
     parser.parse_args()
     build()

@@ -1,6 +1,7 @@
-"""The tests' stand-in for a kubelet (none runs here): run a Ray pod the KubeRay operator made as
-local Ray processes started the way the pod's container would start them, and report the pod
-Running and Ready through the API server.
+"""The tests' stand-in for a kubelet, used by the autoscaler, RayService and policy tests (a real
+kubelet node is :mod:`tests.support.kube_node`): run a Ray pod the KubeRay operator made as local
+Ray processes started the way the pod's container would start them, and report the pod Running and
+Ready through the API server.
 
 A head pod becomes a :class:`PrivateRay` and a worker pod a :class:`PrivateRayWorker` of it: the
 CPUs, custom resources and ``--no-monitor`` of the pod's ``ray start``, its GPU limit as Ray's GPU

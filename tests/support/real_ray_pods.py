@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.kube_control_plane import ROOT, KubeClient
-from tests.support.kube_node import HOST_IMAGE
+from tests.support.node_images import HOST_IMAGE
 
 PRIVILEGED = {"pod-security.kubernetes.io/enforce": "privileged"}
 

@@ -1,0 +1,69 @@
+"""The cluster's DNS for the tests' kubelet node: CoreDNS (``deploy/tools/coredns``: its kubernetes
+plugin and the few it needs, built from the Go module proxy and cached) answering ``cluster.local``
+from the API server, as a cluster's kube-dns does. It listens on the node's address in the node's
+network namespace, and the kubelet gives that address to every pod as its nameserver
+(``clusterDNS``), so a pod resolves ``<service>.<namespace>.svc.cluster.local``: a headless
+Service (the Ray head's) to its pods' IPs.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+from llmbatch.stack.go_build import go_binaries
+from llmbatch.stack.process import StackError, spawn
+from tests.support.kube_control_plane import TOOLS
+from tests.support.pod_network import PodNetwork
+
+CLUSTER_DOMAIN = "cluster.local"
+READY_PORT = 8181  # CoreDNS's ready plugin, on the node's loopback
+
+
+def coredns_binary() -> Path:
+    """Build (or find cached) the tests' CoreDNS."""
+    return go_binaries(TOOLS / "coredns", ["."])["."]
+
+
+def corefile(node_ip: str, kubeconfig: Path) -> str:
+    """CoreDNS's configuration: ``cluster.local`` (and reverse lookups of pod IPs) from the API
+    server on ``node_ip``:53; no upstream (the test's pods need only the cluster's names)."""
+    return f""".:53 {{
+    bind {node_ip}
+    ready 127.0.0.1:{READY_PORT}
+    errors
+    log
+    cache 5
+    kubernetes {CLUSTER_DOMAIN} in-addr.arpa {{
+        kubeconfig {kubeconfig} local
+        pods verified
+        ttl 5
+    }}
+}}
+"""
+
+
+def start_cluster_dns(net: PodNetwork, coredns: Path, folder: Path, kubeconfig: Path) -> int:
+    """Start CoreDNS (binary ``coredns``) in ``net``'s node namespace and wait until it has read
+    the API server (its ready plugin says so); its PID."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = folder / "Corefile"
+    config.write_text(corefile(net.node_ip, kubeconfig))
+    log = folder / "coredns.log"
+    pid = spawn(net.command([str(coredns), "-conf", str(config)], net.node), log)
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{READY_PORT}/ready", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    deadline = time.monotonic() + 60
+    while not net.on_node(ready):
+        if time.monotonic() > deadline or not psutil.pid_exists(pid):
+            raise StackError("CoreDNS did not become ready", log.read_text(errors="replace")[-4000:])
+        time.sleep(0.3)
+    return pid
