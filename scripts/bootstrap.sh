@@ -6,9 +6,9 @@
 #   2. this checkout's own .venv, exactly as uv.lock says (engine, model converter, test and lint
 #      tools included), hard-linked from uv's shared cache: seconds once the cache is warm
 #   3. `llmbatch stack prepare`: Kafka jars, the MinIO binary, the converted model (cached)
-#   4. the Go tool that renders/validates deploy/, and etcd, kube-apiserver, the KubeRay operator,
-#      kube-router, and the kubelet, containerd and runc of the test node for the deploy tests (built
-#      from the Go module proxy, cached)
+#   4. the Go tool that renders/validates deploy/, and etcd, kube-apiserver, kube-scheduler, the
+#      KubeRay operator, kube-router, and the kubelet, kube-proxy, containerd, runc and CoreDNS of the
+#      test node for the deploy tests (built from the Go module proxy, cached)
 # Heavy downloads are cached in $LLMBATCH_CACHE (default ~/.cache/llmbatch), never in the checkout.
 # Prints a line before each long step and the seconds each step took at the end.
 set -euo pipefail
@@ -71,11 +71,11 @@ venv() {
 # --- 3 + 4. services' binaries, the model, the deploy validator -----------------------------
 prepare() { .venv/bin/llmbatch stack prepare; }
 deploy_tools() { .venv/bin/python scripts/validate_deploy.py --build >/dev/null; }
-# etcd, kube-apiserver, the KubeRay operator and kube-router for tests/integration/test_kuberay_*.py
-# and test_pod_network_policy.py
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, the KubeRay operator and kube-router
+# for tests/integration/test_kuberay_*.py and test_pod_network_policy.py
 # (Go module proxy; ~5 min of CPU the first time, cached by their go.sum)
-# and the kubelet, containerd, runc, the CNI plugins and pause of tests/support/kube_node.py
-# (~6-10 min more, first time)
+# and the kubelet, kube-proxy, containerd, runc, the CNI plugins, CoreDNS and pause of
+# tests/support/kube_node.py (~10-15 min more, first time)
 kube_tools() {
   .venv/bin/python -m tests.support.kube_control_plane --build
   .venv/bin/python -m tests.support.kube_node --build

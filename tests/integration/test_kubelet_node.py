@@ -10,17 +10,21 @@ pod's containers and cgroup go, and the kubelet then removes the pod from the AP
 (the reference CNI plugins, called by containerd): a pod reaches another by its pod IP; with a
 NetworkPolicy that lets in only ``role=friend`` pods, enforced by the real kube-router on the node,
 the friend gets through and a stranger does not (with an allow-all ingress rule instead, the test
-fails).
+fails); a pod reaches a ClusterIP Service by its name (CoreDNS answers, kube-proxy DNATs; without
+kube-proxy the test fails). The kubelet's own identity (``system:node:<name>``, a client
+certificate) reads a Secret only through a pod bound to its node, and creates no other Node.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.support.kube_control_plane import ControlPlane, KubeClient, start_control_plane
@@ -36,7 +40,8 @@ AUDIENCE = "llmbatch-test"
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    plane = start_control_plane(tmp_path_factory.mktemp("plane"), crds=[], operator=False)
+    plane = start_control_plane(tmp_path_factory.mktemp("plane"), crds=[], operator=False,
+                                controllers=("endpointslice",))
     try:
         yield plane
     finally:
@@ -185,6 +190,32 @@ def _client_pod(name: str, node: KubeletNode, ip: str, labels: dict[str, str]) -
     return pod
 
 
+def test_a_pod_reaches_a_service_by_its_name_through_cluster_dns_and_kube_proxy(
+        plane: ControlPlane, kube: KubeClient, node: KubeletNode) -> None:
+    web = _pod("svc-web", node, "mkdir -p /www; echo hello-from-web > /www/index.html; "
+               "exec httpd -f -p 8080 -h /www", hostNetwork=False)
+    web["metadata"]["labels"] = {"app": "svc-web"}
+    kube.apply(web)
+    kube.apply({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": NAMESPACE},
+                "spec": {"selector": {"app": "svc-web"},
+                         "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}})
+    service = kube.get("v1", "Service", "web", NAMESPACE)
+    assert service is not None
+    cluster_ip = service["spec"]["clusterIP"]
+    # busybox's nslookup asks the pod's nameserver (the kubelet's clusterDNS: CoreDNS); port 80 of
+    # the ClusterIP is kube-proxy's DNAT to the web pod's 8080
+    request = "printf 'GET /index.html HTTP/1.0\\r\\n\\r\\n'"
+    script = (f"for i in $$(seq 30); do ip=$$(nslookup web.{NAMESPACE}.svc.cluster.local | "
+              "sed -n 's/^Address: *\\([0-9.]*\\)$$/\\1/p' | tail -1); "
+              f"[ -n \"$$ip\" ] && {request} | nc -w 1 $$ip 80 | grep hello && echo via $$ip && exit 0; "
+              "sleep 1; done; echo never reached; exit 1")
+    kube.apply(_pod("svc-client", node, script, restartPolicy="Never", hostNetwork=False))
+    done = _wait_pod(plane, kube, node, "svc-client", "done",
+                     lambda p: p.get("status", {}).get("phase") in ("Succeeded", "Failed"))
+    assert _log_lines(node, done, "main") == ["hello-from-web", f"via {cluster_ip}"]
+    assert done["status"]["phase"] == "Succeeded"
+
+
 def test_pods_on_the_pod_network_reach_each_other_as_their_network_policy_says(
         plane: ControlPlane, kube: KubeClient, node: KubeletNode, tmp_path: Path) -> None:
     web = _pod("web", node, "mkdir -p /www; echo hello-from-web > /www/index.html; "
@@ -223,3 +254,32 @@ def test_pods_on_the_pod_network_reach_each_other_as_their_network_policy_says(
         assert _log_lines(node, finished["stranger"], "main") == ["never reached"]
     finally:
         router.stop()
+
+
+def test_the_kubelet_reads_only_the_secrets_of_its_own_pods(
+        plane: ControlPlane, kube: KubeClient, node: KubeletNode) -> None:
+    for name in ("used-by-a-pod", "used-by-none"):
+        kube.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": NAMESPACE},
+                    "stringData": {"value": name}})
+    env = [{"name": "VALUE", "valueFrom": {"secretKeyRef": {"name": "used-by-a-pod", "key": "value"}}}]
+    kube.apply(_pod("secret-user", node, "echo $(VALUE); exec sleep 600", container={"env": env}))
+    pod = _wait_pod(plane, kube, node, "secret-user", "Running",
+                    lambda p: p.get("status", {}).get("phase") == "Running")
+    assert _log_lines(node, pod, "main") == ["used-by-a-pod"]  # the kubelet read it for the pod
+
+    # the kubelet's own credentials (user system:node:<name>): the Node authorizer lets it read a
+    # Secret only through a pod bound to its node
+    identity = node.kubelet_identity
+    tls = ssl.create_default_context(cafile=str(plane.ca_cert))
+    tls.load_cert_chain(identity.cert, identity.key)
+    with httpx.Client(base_url=plane.server, verify=tls, timeout=10) as as_node:
+        def secret(name: str) -> int:
+            return as_node.get(f"/api/v1/namespaces/{NAMESPACE}/secrets/{name}").status_code
+
+        assert as_node.get(f"/api/v1/nodes/{node.name}").status_code == 200
+        assert secret("used-by-a-pod") == 200
+        assert secret("used-by-none") == 403
+        # and NodeRestriction lets it write only its own Node
+        another = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "another-node"}}
+        assert as_node.post("/api/v1/nodes", json=another).status_code == 403
+    kube.delete("v1", "Pod", "secret-user", NAMESPACE)

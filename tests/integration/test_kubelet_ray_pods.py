@@ -41,7 +41,7 @@ from tests.support.kube_objects import (
     publish_root_ca,
     vd,
 )
-from tests.support.real_ray_pods import PRIVILEGED, bind_pending, on_host_userland
+from tests.support.real_ray_pods import PRIVILEGED, on_host_userland
 
 pytestmark = pytest.mark.integration
 
@@ -54,8 +54,11 @@ REQUEST_A_CPU = ("import ray; from ray.autoscaler.sdk import request_resources; 
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    # the EndpointSlice controller publishes the head Service's pod IP, which CoreDNS answers from
-    plane = start_control_plane(tmp_path_factory.mktemp("plane"), crds(), controllers=("endpointslice",))
+    # kube-scheduler binds the pods to the node once the node lifecycle controller has lifted its
+    # not-ready taint; the EndpointSlice controller publishes the head Service's pod IP, which CoreDNS
+    # answers from
+    plane = start_control_plane(tmp_path_factory.mktemp("plane"), crds(),
+                                controllers=("endpointslice", "nodelifecycle"), scheduler=True)
     try:
         yield plane
     finally:
@@ -120,7 +123,6 @@ def test_cpu_dev_head_pod_runs_for_real_and_its_autoscaler_scales_with_the_mount
 
     def head_ready() -> dict[str, Any] | None:
         assert node.running(), node.log()[-3000:]
-        bind_pending(kube, namespace, node.name)
         heads = [p for p in cluster_pods(kube, namespace, name)
                  if p["metadata"]["labels"]["ray.io/node-type"] == "head"]
         return heads[0] if heads and _pod_ready(heads[0]) else None
@@ -166,7 +168,6 @@ def test_cpu_dev_head_pod_runs_for_real_and_its_autoscaler_scales_with_the_mount
     # joins it over the pod network: Ray then has two live nodes
     def worker_ready() -> dict[str, Any] | None:
         assert node.running(), node.log()[-3000:]
-        bind_pending(kube, namespace, node.name)
         workers = [p for p in cluster_pods(kube, namespace, name)
                    if p["metadata"]["labels"]["ray.io/node-type"] == "worker"]
         return workers[0] if workers and _pod_ready(workers[0]) else None

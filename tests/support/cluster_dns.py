@@ -16,16 +16,33 @@ import psutil
 
 from llmbatch.stack.go_build import go_binaries
 from llmbatch.stack.process import StackError, spawn
-from tests.support.kube_control_plane import TOOLS
+from tests.support.kube_control_plane import TOOLS, KubeClient
 from tests.support.pod_network import PodNetwork
 
 CLUSTER_DOMAIN = "cluster.local"
+CLUSTER_DNS_USER = "llmbatch-test:coredns"  # the user of CoreDNS's client certificate
+# what CoreDNS's kubernetes plugin reads (the ClusterRole its own deployment manifests give it)
+CLUSTER_DNS_RULES = [
+    {"apiGroups": [""], "resources": ["services", "pods", "namespaces"], "verbs": ["list", "watch"]},
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+]
 READY_PORT = 8181  # CoreDNS's ready plugin, on the node's loopback
 
 
 def coredns_binary() -> Path:
     """Build (or find cached) the tests' CoreDNS."""
     return go_binaries(TOOLS / "coredns", ["."])["."]
+
+
+def allow_cluster_dns(kube: KubeClient) -> None:
+    """Let :data:`CLUSTER_DNS_USER` read what CoreDNS reads, and nothing else."""
+    name = CLUSTER_DNS_USER
+    kube.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": name}, "rules": CLUSTER_DNS_RULES})
+    kube.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": name}]})
 
 
 def corefile(node_ip: str, kubeconfig: Path) -> str:

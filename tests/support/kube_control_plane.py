@@ -32,14 +32,17 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from llmbatch.stack.go_build import go_binaries
 from llmbatch.stack.process import StackError, free_port, spawn, stop_tree, wait_until
+from tests.support.kube_identities import ClientCa, make_client_ca
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ROOT / "deploy" / "tools"
 KUBE_APISERVER = "k8s.io/kubernetes/cmd/kube-apiserver"
 KUBE_CONTROLLER_MANAGER = "k8s.io/kubernetes/cmd/kube-controller-manager"
-# the controllers of kube-controller-manager a test can ask for: the Services' EndpointSlices, and the
-# garbage collector (what a deleted owner owned goes too: a deleted RayCluster's pods)
-CONTROLLERS = ("endpointslice", "garbagecollector")
+KUBE_SCHEDULER = "k8s.io/kubernetes/cmd/kube-scheduler"
+# the controllers of kube-controller-manager a test can ask for: the Services' EndpointSlices, the
+# garbage collector (what a deleted owner owned goes too: a deleted RayCluster's pods), and the node
+# lifecycle (it lifts the not-ready taint a kubelet registers its node with, once the node is Ready)
+CONTROLLERS = ("endpointslice", "garbagecollector", "nodelifecycle")
 ETCD = "go.etcd.io/etcd/server/v3"
 KUBERAY_OPERATOR = "github.com/ray-project/kuberay/ray-operator"
 KUBE_ROUTER = "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router"  # tests/support/kube_router.py
@@ -224,6 +227,7 @@ class ControlPlane:
     token: str = ""
     ca_cert: Path = Path()
     operator_log: Path = Path()
+    client_ca: ClientCa | None = None  # signs the certificates of the plane's components
     pids: list[int] = field(default_factory=list)
 
     def client(self) -> KubeClient:
@@ -274,14 +278,18 @@ def write_kubeconfig(path: Path, server: str, token: str, ca_cert: Path) -> None
 
 def start_control_plane(workdir: Path, crds: Sequence[dict[str, Any]],
                         operator_env: Mapping[str, str] | None = None,
-                        controllers: Sequence[str] = (), *, operator: bool = True) -> ControlPlane:
-    """Start etcd, kube-apiserver (token auth, RBAC, default admission) with the
+                        controllers: Sequence[str] = (), *, operator: bool = True,
+                        scheduler: bool = False) -> ControlPlane:
+    """Start etcd, kube-apiserver (tokens for the tests, client certificates of
+    :attr:`ControlPlane.client_ca` for the components; Node and RBAC authorization; the default
+    admission plugins and NodeRestriction) with the
     CustomResourceDefinitions ``crds`` installed, and the KubeRay operator watching every
     namespace (with ``operator_env`` added to its environment; not ``operator``: the caller starts
     it, :func:`start_operator`). ``controllers``: those of kube-controller-manager to run as well (of
-    :data:`CONTROLLERS`); none: it does not run."""
+    :data:`CONTROLLERS`); none: it does not run. ``scheduler``: kube-scheduler runs too (binding pods to
+    the nodes they fit: a test with a real node, :mod:`tests.support.kube_node`)."""
     assert set(controllers) <= set(CONTROLLERS), controllers
-    kube = go_binaries(TOOLS / "kubeapi", [KUBE_APISERVER, ETCD, KUBE_CONTROLLER_MANAGER])
+    kube = go_binaries(TOOLS / "kubeapi", [KUBE_APISERVER, ETCD, KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER])
     workdir.mkdir(parents=True, exist_ok=True)
     plane = ControlPlane(workdir=workdir, token=secrets.token_hex(16))
     try:
@@ -290,6 +298,8 @@ def start_control_plane(workdir: Path, crds: Sequence[dict[str, Any]],
             start_operator(plane, operator_env or {})
         if controllers:
             _start_controller_manager(plane, kube[KUBE_CONTROLLER_MANAGER], controllers)
+        if scheduler:
+            _start_scheduler(plane, kube[KUBE_SCHEDULER])
     except BaseException:
         plane.stop()
         raise
@@ -315,13 +325,17 @@ def _start(plane: ControlPlane, kube: dict[str, Path], crds: Sequence[dict[str, 
     tokens = work / "tokens.csv"
     tokens.write_text(f'{plane.token},llmbatch-test-admin,llmbatch-test-admin,"system:masters"\n')
     tokens.chmod(0o600)
+    plane.client_ca = make_client_ca(work / "client-ca")
     port = free_port()
     certs = work / "certs"
     api_log = work / "kube-apiserver.log"
     pid = spawn([str(kube[KUBE_APISERVER]), f"--etcd-servers=http://127.0.0.1:{client_port}",
                  "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
                  f"--secure-port={port}", f"--cert-dir={certs}", f"--token-auth-file={tokens}",
-                 "--authorization-mode=RBAC", "--service-cluster-ip-range=10.96.0.0/16",
+                 f"--client-ca-file={plane.client_ca.cert}",
+                 # a node's kubelet reads only what its pods use, and writes only its Node and pods
+                 "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+                 "--service-cluster-ip-range=10.96.0.0/16",
                  # the `kubernetes` Service's endpoint would be 127.0.0.1, which it refuses
                  "--endpoint-reconciler-type=none",
                  "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -388,9 +402,21 @@ def _start_controller_manager(plane: ControlPlane, binary: Path, controllers: Se
                120, pid, "kube-controller-manager", log)
 
 
+def _start_scheduler(plane: ControlPlane, binary: Path) -> None:
+    port = free_port()
+    log = plane.workdir / "kube-scheduler.log"
+    pid = spawn([str(binary), f"--kubeconfig={plane.workdir / 'kubeconfig'}",
+                 "--bind-address=127.0.0.1", f"--secure-port={port}",
+                 f"--cert-dir={plane.workdir / 'scheduler-certs'}", "--leader-elect=false"], log)
+    plane.pids.insert(2, pid)  # stopped after the operator, before the API server
+    wait_until(lambda: httpx.get(f"https://127.0.0.1:{port}/healthz",  # anyone may; its own cert
+                                 verify=False).status_code == 200,
+               120, pid, "kube-scheduler", log)
+
+
 def build() -> None:
     """Build (or find cached) every binary :func:`start_control_plane` runs."""
-    go_binaries(TOOLS / "kubeapi", [KUBE_APISERVER, ETCD, KUBE_CONTROLLER_MANAGER])
+    go_binaries(TOOLS / "kubeapi", [KUBE_APISERVER, ETCD, KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER])
     go_binaries(TOOLS / "kuberay-operator", [KUBERAY_OPERATOR])
     go_binaries(TOOLS / "kube-router", [KUBE_ROUTER])
     go_module_file(*SERVICEMONITOR_CRD)
@@ -401,7 +427,8 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description="The tests' Kubernetes control plane.")
     parser.add_argument("--build", action="store_true", required=True,
-                        help="build etcd, kube-apiserver, kube-controller-manager, the KubeRay operator and "
-                             "kube-router into the cache, and download the ServiceMonitor CRD")
+                        help="build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, the "
+                             "KubeRay operator and kube-router into the cache, and download the "
+                             "ServiceMonitor CRD")
     parser.parse_args()
     build()

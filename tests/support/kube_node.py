@@ -9,9 +9,10 @@ host-userland image) are imported into containerd, so pods use ``imagePullPolicy
 
 What a node does to the machine, and how it is kept to the test:
 
-- The kubelet and containerd run in the network namespace of a :class:`PodNetwork` node (their
-  iptables chains, such as ``KUBE-FIREWALL``, stay there; ``hostNetwork`` pods live there too) and
-  reach the API server through :meth:`PodNetwork.forward_from_node`. They share this machine's
+- The kubelet, containerd, kube-proxy and CoreDNS run in the network namespace of a
+  :class:`PodNetwork` node (their iptables chains, such as ``KUBE-FIREWALL`` and kube-proxy's, stay
+  there; ``hostNetwork`` pods live there too) and reach the API server through
+  :meth:`PodNetwork.forward_from_node`. They share this machine's
   mount namespace, as on a node (the kubelet mounts a pod's volumes; containerd hands them to runc).
 - Every file is under the node's folder (kubelet root, containerd root and state, pod logs), but
   ``/var/log/containers``, where the kubelet always links container logs: the node's links go at
@@ -21,16 +22,17 @@ What a node does to the machine, and how it is kept to the test:
 - The kubelet sets kernel tunables that are not per namespace (``kernel.panic=10``,
   ``vm.overcommit_memory=1``, ...): their values are read before it starts and written back at stop.
 - Teardown is by PID: the kubelet, then every container's processes (the PIDs in the node's
-  cgroups), the containerd shims (their ``shim.pid`` files), CoreDNS, containerd; then the node's
-  mounts.
+  cgroups), the containerd shims (their ``shim.pid`` files), kube-proxy, CoreDNS, containerd;
+  then the node's mounts.
 
 Pods get their network from the reference CNI plugins (bridge, host-local, loopback; built from
 ``deploy/tools/cni-plugins``): a network namespace of their own, an address of the node's /24 on the
 node's bridge, as :class:`PodNetwork`'s own pods have (so kube-router enforces NetworkPolicies between
 them, :mod:`tests.support.kube_router`); ``hostNetwork`` pods live in the node's namespace. Their
 nameserver is the cluster's DNS, CoreDNS on the node's address (:mod:`tests.support.cluster_dns`),
-so Services' names resolve as in a cluster. Pods are bound to the node by ``spec.nodeName`` (no
-scheduler runs).
+so Services' names resolve as in a cluster, and kube-proxy (iptables mode, in the node's namespace;
+:mod:`tests.support.kube_proxy`) routes Services' ClusterIPs. Pods reach the node either by
+``spec.nodeName`` or through kube-scheduler (``start_control_plane(scheduler=True)``).
 """
 
 from __future__ import annotations
@@ -52,12 +54,21 @@ import psutil
 
 from llmbatch.stack.go_build import go_binaries
 from llmbatch.stack.process import StackError, spawn, stop_tree
-from tests.support.cluster_dns import CLUSTER_DOMAIN, coredns_binary, start_cluster_dns
-from tests.support.kube_control_plane import TOOLS, ControlPlane, write_kubeconfig
+from tests.support.cluster_dns import (
+    CLUSTER_DNS_USER,
+    CLUSTER_DOMAIN,
+    allow_cluster_dns,
+    coredns_binary,
+    start_cluster_dns,
+)
+from tests.support.kube_control_plane import TOOLS, ControlPlane
+from tests.support.kube_identities import ClientCert, issue_client_cert, write_cert_kubeconfig
+from tests.support.kube_proxy import publish_api_server, start_kube_proxy
 from tests.support.node_images import IMAGE, host_userland_image, node_image, pause_program
 from tests.support.pod_network import PodNetwork
 
 KUBELET = "k8s.io/kubernetes/cmd/kubelet"
+KUBE_PROXY = "k8s.io/kubernetes/cmd/kube-proxy"
 CONTAINERD = "github.com/containerd/containerd/v2/cmd/containerd"
 SHIM = "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"
 CTR = "github.com/containerd/containerd/v2/cmd/ctr"
@@ -65,7 +76,6 @@ RUNC = "github.com/opencontainers/runc"
 # the CNI plugins containerd calls for a pod's network (containernetworking/plugins, the reference ones)
 CNI_PLUGINS = tuple(f"github.com/containernetworking/plugins/plugins/{p}"
                     for p in ("main/bridge", "main/loopback", "ipam/host-local"))
-KUBERNETES_SERVICE = ("10.96.0.1", 443)  # the `kubernetes` Service: first IP of the service range
 CONTAINERD_NS = "k8s.io"  # containerd's namespace of the CRI plugin
 CONTAINER_LOGS = Path("/var/log/containers")
 # what the kubelet writes at start (pkg/kubelet/cm: setupKernelTunables): read before, restored after
@@ -78,6 +88,7 @@ SHIM_SOCKETS = Path("/run/containerd/s")
 @dataclass(frozen=True)
 class NodeBinaries:
     kubelet: Path
+    kube_proxy: Path
     containerd: Path
     shim: Path
     ctr: Path
@@ -90,12 +101,13 @@ class NodeBinaries:
 def build() -> NodeBinaries:
     """Build (or find cached) the kubelet, containerd, its shim and ``ctr``, runc, the CNI plugins,
     CoreDNS and ``pause``."""
-    kubelet = go_binaries(TOOLS / "kubelet", [KUBELET])[KUBELET]
+    kube = go_binaries(TOOLS / "kubelet", [KUBELET, KUBE_PROXY])
     containerd = go_binaries(TOOLS / "containerd", [CONTAINERD, SHIM, CTR])
     runc = go_binaries(TOOLS / "runc", [RUNC], cgo=True, tags=["seccomp"])[RUNC]
     cni = go_binaries(TOOLS / "cni-plugins", CNI_PLUGINS)
-    return NodeBinaries(kubelet=kubelet, containerd=containerd[CONTAINERD], shim=containerd[SHIM],
-                        ctr=containerd[CTR], runc=runc, pause=pause_program(),
+    return NodeBinaries(kubelet=kube[KUBELET], kube_proxy=kube[KUBE_PROXY],
+                        containerd=containerd[CONTAINERD], shim=containerd[SHIM], ctr=containerd[CTR],
+                        runc=runc, pause=pause_program(),
                         cni=cni[CNI_PLUGINS[0]].parent, coredns=coredns_binary())
 
 
@@ -221,21 +233,53 @@ class KubeletNode:
         return proc.stdout
 
     def start(self, plane: ControlPlane) -> None:
-        """Start containerd with the node image, the cluster's DNS, then the kubelet registered as
-        node ``name``."""
+        """Start containerd with the node images, the cluster's DNS, the kubelet registered as node
+        ``name``, then kube-proxy (with the ``kubernetes`` Service's endpoint published)."""
         try:
             self._start_containerd()
             server_port = int(plane.server.rsplit(":", 1)[1])
-            kubeconfig = self.folder / "kubeconfig"
-            write_kubeconfig(kubeconfig, f"https://127.0.0.1:{self.net.forward_from_node(server_port)}",
-                             plane.token, plane.ca_cert)
+            server = f"https://127.0.0.1:{self.net.forward_from_node(server_port)}"
+            kube = plane.client()
+            try:
+                allow_cluster_dns(kube)
+            finally:
+                kube.close()
+            kubeconfigs = self._component_kubeconfigs(plane, server)
             self.pids["coredns"] = start_cluster_dns(self.net, self.binaries.coredns,
-                                                     self.folder / "coredns", kubeconfig)
-            self._start_kubelet(plane, kubeconfig)
-            self._route_kubernetes_service(server_port)
+                                                     self.folder / "coredns", kubeconfigs["coredns"])
+            self._start_kubelet(plane, kubeconfigs["kubelet"])
+            relay = self.net.forward_from_node(server_port, bind=self.net.node_ip)
+            kube = plane.client()
+            try:
+                publish_api_server(kube, self.net.node_ip, relay)
+            finally:
+                kube.close()
+            self.pids["kube-proxy"] = start_kube_proxy(self.binaries.kube_proxy, self.name, self.net,
+                                                       self.folder / "kube-proxy",
+                                                       kubeconfigs["kube-proxy"])
         except BaseException:
             self.stop()
             raise
+
+    def _component_kubeconfigs(self, plane: ControlPlane, server: str) -> dict[str, Path]:
+        """A kubeconfig for each component of the node, each with a client certificate of its own
+        identity (see :mod:`tests.support.kube_identities`)."""
+        assert plane.client_ca is not None
+        identities = {"kubelet": (f"system:node:{self.name}", ["system:nodes"]),
+                      "kube-proxy": ("system:kube-proxy", []),
+                      "coredns": (CLUSTER_DNS_USER, [])}
+        kubeconfigs = {}
+        for component, (user, groups) in identities.items():
+            cert = issue_client_cert(plane.client_ca, self.folder / "pki", user, groups)
+            kubeconfigs[component] = self.folder / f"{component}.kubeconfig"
+            write_cert_kubeconfig(kubeconfigs[component], server, plane.ca_cert, cert)
+        return kubeconfigs
+
+    @property
+    def kubelet_identity(self) -> ClientCert:
+        """The kubelet's client certificate (user ``system:node:<name>``)."""
+        stem = f"system:node:{self.name}".replace(":", "-")
+        return ClientCert(self.folder / "pki" / f"{stem}.pem", self.folder / "pki" / f"{stem}.key")
 
     def _start_containerd(self) -> None:
         folder = self.folder / "containerd"
@@ -304,17 +348,6 @@ class KubeletNode:
         finally:
             client.close()
 
-    def _route_kubernetes_service(self, server_port: int) -> None:
-        """What kube-proxy does for the ``kubernetes`` Service (none runs here): its ClusterIP, which
-        the kubelet gives every container as ``KUBERNETES_SERVICE_HOST``, DNATed on the node to a
-        relay (on the node's address) to the API server."""
-        relay = self.net.forward_from_node(server_port, bind=self.net.node_ip)
-        ip, port = KUBERNETES_SERVICE
-        subprocess.run(self.net.command(
-            ["iptables", "-t", "nat", "-A", "PREROUTING", "-d", f"{ip}/32", "-p", "tcp", "--dport",
-             str(port), "-j", "DNAT", "--to-destination", f"{self.net.node_ip}:{relay}"], self.net.node),
-            check=True, capture_output=True, timeout=30)
-
     def running(self) -> bool:
         return all(psutil.pid_exists(pid) for pid in self.pids.values())
 
@@ -361,7 +394,7 @@ class KubeletNode:
         _kill_all(set(shims))
         for shim_id in shims.values():  # a killed shim leaves its socket behind
             self._shim_socket(shim_id).unlink(missing_ok=True)
-        for name in ("coredns", "containerd"):
+        for name in ("kube-proxy", "coredns", "containerd"):
             if name in self.pids:
                 stop_tree(self.pids.pop(name))
         _kill_all(self.container_pids())  # a container a shim restarted meanwhile

@@ -7,9 +7,6 @@ machine's ``/usr``, the Python the checkout's venv was made from and the checkou
 Everything else (command, probes, securityContext, environment from Secrets, the projected token
 volume) is the pod the operator builds. hostPath volumes are refused under the restricted Pod
 Security level, so the test's namespace is labelled ``privileged`` for them.
-
-No scheduler runs: :func:`bind_pending` binds the namespace's new pods to the node, as
-kube-scheduler would.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.support.kube_control_plane import ROOT, KubeClient
+from tests.support.kube_control_plane import ROOT
 from tests.support.node_images import HOST_IMAGE
 
 PRIVILEGED = {"pod-security.kubernetes.io/enforce": "privileged"}
@@ -53,13 +50,3 @@ def on_host_userland(cluster: dict[str, Any]) -> dict[str, Any]:
     if "autoscalerOptions" in spec:
         _run_on_host(spec["autoscalerOptions"])
     return cluster
-
-
-def bind_pending(kube: KubeClient, namespace: str, node: str) -> list[str]:
-    """Bind every pod of ``namespace`` that has no node yet to ``node``; return their names."""
-    bound = []
-    for pod in kube.list("v1", "Pod", namespace):
-        if not pod["spec"].get("nodeName") and "deletionTimestamp" not in pod["metadata"]:
-            kube.bind(namespace, pod["metadata"]["name"], node)
-            bound.append(pod["metadata"]["name"])
-    return bound
