@@ -35,6 +35,7 @@ from tests.support.node_images import IMAGE
 pytestmark = pytest.mark.integration
 
 NAMESPACE = "apps"
+MACHINE_NETNS = Path("/var/run/netns")  # where `ip netns` (and a containerd left to itself) keeps them
 AUDIENCE = "llmbatch-test"
 
 
@@ -50,8 +51,12 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
 
 @pytest.fixture(scope="module")
 def node(plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeletNode]:
+    machine_netns = set(MACHINE_NETNS.iterdir()) if MACHINE_NETNS.exists() else set()
     with kubelet_node(plane, tmp_path_factory.mktemp("node")) as node:
         yield node
+    # the pods' network namespaces were kept under the node's folder and went with it
+    left = (set(MACHINE_NETNS.iterdir()) if MACHINE_NETNS.exists() else set()) - machine_netns
+    assert not left, left
 
 
 @pytest.fixture(scope="module")

@@ -48,6 +48,8 @@ pytestmark = pytest.mark.integration
 RESOLVE = "import socket; print(*sorted({{a[4][0] for a in socket.getaddrinfo({!r}, 6379)}}))"
 LIVE_NODES = ("import ray; ray.init(address='auto', log_to_driver=False); "
               "print(*(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']))")
+WITHDRAW = ("import ray; from ray.autoscaler.sdk import request_resources; "
+            "ray.init(address='auto', log_to_driver=False); request_resources(bundles=[])")
 REQUEST_A_CPU = ("import ray; from ray.autoscaler.sdk import request_resources; "
                  "ray.init(address='auto', log_to_driver=False); request_resources(num_cpus=1)")
 
@@ -73,10 +75,11 @@ def node(plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 def _small_worker_group(cluster: dict[str, Any]) -> None:
     """One CPU worker group from 0 replicas, sized for this 2-core node (cpu-dev asks 4 CPUs), without
-    the init container that fetches the model (it asks a CPU of its own, and no engine runs here):
-    the kubelet refuses a pod that does not fit (OutOfcpu) and the operator makes another, forever."""
+    the init container that fetches the model (it asks a CPU of its own, and no engine runs here);
+    idle workers go after 5 s."""
     (group,) = cluster["spec"]["workerGroupSpecs"]
     group.update(replicas=0, minReplicas=0, maxReplicas=1)
+    cluster["spec"]["autoscalerOptions"]["idleTimeoutSeconds"] = 5  # cpu-dev: 600
     spec = group["template"]["spec"]
     spec["initContainers"] = [c for c in spec.get("initContainers", []) if c["name"] != "prepare-model"]
     (ray,) = group["template"]["spec"]["containers"]
@@ -186,4 +189,16 @@ def test_cpu_dev_head_pod_runs_for_real_and_its_autoscaler_scales_with_the_mount
     assert resolved == [ip], (fqdn, resolved)
     alive = node.exec_in(head, "ray-head", [python, "-c", LIVE_NODES]).split()
     assert sorted(alive) == sorted([ip, worker["status"]["podIP"]]), alive
+    worker_ip = worker["status"]["podIP"]
+    (worker_raylet,) = [p for p in _ray_processes(node, "raylet")
+                        if f"--node_ip_address={worker_ip}" in p.cmdline()]
+
+    # demand withdrawn: the idle worker is drained, the group goes back to 0, the operator deletes the
+    # pod and the kubelet stops its containers and removes it
+    node.exec_in(head, "ray-head", [python, "-c", WITHDRAW])
+    plane.wait_for("the worker pod deleted after the scale-down",
+                   lambda: group_replicas(kube, namespace, name).get("cpu") == 0
+                   and kube.get("v1", "Pod", worker["metadata"]["name"], namespace) is None, timeout=240)
+    assert not worker_raylet.is_running()
+    assert node.exec_in(head, "ray-head", [python, "-c", LIVE_NODES]).split() == [ip]
     kube.close()

@@ -42,7 +42,6 @@ import hashlib
 import json
 import os
 import secrets
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -64,6 +63,14 @@ from tests.support.cluster_dns import (
 from tests.support.kube_control_plane import TOOLS, ControlPlane
 from tests.support.kube_identities import ClientCert, issue_client_cert, write_cert_kubeconfig
 from tests.support.kube_proxy import publish_api_server, start_kube_proxy
+from tests.support.node_footprint import (
+    cgroup_hierarchies,
+    kill_all,
+    mounts_under,
+    read_tunables,
+    remove_cgroup,
+    write_tunables,
+)
 from tests.support.node_images import IMAGE, host_userland_image, node_image, pause_program
 from tests.support.pod_network import PodNetwork
 
@@ -78,10 +85,6 @@ CNI_PLUGINS = tuple(f"github.com/containernetworking/plugins/plugins/{p}"
                     for p in ("main/bridge", "main/loopback", "ipam/host-local"))
 CONTAINERD_NS = "k8s.io"  # containerd's namespace of the CRI plugin
 CONTAINER_LOGS = Path("/var/log/containers")
-# what the kubelet writes at start (pkg/kubelet/cm: setupKernelTunables): read before, restored after
-KERNEL_TUNABLES = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
-                   "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes")
-CGROUP_FS = Path("/sys/fs/cgroup")
 SHIM_SOCKETS = Path("/run/containerd/s")
 
 
@@ -185,22 +188,6 @@ def kubelet_config(folder: Path, socket: Path, cgroup_root: str, cluster_dns: st
                          "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
         "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
     }
-
-
-def read_tunables() -> dict[str, str]:
-    return {key: (Path("/proc/sys") / key).read_text().strip() for key in KERNEL_TUNABLES}
-
-
-def write_tunables(values: dict[str, str]) -> None:
-    for key, value in values.items():
-        with contextlib.suppress(OSError):
-            (Path("/proc/sys") / key).write_text(value)
-
-
-def _hierarchies() -> list[Path]:
-    """This machine's cgroup v1 hierarchies (one folder per mounted controller set)."""
-    return sorted(p for p in CGROUP_FS.iterdir() if p.is_dir() and (p / "cgroup.procs").exists()
-                  and p.name != "unified")
 
 
 @dataclass
@@ -321,7 +308,7 @@ class KubeletNode:
         folder = self.folder / "kubelet"
         folder.mkdir(parents=True, exist_ok=True)
         self.pod_logs.mkdir(exist_ok=True)
-        for hierarchy in _hierarchies():  # the kubelet wants its cgroup root to exist in each
+        for hierarchy in cgroup_hierarchies():  # the kubelet wants its cgroup root to exist in each
             root = hierarchy / self.cgroup_root.strip("/")
             root.mkdir(exist_ok=True)
             if hierarchy.name == "cpuset":  # a v1 cpuset takes no process before it has CPUs
@@ -357,7 +344,7 @@ class KubeletNode:
     def container_pids(self) -> set[int]:
         """Every process in the node's cgroups (its pods' containers and sandboxes)."""
         pids: set[int] = set()
-        for hierarchy in _hierarchies():
+        for hierarchy in cgroup_hierarchies():
             root = hierarchy / self.cgroup_root.strip("/")
             for procs in root.rglob("cgroup.procs") if root.exists() else []:
                 with contextlib.suppress(OSError, ValueError):
@@ -389,19 +376,19 @@ class KubeletNode:
         if "kubelet" in self.pids:
             stop_tree(self.pids.pop("kubelet"))
         shims = self._shims()
-        _kill_all(self.container_pids())
+        kill_all(self.container_pids())
         shims.update(self._shims())
-        _kill_all(set(shims))
+        kill_all(set(shims))
         for shim_id in shims.values():  # a killed shim leaves its socket behind
             self._shim_socket(shim_id).unlink(missing_ok=True)
         for name in ("kube-proxy", "coredns", "containerd"):
             if name in self.pids:
                 stop_tree(self.pids.pop(name))
-        _kill_all(self.container_pids())  # a container a shim restarted meanwhile
-        for mount in sorted(_mounts_under(self.folder), key=len, reverse=True):
+        kill_all(self.container_pids())  # a container a shim restarted meanwhile
+        for mount in sorted(mounts_under(self.folder), key=len, reverse=True):
             subprocess.run(["umount", "-l", mount], capture_output=True, check=False, timeout=30)
-        for hierarchy in _hierarchies():
-            _remove_cgroup(hierarchy / self.cgroup_root.strip("/"))
+        for hierarchy in cgroup_hierarchies():
+            remove_cgroup(hierarchy / self.cgroup_root.strip("/"))
         for link in CONTAINER_LOGS.glob("*.log") if CONTAINER_LOGS.exists() else []:
             with contextlib.suppress(OSError):
                 if link.is_symlink() and str(self.folder) in os.readlink(link):
@@ -411,36 +398,6 @@ class KubeletNode:
         for shared in (SHIM_SOCKETS, SHIM_SOCKETS.parent):
             with contextlib.suppress(OSError):
                 shared.rmdir()  # only when empty: another containerd may use them
-
-
-def _kill_all(pids: set[int]) -> None:
-    procs = []
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            proc = psutil.Process(pid)
-            proc.send_signal(signal.SIGKILL)
-            procs.append(proc)
-    psutil.wait_procs(procs, timeout=10)
-
-
-def _mounts_under(folder: Path) -> Iterator[str]:
-    prefix = str(folder.resolve()) + "/"
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        mount_point = line.split()[4].replace("\\040", " ")
-        if mount_point.startswith(prefix):
-            yield mount_point
-
-
-def _remove_cgroup(path: Path) -> None:
-    """rmdir a cgroup and its children, deepest first (a cgroup folder holds no files to delete)."""
-    if not path.exists():
-        return
-    for child in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts),
-                        reverse=True):
-        with contextlib.suppress(OSError):
-            child.rmdir()
-    with contextlib.suppress(OSError):
-        path.rmdir()
 
 
 @contextlib.contextmanager
