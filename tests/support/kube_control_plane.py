@@ -40,9 +40,10 @@ KUBE_APISERVER = "k8s.io/kubernetes/cmd/kube-apiserver"
 KUBE_CONTROLLER_MANAGER = "k8s.io/kubernetes/cmd/kube-controller-manager"
 KUBE_SCHEDULER = "k8s.io/kubernetes/cmd/kube-scheduler"
 # the controllers of kube-controller-manager a test can ask for: the Services' EndpointSlices, the
-# garbage collector (what a deleted owner owned goes too: a deleted RayCluster's pods), and the node
-# lifecycle (it lifts the not-ready taint a kubelet registers its node with, once the node is Ready)
-CONTROLLERS = ("endpointslice", "garbagecollector", "nodelifecycle")
+# garbage collector (what a deleted owner owned goes too: a deleted RayCluster's pods), the node
+# lifecycle (it lifts the not-ready taint a kubelet registers its node with, once the node is Ready),
+# and Deployments' pods (their ReplicaSets)
+CONTROLLERS = ("endpointslice", "garbagecollector", "nodelifecycle", "deployment", "replicaset")
 ETCD = "go.etcd.io/etcd/server/v3"
 KUBERAY_OPERATOR = "github.com/ray-project/kuberay/ray-operator"
 KUBE_ROUTER = "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router"  # tests/support/kube_router.py

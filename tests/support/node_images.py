@@ -65,14 +65,16 @@ def node_image(pause: Path, folder: Path) -> Path:
 
 def host_userland_image(folder: Path) -> Path:
     """An image of no programs of its own: ``/bin``, ``/lib``, ... link into ``/usr``, which a pod
-    mounts from the node (hostPath, read-only); ``/etc/passwd`` knows root and the Ray pods' user
-    1000 (group 100, as deploy/kubernetes's securityContext)."""
-    passwd = b"root:x:0:0:root:/root:/bin/sh\nray:x:1000:100:ray:/tmp:/bin/sh\n"
-    group = b"root:x:0:\nusers:x:100:\n"
+    mounts from the node (hostPath, read-only); ``/etc/passwd`` knows root, the Ray pods' user 1000
+    (group 100) and the dispatcher's 10001 (home ``/home/llmbatch``), as deploy/'s images have them."""
+    passwd = (b"root:x:0:0:root:/root:/bin/sh\nray:x:1000:100:ray:/tmp:/bin/sh\n"
+              b"llmbatch:x:10001:10001::/home/llmbatch:/usr/sbin/nologin\n")
+    group = b"root:x:0:\nusers:x:100:\nllmbatch:x:10001:\n"
     files = [ImageFile("/etc/passwd", passwd, mode=0o644), ImageFile("/etc/group", group, mode=0o644)]
     layout = image_layout(
         HOST_IMAGE, files,
         entrypoint=["/bin/sh"], env={"PATH": "/usr/local/bin:/usr/bin:/bin"},
-        empty_dirs=("tmp", "etc", "proc", "sys", "dev", "usr", "root", "home", "run", "var/tmp"),
+        empty_dirs=("tmp", "etc", "proc", "sys", "dev", "usr", "root", "home", "home/llmbatch", "run",
+                    "var/tmp"),
         symlinks={f"/{d}": f"usr/{d}" for d in ("bin", "sbin", "lib", "lib64")})
     return write_image_tar(folder / "host-userland-image.tar", layout)

@@ -50,3 +50,20 @@ def on_host_userland(cluster: dict[str, Any]) -> dict[str, Any]:
     if "autoscalerOptions" in spec:
         _run_on_host(spec["autoscalerOptions"])
     return cluster
+
+
+def dispatcher_on_host_userland(deployment: dict[str, Any]) -> dict[str, Any]:
+    """``deployment`` (the dispatcher's) on the host-userland image, started as its image starts it
+    (deploy/docker/dispatcher.Dockerfile: ENTRYPOINT ``llmbatch``, WORKDIR ``/home/llmbatch``,
+    unbuffered output); changed in place and returned."""
+    template = deployment["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    _run_on_host(container)
+    container["command"] = [str(ROOT / ".venv" / "bin" / "llmbatch")]
+    container["workingDir"] = "/home/llmbatch"
+    container["env"] += [{"name": "PYTHONUNBUFFERED", "value": "1"},
+                         {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}]
+    volumes = template["spec"].setdefault("volumes", [])
+    volumes.extend({"name": name, "hostPath": {"path": path, "type": "Directory"}}
+                   for name, path in host_paths().items())
+    return deployment
