@@ -92,6 +92,27 @@ def _pod_ready(pod: dict[str, Any] | None) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
+def _wait_ready(plane: ControlPlane, kube: KubeClient, node: KubeletNode, namespace: str,
+                cluster: str, node_type: str) -> dict[str, Any]:
+    """The cluster's first pod of ``node_type`` (head, worker) once the kubelet reports it Ready;
+    on a timeout, the pods' statuses and container logs are printed."""
+    def ready() -> dict[str, Any] | None:
+        assert node.running(), node.log()[-3000:]
+        pods = [p for p in cluster_pods(kube, namespace, cluster)
+                if p["metadata"]["labels"]["ray.io/node-type"] == node_type]
+        return pods[0] if pods and _pod_ready(pods[0]) else None
+
+    try:
+        found: dict[str, Any] = plane.wait_for(f"the {node_type} pod Ready", ready, timeout=300)
+    except AssertionError:
+        for pod in cluster_pods(kube, namespace, cluster):
+            print(json.dumps(pod.get("status"), indent=1)[-2500:])
+        for log in sorted(node.pod_logs.rglob("*.log")):
+            print(log, log.read_text()[-2500:])
+        raise
+    return found
+
+
 def _ray_processes(node: KubeletNode, name: str) -> list[psutil.Process]:
     found = []
     for pid in node.container_pids():
@@ -124,20 +145,7 @@ def test_cpu_dev_head_pod_runs_for_real_and_its_autoscaler_scales_with_the_mount
     token = (auth.get("stringData") or {}).get("auth_token") or base64.b64decode(
         auth["data"]["auth_token"]).decode()
 
-    def head_ready() -> dict[str, Any] | None:
-        assert node.running(), node.log()[-3000:]
-        heads = [p for p in cluster_pods(kube, namespace, name)
-                 if p["metadata"]["labels"]["ray.io/node-type"] == "head"]
-        return heads[0] if heads and _pod_ready(heads[0]) else None
-
-    try:
-        head = plane.wait_for("the head pod Ready by the kubelet's probes", head_ready, timeout=300)
-    except AssertionError:
-        for pod in cluster_pods(kube, namespace, name):
-            print(json.dumps(pod.get("status"), indent=1)[-2500:])
-        for log in sorted(node.pod_logs.rglob("*.log")):
-            print(log, log.read_text()[-2500:])
-        raise
+    head = _wait_ready(plane, kube, node, namespace, name, "head")
     statuses = {s["name"]: s for s in head["status"]["containerStatuses"]}
     assert set(statuses) == {"ray-head", "autoscaler"}
     assert all(s["restartCount"] == 0 and "running" in s["state"] for s in statuses.values()), statuses
@@ -169,20 +177,7 @@ def test_cpu_dev_head_pod_runs_for_real_and_its_autoscaler_scales_with_the_mount
 
     # the worker pod the operator makes finds the head by its Service's name (the cluster's DNS) and
     # joins it over the pod network: Ray then has two live nodes
-    def worker_ready() -> dict[str, Any] | None:
-        assert node.running(), node.log()[-3000:]
-        workers = [p for p in cluster_pods(kube, namespace, name)
-                   if p["metadata"]["labels"]["ray.io/node-type"] == "worker"]
-        return workers[0] if workers and _pod_ready(workers[0]) else None
-
-    try:
-        worker = plane.wait_for("the worker pod Ready", worker_ready, timeout=300)
-    except AssertionError:
-        for pod in cluster_pods(kube, namespace, name):
-            print(json.dumps(pod.get("status"), indent=1)[-2500:])
-        for log in sorted(node.pod_logs.rglob("*.log")):
-            print(log, log.read_text()[-2500:])
-        raise
+    worker = _wait_ready(plane, kube, node, namespace, name, "worker")
     (service,) = kube.list("v1", "Service", namespace, f"ray.io/cluster={name},ray.io/node-type=head")
     fqdn = f"{service['metadata']['name']}.{namespace}.svc.{CLUSTER_DOMAIN}"
     resolved = node.exec_in(worker, "ray-worker", [python, "-c", RESOLVE.format(fqdn)]).split()

@@ -8,14 +8,12 @@ Service (the Ray head's) to its pods' IPs.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
-import psutil
 
 from llmbatch.stack.go_build import go_binaries
-from llmbatch.stack.process import StackError, spawn
+from llmbatch.stack.process import spawn, wait_until
 from tests.support.kube_control_plane import TOOLS, KubeClient
 from tests.support.pod_network import PodNetwork
 
@@ -72,15 +70,7 @@ def start_cluster_dns(net: PodNetwork, coredns: Path, folder: Path, kubeconfig: 
     log = folder / "coredns.log"
     pid = spawn(net.command([str(coredns), "-conf", str(config)], net.node), log)
 
-    def ready() -> bool:
-        try:
-            return httpx.get(f"http://127.0.0.1:{READY_PORT}/ready", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    deadline = time.monotonic() + 60
-    while not net.on_node(ready):
-        if time.monotonic() > deadline or not psutil.pid_exists(pid):
-            raise StackError("CoreDNS did not become ready", log.read_text(errors="replace")[-4000:])
-        time.sleep(0.3)
+    url = f"http://127.0.0.1:{READY_PORT}/ready"  # on the node's loopback
+    wait_until(lambda: net.on_node(lambda: httpx.get(url, timeout=2).status_code == 200), 60, pid,
+               "CoreDNS", log, interval=0.3)
     return pid

@@ -14,14 +14,12 @@ left alone (``maxPerCore: 0``, zero timeouts).
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 
-from llmbatch.stack.process import StackError, spawn
+from llmbatch.stack.process import spawn, wait_until
 from tests.support.kube_control_plane import KubeClient
 from tests.support.pod_network import PodNetwork
 
@@ -65,15 +63,7 @@ def start_kube_proxy(binary: Path, node_name: str, net: PodNetwork, folder: Path
     log = folder / "kube-proxy.log"
     pid = spawn(net.command([str(binary), f"--config={config}", "--v=2"], net.node), log)
 
-    def healthy() -> bool:
-        try:
-            return httpx.get(f"http://127.0.0.1:{HEALTHZ_PORT}/healthz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    deadline = time.monotonic() + 90
-    while not net.on_node(healthy):
-        if time.monotonic() > deadline or not psutil.pid_exists(pid):
-            raise StackError("kube-proxy did not become healthy", log.read_text(errors="replace")[-4000:])
-        time.sleep(0.3)
+    url = f"http://127.0.0.1:{HEALTHZ_PORT}/healthz"  # on the node's loopback
+    wait_until(lambda: net.on_node(lambda: httpx.get(url, timeout=2).status_code == 200), 90, pid,
+               "kube-proxy", log, interval=0.3)
     return pid
