@@ -165,7 +165,7 @@ def _readable_batch_id(origin: OriginalRecord) -> str | None:
         text = origin.key.decode("utf-8")
     except UnicodeDecodeError:
         return None
-    return text if _BATCH_ID_RE.match(text) else None
+    return text if _BATCH_ID_RE.fullmatch(text) else None
 
 
 def _marker(source: str, event_id: str, replay: ReplayInfo | None) -> tuple[str, str]:

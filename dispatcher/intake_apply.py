@@ -88,12 +88,9 @@ class IntakeApplier:
                         )
                     )
                 if result.outcome == "duplicate":
-                    sends.append(
-                        await self.producer.send_event(
-                            results_topic,
-                            duplicate_answer(accept, result, source=self.source, now=self.clock()),
-                        )
-                    )
+                    answer = duplicate_answer(accept, result, source=self.source, now=self.clock())
+                    if answer is not None:
+                        sends.append(await self.producer.send_event(results_topic, answer))
                 if result.is_new:
                     log.info(
                         "batch accepted",
@@ -132,8 +129,9 @@ class IntakeApplier:
         answers: list[SendFuture] = []
         for reject, meta, state in zip(fresh, written, behind, strict=True):
             if reject.batch_id is not None:  # the answer names where its dead letter is
-                answer = rejection_answer(reject, meta, state, source=self.source, now=self.clock())
-                answers.append(await self.producer.send_event(results_topic, answer))
+                rejected = rejection_answer(reject, meta, state, source=self.source, now=self.clock())
+                if rejected is not None:
+                    answers.append(await self.producer.send_event(results_topic, rejected))
         await gather_sends(answers)
         if fresh:
             try:

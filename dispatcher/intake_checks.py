@@ -35,7 +35,7 @@ def claimed_tenant(value: bytes | None) -> str | None:
     except orjson.JSONDecodeError:
         return None
     tenant = data.get("tenant") if isinstance(data, dict) else None
-    return tenant if isinstance(tenant, str) and _TENANT_RE.match(tenant) else None
+    return tenant if isinstance(tenant, str) and _TENANT_RE.fullmatch(tenant) else None
 
 
 def check_tenant_prefix(input_uri: str, tenant: str) -> None:

@@ -96,6 +96,13 @@ class Metrics:
             "consumer moved past them (dead-lettered as processing_failed).",
             registry=r,
         )
+        self.loop_errors = Counter(
+            "llmbatch_dispatcher_loop_errors_total",
+            "Unexpected errors a dispatcher loop survived (a bug: the log line has the stack); the "
+            "consumer reads the records it had not finished again.",
+            ["loop"],
+            registry=r,
+        )
         self.published = Counter(
             "llmbatch_dispatcher_events_published_total",
             "Events written to the results topic, by type.",

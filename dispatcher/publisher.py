@@ -144,9 +144,10 @@ class EventProducer:
         return wait()
 
     async def _send_letter(self, letter: DeadLetter) -> SendFuture:
-        return await self._send(
-            letter.topic, letter.value, letter.key, letter.headers, producer=self._dlt_producer
-        )
+        # a record with neither key nor value (any client but this one may write it) is dead-lettered
+        # with an empty value: a Kafka producer here cannot write the null pair back
+        value = b"" if letter.key is None and letter.value is None else letter.value
+        return await self._send(letter.topic, value, letter.key, letter.headers, producer=self._dlt_producer)
 
     def _reduced(self, letter: DeadLetter, why: str) -> None:
         self.metrics.dead_letters_reduced.inc()

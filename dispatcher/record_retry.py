@@ -164,7 +164,12 @@ class RecordRetry:
         move past it; count it and say so in one error line. If even the dead letter fails for good
         (after its reduced form), the record is skipped without one: the line names its coordinates.
         Returns where the dead letter was written (``None``: nowhere)."""
-        letter = failure_letter(origin, failed, dlt_topic=dlt_topic, group_id=group_id)
+        try:
+            letter = failure_letter(origin, failed, dlt_topic=dlt_topic, group_id=group_id)
+        except Exception:  # the error's text is hostile input too: say less
+            letter = build_dead_letter(origin, dlt_topic=dlt_topic, reason=DltReason.PROCESSING_FAILED,
+                                       group_id=group_id, fqcn=exception_fqcn(failed.error),
+                                       message=f"{failed.what} failed {failed.attempts} times")
         lost: GaveUp | None = None
         written: RecordRef | None = None
         try:

@@ -19,7 +19,7 @@ from schemas.errors import SchemaError
 from schemas.job import MANIFEST_NAME, JobSpec, Manifest, parse_manifest
 
 T = TypeVar("T")
-_SHARD_RE = re.compile(r"(?:^|/)(output|error)-(?:a\d+-)?\d{5,}\.jsonl$")
+_SHARD_RE = re.compile(r"(output|error)-(?:a\d+-)?\d{5,}\.jsonl")  # a whole file name (fullmatch)
 _MISSING = {"NoSuchKey", "NoSuchBucket", "NoSuchObject"}
 _REFUSED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"}
 
@@ -142,7 +142,7 @@ class ResultStore:
             return Shards()
         shards = Shards()
         for name in sorted(names):
-            match = _SHARD_RE.search(name)
+            match = _SHARD_RE.fullmatch(name.rsplit("/", 1)[-1])
             if match:
                 (shards.output_uris if match.group(1) == "output" else shards.error_uris).append(
                     f"s3://{bucket}/{name}"

@@ -103,7 +103,7 @@ class Prior:
 
 def parse_shard_name(name: str) -> tuple[str, int, int] | None:
     """``output-a2-00003.jsonl`` -> ``("output", 2, 3)``; ``None`` for anything else."""
-    match = SHARD_RE.match(name)
+    match = SHARD_RE.fullmatch(name)
     if not match:
         return None
     return match.group(1), int(match.group(2)), int(match.group(3))

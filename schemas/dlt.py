@@ -207,7 +207,7 @@ class DltRecord(BaseModel):
             exception_message=message,
             reduced=text(REDUCED) == "true",
             original_value_bytes=count(ORIGINAL_VALUE_BYTES),
-            original_value_sha256=digest if digest is not None and _SHA256.match(digest) else None,
+            original_value_sha256=digest if digest is not None and _SHA256.fullmatch(digest) else None,
             original_headers_dropped=count(ORIGINAL_HEADERS_DROPPED),
         )
 
@@ -260,7 +260,7 @@ class ReplayInfo(BaseModel):
                 replay_id=found[REPLAY_ID].decode(),
                 replayed_at=datetime.fromisoformat(found[REPLAY_AT].decode()),
                 replayed_by=found[REPLAY_BY].decode(),
-                signature=signature if _SHA256.match(signature) else None,
+                signature=signature if _SHA256.fullmatch(signature) else None,
             )
         except (KeyError, ValueError):  # pydantic's ValidationError is a ValueError
             return None

@@ -39,7 +39,7 @@ def tenant_signature(key: bytes, *, event_type: str, source: str, event_id: str,
 def verify_tenant_signature(key: bytes, signature: str | None, *, event_type: str, source: str,
                             event_id: str, tenant: str, value: bytes) -> bool:
     """Whether ``signature`` is the tenant signature of this event under ``key``."""
-    if signature is None or not _HEX64.match(signature):
+    if signature is None or not _HEX64.fullmatch(signature):
         return False
     expected = tenant_signature(key, event_type=event_type, source=source, event_id=event_id,
                                 tenant=tenant, value=value)

@@ -54,8 +54,10 @@ class DispatcherProcess:
         self.args = list(args)
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
+        self._stopped = False
 
     def start(self, **env: str) -> DispatcherProcess:
+        self._stopped = False
         full = {k: v for k, v in os.environ.items() if not k.startswith("LLMBATCH_")}
         full.update(settings_env(self.settings))
         full.update(self.env)
@@ -85,7 +87,26 @@ class DispatcherProcess:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(30)
 
+    def ended_on_its_own(self) -> int | None:
+        """The exit code when the process ended without being stopped (terminate) and not by SIGKILL
+        (kill9, or a crash point's simulated kill -9); ``None`` while it runs or when it was stopped
+        so. A service runs until stopped: anything else is a death a harness must report."""
+        if self.proc is None or self._stopped:
+            return None
+        code = self.proc.poll()
+        return None if code is None or code == -signal.SIGKILL else code
+
+    def stop_checked(self, timeout: float = 60) -> None:
+        """:meth:`terminate`, then raise ``AssertionError`` (with the log's tail) when the process had
+        ended on its own before (:meth:`ended_on_its_own`)."""
+        code = self.ended_on_its_own()
+        self.terminate(timeout)
+        if code is not None:
+            raise AssertionError(f"{self.module} ended on its own with exit code {code} before it was "
+                                 f"stopped; its log ({self.log_path}) ends:\n{self.tail(40)}")
+
     def terminate(self, timeout: float = 60) -> int:
+        self._stopped = True
         if self.proc is not None and self.alive():
             self.proc.send_signal(signal.SIGTERM)
             try:

@@ -126,10 +126,14 @@ class Env:
         return record.state if record else None
 
     async def close(self) -> None:
+        """Stops every dispatcher; fails the test when one had ended on its own (not killed)."""
+        died = [proc for proc in self.procs if proc.ended_on_its_own() is not None]
         for proc in self.procs:
             proc.terminate(timeout=30)
         await self.store.close()
         stop_jobs(self.settings.ray, self.batch_ids)  # jobs outlive the dispatcher by design
+        for proc in died:
+            proc.stop_checked()  # raises, naming the exit code and the log's tail
 
 
 def stop_jobs(ray: RaySettings, batch_ids: set[str]) -> None:

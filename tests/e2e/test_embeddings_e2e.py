@@ -63,7 +63,7 @@ def api(embedding_settings: Any, tmp_path: Path) -> Iterator[ApiProcess]:
         running.wait_ready()
         yield running
     finally:
-        running.process.terminate(timeout=20)
+        running.process.stop_checked(timeout=20)  # fails the test when it had ended on its own
 
 
 def _direct_vectors(texts: list[str]) -> list[list[float]]:

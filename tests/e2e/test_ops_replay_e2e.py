@@ -127,8 +127,8 @@ async def ops(kafka_settings: KafkaSettings, redis_settings: RedisSettings, s3_s
     try:
         yield world
     finally:
-        world.proc.terminate(timeout=30)
         await world.store.close()
+        world.proc.stop_checked(timeout=30)  # fails the test when it had ended on its own
 
 
 async def test_replay_after_fixing_the_input_completes_the_batch(ops: Ops) -> None:

@@ -4,7 +4,6 @@ backpressure. (Ray is not involved: only the consumer half of the dispatcher run
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import struct
 import time
@@ -15,125 +14,33 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from dispatcher.consumer import RequestConsumer
 from dispatcher.dlt import OriginalRecord
 from dispatcher.intake import Accept
 from dispatcher.keys import Keys
-from dispatcher.metrics import Metrics
-from dispatcher.publisher import EventProducer
 from dispatcher.record_reader import RecordReader
 from dispatcher.request_body import RequestBodies
-from dispatcher.settings import DispatcherOptions, DispatcherSettings
+from dispatcher.settings import DispatcherSettings
 from dispatcher.states import State
 from dispatcher.store import StateStore
-from llmbatch.settings import LLMBatchSettings, RedisSettings, TopicSettings
+from llmbatch.settings import LLMBatchSettings, RedisSettings
 from producer.topics import ensure_topics
 from schemas import dlt as dlt_headers
 from schemas.batch import CancelRequest, InlineLimits
 from schemas.common import BatchStatus
 from schemas.events import BatchRejected, EventType
+from tests.support.consumer_harness import Harness, make_settings
 from tests.support.dispatcher_kit import (
-    TopicReader,
     batch_request,
     decode_results,
     inline_lines,
     origin,
-    registry,
     request_message,
     wait_for,
 )
 
 pytestmark = pytest.mark.integration
-
-
-def make_settings(
-    base: LLMBatchSettings, redis: RedisSettings | None = None, **opts: Any
-) -> DispatcherSettings:
-    tag = uuid.uuid4().hex[:8]
-    topics = TopicSettings(
-        requests=f"req-{tag}", results=f"res-{tag}", dead_letter=f"req-{tag}.dlt", partitions=2
-    )
-    kafka = base.kafka.model_copy(update={"topics": topics})
-    redis = (redis or base.redis).model_copy(update={"key_prefix": f"t{tag}"})
-    options = DispatcherOptions(
-        group_id=f"g-{tag}",
-        metrics_port=None,
-        session_timeout_ms=6000,
-        heartbeat_interval_ms=1000,
-        io_backoff_base_s=0.1,
-        io_backoff_max_s=0.5,
-        **opts,
-    )
-    return DispatcherSettings(kafka=kafka, redis=redis, s3=base.s3, dispatcher=options, engines=registry())
-
-
-class Harness:
-    def __init__(self, settings: DispatcherSettings) -> None:
-        self.settings = settings
-        self.metrics = Metrics()
-        self.store = StateStore.from_url(
-            settings.redis.url, keys=Keys(settings.redis.key_prefix), socket_timeout=1
-        )
-        self.producer = EventProducer(settings.kafka, self.metrics)
-        self.consumer = RequestConsumer(settings, self.store, self.producer, self.metrics)
-        self.task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        await ensure_topics(self.settings)
-        await self.producer.start()
-        await self.consumer.start()
-        self.task = asyncio.create_task(self.consumer.run())
-
-    async def stop(self) -> None:
-        self.consumer.request_stop()
-        if self.task is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.task, 20)
-        await self.consumer.stop()
-        await self.producer.stop()
-        await self.store.close()
-
-    async def send(
-        self,
-        messages: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]],
-        partitions: list[int] | None = None,
-    ) -> None:
-        """Send in order; with `partitions`, message i goes to partitions[i] instead of its key's."""
-        producer = AIOKafkaProducer(
-            acks="all",
-            max_request_size=self.settings.kafka.topics.max_message_bytes,
-            **self.settings.kafka.client_kwargs(),
-        )
-        await producer.start()
-        try:
-            for i, (key, value, headers) in enumerate(messages):
-                await producer.send_and_wait(
-                    self.settings.kafka.topics.requests,
-                    value=value,
-                    key=key,
-                    headers=headers,
-                    partition=None if partitions is None else partitions[i],
-                )
-        finally:
-            await producer.stop()
-
-    async def committed(self) -> int:
-        """Sum of the group's committed offsets over the request partitions."""
-        admin = AIOKafkaAdminClient(**self.settings.kafka.client_kwargs())
-        await admin.start()
-        try:
-            offsets = await admin.list_consumer_group_offsets(self.settings.dispatcher.group_id)
-        finally:
-            await admin.close()
-        topic = self.settings.kafka.topics.requests
-        return sum(meta.offset for tp, meta in offsets.items() if tp.topic == topic and meta.offset > 0)
-
-    def reader(self, which: str) -> TopicReader:
-        topic = getattr(self.settings.kafka.topics, which)
-        return TopicReader(self.settings.kafka.client_kwargs(), topic)
 
 
 @pytest.fixture
@@ -938,3 +845,26 @@ async def test_a_redelivery_sends_the_lost_accepted_event_with_its_original_time
     assert accepted.data.accepted_at.timestamp() == pytest.approx(earlier, abs=0.002)
     assert accepted.time.timestamp() == pytest.approx(earlier, abs=0.002)
     assert (await harness.store.get(request.batch_id)).state is State.SUBMITTED  # type: ignore[union-attr]
+
+
+async def test_records_that_once_ended_the_consumer_are_dead_lettered_and_it_goes_on(
+    harness: Harness,
+) -> None:
+    # a key with a trailing newline passed `re.match(...$)`, and the answer built from it raised after
+    # its dead letter was written: the consumer task died on it, and again after every restart; a
+    # record with neither key nor value could not be dead-lettered at all
+    good = batch_request(f"behind-{uuid.uuid4().hex[:6]}")
+    poisoned = batch_request(f"poison-{uuid.uuid4().hex[:6]}")
+    key, _, headers = request_message(poisoned)
+    messages = [(key + b"\n", b"{not json", headers), (None, None, []), request_message(good)]
+    await harness.send(messages, partitions=[0, 0, 0])
+    await wait_for(lambda: harness.store.get(good.batch_id), 60, what="the request behind them")
+    await wait_for(lambda: _committed_is(harness, 3), 60, what="all offsets committed")
+    harness.assert_alive()
+    dead = await harness.reader("dead_letter").read_all()
+    offsets = sorted(struct.unpack(">q", dict(r.headers)[dlt_headers.ORIGINAL_OFFSET])[0] for r in dead)
+    assert offsets == [0, 1]
+    assert {(r.key, r.value) for r in dead} == {(key + b"\n", b"{not json"), (None, b"")}
+    # no answer names the unusable batch id: there is none to name
+    assert [e for e in decode_results(await harness.reader("results").read_all())
+            if e.type is EventType.REJECTED] == []

@@ -83,7 +83,9 @@ async def test_a_broker_outage_logs_aiokafka_once_per_kind_not_per_retry(
         assert len(library) <= 3 * len(kinds), "\n".join(str(line["msg"])[:160] for line in library)
         assert len(library) <= 40, len(library)
     finally:
-        proc.terminate()
-        for rec in (kafka, restarted):
-            if rec is not None and alive(rec.pid):
-                stop_tree(rec.pid)
+        try:
+            proc.stop_checked()  # fails the test when it had ended on its own
+        finally:
+            for rec in (kafka, restarted):
+                if rec is not None and alive(rec.pid):
+                    stop_tree(rec.pid)

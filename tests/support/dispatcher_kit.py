@@ -172,3 +172,12 @@ async def wait_for(check: Any, within: float, interval: float = 0.5, what: str =
 # settings_env and DispatcherProcess (the dispatcher as a separate process) live with the chaos suite,
 # which runs replicas too: llmbatch.chaos.processes
 
+
+
+def assert_task_alive(task: asyncio.Task[Any] | None, what: str) -> None:
+    """Fails the test when a task that runs until stopped has ended on its own: with its exception as
+    the cause, so the test shows why it died."""
+    if task is None or not task.done():
+        return
+    error = None if task.cancelled() else task.exception()
+    raise AssertionError(f"{what} ended before it was stopped ({error!r})") from error
