@@ -9,13 +9,22 @@ PYTEST_ARGS ?=
 # "most tests first", which left the longest files to the end and one worker idle meanwhile.
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup lock up down status demo test test-fast chaos lint bench clean-run
+.PHONY: setup setup-test setup-deploy lock up down status demo test test-deploy test-fast chaos lint clean-run
 
-# Installs what is missing (Debian packages, this checkout's .venv from uv.lock, Kafka jars, MinIO
-# binary, model, and the Go tool that renders/validates deploy/). Heavy downloads are cached in
-# ~/.cache/llmbatch; the .venv is the checkout's own (hard-linked from uv's cache).
+# Set-up in tiers (scripts/bootstrap.sh), each installing only what is missing, from locks; heavy
+# downloads are cached in ~/.cache/llmbatch, the .venv is the checkout's own (hard-linked from uv's
+# cache). `setup`: what the stack and the demo run (Redis and tcmalloc from Debian, the .venv without
+# the test tools, Kafka jars, MinIO, the model). `setup-test`: + the test and lint tools and the Go tool
+# that validates deploy/. `setup-deploy`: the deploy tests' Kubernetes, built from Go (root; 15-20 min
+# of CPU the first time).
 setup:
-	bash scripts/bootstrap.sh
+	bash scripts/bootstrap.sh demo
+
+setup-test:
+	bash scripts/bootstrap.sh test
+
+setup-deploy: setup-test
+	bash scripts/bootstrap.sh deploy
 
 # Re-resolve the lock on purpose (newer versions within pyproject.toml's ranges) and export the
 # hashed requirement files the Docker images install. Commit uv.lock and requirements/lock/.
@@ -37,16 +46,21 @@ demo: setup
 # the lock check fails when pyproject.toml, uv.lock and requirements/lock/ disagree. mypy keeps its
 # incremental cache in the shared cache, so a fresh clone re-checks only what differs from the last
 # check there (it validates each entry by the source's hash; 78 s -> 2-3 s here, measured).
-lint:
+lint: setup-test
 	bash scripts/lock.sh --check
 	.venv/bin/ruff check .
 	MYPY_CACHE_DIR="$${LLMBATCH_CACHE:-$$HOME/.cache/llmbatch}/mypy" .venv/bin/mypy
+	.venv/bin/lint-imports
 
 # The whole suite. Tests start their own services on free ports and stop them by PID; each worker
 # (PYTEST_WORKERS) has its own.
 # pytest exit 5 (nothing collected) counts as a failure: a suite that ran nothing proves nothing.
 # Line coverage per package is printed at the end (scripts/coverage_by_package.py).
-test: setup lint
+# As root (CI) the deploy tier is built first and its tests run; otherwise they are skipped, and the
+# run says so (tests/conftest.py).
+test: setup-test lint
+	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory setup-deploy; \
+	else echo "[test] not root: the deploy tier (tests marked deploy) is skipped; sudo make test-deploy runs it"; fi
 	@rm -f .coverage .coverage.*; $(PY) -m pytest --cov --cov-report= $(if $(filter-out 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; \
 	$(PY) scripts/coverage_by_package.py || true; exit $$rc
@@ -59,6 +73,10 @@ test: setup lint
 # (tests/e2e/test_chaos.py).
 chaos: setup
 	$(PY) -m llmbatch.chaos $(CHAOS_ARGS)
+
+# The deploy tier alone (a real Kubernetes, network namespaces, iptables, cgroups): needs root.
+test-deploy: setup-deploy
+	$(PY) -m pytest -m deploy $(PYTEST_ARGS)
 
 # Unit tests only: no services, seconds.
 test-fast:

@@ -4,7 +4,7 @@ endpoint's streaming rate and memory on a large output file.
     make up && eval "$(.venv/bin/llmbatch stack env)"
     .venv/bin/python bench/bench_api.py [--clients 50] [--calls 10] [--mb 100] [--json]
 
-Starts ``llmbatch api`` (``python -m api``) on a free loopback port against the running local stack
+Starts ``llmbatch api`` (``python -m llmbatch.api``) on a free loopback port against the running local stack
 (Kafka, Redis, MinIO; no dispatcher: created batches stay ``validating``, which is what create and
 retrieve cost). Then:
 
@@ -43,12 +43,12 @@ import httpx  # noqa: E402
 import orjson  # noqa: E402
 import psutil  # noqa: E402
 
-from api.auth import hash_api_key  # noqa: E402
-from api.settings import ApiSettings  # noqa: E402
 from bench.bench_ray_job import stack_s3  # noqa: E402
-from llmbatch.stack.process import free_port  # noqa: E402
-from schemas.job import ShardInfo, output_prefix, shard_name  # noqa: E402
-from schemas.openai import Usage  # noqa: E402
+from llmbatch.api.auth import hash_api_key  # noqa: E402
+from llmbatch.api.settings import ApiSettings  # noqa: E402
+from llmbatch.schemas.job import ShardInfo, output_prefix, shard_name  # noqa: E402
+from llmbatch.schemas.openai import Usage  # noqa: E402
+from llmbatch.stack.ports import free_port  # noqa: E402
 from tests.support.dispatcher_kit import MODEL, inline_lines  # noqa: E402
 
 KEY = "sk-bench-" + os.urandom(8).hex()
@@ -63,8 +63,9 @@ def percentile(values: list[float], q: float) -> float:
 def start_api(port: int, log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "LLMBATCH_API__KEYS": json.dumps({hash_api_key(KEY): "default"}),
            "LLMBATCH_API__RATE_PER_S": "0", "LLMBATCH_API__STATE_FALLBACK_AFTER_S": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "api", "--port", str(port), "--log-level", "warning"],
-                            env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    argv = [sys.executable, "-m", "llmbatch.api", "--port", str(port), "--log-level", "warning"]
+    proc = subprocess.Popen(argv, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
     end = time.monotonic() + 60
     while time.monotonic() < end:
         try:
@@ -115,7 +116,7 @@ async def load(base: str, clients: int, calls: int, file_id: str) -> dict[str, A
 
 def write_results(client: Any, settings: ApiSettings, batch_id: str, mb: int) -> tuple[list[str], int]:
     """Output shards of about ``mb`` MB and a manifest under the batch's folder, as a job writes them."""
-    from ray_job import manifest as manifests
+    from llmbatch.ray_job import manifest as manifests
 
     line = orjson.dumps({"id": "x", "custom_id": "c", "response": {"status_code": 200, "body": {
         "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant",
@@ -193,7 +194,7 @@ def main() -> int:
     args = parser.parse_args()
     settings = ApiSettings()
     client = stack_s3(settings)
-    from producer.topics import ensure_topics
+    from llmbatch.adapters.topics import ensure_topics
 
     asyncio.run(ensure_topics(settings))  # a stack no dispatcher ran on has no topics yet
     port = free_port()

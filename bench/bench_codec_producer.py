@@ -29,9 +29,9 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from llmbatch.schemas import BatchRequest, Envelope, decode, encode  # noqa: E402
+from llmbatch.schemas.events import EVENT_DATA_MODELS, EventType  # noqa: E402
 from llmbatch.settings import LLMBatchSettings, TopicSettings  # noqa: E402
-from schemas import BatchRequest, Envelope, decode, encode  # noqa: E402
-from schemas.events import EVENT_DATA_MODELS, EventType  # noqa: E402
 
 TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -126,8 +126,8 @@ def codec_bench(seconds: float, repeats: int) -> dict[str, Any]:
 
 
 async def publish_bench(settings: LLMBatchSettings, events: int) -> dict[str, Any]:
-    from producer import ensure_topics
-    from producer.kafka import Publisher
+    from llmbatch.adapters.kafka import Publisher
+    from llmbatch.producer import ensure_topics
 
     suffix = uuid.uuid4().hex[:8]
     topics = TopicSettings(

@@ -4,7 +4,7 @@
     .venv/bin/python bench/bench_dispatcher.py [--events 10000] [--singles 5] [--json] [--compare-fsync]
 
 Phase 1 (intake): ``--events`` small ``batch.requested`` events (one inline request each) are
-pre-loaded on a fresh requests topic; then ``python -m dispatcher`` starts with job launches limited
+pre-loaded on a fresh requests topic; then ``python -m llmbatch.dispatcher`` starts with job launches limited
 (its Ray address points at a closed port, so the tracker never starts a job and costs nothing) and
 accepts everything into ``queued``. Reported: events/s accepted (first to last acceptance, from the
 ``accepted_at`` the dispatcher stores), p50/p99 accept latency (record fetched -> state durable in
@@ -39,14 +39,14 @@ if str(ROOT) not in sys.path:
 import psutil  # noqa: E402
 from aiokafka import AIOKafkaProducer  # noqa: E402
 
-from dispatcher.job_options import JobOptions  # noqa: E402
-from dispatcher.settings import DispatcherOptions, DispatcherSettings  # noqa: E402
-from dispatcher.store import StateStore  # noqa: E402
+from llmbatch.adapters.storage import ensure_buckets, make_client  # noqa: E402
+from llmbatch.adapters.topics import ensure_topics  # noqa: E402
+from llmbatch.dispatcher.job_options import JobOptions  # noqa: E402
+from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings  # noqa: E402
+from llmbatch.dispatcher.store import StateStore  # noqa: E402
+from llmbatch.schemas.job import EngineConfig  # noqa: E402
 from llmbatch.settings import LLMBatchSettings, RaySettings, TopicSettings  # noqa: E402
-from llmbatch.stack.process import free_port  # noqa: E402
-from producer.storage import ensure_buckets, make_client  # noqa: E402
-from producer.topics import ensure_topics  # noqa: E402
-from schemas.job import EngineConfig  # noqa: E402
+from llmbatch.stack.ports import free_port  # noqa: E402
 from tests.support.dispatcher_kit import (  # noqa: E402
     DispatcherProcess,
     batch_request,

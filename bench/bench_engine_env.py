@@ -4,7 +4,7 @@
         [--variants inproc,vllm-procs] [--json]
 
 Each run is a fresh process (bench_ray_job's plain worker: engine start, then ``llm.chat`` on the
-same chat prompts, greedy, 32 tokens) with the project's engine environment (``ray_job.engine_env``)
+same chat prompts, greedy, 32 tokens) with the project's engine environment (``llmbatch.ray_job.engine_env``)
 and one variant on top:
 
 - ``inproc``: the environment as shipped on CPU (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the engine

@@ -10,7 +10,8 @@ engine's own surroundings from the service's: the same prompts, in one run,
   entry of ``llmbatch stack dispatcher``: ``max_num_batched_tokens`` 512, eager, bf16, the engine
   environment, ``--omp-threads`` threads) on a private Ray head where nothing else runs (no Kafka,
   Redis, MinIO, dispatcher, batch runner or Ray Data). This process calls it through a deployment handle
-  (:class:`ray_job.serve_engine.ServeEngine`, as a batch does), ``--conc`` calls of equal size at once,
+  (:class:`llmbatch.ray_job.serve_engine.ServeEngine`, as a batch does), ``--conc`` calls of equal size at
+  once,
   the prompts tokenized here beforehand (as the prompt stage does): output tokens / wall time of the
   calls, ``--reps`` times on the warm replica;
 - ``plain``: ``LLM.chat`` on the same prompts in a fresh process with the engine's environment, after the
@@ -46,12 +47,12 @@ from bench.bench_ray_job import input_lines, prompts, run_plain  # noqa: E402
 
 def deploy_config(ray: Any, model_path: str, omp_threads: int) -> dict[str, Any]:
     """The local dispatcher's Serve config for the model alone (no batch runner)."""
-    from dispatcher.engines import cluster_serve_config
-    from dispatcher.settings import DispatcherSettings
+    from llmbatch.dispatcher.engines import cluster_serve_config
+    from llmbatch.dispatcher.settings import DispatcherSettings
+    from llmbatch.schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling
+    from llmbatch.schemas.job import EngineConfig
     from llmbatch.stack.dispatcher_env import LOCAL_ENGINE, engine_cache_dir
     from llmbatch.stack.model import SERVED_MODEL
-    from schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling
-    from schemas.job import EngineConfig
 
     entry = EngineModel(path=model_path, engine=EngineConfig.model_validate(LOCAL_ENGINE),
                         resources=ReplicaResources(num_cpus=1.0, omp_threads=omp_threads or None),
@@ -65,8 +66,8 @@ def deploy_config(ray: Any, model_path: str, omp_threads: int) -> dict[str, Any]
 
 
 def requests_for(model_path: str, texts: list[str], max_tokens: int) -> list[Any]:
-    from ray_job.prompts import HFTokenizer
-    from ray_job.records import GenRequest
+    from llmbatch.ray_job.prompts import HFTokenizer
+    from llmbatch.ray_job.records import GenRequest
 
     tok = HFTokenizer(model_path)
     out = []
@@ -96,11 +97,11 @@ def replica_runs(args: argparse.Namespace, model_path: str, texts: list[str]) ->
 
     import ray
 
-    from dispatcher.serve_api import ServeApi
+    from llmbatch.dispatcher.serve_api import ServeApi
+    from llmbatch.ray_job.serve_engine import ServeEngine
+    from llmbatch.schemas.engines import app_name
     from llmbatch.stack import manager
     from llmbatch.stack.model import SERVED_MODEL
-    from ray_job.serve_engine import ServeEngine
-    from schemas.engines import app_name
 
     run = ROOT / "run" / f"bench-replica-{uuid.uuid4().hex[:6]}"
     requests = requests_for(model_path, texts, args.max_tokens)

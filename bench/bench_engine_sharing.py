@@ -44,14 +44,14 @@ SYSTEM_TOPICS = ["a ship's navigator", "a pastry chef", "a tax adviser", "a moun
 
 class Bench:
     def __init__(self, model: str, args: argparse.Namespace) -> None:
-        from ray_job.prompts import HFTokenizer
+        from llmbatch.ray_job.prompts import HFTokenizer
 
         self.model = model
         self.args = args
         self.tok = HFTokenizer(model)
 
     def request(self, key: str, messages: list[dict[str, str]], max_tokens: int) -> Any:
-        from ray_job.records import GenRequest
+        from llmbatch.ray_job.records import GenRequest
 
         text = self.tok.render_chat(messages)
         ids = self.tok.encode(text, add_special_tokens=False)
@@ -62,8 +62,8 @@ class Bench:
                 for i, t in enumerate(texts)]
 
     def engine(self, **engine_kwargs: Any) -> Any:
-        from ray_job.backend_vllm import VllmBackend
-        from schemas.job import EngineConfig
+        from llmbatch.ray_job.backend_vllm import VllmBackend
+        from llmbatch.schemas.job import EngineConfig
 
         config = EngineConfig(dtype="bfloat16", enforce_eager=True, max_model_len=MAX_MODEL_LEN,
                               max_num_batched_tokens=self.args.max_num_batched_tokens or None,
@@ -82,7 +82,7 @@ def tokens(out: list[Any]) -> int:
 
 
 def fairness(b: Bench, backend: Any) -> dict[str, Any]:
-    from ray_job.engine_runner import EngineRunner
+    from llmbatch.ray_job.engine_runner import EngineRunner
 
     small = b.user(prompts(8), 32, "s")
     big = b.user(prompts(b.args.big), 32, "b")
@@ -118,8 +118,8 @@ def system_prompt(topic: str) -> str:
 
 
 def prefix(b: Bench, backends: dict[str, Any]) -> dict[str, Any]:
-    from ray_job import fair_queue
-    from ray_job.engine_runner import EngineRunner
+    from llmbatch.ray_job import fair_queue
+    from llmbatch.ray_job.engine_runner import EngineRunner
 
     asks = prompts(b.args.prefix_lines)
     requests = [b.request(f"x{i}", [{"role": "system", "content": system_prompt(SYSTEM_TOPICS[i % 4])},
@@ -143,7 +143,7 @@ def prefix(b: Bench, backends: dict[str, Any]) -> dict[str, Any]:
 
 
 def throughput(b: Bench, backend: Any) -> dict[str, Any]:
-    from ray_job.engine_runner import EngineRunner
+    from llmbatch.ray_job.engine_runner import EngineRunner
 
     texts = prompts(512)
     runner = EngineRunner(backend, max_active=b.args.max_active)

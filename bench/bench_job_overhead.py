@@ -36,10 +36,10 @@ def machine_cpu_s() -> float:
 
 def one_job(jobs: Any, lines: int) -> dict[str, float]:
     from bench.bench_ray_job import run_job
+    from llmbatch.ray_job.submit import runtime_env
+    from llmbatch.schemas.job import EngineConfig, JobSpec
+    from llmbatch.schemas.openai import BatchInputLine
     from llmbatch.settings import LLMBatchSettings
-    from ray_job.submit import runtime_env
-    from schemas.job import EngineConfig, JobSpec
-    from schemas.openai import BatchInputLine
 
     s3 = LLMBatchSettings().s3
     batch_id = f"bench-overhead-{uuid.uuid4().hex[:8]}"
@@ -73,8 +73,8 @@ def main() -> int:
         return 2
     from ray.job_submission import JobSubmissionClient
 
+    from llmbatch.adapters.storage import ensure_buckets, make_client
     from llmbatch.settings import LLMBatchSettings
-    from producer.storage import ensure_buckets, make_client
 
     s3 = LLMBatchSettings().s3
     ensure_buckets(make_client(s3), s3)

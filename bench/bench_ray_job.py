@@ -6,7 +6,7 @@
 (a) plain ``vllm.LLM.chat`` in a fresh process, (b) the ray_job pipeline end to end (MinIO input ->
 Ray Jobs API -> MinIO shards + manifest), (c) ``vllm run-batch`` on the same OpenAI input file.
 Same model, dtype, ``enforce_eager``, ``max_model_len``, greedy sampling and engine environment
-(``ray_job.engine_env``; ``LLMBATCH_OMP_THREADS_BIND`` sets the OpenMP binding for all three).
+(``llmbatch.ray_job.engine_env``; ``LLMBATCH_OMP_THREADS_BIND`` sets the OpenMP binding for all three).
 One engine at a time. Output tok/s exclude engine start: (a) ``llm.chat`` wall time, (b) the
 manifest's ``generation_s`` (engine ready -> last shard and manifest written), (c) from the
 "Reading batch" log line (engine ready) to the "Writing outputs" line. Prints figures and the
@@ -93,8 +93,8 @@ def input_lines(texts: list[str], max_tokens: int) -> list[dict[str, Any]]:
 
 
 def engine_environment() -> dict[str, str]:
+    from llmbatch.ray_job.engine_env import engine_env
     from llmbatch.stack.state import CACHE_DIR
-    from ray_job.engine_env import engine_env
 
     return engine_env(
         CACHE_DIR / "engine-cache", omp_threads_bind=os.environ.get("LLMBATCH_OMP_THREADS_BIND") or None
@@ -212,7 +212,7 @@ def run_job(jobs: Any, spec: Any, env: dict[str, Any], poll_s: float = 0.5) -> t
     Raises with the log tail when it did not succeed."""
     from ray.job_submission import JobStatus
 
-    from ray_job.submit import parse_result, submit_kwargs
+    from llmbatch.ray_job.submit import parse_result, submit_kwargs
 
     t0 = time.perf_counter()
     jobs.submit_job(**submit_kwargs(spec, env, python=sys.executable))
@@ -228,9 +228,9 @@ def run_job(jobs: Any, spec: Any, env: dict[str, Any], poll_s: float = 0.5) -> t
 def run_pipeline(model: str, data: bytes, args: argparse.Namespace) -> dict[str, Any]:
     from ray.job_submission import JobSubmissionClient
 
+    from llmbatch.ray_job.submit import runtime_env
+    from llmbatch.schemas.job import EngineConfig, JobSpec, parse_manifest
     from llmbatch.settings import LLMBatchSettings
-    from ray_job.submit import runtime_env
-    from schemas.job import EngineConfig, JobSpec, parse_manifest
 
     settings = LLMBatchSettings()
     s3 = settings.s3

@@ -1,4 +1,4 @@
-"""Benchmark: what a runner batch's own S3 session costs (``dispatcher.s3_sessions``).
+"""Benchmark: what a runner batch's own S3 session costs (``llmbatch.dispatcher.s3_sessions``).
 
     .venv/bin/llmbatch stack up minio && eval "$(.venv/bin/llmbatch stack env)"
     .venv/bin/python bench/bench_s3_sessions.py [--batches 200] [--json]
@@ -9,7 +9,8 @@ first S3 call on the batch, a HEAD of its input, with a filesystem built from th
 (c) the same HEAD with a filesystem built from the node's keys. Prints p50 / p95 / max milliseconds of
 each and the per-batch cost of sessions, (a) + (b) - (c). With ``--job-handoff`` (the stack's Redis
 too: ``llmbatch stack up minio redis``) also (d) what a Ray job attempt adds: the dispatcher stores the
-session in Redis (``SET NX EX``) and the driver takes it (``GETDEL`` + parse, ``ray_job.s3_session``).
+session in Redis (``SET NX EX``) and the driver takes it (``GETDEL`` + parse,
+``llmbatch.ray_job.s3_session``).
 One process, one run. Not a test.
 """
 
@@ -51,10 +52,10 @@ def main() -> int:
     import os
 
     from bench.bench_ray_job import stack_s3
-    from dispatcher.s3_sessions import SessionMinter
+    from llmbatch.dispatcher.s3_sessions import SessionMinter
+    from llmbatch.ray_job import s3
+    from llmbatch.schemas.job import JobSpec, output_prefix
     from llmbatch.settings import LLMBatchSettings
-    from ray_job import s3
-    from schemas.job import JobSpec, output_prefix
 
     settings = LLMBatchSettings()
     client = stack_s3(settings)
@@ -74,8 +75,8 @@ def main() -> int:
 
     import orjson
 
-    from dispatcher.store import StateStore
-    from ray_job import s3_session
+    from llmbatch.dispatcher.store import StateStore
+    from llmbatch.ray_job import s3_session
 
     loop = asyncio.new_event_loop()
     store = StateStore.from_settings(settings.redis) if args.job_handoff else None

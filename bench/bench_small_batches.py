@@ -40,7 +40,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.bench_ray_job import engine_environment, input_lines, prompts, run_plain  # noqa: E402
-from dispatcher.settings import OWN_ENGINE_IN_FLIGHT  # noqa: E402
+from llmbatch.dispatcher.settings import OWN_ENGINE_IN_FLIGHT  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -51,9 +51,9 @@ class Runner:
     def __init__(self, model_path: str, args: argparse.Namespace) -> None:
         from ray.job_submission import JobSubmissionClient
 
-        from dispatcher.settings import DispatcherSettings
-        from producer.storage import ensure_buckets, make_client
-        from ray_job.submit import runtime_env
+        from llmbatch.adapters.storage import ensure_buckets, make_client
+        from llmbatch.dispatcher.settings import DispatcherSettings
+        from llmbatch.ray_job.submit import runtime_env
 
         self.settings = DispatcherSettings()
         s3 = self.settings.s3
@@ -69,7 +69,7 @@ class Runner:
         self.args = args
 
     def engine(self) -> Any:
-        from schemas.job import EngineConfig
+        from llmbatch.schemas.job import EngineConfig
 
         return EngineConfig(
             backend="vllm",
@@ -82,7 +82,7 @@ class Runner:
         )
 
     def spec(self, texts: list[str], engine_app: str | None) -> Any:
-        from schemas.job import JobSpec
+        from llmbatch.schemas.job import JobSpec
 
         batch_id = f"bench-{uuid.uuid4().hex[:10]}"
         data = b"".join(
@@ -107,10 +107,10 @@ class Runner:
         """Submit all at once (``via`` a Ray job each, or the batch ``runner`` of the short path), or
         at most ``in_flight`` at a time, the next as one ends (the dispatcher's admission); wall time
         from the first submit to the last one finished, plus each manifest."""
-        from dispatcher.runner_backend import RunnerClient
-        from producer.storage import get_bytes
-        from ray_job.submit import submit_kwargs
-        from schemas.job import parse_manifest
+        from llmbatch.adapters.storage import get_bytes
+        from llmbatch.dispatcher.runner_backend import RunnerClient
+        from llmbatch.ray_job.submit import submit_kwargs
+        from llmbatch.schemas.job import parse_manifest
 
         client = RunnerClient(self.settings.ray.serve_address)
 
@@ -166,11 +166,11 @@ class Runner:
 
 def deploy(runner: Runner, *, cold: bool) -> str:
     """(Re)deploy the model's shared engine; ``cold`` = at zero replicas (the first call starts one)."""
-    from dispatcher.engines import runner_env_vars, serve_config, summarize
-    from dispatcher.serve_api import ServeApi
-    from ray_job.runner import APP_NAME
-    from ray_job.runner import serve_application as runner_application
-    from schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
+    from llmbatch.dispatcher.engines import runner_env_vars, serve_config, summarize
+    from llmbatch.dispatcher.serve_api import ServeApi
+    from llmbatch.ray_job.runner import APP_NAME
+    from llmbatch.ray_job.runner import serve_application as runner_application
+    from llmbatch.schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
 
     api = ServeApi(runner.settings.ray.address, timeout_s=120)
     registry = EngineRegistry(
@@ -213,9 +213,9 @@ def deploy(runner: Runner, *, cold: bool) -> str:
 def undeploy(runner: Runner) -> None:
     """Remove the engine and the batch runner (with the proxy options: this deploy may start Serve),
     so no replica holds CPUs or memory beside what runs next."""
-    from dispatcher.engines import serve_config
-    from dispatcher.serve_api import ServeApi
-    from schemas.engines import EngineRegistry
+    from llmbatch.dispatcher.engines import serve_config
+    from llmbatch.dispatcher.serve_api import ServeApi
+    from llmbatch.schemas.engines import EngineRegistry
 
     api = ServeApi(runner.settings.ray.address, timeout_s=120)
     empty = serve_config(EngineRegistry(models={}), http_address=runner.settings.ray.serve_address)

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# `make setup`: installs everything llmbatch needs on a bare machine, idempotently, from locks.
-#   1. Debian packages: redis-server, libtcmalloc-minimal4, iptables and ipset for the network policy
-#      test's kube-router, libseccomp-dev (runc) and busybox-static for the test node's containers
-#      (only when missing; needs root/apt)
-#   2. this checkout's own .venv, exactly as uv.lock says (engine, model converter, test and lint
-#      tools included), hard-linked from uv's shared cache: seconds once the cache is warm
-#   3. `llmbatch stack prepare`: Kafka jars, the MinIO binary, the converted model (cached)
-#   4. the Go tool that renders/validates deploy/, and etcd, kube-apiserver, kube-scheduler, the
-#      KubeRay operator, kube-router, and the kubelet, kube-proxy, containerd, runc and CoreDNS of the
-#      test node for the deploy tests (built from the Go module proxy, cached)
+# Installs what a tier of llmbatch needs on a bare machine, idempotently, from locks:
+#   bootstrap.sh demo    (`make demo`, `make up`): the stack and the demo, nothing else
+#     1. Debian packages: redis-server, libtcmalloc-minimal4 (only when missing; needs root/apt)
+#     2. this checkout's .venv from uv.lock: the service, the engine and the model converter
+#     3. `llmbatch stack prepare`: Kafka jars, the MinIO binary, the converted model (cached)
+#   bootstrap.sh test    (`make test`): the demo tier, plus the test and lint tools in the .venv and the
+#     Go tool that renders and validates deploy/ (deploy/tools/deploycheck)
+#   bootstrap.sh deploy  (`make setup-deploy`, run by `make test` as root): the deploy tests' Kubernetes:
+#     iptables, ipset, libseccomp-dev, busybox-static (Debian), and etcd, kube-apiserver,
+#     kube-controller-manager, kube-scheduler, the KubeRay operator, kube-router, the kubelet,
+#     kube-proxy, containerd, runc, the CNI plugins and CoreDNS (Go module proxy; 15-20 min of CPU the
+#     first time, cached)
 # Heavy downloads are cached in $LLMBATCH_CACHE (default ~/.cache/llmbatch), never in the checkout.
 # Prints a line before each long step and the seconds each step took at the end.
 set -euo pipefail
@@ -16,6 +18,8 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 CACHE=${LLMBATCH_CACHE:-$HOME/.cache/llmbatch}
 mkdir -p "$CACHE"
+TIER=${1:-test}
+case "$TIER" in demo|test|deploy) ;; *) echo "usage: $0 demo|test|deploy" >&2; exit 2;; esac
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 summary=()
@@ -28,14 +32,17 @@ step() {  # step NAME COMMAND...: run it, remember how long it took
 # --- 1. Debian packages ----------------------------------------------------------------------
 apt_packages() {
   local need=()
-  command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
-  ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 >/dev/null 2>&1 || need+=(libtcmalloc-minimal4)
-  # kube-router (tests/support/kube_router.py) programs a test node's firewall with these
-  command -v iptables >/dev/null 2>&1 || need+=(iptables)
-  command -v ipset >/dev/null 2>&1 || need+=(ipset)
-  # the test node (tests/support/kube_node.py): runc links libseccomp; its image holds busybox
-  [ -e /usr/include/seccomp.h ] || need+=(libseccomp-dev)
-  [ -x /bin/busybox ] || need+=(busybox-static)
+  if [ "$TIER" = deploy ]; then
+    # kube-router (tests/support/kube_router.py) programs a test node's firewall with these
+    command -v iptables >/dev/null 2>&1 || need+=(iptables)
+    command -v ipset >/dev/null 2>&1 || need+=(ipset)
+    # the test node (tests/support/kube_node.py): runc links libseccomp; its image holds busybox
+    [ -e /usr/include/seccomp.h ] || need+=(libseccomp-dev)
+    [ -x /bin/busybox ] || need+=(busybox-static)
+  else
+    command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+    ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 >/dev/null 2>&1 || need+=(libtcmalloc-minimal4)
+  fi
   ((${#need[@]})) || return 0
   log "installing Debian packages ${need[*]} (first time only; ~30 s)"
   local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
@@ -64,7 +71,11 @@ venv() {
   # (and vLLM, torch); without .pyc files each of them compiles those from source again (4 s of CPU
   # for Ray alone, 15 s for vLLM), and where PYTHONDONTWRITEBYTECODE is set (this machine's default
   # environment) Python never writes them itself. Seconds when already compiled.
-  bash scripts/uv.sh sync --locked --quiet --extra engine --extra model --compile-bytecode
+  # the demo tier leaves out the test and lint tools (--no-dev), but keeps them when a test tier put
+  # them there before (--inexact)
+  local tools=()
+  [ "$TIER" = demo ] && tools=(--no-dev --inexact)
+  bash scripts/uv.sh sync --locked --quiet --extra engine --extra model --compile-bytecode "${tools[@]}"
   log "venv ready: $(.venv/bin/python -c 'import sys; print(sys.prefix)')"
 }
 
@@ -82,9 +93,12 @@ kube_tools() {
 }
 
 step apt apt_packages
-step venv venv
-step prepare prepare
-step deploy deploy_tools
-step kube kube_tools
-log "done in ${SECONDS} s:"
+if [ "$TIER" = deploy ]; then
+  step kube kube_tools
+else
+  step venv venv
+  step prepare prepare
+  if [ "$TIER" = test ]; then step deploy deploy_tools; fi
+fi
+log "$TIER tier done in ${SECONDS} s:"
 for line in "${summary[@]}"; do log "  $line"; done

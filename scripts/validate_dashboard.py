@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The Grafana dashboard against the dispatcher's metrics: the metric names and grouping labels a
 PromQL query uses, the dashboard's queries, the names of a Prometheus exposition, and every series
-``dispatcher.metrics.Metrics`` defines. Loaded by path (scripts/ is no package) by the deploy tests."""
+``llmbatch.dispatcher.metrics.Metrics`` defines. Loaded by path (scripts/ is no package) by the deploy
+tests."""
 
 from __future__ import annotations
 
@@ -93,8 +94,8 @@ def exposition_names(text: str) -> set[str]:
 
 
 def registry_metrics() -> dict[str, tuple[str, set[str]]]:
-    """series name -> (type, label names) for every metric of ``dispatcher.metrics.Metrics``."""
-    from dispatcher.metrics import Metrics
+    """series name -> (type, label names) for every metric of ``llmbatch.dispatcher.metrics.Metrics``."""
+    from llmbatch.dispatcher.metrics import Metrics
 
     out: dict[str, tuple[str, set[str]]] = {}
     for collector in list(Metrics().registry._collector_to_names):

@@ -248,7 +248,7 @@ def settings_env_names(model: Any = None, prefix: str = "LLMBATCH_") -> set[str]
     from pydantic import BaseModel
 
     if model is None:
-        from dispatcher.settings import DispatcherSettings
+        from llmbatch.dispatcher.settings import DispatcherSettings
 
         model = DispatcherSettings
     names: set[str] = set()
@@ -283,7 +283,7 @@ def parse_env_file(path: Path) -> dict[str, str]:
 
 def build_settings(env: dict[str, str]) -> Any:
     """DispatcherSettings from exactly ``env`` (no .env file, nothing else from the process env)."""
-    from dispatcher.settings import DispatcherSettings
+    from llmbatch.dispatcher.settings import DispatcherSettings
 
     saved = {k: v for k, v in os.environ.items() if k.startswith("LLMBATCH_")}
     try:

@@ -64,6 +64,19 @@ def settings(kafka_settings: KafkaSettings, redis_settings: RedisSettings,
     return LLMBatchSettings(kafka=kafka_settings, redis=redis_settings, s3=s3_settings)
 
 
+DEPLOY_NEEDS_ROOT = ("the deploy tier needs root (network namespaces, iptables, cgroups, a kubelet): "
+                     "CI runs it as root; run `sudo make test-deploy` to run it here")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The deploy tier's tests are skipped, saying why, where they cannot run: not as root."""
+    if os.geteuid() == 0:
+        return
+    for item in items:
+        if item.get_closest_marker("deploy") is not None:
+            item.add_marker(pytest.mark.skip(reason=DEPLOY_NEEDS_ROOT))
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     global _cpu_meter, _machine_start
     # each pytest process (xdist worker) in a cgroup of its own, which its services and Ray inherit
@@ -97,7 +110,16 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Per test file, slowest first: wall seconds (setup + call + teardown) and the CPU seconds its tests
-    and all they started used (the services included): where the suite's time and CPU go."""
+    and all they started used (the services included): where the suite's time and CPU go. First, what
+    was skipped for want of root."""
+    skipped = [r.nodeid for r in terminalreporter.stats.get("skipped", [])
+               if isinstance(r, pytest.TestReport) and DEPLOY_NEEDS_ROOT in str(r.longrepr)]
+    if skipped:
+        files = sorted({nodeid.split("::", 1)[0] for nodeid in skipped})
+        terminalreporter.write_sep("=", f"{len(skipped)} deploy tests skipped: not root")
+        terminalreporter.write_line(DEPLOY_NEEDS_ROOT)
+        for path in files:
+            terminalreporter.write_line(f"  {path}")
     per_file: dict[str, list[float]] = {}
     sources: set[str] = set()
     for reports in terminalreporter.stats.values():

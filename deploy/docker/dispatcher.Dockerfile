@@ -16,15 +16,17 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY requirements/lock/base.txt requirements/lock/base.txt
 COPY llmbatch/ llmbatch/
-COPY producer/ producer/
-COPY dispatcher/ dispatcher/
-COPY ray_job/ ray_job/
 COPY schemas/ schemas/
+COPY adapters/ adapters/
+COPY producer/ producer/
+COPY ray_job/ ray_job/
+COPY dispatcher/ dispatcher/
 COPY api/ api/
 # exactly the locked packages (uv.lock, exported with hashes by `make lock`); the lock pins ray, so the
 # dispatcher's Jobs API client matches the cluster's Ray
 RUN /opt/llmbatch/bin/pip install --no-cache-dir --require-hashes --no-deps -r requirements/lock/base.txt \
-    && /opt/llmbatch/bin/pip install --no-cache-dir --no-deps . \
+    && /opt/llmbatch/bin/pip install --no-cache-dir --no-deps ./schemas ./adapters ./producer ./ray_job \
+       ./dispatcher ./api . \
     && /opt/llmbatch/bin/llmbatch --help > /dev/null
 
 # --- runtime: the venv only, as an unprivileged user -----------------------------------------------

@@ -35,11 +35,16 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY llmbatch/ llmbatch/
-COPY producer/ producer/
-COPY dispatcher/ dispatcher/
-COPY ray_job/ ray_job/
 COPY schemas/ schemas/
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+COPY adapters/ adapters/
+COPY producer/ producer/
+COPY ray_job/ ray_job/
+COPY dispatcher/ dispatcher/
+COPY api/ api/
+# every unit of the workspace and the top layer (the head runs the local stack's TLS front, the workers
+# the job and the batch runner); pure Python
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels ./schemas ./adapters ./producer ./ray_job \
+    ./dispatcher ./api .
 
 # --- head: Ray + llmbatch, no engine ---------------------------------------------------------------
 FROM ${RAY_CPU_IMAGE} AS head
@@ -53,7 +58,7 @@ COPY --from=wheel /wheels /tmp/llmbatch/wheels
 # the lock pins ray to the image's version: pip never swaps the image's Ray for another one
 RUN pip install --no-cache-dir --require-hashes --no-deps -r /tmp/llmbatch/req/base.txt \
     && pip install --no-cache-dir --no-deps /tmp/llmbatch/wheels/*.whl \
-    && python -c "import ray, ray_job, schemas; assert ray.__version__ == '2.60.0', ray.__version__"
+    && python -c "import ray, llmbatch.ray_job, llmbatch.schemas; assert ray.__version__ == '2.60.0', ray.__version__"
 COPY --chown=1000:100 deploy/docker/fetch_model.py /home/ray/llmbatch/fetch_model.py
 USER 1000:100
 

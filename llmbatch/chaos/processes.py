@@ -43,10 +43,10 @@ def settings_env(settings: BaseModel, prefix: str = "LLMBATCH_") -> dict[str, st
 
 
 class DispatcherProcess:
-    """``python -m dispatcher`` (or another of the project's services: ``module``, with ``args``) in
+    """``python -m llmbatch.dispatcher`` (or another of the project's services: ``module``, with ``args``) in
     its own session with ``settings`` as its environment, logs to a file; stopped by PID only."""
 
-    def __init__(self, settings: BaseModel, log_path: Path, *, module: str = "dispatcher",
+    def __init__(self, settings: BaseModel, log_path: Path, *, module: str = "llmbatch.dispatcher",
                  args: Sequence[str] = (), **env: str) -> None:
         self.settings = settings
         self.log_path = log_path

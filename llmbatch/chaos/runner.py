@@ -24,20 +24,21 @@ from typing import Any
 
 import orjson
 
-from dispatcher.job_options import JobOptions
-from dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.chaos.faults import Faults, default_faults
 from llmbatch.chaos.processes import DispatcherProcess
 from llmbatch.chaos.verdict import Kind, Seen, Verdict, judge
 from llmbatch.chaos.workload import Record, workload
+from llmbatch.dispatcher.job_options import JobOptions
+from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.schemas.cloudevents import H_ID, decode
+from llmbatch.schemas.engines import EngineModel, EngineRegistry, ReplicaResources
+from llmbatch.schemas.events import RESULT_EVENT_TYPES, EventType
+from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import TopicSettings
 from llmbatch.stack import manager
-from llmbatch.stack.process import alive, free_port
+from llmbatch.stack.ports import free_port
+from llmbatch.stack.process import alive
 from llmbatch.stack.state import StackState
-from schemas.cloudevents import H_ID, decode
-from schemas.engines import EngineModel, EngineRegistry, ReplicaResources
-from schemas.events import RESULT_EVENT_TYPES, EventType
-from schemas.job import EngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,7 @@ async def _send(settings: DispatcherSettings, records: list[Record], over_s: flo
 
 
 def _upload(settings: DispatcherSettings, records: Iterable[Record]) -> None:
-    from producer.storage import ensure_buckets, make_client
+    from llmbatch.adapters.storage import ensure_buckets, make_client
 
     client = make_client(settings.s3)
     ensure_buckets(client, settings.s3)
@@ -254,7 +255,7 @@ def _marks(records: list[Any]) -> set[str]:
 
 def _answers(settings: DispatcherSettings, results: list[Any]) -> dict[str, list[str]]:
     """batch id -> the custom_ids of its output and error lines, for completed batches."""
-    from producer.storage import make_client
+    from llmbatch.adapters.storage import make_client
 
     client = make_client(settings.s3)
     out: dict[str, list[str]] = {}
@@ -276,7 +277,7 @@ async def run(config: ChaosConfig) -> ChaosResult:
     """One run; the stack and replicas are stopped by PID at the end unless ``config.keep``."""
     import tempfile
 
-    from producer.topics import ensure_topics
+    from llmbatch.adapters.topics import ensure_topics
 
     run = f"chaos{uuid.uuid4().hex[:6]}"
     run_dir = config.run_dir or Path(tempfile.mkdtemp(prefix="llmbatch-chaos-"))

@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 
 from llmbatch.chaos.verdict import Kind, Sent
-from schemas.batch import BatchRequest, CancelRequest
-from schemas.cloudevents import H_ID, H_SOURCE, H_TYPE, Envelope, encode
+from llmbatch.schemas.batch import BatchRequest, CancelRequest
+from llmbatch.schemas.cloudevents import H_ID, H_SOURCE, H_TYPE, Envelope, encode
 
 Header = tuple[str, bytes]
 CHAT = "/v1/chat/completions"

@@ -328,3 +328,18 @@ def allocator() -> PortAllocator:
         if _DEFAULT is None:
             _DEFAULT = PortAllocator()
         return _DEFAULT
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1, reserved for this process by the stack's one allocator.
+
+    Outside the kernel's ephemeral range, bindable now, and never handed out again while this
+    process lives (see :mod:`llmbatch.stack.ports`).
+    """
+    return allocator().port()
+
+
+def free_port_range(size: int) -> int:
+    """First port of ``size`` consecutive ports reserved like :func:`free_port` (Ray worker ports)."""
+    return allocator().port_range(size)
+

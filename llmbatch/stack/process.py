@@ -26,24 +26,6 @@ class StackError(RuntimeError):
             self.add_note(f"last lines of its output:\n{log_tail}")
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1, reserved for this process by the stack's one allocator.
-
-    Outside the kernel's ephemeral range, bindable now, and never handed out again while this
-    process lives (see :mod:`llmbatch.stack.ports`).
-    """
-    from llmbatch.stack.ports import allocator  # ports imports StackError from here
-
-    return allocator().port()
-
-
-def free_port_range(size: int) -> int:
-    """First port of ``size`` consecutive ports reserved like :func:`free_port` (Ray worker ports)."""
-    from llmbatch.stack.ports import allocator
-
-    return allocator().port_range(size)
-
-
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
     with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
         return True

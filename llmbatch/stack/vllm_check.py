@@ -50,9 +50,9 @@ def generate(model: str, prompts: list[str], max_tokens: int) -> dict[str, Any]:
 
 def run_in_subprocess(prompts: int = 8, max_tokens: int = 48, timeout: float = 900) -> dict[str, Any]:
     """Run the check in a fresh process with the engine environment; return its JSON result."""
+    from llmbatch.ray_job.engine_env import engine_env
     from llmbatch.stack.model import ensure_model
     from llmbatch.stack.state import CACHE_DIR
-    from ray_job.engine_env import engine_env
 
     model = ensure_model()
     env = {**os.environ, **engine_env(CACHE_DIR / "engine-cache",

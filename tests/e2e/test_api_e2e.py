@@ -18,14 +18,14 @@ from typing import Any
 import orjson
 import pytest
 
-from api.auth import hash_api_key
+from llmbatch.adapters.storage import make_client
+from llmbatch.adapters.topics import ensure_topics
+from llmbatch.api.auth import hash_api_key
 from llmbatch.chaos.processes import DispatcherProcess
+from llmbatch.schemas.events import EventType
+from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings
-from llmbatch.stack.process import free_port
-from producer.storage import make_client
-from producer.topics import ensure_topics
-from schemas.events import EventType
-from schemas.job import EngineConfig
+from llmbatch.stack.ports import free_port
 from tests.e2e.test_dispatcher_e2e import Env, buckets, world  # noqa: F401 (buckets is a fixture)
 from tests.support.dispatcher_kit import batch_request, inline_lines, request_message
 
@@ -35,13 +35,14 @@ TERMINAL = {"completed", "failed", "expired", "cancelled"}
 
 
 class ApiProcess:
-    """``python -m api`` on a free loopback port, with the dispatcher's settings as its environment
+    """``python -m llmbatch.api`` on a free loopback port, with the dispatcher's settings as its environment
     (a :class:`DispatcherProcess` of module ``api``: own session, stopped by PID)."""
 
     def __init__(self, settings: Any, log_path: Path) -> None:
         self.port = free_port()
         self.process = DispatcherProcess(
-            settings, log_path, module="api", args=["--port", str(self.port), "--log-level", "warning"],
+            settings, log_path, module="llmbatch.api",
+            args=["--port", str(self.port), "--log-level", "warning"],
             LLMBATCH_API__KEYS=json.dumps({hash_api_key(API_KEY): "default"}),
         ).start()
 

@@ -1,6 +1,6 @@
 """The dispatcher end to end against real Kafka, Redis, MinIO and Ray, on the fake engine.
 
-The dispatcher runs as a separate process (``python -m dispatcher``), so the crash tests can kill it
+The dispatcher runs as a separate process (``python -m llmbatch.dispatcher``), so the crash tests can kill it
 with SIGKILL exactly as an orchestrator would. Every test uses its own topics, consumer group and
 Redis key prefix.
 
@@ -25,22 +25,22 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from dispatcher.errors import DispatcherError
-from dispatcher.job_options import JobOptions
-from dispatcher.settings import DispatcherOptions, DispatcherSettings
-from dispatcher.states import State
-from dispatcher.store import StateStore
+from llmbatch.adapters.storage import ensure_buckets, make_client
+from llmbatch.adapters.topics import ensure_topics
+from llmbatch.dispatcher.errors import DispatcherError
+from llmbatch.dispatcher.job_options import JobOptions
+from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.dispatcher.states import State
+from llmbatch.dispatcher.store import StateStore
+from llmbatch.schemas import dlt as dlt_headers
+from llmbatch.schemas.batch import BatchRequest, CancelRequest
+from llmbatch.schemas.cloudevents import Envelope
+from llmbatch.schemas.dlt import ReplayInfo
+from llmbatch.schemas.engines import EngineRegistry
+from llmbatch.schemas.events import EventType
+from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings, TopicSettings
-from llmbatch.stack.process import free_port
-from producer.storage import ensure_buckets, make_client
-from producer.topics import ensure_topics
-from schemas import dlt as dlt_headers
-from schemas.batch import BatchRequest, CancelRequest
-from schemas.cloudevents import Envelope
-from schemas.dlt import ReplayInfo
-from schemas.engines import EngineRegistry
-from schemas.events import EventType
-from schemas.job import EngineConfig
+from llmbatch.stack.ports import free_port
 from tests.support.dispatcher_kit import (
     DispatcherProcess,
     TopicReader,
@@ -76,12 +76,15 @@ class Env:
         self.batch_ids: set[str] = set()
 
     def spawn(
-        self, name: str = "d1", settings: DispatcherSettings | None = None, **env: str
+        self, name: str = "d1", settings: DispatcherSettings | None = None, *, crash_at: str | None = None,
+        **env: str,
     ) -> DispatcherProcess:
+        """A dispatcher process; ``crash_at``: one that SIGKILLs itself at that crash point."""
         base = settings or self.settings
         opts = base.dispatcher.model_copy(update={"instance_id": name, "metrics_port": free_port()})
+        hooked = {"module": "tests.support.crashing_dispatcher", "args": [crash_at]} if crash_at else {}
         proc = DispatcherProcess(
-            base.model_copy(update={"dispatcher": opts}), self.run_dir / f"{name}.log", **env
+            base.model_copy(update={"dispatcher": opts}), self.run_dir / f"{name}.log", **hooked, **env
         )
         self.procs.append(proc)
         return proc.start()
@@ -320,7 +323,7 @@ async def test_kill9_then_restart_gives_exactly_one_terminal_event(env: Env, poi
         )
     else:
         request = batch_request(f"k-{point.replace('_', '-')}-{uuid.uuid4().hex[:6]}")
-    proc = env.spawn("victim", LLMBATCH_DISPATCHER__CRASH_AT=f'["{point}"]')
+    proc = env.spawn("victim", crash_at=point)
     await env.send(request_message(request))
     await wait_for(lambda: not proc.alive(), 180, interval=0.5, what=f"the dispatcher to die at {point}")
     assert proc.proc.returncode == -9, proc.tail()
@@ -533,10 +536,10 @@ async def test_shared_engine_serves_every_batch_and_unknown_models_are_refused(
     that is not served is dead-lettered."""
     from typer.testing import CliRunner
 
-    from dispatcher.engines import replica_pids
-    from dispatcher.ops.engines_cli import app as engines_app
-    from dispatcher.serve_api import ServeApi
-    from schemas.engines import ReplicaResources, Scaling
+    from llmbatch.dispatcher.engines import replica_pids
+    from llmbatch.dispatcher.ops.engines_cli import app as engines_app
+    from llmbatch.dispatcher.serve_api import ServeApi
+    from llmbatch.schemas.engines import ReplicaResources, Scaling
     from tests.support.dispatcher_kit import MODEL
 
     entry = env.settings.engines.get(MODEL).model_copy(update={
@@ -610,9 +613,9 @@ async def test_a_ray_head_restart_loses_jobs_runs_and_engines_which_all_come_bac
     Two batches run when it goes: one as a Ray job (on the shared engine), one on the batch runner. The
     dispatcher (tracker leader) finds the job lost, deploys the engines and the runner again, and both
     batches run again and complete, each answered once with every custom_id once."""
-    from dispatcher.serve_api import ServeApi
-    from ray_job.runner import APP_NAME
-    from schemas.engines import ReplicaResources, Scaling
+    from llmbatch.dispatcher.serve_api import ServeApi
+    from llmbatch.ray_job.runner import APP_NAME
+    from llmbatch.schemas.engines import ReplicaResources, Scaling
     from tests.support.dispatcher_kit import MODEL
     from tests.support.private_ray import PrivateRay
 
@@ -690,9 +693,9 @@ async def test_the_shared_path_keeps_exactly_once_resume_cancel_and_deadline(
     import os
     import signal
 
-    from dispatcher.engines import runner_pids
-    from dispatcher.serve_api import ServeApi
-    from schemas.engines import ReplicaResources, Scaling
+    from llmbatch.dispatcher.engines import runner_pids
+    from llmbatch.dispatcher.serve_api import ServeApi
+    from llmbatch.schemas.engines import ReplicaResources, Scaling
     from tests.support.dispatcher_kit import MODEL
 
     slow = FAKE.model_copy(update={"fake_delay_s": 0.5, "batch_size": 1, "batches_in_flight": 1})
@@ -708,7 +711,7 @@ async def test_the_shared_path_keeps_exactly_once_resume_cancel_and_deadline(
     api = ServeApi(ray_settings.address, timeout_s=60)
     try:
         # 1. the dispatcher dies right after the runner took the batch; the next one finishes it
-        victim = env.spawn("victim", settings, LLMBATCH_DISPATCHER__CRASH_AT='["after_submit"]')
+        victim = env.spawn("victim", settings, crash_at="after_submit")
         killed = batch_request(f"sk-{uuid.uuid4().hex[:6]}", requests=inline_lines(3))
         await env.send(request_message(killed))
         await wait_for(lambda: not victim.alive(), 300, interval=0.5, what="the dispatcher to die")

@@ -18,10 +18,10 @@ from typing import Any
 import orjson
 import pytest
 
+from llmbatch.adapters.topics import ensure_topics
+from llmbatch.schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling
+from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings
-from producer.topics import ensure_topics
-from schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling
-from schemas.job import EngineConfig
 from tests.e2e.test_api_e2e import API_KEY, ApiProcess, _wait_done
 from tests.e2e.test_dispatcher_e2e import Env, buckets, world  # noqa: F401 (buckets is a fixture)
 
@@ -96,7 +96,7 @@ async def test_an_embedding_batch_through_the_http_api_matches_the_model_run_dir
     from openai import OpenAI
     from openai.types import Batch, CreateEmbeddingResponse
 
-    from dispatcher.serve_api import ServeApi
+    from llmbatch.dispatcher.serve_api import ServeApi
     from llmbatch.stack.model import EMBEDDING_MODEL
 
     await ensure_topics(embedding_settings)

@@ -25,11 +25,17 @@ from aiokafka import AIOKafkaProducer
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
-from dispatcher.job_options import JobOptions
-from dispatcher.keys import Keys
-from dispatcher.settings import DispatcherOptions, DispatcherSettings
-from dispatcher.store import StateStore
+from llmbatch.adapters.storage import ensure_buckets, make_client, put_bytes
+from llmbatch.adapters.topics import ensure_topics
 from llmbatch.cli import app
+from llmbatch.dispatcher.job_options import JobOptions
+from llmbatch.dispatcher.keys import Keys
+from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.dispatcher.store import StateStore
+from llmbatch.schemas import dlt
+from llmbatch.schemas.dlt import ReplayInfo
+from llmbatch.schemas.events import EventType
+from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import (
     KafkaSettings,
     RaySettings,
@@ -38,13 +44,7 @@ from llmbatch.settings import (
     S3Settings,
     TopicSettings,
 )
-from llmbatch.stack.process import free_port
-from producer.storage import ensure_buckets, make_client, put_bytes
-from producer.topics import ensure_topics
-from schemas import dlt
-from schemas.dlt import ReplayInfo
-from schemas.events import EventType
-from schemas.job import EngineConfig
+from llmbatch.stack.ports import free_port
 from tests.support.dispatcher_kit import (
     DispatcherProcess,
     TopicReader,

@@ -19,14 +19,14 @@ import pytest
 import redis.asyncio as aioredis
 from pydantic import SecretStr
 
-from dispatcher.keys import Keys
-from dispatcher.redis_acl import Role, acl_lines
+from llmbatch.adapters.storage import make_client
+from llmbatch.adapters.topics import ensure_topics
+from llmbatch.dispatcher.keys import Keys
+from llmbatch.dispatcher.redis_acl import Role, acl_lines
+from llmbatch.schemas.events import EventType
 from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings
 from llmbatch.stack import services
 from llmbatch.stack.process import alive, stop_tree
-from producer.storage import make_client
-from producer.topics import ensure_topics
-from schemas.events import EventType
 from tests.e2e.test_dispatcher_e2e import Env, buckets, world
 from tests.support.dispatcher_kit import TopicReader, batch_request, inline_lines, request_message
 from tests.support.private_ray import PrivateRay

@@ -21,12 +21,12 @@ from pathlib import Path
 import orjson
 import pytest
 
+from llmbatch.adapters.storage import ensure_buckets, make_client
+from llmbatch.adapters.topics import ensure_topics
+from llmbatch.schemas.engines import EngineRegistry, ReplicaResources, Scaling
+from llmbatch.schemas.events import EventType
 from llmbatch.stack import manager
 from llmbatch.stack.process import StackError
-from producer.storage import ensure_buckets, make_client
-from producer.topics import ensure_topics
-from schemas.engines import EngineRegistry, ReplicaResources, Scaling
-from schemas.events import EventType
 from tests.e2e.test_dispatcher_e2e import Env, world
 from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, request_message
 
@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
 async def test_batches_run_with_every_hop_encrypted_and_plaintext_is_refused(tmp_path: Path) -> None:
-    from dispatcher.serve_api import ServeApi
+    from llmbatch.dispatcher.serve_api import ServeApi
 
     run = tmp_path / "stack"
     try:

@@ -1,5 +1,5 @@
 """Shared helpers for the ray_job integration tests: submit the job through the Ray Jobs API
-exactly as the dispatcher does (``ray_job.submit``), against the real MinIO, Redis and Ray head."""
+exactly as the dispatcher does (``llmbatch.ray_job.submit``), against the real MinIO, Redis and Ray head."""
 
 from __future__ import annotations
 
@@ -17,15 +17,15 @@ import orjson
 from minio import Minio
 from ray.job_submission import JobStatus, JobSubmissionClient
 
-from dispatcher.ray_http import auth_headers
-from dispatcher.s3_sessions import JobSessions, SessionMinter
-from dispatcher.store import StateStore
+from llmbatch.dispatcher.ray_http import auth_headers
+from llmbatch.dispatcher.s3_sessions import JobSessions, SessionMinter
+from llmbatch.dispatcher.store import StateStore
+from llmbatch.ray_job import node_secrets
+from llmbatch.ray_job.engine_env import engine_env
+from llmbatch.ray_job.submit import SessionRef, parse_result, runtime_env, submit_kwargs
+from llmbatch.schemas.job import EngineConfig, JobSpec, Manifest, parse_manifest
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
 from llmbatch.stack.state import CACHE_DIR
-from ray_job import node_secrets
-from ray_job.engine_env import engine_env
-from ray_job.submit import SessionRef, parse_result, runtime_env, submit_kwargs
-from schemas.job import EngineConfig, JobSpec, Manifest, parse_manifest
 
 CHAT = "/v1/chat/completions"
 CMPL = "/v1/completions"
@@ -144,7 +144,7 @@ class Harness:
 
     def issue_session(self, spec: JobSpec) -> SessionRef:
         """``spec``'s S3 session, minted by the real MinIO's STS and kept in the real Redis by the
-        dispatcher's own code (:class:`dispatcher.s3_sessions.JobSessions`)."""
+        dispatcher's own code (:class:`llmbatch.dispatcher.s3_sessions.JobSessions`)."""
 
         async def issue() -> SessionRef:
             store = StateStore.from_url(self.redis.url, password=self.redis.effective_password())

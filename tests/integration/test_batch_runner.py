@@ -1,6 +1,6 @@
 """The short path on a real Ray head: the batch runner (a Serve application behind Serve's HTTP proxy)
 runs small batches on the shared engine with MinIO and Redis, as the dispatcher drives it (through
-:class:`~dispatcher.runner_backend.RunnerClient`). The engine replica runs the fake engine."""
+:class:`~llmbatch.dispatcher.runner_backend.RunnerClient`). The engine replica runs the fake engine."""
 
 from __future__ import annotations
 
@@ -13,20 +13,20 @@ from typing import Any
 import pytest
 import redis
 
-from dispatcher.backend import JobInfo, JobState
-from dispatcher.engines import cluster_serve_config, replica_pids, summarize
-from dispatcher.runner_backend import RunnerClient
-from dispatcher.s3_sessions import SessionMinter
-from dispatcher.serve_api import ServeApi
-from dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.dispatcher.backend import JobInfo, JobState
+from llmbatch.dispatcher.engines import cluster_serve_config, replica_pids, summarize
+from llmbatch.dispatcher.runner_backend import RunnerClient
+from llmbatch.dispatcher.s3_sessions import SessionMinter
+from llmbatch.dispatcher.serve_api import ServeApi
+from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.ray_job import node_secrets
+from llmbatch.ray_job.errors import ExitCode
+from llmbatch.ray_job.runner_http import APP_NAME
+from llmbatch.ray_job.runner_http import DEPLOYMENT as RUNNER_DEPLOYMENT
+from llmbatch.schemas.common import BatchStatus, utcnow
+from llmbatch.schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
+from llmbatch.schemas.job import EngineConfig, JobSpec
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
-from ray_job import node_secrets
-from ray_job.errors import ExitCode
-from ray_job.runner_http import APP_NAME
-from ray_job.runner_http import DEPLOYMENT as RUNNER_DEPLOYMENT
-from schemas.common import BatchStatus, utcnow
-from schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
-from schemas.job import EngineConfig, JobSpec
 from tests.integration.ray_job_harness import Harness, chat_line
 from tests.support.proc_env import environ, parent_pid, raw_environ
 

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dispatcher.intake import Reject, classify
-from dispatcher.states import State
+from llmbatch.dispatcher.intake import Reject, classify
+from llmbatch.dispatcher.states import State
+from llmbatch.schemas import dlt as dlt_headers
 from llmbatch.settings import LLMBatchSettings
-from schemas import dlt as dlt_headers
 from tests.support.consumer_harness import Harness, make_settings
 from tests.support.dispatcher_kit import batch_request, origin, request_message, wait_for
 from tests.support.hostile_records import Record, hostile_record

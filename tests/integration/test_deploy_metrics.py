@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from llmbatch.settings import KafkaSettings, LLMBatchSettings, S3Settings
-from llmbatch.stack.process import free_port
+from llmbatch.stack.ports import free_port
 from tests.support.dispatcher_kit import registry_env, settings_env
 from tests.support.scripts import load_file, load_script
 

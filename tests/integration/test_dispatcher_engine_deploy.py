@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.errors import DispatcherError
-from dispatcher.serve_api import ServeApi
-from dispatcher.service import Dispatcher
-from dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.dispatcher.errors import DispatcherError
+from llmbatch.dispatcher.serve_api import ServeApi
+from llmbatch.dispatcher.service import Dispatcher
+from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.ray_job.runner_http import APP_NAME as RUNNER_APP
+from llmbatch.schemas.engines import app_name
 from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings, TopicSettings
-from ray_job.runner_http import APP_NAME as RUNNER_APP
-from schemas.engines import app_name
 from tests.integration.test_dispatcher_tracker import Jobs
 from tests.support.dispatcher_kit import MODEL, registry, wait_for
 from tests.support.private_ray import PrivateRay

@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from dispatcher.service import Dispatcher
-from dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.dispatcher.service import Dispatcher
+from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.settings import KafkaSettings, RedisSettings, S3Settings, TopicSettings
 from tests.integration.test_dispatcher_tracker import Jobs
 from tests.support.dispatcher_kit import registry, wait_for

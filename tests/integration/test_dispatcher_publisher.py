@@ -14,20 +14,20 @@ from dataclasses import dataclass
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from dispatcher.dlt import OriginalRecord
-from dispatcher.events import Outcome, terminal_fields
-from dispatcher.intake import Accept, IntakeRules, classify
-from dispatcher.keys import Keys
-from dispatcher.metrics import Metrics
-from dispatcher.publisher import EventProducer, TerminalPublisher
-from dispatcher.states import State
-from dispatcher.store import StateStore
+from llmbatch.adapters.topics import ensure_topics
+from llmbatch.dispatcher.dlt import OriginalRecord
+from llmbatch.dispatcher.events import Outcome, terminal_fields
+from llmbatch.dispatcher.intake import Accept, IntakeRules, classify
+from llmbatch.dispatcher.keys import Keys
+from llmbatch.dispatcher.metrics import Metrics
+from llmbatch.dispatcher.publisher import EventProducer, TerminalPublisher
+from llmbatch.dispatcher.states import State
+from llmbatch.dispatcher.store import StateStore
+from llmbatch.schemas import dlt as dlt_headers
+from llmbatch.schemas.batch import InlineLimits
+from llmbatch.schemas.dlt import DltReason
+from llmbatch.schemas.events import EventType
 from llmbatch.settings import KafkaSettings, LLMBatchSettings, TopicSettings
-from producer.topics import ensure_topics
-from schemas import dlt as dlt_headers
-from schemas.batch import InlineLimits
-from schemas.dlt import DltReason
-from schemas.events import EventType
 from tests.support.dispatcher_kit import (
     MODEL,
     TopicReader,

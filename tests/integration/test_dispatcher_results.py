@@ -11,10 +11,10 @@ import pytest
 from minio import Minio
 from pydantic import SecretStr
 
-from dispatcher.errors import ManifestInvalid, StorageUnavailable
-from dispatcher.results import ResultStore
+from llmbatch.dispatcher.errors import ManifestInvalid, StorageUnavailable
+from llmbatch.dispatcher.results import ResultStore
+from llmbatch.schemas.job import MANIFEST_NAME, Manifest, Timings
 from llmbatch.settings import S3Settings
-from schemas.job import MANIFEST_NAME, Manifest, Timings
 
 pytestmark = pytest.mark.integration
 

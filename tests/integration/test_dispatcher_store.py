@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from dispatcher.batch_record import IntakeItem
-from dispatcher.errors import StateStoreUnavailable
-from dispatcher.states import State, TransitionError
-from dispatcher.store import StateStore
+from llmbatch.dispatcher.batch_record import IntakeItem
+from llmbatch.dispatcher.errors import StateStoreUnavailable
+from llmbatch.dispatcher.states import State, TransitionError
+from llmbatch.dispatcher.store import StateStore
 from llmbatch.settings import RedisSettings
 from tests.support.clock import Clock
 from tests.support.scratch_store import scratch_store
@@ -283,7 +283,7 @@ async def test_counts_and_sweep(store: StateStore) -> None:
 
 
 async def test_redis_down_is_a_retriable_error() -> None:
-    from llmbatch.stack.process import free_port
+    from llmbatch.stack.ports import free_port
 
     s = StateStore.from_url(f"redis://127.0.0.1:{free_port()}/0", socket_timeout=1)
     try:

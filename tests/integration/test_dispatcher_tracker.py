@@ -15,25 +15,25 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from dispatcher import states
-from dispatcher.backend import JobInfo, JobState, SubmitResult
-from dispatcher.batch_record import BatchRecord, IntakeItem
-from dispatcher.errors import RayUnavailable
-from dispatcher.intake import intake_fields
-from dispatcher.job_options import JobOptions
-from dispatcher.jobspec import results_prefix
-from dispatcher.keys import Keys, batch_key
-from dispatcher.metrics import Metrics
-from dispatcher.results import Shards
-from dispatcher.runner_backend import takes_short_path
-from dispatcher.scheduler import ready_score
-from dispatcher.settings import DispatcherOptions, DispatcherSettings
-from dispatcher.states import State
-from dispatcher.store import StateStore
-from dispatcher.tracker import Tracker
+from llmbatch.dispatcher import states
+from llmbatch.dispatcher.backend import JobInfo, JobState, SubmitResult
+from llmbatch.dispatcher.batch_record import BatchRecord, IntakeItem
+from llmbatch.dispatcher.errors import RayUnavailable
+from llmbatch.dispatcher.intake import intake_fields
+from llmbatch.dispatcher.job_options import JobOptions
+from llmbatch.dispatcher.jobspec import results_prefix
+from llmbatch.dispatcher.keys import Keys, batch_key
+from llmbatch.dispatcher.metrics import Metrics
+from llmbatch.dispatcher.results import Shards
+from llmbatch.dispatcher.runner_backend import takes_short_path
+from llmbatch.dispatcher.scheduler import ready_score
+from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.dispatcher.states import State
+from llmbatch.dispatcher.store import StateStore
+from llmbatch.dispatcher.tracker import Tracker
+from llmbatch.schemas.engines import EngineModel, EngineRegistry, Scaling
+from llmbatch.schemas.job import EngineConfig, JobSpec
 from llmbatch.settings import RaySettings, RedisSettings
-from schemas.engines import EngineModel, EngineRegistry, Scaling
-from schemas.job import EngineConfig, JobSpec
 from tests.support.dispatcher_kit import batch_request, inline_lines, origin, request_message, wait_for
 
 pytestmark = pytest.mark.integration
@@ -244,7 +244,7 @@ async def test_an_outage_met_by_every_launch_is_logged_once_not_per_tick(
     minted). It is counted every time and logged once, not once per tick."""
     import logging
 
-    from dispatcher.errors import StorageUnavailable
+    from llmbatch.dispatcher.errors import StorageUnavailable
 
     tracker, store, jobs = kit
 
@@ -256,7 +256,7 @@ async def test_an_outage_met_by_every_launch_is_logged_once_not_per_tick(
     jobs.submit = s3_down  # type: ignore[method-assign]
     counted = tracker.metrics.transient_errors.labels(component="s3")
     before = counted._value.get()
-    with caplog.at_level(logging.WARNING, logger="dispatcher.tracker"):
+    with caplog.at_level(logging.WARNING, logger="llmbatch.dispatcher.tracker"):
         for _ in range(4):
             await tracker.launch()
     said = [r.getMessage() for r in caplog.records if "postponed" in r.getMessage()]
@@ -281,7 +281,7 @@ async def test_a_python_that_exits_2_is_retried_not_taken_for_an_invalid_spec(
 ) -> None:
     """Exit 2 is Python's own usage error (here: an interpreter that rejects ``-P``), a problem of the
     cluster: the attempt is retried instead of failing the batch as an invalid spec (real Ray job)."""
-    from dispatcher.ray_backend import RayJobsBackend
+    from llmbatch.dispatcher.ray_backend import RayJobsBackend
 
     python = tmp_path / "old-python"
     python.write_text("#!/bin/sh\necho 'Unknown option: -P' >&2\nexit 2\n")
@@ -324,7 +324,7 @@ async def test_a_batch_id_used_again_after_its_record_is_gone_is_a_new_lifecycle
     is a new lifecycle: another Ray submission id and results prefix, so Ray's "already exists" cannot
     hand it the old job's outcome and it never reads the old shards. The finished job of the first
     lifecycle is deleted from the head once its terminal event is out (a running one cannot be)."""
-    from dispatcher.ray_backend import RayJobsBackend
+    from llmbatch.dispatcher.ray_backend import RayJobsBackend
 
     python = tmp_path / "slow-python"
     python.write_text("#!/bin/sh\nexec sleep 8\n")
@@ -481,9 +481,9 @@ class NoResults:
 async def test_a_cancel_of_a_queued_retry_finishes_it_at_the_next_tick(redis_settings: RedisSettings) -> None:
     """A batch waiting in the queue for its retry (attempt 1 failed, backoff running) is cancelled by
     the next tick, not when the queue reaches it."""
-    from dispatcher.cancel import apply_cancel
-    from dispatcher.intake import Cancel
-    from schemas.batch import CancelRequest
+    from llmbatch.dispatcher.cancel import apply_cancel
+    from llmbatch.dispatcher.intake import Cancel
+    from llmbatch.schemas.batch import CancelRequest
 
     prefix = f"t{uuid.uuid4().hex[:8]}"
     settings = DispatcherSettings(

@@ -27,19 +27,19 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
 from pydantic import SecretStr
 
-from dispatcher.dlt import OriginalRecord, build_dead_letter
-from dispatcher.errors import KafkaAuthenticationFailed
-from dispatcher.ops.dlq_reader import read_dead_letters
-from dispatcher.publisher import EventProducer
+from llmbatch.adapters.errors import AuthenticationFailed, NotAuthorized, TopicMissing
+from llmbatch.adapters.kafka import Publisher, follow_events
+from llmbatch.adapters.topics import check_topic_sizes, ensure_topics
+from llmbatch.dispatcher.dlt import OriginalRecord, build_dead_letter
+from llmbatch.dispatcher.errors import KafkaAuthenticationFailed
+from llmbatch.dispatcher.ops.dlq_reader import read_dead_letters
+from llmbatch.dispatcher.publisher import EventProducer
+from llmbatch.schemas.batch import CancelRequest
+from llmbatch.schemas.cloudevents import Envelope
+from llmbatch.schemas.events import BatchAccepted
 from llmbatch.settings import KafkaSettings, TopicSettings
 from llmbatch.stack import kafka_broker, services
 from llmbatch.stack.process import alive, stop_tree
-from producer.errors import AuthenticationFailed, NotAuthorized, TopicMissing
-from producer.kafka import Publisher, follow_events
-from producer.topics import check_topic_sizes, ensure_topics
-from schemas.batch import CancelRequest
-from schemas.cloudevents import Envelope
-from schemas.events import BatchAccepted
 from tests.support.dispatcher_kit import MODEL, batch_request
 
 pytestmark = pytest.mark.integration

@@ -15,14 +15,14 @@ from pathlib import Path
 import orjson
 import pytest
 
-from dispatcher.job_options import JobOptions
-from dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.chaos.processes import DispatcherProcess
+from llmbatch.dispatcher.job_options import JobOptions
+from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.schemas.engines import EngineModel, EngineRegistry
+from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings, TopicSettings
 from llmbatch.stack import kafka_broker
 from llmbatch.stack.process import alive, stop_tree
-from schemas.engines import EngineModel, EngineRegistry
-from schemas.job import EngineConfig
 from tests.support.services import reaped_or_alive
 
 pytestmark = pytest.mark.integration

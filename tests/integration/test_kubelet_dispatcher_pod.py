@@ -26,7 +26,7 @@ from tests.support.kube_node import KubeletNode, kubelet_node
 from tests.support.kube_objects import apply_all, crds, ensure_namespace, vd
 from tests.support.real_ray_pods import PRIVILEGED, dispatcher_on_host_userland
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.deploy]
 
 DEPLOYMENT = "llmbatch-dispatcher"
 # the liveness probe fails a container after 3 x 10 s: watched for longer than that

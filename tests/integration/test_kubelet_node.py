@@ -32,7 +32,7 @@ from tests.support.kube_node import KubeletNode, kubelet_node
 from tests.support.kube_router import start_kube_router
 from tests.support.node_images import IMAGE
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.deploy]
 
 NAMESPACE = "apps"
 MACHINE_NETNS = Path("/var/run/netns")  # where `ip netns` (and a containerd left to itself) keeps them

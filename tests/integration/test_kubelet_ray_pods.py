@@ -43,7 +43,7 @@ from tests.support.kube_objects import (
 )
 from tests.support.real_ray_pods import PRIVILEGED, on_host_userland
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.deploy]
 
 RESOLVE = "import socket; print(*sorted({{a[4][0] for a in socket.getaddrinfo({!r}, 6379)}}))"
 LIVE_NODES = ("import ray; ray.init(address='auto', log_to_driver=False); "

@@ -53,7 +53,7 @@ from tests.support.pod_network import PodNetwork
 from tests.support.pod_runner import LocalPods, ray_env, ray_start_options
 from tests.support.private_ray import PrivateRay
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.deploy]
 
 ENGINE_DEMAND = [{"llmbatch_engine": 1}, {"llmbatch_engine": 1}]
 GCS_PORT = 6379

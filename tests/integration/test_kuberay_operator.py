@@ -41,7 +41,7 @@ from tests.support.kube_objects import (
     worker_groups,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.deploy]
 
 
 @pytest.fixture(scope="module")

@@ -52,8 +52,8 @@ from typing import Any
 import pytest
 import yaml
 
+from llmbatch.schemas.engines import DEPLOYMENT_NAME
 from llmbatch.stack.process import stop_tree
-from schemas.engines import DEPLOYMENT_NAME
 from tests.support.cluster_hosts import ClusterHosts
 from tests.support.kube_control_plane import (
     ControlPlane,
@@ -79,7 +79,7 @@ from tests.support.pod_network import PodNetwork
 from tests.support.pod_runner import LocalPods, register_node
 from tests.support.private_ray import PrivateRay
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.deploy]
 
 DASHBOARD_PORT = 8265  # the head Service's `dashboard` port (KubeRay's default, ours too)
 OPERATOR_POD = "kuberay-operator"

@@ -1,6 +1,7 @@
 """``llmbatch dlq list|inspect|replay`` against real Kafka and Redis (no dispatcher running).
 
-Dead letters are produced exactly as the dispatcher writes them (``dispatcher.dlt.build_dead_letter``:
+Dead letters are produced exactly as the dispatcher writes them
+(``llmbatch.dispatcher.dlt.build_dead_letter``:
 original record + Spring Kafka ``kafka_dlt-*`` headers + ``llmbatch-dlt-reason``); batch states come
 from the dispatcher's state store. The end-to-end replay (dispatcher reopens and completes the
 batch) is in tests/e2e/test_ops_replay_e2e.py.
@@ -19,18 +20,18 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from typer.testing import CliRunner
 
-from dispatcher.batch_record import IntakeItem
-from dispatcher.dlt import OriginalRecord, build_dead_letter
-from dispatcher.events import Outcome, terminal_fields
-from dispatcher.intake import intake_fields
-from dispatcher.keys import Keys
-from dispatcher.states import State
-from dispatcher.store import StateStore
+from llmbatch.adapters.topics import ensure_topics
 from llmbatch.cli import app
+from llmbatch.dispatcher.batch_record import IntakeItem
+from llmbatch.dispatcher.dlt import OriginalRecord, build_dead_letter
+from llmbatch.dispatcher.events import Outcome, terminal_fields
+from llmbatch.dispatcher.intake import intake_fields
+from llmbatch.dispatcher.keys import Keys
+from llmbatch.dispatcher.states import State
+from llmbatch.dispatcher.store import StateStore
+from llmbatch.schemas import dlt
+from llmbatch.schemas.dlt import ReplayInfo
 from llmbatch.settings import LLMBatchSettings, TopicSettings
-from producer.topics import ensure_topics
-from schemas import dlt
-from schemas.dlt import ReplayInfo
 from tests.support.dispatcher_kit import TopicReader, batch_request, request_message
 
 pytestmark = pytest.mark.integration
@@ -71,7 +72,7 @@ class World:
         original = OriginalRecord(self.settings.kafka.topics.requests, 1, offset, key, val, tuple(headers),
                                   int(time.time() * 1000), 0)
         letter = build_dead_letter(original, dlt_topic=self.settings.kafka.topics.dead_letter, reason=reason,
-                                   group_id="llmbatch-dispatcher", fqcn="ray_job.errors.InputNotFound",
+                                   group_id="llmbatch-dispatcher", fqcn="llmbatch.ray_job.errors.InputNotFound",  # noqa: E501
                                    message=f"{reason}: the input of {batch_id} is missing")
         await self.send(letter.topic, letter.key, letter.value, letter.headers)
 

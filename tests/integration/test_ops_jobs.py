@@ -20,19 +20,19 @@ import orjson
 import pytest
 from typer.testing import CliRunner
 
-from dispatcher.batch_record import IntakeItem
-from dispatcher.events import Outcome, terminal_fields
-from dispatcher.intake import intake_fields
-from dispatcher.keys import Keys, batch_key
-from dispatcher.states import State
-from dispatcher.store import StateStore
+from llmbatch.adapters.topics import ensure_topics
 from llmbatch.cli import app
+from llmbatch.dispatcher.batch_record import IntakeItem
+from llmbatch.dispatcher.events import Outcome, terminal_fields
+from llmbatch.dispatcher.intake import intake_fields
+from llmbatch.dispatcher.keys import Keys, batch_key
+from llmbatch.dispatcher.states import State
+from llmbatch.dispatcher.store import StateStore
+from llmbatch.schemas.batch import CancelRequest
+from llmbatch.schemas.cloudevents import decode
+from llmbatch.schemas.events import EventType
+from llmbatch.schemas.job import submission_id
 from llmbatch.settings import LLMBatchSettings, TopicSettings
-from producer.topics import ensure_topics
-from schemas.batch import CancelRequest
-from schemas.cloudevents import decode
-from schemas.events import EventType
-from schemas.job import submission_id
 from tests.support.dispatcher_kit import (
     TopicReader,
     batch_request,

@@ -17,7 +17,7 @@ import pytest
 from tests.support.net_snapshot import connect_outcome, path_snapshot
 from tests.support.pod_network import NETNS_DIR, PREFIX, NodeLan, PodNetwork, in_netns, remove_stale
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.deploy]
 
 
 @pytest.fixture

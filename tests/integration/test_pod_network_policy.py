@@ -43,7 +43,7 @@ from tests.support.pod_checks import (
 from tests.support.pod_network import PodNetwork
 from tests.support.pod_runner import LocalPods
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.deploy]
 
 GCS_PORT, METRICS_PORT = 6379, 8080
 

@@ -45,7 +45,7 @@ from tests.support.pod_checks import (
 from tests.support.pod_network import NodeLan, PodNetwork
 from tests.support.pod_runner import LocalPods
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.deploy]
 
 GCS_PORT = 6379
 NODE_B = "node-b"

@@ -34,7 +34,7 @@ from tests.support.pod_checks import (
 from tests.support.pod_network import PodNetwork
 from tests.support.pod_runner import LocalPods
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.deploy]
 
 TLS_PORT = 8443
 

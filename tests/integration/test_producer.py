@@ -27,8 +27,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from typer.testing import CliRunner
 
-from llmbatch.settings import LLMBatchSettings, TopicSettings
-from producer import (
+from llmbatch.adapters import storage
+from llmbatch.producer import (
     BatchClient,
     ClientOptions,
     InvalidInput,
@@ -36,9 +36,8 @@ from producer import (
     WaitTimeout,
     cli,
     ensure_topics,
-    storage,
 )
-from schemas import (
+from llmbatch.schemas import (
     BatchAccepted,
     BatchCompleted,
     BatchFailed,
@@ -56,6 +55,7 @@ from schemas import (
     encode,
     stable_event_id,
 )
+from llmbatch.settings import LLMBatchSettings, TopicSettings
 from tests.support.dispatcher_kit import wait_for
 
 pytestmark = pytest.mark.integration
@@ -251,7 +251,7 @@ async def test_ensure_topics_creates_missing_ones_once(settings: LLMBatchSetting
 async def test_topics_take_records_up_to_the_settings_size(settings: LLMBatchSettings) -> None:
     """ensure_topics sets max.message.bytes from the settings (not the brokers' 1 MiB default), and the
     producer SDK sends records up to that size: an inline batch of 1.5 MB is published."""
-    from producer.kafka import Publisher
+    from llmbatch.adapters.kafka import Publisher
 
     suffix = uuid.uuid4().hex[:8]
     topics = TopicSettings(
@@ -684,7 +684,7 @@ def test_cli_as_a_subprocess(prepared: LLMBatchSettings, tmp_path: Path, tenant:
         [
             sys.executable,
             "-m",
-            "producer.cli",
+            "llmbatch.producer.cli",
             "submit",
             str(path),
             "--model",

@@ -7,8 +7,8 @@ import uuid
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from llmbatch.adapters.topics import check_topic_sizes, ensure_topics, size_problems
 from llmbatch.settings import KafkaSettings, TopicSettings
-from producer.topics import check_topic_sizes, ensure_topics, size_problems
 from tests.support.dispatcher_kit import wait_for
 
 pytestmark = pytest.mark.integration

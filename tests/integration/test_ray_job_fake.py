@@ -19,12 +19,12 @@ import pytest
 import redis
 from ray.job_submission import JobStatus
 
+from llmbatch.ray_job import node_secrets
+from llmbatch.ray_job.errors import ExitCode
+from llmbatch.ray_job.submit import SessionRef, parse_result
+from llmbatch.schemas.common import BatchStatus
+from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
-from ray_job import node_secrets
-from ray_job.errors import ExitCode
-from ray_job.submit import SessionRef, parse_result
-from schemas.common import BatchStatus
-from schemas.job import EngineConfig
 from tests.integration.ray_job_harness import Harness, chat_line
 from tests.support.proc_env import environ, parent_pid
 
@@ -180,7 +180,7 @@ def test_exit_codes_for_missing_input_and_invalid_spec(h: Harness) -> None:
     sid = f"fake-invalid-{h.tag}-a1"
     h.client.submit_job(
         submission_id=sid,
-        entrypoint=f"{sys.executable} -P -m ray_job --spec-json '{{\"x\": 1}}'",
+        entrypoint=f"{sys.executable} -P -m llmbatch.ray_job --spec-json '{{\"x\": 1}}'",
         runtime_env=h.env,
         entrypoint_num_cpus=0,
     )

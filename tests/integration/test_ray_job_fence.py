@@ -14,16 +14,16 @@ import pytest
 import redis
 from pyarrow import fs as pafs
 
-from dispatcher.batch_record import IntakeItem
-from dispatcher.states import State
-from dispatcher.store import StateStore
+from llmbatch.dispatcher.batch_record import IntakeItem
+from llmbatch.dispatcher.states import State
+from llmbatch.dispatcher.store import StateStore
+from llmbatch.ray_job import main as job_main
+from llmbatch.ray_job import rows
+from llmbatch.ray_job.errors import ExitCode
+from llmbatch.ray_job.progress import Counters, Progress
+from llmbatch.schemas.common import utcnow
+from llmbatch.schemas.job import JobSpec
 from llmbatch.settings import RedisSettings
-from ray_job import main as job_main
-from ray_job import rows
-from ray_job.errors import ExitCode
-from ray_job.progress import Counters, Progress
-from schemas.common import utcnow
-from schemas.job import JobSpec
 from tests.support.scratch_store import scratch_store
 
 pytestmark = pytest.mark.integration
@@ -204,7 +204,7 @@ def test_a_stale_run_on_the_warm_runner_stops_at_its_next_heartbeat(
     which its pipeline checks while it waits for the engine (no signal)."""
     import time
 
-    from ray_job.runner import RunnerAttempt
+    from llmbatch.ray_job.runner import RunnerAttempt
 
     client, name = key
     spec = heartbeating_spec("b3", redis_settings.url, name, tmp_path, monkeypatch)

@@ -13,11 +13,11 @@ import pytest
 import redis
 from pyarrow import fs as pafs
 
+from llmbatch.ray_job import main as job_main
+from llmbatch.ray_job import resume
+from llmbatch.schemas.common import utcnow
+from llmbatch.schemas.job import JobSpec
 from llmbatch.settings import RedisSettings
-from ray_job import main as job_main
-from ray_job import resume
-from schemas.common import utcnow
-from schemas.job import JobSpec
 
 pytestmark = pytest.mark.integration
 

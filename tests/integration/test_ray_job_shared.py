@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from ray.job_submission import JobStatus
 
-from dispatcher.engines import replica_pids, serve_config, summarize
-from dispatcher.serve_api import ServeApi
+from llmbatch.dispatcher.engines import replica_pids, serve_config, summarize
+from llmbatch.dispatcher.serve_api import ServeApi
+from llmbatch.schemas.common import BatchStatus
+from llmbatch.schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
+from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
-from schemas.common import BatchStatus
-from schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
-from schemas.job import EngineConfig
 from tests.integration.ray_job_harness import Harness, chat_line
 
 pytestmark = pytest.mark.integration

@@ -5,8 +5,9 @@ Two engine starts in all (each costs 50-90 s here), one per way a job can reach 
 * own engine: ``test_inline_completions`` runs a job without ``engine_app``, whose engine stage
   starts a vLLM engine of its own (the path without shared engines);
 * shared engine: the module deploys the model's shared engine once, as the dispatcher does (a Ray
-  Serve application of :mod:`ray_job.serve_engine`, deployed from
-  :func:`dispatcher.engines.serve_config` through :class:`dispatcher.serve_api.ServeApi`), and the
+  Serve application of :mod:`llmbatch.ray_job.serve_engine`, deployed from
+  :func:`llmbatch.dispatcher.engines.serve_config` through :class:`llmbatch.dispatcher.serve_api.ServeApi`),
+  and the
   20-line file and the stop + resume tests run their jobs on it (``spec.engine_app``). Each of them
   checks on the replica that its requests ran there and that no engine was started or replaced.
 
@@ -30,13 +31,20 @@ import orjson
 import pytest
 from ray.job_submission import JobStatus
 
-from dispatcher.engines import replica_pids, serve_config
-from dispatcher.serve_api import ServeApi
+from llmbatch.dispatcher.engines import replica_pids, serve_config
+from llmbatch.dispatcher.serve_api import ServeApi
+from llmbatch.schemas.common import BatchStatus
+from llmbatch.schemas.engines import (
+    DEPLOYMENT_NAME,
+    EngineModel,
+    EngineRegistry,
+    ReplicaResources,
+    Scaling,
+    app_name,
+)
+from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
 from llmbatch.stack.model import ensure_model
-from schemas.common import BatchStatus
-from schemas.engines import DEPLOYMENT_NAME, EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
-from schemas.job import EngineConfig
 from tests.integration.ray_job_harness import CMPL, Harness, chat_line, completion_line, engine_vars
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

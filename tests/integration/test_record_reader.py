@@ -11,9 +11,9 @@ import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
 
-from dispatcher.record_reader import RecordReader
+from llmbatch.dispatcher.record_reader import RecordReader
+from llmbatch.schemas.events import RecordRef
 from llmbatch.settings import KafkaSettings
-from schemas.events import RecordRef
 from tests.support.dispatcher_kit import wait_for
 
 pytestmark = pytest.mark.integration

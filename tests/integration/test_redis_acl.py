@@ -18,16 +18,16 @@ import redis
 import redis.asyncio as aioredis
 from redis.exceptions import NoPermissionError
 
-from dispatcher.errors import StateStoreUnavailable
-from dispatcher.keys import Keys
-from dispatcher.ops.jobs import get_job, list_jobs
-from dispatcher.redis_acl import acl_lines
-from dispatcher.states import State
-from dispatcher.store import StateStore
+from llmbatch.dispatcher.errors import StateStoreUnavailable
+from llmbatch.dispatcher.keys import Keys
+from llmbatch.dispatcher.ops.jobs import get_job, list_jobs
+from llmbatch.dispatcher.redis_acl import acl_lines
+from llmbatch.dispatcher.states import State
+from llmbatch.dispatcher.store import StateStore
+from llmbatch.ray_job import s3_session
+from llmbatch.ray_job.progress import Counters, Progress
 from llmbatch.stack import services
 from llmbatch.stack.process import alive, stop_tree
-from ray_job import s3_session
-from ray_job.progress import Counters, Progress
 from tests.integration.test_dispatcher_tracker import queue
 
 pytestmark = pytest.mark.integration

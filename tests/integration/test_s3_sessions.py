@@ -12,16 +12,16 @@ from minio import Minio
 from pyarrow import fs as pafs
 from pydantic import SecretStr
 
-from dispatcher.errors import JobRejected, RayUnavailable, StorageUnavailable
-from dispatcher.ray_backend import RayJobsBackend
-from dispatcher.s3_sessions import JobSessions, SessionMinter
-from dispatcher.settings import DispatcherSettings
-from dispatcher.store import StateStore
+from llmbatch.dispatcher.errors import JobRejected, RayUnavailable, StorageUnavailable
+from llmbatch.dispatcher.ray_backend import RayJobsBackend
+from llmbatch.dispatcher.s3_sessions import JobSessions, SessionMinter
+from llmbatch.dispatcher.settings import DispatcherSettings
+from llmbatch.dispatcher.store import StateStore
+from llmbatch.ray_job import s3
+from llmbatch.ray_job.errors import InputNotFoundError
+from llmbatch.schemas.job import JobSpec, output_prefix
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
-from llmbatch.stack.process import free_port
-from ray_job import s3
-from ray_job.errors import InputNotFoundError
-from schemas.job import JobSpec, output_prefix
+from llmbatch.stack.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -121,10 +121,10 @@ def test_the_runner_reads_and_writes_a_batch_with_its_session_not_its_environmen
     the batch's session it reads its input and writes its results; without it, it cannot."""
     import json
 
-    from ray_job.engine import LocalEngine
-    from ray_job.prompts import WhitespaceTokenizer
-    from ray_job.runner import RunnerAttempt
-    from schemas.job import EngineConfig, parse_manifest
+    from llmbatch.ray_job.engine import LocalEngine
+    from llmbatch.ray_job.prompts import WhitespaceTokenizer
+    from llmbatch.ray_job.runner import RunnerAttempt
+    from llmbatch.schemas.job import EngineConfig, parse_manifest
     from tests.integration.ray_job_harness import chat_line
 
     monkeypatch.setenv("LLMBATCH_S3__ENDPOINT", s3_settings.endpoint)

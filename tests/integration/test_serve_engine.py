@@ -1,7 +1,7 @@
 """Shared engines on a real Ray head with real Ray Serve (fake engine inside the replicas).
 
 Deployed the way the dispatcher deploys them (Serve REST config), used the way a batch uses them
-(a Ray job whose driver calls :class:`ray_job.serve_engine.ServeEngine`). Real vLLM behind the same
+(a Ray job whose driver calls :class:`llmbatch.ray_job.serve_engine.ServeEngine`). Real vLLM behind the same
 deployment: tests/integration/test_ray_job_vllm.py (batches on a shared engine) and
 test_serve_engine_vllm_faults.py (a replica SIGKILLed mid-batch).
 """
@@ -22,13 +22,13 @@ import psutil
 import pytest
 from ray.job_submission import JobStatus, JobSubmissionClient
 
-from dispatcher.engines import replica_pids, serve_config, summarize
-from dispatcher.serve_api import ServeApi
+from llmbatch.dispatcher.engines import replica_pids, serve_config, summarize
+from llmbatch.dispatcher.serve_api import ServeApi
+from llmbatch.schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
+from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import RaySettings
 from llmbatch.stack.ray_head import QUIET_SERVE_ENV
 from llmbatch.stack.state import ServiceRecord
-from schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
-from schemas.job import EngineConfig
 from tests.support.proc_env import environ_of_first
 from tests.support.services import ServiceProvider
 
@@ -47,8 +47,8 @@ def emit(result):
 PROBE = """
 import sys, time, orjson
 """ + EMIT + """
-from ray_job.serve_engine import ServeEngine
-from ray_job.records import GenRequest
+from llmbatch.ray_job.serve_engine import ServeEngine
+from llmbatch.ray_job.records import GenRequest
 app, n, wait = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 started = time.time()
 try:
@@ -66,8 +66,8 @@ except Exception as exc:
 PRIORITY_PROBE = """
 import sys, time, threading, orjson
 """ + EMIT + """
-from ray_job.serve_engine import ServeEngine
-from ray_job.records import GenRequest
+from llmbatch.ray_job.serve_engine import ServeEngine
+from llmbatch.ray_job.records import GenRequest
 engine = ServeEngine(sys.argv[1], wait_s=120, retries=0)
 done = {}
 def call(name, n, priority):

@@ -1,8 +1,8 @@
 """A shared REAL vLLM engine (CPU build, SmolLM2-135M-Instruct) losing its replica mid-batch.
 
 The model's engine is deployed as the dispatcher deploys it (Serve REST config of
-:mod:`ray_job.serve_engine`), a batch runs on it as a real batch does (a Ray job of
-:mod:`ray_job.main` with ``engine_app``, outputs in MinIO), and the replica's process is
+:mod:`llmbatch.ray_job.serve_engine`), a batch runs on it as a real batch does (a Ray job of
+:mod:`llmbatch.ray_job.main` with ``engine_app``, outputs in MinIO), and the replica's process is
 SIGKILLed while the batch's calls are on its engine. The calls in flight are sent again and
 answered by the replacement replica: the batch completes with every custom_id exactly once.
 
@@ -33,13 +33,13 @@ import psutil
 import pytest
 from ray.job_submission import JobStatus
 
-from dispatcher.engines import replica_pids, serve_config
-from dispatcher.serve_api import ServeApi
+from llmbatch.dispatcher.engines import replica_pids, serve_config
+from llmbatch.dispatcher.serve_api import ServeApi
+from llmbatch.schemas.common import BatchStatus
+from llmbatch.schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
+from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
 from llmbatch.stack.model import ensure_model
-from schemas.common import BatchStatus
-from schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
-from schemas.job import EngineConfig
 from tests.integration.ray_job_harness import Harness, chat_line, engine_vars
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(2400)]

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from dispatcher.keys import batch_key
-from dispatcher.states import State
+from llmbatch.dispatcher.keys import batch_key
+from llmbatch.dispatcher.states import State
+from llmbatch.producer.client import BatchClient, ClientOptions
+from llmbatch.schemas import dlt as dlt_headers
+from llmbatch.schemas.batch import CancelRequest
+from llmbatch.schemas.events import BatchRejected, EventType
+from llmbatch.schemas.tenant_auth import TENANT_SIG
 from llmbatch.settings import LLMBatchSettings, TenantSettings
-from producer.client import BatchClient, ClientOptions
-from schemas import dlt as dlt_headers
-from schemas.batch import CancelRequest
-from schemas.events import BatchRejected, EventType
-from schemas.tenant_auth import TENANT_SIG
 from tests.integration.test_dispatcher_consumer import Harness, make_settings
 from tests.support.dispatcher_kit import (
     MODEL,

@@ -10,21 +10,21 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import IO, Any
 
-from api.storage import CHUNK_BYTES, ObjectMissing
-from dispatcher.batch_record import BatchRecord
-from dispatcher.dlt import OriginalRecord
-from dispatcher.events import Outcome, terminal_fields
-from dispatcher.intake import intake_fields
-from dispatcher.keys import BatchKey, batch_key, split_batch_key
-from dispatcher.states import State
-from producer.errors import BrokerUnavailable
-from producer.kafka import Published
-from schemas import REQUEST_EVENT_TYPES, BatchRequest, Envelope, decode, encode
+from llmbatch.adapters.errors import BrokerUnavailable
+from llmbatch.adapters.kafka import Published
+from llmbatch.api.storage import CHUNK_BYTES, ObjectMissing
+from llmbatch.dispatcher.batch_record import BatchRecord
+from llmbatch.dispatcher.dlt import OriginalRecord
+from llmbatch.dispatcher.events import Outcome, terminal_fields
+from llmbatch.dispatcher.intake import intake_fields
+from llmbatch.dispatcher.keys import BatchKey, batch_key, split_batch_key
+from llmbatch.dispatcher.states import State
+from llmbatch.schemas import REQUEST_EVENT_TYPES, BatchRequest, Envelope, decode, encode
 from tests.support.clock import Clock
 
 
 class MemoryObjectStore:
-    """:class:`api.storage.ObjectStore` in a dict; remembers the largest read it was asked for."""
+    """:class:`llmbatch.api.storage.ObjectStore` in a dict; remembers the largest read it was asked for."""
 
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str], bytes] = {}
@@ -101,7 +101,8 @@ class RecordingPublisher:
 
 
 class MemoryDispatcher:
-    """The dispatcher's Redis as :class:`api.state.RedisStateReader` reads it, moved along by tests."""
+    """The dispatcher's Redis as :class:`llmbatch.api.state.RedisStateReader` reads it, moved along by
+    tests."""
 
     def __init__(self) -> None:
         self.hashes: dict[str, dict[str, str]] = {}
@@ -232,10 +233,10 @@ class ApiHarness:
 def make_api(**options: Any) -> ApiHarness:
     from fastapi.testclient import TestClient
 
-    from api.app import build_services, create_app
-    from api.auth import hash_api_key
-    from api.settings import ApiOptions
-    from api.state import RedisStateReader
+    from llmbatch.api.app import build_services, create_app
+    from llmbatch.api.auth import hash_api_key
+    from llmbatch.api.settings import ApiOptions
+    from llmbatch.api.state import RedisStateReader
 
     settings = ApiOptions(keys={hash_api_key(key): tenant for tenant, key in KEYS.items()},
                           source="urn:test:api", **options)

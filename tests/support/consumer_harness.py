@@ -11,14 +11,14 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from dispatcher.consumer import RequestConsumer
-from dispatcher.keys import Keys
-from dispatcher.metrics import Metrics
-from dispatcher.publisher import EventProducer
-from dispatcher.settings import DispatcherOptions, DispatcherSettings
-from dispatcher.store import StateStore
+from llmbatch.adapters.topics import ensure_topics
+from llmbatch.dispatcher.consumer import RequestConsumer
+from llmbatch.dispatcher.keys import Keys
+from llmbatch.dispatcher.metrics import Metrics
+from llmbatch.dispatcher.publisher import EventProducer
+from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.dispatcher.store import StateStore
 from llmbatch.settings import LLMBatchSettings, RedisSettings, TopicSettings
-from producer.topics import ensure_topics
 from tests.support.dispatcher_kit import TopicReader, assert_task_alive, registry
 
 

@@ -8,14 +8,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from dispatcher.dlt import OriginalRecord
 from llmbatch.chaos.processes import DispatcherProcess as DispatcherProcess
 from llmbatch.chaos.processes import settings_env as settings_env
-from schemas.batch import BatchRequest, CancelRequest
-from schemas.cloudevents import Envelope, decode, encode
-from schemas.engines import EngineModel, EngineRegistry
-from schemas.events import RESULT_EVENT_TYPES
-from schemas.job import EngineConfig
+from llmbatch.dispatcher.dlt import OriginalRecord
+from llmbatch.schemas.batch import BatchRequest, CancelRequest
+from llmbatch.schemas.cloudevents import Envelope, decode, encode
+from llmbatch.schemas.engines import EngineModel, EngineRegistry
+from llmbatch.schemas.events import RESULT_EVENT_TYPES
+from llmbatch.schemas.job import EngineConfig
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SOURCE = "urn:test:upstream"

@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 from hypothesis import strategies as st
 
-from schemas.batch import CancelRequest
-from schemas.cloudevents import H_ID, H_SOURCE, H_SUBJECT, H_TIME, H_TRACEPARENT, H_TYPE
+from llmbatch.schemas.batch import CancelRequest
+from llmbatch.schemas.cloudevents import H_ID, H_SOURCE, H_SUBJECT, H_TIME, H_TRACEPARENT, H_TYPE
 from tests.support.dispatcher_kit import batch_request, request_message
 
 Header = tuple[str, bytes]

@@ -31,7 +31,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from llmbatch.stack.go_build import go_binaries
-from llmbatch.stack.process import StackError, free_port, spawn, stop_tree, wait_until
+from llmbatch.stack.ports import free_port
+from llmbatch.stack.process import StackError, spawn, stop_tree, wait_until
 from tests.support.kube_identities import ClientCa, make_client_ca
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,7 +21,8 @@ from pathlib import Path
 import httpx
 
 from llmbatch.stack.go_build import go_binaries
-from llmbatch.stack.process import free_port, spawn, stop_tree, wait_until
+from llmbatch.stack.ports import free_port
+from llmbatch.stack.process import spawn, stop_tree, wait_until
 from tests.support.kube_control_plane import KUBE_ROUTER, TOOLS, ControlPlane, write_kubeconfig
 from tests.support.pod_network import PodNetwork
 

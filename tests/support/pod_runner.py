@@ -31,7 +31,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from llmbatch.stack.process import free_port, spawn, stop_tree
+from llmbatch.stack.ports import free_port
+from llmbatch.stack.process import spawn, stop_tree
 from tests.support.kube_control_plane import ROOT, KubeClient
 from tests.support.kube_objects import container, container_env, project_volume, ray_container, start_command
 from tests.support.pod_network import PodNetwork

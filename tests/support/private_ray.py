@@ -16,16 +16,8 @@ from typing import Any, TypeVar
 
 from llmbatch.settings import S3Settings
 from llmbatch.stack.node_credentials import ray_node_credentials
-from llmbatch.stack.process import (
-    StackError,
-    StartedTree,
-    free_port,
-    free_port_range,
-    port_open,
-    spawn,
-    stop_tree,
-    wait_until,
-)
+from llmbatch.stack.ports import free_port, free_port_range
+from llmbatch.stack.process import StackError, StartedTree, port_open, spawn, stop_tree, wait_until
 from llmbatch.stack.ray_head import QUIET_LOG_MONITOR_ENV, QUIET_SERVE_ENV, ray_executable
 from tests.support.pod_network import Pod, PodNetwork
 

@@ -7,8 +7,8 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from dispatcher.keys import Keys
-from dispatcher.store import StateStore
+from llmbatch.dispatcher.keys import Keys
+from llmbatch.dispatcher.store import StateStore
 
 
 @contextlib.asynccontextmanager

@@ -8,13 +8,13 @@ import hashlib
 import pytest
 from pydantic import ValidationError
 
-from api.auth import Authenticator, RateLimiter, hash_api_key
-from api.errors import AuthenticationFailed, RateLimited
-from api.records import FILE_PREFIX, Layout, RecordStore, StoredBatch, StoredFile, new_id
-from api.settings import ApiOptions, ApiSettings
-from api.status import error_file_id, output_file_id
-from dispatcher.events import Outcome
-from dispatcher.states import State
+from llmbatch.api.auth import Authenticator, RateLimiter, hash_api_key
+from llmbatch.api.errors import AuthenticationFailed, RateLimited
+from llmbatch.api.records import FILE_PREFIX, Layout, RecordStore, StoredBatch, StoredFile, new_id
+from llmbatch.api.settings import ApiOptions, ApiSettings
+from llmbatch.api.status import error_file_id, output_file_id
+from llmbatch.dispatcher.events import Outcome
+from llmbatch.dispatcher.states import State
 from tests.support.api_fakes import KEYS, ApiHarness, MemoryObjectStore, chat_line, jsonl, make_api
 
 pytestmark = pytest.mark.unit

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from api.records import BATCH_ID
-from api.status import output_file_id
-from dispatcher.events import Outcome
-from dispatcher.states import State
-from schemas import BatchRequest, CancelRequest, EventType
+from llmbatch.api.records import BATCH_ID
+from llmbatch.api.status import output_file_id
+from llmbatch.dispatcher.events import Outcome
+from llmbatch.dispatcher.states import State
+from llmbatch.schemas import BatchRequest, CancelRequest, EventType
 from tests.support.api_fakes import (
     INPUT_BUCKET,
     MODEL,

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from api.errors import (
+from llmbatch.adapters.errors import BrokerUnavailable, InvalidInput, PublishFailed, StorageError
+from llmbatch.api.errors import (
     ApiError,
     AuthenticationFailed,
     Conflict,
@@ -18,9 +19,8 @@ from api.errors import (
     ServiceUnavailable,
     from_exception,
 )
-from dispatcher.errors import StateStoreUnavailable
-from producer.errors import BrokerUnavailable, InvalidInput, PublishFailed, StorageError
-from schemas.errors import Reason, SchemaError
+from llmbatch.dispatcher.errors import StateStoreUnavailable
+from llmbatch.schemas.errors import Reason, SchemaError
 from tests.support.api_fakes import chat_line, jsonl, make_api
 
 pytestmark = pytest.mark.unit
@@ -138,8 +138,8 @@ def test_an_upload_between_the_file_limit_and_the_body_limit_is_refused_by_the_v
 
 
 def test_backends_that_are_down_answer_503_naming_which_without_its_address() -> None:
-    from dispatcher.errors import StateStoreUnavailable
-    from producer.errors import StorageError
+    from llmbatch.adapters.errors import StorageError
+    from llmbatch.dispatcher.errors import StateStoreUnavailable
 
     api = make_api()
     file_id = api.upload(jsonl(chat_line("a"))).json()["id"]

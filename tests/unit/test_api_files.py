@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from api.files import clean_filename
-from api.records import FILE_ID
-from api.results import concatenate
-from api.status import error_file_id, output_file_id
-from dispatcher.events import Outcome
-from dispatcher.states import State
+from llmbatch.api.files import clean_filename
+from llmbatch.api.records import FILE_ID
+from llmbatch.api.results import concatenate
+from llmbatch.api.status import error_file_id, output_file_id
+from llmbatch.dispatcher.events import Outcome
+from llmbatch.dispatcher.states import State
 from tests.support.api_fakes import INPUT_BUCKET, ApiHarness, MemoryObjectStore, chat_line, jsonl, make_api
 
 pytestmark = pytest.mark.unit

@@ -10,8 +10,8 @@ from typing import Any
 import openai
 import pytest
 
-from api.records import IdempotentCreate
-from schemas import BatchRequest
+from llmbatch.api.records import IdempotentCreate
+from llmbatch.schemas import BatchRequest
 from tests.support.api_fakes import INPUT_BUCKET, KEYS, ApiHarness, chat_line, jsonl, make_api
 
 pytestmark = pytest.mark.unit

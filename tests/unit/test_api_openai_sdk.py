@@ -11,10 +11,10 @@ import openai
 import pytest
 from openai.types import Batch, FileObject
 
-from api.status import output_file_id
-from dispatcher.events import Outcome
-from dispatcher.states import State
-from schemas import BatchRequest, CancelRequest
+from llmbatch.api.status import output_file_id
+from llmbatch.dispatcher.events import Outcome
+from llmbatch.dispatcher.states import State
+from llmbatch.schemas import BatchRequest, CancelRequest
 from tests.support.api_fakes import KEYS, MODEL, ApiHarness, chat_line, jsonl, make_api
 
 pytestmark = pytest.mark.unit

@@ -10,13 +10,13 @@ from typing import Any
 import openai.types
 import pytest
 
-from api.objects import Batch
-from api.records import BATCH_PREFIX, StoredBatch, new_id
-from api.status import error_file_id, openai_status, output_file_id, to_batch
-from dispatcher.events import Outcome
-from dispatcher.ops.jobs import detail_of
-from dispatcher.states import State
-from schemas import BatchRequest, Envelope, Manifest, encode
+from llmbatch.api.objects import Batch
+from llmbatch.api.records import BATCH_PREFIX, StoredBatch, new_id
+from llmbatch.api.status import error_file_id, openai_status, output_file_id, to_batch
+from llmbatch.dispatcher.events import Outcome
+from llmbatch.dispatcher.ops.jobs import detail_of
+from llmbatch.dispatcher.states import State
+from llmbatch.schemas import BatchRequest, Envelope, Manifest, encode
 from tests.support.api_fakes import MemoryDispatcher
 
 pytestmark = pytest.mark.unit

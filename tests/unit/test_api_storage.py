@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from minio.error import S3Error
 
-from api.__main__ import build_app, main
-from api.auth import hash_api_key
-from api.settings import ApiOptions, ApiSettings
-from api.storage import MinioObjectStore, ObjectMissing
+from llmbatch.adapters.errors import StorageError
+from llmbatch.api.__main__ import build_app, main
+from llmbatch.api.auth import hash_api_key
+from llmbatch.api.settings import ApiOptions, ApiSettings
+from llmbatch.api.storage import MinioObjectStore, ObjectMissing
 from llmbatch.settings import S3Settings
-from producer.errors import StorageError
 
 pytestmark = pytest.mark.unit
 
@@ -154,7 +154,7 @@ def test_missing_objects_and_failures_are_told_apart() -> None:
 
 def test_the_entrypoint_help_and_key_hashing() -> None:
     def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "api", *args], input=stdin, capture_output=True,
+        return subprocess.run([sys.executable, "-m", "llmbatch.api", *args], input=stdin, capture_output=True,
                               text=True, check=False)
 
     done = run("--help")

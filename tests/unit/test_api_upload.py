@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from api.upload import ValidatedFile, validate_batch_file
-from producer.errors import InvalidInput
-from schemas import SchemaError, parse_input_line
-from schemas.errors import Reason
+from llmbatch.adapters.errors import InvalidInput
+from llmbatch.api.upload import ValidatedFile, validate_batch_file
+from llmbatch.schemas import SchemaError, parse_input_line
+from llmbatch.schemas.errors import Reason
 from tests.support.api_fakes import MODEL, chat_line, jsonl
 
 pytestmark = pytest.mark.unit

@@ -8,11 +8,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from dispatcher.dlt import OriginalRecord
-from dispatcher.intake import Accept, Cancel, IntakeRules, Reject, classify
 from llmbatch.chaos.verdict import Kind
 from llmbatch.chaos.workload import MALFORMED_KINDS, workload
-from schemas.batch import InlineLimits
+from llmbatch.dispatcher.dlt import OriginalRecord
+from llmbatch.dispatcher.intake import Accept, Cancel, IntakeRules, Reject, classify
+from llmbatch.schemas.batch import InlineLimits
 from tests.support.dispatcher_kit import MODEL
 
 pytestmark = pytest.mark.unit

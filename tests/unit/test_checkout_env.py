@@ -7,17 +7,14 @@ from pathlib import Path
 
 import pytest
 
-import dispatcher
-import llmbatch
-import producer
-import ray_job
-import schemas
+import llmbatch.cli
+from llmbatch import adapters, api, dispatcher, producer, ray_job, schemas
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize("package", [llmbatch, producer, dispatcher, ray_job, schemas],
+@pytest.mark.parametrize("package", [llmbatch.cli, schemas, adapters, producer, dispatcher, ray_job, api],
                          ids=lambda m: m.__name__)
 def test_packages_are_imported_from_this_checkout(package: object) -> None:
     where = Path(package.__file__).resolve()  # type: ignore[attr-defined]

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from dispatcher.coalesce import Coalescer
+from llmbatch.dispatcher.coalesce import Coalescer
 
 pytestmark = pytest.mark.unit
 

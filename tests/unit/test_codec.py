@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from schemas import (
+from llmbatch.schemas import (
     EVENT_DATA_MODELS,
     RESULT_EVENT_TYPES,
     BatchAccepted,
@@ -32,8 +32,8 @@ from schemas import (
     encode,
     stable_event_id,
 )
-from schemas.cloudevents import peek_type
-from schemas.errors import Reason
+from llmbatch.schemas.cloudevents import peek_type
+from llmbatch.schemas.errors import Reason
 
 pytestmark = pytest.mark.unit
 

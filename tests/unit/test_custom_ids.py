@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas.custom_ids import CustomIdIndex
+from llmbatch.schemas.custom_ids import CustomIdIndex
 
 pytestmark = pytest.mark.unit
 

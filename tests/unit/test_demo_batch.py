@@ -7,8 +7,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from llmbatch.demo import DATA_FILE
-from llmbatch.demo_batch import MODEL, prepare_batch
+from llmbatch.demo.batch import MODEL, prepare_batch
+from llmbatch.demo.run import DATA_FILE
 
 pytestmark = pytest.mark.unit
 

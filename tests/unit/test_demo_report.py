@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from llmbatch import demo_report
-from llmbatch.demo_batch import Batch
-from producer.errors import ResultsNotFound
-from schemas import Envelope
-from schemas.events import BatchCompleted, BatchFailed
-from schemas.job import Manifest, Timings
-from schemas.openai import BatchOutputLine, ErrorObject, RequestCounts, ResponseObject, Usage
+from llmbatch.adapters.errors import ResultsNotFound
+from llmbatch.demo import report as demo_report
+from llmbatch.demo.batch import Batch
+from llmbatch.schemas import Envelope
+from llmbatch.schemas.events import BatchCompleted, BatchFailed
+from llmbatch.schemas.job import Manifest, Timings
+from llmbatch.schemas.openai import BatchOutputLine, ErrorObject, RequestCounts, ResponseObject, Usage
 
 pytestmark = pytest.mark.unit
 T0 = datetime(2026, 11, 29, 6, 0, tzinfo=UTC)

@@ -101,7 +101,7 @@ def test_dispatcher_environment_names_are_settings(projects: dict[tuple[str, ...
 def test_the_api_runs_the_image_cli_with_settings_names_and_a_valid_key_map(
     projects: dict[tuple[str, ...], dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from api.settings import ApiSettings
+    from llmbatch.api.settings import ApiSettings
 
     api = projects[()]["services"]["api"]
     assert api["command"][0] == "api" and api["image"] == projects[()]["services"]["dispatcher"]["image"]
@@ -114,7 +114,7 @@ def test_the_api_runs_the_image_cli_with_settings_names_and_a_valid_key_map(
 
 
 def test_ray_containers_use_settings_names(everything: dict[str, Any]) -> None:
-    from api.settings import ApiSettings
+    from llmbatch.api.settings import ApiSettings
 
     for name, service in everything.items():
         names = vd.settings_env_names(ApiSettings if name == "api" else None)

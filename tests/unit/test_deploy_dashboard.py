@@ -1,4 +1,5 @@
-"""The Grafana dashboard queries only metrics (and labels) that dispatcher/metrics.py defines, and
+"""The Grafana dashboard queries only metrics (and labels) that dispatcher/llmbatch/dispatcher/metrics.py
+defines, and
 shows every one of them. The live check against a real /metrics scrape is in
 tests/integration/test_deploy_metrics.py."""
 

@@ -24,9 +24,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from dispatcher.engines import cluster_serve_config
-from dispatcher.ops import engines_cli
-from ray_job import node_secrets
+from llmbatch.dispatcher.engines import cluster_serve_config
+from llmbatch.dispatcher.ops import engines_cli
+from llmbatch.ray_job import node_secrets
 from tests.support.scripts import load_script
 
 pytestmark = pytest.mark.unit
@@ -288,7 +288,7 @@ def test_external_secrets_are_documented_with_every_key(renders: dict[str, list[
 
 
 def test_every_llmbatch_variable_is_a_setting(renders: dict[str, list[dict[str, Any]]]) -> None:
-    from api.settings import ApiSettings
+    from llmbatch.api.settings import ApiSettings
 
     names = vd.settings_env_names() | vd.settings_env_names(ApiSettings)  # the dispatcher's and the API's
     used: set[str] = set()
@@ -454,7 +454,7 @@ def test_cpu_dev_generates_the_keys_its_dispatchers_and_api_need(
 def test_api_deployment(renders: dict[str, list[dict[str, Any]]]) -> None:
     """The HTTP API: the dispatcher image's `llmbatch api` on all interfaces, probed on /livez, with the
     dispatcher's addresses (llmbatch-config) and its own keys; a Service and a PDB select its pods."""
-    from api.settings import ApiSettings
+    from llmbatch.api.settings import ApiSettings
 
     for overlay in vd.OVERLAYS:
         objects = renders[overlay]
@@ -1065,7 +1065,7 @@ def test_restricted_pod_security(
 def test_rayjob_templates(
     rayjob_templates: dict[str, dict[str, Any]], renders: dict[str, list[dict[str, Any]]]
 ) -> None:
-    from ray_job.spec import parser
+    from llmbatch.ray_job.spec import parser
 
     per_batch = rayjob_templates["rayjob-per-batch.yaml"]["spec"]
     assert per_batch["submissionMode"] == "K8sJobMode"
@@ -1086,7 +1086,7 @@ def test_rayjob_templates(
         spec = template["spec"]
         assert spec["jobId"] == template["metadata"]["name"]
         words = shlex.split(spec["entrypoint"])
-        assert words[:4] == ["python", "-P", "-m", "ray_job"]
+        assert words[:4] == ["python", "-P", "-m", "llmbatch.ray_job"]
         args = parser().parse_args(words[4:])
         # a cluster of the overlays holds no S3 keys: an attempt there brings its session (a cluster of
         # its own carries its own keys)
@@ -1249,8 +1249,8 @@ def test_kafka_sasl_secrets_are_documented_with_every_key(renders: dict[str, lis
 def test_tenant_pool_gives_the_tenant_a_group_of_its_own_with_no_keys_and_no_cpu_for_others(
     renders: dict[str, list[dict[str, Any]]],
 ) -> None:
+    from llmbatch.schemas.job import tenant_pool_resource
     from llmbatch.settings import TenantSettings
-    from schemas.job import tenant_pool_resource
 
     objects = renders["gpu-prod+tenant-pool"]
     groups = {g["groupName"]: g for g in _raycluster(objects)["spec"]["workerGroupSpecs"]}
@@ -1303,7 +1303,7 @@ def _mounted(container: dict[str, Any], pod: dict[str, Any], path: str) -> str:
 def test_ray_https_puts_a_tls_front_before_the_dashboard_and_tls_on_serves_proxy(
     renders: dict[str, list[dict[str, Any]]],
 ) -> None:
-    from dispatcher.engines import cluster_serve_config
+    from llmbatch.dispatcher.engines import cluster_serve_config
     from llmbatch.stack import tls_front
 
     objects = renders["gpu-prod+ray-https"]

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dispatcher.scheduler import Admission, EngineLoad, engine_capacity, window_requests
-from dispatcher.settings import OWN_ENGINE_IN_FLIGHT, SHARED_IN_FLIGHT, DispatcherOptions
-from schemas.engines import EngineModel
-from schemas.job import EngineConfig
+from llmbatch.dispatcher.scheduler import Admission, EngineLoad, engine_capacity, window_requests
+from llmbatch.dispatcher.settings import OWN_ENGINE_IN_FLIGHT, SHARED_IN_FLIGHT, DispatcherOptions
+from llmbatch.schemas.engines import EngineModel
+from llmbatch.schemas.job import EngineConfig
 
 pytestmark = pytest.mark.unit
 
@@ -111,7 +111,7 @@ def test_max_in_flight_defaults_follow_the_engine_mode() -> None:
 
 
 def test_a_heartbeat_interval_near_the_timeout_is_refused_naming_both_variables() -> None:
-    from dispatcher.settings_loader import SettingsInvalid, load_settings
+    from llmbatch.dispatcher.settings_loader import SettingsInvalid, load_settings
 
     with pytest.raises(SettingsInvalid) as info:
         load_settings(_env_file=None, job={"progress_interval_s": 100})

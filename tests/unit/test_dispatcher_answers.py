@@ -7,13 +7,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from dispatcher.answers import duplicate_answer, failure_answer, rejection_answer
-from dispatcher.batch_record import IntakeResult
-from dispatcher.intake import Accept, IntakeRules, Reject, classify
-from dispatcher.record_retry import GaveUp
-from dispatcher.states import State
-from schemas.cloudevents import decode, encode
-from schemas.events import RESULT_EVENT_TYPES, BatchRejected, EventType, RecordRef
+from llmbatch.dispatcher.answers import duplicate_answer, failure_answer, rejection_answer
+from llmbatch.dispatcher.batch_record import IntakeResult
+from llmbatch.dispatcher.intake import Accept, IntakeRules, Reject, classify
+from llmbatch.dispatcher.record_retry import GaveUp
+from llmbatch.dispatcher.states import State
+from llmbatch.schemas.cloudevents import decode, encode
+from llmbatch.schemas.events import RESULT_EVENT_TYPES, BatchRejected, EventType, RecordRef
 from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, origin, request_message
 
 pytestmark = pytest.mark.unit

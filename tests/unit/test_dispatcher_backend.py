@@ -8,23 +8,23 @@ import sys
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from dispatcher.batch_record import BatchRecord
-from dispatcher.errors import (
+from llmbatch.dispatcher.batch_record import BatchRecord
+from llmbatch.dispatcher.errors import (
     BrokerUnavailable,
     PermanentError,
     StateStoreUnavailable,
     TransientError,
     classify,
 )
-from dispatcher.job_options import JobOptions
-from dispatcher.jobspec import build_job_spec
-from dispatcher.keys import Keys
-from dispatcher.ray_backend import _status_code, build_submission
-from dispatcher.settings import DispatcherSettings
-from dispatcher.states import State
+from llmbatch.dispatcher.job_options import JobOptions
+from llmbatch.dispatcher.jobspec import build_job_spec
+from llmbatch.dispatcher.keys import Keys
+from llmbatch.dispatcher.ray_backend import _status_code, build_submission
+from llmbatch.dispatcher.settings import DispatcherSettings
+from llmbatch.dispatcher.states import State
+from llmbatch.schemas.engines import EngineModel, EngineRegistry, UnknownModelError
+from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import RedisSettings, S3Settings
-from schemas.engines import EngineModel, EngineRegistry, UnknownModelError
-from schemas.job import EngineConfig
 from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, registry, request_message
 
 pytestmark = pytest.mark.unit
@@ -119,12 +119,11 @@ def test_submission_kwargs() -> None:
     spec = build_job_spec(record(), 2, s, Keys("p"))
     kwargs = build_submission(s, spec)
     assert kwargs["submission_id"] == "b-1-a2"
-    assert (
-        kwargs["entrypoint"].startswith(sys.executable) and " -m ray_job --spec-b64 " in kwargs["entrypoint"]
-    )
+    entrypoint = kwargs["entrypoint"]
+    assert entrypoint.startswith(sys.executable) and " -m llmbatch.ray_job --spec-b64 " in entrypoint
     assert kwargs["entrypoint_num_cpus"] == 0 and kwargs["entrypoint_resources"] == {"worker": 1.0}
     env = kwargs["runtime_env"]
-    assert env["pip"] == ["x==1"] and len(env["py_modules"]) == 2
+    assert env["pip"] == ["x==1"] and len(env["py_modules"]) == 1
     variables = env["env_vars"]
     assert variables["LLMBATCH_S3__ENDPOINT"] == "http://minio:9000" and variables["EXTRA"] == "1"
     assert variables["AWS_ENDPOINT_URL_S3"] == "http://minio:9000"
@@ -159,7 +158,7 @@ def test_job_s3_sessions_need_the_jobs_redis_url() -> None:
 def test_a_job_with_its_own_s3_session_starts_without_the_nodes_s3_keys(
     shared: bool, model_path: str, blanked: bool
 ) -> None:
-    from ray_job.submit import SessionRef
+    from llmbatch.ray_job.submit import SessionRef
 
     s = settings(registry(path=model_path))
     spec = build_job_spec(record(), 1, s, Keys("p"))

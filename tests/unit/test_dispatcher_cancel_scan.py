@@ -14,19 +14,19 @@ import pytest
 from aiokafka.errors import KafkaConnectionError, RequestTimedOutError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from dispatcher import cancel_scan, intake, states
-from dispatcher.batch_record import BatchRecord, TransitionResult
-from dispatcher.cancel_scan import CancelScanner
-from dispatcher.errors import BrokerUnavailable, StateStoreUnavailable
-from dispatcher.intake import IntakeRules
-from dispatcher.keys import BatchKey, batch_key
-from dispatcher.metrics import Metrics
-from dispatcher.settings import DispatcherSettings
-from dispatcher.side_consumer import side_consumer
-from dispatcher.states import State
-from dispatcher.store import StateStore
+from llmbatch.dispatcher import cancel_scan, intake, states
+from llmbatch.dispatcher.batch_record import BatchRecord, TransitionResult
+from llmbatch.dispatcher.cancel_scan import CancelScanner
+from llmbatch.dispatcher.errors import BrokerUnavailable, StateStoreUnavailable
+from llmbatch.dispatcher.intake import IntakeRules
+from llmbatch.dispatcher.keys import BatchKey, batch_key
+from llmbatch.dispatcher.metrics import Metrics
+from llmbatch.dispatcher.settings import DispatcherSettings
+from llmbatch.dispatcher.side_consumer import side_consumer
+from llmbatch.dispatcher.states import State
+from llmbatch.dispatcher.store import StateStore
+from llmbatch.schemas.batch import CancelRequest
 from llmbatch.settings import MIN_MESSAGE_BYTES, KafkaSettings, TopicSettings
-from schemas.batch import CancelRequest
 from tests.support.dispatcher_kit import MODEL, SOURCE, batch_request, request_message
 
 pytestmark = pytest.mark.unit

@@ -6,10 +6,10 @@ import itertools
 
 import pytest
 
-from dispatcher import states
-from dispatcher.retry import AttemptPolicy, Backoff
-from dispatcher.scheduler import Backpressure, launch_slots, ready_score
-from dispatcher.states import State
+from llmbatch.dispatcher import states
+from llmbatch.dispatcher.retry import AttemptPolicy, Backoff
+from llmbatch.dispatcher.scheduler import Backpressure, launch_slots, ready_score
+from llmbatch.dispatcher.states import State
 
 pytestmark = pytest.mark.unit
 

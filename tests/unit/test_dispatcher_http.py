@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from dispatcher.http import HealthServer
-from dispatcher.metrics import Metrics
-from dispatcher.settings import DispatcherSettings
+from llmbatch.dispatcher.http import HealthServer
+from llmbatch.dispatcher.metrics import Metrics
+from llmbatch.dispatcher.settings import DispatcherSettings
 
 pytestmark = pytest.mark.unit
 
@@ -90,8 +90,7 @@ async def test_readyz_answers_from_a_recent_result_not_one_check_per_probe() -> 
 
 async def test_a_request_head_sent_a_line_at_a_time_is_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:
     """One header line every 0.2 s kept a connection for ever (the timeout was per line)."""
-    import dispatcher.http as http
-
+    import llmbatch.dispatcher.http as http
     monkeypatch.setattr(http, "HEAD_TIMEOUT_S", 0.5)
     async with _serving() as server:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.bound_port)
@@ -130,8 +129,7 @@ async def test_too_many_or_too_long_header_lines_get_431(head: bytes) -> None:
 
 
 async def test_connections_over_the_limit_are_closed_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    import dispatcher.http as http
-
+    import llmbatch.dispatcher.http as http
     monkeypatch.setattr(http, "MAX_CONNECTIONS", 2)
     async with _serving() as server:
         idle = [await asyncio.open_connection("127.0.0.1", server.bound_port) for _ in range(2)]
@@ -150,11 +148,9 @@ def test_settings_from_environment_and_secrets_masked(monkeypatch: pytest.Monkey
     monkeypatch.setenv("LLMBATCH_ENGINES__MODELS", '{"m": {"path": "/m", "engine": {"backend": "fake"}}}')
     monkeypatch.setenv("LLMBATCH_JOB__PIP", '["vllm==0.32.0"]')
     monkeypatch.setenv("LLMBATCH_S3__SECRET_KEY", "hunter2")
-    monkeypatch.setenv("LLMBATCH_DISPATCHER__CRASH_AT", '["after_submit"]')
     settings = DispatcherSettings(_env_file=None)  # type: ignore[call-arg]
     assert settings.dispatcher.max_in_flight == 7
     assert settings.engines.get("m").engine.backend == "fake" and settings.job.pip == ["vllm==0.32.0"]
-    assert settings.dispatcher.crash_at == ["after_submit"]
     assert settings.s3.secret_key.get_secret_value() == "hunter2"
     assert "hunter2" not in str(settings.redacted()) and "hunter2" not in repr(settings)
     policy = settings.dispatcher.attempt_policy

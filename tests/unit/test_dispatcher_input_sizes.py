@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from dispatcher.input_sizes import InputSizes
-from dispatcher.settings import DispatcherSettings
+from llmbatch.dispatcher.input_sizes import InputSizes
+from llmbatch.dispatcher.settings import DispatcherSettings
 from tests.support.clock import Clock
 
 pytestmark = pytest.mark.unit
@@ -61,8 +61,8 @@ def test_the_memory_is_bounded_and_forgets_the_oldest() -> None:
 def test_the_tracker_and_the_runner_backend_share_one_memory() -> None:
     """Admission (does the batch need a job slot?) and submission (which route?) ask the same cache:
     one S3 HEAD per file batch, and the route it was admitted for."""
-    from dispatcher.runner_backend import RoutedBackend
-    from dispatcher.service import Dispatcher
+    from llmbatch.dispatcher.runner_backend import RoutedBackend
+    from llmbatch.dispatcher.service import Dispatcher
 
     async def build() -> tuple[object, object]:
         settings = DispatcherSettings()

@@ -12,9 +12,9 @@ from datetime import UTC, datetime, timedelta
 import orjson
 import pytest
 
-from dispatcher.batch_record import BatchRecord
-from dispatcher.dlt import OriginalRecord, build_dead_letter
-from dispatcher.events import (
+from llmbatch.dispatcher.batch_record import BatchRecord
+from llmbatch.dispatcher.dlt import OriginalRecord, build_dead_letter
+from llmbatch.dispatcher.events import (
     Outcome,
     accepted_event_id,
     build_accepted,
@@ -23,14 +23,14 @@ from dispatcher.events import (
     terminal_event_id,
     terminal_fields,
 )
-from dispatcher.intake import Accept, Cancel, IntakeRules, Reject, classify, lifecycle_of
-from dispatcher.states import State
-from schemas import dlt as dlt_headers
-from schemas.batch import BatchRequest, CancelRequest, InlineLimits
-from schemas.cloudevents import decode, encode
-from schemas.dlt import DltReason, DltRecord, ReplayInfo
-from schemas.errors import Reason
-from schemas.events import RESULT_EVENT_TYPES, EventType
+from llmbatch.dispatcher.intake import Accept, Cancel, IntakeRules, Reject, classify, lifecycle_of
+from llmbatch.dispatcher.states import State
+from llmbatch.schemas import dlt as dlt_headers
+from llmbatch.schemas.batch import BatchRequest, CancelRequest, InlineLimits
+from llmbatch.schemas.cloudevents import decode, encode
+from llmbatch.schemas.dlt import DltReason, DltRecord, ReplayInfo
+from llmbatch.schemas.errors import Reason
+from llmbatch.schemas.events import RESULT_EVENT_TYPES, EventType
 from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, origin, request_message
 
 pytestmark = pytest.mark.unit
@@ -236,7 +236,7 @@ def test_invalid_records_are_dead_lettered_with_reason_and_spring_headers(
     assert struct.unpack(">q", h[dlt_headers.ORIGINAL_OFFSET])[0] == 41
     assert struct.unpack(">q", h[dlt_headers.ORIGINAL_TIMESTAMP])[0] == 1_700_000_000_000
     assert h[dlt_headers.ORIGINAL_CONSUMER_GROUP] == b"g1"
-    assert h[dlt_headers.EXCEPTION_FQCN] == b"schemas.errors.SchemaError"
+    assert h[dlt_headers.EXCEPTION_FQCN] == b"llmbatch.schemas.errors.SchemaError"
     assert schema_reason.encode() in h[dlt_headers.EXCEPTION_MESSAGE]
     parsed = DltRecord.from_headers(letter.headers)
     assert parsed is not None and parsed.reason == dlt_reason and parsed.original_offset == 41
@@ -478,8 +478,8 @@ def test_an_input_outside_the_tenants_prefix_is_rejected_naming_field_and_fix(ke
 
 
 def test_the_settings_turn_the_tenant_prefix_rule_on_by_default() -> None:
-    from dispatcher.intake import intake_rules
-    from dispatcher.settings import DispatcherOptions, DispatcherSettings
+    from llmbatch.dispatcher.intake import intake_rules
+    from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 
     assert intake_rules(DispatcherSettings(_env_file=None)).inputs_under_tenant_prefix  # type: ignore[call-arg]
     off = DispatcherSettings(_env_file=None, dispatcher=DispatcherOptions(inputs_under_tenant_prefix=False))  # type: ignore[call-arg]

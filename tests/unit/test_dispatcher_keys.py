@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dispatcher.batch_record import BatchRecord
-from dispatcher.keys import DEFAULT_TENANT, Keys, batch_key, split_batch_key
-from dispatcher.states import State
-from schemas.common import BATCH_ID_PATTERN, TENANT_PATTERN
+from llmbatch.dispatcher.batch_record import BatchRecord
+from llmbatch.dispatcher.keys import DEFAULT_TENANT, Keys, batch_key, split_batch_key
+from llmbatch.dispatcher.states import State
+from llmbatch.schemas.common import BATCH_ID_PATTERN, TENANT_PATTERN
 
 pytestmark = pytest.mark.unit
 

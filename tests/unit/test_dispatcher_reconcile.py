@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from dispatcher.batch_record import BatchRecord
-from dispatcher.events import build_accepted
-from dispatcher.intake import Accept, IntakeRules, classify
-from dispatcher.reconcile import unfinished
-from dispatcher.states import State
-from schemas.cloudevents import Envelope
-from schemas.events import BatchCancelled, BatchProgress, RecordRef
+from llmbatch.dispatcher.batch_record import BatchRecord
+from llmbatch.dispatcher.events import build_accepted
+from llmbatch.dispatcher.intake import Accept, IntakeRules, classify
+from llmbatch.dispatcher.reconcile import unfinished
+from llmbatch.dispatcher.states import State
+from llmbatch.schemas.cloudevents import Envelope
+from llmbatch.schemas.events import BatchCancelled, BatchProgress, RecordRef
 from tests.support.dispatcher_kit import MODEL, batch_request, origin, request_message
 
 pytestmark = pytest.mark.unit

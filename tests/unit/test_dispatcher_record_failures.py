@@ -15,7 +15,8 @@ from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from pydantic import ValidationError
 
-from dispatcher.dlt import (
+from llmbatch.adapters.topics import topic_configs
+from llmbatch.dispatcher.dlt import (
     REDUCED_HEADERS_BYTES,
     DeadLetter,
     build_dead_letter,
@@ -23,18 +24,17 @@ from dispatcher.dlt import (
     record_size,
     reduce_dead_letter,
 )
-from dispatcher.errors import PermanentError, RecordTooLarge, StateStoreUnavailable, classify
-from dispatcher.metrics import Metrics
-from dispatcher.ops.dlq_reader import DeadLetterView
-from dispatcher.ops.replay import Decision, plan
-from dispatcher.record_retry import Abandoned, GaveUp, RecordRetry, failure_letter
-from dispatcher.retry import Backoff
-from dispatcher.settings import DispatcherOptions
+from llmbatch.dispatcher.errors import PermanentError, RecordTooLarge, StateStoreUnavailable, classify
+from llmbatch.dispatcher.metrics import Metrics
+from llmbatch.dispatcher.ops.dlq_reader import DeadLetterView
+from llmbatch.dispatcher.ops.replay import Decision, plan
+from llmbatch.dispatcher.record_retry import Abandoned, GaveUp, RecordRetry, failure_letter
+from llmbatch.dispatcher.retry import Backoff
+from llmbatch.dispatcher.settings import DispatcherOptions
+from llmbatch.schemas import dlt as dlt_headers
+from llmbatch.schemas.batch import InlineLimits
+from llmbatch.schemas.dlt import DltReason, DltRecord, strip_dlt_headers
 from llmbatch.settings import MIN_MESSAGE_BYTES, KafkaSettings, TopicSettings
-from producer.topics import topic_configs
-from schemas import dlt as dlt_headers
-from schemas.batch import InlineLimits
-from schemas.dlt import DltReason, DltRecord, strip_dlt_headers
 from tests.support.dispatcher_kit import batch_request, inline_lines, origin, request_message
 
 pytestmark = pytest.mark.unit
@@ -50,7 +50,7 @@ def letter_of(value: bytes, *, key: bytes | None = b"batch-1", extra: list[tuple
         dlt_topic=DLT,
         reason=reason,
         group_id="g1",
-        fqcn="schemas.errors.SchemaError",
+        fqcn="llmbatch.schemas.errors.SchemaError",
         message="invalid_json: " + "x" * 5000,
     )
 
@@ -262,7 +262,7 @@ async def test_an_outage_is_logged_once_per_change_of_state_not_per_try(
             raise StateStoreUnavailable("redis down")
         return "ok"
 
-    with caplog.at_level("INFO", logger="dispatcher.record_retry"):
+    with caplog.at_level("INFO", logger="llmbatch.dispatcher.record_retry"):
         assert await retry.run("intake", flaky, 0, max_attempts=3) == "ok"
     lines = [r.getMessage() for r in caplog.records]
     assert lines[0].startswith("dependency unavailable")

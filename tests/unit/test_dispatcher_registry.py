@@ -13,25 +13,25 @@ import pytest
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
-from dispatcher.backend import EXIT_ENGINE_UNAVAILABLE, SubmitResult
-from dispatcher.batch_record import BatchRecord, TransitionResult
-from dispatcher.cli import app
-from dispatcher.dlt import OriginalRecord
-from dispatcher.errors import InvalidSettings
-from dispatcher.events import Outcome
-from dispatcher.keys import Keys
-from dispatcher.metrics import Metrics
-from dispatcher.request_body import RequestBodies
-from dispatcher.results import Shards
-from dispatcher.service import Dispatcher
-from dispatcher.settings import DispatcherOptions, DispatcherSettings
-from dispatcher.settings_loader import SettingsInvalid, describe_settings_error, load_settings
-from dispatcher.states import State
-from dispatcher.tracker import Tracker
+from llmbatch.dispatcher.backend import EXIT_ENGINE_UNAVAILABLE, SubmitResult
+from llmbatch.dispatcher.batch_record import BatchRecord, TransitionResult
+from llmbatch.dispatcher.cli import app
+from llmbatch.dispatcher.dlt import OriginalRecord
+from llmbatch.dispatcher.errors import InvalidSettings
+from llmbatch.dispatcher.events import Outcome
+from llmbatch.dispatcher.keys import Keys
+from llmbatch.dispatcher.metrics import Metrics
+from llmbatch.dispatcher.request_body import RequestBodies
+from llmbatch.dispatcher.results import Shards
+from llmbatch.dispatcher.service import Dispatcher
+from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.dispatcher.settings_loader import SettingsInvalid, describe_settings_error, load_settings
+from llmbatch.dispatcher.states import State
+from llmbatch.dispatcher.tracker import Tracker
+from llmbatch.schemas.engines import EngineRegistry
+from llmbatch.schemas.events import RecordRef
+from llmbatch.schemas.job import JobSpec
 from llmbatch.settings import RedisSettings
-from schemas.engines import EngineRegistry
-from schemas.events import RecordRef
-from schemas.job import JobSpec
 from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, registry, request_message
 
 pytestmark = pytest.mark.unit
@@ -132,7 +132,7 @@ async def test_a_start_step_logs_a_dependency_not_ready_once_per_change_of_state
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Before, every retry of a start step (Kafka topics, the consumer) logged a warning."""
-    from dispatcher.errors import BrokerUnavailable
+    from llmbatch.dispatcher.errors import BrokerUnavailable
 
     settings = DispatcherSettings(
         _env_file=None,
@@ -151,9 +151,9 @@ async def test_a_start_step_logs_a_dependency_not_ready_once_per_change_of_state
             left -= 1
             raise BrokerUnavailable("Kafka at 127.0.0.1:1 is unreachable")
 
-    with caplog.at_level(logging.INFO, logger="dispatcher.service"):
+    with caplog.at_level(logging.INFO, logger="llmbatch.dispatcher.service"):
         await dispatcher._until_ok("kafka topics", step)
-    said = [r.getMessage() for r in caplog.records if r.name == "dispatcher.service"]
+    said = [r.getMessage() for r in caplog.records if r.name == "llmbatch.dispatcher.service"]
     assert said == ["kafka topics not ready, retrying (repeats are not logged)", "kafka topics ready"]
     await dispatcher.stop()
 
@@ -332,7 +332,7 @@ async def test_a_launch_reads_an_offloaded_body_from_kafka_once() -> None:
 
 
 async def test_shared_engines_put_the_models_serve_app_in_the_spec() -> None:
-    from schemas.engines import app_name
+    from llmbatch.schemas.engines import app_name
 
     t, store, backend = tracker(registry(path="/models/smollm2"))
     store.fresh = stored("submitted", 1, submission_id="b-gone-a1")
@@ -346,7 +346,7 @@ async def test_shared_engines_put_the_models_serve_app_in_the_spec() -> None:
 
 
 async def test_no_engine_in_time_fails_the_batch_once_without_retrying() -> None:
-    from dispatcher.backend import JobInfo, JobState
+    from llmbatch.dispatcher.backend import JobInfo, JobState
 
     t, store, _ = tracker(registry(path="/models/smollm2"))
     message = "no engine of llmbatch-engine-x answered"
@@ -360,7 +360,7 @@ async def test_no_engine_in_time_fails_the_batch_once_without_retrying() -> None
 async def test_a_failed_jobs_public_message_carries_no_driver_log() -> None:
     """Ray appends up to 20 kB of the driver's output to a failed job's message; what the job printed
     (prompts, paths, tokens) must not reach the failed event, the dead letter or Redis."""
-    from dispatcher.backend import JobInfo, JobState
+    from llmbatch.dispatcher.backend import JobInfo, JobState
 
     t, store, _ = tracker(registry(path="/models/smollm2"))
     t.checks.policy = t.checks.policy.__class__(max_attempts=1, backoff=t.checks.policy.backoff)
@@ -375,7 +375,7 @@ async def test_a_failed_jobs_public_message_carries_no_driver_log() -> None:
 
 
 def test_ray_message_summary() -> None:
-    from dispatcher.outcomes import RAY_SUMMARY_CHARS, ray_message_summary
+    from llmbatch.dispatcher.outcomes import RAY_SUMMARY_CHARS, ray_message_summary
 
     assert ray_message_summary(None) == "" and ray_message_summary("") == ""
     assert ray_message_summary("Job was intentionally stopped.") == "Job was intentionally stopped."

@@ -9,8 +9,8 @@ import pytest
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
-from dispatcher.cli import app
-from dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.dispatcher.cli import app
+from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.settings import ReplaySettings, TenantSettings
 from tests.support.dispatcher_kit import registry, registry_env
 

@@ -8,8 +8,8 @@ import pytest
 import urllib3
 from minio.error import InvalidResponseError, S3Error, ServerError
 
-from dispatcher.errors import PermanentError, StorageUnavailable
-from dispatcher.results import ResultStore
+from llmbatch.dispatcher.errors import PermanentError, StorageUnavailable
+from llmbatch.dispatcher.results import ResultStore
 from llmbatch.settings import S3Settings
 
 pytestmark = pytest.mark.unit

@@ -8,9 +8,9 @@ import asyncio
 import orjson
 import pytest
 
-from dispatcher.errors import PermanentError, RayUnavailable
-from dispatcher.serve_api import PATH, ServeApi
-from llmbatch.stack.process import free_port
+from llmbatch.dispatcher.errors import PermanentError, RayUnavailable
+from llmbatch.dispatcher.serve_api import PATH, ServeApi
+from llmbatch.stack.ports import free_port
 from tests.support.scripted_http import ScriptedHttpServer
 
 pytestmark = pytest.mark.unit

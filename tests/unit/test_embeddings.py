@@ -12,19 +12,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dispatcher.intake_checks import check_served
-from ray_job import rows
-from ray_job.engine import EngineStage
-from ray_job.formatting import embedding_body, encode_embedding
-from ray_job.parse import parse_lines
-from ray_job.prompts import WhitespaceTokenizer, build_rows
-from ray_job.records import Generation
-from schemas.common import Endpoint
-from schemas.errors import Reason, SchemaError
-from schemas.input_lines import parse_input_line
-from schemas.job import EngineConfig
-from schemas.openai import BatchOutputLine
-from schemas.request_bodies import MAX_EMBEDDING_INPUTS
+from llmbatch.dispatcher.intake_checks import check_served
+from llmbatch.ray_job import rows
+from llmbatch.ray_job.engine import EngineStage
+from llmbatch.ray_job.formatting import embedding_body, encode_embedding
+from llmbatch.ray_job.parse import parse_lines
+from llmbatch.ray_job.prompts import WhitespaceTokenizer, build_rows
+from llmbatch.ray_job.records import Generation
+from llmbatch.schemas.common import Endpoint
+from llmbatch.schemas.errors import Reason, SchemaError
+from llmbatch.schemas.input_lines import parse_input_line
+from llmbatch.schemas.job import EngineConfig
+from llmbatch.schemas.openai import BatchOutputLine
+from llmbatch.schemas.request_bodies import MAX_EMBEDDING_INPUTS
 from tests.support.dispatcher_kit import batch_request
 
 pytestmark = pytest.mark.unit
@@ -196,7 +196,7 @@ def test_usage_counts_the_tokens_of_every_input() -> None:
 
 
 def test_a_line_over_the_per_request_token_limit_fails_alone() -> None:
-    from ray_job.sampling import MAX_EMBEDDING_TOKENS_PER_LINE, fit_inputs
+    from llmbatch.ray_job.sampling import MAX_EMBEDDING_TOKENS_PER_LINE, fit_inputs
 
     inputs = [[1] * 200] * (MAX_EMBEDDING_TOKENS_PER_LINE // 200 + 1)
     failure = fit_inputs(inputs, max_model_len=256)

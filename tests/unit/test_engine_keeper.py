@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-import dispatcher.engine_keeper as keeper_module
-from dispatcher.runner_backend import RunnerClient
-from dispatcher.serve_api import PATH
-from dispatcher.service import Dispatcher
-from dispatcher.settings import DispatcherOptions, DispatcherSettings
+import llmbatch.dispatcher.engine_keeper as keeper_module
+from llmbatch.dispatcher.runner_backend import RunnerClient
+from llmbatch.dispatcher.serve_api import PATH
+from llmbatch.dispatcher.service import Dispatcher
+from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.ray_job.runner import ROUTE_PREFIX
 from llmbatch.settings import RaySettings, RedisSettings
-from ray_job.runner import ROUTE_PREFIX
 from tests.support.dispatcher_kit import registry, wait_for
 from tests.support.scripted_http import ScriptedHttpServer
 from tests.unit.test_dispatcher_registry import FakeBackend

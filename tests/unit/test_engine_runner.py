@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from ray_job.backend_fake import FakeBackend
-from ray_job.engine_runner import EngineRunner
-from ray_job.errors import EngineDeadError, RequestRejected
-from ray_job.records import Generation, GenRequest
-from schemas.job import EngineConfig
+from llmbatch.ray_job.backend_fake import FakeBackend
+from llmbatch.ray_job.engine_runner import EngineRunner
+from llmbatch.ray_job.errors import EngineDeadError, RequestRejected
+from llmbatch.ray_job.records import Generation, GenRequest
+from llmbatch.schemas.job import EngineConfig
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""The shared engine's replica body (:class:`ray_job.serve_engine.EngineServer`) without Serve: many
+"""The shared engine's replica body (:class:`llmbatch.ray_job.serve_engine.EngineServer`) without Serve: many
 batches call it at once, each with its own request keys (input line numbers, so they repeat)."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import asyncio
 
 import pytest
 
-from ray_job.records import GenRequest
-from ray_job.serve_engine import EngineServer
-from schemas.engines import EngineModel, Scaling
-from schemas.job import EngineConfig
+from llmbatch.ray_job.records import GenRequest
+from llmbatch.ray_job.serve_engine import EngineServer
+from llmbatch.schemas.engines import EngineModel, Scaling
+from llmbatch.schemas.job import EngineConfig
 
 pytestmark = pytest.mark.unit
 

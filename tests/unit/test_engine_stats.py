@@ -8,10 +8,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
-from dispatcher.metrics import ENGINE_GAUGES, Metrics
-from ray_job.engine_metrics import COUNTERS, GAUGES, RATE_WINDOW_S, EngineMetrics
-from ray_job.engine_stats import summarize_metrics
-from ray_job.runner_http import route
+from llmbatch.dispatcher.metrics import ENGINE_GAUGES, Metrics
+from llmbatch.ray_job.engine_metrics import COUNTERS, GAUGES, RATE_WINDOW_S, EngineMetrics
+from llmbatch.ray_job.engine_stats import summarize_metrics
+from llmbatch.ray_job.runner_http import route
 
 pytestmark = pytest.mark.unit
 

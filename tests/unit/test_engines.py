@@ -11,7 +11,7 @@ import yaml
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from dispatcher.engines import (
+from llmbatch.dispatcher.engines import (
     cluster_serve_config,
     config_lost,
     replica_pids,
@@ -21,9 +21,9 @@ from dispatcher.engines import (
     with_scaling,
     without,
 )
-from dispatcher.job_options import JobOptions
-from dispatcher.ops.common import OpsError
-from dispatcher.ops.engines_cli import (
+from llmbatch.dispatcher.job_options import JobOptions
+from llmbatch.dispatcher.ops.common import OpsError
+from llmbatch.dispatcher.ops.engines_cli import (
     RenderFormat,
     manifest_serve_config,
     rayservice_patch,
@@ -31,13 +31,12 @@ from dispatcher.ops.engines_cli import (
     serve_config_yaml,
     settings_from_env_files,
 )
-from dispatcher.ops.engines_cli import app as engines_app
-from dispatcher.settings import DispatcherOptions, DispatcherSettings
-from llmbatch.settings import RaySettings, RedisSettings, S3Settings
-from ray_job import node_secrets
-from ray_job.runner import APP_NAME as RUNNER_APP
-from ray_job.serve_engine import IMPORT_PATH, deployment_options, serve_application
-from schemas.engines import (
+from llmbatch.dispatcher.ops.engines_cli import app as engines_app
+from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.ray_job import node_secrets
+from llmbatch.ray_job.runner import APP_NAME as RUNNER_APP
+from llmbatch.ray_job.serve_engine import IMPORT_PATH, deployment_options, serve_application
+from llmbatch.schemas.engines import (
     DEPLOYMENT_NAME,
     EngineModel,
     EngineRegistry,
@@ -46,7 +45,8 @@ from schemas.engines import (
     UnknownModelError,
     app_name,
 )
-from schemas.job import EngineConfig
+from llmbatch.schemas.job import EngineConfig
+from llmbatch.settings import RaySettings, RedisSettings, S3Settings
 
 BLANKS = node_secrets.withheld(node_secrets.ALL)  # what an engine replica is started without
 
@@ -312,7 +312,7 @@ def test_render_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_list_rows_show_figures_or_dashes() -> None:
-    from dispatcher.engines import EngineStatus, with_figures
+    from llmbatch.dispatcher.engines import EngineStatus, with_figures
 
     rows = [EngineStatus(model="a", app="x", status="RUNNING"),
             EngineStatus(model="b", app="y", status="RUNNING")]

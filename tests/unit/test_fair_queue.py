@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ray_job.fair_queue import FairQueue
+from llmbatch.ray_job.fair_queue import FairQueue
 
 pytestmark = pytest.mark.unit
 

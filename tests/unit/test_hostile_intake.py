@@ -11,12 +11,12 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from dispatcher.answers import failure_answer, minimal_answer, rejection_answer
-from dispatcher.intake import Accept, Cancel, IntakeRules, Reject, classify
-from dispatcher.intake_checks import claimed_tenant
-from dispatcher.record_retry import GaveUp
-from schemas.cloudevents import decode, encode
-from schemas.events import RESULT_EVENT_TYPES, BatchRejected
+from llmbatch.dispatcher.answers import failure_answer, minimal_answer, rejection_answer
+from llmbatch.dispatcher.intake import Accept, Cancel, IntakeRules, Reject, classify
+from llmbatch.dispatcher.intake_checks import claimed_tenant
+from llmbatch.dispatcher.record_retry import GaveUp
+from llmbatch.schemas.cloudevents import decode, encode
+from llmbatch.schemas.events import RESULT_EVENT_TYPES, BatchRejected
 from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, origin, request_message
 from tests.support.hostile_records import Record, hostile_record
 

@@ -13,16 +13,16 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from dispatcher.backend import EXIT_ENGINE_UNAVAILABLE, EXIT_INPUT_NOT_FOUND, JobInfo, JobState
-from dispatcher.batch_record import BatchRecord, TransitionResult
-from dispatcher.events import Outcome
-from dispatcher.in_flight import HEARTBEAT, InFlight
-from dispatcher.keys import Keys
-from dispatcher.metrics import Metrics
-from dispatcher.outcomes import OutcomeReader
-from dispatcher.results import Shards
-from dispatcher.settings import DispatcherOptions, DispatcherSettings
-from dispatcher.states import State
+from llmbatch.dispatcher.backend import EXIT_ENGINE_UNAVAILABLE, EXIT_INPUT_NOT_FOUND, JobInfo, JobState
+from llmbatch.dispatcher.batch_record import BatchRecord, TransitionResult
+from llmbatch.dispatcher.events import Outcome
+from llmbatch.dispatcher.in_flight import HEARTBEAT, InFlight
+from llmbatch.dispatcher.keys import Keys
+from llmbatch.dispatcher.metrics import Metrics
+from llmbatch.dispatcher.outcomes import OutcomeReader
+from llmbatch.dispatcher.results import Shards
+from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.dispatcher.states import State
 from llmbatch.settings import RedisSettings
 from tests.support.dispatcher_kit import batch_request, inline_lines, request_message
 

@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from dispatcher.batch_record import BatchRecord, IntakeItem, IntakeResult
-from dispatcher.errors import DispatcherError, PermanentError, StateStoreUnavailable
-from dispatcher.intake import Accept, Command, Reject, classify, intake_rules
-from dispatcher.intake_apply import IntakeApplier
-from dispatcher.keys import BatchKey
-from dispatcher.metrics import Metrics
-from dispatcher.settings import DispatcherSettings
-from dispatcher.states import State
-from schemas import EventType
+from llmbatch.dispatcher.batch_record import BatchRecord, IntakeItem, IntakeResult
+from llmbatch.dispatcher.errors import DispatcherError, PermanentError, StateStoreUnavailable
+from llmbatch.dispatcher.intake import Accept, Command, Reject, classify, intake_rules
+from llmbatch.dispatcher.intake_apply import IntakeApplier
+from llmbatch.dispatcher.keys import BatchKey
+from llmbatch.dispatcher.metrics import Metrics
+from llmbatch.dispatcher.settings import DispatcherSettings
+from llmbatch.dispatcher.states import State
+from llmbatch.schemas import EventType
 from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, origin, registry, request_message
 
 pytestmark = pytest.mark.unit

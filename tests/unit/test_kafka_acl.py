@@ -18,16 +18,16 @@ from aiokafka.errors import (
 )
 from typer.testing import CliRunner
 
-from dispatcher.cli import app
-from dispatcher.errors import KafkaAuthenticationFailed, KafkaNotAuthorized, classify
-from dispatcher.kafka_acl import ROLES, AclBinding, acl_bindings, render, role_grants
+from llmbatch.adapters.errors import NotAuthorized
+from llmbatch.adapters.kafka import Publisher
+from llmbatch.dispatcher.cli import app
+from llmbatch.dispatcher.errors import KafkaAuthenticationFailed, KafkaNotAuthorized, classify
+from llmbatch.dispatcher.kafka_acl import ROLES, AclBinding, acl_bindings, render, role_grants
+from llmbatch.schemas.batch import CancelRequest
+from llmbatch.schemas.cloudevents import Envelope
 from llmbatch.settings import KafkaSettings, TopicSettings
 from llmbatch.stack.kafka_broker import KafkaSasl, _kafka_properties
 from llmbatch.stack.process import StackError
-from producer.errors import NotAuthorized
-from producer.kafka import Publisher
-from schemas.batch import CancelRequest
-from schemas.cloudevents import Envelope
 
 pytestmark = pytest.mark.unit
 
@@ -189,7 +189,7 @@ def test_a_publish_the_acls_refuse_is_not_authorized_naming_user_and_topic(
 
 
 def test_dlq_says_a_hidden_dead_letter_topic_may_be_forbidden_rather_than_missing() -> None:
-    from dispatcher.ops.dlq_cli import _hidden
+    from llmbatch.dispatcher.ops.dlq_cli import _hidden
     from llmbatch.settings import LLMBatchSettings
 
     sasl = KafkaSettings(security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512", sasl_username="ops",

@@ -23,15 +23,15 @@ from aiokafka.protocol.admin import (
     DescribeAclsResponse_v1,
 )
 
-from dispatcher import kafka_acl_admin
-from dispatcher.errors import (
+from llmbatch.dispatcher import kafka_acl_admin
+from llmbatch.dispatcher.errors import (
     BrokerUnavailable,
     KafkaAuthenticationFailed,
     KafkaNotAuthorized,
     PermanentError,
 )
-from dispatcher.kafka_acl import AclBinding, acl_bindings
-from dispatcher.kafka_acl_admin import apply_bindings
+from llmbatch.dispatcher.kafka_acl import AclBinding, acl_bindings
+from llmbatch.dispatcher.kafka_acl_admin import apply_bindings
 from llmbatch.settings import KafkaSettings, TopicSettings
 
 pytestmark = pytest.mark.unit
@@ -239,15 +239,14 @@ async def test_an_unknown_library_error_is_permanent(broker: Broker) -> None:
 async def test_a_refused_login_at_start_says_so_instead_of_an_outage(
     broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import producer.kafka
-
+    import llmbatch.adapters.kafka as kafka_adapter
     asked: list[KafkaSettings] = []
 
     async def refused(kafka: KafkaSettings, timeout_s: float = 10.0) -> str:
         asked.append(kafka)
         return "Kafka at kafka.test:9092 refused the SCRAM-SHA-512 login of user 'admin'"
 
-    monkeypatch.setattr(producer.kafka, "authentication_failure", refused)
+    monkeypatch.setattr(kafka_adapter, "authentication_failure", refused)
     broker.fail_start = KafkaConnectionError("Unable to bootstrap from [('kafka.test', 9092)]")
     with pytest.raises(KafkaAuthenticationFailed, match="refused the SCRAM-SHA-512 login"):
         await apply_bindings(SASL, PLAN)

@@ -13,21 +13,21 @@ from typing import Any
 
 import pytest
 
-from dispatcher.backend import SubmitResult
-from dispatcher.batch_record import BatchRecord, TransitionResult
-from dispatcher.errors import JobRejected
-from dispatcher.events import Outcome
-from dispatcher.intake import Accept, classify, intake_rules
-from dispatcher.keys import Keys
-from dispatcher.launcher import STOP_FIELDS, Launcher
-from dispatcher.metrics import Metrics
-from dispatcher.outcomes import OutcomeReader
-from dispatcher.request_body import RequestBodies
-from dispatcher.results import Shards
-from dispatcher.settings import DispatcherOptions, DispatcherSettings
-from dispatcher.states import State
+from llmbatch.dispatcher.backend import SubmitResult
+from llmbatch.dispatcher.batch_record import BatchRecord, TransitionResult
+from llmbatch.dispatcher.errors import JobRejected
+from llmbatch.dispatcher.events import Outcome
+from llmbatch.dispatcher.intake import Accept, classify, intake_rules
+from llmbatch.dispatcher.keys import Keys
+from llmbatch.dispatcher.launcher import STOP_FIELDS, Launcher
+from llmbatch.dispatcher.metrics import Metrics
+from llmbatch.dispatcher.outcomes import OutcomeReader
+from llmbatch.dispatcher.request_body import RequestBodies
+from llmbatch.dispatcher.results import Shards
+from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.dispatcher.states import State
+from llmbatch.schemas.job import JobSpec
 from llmbatch.settings import TenantSettings
-from schemas.job import JobSpec
 from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, origin, registry, request_message
 
 pytestmark = pytest.mark.unit

@@ -8,8 +8,8 @@ import logging
 import orjson
 import pytest
 
-from dispatcher import logs
-from dispatcher.log_limits import MAX_KINDS, RepeatLimiter
+from llmbatch.dispatcher import logs
+from llmbatch.dispatcher.log_limits import MAX_KINDS, RepeatLimiter
 from tests.support.clock import Clock
 
 pytestmark = pytest.mark.unit

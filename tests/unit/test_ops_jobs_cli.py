@@ -19,19 +19,19 @@ import pytest
 from aiokafka.errors import KafkaConnectionError
 from typer.testing import CliRunner, Result
 
-from dispatcher.batch_record import BatchRecord
-from dispatcher.keys import BatchKey, Keys, batch_key
-from dispatcher.ops import jobs_cli
-from dispatcher.ops.common import EXIT_USAGE, OpsError
-from dispatcher.ops.jobs import Counts, JobSummary
-from dispatcher.ops.jobs_cli import _done, app, operator_name, parse_states
-from dispatcher.states import State
+from llmbatch.adapters.errors import WaitTimeout
+from llmbatch.dispatcher.batch_record import BatchRecord
+from llmbatch.dispatcher.keys import BatchKey, Keys, batch_key
+from llmbatch.dispatcher.ops import jobs_cli
+from llmbatch.dispatcher.ops.common import EXIT_USAGE, OpsError
+from llmbatch.dispatcher.ops.jobs import Counts, JobSummary
+from llmbatch.dispatcher.ops.jobs_cli import _done, app, operator_name, parse_states
+from llmbatch.dispatcher.states import State
+from llmbatch.producer.client import BatchClient
+from llmbatch.schemas.batch import CancelRequest
+from llmbatch.schemas.cloudevents import Envelope, decode
+from llmbatch.schemas.events import BatchCancelled, EventType
 from llmbatch.settings import KafkaSettings, LLMBatchSettings, RedisSettings, TopicSettings
-from producer.client import BatchClient
-from producer.errors import WaitTimeout
-from schemas.batch import CancelRequest
-from schemas.cloudevents import Envelope, decode
-from schemas.events import BatchCancelled, EventType
 
 pytestmark = pytest.mark.unit
 
@@ -58,7 +58,7 @@ class Zsets:
 
 @dataclass
 class MemoryStore:
-    """What the jobs commands read of :class:`~dispatcher.store.StateStore`, over dicts."""
+    """What the jobs commands read of :class:`~llmbatch.dispatcher.store.StateStore`, over dicts."""
 
     keys: Keys = field(default_factory=lambda: Keys("p"))
     client: Zsets = field(default_factory=Zsets)

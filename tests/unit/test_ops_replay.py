@@ -9,12 +9,12 @@ from typing import Any
 import orjson
 import pytest
 
-from dispatcher.batch_record import BatchRecord
-from dispatcher.dlt import OriginalRecord, build_dead_letter
-from dispatcher.ops.common import OpsError, parse_when, safe_url
-from dispatcher.ops.dlq_reader import DeadLetterView, decode_payload, describe_header, parse_locator
-from dispatcher.ops.jobs import detail_of, summary_of, timeline_of
-from dispatcher.ops.replay import (
+from llmbatch.dispatcher.batch_record import BatchRecord
+from llmbatch.dispatcher.dlt import OriginalRecord, build_dead_letter
+from llmbatch.dispatcher.ops.common import OpsError, parse_when, safe_url
+from llmbatch.dispatcher.ops.dlq_reader import DeadLetterView, decode_payload, describe_header, parse_locator
+from llmbatch.dispatcher.ops.jobs import detail_of, summary_of, timeline_of
+from llmbatch.dispatcher.ops.replay import (
     Decision,
     LedgerEntry,
     RateLimiter,
@@ -25,10 +25,10 @@ from dispatcher.ops.replay import (
     plan,
     replay_id_for,
 )
-from dispatcher.states import State
-from schemas import dlt
-from schemas.batch import CancelRequest
-from schemas.dlt import ReplayInfo
+from llmbatch.dispatcher.states import State
+from llmbatch.schemas import dlt
+from llmbatch.schemas.batch import CancelRequest
+from llmbatch.schemas.dlt import ReplayInfo
 from tests.support.dispatcher_kit import batch_request, request_message
 
 pytestmark = pytest.mark.unit

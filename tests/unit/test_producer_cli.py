@@ -15,8 +15,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from llmbatch.producer import cli
 from llmbatch.settings import KafkaSettings, LLMBatchSettings, S3Settings
-from producer import cli
 
 pytestmark = pytest.mark.unit
 
@@ -152,7 +152,8 @@ def test_register_adds_commands_to_a_root_app() -> None:
 def test_subprocess_error_has_no_traceback(tmp_path: Path) -> None:
     env = {**os.environ, "LLMBATCH_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{closed_port()}"}
     proc = subprocess.run(
-        [sys.executable, "-m", "producer.cli", "submit", str(tmp_path / "missing.jsonl"), "--model", "m"],
+        [sys.executable, "-m", "llmbatch.producer.cli", "submit", str(tmp_path / "missing.jsonl"),
+         "--model", "m"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -167,7 +168,7 @@ def test_subprocess_error_has_no_traceback(tmp_path: Path) -> None:
 def test_subprocess_unreachable_broker_is_one_stderr_line(good_file: Path) -> None:
     env = {**os.environ, "LLMBATCH_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{closed_port()}"}
     proc = subprocess.run(
-        [sys.executable, "-m", "producer.cli", "submit", str(good_file), "--model", "m"],
+        [sys.executable, "-m", "llmbatch.producer.cli", "submit", str(good_file), "--model", "m"],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -1,4 +1,5 @@
-"""producer/cli_args.py: option values into endpoints, metadata and times, or one CliFailure naming the
+"""producer/llmbatch/producer/cli_args.py: option values into endpoints, metadata and times, or one
+CliFailure naming the
 option and the fix."""
 
 from __future__ import annotations
@@ -9,14 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from producer.cli_args import (
+from llmbatch.producer.cli_args import (
     CliFailure,
     parse_deadline,
     parse_endpoint,
     parse_metadata,
     parse_since,
 )
-from schemas import Endpoint, utcnow
+from llmbatch.schemas import Endpoint, utcnow
 
 pytestmark = pytest.mark.unit
 

@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from llmbatch.settings import KafkaSettings, LLMBatchSettings, S3Settings
-from producer import (
+from llmbatch.producer import (
     BatchClient,
     BatchHandle,
     BrokerUnavailable,
@@ -24,13 +23,22 @@ from producer import (
     SyncBatchClient,
     new_batch_id,
 )
-from producer.cli_events import describe
-from producer.client import is_answer
-from producer.results import result_uris
-from schemas import BatchCompleted, BatchRejected, BatchStatus, Endpoint, Envelope, Manifest, parse_manifest
-from schemas.errors import Reason
-from schemas.events import RecordRef
-from schemas.openai import ErrorObject
+from llmbatch.producer.cli_events import describe
+from llmbatch.producer.client import is_answer
+from llmbatch.producer.results import result_uris
+from llmbatch.schemas import (
+    BatchCompleted,
+    BatchRejected,
+    BatchStatus,
+    Endpoint,
+    Envelope,
+    Manifest,
+    parse_manifest,
+)
+from llmbatch.schemas.errors import Reason
+from llmbatch.schemas.events import RecordRef
+from llmbatch.schemas.openai import ErrorObject
+from llmbatch.settings import KafkaSettings, LLMBatchSettings, S3Settings
 
 pytestmark = pytest.mark.unit
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from producer.errors import InputFileError, InvalidInput
-from producer.inputs import prepare_file, prepare_requests, write_jsonl
-from schemas import BatchInputLine, Endpoint, parse_input_line
-from schemas.errors import Reason
+from llmbatch.adapters.errors import InputFileError, InvalidInput
+from llmbatch.producer.inputs import prepare_file, prepare_requests, write_jsonl
+from llmbatch.schemas import BatchInputLine, Endpoint, parse_input_line
+from llmbatch.schemas.errors import Reason
 
 pytestmark = pytest.mark.unit
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from llmbatch.adapters.kafka import Publisher
 from llmbatch.settings import KafkaSettings
-from producer.kafka import Publisher
 
 pytestmark = pytest.mark.unit
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from producer.errors import InvalidInput
-from producer.request_checks import build_request, check_fields, check_request, fits_inline
-from schemas import BatchInputLine, BatchRequest, Endpoint, InlineLimits
+from llmbatch.adapters.errors import InvalidInput
+from llmbatch.producer.request_checks import build_request, check_fields, check_request, fits_inline
+from llmbatch.schemas import BatchInputLine, BatchRequest, Endpoint, InlineLimits
 
 pytestmark = pytest.mark.unit
 

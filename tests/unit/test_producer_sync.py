@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from llmbatch.producer import ProducerError, SyncBatchClient
+from llmbatch.producer.client import BatchClient, ClientOptions
 from llmbatch.settings import KafkaSettings, LLMBatchSettings
-from producer import ProducerError, SyncBatchClient
-from producer.client import BatchClient, ClientOptions
 
 pytestmark = pytest.mark.unit
 

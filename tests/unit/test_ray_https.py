@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from dispatcher.engines import cluster_serve_config, serve_config
-from dispatcher.errors import RayUnavailable
-from dispatcher.runner_backend import RunnerClient
-from dispatcher.serve_api import PATH, ServeApi
-from dispatcher.settings import DispatcherSettings
+from llmbatch.dispatcher.engines import cluster_serve_config, serve_config
+from llmbatch.dispatcher.errors import RayUnavailable
+from llmbatch.dispatcher.runner_backend import RunnerClient
+from llmbatch.dispatcher.serve_api import PATH, ServeApi
+from llmbatch.dispatcher.settings import DispatcherSettings
+from llmbatch.ray_job.runner import ROUTE_PREFIX
+from llmbatch.schemas.engines import EngineRegistry
 from llmbatch.settings import RaySettings
 from llmbatch.stack import tls_front
 from llmbatch.stack.tls import TlsFiles, make_local_ca
-from ray_job.runner import ROUTE_PREFIX
-from schemas.engines import EngineRegistry
 from tests.support.scripted_http import ScriptedHttpServer
 
 pytestmark = pytest.mark.unit

@@ -9,11 +9,11 @@ import orjson
 import pytest
 from pyarrow import fs as pafs
 
-from ray_job import main as job_main
-from ray_job.errors import ExitCode
-from ray_job.outcome import RESULT_PREFIX
-from schemas.common import utcnow
-from schemas.job import JobSpec
+from llmbatch.ray_job import main as job_main
+from llmbatch.ray_job.errors import ExitCode
+from llmbatch.ray_job.outcome import RESULT_PREFIX
+from llmbatch.schemas.common import utcnow
+from llmbatch.schemas.job import JobSpec
 
 pytestmark = pytest.mark.unit
 
@@ -63,7 +63,7 @@ def test_a_real_failure_keeps_its_own_code(attempt: Any) -> None:
 
 
 def _invalid(line_no: int) -> Any:
-    from ray_job import rows
+    from llmbatch.ray_job import rows
 
     payload = orjson.dumps({"id": f"e{line_no}", "custom_id": f"@line-{line_no}", "response": None,
                             "error": {"code": "invalid_json_line", "message": "x", "line": line_no}}) + b"\n"
@@ -76,7 +76,7 @@ def test_a_batch_without_one_valid_request_fails_as_input_invalid(
 ) -> None:
     """Every line invalid, or an empty file: OpenAI fails such a batch, so does llmbatch (the error file
     still names each line); one valid request among them and the batch completes."""
-    from ray_job import rows
+    from llmbatch.ray_job import rows
 
     (tmp_path / "results" / "default" / "b1").mkdir(parents=True)
 

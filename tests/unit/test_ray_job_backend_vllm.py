@@ -7,8 +7,8 @@ from typing import Any, cast
 
 import pytest
 
-from ray_job.backend_vllm import is_structured_outputs_error, llm_kwargs
-from schemas.job import EngineConfig
+from llmbatch.ray_job.backend_vllm import is_structured_outputs_error, llm_kwargs
+from llmbatch.schemas.job import EngineConfig
 
 pytestmark = pytest.mark.unit
 

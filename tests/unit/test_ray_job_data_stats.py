@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from ray.data import DataContext
 
-from ray_job import data_stats
-from ray_job.data_stats import KEEP, BoundedBlockStats, trim
-from ray_job.pipeline import configure_data_context
+from llmbatch.ray_job import data_stats
+from llmbatch.ray_job.data_stats import KEEP, BoundedBlockStats, trim
+from llmbatch.ray_job.pipeline import configure_data_context
 
 pytestmark = pytest.mark.unit
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from ray_job.embeddings import EmbeddingLine
-from ray_job.errors import RequestFailure
-from ray_job.records import Generation
+from llmbatch.ray_job.embeddings import EmbeddingLine
+from llmbatch.ray_job.errors import RequestFailure
+from llmbatch.ray_job.records import Generation
 
 pytestmark = pytest.mark.unit
 

@@ -8,13 +8,13 @@ from typing import Any
 import orjson
 import pytest
 
-from ray_job import rows
-from ray_job.engine import EngineStage
-from ray_job.parse import parse_lines
-from ray_job.prompts import WhitespaceTokenizer, build_rows, chat_messages
-from schemas.common import Endpoint
-from schemas.job import EngineConfig
-from schemas.openai import BatchOutputLine
+from llmbatch.ray_job import rows
+from llmbatch.ray_job.engine import EngineStage
+from llmbatch.ray_job.parse import parse_lines
+from llmbatch.ray_job.prompts import WhitespaceTokenizer, build_rows, chat_messages
+from llmbatch.schemas.common import Endpoint
+from llmbatch.schemas.job import EngineConfig
+from llmbatch.schemas.openai import BatchOutputLine
 
 pytestmark = pytest.mark.unit
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from ray_job.errors import CONTEXT_LENGTH_EXCEEDED, RequestFailure
-from ray_job.formatting import error_line, output_line
-from ray_job.records import Generation, TokenLogprob
-from schemas.common import Endpoint
-from schemas.openai import BatchOutputLine
+from llmbatch.ray_job.errors import CONTEXT_LENGTH_EXCEEDED, RequestFailure
+from llmbatch.ray_job.formatting import error_line, output_line
+from llmbatch.ray_job.records import Generation, TokenLogprob
+from llmbatch.schemas.common import Endpoint
+from llmbatch.schemas.openai import BatchOutputLine
 
 pytestmark = pytest.mark.unit
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ray_job import job_redis, node_secrets
+from llmbatch.ray_job import job_redis, node_secrets
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ray_job.memory import MIB, MemoryPeak, MemoryUse, parse_smaps, read_memory
+from llmbatch.ray_job.memory import MIB, MemoryPeak, MemoryUse, parse_smaps, read_memory
 
 pytestmark = pytest.mark.unit
 

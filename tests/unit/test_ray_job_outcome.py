@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from ray_job import manifest
-from ray_job.outcome import SUPERSEDED, attempt_result, emit_result, failure_result, settle, stop_error
-from ray_job.submit import parse_result
-from schemas.common import utcnow
-from schemas.job import JobSpec, ShardInfo
-from schemas.openai import ErrorObject, Usage
+from llmbatch.ray_job import manifest
+from llmbatch.ray_job.outcome import (
+    SUPERSEDED,
+    attempt_result,
+    emit_result,
+    failure_result,
+    settle,
+    stop_error,
+)
+from llmbatch.ray_job.submit import parse_result
+from llmbatch.schemas.common import utcnow
+from llmbatch.schemas.job import JobSpec, ShardInfo
+from llmbatch.schemas.openai import ErrorObject, Usage
 
 pytestmark = pytest.mark.unit
 LINES = {"output_lines": 3, "error_lines": 1, "invalid_lines": 1}

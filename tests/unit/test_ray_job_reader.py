@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 from pyarrow import fs as pafs
 
-from ray_job import rows
-from ray_job.reader import Source, iter_blocks
+from llmbatch.ray_job import rows
+from llmbatch.ray_job.reader import Source, iter_blocks
 
 pytestmark = pytest.mark.unit
 CHAT = "/v1/chat/completions"
@@ -51,12 +51,12 @@ def test_plain_and_compressed_inputs_give_the_same_rows(tmp_path: Path, name: st
 def test_lines_earlier_attempts_answered_are_skipped(tmp_path: Path) -> None:
     """The driver's resume scan names the shards it took (Prior.done_shards); the task reads their keys
     back and skips the lines they answer."""
-    from ray_job import resume
-    from ray_job.errors import RequestFailure
-    from ray_job.formatting import error_line, output_line
-    from ray_job.records import Generation
-    from ray_job.writer import ShardWriter
-    from schemas.common import Endpoint
+    from llmbatch.ray_job import resume
+    from llmbatch.ray_job.errors import RequestFailure
+    from llmbatch.ray_job.formatting import error_line, output_line
+    from llmbatch.ray_job.records import Generation
+    from llmbatch.ray_job.writer import ShardWriter
+    from llmbatch.schemas.common import Endpoint
 
     local = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
     local.create_dir("bkt/b")

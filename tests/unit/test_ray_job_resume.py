@@ -9,16 +9,16 @@ import orjson
 import pytest
 from pyarrow import fs as pafs
 
-from ray_job import manifest, resume
-from ray_job.errors import RequestFailure, SupersededError
-from ray_job.formatting import error_line, output_line
-from ray_job.parse import DoneKeys
-from ray_job.records import Generation
-from ray_job.rows import SeenLines
-from ray_job.writer import ShardWriter
-from schemas.common import BatchStatus, Endpoint
-from schemas.job import AttemptRecord, Manifest, Timings, parse_manifest
-from schemas.openai import ErrorObject, Usage
+from llmbatch.ray_job import manifest, resume
+from llmbatch.ray_job.errors import RequestFailure, SupersededError
+from llmbatch.ray_job.formatting import error_line, output_line
+from llmbatch.ray_job.parse import DoneKeys
+from llmbatch.ray_job.records import Generation
+from llmbatch.ray_job.rows import SeenLines
+from llmbatch.ray_job.writer import ShardWriter
+from llmbatch.schemas.common import BatchStatus, Endpoint
+from llmbatch.schemas.job import AttemptRecord, Manifest, Timings, parse_manifest
+from llmbatch.schemas.openai import ErrorObject, Usage
 
 pytestmark = pytest.mark.unit
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

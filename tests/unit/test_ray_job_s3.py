@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ray_job.s3 import is_refusal, path_of, uri_of
+from llmbatch.ray_job.s3 import is_refusal, path_of, uri_of
 
 pytestmark = pytest.mark.unit
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from ray_job.errors import CONTEXT_LENGTH_EXCEEDED
-from ray_job.sampling import fit_context, sampling_kwargs, wants_logprobs
-from schemas.common import Endpoint
+from llmbatch.ray_job.errors import CONTEXT_LENGTH_EXCEEDED
+from llmbatch.ray_job.sampling import fit_context, sampling_kwargs, wants_logprobs
+from llmbatch.schemas.common import Endpoint
 
 pytestmark = pytest.mark.unit
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from ray_job import spec as spec_loader
-from ray_job.errors import ExitCode, InvalidSpecError
-from ray_job.main import main
-from ray_job.outcome import RESULT_PREFIX
-from ray_job.progress import Counters, Progress, progress_fields
-from ray_job.submit import (
+from llmbatch.ray_job import spec as spec_loader
+from llmbatch.ray_job.errors import ExitCode, InvalidSpecError
+from llmbatch.ray_job.main import main
+from llmbatch.ray_job.outcome import RESULT_PREFIX
+from llmbatch.ray_job.progress import Counters, Progress, progress_fields
+from llmbatch.ray_job.submit import (
     SessionRef,
     SpecTooLargeError,
     encode_spec,
@@ -27,7 +27,7 @@ from ray_job.submit import (
     runtime_env,
     submit_kwargs,
 )
-from schemas.job import JobSpec
+from llmbatch.schemas.job import JobSpec
 
 pytestmark = pytest.mark.unit
 
@@ -100,7 +100,10 @@ def test_submit_helpers() -> None:
         env_vars={"X": "1"},
     )
     assert env["py_modules"] == package_dirs()
-    assert [Path(p).name for p in env["py_modules"]] == ["ray_job", "schemas"]
+    # one folder named llmbatch: a Ray node imports llmbatch.ray_job and llmbatch.schemas, and no more
+    [shipped] = env["py_modules"]
+    assert Path(shipped).name == "llmbatch" and sorted(p.name for p in Path(shipped).iterdir()) == [
+        "ray_job", "schemas"]
     assert env["env_vars"]["LLMBATCH_S3__ENDPOINT"] == "http://127.0.0.1:9000"
     assert env["env_vars"]["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["env_vars"]["X"] == "1"
     secret_names = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "LLMBATCH_REDIS__PASSWORD"}
@@ -109,7 +112,7 @@ def test_submit_helpers() -> None:
     kwargs = submit_kwargs(spec, env, python="/opt/py/bin/python")
     assert kwargs["submission_id"] == "b-1-a2" and kwargs["entrypoint_num_cpus"] == 0
     command = kwargs["entrypoint"]
-    assert command.startswith("/opt/py/bin/python -P -m ray_job --spec-b64 ")
+    assert command.startswith("/opt/py/bin/python -P -m llmbatch.ray_job --spec-b64 ")
     assert spec_loader.load(command.split()[-2:]) == spec
     assert submit_kwargs(spec, env, spec_uri="s3://b/s.json")["entrypoint"].endswith(
         "--spec-uri s3://b/s.json"
@@ -122,7 +125,7 @@ def test_a_session_reference_rides_the_command_line_quoted_and_is_parsed_back() 
     spec = make_spec()
     ref = SessionRef(redis_url="redis://job@redis:6379/0?ssl_cert_reqs=none&x=1", key="p:s3session:a b")
     command = entrypoint(spec, python="python", session=ref)
-    argv = shlex.split(command)[4:]  # what the shell hands python -P -m ray_job
+    argv = shlex.split(command)[4:]  # what the shell hands python -P -m llmbatch.ray_job
     args = spec_loader.parse_args(argv)
     assert (args.s3_session_key, args.s3_session_redis) == (ref.key, ref.redis_url)
     assert spec_loader.load_spec(args) == spec
@@ -206,8 +209,8 @@ print('BAD', bad)
 
 
 def test_failure_codes() -> None:
-    from ray_job.errors import EngineDeadError, InputNotFoundError
-    from ray_job.outcome import failure_code
+    from llmbatch.ray_job.errors import EngineDeadError, InputNotFoundError
+    from llmbatch.ray_job.outcome import failure_code
 
     assert failure_code(EngineDeadError("x")) == "engine_dead"
     assert failure_code(InputNotFoundError("x")) == "input_not_found"

@@ -10,9 +10,9 @@ import inspect
 import pytest
 from typer.testing import CliRunner
 
-from dispatcher.cli import app
-from dispatcher.keys import Keys
-from dispatcher.redis_acl import OPERATOR_READS
+from llmbatch.dispatcher.cli import app
+from llmbatch.dispatcher.keys import Keys
+from llmbatch.dispatcher.redis_acl import OPERATOR_READS
 from llmbatch.settings import RedisSettings
 
 pytestmark = pytest.mark.unit

@@ -9,17 +9,17 @@ from typing import Any
 import orjson
 import pytest
 
-from dispatcher.backend import JobInfo, JobState, SubmitResult
-from dispatcher.engines import cluster_serve_config
-from dispatcher.errors import JobRejected, RayUnavailable
-from dispatcher.runner_backend import RoutedBackend, RunnerClient, job_info, takes_short_path
-from dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.dispatcher.backend import JobInfo, JobState, SubmitResult
+from llmbatch.dispatcher.engines import cluster_serve_config
+from llmbatch.dispatcher.errors import JobRejected, RayUnavailable
+from llmbatch.dispatcher.runner_backend import RoutedBackend, RunnerClient, job_info, takes_short_path
+from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.ray_job import node_secrets
+from llmbatch.ray_job.runner import BatchRunner
+from llmbatch.ray_job.runner_http import APP_NAME, MAX_STATUS_IDS, ROUTE_PREFIX, parse_submission
+from llmbatch.schemas.engines import EngineModel, EngineRegistry
+from llmbatch.schemas.job import JobSpec
 from llmbatch.settings import RaySettings, S3Settings
-from ray_job import node_secrets
-from ray_job.runner import BatchRunner
-from ray_job.runner_http import APP_NAME, MAX_STATUS_IDS, ROUTE_PREFIX, parse_submission
-from schemas.engines import EngineModel, EngineRegistry
-from schemas.job import JobSpec
 from tests.support.clock import Clock
 from tests.support.scripted_http import ScriptedHttpServer
 
@@ -314,8 +314,8 @@ def test_every_batch_reports_its_own_wait_for_an_engine(monkeypatch: pytest.Monk
     import time
     import types
 
-    from ray_job import runner as runner_module
-    from ray_job import serve_engine
+    from llmbatch.ray_job import runner as runner_module
+    from llmbatch.ray_job import serve_engine
 
     clock = Clock()  # the test's own: only waiting for a replica moves it
     monkeypatch.setattr(runner_module, "time", types.SimpleNamespace(perf_counter=clock, time=time.time))

@@ -1,4 +1,5 @@
-"""The batch runner's request parsers (ray_job/runner_http.py): any body is either parsed or one
+"""The batch runner's request parsers (ray_job/llmbatch/ray_job/runner_http.py): any body is either parsed or
+one
 ValueError naming the field, never another exception; the route table (the status-id limit is in
 test_runner_backend, through the runner)."""
 
@@ -12,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ray_job.runner_http import parse_status_ids, parse_submission, route
-from schemas.job import RunnerSubmission
+from llmbatch.ray_job.runner_http import parse_status_ids, parse_submission, route
+from llmbatch.schemas.job import RunnerSubmission
 
 pytestmark = pytest.mark.unit
 T = TypeVar("T")

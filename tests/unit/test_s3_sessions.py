@@ -11,15 +11,15 @@ from typing import Any
 import orjson
 import pytest
 
-from dispatcher.errors import JobRejected
-from dispatcher.minio_policy import batch_policy
-from dispatcher.runner_backend import RunnerClient
-from dispatcher.s3_sessions import JobSessions, SessionMinter
+from llmbatch.dispatcher.errors import JobRejected
+from llmbatch.dispatcher.minio_policy import batch_policy
+from llmbatch.dispatcher.runner_backend import RunnerClient
+from llmbatch.dispatcher.s3_sessions import JobSessions, SessionMinter
+from llmbatch.ray_job.runner import BatchRunner
+from llmbatch.ray_job.runner_http import ROUTE_PREFIX, parse_submission
+from llmbatch.schemas.common import utcnow
+from llmbatch.schemas.job import JobSpec, S3Session
 from llmbatch.settings import S3Settings
-from ray_job.runner import BatchRunner
-from ray_job.runner_http import ROUTE_PREFIX, parse_submission
-from schemas.common import utcnow
-from schemas.job import JobSpec, S3Session
 from tests.support.scripted_http import ScriptedHttpServer
 
 pytestmark = pytest.mark.unit
@@ -138,7 +138,7 @@ def test_a_runner_without_node_keys_refuses_a_batch_without_a_session(
 
 
 def test_an_input_name_no_policy_can_hold_fails_the_batch_before_any_call() -> None:
-    from dispatcher.errors import JobRejected
+    from llmbatch.dispatcher.errors import JobRejected
 
     minter = SessionMinter(S3Settings(endpoint="http://127.0.0.1:9"))  # never reached
     with pytest.raises(JobRejected, match="wildcard"):

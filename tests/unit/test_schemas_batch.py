@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from schemas import (
+from llmbatch.schemas import (
     BatchRequest,
     CancelRequest,
     InlineLimits,
@@ -18,7 +18,7 @@ from schemas import (
     check_submittable,
     parse_batch_request,
 )
-from schemas.errors import Reason
+from llmbatch.schemas.errors import Reason
 
 pytestmark = pytest.mark.unit
 

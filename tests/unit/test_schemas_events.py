@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from schemas import (
+from llmbatch.schemas import (
     EVENT_DATA_MODELS,
     REQUEST_EVENT_TYPES,
     RESULT_EVENT_TYPES,
@@ -251,7 +251,7 @@ def test_dlt_record_binary_encoding_and_round_trip() -> None:
         original_offset=1234567890123,
         original_timestamp_ms=1_700_000_000_000,
         consumer_group="dispatcher",
-        exception_fqcn="schemas.errors.SchemaError",
+        exception_fqcn="llmbatch.schemas.errors.SchemaError",
         exception_message="data.priority: too big",
     )
     headers = record.to_headers()

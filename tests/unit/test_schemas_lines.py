@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemas.lines import count_lines, split_lines
+from llmbatch.schemas.lines import count_lines, split_lines
 
 pytestmark = pytest.mark.unit
 

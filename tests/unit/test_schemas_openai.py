@@ -10,7 +10,7 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
-from schemas import (
+from llmbatch.schemas import (
     BatchInputLine,
     BatchOutputLine,
     ChatCompletionBody,
@@ -23,7 +23,7 @@ from schemas import (
     iter_input_lines,
     parse_input_line,
 )
-from schemas.errors import Reason
+from llmbatch.schemas.errors import Reason
 
 pytestmark = pytest.mark.unit
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas import BatchInputLine, SchemaError, parse_input_line
-from schemas.errors import OPENAI_ERROR_CODES
+from llmbatch.schemas import BatchInputLine, SchemaError, parse_input_line
+from llmbatch.schemas.errors import OPENAI_ERROR_CODES
 
 pytestmark = pytest.mark.unit
 

@@ -15,7 +15,8 @@ from pydantic import ValidationError
 
 from llmbatch.settings import KafkaSettings, LLMBatchSettings, RedisSettings, S3Settings
 from llmbatch.stack import manager
-from llmbatch.stack.process import StackError, alive, free_port, port_open, spawn, stop_tree, wait_until
+from llmbatch.stack.ports import free_port
+from llmbatch.stack.process import StackError, alive, port_open, spawn, stop_tree, wait_until
 from llmbatch.stack.state import ServiceRecord, StackState
 
 pytestmark = pytest.mark.unit

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from llmbatch import demo
+from llmbatch.demo import run as demo
 from llmbatch.stack import state as stack_state
 from llmbatch.stack.cli import app
 from llmbatch.stack.state import ServiceRecord, StackState
@@ -105,7 +105,7 @@ def test_env_sourced_by_bash_points_at_stack_and_carries_dispatcher_settings(
     assert demo.MODEL == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert got["LLMBATCH_JOB__ENGINE_CACHE_DIR"] == str(cache / "engine-cache")
     # what the dispatcher makes of it
-    from dispatcher.settings import DispatcherSettings
+    from llmbatch.dispatcher.settings import DispatcherSettings
 
     for key in [k for k in os.environ if k.startswith("LLMBATCH_")]:
         monkeypatch.delenv(key)

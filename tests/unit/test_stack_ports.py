@@ -25,9 +25,10 @@ from llmbatch.stack.ports import (
     bindable,
     candidate_ranges,
     ephemeral_range,
+    free_port,
+    free_port_range,
     pick,
 )
-from llmbatch.stack.process import free_port, free_port_range
 
 pytestmark = pytest.mark.unit
 

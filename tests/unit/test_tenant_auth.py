@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dispatcher.intake import Accept, Cancel, Reject, classify
+from llmbatch.dispatcher.intake import Accept, Cancel, Reject, classify
+from llmbatch.schemas import dlt as dlt_headers
+from llmbatch.schemas.batch import CancelRequest
+from llmbatch.schemas.cloudevents import Envelope, encode
+from llmbatch.schemas.errors import Reason
+from llmbatch.schemas.tenant_auth import TENANT_SIG, TenantSigner, tenant_signature, verify_tenant_signature
 from llmbatch.settings import LLMBatchSettings, TenantSettings
-from schemas import dlt as dlt_headers
-from schemas.batch import CancelRequest
-from schemas.cloudevents import Envelope, encode
-from schemas.errors import Reason
-from schemas.tenant_auth import TENANT_SIG, TenantSigner, tenant_signature, verify_tenant_signature
 from tests.support.dispatcher_kit import SOURCE, batch_request, origin
 from tests.unit.test_dispatcher_intake import NOW, RULES
 

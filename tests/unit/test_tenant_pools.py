@@ -14,18 +14,18 @@ from hypothesis import strategies as st
 from pydantic import SecretStr, ValidationError
 from typer.testing import CliRunner
 
-from dispatcher.batch_record import BatchRecord
-from dispatcher.cli import app
-from dispatcher.job_options import JobOptions
-from dispatcher.jobspec import build_job_spec
-from dispatcher.keys import Keys
-from dispatcher.minio_policy import policy_name, tenant_policy
-from dispatcher.ray_backend import build_submission
-from dispatcher.runner_backend import takes_short_path
-from dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.dispatcher.batch_record import BatchRecord
+from llmbatch.dispatcher.cli import app
+from llmbatch.dispatcher.job_options import JobOptions
+from llmbatch.dispatcher.jobspec import build_job_spec
+from llmbatch.dispatcher.keys import Keys
+from llmbatch.dispatcher.minio_policy import policy_name, tenant_policy
+from llmbatch.dispatcher.ray_backend import build_submission
+from llmbatch.dispatcher.runner_backend import takes_short_path
+from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.schemas.common import TENANT_PATTERN
+from llmbatch.schemas.job import POOL_SHARE, JobSpec, tenant_pool_resource
 from llmbatch.settings import S3Settings, TenantSettings
-from schemas.common import TENANT_PATTERN
-from schemas.job import POOL_SHARE, JobSpec, tenant_pool_resource
 from tests.support.dispatcher_kit import batch_request, inline_lines, registry, request_message
 
 pytestmark = pytest.mark.unit
@@ -169,9 +169,9 @@ def test_the_pool_resource_is_named_after_the_tenant() -> None:
 
 
 def test_applying_needs_a_secret_long_enough_and_a_server_that_answers() -> None:
-    from dispatcher.errors import PermanentError, StorageUnavailable
-    from dispatcher.minio_admin import SECRET_ENV, apply_tenant_policy
-    from llmbatch.stack.process import free_port
+    from llmbatch.dispatcher.errors import PermanentError, StorageUnavailable
+    from llmbatch.dispatcher.minio_admin import SECRET_ENV, apply_tenant_policy
+    from llmbatch.stack.ports import free_port
 
     nowhere = S3Settings(endpoint=f"http://127.0.0.1:{free_port()}", access_key=SecretStr("admin"),
                          secret_key=SecretStr("admin-secret"))

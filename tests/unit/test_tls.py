@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from dispatcher.engines import runner_env_vars
-from dispatcher.jobspec import build_job_spec
-from dispatcher.keys import Keys
-from dispatcher.ray_backend import build_submission
-from dispatcher.settings import DispatcherSettings
-from dispatcher.store import StateStore
+from llmbatch.dispatcher.engines import runner_env_vars
+from llmbatch.dispatcher.jobspec import build_job_spec
+from llmbatch.dispatcher.keys import Keys
+from llmbatch.dispatcher.ray_backend import build_submission
+from llmbatch.dispatcher.settings import DispatcherSettings
+from llmbatch.dispatcher.store import StateStore
 from llmbatch.settings import KafkaSettings, RedisSettings, S3Settings
 from llmbatch.stack import kafka_broker, services
 from llmbatch.stack.tls import make_local_ca
@@ -120,7 +120,7 @@ def test_a_tls_kafka_listens_sasl_ssl_on_its_pem_keystore(tmp_path: Path) -> Non
 def test_the_job_side_s3_filesystem_trusts_the_ca_bundle(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from ray_job import s3
+    from llmbatch.ray_job import s3
 
     files = make_local_ca(tmp_path)
     seen: dict[str, object] = {}

@@ -1,0 +1,206 @@
+"""Dispatcher errors. Every error says whether retrying the same work can succeed (``retriable``).
+
+Library exceptions (redis, aiokafka, Ray's HTTP client, minio) are translated at the boundary by
+:func:`classify`, so the domain code only ever sees :class:`DispatcherError` subclasses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llmbatch.settings import KafkaSettings
+
+
+class DispatcherError(Exception):
+    """Base class. ``retriable`` tells the caller whether the same call may succeed later."""
+
+    retriable: bool = False
+    code: str = "internal_error"
+
+
+class TransientError(DispatcherError):
+    """A dependency is unavailable or slow; the same operation should be retried with backoff."""
+
+    retriable = True
+    code = "unavailable"
+
+
+class StateStoreUnavailable(TransientError):
+    code = "redis_unavailable"
+
+
+class BrokerUnavailable(TransientError):
+    code = "kafka_unavailable"
+
+
+class RayUnavailable(TransientError):
+    code = "ray_unavailable"
+
+
+class StorageUnavailable(TransientError):
+    code = "storage_unavailable"
+
+
+class PermanentError(DispatcherError):
+    """Retrying the same operation cannot succeed."""
+
+    retriable = False
+
+
+class RecordTooLarge(PermanentError):
+    """The broker (or the producer, before sending) refused a record over the topic's
+    ``max.message.bytes``; the same record never fits, a smaller one may."""
+
+    code = "record_too_large"
+
+
+class RequestUnavailable(PermanentError):
+    """A batch's request body is not in Redis and the requests topic no longer has it."""
+
+    code = "request_gone"
+
+
+class ConflictError(PermanentError):
+    """A compare-and-set lost: the batch moved on (its version or state differs)."""
+
+    code = "conflict"
+
+
+class NotFound(PermanentError):
+    code = "not_found"
+
+
+class KafkaNotAuthorized(PermanentError):
+    """The broker's ACLs refuse this user the operation (a topic, the consumer group, the cluster):
+    retrying cannot help until an admin grants it (``llmbatch dispatcher kafka-acl``)."""
+
+    code = "kafka_not_authorized"
+
+
+class KafkaAuthenticationFailed(PermanentError):
+    """The broker refused the SASL credentials (LLMBATCH_KAFKA__SASL_USERNAME / _PASSWORD)."""
+
+    code = "kafka_authentication_failed"
+
+
+class InvalidSettings(PermanentError):
+    """The settings cannot run a dispatcher (e.g. no model configured); the message says the fix."""
+
+    code = "invalid_settings"
+
+
+class JobRejected(PermanentError):
+    """Ray refused the job submission for a reason that will not change (bad runtime_env, ...)."""
+
+    code = "job_rejected"
+
+
+class ManifestInvalid(DispatcherError):
+    """A finished job left no readable manifest; the job attempt is retried."""
+
+    retriable = True
+    code = "manifest_invalid"
+
+
+_NOT_AUTHORIZED = {
+    "TopicAuthorizationFailedError",
+    "GroupAuthorizationFailedError",
+    "ClusterAuthorizationFailedError",
+    "TransactionalIdAuthorizationFailed",
+}
+
+_TRANSIENT_ERRNOS = {
+    errno.ECONNREFUSED,
+    errno.ECONNRESET,
+    errno.ETIMEDOUT,
+    errno.EPIPE,
+    errno.EHOSTUNREACH,
+    errno.ENETUNREACH,
+    errno.ECONNABORTED,
+}
+
+
+def classify(exc: BaseException, *, default: type[DispatcherError] = TransientError) -> DispatcherError:
+    """Translate a library exception into a :class:`DispatcherError` (already-translated: as is).
+
+    ``default`` is the transient class to use for connection-type failures of the calling boundary
+    (e.g. :class:`StateStoreUnavailable` around Redis calls).
+    """
+    if isinstance(exc, DispatcherError):
+        return exc
+    message = f"{type(exc).__name__}: {exc}"[:500]
+    try:
+        import redis.exceptions as rexc
+
+        if isinstance(
+            exc,
+            rexc.ConnectionError
+            | rexc.TimeoutError
+            | rexc.BusyLoadingError
+            | rexc.TryAgainError
+            | rexc.ClusterDownError,
+        ):
+            return StateStoreUnavailable(message)
+        if isinstance(exc, rexc.ResponseError):
+            text = str(exc)
+            if text.startswith(("LOADING", "BUSY", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERDOWN")):
+                return StateStoreUnavailable(message)
+            return PermanentError(message)
+    except ImportError:  # pragma: no cover - redis is a dependency
+        pass
+    try:
+        from aiokafka.errors import KafkaError
+
+        if isinstance(exc, KafkaError):
+            if type(exc).__name__ in {"MessageSizeTooLargeError", "RecordTooLargeError"}:
+                return RecordTooLarge(message)
+            if type(exc).__name__ in _NOT_AUTHORIZED:
+                return KafkaNotAuthorized(f"Kafka refused it ({message}): the user lacks an ACL; "
+                                          "`llmbatch dispatcher kafka-acl` lists each role's")
+            if type(exc).__name__ in {"SaslAuthenticationFailed", "AuthenticationFailedError"}:
+                return KafkaAuthenticationFailed(message)
+            if getattr(exc, "retriable", False) or type(exc).__name__ in {
+                "KafkaConnectionError",
+                "KafkaTimeoutError",
+                "RequestTimedOutError",
+                "NodeNotReadyError",
+                "NotLeaderForPartitionError",
+                "LeaderNotAvailableError",
+                "NotEnoughReplicasError",
+                "CoordinatorNotAvailableError",
+                "NotCoordinatorError",
+                "UnknownTopicOrPartitionError",
+            }:
+                return BrokerUnavailable(message)
+            return PermanentError(message)
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(exc, asyncio.TimeoutError | TimeoutError | ConnectionError):
+        return default(message)
+    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
+        return default(message)
+    name = type(exc).__name__
+    module = type(exc).__module__ or ""
+    if module.startswith(("requests", "urllib3", "aiohttp")) and (
+        "Connection" in name or "Timeout" in name or "Protocol" in name or "Chunked" in name
+        or name == "MaxRetryError"  # urllib3 gave up retrying (refused connections, repeated 5xx)
+    ):
+        return default(message)
+    return PermanentError(message)
+
+
+async def classify_kafka_start(exc: BaseException, kafka: KafkaSettings) -> DispatcherError:
+    """:func:`classify` for a Kafka client that failed to start. aiokafka reports a refused SASL
+    login as "Unable to bootstrap" (an outage, retried for ever); a direct login says whether the
+    credentials were refused, which is :class:`KafkaAuthenticationFailed` (not retriable)."""
+    error = classify(exc, default=BrokerUnavailable)
+    if error.retriable and kafka.security_protocol.startswith("SASL"):
+        from llmbatch.adapters.kafka import authentication_failure
+
+        why = await authentication_failure(kafka)
+        if why is not None:
+            return KafkaAuthenticationFailed(why)
+    return error

@@ -1,0 +1,95 @@
+"""A fast deterministic engine for tests of everything around the engine (never proof of vLLM).
+
+It answers ``"fake reply to: <last words of the prompt>"`` cut to ``max_tokens`` words, counts
+tokens by whitespace, finishes each request ``fake_delay_s`` after it was added (requests overlap,
+like continuous batching), and fails the requests whose custom_id is in ``fake_fail_custom_ids``
+with an engine error, through the same per-request isolation path as vLLM.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import time
+import zlib
+
+from llmbatch.ray_job.records import Generation, GenRequest, TokenLogprob
+from llmbatch.schemas.job import EngineConfig
+
+DEFAULT_MAX_MODEL_LEN = 2048
+
+
+class FakeEngineError(RuntimeError):
+    """The simulated per-request engine failure."""
+
+
+class FakeBackend:
+    """Same interface as :class:`llmbatch.ray_job.backend_vllm.VllmBackend`."""
+
+    default_max_tokens: int | None = None
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.max_model_len = config.max_model_len or DEFAULT_MAX_MODEL_LEN
+        self._delay = config.fake_delay_s
+        self._fail = frozenset(config.fake_fail_custom_ids)
+        self._pending: list[tuple[float, GenRequest]] = []
+
+    def add(self, request: GenRequest) -> None:
+        if request.custom_id in self._fail:
+            raise FakeEngineError(f"simulated engine failure for {request.custom_id!r}")
+        self._pending.append((time.monotonic() + self._delay, request))
+
+    def abort(self, keys: list[str]) -> None:
+        drop = set(keys)
+        self._pending = [(due, req) for due, req in self._pending if req.key not in drop]
+
+    def has_unfinished(self) -> bool:
+        return bool(self._pending)
+
+    def step(self) -> list[Generation]:
+        if not self._pending:
+            return []
+        now = time.monotonic()
+        first_due = min(due for due, _ in self._pending)
+        if first_due > now:
+            time.sleep(min(first_due - now, 0.05))
+            now = time.monotonic()
+        done = [req for due, req in self._pending if due <= now]
+        self._pending = [(due, req) for due, req in self._pending if due > now]
+        return [fake_generation(req) for req in done]
+
+
+FAKE_EMBEDDING_DIMENSIONS = 8
+
+
+def fake_embedding(token_ids: list[int], dimensions: int = FAKE_EMBEDDING_DIMENSIONS) -> list[float]:
+    """A deterministic unit vector derived from the token ids (equal inputs, equal vectors)."""
+    seed = zlib.crc32(struct.pack(f"<{len(token_ids)}q", *token_ids))
+    raw = [((seed * (i + 1) * 2654435761) % 2001 - 1000) / 1000 + 1e-3 for i in range(dimensions)]
+    norm = math.sqrt(sum(x * x for x in raw))
+    return [x / norm for x in raw]
+
+
+def fake_generation(request: GenRequest) -> Generation:
+    """The deterministic answer to one request."""
+    if "pooling" in request.sampling:
+        dims = int(request.sampling["pooling"].get("dimensions") or FAKE_EMBEDDING_DIMENSIONS)
+        return Generation(request.key, prompt_tokens=len(request.prompt_token_ids),
+                          embedding=fake_embedding(request.prompt_token_ids, dims))
+    words = [w for w in request.prompt_text.split() if not (w.startswith("<") and w.endswith(">"))]
+    reply = ["fake", "reply", "to:", *words[-6:]]
+    limit = int(request.sampling.get("max_tokens") or len(reply))
+    finish = "length" if len(reply) > limit else "stop"
+    reply = reply[:limit]
+    logprobs = None
+    if request.sampling.get("logprobs") is not None:
+        top_k = int(request.sampling["logprobs"])
+        logprobs = [TokenLogprob(w, -0.5, [(w, -0.5)] if top_k else []) for w in reply]
+    return Generation(
+        request.key,
+        text=" ".join(reply),
+        finish_reason=finish,
+        prompt_tokens=len(request.prompt_token_ids),
+        completion_tokens=len(reply),
+        logprobs=logprobs,
+    )

@@ -1,0 +1,289 @@
+"""Warm engines shared by every batch: one Ray Serve application per model of the registry.
+
+Each replica of an application holds one engine (:func:`llmbatch.ray_job.engine_runner.make_backend`: vLLM, or
+the fake for tests, the same code on CPU and GPU) behind an
+:class:`~llmbatch.ray_job.engine_runner.EngineRunner`,
+so the requests of many batches run on it at once (continuous batching across batches). Serve
+routes each call to the least loaded replica, scales the replicas between ``min_replicas`` and
+``max_replicas`` on the calls in flight per replica, removes idle ones after ``idle_s`` (down to
+zero) and replaces a replica whose engine died (``check_health``).
+
+The application is deployed from a Serve config (``import_path: llmbatch.ray_job.serve_engine:build_app``,
+``args: {model, entry}``), by the dispatcher through the dashboard's REST API or by a KubeRay
+RayService; :func:`serve_application` builds that config. Batches reach it through
+:class:`ServeEngine`, a client with the interface of a local engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any, cast
+
+from llmbatch.ray_job import node_secrets
+from llmbatch.ray_job.engine_metrics import EngineMetrics
+from llmbatch.ray_job.engine_runner import EngineRunner, make_backend
+from llmbatch.ray_job.errors import ENGINE_ERROR, EngineDeadError, EngineUnavailableError, RequestFailure
+from llmbatch.ray_job.records import Generation, GenRequest
+from llmbatch.schemas.batch import DEFAULT_PRIORITY
+from llmbatch.schemas.engines import DEPLOYMENT_NAME, EngineModel, app_name
+
+log = logging.getLogger(__name__)
+
+IMPORT_PATH = "llmbatch.ray_job.serve_engine:build_app"
+METRICS_INTERVAL_S = 5.0
+
+
+class EngineServer:
+    """The body of one engine replica (a Serve deployment class; see :func:`build_app`)."""
+
+    def __init__(self, model: str, entry: dict[str, Any]) -> None:
+        spec = EngineModel.model_validate(entry)
+        self.model = model
+        started = time.perf_counter()
+        backend = make_backend(spec.path, spec.engine)
+        self.engine_start_s = time.perf_counter() - started
+        self.ready_at = time.time()
+        self._runner = EngineRunner(backend, max_active=spec.max_active_requests)
+        # runner.generate blocks until its requests finish: one thread per call in flight
+        self._pool = ThreadPoolExecutor(max_workers=spec.scaling.max_ongoing_requests,
+                                        thread_name_prefix="engine-call")
+        self._lock = threading.Lock()
+        self._requests = 0
+        self._completion_tokens = 0
+        self._calls = 0
+        self._in_flight = 0
+        self._last_busy = time.time()
+        self._metrics = EngineMetrics(model)
+        self._metrics.started(self.engine_start_s)
+        if self._metrics.enabled:
+            threading.Thread(target=self._sample_metrics, name="engine-metrics", daemon=True).start()
+        log.info("engine for %s ready in %.1f s", model, self.engine_start_s)
+
+    def idle_s(self) -> float:
+        """Seconds since the replica last had a call in flight (0 while it has one)."""
+        with self._lock:
+            return 0.0 if self._in_flight else time.time() - self._last_busy
+
+    def _sample_metrics(self) -> None:
+        while True:
+            self._metrics.sample(self._runner.stats(), self.idle_s())
+            time.sleep(METRICS_INTERVAL_S)
+
+    def info(self) -> dict[str, Any]:
+        """What a client needs before sending requests (context size, defaults) and engine stats."""
+        backend = self._runner.backend
+        with self._lock:
+            requests, tokens = self._requests, self._completion_tokens
+        stats = self._runner.stats()
+        return {
+            "model": self.model,
+            "max_model_len": backend.max_model_len,
+            "default_max_tokens": backend.default_max_tokens,
+            "engine_start_s": self.engine_start_s,
+            "ready_at": self.ready_at,
+            "requests": requests,
+            "completion_tokens": tokens,
+            "idle_s": self.idle_s(),
+            "queued": stats.queued,
+            "active": stats.active,
+            "preempted": stats.preempted,
+        }
+
+    async def generate(self, requests: list[GenRequest], group: str = "",
+                       priority: int = DEFAULT_PRIORITY) -> list[Generation]:
+        """Run ``requests`` (keys unique within the call) of batch ``group`` on this replica's engine
+        (see :class:`~llmbatch.ray_job.engine_runner.EngineRunner` for how batches share it).
+
+        Calls of different batches run at once and their keys (input line numbers) repeat: each
+        call's keys are made unique on the engine and given back in the answers."""
+        with self._lock:
+            self._calls += 1
+            self._in_flight += 1
+            call = self._calls
+        on_engine = [replace(r, key=f"{call}:{r.key}") for r in requests]
+        loop = asyncio.get_running_loop()
+        try:
+            out: list[Generation] = await loop.run_in_executor(
+                self._pool, lambda: self._runner.generate(on_engine, group=group, priority=priority))
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                self._last_busy = time.time()
+        answers = [replace(g, key=r.key) for g, r in zip(out, requests, strict=True)]
+        tokens = sum(g.completion_tokens for g in answers)
+        with self._lock:
+            self._requests += len(answers)
+            self._completion_tokens += tokens
+        self._metrics.answered(len(answers), tokens)
+        return answers
+
+    def check_health(self) -> None:
+        """Serve calls this periodically; raising makes it replace the replica."""
+        fatal = self._runner.fatal
+        if fatal is not None:
+            raise RuntimeError(f"the engine stopped: {fatal!r}")
+
+
+def deployment_options(entry: EngineModel) -> dict[str, Any]:
+    """Serve deployment options of one model (autoscaling, per-replica limits, resources)."""
+    scaling, res = entry.scaling, entry.resources
+    autoscaling: dict[str, Any] = {
+        "min_replicas": scaling.min_replicas,
+        "max_replicas": scaling.max_replicas,
+        "target_ongoing_requests": scaling.target_ongoing_requests,
+        "downscale_delay_s": scaling.idle_s,
+        "upscale_delay_s": 0.0,
+    }
+    if scaling.initial_replicas is not None:
+        autoscaling["initial_replicas"] = scaling.initial_replicas
+    actor: dict[str, Any] = {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus}
+    if res.resources:
+        actor["resources"] = dict(res.resources)
+    if res.memory:
+        actor["memory"] = res.memory
+    return {
+        "name": DEPLOYMENT_NAME,
+        "autoscaling_config": autoscaling,
+        "max_ongoing_requests": scaling.max_ongoing_requests,
+        "max_queued_requests": scaling.max_queued_requests,
+        "ray_actor_options": actor,
+        "health_check_period_s": 10.0,
+        "health_check_timeout_s": 60.0,
+    }
+
+
+def serve_application(
+    model: str, entry: EngineModel, env_vars: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """One entry of a Serve config's ``applications`` (REST ``PUT /api/serve/applications/`` or a
+    RayService's ``serveConfigV2``): handle-only (no HTTP route), options as in the builder."""
+    deployment = deployment_options(entry)
+    # started without the node's secrets (ray_job.node_secrets), whatever the entry or dispatcher set
+    blanks = node_secrets.withheld(node_secrets.engine_withheld(entry.path))
+    env = {**entry.env_vars, **(env_vars or {}), **blanks}
+    if entry.resources.omp_threads is not None:  # else Ray sets it to the actor's num_cpus
+        env["OMP_NUM_THREADS"] = str(entry.resources.omp_threads)
+    app: dict[str, Any] = {
+        "name": app_name(model),
+        "route_prefix": None,
+        "import_path": IMPORT_PATH,
+        "args": {"model": model, "entry": entry.model_dump(mode="json")},
+        "deployments": [deployment],
+    }
+    if env:
+        app["runtime_env"] = {"env_vars": env}
+    return app
+
+
+def build_app(args: dict[str, Any]) -> Any:
+    """Serve application builder (``import_path``): ``args = {"model": ..., "entry": {...}}``."""
+    from ray import serve
+
+    model = str(args["model"])
+    entry = EngineModel.model_validate(args["entry"])
+    deployment = cast(Any, serve.deployment)(EngineServer).options(**deployment_options(entry))
+    return deployment.bind(model, entry.model_dump(mode="json"))
+
+
+class ServeEngine:
+    """A batch's view of the shared engine of one model: same calls as a local engine.
+
+    ``wait_s`` bounds how long the batch waits for a replica (cold start from zero included)
+    before it gets :class:`EngineUnavailableError`; generation calls then wait their turn in the
+    replica's fair queue for as long as Serve reports the model's application running (a call
+    behind higher-priority batches is waiting, not lost). A call whose replica dies is sent
+    again (Serve routes it to a live or restarted replica) up to ``retries`` times; after that
+    its requests become ``engine_error`` lines, so one bad replica never fails a batch.
+    """
+
+    def __init__(self, app: str, *, wait_s: float = 600.0, retries: int = 3) -> None:
+        from ray import serve
+
+        self.app = app
+        self._wait_s = wait_s
+        self._retries = retries
+        from ray.serve.exceptions import RayServeException
+
+        started = time.perf_counter()
+        try:
+            self._handle = serve.get_deployment_handle(DEPLOYMENT_NAME, app_name=app)
+        except (RayServeException, KeyError) as exc:  # no Serve instance, no such application
+            raise self._unavailable(exc) from exc
+        info = self._call("info", timeout_s=wait_s)
+        self.max_model_len: int = int(info["max_model_len"])
+        self.default_max_tokens: int | None = info["default_max_tokens"]
+        # what this batch waited for an engine (a cold start when the model had scaled to zero)
+        self.engine_start_s: float = time.perf_counter() - started
+        self.ready_at: float = time.time()
+
+    def wait_ready(self) -> None:
+        """Wait (at most ``wait_s``) until a replica answers: a cached handle of a model that scaled
+        to zero or was redeployed since meets a cold start here, not inside its first generation."""
+        self._call("info", timeout_s=self._wait_s)
+
+    def _unavailable(self, exc: BaseException) -> EngineUnavailableError:
+        return EngineUnavailableError(f"the engine {self.app} is unavailable: {exc}"[:2000])
+
+    def _alive(self) -> bool:
+        """Whether Serve reports the model's application running (or deploying)."""
+        from ray import serve
+
+        try:
+            app = serve.status().applications.get(self.app)
+        except Exception as exc:  # the controller did not answer
+            log.warning("no Serve status for %s: %s", self.app, exc)
+            return False
+        return app is not None and str(getattr(app.status, "value", app.status)) in ("RUNNING", "DEPLOYING")
+
+    def _call(self, method: str, *args: Any, timeout_s: float, patient: bool = False) -> Any:
+        """Call ``method`` on a replica. ``patient``: wait beyond ``timeout_s`` for as long as Serve
+        reports the model's application running (the call is waiting its turn, not lost)."""
+        from ray import exceptions as ray_exceptions
+        from ray.serve.exceptions import DeploymentUnavailableError, RayServeException
+
+        try:
+            response = getattr(self._handle, method).remote(*args)
+            while True:
+                try:
+                    return response.result(timeout_s=timeout_s)
+                except TimeoutError:
+                    if not (patient and self._alive()):
+                        raise
+        except TimeoutError as exc:
+            raise EngineUnavailableError(
+                f"no engine of {self.app} answered within {timeout_s:.0f} s"
+            ) from exc
+        except (DeploymentUnavailableError, RayServeException, KeyError) as exc:  # KeyError: no such app
+            raise self._unavailable(exc) from exc
+        except ray_exceptions.RayTaskError as exc:
+            if "EngineDeadError" in str(exc):
+                raise EngineDeadError(str(exc)[:2000]) from exc
+            raise
+
+    def generate(self, requests: list[GenRequest], *, group: str = "",
+                 priority: int = DEFAULT_PRIORITY) -> list[Generation]:
+        """Results in the order of ``requests``; ``group`` (the batch) and ``priority`` decide
+        their turn on the engine."""
+        from ray import exceptions as ray_exceptions
+
+        if not requests:
+            return []
+        last: BaseException | None = None
+        for attempt in range(self._retries + 1):
+            try:
+                # a call may wait its turn behind higher-priority batches for as long as they run
+                out: list[Generation] = self._call("generate", requests, group, priority,
+                                                   timeout_s=self._wait_s, patient=True)
+                return out
+            except (ray_exceptions.RayActorError, EngineDeadError) as exc:
+                last = exc
+                log.warning("engine replica of %s lost during a call (try %d of %d): %s",
+                            self.app, attempt + 1, self._retries + 1, str(exc)[:300])
+                time.sleep(min(2.0**attempt, 10.0))
+        message = f"the engine failed {self._retries + 1} times on these requests: {last!r}"[:1000]
+        return [Generation(r.key, failure=RequestFailure(ENGINE_ERROR, message, None, 500)) for r in requests]
