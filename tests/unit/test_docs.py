@@ -1,4 +1,4 @@
-"""The README's configuration table is generated from the settings models and must be current."""
+"""The settings table of docs/configuration.md is generated from the settings models and must be current."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.unit
 def _leaf_count() -> int:
     from pydantic import BaseModel
 
-    from dispatcher.settings import DispatcherSettings
+    from llmbatch.dispatcher.settings import DispatcherSettings
 
     def count(model: type[BaseModel]) -> int:
         total = 0
@@ -23,7 +23,7 @@ def _leaf_count() -> int:
             total += count(ann) if isinstance(ann, type) and issubclass(ann, BaseModel) else 1
         return total
 
-    from api.settings import ApiOptions
+    from llmbatch.api.settings import ApiOptions
 
     return count(DispatcherSettings) + count(ApiOptions)  # the HTTP API's section too
 
@@ -44,12 +44,13 @@ def test_table_has_one_row_per_setting_with_env_var_and_default() -> None:
     assert "| `LLMBATCH_API__KEYS` | JSON object | `{}` |" in table                # the HTTP API's
 
 
-def test_readme_table_is_current() -> None:
+def test_configuration_table_is_current() -> None:
     text = docs.README.read_text(encoding="utf-8")
     block = docs.current_block(text)
-    assert block is not None, "README.md lost its settings-table markers"
+    assert docs.README.name == "configuration.md" and docs.README.parent.name == "docs"
+    assert block is not None, "docs/configuration.md lost its settings-table markers"
     assert block == docs.settings_table(), (
-        "README.md configuration table is stale: run `python -m llmbatch.docs settings-table --write`"
+        "docs/configuration.md settings table is stale: run `python -m llmbatch.docs settings-table --write`"
     )
 
 
