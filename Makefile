@@ -59,7 +59,7 @@ lint: setup-test
 # As root (CI) the deploy tier is built first and its tests run; otherwise they are skipped, and the
 # run says so (tests/conftest.py).
 test: setup-test lint
-	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory setup-deploy; \
+	@if [ "$$(id -u)" = 0 ]; then bash scripts/bootstrap.sh deploy; \
 	else echo "[test] not root: the deploy tier (tests marked deploy) is skipped; sudo make test-deploy runs it"; fi
 	@rm -f .coverage .coverage.*; $(PY) -m pytest --cov --cov-report= $(if $(filter-out 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; \

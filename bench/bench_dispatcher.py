@@ -43,7 +43,7 @@ from llmbatch.adapters.storage import ensure_buckets, make_client  # noqa: E402
 from llmbatch.adapters.topics import ensure_topics  # noqa: E402
 from llmbatch.dispatcher.job_options import JobOptions  # noqa: E402
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings  # noqa: E402
-from llmbatch.dispatcher.store import StateStore  # noqa: E402
+from llmbatch.dispatcher.state.store import StateStore  # noqa: E402
 from llmbatch.schemas.job import EngineConfig  # noqa: E402
 from llmbatch.settings import LLMBatchSettings, RaySettings, TopicSettings  # noqa: E402
 from llmbatch.stack.ports import free_port  # noqa: E402

@@ -47,7 +47,7 @@ from bench.bench_ray_job import input_lines, prompts, run_plain  # noqa: E402
 
 def deploy_config(ray: Any, model_path: str, omp_threads: int) -> dict[str, Any]:
     """The local dispatcher's Serve config for the model alone (no batch runner)."""
-    from llmbatch.dispatcher.engines import cluster_serve_config
+    from llmbatch.dispatcher.backends.engines import cluster_serve_config
     from llmbatch.dispatcher.settings import DispatcherSettings
     from llmbatch.schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling
     from llmbatch.schemas.job import EngineConfig
@@ -97,7 +97,7 @@ def replica_runs(args: argparse.Namespace, model_path: str, texts: list[str]) ->
 
     import ray
 
-    from llmbatch.dispatcher.serve_api import ServeApi
+    from llmbatch.dispatcher.backends.serve_api import ServeApi
     from llmbatch.ray_job.serve_engine import ServeEngine
     from llmbatch.schemas.engines import app_name
     from llmbatch.stack import manager

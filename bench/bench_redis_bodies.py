@@ -5,7 +5,8 @@ kept on the requests topic only (``LLMBATCH_DISPATCHER__REQUEST_IN_REDIS_MAX_BYT
 
 Starts its own Redis (the stack's binary, a temporary data dir, appendfsync always as in production),
 takes ``--batches`` inline batches of ``--lines`` chat lines each in through the dispatcher's own
-intake path (``llmbatch.dispatcher.intake.classify`` -> ``StateStore.intake_many``), once with every body kept
+intake path (``llmbatch.dispatcher.intake.commands.classify`` -> ``StateStore.intake_many``), once with every
+body kept
 (a limit above any record, the code before) and once with the default 16 KiB limit, each into an empty
 database, and prints ``used_memory`` growth and the intake rate side by side. Not a test.
 """
@@ -27,10 +28,10 @@ if str(ROOT) not in sys.path:
 
 import redis  # noqa: E402
 
-from llmbatch.dispatcher.dlt import OriginalRecord  # noqa: E402
-from llmbatch.dispatcher.intake import Accept, IntakeRules, classify  # noqa: E402
-from llmbatch.dispatcher.keys import Keys  # noqa: E402
-from llmbatch.dispatcher.store import StateStore  # noqa: E402
+from llmbatch.dispatcher.domain.dlt import OriginalRecord  # noqa: E402
+from llmbatch.dispatcher.domain.keys import Keys  # noqa: E402
+from llmbatch.dispatcher.intake.commands import Accept, IntakeRules, classify  # noqa: E402
+from llmbatch.dispatcher.state.store import StateStore  # noqa: E402
 from llmbatch.schemas.batch import InlineLimits  # noqa: E402
 from llmbatch.stack import services  # noqa: E402
 from llmbatch.stack.process import stop_tree  # noqa: E402

@@ -1,4 +1,4 @@
-"""Benchmark: what a runner batch's own S3 session costs (``llmbatch.dispatcher.s3_sessions``).
+"""Benchmark: what a runner batch's own S3 session costs (``llmbatch.dispatcher.backends.s3_sessions``).
 
     .venv/bin/llmbatch stack up minio && eval "$(.venv/bin/llmbatch stack env)"
     .venv/bin/python bench/bench_s3_sessions.py [--batches 200] [--json]
@@ -52,7 +52,7 @@ def main() -> int:
     import os
 
     from bench.bench_ray_job import stack_s3
-    from llmbatch.dispatcher.s3_sessions import SessionMinter
+    from llmbatch.dispatcher.backends.s3_sessions import SessionMinter
     from llmbatch.ray_job import s3
     from llmbatch.schemas.job import JobSpec, output_prefix
     from llmbatch.settings import LLMBatchSettings
@@ -75,7 +75,7 @@ def main() -> int:
 
     import orjson
 
-    from llmbatch.dispatcher.store import StateStore
+    from llmbatch.dispatcher.state.store import StateStore
     from llmbatch.ray_job import s3_session
 
     loop = asyncio.new_event_loop()

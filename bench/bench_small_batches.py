@@ -108,7 +108,7 @@ class Runner:
         at most ``in_flight`` at a time, the next as one ends (the dispatcher's admission); wall time
         from the first submit to the last one finished, plus each manifest."""
         from llmbatch.adapters.storage import get_bytes
-        from llmbatch.dispatcher.runner_backend import RunnerClient
+        from llmbatch.dispatcher.backends.runner_backend import RunnerClient
         from llmbatch.ray_job.submit import submit_kwargs
         from llmbatch.schemas.job import parse_manifest
 
@@ -166,8 +166,8 @@ class Runner:
 
 def deploy(runner: Runner, *, cold: bool) -> str:
     """(Re)deploy the model's shared engine; ``cold`` = at zero replicas (the first call starts one)."""
-    from llmbatch.dispatcher.engines import runner_env_vars, serve_config, summarize
-    from llmbatch.dispatcher.serve_api import ServeApi
+    from llmbatch.dispatcher.backends.engines import runner_env_vars, serve_config, summarize
+    from llmbatch.dispatcher.backends.serve_api import ServeApi
     from llmbatch.ray_job.runner import APP_NAME
     from llmbatch.ray_job.runner import serve_application as runner_application
     from llmbatch.schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
@@ -213,8 +213,8 @@ def deploy(runner: Runner, *, cold: bool) -> str:
 def undeploy(runner: Runner) -> None:
     """Remove the engine and the batch runner (with the proxy options: this deploy may start Serve),
     so no replica holds CPUs or memory beside what runs next."""
-    from llmbatch.dispatcher.engines import serve_config
-    from llmbatch.dispatcher.serve_api import ServeApi
+    from llmbatch.dispatcher.backends.engines import serve_config
+    from llmbatch.dispatcher.backends.serve_api import ServeApi
     from llmbatch.schemas.engines import EngineRegistry
 
     api = ServeApi(runner.settings.ray.address, timeout_s=120)

@@ -22,7 +22,7 @@ from bench.service.scheduling import schedule
 
 if TYPE_CHECKING:
     from llmbatch.demo.run import DispatcherProcess
-    from llmbatch.dispatcher.serve_api import ServeApi
+    from llmbatch.dispatcher.backends.serve_api import ServeApi
     from llmbatch.dispatcher.settings import DispatcherSettings
     from llmbatch.producer import BatchClient
 
@@ -79,8 +79,8 @@ class Service:
 
     async def start(self) -> dict[str, Any]:
         from llmbatch.demo.run import DispatcherProcess, dispatcher_env
+        from llmbatch.dispatcher.backends.serve_api import ServeApi
         from llmbatch.dispatcher.ops.engines_cli import only_llmbatch_env
-        from llmbatch.dispatcher.serve_api import ServeApi
         from llmbatch.dispatcher.settings import DispatcherSettings
         from llmbatch.producer import BatchClient, ensure_topics
         from llmbatch.stack import manager
@@ -149,7 +149,7 @@ class Service:
             say(f"[stack] stopped: {', '.join(stopped)}")
         elif self.api is not None and self.dsettings is not None:
             # a stack we did not start: remove our Serve apps (the engine holds GBs), keep the rest up
-            from llmbatch.dispatcher.engines import serve_config
+            from llmbatch.dispatcher.backends.engines import serve_config
             from llmbatch.schemas.engines import EngineRegistry
 
             with contextlib.suppress(Exception):
@@ -177,7 +177,7 @@ class Service:
     async def cold(self) -> float:
         """Drop the model's engine (its Serve app) and deploy it again at zero replicas, as the
         dispatcher deployed it; the batch runner stays. Returns the seconds it took."""
-        from llmbatch.dispatcher.engines import cluster_serve_config, summarize, without
+        from llmbatch.dispatcher.backends.engines import cluster_serve_config, summarize, without
         from llmbatch.ray_job.runner import APP_NAME
         from llmbatch.stack.model import SERVED_MODEL
 

@@ -125,9 +125,9 @@ class Faults:
         """kill -9 the batch runner's replica (shared engines: Serve starts another, the runs it had
         are lost and the dispatcher runs those batches again), waiting up to ``within`` seconds for
         one to run."""
-        from llmbatch.dispatcher.engines import runner_pids
+        from llmbatch.dispatcher.backends.engines import runner_pids
+        from llmbatch.dispatcher.backends.serve_api import ServeApi
         from llmbatch.dispatcher.errors import DispatcherError
-        from llmbatch.dispatcher.serve_api import ServeApi
 
         api = ServeApi(self.ray_address)
         loop = asyncio.get_running_loop()

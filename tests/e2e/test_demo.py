@@ -17,7 +17,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from llmbatch.dispatcher.serve_api import ServeApi
+from llmbatch.dispatcher.backends.serve_api import ServeApi
 from tests.support.services import ServiceProvider
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]

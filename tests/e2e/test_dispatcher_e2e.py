@@ -27,11 +27,11 @@ from aiokafka import AIOKafkaProducer
 
 from llmbatch.adapters.storage import ensure_buckets, make_client
 from llmbatch.adapters.topics import ensure_topics
+from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import DispatcherError
 from llmbatch.dispatcher.job_options import JobOptions
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
-from llmbatch.dispatcher.states import State
-from llmbatch.dispatcher.store import StateStore
+from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.schemas import dlt as dlt_headers
 from llmbatch.schemas.batch import BatchRequest, CancelRequest
 from llmbatch.schemas.cloudevents import Envelope
@@ -536,9 +536,9 @@ async def test_shared_engine_serves_every_batch_and_unknown_models_are_refused(
     that is not served is dead-lettered."""
     from typer.testing import CliRunner
 
-    from llmbatch.dispatcher.engines import replica_pids
+    from llmbatch.dispatcher.backends.engines import replica_pids
+    from llmbatch.dispatcher.backends.serve_api import ServeApi
     from llmbatch.dispatcher.ops.engines_cli import app as engines_app
-    from llmbatch.dispatcher.serve_api import ServeApi
     from llmbatch.schemas.engines import ReplicaResources, Scaling
     from tests.support.dispatcher_kit import MODEL
 
@@ -613,7 +613,7 @@ async def test_a_ray_head_restart_loses_jobs_runs_and_engines_which_all_come_bac
     Two batches run when it goes: one as a Ray job (on the shared engine), one on the batch runner. The
     dispatcher (tracker leader) finds the job lost, deploys the engines and the runner again, and both
     batches run again and complete, each answered once with every custom_id once."""
-    from llmbatch.dispatcher.serve_api import ServeApi
+    from llmbatch.dispatcher.backends.serve_api import ServeApi
     from llmbatch.ray_job.runner import APP_NAME
     from llmbatch.schemas.engines import ReplicaResources, Scaling
     from tests.support.dispatcher_kit import MODEL
@@ -693,8 +693,8 @@ async def test_the_shared_path_keeps_exactly_once_resume_cancel_and_deadline(
     import os
     import signal
 
-    from llmbatch.dispatcher.engines import runner_pids
-    from llmbatch.dispatcher.serve_api import ServeApi
+    from llmbatch.dispatcher.backends.engines import runner_pids
+    from llmbatch.dispatcher.backends.serve_api import ServeApi
     from llmbatch.schemas.engines import ReplicaResources, Scaling
     from tests.support.dispatcher_kit import MODEL
 

@@ -96,7 +96,7 @@ async def test_an_embedding_batch_through_the_http_api_matches_the_model_run_dir
     from openai import OpenAI
     from openai.types import Batch, CreateEmbeddingResponse
 
-    from llmbatch.dispatcher.serve_api import ServeApi
+    from llmbatch.dispatcher.backends.serve_api import ServeApi
     from llmbatch.stack.model import EMBEDDING_MODEL
 
     await ensure_topics(embedding_settings)

@@ -28,10 +28,10 @@ from typer.testing import CliRunner
 from llmbatch.adapters.storage import ensure_buckets, make_client, put_bytes
 from llmbatch.adapters.topics import ensure_topics
 from llmbatch.cli import app
+from llmbatch.dispatcher.domain.keys import Keys
 from llmbatch.dispatcher.job_options import JobOptions
-from llmbatch.dispatcher.keys import Keys
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
-from llmbatch.dispatcher.store import StateStore
+from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.schemas import dlt
 from llmbatch.schemas.dlt import ReplayInfo
 from llmbatch.schemas.events import EventType

@@ -21,8 +21,8 @@ from pydantic import SecretStr
 
 from llmbatch.adapters.storage import make_client
 from llmbatch.adapters.topics import ensure_topics
-from llmbatch.dispatcher.keys import Keys
-from llmbatch.dispatcher.redis_acl import Role, acl_lines
+from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.dispatcher.security.redis_acl import Role, acl_lines
 from llmbatch.schemas.events import EventType
 from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings
 from llmbatch.stack import services

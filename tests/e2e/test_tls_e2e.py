@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
 async def test_batches_run_with_every_hop_encrypted_and_plaintext_is_refused(tmp_path: Path) -> None:
-    from llmbatch.dispatcher.serve_api import ServeApi
+    from llmbatch.dispatcher.backends.serve_api import ServeApi
 
     run = tmp_path / "stack"
     try:

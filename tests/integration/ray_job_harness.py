@@ -17,9 +17,9 @@ import orjson
 from minio import Minio
 from ray.job_submission import JobStatus, JobSubmissionClient
 
-from llmbatch.dispatcher.ray_http import auth_headers
-from llmbatch.dispatcher.s3_sessions import JobSessions, SessionMinter
-from llmbatch.dispatcher.store import StateStore
+from llmbatch.dispatcher.backends.ray_http import auth_headers
+from llmbatch.dispatcher.backends.s3_sessions import JobSessions, SessionMinter
+from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.ray_job import node_secrets
 from llmbatch.ray_job.engine_env import engine_env
 from llmbatch.ray_job.submit import SessionRef, parse_result, runtime_env, submit_kwargs
@@ -144,7 +144,7 @@ class Harness:
 
     def issue_session(self, spec: JobSpec) -> SessionRef:
         """``spec``'s S3 session, minted by the real MinIO's STS and kept in the real Redis by the
-        dispatcher's own code (:class:`llmbatch.dispatcher.s3_sessions.JobSessions`)."""
+        dispatcher's own code (:class:`llmbatch.dispatcher.backends.s3_sessions.JobSessions`)."""
 
         async def issue() -> SessionRef:
             store = StateStore.from_url(self.redis.url, password=self.redis.effective_password())

@@ -1,6 +1,7 @@
 """The short path on a real Ray head: the batch runner (a Serve application behind Serve's HTTP proxy)
 runs small batches on the shared engine with MinIO and Redis, as the dispatcher drives it (through
-:class:`~llmbatch.dispatcher.runner_backend.RunnerClient`). The engine replica runs the fake engine."""
+:class:`~llmbatch.dispatcher.backends.runner_backend.RunnerClient`). The engine replica runs the fake
+engine."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ from typing import Any
 import pytest
 import redis
 
-from llmbatch.dispatcher.backend import JobInfo, JobState
-from llmbatch.dispatcher.engines import cluster_serve_config, replica_pids, summarize
-from llmbatch.dispatcher.runner_backend import RunnerClient
-from llmbatch.dispatcher.s3_sessions import SessionMinter
-from llmbatch.dispatcher.serve_api import ServeApi
+from llmbatch.dispatcher.backends.backend import JobInfo, JobState
+from llmbatch.dispatcher.backends.engines import cluster_serve_config, replica_pids, summarize
+from llmbatch.dispatcher.backends.runner_backend import RunnerClient
+from llmbatch.dispatcher.backends.s3_sessions import SessionMinter
+from llmbatch.dispatcher.backends.serve_api import ServeApi
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.ray_job import node_secrets
 from llmbatch.ray_job.errors import ExitCode

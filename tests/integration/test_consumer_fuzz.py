@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmbatch.dispatcher.intake import Reject, classify
-from llmbatch.dispatcher.states import State
+from llmbatch.dispatcher.domain.states import State
+from llmbatch.dispatcher.intake.commands import Reject, classify
 from llmbatch.schemas import dlt as dlt_headers
 from llmbatch.settings import LLMBatchSettings
 from tests.support.consumer_harness import Harness, make_settings

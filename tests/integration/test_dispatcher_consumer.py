@@ -17,14 +17,14 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from llmbatch.adapters.topics import ensure_topics
-from llmbatch.dispatcher.dlt import OriginalRecord
-from llmbatch.dispatcher.intake import Accept
-from llmbatch.dispatcher.keys import Keys
-from llmbatch.dispatcher.record_reader import RecordReader
-from llmbatch.dispatcher.request_body import RequestBodies
+from llmbatch.dispatcher.domain.dlt import OriginalRecord
+from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.dispatcher.domain.states import State
+from llmbatch.dispatcher.intake.commands import Accept
+from llmbatch.dispatcher.kafka.record_reader import RecordReader
+from llmbatch.dispatcher.kafka.request_body import RequestBodies
 from llmbatch.dispatcher.settings import DispatcherSettings
-from llmbatch.dispatcher.states import State
-from llmbatch.dispatcher.store import StateStore
+from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.schemas import dlt as dlt_headers
 from llmbatch.schemas.batch import CancelRequest, InlineLimits
 from llmbatch.schemas.common import BatchStatus
@@ -632,10 +632,10 @@ async def test_a_request_body_kept_on_the_topic_only_is_read_back_at_launch_or_i
     from aiokafka import TopicPartition
     from aiokafka.admin import RecordsToDelete
 
+    from llmbatch.dispatcher.domain.events import Outcome
     from llmbatch.dispatcher.errors import RequestUnavailable
-    from llmbatch.dispatcher.events import Outcome
-    from llmbatch.dispatcher.publisher import late_dead_letter
-    from llmbatch.dispatcher.tracker import Tracker
+    from llmbatch.dispatcher.kafka.publisher import late_dead_letter
+    from llmbatch.dispatcher.runs.tracker import Tracker
 
     s = make_settings(settings, request_in_redis_max_bytes=4096)
     h = Harness(s)
@@ -682,8 +682,8 @@ async def test_the_reconcile_pass_takes_in_again_the_batches_whose_state_redis_l
     """Accepted batches whose Redis state is gone (a lost disk, a lagging failover, a flush) are found
     from the results topic and taken in again from their request records, as they were; an ended
     batch and one Redis still knows are left alone."""
-    from llmbatch.dispatcher.publisher import TerminalPublisher
-    from llmbatch.dispatcher.reconcile import Reconciler
+    from llmbatch.dispatcher.intake.reconcile import Reconciler
+    from llmbatch.dispatcher.kafka.publisher import TerminalPublisher
 
     tag = uuid.uuid4().hex[:6]
     kept, done = batch_request(f"kept-{tag}"), batch_request(f"done-{tag}")
@@ -728,9 +728,9 @@ async def test_a_lost_batch_whose_request_left_the_topic_still_ends_in_one_termi
     from aiokafka import TopicPartition
     from aiokafka.admin import RecordsToDelete
 
-    from llmbatch.dispatcher.publisher import TerminalPublisher
-    from llmbatch.dispatcher.reconcile import Reconciler
-    from llmbatch.dispatcher.tracker import Tracker
+    from llmbatch.dispatcher.intake.reconcile import Reconciler
+    from llmbatch.dispatcher.kafka.publisher import TerminalPublisher
+    from llmbatch.dispatcher.runs.tracker import Tracker
 
     lost = batch_request(f"gone-{uuid.uuid4().hex[:6]}", metadata={"k": "v"})
     await harness.send([request_message(lost)])
@@ -825,7 +825,7 @@ async def test_a_redelivery_sends_the_lost_accepted_event_with_its_original_time
     """The dispatcher died after the intake and before 'accepted' went out, and the tracker launched the
     batch meanwhile: the redelivered record sends 'accepted' again, with the acceptance time Redis
     kept (not the time of the redelivery) and its stable id."""
-    from llmbatch.dispatcher.intake import classify, intake_rules
+    from llmbatch.dispatcher.intake.commands import classify, intake_rules
 
     request = batch_request(f"lost-acc-{uuid.uuid4().hex[:6]}")
     message = request_message(request, event_id=f"ev-{request.batch_id}")

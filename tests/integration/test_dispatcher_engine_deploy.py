@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from llmbatch.dispatcher.backends.serve_api import ServeApi
 from llmbatch.dispatcher.errors import DispatcherError
-from llmbatch.dispatcher.serve_api import ServeApi
 from llmbatch.dispatcher.service import Dispatcher
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.ray_job.runner_http import APP_NAME as RUNNER_APP

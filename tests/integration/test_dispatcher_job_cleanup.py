@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from llmbatch.dispatcher import store_upkeep
-from llmbatch.dispatcher.batch_record import BatchRecord
+from llmbatch.dispatcher.domain.batch_record import BatchRecord
+from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import JobRejected, RayUnavailable
-from llmbatch.dispatcher.job_cleanup import CHECK, JobCleanup
+from llmbatch.dispatcher.runs.job_cleanup import CHECK, JobCleanup
 from llmbatch.dispatcher.settings import DispatcherSettings
-from llmbatch.dispatcher.states import State
-from llmbatch.dispatcher.store import StateStore
+from llmbatch.dispatcher.state import store_upkeep
+from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.settings import RaySettings, RedisSettings
 from tests.support.clock import Clock
 from tests.support.dispatcher_kit import wait_for
@@ -150,7 +150,7 @@ async def test_a_job_deleted_the_moment_it_ended_is_written_back_by_ray_and_dele
     write back must still leave the head clean, and up to 6 jobs are tried until one is written back."""
     from ray.job_submission import JobSubmissionClient
 
-    from llmbatch.dispatcher.ray_backend import RayJobsBackend
+    from llmbatch.dispatcher.backends.ray_backend import RayJobsBackend
 
     settings = DispatcherSettings(
         _env_file=None,  # type: ignore[call-arg]

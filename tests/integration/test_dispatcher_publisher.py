@@ -15,14 +15,14 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from llmbatch.adapters.topics import ensure_topics
-from llmbatch.dispatcher.dlt import OriginalRecord
-from llmbatch.dispatcher.events import Outcome, terminal_fields
-from llmbatch.dispatcher.intake import Accept, IntakeRules, classify
-from llmbatch.dispatcher.keys import Keys
+from llmbatch.dispatcher.domain.dlt import OriginalRecord
+from llmbatch.dispatcher.domain.events import Outcome, terminal_fields
+from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.dispatcher.domain.states import State
+from llmbatch.dispatcher.intake.commands import Accept, IntakeRules, classify
+from llmbatch.dispatcher.kafka.publisher import EventProducer, TerminalPublisher
 from llmbatch.dispatcher.metrics import Metrics
-from llmbatch.dispatcher.publisher import EventProducer, TerminalPublisher
-from llmbatch.dispatcher.states import State
-from llmbatch.dispatcher.store import StateStore
+from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.schemas import dlt as dlt_headers
 from llmbatch.schemas.batch import InlineLimits
 from llmbatch.schemas.dlt import DltReason

@@ -12,7 +12,7 @@ from minio import Minio
 from pydantic import SecretStr
 
 from llmbatch.dispatcher.errors import ManifestInvalid, StorageUnavailable
-from llmbatch.dispatcher.results import ResultStore
+from llmbatch.dispatcher.runs.results import ResultStore
 from llmbatch.schemas.job import MANIFEST_NAME, Manifest, Timings
 from llmbatch.settings import S3Settings
 

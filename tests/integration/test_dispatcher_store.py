@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from llmbatch.dispatcher.batch_record import IntakeItem
+from llmbatch.dispatcher.domain.batch_record import IntakeItem
+from llmbatch.dispatcher.domain.states import State, TransitionError
 from llmbatch.dispatcher.errors import StateStoreUnavailable
-from llmbatch.dispatcher.states import State, TransitionError
-from llmbatch.dispatcher.store import StateStore
+from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.settings import RedisSettings
 from tests.support.clock import Clock
 from tests.support.scratch_store import scratch_store

@@ -15,22 +15,22 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from llmbatch.dispatcher import states
-from llmbatch.dispatcher.backend import JobInfo, JobState, SubmitResult
-from llmbatch.dispatcher.batch_record import BatchRecord, IntakeItem
+from llmbatch.dispatcher.backends.backend import JobInfo, JobState, SubmitResult
+from llmbatch.dispatcher.backends.runner_backend import takes_short_path
+from llmbatch.dispatcher.domain import states
+from llmbatch.dispatcher.domain.batch_record import BatchRecord, IntakeItem
+from llmbatch.dispatcher.domain.keys import Keys, batch_key
+from llmbatch.dispatcher.domain.scheduler import ready_score
+from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import RayUnavailable
-from llmbatch.dispatcher.intake import intake_fields
+from llmbatch.dispatcher.intake.commands import intake_fields
 from llmbatch.dispatcher.job_options import JobOptions
-from llmbatch.dispatcher.jobspec import results_prefix
-from llmbatch.dispatcher.keys import Keys, batch_key
 from llmbatch.dispatcher.metrics import Metrics
-from llmbatch.dispatcher.results import Shards
-from llmbatch.dispatcher.runner_backend import takes_short_path
-from llmbatch.dispatcher.scheduler import ready_score
+from llmbatch.dispatcher.runs.jobspec import results_prefix
+from llmbatch.dispatcher.runs.results import Shards
+from llmbatch.dispatcher.runs.tracker import Tracker
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
-from llmbatch.dispatcher.states import State
-from llmbatch.dispatcher.store import StateStore
-from llmbatch.dispatcher.tracker import Tracker
+from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.schemas.engines import EngineModel, EngineRegistry, Scaling
 from llmbatch.schemas.job import EngineConfig, JobSpec
 from llmbatch.settings import RaySettings, RedisSettings
@@ -256,7 +256,7 @@ async def test_an_outage_met_by_every_launch_is_logged_once_not_per_tick(
     jobs.submit = s3_down  # type: ignore[method-assign]
     counted = tracker.metrics.transient_errors.labels(component="s3")
     before = counted._value.get()
-    with caplog.at_level(logging.WARNING, logger="llmbatch.dispatcher.tracker"):
+    with caplog.at_level(logging.WARNING, logger="llmbatch.dispatcher.runs.tracker"):
         for _ in range(4):
             await tracker.launch()
     said = [r.getMessage() for r in caplog.records if "postponed" in r.getMessage()]
@@ -281,7 +281,7 @@ async def test_a_python_that_exits_2_is_retried_not_taken_for_an_invalid_spec(
 ) -> None:
     """Exit 2 is Python's own usage error (here: an interpreter that rejects ``-P``), a problem of the
     cluster: the attempt is retried instead of failing the batch as an invalid spec (real Ray job)."""
-    from llmbatch.dispatcher.ray_backend import RayJobsBackend
+    from llmbatch.dispatcher.backends.ray_backend import RayJobsBackend
 
     python = tmp_path / "old-python"
     python.write_text("#!/bin/sh\necho 'Unknown option: -P' >&2\nexit 2\n")
@@ -324,7 +324,7 @@ async def test_a_batch_id_used_again_after_its_record_is_gone_is_a_new_lifecycle
     is a new lifecycle: another Ray submission id and results prefix, so Ray's "already exists" cannot
     hand it the old job's outcome and it never reads the old shards. The finished job of the first
     lifecycle is deleted from the head once its terminal event is out (a running one cannot be)."""
-    from llmbatch.dispatcher.ray_backend import RayJobsBackend
+    from llmbatch.dispatcher.backends.ray_backend import RayJobsBackend
 
     python = tmp_path / "slow-python"
     python.write_text("#!/bin/sh\nexec sleep 8\n")
@@ -481,8 +481,8 @@ class NoResults:
 async def test_a_cancel_of_a_queued_retry_finishes_it_at_the_next_tick(redis_settings: RedisSettings) -> None:
     """A batch waiting in the queue for its retry (attempt 1 failed, backoff running) is cancelled by
     the next tick, not when the queue reaches it."""
-    from llmbatch.dispatcher.cancel import apply_cancel
-    from llmbatch.dispatcher.intake import Cancel
+    from llmbatch.dispatcher.intake.cancel import apply_cancel
+    from llmbatch.dispatcher.intake.commands import Cancel
     from llmbatch.schemas.batch import CancelRequest
 
     prefix = f"t{uuid.uuid4().hex[:8]}"

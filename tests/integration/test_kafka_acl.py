@@ -30,10 +30,10 @@ from pydantic import SecretStr
 from llmbatch.adapters.errors import AuthenticationFailed, NotAuthorized, TopicMissing
 from llmbatch.adapters.kafka import Publisher, follow_events
 from llmbatch.adapters.topics import check_topic_sizes, ensure_topics
-from llmbatch.dispatcher.dlt import OriginalRecord, build_dead_letter
+from llmbatch.dispatcher.domain.dlt import OriginalRecord, build_dead_letter
 from llmbatch.dispatcher.errors import KafkaAuthenticationFailed
+from llmbatch.dispatcher.kafka.publisher import EventProducer
 from llmbatch.dispatcher.ops.dlq_reader import read_dead_letters
-from llmbatch.dispatcher.publisher import EventProducer
 from llmbatch.schemas.batch import CancelRequest
 from llmbatch.schemas.cloudevents import Envelope
 from llmbatch.schemas.events import BatchAccepted

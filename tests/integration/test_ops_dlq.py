@@ -1,7 +1,7 @@
 """``llmbatch dlq list|inspect|replay`` against real Kafka and Redis (no dispatcher running).
 
 Dead letters are produced exactly as the dispatcher writes them
-(``llmbatch.dispatcher.dlt.build_dead_letter``:
+(``llmbatch.dispatcher.domain.dlt.build_dead_letter``:
 original record + Spring Kafka ``kafka_dlt-*`` headers + ``llmbatch-dlt-reason``); batch states come
 from the dispatcher's state store. The end-to-end replay (dispatcher reopens and completes the
 batch) is in tests/e2e/test_ops_replay_e2e.py.
@@ -22,13 +22,13 @@ from typer.testing import CliRunner
 
 from llmbatch.adapters.topics import ensure_topics
 from llmbatch.cli import app
-from llmbatch.dispatcher.batch_record import IntakeItem
-from llmbatch.dispatcher.dlt import OriginalRecord, build_dead_letter
-from llmbatch.dispatcher.events import Outcome, terminal_fields
-from llmbatch.dispatcher.intake import intake_fields
-from llmbatch.dispatcher.keys import Keys
-from llmbatch.dispatcher.states import State
-from llmbatch.dispatcher.store import StateStore
+from llmbatch.dispatcher.domain.batch_record import IntakeItem
+from llmbatch.dispatcher.domain.dlt import OriginalRecord, build_dead_letter
+from llmbatch.dispatcher.domain.events import Outcome, terminal_fields
+from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.dispatcher.domain.states import State
+from llmbatch.dispatcher.intake.commands import intake_fields
+from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.schemas import dlt
 from llmbatch.schemas.dlt import ReplayInfo
 from llmbatch.settings import LLMBatchSettings, TopicSettings

@@ -22,12 +22,12 @@ from typer.testing import CliRunner
 
 from llmbatch.adapters.topics import ensure_topics
 from llmbatch.cli import app
-from llmbatch.dispatcher.batch_record import IntakeItem
-from llmbatch.dispatcher.events import Outcome, terminal_fields
-from llmbatch.dispatcher.intake import intake_fields
-from llmbatch.dispatcher.keys import Keys, batch_key
-from llmbatch.dispatcher.states import State
-from llmbatch.dispatcher.store import StateStore
+from llmbatch.dispatcher.domain.batch_record import IntakeItem
+from llmbatch.dispatcher.domain.events import Outcome, terminal_fields
+from llmbatch.dispatcher.domain.keys import Keys, batch_key
+from llmbatch.dispatcher.domain.states import State
+from llmbatch.dispatcher.intake.commands import intake_fields
+from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.schemas.batch import CancelRequest
 from llmbatch.schemas.cloudevents import decode
 from llmbatch.schemas.events import EventType

@@ -12,16 +12,16 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from llmbatch.dispatcher.backend import JobState
+from llmbatch.dispatcher.backends.backend import JobState
+from llmbatch.dispatcher.backends.ray_backend import RayJobsBackend
+from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import RayUnavailable
 from llmbatch.dispatcher.job_options import JobOptions
-from llmbatch.dispatcher.keys import Keys
 from llmbatch.dispatcher.metrics import Metrics
-from llmbatch.dispatcher.ray_backend import RayJobsBackend
+from llmbatch.dispatcher.runs.tracker import Tracker
 from llmbatch.dispatcher.settings import DispatcherSettings
-from llmbatch.dispatcher.states import State
-from llmbatch.dispatcher.store import StateStore
-from llmbatch.dispatcher.tracker import Tracker
+from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.schemas.engines import EngineModel, EngineRegistry
 from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import RaySettings, RedisSettings
@@ -98,7 +98,7 @@ async def test_the_serve_api_on_a_head_with_token_auth_sends_the_token(head: Pri
     """The dispatcher deploys and reads its engines through the dashboard's Serve API: on a head with
     token auth it must send the token there too (it used to send none: 401, taken for a refused config).
     A wrong token is an outage, as for jobs."""
-    from llmbatch.dispatcher.serve_api import ServeApi
+    from llmbatch.dispatcher.backends.serve_api import ServeApi
 
     details = await ServeApi.of(RaySettings(address=head.address, auth_token=SecretStr(TOKEN))).status()
     assert "applications" in details

@@ -14,9 +14,9 @@ import pytest
 import redis
 from pyarrow import fs as pafs
 
-from llmbatch.dispatcher.batch_record import IntakeItem
-from llmbatch.dispatcher.states import State
-from llmbatch.dispatcher.store import StateStore
+from llmbatch.dispatcher.domain.batch_record import IntakeItem
+from llmbatch.dispatcher.domain.states import State
+from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.ray_job import main as job_main
 from llmbatch.ray_job import rows
 from llmbatch.ray_job.errors import ExitCode

@@ -6,7 +6,8 @@ Two engine starts in all (each costs 50-90 s here), one per way a job can reach 
   starts a vLLM engine of its own (the path without shared engines);
 * shared engine: the module deploys the model's shared engine once, as the dispatcher does (a Ray
   Serve application of :mod:`llmbatch.ray_job.serve_engine`, deployed from
-  :func:`llmbatch.dispatcher.engines.serve_config` through :class:`llmbatch.dispatcher.serve_api.ServeApi`),
+  :func:`llmbatch.dispatcher.backends.engines.serve_config` through
+  :class:`llmbatch.dispatcher.backends.serve_api.ServeApi`),
   and the
   20-line file and the stop + resume tests run their jobs on it (``spec.engine_app``). Each of them
   checks on the replica that its requests ran there and that no engine was started or replaced.
@@ -31,8 +32,8 @@ import orjson
 import pytest
 from ray.job_submission import JobStatus
 
-from llmbatch.dispatcher.engines import replica_pids, serve_config
-from llmbatch.dispatcher.serve_api import ServeApi
+from llmbatch.dispatcher.backends.engines import replica_pids, serve_config
+from llmbatch.dispatcher.backends.serve_api import ServeApi
 from llmbatch.schemas.common import BatchStatus
 from llmbatch.schemas.engines import (
     DEPLOYMENT_NAME,

@@ -11,7 +11,7 @@ import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
 
-from llmbatch.dispatcher.record_reader import RecordReader
+from llmbatch.dispatcher.kafka.record_reader import RecordReader
 from llmbatch.schemas.events import RecordRef
 from llmbatch.settings import KafkaSettings
 from tests.support.dispatcher_kit import wait_for

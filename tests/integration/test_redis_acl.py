@@ -18,12 +18,12 @@ import redis
 import redis.asyncio as aioredis
 from redis.exceptions import NoPermissionError
 
+from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import StateStoreUnavailable
-from llmbatch.dispatcher.keys import Keys
 from llmbatch.dispatcher.ops.jobs import get_job, list_jobs
-from llmbatch.dispatcher.redis_acl import acl_lines
-from llmbatch.dispatcher.states import State
-from llmbatch.dispatcher.store import StateStore
+from llmbatch.dispatcher.security.redis_acl import acl_lines
+from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.ray_job import s3_session
 from llmbatch.ray_job.progress import Counters, Progress
 from llmbatch.stack import services

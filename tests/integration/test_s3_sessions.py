@@ -12,11 +12,11 @@ from minio import Minio
 from pyarrow import fs as pafs
 from pydantic import SecretStr
 
+from llmbatch.dispatcher.backends.ray_backend import RayJobsBackend
+from llmbatch.dispatcher.backends.s3_sessions import JobSessions, SessionMinter
 from llmbatch.dispatcher.errors import JobRejected, RayUnavailable, StorageUnavailable
-from llmbatch.dispatcher.ray_backend import RayJobsBackend
-from llmbatch.dispatcher.s3_sessions import JobSessions, SessionMinter
 from llmbatch.dispatcher.settings import DispatcherSettings
-from llmbatch.dispatcher.store import StateStore
+from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.ray_job import s3
 from llmbatch.ray_job.errors import InputNotFoundError
 from llmbatch.schemas.job import JobSpec, output_prefix

@@ -22,8 +22,8 @@ import psutil
 import pytest
 from ray.job_submission import JobStatus, JobSubmissionClient
 
-from llmbatch.dispatcher.engines import replica_pids, serve_config, summarize
-from llmbatch.dispatcher.serve_api import ServeApi
+from llmbatch.dispatcher.backends.engines import replica_pids, serve_config, summarize
+from llmbatch.dispatcher.backends.serve_api import ServeApi
 from llmbatch.schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
 from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import RaySettings

@@ -24,10 +24,10 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from llmbatch.dispatcher.batch_record import IntakeItem
-from llmbatch.dispatcher.keys import BatchKey
-from llmbatch.dispatcher.states import State
-from llmbatch.dispatcher.store import StateStore
+from llmbatch.dispatcher.domain.batch_record import IntakeItem
+from llmbatch.dispatcher.domain.keys import BatchKey
+from llmbatch.dispatcher.domain.states import State
+from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.settings import RedisSettings
 from tests.support.clock import Clock
 from tests.support.scratch_store import scratch_store

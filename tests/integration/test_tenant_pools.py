@@ -40,7 +40,7 @@ from pydantic import SecretStr
 from ray.job_submission import JobStatus
 
 from llmbatch.dispatcher.errors import PermanentError
-from llmbatch.dispatcher.minio_admin import apply_tenant_policy, pool_user
+from llmbatch.dispatcher.security.minio_admin import apply_tenant_policy, pool_user
 from llmbatch.ray_job.errors import ExitCode
 from llmbatch.ray_job.s3 import path_of
 from llmbatch.ray_job.submit import parse_result

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from llmbatch.dispatcher.keys import batch_key
-from llmbatch.dispatcher.states import State
+from llmbatch.dispatcher.domain.keys import batch_key
+from llmbatch.dispatcher.domain.states import State
 from llmbatch.producer.client import BatchClient, ClientOptions
 from llmbatch.schemas import dlt as dlt_headers
 from llmbatch.schemas.batch import CancelRequest

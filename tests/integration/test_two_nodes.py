@@ -4,7 +4,8 @@ A private head (``--resources '{}'``: no ``llmbatch_engine``) and, joined with `
 --address``, a worker node carrying ``{"llmbatch_engine": 2}``, each with its own ports and temp
 dir, both stopped by PID. The registry's model asks for ``{"llmbatch_engine": 1}`` per replica
 (two replicas) and is deployed the way the dispatcher deploys it (the Serve REST config of
-:func:`llmbatch.dispatcher.engines.cluster_serve_config`: the model's engine app plus the batch runner).
+:func:`llmbatch.dispatcher.backends.engines.cluster_serve_config`: the model's engine app plus the batch
+runner).
 
 - Before the worker joins, nothing can hold an engine: the runner is RUNNING on the head but the
   engine replicas wait for a node (their actors PENDING_CREATION, asking for ``llmbatch_engine``)
@@ -36,11 +37,11 @@ from typing import Any
 import psutil
 import pytest
 
-from llmbatch.dispatcher.backend import JobInfo, JobState
-from llmbatch.dispatcher.engines import cluster_serve_config, summarize
-from llmbatch.dispatcher.runner_backend import RunnerClient
-from llmbatch.dispatcher.s3_sessions import SessionMinter
-from llmbatch.dispatcher.serve_api import ServeApi
+from llmbatch.dispatcher.backends.backend import JobInfo, JobState
+from llmbatch.dispatcher.backends.engines import cluster_serve_config, summarize
+from llmbatch.dispatcher.backends.runner_backend import RunnerClient
+from llmbatch.dispatcher.backends.s3_sessions import SessionMinter
+from llmbatch.dispatcher.backends.serve_api import ServeApi
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.ray_job.errors import ExitCode
 from llmbatch.ray_job.runner_http import APP_NAME as RUNNER_APP

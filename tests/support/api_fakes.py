@@ -13,12 +13,12 @@ from typing import IO, Any
 from llmbatch.adapters.errors import BrokerUnavailable
 from llmbatch.adapters.kafka import Published
 from llmbatch.api.storage import CHUNK_BYTES, ObjectMissing
-from llmbatch.dispatcher.batch_record import BatchRecord
-from llmbatch.dispatcher.dlt import OriginalRecord
-from llmbatch.dispatcher.events import Outcome, terminal_fields
-from llmbatch.dispatcher.intake import intake_fields
-from llmbatch.dispatcher.keys import BatchKey, batch_key, split_batch_key
-from llmbatch.dispatcher.states import State
+from llmbatch.dispatcher.domain.batch_record import BatchRecord
+from llmbatch.dispatcher.domain.dlt import OriginalRecord
+from llmbatch.dispatcher.domain.events import Outcome, terminal_fields
+from llmbatch.dispatcher.domain.keys import BatchKey, batch_key, split_batch_key
+from llmbatch.dispatcher.domain.states import State
+from llmbatch.dispatcher.intake.commands import intake_fields
 from llmbatch.schemas import REQUEST_EVENT_TYPES, BatchRequest, Envelope, decode, encode
 from tests.support.clock import Clock
 

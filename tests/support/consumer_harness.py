@@ -12,12 +12,12 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from llmbatch.adapters.topics import ensure_topics
-from llmbatch.dispatcher.consumer import RequestConsumer
-from llmbatch.dispatcher.keys import Keys
+from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.dispatcher.intake.consumer import RequestConsumer
+from llmbatch.dispatcher.kafka.publisher import EventProducer
 from llmbatch.dispatcher.metrics import Metrics
-from llmbatch.dispatcher.publisher import EventProducer
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
-from llmbatch.dispatcher.store import StateStore
+from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.settings import LLMBatchSettings, RedisSettings, TopicSettings
 from tests.support.dispatcher_kit import TopicReader, assert_task_alive, registry
 

@@ -7,8 +7,8 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from llmbatch.dispatcher.keys import Keys
-from llmbatch.dispatcher.store import StateStore
+from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.dispatcher.state.store import StateStore
 
 
 @contextlib.asynccontextmanager

@@ -13,8 +13,8 @@ from llmbatch.api.errors import AuthenticationFailed, RateLimited
 from llmbatch.api.records import FILE_PREFIX, Layout, RecordStore, StoredBatch, StoredFile, new_id
 from llmbatch.api.settings import ApiOptions, ApiSettings
 from llmbatch.api.status import error_file_id, output_file_id
-from llmbatch.dispatcher.events import Outcome
-from llmbatch.dispatcher.states import State
+from llmbatch.dispatcher.domain.events import Outcome
+from llmbatch.dispatcher.domain.states import State
 from tests.support.api_fakes import KEYS, ApiHarness, MemoryObjectStore, chat_line, jsonl, make_api
 
 pytestmark = pytest.mark.unit

@@ -10,8 +10,8 @@ import pytest
 
 from llmbatch.api.records import BATCH_ID
 from llmbatch.api.status import output_file_id
-from llmbatch.dispatcher.events import Outcome
-from llmbatch.dispatcher.states import State
+from llmbatch.dispatcher.domain.events import Outcome
+from llmbatch.dispatcher.domain.states import State
 from llmbatch.schemas import BatchRequest, CancelRequest, EventType
 from tests.support.api_fakes import (
     INPUT_BUCKET,

@@ -13,8 +13,8 @@ from llmbatch.api.files import clean_filename
 from llmbatch.api.records import FILE_ID
 from llmbatch.api.results import concatenate
 from llmbatch.api.status import error_file_id, output_file_id
-from llmbatch.dispatcher.events import Outcome
-from llmbatch.dispatcher.states import State
+from llmbatch.dispatcher.domain.events import Outcome
+from llmbatch.dispatcher.domain.states import State
 from tests.support.api_fakes import INPUT_BUCKET, ApiHarness, MemoryObjectStore, chat_line, jsonl, make_api
 
 pytestmark = pytest.mark.unit

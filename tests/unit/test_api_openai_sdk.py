@@ -12,8 +12,8 @@ import pytest
 from openai.types import Batch, FileObject
 
 from llmbatch.api.status import output_file_id
-from llmbatch.dispatcher.events import Outcome
-from llmbatch.dispatcher.states import State
+from llmbatch.dispatcher.domain.events import Outcome
+from llmbatch.dispatcher.domain.states import State
 from llmbatch.schemas import BatchRequest, CancelRequest
 from tests.support.api_fakes import KEYS, MODEL, ApiHarness, chat_line, jsonl, make_api
 

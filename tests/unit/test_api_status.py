@@ -13,9 +13,9 @@ import pytest
 from llmbatch.api.objects import Batch
 from llmbatch.api.records import BATCH_PREFIX, StoredBatch, new_id
 from llmbatch.api.status import error_file_id, openai_status, output_file_id, to_batch
-from llmbatch.dispatcher.events import Outcome
+from llmbatch.dispatcher.domain.events import Outcome
+from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.ops.jobs import detail_of
-from llmbatch.dispatcher.states import State
 from llmbatch.schemas import BatchRequest, Envelope, Manifest, encode
 from tests.support.api_fakes import MemoryDispatcher
 

@@ -10,8 +10,8 @@ import pytest
 
 from llmbatch.chaos.verdict import Kind
 from llmbatch.chaos.workload import MALFORMED_KINDS, workload
-from llmbatch.dispatcher.dlt import OriginalRecord
-from llmbatch.dispatcher.intake import Accept, Cancel, IntakeRules, Reject, classify
+from llmbatch.dispatcher.domain.dlt import OriginalRecord
+from llmbatch.dispatcher.intake.commands import Accept, Cancel, IntakeRules, Reject, classify
 from llmbatch.schemas.batch import InlineLimits
 from tests.support.dispatcher_kit import MODEL
 

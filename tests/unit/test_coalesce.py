@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from llmbatch.dispatcher.coalesce import Coalescer
+from llmbatch.dispatcher.domain.coalesce import Coalescer
 
 pytestmark = pytest.mark.unit
 

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from llmbatch.dispatcher.engines import cluster_serve_config
+from llmbatch.dispatcher.backends.engines import cluster_serve_config
 from llmbatch.dispatcher.ops import engines_cli
 from llmbatch.ray_job import node_secrets
 from tests.support.scripts import load_script
@@ -1303,7 +1303,7 @@ def _mounted(container: dict[str, Any], pod: dict[str, Any], path: str) -> str:
 def test_ray_https_puts_a_tls_front_before_the_dashboard_and_tls_on_serves_proxy(
     renders: dict[str, list[dict[str, Any]]],
 ) -> None:
-    from llmbatch.dispatcher.engines import cluster_serve_config
+    from llmbatch.dispatcher.backends.engines import cluster_serve_config
     from llmbatch.stack import tls_front
 
     objects = renders["gpu-prod+ray-https"]

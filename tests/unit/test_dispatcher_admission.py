@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmbatch.dispatcher.scheduler import Admission, EngineLoad, engine_capacity, window_requests
+from llmbatch.dispatcher.domain.scheduler import Admission, EngineLoad, engine_capacity, window_requests
 from llmbatch.dispatcher.settings import OWN_ENGINE_IN_FLIGHT, SHARED_IN_FLIGHT, DispatcherOptions
 from llmbatch.schemas.engines import EngineModel
 from llmbatch.schemas.job import EngineConfig

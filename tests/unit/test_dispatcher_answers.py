@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from llmbatch.dispatcher.answers import duplicate_answer, failure_answer, rejection_answer
-from llmbatch.dispatcher.batch_record import IntakeResult
-from llmbatch.dispatcher.intake import Accept, IntakeRules, Reject, classify
-from llmbatch.dispatcher.record_retry import GaveUp
-from llmbatch.dispatcher.states import State
+from llmbatch.dispatcher.domain.batch_record import IntakeResult
+from llmbatch.dispatcher.domain.states import State
+from llmbatch.dispatcher.intake.answers import duplicate_answer, failure_answer, rejection_answer
+from llmbatch.dispatcher.intake.commands import Accept, IntakeRules, Reject, classify
+from llmbatch.dispatcher.intake.record_retry import GaveUp
 from llmbatch.schemas.cloudevents import decode, encode
 from llmbatch.schemas.events import RESULT_EVENT_TYPES, BatchRejected, EventType, RecordRef
 from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, origin, request_message

@@ -8,7 +8,10 @@ import sys
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from llmbatch.dispatcher.batch_record import BatchRecord
+from llmbatch.dispatcher.backends.ray_backend import _status_code, build_submission
+from llmbatch.dispatcher.domain.batch_record import BatchRecord
+from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import (
     BrokerUnavailable,
     PermanentError,
@@ -17,11 +20,8 @@ from llmbatch.dispatcher.errors import (
     classify,
 )
 from llmbatch.dispatcher.job_options import JobOptions
-from llmbatch.dispatcher.jobspec import build_job_spec
-from llmbatch.dispatcher.keys import Keys
-from llmbatch.dispatcher.ray_backend import _status_code, build_submission
+from llmbatch.dispatcher.runs.jobspec import build_job_spec
 from llmbatch.dispatcher.settings import DispatcherSettings
-from llmbatch.dispatcher.states import State
 from llmbatch.schemas.engines import EngineModel, EngineRegistry, UnknownModelError
 from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import RedisSettings, S3Settings

@@ -14,17 +14,19 @@ import pytest
 from aiokafka.errors import KafkaConnectionError, RequestTimedOutError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from llmbatch.dispatcher import cancel_scan, intake, states
-from llmbatch.dispatcher.batch_record import BatchRecord, TransitionResult
-from llmbatch.dispatcher.cancel_scan import CancelScanner
+from llmbatch.dispatcher.domain import states
+from llmbatch.dispatcher.domain.batch_record import BatchRecord, TransitionResult
+from llmbatch.dispatcher.domain.keys import BatchKey, batch_key
+from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import BrokerUnavailable, StateStoreUnavailable
-from llmbatch.dispatcher.intake import IntakeRules
-from llmbatch.dispatcher.keys import BatchKey, batch_key
+from llmbatch.dispatcher.intake import cancel_scan
+from llmbatch.dispatcher.intake import commands as intake
+from llmbatch.dispatcher.intake.cancel_scan import CancelScanner
+from llmbatch.dispatcher.intake.commands import IntakeRules
+from llmbatch.dispatcher.kafka.side_consumer import side_consumer
 from llmbatch.dispatcher.metrics import Metrics
 from llmbatch.dispatcher.settings import DispatcherSettings
-from llmbatch.dispatcher.side_consumer import side_consumer
-from llmbatch.dispatcher.states import State
-from llmbatch.dispatcher.store import StateStore
+from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.schemas.batch import CancelRequest
 from llmbatch.settings import MIN_MESSAGE_BYTES, KafkaSettings, TopicSettings
 from tests.support.dispatcher_kit import MODEL, SOURCE, batch_request, request_message

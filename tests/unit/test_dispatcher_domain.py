@@ -6,10 +6,10 @@ import itertools
 
 import pytest
 
-from llmbatch.dispatcher import states
-from llmbatch.dispatcher.retry import AttemptPolicy, Backoff
-from llmbatch.dispatcher.scheduler import Backpressure, launch_slots, ready_score
-from llmbatch.dispatcher.states import State
+from llmbatch.dispatcher.domain import states
+from llmbatch.dispatcher.domain.retry import AttemptPolicy, Backoff
+from llmbatch.dispatcher.domain.scheduler import Backpressure, launch_slots, ready_score
+from llmbatch.dispatcher.domain.states import State
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from llmbatch.dispatcher.input_sizes import InputSizes
+from llmbatch.dispatcher.backends.input_sizes import InputSizes
 from llmbatch.dispatcher.settings import DispatcherSettings
 from tests.support.clock import Clock
 
@@ -61,7 +61,7 @@ def test_the_memory_is_bounded_and_forgets_the_oldest() -> None:
 def test_the_tracker_and_the_runner_backend_share_one_memory() -> None:
     """Admission (does the batch need a job slot?) and submission (which route?) ask the same cache:
     one S3 HEAD per file batch, and the route it was admitted for."""
-    from llmbatch.dispatcher.runner_backend import RoutedBackend
+    from llmbatch.dispatcher.backends.runner_backend import RoutedBackend
     from llmbatch.dispatcher.service import Dispatcher
 
     async def build() -> tuple[object, object]:

@@ -12,9 +12,9 @@ from datetime import UTC, datetime, timedelta
 import orjson
 import pytest
 
-from llmbatch.dispatcher.batch_record import BatchRecord
-from llmbatch.dispatcher.dlt import OriginalRecord, build_dead_letter
-from llmbatch.dispatcher.events import (
+from llmbatch.dispatcher.domain.batch_record import BatchRecord
+from llmbatch.dispatcher.domain.dlt import OriginalRecord, build_dead_letter
+from llmbatch.dispatcher.domain.events import (
     Outcome,
     accepted_event_id,
     build_accepted,
@@ -23,8 +23,8 @@ from llmbatch.dispatcher.events import (
     terminal_event_id,
     terminal_fields,
 )
-from llmbatch.dispatcher.intake import Accept, Cancel, IntakeRules, Reject, classify, lifecycle_of
-from llmbatch.dispatcher.states import State
+from llmbatch.dispatcher.domain.states import State
+from llmbatch.dispatcher.intake.commands import Accept, Cancel, IntakeRules, Reject, classify, lifecycle_of
 from llmbatch.schemas import dlt as dlt_headers
 from llmbatch.schemas.batch import BatchRequest, CancelRequest, InlineLimits
 from llmbatch.schemas.cloudevents import decode, encode
@@ -478,7 +478,7 @@ def test_an_input_outside_the_tenants_prefix_is_rejected_naming_field_and_fix(ke
 
 
 def test_the_settings_turn_the_tenant_prefix_rule_on_by_default() -> None:
-    from llmbatch.dispatcher.intake import intake_rules
+    from llmbatch.dispatcher.intake.commands import intake_rules
     from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 
     assert intake_rules(DispatcherSettings(_env_file=None)).inputs_under_tenant_prefix  # type: ignore[call-arg]

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmbatch.dispatcher.batch_record import BatchRecord
-from llmbatch.dispatcher.keys import DEFAULT_TENANT, Keys, batch_key, split_batch_key
-from llmbatch.dispatcher.states import State
+from llmbatch.dispatcher.domain.batch_record import BatchRecord
+from llmbatch.dispatcher.domain.keys import DEFAULT_TENANT, Keys, batch_key, split_batch_key
+from llmbatch.dispatcher.domain.states import State
 from llmbatch.schemas.common import BATCH_ID_PATTERN, TENANT_PATTERN
 
 pytestmark = pytest.mark.unit

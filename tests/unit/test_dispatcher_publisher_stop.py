@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from llmbatch.dispatcher.publisher import EventProducer
+from llmbatch.dispatcher.kafka.publisher import EventProducer
 from llmbatch.settings import KafkaSettings
 
 pytestmark = pytest.mark.unit

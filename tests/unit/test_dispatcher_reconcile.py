@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from llmbatch.dispatcher.batch_record import BatchRecord
-from llmbatch.dispatcher.events import build_accepted
-from llmbatch.dispatcher.intake import Accept, IntakeRules, classify
-from llmbatch.dispatcher.reconcile import unfinished
-from llmbatch.dispatcher.states import State
+from llmbatch.dispatcher.domain.batch_record import BatchRecord
+from llmbatch.dispatcher.domain.events import build_accepted
+from llmbatch.dispatcher.domain.states import State
+from llmbatch.dispatcher.intake.commands import Accept, IntakeRules, classify
+from llmbatch.dispatcher.intake.reconcile import unfinished
 from llmbatch.schemas.cloudevents import Envelope
 from llmbatch.schemas.events import BatchCancelled, BatchProgress, RecordRef
 from tests.support.dispatcher_kit import MODEL, batch_request, origin, request_message

@@ -16,7 +16,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from pydantic import ValidationError
 
 from llmbatch.adapters.topics import topic_configs
-from llmbatch.dispatcher.dlt import (
+from llmbatch.dispatcher.domain.dlt import (
     REDUCED_HEADERS_BYTES,
     DeadLetter,
     build_dead_letter,
@@ -24,12 +24,12 @@ from llmbatch.dispatcher.dlt import (
     record_size,
     reduce_dead_letter,
 )
+from llmbatch.dispatcher.domain.retry import Backoff
 from llmbatch.dispatcher.errors import PermanentError, RecordTooLarge, StateStoreUnavailable, classify
+from llmbatch.dispatcher.intake.record_retry import Abandoned, GaveUp, RecordRetry, failure_letter
 from llmbatch.dispatcher.metrics import Metrics
 from llmbatch.dispatcher.ops.dlq_reader import DeadLetterView
 from llmbatch.dispatcher.ops.replay import Decision, plan
-from llmbatch.dispatcher.record_retry import Abandoned, GaveUp, RecordRetry, failure_letter
-from llmbatch.dispatcher.retry import Backoff
 from llmbatch.dispatcher.settings import DispatcherOptions
 from llmbatch.schemas import dlt as dlt_headers
 from llmbatch.schemas.batch import InlineLimits
@@ -262,7 +262,7 @@ async def test_an_outage_is_logged_once_per_change_of_state_not_per_try(
             raise StateStoreUnavailable("redis down")
         return "ok"
 
-    with caplog.at_level("INFO", logger="llmbatch.dispatcher.record_retry"):
+    with caplog.at_level("INFO", logger="llmbatch.dispatcher.intake.record_retry"):
         assert await retry.run("intake", flaky, 0, max_attempts=3) == "ok"
     lines = [r.getMessage() for r in caplog.records]
     assert lines[0].startswith("dependency unavailable")

@@ -13,21 +13,21 @@ import pytest
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
-from llmbatch.dispatcher.backend import EXIT_ENGINE_UNAVAILABLE, SubmitResult
-from llmbatch.dispatcher.batch_record import BatchRecord, TransitionResult
+from llmbatch.dispatcher.backends.backend import EXIT_ENGINE_UNAVAILABLE, SubmitResult
 from llmbatch.dispatcher.cli import app
-from llmbatch.dispatcher.dlt import OriginalRecord
+from llmbatch.dispatcher.domain.batch_record import BatchRecord, TransitionResult
+from llmbatch.dispatcher.domain.dlt import OriginalRecord
+from llmbatch.dispatcher.domain.events import Outcome
+from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import InvalidSettings
-from llmbatch.dispatcher.events import Outcome
-from llmbatch.dispatcher.keys import Keys
+from llmbatch.dispatcher.kafka.request_body import RequestBodies
 from llmbatch.dispatcher.metrics import Metrics
-from llmbatch.dispatcher.request_body import RequestBodies
-from llmbatch.dispatcher.results import Shards
+from llmbatch.dispatcher.runs.results import Shards
+from llmbatch.dispatcher.runs.tracker import Tracker
 from llmbatch.dispatcher.service import Dispatcher
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.dispatcher.settings_loader import SettingsInvalid, describe_settings_error, load_settings
-from llmbatch.dispatcher.states import State
-from llmbatch.dispatcher.tracker import Tracker
 from llmbatch.schemas.engines import EngineRegistry
 from llmbatch.schemas.events import RecordRef
 from llmbatch.schemas.job import JobSpec
@@ -346,7 +346,7 @@ async def test_shared_engines_put_the_models_serve_app_in_the_spec() -> None:
 
 
 async def test_no_engine_in_time_fails_the_batch_once_without_retrying() -> None:
-    from llmbatch.dispatcher.backend import JobInfo, JobState
+    from llmbatch.dispatcher.backends.backend import JobInfo, JobState
 
     t, store, _ = tracker(registry(path="/models/smollm2"))
     message = "no engine of llmbatch-engine-x answered"
@@ -360,7 +360,7 @@ async def test_no_engine_in_time_fails_the_batch_once_without_retrying() -> None
 async def test_a_failed_jobs_public_message_carries_no_driver_log() -> None:
     """Ray appends up to 20 kB of the driver's output to a failed job's message; what the job printed
     (prompts, paths, tokens) must not reach the failed event, the dead letter or Redis."""
-    from llmbatch.dispatcher.backend import JobInfo, JobState
+    from llmbatch.dispatcher.backends.backend import JobInfo, JobState
 
     t, store, _ = tracker(registry(path="/models/smollm2"))
     t.checks.policy = t.checks.policy.__class__(max_attempts=1, backoff=t.checks.policy.backoff)
@@ -375,7 +375,7 @@ async def test_a_failed_jobs_public_message_carries_no_driver_log() -> None:
 
 
 def test_ray_message_summary() -> None:
-    from llmbatch.dispatcher.outcomes import RAY_SUMMARY_CHARS, ray_message_summary
+    from llmbatch.dispatcher.runs.outcomes import RAY_SUMMARY_CHARS, ray_message_summary
 
     assert ray_message_summary(None) == "" and ray_message_summary("") == ""
     assert ray_message_summary("Job was intentionally stopped.") == "Job was intentionally stopped."

@@ -9,7 +9,7 @@ import urllib3
 from minio.error import InvalidResponseError, S3Error, ServerError
 
 from llmbatch.dispatcher.errors import PermanentError, StorageUnavailable
-from llmbatch.dispatcher.results import ResultStore
+from llmbatch.dispatcher.runs.results import ResultStore
 from llmbatch.settings import S3Settings
 
 pytestmark = pytest.mark.unit

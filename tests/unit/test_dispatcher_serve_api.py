@@ -8,8 +8,8 @@ import asyncio
 import orjson
 import pytest
 
+from llmbatch.dispatcher.backends.serve_api import PATH, ServeApi
 from llmbatch.dispatcher.errors import PermanentError, RayUnavailable
-from llmbatch.dispatcher.serve_api import PATH, ServeApi
 from llmbatch.stack.ports import free_port
 from tests.support.scripted_http import ScriptedHttpServer
 

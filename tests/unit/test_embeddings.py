@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmbatch.dispatcher.intake_checks import check_served
+from llmbatch.dispatcher.intake.intake_checks import check_served
 from llmbatch.ray_job import rows
 from llmbatch.ray_job.engine import EngineStage
 from llmbatch.ray_job.formatting import embedding_body, encode_embedding

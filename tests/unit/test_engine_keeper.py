@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-import llmbatch.dispatcher.engine_keeper as keeper_module
-from llmbatch.dispatcher.runner_backend import RunnerClient
-from llmbatch.dispatcher.serve_api import PATH
+import llmbatch.dispatcher.runs.engine_keeper as keeper_module
+from llmbatch.dispatcher.backends.runner_backend import RunnerClient
+from llmbatch.dispatcher.backends.serve_api import PATH
 from llmbatch.dispatcher.service import Dispatcher
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.ray_job.runner import ROUTE_PREFIX

@@ -11,7 +11,7 @@ import yaml
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from llmbatch.dispatcher.engines import (
+from llmbatch.dispatcher.backends.engines import (
     cluster_serve_config,
     config_lost,
     replica_pids,
@@ -312,7 +312,7 @@ def test_render_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_list_rows_show_figures_or_dashes() -> None:
-    from llmbatch.dispatcher.engines import EngineStatus, with_figures
+    from llmbatch.dispatcher.backends.engines import EngineStatus, with_figures
 
     rows = [EngineStatus(model="a", app="x", status="RUNNING"),
             EngineStatus(model="b", app="y", status="RUNNING")]

@@ -11,10 +11,10 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from llmbatch.dispatcher.answers import failure_answer, minimal_answer, rejection_answer
-from llmbatch.dispatcher.intake import Accept, Cancel, IntakeRules, Reject, classify
-from llmbatch.dispatcher.intake_checks import claimed_tenant
-from llmbatch.dispatcher.record_retry import GaveUp
+from llmbatch.dispatcher.intake.answers import failure_answer, minimal_answer, rejection_answer
+from llmbatch.dispatcher.intake.commands import Accept, Cancel, IntakeRules, Reject, classify
+from llmbatch.dispatcher.intake.intake_checks import claimed_tenant
+from llmbatch.dispatcher.intake.record_retry import GaveUp
 from llmbatch.schemas.cloudevents import decode, encode
 from llmbatch.schemas.events import RESULT_EVENT_TYPES, BatchRejected
 from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, origin, request_message

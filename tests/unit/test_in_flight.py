@@ -13,16 +13,21 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from llmbatch.dispatcher.backend import EXIT_ENGINE_UNAVAILABLE, EXIT_INPUT_NOT_FOUND, JobInfo, JobState
-from llmbatch.dispatcher.batch_record import BatchRecord, TransitionResult
-from llmbatch.dispatcher.events import Outcome
-from llmbatch.dispatcher.in_flight import HEARTBEAT, InFlight
-from llmbatch.dispatcher.keys import Keys
+from llmbatch.dispatcher.backends.backend import (
+    EXIT_ENGINE_UNAVAILABLE,
+    EXIT_INPUT_NOT_FOUND,
+    JobInfo,
+    JobState,
+)
+from llmbatch.dispatcher.domain.batch_record import BatchRecord, TransitionResult
+from llmbatch.dispatcher.domain.events import Outcome
+from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.metrics import Metrics
-from llmbatch.dispatcher.outcomes import OutcomeReader
-from llmbatch.dispatcher.results import Shards
+from llmbatch.dispatcher.runs.in_flight import HEARTBEAT, InFlight
+from llmbatch.dispatcher.runs.outcomes import OutcomeReader
+from llmbatch.dispatcher.runs.results import Shards
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
-from llmbatch.dispatcher.states import State
 from llmbatch.settings import RedisSettings
 from tests.support.dispatcher_kit import batch_request, inline_lines, request_message
 

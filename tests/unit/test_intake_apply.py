@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from llmbatch.dispatcher.batch_record import BatchRecord, IntakeItem, IntakeResult
+from llmbatch.dispatcher.domain.batch_record import BatchRecord, IntakeItem, IntakeResult
+from llmbatch.dispatcher.domain.keys import BatchKey
+from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import DispatcherError, PermanentError, StateStoreUnavailable
-from llmbatch.dispatcher.intake import Accept, Command, Reject, classify, intake_rules
-from llmbatch.dispatcher.intake_apply import IntakeApplier
-from llmbatch.dispatcher.keys import BatchKey
+from llmbatch.dispatcher.intake.commands import Accept, Command, Reject, classify, intake_rules
+from llmbatch.dispatcher.intake.intake_apply import IntakeApplier
 from llmbatch.dispatcher.metrics import Metrics
 from llmbatch.dispatcher.settings import DispatcherSettings
-from llmbatch.dispatcher.states import State
 from llmbatch.schemas import EventType
 from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, origin, registry, request_message
 

@@ -22,7 +22,7 @@ from llmbatch.adapters.errors import NotAuthorized
 from llmbatch.adapters.kafka import Publisher
 from llmbatch.dispatcher.cli import app
 from llmbatch.dispatcher.errors import KafkaAuthenticationFailed, KafkaNotAuthorized, classify
-from llmbatch.dispatcher.kafka_acl import ROLES, AclBinding, acl_bindings, render, role_grants
+from llmbatch.dispatcher.security.kafka_acl import ROLES, AclBinding, acl_bindings, render, role_grants
 from llmbatch.schemas.batch import CancelRequest
 from llmbatch.schemas.cloudevents import Envelope
 from llmbatch.settings import KafkaSettings, TopicSettings

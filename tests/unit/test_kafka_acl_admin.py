@@ -23,15 +23,15 @@ from aiokafka.protocol.admin import (
     DescribeAclsResponse_v1,
 )
 
-from llmbatch.dispatcher import kafka_acl_admin
 from llmbatch.dispatcher.errors import (
     BrokerUnavailable,
     KafkaAuthenticationFailed,
     KafkaNotAuthorized,
     PermanentError,
 )
-from llmbatch.dispatcher.kafka_acl import AclBinding, acl_bindings
-from llmbatch.dispatcher.kafka_acl_admin import apply_bindings
+from llmbatch.dispatcher.security import kafka_acl_admin
+from llmbatch.dispatcher.security.kafka_acl import AclBinding, acl_bindings
+from llmbatch.dispatcher.security.kafka_acl_admin import apply_bindings
 from llmbatch.settings import KafkaSettings, TopicSettings
 
 pytestmark = pytest.mark.unit

@@ -13,19 +13,19 @@ from typing import Any
 
 import pytest
 
-from llmbatch.dispatcher.backend import SubmitResult
-from llmbatch.dispatcher.batch_record import BatchRecord, TransitionResult
+from llmbatch.dispatcher.backends.backend import SubmitResult
+from llmbatch.dispatcher.domain.batch_record import BatchRecord, TransitionResult
+from llmbatch.dispatcher.domain.events import Outcome
+from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import JobRejected
-from llmbatch.dispatcher.events import Outcome
-from llmbatch.dispatcher.intake import Accept, classify, intake_rules
-from llmbatch.dispatcher.keys import Keys
-from llmbatch.dispatcher.launcher import STOP_FIELDS, Launcher
+from llmbatch.dispatcher.intake.commands import Accept, classify, intake_rules
+from llmbatch.dispatcher.kafka.request_body import RequestBodies
 from llmbatch.dispatcher.metrics import Metrics
-from llmbatch.dispatcher.outcomes import OutcomeReader
-from llmbatch.dispatcher.request_body import RequestBodies
-from llmbatch.dispatcher.results import Shards
+from llmbatch.dispatcher.runs.launcher import STOP_FIELDS, Launcher
+from llmbatch.dispatcher.runs.outcomes import OutcomeReader
+from llmbatch.dispatcher.runs.results import Shards
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
-from llmbatch.dispatcher.states import State
 from llmbatch.schemas.job import JobSpec
 from llmbatch.settings import TenantSettings
 from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, origin, registry, request_message

@@ -24,11 +24,13 @@ UNITS = [ROOT, *(ROOT / unit for unit in ("schemas", "adapters", "producer", "ra
 TRANSPORT_LIBS = {"redis", "aiokafka", "ray", "httpx", "minio", "vllm", "fastapi", "uvicorn", "pyarrow",
                   "urllib3", "boto3", "s3fs"}
 TRANSPORT_MODULES = {f"llmbatch.dispatcher.{m}" for m in (
-    "store", "consumer", "publisher", "ray_backend", "results", "runner_backend", "record_reader", "service",
-    "http", "intake_apply", "engine_keeper")}
+    "state.store", "intake.consumer", "kafka.publisher", "backends.ray_backend", "runs.results",
+    "backends.runner_backend", "kafka.record_reader", "service", "http", "intake.intake_apply",
+    "runs.engine_keeper")}
 PURE_DOMAIN = [f"llmbatch.dispatcher.{m}" for m in (
-    "states", "retry", "scheduler", "intake", "intake_checks", "dlt", "events", "jobspec", "batch_record",
-    "keys", "coalesce", "request_body", "answers")]
+    "domain.states", "domain.retry", "domain.scheduler", "domain.dlt", "domain.events", "domain.batch_record",
+    "domain.keys", "domain.coalesce", "intake.commands", "intake.intake_checks", "intake.answers",
+    "runs.jobspec", "kafka.request_body")]
 
 
 def _name(unit: Path, path: Path) -> str:
@@ -106,11 +108,13 @@ def test_the_pure_domain_loads_no_transport(module: str) -> None:
 
 
 def test_the_walk_finds_a_library_behind_first_party_hops_and_skips_lazy_imports() -> None:
-    path = load_path("llmbatch.dispatcher.in_flight", {"redis"})
-    assert path is not None and path[0] == "llmbatch.dispatcher.in_flight" and path[-1].startswith("redis")
+    start = "llmbatch.dispatcher.runs.in_flight"
+    path = load_path(start, {"redis"})
+    assert path is not None and path[0] == start and path[-1].startswith("redis")
     assert len(path) > 2  # through the store, not imported by in_flight itself
-    assert "redis" not in {n.split(".")[0] for n in imports("llmbatch.dispatcher.in_flight")}
+    assert "redis" not in {n.split(".")[0] for n in imports("llmbatch.dispatcher.runs.in_flight")}
     # llmbatch.dispatcher.errors imports redis and aiokafka inside classify() only
     assert load_path("llmbatch.dispatcher.errors", TRANSPORT_LIBS) is None
     # request_body names the Kafka reader for type checkers only
-    assert load_path("llmbatch.dispatcher.request_body", {"llmbatch.dispatcher.record_reader"}) is None
+    reader = "llmbatch.dispatcher.kafka.record_reader"
+    assert load_path("llmbatch.dispatcher.kafka.request_body", {reader}) is None

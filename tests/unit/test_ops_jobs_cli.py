@@ -20,13 +20,13 @@ from aiokafka.errors import KafkaConnectionError
 from typer.testing import CliRunner, Result
 
 from llmbatch.adapters.errors import WaitTimeout
-from llmbatch.dispatcher.batch_record import BatchRecord
-from llmbatch.dispatcher.keys import BatchKey, Keys, batch_key
+from llmbatch.dispatcher.domain.batch_record import BatchRecord
+from llmbatch.dispatcher.domain.keys import BatchKey, Keys, batch_key
+from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.ops import jobs_cli
 from llmbatch.dispatcher.ops.common import EXIT_USAGE, OpsError
 from llmbatch.dispatcher.ops.jobs import Counts, JobSummary
 from llmbatch.dispatcher.ops.jobs_cli import _done, app, operator_name, parse_states
-from llmbatch.dispatcher.states import State
 from llmbatch.producer.client import BatchClient
 from llmbatch.schemas.batch import CancelRequest
 from llmbatch.schemas.cloudevents import Envelope, decode
@@ -58,7 +58,7 @@ class Zsets:
 
 @dataclass
 class MemoryStore:
-    """What the jobs commands read of :class:`~llmbatch.dispatcher.store.StateStore`, over dicts."""
+    """What the jobs commands read of :class:`~llmbatch.dispatcher.state.store.StateStore`, over dicts."""
 
     keys: Keys = field(default_factory=lambda: Keys("p"))
     client: Zsets = field(default_factory=Zsets)

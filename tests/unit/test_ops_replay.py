@@ -9,8 +9,9 @@ from typing import Any
 import orjson
 import pytest
 
-from llmbatch.dispatcher.batch_record import BatchRecord
-from llmbatch.dispatcher.dlt import OriginalRecord, build_dead_letter
+from llmbatch.dispatcher.domain.batch_record import BatchRecord
+from llmbatch.dispatcher.domain.dlt import OriginalRecord, build_dead_letter
+from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.ops.common import OpsError, parse_when, safe_url
 from llmbatch.dispatcher.ops.dlq_reader import DeadLetterView, decode_payload, describe_header, parse_locator
 from llmbatch.dispatcher.ops.jobs import detail_of, summary_of, timeline_of
@@ -25,7 +26,6 @@ from llmbatch.dispatcher.ops.replay import (
     plan,
     replay_id_for,
 )
-from llmbatch.dispatcher.states import State
 from llmbatch.schemas import dlt
 from llmbatch.schemas.batch import CancelRequest
 from llmbatch.schemas.dlt import ReplayInfo

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from llmbatch.dispatcher.engines import cluster_serve_config, serve_config
+from llmbatch.dispatcher.backends.engines import cluster_serve_config, serve_config
+from llmbatch.dispatcher.backends.runner_backend import RunnerClient
+from llmbatch.dispatcher.backends.serve_api import PATH, ServeApi
 from llmbatch.dispatcher.errors import RayUnavailable
-from llmbatch.dispatcher.runner_backend import RunnerClient
-from llmbatch.dispatcher.serve_api import PATH, ServeApi
 from llmbatch.dispatcher.settings import DispatcherSettings
 from llmbatch.ray_job.runner import ROUTE_PREFIX
 from llmbatch.schemas.engines import EngineRegistry

@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from llmbatch.dispatcher.cli import app
-from llmbatch.dispatcher.keys import Keys
-from llmbatch.dispatcher.redis_acl import OPERATOR_READS
+from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.dispatcher.security.redis_acl import OPERATOR_READS
 from llmbatch.settings import RedisSettings
 
 pytestmark = pytest.mark.unit

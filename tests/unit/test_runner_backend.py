@@ -9,10 +9,15 @@ from typing import Any
 import orjson
 import pytest
 
-from llmbatch.dispatcher.backend import JobInfo, JobState, SubmitResult
-from llmbatch.dispatcher.engines import cluster_serve_config
+from llmbatch.dispatcher.backends.backend import JobInfo, JobState, SubmitResult
+from llmbatch.dispatcher.backends.engines import cluster_serve_config
+from llmbatch.dispatcher.backends.runner_backend import (
+    RoutedBackend,
+    RunnerClient,
+    job_info,
+    takes_short_path,
+)
 from llmbatch.dispatcher.errors import JobRejected, RayUnavailable
-from llmbatch.dispatcher.runner_backend import RoutedBackend, RunnerClient, job_info, takes_short_path
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.ray_job import node_secrets
 from llmbatch.ray_job.runner import BatchRunner

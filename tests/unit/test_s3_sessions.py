@@ -11,10 +11,10 @@ from typing import Any
 import orjson
 import pytest
 
+from llmbatch.dispatcher.backends.runner_backend import RunnerClient
+from llmbatch.dispatcher.backends.s3_sessions import JobSessions, SessionMinter
 from llmbatch.dispatcher.errors import JobRejected
-from llmbatch.dispatcher.minio_policy import batch_policy
-from llmbatch.dispatcher.runner_backend import RunnerClient
-from llmbatch.dispatcher.s3_sessions import JobSessions, SessionMinter
+from llmbatch.dispatcher.security.minio_policy import batch_policy
 from llmbatch.ray_job.runner import BatchRunner
 from llmbatch.ray_job.runner_http import ROUTE_PREFIX, parse_submission
 from llmbatch.schemas.common import utcnow

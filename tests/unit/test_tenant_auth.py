@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmbatch.dispatcher.intake import Accept, Cancel, Reject, classify
+from llmbatch.dispatcher.intake.commands import Accept, Cancel, Reject, classify
 from llmbatch.schemas import dlt as dlt_headers
 from llmbatch.schemas.batch import CancelRequest
 from llmbatch.schemas.cloudevents import Envelope, encode

@@ -14,14 +14,14 @@ from hypothesis import strategies as st
 from pydantic import SecretStr, ValidationError
 from typer.testing import CliRunner
 
-from llmbatch.dispatcher.batch_record import BatchRecord
+from llmbatch.dispatcher.backends.ray_backend import build_submission
+from llmbatch.dispatcher.backends.runner_backend import takes_short_path
 from llmbatch.dispatcher.cli import app
+from llmbatch.dispatcher.domain.batch_record import BatchRecord
+from llmbatch.dispatcher.domain.keys import Keys
 from llmbatch.dispatcher.job_options import JobOptions
-from llmbatch.dispatcher.jobspec import build_job_spec
-from llmbatch.dispatcher.keys import Keys
-from llmbatch.dispatcher.minio_policy import policy_name, tenant_policy
-from llmbatch.dispatcher.ray_backend import build_submission
-from llmbatch.dispatcher.runner_backend import takes_short_path
+from llmbatch.dispatcher.runs.jobspec import build_job_spec
+from llmbatch.dispatcher.security.minio_policy import policy_name, tenant_policy
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.schemas.common import TENANT_PATTERN
 from llmbatch.schemas.job import POOL_SHARE, JobSpec, tenant_pool_resource
@@ -170,7 +170,7 @@ def test_the_pool_resource_is_named_after_the_tenant() -> None:
 
 def test_applying_needs_a_secret_long_enough_and_a_server_that_answers() -> None:
     from llmbatch.dispatcher.errors import PermanentError, StorageUnavailable
-    from llmbatch.dispatcher.minio_admin import SECRET_ENV, apply_tenant_policy
+    from llmbatch.dispatcher.security.minio_admin import SECRET_ENV, apply_tenant_policy
     from llmbatch.stack.ports import free_port
 
     nowhere = S3Settings(endpoint=f"http://127.0.0.1:{free_port()}", access_key=SecretStr("admin"),

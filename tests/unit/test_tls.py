@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from llmbatch.dispatcher.engines import runner_env_vars
-from llmbatch.dispatcher.jobspec import build_job_spec
-from llmbatch.dispatcher.keys import Keys
-from llmbatch.dispatcher.ray_backend import build_submission
+from llmbatch.dispatcher.backends.engines import runner_env_vars
+from llmbatch.dispatcher.backends.ray_backend import build_submission
+from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.dispatcher.runs.jobspec import build_job_spec
 from llmbatch.dispatcher.settings import DispatcherSettings
-from llmbatch.dispatcher.store import StateStore
+from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.settings import KafkaSettings, RedisSettings, S3Settings
 from llmbatch.stack import kafka_broker, services
 from llmbatch.stack.tls import make_local_ca

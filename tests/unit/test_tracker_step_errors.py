@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from llmbatch.dispatcher.batch_record import BatchRecord
+from llmbatch.dispatcher.domain.batch_record import BatchRecord
+from llmbatch.dispatcher.domain.keys import BatchKey
+from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import PermanentError
-from llmbatch.dispatcher.keys import BatchKey
+from llmbatch.dispatcher.runs.tracker import Tracker
 from llmbatch.dispatcher.service import Dispatcher
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
-from llmbatch.dispatcher.states import State
-from llmbatch.dispatcher.tracker import Tracker
 from llmbatch.settings import RedisSettings
 from tests.support.dispatcher_kit import registry
 from tests.unit.test_dispatcher_registry import FakeBackend
@@ -42,7 +42,7 @@ def record(key: str) -> BatchRecord:
 
 def said(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
     return [(r.getMessage().split(" (")[0], getattr(r, "error", "")) for r in caplog.records
-            if r.name == "llmbatch.dispatcher.tracker" and "batch step" in r.getMessage()]
+            if r.name == "llmbatch.dispatcher.runs.tracker" and "batch step" in r.getMessage()]
 
 
 async def test_a_permanent_error_is_said_once_per_batch_until_it_changes_or_heals(
@@ -54,7 +54,7 @@ async def test_a_permanent_error_is_said_once_per_batch_until_it_changes_or_heal
         if errors[rec.key] is not None:
             raise PermanentError(str(errors[rec.key]))
 
-    with caplog.at_level(logging.INFO, logger="llmbatch.dispatcher.tracker"):
+    with caplog.at_level(logging.INFO, logger="llmbatch.dispatcher.runs.tracker"):
         for _ in range(5):  # five ticks
             await tracker._each([record("a"), record("b")], step)
         assert said(caplog) == [("batch step failed", "S3 answered 400: bad")] * 2  # once per batch

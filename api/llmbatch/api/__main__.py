@@ -23,7 +23,7 @@ def build_app(settings: ApiSettings) -> FastAPI:
     from llmbatch.api.app import build_services, create_app
     from llmbatch.api.state import RedisStateReader
     from llmbatch.api.storage import MinioObjectStore
-    from llmbatch.dispatcher.store import StateStore
+    from llmbatch.dispatcher.state.store import StateStore
     from llmbatch.schemas.tenant_auth import TenantSigner
 
     options = settings.api

@@ -26,8 +26,8 @@ from llmbatch.api.records import BATCH_PREFIX, RecordStore, StoredBatch
 from llmbatch.api.state import StateReader
 from llmbatch.api.status import to_batch
 from llmbatch.api.storage import ObjectStore
+from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.ops.jobs import JobDetail
-from llmbatch.dispatcher.states import State
 from llmbatch.schemas.common import BATCH_ID_PATTERN, Endpoint
 from llmbatch.schemas.job import Manifest
 

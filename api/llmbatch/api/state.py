@@ -1,7 +1,8 @@
 """Reading what the dispatcher knows about batches, the way ``llmbatch jobs get`` does.
 
 :class:`StateReader` is what the API needs; :class:`RedisStateReader` implements it over the
-dispatcher's :class:`~llmbatch.dispatcher.store.StateStore` (batch hashes, plus the running job's progress
+dispatcher's :class:`~llmbatch.dispatcher.state.store.StateStore` (batch hashes, plus the running job's
+progress
 counters for batches that have not ended), turned into :class:`~llmbatch.dispatcher.ops.jobs.JobDetail` by
 the operator CLI's own pure :func:`~llmbatch.dispatcher.ops.jobs.detail_of`. It only reads: the operator's
 Redis ACL user (``llmbatch dispatcher redis-acl``) is enough.
@@ -12,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from llmbatch.dispatcher.batch_record import BatchRecord
-from llmbatch.dispatcher.keys import BatchKey, batch_key
+from llmbatch.dispatcher.domain.batch_record import BatchRecord
+from llmbatch.dispatcher.domain.keys import BatchKey, batch_key
 from llmbatch.dispatcher.ops.jobs import JobDetail, detail_of
 
 
@@ -27,7 +28,7 @@ class StateReader(Protocol):
 
 
 class BatchRecords(Protocol):
-    """The part of :class:`~llmbatch.dispatcher.store.StateStore` the reader uses."""
+    """The part of :class:`~llmbatch.dispatcher.state.store.StateStore` the reader uses."""
 
     async def get_many(self, batch_keys: Sequence[BatchKey]) -> list[BatchRecord | None]: ...
 

@@ -6,7 +6,7 @@ created), what the dispatcher knows about it in Redis, read the way ``llmbatch j
 (:class:`llmbatch.dispatcher.ops.jobs.JobDetail`, ``None`` while the request waits on Kafka or after Redis
 forgot the batch), and, when Redis has nothing, the batch's manifest from the results bucket.
 
-Statuses (the dispatcher's states are in :mod:`llmbatch.dispatcher.states`):
+Statuses (the dispatcher's states are in :mod:`llmbatch.dispatcher.domain.states`):
 
 =====================================================  ==============
 llmbatch                                               OpenAI
@@ -50,8 +50,8 @@ from llmbatch.api.objects import (
     BatchUsage,
 )
 from llmbatch.api.records import StoredBatch
+from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.ops.jobs import JobDetail
-from llmbatch.dispatcher.states import State
 from llmbatch.schemas.job import Manifest
 
 OUTPUT_PREFIX = "file-output-"

@@ -1,19 +1,20 @@
-"""dispatcher: the service that turns ``batch.requested`` events into Ray jobs and terminal events.
+"""The dispatcher: the service that turns ``batch.requested`` events into runs and terminal events.
 
 Run it with ``llmbatch dispatcher run`` (or ``python -m llmbatch.dispatcher``); settings:
-:mod:`llmbatch.dispatcher.settings`.
+:mod:`llmbatch.dispatcher.settings`. Its parts, each a subpackage with one job, lower ones first
+(an import-linter contract keeps them free of cycles):
 
-Pure domain: :mod:`~llmbatch.dispatcher.states` (lifecycle), :mod:`~llmbatch.dispatcher.retry` (backoff),
-:mod:`~llmbatch.dispatcher.scheduler` (launch order, backpressure), :mod:`~llmbatch.dispatcher.intake`
-(record ->
-command), :mod:`~llmbatch.dispatcher.dlt` (dead letters), :mod:`~llmbatch.dispatcher.events` (result events,
-stable ids),
-:mod:`~llmbatch.dispatcher.jobspec`, :mod:`~llmbatch.dispatcher.batch_record` (a batch's record). Transport
-at the edges:
-:mod:`~llmbatch.dispatcher.store` (Redis, Lua CAS),
-:mod:`~llmbatch.dispatcher.consumer` (Kafka in), :mod:`~llmbatch.dispatcher.publisher` (Kafka out),
-:mod:`~llmbatch.dispatcher.ray_backend` (Ray Jobs API), :mod:`~llmbatch.dispatcher.results` (MinIO),
-:mod:`~llmbatch.dispatcher.tracker` (leader loop; :mod:`~llmbatch.dispatcher.in_flight` checks each batch
-holding a job),
-:mod:`~llmbatch.dispatcher.service` (wiring), :mod:`~llmbatch.dispatcher.http`.
+- :mod:`~llmbatch.dispatcher.domain`: pure: states, key names, the batch record, dead letters,
+  events with stable ids, scheduling scores, retry policy;
+- :mod:`~llmbatch.dispatcher.state`: the batches' state in Redis (Lua compare-and-set);
+- :mod:`~llmbatch.dispatcher.kafka`: publishing events and dead letters, reading records back;
+- :mod:`~llmbatch.dispatcher.intake`: the requests-topic consumer and what it does with a record;
+- :mod:`~llmbatch.dispatcher.backends`: where batches run (Ray Jobs, the batch runner, Serve);
+- :mod:`~llmbatch.dispatcher.runs`: the leader's work: launch, track, finish, clean up;
+- :mod:`~llmbatch.dispatcher.security`: Kafka ACLs, Redis ACL users, MinIO policies per role;
+- :mod:`~llmbatch.dispatcher.ops`: the operator CLI (jobs, dlq, engines).
+
+Beside them: :mod:`~llmbatch.dispatcher.errors` (one hierarchy, ``retriable``), settings, metrics,
+logs, :mod:`~llmbatch.dispatcher.http` (/livez /readyz /metrics) and
+:mod:`~llmbatch.dispatcher.service` (the wiring).
 """

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 import typer
 
 if TYPE_CHECKING:
-    from llmbatch.dispatcher.kafka_acl import AclBinding
-    from llmbatch.dispatcher.kafka_acl_admin import ApplyReport
+    from llmbatch.dispatcher.security.kafka_acl import AclBinding
+    from llmbatch.dispatcher.security.kafka_acl_admin import ApplyReport
     from llmbatch.dispatcher.settings import DispatcherSettings
 
 app = typer.Typer(
@@ -82,8 +82,8 @@ def redis_acl(
     LLMBATCH_JOB__REDIS_USERNAME=job."""
     import os
 
-    from llmbatch.dispatcher.keys import Keys
-    from llmbatch.dispatcher.redis_acl import ROLES, acl_lines
+    from llmbatch.dispatcher.domain.keys import Keys
+    from llmbatch.dispatcher.security.redis_acl import ROLES, acl_lines
 
     passwords = {r: os.environ[ACL_PASSWORD_ENV.format(r.upper())] for r in ROLES
                  if os.environ.get(ACL_PASSWORD_ENV.format(r.upper()))}
@@ -125,7 +125,7 @@ def kafka_acl(
     group; no role gets Create or anything on the cluster (the admin creates the topics: --apply)."""
     import orjson
 
-    from llmbatch.dispatcher.kafka_acl import ROLES, Role, acl_bindings, check_user, render
+    from llmbatch.dispatcher.security.kafka_acl import ROLES, Role, acl_bindings, check_user, render
 
     users: dict[Role, list[str]] = {}
     for item in user or []:
@@ -161,7 +161,7 @@ def _apply_kafka_acl(settings: DispatcherSettings, bindings: list[AclBinding], a
     from llmbatch.adapters.errors import ProducerError
     from llmbatch.adapters.topics import ensure_topics
     from llmbatch.dispatcher.errors import DispatcherError
-    from llmbatch.dispatcher.kafka_acl_admin import apply_bindings
+    from llmbatch.dispatcher.security.kafka_acl_admin import apply_bindings
 
     async def both() -> tuple[list[str], ApplyReport]:
         try:
@@ -217,8 +217,8 @@ def minio_tenant(
 
     import orjson
 
-    from llmbatch.dispatcher.minio_admin import SECRET_ENV, apply_tenant_policy
-    from llmbatch.dispatcher.minio_policy import tenant_policy
+    from llmbatch.dispatcher.security.minio_admin import SECRET_ENV, apply_tenant_policy
+    from llmbatch.dispatcher.security.minio_policy import tenant_policy
     from llmbatch.schemas.common import check_tenant
 
     try:

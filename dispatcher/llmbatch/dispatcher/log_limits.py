@@ -2,7 +2,8 @@
 
 While a Kafka broker is down, aiokafka logs an error for every reconnect and metadata retry (three
 replicas printed 6,000 lines in 25 s of outage). The dispatcher says the outage itself, once per
-change of state (:mod:`llmbatch.dispatcher.record_retry`); from a library, :class:`RepeatLimiter` lets the
+change of state (:mod:`llmbatch.dispatcher.intake.record_retry`); from a library, :class:`RepeatLimiter` lets
+the
 first line of each kind through, then one line per ``every_s`` carrying how many like it it held
 back (``suppressed``). A kind is the logger plus the message template (``record.msg`` before its
 arguments), so "Unable connect to node with id 1" and the same for node 2 are one kind.

@@ -16,23 +16,23 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from llmbatch.dispatcher import logs
-from llmbatch.dispatcher.backend import JobBackend
-from llmbatch.dispatcher.consumer import RequestConsumer
-from llmbatch.dispatcher.engine_keeper import EngineKeeper
+from llmbatch.dispatcher.backends.backend import JobBackend
+from llmbatch.dispatcher.backends.input_sizes import InputSizes
 from llmbatch.dispatcher.errors import DispatcherError, InvalidSettings
 from llmbatch.dispatcher.http import HealthServer
-from llmbatch.dispatcher.input_sizes import InputSizes
+from llmbatch.dispatcher.intake.consumer import RequestConsumer
+from llmbatch.dispatcher.intake.reconcile import Reconciler
+from llmbatch.dispatcher.intake.record_retry import OUTAGE_LOG_EVERY_S
+from llmbatch.dispatcher.kafka.publisher import EventProducer
 from llmbatch.dispatcher.metrics import Metrics
-from llmbatch.dispatcher.publisher import EventProducer
-from llmbatch.dispatcher.reconcile import Reconciler
-from llmbatch.dispatcher.record_retry import OUTAGE_LOG_EVERY_S
-from llmbatch.dispatcher.results import ResultStore
+from llmbatch.dispatcher.runs.engine_keeper import EngineKeeper
+from llmbatch.dispatcher.runs.results import ResultStore
+from llmbatch.dispatcher.runs.tracker import Tracker
 from llmbatch.dispatcher.settings import DispatcherSettings
-from llmbatch.dispatcher.store import StateStore
-from llmbatch.dispatcher.tracker import Tracker
+from llmbatch.dispatcher.state.store import StateStore
 
 if TYPE_CHECKING:
-    from llmbatch.dispatcher.runner_backend import RunnerClient
+    from llmbatch.dispatcher.backends.runner_backend import RunnerClient
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +64,11 @@ class Dispatcher:
         input_sizes = InputSizes(self.results.object_size)
         self.runner: RunnerClient | None = None
         if backend is None:
-            from llmbatch.dispatcher.ray_backend import RayJobsBackend
+            from llmbatch.dispatcher.backends.ray_backend import RayJobsBackend
 
             job_sessions = None
             if settings.job.s3_sessions:
-                from llmbatch.dispatcher.s3_sessions import JobSessions, SessionMinter
+                from llmbatch.dispatcher.backends.s3_sessions import JobSessions, SessionMinter
 
                 job_sessions = JobSessions(
                     SessionMinter(settings.s3, duration_s=settings.job.s3_session_s,
@@ -78,8 +78,8 @@ class Dispatcher:
             backend = RayJobsBackend(settings, upload_spec=self.results.upload_spec, sessions=job_sessions)
             if opts.shared_engines and opts.short_path_max_lines > 0:
                 # imported here: the runner's module brings Ray, which the plain job path never needs
-                from llmbatch.dispatcher.runner_backend import RoutedBackend, RunnerClient
-                from llmbatch.dispatcher.s3_sessions import SessionMinter
+                from llmbatch.dispatcher.backends.runner_backend import RoutedBackend, RunnerClient
+                from llmbatch.dispatcher.backends.s3_sessions import SessionMinter
 
                 sessions = None
                 if opts.runner_s3_sessions:

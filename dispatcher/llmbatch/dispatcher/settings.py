@@ -20,8 +20,8 @@ from collections.abc import Iterator
 
 from pydantic import BaseModel, Field, SecretStr, model_validator
 
+from llmbatch.dispatcher.domain.retry import AttemptPolicy, Backoff
 from llmbatch.dispatcher.job_options import JobOptions
-from llmbatch.dispatcher.retry import AttemptPolicy, Backoff
 from llmbatch.schemas.batch import InlineLimits
 from llmbatch.schemas.engines import EngineRegistry
 from llmbatch.settings import LLMBatchSettings

@@ -2,7 +2,8 @@
 
 A Ray job runs with the node's environment, whose S3 keys reach every tenant's files. With job S3
 sessions (``LLMBATCH_JOB__S3_SESSIONS``) the dispatcher mints temporary keys limited to the batch's
-input object and output prefix (:mod:`llmbatch.dispatcher.s3_sessions`), stores them in Redis under a random
+input object and output prefix (:mod:`llmbatch.dispatcher.backends.s3_sessions`), stores them in Redis under
+a random
 key
 that only this attempt's command line names, and blanks the node's keys in the job's ``runtime_env``.
 The driver takes them with ``GETDEL`` before anything else, so the Redis copy lives only until the

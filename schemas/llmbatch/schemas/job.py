@@ -227,7 +227,7 @@ class JobSpec(BaseModel):
 class S3Session(BaseModel):
     """Temporary S3 keys (an STS session) that reach one batch's input object and output prefix only:
     what the dispatcher hands the shared batch runner with each batch (see
-    ``llmbatch.dispatcher.s3_sessions``).
+    ``llmbatch.dispatcher.backends.s3_sessions``).
     Never logged, never in a spec, an event or a job's ``runtime_env``."""
 
     model_config = ConfigDict(extra="forbid")

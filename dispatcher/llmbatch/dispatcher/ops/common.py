@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 from rich.console import Console
 
 from llmbatch.dispatcher.errors import DispatcherError
-from llmbatch.dispatcher.store import StateStore
+from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.settings import LLMBatchSettings
 
 T = TypeVar("T")

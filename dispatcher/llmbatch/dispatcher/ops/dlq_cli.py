@@ -54,7 +54,7 @@ from llmbatch.dispatcher.ops.replay import (
     plan,
 )
 from llmbatch.dispatcher.ops.replay_publish import Outcome, ReplayLedger, batch_states, execute
-from llmbatch.dispatcher.store import StateStore
+from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.settings import LLMBatchSettings
 
 app = typer.Typer(

@@ -19,8 +19,8 @@ from typing import Any
 
 import orjson
 
-from llmbatch.dispatcher.intake_checks import claimed_tenant
-from llmbatch.dispatcher.keys import BatchKey, batch_key
+from llmbatch.dispatcher.domain.keys import BatchKey, batch_key
+from llmbatch.dispatcher.intake.intake_checks import claimed_tenant
 from llmbatch.dispatcher.ops.common import CONNECT_TIMEOUT_S, OpsError
 from llmbatch.schemas import dlt
 from llmbatch.schemas.cloudevents import H_ID, H_SOURCE, H_TYPE, decode

@@ -22,7 +22,7 @@ import yaml
 from pydantic import ValidationError
 from rich.table import Table
 
-from llmbatch.dispatcher.engines import (
+from llmbatch.dispatcher.backends.engines import (
     EngineStatus,
     cluster_serve_config,
     summarize,
@@ -30,10 +30,10 @@ from llmbatch.dispatcher.engines import (
     with_scaling,
     without,
 )
+from llmbatch.dispatcher.backends.runner_backend import RunnerClient
+from llmbatch.dispatcher.backends.serve_api import ServeApi
 from llmbatch.dispatcher.errors import DispatcherError
 from llmbatch.dispatcher.ops.common import OpsError, emit_json, err, fail, load_settings, out, run
-from llmbatch.dispatcher.runner_backend import RunnerClient
-from llmbatch.dispatcher.serve_api import ServeApi
 from llmbatch.dispatcher.settings import SECRET_ENV_NAME, DispatcherSettings, secret_values
 from llmbatch.schemas.engines import EngineRegistry, UnknownModelError
 from llmbatch.settings import parse_env_file
@@ -180,7 +180,8 @@ RAYSERVICE_HEADER = """\
 
 
 def manifest_serve_config(settings: DispatcherSettings) -> dict[str, Any]:
-    """:func:`~llmbatch.dispatcher.engines.cluster_serve_config` as a manifest may carry it: no secret values.
+    """:func:`~llmbatch.dispatcher.backends.engines.cluster_serve_config` as a manifest may carry it: no
+    secret values.
 
     The config never carries the S3 keys or the Redis password (the Ray pods have them from their
     Secret, and Serve replicas inherit the pod environment). A secret value of the settings that

@@ -1,8 +1,10 @@
 """Read models of batches for operators: what Redis knows about each batch, as typed views.
 
-:func:`summary_of` and :func:`detail_of` are pure (a :class:`~llmbatch.dispatcher.store.BatchRecord` plus the
+:func:`summary_of` and :func:`detail_of` are pure (a :class:`~llmbatch.dispatcher.state.store.BatchRecord`
+plus the
 job's progress counters in, a pydantic view out); :func:`list_jobs` and :func:`get_job` query Redis
-through :class:`~llmbatch.dispatcher.store.StateStore` and the key names of :mod:`llmbatch.dispatcher.keys`.
+through :class:`~llmbatch.dispatcher.state.store.StateStore` and the key names of
+:mod:`llmbatch.dispatcher.domain.keys`.
 
 The batch hash keeps the latest time of each step (``accepted_at``, ``submitted_at``,
 ``running_at``, ``job_ended_at``, ``finished_at``, ...), so the timeline shown is "when the batch last
@@ -19,12 +21,12 @@ from typing import Any, cast
 import orjson
 from pydantic import BaseModel, Field
 
-from llmbatch.dispatcher.batch_record import BatchRecord
+from llmbatch.dispatcher.domain.batch_record import BatchRecord
+from llmbatch.dispatcher.domain.keys import BatchKey, batch_key
+from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import StateStoreUnavailable, classify
-from llmbatch.dispatcher.keys import BatchKey, batch_key
 from llmbatch.dispatcher.ops.common import from_ts
-from llmbatch.dispatcher.states import State
-from llmbatch.dispatcher.store import StateStore
+from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.schemas.job import submission_id
 
 

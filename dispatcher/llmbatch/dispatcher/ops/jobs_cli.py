@@ -15,7 +15,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from llmbatch.dispatcher.keys import batch_key
+from llmbatch.dispatcher.domain.keys import batch_key
+from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.ops.common import (
     EXIT_TIMEOUT,
     EXIT_USAGE,
@@ -32,7 +33,6 @@ from llmbatch.dispatcher.ops.common import (
     show_time,
 )
 from llmbatch.dispatcher.ops.jobs import JobDetail, JobSummary, get_job, list_jobs
-from llmbatch.dispatcher.states import State
 
 app = typer.Typer(
     help="Inspect and cancel batches (the dispatcher's state in Redis).",

@@ -39,9 +39,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from llmbatch.dispatcher.keys import BatchKey
+from llmbatch.dispatcher.domain.keys import BatchKey
+from llmbatch.dispatcher.domain.states import NON_TERMINAL, State
 from llmbatch.dispatcher.ops.dlq_reader import DeadLetterView
-from llmbatch.dispatcher.states import NON_TERMINAL, State
 from llmbatch.schemas.cloudevents import H_ID, H_SOURCE
 from llmbatch.schemas.dlt import ReplayInfo
 from llmbatch.schemas.events import EventType

@@ -2,7 +2,7 @@
 (Redis). What to replay and each record's bytes are decided in :mod:`llmbatch.dispatcher.ops.replay`.
 
 **The ledger** (:class:`ReplayLedger`) is a Redis hash per dead-letter topic,
-``<prefix>:dlq:replayed:<dlt topic>`` (see :meth:`llmbatch.dispatcher.keys.Keys.replay_ledger`), field
+``<prefix>:dlq:replayed:<dlt topic>`` (see :meth:`llmbatch.dispatcher.domain.keys.Keys.replay_ledger`), field
 ``<partition>:<offset>``, value JSON ``{replay_id, round, at, by, to_topic, target_partition,
 target_offset}``. An entry is written after the broker acknowledged the replayed record (acks=all):
 an interrupted run leaves at most the record in hand unrecorded, and replaying that one again is
@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from llmbatch.dispatcher.domain.keys import BatchKey
+from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import StateStoreUnavailable, classify
-from llmbatch.dispatcher.keys import BatchKey
 from llmbatch.dispatcher.ops.dlq_reader import DeadLetterView
 from llmbatch.dispatcher.ops.replay import Decision, LedgerEntry, RateLimiter, ReplayItem, build_record
-from llmbatch.dispatcher.states import State
-from llmbatch.dispatcher.store import StateStore
+from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.schemas.dlt import ReplayInfo
 
 LEDGER_TTL_S = 60 * 86400

@@ -1,0 +1,105 @@
+"""Every Redis key the dispatcher reads or writes, in one place.
+
+All keys start with ``RedisSettings.key_prefix`` (default ``llmbatch``) so several deployments can
+share one Redis. The layout:
+
+``<p>:batch:<key>``               hash: the batch's state, version and bookkeeping fields
+``<p>:state:<state>``             zset: batch keys in that state, score = time of entry (unix s)
+``<p>:ready``                     zset: queued batches that may launch now, score = priority then age
+``<p>:delayed``                   zset: queued batches waiting for a retry backoff, score = not_before
+``<p>:deadlines``                 zset: non-terminal batches, score = deadline (unix s)
+``<p>:unpublished``               zset: terminal batches whose terminal event is not yet published
+``<p>:progress:<key>``            hash: counters written by the running job (see ray_job)
+``<p>:jobs:delete``               zset: Ray jobs of finished batches to delete again, score = when
+``<p>:event:<source>:<id>``       string: dedupe marker of an already-applied command event
+``<p>:lease:<name>``              string: owner token of a lease (the tracker loop's leader)
+``<p>:dlq:replayed:<dlt topic>``  hash: dead letters replayed by ``llmbatch dlq replay`` (dispatcher.ops)
+``<p>:s3session:<random>``        string: a Ray job attempt's S3 session until its driver takes it
+                                  (``GETDEL``; see dispatcher.s3_sessions)
+
+Batch ids are scoped by tenant: a batch is stored under its :data:`BatchKey`, ``<batch_id>`` for
+the ``default`` tenant and ``<tenant>/<batch_id>`` for any other (a tenant has no ``/`` and a
+batch id has none either, so the two never meet). Two tenants may use the same batch id; each
+has its own batch. The zsets hold keys, and every key the dispatcher builds comes from one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NewType
+
+from llmbatch.dispatcher.domain.states import State
+
+BatchKey = NewType("BatchKey", str)
+"""What the dispatcher's state names a batch by (see the module's docstring): build it with
+:func:`batch_key`, never from a bare batch id (``mypy`` refuses a ``str`` where one is expected)."""
+
+DEFAULT_TENANT = "default"
+
+
+def batch_key(tenant: str | None, batch_id: str) -> BatchKey:
+    """The store's name of ``tenant``'s batch ``batch_id`` (``None``: the default tenant)."""
+    if tenant is None or tenant == DEFAULT_TENANT:
+        return BatchKey(batch_id)
+    return BatchKey(f"{tenant}/{batch_id}")
+
+
+def split_batch_key(key: str) -> tuple[str, str]:
+    """``(tenant, batch_id)`` of a key :func:`batch_key` made."""
+    tenant, sep, batch_id = key.partition("/")
+    return (tenant, batch_id) if sep else (DEFAULT_TENANT, key)
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Key names for one prefix. Cheap to build; pure."""
+
+    prefix: str = "llmbatch"
+
+    def batch(self, key: BatchKey) -> str:
+        return f"{self.prefix}:batch:{key}"
+
+    def state_index(self, state: State | str) -> str:
+        return f"{self.prefix}:state:{State(state).value}"
+
+    @property
+    def ready(self) -> str:
+        return f"{self.prefix}:ready"
+
+    @property
+    def delayed(self) -> str:
+        return f"{self.prefix}:delayed"
+
+    @property
+    def deadlines(self) -> str:
+        return f"{self.prefix}:deadlines"
+
+    @property
+    def unpublished(self) -> str:
+        return f"{self.prefix}:unpublished"
+
+    @property
+    def job_deletes(self) -> str:
+        return f"{self.prefix}:jobs:delete"
+
+    def progress(self, key: BatchKey) -> str:
+        return f"{self.prefix}:progress:{key}"
+
+    def event(self, source: str, event_id: str) -> str:
+        return f"{self.prefix}:event:{source}:{event_id}"
+
+    def lease(self, name: str) -> str:
+        return f"{self.prefix}:lease:{name}"
+
+    def replay_ledger(self, dlt_topic: str) -> str:
+        """Hash ``<partition>:<offset>`` -> JSON of the replay (see :mod:`llmbatch.dispatcher.ops.replay`)."""
+        return f"{self.prefix}:dlq:replayed:{dlt_topic}"
+
+    def s3_session(self, nonce: str) -> str:
+        """A Ray job attempt's S3 session under a random ``nonce``
+        (:mod:`llmbatch.dispatcher.backends.s3_sessions`)."""
+        return f"{self.prefix}:s3session:{nonce}"
+
+    @property
+    def s3_session_prefix(self) -> str:
+        return f"{self.prefix}:s3session:"

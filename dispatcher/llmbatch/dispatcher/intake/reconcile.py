@@ -1,0 +1,240 @@
+"""Reconcile pass: accepted batches whose state Redis lost are taken in again.
+
+The consumer commits a request's offset only after Redis acknowledged the intake and ``accepted``
+is on the results topic, and Redis runs with ``appendfsync always`` (the local stack, compose and
+the Kubernetes manifests set it), so an acknowledged intake survives a Redis crash. What is lost
+anyway (a disk that dies, a failover to a replica that lagged, a flush by mistake) is found here:
+the results topic says which batches were accepted and have not ended; one of those without a
+record in Redis is read again from the requests topic (its ``accepted`` event names the record) and
+taken in as it was: the same lifecycle (fixed by the record), acceptance time and deadline. It then
+runs (a Ray job of its lifecycle that is still there is picked up by its submission id) and ends in
+one terminal event, with the id it would have had. A batch whose request record has left the topic too
+is taken in from its ``accepted`` event alone, marked ``request_gone``: it fails at launch with that
+code (:mod:`llmbatch.dispatcher.kafka.request_body`), so it still ends in one terminal event and a dead
+letter.
+Ray jobs and manifests never exist without an ``accepted`` event (it is sent before the state is
+written), so finding batches from these events finds them all.
+
+The tracker leader runs a pass when it becomes leader and every ``reconcile_interval_s``. Memory is
+bounded by the batches accepted and not ended within ``reconcile_lookback_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from llmbatch.dispatcher.domain.batch_record import IntakeItem
+from llmbatch.dispatcher.domain.dlt import OriginalRecord
+from llmbatch.dispatcher.domain.keys import BatchKey, batch_key
+from llmbatch.dispatcher.domain.scheduler import ready_score
+from llmbatch.dispatcher.domain.states import State
+from llmbatch.dispatcher.errors import BrokerUnavailable, classify
+from llmbatch.dispatcher.intake.commands import Accept, IntakeRules
+from llmbatch.dispatcher.intake.commands import classify as classify_record
+from llmbatch.dispatcher.kafka.record_reader import RecordReader
+from llmbatch.dispatcher.kafka.side_consumer import side_consumer
+from llmbatch.dispatcher.metrics import Metrics
+from llmbatch.dispatcher.settings import DispatcherSettings
+from llmbatch.dispatcher.state.store import StateStore
+from llmbatch.schemas.cloudevents import Envelope, decode, peek_type
+from llmbatch.schemas.errors import SchemaError
+from llmbatch.schemas.events import TERMINAL_EVENT_TYPES, BatchAccepted, EventType, RecordRef
+
+log = logging.getLogger(__name__)
+
+_WANTED = frozenset({EventType.ACCEPTED.value, *(t.value for t in TERMINAL_EVENT_TYPES)})
+_CHUNK = 500
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A batch accepted and not ended (as far as the results topic says)."""
+
+    key: BatchKey
+    request: RecordRef
+    accepted_at: datetime
+    accepted: BatchAccepted | None = None
+
+
+def track(pending: dict[BatchKey, Pending], event: Envelope[Any]) -> None:
+    """Update ``pending`` with one event of the results topic (events of an id come in order:
+    they share a partition). Pure."""
+    data = event.data
+    key = batch_key(event.tenant, event.batch_id)
+    if isinstance(data, BatchAccepted):
+        if data.request is None:  # accepted before events named their request: nothing to re-read
+            pending.pop(key, None)
+        else:
+            pending[key] = Pending(key, data.request, data.accepted_at, data)
+    elif event.is_terminal:
+        pending.pop(key, None)
+
+
+def unfinished(events: Iterable[Envelope[Any]]) -> dict[BatchKey, Pending]:
+    """The batches of ``events`` (the results topic, each partition in order) accepted and not
+    ended: each id's latest ``accepted`` that no terminal event followed. Pure."""
+    pending: dict[BatchKey, Pending] = {}
+    for event in events:
+        track(pending, event)
+    return pending
+
+
+class Reconciler:
+    """Finds accepted batches without state and takes them in again (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: DispatcherSettings,
+        store: StateStore,
+        rules: IntakeRules,
+        metrics: Metrics,
+        *,
+        clock: Callable[[], float] = time.time,
+        read_timeout_s: float = 30.0,
+        reader: RecordReader | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.rules = rules
+        self.metrics = metrics
+        self.clock = clock
+        self.reader = reader or RecordReader(settings.kafka, read_timeout_s=read_timeout_s)
+
+    async def run_once(self) -> int:
+        """One pass; returns how many batches were taken in again. Raises
+        :class:`~llmbatch.dispatcher.errors.DispatcherError` when Kafka or Redis fails (the next pass
+        retries)."""
+        since = self.clock() - self.settings.dispatcher.reconcile_lookback_s
+        pending = await self._unfinished_since(since)
+        ids = list(pending)
+        lost: list[Pending] = []
+        for start in range(0, len(ids), _CHUNK):
+            chunk = ids[start : start + _CHUNK]
+            states = await self.store.states_many(chunk)
+            lost += [pending[i] for i, state in zip(chunk, states, strict=True) if state is None]
+        restored = 0
+        for item in lost:
+            restored += await self._restore(item)
+        log.info("reconcile pass done",
+                 extra={"unfinished": len(pending), "lost": len(lost), "restored": restored})
+        return restored
+
+    async def _restore(self, pending: Pending) -> int:
+        origin = await self.reader.read(pending.request)
+        where = f"{pending.request.topic}[{pending.request.partition}]@{pending.request.offset}"
+        if origin is None:
+            return await self._restore_gone(pending, where)
+        command = classify_record(origin, self.rules, pending.accepted_at.timestamp())
+        if not isinstance(command, Accept) or command.item.key != pending.key:
+            self.metrics.reconciled.labels(outcome="request_invalid").inc()
+            log.error("batch state lost and its request no longer validates: it cannot be restored",
+                      extra={"batch_id": pending.key, "request": where})
+            return 0
+        [result] = await self.store.intake_many([command.item])
+        if not result.is_new:  # taken in meanwhile (a redelivery, another pass)
+            return 0
+        self.metrics.reconciled.labels(outcome="restored").inc()
+        log.warning("batch state was lost; taken in again from its request",
+                    extra={"batch_id": pending.key, "request": where})
+        return 1
+
+    async def _restore_gone(self, pending: Pending, where: str) -> int:
+        """Take in a batch whose request left the topic, from its ``accepted`` event: it fails with
+        ``request_gone`` at launch, so it still gets its one terminal event."""
+        self.metrics.reconciled.labels(outcome="request_gone").inc()
+        if pending.accepted is None:
+            log.error("batch state lost and its request is no longer on the topic: it cannot be restored",
+                      extra={"batch_id": pending.key, "request": where})
+            return 0
+        [result] = await self.store.intake_many([gone_item(pending.accepted, pending.request)])
+        if result.is_new:
+            log.error("batch state lost and its request is no longer on the topic: it ends failed "
+                      "(request_gone)", extra={"batch_id": pending.key, "request": where})
+        return 0
+
+    # -- Kafka ------------------------------------------------------------------------------------
+    async def _unfinished_since(self, since: float) -> dict[BatchKey, Pending]:
+        from aiokafka import TopicPartition
+
+        topic = self.settings.kafka.topics.results
+        consumer = side_consumer(self.settings.kafka)
+        try:
+            await consumer.start()
+            # partitions_for_topic() only knows subscribed topics: ask the cluster
+            cluster = await consumer._client.fetch_all_metadata()
+            partitions = sorted(cluster.partitions_for_topic(topic) or ())
+            tps = [TopicPartition(topic, p) for p in partitions]
+            if not tps:
+                return {}
+            found = await consumer.offsets_for_times({tp: int(since * 1000) for tp in tps})
+            ends = await consumer.end_offsets(tps)
+            starts = {tp: (hit.offset if hit is not None else ends[tp]) for tp, hit in found.items()}
+            todo = {tp for tp in tps if starts[tp] < ends[tp]}
+            consumer.assign(tps)
+            for tp in tps:
+                consumer.seek(tp, starts[tp])
+            pending: dict[BatchKey, Pending] = {}
+            while todo:
+                batches = await consumer.getmany(*todo, timeout_ms=1000, max_records=2000)
+                for tp, records in batches.items():
+                    for event in _events(records):
+                        track(pending, event)
+                    if await consumer.position(tp) >= ends[tp]:
+                        todo.discard(tp)
+            return pending
+        except Exception as exc:
+            raise classify(exc, default=BrokerUnavailable) from exc
+        finally:
+            await consumer.stop()
+
+
+def gone_item(accepted: BatchAccepted, request: RecordRef) -> IntakeItem:
+    """The batch of ``accepted`` taken in without its request (which left the topic): queued, so the
+    tracker fails it with ``request_gone`` and publishes its terminal event. Pure."""
+    at = accepted.accepted_at.timestamp()
+    # the request's key is its batch id (the contract); its value and headers left with the record
+    key = accepted.batch_id.encode()
+    origin = OriginalRecord(request.topic, request.partition, request.offset, key, None)
+    fields = {
+        "batch_id": accepted.batch_id,
+        "tenant": accepted.tenant,
+        "model": accepted.model,
+        "endpoint": accepted.endpoint.value,
+        "priority": str(accepted.priority),
+        "accepted_at": repr(at),
+        "origin": origin.to_json(),
+        "request_gone": "1",
+        "source": "urn:llmbatch:reconcile",
+        "event_id": f"gone-{request.topic}-{request.partition}-{request.offset}",
+        "metadata": orjson.dumps(accepted.metadata).decode(),
+        "attempt": "0",
+    }
+    if accepted.total_requests is not None:
+        fields["total"] = str(accepted.total_requests)
+    return IntakeItem(
+        key=batch_key(accepted.tenant, accepted.batch_id),
+        fields=fields,
+        marker=(fields["source"], fields["event_id"]),
+        initial=State.QUEUED,
+        ready_score=ready_score(accepted.priority, at),
+        deadline=accepted.expires_at.timestamp(),
+    )
+
+
+def _events(records: Iterable[Any]) -> Iterable[Envelope[Any]]:
+    """The accepted and terminal events among ``records`` (others are skipped without decoding)."""
+    for record in records:
+        headers = list(record.headers or ())
+        if peek_type(headers) not in _WANTED:
+            continue
+        try:
+            yield decode(record.key, record.value, headers)
+        except SchemaError:
+            continue

@@ -1,0 +1,366 @@
+"""The checks and endings of in-flight batches: what the tracker does with each batch that holds a job.
+
+For each batch in ``submitted``, ``running`` or ``finalizing`` (:meth:`InFlight.check`), from what the
+backend says of its job:
+
+- cancel requested / deadline passed -> stop the job, wait for it, report partial results;
+- unknown to Ray -> resubmit if the submission was never confirmed, else *lost* -> retry;
+- running but silent past the heartbeat timeout -> stop it, wait until Ray says it ended (a stop that
+  fails is tried again), then retry: two attempts never run at once;
+- succeeded -> ``finalizing`` -> read the manifest -> ``completed`` (or what the manifest says);
+- failed -> non-retriable exit codes fail at once (+ dead letter), others retry with backoff up to
+  ``max_attempts``, then ``failed`` + dead letter ``attempts_exhausted``.
+
+Every change is a compare-and-set on the batch's record (a stale leader is harmless). The tracker
+(:mod:`llmbatch.dispatcher.runs.tracker`) runs the loop, elects the leader and launches; starting an attempt
+is
+:mod:`llmbatch.dispatcher.runs.launcher`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from llmbatch.dispatcher.backends.backend import (
+    EXIT_ENGINE_UNAVAILABLE,
+    EXIT_INPUT_NOT_FOUND,
+    NON_RETRIABLE_EXITS,
+    JobBackend,
+    JobInfo,
+    JobState,
+)
+from llmbatch.dispatcher.domain.batch_record import BatchRecord
+from llmbatch.dispatcher.domain.events import Outcome, build_progress, safe_counts, terminal_fields
+from llmbatch.dispatcher.domain.keys import BatchKey
+from llmbatch.dispatcher.domain.states import State
+from llmbatch.dispatcher.errors import ManifestInvalid
+from llmbatch.dispatcher.kafka.publisher import EventProducer
+from llmbatch.dispatcher.metrics import Metrics
+from llmbatch.dispatcher.runs.jobspec import results_prefix
+from llmbatch.dispatcher.runs.launcher import STOP_FIELDS
+from llmbatch.dispatcher.runs.outcomes import (
+    OutcomeReader,
+    counter,
+    outcome_from_manifest,
+    ray_message_summary,
+)
+from llmbatch.dispatcher.runs.results import ResultStore
+from llmbatch.dispatcher.settings import DispatcherSettings
+from llmbatch.dispatcher.state.store import StateStore
+from llmbatch.schemas.dlt import DltReason
+from llmbatch.schemas.job import MANIFEST_NAME
+from llmbatch.schemas.openai import Usage
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT = "heartbeat"  # stop reason of a hung attempt
+
+
+class InFlight:
+    """Checks each in-flight batch's job and ends the batch (retry, stop, finish) when it must."""
+
+    def __init__(
+        self,
+        settings: DispatcherSettings,
+        store: StateStore,
+        backend: JobBackend,
+        results: ResultStore,
+        producer: EventProducer,
+        metrics: Metrics,
+        outcomes: OutcomeReader,
+        *,
+        resubmit: Callable[[BatchRecord], Awaitable[None]],
+        clock: Callable[[], float],
+        crash: Callable[[str], None],
+    ) -> None:
+        self.settings = settings
+        self.opts = settings.dispatcher
+        self.store = store
+        self.backend = backend
+        self.results = results
+        self.producer = producer
+        self.metrics = metrics
+        self.outcomes = outcomes
+        self.resubmit = resubmit
+        self.clock = clock
+        self.crash = crash
+        self.policy = self.opts.attempt_policy
+        self._progress_at: dict[BatchKey, float] = {}
+        self._progress_sig: dict[BatchKey, tuple[int, ...]] = {}
+
+    def stop_reason(self, record: BatchRecord, now: float) -> str | None:
+        """Why ``record`` must stop now (``cancel``, ``deadline``, ``heartbeat``), or None."""
+        if record.flag("cancel_requested"):
+            return "cancel"
+        deadline = record.deadline
+        if deadline is not None and now >= deadline:
+            return "deadline"
+        if record.get("stop_reason") == HEARTBEAT:
+            return HEARTBEAT
+        return None
+
+    async def check(self, record: BatchRecord) -> None:
+        """Move one in-flight batch on from what its job's backend says of it."""
+        sid = record.submission_id
+        if not sid:  # cannot happen: launch records it with the transition
+            await self.retry_or_fail(record, "internal_error", "in flight without a submission id")
+            return
+        now = self.clock()
+        if record.state is State.FINALIZING:
+            await self.finish_succeeded(record)
+            return
+        info = await self.backend.status(sid)
+        reason = self.stop_reason(record, now)
+        if reason is not None and info.state is not JobState.SUCCEEDED:
+            await self.stop_then_finish(record, info, reason, now)
+            return
+        if info.state is JobState.NOT_FOUND:
+            if record.state is State.SUBMITTED and not record.flag("confirmed"):
+                await self.resubmit(record)
+            else:
+                self.metrics.attempts.labels(event="lost").inc()
+                log.warning("job lost: Ray does not know it", extra={"submission_id": sid})
+                await self.retry_or_fail(
+                    record, "job_lost",
+                    f"Ray no longer knows attempt {sid} (a restarted Ray head, or a replaced batch-runner "
+                    "replica on the short path)",
+                )
+        elif info.state is JobState.PENDING:
+            await self._confirm(record)
+            submitted_at = record.number("submitted_at") or now
+            if now - submitted_at > self.opts.submitted_timeout_s:
+                await self.backend.stop(sid)
+                self.metrics.attempts.labels(event="stuck").inc()
+                await self.retry_or_fail(
+                    record, "job_stuck_pending", f"job {sid} stayed PENDING for {now - submitted_at:.0f}s"
+                )
+        elif info.state is JobState.RUNNING:
+            if record.state is State.SUBMITTED:
+                await self.mark_running(record, info)
+            else:
+                await self.check_heartbeat(record, info, now)
+                await self.maybe_progress(record, now)
+        elif info.state is JobState.SUCCEEDED:
+            await self.finish_succeeded(record)
+        elif info.state is JobState.FAILED:
+            await self.job_failed(record, info)
+        elif info.state is JobState.STOPPED:
+            self.metrics.attempts.labels(event="stopped").inc()
+            await self.retry_or_fail(record, "job_stopped", f"job {sid} was stopped outside the dispatcher")
+
+    async def _confirm(self, record: BatchRecord) -> None:
+        if not record.flag("confirmed"):
+            await self.store.transition(
+                record.key,
+                record.state,
+                from_states=[record.state],
+                expected_version=record.version,
+                fields={"confirmed": "1"},
+            )
+
+    async def mark_running(self, record: BatchRecord, info: JobInfo) -> None:
+        now = self.clock()
+        first_start = record.number("started_at")
+        result = await self.store.transition(
+            record.key,
+            State.RUNNING,
+            expected_version=record.version,
+            fields={
+                "confirmed": "1",
+                "attempt_started_at": repr(info.start_time or now),
+                "running_at": repr(now),
+                "started_at": repr(first_start or info.start_time or now),
+            },
+        )
+        if result.ok:
+            log.info("job running", extra={"submission_id": record.submission_id})
+
+    async def check_heartbeat(self, record: BatchRecord, info: JobInfo, now: float) -> None:
+        """A job Ray calls RUNNING that sent no heartbeat for ``heartbeat_timeout_s`` is hung: it is
+        stopped, and the next attempt starts only once Ray says this one ended (or after
+        ``job.stop_wait_s``), never beside it; a stop that fails (Ray unreachable) is tried again at
+        the next check instead of being taken as done."""
+        if not self.settings.job.pass_redis_url:  # the job has nowhere to send heartbeats
+            return
+        progress = await self.store.read_progress(record.key)
+        beat = 0.0
+        if progress.get("attempt") == str(record.attempt):
+            with contextlib.suppress(ValueError):
+                beat = float(progress.get("heartbeat_at") or 0)
+        last = max(beat, record.number("running_at") or 0.0, record.number("attempt_started_at") or 0.0)
+        if last and now - last > self.opts.heartbeat_timeout_s:
+            self.metrics.attempts.labels(event="heartbeat_expired").inc()
+            log.warning("job heartbeat expired; stopping it", extra={"silent_s": round(now - last, 1)})
+            await self.stop_then_finish(record, info, HEARTBEAT, now)
+
+    async def job_failed(self, record: BatchRecord, info: JobInfo) -> None:
+        code = info.exit_code
+        message = f"job {record.submission_id} failed"
+        if code is not None:
+            message += f" with exit code {code}"
+        summary = ray_message_summary(info.message)
+        if summary:
+            message += f": {summary}"
+        message += " (the end of the driver's log is in the dispatcher's log)"
+        if info.message:
+            log.warning("job failed", extra={"submission_id": record.submission_id, "exit_code": code,
+                                             "ray_message": info.message[-2000:]})
+        self.metrics.attempts.labels(event="failed").inc()
+        if code == EXIT_ENGINE_UNAVAILABLE:  # waiting again on every retry would not help
+            await self.retry_or_fail(record, "engine_unavailable", message, retriable=False,
+                                     dlt_reason=DltReason.ATTEMPTS_EXHAUSTED)
+        elif code in NON_RETRIABLE_EXITS:
+            reason = DltReason.INPUT_NOT_FOUND if code == EXIT_INPUT_NOT_FOUND else DltReason.INPUT_INVALID
+            await self.retry_or_fail(record, str(reason), message, retriable=False, dlt_reason=reason)
+        else:
+            await self.retry_or_fail(record, info.error_type or "job_failed", message)
+
+    async def retry_or_fail(
+        self,
+        record: BatchRecord,
+        code: str,
+        message: str,
+        *,
+        retriable: bool = True,
+        dlt_reason: DltReason | None = None,
+    ) -> None:
+        decision = self.policy.after_failure(max(1, record.attempts_made), retriable=retriable)
+        now = self.clock()
+        if decision.retry:
+            result = await self.store.transition(
+                record.key,
+                State.QUEUED,
+                expected_version=record.version,
+                from_states=[State.SUBMITTED, State.RUNNING, State.FINALIZING],
+                fields={"last_error_code": code, "last_error_message": message[:2000]},
+                delete=[*STOP_FIELDS, "confirmed"],
+                not_before=now + decision.delay_s,
+            )
+            if result.ok:
+                self.metrics.attempts.labels(event="retried").inc()
+                log.warning(
+                    "attempt failed; retrying",
+                    extra={"code": code, "error": message[:500], "retry_in_s": round(decision.delay_s, 1)},
+                )
+            return
+        error_code = code if not retriable else str(DltReason.ATTEMPTS_EXHAUSTED)
+        error_message = (
+            message if not retriable else f"{record.attempts_made} attempt(s) failed; last: {code}: {message}"
+        )
+        outcome = await self.outcomes.partial(
+            record,
+            State.FAILED,
+            error_code=error_code,
+            error_message=error_message,
+            dlt_reason=str(dlt_reason or DltReason.ATTEMPTS_EXHAUSTED),
+        )
+        await self.finish(record, outcome)
+
+    async def stop_then_finish(self, record: BatchRecord, info: JobInfo, reason: str, now: float) -> None:
+        sid = record.submission_id or ""
+        if info.state.is_terminal or info.state is JobState.NOT_FOUND:
+            await self.finish_stopped(record, reason)
+            return
+        requested = record.number("stop_requested_at")
+        if requested is None:
+            await self.backend.stop(sid)
+            self.metrics.attempts.labels(event="stop_requested").inc()
+            log.info("stopping job", extra={"reason": reason, "submission_id": sid})
+            await self.store.transition(
+                record.key,
+                record.state,
+                from_states=[record.state],
+                expected_version=record.version,
+                fields={"stop_reason": reason, "stop_requested_at": repr(now)},
+            )
+        elif now - requested > self.settings.job.stop_wait_s:
+            log.warning("job did not stop in time; finishing without it", extra={"submission_id": sid})
+            await self.finish_stopped(record, reason)
+
+    async def finish_stopped(self, record: BatchRecord, reason: str) -> None:
+        if reason == HEARTBEAT:  # the hung attempt ended: the next one may start
+            sid = record.submission_id or ""
+            await self.retry_or_fail(record, "heartbeat_expired", f"job {sid} stopped sending heartbeats")
+            return
+        state = State.CANCELLED if reason == "cancel" else State.EXPIRED
+        message = record.get("cancel_reason") if reason == "cancel" else "the batch passed its deadline"
+        outcome = await self.outcomes.partial(
+            record,
+            state,
+            error_code=None if state is State.CANCELLED else "deadline_exceeded",
+            error_message=None if state is State.CANCELLED else message,
+        )
+        await self.finish(record, outcome)
+
+    async def finish_succeeded(self, record: BatchRecord) -> None:
+        if record.state is not State.FINALIZING:
+            result = await self.store.transition(
+                record.key,
+                State.FINALIZING,
+                expected_version=record.version,
+                fields={"confirmed": "1", "job_ended_at": repr(self.clock())},
+            )
+            if not result.ok:
+                return
+            self.crash("after_job_end")
+            record = await self.store.get(record.key) or record
+        prefix = results_prefix(self.settings, record)
+        try:
+            manifest = await self.results.read_manifest(prefix)
+        except ManifestInvalid as exc:
+            manifest, problem = None, str(exc)
+        else:
+            problem = f"no manifest at {prefix}manifest.json"
+        if manifest is None or manifest.attempt != record.attempt:
+            if manifest is not None:
+                problem = f"manifest of attempt {manifest.attempt}, expected {record.attempt}"
+            await self.retry_or_fail(record, "manifest_missing", problem)
+            return
+        if manifest.status == "partial":  # exit 0 but not everything written: run the rest again
+            detail = manifest.error.message if manifest.error else "the job stopped early"
+            await self.retry_or_fail(record, "job_partial", detail)
+            return
+        outcome = outcome_from_manifest(manifest, record, self.clock(), prefix + MANIFEST_NAME)
+        await self.finish(record, outcome)
+
+    async def finish(self, record: BatchRecord, outcome: Outcome) -> None:
+        result = await self.store.transition(
+            record.key,
+            outcome.state,
+            expected_version=record.version,
+            fields=terminal_fields(record, outcome),
+            delete=STOP_FIELDS,
+        )
+        if result.ok:
+            self._progress_at.pop(record.key, None)
+            self._progress_sig.pop(record.key, None)
+            self.metrics.attempts.labels(event=outcome.state.value).inc()
+            log.info(
+                "batch finished", extra={"status": outcome.state.value, "error_code": outcome.error_code}
+            )
+
+    async def maybe_progress(self, record: BatchRecord, now: float) -> None:
+        """Publish a progress event when the interval passed and the counts moved."""
+        last = self._progress_at.get(record.key, 0.0)
+        if now - last < self.opts.progress_interval_s:
+            return
+        progress = await self.store.read_progress(record.key)
+        if not progress:
+            return
+        counts = safe_counts(
+            {k: counter(progress.get(k)) for k in ("total", "completed", "failed")},
+            int(record.get("total") or 0) or None,
+        )
+        usage = Usage(
+            prompt_tokens=counter(progress.get("prompt_tokens")),
+            completion_tokens=counter(progress.get("completion_tokens")),
+        )
+        sig = (record.attempt, counts.total, counts.completed, counts.failed)
+        self._progress_at[record.key] = now
+        if self._progress_sig.get(record.key) == sig:
+            return
+        self._progress_sig[record.key] = sig
+        envelope = build_progress(record, counts, usage, source=self.opts.source, now=now)
+        await self.producer.publish(self.settings.kafka.topics.results, envelope)

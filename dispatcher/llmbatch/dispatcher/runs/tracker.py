@@ -1,0 +1,363 @@
+"""The tracking loop: launch queued batches, watch their Ray jobs, finish them, publish outcomes.
+
+Any replica may run it; a Redis lease elects one at a time (a stale leader is harmless: every state
+change is a compare-and-set and submission ids are idempotent). Each tick:
+
+1. promote queued batches whose retry backoff elapsed;
+2. expire queued batches past their deadline;
+3. check the job of every in-flight batch and move the batch on (:mod:`llmbatch.dispatcher.runs.in_flight`:
+stop,
+   retry, finalize, finish, progress events);
+4. launch ready batches while fewer than ``max_in_flight`` hold a job (priority, then age); with
+   shared engines only while the model's replicas have room
+   (:class:`~llmbatch.dispatcher.domain.scheduler.Admission`);
+5. publish pending terminal events (and dead letters) idempotently;
+6. refresh gauges.
+
+Starting an attempt (its spec, the engines' room, the submission) is
+:mod:`llmbatch.dispatcher.runs.launcher`'s;
+what a batch's outcome is when it did not end with its own manifest,
+:mod:`llmbatch.dispatcher.runs.outcomes`'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+from llmbatch.dispatcher import logs
+from llmbatch.dispatcher.backends.backend import JobBackend
+from llmbatch.dispatcher.backends.input_sizes import InputSizes, SizeOf
+from llmbatch.dispatcher.domain import states
+from llmbatch.dispatcher.domain.batch_record import BatchRecord
+from llmbatch.dispatcher.domain.keys import BatchKey, Keys
+from llmbatch.dispatcher.domain.scheduler import launch_slots
+from llmbatch.dispatcher.domain.states import State
+from llmbatch.dispatcher.errors import DispatcherError
+from llmbatch.dispatcher.kafka.publisher import EventProducer, TerminalPublisher
+from llmbatch.dispatcher.kafka.record_reader import RecordReader
+from llmbatch.dispatcher.kafka.request_body import RequestBodies
+from llmbatch.dispatcher.metrics import Metrics
+from llmbatch.dispatcher.runs.in_flight import InFlight
+from llmbatch.dispatcher.runs.job_cleanup import JobCleanup
+from llmbatch.dispatcher.runs.launcher import Launcher
+from llmbatch.dispatcher.runs.outcomes import OutcomeReader
+from llmbatch.dispatcher.runs.results import ResultStore
+from llmbatch.dispatcher.settings import DispatcherSettings
+from llmbatch.dispatcher.state.store import StateStore
+from llmbatch.schemas.job import JobSpec
+
+log = logging.getLogger(__name__)
+
+LEASE = "tracker"
+WARN_EVERY_S = 30.0  # the same dependency outage is logged at most this often
+FAST_POLL_S = 0.2
+MIN_TICK_GAP_S = 0.05  # poll interval while a submitted job has not started yet (event -> RUNNING latency)
+
+
+class Tracker:
+    def __init__(
+        self,
+        settings: DispatcherSettings,
+        store: StateStore,
+        backend: JobBackend,
+        results: ResultStore,
+        producer: EventProducer,
+        metrics: Metrics,
+        *,
+        crash: Callable[[str], None] = lambda point: None,
+        clock: Callable[[], float] = time.time,
+        bodies: RequestBodies | None = None,
+        input_sizes: SizeOf | None = None,
+    ) -> None:
+        self.settings = settings
+        self.opts = settings.dispatcher
+        self.store = store
+        self.keys: Keys = store.keys
+        self.backend = backend
+        self.results = results
+        self.producer = producer
+        self.metrics = metrics
+        self.crash = crash
+        self.clock = clock
+        topics = settings.kafka.topics
+        self.job_cleanup = JobCleanup(
+            store,
+            backend,
+            retry_after_s=self.opts.job_delete_recheck_s,
+            settle_s=self.opts.job_delete_settle_s,
+            clock=clock,
+        )
+        bodies = bodies or RequestBodies(RecordReader(settings.kafka))
+        self.publisher = TerminalPublisher(
+            store,
+            producer,
+            results_topic=topics.results,
+            dlt_topic=topics.dead_letter,
+            group_id=self.opts.group_id,
+            source=self.opts.source,
+            metrics=metrics,
+            crash=crash,
+            after_publish=self.forget_jobs,
+            bodies=bodies,
+        )
+        self.token = f"{self.opts.instance_id}/{uuid.uuid4().hex[:8]}"
+        self.is_leader = False
+        self.last_tick = time.monotonic()
+        self._sweep_at = 0.0
+        self._cleanup_at = time.monotonic()
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._warned: dict[str, float] = {}
+        self._failing: dict[tuple[str, BatchKey], str] = {}  # (step, batch) -> its permanent error, said
+        self._sem = asyncio.Semaphore(16)
+        self.outcomes = OutcomeReader(settings, store, results, clock=clock)
+        self.checks = InFlight(settings, store, backend, results, producer, metrics, self.outcomes,
+                               resubmit=self.submit, clock=clock, crash=crash)
+        if input_sizes is None:
+            input_sizes = InputSizes(self._object_size)
+        self.launcher = Launcher(settings, store, backend, bodies, metrics, self.outcomes,
+                                 finish=self.checks.finish, clock=clock, crash=crash, size_of=input_sizes)
+
+    async def _object_size(self, uri: str) -> int | None:
+        return await self.results.object_size(uri)
+
+    # -- loop ----------------------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Run the next tick now (new batches were queued by this replica's consumer)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        keeper = asyncio.create_task(self._keep_lease(), name="tracker-lease")
+        try:
+            while not self._stopping.is_set():
+                self.last_tick = time.monotonic()
+                if self.is_leader:
+                    try:
+                        await self.tick()
+                    except DispatcherError as exc:
+                        log.warning("tracker tick incomplete", extra={"error": str(exc)})
+                    except Exception:
+                        log.exception("tracker tick failed")
+                interval = self.opts.poll_interval_s
+                if self.launcher.awaiting_start:
+                    interval = min(interval, FAST_POLL_S)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), interval)
+                self._wake.clear()
+                # a burst of wake-ups (intake at full speed) still ticks at most every MIN_TICK_GAP_S
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), MIN_TICK_GAP_S)
+        finally:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await keeper
+            if self.is_leader:
+                with contextlib.suppress(Exception):
+                    await self.store.release_lease(LEASE, self.token)
+                self._set_leader(False)
+
+    async def _keep_lease(self) -> None:
+        """Acquire or renew the lease every third of its TTL, independently of how long a tick takes."""
+        while not self._stopping.is_set():
+            try:
+                leader = await self.store.acquire_lease(LEASE, self.token, self.opts.lease_ttl_s)
+            except DispatcherError as exc:
+                self.metrics.transient_errors.labels(component="redis").inc()
+                log.warning("lease check failed", extra={"error": str(exc)})
+                leader = False
+            self._set_leader(leader)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.opts.lease_ttl_s / 3)
+
+    def _postponed(self, what: str, exc: DispatcherError) -> None:
+        """A step that met an outage: counted each time, logged once per component every
+        ``WARN_EVERY_S`` (an outage meets every launch and every batch's step, tick after tick)."""
+        component = _component(exc)
+        self.metrics.transient_errors.labels(component=component).inc()
+        now = time.monotonic()
+        if now - self._warned.get(component, -1e9) > WARN_EVERY_S:
+            self._warned[component] = now
+            log.warning(f"{what} postponed (repeats are not logged for a while)",
+                        extra={"error": str(exc), "component": component})
+
+    def _set_leader(self, leader: bool) -> None:
+        if leader != self.is_leader:
+            log.info("tracker leadership " + ("acquired" if leader else "lost"))
+        self.is_leader = leader
+        self.metrics.leader.set(1 if leader else 0)
+
+    async def forget_jobs(self, record: BatchRecord) -> None:
+        """Delete the Ray jobs of a batch whose terminal event is out (see
+        :mod:`llmbatch.dispatcher.runs.job_cleanup`)."""
+        await self.job_cleanup.forget(record)
+
+    async def tick(self) -> None:
+        await self.store.promote_due()
+        await self.expire_queued()
+        await self.poll_in_flight()
+        await self.launch()
+        await self.publisher.publish_pending()
+        await self.refresh_gauges()
+        now = time.monotonic()
+        if now - self._sweep_at > 300:
+            self._sweep_at = now
+            await self.store.sweep_finished()
+        if now - self._cleanup_at > 10:
+            self._cleanup_at = now
+            await self.job_cleanup.retry_due()
+
+    async def _each(self, records: list[BatchRecord], fn: Callable[[BatchRecord], Awaitable[None]],
+                    step: str = "check") -> None:
+        """``fn`` on each record, 16 at a time; an outage is logged as :meth:`_postponed` says, a
+        permanent error once per batch and ``step`` until it changes or the step works again."""
+        async def guarded(record: BatchRecord) -> None:
+            async with self._sem:
+                with logs.bind(
+                    batch_id=record.batch_id,
+                    tenant=record.tenant,
+                    attempt=record.attempt,
+                    trace_id=logs.trace_id_of(record.get("traceparent")),
+                ):
+                    failing = (step, record.key)
+                    try:
+                        await fn(record)
+                    except DispatcherError as exc:
+                        if exc.retriable:
+                            self._postponed("batch step", exc)
+                        elif self._failing.get(failing) != str(exc):  # said once per batch and error
+                            self._failing[failing] = str(exc)
+                            log.error("batch step failed (said again only if the error changes)",
+                                      extra={"error": str(exc), "step": step})
+                    except Exception:
+                        log.exception("batch step crashed")
+                    else:
+                        if self._failing.pop(failing, None) is not None:
+                            log.info("batch step works again", extra={"step": step})
+                    finally:
+                        self.last_tick = time.monotonic()  # a long tick that moves is not a stall
+
+        await asyncio.gather(*(guarded(r) for r in records))
+        # batches no longer handed to this step (ended, or not due) are forgotten: the map stays bounded
+        keys = {r.key for r in records}
+        for gone in [k for k in self._failing if k[0] == step and k[1] not in keys]:
+            del self._failing[gone]
+
+    # -- 2. deadlines of queued batches --------------------------------------------------------------
+    async def expire_queued(self) -> None:
+        """Finish queued batches past their deadline, and queued retries a cancel asked to stop
+        (:meth:`StateStore.due_now` puts them in the deadline index)."""
+        now = self.clock()
+        ids = await self.store.due_deadlines(now, limit=500)
+        records = [
+            r
+            for r in await self.store.get_many(ids)
+            if r is not None and r.state in {State.ACCEPTED, State.QUEUED}
+        ]
+        stops = [(r, self.checks.stop_reason(r, now)) for r in records]
+        due = {r.key: reason for r, reason in stops if reason in {"cancel", "deadline"}}
+        await self._each([r for r in records if r.key in due],
+                         lambda r: self.checks.finish_stopped(r, due[r.key]), step="expire")
+
+    # -- 3. in-flight --------------------------------------------------------------------------------
+    async def poll_in_flight(self) -> None:
+        ids: list[BatchKey] = []
+        for state in (State.SUBMITTED, State.RUNNING, State.FINALIZING):
+            found = await self.store.ids_in_state(state, limit=10_000)
+            if state is State.SUBMITTED:
+                self.launcher.awaiting_start = bool(found)
+            ids += found
+        records = [r for r in await self.store.get_many(ids) if r is not None and r.state in states.IN_FLIGHT]
+        await self._each(records, self.checks.check)
+
+    # -- 4. launch -----------------------------------------------------------------------------------
+    async def launch(self) -> None:
+        in_flight = await self.store.in_flight_count()
+        slots = launch_slots(in_flight, self.opts.launch_limit)
+        admission = await self.launcher.admission() if self.opts.shared_engines and slots else None
+        # a few extra: cancelled or expired entries at the head are finished, not launched (and with
+        # shared engines a model without room must not hold back the other models' batches)
+        extra = 64 if admission is not None else 8
+        ids = await self.store.ready_ids(slots + extra if slots else 8)
+        if not ids:
+            return
+        launched = 0
+        for record in await self.store.get_many(ids):
+            if record is None or record.state is not State.QUEUED:
+                continue
+            with logs.bind(batch_id=record.batch_id, tenant=record.tenant,
+                           trace_id=logs.trace_id_of(record.get("traceparent"))):
+                reason = self.checks.stop_reason(record, self.clock())
+                try:
+                    if reason is not None:
+                        await self.checks.finish_stopped(record, reason)
+                    elif (
+                        launched < slots
+                        and await self.launcher.admits(admission, record)
+                        and await self.launcher.start_attempt(record)
+                    ):
+                        launched += 1
+                except DispatcherError as exc:
+                    if not exc.retriable:
+                        log.warning("launch postponed", extra={"error": str(exc)})
+                        continue
+                    self._postponed("launch", exc)
+                    return
+        if admission is not None:
+            for model in self.settings.engines.models:
+                self.metrics.admitted.labels(model=model).set(admission.requests(model))
+                self.metrics.admission_waiting.labels(model=model).set(1 if model in admission.blocked else 0)
+
+    async def job_spec(self, record: BatchRecord, attempt: int) -> JobSpec:
+        """The spec of an attempt (see :meth:`Launcher.job_spec`)."""
+        return await self.launcher.job_spec(record, attempt)
+
+    async def start_attempt(self, record: BatchRecord) -> bool:
+        """Start the next attempt of a queued batch (see :meth:`Launcher.start_attempt`)."""
+        return await self.launcher.start_attempt(record)
+
+    async def submit(self, record: BatchRecord, spec: JobSpec | None = None) -> None:
+        """Submit (or resubmit) the record's current attempt (see :meth:`Launcher.submit`)."""
+        await self.launcher.submit(record, spec)
+
+    @property
+    def bodies(self) -> RequestBodies:
+        """Where the request bodies Redis does not keep are read back from (the topic)."""
+        return self.launcher.bodies
+
+    @bodies.setter
+    def bodies(self, value: RequestBodies) -> None:
+        self.launcher.bodies = value
+
+    @property
+    def engine_replicas(self) -> dict[str, int]:
+        """Live replicas per model (set by the service from the engines' figures): admission capacity."""
+        return self.launcher.engine_replicas
+
+    @engine_replicas.setter
+    def engine_replicas(self, value: dict[str, int]) -> None:
+        self.launcher.engine_replicas = value
+
+    # -- 6. gauges -----------------------------------------------------------------------------------
+    async def refresh_gauges(self) -> None:
+        counts = await self.store.counts()
+        for state, n in counts.items():
+            self.metrics.batches.labels(state=state.value).set(n)
+        self.metrics.in_flight.set(sum(counts[s] for s in states.IN_FLIGHT))
+
+
+def _component(exc: DispatcherError) -> str:
+    return {
+        "redis_unavailable": "redis",
+        "kafka_unavailable": "kafka",
+        "ray_unavailable": "ray",
+        "storage_unavailable": "s3",
+    }.get(exc.code, "other")

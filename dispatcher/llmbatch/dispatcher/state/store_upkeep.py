@@ -1,0 +1,113 @@
+"""The state store's upkeep, beside the batches' state machine: index entries of expired batches,
+Ray jobs waiting to be deleted, leases between replicas, the S3 sessions handed to Ray job drivers,
+and health. Mixed into :class:`llmbatch.dispatcher.state.store.StateStore`, whose client, keys, clock and
+error
+translation (``_call``) it uses."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+from llmbatch.dispatcher.domain import states
+from llmbatch.dispatcher.errors import StateStoreUnavailable
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
+
+    from llmbatch.dispatcher.domain.keys import Keys
+    from llmbatch.dispatcher.state.store_scripts import Scripts
+
+T = TypeVar("T")
+
+MAX_JOB_DELETES = 100_000  # Ray jobs waiting for another delete, at most
+
+
+class StoreUpkeep:
+    """Upkeep operations of the Redis state store (see the module docstring)."""
+
+    client: aioredis.Redis
+    keys: Keys
+    finished_ttl_s: int
+    clock: Callable[[], float]
+    _scripts: Scripts
+
+    async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
+        raise NotImplementedError  # StateStore's: Redis errors translated at the boundary
+
+    async def sweep_finished(self, limit: int = 1000) -> int:
+        """Drop index entries of finished batches whose hash has expired (older than the TTL)."""
+        cutoff = self.clock() - self.finished_ttl_s
+
+        async def run() -> int:
+            removed = 0
+            for state in states.TERMINAL:
+                key = self.keys.state_index(state)
+                removed += int(await self.client.zremrangebyscore(key, "-inf", cutoff))
+            return removed
+
+        return await self._call(run)
+
+    # -- Ray jobs to delete (see dispatcher.job_cleanup) -------------------------------------------
+    async def defer_job_deletes(self, submission_ids: Sequence[str], due: float) -> None:
+        """Remember Ray jobs to delete at ``due``; the oldest go first beyond ``MAX_JOB_DELETES``
+        (a head down for weeks must not grow Redis without bound)."""
+        if not submission_ids:
+            return
+        key = self.keys.job_deletes
+
+        async def run() -> None:
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.zadd(key, {sid: due for sid in submission_ids})
+                pipe.zremrangebyrank(key, 0, -MAX_JOB_DELETES - 1)
+                await pipe.execute()
+
+        await self._call(run)
+
+    async def due_job_deletes(self, now: float, limit: int = 50) -> list[str]:
+        key = self.keys.job_deletes
+        raw = await self._call(lambda: self.client.zrangebyscore(key, "-inf", now, start=0, num=limit))
+        return [str(x) for x in raw]
+
+    async def drop_job_deletes(self, submission_ids: Sequence[str]) -> None:
+        if submission_ids:
+            key = self.keys.job_deletes
+            await self._call(lambda: self.client.zrem(key, *submission_ids))
+
+    # -- leases -----------------------------------------------------------------------------------
+    async def acquire_lease(self, name: str, token: str, ttl_s: float) -> bool:
+        keys, args = [self.keys.lease(name)], [token, str(int(ttl_s * 1000))]
+        return int(await self._call(lambda: self._scripts.lease_acquire(keys=keys, args=args))) == 1
+
+    async def release_lease(self, name: str, token: str) -> bool:
+        keys, args = [self.keys.lease(name)], [token]
+        return int(await self._call(lambda: self._scripts.lease_release(keys=keys, args=args))) == 1
+
+    async def put_s3_session(self, nonce: str, payload: bytes, ttl_s: int) -> None:
+        """Keep a Ray job attempt's S3 session for its driver to take (``SET NX``: never over another)."""
+        key = self.keys.s3_session(nonce)
+
+        async def run() -> None:
+            if not await self.client.set(key, payload, ex=ttl_s, nx=True):
+                raise StateStoreUnavailable(f"the S3 session key {key} exists already")
+
+        await self._call(run)
+
+    async def drop_s3_session(self, key: str) -> None:
+        """Forget a session no driver will take (its submit created no job)."""
+        if not key.startswith(self.keys.s3_session_prefix):
+            raise ValueError(f"not an S3 session key of this store: {key[:80]!r}")
+        await self._call(lambda: self.client.delete(key))
+
+    async def ping(self) -> bool:
+        return bool(await self._call(lambda: self.client.ping()))
+
+    async def fsync_policy(self) -> str | None:
+        """Redis' ``appendfsync`` (``None`` with AOF off or when ``CONFIG`` is not allowed)."""
+        try:
+            config = await self.client.config_get("append*")  # appendonly and appendfsync in one call
+        except Exception:  # managed Redis often disables CONFIG: nothing to tell then
+            return None
+        if config.get("appendonly") != "yes":
+            return None
+        return str(config.get("appendfsync") or "") or None
