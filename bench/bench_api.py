@@ -61,11 +61,16 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def start_api(port: int, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "LLMBATCH_API__KEYS": json.dumps({hash_api_key(KEY): "default"}),
-           "LLMBATCH_API__RATE_PER_S": "0", "LLMBATCH_API__STATE_FALLBACK_AFTER_S": "0"}
+    env = {
+        **os.environ,
+        "LLMBATCH_API__KEYS": json.dumps({hash_api_key(KEY): "default"}),
+        "LLMBATCH_API__RATE_PER_S": "0",
+        "LLMBATCH_API__STATE_FALLBACK_AFTER_S": "0",
+    }
     argv = [sys.executable, "-m", "llmbatch.api", "--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen(argv, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
+    )
     end = time.monotonic() + 60
     while time.monotonic() < end:
         try:
@@ -83,12 +88,19 @@ async def load(base: str, clients: int, calls: int, file_id: str) -> dict[str, A
     times: dict[str, list[float]] = {"create": [], "retrieve": [], "livez": []}
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=base, headers=headers, limits=limits, timeout=120) as http:
+
         async def client(n: int) -> None:
             mine: list[str] = []
             for _ in range(calls):
                 t0 = time.perf_counter()
-                reply = await http.post("/batches", json={
-                    "input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"})
+                reply = await http.post(
+                    "/batches",
+                    json={
+                        "input_file_id": file_id,
+                        "endpoint": "/v1/chat/completions",
+                        "completion_window": "24h",
+                    },
+                )
                 times["create"].append(time.perf_counter() - t0)
                 reply.raise_for_status()
                 mine.append(reply.json()["id"])
@@ -107,10 +119,13 @@ async def load(base: str, clients: int, calls: int, file_id: str) -> dict[str, A
         wall = time.perf_counter() - t0
     out: dict[str, Any] = {"clients": clients, "calls_per_client": calls, "wall_s": round(wall, 2)}
     for name, values in times.items():
-        out[name] = {"p50_ms": round(percentile(values, 0.5) * 1000, 1),
-                     "p99_ms": round(percentile(values, 0.99) * 1000, 1),
-                     "max_ms": round(max(values) * 1000, 1), "calls": len(values),
-                     "mean_ms": round(statistics.fmean(values) * 1000, 1)}
+        out[name] = {
+            "p50_ms": round(percentile(values, 0.5) * 1000, 1),
+            "p99_ms": round(percentile(values, 0.99) * 1000, 1),
+            "max_ms": round(max(values) * 1000, 1),
+            "calls": len(values),
+            "mean_ms": round(statistics.fmean(values) * 1000, 1),
+        }
     return out
 
 
@@ -118,10 +133,23 @@ def write_results(client: Any, settings: ApiSettings, batch_id: str, mb: int) ->
     """Output shards of about ``mb`` MB and a manifest under the batch's folder, as a job writes them."""
     from llmbatch.ray_job import manifest as manifests
 
-    line = orjson.dumps({"id": "x", "custom_id": "c", "response": {"status_code": 200, "body": {
-        "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant",
-                                                                            "content": "y" * 400}}]}},
-        "error": None}) + b"\n"
+    line = (
+        orjson.dumps(
+            {
+                "id": "x",
+                "custom_id": "c",
+                "response": {
+                    "status_code": 200,
+                    "body": {
+                        "object": "chat.completion",
+                        "choices": [{"index": 0, "message": {"role": "assistant", "content": "y" * 400}}],
+                    },
+                },
+                "error": None,
+            }
+        )
+        + b"\n"
+    )
     shard_bytes = line * LINES_PER_SHARD
     shards = max(1, (mb << 20) // len(shard_bytes))
     bucket = settings.s3.results_bucket
@@ -134,9 +162,19 @@ def write_results(client: Any, settings: ApiSettings, batch_id: str, mb: int) ->
         uris.append(uri)
         infos.append(ShardInfo(uri=uri, lines=LINES_PER_SHARD, size_bytes=len(shard_bytes), attempt=1))
     now = datetime.now(UTC)
-    built = manifests.build(batch_id=batch_id, attempt=1, status="completed", total=shards * LINES_PER_SHARD,
-                            shards=infos, usage=Usage(prompt_tokens=0, completion_tokens=0), attempts=[],
-                            started_at=now, finished_at=now, engine_start_s=None, generation_s=None)
+    built = manifests.build(
+        batch_id=batch_id,
+        attempt=1,
+        status="completed",
+        total=shards * LINES_PER_SHARD,
+        shards=infos,
+        usage=Usage(prompt_tokens=0, completion_tokens=0),
+        attempts=[],
+        started_at=now,
+        finished_at=now,
+        engine_start_s=None,
+        generation_s=None,
+    )
     body = built.to_json()
     client.put_object(bucket, prefix + "manifest.json", io.BytesIO(body), len(body))
     return uris, shards * len(shard_bytes)
@@ -157,16 +195,22 @@ def stream_content(base: str, file_id: str, pid: int) -> dict[str, Any]:
     sampler.start()
     received = 0
     t0 = time.perf_counter()
-    with httpx.stream("GET", f"{base}/files/{file_id}/content", headers={"Authorization": f"Bearer {KEY}"},
-                      timeout=300) as reply:
+    with httpx.stream(
+        "GET", f"{base}/files/{file_id}/content", headers={"Authorization": f"Bearer {KEY}"}, timeout=300
+    ) as reply:
         reply.raise_for_status()
         for chunk in reply.iter_bytes():
             received += len(chunk)
     wall = time.perf_counter() - t0
     stop.set()
     sampler.join()
-    return {"bytes": received, "s": round(wall, 2), "mb_per_s": round(received / wall / 1e6, 1),
-            "api_rss_before_mb": round(before / 1e6, 1), "api_rss_peak_mb": round(max(peak) / 1e6, 1)}
+    return {
+        "bytes": received,
+        "s": round(wall, 2),
+        "mb_per_s": round(received / wall / 1e6, 1),
+        "api_rss_before_mb": round(before / 1e6, 1),
+        "api_rss_peak_mb": round(max(peak) / 1e6, 1),
+    }
 
 
 def direct(client: Any, uris: list[str]) -> dict[str, Any]:
@@ -205,16 +249,26 @@ def main() -> int:
     try:
         lines = inline_lines(4, model=MODEL)
         data = b"".join(orjson.dumps(line) + b"\n" for line in lines)
-        upload = httpx.post(f"{base}/files", headers={"Authorization": f"Bearer {KEY}"},
-                            files={"file": ("in.jsonl", data)}, data={"purpose": "batch"}, timeout=60)
+        upload = httpx.post(
+            f"{base}/files",
+            headers={"Authorization": f"Bearer {KEY}"},
+            files={"file": ("in.jsonl", data)},
+            data={"purpose": "batch"},
+            timeout=60,
+        )
         upload.raise_for_status()
         file_id = upload.json()["id"]
         latency = asyncio.run(load(base, args.clients, args.calls, file_id))
-        batch = httpx.post(f"{base}/batches", headers={"Authorization": f"Bearer {KEY}"}, timeout=60, json={
-            "input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}).json()
+        batch = httpx.post(
+            f"{base}/batches",
+            headers={"Authorization": f"Bearer {KEY}"},
+            timeout=60,
+            json={"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+        ).json()
         uris, size = write_results(client, settings, batch["id"], args.mb)
-        done = httpx.get(f"{base}/batches/{batch['id']}", headers={"Authorization": f"Bearer {KEY}"},
-                         timeout=60).json()
+        done = httpx.get(
+            f"{base}/batches/{batch['id']}", headers={"Authorization": f"Bearer {KEY}"}, timeout=60
+        ).json()
         assert done["status"] == "completed" and done["output_file_id"], done
         via_api = stream_content(base, done["output_file_id"], proc.pid)
         assert via_api["bytes"] == size, (via_api, size)
@@ -222,21 +276,31 @@ def main() -> int:
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
-    result = {"latency": latency, "content_via_api": via_api, "content_direct_minio": straight,
-              "api_to_direct_ratio": round(via_api["mb_per_s"] / straight["mb_per_s"], 2)}
+    result = {
+        "latency": latency,
+        "content_via_api": via_api,
+        "content_direct_minio": straight,
+        "api_to_direct_ratio": round(via_api["mb_per_s"] / straight["mb_per_s"], 2),
+    }
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
     print(f"{args.clients} clients x {args.calls} calls each (wall {latency['wall_s']} s)")
     for name in ("create", "retrieve", "livez"):
         f = latency[name]
-        print(f"  {name:<9} p50 {f['p50_ms']:>7} ms   p99 {f['p99_ms']:>7} ms   max {f['max_ms']:>7} ms   "
-              f"({f['calls']} calls)")
+        print(
+            f"  {name:<9} p50 {f['p50_ms']:>7} ms   p99 {f['p99_ms']:>7} ms   max {f['max_ms']:>7} ms   "
+            f"({f['calls']} calls)"
+        )
     print(f"content of a {size / 1e6:.0f} MB output file ({len(uris)} shards)")
-    print(f"  via the API     {via_api['mb_per_s']:>7} MB/s  API RSS "
-          f"{via_api['api_rss_before_mb']} MB before, {via_api['api_rss_peak_mb']} MB peak")
-    print(f"  MinIO directly  {straight['mb_per_s']:>7} MB/s  "
-          f"(ratio API/direct {result['api_to_direct_ratio']})")
+    print(
+        f"  via the API     {via_api['mb_per_s']:>7} MB/s  API RSS "
+        f"{via_api['api_rss_before_mb']} MB before, {via_api['api_rss_peak_mb']} MB peak"
+    )
+    print(
+        f"  MinIO directly  {straight['mb_per_s']:>7} MB/s  "
+        f"(ratio API/direct {result['api_to_direct_ratio']})"
+    )
     return 0
 
 

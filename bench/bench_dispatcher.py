@@ -263,7 +263,8 @@ async def main() -> None:
     parser.add_argument("--skip-overhead", action="store_true")
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
-        "--compare-fsync", action="store_true",
+        "--compare-fsync",
+        action="store_true",
         help="run the intake phase with Redis appendfsync everysec, then always (CONFIG SET on the "
         "stack's Redis, restored after) and print both and their ratio",
     )

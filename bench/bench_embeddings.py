@@ -36,8 +36,26 @@ if str(ROOT) not in sys.path:
 from bench.bench_ray_job import engine_environment  # noqa: E402
 
 WORDS = [
-    "kafka", "ray", "serve", "batch", "engine", "vector", "token", "model", "cluster", "replica",
-    "shard", "stream", "event", "offset", "partition", "tenant", "queue", "answer", "request", "prompt",
+    "kafka",
+    "ray",
+    "serve",
+    "batch",
+    "engine",
+    "vector",
+    "token",
+    "model",
+    "cluster",
+    "replica",
+    "shard",
+    "stream",
+    "event",
+    "offset",
+    "partition",
+    "tenant",
+    "queue",
+    "answer",
+    "request",
+    "prompt",
 ]
 
 
@@ -78,8 +96,14 @@ def run_service(
     from llmbatch.schemas.common import Endpoint
 
     lines = [
-        orjson.dumps({"custom_id": f"l{i}", "method": "POST", "url": "/v1/embeddings",
-                      "body": {"input": batch[i:i + per_line]}})
+        orjson.dumps(
+            {
+                "custom_id": f"l{i}",
+                "method": "POST",
+                "url": "/v1/embeddings",
+                "body": {"input": batch[i : i + per_line]},
+            }
+        )
         for i in range(0, len(batch), per_line)
     ]
     parsed = list(parse_lines(lines, batch_id="bench", endpoint=Endpoint.EMBEDDINGS, model=model))
@@ -142,17 +166,24 @@ def main() -> None:
                     vectors[mode] = run_service(engine, tok, EMBEDDING_MODEL, batch, per_line)
                 rate = len(batch) / (time.perf_counter() - t0)
                 results[key][mode].append(round(rate, 1))
-                print(f"rep {rep} {key:8} {mode:8} {rate:8.1f} texts/s  load1 {os.getloadavg()[0]:.2f}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"rep {rep} {key:8} {mode:8} {rate:8.1f} texts/s  load1 {os.getloadavg()[0]:.2f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             worst = min(cosine(a, b) for a, b in zip(vectors["plain"], vectors["service"], strict=True))
             worst_cosine[key] = min(worst, worst_cosine.get(key, 1.0))
 
-    print(f"{args.lines} texts, all-MiniLM-L6-v2 on vLLM ({start_s:.1f} s engine start), "
-          f"{args.reps} reps interleaved, one engine")
+    print(
+        f"{args.lines} texts, all-MiniLM-L6-v2 on vLLM ({start_s:.1f} s engine start), "
+        f"{args.reps} reps interleaved, one engine"
+    )
     for key, modes in results.items():
         plain, service = statistics.fmean(modes["plain"]), statistics.fmean(modes["service"])
-        print(f"  {key:8} plain {plain:8.1f} texts/s ({modes['plain']})  service {service:8.1f} texts/s "
-              f"({modes['service']})  ratio {service / plain:.2f}x  min cosine {worst_cosine[key]:.6f}")
+        print(
+            f"  {key:8} plain {plain:8.1f} texts/s ({modes['plain']})  service {service:8.1f} texts/s "
+            f"({modes['service']})  ratio {service / plain:.2f}x  min cosine {worst_cosine[key]:.6f}"
+        )
     if args.json:
         print(json.dumps({"results": results, "min_cosine": worst_cosine, "engine_start_s": start_s}))
 

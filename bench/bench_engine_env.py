@@ -47,8 +47,11 @@ from bench.bench_ray_job import input_lines, prompts, run_plain  # noqa: E402
 VARIANTS: dict[str, dict[str, str]] = {
     "inproc": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"},
     "vllm-procs": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
-    "nobind": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-               "OMP_NUM_THREADS": "1"},
+    "nobind": {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "OMP_NUM_THREADS": "1",
+    },
 }
 # in-process on 2 threads (what --omp-threads 2 gives a replica), with Intel OpenMP's default 200 ms
 # of spinning after each parallel region, vLLM's 5 ms (it sets it for pinned workers), none
@@ -88,14 +91,17 @@ def main() -> None:
     results: dict[str, list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-engine-env-") as tmp:
         path = Path(tmp) / "input.jsonl"
-        path.write_text("".join(json.dumps(line) + "\n"
-                                for line in input_lines(prompts(args.prompts), args.max_tokens)))
+        path.write_text(
+            "".join(json.dumps(line) + "\n" for line in input_lines(prompts(args.prompts), args.max_tokens))
+        )
         for rep in range(args.reps):
             runs = [(v, b) for v in variants for b in backgrounds]
             for variant, background in runs if rep % 2 == 0 else runs[::-1]:
                 stop = mp.Event()
-                burners = [mp.Process(target=burner, args=(stop,), daemon=True)
-                           for _ in range(round(background / (BURN_S / PERIOD_S)))]
+                burners = [
+                    mp.Process(target=burner, args=(stop,), daemon=True)
+                    for _ in range(round(background / (BURN_S / PERIOD_S)))
+                ]
                 for p in burners:
                     p.start()
                 load = os.getloadavg()[0]
@@ -105,18 +111,26 @@ def main() -> None:
                     stop.set()
                     for p in burners:
                         p.join()
-                row = {"tok_s": round(out["output_tokens"] / out["generation_s"], 1),
-                       "generation_s": round(out["generation_s"], 1),
-                       "engine_start_s": round(out["engine_start_s"], 1), "load1": round(load, 2)}
+                row = {
+                    "tok_s": round(out["output_tokens"] / out["generation_s"], 1),
+                    "generation_s": round(out["generation_s"], 1),
+                    "engine_start_s": round(out["engine_start_s"], 1),
+                    "load1": round(load, 2),
+                }
                 results.setdefault(f"{variant} bg {background}", []).append(row)
-                print(f"rep {rep} {variant:10} background {background:4} cores: {row}", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"rep {rep} {variant:10} background {background:4} cores: {row}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     print(f"plain LLM.chat, {args.prompts} prompts, {args.max_tokens} tokens, {args.reps} reps interleaved")
     for name, rows in results.items():
-        print(f"  {name:24} {statistics.fmean(r['tok_s'] for r in rows):7.1f} tok/s "
-              f"({', '.join(str(r['tok_s']) for r in rows)}), engine start "
-              f"{statistics.fmean(r['engine_start_s'] for r in rows):5.1f} s, load1 "
-              f"{', '.join(str(r['load1']) for r in rows)}")
+        print(
+            f"  {name:24} {statistics.fmean(r['tok_s'] for r in rows):7.1f} tok/s "
+            f"({', '.join(str(r['tok_s']) for r in rows)}), engine start "
+            f"{statistics.fmean(r['engine_start_s'] for r in rows):5.1f} s, load1 "
+            f"{', '.join(str(r['load1']) for r in rows)}"
+        )
     if args.json:
         print(json.dumps(results, indent=2))
 

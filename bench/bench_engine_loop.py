@@ -71,8 +71,9 @@ class Counted:
         return out
 
 
-def run_mode(mode: str, backend: Any, counted: Counted, requests: list[Any], convs: list[Any],
-             args: argparse.Namespace) -> tuple[float, int, int]:
+def run_mode(
+    mode: str, backend: Any, counted: Counted, requests: list[Any], convs: list[Any], args: argparse.Namespace
+) -> tuple[float, int, int]:
     """(seconds, output tokens, engine steps seen by our loop) of one mode."""
     from vllm import SamplingParams
 
@@ -86,8 +87,9 @@ def run_mode(mode: str, backend: Any, counted: Counted, requests: list[Any], con
         done = llm.chat(convs, params, use_tqdm=False)
         return time.perf_counter() - began, sum(len(o.outputs[0].token_ids) for o in done), 0
     if mode == "ids":
-        done = llm.generate([{"prompt_token_ids": r.prompt_token_ids} for r in requests], params,
-                            use_tqdm=False)
+        done = llm.generate(
+            [{"prompt_token_ids": r.prompt_token_ids} for r in requests], params, use_tqdm=False
+        )
         return time.perf_counter() - began, sum(len(o.outputs[0].token_ids) for o in done), 0
     runner = EngineRunner(counted, max_active=args.max_active)
     tag = f"{mode}-{time.monotonic_ns()}-"
@@ -99,7 +101,7 @@ def run_mode(mode: str, backend: Any, counted: Counted, requests: list[Any], con
         pool = ThreadPoolExecutor(max_workers=args.in_flight)
         pending: deque[Future[list[Any]]] = deque()
         for i in range(0, len(reqs), args.batch_size):
-            pending.append(pool.submit(runner.generate, reqs[i:i + args.batch_size], group="one"))
+            pending.append(pool.submit(runner.generate, reqs[i : i + args.batch_size], group="one"))
             while len(pending) >= args.in_flight:
                 gens.extend(pending.popleft().result())
         while pending:
@@ -108,8 +110,14 @@ def run_mode(mode: str, backend: Any, counted: Counted, requests: list[Any], con
     elif mode == "4x128":
         size = -(-len(reqs) // args.conc)
         outs: list[list[Any]] = [[] for _ in range(args.conc)]
-        threads = [threading.Thread(target=lambda i=i: outs[i].extend(
-            runner.generate(reqs[i * size:(i + 1) * size], group=f"batch{i}"))) for i in range(args.conc)]
+        threads = [
+            threading.Thread(
+                target=lambda i=i: outs[i].extend(
+                    runner.generate(reqs[i * size : (i + 1) * size], group=f"batch{i}")
+                )
+            )
+            for i in range(args.conc)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -160,8 +168,13 @@ def main() -> None:
 
     engines: dict[str, tuple[Any, Counted]] = {}
     for budget in [int(b) for b in args.budgets.split(",") if b]:
-        config = EngineConfig(dtype="bfloat16", enforce_eager=True, max_model_len=MAX_MODEL_LEN,
-                              max_num_batched_tokens=budget or None, engine_kwargs={"seed": 0})
+        config = EngineConfig(
+            dtype="bfloat16",
+            enforce_eager=True,
+            max_model_len=MAX_MODEL_LEN,
+            max_num_batched_tokens=budget or None,
+            engine_kwargs={"seed": 0},
+        )
         backend = VllmBackend(model, config)
         engines[f"mnbt={budget or 'default'}"] = (backend, Counted(backend))
     # one untimed warm-up per engine (first steps allocate and fill caches)
@@ -175,22 +188,31 @@ def main() -> None:
             for mode in order:
                 load = os.getloadavg()[0]
                 seconds, tokens, steps = run_mode(mode, backend, counted, requests, convs, args)
-                row = {"s": round(seconds, 2), "tokens": tokens, "tok_s": round(tokens / seconds, 1),
-                       "steps": steps, "load1": round(load, 2)}
+                row = {
+                    "s": round(seconds, 2),
+                    "tokens": tokens,
+                    "tok_s": round(tokens / seconds, 1),
+                    "steps": steps,
+                    "load1": round(load, 2),
+                }
                 results[name][mode].append(row)
                 print(f"rep {rep} {name:18} {mode:7} {row}", file=sys.stderr, flush=True)
 
     base_engine = next(iter(engines))
     base = statistics.fmean(r["tok_s"] for r in results[base_engine][modes[0]])
-    print(f"{args.prompts} chat prompts, max_tokens {args.max_tokens}, {args.reps} reps interleaved; "
-          f"ratios to {base_engine} {modes[0]}")
+    print(
+        f"{args.prompts} chat prompts, max_tokens {args.max_tokens}, {args.reps} reps interleaved; "
+        f"ratios to {base_engine} {modes[0]}"
+    )
     for name in engines:
         for mode in modes:
             rows = results[name][mode]
             mean = statistics.fmean(r["tok_s"] for r in rows)
-            print(f"  {name:18} {mode:7} {mean:7.1f} tok/s ({', '.join(str(r['tok_s']) for r in rows)})  "
-                  f"{mean / base:5.2f}x  steps {rows[0]['steps']}  load1 "
-                  f"{', '.join(str(r['load1']) for r in rows)}")
+            print(
+                f"  {name:18} {mode:7} {mean:7.1f} tok/s ({', '.join(str(r['tok_s']) for r in rows)})  "
+                f"{mean / base:5.2f}x  steps {rows[0]['steps']}  load1 "
+                f"{', '.join(str(r['load1']) for r in rows)}"
+            )
     if args.json:
         print(json.dumps(results, indent=2))
 

@@ -54,14 +54,20 @@ def deploy_config(ray: Any, model_path: str, omp_threads: int) -> dict[str, Any]
     from llmbatch.stack.dispatcher_env import LOCAL_ENGINE, engine_cache_dir
     from llmbatch.stack.model import SERVED_MODEL
 
-    entry = EngineModel(path=model_path, engine=EngineConfig.model_validate(LOCAL_ENGINE),
-                        resources=ReplicaResources(num_cpus=1.0, omp_threads=omp_threads or None),
-                        scaling=Scaling(min_replicas=1, max_replicas=1, idle_s=3600))
-    settings = DispatcherSettings.model_validate({
-        "ray": ray.model_dump(), "engines": EngineRegistry(models={SERVED_MODEL: entry}).model_dump(),
-        "job": {"engine_cache_dir": str(engine_cache_dir())},
-        "dispatcher": {"short_path_max_lines": 0},
-    })
+    entry = EngineModel(
+        path=model_path,
+        engine=EngineConfig.model_validate(LOCAL_ENGINE),
+        resources=ReplicaResources(num_cpus=1.0, omp_threads=omp_threads or None),
+        scaling=Scaling(min_replicas=1, max_replicas=1, idle_s=3600),
+    )
+    settings = DispatcherSettings.model_validate(
+        {
+            "ray": ray.model_dump(),
+            "engines": EngineRegistry(models={SERVED_MODEL: entry}).model_dump(),
+            "job": {"engine_cache_dir": str(engine_cache_dir())},
+            "dispatcher": {"short_path_max_lines": 0},
+        }
+    )
     return cluster_serve_config(settings)
 
 
@@ -80,7 +86,7 @@ def requests_for(model_path: str, texts: list[str], max_tokens: int) -> list[Any
 def run_calls(engine: Any, requests: list[Any], conc: int) -> dict[str, float]:
     """``conc`` calls of equal size at once (one group each, as batches): output tok/s of the wall time."""
     size = -(-len(requests) // conc)
-    chunks = [requests[i:i + size] for i in range(0, len(requests), size)]
+    chunks = [requests[i : i + size] for i in range(0, len(requests), size)]
     load = os.getloadavg()[0]
     started = time.perf_counter()
     with ThreadPoolExecutor(len(chunks)) as pool:
@@ -88,8 +94,13 @@ def run_calls(engine: Any, requests: list[Any], conc: int) -> dict[str, float]:
     seconds = time.perf_counter() - started
     tokens = sum(g.completion_tokens for out in outs for g in out)
     failed = sum(1 for out in outs for g in out if g.failure is not None)
-    return {"s": round(seconds, 2), "tokens": tokens, "tok_s": round(tokens / seconds, 1), "failed": failed,
-            "load1": round(load, 2)}
+    return {
+        "s": round(seconds, 2),
+        "tokens": tokens,
+        "tok_s": round(tokens / seconds, 1),
+        "failed": failed,
+        "load1": round(load, 2),
+    }
 
 
 def replica_runs(args: argparse.Namespace, model_path: str, texts: list[str]) -> list[dict[str, float]]:
@@ -118,8 +129,11 @@ def replica_runs(args: argparse.Namespace, model_path: str, texts: list[str]) ->
                 raise RuntimeError(f"{app} did not start within 900 s")
             time.sleep(2)
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        ray.init(address=state.services["ray"].extra["gcs_address"], logging_level=logging.ERROR,
-                 log_to_driver=False)
+        ray.init(
+            address=state.services["ray"].extra["gcs_address"],
+            logging_level=logging.ERROR,
+            log_to_driver=False,
+        )
         try:
             engine = ServeEngine(app, wait_s=900)
             run_calls(engine, requests[:32], 1)  # warm-up: first steps allocate and fill caches
@@ -148,8 +162,12 @@ def plain_runs(args: argparse.Namespace, model_path: str, texts: list[str]) -> l
             load = os.getloadavg()[0]
             result = run_plain(model_path, path, int(str(LOCAL_ENGINE["max_model_len"])), env)
             seconds, tokens = result["generation_s"], result["output_tokens"]
-            row = {"s": round(seconds, 2), "tokens": tokens, "tok_s": round(tokens / seconds, 1),
-                   "load1": round(load, 2)}
+            row = {
+                "s": round(seconds, 2),
+                "tokens": tokens,
+                "tok_s": round(tokens / seconds, 1),
+                "load1": round(load, 2),
+            }
             rows.append(row)
             print(f"plain rep {rep}: {row}", file=sys.stderr, flush=True)
     return rows
@@ -162,8 +180,12 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--reps", type=int, default=2, help="timed runs on the replica")
     parser.add_argument("--plain-reps", type=int, default=2, help="plain LLM.chat runs")
-    parser.add_argument("--omp-threads", type=int, default=0,
-                        help="engine threads (0: the local stack's, every core of this machine)")
+    parser.add_argument(
+        "--omp-threads",
+        type=int,
+        default=0,
+        help="engine threads (0: the local stack's, every core of this machine)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.prompts < 1 or args.conc < 1 or args.reps < 1 or args.plain_reps < 1:
@@ -181,8 +203,9 @@ def main() -> None:
     print(f"{args.prompts} chat prompts, max_tokens {args.max_tokens}, {args.omp_threads} engine threads")
 
     def runs(rows: list[dict[str, float]]) -> str:
-        return (f"({', '.join(str(x['tok_s']) for x in rows)}; "
-                f"load1 {', '.join(str(x['load1']) for x in rows)})")
+        return (
+            f"({', '.join(str(x['tok_s']) for x in rows)}; load1 {', '.join(str(x['load1']) for x in rows)})"
+        )
 
     print(f"  replica ({args.conc} calls at once, bare Ray head): {r:7.1f} tok/s {runs(replica)}")
     print(f"  plain LLM.chat (fresh process, engine env):        {p:7.1f} tok/s {runs(plain)}")

@@ -58,16 +58,22 @@ class Bench:
         return GenRequest(key, ids, {"max_tokens": max_tokens, "temperature": 0.0}, prompt_text=text)
 
     def user(self, texts: list[str], max_tokens: int, tag: str) -> list[Any]:
-        return [self.request(f"{tag}{i}", [{"role": "user", "content": t}], max_tokens)
-                for i, t in enumerate(texts)]
+        return [
+            self.request(f"{tag}{i}", [{"role": "user", "content": t}], max_tokens)
+            for i, t in enumerate(texts)
+        ]
 
     def engine(self, **engine_kwargs: Any) -> Any:
         from llmbatch.ray_job.backend_vllm import VllmBackend
         from llmbatch.schemas.job import EngineConfig
 
-        config = EngineConfig(dtype="bfloat16", enforce_eager=True, max_model_len=MAX_MODEL_LEN,
-                              max_num_batched_tokens=self.args.max_num_batched_tokens or None,
-                              engine_kwargs={"seed": 0, **engine_kwargs})
+        config = EngineConfig(
+            dtype="bfloat16",
+            enforce_eager=True,
+            max_model_len=MAX_MODEL_LEN,
+            max_num_batched_tokens=self.args.max_num_batched_tokens or None,
+            engine_kwargs={"seed": 0, **engine_kwargs},
+        )
         return VllmBackend(self.model, config)
 
 
@@ -91,29 +97,41 @@ def fairness(b: Bench, backend: Any) -> dict[str, Any]:
     runner.generate(small, group="warmup", priority=9)
     idle = [timed(lambda: runner.generate(small, group="small", priority=9))[0] for _ in range(3)]
     results["idle_s"] = statistics.median(idle)
-    modes = [("priority", b.args.max_active, 0, 9), ("equal", b.args.max_active, 5, 5),
-             ("before (no fair queue)", None, 5, 5)]
+    modes = [
+        ("priority", b.args.max_active, 0, 9),
+        ("equal", b.args.max_active, 5, 5),
+        ("before (no fair queue)", None, 5, 5),
+    ]
     for name, max_active, big_priority, small_priority in modes:
         runner = EngineRunner(backend, max_active=max_active)
         big_out: list[Any] = []
         started = time.perf_counter()
         thread = threading.Thread(
             target=lambda r=runner, p=big_priority, out=big_out: out.extend(
-                r.generate(big, group="big", priority=p)))
+                r.generate(big, group="big", priority=p)
+            )
+        )
         thread.start()
         time.sleep(b.args.settle_s)  # the big batch is well under way
         small_s, _ = timed(lambda r=runner, p=small_priority: r.generate(small, group="small", priority=p))
         thread.join()
         big_s = time.perf_counter() - started
-        results[name] = {"small_s": small_s, "ratio_to_idle": small_s / results["idle_s"], "big_s": big_s,
-                         "big_tokens_per_s": tokens(big_out) / big_s,
-                         "preempted": runner.stats().preempted}
+        results[name] = {
+            "small_s": small_s,
+            "ratio_to_idle": small_s / results["idle_s"],
+            "big_s": big_s,
+            "big_tokens_per_s": tokens(big_out) / big_s,
+            "preempted": runner.stats().preempted,
+        }
     return results
 
 
 def system_prompt(topic: str) -> str:
-    rules = " ".join(f"Rule {i}: as {topic}, answer in plain words, stay polite and precise, "
-                     f"never invent facts, and mention {topic} once." for i in range(12))
+    rules = " ".join(
+        f"Rule {i}: as {topic}, answer in plain words, stay polite and precise, "
+        f"never invent facts, and mention {topic} once."
+        for i in range(12)
+    )
     return f"You are {topic}. {rules}"
 
 
@@ -122,14 +140,25 @@ def prefix(b: Bench, backends: dict[str, Any]) -> dict[str, Any]:
     from llmbatch.ray_job.engine_runner import EngineRunner
 
     asks = prompts(b.args.prefix_lines)
-    requests = [b.request(f"x{i}", [{"role": "system", "content": system_prompt(SYSTEM_TOPICS[i % 4])},
-                                   {"role": "user", "content": ask}], 8)
-                for i, ask in enumerate(asks)]
+    requests = [
+        b.request(
+            f"x{i}",
+            [
+                {"role": "system", "content": system_prompt(SYSTEM_TOPICS[i % 4])},
+                {"role": "user", "content": ask},
+            ],
+            8,
+        )
+        for i, ask in enumerate(asks)
+    ]
     prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
     results: dict[str, Any] = {"lines": len(requests), "prompt_tokens": prompt_tokens}
     order_tokens = fair_queue.ORDER_TOKENS
-    for name, backend_name, order in [("grouped", "cache", order_tokens), ("arrival order", "cache", 0),
-                                      ("no prefix cache", "nocache", order_tokens)]:
+    for name, backend_name, order in [
+        ("grouped", "cache", order_tokens),
+        ("arrival order", "cache", 0),
+        ("no prefix cache", "nocache", order_tokens),
+    ]:
         backend = backends[backend_name]
         backend._llm.reset_prefix_cache()
         fair_queue.ORDER_TOKENS = order
@@ -147,12 +176,16 @@ def throughput(b: Bench, backend: Any) -> dict[str, Any]:
 
     texts = prompts(512)
     runner = EngineRunner(backend, max_active=b.args.max_active)
-    batches = [b.user(texts[i * 128:(i + 1) * 128], 32, f"t{i}-") for i in range(4)]
+    batches = [b.user(texts[i * 128 : (i + 1) * 128], 32, f"t{i}-") for i in range(4)]
     outs: list[list[Any]] = [[] for _ in batches]
 
     def four() -> None:
-        threads = [threading.Thread(target=lambda i=i: outs[i].extend(
-            runner.generate(batches[i], group=f"batch{i}"))) for i in range(4)]
+        threads = [
+            threading.Thread(
+                target=lambda i=i: outs[i].extend(runner.generate(batches[i], group=f"batch{i}"))
+            )
+            for i in range(4)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -167,8 +200,13 @@ def throughput(b: Bench, backend: Any) -> dict[str, Any]:
     four_tps = sum(tokens(o) for o in outs) / four_s
     one_tps = tokens(one) / one_s
     plain_tps = plain["output_tokens"] / plain["generation_s"]
-    return {"4x128_tokens_per_s": four_tps, "1x512_tokens_per_s": one_tps, "plain_tokens_per_s": plain_tps,
-            "4x128_over_1x512": four_tps / one_tps, "4x128_over_plain": four_tps / plain_tps}
+    return {
+        "4x128_tokens_per_s": four_tps,
+        "1x512_tokens_per_s": one_tps,
+        "plain_tokens_per_s": plain_tps,
+        "4x128_over_1x512": four_tps / one_tps,
+        "4x128_over_plain": four_tps / plain_tps,
+    }
 
 
 def main() -> None:
@@ -177,8 +215,12 @@ def main() -> None:
     parser.add_argument("--settle-s", type=float, default=5.0, help="how long the big batch runs first")
     parser.add_argument("--max-active", type=int, default=256, help="the registry's max_active_requests")
     parser.add_argument("--prefix-lines", type=int, default=256)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=512,
-                        help="the engine's step budget (the local stack's; 0 = vLLM's default)")
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=512,
+        help="the engine's step budget (the local stack's; 0 = vLLM's default)",
+    )
     parser.add_argument("--skip-fairness", action="store_true")
     parser.add_argument("--skip-prefix", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true")
@@ -196,14 +238,18 @@ def main() -> None:
         print(f"fairness: 8-line batch alone {f['idle_s']:.2f} s")
         for name in ("priority", "equal", "before (no fair queue)"):
             m = f[name]
-            print(f"  beside a {args.big}-line batch, {name:24s}: {m['small_s']:7.2f} s = "
-                  f"{m['ratio_to_idle']:5.2f}x idle (big batch {m['big_s']:.0f} s, "
-                  f"{m['big_tokens_per_s']:.0f} tok/s, {m['preempted']} preempted)")
+            print(
+                f"  beside a {args.big}-line batch, {name:24s}: {m['small_s']:7.2f} s = "
+                f"{m['ratio_to_idle']:5.2f}x idle (big batch {m['big_s']:.0f} s, "
+                f"{m['big_tokens_per_s']:.0f} tok/s, {m['preempted']} preempted)"
+            )
     if not args.skip_throughput:
         report["throughput"] = t = throughput(b, backend)
-        print(f"throughput: 4x128 at once {t['4x128_tokens_per_s']:.0f} tok/s, 1x512 "
-              f"{t['1x512_tokens_per_s']:.0f} tok/s, plain LLM.chat {t['plain_tokens_per_s']:.0f} tok/s -> "
-              f"{t['4x128_over_1x512']:.2f}x one batch, {t['4x128_over_plain']:.2f}x plain")
+        print(
+            f"throughput: 4x128 at once {t['4x128_tokens_per_s']:.0f} tok/s, 1x512 "
+            f"{t['1x512_tokens_per_s']:.0f} tok/s, plain LLM.chat {t['plain_tokens_per_s']:.0f} tok/s -> "
+            f"{t['4x128_over_1x512']:.2f}x one batch, {t['4x128_over_plain']:.2f}x plain"
+        )
     if not args.skip_prefix:
         report["prefix"] = p = prefix(b, {"cache": backend, "nocache": b.engine(enable_prefix_caching=False)})
         print(f"prefix: {p['lines']} lines over 4 system prompts ({p['prompt_tokens']} prompt tokens)")

@@ -43,14 +43,29 @@ def one_job(jobs: Any, lines: int) -> dict[str, float]:
 
     s3 = LLMBatchSettings().s3
     batch_id = f"bench-overhead-{uuid.uuid4().hex[:8]}"
-    requests = [BatchInputLine.model_validate(
-        {"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": "fake-model", "messages": [{"role": "user", "content": f"Say {i}"}],
-                  "max_tokens": 8}})
-        for i in range(lines)]
+    requests = [
+        BatchInputLine.model_validate(
+            {
+                "custom_id": f"req-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": "fake-model",
+                    "messages": [{"role": "user", "content": f"Say {i}"}],
+                    "max_tokens": 8,
+                },
+            }
+        )
+        for i in range(lines)
+    ]
     spec = JobSpec(
-        batch_id=batch_id, attempt=1, endpoint="/v1/chat/completions", model="fake-model", model_path="fake",
-        requests=requests, output_prefix=f"s3://{s3.results_bucket}/bench/{batch_id}/",
+        batch_id=batch_id,
+        attempt=1,
+        endpoint="/v1/chat/completions",
+        model="fake-model",
+        model_path="fake",
+        requests=requests,
+        output_prefix=f"s3://{s3.results_bucket}/bench/{batch_id}/",
         engine=EngineConfig(backend="fake", batch_size=4, num_cpus_per_replica=0.5),
     )
     cpu0 = machine_cpu_s()
@@ -62,14 +77,18 @@ def one_job(jobs: Any, lines: int) -> dict[str, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--jobs", type=int, default=5, help="jobs run one after another")
     parser.add_argument("--lines", type=int, default=8, help="inline lines per job")
     parser.add_argument("--json", action="store_true", help="print the report as JSON only")
     args = parser.parse_args()
     if "LLMBATCH_RAY__ADDRESS" not in os.environ:
-        print('no stack in the environment: run `llmbatch stack up minio ray && eval "$(.venv/bin/llmbatch '
-              'stack env)"` first', file=sys.stderr)
+        print(
+            'no stack in the environment: run `llmbatch stack up minio ray && eval "$(.venv/bin/llmbatch '
+            'stack env)"` first',
+            file=sys.stderr,
+        )
         return 2
     from ray.job_submission import JobSubmissionClient
 
@@ -85,7 +104,8 @@ def main() -> int:
         if not args.json:
             print(f"job {i + 1}: {rows[-1]}", flush=True)
     report = {
-        "jobs": args.jobs, "lines": args.lines,
+        "jobs": args.jobs,
+        "lines": args.lines,
         "wall_s_median": statistics.median(r["wall_s"] for r in rows),
         "cpu_s_median": statistics.median(r["cpu_s"] for r in rows),
         "runs": rows,

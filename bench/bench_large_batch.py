@@ -38,9 +38,15 @@ def write_input(path: Path, lines: int) -> None:
     """``lines`` chat lines, gzip-compressed, written as a stream."""
     with gzip.open(path, "wb", compresslevel=3) as out:
         for i in range(lines):
-            line = {"custom_id": f"req-{i:08d}", "method": "POST", "url": "/v1/chat/completions",
-                    "body": {"messages": [{"role": "user", "content": f"question number {i} about the sea"}],
-                             "max_tokens": 8}}
+            line = {
+                "custom_id": f"req-{i:08d}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "messages": [{"role": "user", "content": f"question number {i} about the sea"}],
+                    "max_tokens": 8,
+                },
+            }
             out.write(json.dumps(line).encode() + b"\n")
 
 
@@ -87,9 +93,14 @@ class RssSampler:
     def top(self, n: int) -> dict[str, dict[str, float]]:
         """The ``n`` largest workers by RSS: title -> {rss_mb, uss_mb, own_rss_mb}."""
         ranked = sorted(self.peaks.items(), key=lambda kv: -kv[1])[:n]
-        return {title: {"rss_mb": round(rss / 2**20, 1), "uss_mb": round(self.uss_peaks[title] / 2**20, 1),
-                        "own_rss_mb": round(self.own_peaks[title] / 2**20, 1)}
-                for title, rss in ranked}
+        return {
+            title: {
+                "rss_mb": round(rss / 2**20, 1),
+                "uss_mb": round(self.uss_peaks[title] / 2**20, 1),
+                "own_rss_mb": round(self.own_peaks[title] / 2**20, 1),
+            }
+            for title, rss in ranked
+        }
 
 
 def run_size(lines: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -113,11 +124,16 @@ def run_size(lines: int, args: argparse.Namespace) -> dict[str, Any]:
         client.fput_object(s3.input_bucket, key, str(path))
         prepare_s = time.perf_counter() - t0
     spec = JobSpec(
-        batch_id=batch_id, attempt=1, endpoint="/v1/chat/completions", model="fake-model",
-        model_path="fake", input_uri=f"s3://{s3.input_bucket}/{key}",
+        batch_id=batch_id,
+        attempt=1,
+        endpoint="/v1/chat/completions",
+        model="fake-model",
+        model_path="fake",
+        input_uri=f"s3://{s3.input_bucket}/{key}",
         output_prefix=f"s3://{s3.results_bucket}/bench/{batch_id}/",
-        engine=EngineConfig(backend="fake", batch_size=args.batch_size, batches_in_flight=4,
-                            num_cpus_per_replica=0.5),
+        engine=EngineConfig(
+            backend="fake", batch_size=args.batch_size, batches_in_flight=4, num_cpus_per_replica=0.5
+        ),
         shard_max_lines=args.shard_max_lines,
     )
     jobs = JobSubmissionClient(settings.ray.address)
@@ -161,20 +177,33 @@ def _env_pair(text: str) -> tuple[str, str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lines", type=lambda s: [int(x) for x in s.split(",") if x],
-                        default=[10_000, 100_000, 1_000_000], help="comma-separated sizes")
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--lines",
+        type=lambda s: [int(x) for x in s.split(",") if x],
+        default=[10_000, 100_000, 1_000_000],
+        help="comma-separated sizes",
+    )
     parser.add_argument("--batch-size", type=int, default=512, help="lines per engine call")
     parser.add_argument("--shard-max-lines", type=int, default=10_000)
     parser.add_argument("--keep", action="store_true", help="keep the inputs, outputs and Ray jobs")
-    parser.add_argument("--env", type=_env_pair, action="append", default=[], metavar="NAME=VALUE",
-                        help="extra environment of the job and its workers (repeatable), e.g. "
-                        "ARROW_DEFAULT_MEMORY_POOL=system to compare memory allocators")
+    parser.add_argument(
+        "--env",
+        type=_env_pair,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra environment of the job and its workers (repeatable), e.g. "
+        "ARROW_DEFAULT_MEMORY_POOL=system to compare memory allocators",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON only")
     args = parser.parse_args()
     if "LLMBATCH_RAY__ADDRESS" not in os.environ:
-        print('no stack in the environment: run `make up && eval "$(.venv/bin/llmbatch stack env)"` first',
-              file=sys.stderr)
+        print(
+            'no stack in the environment: run `make up && eval "$(.venv/bin/llmbatch stack env)"` first',
+            file=sys.stderr,
+        )
         return 2
     rows = []
     for lines in args.lines:
@@ -185,16 +214,21 @@ def main() -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"\n{'lines':>9} {'gz MB':>6} {'wall s':>7} {'lines/s':>8} {'shards':>6} {'max/shard':>9} "
-          f"{'driver MB':>9} {'drv USS':>7} {'USS peak':>8} {'own peak':>8}  "
-          f"worker peaks MB (RSS / USS / RSS without the object store's pages)")
+    print(
+        f"\n{'lines':>9} {'gz MB':>6} {'wall s':>7} {'lines/s':>8} {'shards':>6} {'max/shard':>9} "
+        f"{'driver MB':>9} {'drv USS':>7} {'USS peak':>8} {'own peak':>8}  "
+        f"worker peaks MB (RSS / USS / RSS without the object store's pages)"
+    )
     for r in rows:
-        workers = ", ".join(f"{t}={v['rss_mb']}/{v['uss_mb']}/{v['own_rss_mb']}"
-                            for t, v in r["worker_peaks"].items())
-        print(f"{r['lines']:>9} {r['input_gz_mb']:>6} {r['wall_s']:>7} {r['lines_per_s']:>8} "
-              f"{r['shards']:>6} {r['max_shard_lines']:>9} {r['driver_max_rss_mb']!s:>9} "
-              f"{r['driver_uss_mb']!s:>7} {r['driver_uss_peak_mb']!s:>8} "
-              f"{r['driver_own_peak_mb']!s:>8}  {workers}")
+        workers = ", ".join(
+            f"{t}={v['rss_mb']}/{v['uss_mb']}/{v['own_rss_mb']}" for t, v in r["worker_peaks"].items()
+        )
+        print(
+            f"{r['lines']:>9} {r['input_gz_mb']:>6} {r['wall_s']:>7} {r['lines_per_s']:>8} "
+            f"{r['shards']:>6} {r['max_shard_lines']:>9} {r['driver_max_rss_mb']!s:>9} "
+            f"{r['driver_uss_mb']!s:>7} {r['driver_uss_peak_mb']!s:>8} "
+            f"{r['driver_own_peak_mb']!s:>8}  {workers}"
+        )
     return 0
 
 

@@ -157,8 +157,9 @@ def plain_worker(model: str, path: str, max_model_len: int) -> None:
     )
 
 
-def run_plain(model: str, path: Path, max_model_len: int,
-              env_overrides: dict[str, str] | None = None) -> dict[str, Any]:
+def run_plain(
+    model: str, path: Path, max_model_len: int, env_overrides: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Plain ``LLM.chat`` in a fresh process with the engine environment (``env_overrides`` on top)."""
     env = {**os.environ, **engine_environment(), **(env_overrides or {})}
     proc = subprocess.run(

@@ -43,8 +43,12 @@ async def run(url: str, records: list[OriginalRecord], limit: int, prefix: str) 
     admin.flushall()
     before = int(admin.info("memory")["used_memory"])
     rules = IntakeRules(
-        requests_topic="req", dlt_topic="req.dlt", group_id="g", served_models=frozenset({MODEL}),
-        inline_limits=InlineLimits(max_requests=1000, max_bytes=16 << 20), request_in_redis_max_bytes=limit,
+        requests_topic="req",
+        dlt_topic="req.dlt",
+        group_id="g",
+        served_models=frozenset({MODEL}),
+        inline_limits=InlineLimits(max_requests=1000, max_bytes=16 << 20),
+        request_in_redis_max_bytes=limit,
     )
     store = StateStore.from_url(url, keys=Keys(prefix))
     start = time.perf_counter()
@@ -98,12 +102,15 @@ def main() -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"{args.batches} queued inline batches of {args.lines} lines "
-              f"({body:,} bytes per request record)")
+        print(
+            f"{args.batches} queued inline batches of {args.lines} lines ({body:,} bytes per request record)"
+        )
         for name in ("bodies_in_redis", "bodies_on_topic"):
             r = result[name]
-            print(f"  {name:16} used_memory +{r['used_memory_mib']:8.2f} MiB "
-                  f"({r['per_batch_kib']:8.2f} KiB/batch), {r['batches_per_s']} batches/s")
+            print(
+                f"  {name:16} used_memory +{r['used_memory_mib']:8.2f} MiB "
+                f"({r['per_batch_kib']:8.2f} KiB/batch), {r['batches_per_s']} batches/s"
+            )
         print(f"  memory ratio (topic / redis): {result['memory_ratio']}")
     return 0
 

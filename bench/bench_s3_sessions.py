@@ -33,18 +33,24 @@ if str(ROOT) not in sys.path:
 
 def _figures(ms: list[float]) -> dict[str, float]:
     ranked = sorted(ms)
-    return {"p50": round(statistics.median(ranked), 2),
-            "p95": round(ranked[min(len(ranked) - 1, int(len(ranked) * 0.95))], 2),
-            "max": round(ranked[-1], 2)}
+    return {
+        "p50": round(statistics.median(ranked), 2),
+        "p95": round(ranked[min(len(ranked) - 1, int(len(ranked) * 0.95))], 2),
+        "max": round(ranked[-1], 2),
+    }
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batches", type=int, default=200, help="batches (sessions minted), >= 2")
     parser.add_argument("--json", action="store_true", help="print the report as JSON only")
-    parser.add_argument("--job-handoff", action="store_true",
-                        help="also time a Ray job's handoff through Redis (needs the stack's Redis)")
+    parser.add_argument(
+        "--job-handoff",
+        action="store_true",
+        help="also time a Ray job's handoff through Redis (needs the stack's Redis)",
+    )
     args = parser.parse_args()
     if args.batches < 2:
         parser.error("--batches must be at least 2")
@@ -86,9 +92,14 @@ def main() -> int:
             client.put_object(bucket, key, io.BytesIO(b"{}\n"), 3)
             keys.append(key)
             batch_id = f"bs-{run}-{i}"
-            spec = JobSpec(batch_id=batch_id, attempt=1, endpoint="/v1/chat/completions", model="m",
-                           input_uri=f"s3://{bucket}/{key}",
-                           output_prefix=output_prefix(settings.s3.results_bucket, "default", batch_id))
+            spec = JobSpec(
+                batch_id=batch_id,
+                attempt=1,
+                endpoint="/v1/chat/completions",
+                model="m",
+                input_uri=f"s3://{bucket}/{key}",
+                output_prefix=output_prefix(settings.s3.results_bucket, "default", batch_id),
+            )
             t0 = time.perf_counter()
             session = minter.mint(spec)
             t1 = time.perf_counter()
@@ -117,8 +128,10 @@ def main() -> int:
         "head_with_session_ms (new filesystem)": _figures(session_head_ms),
         "head_with_node_keys_ms (one filesystem)": _figures(node_head_ms),
         **({"job_handoff_ms (store + take via Redis)": _figures(handoff_ms)} if handoff_ms else {}),
-        "per_batch_cost_p50_ms": round(statistics.median(mint_ms) + statistics.median(session_head_ms)
-                                       - statistics.median(node_head_ms), 2),
+        "per_batch_cost_p50_ms": round(
+            statistics.median(mint_ms) + statistics.median(session_head_ms) - statistics.median(node_head_ms),
+            2,
+        ),
     }
     if args.json:
         print(json.dumps(report))

@@ -76,9 +76,27 @@ from bench.service.scheduling import core_split  # noqa: E402
 from bench.service.workload import measure  # noqa: E402
 
 __all__ = [
-    "PHASES", "QUICK", "SCHEDULINGS", "BenchError", "Ledger", "Load", "Service", "Sub", "component",
-    "core_split", "cpu_by_component", "cpu_snapshot", "main", "measure", "plain", "ratios", "registry_json",
-    "say", "show", "switch_snapshot", "switches_by_component",
+    "PHASES",
+    "QUICK",
+    "SCHEDULINGS",
+    "BenchError",
+    "Ledger",
+    "Load",
+    "Service",
+    "Sub",
+    "component",
+    "core_split",
+    "cpu_by_component",
+    "cpu_snapshot",
+    "main",
+    "measure",
+    "plain",
+    "ratios",
+    "registry_json",
+    "say",
+    "show",
+    "switch_snapshot",
+    "switches_by_component",
 ]
 
 

@@ -193,16 +193,25 @@ def deploy(runner: Runner, *, cold: bool) -> str:
         undeploy(runner)
     # the dispatcher's runner environment: no secret (the stack's Ray head holds the S3 keys)
     batch_runner = runner_application(max_runs=64, env_vars=runner_env_vars(runner.settings))
-    asyncio.run(api.deploy(serve_config(registry, engine_environment(), runner=batch_runner,
-                                        http_address=runner.settings.ray.serve_address)))
+    asyncio.run(
+        api.deploy(
+            serve_config(
+                registry,
+                engine_environment(),
+                runner=batch_runner,
+                http_address=runner.settings.ray.serve_address,
+            )
+        )
+    )
     want_running = 0 if cold else 1
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
         details = asyncio.run(api.status())
         row = summarize(registry, details)[0]
         runner_up = ((details.get("applications") or {}).get(APP_NAME) or {}).get("status") == "RUNNING"
-        if row.status == "DEPLOY_FAILED" or (row.status == "RUNNING" and row.running >= want_running
-                                             and runner_up):
+        if row.status == "DEPLOY_FAILED" or (
+            row.status == "RUNNING" and row.running >= want_running and runner_up
+        ):
             if row.status == "DEPLOY_FAILED":
                 raise RuntimeError(row.message)
             return app_name(MODEL)
@@ -233,11 +242,18 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--skip-own", action="store_true", help="skip the engine-per-batch mode")
-    parser.add_argument("--own-in-flight", type=int, default=OWN_ENGINE_IN_FLIGHT,
-                        help="engine-per-batch jobs at once, the next as one ends (default: the "
-                        "dispatcher's; 16 at once on a 2-CPU head stalled)")
-    parser.add_argument("--skip-jobs", action="store_true",
-                        help="skip the shared engine with a Ray job per batch (short path off)")
+    parser.add_argument(
+        "--own-in-flight",
+        type=int,
+        default=OWN_ENGINE_IN_FLIGHT,
+        help="engine-per-batch jobs at once, the next as one ends (default: the "
+        "dispatcher's; 16 at once on a 2-CPU head stalled)",
+    )
+    parser.add_argument(
+        "--skip-jobs",
+        action="store_true",
+        help="skip the shared engine with a Ray job per batch (short path off)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -254,16 +270,20 @@ def main() -> None:
     }
 
     if not args.skip_own:
-        print(f"[own engine per batch] A: {args.small} x {args.per_batch}, {args.own_in_flight} at a "
-              "time (the dispatcher's admission) ...", flush=True)
+        print(
+            f"[own engine per batch] A: {args.small} x {args.per_batch}, {args.own_in_flight} at a "
+            "time (the dispatcher's admission) ...",
+            flush=True,
+        )
         report["own_A"] = runner.run([runner.spec(c, None) for c in chunks], in_flight=args.own_in_flight)
         print(f"[own engine per batch] B: 1 x {len(texts)} ...", flush=True)
         report["own_B"] = runner.run([runner.spec(texts, None)])
 
     if not args.skip_jobs:
         app = deploy(runner, cold=True)
-        print(f"[shared engine, Ray job each] A: {args.small} x {args.per_batch} at once, cold ...",
-              flush=True)
+        print(
+            f"[shared engine, Ray job each] A: {args.small} x {args.per_batch} at once, cold ...", flush=True
+        )
         report["shared_A"] = runner.run([runner.spec(c, app) for c in chunks])
         app = deploy(runner, cold=True)
         print(f"[shared engine, Ray job each] B: 1 x {len(texts)}, cold ...", flush=True)
@@ -281,8 +301,9 @@ def main() -> None:
         if via == "job" and args.skip_jobs:
             continue
         print(f"[warm engine, {via}] {args.warm_runs} x 1 batch of {args.per_batch} ...", flush=True)
-        warm = [runner.run([runner.spec(chunks[i % len(chunks)], app)], via=via)
-                for i in range(args.warm_runs)]
+        warm = [
+            runner.run([runner.spec(chunks[i % len(chunks)], app)], via=via) for i in range(args.warm_runs)
+        ]
         overheads = [w["wall_s"] - w["generation_s"][0] for w in warm]
         report[f"warm_{via}"] = {
             "overhead_s": overheads,
@@ -311,7 +332,8 @@ def main() -> None:
         "short A/B": ratio("short_A", "short_B"),
         "own A / short A": ratio("own_A", "short_A"),
         "short B tok/s / plain tok/s": round(
-            (report["short_B"]["output_tokens"] / report["short_B"]["wall_s"]) / plain_tps, 2),
+            (report["short_B"]["output_tokens"] / report["short_B"]["wall_s"]) / plain_tps, 2
+        ),
     }
     if args.json:
         print(json.dumps(report, indent=2))
@@ -327,8 +349,10 @@ def main() -> None:
     for via in ("runner", "job"):
         if f"warm_{via}" in report:
             w = report[f"warm_{via}"]
-            print(f"  warm small batch via {via}: overhead (wall - generation) "
-                  f"p50 {w['p50_overhead_s']:.2f} s  all {[round(x, 2) for x in w['overhead_s']]}")
+            print(
+                f"  warm small batch via {via}: overhead (wall - generation) "
+                f"p50 {w['p50_overhead_s']:.2f} s  all {[round(x, 2) for x in w['overhead_s']]}"
+            )
     print(
         f"  plain vLLM: engine start {plain['engine_start_s']:.1f} s, "
         f"generation {plain['generation_s']:.1f} s, "

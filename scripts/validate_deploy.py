@@ -99,7 +99,8 @@ def render_with_components(overlay: str, components: Iterable[str]) -> list[dict
                     shutil.copy2(item, copy / item.name)
             kustomization = yaml.safe_load((copy / "kustomization.yaml").read_text())
             kustomization["components"] = [
-                *(kustomization.get("components") or []), *(f"../../components/{c}" for c in components)
+                *(kustomization.get("components") or []),
+                *(f"../../components/{c}" for c in components),
             ]
             (copy / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
             return render_kustomize(copy)
@@ -316,8 +317,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"overlay {overlay}: {len(objects)} objects ({', '.join(kinds)})")
         for obj in objects:
             if obj["apiVersion"].startswith("ray.io/"):
-                errors = [*validate_kuberay.validate_kuberay(obj),
-                          *validate_kuberay.kuberay_semantic_errors(obj)]
+                errors = [
+                    *validate_kuberay.validate_kuberay(obj),
+                    *validate_kuberay.kuberay_semantic_errors(obj),
+                ]
             else:
                 errors = validate_native(obj) if is_native(obj) else []
             for error in errors:

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCKERFILES = (ROOT / "deploy" / "docker" / "dispatcher.Dockerfile",
-               ROOT / "deploy" / "docker" / "ray.Dockerfile")
+DOCKERFILES = (
+    ROOT / "deploy" / "docker" / "dispatcher.Dockerfile",
+    ROOT / "deploy" / "docker" / "ray.Dockerfile",
+)
 
 
 @dataclass

@@ -98,13 +98,17 @@ def serve_config_errors(text: str, cluster: dict[str, Any]) -> list[str]:
         return ["serveConfigV2 has no applications"]
     errors: list[str] = []
     if config.get("proxy_location", "EveryNode") not in PROXY_LOCATIONS:
-        errors.append(f"serveConfigV2 proxy_location {config['proxy_location']!r} is not one of "
-                      f"{sorted(PROXY_LOCATIONS)}")
+        errors.append(
+            f"serveConfigV2 proxy_location {config['proxy_location']!r} is not one of "
+            f"{sorted(PROXY_LOCATIONS)}"
+        )
     port = (config.get("http_options") or {}).get("port", DEFAULT_SERVE_PORT)
     serve_port = head_serve_port(cluster)
     if port != serve_port:
-        errors.append(f"serveConfigV2 http_options.port {port} is not the head's `serve` port {serve_port} "
-                      "(KubeRay health-checks the proxy there)")
+        errors.append(
+            f"serveConfigV2 http_options.port {port} is not the head's `serve` port {serve_port} "
+            "(KubeRay health-checks the proxy there)"
+        )
     nodes = node_resources(cluster)
     names: set[str] = set()
     prefixes: set[str] = set()
@@ -131,14 +135,18 @@ def _app_errors(
     env = (app.get("runtime_env") or {}).get("env_vars") or {}
     for key, value in env.items():
         if value and SECRET_ENV_NAME.search(key):  # set empty: what a replica is started without
-            errors.append(f"serveConfigV2 {name}: runtime_env carries {key}, a credential, in the manifest; "
-                          "give it to the Ray pods from a Secret (secretKeyRef) instead")
+            errors.append(
+                f"serveConfigV2 {name}: runtime_env carries {key}, a credential, in the manifest; "
+                "give it to the Ray pods from a Secret (secretKeyRef) instead"
+            )
     for deployment in app.get("deployments") or []:
         demand = actor_demand(deployment.get("ray_actor_options") or {})
         if not any(fits(demand, have) for have in nodes.values()):
             offered = "; ".join(f"{group} {have}" for group, have in nodes.items())
-            errors.append(f"serveConfigV2 {name}/{deployment.get('name')} needs {demand}: no head or "
-                          f"worker group provides it (they have: {offered})")
+            errors.append(
+                f"serveConfigV2 {name}/{deployment.get('name')} needs {demand}: no head or "
+                f"worker group provides it (they have: {offered})"
+            )
     return errors
 
 
@@ -162,8 +170,11 @@ def node_resources(cluster: dict[str, Any]) -> dict[str, dict[str, float]]:
     worker groups that may have a node at all (maxReplicas > 0). Groups whose custom resources the
     autoscaler cannot read are left out (group_resource_errors reports them)."""
     groups = [("head", cluster["headGroupSpec"], True)]
-    groups += [(g["groupName"], g, False) for g in cluster.get("workerGroupSpecs") or []
-               if g.get("maxReplicas", 0) > 0 and not g.get("suspend")]
+    groups += [
+        (g["groupName"], g, False)
+        for g in cluster.get("workerGroupSpecs") or []
+        if g.get("maxReplicas", 0) > 0 and not g.get("suspend")
+    ]
     out: dict[str, dict[str, float]] = {}
     with _autoscaler() as autoscaler:
         for name, group, is_head in groups:
@@ -207,22 +218,28 @@ def group_resource_errors(where: str, group: dict[str, Any]) -> list[str]:
     value = (group.get("rayStartParams") or {}).get("resources")
     if value is None:
         return []
-    expected = "write it as '\"{\\\"name\\\": 1}\"' (KubeRay's form)"
+    expected = 'write it as \'"{\\"name\\": 1}"\' (KubeRay\'s form)'
     try:
         words = shlex.split(f"--resources={value}")
         started = json.loads(words[0].partition("=")[2]) if len(words) == 1 else None
     except ValueError:
         started = None
     if not isinstance(started, dict):
-        return [f"{where}: rayStartParams.resources {value!r} reaches `ray start` as something other "
-                f"than one JSON object; {expected}"]
+        return [
+            f"{where}: rayStartParams.resources {value!r} reaches `ray start` as something other "
+            f"than one JSON object; {expected}"
+        ]
     with _autoscaler() as autoscaler:
         try:
             planned = autoscaler._get_custom_resources({}, group["rayStartParams"], where)
         except Exception as exc:
-            return [f"{where}: the autoscaler cannot read rayStartParams.resources {value!r} "
-                    f"({type(exc).__name__}: {exc}); {expected}, amounts as integers"]
+            return [
+                f"{where}: the autoscaler cannot read rayStartParams.resources {value!r} "
+                f"({type(exc).__name__}: {exc}); {expected}, amounts as integers"
+            ]
     if planned != started:
-        return [f"{where}: rayStartParams.resources gives `ray start` {started} but the autoscaler "
-                f"{planned}; {expected}"]
+        return [
+            f"{where}: rayStartParams.resources gives `ray start` {started} but the autoscaler "
+            f"{planned}; {expected}"
+        ]
     return []

@@ -48,8 +48,12 @@ def switch_snapshot() -> dict[int, tuple[str, int, int]]:
     return out
 
 
-def switches_by_component(before: dict[int, tuple[str, int, int]], after: dict[int, tuple[str, int, int]],
-                          wall_s: float, top: int = 10) -> dict[str, dict[str, int]]:
+def switches_by_component(
+    before: dict[int, tuple[str, int, int]],
+    after: dict[int, tuple[str, int, int]],
+    wall_s: float,
+    top: int = 10,
+) -> dict[str, dict[str, int]]:
     """Wake-ups and preemptions per second of each component between two snapshots, the most waking
     first, and ``outside the engine``: the wake-ups of everything but engine replicas."""
     rates: dict[str, list[float]] = {}
@@ -65,8 +69,9 @@ def switches_by_component(before: dict[int, tuple[str, int, int]], after: dict[i
     return out
 
 
-def cpu_by_component(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
-                     wall_s: float, top: int = 10) -> dict[str, float]:
+def cpu_by_component(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], wall_s: float, top: int = 10
+) -> dict[str, float]:
     """Share of one core each component used between two snapshots (processes alive at the end)."""
     used: dict[str, float] = {}
     for pid, (label, seconds) in after.items():

@@ -44,8 +44,9 @@ def registry_json(args: argparse.Namespace, model_path: str) -> str:
     entry = EngineModel(
         path=model_path,
         engine=engine,
-        resources=ReplicaResources(num_cpus=1.0 if args.engine == "vllm" else 0.25,
-                                   omp_threads=args.omp_threads or None),
+        resources=ReplicaResources(
+            num_cpus=1.0 if args.engine == "vllm" else 0.25, omp_threads=args.omp_threads or None
+        ),
         # the engine must not leave between phases (the cold phases drop it on purpose)
         scaling=Scaling(min_replicas=0, max_replicas=1, idle_s=3600),
     )
@@ -107,16 +108,18 @@ class Service:
         port = free_port()
         env = dispatcher_env(state, Path(self.model_path), port)
         registry = registry_json(self.args, self.model_path)
-        env.update({
-            "LLMBATCH_ENGINES__MODELS": registry,
-            "LLMBATCH_DISPATCHER__INSTANCE_ID": f"bench-{self.tag}",
-            "LLMBATCH_DISPATCHER__GROUP_ID": f"bench-{self.tag}",
-            "LLMBATCH_REDIS__KEY_PREFIX": f"bench{self.tag}",
-            # this run's own topics: another dispatcher on a shared stack never sees its batches
-            "LLMBATCH_KAFKA__TOPICS__REQUESTS": f"bench-{self.tag}.requests",
-            "LLMBATCH_KAFKA__TOPICS__RESULTS": f"bench-{self.tag}.results",
-            "LLMBATCH_KAFKA__TOPICS__DEAD_LETTER": f"bench-{self.tag}.requests.dlt",
-        })
+        env.update(
+            {
+                "LLMBATCH_ENGINES__MODELS": registry,
+                "LLMBATCH_DISPATCHER__INSTANCE_ID": f"bench-{self.tag}",
+                "LLMBATCH_DISPATCHER__GROUP_ID": f"bench-{self.tag}",
+                "LLMBATCH_REDIS__KEY_PREFIX": f"bench{self.tag}",
+                # this run's own topics: another dispatcher on a shared stack never sees its batches
+                "LLMBATCH_KAFKA__TOPICS__REQUESTS": f"bench-{self.tag}.requests",
+                "LLMBATCH_KAFKA__TOPICS__RESULTS": f"bench-{self.tag}.results",
+                "LLMBATCH_KAFKA__TOPICS__DEAD_LETTER": f"bench-{self.tag}.requests.dlt",
+            }
+        )
         with only_llmbatch_env(env):
             self.dsettings = DispatcherSettings(_env_file=None)
         self.api = ServeApi(self.dsettings.ray.address, timeout_s=120)
@@ -129,9 +132,13 @@ class Service:
         await ensure_topics(self.client.settings)
         self.ledger.task = asyncio.create_task(self.ledger.follow(self.client))
         self._tasks.append(self.ledger.task)
-        return {"stack_up_s": round(stack_s, 1), "dispatcher_ready_s": round(ready_s, 1),
-                "dispatcher_pid": self.proc.proc.pid, "run_dir": str(self.run_dir),
-                "engines": json.loads(registry)}
+        return {
+            "stack_up_s": round(stack_s, 1),
+            "dispatcher_ready_s": round(ready_s, 1),
+            "dispatcher_pid": self.proc.proc.pid,
+            "run_dir": str(self.run_dir),
+            "engines": json.loads(registry),
+        }
 
     async def stop(self) -> None:
         from llmbatch.stack import manager
@@ -153,8 +160,9 @@ class Service:
             from llmbatch.schemas.engines import EngineRegistry
 
             with contextlib.suppress(Exception):
-                await self.api.deploy(serve_config(EngineRegistry(models={}),
-                                                   http_address=self.dsettings.ray.serve_address))
+                await self.api.deploy(
+                    serve_config(EngineRegistry(models={}), http_address=self.dsettings.ray.serve_address)
+                )
 
     def scheduling(self, mode: str) -> dict[str, int]:
         """Experiment: the CPU scheduling of this run's processes (the Ray head's session and the
@@ -185,8 +193,9 @@ class Service:
         began = time.monotonic()
         registry = dsettings.engines
         await api.deploy(cluster_serve_config(dsettings, without(registry, SERVED_MODEL)))
-        await self._serve_until(lambda d: summarize(registry, d)[0].status == "NOT_DEPLOYED",
-                                "engine removed")
+        await self._serve_until(
+            lambda d: summarize(registry, d)[0].status == "NOT_DEPLOYED", "engine removed"
+        )
         await api.deploy(cluster_serve_config(dsettings))
 
         def ready(details: dict[str, Any]) -> bool:
@@ -199,8 +208,9 @@ class Service:
         await self._serve_until(ready, "engine deployed at zero replicas")
         return time.monotonic() - began
 
-    async def _serve_until(self, check: Callable[[dict[str, Any]], bool], what: str,
-                           within: float = 600.0) -> None:
+    async def _serve_until(
+        self, check: Callable[[dict[str, Any]], bool], what: str, within: float = 600.0
+    ) -> None:
         _, _, api, _ = self.need()
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
@@ -232,13 +242,21 @@ class Service:
 
     async def wait(self, subs: list[Sub], what: str) -> None:
         _, proc, _, _ = self.need()
-        await self.ledger.until(lambda: all(s.batch_id in self.ledger.terminal for s in subs),
-                                self.args.timeout, proc, f"terminal events of {what}")
+        await self.ledger.until(
+            lambda: all(s.batch_id in self.ledger.terminal for s in subs),
+            self.args.timeout,
+            proc,
+            f"terminal events of {what}",
+        )
 
     async def phase(self, name: str, batches: list[tuple[list[str], int]]) -> dict[str, Any]:
         """Submit ``batches`` (texts, priority) at once; wait for all; their figures."""
-        subs = await asyncio.gather(*(self.submit(texts, priority=priority, name=f"{name}{i}")
-                                      for i, (texts, priority) in enumerate(batches)))
+        subs = await asyncio.gather(
+            *(
+                self.submit(texts, priority=priority, name=f"{name}{i}")
+                for i, (texts, priority) in enumerate(batches)
+            )
+        )
         await self.wait(list(subs), name)
         return await self.figures(list(subs))
 
@@ -252,23 +270,26 @@ class Service:
             data = done.data
             ok = done.type is EventType.COMPLETED or (cancelled_ok and done.type is EventType.CANCELLED)
             if not ok or (done.type is EventType.COMPLETED and data.request_counts.failed):
-                raise BenchError(f"{sub.batch_id} ended {done.type.value}: {data.request_counts} "
-                                 f"{data.error}")
+                raise BenchError(
+                    f"{sub.batch_id} ended {done.type.value}: {data.request_counts} {data.error}"
+                )
             accepted = self.ledger.accepted.get(sub.batch_id)
             accepted_t = accepted.time.timestamp() if accepted is not None else data.accepted_at.timestamp()
             manifest = await client.manifest(sub.batch_id, tenant=data.tenant)
-            rows.append({
-                "batch_id": sub.batch_id,
-                "status": str(data.status),
-                "lines": sub.lines,
-                "completed": data.request_counts.completed,
-                "output_tokens": data.usage.completion_tokens,
-                "submit_to_accepted_s": round(accepted_t - sub.submitted, 3),
-                "accepted_to_terminal_s": round(done.time.timestamp() - accepted_t, 3),
-                "submit_to_terminal_s": round(done.time.timestamp() - sub.submitted, 3),
-                "generation_s": manifest.timings.generation_s,
-                "engine_start_s": manifest.timings.engine_start_s,
-            })
+            rows.append(
+                {
+                    "batch_id": sub.batch_id,
+                    "status": str(data.status),
+                    "lines": sub.lines,
+                    "completed": data.request_counts.completed,
+                    "output_tokens": data.usage.completion_tokens,
+                    "submit_to_accepted_s": round(accepted_t - sub.submitted, 3),
+                    "accepted_to_terminal_s": round(done.time.timestamp() - accepted_t, 3),
+                    "submit_to_terminal_s": round(done.time.timestamp() - sub.submitted, 3),
+                    "generation_s": manifest.timings.generation_s,
+                    "engine_start_s": manifest.timings.engine_start_s,
+                }
+            )
         first = min(s.submitted for s in subs)
         last = max(self.ledger.terminal[s.batch_id].time.timestamp() for s in subs)
         tokens = sum(r["output_tokens"] for r in rows)
@@ -279,8 +300,8 @@ class Service:
             "output_tokens": tokens,
             "tokens_per_s": round(tokens / (last - first), 1),
             # the runner measures the wait for a replica only when it first meets the model: after the
-        # engine was dropped and deployed again the manifest says ~0 and the start is in generation_s
-        "max_engine_start_s": max((r["engine_start_s"] or 0.0) for r in rows),
+            # engine was dropped and deployed again the manifest says ~0 and the start is in generation_s
+            "max_engine_start_s": max((r["engine_start_s"] or 0.0) for r in rows),
             "load1": self.load.window(first, last),
             "rows": rows,
         }

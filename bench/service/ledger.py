@@ -62,8 +62,9 @@ class Ledger:
                 async with self.changed:
                     self.changed.notify_all()
 
-    async def until(self, check: Callable[[], bool], within: float, proc: DispatcherProcess,
-                    what: str) -> None:
+    async def until(
+        self, check: Callable[[], bool], within: float, proc: DispatcherProcess, what: str
+    ) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within
         async with self.changed:

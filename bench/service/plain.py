@@ -12,8 +12,9 @@ from typing import Any
 from bench.bench_ray_job import input_lines, prompts, run_plain
 
 
-def plain(args: argparse.Namespace, model_path: str, env_overrides: dict[str, str] | None = None
-          ) -> dict[str, Any]:
+def plain(
+    args: argparse.Namespace, model_path: str, env_overrides: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Plain ``vllm.LLM.chat`` on the throughput prompts, in a fresh process (bench_ray_job's worker),
     with the engine environment the service's engine has (``env_overrides`` on top)."""
     import tempfile

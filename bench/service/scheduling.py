@@ -46,16 +46,17 @@ def schedule(mode: str, cores: set[int], state: Any, dispatcher_pid: int | None)
         if proc.pid in others:
             with contextlib.suppress(OSError):
                 Path(f"/proc/{proc.pid}/autogroup").write_text(
-                    "19\n" if mode in ("nice19", "both") else "0\n")
+                    "19\n" if mode in ("nice19", "both") else "0\n"
+                )
                 counts["sessions_niced"] += mode in ("nice19", "both")
         for tid_dir in Path(f"/proc/{proc.pid}/task").glob("*"):
             with contextlib.suppress(OSError, ValueError):
                 tid = int(tid_dir.name)
                 comm = (tid_dir / "comm").read_text().strip()
                 batch = mode in ("batch", "batch-out", "both") and (
-                    not engine or (mode != "batch-out" and comm == "gloo_tcp_loop"))
-                os.sched_setscheduler(tid, os.SCHED_BATCH if batch else os.SCHED_OTHER,
-                                      os.sched_param(0))
+                    not engine or (mode != "batch-out" and comm == "gloo_tcp_loop")
+                )
+                os.sched_setscheduler(tid, os.SCHED_BATCH if batch else os.SCHED_OTHER, os.sched_param(0))
                 os.sched_setaffinity(tid, engine_cores if engine else other_cores)
                 counts["threads_batch" if batch else "threads_other"] += 1
     return counts

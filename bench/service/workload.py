@@ -24,7 +24,7 @@ async def measure(svc: Service, args: argparse.Namespace, report: dict[str, Any]
 
     if "ab" not in skip:
         texts = prompts(args.small * args.per_batch)
-        chunks = [texts[i * args.per_batch:(i + 1) * args.per_batch] for i in range(args.small)]
+        chunks = [texts[i * args.per_batch : (i + 1) * args.per_batch] for i in range(args.small)]
         await svc.cold()
         say(f"[A] {args.small} x {args.per_batch} at once, engine cold ...")
         report["A"] = await svc.phase("a", [(c, 5) for c in chunks])
@@ -58,13 +58,16 @@ async def measure(svc: Service, args: argparse.Namespace, report: dict[str, Any]
                 say(f"[throughput] scheduling {mode}: {svc.scheduling(mode)}")
             say(f"[throughput] {args.conc} x {args.conc_size} at once, warm engine ...")
             before, switched, began = cpu_snapshot(), switch_snapshot(), time.perf_counter()
-            report[key] = await svc.phase("conc", [
-                (texts[i * args.conc_size:(i + 1) * args.conc_size], 5) for i in range(args.conc)])
+            report[key] = await svc.phase(
+                "conc", [(texts[i * args.conc_size : (i + 1) * args.conc_size], 5) for i in range(args.conc)]
+            )
             wall = time.perf_counter() - began
             report[key]["cpu_cores"] = cpu_by_component(before, cpu_snapshot(), wall)
             report[key]["switches"] = switches_by_component(switched, switch_snapshot(), wall)
-            say(f"[throughput] {mode}: {report[key]['tokens_per_s']:.1f} tok/s; "
-                f"switches {report[key]['switches']}")
+            say(
+                f"[throughput] {mode}: {report[key]['tokens_per_s']:.1f} tok/s; "
+                f"switches {report[key]['switches']}"
+            )
         if args.background:
             report["conc"] = report[f"conc_{args.background[0]}_0"]
             svc.scheduling("normal")
@@ -75,9 +78,12 @@ async def measure(svc: Service, args: argparse.Namespace, report: dict[str, Any]
         _, proc, _, _ = svc.need()
         say(f"[fairness] {args.big}-line batch at priority 0 ...")
         big = await svc.submit(prompts(args.big), priority=0, name="big")
-        await svc.ledger.until(lambda: svc.ledger.progress.get(big.batch_id, 0) > 0
-                               or big.batch_id in svc.ledger.terminal, args.timeout, proc,
-                               "progress of the big batch")
+        await svc.ledger.until(
+            lambda: svc.ledger.progress.get(big.batch_id, 0) > 0 or big.batch_id in svc.ledger.terminal,
+            args.timeout,
+            proc,
+            "progress of the big batch",
+        )
         say(f"[fairness] ... under way; {args.per_batch}-line batch at priority 9 beside it ...")
         urgent = await svc.phase("urgent", [(small, 9)])
         big_done_first = big.batch_id in svc.ledger.terminal
@@ -94,8 +100,8 @@ async def measure(svc: Service, args: argparse.Namespace, report: dict[str, Any]
             "loaded_s": loaded,
             "ratio": round(loaded / idle, 2),
             "big_finished_first": big_done_first,  # True: the figure is void
-            "big": {k: v for k, v in big_figures.items() if k != "rows"} | {
-                "status": big_figures["rows"][0]["status"], "completed": big_figures["rows"][0]["completed"]},
+            "big": {k: v for k, v in big_figures.items() if k != "rows"}
+            | {"status": big_figures["rows"][0]["status"], "completed": big_figures["rows"][0]["completed"]},
             "urgent": urgent,
         }
     report["routes"] = await svc.routes()

@@ -13,8 +13,9 @@ from pathlib import Path
 from llmbatch.chaos.faults import FAULT_KINDS
 from llmbatch.chaos.runner import ChaosConfig, run
 
-SHORT = ChaosConfig(batches=20, malformed=80, replicas=2, rounds=1, fault_every_s=8.0, send_over_s=30.0,
-                    drain_timeout_s=900.0)
+SHORT = ChaosConfig(
+    batches=20, malformed=80, replicas=2, rounds=1, fault_every_s=8.0, send_over_s=30.0, drain_timeout_s=900.0
+)
 
 
 def _faults(text: str) -> tuple[str, ...]:
@@ -34,12 +35,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, help=f"dispatcher replicas (default {full.replicas})")
     parser.add_argument("--rounds", type=int, help=f"times each fault is injected (default {full.rounds})")
     parser.add_argument("--faults", type=_faults, help=f"comma-separated, of {', '.join(FAULT_KINDS)}")
-    parser.add_argument("--shared-engines", action="store_true",
-                        help="run the batches on the warm shared engine (the service's default path) "
-                        "instead of a Ray job each (the driver fault then finds no driver and is skipped)")
-    parser.add_argument("--drain-timeout", type=float, dest="drain_timeout_s",
-                        help=f"seconds the batches get to end after the workload is sent (default "
-                        f"{full.drain_timeout_s:g}); one not ended then counts as stuck or lost")
+    parser.add_argument(
+        "--shared-engines",
+        action="store_true",
+        help="run the batches on the warm shared engine (the service's default path) "
+        "instead of a Ray job each (the driver fault then finds no driver and is skipped)",
+    )
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        dest="drain_timeout_s",
+        help=f"seconds the batches get to end after the workload is sent (default "
+        f"{full.drain_timeout_s:g}); one not ended then counts as stuck or lost",
+    )
     parser.add_argument("--seed", type=int, default=0, help="the workload's seed")
     parser.add_argument("--run-dir", type=Path, help="the stack's data (default: a new temp dir)")
     parser.add_argument("--keep", action="store_true", help="leave the stack running afterwards")

@@ -46,8 +46,15 @@ class DispatcherProcess:
     """``python -m llmbatch.dispatcher`` (or another of the project's services: ``module``, with ``args``) in
     its own session with ``settings`` as its environment, logs to a file; stopped by PID only."""
 
-    def __init__(self, settings: BaseModel, log_path: Path, *, module: str = "llmbatch.dispatcher",
-                 args: Sequence[str] = (), **env: str) -> None:
+    def __init__(
+        self,
+        settings: BaseModel,
+        log_path: Path,
+        *,
+        module: str = "llmbatch.dispatcher",
+        args: Sequence[str] = (),
+        **env: str,
+    ) -> None:
         self.settings = settings
         self.log_path = log_path
         self.module = module
@@ -102,8 +109,10 @@ class DispatcherProcess:
         code = self.ended_on_its_own()
         self.terminate(timeout)
         if code is not None:
-            raise AssertionError(f"{self.module} ended on its own with exit code {code} before it was "
-                                 f"stopped; its log ({self.log_path}) ends:\n{self.tail(40)}")
+            raise AssertionError(
+                f"{self.module} ended on its own with exit code {code} before it was "
+                f"stopped; its log ({self.log_path}) ends:\n{self.tail(40)}"
+            )
 
     def terminate(self, timeout: float = 60) -> int:
         self._stopped = True

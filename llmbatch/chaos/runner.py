@@ -44,8 +44,12 @@ log = logging.getLogger(__name__)
 
 MODEL = "chaos/fake-model"
 _STATUS = {
-    EventType.ACCEPTED: "accepted", EventType.REJECTED: "rejected", EventType.COMPLETED: "completed",
-    EventType.FAILED: "failed", EventType.CANCELLED: "cancelled", EventType.EXPIRED: "expired",
+    EventType.ACCEPTED: "accepted",
+    EventType.REJECTED: "rejected",
+    EventType.COMPLETED: "completed",
+    EventType.FAILED: "failed",
+    EventType.CANCELLED: "cancelled",
+    EventType.EXPIRED: "expired",
 }
 
 
@@ -100,8 +104,9 @@ def chaos_settings(
     batches run on the model's warm Serve engine (small ones on the batch runner), else each as a Ray
     job with an engine of its own."""
     base = manager.settings_for(stack)
-    topics = TopicSettings(requests=f"{run}.req", results=f"{run}.res", dead_letter=f"{run}.req.dlt",
-                           partitions=3)
+    topics = TopicSettings(
+        requests=f"{run}.req", results=f"{run}.res", dead_letter=f"{run}.req.dlt", partitions=3
+    )
     engine = EngineConfig(backend="fake", batch_size=4, num_cpus_per_replica=0.25)
     return DispatcherSettings(
         _env_file=None,
@@ -110,15 +115,34 @@ def chaos_settings(
         s3=base.s3,
         ray=base.ray,
         dispatcher=DispatcherOptions(
-            group_id=f"{run}-g", session_timeout_ms=6000, heartbeat_interval_ms=1000, poll_interval_s=0.5,
-            lease_ttl_s=4, retry_backoff_base_s=0.5, retry_backoff_max_s=4, io_backoff_base_s=0.2,
-            io_backoff_max_s=2, log_json=True, max_in_flight=max_in_flight,
+            group_id=f"{run}-g",
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=1000,
+            poll_interval_s=0.5,
+            lease_ttl_s=4,
+            retry_backoff_base_s=0.5,
+            retry_backoff_max_s=4,
+            io_backoff_base_s=0.2,
+            io_backoff_max_s=2,
+            log_json=True,
+            max_in_flight=max_in_flight,
             shared_engines=shared_engines,
         ),
-        engines=EngineRegistry(models={MODEL: EngineModel(
-            path="/models/unused", engine=engine, resources=ReplicaResources(num_cpus=0.25))}),
-        job=JobOptions(python=sys.executable, progress_interval_s=0.5, ray_stop_wait_s=10, stop_wait_s=30,
-                       shard_max_seconds=2, shard_max_lines=10),
+        engines=EngineRegistry(
+            models={
+                MODEL: EngineModel(
+                    path="/models/unused", engine=engine, resources=ReplicaResources(num_cpus=0.25)
+                )
+            }
+        ),
+        job=JobOptions(
+            python=sys.executable,
+            progress_interval_s=0.5,
+            ray_stop_wait_s=10,
+            stop_wait_s=30,
+            shard_max_seconds=2,
+            shard_max_lines=10,
+        ),
     )
 
 
@@ -127,8 +151,11 @@ async def _send(settings: DispatcherSettings, records: list[Record], over_s: flo
     being killed) is tried again until it is (a re-sent record keeps its event id)."""
     from aiokafka import AIOKafkaProducer
 
-    producer = AIOKafkaProducer(**{**settings.kafka.client_kwargs(), "request_timeout_ms": 15000},
-                                acks="all", max_request_size=8 << 20)
+    producer = AIOKafkaProducer(
+        **{**settings.kafka.client_kwargs(), "request_timeout_ms": 15000},
+        acks="all",
+        max_request_size=8 << 20,
+    )
     await producer.start()
     pause = over_s / max(1, len(records))
     retries = 0
@@ -141,8 +168,12 @@ async def _send(settings: DispatcherSettings, records: list[Record], over_s: flo
                 value = orjson.dumps({**orjson.loads(value), "deadline": deadline})
             while True:
                 try:
-                    await producer.send_and_wait(settings.kafka.topics.requests, value=value,
-                                                 key=record.key, headers=list(record.headers))
+                    await producer.send_and_wait(
+                        settings.kafka.topics.requests,
+                        value=value,
+                        key=record.key,
+                        headers=list(record.headers),
+                    )
                     break
                 except Exception as exc:  # the broker is down for a while: wait, send again
                     retries += 1
@@ -179,8 +210,12 @@ class _Reader:
         try:
             if self._consumer is None:
                 self._consumer = AIOKafkaConsumer(
-                    self.topic, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
-                    **self.settings.kafka.client_kwargs())
+                    self.topic,
+                    group_id=None,
+                    enable_auto_commit=False,
+                    auto_offset_reset="earliest",
+                    **self.settings.kafka.client_kwargs(),
+                )
                 await self._consumer.start()
             batch = await self._consumer.getmany(timeout_ms=1000, max_records=10_000)
         except Exception as exc:  # the broker is being restarted: read on later
@@ -288,16 +323,24 @@ async def run(config: ChaosConfig) -> ChaosResult:
     result: ChaosResult | None = None
     try:
         settings = chaos_settings(stack, run, config.max_in_flight, config.shared_engines)
-        records = workload(batches=config.batches, malformed=config.malformed, model=MODEL,
-                           now=datetime.now(UTC), run=run, seed=config.seed,
-                           input_bucket=settings.s3.input_bucket)
+        records = workload(
+            batches=config.batches,
+            malformed=config.malformed,
+            model=MODEL,
+            now=datetime.now(UTC),
+            run=run,
+            seed=config.seed,
+            input_bucket=settings.s3.input_bucket,
+        )
         await ensure_topics(settings)
         await asyncio.to_thread(_upload, settings, records)
         for i in range(config.replicas):
             opts = settings.dispatcher.model_copy(
-                update={"instance_id": f"d{i}", "metrics_port": free_port()})
-            replica = DispatcherProcess(settings.model_copy(update={"dispatcher": opts}),
-                                        run_dir / "logs" / f"dispatcher-d{i}.log")
+                update={"instance_id": f"d{i}", "metrics_port": free_port()}
+            )
+            replica = DispatcherProcess(
+                settings.model_copy(update={"dispatcher": opts}), run_dir / "logs" / f"dispatcher-d{i}.log"
+            )
             replicas.append(replica.start())
         faults = Faults(run_dir, replicas, settings.ray.address, job_prefix=f"{run}-")
         sending = asyncio.create_task(_send(settings, records, config.send_over_s))
@@ -322,8 +365,9 @@ async def run(config: ChaosConfig) -> ChaosResult:
         verdict = judge([r.sent for r in records], _seen(result_records), _marks(dead_records), answers)
         stack_now = StackState.load(run_dir)
         not_alive = [f"dispatcher {p.log_path.name}" for p in replicas if not p.alive()]
-        not_alive += [f"{name} (pid {rec.pid})" for name, rec in stack_now.services.items()
-                      if not alive(rec.pid)]
+        not_alive += [
+            f"{name} (pid {rec.pid})" for name, rec in stack_now.services.items() if not alive(rec.pid)
+        ]
         result = ChaosResult(verdict, dict(faults.counts), faults.log, drain_s, not_alive)
         if config.keep or config.run_dir is not None or not result.ok:
             result.run_dir = run_dir

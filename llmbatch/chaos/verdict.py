@@ -128,8 +128,10 @@ def judge(
             twice = sorted(c for c, n in got.items() if n > 1)
             extra = sorted(set(got) - set(s.custom_ids))
             if missing or twice or extra:
-                v.append(f"{s.batch_id}: custom_ids missing {missing[:5]}, answered twice {twice[:5]}, "
-                         f"unknown {extra[:5]}")
+                v.append(
+                    f"{s.batch_id}: custom_ids missing {missing[:5]}, answered twice {twice[:5]}, "
+                    f"unknown {extra[:5]}"
+                )
     for s in sent:
         if s.kind is Kind.DUPLICATE and s.event_id not in rejected_requests:
             v.append(f"{s.batch_id}: the duplicate request {s.event_id} was not answered")
@@ -149,7 +151,8 @@ def judge(
         **{f"ended {name}": by_status.get(name, 0) for name in sorted(TERMINAL)},
         "re-deliveries (same event id)": redelivered,
         "dead letters": len(marks),
-        "lost (accepted, no terminal)": sum(1 for s in batches if s.batch_id in accepted
-                                            and not terminals.get(s.batch_id or "")),
+        "lost (accepted, no terminal)": sum(
+            1 for s in batches if s.batch_id in accepted and not terminals.get(s.batch_id or "")
+        ),
     }
     return verdict

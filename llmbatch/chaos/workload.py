@@ -32,15 +32,22 @@ class Record:
 
 
 def _line(custom_id: str, n: int, bad: bool = False) -> dict[str, Any]:
-    body: dict[str, Any] = {"messages": [{"role": "user", "content": f"Say {n} in one word."}],
-                            "max_tokens": 4}
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": f"Say {n} in one word."}],
+        "max_tokens": 4,
+    }
     if bad:  # its custom_id is readable: it is answered by an error line of its own
         body["messages"] = "not a list"
     return {"custom_id": custom_id, "method": "POST", "url": CHAT, "body": body}
 
 
-def _record(data: BatchRequest | CancelRequest, sent: Sent, source: str, now: datetime,
-            upload: tuple[str, bytes] | None = None) -> Record:
+def _record(
+    data: BatchRequest | CancelRequest,
+    sent: Sent,
+    source: str,
+    now: datetime,
+    upload: tuple[str, bytes] | None = None,
+) -> Record:
     key, value, headers = encode(Envelope.new(data, source=source, id=sent.event_id, time=now))
     return Record(key, value, tuple(headers), sent, upload)
 
@@ -104,8 +111,18 @@ def workload(
 
 
 MALFORMED_KINDS = (
-    "not_json", "empty_value", "no_key", "no_source", "wrong_type", "key_mismatch", "bad_field_type",
-    "unknown_model", "deadline_passed", "huge_field", "disallowed_bucket", "unknown_field",
+    "not_json",
+    "empty_value",
+    "no_key",
+    "no_source",
+    "wrong_type",
+    "key_mismatch",
+    "bad_field_type",
+    "unknown_model",
+    "deadline_passed",
+    "huge_field",
+    "disallowed_bucket",
+    "unknown_field",
 )
 
 
@@ -113,9 +130,13 @@ def malformed_record(kind: str, mark: str, model: str, now: datetime, source: st
     """One malformed record of ``kind``; its ``ce_id`` (``mark``) identifies it on the dead-letter topic."""
     data: dict[str, Any] = {"batch_id": mark, "model": model, "endpoint": CHAT, "requests": [_line("c", 0)]}
     headers: list[Header] = [
-        ("ce_specversion", b"1.0"), (H_ID, mark.encode()), (H_SOURCE, source.encode()),
-        (H_TYPE, b"llmbatch.batch.requested.v1"), ("ce_time", now.isoformat().encode()),
-        ("ce_subject", mark.encode()), ("content-type", b"application/json"),
+        ("ce_specversion", b"1.0"),
+        (H_ID, mark.encode()),
+        (H_SOURCE, source.encode()),
+        (H_TYPE, b"llmbatch.batch.requested.v1"),
+        ("ce_time", now.isoformat().encode()),
+        ("ce_subject", mark.encode()),
+        ("content-type", b"application/json"),
     ]
     key: bytes | None = mark.encode()
     if kind == "unknown_model":

@@ -20,8 +20,12 @@ from llmbatch.dispatcher.ops.jobs_cli import app as jobs_app
 from llmbatch.producer.cli import register as register_producer
 from llmbatch.stack.cli import app as stack_app
 
-app = typer.Typer(help="llmbatch: Kafka-native LLM batch inference on Ray + vLLM.", no_args_is_help=True,
-                  pretty_exceptions_enable=False, add_completion=False)
+app = typer.Typer(
+    help="llmbatch: Kafka-native LLM batch inference on Ray + vLLM.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
 register_producer(app)
 app.add_typer(dispatcher_app, name="dispatcher")
 app.add_typer(stack_app, name="stack")
@@ -30,8 +34,9 @@ app.add_typer(dlq_app, name="dlq")
 app.add_typer(engines_app, name="engines")
 
 
-@app.command("api", add_help_option=False,
-             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command(
+    "api", add_help_option=False, context_settings={"allow_extra_args": True, "ignore_unknown_options": True}
+)
 def api_command(ctx: typer.Context) -> None:
     """Serve the OpenAI-compatible HTTP API (Files and Batches); `llmbatch api --help` for options."""
     from llmbatch.api.__main__ import main as api_main

@@ -19,7 +19,7 @@ class Batch:
     """The demo batch as prepared from the sample file."""
 
     path: Path
-    prompts: dict[str, str]                      # custom_id -> last user message, valid lines only
+    prompts: dict[str, str]  # custom_id -> last user message, valid lines only
     invalid: list[str] = field(default_factory=list)  # "line N: why" per invalid line
 
     @property

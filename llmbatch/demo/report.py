@@ -31,8 +31,7 @@ def _answer_text(line: Any) -> str:
         return orjson.dumps(body).decode()[:200]
 
 
-def show_results(batch: Batch, data: Any, answers: dict[str, str],
-                 errors: dict[str, dict[str, str]]) -> None:
+def show_results(batch: Batch, data: Any, answers: dict[str, str], errors: dict[str, dict[str, str]]) -> None:
     """Where the results are, a few answers, and the error lines."""
     console.rule("[bold]results")
     locations = Table(show_header=False, box=None)
@@ -43,8 +42,13 @@ def show_results(batch: Batch, data: Any, answers: dict[str, str],
     if data.manifest_uri:
         locations.add_row("manifest", data.manifest_uri)
     console.print(locations)
-    shown = Table("custom_id", "prompt", "answer", title=f"{min(ANSWERS_SHOWN, len(answers))} of "
-                  f"{len(answers)} answers", show_lines=True)
+    shown = Table(
+        "custom_id",
+        "prompt",
+        "answer",
+        title=f"{min(ANSWERS_SHOWN, len(answers))} of {len(answers)} answers",
+        show_lines=True,
+    )
     for custom_id, text in list(answers.items())[:ANSWERS_SHOWN]:
         shown.add_row(custom_id, batch.prompts.get(custom_id, ""), text[:300])
     console.print(shown)
@@ -68,8 +72,10 @@ async def report(client: Any, batch: Batch, terminal: Any, *, show: bool = True)
     async for line in client.iter_results(terminal):
         answers[line.custom_id] = _answer_text(line)
     async for line in client.iter_results(terminal, errors=True):
-        errors[line.custom_id] = {"code": line.error.code if line.error else "error",
-                                  "message": line.error.message if line.error else ""}
+        errors[line.custom_id] = {
+            "code": line.error.code if line.error else "error",
+            "message": line.error.message if line.error else "",
+        }
     manifest = None
     with contextlib.suppress(Exception):  # the event has everything that matters; timings are a bonus
         manifest = await client.manifest(data.batch_id, tenant=data.tenant)
@@ -91,11 +97,14 @@ async def report(client: Any, batch: Batch, terminal: Any, *, show: bool = True)
     figures.add_row("requests", f"{counts.total} total: {counts.completed} completed, {counts.failed} failed")
     figures.add_row("tokens", f"{usage.prompt_tokens} prompt, {usage.completion_tokens} completion")
     figures.add_row("queue wait", _fmt_s(timings["queue_wait_s"]) + " (accepted -> attempt started)")
-    figures.add_row("engine start", _fmt_s(timings["engine_start_s"]) + " (waited for an engine: vLLM load + "
-                    "warm-up when it was cold)")
+    figures.add_row(
+        "engine start",
+        _fmt_s(timings["engine_start_s"]) + " (waited for an engine: vLLM load + warm-up when it was cold)",
+    )
     rate = timings["generation_tok_per_s"]
-    figures.add_row("generation", _fmt_s(timings["generation_s"])
-                    + (f" = [bold]{rate} tokens/s[/bold]" if rate else ""))
+    figures.add_row(
+        "generation", _fmt_s(timings["generation_s"]) + (f" = [bold]{rate} tokens/s[/bold]" if rate else "")
+    )
     figures.add_row("end to end", _fmt_s(timings["accepted_to_finished_s"]) + " (accepted -> finished)")
     figures.add_row("attempts", f"{data.attempts} ({data.ray_submission_id})")
     if data.error is not None:
@@ -129,6 +138,11 @@ def compare(cold: dict[str, Any], warm: dict[str, Any]) -> None:
     table = Table("run", "status", "end to end", "engine wait", "generation", title="cold vs warm engine")
     for name, run in (("cold (engine starts)", cold), ("warm (engine running)", warm)):
         t = run["timings"]
-        table.add_row(name, run["status"], _fmt_s(t["accepted_to_finished_s"]), _fmt_s(t["engine_start_s"]),
-                      _fmt_s(t["generation_s"]))
+        table.add_row(
+            name,
+            run["status"],
+            _fmt_s(t["accepted_to_finished_s"]),
+            _fmt_s(t["engine_start_s"]),
+            _fmt_s(t["generation_s"]),
+        )
     console.print(table)

@@ -71,12 +71,16 @@ def dispatcher_env(state: StackState, model_path: Path, metrics_port: int) -> di
     """The dispatcher's environment: the local stack's dispatcher defaults (shared with
     ``llmbatch stack env``, see :mod:`llmbatch.stack.dispatcher_env`) and the demo's own, under the
     user's LLMBATCH_*, under the stack's addresses."""
-    env = dispatcher_environ(state, model_path, extra_defaults={
-        "LLMBATCH_DISPATCHER__INSTANCE_ID": "demo-dispatcher",
-        "LLMBATCH_DISPATCHER__LOG_JSON": "true",
-        # the warm engine on Ray Serve (scaled from zero by the first batch) and the short path
-        "LLMBATCH_DISPATCHER__SHARED_ENGINES": "true",
-    })
+    env = dispatcher_environ(
+        state,
+        model_path,
+        extra_defaults={
+            "LLMBATCH_DISPATCHER__INSTANCE_ID": "demo-dispatcher",
+            "LLMBATCH_DISPATCHER__LOG_JSON": "true",
+            # the warm engine on Ray Serve (scaled from zero by the first batch) and the short path
+            "LLMBATCH_DISPATCHER__SHARED_ENGINES": "true",
+        },
+    )
     env["LLMBATCH_DISPATCHER__METRICS_HOST"] = "127.0.0.1"
     env["LLMBATCH_DISPATCHER__METRICS_PORT"] = str(metrics_port)
     env["PYTHONUNBUFFERED"] = "1"
@@ -154,8 +158,10 @@ async def submit(client: Any, batch: Batch, batch_id: str) -> Any:
         tenant="demo",
     )
     published = await client.submit_request(request)
-    console.print(f"published batch.requested for [bold]{batch_id}[/bold] "
-                  f"({published.topic}[{published.partition}]@{published.offset}); input {uri}")
+    console.print(
+        f"published batch.requested for [bold]{batch_id}[/bold] "
+        f"({published.topic}[{published.partition}]@{published.offset}); input {uri}"
+    )
     return request
 
 
@@ -176,8 +182,13 @@ def _describe(envelope: Any) -> str:
 
 async def follow(client: Any, batch_id: str, since: Any, proc: DispatcherProcess, limit_s: float) -> Any:
     """Print the batch's events as they arrive; return its terminal event."""
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=console)
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
     task = progress.add_task("waiting for the dispatcher", total=None)
 
     async def stream() -> Any:
@@ -186,8 +197,12 @@ async def follow(client: Any, batch_id: str, since: Any, proc: DispatcherProcess
                 progress.console.print(f"  event {_describe(envelope)}", markup=False)
                 counts = getattr(envelope.data, "request_counts", None)
                 if counts is not None and counts.total:
-                    progress.update(task, total=counts.total, completed=counts.completed + counts.failed,
-                                    description="requests")
+                    progress.update(
+                        task,
+                        total=counts.total,
+                        completed=counts.completed + counts.failed,
+                        description="requests",
+                    )
                 elif envelope.type.value.endswith("accepted.v1"):
                     progress.update(task, description="queued, starting the Ray job and vLLM")
                 if envelope.is_terminal:
@@ -213,8 +228,15 @@ async def follow(client: Any, batch_id: str, since: Any, proc: DispatcherProcess
         return next(iter(done)).result()
 
 
-async def run_batch(settings: LLMBatchSettings, batch: Batch, proc: DispatcherProcess, limit_s: float,
-                    *, label: str = "", show: bool = True) -> dict[str, Any]:
+async def run_batch(
+    settings: LLMBatchSettings,
+    batch: Batch,
+    proc: DispatcherProcess,
+    limit_s: float,
+    *,
+    label: str = "",
+    show: bool = True,
+) -> dict[str, Any]:
     from llmbatch.producer import BatchClient, ensure_topics
 
     batch_id = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
@@ -235,10 +257,19 @@ async def run_batch(settings: LLMBatchSettings, batch: Batch, proc: DispatcherPr
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m llmbatch.demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--keep", action="store_true", default=os.environ.get("LLMBATCH_DEMO_KEEP") == "1",
-                        help="leave the stack running (stop it later with `make down`)")
-    parser.add_argument("--prompts", type=int, default=None, metavar="N",
-                        help="only the first N valid prompts (the two invalid lines always stay)")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        default=os.environ.get("LLMBATCH_DEMO_KEEP") == "1",
+        help="leave the stack running (stop it later with `make down`)",
+    )
+    parser.add_argument(
+        "--prompts",
+        type=int,
+        default=None,
+        metavar="N",
+        help="only the first N valid prompts (the two invalid lines always stay)",
+    )
     parser.add_argument("--file", type=Path, default=DATA_FILE, help="the JSONL batch to submit")
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds to wait for the batch")
     parser.add_argument("--summary-json", type=Path, default=None, help="also write the results here")
@@ -266,8 +297,10 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"model {MODEL} -> {model_path}")
         workdir = Path(tempfile.mkdtemp(prefix="llmbatch-demo-"))
         batch = prepare_batch(args.file, args.prompts, workdir)
-        console.print(f"{batch.total_lines} lines from {args.file.name}: {len(batch.prompts)} prompts and "
-                      f"{len(batch.invalid)} invalid lines, sent as they are to show isolation:")
+        console.print(
+            f"{batch.total_lines} lines from {args.file.name}: {len(batch.prompts)} prompts and "
+            f"{len(batch.invalid)} invalid lines, sent as they are to show isolation:"
+        )
         for problem in batch.invalid:
             console.print(f"  {problem}", markup=False)
 
@@ -276,14 +309,17 @@ def main(argv: list[str] | None = None) -> int:
         log_path = run_dir / "logs" / "demo-dispatcher.log"
         proc = DispatcherProcess(dispatcher_env(state, model_path, port), log_path, port)
         ready_s = proc.wait_ready()
-        console.print(f"dispatcher pid {proc.proc.pid} ready in {ready_s:.1f} s; health and metrics on "
-                      f"http://127.0.0.1:{port}/readyz and /metrics; log {log_path}")
+        console.print(
+            f"dispatcher pid {proc.proc.pid} ready in {ready_s:.1f} s; health and metrics on "
+            f"http://127.0.0.1:{port}/readyz and /metrics; log {log_path}"
+        )
 
         settings = manager.settings_for(state)
         summary = asyncio.run(run_batch(settings, batch, proc, args.timeout, label=" (cold engine)"))
         if summary["status"] == "completed":
-            warm = asyncio.run(run_batch(settings, batch, proc, args.timeout, label=" (warm engine)",
-                                         show=False))
+            warm = asyncio.run(
+                run_batch(settings, batch, proc, args.timeout, label=" (warm engine)", show=False)
+            )
             summary["warm"] = warm
             compare(summary, warm)
         if args.summary_json is not None:
@@ -317,9 +353,12 @@ def main(argv: list[str] | None = None) -> int:
             where = "" if default else f" --run-dir {run_dir}"
             stop = "`make down`" if default else f"`llmbatch stack down{where}`"
             env_cmd = f'eval "$(.venv/bin/llmbatch stack env{where})"'
-            console.print(f"stack left running ({run_dir}): `{env_cmd}`, then `.venv/bin/llmbatch stack "
-                          f"dispatcher{where}` runs a dispatcher like this one and `llmbatch jobs list` "
-                          f"shows its batches; stop it with {stop}", markup=False)
+            console.print(
+                f"stack left running ({run_dir}): `{env_cmd}`, then `.venv/bin/llmbatch stack "
+                f"dispatcher{where}` runs a dispatcher like this one and `llmbatch jobs list` "
+                f"shows its batches; stop it with {stop}",
+                markup=False,
+            )
         else:
             manager.down(run_dir)
             console.print("stack stopped")

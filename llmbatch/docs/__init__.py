@@ -125,8 +125,9 @@ def type_name(annotation: Any) -> str:
     if isinstance(annotation, type) and issubclass(annotation, Enum):
         return " \\| ".join(str(m.value) for m in annotation)
     if isinstance(annotation, type):
-        return {"str": "string", "int": "integer", "float": "number", "bool": "boolean",
-                "Path": "path"}.get(annotation.__name__, annotation.__name__)
+        return {"str": "string", "int": "integer", "float": "number", "bool": "boolean", "Path": "path"}.get(
+            annotation.__name__, annotation.__name__
+        )
     return str(annotation)
 
 
@@ -216,8 +217,10 @@ def settings_table() -> str:
     from llmbatch.schemas.engines import EngineModel
 
     entries = list(entry_rows(EngineModel))
-    out.append(f"**`{ENTRY_SECTION}`** ({len(entries)} fields of one `LLMBATCH_ENGINES__MODELS` entry, "
-               "nested as JSON objects: `engine`, `resources`, `scaling`)")
+    out.append(
+        f"**`{ENTRY_SECTION}`** ({len(entries)} fields of one `LLMBATCH_ENGINES__MODELS` entry, "
+        "nested as JSON objects: `engine`, `resources`, `scaling`)"
+    )
     out.append("")
     out.append("| Field | Type | Default | Description |")
     out.append("|---|---|---|---|")
@@ -256,8 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     text = args.readme.read_text(encoding="utf-8")
     if args.check:
         if current_block(text) != table:
-            print(f"{args.readme}: settings table is stale; run "
-                  "`python -m llmbatch.docs settings-table --write`", file=sys.stderr)
+            print(
+                f"{args.readme}: settings table is stale; run "
+                "`python -m llmbatch.docs settings-table --write`",
+                file=sys.stderr,
+            )
             return 1
         return 0
     args.readme.write_text(replace_block(text, table), encoding="utf-8")

@@ -18,8 +18,9 @@ from llmbatch.stack.dispatcher_env import dispatcher_environ, shell_exports
 from llmbatch.stack.process import StackError, alive
 from llmbatch.stack.state import StackState, default_run_dir
 
-app = typer.Typer(help="Run the local stack: Apache Kafka, Redis, MinIO and a Ray head on 127.0.0.1.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Run the local stack: Apache Kafka, Redis, MinIO and a Ray head on 127.0.0.1.", no_args_is_help=True
+)
 err = Console(stderr=True)
 out = Console()
 
@@ -67,10 +68,17 @@ def prepare(names: Services = None, model: bool = typer.Option(True, help="also 
 
 
 @app.command()
-def up(names: Services = None, run_dir: RunDir = None,
-       tls: bool = typer.Option(False, "--tls", help="Kafka (SASL_SSL), Redis and MinIO over TLS only, "
-                                "with a CA made for the run folder; `stack env` then exports the CA "
-                                "bundles and the Kafka login")) -> None:
+def up(
+    names: Services = None,
+    run_dir: RunDir = None,
+    tls: bool = typer.Option(
+        False,
+        "--tls",
+        help="Kafka (SASL_SSL), Redis and MinIO over TLS only, "
+        "with a CA made for the run folder; `stack env` then exports the CA "
+        "bundles and the Kafka login",
+    ),
+) -> None:
     """Start the services (already running and healthy ones are reused)."""
     folder = run_dir or default_run_dir()
     try:
@@ -98,8 +106,15 @@ def status(run_dir: RunDir = None, as_json: bool = typer.Option(False, "--json")
         return
     table = Table("service", "running", "healthy", "pid", "address", "RSS MiB", "healthy after s")
     for r in rows:
-        table.add_row(r.name, str(r.running), str(r.healthy), str(r.pid or "-"), r.address or "-",
-                      f"{r.rss_bytes / 2**20:.0f}", str(r.healthy_after_s or "-"))
+        table.add_row(
+            r.name,
+            str(r.running),
+            str(r.healthy),
+            str(r.pid or "-"),
+            r.address or "-",
+            f"{r.rss_bytes / 2**20:.0f}",
+            str(r.healthy_after_s or "-"),
+        )
     out.print(table)
     if not all(r.healthy for r in rows):
         raise typer.Exit(1)
@@ -133,17 +148,22 @@ def dispatcher(ctx: typer.Context, run_dir: RunDir = None) -> None:
     state = StackState.load(folder)
     missing = [n for n in manager.ALL_SERVICES if n not in state.services or not alive(state.services[n].pid)]
     if missing:
-        _say(f"error: {', '.join(missing)} not running in {folder}: start the stack with "
-             "`.venv/bin/llmbatch stack up` (or `LLMBATCH_DEMO_KEEP=1 make demo`)")
+        _say(
+            f"error: {', '.join(missing)} not running in {folder}: start the stack with "
+            "`.venv/bin/llmbatch stack up` (or `LLMBATCH_DEMO_KEEP=1 make demo`)"
+        )
         raise typer.Exit(1)
     model_path = cached_model()
     if model_path is None:
-        _say("error: the local model is not prepared: run `.venv/bin/llmbatch stack prepare` "
-             "(converts it once, about 1 min)")
+        _say(
+            "error: the local model is not prepared: run `.venv/bin/llmbatch stack prepare` "
+            "(converts it once, about 1 min)"
+        )
         raise typer.Exit(1)
     env = dispatcher_environ(state, model_path, extra_defaults={"LLMBATCH_DISPATCHER__LOG_JSON": "false"})
     argv = [sys.executable, "-m", "llmbatch", "dispatcher", "run", *ctx.args]
-    _say(f"[dispatcher] on the stack in {folder}: jobs run {model_path} with {sys.executable}; "
-         "Ctrl-C stops it")
+    _say(
+        f"[dispatcher] on the stack in {folder}: jobs run {model_path} with {sys.executable}; Ctrl-C stops it"
+    )
     # replace this process: Ctrl-C and SIGTERM reach the dispatcher, which stops gracefully itself
     os.execve(sys.executable, argv, env)  # noqa: S606 - our own interpreter, fixed argv

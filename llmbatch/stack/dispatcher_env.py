@@ -23,10 +23,10 @@ from llmbatch.stack.state import CACHE_DIR, StackState
 
 ENGINES = "LLMBATCH_ENGINES__MODELS"
 LOCAL_ENGINE: dict[str, object] = {
-    "enforce_eager": True,   # 18-20 s engine start instead of 70-130 s
+    "enforce_eager": True,  # 18-20 s engine start instead of 70-130 s
     "dtype": "bfloat16",
     "max_model_len": 2048,
-    "batch_size": 4,         # small Ray Data batches: live progress
+    "batch_size": 4,  # small Ray Data batches: live progress
     # steps of at most 512 tokens (vLLM's default 4096 makes a CPU prefill step 4-6 s long, and an
     # urgent batch waits for it): 1.7x instead of 5x the idle time beside a big batch, same throughput
     "max_num_batched_tokens": 512,
@@ -34,10 +34,10 @@ LOCAL_ENGINE: dict[str, object] = {
 LOCAL_EMBEDDING_ENGINE: dict[str, object] = {
     "runner": "pooling",
     "enforce_eager": True,
-    "dtype": "float32",      # a 22M-parameter model: full precision costs little and matches the model
+    "dtype": "float32",  # a 22M-parameter model: full precision costs little and matches the model
     "batch_size": 16,
 }
-OMP_BIND_SOURCE = "LLMBATCH_OMP_THREADS_BIND"   # tooling variable (README): the demo's CPU binding
+OMP_BIND_SOURCE = "LLMBATCH_OMP_THREADS_BIND"  # tooling variable (README): the demo's CPU binding
 
 
 def engine_cache_dir() -> Path:
@@ -58,14 +58,16 @@ def local_defaults(model_path: Path | None, environ: Mapping[str, str] | None = 
     env: dict[str, str] = {}
     if model_path is not None:
         env[ENGINES] = engines_json(model_path)
-    env.update({
-        "LLMBATCH_JOB__PYTHON": sys.executable,            # the local Ray head runs from this venv
-        "LLMBATCH_JOB__ENGINE_CACHE_DIR": str(engine_cache_dir()),
-        "LLMBATCH_JOB__PROGRESS_INTERVAL_S": "1",
-        "LLMBATCH_DISPATCHER__PROGRESS_INTERVAL_S": "2",
-        "LLMBATCH_DISPATCHER__POLL_INTERVAL_S": "0.5",
-        "LLMBATCH_DISPATCHER__METRICS_HOST": "127.0.0.1",  # a laptop, not a pod: loopback only
-    })
+    env.update(
+        {
+            "LLMBATCH_JOB__PYTHON": sys.executable,  # the local Ray head runs from this venv
+            "LLMBATCH_JOB__ENGINE_CACHE_DIR": str(engine_cache_dir()),
+            "LLMBATCH_JOB__PROGRESS_INTERVAL_S": "1",
+            "LLMBATCH_DISPATCHER__PROGRESS_INTERVAL_S": "2",
+            "LLMBATCH_DISPATCHER__POLL_INTERVAL_S": "0.5",
+            "LLMBATCH_DISPATCHER__METRICS_HOST": "127.0.0.1",  # a laptop, not a pod: loopback only
+        }
+    )
     bind = environ.get(OMP_BIND_SOURCE)
     if bind:
         env["LLMBATCH_JOB__OMP_THREADS_BIND"] = bind
@@ -82,8 +84,11 @@ def engines_json(model_path: Path, embedding_path: Path | None = None) -> str:
     }
     embedding_path = embedding_path or embedding_model_dir()
     if embedding_path is not None:
-        models[EMBEDDING_MODEL] = {"path": str(embedding_path), "engine": LOCAL_EMBEDDING_ENGINE,
-                                   "resources": threads}
+        models[EMBEDDING_MODEL] = {
+            "path": str(embedding_path),
+            "engine": LOCAL_EMBEDDING_ENGINE,
+            "resources": threads,
+        }
     return json.dumps(models)
 
 
@@ -94,9 +99,12 @@ def local_engine_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
 
-def dispatcher_environ(state: StackState, model_path: Path | None,
-                       environ: Mapping[str, str] | None = None,
-                       extra_defaults: Mapping[str, str] | None = None) -> dict[str, str]:
+def dispatcher_environ(
+    state: StackState,
+    model_path: Path | None,
+    environ: Mapping[str, str] | None = None,
+    extra_defaults: Mapping[str, str] | None = None,
+) -> dict[str, str]:
     """A local dispatcher process's whole environment.
 
     Layers, lowest first: ``extra_defaults`` (the caller's own, e.g. the demo's instance id), the
@@ -104,8 +112,12 @@ def dispatcher_environ(state: StackState, model_path: Path | None,
     defaults), and the stack's service addresses and keys (always this stack's).
     """
     base = dict(os.environ if environ is None else environ)
-    return {**(extra_defaults or {}), **local_defaults(model_path, base), **base,
-            **manager.env_exports(state)}
+    return {
+        **(extra_defaults or {}),
+        **local_defaults(model_path, base),
+        **base,
+        **manager.env_exports(state),
+    }
 
 
 def shell_exports(state: StackState) -> tuple[dict[str, str], list[str]]:
@@ -119,15 +131,21 @@ def shell_exports(state: StackState) -> tuple[dict[str, str], list[str]]:
 
     notes: list[str] = []
     if not state.services:
-        notes.append(f"no services recorded in {state.run_dir}: start the stack with "
-                     "`.venv/bin/llmbatch stack up` (or `LLMBATCH_DEMO_KEEP=1 make demo`)")
+        notes.append(
+            f"no services recorded in {state.run_dir}: start the stack with "
+            "`.venv/bin/llmbatch stack up` (or `LLMBATCH_DEMO_KEEP=1 make demo`)"
+        )
     for name, rec in state.services.items():
         if not alive(rec.pid):
-            notes.append(f"{name} is recorded in {state.path} but not running (pid {rec.pid}): "
-                         "`.venv/bin/llmbatch stack up` starts it again")
+            notes.append(
+                f"{name} is recorded in {state.path} but not running (pid {rec.pid}): "
+                "`.venv/bin/llmbatch stack up` starts it again"
+            )
     model = cached_model()
     if model is None:
-        notes.append(f"the local model is not prepared yet ({model_dir()}): run "
-                     f"`.venv/bin/llmbatch stack prepare` (converts it once, about 1 min), then this "
-                     f"again to get {ENGINES}")
+        notes.append(
+            f"the local model is not prepared yet ({model_dir()}): run "
+            f"`.venv/bin/llmbatch stack prepare` (converts it once, about 1 min), then this "
+            f"again to get {ENGINES}"
+        )
     return {**manager.env_exports(state), **local_defaults(model)}, notes

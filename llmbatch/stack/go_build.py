@@ -36,8 +36,9 @@ def source_digest(module: Path, flags: Sequence[str] = ()) -> str:
     return digest.hexdigest()[:12]
 
 
-def go_binaries(module: Path, packages: Sequence[str], *, cgo: bool = False,
-                tags: Sequence[str] = ()) -> dict[str, Path]:
+def go_binaries(
+    module: Path, packages: Sequence[str], *, cgo: bool = False, tags: Sequence[str] = ()
+) -> dict[str, Path]:
     """Build ``packages`` of the Go module in folder ``module`` once (``-mod=readonly``: its go.sum
     decides every version) and return package -> binary. Older builds of the module are removed.
     Static (``CGO_ENABLED=0``) unless ``cgo`` (a program that links a C library, as runc's seccomp
@@ -54,11 +55,22 @@ def go_binaries(module: Path, packages: Sequence[str], *, cgo: bool = False,
     tmp = target.with_name(f".{target.name}.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=readonly -buildvcs=false",
-           "CGO_ENABLED": "1" if cgo else "0"}
+    env = {
+        **os.environ,
+        "GOTOOLCHAIN": "local",
+        "GOFLAGS": "-mod=readonly -buildvcs=false",
+        "CGO_ENABLED": "1" if cgo else "0",
+    }
     tag_args = ["-tags", ",".join(tags)] if tags else []
-    proc = subprocess.run([go, "build", "-trimpath", *tag_args, "-o", f"{tmp}/", *packages], cwd=module,
-                          env=env, capture_output=True, text=True, timeout=3600, check=False)
+    proc = subprocess.run(
+        [go, "build", "-trimpath", *tag_args, "-o", f"{tmp}/", *packages],
+        cwd=module,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
+    )
     if proc.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)
         raise StackError(f"building {module.name} failed", f"{proc.stdout}{proc.stderr}"[-4000:])

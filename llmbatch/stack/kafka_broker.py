@@ -36,9 +36,20 @@ def kafka_libs() -> Path:
         raise StackError("Maven (mvn) is needed to fetch the Kafka jars: apt-get install maven")
     tmp = libs.with_name("libs.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    run_checked(["mvn", "-q", "-B", "-f", str(_HERE / "kafka" / "pom.xml"), "dependency:copy-dependencies",
-          f"-DoutputDirectory={tmp}", "-DincludeScope=runtime", f"-Dkafka.version={KAFKA_VERSION}"],
-         "fetching Kafka jars from Maven Central")
+    run_checked(
+        [
+            "mvn",
+            "-q",
+            "-B",
+            "-f",
+            str(_HERE / "kafka" / "pom.xml"),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={tmp}",
+            "-DincludeScope=runtime",
+            f"-Dkafka.version={KAFKA_VERSION}",
+        ],
+        "fetching Kafka jars from Maven Central",
+    )
     shutil.rmtree(libs, ignore_errors=True)
     tmp.rename(libs)
     return libs
@@ -61,17 +72,24 @@ class KafkaSasl:
             raise StackError(f"the Kafka admin {self.admin!r} needs a password in KafkaSasl.passwords")
         for name, password in self.passwords.items():
             if not _SCRAM_TEXT.fullmatch(name) or name == KAFKA_CONTROLLER_USER:
-                raise StackError(f"Kafka user name {name!r}: letters, digits and _ . ~ - only, and not "
-                                 f"{KAFKA_CONTROLLER_USER!r}")
+                raise StackError(
+                    f"Kafka user name {name!r}: letters, digits and _ . ~ - only, and not "
+                    f"{KAFKA_CONTROLLER_USER!r}"
+                )
             if not _SCRAM_TEXT.fullmatch(password):
-                raise StackError(f"the password of Kafka user {name!r} may hold letters, digits and "
-                                 "_ . ~ - only")
+                raise StackError(
+                    f"the password of Kafka user {name!r} may hold letters, digits and _ . ~ - only"
+                )
 
     def client(self, user: str, ca_cert: Path | None = None) -> dict[str, Any]:
         """aiokafka's SASL keyword arguments for ``user``; ``ca_cert``: over TLS (SASL_SSL), the broker
         verified against that CA."""
-        kwargs: dict[str, Any] = {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-512",
-                                  "sasl_plain_username": user, "sasl_plain_password": self.passwords[user]}
+        kwargs: dict[str, Any] = {
+            "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "sasl_plain_username": user,
+            "sasl_plain_password": self.passwords[user],
+        }
         if ca_cert is not None:
             import ssl
 
@@ -84,8 +102,13 @@ KAFKA_CONTROLLER_USER = "kraft-controller"
 _SCRAM_TEXT = re.compile(r"[A-Za-z0-9_.~-]+")
 
 
-def start_kafka(run_dir: Path, *, restart: ServiceRecord | None = None,
-                sasl: KafkaSasl | None = None, tls: TlsFiles | None = None) -> ServiceRecord:
+def start_kafka(
+    run_dir: Path,
+    *,
+    restart: ServiceRecord | None = None,
+    sasl: KafkaSasl | None = None,
+    tls: TlsFiles | None = None,
+) -> ServiceRecord:
     """Start a single-node KRaft Kafka with its data in ``run_dir/kafka``.
 
     ``restart`` is the record of an earlier start in the same ``run_dir``: the broker comes back on its
@@ -112,8 +135,14 @@ def start_kafka(run_dir: Path, *, restart: ServiceRecord | None = None,
         return _start_kafka(run_dir, ports, restart, sasl, tls)
 
 
-def _kafka_properties(data: Path, port: int, controller: int, sasl: KafkaSasl | None,
-                      controller_password: str, tls: TlsFiles | None = None) -> list[str]:
+def _kafka_properties(
+    data: Path,
+    port: int,
+    controller: int,
+    sasl: KafkaSasl | None,
+    controller_password: str,
+    tls: TlsFiles | None = None,
+) -> list[str]:
     if sasl is None:
         listeners = [
             f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
@@ -184,8 +213,13 @@ def _owner_only(path: Path, text: str) -> None:
         fh.write(text)
 
 
-def _start_kafka(run_dir: Path, ports: StartPorts, restart: ServiceRecord | None = None,
-                 sasl: KafkaSasl | None = None, tls: TlsFiles | None = None) -> ServiceRecord:
+def _start_kafka(
+    run_dir: Path,
+    ports: StartPorts,
+    restart: ServiceRecord | None = None,
+    sasl: KafkaSasl | None = None,
+    tls: TlsFiles | None = None,
+) -> ServiceRecord:
     libs = kafka_libs()
     data = run_dir / "kafka"
     data.mkdir(parents=True, exist_ok=True)
@@ -204,14 +238,26 @@ def _start_kafka(run_dir: Path, ports: StartPorts, restart: ServiceRecord | None
         _owner_only(props, text)
     classpath = f"{libs}/*"
     log4j = _HERE / "kafka" / "log4j2.properties"
-    java_opts = ["-Xms256m", "-Xmx512m", "-XX:+UseG1GC", f"-Dlog4j2.configurationFile={log4j}",
-                 "-Djava.awt.headless=true"]
+    java_opts = [
+        "-Xms256m",
+        "-Xmx512m",
+        "-XX:+UseG1GC",
+        f"-Dlog4j2.configurationFile={log4j}",
+        "-Djava.awt.headless=true",
+    ]
     if restart is None or not (data / "logs" / "meta.properties").exists():
         # a fresh data dir per new start: ports change between starts and KRaft pins the controller
         # address in the data; a restart keeps both
         shutil.rmtree(data / "logs", ignore_errors=True)
-        fmt = ["kafka.tools.StorageTool", "format", "--standalone", "-t", kafka_cluster_id(),
-               "-c", str(props)]
+        fmt = [
+            "kafka.tools.StorageTool",
+            "format",
+            "--standalone",
+            "-t",
+            kafka_cluster_id(),
+            "-c",
+            str(props),
+        ]
         if sasl is None:
             run_checked(["java", *java_opts, "-cp", classpath, *fmt], "formatting the Kafka storage")
         else:
@@ -220,8 +266,9 @@ def _start_kafka(run_dir: Path, ports: StartPorts, restart: ServiceRecord | None
             users = [f"SCRAM-SHA-512=[name={n},password={p}]" for n, p in sasl.passwords.items()]
             _owner_only(args, "\n".join([*fmt, *(f"--add-scram {u}" for u in users), ""]))
             try:
-                run_checked(["java", *java_opts, "-cp", classpath, f"@{args}"],
-                            "formatting the Kafka storage")
+                run_checked(
+                    ["java", *java_opts, "-cp", classpath, f"@{args}"], "formatting the Kafka storage"
+                )
             finally:
                 args.unlink(missing_ok=True)
     pid = spawn(["java", *java_opts, "-cp", classpath, "kafka.Kafka", str(props)], log)
@@ -232,8 +279,16 @@ def _start_kafka(run_dir: Path, ports: StartPorts, restart: ServiceRecord | None
     extra = {"security_protocol": str(client["security_protocol"])} if sasl is not None else {}
     if ca is not None:
         extra["ca_cert"] = str(ca)
-    return ServiceRecord("kafka", pid, {"broker": port, "controller": controller},
-                         f"127.0.0.1:{port}", str(log), str(data), round(waited, 2), extra)
+    return ServiceRecord(
+        "kafka",
+        pid,
+        {"broker": port, "controller": controller},
+        f"127.0.0.1:{port}",
+        str(log),
+        str(data),
+        round(waited, 2),
+        extra,
+    )
 
 
 def kafka_cluster_id(random_bytes: Callable[[], bytes] = lambda: uuid.uuid4().bytes) -> str:
@@ -257,8 +312,9 @@ def _kafka_ready(port: int, client: Mapping[str, Any] | None = None) -> bool:
     from aiokafka.admin import AIOKafkaAdminClient
 
     async def check() -> bool:
-        admin = AIOKafkaAdminClient(bootstrap_servers=f"127.0.0.1:{port}", request_timeout_ms=3000,
-                                    **(client or {}))
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=f"127.0.0.1:{port}", request_timeout_ms=3000, **(client or {})
+        )
         try:
             await admin.start()
             await admin.describe_cluster()

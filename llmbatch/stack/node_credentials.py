@@ -18,8 +18,9 @@ def minio_credentials(run_dir: Path) -> tuple[str, str]:
     path = run_dir / "minio.credentials.json"
     if not path.exists():
         run_dir.mkdir(parents=True, exist_ok=True)
-        keep_minio_credentials(run_dir, "llmbatch-" + secrets.token_hex(4), secrets.token_urlsafe(24),
-                               replace=False)
+        keep_minio_credentials(
+            run_dir, "llmbatch-" + secrets.token_hex(4), secrets.token_urlsafe(24), replace=False
+        )
     user, password = json.loads(path.read_text())
     return str(user), str(password)
 

@@ -150,8 +150,13 @@ def default_folder() -> Path:
 class PortAllocator:
     """Hands out ports that no other holder of a reservation in ``folder`` has (see module doc)."""
 
-    def __init__(self, folder: Path | None = None, ranges: Sequence[range] | None = None,
-                 rng: random.Random | None = None, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        folder: Path | None = None,
+        ranges: Sequence[range] | None = None,
+        rng: random.Random | None = None,
+        host: str = "127.0.0.1",
+    ) -> None:
         self.folder = folder or default_folder()
         self.ranges = list(ranges) if ranges is not None else candidate_ranges(ephemeral_range())
         self.host = host
@@ -173,7 +178,8 @@ class PortAllocator:
                 if start is None:
                     raise PortsExhausted(
                         f"no {size} consecutive free ports left in {_describe(self.ranges)} "
-                        f"(reservations in {self.folder})")
+                        f"(reservations in {self.folder})"
+                    )
                 busy = [p for p in range(start, start + size) if not bindable(p, self.host)]
                 if busy:
                     taken |= set(busy)  # in use by something that holds no reservation
@@ -342,4 +348,3 @@ def free_port() -> int:
 def free_port_range(size: int) -> int:
     """First port of ``size`` consecutive ports reserved like :func:`free_port` (Ray worker ports)."""
     return allocator().port_range(size)
-

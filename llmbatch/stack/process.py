@@ -32,8 +32,9 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
-def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None,
-          cwd: Path | None = None) -> int:
+def spawn(
+    argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None, cwd: Path | None = None
+) -> int:
     """Start ``argv`` detached in its own session, stdout+stderr to ``log_path``; return its PID."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = dict(os.environ)
@@ -67,8 +68,7 @@ def alive(pid: int | None) -> bool:
 def _running(proc: psutil.Process) -> bool:
     """:func:`alive` for a handle (which also tells a reused PID apart)."""
     with contextlib.suppress(psutil.Error):
-        return bool(proc.is_running()
-                    and (proc.status() != psutil.STATUS_ZOMBIE or proc.num_threads() > 1))
+        return bool(proc.is_running() and (proc.status() != psutil.STATUS_ZOMBIE or proc.num_threads() > 1))
     return False
 
 
@@ -159,8 +159,14 @@ def log_tail(path: Path, lines: int = 25) -> str:
     return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
 
 
-def wait_until(check: Callable[[], bool], timeout: float, pid: int | None, name: str,
-               log_path: Path, interval: float = 0.25) -> float:
+def wait_until(
+    check: Callable[[], bool],
+    timeout: float,
+    pid: int | None,
+    name: str,
+    log_path: Path,
+    interval: float = 0.25,
+) -> float:
     """Poll ``check`` until it passes; return seconds waited. Fails fast if ``pid`` dies."""
     start = time.monotonic()
     while True:
@@ -202,12 +208,24 @@ def http_ok(url: str, timeout: float = 2.0, ca_cert: str | None = None) -> bool:
         return 200 <= int(resp.status) < 300
 
 
-def run_checked(argv: list[str], what: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-                timeout: float = 1800) -> None:
+def run_checked(
+    argv: list[str],
+    what: str,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float = 1800,
+) -> None:
     """Run ``argv`` to its end; :class:`StackError` naming ``what`` with the last 25 lines of its
     output if it fails."""
-    proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(env or {})},
-                          cwd=cwd, timeout=timeout, check=False)
+    proc = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+        timeout=timeout,
+        check=False,
+    )
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
         raise StackError(f"{what} failed (exit {proc.returncode})", tail)

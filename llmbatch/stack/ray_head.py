@@ -35,8 +35,14 @@ def ray_executable() -> Path:
     return candidate
 
 
-def start_ray(run_dir: Path, num_cpus: int = 2, object_store_bytes: int = 1_000_000_000, *,
-              restart: ServiceRecord | None = None, tls: TlsFiles | None = None) -> ServiceRecord:
+def start_ray(
+    run_dir: Path,
+    num_cpus: int = 2,
+    object_store_bytes: int = 1_000_000_000,
+    *,
+    restart: ServiceRecord | None = None,
+    tls: TlsFiles | None = None,
+) -> ServiceRecord:
     """Start a Ray head. ``restart`` (an earlier start's record) brings it back on the same addresses
     (Jobs API, GCS, Serve, metrics), as a KubeRay head pod comes back: clients keep their settings,
     the job records of the old head are gone. ``tls``: Ray's gRPC (GCS, raylet, object manager,
@@ -64,19 +70,30 @@ steps up to 0.4 s later; requests to running replicas are routed as before (no r
 
 def ray_tls_env(tls: TlsFiles) -> dict[str, str]:
     """The variables that turn on TLS for every Ray process of a node (they inherit them)."""
-    return {"RAY_USE_TLS": "1", "RAY_TLS_SERVER_CERT": str(tls.server_cert),
-            "RAY_TLS_SERVER_KEY": str(tls.server_key), "RAY_TLS_CA_CERT": str(tls.ca_cert)}
+    return {
+        "RAY_USE_TLS": "1",
+        "RAY_TLS_SERVER_CERT": str(tls.server_cert),
+        "RAY_TLS_SERVER_KEY": str(tls.server_key),
+        "RAY_TLS_CA_CERT": str(tls.ca_cert),
+    }
 
 
-def _start_ray(run_dir: Path, num_cpus: int, object_store_bytes: int, ports: StartPorts,
-               restart: ServiceRecord | None = None, tls: TlsFiles | None = None) -> ServiceRecord:
+def _start_ray(
+    run_dir: Path,
+    num_cpus: int,
+    object_store_bytes: int,
+    ports: StartPorts,
+    restart: ServiceRecord | None = None,
+    tls: TlsFiles | None = None,
+) -> ServiceRecord:
     # Ray's own temp dir must be short (unix socket paths are limited to 107 bytes)
     temp = Path(tempfile.gettempdir()) / f"llmbatch-ray-{os.getpid()}-{secrets.token_hex(3)}"
     temp.mkdir(parents=True, exist_ok=True)
     # one allocator for all of them: the dashboard can never land inside the worker range
     if restart is not None:
         gcs, dashboard, client, serve, metrics = ports.again(
-            "The Ray head", restart.ports, "gcs", "dashboard", "client", "serve", "metrics")
+            "The Ray head", restart.ports, "gcs", "dashboard", "client", "serve", "metrics"
+        )
         agent = ports.one()
         front = 0
         if tls is not None:  # the old head's front goes with it (it holds the port)
@@ -106,14 +123,26 @@ def _start_ray(run_dir: Path, num_cpus: int, object_store_bytes: int, ports: Sta
         **ray_node_credentials(*minio_credentials(run_dir)),
         **(ray_tls_env(tls) if tls is not None else {}),
     }
-    argv = [str(ray_executable()), "start", "--head", "--block", f"--num-cpus={num_cpus}",
-            f"--port={gcs}", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
-            f"--dashboard-port={dashboard}", "--include-dashboard=true",
-            f"--dashboard-agent-listen-port={agent}", f"--ray-client-server-port={client}",
-            f"--metrics-export-port={metrics}",
-            f"--min-worker-port={workers}", f"--max-worker-port={workers + 199}",
-            f"--object-store-memory={object_store_bytes}", f"--temp-dir={temp}",
-            "--disable-usage-stats"]
+    argv = [
+        str(ray_executable()),
+        "start",
+        "--head",
+        "--block",
+        f"--num-cpus={num_cpus}",
+        f"--port={gcs}",
+        "--node-ip-address=127.0.0.1",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dashboard}",
+        "--include-dashboard=true",
+        f"--dashboard-agent-listen-port={agent}",
+        f"--ray-client-server-port={client}",
+        f"--metrics-export-port={metrics}",
+        f"--min-worker-port={workers}",
+        f"--max-worker-port={workers + 199}",
+        f"--object-store-memory={object_store_bytes}",
+        f"--temp-dir={temp}",
+        "--disable-usage-stats",
+    ]
     address = f"http://127.0.0.1:{dashboard}"
     pid, waited = _spawn_until_ready(argv, log, env, address, ports, client)
     extra = {"gcs_address": f"127.0.0.1:{gcs}", "serve_address": f"http://127.0.0.1:{serve}"}
@@ -122,19 +151,29 @@ def _start_ray(run_dir: Path, num_cpus: int, object_store_bytes: int, ports: Sta
         front_pid = start_tls_front(front, dashboard, tls, run_dir / "logs" / "ray-tls-front.log")
         address = f"https://127.0.0.1:{front}"
         named["dashboard_tls"] = front
-        extra.update(ca_cert=str(tls.ca_cert), front_pid=str(front_pid),
-                     serve_address=f"https://127.0.0.1:{serve}", serve_ssl_certfile=str(tls.server_cert),
-                     serve_ssl_keyfile=str(tls.server_key))
-        waited += wait_until(lambda: _ray_jobs_api_ready(address, str(tls.ca_cert)), 30, front_pid,
-                             "Ray dashboard's TLS front", run_dir / "logs" / "ray-tls-front.log")
+        extra.update(
+            ca_cert=str(tls.ca_cert),
+            front_pid=str(front_pid),
+            serve_address=f"https://127.0.0.1:{serve}",
+            serve_ssl_certfile=str(tls.server_cert),
+            serve_ssl_keyfile=str(tls.server_key),
+        )
+        waited += wait_until(
+            lambda: _ray_jobs_api_ready(address, str(tls.ca_cert)),
+            30,
+            front_pid,
+            "Ray dashboard's TLS front",
+            run_dir / "logs" / "ray-tls-front.log",
+        )
     return ServiceRecord("ray", pid, named, address, str(log), str(temp), round(waited, 2), extra=extra)
 
 
 START_ATTEMPTS = 3
 
 
-def _spawn_until_ready(argv: list[str], log: Path, env: dict[str, str], address: str,
-                       ports: StartPorts, client_port: int) -> tuple[int, float]:
+def _spawn_until_ready(
+    argv: list[str], log: Path, env: dict[str, str], address: str, ports: StartPorts, client_port: int
+) -> tuple[int, float]:
     """Run ``ray start --head --block`` until a first job has run on it and its Ray Client server
     listens: (its PID, seconds waited).
 
@@ -150,12 +189,30 @@ def _spawn_until_ready(argv: list[str], log: Path, env: dict[str, str], address:
         pid = spawn(argv, log, env=env)
         ports.hand_over(pid)
         try:
-            waited += wait_until(tree.checking(pid, lambda: _ray_jobs_api_ready(address)), 180, pid,
-                                 "Ray head", log, interval=1.0)
-            waited += wait_until(tree.checking(pid, _RayJobProbe(address).done), 180, pid,
-                                 "Ray head (first job)", log, interval=0.5)
-            waited += wait_until(tree.checking(pid, lambda: port_open(client_port)), 60, pid,
-                                 "Ray head (its Ray Client server)", log, interval=0.5)
+            waited += wait_until(
+                tree.checking(pid, lambda: _ray_jobs_api_ready(address)),
+                180,
+                pid,
+                "Ray head",
+                log,
+                interval=1.0,
+            )
+            waited += wait_until(
+                tree.checking(pid, _RayJobProbe(address).done),
+                180,
+                pid,
+                "Ray head (first job)",
+                log,
+                interval=0.5,
+            )
+            waited += wait_until(
+                tree.checking(pid, lambda: port_open(client_port)),
+                60,
+                pid,
+                "Ray head (its Ray Client server)",
+                log,
+                interval=0.5,
+            )
             return pid, waited
         except StackError:
             stop_tree(pid)
@@ -167,8 +224,15 @@ def _spawn_until_ready(argv: list[str], log: Path, env: dict[str, str], address:
 
 def start_tls_front(port: int, dashboard: int, tls: TlsFiles, log: Path) -> int:
     """Start the dashboard's TLS front (:mod:`llmbatch.stack.tls_front`); return its PID."""
-    argv = [sys.executable, "-m", "llmbatch.stack.tls_front", f"--listen-port={port}",
-            f"--target-port={dashboard}", f"--cert={tls.server_cert}", f"--key={tls.server_key}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "llmbatch.stack.tls_front",
+        f"--listen-port={port}",
+        f"--target-port={dashboard}",
+        f"--cert={tls.server_cert}",
+        f"--key={tls.server_key}",
+    ]
     return spawn(argv, log)
 
 
@@ -182,10 +246,15 @@ class _RayJobProbe:
 
     def done(self) -> bool:
         if not self.submitted:
-            body = json.dumps({"entrypoint": "true", "submission_id": self.submission_id,
-                               "entrypoint_num_cpus": 0}).encode()
-            req = urllib.request.Request(f"{self.address}/api/jobs/", data=body, method="POST",  # noqa: S310
-                                         headers={"Content-Type": "application/json"})
+            body = json.dumps(
+                {"entrypoint": "true", "submission_id": self.submission_id, "entrypoint_num_cpus": 0}
+            ).encode()
+            req = urllib.request.Request(  # noqa: S310 - the head's own loopback address
+                f"{self.address}/api/jobs/",
+                data=body,
+                method="POST",
+                headers={"Content-Type": "application/json"},
+            )
             try:
                 with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 - loopback
                     self.submitted = int(resp.status) == 200

@@ -31,6 +31,7 @@ MINIO_MODULE = "github.com/minio/minio@v0.0.0-20260212201848-7aac2a2c5b7c"
 
 # --- Redis ------------------------------------------------------------------------------------
 
+
 def redis_binary() -> str:
     debian = Path("/usr/bin/redis-server")
     found = shutil.which("redis-server") or (str(debian) if debian.exists() else None)
@@ -39,9 +40,16 @@ def redis_binary() -> str:
     return found
 
 
-def start_redis(run_dir: Path, port: int | None = None, name: str = "redis", *,
-                fresh_port_if_taken: bool = False, password: str | None = None,
-                acl: list[str] | None = None, tls: TlsFiles | None = None) -> ServiceRecord:
+def start_redis(
+    run_dir: Path,
+    port: int | None = None,
+    name: str = "redis",
+    *,
+    fresh_port_if_taken: bool = False,
+    password: str | None = None,
+    acl: list[str] | None = None,
+    tls: TlsFiles | None = None,
+) -> ServiceRecord:
     """Start Redis with its data (AOF) in ``run_dir/name``.
 
     ``port`` asks for that port again (a restart); if something took it meanwhile this fails, or,
@@ -56,26 +64,62 @@ def start_redis(run_dir: Path, port: int | None = None, name: str = "redis", *,
         return _start_redis(run_dir, port, name, fresh_port_if_taken, ports, password, acl or [], tls)
 
 
-def _start_redis(run_dir: Path, port: int | None, name: str, fresh_port_if_taken: bool,
-                 ports: StartPorts, password: str | None = None,
-                 acl: list[str] | None = None, tls: TlsFiles | None = None) -> ServiceRecord:
+def _start_redis(
+    run_dir: Path,
+    port: int | None,
+    name: str,
+    fresh_port_if_taken: bool,
+    ports: StartPorts,
+    password: str | None = None,
+    acl: list[str] | None = None,
+    tls: TlsFiles | None = None,
+) -> ServiceRecord:
     data = run_dir / name
     data.mkdir(parents=True, exist_ok=True)
     if port is not None and not ports.claim(port):
         if not fresh_port_if_taken:
-            raise StackError(f"Redis cannot use port {port}: something already listens there or "
-                             "another process reserved it")
+            raise StackError(
+                f"Redis cannot use port {port}: something already listens there or "
+                "another process reserved it"
+            )
         port = None
     port = port or ports.one()
     log = run_dir / "logs" / f"{name}.log"
-    argv = [redis_binary(), "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data),
-            "--appendonly", "yes", "--appendfsync", "always", "--daemonize", "no",
-            "--save", "", "--protected-mode", "yes", "--logfile", ""]
+    argv = [
+        redis_binary(),
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dir",
+        str(data),
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--daemonize",
+        "no",
+        "--save",
+        "",
+        "--protected-mode",
+        "yes",
+        "--logfile",
+        "",
+    ]
     if tls is not None:  # the TLS port only: a plaintext client gets nothing
         argv[argv.index("--port") + 1] = "0"
-        argv += ["--tls-port", str(port), "--tls-cert-file", str(tls.server_cert),
-                 "--tls-key-file", str(tls.server_key), "--tls-ca-cert-file", str(tls.ca_cert),
-                 "--tls-auth-clients", "no"]
+        argv += [
+            "--tls-port",
+            str(port),
+            "--tls-cert-file",
+            str(tls.server_cert),
+            "--tls-key-file",
+            str(tls.server_key),
+            "--tls-ca-cert-file",
+            str(tls.ca_cert),
+            "--tls-auth-clients",
+            "no",
+        ]
     if password is not None or acl:
         if password is not None and (not password or any(c in password for c in '"\\\n\r')):
             raise StackError("a Redis password must be non-empty, without quotes, backslashes or line breaks")
@@ -91,8 +135,16 @@ def _start_redis(run_dir: Path, port: int | None, name: str, fresh_port_if_taken
     ca = str(tls.ca_cert) if tls is not None else None
     waited = wait_until(lambda: _redis_ping(port, pid, password, ca), 20, pid, "Redis", log)
     scheme = "rediss" if tls is not None else "redis"
-    return ServiceRecord(name, pid, {"redis": port}, f"{scheme}://127.0.0.1:{port}/0", str(log), str(data),
-                         round(waited, 2), {"ca_cert": ca} if ca else {})
+    return ServiceRecord(
+        name,
+        pid,
+        {"redis": port},
+        f"{scheme}://127.0.0.1:{port}/0",
+        str(log),
+        str(data),
+        round(waited, 2),
+        {"ca_cert": ca} if ca else {},
+    )
 
 
 def _redis_ping(port: int, pid: int, password: str | None = None, ca_cert: str | None = None) -> bool:
@@ -117,6 +169,7 @@ def redis_healthy(rec: ServiceRecord) -> bool:
 
 # --- MinIO ------------------------------------------------------------------------------------
 
+
 def minio_binary() -> Path:
     """The real MinIO server, built once from its Go module into the cache."""
     tag = MINIO_MODULE.rsplit("@", 1)[1]
@@ -127,17 +180,21 @@ def minio_binary() -> Path:
         raise StackError("Go is needed to build MinIO (go install); install golang")
     gobin = CACHE_DIR / "gobin-tmp"
     shutil.rmtree(gobin, ignore_errors=True)
-    run_checked(["go", "install", MINIO_MODULE], "building MinIO with `go install` (first time: minutes)",
-         env={"GOBIN": str(gobin), "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"},
-         cwd=Path(tempfile.gettempdir()))
+    run_checked(
+        ["go", "install", MINIO_MODULE],
+        "building MinIO with `go install` (first time: minutes)",
+        env={"GOBIN": str(gobin), "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"},
+        cwd=Path(tempfile.gettempdir()),
+    )
     binary.parent.mkdir(parents=True, exist_ok=True)
     (gobin / "minio").rename(binary)
     shutil.rmtree(gobin, ignore_errors=True)
     return binary
 
 
-def start_minio(run_dir: Path, *, restart: ServiceRecord | None = None,
-                tls: TlsFiles | None = None) -> ServiceRecord:
+def start_minio(
+    run_dir: Path, *, restart: ServiceRecord | None = None, tls: TlsFiles | None = None
+) -> ServiceRecord:
     """Start MinIO with its data and credentials in ``run_dir``; ``restart`` (an earlier start's record)
     brings it back on the same ports (its data dir is always kept). ``tls``: https only (the record's
     address is ``https://``; clients verify it against ``tls.ca_cert``)."""
@@ -145,8 +202,9 @@ def start_minio(run_dir: Path, *, restart: ServiceRecord | None = None,
         return _start_minio(run_dir, ports, restart, tls)
 
 
-def _start_minio(run_dir: Path, ports: StartPorts, restart: ServiceRecord | None = None,
-                 tls: TlsFiles | None = None) -> ServiceRecord:
+def _start_minio(
+    run_dir: Path, ports: StartPorts, restart: ServiceRecord | None = None, tls: TlsFiles | None = None
+) -> ServiceRecord:
     binary = minio_binary()
     data = run_dir / "minio"
     data.mkdir(parents=True, exist_ok=True)
@@ -156,10 +214,23 @@ def _start_minio(run_dir: Path, ports: StartPorts, restart: ServiceRecord | None
     else:
         port, console = ports.one(), ports.one()
     log = run_dir / "logs" / "minio.log"
-    env = {"MINIO_ROOT_USER": user, "MINIO_ROOT_PASSWORD": password, "MINIO_BROWSER": "off",
-           "MINIO_UPDATE": "off", "MINIO_CI_CD": "1"}
-    argv = [str(binary), "server", str(data), "--address", f"127.0.0.1:{port}",
-            "--console-address", f"127.0.0.1:{console}", "--quiet"]
+    env = {
+        "MINIO_ROOT_USER": user,
+        "MINIO_ROOT_PASSWORD": password,
+        "MINIO_BROWSER": "off",
+        "MINIO_UPDATE": "off",
+        "MINIO_CI_CD": "1",
+    }
+    argv = [
+        str(binary),
+        "server",
+        str(data),
+        "--address",
+        f"127.0.0.1:{port}",
+        "--console-address",
+        f"127.0.0.1:{console}",
+        "--quiet",
+    ]
     extra = {"access_key": user, "secret_key": password}
     if tls is not None:  # MinIO reads public.crt / private.key from its certs folder
         certs = run_dir / "minio-certs"
@@ -174,8 +245,16 @@ def _start_minio(run_dir: Path, ports: StartPorts, restart: ServiceRecord | None
     address = f"{'https' if tls is not None else 'http'}://127.0.0.1:{port}"
     ca = extra.get("ca_cert")
     waited = wait_until(lambda: http_ok(f"{address}/minio/health/ready", ca_cert=ca), 60, pid, "MinIO", log)
-    return ServiceRecord("minio", pid, {"s3": port, "console": console}, address,
-                         str(log), str(data), round(waited, 2), extra=extra)
+    return ServiceRecord(
+        "minio",
+        pid,
+        {"s3": port, "console": console},
+        address,
+        str(log),
+        str(data),
+        round(waited, 2),
+        extra=extra,
+    )
 
 
 def minio_healthy(rec: ServiceRecord) -> bool:
@@ -205,4 +284,3 @@ PREPARERS: dict[str, Callable[[], object]] = {
     "minio": minio_binary,
     "ray": ray_executable,
 }
-

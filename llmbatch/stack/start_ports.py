@@ -37,8 +37,10 @@ class StartPorts:
         """Claim the ports ``names`` a restarted ``service`` had (from its record), or raise."""
         for name in names:
             if not self.claim(ports[name]):
-                raise StackError(f"{service} cannot restart on port {ports[name]}: something already listens "
-                                 "there or another process reserved it")
+                raise StackError(
+                    f"{service} cannot restart on port {ports[name]}: something already listens "
+                    "there or another process reserved it"
+                )
         return [ports[name] for name in names]
 
     def hand_over(self, pid: int) -> None:

@@ -62,8 +62,9 @@ def local_ca(folder: Path, *, node_ips: tuple[str, ...] = ()) -> TlsFiles:
     return make_local_ca(folder, node_ips=node_ips)
 
 
-def make_local_ca(folder: Path, *, now: dt.datetime | None = None,
-                  node_ips: tuple[str, ...] = ()) -> TlsFiles:
+def make_local_ca(
+    folder: Path, *, now: dt.datetime | None = None, node_ips: tuple[str, ...] = ()
+) -> TlsFiles:
     """Write a fresh CA and a server certificate for 127.0.0.1/localhost (and ``node_ips``, this
     machine's own addresses) into ``folder``."""
     from cryptography import x509
@@ -77,15 +78,27 @@ def make_local_ca(folder: Path, *, now: dt.datetime | None = None,
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "llmbatch local test CA")])
     ca_cert = (
         x509.CertificateBuilder()
-        .subject_name(ca_name).issuer_name(ca_name)
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
         .public_key(ca_key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + VALID_FOR)
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + VALID_FOR)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                     content_commitment=False, key_encipherment=False,
-                                     data_encipherment=False, key_agreement=False, encipher_only=False,
-                                     decipher_only=False), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
@@ -96,24 +109,37 @@ def make_local_ca(folder: Path, *, now: dt.datetime | None = None,
         .issuer_name(ca_name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + VALID_FOR)
-        .add_extension(x509.SubjectAlternativeName([
-            x509.DNSName("localhost"),
-            *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in dict.fromkeys(("127.0.0.1", *node_ips))),
-        ]), critical=False)
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + VALID_FOR)
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [
+                    x509.DNSName("localhost"),
+                    *(
+                        x509.IPAddress(ipaddress.ip_address(ip))
+                        for ip in dict.fromkeys(("127.0.0.1", *node_ips))
+                    ),
+                ]
+            ),
+            critical=False,
+        )
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
-                                              ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-                       critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+            critical=False,
+        )
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
         .sign(ca_key, hashes.SHA256())
     )
     files = TlsFiles(folder / "ca.pem", folder / "server.pem", folder / "server.key")
     files.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     cert_pem = server_cert.public_bytes(serialization.Encoding.PEM)
     files.server_cert.write_bytes(cert_pem)
-    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     _write_private(files.server_key, key_pem)
     _write_private(files.server_keystore, key_pem + cert_pem)
     return files

@@ -61,7 +61,8 @@ class TlsFront:
         try:
             try:
                 target_r, target_w = await asyncio.wait_for(
-                    asyncio.open_connection("127.0.0.1", self.target_port), HANDSHAKE_S)
+                    asyncio.open_connection("127.0.0.1", self.target_port), HANDSHAKE_S
+                )
             except (OSError, TimeoutError):
                 return  # the dashboard is down: the client sees the connection close
             up = asyncio.create_task(_pump(client_r, target_w))
@@ -77,10 +78,12 @@ class TlsFront:
             self.open -= 1
             await _close(client_w)
 
-    async def serve(self, listen_port: int, ready: asyncio.Event | None = None, *,
-                    listen_host: str = "127.0.0.1") -> None:
-        server = await asyncio.start_server(self.handle, listen_host, listen_port, ssl=self.context,
-                                            ssl_handshake_timeout=HANDSHAKE_S)
+    async def serve(
+        self, listen_port: int, ready: asyncio.Event | None = None, *, listen_host: str = "127.0.0.1"
+    ) -> None:
+        server = await asyncio.start_server(
+            self.handle, listen_host, listen_port, ssl=self.context, ssl_handshake_timeout=HANDSHAKE_S
+        )
         async with server:
             if ready is not None:
                 ready.set()
@@ -99,10 +102,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m llmbatch.stack.tls_front",
         description="Accept TLS on LISTEN_HOST:LISTEN_PORT and relay every connection to "
-                    "127.0.0.1:TARGET_PORT (the TLS front of the Ray dashboard: a process of the local "
-                    "stack, a sidecar of a Ray head pod).")
-    parser.add_argument("--listen-host", default="127.0.0.1",
-                        help="address to listen on (default 127.0.0.1; 0.0.0.0 in a pod)")
+        "127.0.0.1:TARGET_PORT (the TLS front of the Ray dashboard: a process of the local "
+        "stack, a sidecar of a Ray head pod).",
+    )
+    parser.add_argument(
+        "--listen-host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; 0.0.0.0 in a pod)",
+    )
     parser.add_argument("--listen-port", type=int, required=True, help="port to take TLS connections on")
     parser.add_argument("--target-port", type=int, required=True, help="plaintext port to relay to")
     parser.add_argument("--cert", required=True, help="PEM certificate (chain) to present")

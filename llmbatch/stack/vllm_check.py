@@ -55,12 +55,30 @@ def run_in_subprocess(prompts: int = 8, max_tokens: int = 48, timeout: float = 9
     from llmbatch.stack.state import CACHE_DIR
 
     model = ensure_model()
-    env = {**os.environ, **engine_env(CACHE_DIR / "engine-cache",
-                                      omp_threads_bind=os.environ.get("LLMBATCH_OMP_THREADS_BIND") or None)}
+    env = {
+        **os.environ,
+        **engine_env(
+            CACHE_DIR / "engine-cache", omp_threads_bind=os.environ.get("LLMBATCH_OMP_THREADS_BIND") or None
+        ),
+    }
     proc = subprocess.run(
-        [sys.executable, "-m", "llmbatch.stack.vllm_check", "--model", str(model), "--prompts", str(prompts),
-         "--max-tokens", str(max_tokens), "--json"],
-        capture_output=True, text=True, env=env, timeout=timeout, check=False,
+        [
+            sys.executable,
+            "-m",
+            "llmbatch.stack.vllm_check",
+            "--model",
+            str(model),
+            "--prompts",
+            str(prompts),
+            "--max-tokens",
+            str(max_tokens),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
     )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:

@@ -41,7 +41,9 @@ class ApiProcess:
     def __init__(self, settings: Any, log_path: Path) -> None:
         self.port = free_port()
         self.process = DispatcherProcess(
-            settings, log_path, module="llmbatch.api",
+            settings,
+            log_path,
+            module="llmbatch.api",
             args=["--port", str(self.port), "--log-level", "warning"],
             LLMBATCH_API__KEYS=json.dumps({hash_api_key(API_KEY): "default"}),
         ).start()
@@ -66,17 +68,32 @@ class ApiProcess:
 
 @pytest.fixture
 def vllm_settings(
-    kafka_settings: KafkaSettings, redis_settings: RedisSettings, buckets: S3Settings,  # noqa: F811
+    kafka_settings: KafkaSettings,
+    redis_settings: RedisSettings,
+    buckets: S3Settings,  # noqa: F811
     ray_settings: RaySettings,
 ) -> Any:
     from llmbatch.stack.model import ensure_model
     from llmbatch.stack.state import CACHE_DIR
 
-    engine = EngineConfig(backend="vllm", enforce_eager=True, dtype="bfloat16", max_model_len=1024,
-                          num_cpus_per_replica=1.0, batch_size=8)
-    return world(kafka_settings, redis_settings, buckets, ray_settings, engine=engine,
-                 model_path=str(ensure_model()), job={"engine_cache_dir": str(CACHE_DIR / "engine-cache")},
-                 heartbeat_timeout_s=600)
+    engine = EngineConfig(
+        backend="vllm",
+        enforce_eager=True,
+        dtype="bfloat16",
+        max_model_len=1024,
+        num_cpus_per_replica=1.0,
+        batch_size=8,
+    )
+    return world(
+        kafka_settings,
+        redis_settings,
+        buckets,
+        ray_settings,
+        engine=engine,
+        model_path=str(ensure_model()),
+        job={"engine_cache_dir": str(CACHE_DIR / "engine-cache")},
+        heartbeat_timeout_s=600,
+    )
 
 
 @pytest.fixture
@@ -123,14 +140,22 @@ async def test_the_openai_sdk_runs_a_batch_through_the_http_api_on_real_vllm(
         data = b"".join(orjson.dumps(line) + b"\n" for line in lines)
         uploaded = await asyncio.to_thread(client.files.create, file=("in.jsonl", data), purpose="batch")
         assert FileObject.model_validate(uploaded.model_dump()).bytes == len(data)
-        batch = await asyncio.to_thread(client.batches.create, input_file_id=uploaded.id,
-                                        endpoint="/v1/chat/completions", completion_window="24h",
-                                        metadata={"suite": "e2e"})
+        batch = await asyncio.to_thread(
+            client.batches.create,
+            input_file_id=uploaded.id,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            metadata={"suite": "e2e"},
+        )
         e.batch_ids.add(batch.id)
         assert batch.status == "validating" and batch.input_file_id == uploaded.id
         # a second batch of the same file, cancelled at once: it waits behind the first (one job at a time)
-        other = await asyncio.to_thread(client.batches.create, input_file_id=uploaded.id,
-                                        endpoint="/v1/chat/completions", completion_window="24h")
+        other = await asyncio.to_thread(
+            client.batches.create,
+            input_file_id=uploaded.id,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+        )
         e.batch_ids.add(other.id)
         cancelling = await asyncio.to_thread(client.batches.cancel, other.id)
         assert cancelling.status in {"cancelling", "cancelled"}
@@ -159,8 +184,10 @@ async def test_the_openai_sdk_runs_a_batch_through_the_http_api_on_real_vllm(
 
         # the same uploaded file as a batch.requested event on Kafka (what upstream services send)
         s3 = vllm_settings.s3
-        request = batch_request(f"kafka-{uuid.uuid4().hex[:8]}",
-                                input_uri=f"s3://{s3.input_bucket}/default/files/{uploaded.id}.jsonl")
+        request = batch_request(
+            f"kafka-{uuid.uuid4().hex[:8]}",
+            input_uri=f"s3://{s3.input_bucket}/default/files/{uploaded.id}.jsonl",
+        )
         await e.send(request_message(request))
         event = (await e.wait_terminal([request.batch_id], within=900))[request.batch_id][0]
         assert event.type is EventType.COMPLETED, event.data

@@ -24,12 +24,14 @@ from llmbatch.chaos.runner import ChaosConfig, run
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 SHARED_ENGINES = dataclasses.replace(SHORT, shared_engines=True)
-RAY_JOB_PER_BATCH = dataclasses.replace(SHORT, shared_engines=False, batches=8, malformed=20,
-                                        faults=("dispatcher", "driver", "ray"))
+RAY_JOB_PER_BATCH = dataclasses.replace(
+    SHORT, shared_engines=False, batches=8, malformed=20, faults=("dispatcher", "driver", "ray")
+)
 
 
-@pytest.mark.parametrize("config", [RAY_JOB_PER_BATCH, SHARED_ENGINES],
-                         ids=["ray-job-per-batch", "shared-engines"])
+@pytest.mark.parametrize(
+    "config", [RAY_JOB_PER_BATCH, SHARED_ENGINES], ids=["ray-job-per-batch", "shared-engines"]
+)
 async def test_short_chaos_run_keeps_every_promise(config: ChaosConfig) -> None:
     result = await run(dataclasses.replace(config))
     print(result.table())

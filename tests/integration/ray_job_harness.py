@@ -183,8 +183,10 @@ class Harness:
 
     def state(self, kind: str) -> list[dict[str, Any]]:
         """Ray's state API (the dashboard's ``/api/v0/<kind>``): every actor or placement group."""
-        req = urllib.request.Request(f"{self.ray.address}/api/v0/{kind}?detail=1&limit=10000",
-                                     headers=auth_headers(self.ray.auth_token))
+        req = urllib.request.Request(
+            f"{self.ray.address}/api/v0/{kind}?detail=1&limit=10000",
+            headers=auth_headers(self.ray.auth_token),
+        )
         with urllib.request.urlopen(req, timeout=30) as resp:
             rows: list[dict[str, Any]] = orjson.loads(resp.read())["data"]["result"]["result"]
         return rows

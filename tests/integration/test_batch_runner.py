@@ -34,12 +34,16 @@ from tests.support.proc_env import environ, parent_pid, raw_environ
 pytestmark = pytest.mark.integration
 
 MODEL = "SmolLM2-135M-Instruct"
-REGISTRY = EngineRegistry(models={MODEL: EngineModel(
-    path="fake",
-    engine=EngineConfig(backend="fake", fake_delay_s=0.2, fake_fail_custom_ids=["boom"]),
-    resources=ReplicaResources(num_cpus=0.25),
-    scaling=Scaling(min_replicas=1, max_replicas=1, idle_s=60),
-)})
+REGISTRY = EngineRegistry(
+    models={
+        MODEL: EngineModel(
+            path="fake",
+            engine=EngineConfig(backend="fake", fake_delay_s=0.2, fake_fail_custom_ids=["boom"]),
+            resources=ReplicaResources(num_cpus=0.25),
+            scaling=Scaling(min_replicas=1, max_replicas=1, idle_s=60),
+        )
+    }
+)
 CLIENT = EngineConfig(backend="fake", batch_size=4, batches_in_flight=2)
 
 
@@ -49,10 +53,17 @@ def h(s3_settings: S3Settings, ray_settings: RaySettings, redis_settings: RedisS
 
 
 @pytest.fixture(scope="module")
-def runner(s3_settings: S3Settings, ray_settings: RaySettings, redis_settings: RedisSettings
-           ) -> Iterator[tuple[RunnerClient, ServeApi]]:
-    settings = DispatcherSettings(_env_file=None, engines=REGISTRY, s3=s3_settings, ray=ray_settings,
-                                  redis=redis_settings, dispatcher=DispatcherOptions(shared_engines=True))
+def runner(
+    s3_settings: S3Settings, ray_settings: RaySettings, redis_settings: RedisSettings
+) -> Iterator[tuple[RunnerClient, ServeApi]]:
+    settings = DispatcherSettings(
+        _env_file=None,
+        engines=REGISTRY,
+        s3=s3_settings,
+        ray=ray_settings,
+        redis=redis_settings,
+        dispatcher=DispatcherOptions(shared_engines=True),
+    )
     api = ServeApi(ray_settings.address, timeout_s=60)
     asyncio.run(api.deploy(cluster_serve_config(settings)))
     deadline = time.monotonic() + 240
@@ -87,12 +98,20 @@ def _spec(h: Harness, name: str, n: int, *, inline: bool, **kw: Any) -> JobSpec:
     lines.append(chat_line("boom", "the engine fails this one"))
     lines.append(b"{not json")
     source: dict[str, Any] = (
-        {"requests": [line for line in lines if isinstance(line, dict)]} if inline
+        {"requests": [line for line in lines if isinstance(line, dict)]}
+        if inline
         else {"input_uri": h.put_input(f"{name}.jsonl", lines)}
     )
-    return h.spec(name, engine=CLIENT, engine_app=app_name(MODEL), engine_wait_s=60,
-                  redis_url=h.redis.url, progress_key=f"llmbatch:test:progress:{name}-{h.tag}",
-                  **source, **kw)
+    return h.spec(
+        name,
+        engine=CLIENT,
+        engine_app=app_name(MODEL),
+        engine_wait_s=60,
+        redis_url=h.redis.url,
+        progress_key=f"llmbatch:test:progress:{name}-{h.tag}",
+        **source,
+        **kw,
+    )
 
 
 def test_small_batches_run_on_the_warm_runner_with_the_job_contract(
@@ -129,6 +148,7 @@ def test_small_batches_run_on_the_warm_runner_with_the_job_contract(
     print(f"two small batches on the runner: {elapsed:.2f} s")
     # the runner reports the engines' figures from Ray's metrics (exported about every 10 s)
     deadline = time.monotonic() + 90
+
     def settled(f: dict[str, Any]) -> bool:  # an export taken after both batches ended
         return bool(f.get("requests", 0) >= 14 and f.get("queued") == 0 and f.get("active") == 0)
 
@@ -153,8 +173,9 @@ def test_the_replicas_run_without_the_node_secrets_they_do_not_need(
     # (failures name variables, never print their values)
     for pid in (engine, runner_pid):
         node = environ(parent_pid(pid))  # the raylet that started the replica
-        node_has_keys = (node.get(node_secrets.S3_ACCESS_KEY) == key
-                         and node.get(node_secrets.S3_SECRET_KEY) == secret)
+        node_has_keys = (
+            node.get(node_secrets.S3_ACCESS_KEY) == key and node.get(node_secrets.S3_SECRET_KEY) == secret
+        )
         assert node_has_keys, "the Ray node should hold the S3 keys"
     engine_env, runner_env = environ(engine), environ(runner_pid)
     assert [name for name in node_secrets.ALL if engine_env.get(name)] == []  # the engine replica has them
@@ -202,7 +223,8 @@ def test_deadline_and_missing_engine_end_the_run_clearly(
     # inside the run (60 requests finished in 2.0 s on a CI machine and the run succeeded)
     late = _spec(h, "runner-deadline", 400, inline=False, deadline=utcnow() + timedelta(seconds=2))
     no_engine = _spec(h, "runner-noengine", 2, inline=True).model_copy(
-        update={"engine_app": app_name("not-deployed"), "engine_wait_s": 3.0})
+        update={"engine_app": app_name("not-deployed"), "engine_wait_s": 3.0}
+    )
     for spec in (late, no_engine):
         asyncio.run(client.submit(spec))
     info = _wait(client, late.submission_id)

@@ -47,16 +47,21 @@ async def fuzzed(settings: LLMBatchSettings) -> AsyncIterator[tuple[Harness, Tal
         yield harness, tally
     finally:
         await harness.stop()  # fails the test if the consumer task died
-    print(f"\nfuzz: {tally.records} hostile records, consumer up {time.monotonic() - tally.started:.0f} s "
-          f"through them, {len(tally.rejected_offsets)} dead-lettered")
+    print(
+        f"\nfuzz: {tally.records} hostile records, consumer up {time.monotonic() - tally.started:.0f} s "
+        f"through them, {len(tally.rejected_offsets)} dead-lettered"
+    )
 
 
 async def _committed(harness: Harness, n: int) -> bool:
     return await harness.committed() >= n
 
 
-@settings(max_examples=EXAMPLES, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(st.lists(hostile_record(), min_size=1, max_size=20))
 async def test_hostile_records_never_stop_the_consumer(
     fuzzed: tuple[Harness, Tally], records: list[Record]
@@ -77,8 +82,9 @@ async def test_hostile_records_never_stop_the_consumer(
     # every record the intake rejects has its dead letter (classify is pure: it says which)
     rules = harness.consumer.rules
     for i, (key, value, headers) in enumerate(records):
-        command = classify(origin(key, value, headers, topic=rules.requests_topic, offset=first + i),
-                           rules, time.time())
+        command = classify(
+            origin(key, value, headers, topic=rules.requests_topic, offset=first + i), rules, time.time()
+        )
         if isinstance(command, Reject):
             tally.rejected_offsets.add((0, first + i))
     dead = await harness.reader("dead_letter").read_all()

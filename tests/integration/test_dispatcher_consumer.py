@@ -693,9 +693,15 @@ async def test_the_reconcile_pass_takes_in_again_the_batches_whose_state_redis_l
     await harness.send([request_message(CancelRequest(batch_id=done.batch_id))])
     await wait_for(lambda: _committed_is(harness, 6), 60, what="the cancel")
     topics = harness.settings.kafka.topics
-    publisher = TerminalPublisher(harness.store, harness.producer, results_topic=topics.results,
-                                  dlt_topic=topics.dead_letter, group_id="g", source="urn:test",
-                                  metrics=harness.metrics)
+    publisher = TerminalPublisher(
+        harness.store,
+        harness.producer,
+        results_topic=topics.results,
+        dlt_topic=topics.dead_letter,
+        group_id="g",
+        source="urn:test",
+        metrics=harness.metrics,
+    )
     assert await publisher.publish_pending() == 1  # 'done' ended: its terminal event is out
     before = {r.batch_id: await harness.store.get(r.batch_id) for r in lost}
     store, keys = harness.store, harness.store.keys
@@ -758,9 +764,16 @@ async def test_a_lost_batch_whose_request_left_the_topic_still_ends_in_one_termi
         failed = await store.get(lost.batch_id)
         assert failed is not None and failed.state is State.FAILED
         topics = s.kafka.topics
-        publisher = TerminalPublisher(store, harness.producer, results_topic=topics.results,
-                                      dlt_topic=topics.dead_letter, group_id="g", source="urn:test",
-                                      metrics=harness.metrics, bodies=tracker.bodies)
+        publisher = TerminalPublisher(
+            store,
+            harness.producer,
+            results_topic=topics.results,
+            dlt_topic=topics.dead_letter,
+            group_id="g",
+            source="urn:test",
+            metrics=harness.metrics,
+            bodies=tracker.bodies,
+        )
         assert await publisher.publish_pending() == 1
     finally:
         await tracker.bodies.reader.close()
@@ -866,5 +879,6 @@ async def test_records_that_once_ended_the_consumer_are_dead_lettered_and_it_goe
     assert offsets == [0, 1]
     assert {(r.key, r.value) for r in dead} == {(key + b"\n", b"{not json"), (None, b"")}
     # no answer names the unusable batch id: there is none to name
-    assert [e for e in decode_results(await harness.reader("results").read_all())
-            if e.type is EventType.REJECTED] == []
+    assert [
+        e for e in decode_results(await harness.reader("results").read_all()) if e.type is EventType.REJECTED
+    ] == []

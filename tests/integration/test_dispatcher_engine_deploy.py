@@ -40,13 +40,27 @@ async def test_a_dispatcher_starts_while_ray_is_down_and_deploys_the_engines_onc
     head = PrivateRay(tmp_path / "ray", s3=s3_settings)  # its ports are chosen; it is not running yet
     settings = DispatcherSettings(
         _env_file=None,  # type: ignore[call-arg]
-        kafka=kafka_settings.model_copy(update={"topics": TopicSettings(
-            requests=f"dep-{tag}", results=f"dep-res-{tag}", dead_letter=f"dep-{tag}.dlt", partitions=1)}),
+        kafka=kafka_settings.model_copy(
+            update={
+                "topics": TopicSettings(
+                    requests=f"dep-{tag}",
+                    results=f"dep-res-{tag}",
+                    dead_letter=f"dep-{tag}.dlt",
+                    partitions=1,
+                )
+            }
+        ),
         redis=redis_settings.model_copy(update={"key_prefix": f"dep{tag}"}),
         s3=s3_settings,
         ray=RaySettings(address=head.address, serve_address=head.serve_address),
-        dispatcher=DispatcherOptions(group_id=f"g-{tag}", metrics_host="127.0.0.1", metrics_port=0,
-                                     poll_interval_s=0.2, lease_ttl_s=3, shared_engines=True),
+        dispatcher=DispatcherOptions(
+            group_id=f"g-{tag}",
+            metrics_host="127.0.0.1",
+            metrics_port=0,
+            poll_interval_s=0.2,
+            lease_ttl_s=3,
+            shared_engines=True,
+        ),
         engines=registry(),
     )
     backend: object = Jobs()

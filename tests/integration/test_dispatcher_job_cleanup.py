@@ -172,8 +172,9 @@ async def test_a_job_deleted_the_moment_it_ended_is_written_back_by_ray_and_dele
             clock = Clock()
             cleanup = JobCleanup(store, backend, retry_after_s=60, settle_s=0, clock=clock)
             await asyncio.to_thread(client.submit_job, entrypoint="sleep 1", submission_id=sid)
-            await wait_for(lambda sid=sid: client.get_job_status(sid).is_terminal(), 120, interval=0.02,
-                           what="its end")
+            await wait_for(
+                lambda sid=sid: client.get_job_status(sid).is_terminal(), 120, interval=0.02, what="its end"
+            )
             await cleanup.forget(finished(batch_id, 1))
             assert await cleanup.retry_due() == 1  # deleted at once (settle_s=0)
             try:

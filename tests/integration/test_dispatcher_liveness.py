@@ -33,13 +33,27 @@ async def test_livez_fails_while_the_tracker_hangs_and_recovers(
     tag = uuid.uuid4().hex[:8]
     settings = DispatcherSettings(
         _env_file=None,  # type: ignore[call-arg]
-        kafka=kafka_settings.model_copy(update={"topics": TopicSettings(
-            requests=f"live-{tag}", results=f"live-res-{tag}", dead_letter=f"live-{tag}.dlt", partitions=1)}),
+        kafka=kafka_settings.model_copy(
+            update={
+                "topics": TopicSettings(
+                    requests=f"live-{tag}",
+                    results=f"live-res-{tag}",
+                    dead_letter=f"live-{tag}.dlt",
+                    partitions=1,
+                )
+            }
+        ),
         redis=redis_settings.model_copy(update={"key_prefix": f"live{tag}"}),
         s3=s3_settings,
-        dispatcher=DispatcherOptions(group_id=f"g-{tag}", metrics_host="127.0.0.1", metrics_port=0,
-                                     stall_timeout_s=2.0, poll_interval_s=0.2, lease_ttl_s=3,
-                                     shared_engines=False),
+        dispatcher=DispatcherOptions(
+            group_id=f"g-{tag}",
+            metrics_host="127.0.0.1",
+            metrics_port=0,
+            stall_timeout_s=2.0,
+            poll_interval_s=0.2,
+            lease_ttl_s=3,
+            shared_engines=False,
+        ),
         engines=registry(),
     )
     backend: object = Jobs()

@@ -135,10 +135,16 @@ async def test_a_late_dead_letter_the_broker_refuses_is_reduced_and_the_terminal
     admin = AIOKafkaAdminClient(**settings.kafka.client_kwargs())
     await admin.start()
     try:
-        await admin.create_topics([
-            NewTopic(topics.dead_letter, num_partitions=1, replication_factor=1,
-                     topic_configs={"max.message.bytes": "65536"})
-        ])
+        await admin.create_topics(
+            [
+                NewTopic(
+                    topics.dead_letter,
+                    num_partitions=1,
+                    replication_factor=1,
+                    topic_configs={"max.message.bytes": "65536"},
+                )
+            ]
+        )
     finally:
         await admin.close()
     w = await make_world(settings, topics)

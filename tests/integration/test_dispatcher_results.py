@@ -21,8 +21,12 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def minio(s3_settings: S3Settings) -> Minio:
-    client = Minio(s3_settings.host, access_key=s3_settings.access_key.get_secret_value(),
-                   secret_key=s3_settings.secret_key.get_secret_value(), secure=False)
+    client = Minio(
+        s3_settings.host,
+        access_key=s3_settings.access_key.get_secret_value(),
+        secret_key=s3_settings.secret_key.get_secret_value(),
+        secure=False,
+    )
     if not client.bucket_exists(s3_settings.results_bucket):
         client.make_bucket(s3_settings.results_bucket)
     return client
@@ -58,12 +62,22 @@ async def test_a_manifest_is_read_none_when_absent_and_refused_when_broken(
 async def test_only_result_shards_are_listed_in_order(
     minio: Minio, s3_settings: S3Settings, prefix: str
 ) -> None:
-    for name in ("output-a2-00001.jsonl", "error-00000.jsonl", "output-a1-00000.jsonl", "specs/a1.json",
-                 MANIFEST_NAME, "output-notes.txt", "lifecycle-2/output-00000.jsonl"):
+    for name in (
+        "output-a2-00001.jsonl",
+        "error-00000.jsonl",
+        "output-a1-00000.jsonl",
+        "specs/a1.json",
+        MANIFEST_NAME,
+        "output-notes.txt",
+        "lifecycle-2/output-00000.jsonl",
+    ):
         _put(minio, prefix + name, b"{}\n")
     shards = await ResultStore(s3_settings).list_shards(prefix)
-    assert shards.output_uris == [prefix + "lifecycle-2/output-00000.jsonl", prefix + "output-a1-00000.jsonl",
-                                  prefix + "output-a2-00001.jsonl"]
+    assert shards.output_uris == [
+        prefix + "lifecycle-2/output-00000.jsonl",
+        prefix + "output-a1-00000.jsonl",
+        prefix + "output-a2-00001.jsonl",
+    ]
     assert shards.error_uris == [prefix + "error-00000.jsonl"]
     nowhere = await ResultStore(s3_settings).list_shards("s3://no-such-bucket-llmbatch/acme/b/")
     assert (nowhere.output_uris, nowhere.error_uris) == ([], [])

@@ -42,8 +42,12 @@ SHORT_PATH_MAX_LINES = DispatcherOptions().short_path_max_lines
 
 NOW = 1_790_000_000.0
 # windows of 8 requests (batch_size 4 x 2 in flight); each replica takes 40 requests of launched batches
-ENTRY = EngineModel(path="fake", engine=EngineConfig(backend="fake", batch_size=4, batches_in_flight=2),
-                    scaling=Scaling(min_replicas=0, max_replicas=3), admit_per_replica=40)
+ENTRY = EngineModel(
+    path="fake",
+    engine=EngineConfig(backend="fake", batch_size=4, batches_in_flight=2),
+    scaling=Scaling(min_replicas=0, max_replicas=3),
+    admit_per_replica=40,
+)
 
 
 @dataclass
@@ -87,8 +91,15 @@ async def kit(redis_settings: RedisSettings) -> AsyncIterator[tuple[Tracker, Sta
     store.clock = lambda: NOW
     jobs = Jobs()
     backend: Any = jobs
-    tracker = Tracker(settings, store, backend, results=Any, producer=Any, metrics=Metrics(),  # type: ignore[arg-type]
-                      clock=lambda: NOW)
+    tracker = Tracker(
+        settings,
+        store,
+        backend,
+        results=Any,
+        producer=Any,
+        metrics=Metrics(),  # type: ignore[arg-type]
+        clock=lambda: NOW,
+    )
     try:
         yield tracker, store, jobs
     finally:
@@ -103,15 +114,32 @@ async def drop(store: StateStore) -> None:
     await store.close()
 
 
-async def queue(store: StateStore, batch_id: str, lines: int, *, model: str = "a", priority: int = 0,
-                age: float = 0.0, offset: int = 0, tenant: str = "default") -> None:
+async def queue(
+    store: StateStore,
+    batch_id: str,
+    lines: int,
+    *,
+    model: str = "a",
+    priority: int = 0,
+    age: float = 0.0,
+    offset: int = 0,
+    tenant: str = "default",
+) -> None:
     lines_of = inline_lines(lines, model=model)
     request = batch_request(batch_id, model=model, priority=priority, requests=lines_of, tenant=tenant)
     key, value, headers = request_message(request)
     record = origin(key, value, headers, offset=offset)
     fields = intake_fields(request, record, "test", batch_id, None, NOW - age)
-    [result] = await store.intake_many([IntakeItem(batch_key(tenant, batch_id), fields, ("test", batch_id),
-                                                   ready_score=ready_score(priority, NOW - age))])
+    [result] = await store.intake_many(
+        [
+            IntakeItem(
+                batch_key(tenant, batch_id),
+                fields,
+                ("test", batch_id),
+                ready_score=ready_score(priority, NOW - age),
+            )
+        ]
+    )
     assert result.is_new
 
 
@@ -238,7 +266,8 @@ async def test_a_job_whose_submit_waits_for_ray_holds_its_slot(kit: Kit) -> None
 
 
 async def test_an_outage_met_by_every_launch_is_logged_once_not_per_tick(
-    kit: Kit, caplog: pytest.LogCaptureFixture,
+    kit: Kit,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """S3 (or Ray) is down: each tick's launch meets it again (a runner batch's session cannot be
     minted). It is counted every time and logged once, not once per tick."""
@@ -437,8 +466,15 @@ async def test_a_hung_attempt_is_stopped_and_the_next_starts_only_once_it_ended(
     store.clock = lambda: clock[0]
     ray = FlakyRay()
     backend: Any = ray
-    tracker = Tracker(settings, store, backend, results=Any, producer=Any, metrics=Metrics(),  # type: ignore[arg-type]
-                      clock=lambda: clock[0])
+    tracker = Tracker(
+        settings,
+        store,
+        backend,
+        results=Any,
+        producer=Any,
+        metrics=Metrics(),  # type: ignore[arg-type]
+        clock=lambda: clock[0],
+    )
     try:
         await queue(store, "hung", 2)
         await tracker.launch()
@@ -497,8 +533,15 @@ async def test_a_cancel_of_a_queued_retry_finishes_it_at_the_next_tick(redis_set
     ray = FlakyRay()
     backend: Any = ray
     results: Any = NoResults()
-    tracker = Tracker(settings, store, backend, results=results, producer=Any, metrics=Metrics(),  # type: ignore[arg-type]
-                      clock=lambda: NOW)
+    tracker = Tracker(
+        settings,
+        store,
+        backend,
+        results=results,
+        producer=Any,
+        metrics=Metrics(),  # type: ignore[arg-type]
+        clock=lambda: NOW,
+    )
     try:
         await queue(store, "retrying", 2)
         await tracker.launch()

@@ -59,10 +59,13 @@ class AclKafka:
 
     def settings(self, user: str, password: str | None = None) -> KafkaSettings:
         return KafkaSettings(
-            bootstrap_servers=self.record.address, security_protocol="SASL_PLAINTEXT",
-            sasl_mechanism="SCRAM-SHA-512", sasl_username=user,
+            bootstrap_servers=self.record.address,
+            security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism="SCRAM-SHA-512",
+            sasl_username=user,
             sasl_password=SecretStr(password or self.sasl.passwords[user]),
-            request_timeout_ms=10_000, topics=self.topics,
+            request_timeout_ms=10_000,
+            topics=self.topics,
         )
 
     def env(self, user: str, password: str | None = None) -> dict[str, str]:
@@ -84,8 +87,15 @@ class AclKafka:
 
 async def kafka_acl_cli(env: dict[str, str], *args: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "llmbatch", "dispatcher", "kafka-acl", *args, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        sys.executable,
+        "-m",
+        "llmbatch",
+        "dispatcher",
+        "kafka-acl",
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
     )
     out, _ = await asyncio.wait_for(proc.communicate(), 120)
     return proc.returncode or 0, out.decode()
@@ -98,8 +108,12 @@ def request_envelope(batch_id: str) -> Envelope[Any]:
 @pytest.fixture(scope="module")
 async def acl_kafka(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[AclKafka]:
     tag = uuid.uuid4().hex[:6]
-    topics = TopicSettings(requests=f"acl{tag}.requests", results=f"acl{tag}.results",
-                           dead_letter=f"acl{tag}.requests.dlt", partitions=1)
+    topics = TopicSettings(
+        requests=f"acl{tag}.requests",
+        results=f"acl{tag}.results",
+        dead_letter=f"acl{tag}.requests.dlt",
+        partitions=1,
+    )
     users = ("admin", *ROLES, "nobody")
     sasl = kafka_broker.KafkaSasl("admin", {u: secrets.token_urlsafe(18) for u in users})
     rec = await asyncio.to_thread(kafka_broker.start_kafka, tmp_path_factory.mktemp("kafka-acl"), sasl=sasl)
@@ -176,13 +190,23 @@ async def test_the_dispatcher_reads_requests_in_its_group_and_writes_results_and
     kafka = acl_kafka.settings("dispatcher")
     # its start: the topics are seen (nothing to create) and their configs are described
     assert await ensure_topics(kafka) == []
-    larger = kafka.model_copy(update={"topics": kafka.topics.model_copy(
-        update={"max_message_bytes": kafka.topics.max_message_bytes * 2})})
+    larger = kafka.model_copy(
+        update={
+            "topics": kafka.topics.model_copy(
+                update={"max_message_bytes": kafka.topics.max_message_bytes * 2}
+            )
+        }
+    )
     problems = await check_topic_sizes(larger)
     assert len(problems) == 2 and kafka.topics.requests in problems[0], problems  # DescribeConfigs works
 
-    consumer = AIOKafkaConsumer(kafka.topics.requests, group_id=acl_kafka.group, enable_auto_commit=False,
-                                auto_offset_reset="earliest", **kafka.client_kwargs())
+    consumer = AIOKafkaConsumer(
+        kafka.topics.requests,
+        group_id=acl_kafka.group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        **kafka.client_kwargs(),
+    )
     await consumer.start()
     try:
         record = await _first(consumer, batch_id.encode())
@@ -193,23 +217,40 @@ async def test_the_dispatcher_reads_requests_in_its_group_and_writes_results_and
     await events.start()
     try:
         now = datetime.now(UTC)
-        accepted = BatchAccepted(batch_id=batch_id, model=MODEL, endpoint="/v1/chat/completions",
-                                 accepted_at=now, expires_at=now + timedelta(days=1))
+        accepted = BatchAccepted(
+            batch_id=batch_id,
+            model=MODEL,
+            endpoint="/v1/chat/completions",
+            accepted_at=now,
+            expires_at=now + timedelta(days=1),
+        )
         await (await events.send_event(kafka.topics.results, Envelope.new(accepted, source="urn:test:d")))
-        letter = build_dead_letter(OriginalRecord.from_consumer_record(record),
-                                   dlt_topic=kafka.topics.dead_letter, reason="invalid_event",
-                                   group_id=acl_kafka.group, fqcn="test.Acl", message="by the dispatcher")
+        letter = build_dead_letter(
+            OriginalRecord.from_consumer_record(record),
+            dlt_topic=kafka.topics.dead_letter,
+            reason="invalid_event",
+            group_id=acl_kafka.group,
+            fqcn="test.Acl",
+            message="by the dispatcher",
+        )
         meta = await (await events.send_dead_letter(letter))
         assert meta.topic == kafka.topics.dead_letter
     finally:
         await events.stop()
     # the producer follows the results topic and sees the dispatcher's event
-    async with aclosing(follow_events(acl_kafka.settings("producer"), kafka.topics.results, batch_id=batch_id,
-                                      stop_at_terminal=False)) as seen:
+    async with aclosing(
+        follow_events(
+            acl_kafka.settings("producer"), kafka.topics.results, batch_id=batch_id, stop_at_terminal=False
+        )
+    ) as seen:
         assert (await asyncio.wait_for(anext(seen), 30)).subject == batch_id
 
-    other = AIOKafkaConsumer(kafka.topics.requests, group_id=f"{acl_kafka.group}-other",
-                             enable_auto_commit=False, **kafka.client_kwargs())
+    other = AIOKafkaConsumer(
+        kafka.topics.requests,
+        group_id=f"{acl_kafka.group}-other",
+        enable_auto_commit=False,
+        **kafka.client_kwargs(),
+    )
     with pytest.raises(GroupAuthorizationFailedError):
         await asyncio.wait_for(other.start(), 30)
     await other.stop()
@@ -226,8 +267,14 @@ async def test_the_operator_reads_dead_letters_and_replays_only_to_requests(acl_
     await dispatcher.start()
     try:
         origin = OriginalRecord(acl_kafka.topics.requests, 0, 0, b"b-op", b"{}")
-        letter = build_dead_letter(origin, dlt_topic=acl_kafka.topics.dead_letter, reason="invalid_event",
-                                   group_id=acl_kafka.group, fqcn="test.Acl", message="for the operator")
+        letter = build_dead_letter(
+            origin,
+            dlt_topic=acl_kafka.topics.dead_letter,
+            reason="invalid_event",
+            group_id=acl_kafka.group,
+            fqcn="test.Acl",
+            message="for the operator",
+        )
         await (await dispatcher.send_dead_letter(letter))
     finally:
         await dispatcher.stop()
@@ -261,8 +308,9 @@ async def test_a_user_without_acls_reads_and_writes_nothing(acl_kafka: AclKafka)
             async with aclosing(follow_events(kafka, topic)) as events:
                 await anext(events)
     # even in the dispatcher's group: the topic is refused before the group is asked
-    consumer = AIOKafkaConsumer(kafka.topics.requests, group_id=acl_kafka.group, enable_auto_commit=False,
-                                **kafka.client_kwargs())
+    consumer = AIOKafkaConsumer(
+        kafka.topics.requests, group_id=acl_kafka.group, enable_auto_commit=False, **kafka.client_kwargs()
+    )
     with pytest.raises(TopicAuthorizationFailedError):
         await asyncio.wait_for(consumer.start(), 30)
     await consumer.stop()

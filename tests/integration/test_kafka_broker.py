@@ -40,7 +40,9 @@ async def _produce(kafka: KafkaSettings, topic: str, n: int, key_prefix: str = "
     try:
         futures = [
             await producer.send(
-                topic, value=f"v{i}".encode(), key=f"{key_prefix}{i}".encode(),
+                topic,
+                value=f"v{i}".encode(),
+                key=f"{key_prefix}{i}".encode(),
                 headers=[("ce_id", f"id-{i}".encode()), ("content-type", b"application/json")],
             )
             for i in range(n)
@@ -50,10 +52,17 @@ async def _produce(kafka: KafkaSettings, topic: str, n: int, key_prefix: str = "
         await producer.stop()
 
 
-async def _consume(kafka: KafkaSettings, topic: str, group: str, count: int,
-                   commit: bool = True) -> list[tuple[int, int, bytes, bytes, list[tuple[str, bytes]]]]:
-    consumer = AIOKafkaConsumer(topic, group_id=group, enable_auto_commit=False, auto_offset_reset="earliest",
-                                session_timeout_ms=10_000, **kafka.client_kwargs())
+async def _consume(
+    kafka: KafkaSettings, topic: str, group: str, count: int, commit: bool = True
+) -> list[tuple[int, int, bytes, bytes, list[tuple[str, bytes]]]]:
+    consumer = AIOKafkaConsumer(
+        topic,
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        session_timeout_ms=10_000,
+        **kafka.client_kwargs(),
+    )
     await consumer.start()
     got: list[tuple[int, int, bytes, bytes, list[tuple[str, bytes]]]] = []
     # joining the group can take many seconds on a loaded machine: an empty poll ends the read only
@@ -108,8 +117,14 @@ async def test_two_consumers_split_partitions(kafka_settings: KafkaSettings) -> 
     topic = await _create_topic(kafka_settings)
     group = f"g-{uuid.uuid4().hex[:8]}"
     consumers = [
-        AIOKafkaConsumer(topic, group_id=group, enable_auto_commit=False, auto_offset_reset="earliest",
-                         session_timeout_ms=10_000, **kafka_settings.client_kwargs())
+        AIOKafkaConsumer(
+            topic,
+            group_id=group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=10_000,
+            **kafka_settings.client_kwargs(),
+        )
         for _ in range(2)
     ]
     for c in consumers:

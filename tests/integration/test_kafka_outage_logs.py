@@ -50,14 +50,21 @@ async def test_a_broker_outage_logs_aiokafka_once_per_kind_not_per_retry(
     run = f"outage-{uuid.uuid4().hex[:6]}"
     settings = DispatcherSettings(
         _env_file=None,
-        kafka=KafkaSettings(bootstrap_servers=kafka.address,
-                            topics=TopicSettings(requests=f"{run}.req", results=f"{run}.res",
-                                                 dead_letter=f"{run}.req.dlt")),
+        kafka=KafkaSettings(
+            bootstrap_servers=kafka.address,
+            topics=TopicSettings(requests=f"{run}.req", results=f"{run}.res", dead_letter=f"{run}.req.dlt"),
+        ),
         redis=redis_settings.model_copy(update={"key_prefix": run}),
         s3=s3_settings,
         ray=ray_settings,
-        dispatcher=DispatcherOptions(group_id=f"{run}-g", session_timeout_ms=6000, heartbeat_interval_ms=1000,
-                                     metrics_port=0, log_json=True, shared_engines=False),
+        dispatcher=DispatcherOptions(
+            group_id=f"{run}-g",
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=1000,
+            metrics_port=0,
+            log_json=True,
+            shared_engines=False,
+        ),
         engines=EngineRegistry(models={"m": EngineModel(path="/unused", engine=FAKE)}),
         job=JobOptions(python=sys.executable),
     )

@@ -36,8 +36,12 @@ WATCH_S = 45
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     plane = start_control_plane(
-        tmp_path_factory.mktemp("plane"), crds(), operator=False, scheduler=True,
-        controllers=("endpointslice", "nodelifecycle", "deployment", "replicaset"))
+        tmp_path_factory.mktemp("plane"),
+        crds(),
+        operator=False,
+        scheduler=True,
+        controllers=("endpointslice", "nodelifecycle", "deployment", "replicaset"),
+    )
     try:
         yield plane
     finally:
@@ -55,16 +59,19 @@ def _dispatcher_pods(kube: KubeClient, namespace: str) -> list[dict[str, Any]]:
 
 
 def _condition(pod: dict[str, Any], kind: str) -> bool:
-    return any(c["type"] == kind and c["status"] == "True"
-               for c in pod.get("status", {}).get("conditions") or [])
+    return any(
+        c["type"] == kind and c["status"] == "True" for c in pod.get("status", {}).get("conditions") or []
+    )
 
 
 def test_the_dispatcher_pod_lives_through_a_broker_outage_and_stays_unready(
-        plane: ControlPlane, node: KubeletNode) -> None:
+    plane: ControlPlane, node: KubeletNode
+) -> None:
     kube = plane.client()
     objects = vd.render_overlay("cpu-dev")
     deployment = dispatcher_on_host_userland(
-        next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == DEPLOYMENT))
+        next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == DEPLOYMENT)
+    )
     deployment["spec"]["replicas"] = 1
     namespace = deployment["metadata"]["namespace"]
     ensure_namespace(kube, namespace, PRIVILEGED)  # hostPath volumes: see real_ray_pods
@@ -97,10 +104,18 @@ def test_the_dispatcher_pod_lives_through_a_broker_outage_and_stays_unready(
     assert ready.status_code == 503, ready.text
     assert "kafka" in ready.text and "unavailable" in ready.text, ready.text
     # out of its Service (the metrics one): the EndpointSlice lists the pod, not ready
-    (service,) = [o for o in objects if o["kind"] == "Service"
-                  and o["spec"].get("selector", {}).get("app.kubernetes.io/name") == DEPLOYMENT]
-    slices = kube.list("discovery.k8s.io/v1", "EndpointSlice", namespace,
-                       f"kubernetes.io/service-name={service['metadata']['name']}")
+    (service,) = [
+        o
+        for o in objects
+        if o["kind"] == "Service"
+        and o["spec"].get("selector", {}).get("app.kubernetes.io/name") == DEPLOYMENT
+    ]
+    slices = kube.list(
+        "discovery.k8s.io/v1",
+        "EndpointSlice",
+        namespace,
+        f"kubernetes.io/service-name={service['metadata']['name']}",
+    )
     endpoints = [e for s in slices for e in s.get("endpoints") or []]
     assert [e["addresses"] for e in endpoints] == [[ip]], slices
     assert endpoints[0]["conditions"]["ready"] is False

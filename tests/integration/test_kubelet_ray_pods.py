@@ -46,12 +46,18 @@ from tests.support.real_ray_pods import PRIVILEGED, on_host_userland
 pytestmark = [pytest.mark.integration, pytest.mark.deploy]
 
 RESOLVE = "import socket; print(*sorted({{a[4][0] for a in socket.getaddrinfo({!r}, 6379)}}))"
-LIVE_NODES = ("import ray; ray.init(address='auto', log_to_driver=False); "
-              "print(*(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']))")
-WITHDRAW = ("import ray; from ray.autoscaler.sdk import request_resources; "
-            "ray.init(address='auto', log_to_driver=False); request_resources(bundles=[])")
-REQUEST_A_CPU = ("import ray; from ray.autoscaler.sdk import request_resources; "
-                 "ray.init(address='auto', log_to_driver=False); request_resources(num_cpus=1)")
+LIVE_NODES = (
+    "import ray; ray.init(address='auto', log_to_driver=False); "
+    "print(*(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']))"
+)
+WITHDRAW = (
+    "import ray; from ray.autoscaler.sdk import request_resources; "
+    "ray.init(address='auto', log_to_driver=False); request_resources(bundles=[])"
+)
+REQUEST_A_CPU = (
+    "import ray; from ray.autoscaler.sdk import request_resources; "
+    "ray.init(address='auto', log_to_driver=False); request_resources(num_cpus=1)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +65,12 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     # kube-scheduler binds the pods to the node once the node lifecycle controller has lifted its
     # not-ready taint; the EndpointSlice controller publishes the head Service's pod IP, which CoreDNS
     # answers from
-    plane = start_control_plane(tmp_path_factory.mktemp("plane"), crds(),
-                                controllers=("endpointslice", "nodelifecycle"), scheduler=True)
+    plane = start_control_plane(
+        tmp_path_factory.mktemp("plane"),
+        crds(),
+        controllers=("endpointslice", "nodelifecycle"),
+        scheduler=True,
+    )
     try:
         yield plane
     finally:
@@ -83,8 +93,7 @@ def _small_worker_group(cluster: dict[str, Any]) -> None:
     spec = group["template"]["spec"]
     spec["initContainers"] = [c for c in spec.get("initContainers", []) if c["name"] != "prepare-model"]
     (ray,) = group["template"]["spec"]["containers"]
-    ray["resources"] = {"requests": {"cpu": "250m", "memory": "1Gi"},
-                        "limits": {"cpu": "1", "memory": "2Gi"}}
+    ray["resources"] = {"requests": {"cpu": "250m", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "2Gi"}}
 
 
 def _pod_ready(pod: dict[str, Any] | None) -> bool:
@@ -92,14 +101,19 @@ def _pod_ready(pod: dict[str, Any] | None) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
-def _wait_ready(plane: ControlPlane, kube: KubeClient, node: KubeletNode, namespace: str,
-                cluster: str, node_type: str) -> dict[str, Any]:
+def _wait_ready(
+    plane: ControlPlane, kube: KubeClient, node: KubeletNode, namespace: str, cluster: str, node_type: str
+) -> dict[str, Any]:
     """The cluster's first pod of ``node_type`` (head, worker) once the kubelet reports it Ready;
     on a timeout, the pods' statuses and container logs are printed."""
+
     def ready() -> dict[str, Any] | None:
         assert node.running(), node.log()[-3000:]
-        pods = [p for p in cluster_pods(kube, namespace, cluster)
-                if p["metadata"]["labels"]["ray.io/node-type"] == node_type]
+        pods = [
+            p
+            for p in cluster_pods(kube, namespace, cluster)
+            if p["metadata"]["labels"]["ray.io/node-type"] == node_type
+        ]
         return pods[0] if pods and _pod_ready(pods[0]) else None
 
     try:
@@ -131,7 +145,8 @@ def _status_fields(pid: int) -> dict[str, str]:
 
 
 def test_cpu_dev_head_pod_runs_for_real_and_its_autoscaler_scales_with_the_mounted_token(
-        plane: ControlPlane, node: KubeletNode) -> None:
+    plane: ControlPlane, node: KubeletNode
+) -> None:
     kube: KubeClient = plane.client()
     objects = vd.render_overlay("cpu-dev")
     cluster = on_host_userland(vd.one(objects, "RayCluster"))
@@ -140,10 +155,12 @@ def test_cpu_dev_head_pod_runs_for_real_and_its_autoscaler_scales_with_the_mount
     ensure_namespace(kube, namespace, PRIVILEGED)  # hostPath volumes: see real_ray_pods
     publish_root_ca(kube, namespace, plane.ca_cert)
     apply_all(kube, [o for o in objects if o["kind"] != "Namespace"], dry_run=False)
-    auth = next(o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"].startswith(
-        "llmbatch-ray-auth"))
+    auth = next(
+        o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"].startswith("llmbatch-ray-auth")
+    )
     token = (auth.get("stringData") or {}).get("auth_token") or base64.b64decode(
-        auth["data"]["auth_token"]).decode()
+        auth["data"]["auth_token"]
+    ).decode()
 
     head = _wait_ready(plane, kube, node, namespace, name, "head")
     statuses = {s["name"]: s for s in head["status"]["containerStatuses"]}
@@ -172,8 +189,11 @@ def test_cpu_dev_head_pod_runs_for_real_and_its_autoscaler_scales_with_the_mount
     # a driver in the head asks for a CPU; only the autoscaler, with its mounted token, can scale
     python = str(ROOT / ".venv" / "bin" / "python")
     node.exec_in(head, "ray-head", [python, "-c", REQUEST_A_CPU])
-    plane.wait_for("the autoscaler scaled the worker group to 1",
-                   lambda: group_replicas(kube, namespace, name).get("cpu") == 1, timeout=180)
+    plane.wait_for(
+        "the autoscaler scaled the worker group to 1",
+        lambda: group_replicas(kube, namespace, name).get("cpu") == 1,
+        timeout=180,
+    )
 
     # the worker pod the operator makes finds the head by its Service's name (the cluster's DNS) and
     # joins it over the pod network: Ray then has two live nodes
@@ -185,15 +205,21 @@ def test_cpu_dev_head_pod_runs_for_real_and_its_autoscaler_scales_with_the_mount
     alive = node.exec_in(head, "ray-head", [python, "-c", LIVE_NODES]).split()
     assert sorted(alive) == sorted([ip, worker["status"]["podIP"]]), alive
     worker_ip = worker["status"]["podIP"]
-    (worker_raylet,) = [p for p in _ray_processes(node, "raylet")
-                        if f"--node_ip_address={worker_ip}" in p.cmdline()]
+    (worker_raylet,) = [
+        p for p in _ray_processes(node, "raylet") if f"--node_ip_address={worker_ip}" in p.cmdline()
+    ]
 
     # demand withdrawn: the idle worker is drained, the group goes back to 0, the operator deletes the
     # pod and the kubelet stops its containers and removes it
     node.exec_in(head, "ray-head", [python, "-c", WITHDRAW])
-    plane.wait_for("the worker pod deleted after the scale-down",
-                   lambda: group_replicas(kube, namespace, name).get("cpu") == 0
-                   and kube.get("v1", "Pod", worker["metadata"]["name"], namespace) is None, timeout=240)
+    plane.wait_for(
+        "the worker pod deleted after the scale-down",
+        lambda: (
+            group_replicas(kube, namespace, name).get("cpu") == 0
+            and kube.get("v1", "Pod", worker["metadata"]["name"], namespace) is None
+        ),
+        timeout=240,
+    )
     assert not worker_raylet.is_running()
     assert node.exec_in(head, "ray-head", [python, "-c", LIVE_NODES]).split() == [ip]
     kube.close()

@@ -61,25 +61,35 @@ IDLE_TIMEOUT_S = 5  # gpu-prod: 900 s
 
 
 def _group_pods(kube: KubeClient, namespace: str, name: str, group: str) -> list[dict[str, Any]]:
-    return [p for p in cluster_pods(kube, namespace, name)
-            if p["metadata"]["labels"]["ray.io/group"] == group
-            and "deletionTimestamp" not in p["metadata"]]
+    return [
+        p
+        for p in cluster_pods(kube, namespace, name)
+        if p["metadata"]["labels"]["ray.io/group"] == group and "deletionTimestamp" not in p["metadata"]
+    ]
 
 
 def _request_resources(ray: PrivateRay, bundles: list[dict[str, Any]]) -> None:
     """A driver in the head pod asks the autoscaler for ``bundles`` (Ray's ``request_resources``;
     ``[]`` withdraws the request), then exits."""
-    code = ("import sys, json, ray; from ray.autoscaler.sdk import request_resources; "
-            "ray.init(address=sys.argv[1], log_to_driver=False); "
-            "request_resources(bundles=json.loads(sys.argv[2])); ray.shutdown()")
+    code = (
+        "import sys, json, ray; from ray.autoscaler.sdk import request_resources; "
+        "ray.init(address=sys.argv[1], log_to_driver=False); "
+        "request_resources(bundles=json.loads(sys.argv[2])); ray.shutdown()"
+    )
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": str(ray.auth_token)}
     assert ray.place is not None
-    subprocess.run(ray.place.command([sys.executable, "-c", code, ray.gcs_address, json.dumps(bundles)]),
-                   env=env, check=True, timeout=120, capture_output=True)
+    subprocess.run(
+        ray.place.command([sys.executable, "-c", code, ray.gcs_address, json.dumps(bundles)]),
+        env=env,
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
 
 
 def test_the_engine_group_scales_from_zero_and_back_by_the_autoscaler_with_the_head_accounts_rights(
-        plane: ControlPlane, tmp_path: Path) -> None:
+    plane: ControlPlane, tmp_path: Path
+) -> None:
     kube = plane.client()
     objects = vd.render_overlay("gpu-prod")
     cluster = vd.one(objects, "RayCluster")
@@ -90,8 +100,10 @@ def test_the_engine_group_scales_from_zero_and_back_by_the_autoscaler_with_the_h
     publish_root_ca(kube, namespace, plane.ca_cert)
     create_operator_secrets(kube, namespace)
     expected = 1 + sum(g.get("replicas", 0) for g in worker_groups(cluster["spec"]).values())
-    created = plane.wait_for(f"the head and worker pods of {name}", lambda: (
-        found if len(found := cluster_pods(kube, namespace, name)) == expected else None))
+    created = plane.wait_for(
+        f"the head and worker pods of {name}",
+        lambda: found if len(found := cluster_pods(kube, namespace, name)) == expected else None,
+    )
     head = next(p for p in created if p["metadata"]["labels"]["ray.io/node-type"] == "head")
     cpu_replicas = worker_groups(cluster["spec"])["cpu"]["replicas"]
     assert group_replicas(kube, namespace, name) == {"gpu": 0, "cpu": cpu_replicas}
@@ -102,7 +114,8 @@ def test_the_engine_group_scales_from_zero_and_back_by_the_autoscaler_with_the_h
     assert ray_env(kube, head)["RAY_enable_autoscaler_v2"] == "true"
     assert start_command(head, "autoscaler").endswith(
         "ray kuberay-autoscaler --cluster-name $(RAY_CLUSTER_NAME) "
-        "--cluster-namespace $(RAY_CLUSTER_NAMESPACE)")
+        "--cluster-namespace $(RAY_CLUSTER_NAMESPACE)"
+    )
     deployments = {d["metadata"]["name"]: d for d in objects if d["kind"] == "Deployment"}
     with PodNetwork() as net, LocalPods(kube, tmp_path, net, node=NODE) as local:
         router = start_kube_router(plane, net, NODE, tmp_path)
@@ -110,32 +123,55 @@ def test_the_engine_group_scales_from_zero_and_back_by_the_autoscaler_with_the_h
             ray = local.run_head(head)
             head_ip = net.pods[head["metadata"]["name"]].ip
             api = run_plain_pod(kube, net, deployments["llmbatch-api"], "llmbatch-api-test", namespace)
-            plane.wait_for(f"kube-router enforcing the head's policy (log {router.log})",
-                           lambda: not connects(net, api, head_ip, GCS_PORT), timeout=90)
+            plane.wait_for(
+                f"kube-router enforcing the head's policy (log {router.log})",
+                lambda: not connects(net, api, head_ip, GCS_PORT),
+                timeout=90,
+            )
             # the head pod's autoscaler container: in the head pod's network, beside the GCS
             scaler = local.run_autoscaler(plane.server, head)
 
             _request_resources(ray, ENGINE_DEMAND)
-            plane.wait_for(f"the autoscaler scales {name}'s gpu group to 2 (log {scaler.log})",
-                           lambda: group_replicas(kube, namespace, name)["gpu"] == 2, timeout=180)
-            gpu_pods = plane.wait_for("two gpu pods", lambda: (
-                found if len(found := _group_pods(kube, namespace, name, "gpu")) == 2 else None))
+            plane.wait_for(
+                f"the autoscaler scales {name}'s gpu group to 2 (log {scaler.log})",
+                lambda: group_replicas(kube, namespace, name)["gpu"] == 2,
+                timeout=180,
+            )
+            gpu_pods = plane.wait_for(
+                "two gpu pods",
+                lambda: found if len(found := _group_pods(kube, namespace, name, "gpu")) == 2 else None,
+            )
             assert group_replicas(kube, namespace, name)["cpu"] == cpu_replicas
             for pod in gpu_pods:  # each joins the head over the pod network, under the policies
                 assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
                 local.run_worker(pod)
-            engines = [n for n in ray.nodes() if n["state"] == "ALIVE"
-                       and n["resources_total"].get("llmbatch_engine")]
+            engines = [
+                n
+                for n in ray.nodes()
+                if n["state"] == "ALIVE" and n["resources_total"].get("llmbatch_engine")
+            ]
             assert sorted(n["node_ip"] for n in engines) == sorted(
-                net.pods[p["metadata"]["name"]].ip for p in gpu_pods)
+                net.pods[p["metadata"]["name"]].ip for p in gpu_pods
+            )
 
             _request_resources(ray, [])
-            plane.wait_for(f"the autoscaler scales {name}'s gpu group back to 0 (log {scaler.log})",
-                           lambda: group_replicas(kube, namespace, name)["gpu"] == 0, timeout=180)
+            plane.wait_for(
+                f"the autoscaler scales {name}'s gpu group back to 0 (log {scaler.log})",
+                lambda: group_replicas(kube, namespace, name)["gpu"] == 0,
+                timeout=180,
+            )
             # the operator deletes the pods; the kubelet stand-in stops their Ray nodes and removes them
-            plane.wait_for("the gpu pods deleted", lambda: (
-                local.reap(), not [p for p in cluster_pods(kube, namespace, name)
-                                   if p["metadata"]["labels"]["ray.io/group"] == "gpu"])[1])
+            plane.wait_for(
+                "the gpu pods deleted",
+                lambda: (
+                    local.reap(),
+                    not [
+                        p
+                        for p in cluster_pods(kube, namespace, name)
+                        if p["metadata"]["labels"]["ray.io/group"] == "gpu"
+                    ],
+                )[1],
+            )
             assert group_replicas(kube, namespace, name)["cpu"] == cpu_replicas
         finally:
             router.stop()
@@ -143,8 +179,9 @@ def test_the_engine_group_scales_from_zero_and_back_by_the_autoscaler_with_the_h
     assert "Forbidden" not in log and " 403" not in log, log[-3000:]
     for pod in gpu_pods:  # the autoscaler knew each node for its pod, and removed it for being idle
         pod_name = re.escape(pod["metadata"]["name"])
-        assert re.search(rf"ALLOCATED->RAY_RUNNING \(id=[^,]+, type=gpu, cloud_instance_id={pod_name},",
-                         log), log[-3000:]
+        assert re.search(
+            rf"ALLOCATED->RAY_RUNNING \(id=[^,]+, type=gpu, cloud_instance_id={pod_name},", log
+        ), log[-3000:]
     # both removed for being idle: in one round, or one per round when their idle times end apart
     idle_removals = re.findall(r"Removing (\d+) nodes of type gpu \(idle\)\.", log)
     assert sum(map(int, idle_removals)) == 2, log[-3000:]

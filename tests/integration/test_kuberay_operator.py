@@ -65,7 +65,8 @@ def _renders() -> dict[str, Callable[[], list[dict[str, Any]]]]:
     }
     for component in vd.COMPONENTS:
         out[f"gpu-prod+{component}"] = _rendered_once(
-            lambda c=component: vd.render_with_components("gpu-prod", [c]))
+            lambda c=component: vd.render_with_components("gpu-prod", [c])
+        )
     return out
 
 
@@ -85,11 +86,15 @@ def _secret_values(objects: list[dict[str, Any]]) -> set[str]:
 def _api_token_holders(pod: dict[str, Any]) -> set[str]:
     """Containers of a stored pod (after admission) that see a Kubernetes API token."""
     token_volumes = {
-        v["name"] for v in pod["spec"].get("volumes") or []
+        v["name"]
+        for v in pod["spec"].get("volumes") or []
         if any("serviceAccountToken" in source for source in (v.get("projected") or {}).get("sources", []))
     }
-    return {c["name"] for c in [*pod["spec"]["containers"], *(pod["spec"].get("initContainers") or [])]
-            if {m["name"] for m in c.get("volumeMounts") or []} & token_volumes}
+    return {
+        c["name"]
+        for c in [*pod["spec"]["containers"], *(pod["spec"].get("initContainers") or [])]
+        if {m["name"] for m in c.get("volumeMounts") or []} & token_volumes
+    }
 
 
 def assert_only_the_autoscaler_holds_an_api_token(pods: list[dict[str, Any]]) -> None:
@@ -97,8 +102,9 @@ def assert_only_the_autoscaler_holds_an_api_token(pods: list[dict[str, Any]]) ->
     run in the head's Ray container: with that token a batch could rewrite the worker template (an
     env from any Secret of the namespace, say). Only the autoscaler sidecar needs it."""
     holders = {p["metadata"]["name"]: _api_token_holders(p) for p in pods}
-    wanted = {p["metadata"]["name"]: {"autoscaler"} & {c["name"] for c in p["spec"]["containers"]}
-              for p in pods}
+    wanted = {
+        p["metadata"]["name"]: {"autoscaler"} & {c["name"] for c in p["spec"]["containers"]} for p in pods
+    }
     assert holders == wanted
 
 
@@ -119,10 +125,18 @@ def test_the_api_server_refuses_a_field_the_crd_does_not_have(kube: KubeClient) 
 
 def test_a_namespaced_object_without_its_namespace_is_named(kube: KubeClient) -> None:
     """What the ray-https component's Service once was: the API server would only answer 404."""
-    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "no-namespace"},
-               "spec": {"ports": [{"port": 8265}]}}
-    with pytest.raises(AssertionError, match=re.escape(
-            "Service/no-namespace: Service 'no-namespace' is namespaced: give its metadata.namespace")):
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "no-namespace"},
+        "spec": {"ports": [{"port": 8265}]},
+    }
+    with pytest.raises(
+        AssertionError,
+        match=re.escape(
+            "Service/no-namespace: Service 'no-namespace' is namespaced: give its metadata.namespace"
+        ),
+    ):
         apply_all(kube, [service], dry_run=True)
 
 
@@ -136,8 +150,8 @@ def test_the_operator_builds_the_dev_cluster_we_mean(plane: ControlPlane, kube: 
 
     pods = plane.wait_for(
         f"head and {expected_workers} worker pods of {name}",
-        lambda: (found if len(found := cluster_pods(kube, namespace, name)) == 1 + expected_workers
-                 else None))
+        lambda: found if len(found := cluster_pods(kube, namespace, name)) == 1 + expected_workers else None,
+    )
     assert not [e for e in object_events(kube, namespace, name) if e["reason"] == "InvalidRayClusterSpec"]
     # the API server admitted every pod, the containers KubeRay adds included, under restricted
     live = kube.get("v1", "Namespace", namespace)
@@ -149,8 +163,10 @@ def test_the_operator_builds_the_dev_cluster_we_mean(plane: ControlPlane, kube: 
     for group_name in groups:  # and its init container, each admitted as restricted
         assert "wait-gcs-ready" in {c["name"] for c in by_group[group_name]["spec"]["initContainers"]}
     assert "ray start --head" in start_command(head)
-    assert ray_container(head)["image"] == cluster["spec"]["headGroupSpec"]["template"]["spec"][
-        "containers"][0]["image"]
+    assert (
+        ray_container(head)["image"]
+        == cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
+    )
     for group_name, group in groups.items():
         pod = by_group[group_name]
         resources = (group.get("rayStartParams") or {}).get("resources")
@@ -164,12 +180,17 @@ def test_the_operator_builds_the_dev_cluster_we_mean(plane: ControlPlane, kube: 
     for pod in pods:
         env = {e["name"]: e for e in ray_container(pod).get("env", [])}
         assert "secretKeyRef" in env["RAY_AUTH_TOKEN"]["valueFrom"], env["RAY_AUTH_TOKEN"]
-        assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "LLMBATCH_S3__ACCESS_KEY",
-                    "LLMBATCH_S3__SECRET_KEY"} & set(env)
+        assert not {
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "LLMBATCH_S3__ACCESS_KEY",
+            "LLMBATCH_S3__SECRET_KEY",
+        } & set(env)
 
 
 def test_restricted_pod_security_refuses_a_head_without_its_security_context(
-        plane: ControlPlane, kube: KubeClient) -> None:
+    plane: ControlPlane, kube: KubeClient
+) -> None:
     """The admission above is real: the same cluster without the head's securityContext gets no pod."""
     objects = RENDERS["cpu-dev"]()
     apply_all(kube, [o for o in objects if o["kind"] == "Namespace"], dry_run=False)
@@ -180,8 +201,10 @@ def test_restricted_pod_security_refuses_a_head_without_its_security_context(
     head.pop("securityContext")
     head["containers"][0].pop("securityContext")
     kube.apply(cluster)
-    refusals = plane.wait_for(f"FailedToCreateHeadPod for {name}", lambda: [
-        e for e in object_events(kube, namespace, name) if e["reason"] == "FailedToCreateHeadPod"])
+    refusals = plane.wait_for(
+        f"FailedToCreateHeadPod for {name}",
+        lambda: [e for e in object_events(kube, namespace, name) if e["reason"] == "FailedToCreateHeadPod"],
+    )
     assert 'violates PodSecurity "restricted:latest"' in refusals[0]["message"]
     groups = {p["metadata"]["labels"]["ray.io/group"] for p in cluster_pods(kube, namespace, name)}
     assert "headgroup" not in groups
@@ -189,14 +212,16 @@ def test_restricted_pod_security_refuses_a_head_without_its_security_context(
 
 
 def test_the_operator_turns_the_rayservice_into_a_cluster_scaling_engines_from_zero(
-        plane: ControlPlane, kube: KubeClient) -> None:
+    plane: ControlPlane, kube: KubeClient
+) -> None:
     objects = RENDERS["gpu-prod-rayservice"]()
     service = vd.one(objects, "RayService")
     namespace, name = service["metadata"]["namespace"], service["metadata"]["name"]
     apply_all(kube, objects, dry_run=False)
 
-    cluster = plane.wait_for(f"the RayCluster of RayService {name}",
-                             lambda: rayservice_cluster(kube, namespace, name))
+    cluster = plane.wait_for(
+        f"the RayCluster of RayService {name}", lambda: rayservice_cluster(kube, namespace, name)
+    )
     wanted = service["spec"]["rayClusterConfig"]
     assert cluster["spec"]["enableInTreeAutoscaling"] is True
     assert cluster["spec"]["authOptions"] == wanted["authOptions"]
@@ -208,7 +233,8 @@ def test_the_operator_turns_the_rayservice_into_a_cluster_scaling_engines_from_z
     expected = 1 + sum(g.get("replicas", 0) for g in worker_groups(cluster["spec"]).values())
     pods = plane.wait_for(
         f"the pods of {cluster_name}",
-        lambda: found if len(found := cluster_pods(kube, namespace, cluster_name)) == expected else None)
+        lambda: found if len(found := cluster_pods(kube, namespace, cluster_name)) == expected else None,
+    )
     groups = {p["metadata"]["labels"]["ray.io/group"] for p in pods}
     assert "gpu" not in groups  # no GPU worker until a replica asks for one
     head = next(p for p in pods if p["metadata"]["labels"]["ray.io/group"] == "headgroup")
@@ -221,8 +247,7 @@ def test_the_operator_turns_the_rayservice_into_a_cluster_scaling_engines_from_z
         assert not bad, f"{kind} {obj}: {bad}"
 
 
-def test_the_operator_starts_the_per_batch_rayjobs_cluster(plane: ControlPlane, kube: KubeClient
-                                                           ) -> None:
+def test_the_operator_starts_the_per_batch_rayjobs_cluster(plane: ControlPlane, kube: KubeClient) -> None:
     job = vd.load_yaml_objects(vd.KUSTOMIZE / "rayjob" / "rayjob-per-batch.yaml")[0]
     job["metadata"]["namespace"] = "llmbatch-jobs"
     ensure_namespace(kube, "llmbatch-jobs")
@@ -240,8 +265,10 @@ def test_the_operator_starts_the_per_batch_rayjobs_cluster(plane: ControlPlane, 
     expected = 1 + sum(g.get("replicas", 0) for g in worker_groups(created["spec"]).values())
     pods = plane.wait_for(
         f"the pods of {cluster_name}",
-        lambda: (found if len(found := cluster_pods(kube, "llmbatch-jobs", cluster_name)) == expected
-                 else None))
+        lambda: (
+            found if len(found := cluster_pods(kube, "llmbatch-jobs", cluster_name)) == expected else None
+        ),
+    )
     assert_only_the_autoscaler_holds_an_api_token(pods)
     assert not [e for e in object_events(kube, "llmbatch-jobs", name) if e["reason"] == "InvalidRayJobSpec"]
 
@@ -272,12 +299,20 @@ def _break_token_on_old_ray(spec: dict[str, Any]) -> None:
     spec["rayVersion"] = "2.40.0"
 
 
-@pytest.mark.parametrize("breaker", [_break_min_over_max, _break_suspend_with_autoscaler,
-                                     _break_restart_policy_v2, _break_resources_twice,
-                                     _break_token_on_old_ray],
-                         ids=lambda f: f.__name__.removeprefix("_break_"))
+@pytest.mark.parametrize(
+    "breaker",
+    [
+        _break_min_over_max,
+        _break_suspend_with_autoscaler,
+        _break_restart_policy_v2,
+        _break_resources_twice,
+        _break_token_on_old_ray,
+    ],
+    ids=lambda f: f.__name__.removeprefix("_break_"),
+)
 def test_a_rule_validate_kuberay_enforces_is_enforced_by_the_real_operator(
-        plane: ControlPlane, kube: KubeClient, breaker: Callable[[dict[str, Any]], None]) -> None:
+    plane: ControlPlane, kube: KubeClient, breaker: Callable[[dict[str, Any]], None]
+) -> None:
     cluster = copy.deepcopy(vd.one(RENDERS["cpu-dev"](), "RayCluster"))
     namespace = "llmbatch-rules"
     ensure_namespace(kube, namespace)
@@ -286,6 +321,8 @@ def test_a_rule_validate_kuberay_enforces_is_enforced_by_the_real_operator(
     breaker(cluster["spec"])
     assert kuberay.kuberay_semantic_errors(cluster), "validate_kuberay lets it through"
     kube.apply(cluster)  # the CRD schema lets it through: only the operator knows the rule
-    plane.wait_for(f"an InvalidRayClusterSpec event for {name}", lambda: [
-        e for e in object_events(kube, namespace, name) if e["reason"] == "InvalidRayClusterSpec"])
+    plane.wait_for(
+        f"an InvalidRayClusterSpec event for {name}",
+        lambda: [e for e in object_events(kube, namespace, name) if e["reason"] == "InvalidRayClusterSpec"],
+    )
     assert not cluster_pods(kube, namespace, name)

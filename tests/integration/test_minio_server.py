@@ -22,9 +22,13 @@ pytestmark = pytest.mark.integration
 
 
 def _client(s3: S3Settings, secret: str | None = None) -> Minio:
-    return Minio(s3.host, access_key=s3.access_key.get_secret_value(),
-                 secret_key=secret if secret is not None else s3.secret_key.get_secret_value(),
-                 secure=s3.secure, region=s3.region)
+    return Minio(
+        s3.host,
+        access_key=s3.access_key.get_secret_value(),
+        secret_key=secret if secret is not None else s3.secret_key.get_secret_value(),
+        secure=s3.secure,
+        region=s3.region,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +61,12 @@ async def test_the_apis_conditional_write_creates_once_and_never_overwrites(
 
     store = MinioObjectStore(s3_settings)
     key = f"claims/{uuid.uuid4().hex}.json"
-    results = await asyncio.gather(*(store.put_new(bucket, key, f'{{"n": {n}}}'.encode(),
-                                                   content_type="application/json") for n in range(8)))
+    results = await asyncio.gather(
+        *(
+            store.put_new(bucket, key, f'{{"n": {n}}}'.encode(), content_type="application/json")
+            for n in range(8)
+        )
+    )
     assert sorted(results) == [False] * 7 + [True]  # concurrent: exactly one wins
     winner = results.index(True)
     assert await store.get(bucket, key) == f'{{"n": {winner}}}'.encode()
@@ -148,10 +156,13 @@ def test_wrong_secret_is_rejected(s3_settings: S3Settings, services: ServiceProv
 def test_pyarrow_s3_jsonl_roundtrip(s3_settings: S3Settings, bucket: str) -> None:
     from pyarrow import fs
 
-    s3fs = fs.S3FileSystem(access_key=s3_settings.access_key.get_secret_value(),
-                           secret_key=s3_settings.secret_key.get_secret_value(),
-                           endpoint_override=s3_settings.endpoint, region=s3_settings.region,
-                           scheme="https" if s3_settings.secure else "http")
+    s3fs = fs.S3FileSystem(
+        access_key=s3_settings.access_key.get_secret_value(),
+        secret_key=s3_settings.secret_key.get_secret_value(),
+        endpoint_override=s3_settings.endpoint,
+        region=s3_settings.region,
+        scheme="https" if s3_settings.secure else "http",
+    )
     lines = [json.dumps({"custom_id": f"r{i}", "n": i}) for i in range(100)]
     with s3fs.open_output_stream(f"{bucket}/pa/input.jsonl") as out:
         out.write(("\n".join(lines) + "\n").encode())
@@ -167,21 +178,31 @@ def test_pyarrow_s3_jsonl_roundtrip(s3_settings: S3Settings, bucket: str) -> Non
         resp.release_conn()
 
 
-def test_ray_data_read_write_json(s3_settings: S3Settings, ray_settings: RaySettings,
-                                  services: ServiceProvider, bucket: str) -> None:
+def test_ray_data_read_write_json(
+    s3_settings: S3Settings, ray_settings: RaySettings, services: ServiceProvider, bucket: str
+) -> None:
     lines = [json.dumps({"custom_id": f"r{i}", "n": i}) for i in range(40)]
     client = _client(s3_settings)
     body = ("\n".join(lines) + "\n").encode()
     client.put_object(bucket, "rd/in/input.jsonl", io.BytesIO(body), len(body))
     rec = services.local_record("ray")
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled",
-           "AWS_ACCESS_KEY_ID": s3_settings.access_key.get_secret_value(),
-           "AWS_SECRET_ACCESS_KEY": s3_settings.secret_key.get_secret_value()}
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "disabled",
+        "AWS_ACCESS_KEY_ID": s3_settings.access_key.get_secret_value(),
+        "AWS_SECRET_ACCESS_KEY": s3_settings.secret_key.get_secret_value(),
+    }
     if rec is not None:
         env["RAY_ADDRESS"] = rec.extra["gcs_address"]
     script = Path(__file__).parent.parent / "support" / "ray_data_s3_roundtrip.py"
-    proc = subprocess.run([sys.executable, str(script), s3_settings.endpoint, bucket], env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(script), s3_settings.endpoint, bucket],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     written = [o.object_name for o in client.list_objects(bucket, prefix="rd/out/", recursive=True)]
     assert written, "Ray Data wrote nothing"

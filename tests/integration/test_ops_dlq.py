@@ -43,19 +43,26 @@ class World:
 
     def __init__(self, base: LLMBatchSettings) -> None:
         self.tag = uuid.uuid4().hex[:8]
-        topics = TopicSettings(requests=f"dq-req-{self.tag}", results=f"dq-res-{self.tag}",
-                               dead_letter=f"dq-req-{self.tag}.dlt", partitions=2)
-        self.settings = LLMBatchSettings(kafka=base.kafka.model_copy(update={"topics": topics}),
-                                         redis=base.redis.model_copy(update={"key_prefix": f"dq{self.tag}"}),
-                                         s3=base.s3)
+        topics = TopicSettings(
+            requests=f"dq-req-{self.tag}",
+            results=f"dq-res-{self.tag}",
+            dead_letter=f"dq-req-{self.tag}.dlt",
+            partitions=2,
+        )
+        self.settings = LLMBatchSettings(
+            kafka=base.kafka.model_copy(update={"topics": topics}),
+            redis=base.redis.model_copy(update={"key_prefix": f"dq{self.tag}"}),
+            s3=base.s3,
+        )
         self.store = StateStore.from_url(self.settings.redis.url, keys=Keys(self.settings.redis.key_prefix))
-        self.failed = f"failed-{self.tag}"        # input_not_found, batch failed: replayable
-        self.done = f"done-{self.tag}"            # input_not_found, batch completed since: refused
-        self.junk = f"junk-{self.tag}"            # invalid_event, unknown to Redis: replayable
+        self.failed = f"failed-{self.tag}"  # input_not_found, batch failed: replayable
+        self.done = f"done-{self.tag}"  # input_not_found, batch completed since: refused
+        self.junk = f"junk-{self.tag}"  # invalid_event, unknown to Redis: replayable
         self.messages: dict[str, tuple[bytes, bytes, list[tuple[str, bytes]]]] = {}
 
-    async def send(self, topic: str, key: bytes | None, value: bytes | None,
-                   headers: list[tuple[str, bytes]]) -> None:
+    async def send(
+        self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]
+    ) -> None:
         producer = AIOKafkaProducer(acks="all", **self.settings.kafka.client_kwargs())
         await producer.start()
         try:
@@ -63,17 +70,33 @@ class World:
         finally:
             await producer.stop()
 
-    async def dead_letter(self, batch_id: str, reason: str, offset: int, *,
-                          value: bytes | None = None) -> None:
-        request = batch_request(batch_id, input_uri=f"s3://{self.settings.s3.input_bucket}/default/missing/{batch_id}.jsonl")
+    async def dead_letter(
+        self, batch_id: str, reason: str, offset: int, *, value: bytes | None = None
+    ) -> None:
+        request = batch_request(
+            batch_id, input_uri=f"s3://{self.settings.s3.input_bucket}/default/missing/{batch_id}.jsonl"
+        )
         key, val, headers = request_message(request, event_id=f"ev-{batch_id}")
         val = value if value is not None else val
         self.messages[batch_id] = (key, val, headers)
-        original = OriginalRecord(self.settings.kafka.topics.requests, 1, offset, key, val, tuple(headers),
-                                  int(time.time() * 1000), 0)
-        letter = build_dead_letter(original, dlt_topic=self.settings.kafka.topics.dead_letter, reason=reason,
-                                   group_id="llmbatch-dispatcher", fqcn="llmbatch.ray_job.errors.InputNotFound",  # noqa: E501
-                                   message=f"{reason}: the input of {batch_id} is missing")
+        original = OriginalRecord(
+            self.settings.kafka.topics.requests,
+            1,
+            offset,
+            key,
+            val,
+            tuple(headers),
+            int(time.time() * 1000),
+            0,
+        )
+        letter = build_dead_letter(
+            original,
+            dlt_topic=self.settings.kafka.topics.dead_letter,
+            reason=reason,
+            group_id="llmbatch-dispatcher",
+            fqcn="llmbatch.ray_job.errors.InputNotFound",
+            message=f"{reason}: the input of {batch_id} is missing",
+        )
         await self.send(letter.topic, letter.key, letter.value, letter.headers)
 
     async def batch(self, batch_id: str, final: State) -> None:
@@ -84,7 +107,7 @@ class World:
         fields = intake_fields(request, rec, "urn:t", f"ev-{batch_id}", None, now)
         marker = ("urn:t", f"ev-{batch_id}")
         await self.store.intake(IntakeItem(batch_id, fields, marker, deadline=now + 3600))
-        if final is State.COMPLETED:                      # the lifecycle a real batch goes through
+        if final is State.COMPLETED:  # the lifecycle a real batch goes through
             for step in (State.SUBMITTED, State.RUNNING, State.FINALIZING):
                 await self.store.transition_or_raise(batch_id, step, fields={"attempt": "1"})
         record = await self.store.get(batch_id)
@@ -130,10 +153,16 @@ async def test_list_and_inspect(world: World) -> None:
     assert listed["count"] == 3 and listed["topic_exists"] is True
     rows = {row["key"]: row for row in listed["dead_letters"]}
     assert {k: r["reason"] for k, r in rows.items()} == {
-        world.failed: "input_not_found", world.done: "input_not_found", world.junk: "invalid_event"}
+        world.failed: "input_not_found",
+        world.done: "input_not_found",
+        world.junk: "invalid_event",
+    }
     row = rows[world.failed]
     assert (row["original_topic"], row["original_partition"], row["original_offset"]) == (
-        world.settings.kafka.topics.requests, 1, 10)
+        world.settings.kafka.topics.requests,
+        1,
+        10,
+    )
     assert row["consumer_group"] == "llmbatch-dispatcher" and "missing" in row["exception_message"]
     assert row["replayed"] is None
     only = as_json(await cli(world, "dlq", "list", "--reason", "invalid_event", "--json"))
@@ -150,7 +179,7 @@ async def test_list_and_inspect(world: World) -> None:
     assert headers[dlt.ORIGINAL_OFFSET] == {"name": dlt.ORIGINAL_OFFSET, "value": 10, "encoding": "int64-be"}
     assert headers["ce_id"]["value"] == f"ev-{world.failed}"
     assert full["payload"] == orjson.loads(world.messages[world.failed][1])
-    [junk] = as_json(await cli(world, "dlq", "inspect", world.junk, "--json"))       # by key
+    [junk] = as_json(await cli(world, "dlq", "inspect", world.junk, "--json"))  # by key
     assert junk["valid_now"] is False and junk["payload"] == {"not_json": '{"batch_id": 12'}
     human = await cli(world, "dlq", "inspect", world.junk)
     assert human.exit_code == 0 and "kafka_dlt-original-offset" in human.stdout
@@ -172,13 +201,14 @@ async def test_dry_run_changes_nothing(world: World) -> None:
 
 
 async def test_execute_republishes_with_provenance_and_rerun_replays_nothing(world: World) -> None:
-    run = await cli(world, "dlq", "replay", "--execute", "--reason", "input_not_found", "--by", "ops-test",
-                    "--json")
-    result = as_json(run, code=3)                                 # the completed batch was refused
+    run = await cli(
+        world, "dlq", "replay", "--execute", "--reason", "input_not_found", "--by", "ops-test", "--json"
+    )
+    result = as_json(run, code=3)  # the completed batch was refused
     assert (result["summary"]["replayed"], result["summary"]["refused"]) == (1, 1)
     [replayed] = await world.topic(world.settings.kafka.topics.requests)
     key, value, original = world.messages[world.failed]
-    assert (replayed.key, replayed.value) == (key, value)         # payload byte for byte
+    assert (replayed.key, replayed.value) == (key, value)  # payload byte for byte
     headers = list(replayed.headers)
     names = [n for n, _ in headers]
     assert not set(names) & dlt.DLT_HEADERS
@@ -193,7 +223,7 @@ async def test_execute_republishes_with_provenance_and_rerun_replays_nothing(wor
     rerun = await cli(world, "dlq", "replay", "--execute", "--reason", "input_not_found", "--json")
     again = as_json(rerun, code=3)
     assert (again["summary"]["replayed"], again["summary"]["already_replayed"]) == (0, 1)
-    assert len(await world.topic(world.settings.kafka.topics.requests)) == 1    # nothing twice
+    assert len(await world.topic(world.settings.kafka.topics.requests)) == 1  # nothing twice
     listed = as_json(await cli(world, "dlq", "list", "-k", world.failed, "--json"))
     assert listed["dead_letters"][0]["replayed"]["replay_id"] == info.replay_id
 
@@ -210,19 +240,23 @@ async def test_completed_batch_is_refused_unless_forced(world: World) -> None:
 
 async def test_rate_limit_and_to_topic(world: World) -> None:
     target = f"dq-staging-{world.tag}"
-    staging = TopicSettings(requests=target, results=f"{target}-res", dead_letter=f"{target}.dlt",
-                            partitions=1)
+    staging = TopicSettings(
+        requests=target, results=f"{target}-res", dead_letter=f"{target}.dlt", partitions=1
+    )
     await ensure_topics(world.settings.kafka.model_copy(update={"topics": staging}))
     started = time.monotonic()
-    result = as_json(await cli(world, "dlq", "replay", "--execute", "--force", "--rate", "4/s",
-                               "--to-topic", target, "--json"))
+    result = as_json(
+        await cli(
+            world, "dlq", "replay", "--execute", "--force", "--rate", "4/s", "--to-topic", target, "--json"
+        )
+    )
     elapsed = time.monotonic() - started
     assert result["summary"]["replayed"] == 3
-    assert elapsed >= 0.5                                         # 3 records at 4/s: two waits of 0.25 s
+    assert elapsed >= 0.5  # 3 records at 4/s: two waits of 0.25 s
     records = await world.topic(target)
     assert len(records) == 3
     stamps = sorted(r.timestamp for r in records)
-    assert stamps[-1] - stamps[0] >= 450                          # spread by the limiter, in ms
+    assert stamps[-1] - stamps[0] >= 450  # spread by the limiter, in ms
     assert await world.topic(world.settings.kafka.topics.requests) == []
     bad = await cli(world, "dlq", "replay", "--rate", "fast")
     assert bad.exit_code == 2 and "--rate" in bad.stderr

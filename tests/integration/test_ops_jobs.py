@@ -47,10 +47,14 @@ runner = CliRunner()
 
 def tagged(base: LLMBatchSettings) -> LLMBatchSettings:
     tag = uuid.uuid4().hex[:8]
-    topics = TopicSettings(requests=f"ops-req-{tag}", results=f"ops-res-{tag}",
-                           dead_letter=f"ops-req-{tag}.dlt", partitions=2)
-    return LLMBatchSettings(kafka=base.kafka.model_copy(update={"topics": topics}),
-                            redis=base.redis.model_copy(update={"key_prefix": f"ops{tag}"}), s3=base.s3)
+    topics = TopicSettings(
+        requests=f"ops-req-{tag}", results=f"ops-res-{tag}", dead_letter=f"ops-req-{tag}.dlt", partitions=2
+    )
+    return LLMBatchSettings(
+        kafka=base.kafka.model_copy(update={"topics": topics}),
+        redis=base.redis.model_copy(update={"key_prefix": f"ops{tag}"}),
+        s3=base.s3,
+    )
 
 
 class World:
@@ -63,20 +67,32 @@ class World:
         key, value, headers = request_message(request, event_id=f"ev-{batch_id}")
         rec = origin(key, value, headers, topic=self.settings.kafka.topics.requests)
         now = time.time()
-        item = IntakeItem(batch_key(request.tenant, batch_id),
-                          intake_fields(request, rec, "urn:test", f"ev-{batch_id}", None, now),
-                          ("urn:test", f"ev-{batch_id}"), deadline=now + 3600)
+        item = IntakeItem(
+            batch_key(request.tenant, batch_id),
+            intake_fields(request, rec, "urn:test", f"ev-{batch_id}", None, now),
+            ("urn:test", f"ev-{batch_id}"),
+            deadline=now + 3600,
+        )
         assert (await self.store.intake(item)).is_new
 
     async def running(self, batch_id: str) -> None:
         await self.queued(batch_id)
-        await self.store.transition_or_raise(batch_id, State.SUBMITTED, fields={
-            "attempt": "1", "submission_id": await self.sid(batch_id, 1), "submitted_at": repr(time.time()),
-            "confirmed": "1"})
-        await self.store.transition_or_raise(batch_id, State.RUNNING, fields={
-            "running_at": repr(time.time()), "started_at": repr(time.time())})
-        await self.store.client.hset(self.store.keys.progress(batch_id),
-                                     mapping={"completed": "2", "failed": "0", "total": "3"})
+        await self.store.transition_or_raise(
+            batch_id,
+            State.SUBMITTED,
+            fields={
+                "attempt": "1",
+                "submission_id": await self.sid(batch_id, 1),
+                "submitted_at": repr(time.time()),
+                "confirmed": "1",
+            },
+        )
+        await self.store.transition_or_raise(
+            batch_id, State.RUNNING, fields={"running_at": repr(time.time()), "started_at": repr(time.time())}
+        )
+        await self.store.client.hset(
+            self.store.keys.progress(batch_id), mapping={"completed": "2", "failed": "0", "total": "3"}
+        )
 
     async def sid(self, batch_id: str, attempt: int) -> str:
         """The Ray submission id of an attempt of the batch's lifecycle."""
@@ -86,16 +102,25 @@ class World:
 
     async def completed(self, batch_id: str) -> None:
         await self.running(batch_id)
-        await self.store.transition_or_raise(batch_id, State.FINALIZING,
-                                             fields={"job_ended_at": repr(time.time())})
+        await self.store.transition_or_raise(
+            batch_id, State.FINALIZING, fields={"job_ended_at": repr(time.time())}
+        )
         record = await self.store.get(batch_id)
         assert record is not None
         prefix = f"s3://{self.settings.s3.results_bucket}/default/{batch_id}/"
-        outcome = Outcome(State.COMPLETED, time.time(), [prefix + "output-a1-00000.jsonl"], [],
-                          prefix + "manifest.json", {"total": 3, "completed": 3, "failed": 0},
-                          {"prompt_tokens": 30, "completion_tokens": 24}, time.time() - 5)
-        await self.store.transition_or_raise(batch_id, State.COMPLETED,
-                                             fields=terminal_fields(record, outcome))
+        outcome = Outcome(
+            State.COMPLETED,
+            time.time(),
+            [prefix + "output-a1-00000.jsonl"],
+            [],
+            prefix + "manifest.json",
+            {"total": 3, "completed": 3, "failed": 0},
+            {"prompt_tokens": 30, "completion_tokens": 24},
+            time.time() - 5,
+        )
+        await self.store.transition_or_raise(
+            batch_id, State.COMPLETED, fields=terminal_fields(record, outcome)
+        )
 
     async def requests(self) -> list[Any]:
         reader = TopicReader(self.settings.kafka.client_kwargs(), self.settings.kafka.topics.requests)
@@ -138,11 +163,14 @@ async def test_list_filters_by_state_time_and_limit(world: World) -> None:
 
     everything = as_json(await cli(world, "jobs", "list", "--json"))
     assert {j["batch_id"]: j["state"] for j in everything["jobs"]} == {
-        f"q-{tag}": "queued", f"r-{tag}": "running", f"c-{tag}": "completed"}
-    assert everything["jobs"][0]["batch_id"] == f"c-{tag}"            # newest state change first
+        f"q-{tag}": "queued",
+        f"r-{tag}": "running",
+        f"c-{tag}": "completed",
+    }
+    assert everything["jobs"][0]["batch_id"] == f"c-{tag}"  # newest state change first
     running = as_json(await cli(world, "jobs", "list", "--state", "running", "--json"))["jobs"]
     assert [j["batch_id"] for j in running] == [f"r-{tag}"]
-    assert running[0]["counts"] == {"total": 3, "completed": 2, "failed": 0}   # live counters of the job
+    assert running[0]["counts"] == {"total": 3, "completed": 2, "failed": 0}  # live counters of the job
     both = as_json(await cli(world, "jobs", "list", "-s", "queued,completed", "--json"))["jobs"]
     assert sorted(j["state"] for j in both) == ["completed", "queued"]
     assert as_json(await cli(world, "jobs", "list", "--limit", "1", "--json"))["count"] == 1
@@ -190,8 +218,10 @@ async def test_cancel_publishes_for_live_batches_only(world: World) -> None:
     records = await world.requests()
     # the two keys may sit on different partitions: no order between them is promised
     cancels = sorted((decode(r.key, r.value, r.headers) for r in records), key=lambda e: e.batch_id)
-    assert [(e.type, e.batch_id) for e in cancels] == [(EventType.CANCEL_REQUESTED, f"r-{tag}"),
-                                                         (EventType.CANCEL_REQUESTED, f"x-{tag}")]
+    assert [(e.type, e.batch_id) for e in cancels] == [
+        (EventType.CANCEL_REQUESTED, f"r-{tag}"),
+        (EventType.CANCEL_REQUESTED, f"x-{tag}"),
+    ]
     data = cancels[0].data
     assert isinstance(data, CancelRequest) and data.reason == "operator test" and data.requested_by
 
@@ -214,12 +244,24 @@ async def test_get_and_cancel_name_a_batch_by_tenant_and_id(world: World) -> Non
 def test_errors_are_one_line_in_a_real_process(settings: LLMBatchSettings) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMBATCH_")}
     env.update(settings_env(tagged(settings)))
-    proc = subprocess.run([sys.executable, "-m", "llmbatch", "jobs", "get", "never-seen"], env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmbatch", "jobs", "get", "never-seen"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 1 and proc.stderr.startswith("error: no batch 'never-seen'"), proc.stderr
     assert "Traceback" not in proc.stderr
     env["LLMBATCH_REDIS__URL"] = "redis://127.0.0.1:1/0"
-    proc = subprocess.run([sys.executable, "-m", "llmbatch", "jobs", "list"], env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmbatch", "jobs", "list"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 1 and "Redis at redis://127.0.0.1:1/0 did not answer" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1

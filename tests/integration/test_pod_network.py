@@ -59,14 +59,16 @@ def test_pods_reach_each_other_by_pod_ip_and_see_each_others_address(net: PodNet
 def _bridge_port(net: PodNetwork, name: str, mac: str) -> None:
     """A new port on the node's bridge whose MAC is ``mac``: the host end of a new pod's veth."""
     node = ["ip", "-n", net.node, "link"]
-    subprocess.run([*node, "add", name, "address", mac, "type", "veth", "peer", "name", f"{name}p"],
-                   check=True)
+    subprocess.run(
+        [*node, "add", name, "address", mac, "type", "veth", "peer", "name", f"{name}p"], check=True
+    )
     subprocess.run([*node, "set", name, "master", "cbr0", "up"], check=True)
 
 
 def _bridge_mac(net: PodNetwork) -> str:
-    out = subprocess.run(["ip", "-n", net.node, "-br", "link", "show", "cbr0"], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        ["ip", "-n", net.node, "-br", "link", "show", "cbr0"], capture_output=True, text=True, check=True
+    ).stdout
     return out.split()[2]
 
 
@@ -110,8 +112,12 @@ def test_each_pod_has_its_own_ports_and_a_command_runs_in_its_namespace(net: Pod
     a, b = net.add_pod("a"), net.add_pod("b")
     servers = [net.in_pod(name, lambda: socket.create_server(("127.0.0.1", 6379))) for name in ("a", "b")]
     try:
-        shown = subprocess.run(net.command(["ip", "-4", "-o", "addr", "show", "eth0"], b.netns),
-                               capture_output=True, text=True, check=True).stdout
+        shown = subprocess.run(
+            net.command(["ip", "-4", "-o", "addr", "show", "eth0"], b.netns),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         assert f"inet {b.ip}/24" in shown and a.ip not in shown
     finally:
         for server in servers:
@@ -121,6 +127,7 @@ def test_each_pod_has_its_own_ports_and_a_command_runs_in_its_namespace(net: Pod
 def test_a_relay_brings_a_port_of_this_machine_onto_the_nodes_and_a_pods_loopback(net: PodNetwork) -> None:
     net.add_pod("a")
     with socket.create_server(("127.0.0.1", 0)) as upstream:
+
         def answer() -> None:
             for _ in range(2):
                 conn, _ = upstream.accept()
@@ -182,8 +189,12 @@ def _count_forwarded(net: PodNetwork, src: str, dst: str) -> Callable[[], int]:
     subprocess.run(net.command(["iptables", "-A", *rule], net.node), check=True)
 
     def read() -> int:
-        done = subprocess.run(net.command(["iptables", "-L", "FORWARD", "-v", "-x", "-n"], net.node),
-                              capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            net.command(["iptables", "-L", "FORWARD", "-v", "-x", "-n"], net.node),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         (line,) = [row for row in done.stdout.splitlines()[2:] if src in row and dst in row]
         return int(line.split()[0])
 
@@ -212,8 +223,9 @@ def test_pods_on_two_nodes_reach_each_other_routed_through_both_nodes_with_their
         # the uplinks are gone as soon as the LAN is closed (not whenever the kernel finishes tearing
         # the LAN's namespace down), so the nodes are apart again at once, and can be joined again
         for node in (one, two):
-            shown = subprocess.run(["ip", "-n", node.node, "link", "show", "uplink"],
-                                   capture_output=True, check=False)
+            shown = subprocess.run(
+                ["ip", "-n", node.node, "link", "show", "uplink"], capture_output=True, check=False
+            )
             assert shown.returncode != 0, node.node
         with pytest.raises(OSError, match="unreachable"):
             one.in_pod("a", lambda: socket.create_connection((b.ip, 8265), timeout=2))

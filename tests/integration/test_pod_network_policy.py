@@ -49,13 +49,17 @@ GCS_PORT, METRICS_PORT = 6379, 8080
 
 
 def test_cpu_dev_ray_pods_under_their_network_policies_enforced_by_kube_router(
-        plane: ControlPlane, tmp_path: Path) -> None:
+    plane: ControlPlane, tmp_path: Path
+) -> None:
     kube = plane.client()
     objects = vd.render_overlay("cpu-dev")
     assert {p["metadata"]["name"] for p in objects if p["kind"] == "NetworkPolicy"} == {
-        "llmbatch-ray-head", "llmbatch-ray-workers"}
-    token = next(s for s in objects if s["kind"] == "Secret"
-                 and s["metadata"]["name"].startswith("llmbatch-ray-auth"))
+        "llmbatch-ray-head",
+        "llmbatch-ray-workers",
+    }
+    token = next(
+        s for s in objects if s["kind"] == "Secret" and s["metadata"]["name"].startswith("llmbatch-ray-auth")
+    )
     applied = apply_one_worker_cluster(plane, kube, objects)
     namespace, deployments = applied.namespace, applied.deployments
     head_pod, worker_pod = applied.head, applied.worker
@@ -66,20 +70,48 @@ def test_cpu_dev_ray_pods_under_their_network_policies_enforced_by_kube_router(
         # the token is the Secret's, as the kubelet gives it to the pod
         assert head.auth_token == base64.b64decode(token["data"]["auth_token"]).decode()
         api = run_plain_pod(kube, net, deployments["llmbatch-api"], "llmbatch-api-test", namespace)
-        dispatcher = run_plain_pod(kube, net, deployments["llmbatch-dispatcher"],
-                                    "llmbatch-dispatcher-test", namespace)
+        dispatcher = run_plain_pod(
+            kube, net, deployments["llmbatch-dispatcher"], "llmbatch-dispatcher-test", namespace
+        )
         ensure_namespace(kube, "monitoring", {"kubernetes.io/metadata.name": "monitoring"})
-        prometheus = run_plain_pod(kube, net, {"spec": {"template": {
-            "metadata": {"labels": {"app.kubernetes.io/name": "prometheus"}},
-            "spec": {"containers": [{"name": "prometheus", "image": "prometheus"}]}}}},
-            "prometheus-test", "monitoring")
+        prometheus = run_plain_pod(
+            kube,
+            net,
+            {
+                "spec": {
+                    "template": {
+                        "metadata": {"labels": {"app.kubernetes.io/name": "prometheus"}},
+                        "spec": {"containers": [{"name": "prometheus", "image": "prometheus"}]},
+                    }
+                }
+            },
+            "prometheus-test",
+            "monitoring",
+        )
         # the KubeRay operator's pod (its Helm chart's labels) and another pod of its namespace
         ensure_namespace(kube, "kuberay-system", {"kubernetes.io/metadata.name": "kuberay-system"})
-        operator, webhook = (run_plain_pod(kube, net, {"spec": {"template": {
-            "metadata": {"labels": {"app.kubernetes.io/name": "kuberay-operator",
-                                    "app.kubernetes.io/component": component}},
-            "spec": {"containers": [{"name": component, "image": "kuberay"}]}}}},
-            f"{component}-test", "kuberay-system") for component in ("kuberay-operator", "webhook"))
+        operator, webhook = (
+            run_plain_pod(
+                kube,
+                net,
+                {
+                    "spec": {
+                        "template": {
+                            "metadata": {
+                                "labels": {
+                                    "app.kubernetes.io/name": "kuberay-operator",
+                                    "app.kubernetes.io/component": component,
+                                }
+                            },
+                            "spec": {"containers": [{"name": component, "image": "kuberay"}]},
+                        }
+                    }
+                },
+                f"{component}-test",
+                "kuberay-system",
+            )
+            for component in ("kuberay-operator", "webhook")
+        )
 
         # no enforcer yet: the pod network lets every pod reach the head
         assert connects(net, api, head_ip, JOBS_PORT)
@@ -87,8 +119,11 @@ def test_cpu_dev_ray_pods_under_their_network_policies_enforced_by_kube_router(
 
         router = start_kube_router(plane, net, NODE, tmp_path)
         try:
-            plane.wait_for(f"kube-router enforcing the head's policy (log {router.log})",
-                           lambda: not connects(net, api, head_ip, JOBS_PORT), timeout=90)
+            plane.wait_for(
+                f"kube-router enforcing the head's policy (log {router.log})",
+                lambda: not connects(net, api, head_ip, JOBS_PORT),
+                timeout=90,
+            )
             rules = router.rules(net)
             assert connects(net, dispatcher, head_ip, JOBS_PORT), rules
             assert jobs_api(net, dispatcher, head_ip, None) == 401

@@ -50,13 +50,22 @@ pytestmark = [pytest.mark.integration, pytest.mark.deploy]
 GCS_PORT = 6379
 NODE_B = "node-b"
 # a task that needs a CPU: the head has none (num-cpus 0), so it can only run on the worker
-WHERE_TASK_RAN = ("import ray; ray.init(); "
-                  "f = ray.remote(num_cpus=1)(lambda: ray.util.get_node_ip_address()); "
-                  "print('task ran on', ray.get(f.remote(), timeout=60))")
+WHERE_TASK_RAN = (
+    "import ray; ray.init(); "
+    "f = ray.remote(num_cpus=1)(lambda: ray.util.get_node_ip_address()); "
+    "print('task ran on', ray.get(f.remote(), timeout=60))"
+)
 
 
-def run_job(net: PodNetwork, pod: str, head_ip: str, token: str, entrypoint: str,
-            diagnose: Callable[[], str], timeout: float = 120.0) -> tuple[str, str]:
+def run_job(
+    net: PodNetwork,
+    pod: str,
+    head_ip: str,
+    token: str,
+    entrypoint: str,
+    diagnose: Callable[[], str],
+    timeout: float = 120.0,
+) -> tuple[str, str]:
     """Submit ``entrypoint`` to the head's Jobs API from pod ``pod`` and wait for it to end; its
     status and logs. A connect that times out prints ``diagnose()`` (the path's state) to stderr."""
     base, headers = f"http://{head_ip}:{JOBS_PORT}/api/jobs/", {"Authorization": f"Bearer {token}"}
@@ -70,8 +79,7 @@ def run_job(net: PodNetwork, pod: str, head_ip: str, token: str, entrypoint: str
         try:
             return net.in_pod(pod, send)
         except httpx.ConnectTimeout:  # the path is allowed: say where it broke
-            print(f"{method} {base + path} from pod {pod}: connect timed out\n" + diagnose(),
-                  file=sys.stderr)
+            print(f"{method} {base + path} from pod {pod}: connect timed out\n" + diagnose(), file=sys.stderr)
             raise
 
     job = call("POST", "", {"entrypoint": f'{sys.executable} -c "{entrypoint}"'})["submission_id"]
@@ -83,22 +91,28 @@ def run_job(net: PodNetwork, pod: str, head_ip: str, token: str, entrypoint: str
 
 
 def test_cpu_dev_on_two_nodes_each_node_enforcing_its_own_pods_policies(
-        plane: ControlPlane, tmp_path: Path) -> None:
+    plane: ControlPlane, tmp_path: Path
+) -> None:
     kube = plane.client()
     objects = vd.render_overlay("cpu-dev")
     applied = apply_one_worker_cluster(plane, kube, objects)
     namespace, deployments = applied.namespace, applied.deployments
     head_pod, worker_pod = applied.head, applied.worker
 
-    with (PodNetwork("10.244.0") as net_a, PodNetwork("10.244.1") as net_b, NodeLan([net_a, net_b]),
-          LocalPods(kube, tmp_path, net_a, node=NODE) as local):
+    with (
+        PodNetwork("10.244.0") as net_a,
+        PodNetwork("10.244.1") as net_b,
+        NodeLan([net_a, net_b]),
+        LocalPods(kube, tmp_path, net_a, node=NODE) as local,
+    ):
         local.add_node(NODE_B, net_b)
         head = local.run_head(head_pod)
         assert head.auth_token is not None
         head_ip = net_a.pods[head_pod["metadata"]["name"]].ip
         api = run_plain_pod(kube, net_b, deployments["llmbatch-api"], "llmbatch-api-b", namespace, NODE_B)
-        dispatcher = run_plain_pod(kube, net_b, deployments["llmbatch-dispatcher"],
-                                    "llmbatch-dispatcher-b", namespace, NODE_B)
+        dispatcher = run_plain_pod(
+            kube, net_b, deployments["llmbatch-dispatcher"], "llmbatch-dispatcher-b", namespace, NODE_B
+        )
         api_a = run_plain_pod(kube, net_a, deployments["llmbatch-api"], "llmbatch-api-a", namespace)
 
         def diagnose() -> str:
@@ -109,8 +123,11 @@ def test_cpu_dev_on_two_nodes_each_node_enforcing_its_own_pods_policies(
 
         router_a = start_kube_router(plane, net_a, NODE, tmp_path)
         try:
-            plane.wait_for(f"node-a's kube-router enforcing the head's policy (log {router_a.log})",
-                           lambda: not connects(net_b, api, head_ip, JOBS_PORT), timeout=90)
+            plane.wait_for(
+                f"node-a's kube-router enforcing the head's policy (log {router_a.log})",
+                lambda: not connects(net_b, api, head_ip, JOBS_PORT),
+                timeout=90,
+            )
             rules_a = router_a.rules(net_a)
             assert not connects(net_b, api, head_ip, GCS_PORT), rules_a
             assert jobs_api(net_b, dispatcher, head_ip, None) == 401, rules_a
@@ -130,14 +147,18 @@ def test_cpu_dev_on_two_nodes_each_node_enforcing_its_own_pods_policies(
 
             router_b = start_kube_router(plane, net_b, NODE_B, tmp_path)
             try:
-                plane.wait_for(f"node-b's kube-router enforcing the workers' policy (log {router_b.log})",
-                               lambda: not connects(net_a, api_a, worker_ip, worker.agent_port),
-                               timeout=90)
+                plane.wait_for(
+                    f"node-b's kube-router enforcing the workers' policy (log {router_b.log})",
+                    lambda: not connects(net_a, api_a, worker_ip, worker.agent_port),
+                    timeout=90,
+                )
                 rules_b = router_b.rules(net_b)
                 assert connects(net_b, worker_pod["metadata"]["name"], head_ip, GCS_PORT), rules_a
                 status, logs = run_job(net_b, dispatcher, head_ip, head.auth_token, WHERE_TASK_RAN, diagnose)
-                assert (status, f"task ran on {worker_ip}") == (
-                    "SUCCEEDED", logs.strip().splitlines()[-1]), (logs, rules_b)
+                assert (status, f"task ran on {worker_ip}") == ("SUCCEEDED", logs.strip().splitlines()[-1]), (
+                    logs,
+                    rules_b,
+                )
                 assert not connects(net_b, api, worker_ip, worker.agent_port), rules_b
             finally:
                 router_b.stop()

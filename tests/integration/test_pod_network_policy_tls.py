@@ -40,12 +40,16 @@ TLS_PORT = 8443
 
 
 def test_ray_https_moves_the_dispatcher_to_the_tls_front_and_keeps_submitters_on_the_plain_port(
-        plane: ControlPlane, tmp_path: Path) -> None:
+    plane: ControlPlane, tmp_path: Path
+) -> None:
     kube = plane.client()
     objects = vd.render_with_components("cpu-dev", ["ray-https"])
     cluster = vd.one(objects, "RayCluster")
-    (sidecar,) = [c for c in cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"]
-                  if c["name"] == "dashboard-tls"]
+    (sidecar,) = [
+        c
+        for c in cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"]
+        if c["name"] == "dashboard-tls"
+    ]
     assert sidecar["command"][:3] == ["python", "-m", "llmbatch.stack.tls_front"]
     applied = apply_one_worker_cluster(plane, kube, objects)
     namespace, deployments, head_pod = applied.namespace, applied.deployments, applied.head
@@ -57,29 +61,41 @@ def test_ray_https_moves_the_dispatcher_to_the_tls_front_and_keeps_submitters_on
         tls = make_local_ca(tmp_path / "tls", node_ips=(head_ip,))
         # the sidecar's own command, with the certificate files of this test
         argv = [sys.executable if a == "python" else a for a in sidecar["command"]]
-        argv = [f"--cert={tls.server_cert}" if a.startswith("--cert=") else
-                f"--key={tls.server_key}" if a.startswith("--key=") else a for a in argv]
+        argv = [
+            f"--cert={tls.server_cert}"
+            if a.startswith("--cert=")
+            else f"--key={tls.server_key}"
+            if a.startswith("--key=")
+            else a
+            for a in argv
+        ]
         front = spawn(head.place.command(argv), tmp_path / "dashboard-tls.log", cwd=ROOT)
         try:
             api = run_plain_pod(kube, net, deployments["llmbatch-api"], "llmbatch-api-test", namespace)
-            dispatcher = run_plain_pod(kube, net, deployments["llmbatch-dispatcher"],
-                                       "llmbatch-dispatcher-test", namespace)
+            dispatcher = run_plain_pod(
+                kube, net, deployments["llmbatch-dispatcher"], "llmbatch-dispatcher-test", namespace
+            )
             # the submitter pod of the RayJob that reuses the cluster, as its manifest's template says
             (rayjob,) = vd.load_yaml_objects(vd.KUSTOMIZE / "rayjob" / "rayjob-reuse-cluster.yaml")
             template = rayjob["spec"]["submitterPodTemplate"]
-            submitter = run_plain_pod(kube, net, {"spec": {"template": template}},
-                                      "llmbatch-submitter-test", namespace)
+            submitter = run_plain_pod(
+                kube, net, {"spec": {"template": template}}, "llmbatch-submitter-test", namespace
+            )
             plane.wait_for("the TLS front listening", lambda: connects(net, dispatcher, head_ip, TLS_PORT))
             assert connects(net, dispatcher, head_ip, JOBS_PORT)  # no enforcer yet
 
             router = start_kube_router(plane, net, NODE, tmp_path)
             try:
-                plane.wait_for(f"kube-router enforcing the head's policy (log {router.log})",
-                               lambda: not connects(net, dispatcher, head_ip, JOBS_PORT), timeout=90)
+                plane.wait_for(
+                    f"kube-router enforcing the head's policy (log {router.log})",
+                    lambda: not connects(net, dispatcher, head_ip, JOBS_PORT),
+                    timeout=90,
+                )
                 rules = router.rules(net)
                 assert jobs_api(net, dispatcher, head_ip, None, port=TLS_PORT, ca=tls.ca_cert) == 401
-                assert jobs_api(net, dispatcher, head_ip, head.auth_token, port=TLS_PORT,
-                                ca=tls.ca_cert) == 200, rules
+                assert (
+                    jobs_api(net, dispatcher, head_ip, head.auth_token, port=TLS_PORT, ca=tls.ca_cert) == 200
+                ), rules
                 assert jobs_api(net, submitter, head_ip, head.auth_token) == 200, rules
                 assert not connects(net, api, head_ip, TLS_PORT), rules
                 assert not connects(net, api, head_ip, JOBS_PORT), rules

@@ -215,6 +215,7 @@ async def described_configs(admin: AIOKafkaAdminClient, names: list[str]) -> dic
     """Each topic's configs as the broker describes them. A topic just created can be described with
     an error code and no configs until the broker's metadata has it (creation is asynchronous): asked
     again then, for 15 s at most; topics described without an error are returned as they are."""
+
     async def without_errors() -> dict[str, dict[str, str]] | None:
         described = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, n) for n in names])
         resources = [resource for response in described for resource in response.resources]
@@ -223,7 +224,8 @@ async def described_configs(admin: AIOKafkaAdminClient, names: list[str]) -> dic
         return {resource[3]: {entry[0]: entry[1] for entry in resource[4]} for resource in resources}
 
     found: dict[str, dict[str, str]] = await wait_for(
-        without_errors, 15, interval=0.2, what=f"topics {names} described without an error code")
+        without_errors, 15, interval=0.2, what=f"topics {names} described without an error code"
+    )
     return found
 
 
@@ -255,8 +257,12 @@ async def test_topics_take_records_up_to_the_settings_size(settings: LLMBatchSet
 
     suffix = uuid.uuid4().hex[:8]
     topics = TopicSettings(
-        requests=f"sz-a-{suffix}", results=f"sz-b-{suffix}", dead_letter=f"sz-c-{suffix}", partitions=1,
-        max_message_bytes=3 << 20, dead_letter_max_message_bytes=(3 << 20) + 65536,
+        requests=f"sz-a-{suffix}",
+        results=f"sz-b-{suffix}",
+        dead_letter=f"sz-c-{suffix}",
+        partitions=1,
+        max_message_bytes=3 << 20,
+        dead_letter_max_message_bytes=(3 << 20) + 65536,
     )
     custom = settings.kafka.model_copy(update={"topics": topics})
     await ensure_topics(custom)
@@ -267,11 +273,18 @@ async def test_topics_take_records_up_to_the_settings_size(settings: LLMBatchSet
         sizes = {name: configs["max.message.bytes"] for name, configs in described.items()}
     finally:
         await admin.close()
-    assert sizes == {topics.requests: str(3 << 20), topics.results: str(3 << 20),
-                     topics.dead_letter: str((3 << 20) + 65536)}
+    assert sizes == {
+        topics.requests: str(3 << 20),
+        topics.results: str(3 << 20),
+        topics.dead_letter: str((3 << 20) + 65536),
+    }
     lines = [
-        {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": "m", "messages": [{"role": "user", "content": "q" * 5000}]}}
+        {
+            "custom_id": f"r{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "m", "messages": [{"role": "user", "content": "q" * 5000}]},
+        }
         for i in range(300)
     ]
     request = BatchRequest.model_validate(

@@ -23,8 +23,9 @@ def with_topics(kafka: KafkaSettings) -> KafkaSettings:
 async def test_topics_created_from_the_settings_pass_the_size_check(kafka_settings: KafkaSettings) -> None:
     kafka = with_topics(kafka_settings)
     assert await check_topic_sizes(kafka) == []  # none exists yet: nothing to say
-    assert sorted(await ensure_topics(kafka)) == sorted([kafka.topics.requests, kafka.topics.results,
-                                                         kafka.topics.dead_letter])
+    assert sorted(await ensure_topics(kafka)) == sorted(
+        [kafka.topics.requests, kafka.topics.results, kafka.topics.dead_letter]
+    )
     assert await check_topic_sizes(kafka) == []
 
 
@@ -36,8 +37,16 @@ async def test_an_existing_topic_smaller_than_the_settings_is_named_with_the_fix
     admin = AIOKafkaAdminClient(**kafka.client_kwargs())
     await admin.start()
     try:
-        await admin.create_topics([NewTopic(kafka.topics.dead_letter, num_partitions=1, replication_factor=1,
-                                            topic_configs={"max.message.bytes": "65536"})])
+        await admin.create_topics(
+            [
+                NewTopic(
+                    kafka.topics.dead_letter,
+                    num_partitions=1,
+                    replication_factor=1,
+                    topic_configs={"max.message.bytes": "65536"},
+                )
+            ]
+        )
     finally:
         await admin.close()
     await ensure_topics(kafka)

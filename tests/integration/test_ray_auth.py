@@ -44,7 +44,6 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRay]:
         ray.remove_temp()
 
 
-
 def settings_for(
     head: PrivateRay, redis_settings: RedisSettings, token: str, prefix: str
 ) -> DispatcherSettings:

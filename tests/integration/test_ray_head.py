@@ -48,8 +48,9 @@ def test_job_with_project_package_in_runtime_env(ray_settings: RaySettings) -> N
 def test_failing_job_reports_exit_code(ray_settings: RaySettings) -> None:
     client = JobSubmissionClient(ray_settings.address)
     job_id = f"t-{uuid.uuid4().hex[:8]}-a1"
-    client.submit_job(submission_id=job_id, entrypoint="python -c 'import sys; sys.exit(7)'",
-                      entrypoint_num_cpus=0)
+    client.submit_job(
+        submission_id=job_id, entrypoint="python -c 'import sys; sys.exit(7)'", entrypoint_num_cpus=0
+    )
     assert _wait(client, job_id) == JobStatus.FAILED
     info = client.get_job_info(job_id)
     assert info.driver_exit_code == 7

@@ -193,8 +193,12 @@ def test_ray_datas_per_block_stats_stay_bounded_in_the_driver(h: Harness) -> Non
     entries: 200 blocks through a map stage, kept to 20 (at most 40 between trims), all rows through;
     without the callback Ray counts all 200."""
     sid = f"fake-blockstats-{h.tag}"
-    h.client.submit_job(submission_id=sid, runtime_env=h.env, entrypoint_num_cpus=0,
-                        entrypoint=f"{sys.executable} {PROBE} 20 200")
+    h.client.submit_job(
+        submission_id=sid,
+        runtime_env=h.env,
+        entrypoint_num_cpus=0,
+        entrypoint=f"{sys.executable} {PROBE} 20 200",
+    )
     assert h.wait(sid) == JobStatus.SUCCEEDED, h.logs_tail(sid)
     found = dict(re.findall(r"PROBE bounded=(\w+) rows=1000 counted=(\d+)", h.client.get_job_logs(sid)))
     assert set(found) == {"True", "False"}, h.logs_tail(sid)
@@ -207,8 +211,9 @@ def test_a_job_with_its_own_s3_session_runs_without_the_nodes_keys(h: Harness) -
     live processes. The batch completes, so the session's keys did the work; the Redis copy is gone."""
     lines: list[dict[str, Any] | bytes] = [chat_line(f"k{i:02d}", f"item {i}") for i in range(40)]
     engine = EngineConfig(**FAST, fake_delay_s=0.5, batch_size=2, batches_in_flight=1)  # ~10 s of work
-    spec = h.spec("fake-session", input_uri=h.put_input("session.jsonl", lines), engine=engine,
-                  redis_url=h.redis.url)
+    spec = h.spec(
+        "fake-session", input_uri=h.put_input("session.jsonl", lines), engine=engine, redis_url=h.redis.url
+    )
     ref = h.issue_session(spec)
     sid = h.submit(spec, session=ref)
     deadline = time.monotonic() + 240
@@ -219,9 +224,18 @@ def test_a_job_with_its_own_s3_session_runs_without_the_nodes_keys(h: Harness) -
         info = h.client.get_job_info(sid)
         if info.driver_info is not None and info.driver_info.pid:
             pids["driver"] = int(info.driver_info.pid)
-        actor = next((int(a["pid"]) for a in h.state("actors")
-                      if info.job_id and a.get("job_id") == info.job_id and a.get("state") == "ALIVE"
-                      and a.get("pid") and "MapBatches" in str(a.get("class_name"))), None)
+        actor = next(
+            (
+                int(a["pid"])
+                for a in h.state("actors")
+                if info.job_id
+                and a.get("job_id") == info.job_id
+                and a.get("state") == "ALIVE"
+                and a.get("pid")
+                and "MapBatches" in str(a.get("class_name"))
+            ),
+            None,
+        )
         if actor is not None:
             pids["actor"] = actor
         time.sleep(0.3)
@@ -250,16 +264,25 @@ def test_a_jobs_session_reaches_its_own_batchs_files_only(h: Harness) -> None:
     """The session minted for one batch does not read another batch's input (the node's keys would):
     the attempt ends as input_not_found. A session named but not in Redis fails the attempt as
     retriable (a new attempt gets a new session), never running with the node's keys."""
-    mine = h.spec("fake-sess-a", input_uri=h.put_input("sess-a.jsonl", [chat_line("a", "x")]),
-                  engine=EngineConfig(**FAST), redis_url=h.redis.url)
-    other = h.spec("fake-sess-b", input_uri=h.put_input("sess-b.jsonl", [chat_line("b", "y")]),
-                   engine=EngineConfig(**FAST), redis_url=h.redis.url)
+    mine = h.spec(
+        "fake-sess-a",
+        input_uri=h.put_input("sess-a.jsonl", [chat_line("a", "x")]),
+        engine=EngineConfig(**FAST),
+        redis_url=h.redis.url,
+    )
+    other = h.spec(
+        "fake-sess-b",
+        input_uri=h.put_input("sess-b.jsonl", [chat_line("b", "y")]),
+        engine=EngineConfig(**FAST),
+        redis_url=h.redis.url,
+    )
     sid = h.submit(other, session=h.issue_session(mine))
     assert h.wait(sid, 240) == JobStatus.FAILED
     assert h.exit_code(sid) == ExitCode.INPUT_NOT_FOUND, h.logs_tail(sid)
     missing = SessionRef(redis_url=h.redis.url, key=f"llmbatch:s3session:never-{h.tag}")
-    retry = h.spec("fake-sess-c", input_uri=other.input_uri, engine=EngineConfig(**FAST),
-                   redis_url=h.redis.url)
+    retry = h.spec(
+        "fake-sess-c", input_uri=other.input_uri, engine=EngineConfig(**FAST), redis_url=h.redis.url
+    )
     sid = h.submit(retry, session=missing)
     assert h.wait(sid, 240) == JobStatus.FAILED
     result = parse_result(h.client.get_job_logs(sid))
@@ -290,12 +313,17 @@ def test_an_embedding_batch_runs_as_a_ray_job_one_vector_per_input(h: Harness) -
     def embed(custom_id: str, **body: Any) -> dict[str, Any]:
         return {"custom_id": custom_id, "method": "POST", "url": "/v1/embeddings", "body": body}
 
-    lines: list[dict[str, Any] | bytes] = [embed(f"e{i}", input=[f"text {i}", "same", f"more {i}"])
-                                           for i in range(6)]
+    lines: list[dict[str, Any] | bytes] = [
+        embed(f"e{i}", input=[f"text {i}", "same", f"more {i}"]) for i in range(6)
+    ]
     lines += [embed("ids", input=[[5, 6, 7]], encoding_format="base64"), embed("bad", input="x", foo=1)]
     uri = h.put_input("embeddings.jsonl", lines)
-    spec = h.spec("fake-embed", input_uri=uri, endpoint="/v1/embeddings",
-                  engine=EngineConfig(**FAST, runner="pooling", batch_size=3, batches_in_flight=1))
+    spec = h.spec(
+        "fake-embed",
+        input_uri=uri,
+        endpoint="/v1/embeddings",
+        engine=EngineConfig(**FAST, runner="pooling", batch_size=3, batches_in_flight=1),
+    )
     status, _ = h.run(spec)
     assert status == JobStatus.SUCCEEDED, h.logs_tail(spec.submission_id)
     manifest = h.manifest(spec)
@@ -305,8 +333,8 @@ def test_an_embedding_batch_runs_as_a_ray_job_one_vector_per_input(h: Harness) -
     for i in range(6):
         data = outputs[f"e{i}"]["data"]
         assert [d["index"] for d in data] == [0, 1, 2] and len(data[0]["embedding"]) == 8
-        assert data[1]["embedding"] == outputs["e0"]["data"][1]["embedding"]   # "same" in every line
+        assert data[1]["embedding"] == outputs["e0"]["data"][1]["embedding"]  # "same" in every line
         assert data[0]["embedding"] != data[2]["embedding"]
-    assert isinstance(outputs["ids"]["data"][0]["embedding"], str)             # base64
+    assert isinstance(outputs["ids"]["data"][0]["embedding"], str)  # base64
     [error] = h.lines(manifest.error_uris)
     assert error["custom_id"] == "bad" and error["error"]["code"] == "unsupported_parameter"

@@ -61,17 +61,33 @@ def test_an_earlier_attempt_cannot_write_over_a_later_ones_progress(
 
 
 def test_a_stale_attempt_writes_no_shards_and_no_manifest(
-    redis_settings: RedisSettings, key: tuple[redis.Redis, str], tmp_path: Path,
+    redis_settings: RedisSettings,
+    key: tuple[redis.Redis, str],
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     client, name = key
-    spec = JobSpec.model_validate({
-        "batch_id": "b1", "attempt": 1, "endpoint": "/v1/chat/completions", "model": "m",
-        "requests": [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
-                      "body": {"messages": [{"role": "user", "content": "hi"}]}} for i in range(3)],
-        "output_prefix": "s3://results/default/b1/",
-        "redis_url": redis_settings.url, "progress_key": name, "progress_interval_s": 60,
-    })
+    spec = JobSpec.model_validate(
+        {
+            "batch_id": "b1",
+            "attempt": 1,
+            "endpoint": "/v1/chat/completions",
+            "model": "m",
+            "requests": [
+                {
+                    "custom_id": f"r{i}",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": {"messages": [{"role": "user", "content": "hi"}]},
+                }
+                for i in range(3)
+            ],
+            "output_prefix": "s3://results/default/b1/",
+            "redis_url": redis_settings.url,
+            "progress_key": name,
+            "progress_interval_s": 60,
+        }
+    )
     (tmp_path / "results" / "default" / "b1").mkdir(parents=True)
     local = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
     monkeypatch.setattr(job_main.s3, "filesystem", lambda session=None: local)
@@ -110,8 +126,9 @@ async def test_once_the_terminal_event_is_out_the_last_attempt_writes_nothing(
     """A cancel or deadline finishes a batch after ``stop_wait_s`` even if Ray never stopped the job:
     publishing the terminal event closes the progress hash, so that attempt adds nothing after."""
     fields = {"model": "m", "attempt": "1", "request": "{}", "source": "s", "event_id": "e1"}
-    job = Progress(redis_settings.url, store.keys.progress("b1"), attempt=1, interval_s=60,
-                   base=Counters(completed=2))
+    job = Progress(
+        redis_settings.url, store.keys.progress("b1"), attempt=1, interval_s=60, base=Counters(completed=2)
+    )
     try:
         await store.intake(IntakeItem("b1", fields, ("s", "e1")))
         job.publish()
@@ -143,24 +160,40 @@ async def test_a_new_lifecycle_is_not_fenced_out_by_an_old_progress_hash(
         job.close()
 
 
-def heartbeating_spec(batch_id: str, redis_url: str, key: str, tmp_path: Path,
-                      monkeypatch: pytest.MonkeyPatch) -> JobSpec:
+def heartbeating_spec(
+    batch_id: str, redis_url: str, key: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> JobSpec:
     """Attempt 1 of a one-line batch whose progress (every 0.2 s) goes to ``key``; results go to
     ``tmp_path`` (the job's S3 filesystem is patched to it)."""
     (tmp_path / "results" / "default" / batch_id).mkdir(parents=True)
     local = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
     monkeypatch.setattr(job_main.s3, "filesystem", lambda session=None: local)
-    return JobSpec.model_validate({
-        "batch_id": batch_id, "attempt": 1, "endpoint": "/v1/chat/completions", "model": "m",
-        "requests": [{"custom_id": "r0", "method": "POST", "url": "/v1/chat/completions",
-                      "body": {"messages": [{"role": "user", "content": "hi"}]}}],
-        "output_prefix": f"s3://results/default/{batch_id}/",
-        "redis_url": redis_url, "progress_key": key, "progress_interval_s": 0.2,
-    })
+    return JobSpec.model_validate(
+        {
+            "batch_id": batch_id,
+            "attempt": 1,
+            "endpoint": "/v1/chat/completions",
+            "model": "m",
+            "requests": [
+                {
+                    "custom_id": "r0",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": {"messages": [{"role": "user", "content": "hi"}]},
+                }
+            ],
+            "output_prefix": f"s3://results/default/{batch_id}/",
+            "redis_url": redis_url,
+            "progress_key": key,
+            "progress_interval_s": 0.2,
+        }
+    )
 
 
 def test_a_stale_attempt_that_never_writes_stops_at_its_next_heartbeat(
-    redis_settings: RedisSettings, key: tuple[redis.Redis, str], tmp_path: Path,
+    redis_settings: RedisSettings,
+    key: tuple[redis.Redis, str],
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A stale attempt stuck before its first write (a hung engine) used to run until its deadline:
@@ -197,7 +230,9 @@ def test_a_stale_attempt_that_never_writes_stops_at_its_next_heartbeat(
 
 
 def test_a_stale_run_on_the_warm_runner_stops_at_its_next_heartbeat(
-    redis_settings: RedisSettings, key: tuple[redis.Redis, str], tmp_path: Path,
+    redis_settings: RedisSettings,
+    key: tuple[redis.Redis, str],
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The same on the batch runner, where a run is a thread: the heartbeat sets the run's stop flag,

@@ -26,13 +26,26 @@ def test_heartbeats_run_during_the_resume_scan(
     redis_settings: RedisSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     key = f"test:progress:{uuid.uuid4().hex[:8]}"
-    spec = JobSpec.model_validate({
-        "batch_id": "b1", "attempt": 3, "endpoint": "/v1/chat/completions", "model": "m",
-        "requests": [{"custom_id": "x", "method": "POST", "url": "/v1/chat/completions",
-                      "body": {"messages": [{"role": "user", "content": "hi"}]}}],
-        "output_prefix": "s3://results/default/b1/",
-        "redis_url": redis_settings.url, "progress_key": key, "progress_interval_s": 0.2,
-    })
+    spec = JobSpec.model_validate(
+        {
+            "batch_id": "b1",
+            "attempt": 3,
+            "endpoint": "/v1/chat/completions",
+            "model": "m",
+            "requests": [
+                {
+                    "custom_id": "x",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": {"messages": [{"role": "user", "content": "hi"}]},
+                }
+            ],
+            "output_prefix": "s3://results/default/b1/",
+            "redis_url": redis_settings.url,
+            "progress_key": key,
+            "progress_interval_s": 0.2,
+        }
+    )
     client = redis.Redis.from_url(redis_settings.url, decode_responses=True)
     # what earlier attempts left: their counters must survive the scan untouched
     client.hset(key, mapping={"completed": "40", "failed": "2", "attempt": "2", "heartbeat_at": "1.0"})

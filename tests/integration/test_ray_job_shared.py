@@ -22,12 +22,16 @@ from tests.integration.ray_job_harness import Harness, chat_line
 pytestmark = pytest.mark.integration
 
 MODEL = "SmolLM2-135M-Instruct"  # the harness's model name; the replica runs the fake engine
-REGISTRY = EngineRegistry(models={MODEL: EngineModel(
-    path="fake",
-    engine=EngineConfig(backend="fake", fake_delay_s=0.3, fake_fail_custom_ids=["boom"]),
-    resources=ReplicaResources(num_cpus=0.25),
-    scaling=Scaling(min_replicas=1, max_replicas=1, idle_s=60),
-)})
+REGISTRY = EngineRegistry(
+    models={
+        MODEL: EngineModel(
+            path="fake",
+            engine=EngineConfig(backend="fake", fake_delay_s=0.3, fake_fail_custom_ids=["boom"]),
+            resources=ReplicaResources(num_cpus=0.25),
+            scaling=Scaling(min_replicas=1, max_replicas=1, idle_s=60),
+        )
+    }
+)
 # the job side's engine config: only the prompt stage's tokenizer choice matters with a shared engine
 CLIENT = EngineConfig(backend="fake", batch_size=4, batches_in_flight=2, num_cpus_per_replica=0.25)
 
@@ -59,8 +63,15 @@ def test_two_batches_at_once_on_one_shared_engine(h: Harness, serve: ServeApi) -
     for name, n in (("shared-a", 10), ("shared-b", 6)):
         lines: list[dict[str, Any] | bytes] = [chat_line(f"{name}-{i}", f"question {i}") for i in range(n)]
         lines.append(chat_line("boom", "the engine fails this one"))
-        specs.append(h.spec(name, input_uri=h.put_input(f"{name}.jsonl", lines), engine=CLIENT,
-                            engine_app=app_name(MODEL), engine_wait_s=120))
+        specs.append(
+            h.spec(
+                name,
+                input_uri=h.put_input(f"{name}.jsonl", lines),
+                engine=CLIENT,
+                engine_app=app_name(MODEL),
+                engine_wait_s=120,
+            )
+        )
     sids = [h.submit(spec) for spec in specs]
     for sid in sids:
         assert h.wait(sid) == JobStatus.SUCCEEDED, h.logs_tail(sid)
@@ -84,15 +95,23 @@ def test_two_batches_at_once_on_one_shared_engine(h: Harness, serve: ServeApi) -
     for spec in specs:
         group = groups[f"llmbatch-{spec.submission_id}"]
         assert [b["unit_resources"] for b in group["bundles"]] == [{"CPU": 0.4}]
-        stages = [a for a in actors if a["job_id"] == group["creator_job_id"]
-                  and str(a["class_name"]).startswith("MapWorker")]
+        stages = [
+            a
+            for a in actors
+            if a["job_id"] == group["creator_job_id"] and str(a["class_name"]).startswith("MapWorker")
+        ]
         assert {a["class_name"] for a in stages} >= {"MapWorker(MapBatches(EngineStage))"}, stages
         assert {a["placement_group_id"] for a in stages} == {group["placement_group_id"]}, stages
 
 
 def test_no_engine_for_the_model_fails_the_attempt_with_engine_unavailable(h: Harness) -> None:
-    spec = h.spec("shared-none", requests=[chat_line("x", "hello")], engine=CLIENT,
-                  engine_app=app_name("model-nobody-deployed"), engine_wait_s=15)
+    spec = h.spec(
+        "shared-none",
+        requests=[chat_line("x", "hello")],
+        engine=CLIENT,
+        engine_app=app_name("model-nobody-deployed"),
+        engine_wait_s=15,
+    )
     status, result = h.run(spec, timeout=300)
     assert status == JobStatus.FAILED
     assert result["error"]["code"] == "engine_unavailable", result["error"]

@@ -111,7 +111,7 @@ class SharedEngine:
         logs = self.h.client.get_job_logs(job_id)
         lines = [ln for ln in logs.splitlines() if ln.startswith("PROBE ")]
         assert status == JobStatus.SUCCEEDED and lines, logs[-3000:]
-        info: dict[str, Any] = orjson.loads(lines[-1][len("PROBE "):])
+        info: dict[str, Any] = orjson.loads(lines[-1][len("PROBE ") :])
         self._last = info
         return info
 
@@ -127,25 +127,33 @@ class SharedEngine:
 
 
 def _uses_shared(request: pytest.FixtureRequest) -> bool:
-    return any("shared" in getattr(item, "fixturenames", ()) for item in request.session.items
-               if item.module is request.module)
+    return any(
+        "shared" in getattr(item, "fixturenames", ())
+        for item in request.session.items
+        if item.module is request.module
+    )
 
 
 @pytest.fixture(scope="module", autouse=True)
-def shared_deploy(request: pytest.FixtureRequest, ray_settings: RaySettings,
-                  model_path: str) -> Iterator[ServeApi | None]:
+def shared_deploy(
+    request: pytest.FixtureRequest, ray_settings: RaySettings, model_path: str
+) -> Iterator[ServeApi | None]:
     """Deploys the model's shared engine as the module starts, when one of its selected tests uses
     it, with the jobs' engine settings and engine environment (``VLLM_CPU_KVCACHE_SPACE``, caches,
     offline); it starts while the own-engine test runs. Removed again at the end of the module."""
     if not _uses_shared(request):
         yield None
         return
-    registry = EngineRegistry(models={MODEL: EngineModel(
-        path=model_path,
-        engine=EngineConfig(**ENGINE),
-        resources=ReplicaResources(num_cpus=SHARED_CPUS),
-        scaling=Scaling(min_replicas=1, max_replicas=1, idle_s=3600),
-    )})
+    registry = EngineRegistry(
+        models={
+            MODEL: EngineModel(
+                path=model_path,
+                engine=EngineConfig(**ENGINE),
+                resources=ReplicaResources(num_cpus=SHARED_CPUS),
+                scaling=Scaling(min_replicas=1, max_replicas=1, idle_s=3600),
+            )
+        }
+    )
     api = ServeApi(ray_settings.address, timeout_s=120)
     http = ray_settings.serve_address
     asyncio.run(api.deploy(serve_config(registry, engine_vars(), http_address=http)))
@@ -367,19 +375,41 @@ def test_structured_outputs_and_logit_bias_and_a_bad_schema_or_token_fails_its_l
 
     person = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
     lines: list[dict[str, Any] | bytes] = [
-        *(chat_line(f"person-{i}", f"Describe {who} as JSON.", max_tokens=200, temperature=0.0,
-                    response_format=person)
-          for i, who in enumerate(["a baker", "a pilot", "a child"])),
-        chat_line("object", 'Answer with a JSON object like {"colour": "red"}.', max_tokens=200,
-                  temperature=0.0, response_format={"type": "json_object"}),
-        chat_line("bad-schema", "Anything.", max_tokens=16, response_format={
-            "type": "json_schema", "json_schema": {"name": "x", "schema": UNKNOWN_FORMAT}}),
+        *(
+            chat_line(
+                f"person-{i}",
+                f"Describe {who} as JSON.",
+                max_tokens=200,
+                temperature=0.0,
+                response_format=person,
+            )
+            for i, who in enumerate(["a baker", "a pilot", "a child"])
+        ),
+        chat_line(
+            "object",
+            'Answer with a JSON object like {"colour": "red"}.',
+            max_tokens=200,
+            temperature=0.0,
+            response_format={"type": "json_object"},
+        ),
+        chat_line(
+            "bad-schema",
+            "Anything.",
+            max_tokens=16,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": UNKNOWN_FORMAT}},
+        ),
         chat_line("text", "Say hello.", max_tokens=8, response_format={"type": "text"}),
         chat_line("bias", "Name a colour.", max_tokens=3, temperature=0.0, logit_bias={str(forced): 100}),
         chat_line("bad-token", "Name a colour.", max_tokens=3, logit_bias={"999999999": 5}),  # > vocab
     ]
-    spec = h.spec("vllm-structured", input_uri=h.put_input("structured.jsonl", lines), model_path=model_path,
-                  engine=EngineConfig(**ENGINE), engine_app=shared.app, engine_wait_s=300)
+    spec = h.spec(
+        "vllm-structured",
+        input_uri=h.put_input("structured.jsonl", lines),
+        model_path=model_path,
+        engine=EngineConfig(**ENGINE),
+        engine_app=shared.app,
+        engine_wait_s=300,
+    )
     status, _ = h.run(spec, timeout=900)
     assert status == JobStatus.SUCCEEDED, h.logs_tail(spec.submission_id)
     manifest = h.manifest(spec)
@@ -421,8 +451,15 @@ def test_stop_midway_then_attempt_2_each_custom_id_exactly_once(
     )
     # 4 calls of 4 requests on the engine at once: the stop always finds work in flight
     engine = EngineConfig(**{**ENGINE, "batch_size": 4, "batches_in_flight": 4})
-    first = h.spec("vllm-resume", input_uri=uri, model_path=model_path, engine=engine, shard_max_lines=4,
-                   engine_app=shared.app, engine_wait_s=300)
+    first = h.spec(
+        "vllm-resume",
+        input_uri=uri,
+        model_path=model_path,
+        engine=engine,
+        shard_max_lines=4,
+        engine_app=shared.app,
+        engine_wait_s=300,
+    )
     sid = h.submit(first)
     deadline = time.monotonic() + 600
     while sum("/output-a1-" in o for o in h.objects(first)) < 2:

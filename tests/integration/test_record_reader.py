@@ -49,8 +49,9 @@ async def _delete_before(kafka: KafkaSettings, topic: str, offset: int) -> None:
     admin = AIOKafkaAdminClient(**kafka.client_kwargs())
     await admin.start()
     try:
-        await admin.delete_records({TopicPartition(topic, 0): RecordsToDelete(before_offset=offset)},
-                                   timeout_ms=10_000)
+        await admin.delete_records(
+            {TopicPartition(topic, 0): RecordsToDelete(before_offset=offset)}, timeout_ms=10_000
+        )
     finally:
         await admin.close()
 

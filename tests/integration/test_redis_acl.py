@@ -51,8 +51,13 @@ async def acl_redis(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[A
     prefix = f"acl{uuid.uuid4().hex[:6]}"
     passwords = {role: secrets.token_urlsafe(16) for role in ("dispatcher", "job", "operator")}
     lines = acl_lines(Keys(prefix), passwords)  # type: ignore[arg-type]
-    rec = await asyncio.to_thread(services.start_redis, tmp_path_factory.mktemp("acl"), name="redis-acl",
-                                  password=secrets.token_urlsafe(16), acl=lines)
+    rec = await asyncio.to_thread(
+        services.start_redis,
+        tmp_path_factory.mktemp("acl"),
+        name="redis-acl",
+        password=secrets.token_urlsafe(16),
+        acl=lines,
+    )
     try:
         yield AclRedis(rec.ports["redis"], prefix, passwords)
     finally:
@@ -61,14 +66,16 @@ async def acl_redis(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[A
 
 
 async def test_the_dispatcher_user_runs_the_state_machine_and_nothing_dangerous(acl_redis: AclRedis) -> None:
-    store = StateStore.from_url(acl_redis.url("dispatcher"), password=acl_redis.passwords["dispatcher"],
-                                keys=Keys(acl_redis.prefix))
+    store = StateStore.from_url(
+        acl_redis.url("dispatcher"), password=acl_redis.passwords["dispatcher"], keys=Keys(acl_redis.prefix)
+    )
     try:
         await queue(store, "b1", 3)
         record = await store.get("b1")
         assert record is not None and record.state is State.QUEUED
-        moved = await store.transition("b1", State.SUBMITTED, expected_version=record.version,
-                                       fields={"attempt": "1"})
+        moved = await store.transition(
+            "b1", State.SUBMITTED, expected_version=record.version, fields={"attempt": "1"}
+        )
         assert moved.ok
         assert await store.fsync_policy() in {"always", "everysec", "no"}  # CONFIG GET is allowed
     finally:
@@ -84,14 +91,20 @@ async def test_a_job_writes_its_progress_and_cannot_touch_batch_state(
     acl_redis: AclRedis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     keys = Keys(acl_redis.prefix)
-    store = StateStore.from_url(acl_redis.url("dispatcher"), password=acl_redis.passwords["dispatcher"],
-                                keys=keys)
+    store = StateStore.from_url(
+        acl_redis.url("dispatcher"), password=acl_redis.passwords["dispatcher"], keys=keys
+    )
     try:
         await queue(store, "b2", 4)
         # the job connects as its own user; its password is in the Ray node's environment
         monkeypatch.setenv("LLMBATCH_REDIS__PASSWORD", acl_redis.passwords["job"])
-        progress = Progress(acl_redis.url("job"), keys.progress("b2"), attempt=1, interval_s=60,
-                            base=Counters(completed=2, total=4))
+        progress = Progress(
+            acl_redis.url("job"),
+            keys.progress("b2"),
+            attempt=1,
+            interval_s=60,
+            base=Counters(completed=2, total=4),
+        )
         try:
             progress.publish()
             assert progress.writes == 1 and progress.still_current()
@@ -102,9 +115,14 @@ async def test_a_job_writes_its_progress_and_cannot_touch_batch_state(
         await store.close()
     job = acl_redis.client("job")
     batch = keys.batch("b2")
-    for forbidden in (lambda: job.hset(batch, "state", "completed"), lambda: job.hgetall(batch),
-                      lambda: job.delete(keys.ready), lambda: job.keys("*"), lambda: job.flushall(),
-                      lambda: job.hset(keys.progress("x").replace(":progress:", ":batch:"), "state", "x")):
+    for forbidden in (
+        lambda: job.hset(batch, "state", "completed"),
+        lambda: job.hgetall(batch),
+        lambda: job.delete(keys.ready),
+        lambda: job.keys("*"),
+        lambda: job.flushall(),
+        lambda: job.hset(keys.progress("x").replace(":progress:", ":batch:"), "state", "x"),
+    ):
         with pytest.raises(NoPermissionError):
             forbidden()
 
@@ -115,8 +133,9 @@ async def test_a_job_takes_its_s3_session_once_and_nothing_else_of_the_sessions(
     """The dispatcher keeps an attempt's S3 session; the job's user takes it with GETDEL through
     ray_job's own fetch, once, and can neither list the sessions nor read one without taking it."""
     keys = Keys(acl_redis.prefix)
-    store = StateStore.from_url(acl_redis.url("dispatcher"), password=acl_redis.passwords["dispatcher"],
-                                keys=keys)
+    store = StateStore.from_url(
+        acl_redis.url("dispatcher"), password=acl_redis.passwords["dispatcher"], keys=keys
+    )
     secret = secrets.token_urlsafe(12)
     session = {"access_key": "AK", "secret_key": secret, "session_token": "tok", "expires_at": None}
     try:
@@ -136,9 +155,13 @@ async def test_a_job_takes_its_s3_session_once_and_nothing_else_of_the_sessions(
     with pytest.raises(s3_session.SessionMissingError, match=r"unreadable \(secret_key, session_token\)"):
         s3_session.fetch(acl_redis.url("job"), keys.s3_session("bad"))
     job = acl_redis.client("job")
-    for forbidden in (lambda: job.get(keys.s3_session("n2")), lambda: job.keys(keys.s3_session("*")),
-                      lambda: job.scan(match=keys.s3_session("*")),
-                      lambda: job.set(keys.s3_session("n3"), "x"), lambda: job.getdel(keys.batch("b1"))):
+    for forbidden in (
+        lambda: job.get(keys.s3_session("n2")),
+        lambda: job.keys(keys.s3_session("*")),
+        lambda: job.scan(match=keys.s3_session("*")),
+        lambda: job.set(keys.s3_session("n3"), "x"),
+        lambda: job.getdel(keys.batch("b1")),
+    ):
         with pytest.raises(NoPermissionError):
             forbidden()
 
@@ -147,8 +170,9 @@ async def test_the_operator_reads_all_but_s3_sessions_and_writes_only_the_replay
     acl_redis: AclRedis,
 ) -> None:
     keys = Keys(acl_redis.prefix)
-    store = StateStore.from_url(acl_redis.url("dispatcher"), password=acl_redis.passwords["dispatcher"],
-                                keys=keys)
+    store = StateStore.from_url(
+        acl_redis.url("dispatcher"), password=acl_redis.passwords["dispatcher"], keys=keys
+    )
     try:
         await queue(store, "b3", 1)
         await store.put_s3_session("op", b"{}", 60)
@@ -163,8 +187,9 @@ async def test_the_operator_reads_all_but_s3_sessions_and_writes_only_the_replay
         with pytest.raises(NoPermissionError):
             await operator.get(keys.s3_session("op"))  # a job's S3 keys are no operator's business
         # what `llmbatch jobs list/get` run, as the operator
-        as_operator = StateStore.from_url(acl_redis.url("operator"), password=acl_redis.passwords["operator"],
-                                          keys=keys)
+        as_operator = StateStore.from_url(
+            acl_redis.url("operator"), password=acl_redis.passwords["operator"], keys=keys
+        )
         try:
             assert "b3" in [job.batch_id for job in await list_jobs(as_operator)]
             detail = await get_job(as_operator, "b3")

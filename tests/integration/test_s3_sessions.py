@@ -28,8 +28,12 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def client(s3_settings: S3Settings) -> Minio:
-    minio = Minio(s3_settings.host, access_key=s3_settings.access_key.get_secret_value(),
-                  secret_key=s3_settings.secret_key.get_secret_value(), secure=False)
+    minio = Minio(
+        s3_settings.host,
+        access_key=s3_settings.access_key.get_secret_value(),
+        secret_key=s3_settings.secret_key.get_secret_value(),
+        secure=False,
+    )
     for bucket in (s3_settings.input_bucket, s3_settings.results_bucket):
         if not minio.bucket_exists(bucket):
             minio.make_bucket(bucket)
@@ -51,8 +55,15 @@ def _put(client: Minio, bucket: str, key: str, data: bytes = b'{"x": 1}\n') -> s
 
 def _spec(s3_settings: S3Settings, tenant: str, batch_id: str, input_uri: str) -> JobSpec:
     prefix = output_prefix(s3_settings.results_bucket, tenant, batch_id)
-    return JobSpec(batch_id=batch_id, attempt=1, endpoint="/v1/chat/completions", model="m", tenant=tenant,
-                   input_uri=input_uri, output_prefix=prefix)
+    return JobSpec(
+        batch_id=batch_id,
+        attempt=1,
+        endpoint="/v1/chat/completions",
+        model="m",
+        tenant=tenant,
+        input_uri=input_uri,
+        output_prefix=prefix,
+    )
 
 
 def _refused(action: object) -> bool:
@@ -64,7 +75,8 @@ def _refused(action: object) -> bool:
 
 
 def test_a_batchs_session_reaches_its_input_and_its_prefix_only(
-        s3_settings: S3Settings, client: Minio, all_keys_env: None) -> None:
+    s3_settings: S3Settings, client: Minio, all_keys_env: None
+) -> None:
     run = uuid.uuid4().hex[:8]
     inputs, results = s3_settings.input_bucket, s3_settings.results_bucket
     mine = _put(client, inputs, f"acme/{run}/in.jsonl")
@@ -103,7 +115,8 @@ def test_a_batchs_session_reaches_its_input_and_its_prefix_only(
 
 
 def test_wrong_keys_fail_the_batch_naming_the_setting_and_no_answer_is_retriable(
-        s3_settings: S3Settings) -> None:
+    s3_settings: S3Settings,
+) -> None:
     spec = _spec(s3_settings, "acme", "b-refused", f"s3://{s3_settings.input_bucket}/acme/in.jsonl")
     wrong = s3_settings.model_copy(update={"secret_key": SecretStr("not-the-secret-key")})
     with pytest.raises(JobRejected, match="RUNNER_S3_SESSIONS") as refused:
@@ -116,7 +129,8 @@ def test_wrong_keys_fail_the_batch_naming_the_setting_and_no_answer_is_retriable
 
 
 def test_the_runner_reads_and_writes_a_batch_with_its_session_not_its_environments_keys(
-        s3_settings: S3Settings, client: Minio, monkeypatch: pytest.MonkeyPatch) -> None:
+    s3_settings: S3Settings, client: Minio, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A runner attempt (in this process, fake engine) whose environment holds keys MinIO refuses: with
     the batch's session it reads its input and writes its results; without it, it cannot."""
     import json
@@ -137,16 +151,25 @@ def test_the_runner_reads_and_writes_a_batch_with_its_session_not_its_environmen
 
     def attempt(batch_id: str, *, with_session: bool) -> tuple[int, JobSpec]:
         spec = _spec(s3_settings, "acme", batch_id, uri).model_copy(
-            update={"engine": engine, "engine_app": "llmbatch-engine-fake"})
+            update={"engine": engine, "engine_app": "llmbatch-engine-fake"}
+        )
         session = SessionMinter(s3_settings, duration_s=900).mint(spec) if with_session else None
-        runner = RunnerAttempt(spec, tokenizer=WhitespaceTokenizer, keep_text=True,
-                               engine=lambda: LocalEngine("fake", engine), s3_session=session)
+        runner = RunnerAttempt(
+            spec,
+            tokenizer=WhitespaceTokenizer,
+            keep_text=True,
+            engine=lambda: LocalEngine("fake", engine),
+            s3_session=session,
+        )
         return runner.run(), spec
 
     code, spec = attempt(f"b-{run}", with_session=True)
     assert code == 0
-    manifest = parse_manifest(client.get_object(
-        s3_settings.results_bucket, spec.manifest_uri.removeprefix(f"s3://{s3_settings.results_bucket}/")).read())
+    manifest = parse_manifest(
+        client.get_object(
+            s3_settings.results_bucket, spec.manifest_uri.removeprefix(f"s3://{s3_settings.results_bucket}/")
+        ).read()
+    )
     assert manifest.status == "completed" and manifest.request_counts.completed == 3
     code, spec = attempt(f"b2-{run}", with_session=False)
     assert code != 0  # the environment's keys are refused: the session was what worked
@@ -166,8 +189,9 @@ async def test_a_submit_that_makes_no_job_leaves_no_session_in_redis(
 
     def backend(ray: RaySettings) -> RayJobsBackend:
         settings = DispatcherSettings(_env_file=None, s3=s3_settings, redis=redis, ray=ray)  # type: ignore[call-arg]
-        return RayJobsBackend(settings, timeout_s=10,
-                              sessions=JobSessions(SessionMinter(s3_settings, duration_s=900), store))
+        return RayJobsBackend(
+            settings, timeout_s=10, sessions=JobSessions(SessionMinter(s3_settings, duration_s=900), store)
+        )
 
     async def left() -> list[str]:
         return [key async for key in store.client.scan_iter(match=f"{prefix}:s3session:*")]

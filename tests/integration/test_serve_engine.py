@@ -44,9 +44,12 @@ def emit(result):
     sys.stdout.write("PROBE " + orjson.dumps(result).decode() + "\\n")
     sys.stdout.flush()
 """
-PROBE = """
+PROBE = (
+    """
 import sys, time, orjson
-""" + EMIT + """
+"""
+    + EMIT
+    + """
 from llmbatch.ray_job.serve_engine import ServeEngine
 from llmbatch.ray_job.records import GenRequest
 app, n, wait = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
@@ -62,10 +65,14 @@ except Exception as exc:
     emit({"error": type(exc).__name__, "code": getattr(exc, "code", None),
           "message": str(exc)[:500], "seconds": time.time() - started})
 """
+)
 # two batches through one replica: a long low-priority one, then (while it runs) a short urgent one
-PRIORITY_PROBE = """
+PRIORITY_PROBE = (
+    """
 import sys, time, threading, orjson
-""" + EMIT + """
+"""
+    + EMIT
+    + """
 from llmbatch.ray_job.serve_engine import ServeEngine
 from llmbatch.ray_job.records import GenRequest
 engine = ServeEngine(sys.argv[1], wait_s=120, retries=0)
@@ -84,17 +91,23 @@ call("urgent", 2, 9)
 low.join()
 emit({"started": started, "urgent_at": urgent_at, **done})
 """
+)
 
 
-def _registry(delay_s: float, *, backend: str = "fake", path: str = "fake",
-              max_active: int = 256) -> EngineRegistry:
-    return EngineRegistry(models={MODEL: EngineModel(
-        path=path,
-        engine=EngineConfig(backend=backend, fake_delay_s=delay_s),  # type: ignore[arg-type]
-        resources=ReplicaResources(num_cpus=0.25),
-        scaling=Scaling(min_replicas=1, max_replicas=1, idle_s=60),
-        max_active_requests=max_active,
-    )})
+def _registry(
+    delay_s: float, *, backend: str = "fake", path: str = "fake", max_active: int = 256
+) -> EngineRegistry:
+    return EngineRegistry(
+        models={
+            MODEL: EngineModel(
+                path=path,
+                engine=EngineConfig(backend=backend, fake_delay_s=delay_s),  # type: ignore[arg-type]
+                resources=ReplicaResources(num_cpus=0.25),
+                scaling=Scaling(min_replicas=1, max_replicas=1, idle_s=60),
+                max_active_requests=max_active,
+            )
+        }
+    )
 
 
 def _details(api: ServeApi) -> dict[str, Any]:
@@ -119,13 +132,17 @@ def serve(ray_settings: RaySettings) -> Iterator[ServeApi]:
     asyncio.run(api.deploy({"applications": []}))  # remove every engine again
 
 
-def _probe(ray_settings: RaySettings, n: int, wait_s: float = 120,
-           code: str = PROBE) -> tuple[JobSubmissionClient, str]:
+def _probe(
+    ray_settings: RaySettings, n: int, wait_s: float = 120, code: str = PROBE
+) -> tuple[JobSubmissionClient, str]:
     client = JobSubmissionClient(ray_settings.address)
     job_id = f"probe-{uuid.uuid4().hex[:8]}"
-    client.submit_job(submission_id=job_id, entrypoint_num_cpus=0,
-                      entrypoint=f"python -P -c {_quote(code)} {app_name(MODEL)} {n} {wait_s}",
-                      runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled"}})
+    client.submit_job(
+        submission_id=job_id,
+        entrypoint_num_cpus=0,
+        entrypoint=f"python -P -c {_quote(code)} {app_name(MODEL)} {n} {wait_s}",
+        runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled"}},
+    )
     return client, job_id
 
 
@@ -143,7 +160,7 @@ def _result(client: JobSubmissionClient, job_id: str, timeout: float = 300) -> d
     assert client.get_job_status(job_id) == JobStatus.SUCCEEDED, logs[-3000:]
     lines = [ln for ln in logs.splitlines() if ln.startswith("PROBE ")]
     assert lines, logs[-3000:]
-    result: dict[str, Any] = orjson.loads(lines[-1][len("PROBE "):])
+    result: dict[str, Any] = orjson.loads(lines[-1][len("PROBE ") :])
     return result
 
 
@@ -169,8 +186,9 @@ def _titled(title: str) -> Callable[[list[str]], bool]:
     return lambda argv: bool(argv) and argv[0].startswith(title)
 
 
-def _deployed_on_own_head(ray_settings: RaySettings, serve: ServeApi, services: ServiceProvider,
-                          needs: str) -> ServiceRecord:
+def _deployed_on_own_head(
+    ray_settings: RaySettings, serve: ServeApi, services: ServiceProvider, needs: str
+) -> ServiceRecord:
     """Deploy the probe model and return the suite's own Ray head (a test that needs ``needs``)."""
     registry = _registry(delay_s=0.0)
     asyncio.run(serve.deploy(serve_config(registry, http_address=ray_settings.serve_address)))
@@ -181,8 +199,9 @@ def _deployed_on_own_head(ray_settings: RaySettings, serve: ServeApi, services: 
     return record
 
 
-def test_serve_wakes_less_often_beside_the_engine(ray_settings: RaySettings, serve: ServeApi,
-                                                  services: ServiceProvider) -> None:
+def test_serve_wakes_less_often_beside_the_engine(
+    ray_settings: RaySettings, serve: ServeApi, services: ServiceProvider
+) -> None:
     record = _deployed_on_own_head(ray_settings, serve, services, "its process tree")
     for title in ("ray::ServeController", "ray::ServeReplica"):
         tree = (p.pid for p in psutil.Process(record.pid).children(recursive=True))
@@ -191,8 +210,9 @@ def test_serve_wakes_less_often_beside_the_engine(ray_settings: RaySettings, ser
         assert QUIET_SERVE_ENV.items() <= env.items(), (title, {k: env.get(k) for k in QUIET_SERVE_ENV})
 
 
-def test_replicas_export_engine_metrics(ray_settings: RaySettings, serve: ServeApi,
-                                        services: ServiceProvider) -> None:
+def test_replicas_export_engine_metrics(
+    ray_settings: RaySettings, serve: ServeApi, services: ServiceProvider
+) -> None:
     record = _deployed_on_own_head(ray_settings, serve, services, "its metrics port")
     before = _metric(record.ports["metrics"], "requests_total")
     result = _result(*_probe(ray_settings, 7))
@@ -212,8 +232,11 @@ def _metric_lines(port: int) -> str:
 
 
 def _metric(port: int, name: str) -> float:
-    return sum(float(ln.rsplit(" ", 1)[1]) for ln in _metric_lines(port).splitlines()
-               if ln.startswith(f"ray_llmbatch_engine_{name}{{"))
+    return sum(
+        float(ln.rsplit(" ", 1)[1])
+        for ln in _metric_lines(port).splitlines()
+        if ln.startswith(f"ray_llmbatch_engine_{name}{{")
+    )
 
 
 def test_an_urgent_batch_overtakes_a_running_one_on_the_replica(
@@ -246,10 +269,16 @@ def test_a_call_waiting_its_turn_outlasts_the_engine_wait(ray_settings: RaySetti
 
 
 def test_an_idle_model_scales_to_zero_and_back(ray_settings: RaySettings, serve: ServeApi) -> None:
-    registry = EngineRegistry(models={MODEL: EngineModel(
-        path="fake", engine=EngineConfig(backend="fake"), resources=ReplicaResources(num_cpus=0.25),
-        scaling=Scaling(min_replicas=0, max_replicas=1, initial_replicas=1, idle_s=25),
-    )})
+    registry = EngineRegistry(
+        models={
+            MODEL: EngineModel(
+                path="fake",
+                engine=EngineConfig(backend="fake"),
+                resources=ReplicaResources(num_cpus=0.25),
+                scaling=Scaling(min_replicas=0, max_replicas=1, initial_replicas=1, idle_s=25),
+            )
+        }
+    )
     asyncio.run(serve.deploy(serve_config(registry, http_address=ray_settings.serve_address)))
     _wait_app(serve, registry, {"RUNNING"})
     busy_cpus = _free_cpus(ray_settings)  # measured well within the 25 s before it may go
@@ -283,9 +312,11 @@ def _free_cpus(ray_settings: RaySettings) -> float:
 
 
 def _engine_info(ray_settings: RaySettings) -> dict[str, Any]:
-    code = ("import sys, orjson; from ray import serve; "
-            "h = serve.get_deployment_handle('EngineServer', app_name=sys.argv[1]); "
-            "print('PROBE ' + orjson.dumps(h.info.remote().result(timeout_s=60)).decode())")
+    code = (
+        "import sys, orjson; from ray import serve; "
+        "h = serve.get_deployment_handle('EngineServer', app_name=sys.argv[1]); "
+        "print('PROBE ' + orjson.dumps(h.info.remote().result(timeout_s=60)).decode())"
+    )
     client, job_id = _probe(ray_settings, 0, code=code)
     return _result(client, job_id)
 

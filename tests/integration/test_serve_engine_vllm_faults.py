@@ -148,18 +148,25 @@ def _engine_procs(replica: int) -> list[Proc]:
 
 
 def test_a_killed_vllm_replica_is_replaced_and_the_batch_completes_once(
-    s3_settings: S3Settings, ray_settings: RaySettings, redis_settings: RedisSettings,
-    serve: ServeApi, found: list[Proc],
+    s3_settings: S3Settings,
+    ray_settings: RaySettings,
+    redis_settings: RedisSettings,
+    serve: ServeApi,
+    found: list[Proc],
 ) -> None:
     h = Harness(s3_settings, ray_settings, redis_settings)
     model_path = str(ensure_model())
-    registry = EngineRegistry(models={MODEL: EngineModel(
-        path=model_path,
-        engine=EngineConfig(**ENGINE),
-        # a small reservation, so the job's stages fit beside it on the 2-CPU head
-        resources=ReplicaResources(num_cpus=0.25),
-        scaling=Scaling(min_replicas=1, max_replicas=1, idle_s=3600),
-    )})
+    registry = EngineRegistry(
+        models={
+            MODEL: EngineModel(
+                path=model_path,
+                engine=EngineConfig(**ENGINE),
+                # a small reservation, so the job's stages fit beside it on the 2-CPU head
+                resources=ReplicaResources(num_cpus=0.25),
+                scaling=Scaling(min_replicas=1, max_replicas=1, idle_s=3600),
+            )
+        }
+    )
     # vLLM's own engine processes (a CPU engine runs in its replica's process by default, see
     # ray_job.engine_env; a GPU engine or a pinned CPU one keeps an EngineCore process): the case
     # in which a SIGKILLed replica could leave processes behind
@@ -169,13 +176,24 @@ def test_a_killed_vllm_replica_is_replaced_and_the_batch_completes_once(
     victim_procs = _engine_procs(victim)
     found.extend(victim_procs)
 
-    uri = h.put_input("faults.jsonl", [
-        chat_line(f"k{i:02d}", f"Tell me a fact about the number {i}.", max_tokens=MAX_TOKENS,
-                  temperature=0.0)
-        for i in range(LINES)
-    ])
-    spec = h.spec("vllm-kill", input_uri=uri, model_path=model_path, engine=EngineConfig(**ENGINE),
-                  shard_max_lines=4, engine_app=app_name(MODEL), engine_wait_s=900)
+    uri = h.put_input(
+        "faults.jsonl",
+        [
+            chat_line(
+                f"k{i:02d}", f"Tell me a fact about the number {i}.", max_tokens=MAX_TOKENS, temperature=0.0
+            )
+            for i in range(LINES)
+        ],
+    )
+    spec = h.spec(
+        "vllm-kill",
+        input_uri=uri,
+        model_path=model_path,
+        engine=EngineConfig(**ENGINE),
+        shard_max_lines=4,
+        engine_app=app_name(MODEL),
+        engine_wait_s=900,
+    )
     sid = h.submit(spec)
     # the first answers are written: the engine is busy with the batch's next calls
     deadline = time.monotonic() + 900

@@ -35,7 +35,8 @@ def test_up_is_idempotent_and_down_stops_everything(tmp_path: Path) -> None:
         assert len(trees["ray"]) > 3, "the Ray head runs gcs, raylet, dashboard... as children"
         # its log monitor looks for new worker logs every 2 s, not every 0.1 s (idle CPU)
         monitor_env = environ_of_first(
-            trees["ray"], lambda argv: any(a.endswith("log_monitor.py") for a in argv))
+            trees["ray"], lambda argv: any(a.endswith("log_monitor.py") for a in argv)
+        )
         assert monitor_env is not None, "no log monitor under the Ray head"
         assert QUIET_LOG_MONITOR_ENV.items() <= monitor_env.items()
     finally:

@@ -70,8 +70,9 @@ async def _read(bootstrap: str, topic: str) -> tuple[list[bytes], int | None]:
     return values, committed
 
 
-async def _kill9_then_restart(start: Callable[..., ServiceRecord], run_dir: Path,
-                              first: ServiceRecord) -> ServiceRecord:
+async def _kill9_then_restart(
+    start: Callable[..., ServiceRecord], run_dir: Path, first: ServiceRecord
+) -> ServiceRecord:
     """kill -9 the service of ``first``, wait until it is gone, start it again from its record."""
     os.kill(first.pid, signal.SIGKILL)
     for _ in range(100):
@@ -109,9 +110,14 @@ async def test_minio_restarts_on_its_ports_with_its_objects(tmp_path: Path) -> N
     first = await asyncio.to_thread(services.start_minio, tmp_path)
     again = None
     try:
+
         def client(rec: ServiceRecord) -> Minio:
-            return Minio(rec.address.removeprefix("http://"), access_key=rec.extra["access_key"],
-                         secret_key=rec.extra["secret_key"], secure=False)
+            return Minio(
+                rec.address.removeprefix("http://"),
+                access_key=rec.extra["access_key"],
+                secret_key=rec.extra["secret_key"],
+                secure=False,
+            )
 
         client(first).make_bucket("kept-bucket")
         client(first).put_object("kept-bucket", "k", io.BytesIO(b"kept"), 4)

@@ -74,8 +74,9 @@ def monitoring(settings: RedisSettings) -> Iterator[Monitor]:
 
 def _args(text: str) -> list[str]:
     """MONITOR's quoted arguments, unescaped (it writes ``\\xNN``, ``\\"`` and the like)."""
-    return [codecs.decode(a.encode("latin-1", "backslashreplace"), "unicode_escape")
-            for a in _ARG.findall(text)]
+    return [
+        codecs.decode(a.encode("latin-1", "backslashreplace"), "unicode_escape") for a in _ARG.findall(text)
+    ]
 
 
 @pytest.fixture
@@ -87,8 +88,15 @@ async def store(redis_settings: RedisSettings) -> AsyncIterator[StateStore]:
 
 def _item(key: str, event: str, *, initial: State = State.QUEUED, replay: str | None = None) -> IntakeItem:
     fields = {"model": "m", "attempt": "0", "request": "{}", "source": "src", "event_id": event}
-    return IntakeItem(key=BatchKey(key), fields=fields, marker=("src", event), initial=initial,
-                      ready_score=1.0, deadline=NOW + 600, replay_id=replay)
+    return IntakeItem(
+        key=BatchKey(key),
+        fields=fields,
+        marker=("src", event),
+        initial=initial,
+        ready_score=1.0,
+        deadline=NOW + 600,
+        replay_id=replay,
+    )
 
 
 async def _every_script(store: StateStore) -> None:
@@ -137,7 +145,7 @@ async def test_every_key_a_script_touches_is_declared(
         client, args = match.group(1), _args(match.group(2))
         if client != "lua":
             is_script = args and args[0].lower() in ("evalsha", "eval")
-            declared = set(args[3:3 + int(args[2])]) if is_script else None
+            declared = set(args[3 : 3 + int(args[2])]) if is_script else None
             mine = declared is not None and any(k.startswith(store.keys.prefix + ":") for k in declared)
             if mine:
                 scripts.add(args[1])

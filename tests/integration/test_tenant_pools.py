@@ -73,11 +73,24 @@ class Pools:
 
     def client_as(self, tenant: str) -> Minio:
         k = self.keys[tenant]
-        return Minio(self.s3.host, access_key=k.access, secret_key=k.secret, secure=self.s3.secure,
-                     region=self.s3.region)
+        return Minio(
+            self.s3.host,
+            access_key=k.access,
+            secret_key=k.secret,
+            secure=self.s3.secure,
+            region=self.s3.region,
+        )
 
-    def spec(self, name: str, tenant: str, *, input_tenant: str | None = None,
-             output_tenant: str | None = None, pooled: bool = True, n: int = 6) -> JobSpec:
+    def spec(
+        self,
+        name: str,
+        tenant: str,
+        *,
+        input_tenant: str | None = None,
+        output_tenant: str | None = None,
+        pooled: bool = True,
+        n: int = 6,
+    ) -> JobSpec:
         """A file batch of ``tenant``; its input under ``input_tenant``'s prefix and its results under
         ``output_tenant``'s (both the tenant's own unless given)."""
         lines: list[dict[str, Any] | bytes] = [chat_line(f"{name}-{i}", f"question {i}") for i in range(n)]
@@ -85,15 +98,19 @@ class Pools:
         uri = self.h.put_input(key, lines)
         batch_id = f"{name}-{self.h.tag}"
         return self.h.spec(
-            name, engine=FAKE, tenant=tenant, input_uri=uri,
+            name,
+            engine=FAKE,
+            tenant=tenant,
+            input_uri=uri,
             output_prefix=f"s3://{self.h.results_bucket}/{output_tenant or tenant}/{batch_id}/",
             pool_resource=tenant_pool_resource(tenant) if pooled else None,
         )
 
 
 @pytest.fixture(scope="module")
-def pools(s3_settings: S3Settings, redis_settings: RedisSettings,
-          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pools]:
+def pools(
+    s3_settings: S3Settings, redis_settings: RedisSettings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Pools]:
     run_dir: Path = tmp_path_factory.mktemp("tenant-pools")
     head = PrivateRay(run_dir, num_cpus=2, resources={})
     node: PrivateRayWorker | None = None
@@ -101,8 +118,9 @@ def pools(s3_settings: S3Settings, redis_settings: RedisSettings,
         head.start()
         ray = RaySettings(address=head.address)
         h = Harness(s3_settings, ray, redis_settings)
-        s3 = s3_settings.model_copy(update={"input_bucket": h.input_bucket,
-                                            "results_bucket": h.results_bucket})
+        s3 = s3_settings.model_copy(
+            update={"input_bucket": h.input_bucket, "results_bucket": h.results_bucket}
+        )
         keys: dict[str, Keys] = {}
         for tenant in ("acme", "globex"):
             secret = secrets.token_hex(16)
@@ -116,8 +134,14 @@ def pools(s3_settings: S3Settings, redis_settings: RedisSettings,
         head.stop(timeout=5)
         head.start()
         # as a pool's node starts: no CPU for anyone else's work, its CPUs as the tenant's resource
-        node = PrivateRayWorker(head, run_dir, num_cpus=0, name="acme-pool",
-                                resources={tenant_pool_resource("acme"): 2}, node_env=keys["acme"].env())
+        node = PrivateRayWorker(
+            head,
+            run_dir,
+            num_cpus=0,
+            name="acme-pool",
+            resources={tenant_pool_resource("acme"): 2},
+            node_env=keys["acme"].env(),
+        )
         node.start()
         yield Pools(h, s3, keys, head, node)
     finally:
@@ -127,8 +151,9 @@ def pools(s3_settings: S3Settings, redis_settings: RedisSettings,
         head.remove_temp()
 
 
-def _run(p: Pools, spec: JobSpec, timeout: float = 300
-         ) -> tuple[JobStatus, int | None, dict[str, Any] | None]:
+def _run(
+    p: Pools, spec: JobSpec, timeout: float = 300
+) -> tuple[JobStatus, int | None, dict[str, Any] | None]:
     """Submit, wait; the status, the driver's exit code and its result line, if the head can read it:
     here it cannot for a driver on the worker node (the job names the agent by the machine's eth0
     address, where that node's agent does not listen), so the verdicts come from the exit code and
@@ -154,8 +179,13 @@ def _denied(call: Any) -> bool:
     return False
 
 
-RAY_DATA_SINGLETONS = ("ActorLocationTracker", "AutoscalingCoordinator", "datasets_stats_actor",
-                       "_StatsActor.", "_AutoscalingCoordinatorActor.")
+RAY_DATA_SINGLETONS = (
+    "ActorLocationTracker",
+    "AutoscalingCoordinator",
+    "datasets_stats_actor",
+    "_StatsActor.",
+    "_AutoscalingCoordinatorActor.",
+)
 """Ray Data's bookkeeping actors (one per cluster, on the head, no resources) by actor name, and the
 calls a job makes to them (tasks named after their class, which the state API lists under the job
 only sometimes): they see operator names, block locations and stats, never a row; everything else
@@ -170,8 +200,15 @@ def _job_nodes(head: PrivateRay, submission_id: str) -> tuple[str, dict[str, set
     job_id, driver = details["job_id"], details["driver_node_id"]
     placed: dict[str, set[str]] = {}
     for kind in ("tasks", "actors"):
-        query = urllib.parse.urlencode({"detail": "true", "limit": "1000", "filter_keys": "job_id",
-                                        "filter_predicates": "=", "filter_values": job_id})
+        query = urllib.parse.urlencode(
+            {
+                "detail": "true",
+                "limit": "1000",
+                "filter_keys": "job_id",
+                "filter_predicates": "=",
+                "filter_values": job_id,
+            }
+        )
         with urllib.request.urlopen(f"{head.address}/api/v0/{kind}?{query}", timeout=30) as resp:
             rows = json.loads(resp.read())["data"]["result"]["result"]
         for row in rows:
@@ -213,8 +250,12 @@ def test_a_tenants_keys_reach_only_its_own_prefixes(pools: Pools) -> None:
     assert not report.user_created and report.policies_of_user == ["llmbatch-tenant-acme"], report
     # a tenant's keys cannot change policies (the command says whose keys it needs); a user that does
     # not exist is not made without its secret
-    as_acme = p.s3.model_copy(update={"access_key": SecretStr(p.keys["acme"].access),
-                                      "secret_key": SecretStr(p.keys["acme"].secret)})
+    as_acme = p.s3.model_copy(
+        update={
+            "access_key": SecretStr(p.keys["acme"].access),
+            "secret_key": SecretStr(p.keys["acme"].secret),
+        }
+    )
     with pytest.raises(PermanentError, match="must be an admin's"):
         apply_tenant_policy(as_acme, "acme", user=p.keys["acme"].access)
     with pytest.raises(PermanentError, match="LLMBATCH_TENANT_S3_SECRET_KEY"):
@@ -293,5 +334,6 @@ def test_a_pooled_tenant_without_a_node_waits_and_never_runs_elsewhere(pools: Po
         assert p.h.client.get_job_status(sid) == JobStatus.PENDING
     finally:
         p.h.client.stop_job(sid)
-    assert not list(p.h.minio.list_objects(p.h.results_bucket, prefix=f"initech/{spec.batch_id}/",
-                                           recursive=True))
+    assert not list(
+        p.h.minio.list_objects(p.h.results_bucket, prefix=f"initech/{spec.batch_id}/", recursive=True)
+    )

@@ -49,8 +49,10 @@ async def test_only_requests_and_cancels_signed_by_their_tenant_are_taken(settin
     acme_only = _as(dispatcher_settings, _tenants(acme=ACME))  # a producer given acme's key only
     globex_only = _as(dispatcher_settings, _tenants(globex=GLOBEX))
     try:
-        async with BatchClient(acme_only, options=ClientOptions(source="urn:test:acme")) as acme, \
-                BatchClient(globex_only, options=ClientOptions(source="urn:test:globex")) as globex:
+        async with (
+            BatchClient(acme_only, options=ClientOptions(source="urn:test:acme")) as acme,
+            BatchClient(globex_only, options=ClientOptions(source="urn:test:globex")) as globex,
+        ):
             mine = await acme.submit(inline_lines(2), model=MODEL, tenant="acme")
             # acme's producer claiming globex: it has no key for globex, so the request goes unsigned
             claimed = await acme.submit(inline_lines(2), model=MODEL, tenant="globex")
@@ -107,8 +109,13 @@ async def test_two_tenants_using_one_batch_id_get_two_batches_and_a_cancel_reach
         mine = batch_request("shared-" + uuid.uuid4().hex[:6], tenant="acme")
         theirs = mine.model_copy(update={"tenant": "globex"})
         again = mine.model_copy(update={"metadata": {"again": "1"}})
-        await h.send([request_message(mine), request_message(theirs, event_id="ev-globex"),
-                      request_message(again, event_id="ev-again")])
+        await h.send(
+            [
+                request_message(mine),
+                request_message(theirs, event_id="ev-globex"),
+                request_message(again, event_id="ev-again"),
+            ]
+        )
         await wait_for(lambda: _committed_is(h, 3), 60, what="three requests consumed")
         events = decode_results(await h.reader("results").read_all())
         accepted = {e.data.tenant: e for e in events if e.type is EventType.ACCEPTED}
@@ -123,7 +130,11 @@ async def test_two_tenants_using_one_batch_id_get_two_batches_and_a_cancel_reach
         globex = await h.store.get(batch_key("globex", mine.batch_id))
         assert acme is not None and globex is not None
         assert (acme.tenant, acme.batch_id, globex.tenant, globex.batch_id) == (
-            "acme", mine.batch_id, "globex", mine.batch_id)
+            "acme",
+            mine.batch_id,
+            "globex",
+            mine.batch_id,
+        )
         assert acme.get("lifecycle") != globex.get("lifecycle")  # so their results and Ray jobs differ
 
         await h.send([request_message(CancelRequest(batch_id=mine.batch_id, tenant="globex"))])

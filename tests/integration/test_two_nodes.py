@@ -64,12 +64,16 @@ pytestmark = pytest.mark.integration
 MODEL = "SmolLM2-135M-Instruct"  # the harness's model name; the replicas run the fake engine
 ENGINE_RESOURCE = "llmbatch_engine"
 REPLICAS = 2
-REGISTRY = EngineRegistry(models={MODEL: EngineModel(
-    path="fake",
-    engine=EngineConfig(backend="fake", fake_delay_s=0.05),
-    resources=ReplicaResources(num_cpus=0.5, resources={ENGINE_RESOURCE: 1}),
-    scaling=Scaling(min_replicas=REPLICAS, max_replicas=REPLICAS, idle_s=60),
-)})
+REGISTRY = EngineRegistry(
+    models={
+        MODEL: EngineModel(
+            path="fake",
+            engine=EngineConfig(backend="fake", fake_delay_s=0.05),
+            resources=ReplicaResources(num_cpus=0.5, resources={ENGINE_RESOURCE: 1}),
+            scaling=Scaling(min_replicas=REPLICAS, max_replicas=REPLICAS, idle_s=60),
+        )
+    }
+)
 CLIENT = EngineConfig(backend="fake", batch_size=4, batches_in_flight=2)
 
 
@@ -92,8 +96,15 @@ class Cluster:
 
     def pending_engine_actors(self) -> list[dict[str, Any]]:
         """Actors the scheduler has not placed yet that ask for the engine resource."""
-        query = urllib.parse.urlencode({"detail": "true", "limit": "200", "filter_keys": "state",
-                                        "filter_predicates": "=", "filter_values": "PENDING_CREATION"})
+        query = urllib.parse.urlencode(
+            {
+                "detail": "true",
+                "limit": "200",
+                "filter_keys": "state",
+                "filter_predicates": "=",
+                "filter_values": "PENDING_CREATION",
+            }
+        )
         with urllib.request.urlopen(f"{self.head.address}/api/v0/actors?{query}", timeout=10) as resp:
             actors: list[dict[str, Any]] = json.loads(resp.read())["data"]["result"]["result"]
         return [a for a in actors if ENGINE_RESOURCE in (a.get("required_resources") or {})]
@@ -111,8 +122,9 @@ def _wait(what: str, check: Any, timeout: float, interval: float = 0.5) -> Any:
 
 
 @pytest.fixture(scope="module")
-def cluster(s3_settings: S3Settings, redis_settings: RedisSettings,
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(
+    s3_settings: S3Settings, redis_settings: RedisSettings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
     """The head alone, with the registry and the runner deployed; the runner RUNNING on it."""
     run_dir = tmp_path_factory.mktemp("two-nodes")  # the nodes' `ray start` logs
     head = PrivateRay(run_dir, num_cpus=2, resources={}, s3=s3_settings)  # explicitly no llmbatch_engine
@@ -121,17 +133,29 @@ def cluster(s3_settings: S3Settings, redis_settings: RedisSettings,
         head.start()
         head_s = time.monotonic() - started
         ray = RaySettings(address=head.address, serve_address=head.serve_address)
-        settings = DispatcherSettings(_env_file=None, engines=REGISTRY, s3=s3_settings, ray=ray,
-                                      redis=redis_settings, dispatcher=DispatcherOptions(shared_engines=True))
+        settings = DispatcherSettings(
+            _env_file=None,
+            engines=REGISTRY,
+            s3=s3_settings,
+            ray=ray,
+            redis=redis_settings,
+            dispatcher=DispatcherOptions(shared_engines=True),
+        )
         api = ServeApi(head.address, timeout_s=60)
         asyncio.run(api.deploy(cluster_serve_config(settings)))
         client = RunnerClient(ray.serve_address, timeout_s=30, sessions=SessionMinter(s3_settings))
-        c = Cluster(head, api, client,
-                    Harness(s3_settings, ray, redis_settings), run_dir)
-        _wait("the batch runner RUNNING", lambda: (
-            ((c.details().get("applications") or {}).get(RUNNER_APP) or {}).get("status") == "RUNNING"), 180)
-        print(f"head up in {head_s:.1f} s, Serve config deployed and runner RUNNING "
-              f"{time.monotonic() - started - head_s:.1f} s later")
+        c = Cluster(head, api, client, Harness(s3_settings, ray, redis_settings), run_dir)
+        _wait(
+            "the batch runner RUNNING",
+            lambda: (
+                ((c.details().get("applications") or {}).get(RUNNER_APP) or {}).get("status") == "RUNNING"
+            ),
+            180,
+        )
+        print(
+            f"head up in {head_s:.1f} s, Serve config deployed and runner RUNNING "
+            f"{time.monotonic() - started - head_s:.1f} s later"
+        )
         yield c
     finally:
         stopping = time.monotonic()
@@ -143,8 +167,9 @@ def cluster(s3_settings: S3Settings, redis_settings: RedisSettings,
 @pytest.fixture(scope="module")
 def worker(cluster: Cluster) -> Iterator[PrivateRayWorker]:
     """The engine node joins: 1 CPU and ``{"llmbatch_engine": 2}`` (room for both replicas)."""
-    node = PrivateRayWorker(cluster.head, cluster.run_dir, num_cpus=1, resources={ENGINE_RESOURCE: REPLICAS},
-                            name="engine-node")
+    node = PrivateRayWorker(
+        cluster.head, cluster.run_dir, num_cpus=1, resources={ENGINE_RESOURCE: REPLICAS}, name="engine-node"
+    )
     try:
         started = time.monotonic()
         node.start()
@@ -161,8 +186,14 @@ def _spec(c: Cluster, name: str, n: int, *, inline: bool, wait_s: float) -> JobS
     source: dict[str, Any] = (
         {"requests": lines} if inline else {"input_uri": c.h.put_input(f"{name}.jsonl", lines)}
     )
-    return c.h.spec(name, engine=CLIENT, engine_app=app_name(MODEL), engine_wait_s=wait_s,
-                    redis_url=c.h.redis.url, **source)
+    return c.h.spec(
+        name,
+        engine=CLIENT,
+        engine_app=app_name(MODEL),
+        engine_wait_s=wait_s,
+        redis_url=c.h.redis.url,
+        **source,
+    )
 
 
 def _finish(c: Cluster, spec: JobSpec, timeout: float = 90) -> JobInfo:
@@ -190,8 +221,11 @@ def test_without_an_engine_node_the_replicas_wait_and_a_batch_fails_unavailable(
     assert row.status != "RUNNING" and row.running == 0, row
     unplaced = c.replicas(row.app, DEPLOYMENT_NAME)
     assert not any(r.get("pid") or r.get("node_id") for r in unplaced), unplaced
-    pending = _wait(f"{REPLICAS} engine actors pending", lambda: (
-        found if len(found := c.pending_engine_actors()) == REPLICAS else None), 30)
+    pending = _wait(
+        f"{REPLICAS} engine actors pending",
+        lambda: found if len(found := c.pending_engine_actors()) == REPLICAS else None,
+        30,
+    )
     assert all(a["required_resources"][ENGINE_RESOURCE] == 1 for a in pending), pending
     # a batch on that model cannot complete: it waits engine_wait_s, then fails engine_unavailable
     spec = _spec(c, "twonode-noengine", 3, inline=True, wait_s=3)
@@ -210,9 +244,15 @@ def test_replicas_run_on_the_engine_node_and_batches_complete(
     [engine_node] = [n for n in c.head.nodes() if n["node_id"] == worker.node_id]
     assert engine_node["resources_total"][ENGINE_RESOURCE] == REPLICAS, engine_node
     started = time.monotonic()
-    row = _wait(f"{REPLICAS} engine replicas RUNNING", lambda: (
-        r if (r := summarize(REGISTRY, c.details())[0]).status == "RUNNING" and r.running == REPLICAS
-        else None), 120)
+    row = _wait(
+        f"{REPLICAS} engine replicas RUNNING",
+        lambda: (
+            r
+            if (r := summarize(REGISTRY, c.details())[0]).status == "RUNNING" and r.running == REPLICAS
+            else None
+        ),
+        120,
+    )
     placed_s = time.monotonic() - started
     replicas = [r for r in c.replicas(row.app, DEPLOYMENT_NAME) if r.get("state") == "RUNNING"]
     # every replica on the worker node: by the cluster's node id and by the processes we started
@@ -224,8 +264,10 @@ def test_replicas_run_on_the_engine_node_and_batches_complete(
     assert _node_of(c, RUNNER_APP, "BatchRunner") == {head_node}
     assert head_node != worker.node_id
 
-    specs = [_spec(c, "twonode-file", 12, inline=False, wait_s=60),
-             _spec(c, "twonode-inline", 7, inline=True, wait_s=60)]
+    specs = [
+        _spec(c, "twonode-file", 12, inline=False, wait_s=60),
+        _spec(c, "twonode-inline", 7, inline=True, wait_s=60),
+    ]
     ran = time.monotonic()
     for spec in specs:
         assert not asyncio.run(c.runner.submit(spec)).already_existed

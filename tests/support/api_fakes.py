@@ -117,8 +117,10 @@ class MemoryDispatcher:
 
     async def get_many(self, batch_keys: Sequence[BatchKey]) -> list[BatchRecord | None]:
         found = [self._find(k) for k in batch_keys]
-        return [BatchRecord.from_hash(k, self.hashes[b]) if b is not None else None
-                for k, b in zip(batch_keys, found, strict=True)]
+        return [
+            BatchRecord.from_hash(k, self.hashes[b]) if b is not None else None
+            for k, b in zip(batch_keys, found, strict=True)
+        ]
 
     async def read_progress_many(self, batch_keys: Sequence[BatchKey]) -> list[dict[str, str]]:
         found = [self._find(k) for k in batch_keys]
@@ -135,8 +137,9 @@ class MemoryDispatcher:
         fields = self.hashes[batch_id]
         return BatchRecord.from_hash(batch_key(fields.get("tenant"), batch_id), fields)
 
-    def take_in(self, record: tuple[str, bytes, bytes, list[tuple[str, bytes]]], now: float, offset: int = 0
-                ) -> str:
+    def take_in(
+        self, record: tuple[str, bytes, bytes, list[tuple[str, bytes]]], now: float, offset: int = 0
+    ) -> str:
         """Accept a published ``batch.requested`` record (state ``queued``), as intake does."""
         topic, key, value, headers = record
         envelope = decode(key, value, headers, expect=REQUEST_EVENT_TYPES)
@@ -146,7 +149,11 @@ class MemoryDispatcher:
         fields = intake_fields(request, origin, envelope.source, envelope.id, None, now)
         deadline = request.effective_deadline(datetime.fromtimestamp(now, tz=UTC)).timestamp()
         self.hashes[request.batch_id] = {
-            **fields, "state": State.QUEUED.value, "state_at": repr(now), "version": "1", "generation": "0",
+            **fields,
+            "state": State.QUEUED.value,
+            "state_at": repr(now),
+            "version": "1",
+            "generation": "0",
             "deadline": repr(deadline),
         }
         return request.batch_id
@@ -154,26 +161,54 @@ class MemoryDispatcher:
     def reject(self, batch_id: str, now: float, code: str, message: str) -> None:
         """Record a request refused at intake (``dead_lettered``), as intake does."""
         self.hashes[batch_id] = {
-            "batch_id": batch_id, "state": State.DEAD_LETTERED.value, "state_at": repr(now), "version": "1",
-            "rejected_at": repr(now), "dlt_reason": code, "error_code": code, "error_message": message,
+            "batch_id": batch_id,
+            "state": State.DEAD_LETTERED.value,
+            "state_at": repr(now),
+            "version": "1",
+            "rejected_at": repr(now),
+            "dlt_reason": code,
+            "error_code": code,
+            "error_message": message,
         }
 
-    def run(self, batch_id: str, now: float, *, completed: int = 0, failed: int = 0, total: int = 0,
-            prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
+    def run(
+        self,
+        batch_id: str,
+        now: float,
+        *,
+        completed: int = 0,
+        failed: int = 0,
+        total: int = 0,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+    ) -> None:
         """The batch's first attempt is running and reported progress."""
-        self._set(batch_id, State.SUBMITTED, now, attempt=1, submitted_at=repr(now),
-                  submission_id=f"{batch_id}-a1")
-        self._set(batch_id, State.RUNNING, now, running_at=repr(now), started_at=repr(now),
-                  attempt_started_at=repr(now))
-        self.progress[batch_id] = {"total": str(total), "completed": str(completed), "failed": str(failed),
-                                   "prompt_tokens": str(prompt_tokens),
-                                   "completion_tokens": str(completion_tokens), "heartbeat_at": repr(now)}
+        self._set(
+            batch_id, State.SUBMITTED, now, attempt=1, submitted_at=repr(now), submission_id=f"{batch_id}-a1"
+        )
+        self._set(
+            batch_id,
+            State.RUNNING,
+            now,
+            running_at=repr(now),
+            started_at=repr(now),
+            attempt_started_at=repr(now),
+        )
+        self.progress[batch_id] = {
+            "total": str(total),
+            "completed": str(completed),
+            "failed": str(failed),
+            "prompt_tokens": str(prompt_tokens),
+            "completion_tokens": str(completion_tokens),
+            "heartbeat_at": repr(now),
+        }
 
     def ask_cancel(self, batch_id: str, now: float) -> None:
         """A cancel of a running batch recorded (the tracker stops its job next)."""
         state = State(self.hashes[batch_id]["state"])
-        self._set(batch_id, state, now, cancel_requested="1", cancel_reason="test",
-                  cancel_requested_at=repr(now))
+        self._set(
+            batch_id, state, now, cancel_requested="1", cancel_reason="test", cancel_requested_at=repr(now)
+        )
 
     def finalize(self, batch_id: str, now: float) -> None:
         self._set(batch_id, State.FINALIZING, now, confirmed="1", job_ended_at=repr(now))
@@ -212,8 +247,12 @@ class ApiHarness:
         return {"Authorization": f"Bearer {KEYS[tenant]}"}
 
     def upload(self, data: bytes, tenant: str = "acme", filename: str = "in.jsonl") -> Any:
-        return self.client.post("/v1/files", headers=self.auth(tenant), data={"purpose": "batch"},
-                                 files={"file": (filename, data, "application/jsonl")})
+        return self.client.post(
+            "/v1/files",
+            headers=self.auth(tenant),
+            data={"purpose": "batch"},
+            files={"file": (filename, data, "application/jsonl")},
+        )
 
     def accept_all(self) -> list[str]:
         """The dispatcher takes in every ``batch.requested`` published so far (not yet taken in)."""
@@ -238,21 +277,29 @@ def make_api(**options: Any) -> ApiHarness:
     from llmbatch.api.settings import ApiOptions
     from llmbatch.api.state import RedisStateReader
 
-    settings = ApiOptions(keys={hash_api_key(key): tenant for tenant, key in KEYS.items()},
-                          source="urn:test:api", **options)
+    settings = ApiOptions(
+        keys={hash_api_key(key): tenant for tenant, key in KEYS.items()}, source="urn:test:api", **options
+    )
     objects, publisher, dispatcher = MemoryObjectStore(), RecordingPublisher(), MemoryDispatcher()
     clock = Clock(T0)
     services = build_services(
-        settings, objects=objects, state=RedisStateReader(dispatcher), publisher=publisher,
-        input_bucket=INPUT_BUCKET, results_bucket=RESULTS_BUCKET, requests_topic=REQUESTS_TOPIC,
-        clock=clock, monotonic=clock,
+        settings,
+        objects=objects,
+        state=RedisStateReader(dispatcher),
+        publisher=publisher,
+        input_bucket=INPUT_BUCKET,
+        results_bucket=RESULTS_BUCKET,
+        requests_topic=REQUESTS_TOPIC,
+        clock=clock,
+        monotonic=clock,
     )
     app = create_app(services)
     return ApiHarness(app, TestClient(app), objects, publisher, dispatcher, clock)
 
 
-def chat_line(custom_id: str, *, model: str | None = MODEL, url: str = "/v1/chat/completions",
-              **body: Any) -> dict[str, Any]:
+def chat_line(
+    custom_id: str, *, model: str | None = MODEL, url: str = "/v1/chat/completions", **body: Any
+) -> dict[str, Any]:
     content: dict[str, Any] = {"messages": [{"role": "user", "content": f"Say {custom_id}"}], **body}
     if model is not None:
         content["model"] = model

@@ -18,9 +18,11 @@ def run(bounded: bool, blocks: int) -> None:
     ctx = configure_data_context()
     if not bounded:
         ctx.custom_execution_callback_classes = [
-            c for c in ctx.custom_execution_callback_classes if c is not data_stats.BoundedBlockStats]
+            c for c in ctx.custom_execution_callback_classes if c is not data_stats.BoundedBlockStats
+        ]
     ds = ray.data.range(blocks * 5, override_num_blocks=blocks).map_batches(
-        lambda batch: batch, batch_size=None, num_cpus=0.1)
+        lambda batch: batch, batch_size=None, num_cpus=0.1
+    )
     rows = sum(len(b["id"]) for b in ds.iter_batches(batch_size=None))
     [line] = [ln for ln in ds.stats().splitlines() if "MapBatches" in ln and "blocks produced" in ln]
     counted = int(re.search(r"(\d+) blocks produced", line).group(1))  # type: ignore[union-attr]

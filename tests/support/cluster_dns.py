@@ -35,12 +35,23 @@ def coredns_binary() -> Path:
 def allow_cluster_dns(kube: KubeClient) -> None:
     """Let :data:`CLUSTER_DNS_USER` read what CoreDNS reads, and nothing else."""
     name = CLUSTER_DNS_USER
-    kube.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-                "metadata": {"name": name}, "rules": CLUSTER_DNS_RULES})
-    kube.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                "metadata": {"name": name},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": name}]})
+    kube.apply(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": name},
+            "rules": CLUSTER_DNS_RULES,
+        }
+    )
+    kube.apply(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": name}],
+        }
+    )
 
 
 def corefile(node_ip: str, kubeconfig: Path) -> str:
@@ -71,6 +82,12 @@ def start_cluster_dns(net: PodNetwork, coredns: Path, folder: Path, kubeconfig: 
     pid = spawn(net.command([str(coredns), "-conf", str(config)], net.node), log)
 
     url = f"http://127.0.0.1:{READY_PORT}/ready"  # on the node's loopback
-    wait_until(lambda: net.on_node(lambda: httpx.get(url, timeout=2).status_code == 200), 60, pid,
-               "CoreDNS", log, interval=0.3)
+    wait_until(
+        lambda: net.on_node(lambda: httpx.get(url, timeout=2).status_code == 200),
+        60,
+        pid,
+        "CoreDNS",
+        log,
+        interval=0.3,
+    )
     return pid

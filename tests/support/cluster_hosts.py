@@ -25,8 +25,9 @@ from tests.support.pod_network import NETNS_ETC
 DOMAIN = "svc.cluster.local"
 
 
-def headless_hosts(services: Sequence[dict[str, Any]], slices: Sequence[dict[str, Any]]
-                   ) -> dict[str, list[str]]:
+def headless_hosts(
+    services: Sequence[dict[str, Any]], slices: Sequence[dict[str, Any]]
+) -> dict[str, list[str]]:
     """What cluster DNS answers for each headless Service: its ready endpoints' addresses (all of
     them with ``publishNotReadyAddresses``), by ``<name>.<namespace>.svc.cluster.local``."""
     found: dict[str, list[str]] = {}
@@ -35,12 +36,14 @@ def headless_hosts(services: Sequence[dict[str, Any]], slices: Sequence[dict[str
         if spec.get("clusterIP") != "None":
             continue
         addresses = sorted(
-            address for s in slices
+            address
+            for s in slices
             if s["metadata"]["namespace"] == meta["namespace"]
             and s["metadata"].get("labels", {}).get("kubernetes.io/service-name") == meta["name"]
             for e in s.get("endpoints") or []
             if spec.get("publishNotReadyAddresses") or (e.get("conditions") or {}).get("ready")
-            for address in e["addresses"])
+            for address in e["addresses"]
+        )
         if addresses:
             found[f"{meta['name']}.{meta['namespace']}.{DOMAIN}"] = addresses
     return found
@@ -71,8 +74,10 @@ class ClusterHosts:
 
     def refresh(self) -> dict[str, list[str]]:
         """Write the file from the API server once; return the names in it."""
-        names = headless_hosts(self.kube.list("v1", "Service", None),
-                               self.kube.list("discovery.k8s.io/v1", "EndpointSlice", None))
+        names = headless_hosts(
+            self.kube.list("v1", "Service", None),
+            self.kube.list("discovery.k8s.io/v1", "EndpointSlice", None),
+        )
         text = render(names)
         if not self.hosts.exists() or self.hosts.read_text() != text:
             with self.hosts.open("r+" if self.hosts.exists() else "w") as out:  # same inode

@@ -97,8 +97,11 @@ class Harness:
                     raw = producer.create_batch()
                     raw.append(key=None, value=None, timestamp=None, headers=headers)
                     partition = 0 if partitions is None else partitions[i]
-                    await (await producer.send_batch(raw, self.settings.kafka.topics.requests,
-                                                     partition=partition))
+                    await (
+                        await producer.send_batch(
+                            raw, self.settings.kafka.topics.requests, partition=partition
+                        )
+                    )
                     continue
                 await producer.send_and_wait(
                     self.settings.kafka.topics.requests,

@@ -54,8 +54,11 @@ class CpuCgroup:
 
     @classmethod
     def join(cls, name: str, root: Path = CGROUP_ROOT) -> CpuCgroup | None:
-        for hierarchy, controller, usage in ((root / "cpuacct", "cpuacct", _v1_usage),
-                                             (root / "unified", "", _v2_usage), (root, "", _v2_usage)):
+        for hierarchy, controller, usage in (
+            (root / "cpuacct", "cpuacct", _v1_usage),
+            (root / "unified", "", _v2_usage),
+            (root, "", _v2_usage),
+        ):
             if not (hierarchy / ("cpuacct.usage" if controller else "cpu.stat")).exists():
                 continue
             home = hierarchy / _own_cgroup(controller).lstrip("/")

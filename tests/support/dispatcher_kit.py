@@ -173,7 +173,6 @@ async def wait_for(check: Any, within: float, interval: float = 0.5, what: str =
 # which runs replicas too: llmbatch.chaos.processes
 
 
-
 def assert_task_alive(task: asyncio.Task[Any] | None, what: str) -> None:
     """Fails the test when a task that runs until stopped has ended on its own: with its exception as
     the cause, so the test shows why it died."""

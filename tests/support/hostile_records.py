@@ -20,12 +20,29 @@ Record = tuple[bytes | None, bytes | None, list[Header]]
 
 # what a check with `re.match` and `$` lets through, and other bytes a careless check passes
 TRAPS = ["\n", "\r\n", "\r", " ", "\t", "\x00", "\x7f", "\u2028", "é", "/", "..", "%0a"]
-HEADER_NAMES = [H_ID, H_SOURCE, H_SUBJECT, H_TIME, H_TYPE, H_TRACEPARENT, "ce_specversion", "content-type",
-                "llmbatch-tenant-sig", "llmbatch-replay-id", "llmbatch-replay-at", "llmbatch-replay-by",
-                "llmbatch-replay-sig", "kafka_dlt-original-offset", "llmbatch-dlt-reason"]
+HEADER_NAMES = [
+    H_ID,
+    H_SOURCE,
+    H_SUBJECT,
+    H_TIME,
+    H_TYPE,
+    H_TRACEPARENT,
+    "ce_specversion",
+    "content-type",
+    "llmbatch-tenant-sig",
+    "llmbatch-replay-id",
+    "llmbatch-replay-at",
+    "llmbatch-replay-by",
+    "llmbatch-replay-sig",
+    "kafka_dlt-original-offset",
+    "llmbatch-dlt-reason",
+]
 
 json_values: st.SearchStrategy[Any] = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False)
     | st.text(max_size=40),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
     max_leaves=12,
@@ -35,9 +52,7 @@ json_values: st.SearchStrategy[Any] = st.recursive(
 def _trapped(text: str) -> st.SearchStrategy[str]:
     """``text`` with a trap character before, after or instead of it, or any text."""
     trap = st.sampled_from(TRAPS)
-    return st.one_of(
-        trap.map(lambda t: text + t), trap.map(lambda t: t + text), trap, st.text(max_size=300)
-    )
+    return st.one_of(trap.map(lambda t: text + t), trap.map(lambda t: t + text), trap, st.text(max_size=300))
 
 
 @st.composite
@@ -55,8 +70,12 @@ def _valid(draw: st.DrawFn) -> tuple[dict[str, Any], list[Header]]:
 def hostile_record(draw: st.DrawFn) -> Record:
     """One record: arbitrary bytes, or a valid request with some of its parts broken."""
     if draw(st.integers(0, 5)) == 0:  # anything at all
-        headers = draw(st.lists(st.tuples(st.sampled_from(HEADER_NAMES) | st.text(max_size=20),
-                                          st.binary(max_size=200)), max_size=8))
+        headers = draw(
+            st.lists(
+                st.tuples(st.sampled_from(HEADER_NAMES) | st.text(max_size=20), st.binary(max_size=200)),
+                max_size=8,
+            )
+        )
         return draw(st.none() | st.binary(max_size=200)), draw(st.none() | st.binary(max_size=2000)), headers
     data, headers = draw(_valid())
     batch_id = data["batch_id"]
@@ -64,8 +83,9 @@ def hostile_record(draw: st.DrawFn) -> Record:
     if draw(st.booleans()):
         batch_id = draw(_trapped(batch_id))
         data["batch_id"] = batch_id
-        headers = [(n, batch_id.encode("utf-8", "surrogatepass")) if n == H_SUBJECT else (n, v)
-                   for n, v in headers]
+        headers = [
+            (n, batch_id.encode("utf-8", "surrogatepass")) if n == H_SUBJECT else (n, v) for n, v in headers
+        ]
     for _ in range(draw(st.integers(0, 3))):  # fields replaced by any JSON, or a string with a trap
         name = draw(st.sampled_from([*sorted(data), "tenant", "deadline", "input_uri", "extra"]))
         if isinstance(data.get(name), str) and draw(st.booleans()):

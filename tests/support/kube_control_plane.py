@@ -51,9 +51,12 @@ KUBE_ROUTER = "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router"  # tes
 FIELD_MANAGER = "llmbatch-tests"
 # prometheus-operator's ServiceMonitor CRD (gpu-prod's ServiceMonitor), from the Go module proxy:
 # module, version, its go.sum hash (checked), the file inside
-SERVICEMONITOR_CRD = ("github.com/prometheus-operator/prometheus-operator", "v0.85.0",
-                      "h1:M5xLCLEoaW2IJfnuCwFzzpL+jSVQu3KGT84Pye+fW8s=",
-                      "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml")
+SERVICEMONITOR_CRD = (
+    "github.com/prometheus-operator/prometheus-operator",
+    "v0.85.0",
+    "h1:M5xLCLEoaW2IJfnuCwFzzpL+jSVQu3KGT84Pye+fW8s=",
+    "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml",
+)
 
 
 class KubeApiError(RuntimeError):
@@ -79,10 +82,15 @@ def go_module_file(module: str, version: str, h1: str, path: str) -> Path:
     if go is None:
         raise StackError(f"`go` is not on PATH: the deploy tests download {module} with it")
     with tempfile.TemporaryDirectory(prefix="llmbatch-gomod-") as outside_any_module:
-        proc = subprocess.run([go, "mod", "download", "-json", f"{module}@{version}"],
-                              cwd=outside_any_module, env={**os.environ, "GOTOOLCHAIN": "local",
-                                                           "GOFLAGS": "-mod=mod"},
-                              capture_output=True, text=True, timeout=600, check=False)
+        proc = subprocess.run(
+            [go, "mod", "download", "-json", f"{module}@{version}"],
+            cwd=outside_any_module,
+            env={**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod"},
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
     if proc.returncode != 0:
         raise StackError(f"go mod download {module}@{version} failed", proc.stdout + proc.stderr)
     found = json.loads(proc.stdout)
@@ -101,8 +109,9 @@ class KubeClient:
     service account tokens."""
 
     def __init__(self, server: str, token: str, ca_cert: Path) -> None:
-        self._http = httpx.Client(base_url=server, verify=_tls(ca_cert), timeout=30.0,
-                                  headers={"Authorization": f"Bearer {token}"})
+        self._http = httpx.Client(
+            base_url=server, verify=_tls(ca_cert), timeout=30.0, headers={"Authorization": f"Bearer {token}"}
+        )
         self._resources: dict[str, dict[str, tuple[str, bool]]] = {}
 
     def close(self) -> None:
@@ -134,8 +143,7 @@ class KubeClient:
         except KeyError:
             raise KindNotServed(f"{api_version} {kind} is not served") from None
 
-    def path(self, api_version: str, kind: str, namespace: str | None = None,
-             name: str | None = None) -> str:
+    def path(self, api_version: str, kind: str, namespace: str | None = None, name: str | None = None) -> str:
         plural, namespaced = self._resource(api_version, kind)
         if namespaced and name and not namespace:
             raise ValueError(f"{kind} {name!r} is namespaced: give its metadata.namespace")
@@ -150,13 +158,17 @@ class KubeClient:
         if dry_run:
             params["dryRun"] = "All"
         result: dict[str, Any] = self._request(
-            "PATCH", url, params=params, content=json.dumps(obj),
+            "PATCH",
+            url,
+            params=params,
+            content=json.dumps(obj),
             headers={"Content-Type": "application/apply-patch+yaml"},
         )
         return result
 
-    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None
-            ) -> dict[str, Any] | None:
+    def get(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any] | None:
         try:
             obj: dict[str, Any] = self._request("GET", self.path(api_version, kind, namespace, name))
         except KubeApiError as exc:
@@ -165,15 +177,24 @@ class KubeClient:
             raise
         return obj
 
-    def list(self, api_version: str, kind: str, namespace: str | None = None,
-             selector: str | None = None) -> list[dict[str, Any]]:
+    def list(
+        self, api_version: str, kind: str, namespace: str | None = None, selector: str | None = None
+    ) -> list[dict[str, Any]]:
         params = {"labelSelector": selector} if selector else {}
         items: list[dict[str, Any]] = self._request(
-            "GET", self.path(api_version, kind, namespace), params=params)["items"]
+            "GET", self.path(api_version, kind, namespace), params=params
+        )["items"]
         return items
 
-    def request_token(self, namespace: str, service_account: str, *, expiration_seconds: int,
-                      audiences: Sequence[str] = (), bound_pod: dict[str, Any] | None = None) -> str:
+    def request_token(
+        self,
+        namespace: str,
+        service_account: str,
+        *,
+        expiration_seconds: int,
+        audiences: Sequence[str] = (),
+        bound_pod: dict[str, Any] | None = None,
+    ) -> str:
         """A token of ``service_account``, asked for as the kubelet asks for the one in a pod's
         projected ``serviceAccountToken`` volume (TokenRequest API, bound to ``bound_pod``)."""
         spec: dict[str, Any] = {"expirationSeconds": expiration_seconds}
@@ -181,8 +202,12 @@ class KubeClient:
             spec["audiences"] = list(audiences)
         if bound_pod is not None:
             meta = bound_pod["metadata"]
-            spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
-                                      "uid": meta["uid"]}
+            spec["boundObjectRef"] = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": meta["name"],
+                "uid": meta["uid"],
+            }
         url = self.path("v1", "ServiceAccount", namespace, service_account) + "/token"
         body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
         token: str = self._request("POST", url, json=body)["status"]["token"]
@@ -191,33 +216,56 @@ class KubeClient:
     def review_token(self, token: str, audiences: Sequence[str] = ()) -> dict[str, Any]:
         """The API server's TokenReview of ``token`` for ``audiences``: its ``status`` (whether it
         authenticates, and as whom)."""
-        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
-                "spec": {"token": token, **({"audiences": list(audiences)} if audiences else {})}}
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token, **({"audiences": list(audiences)} if audiences else {})},
+        }
         status: dict[str, Any] = self._request(
-            "POST", "/apis/authentication.k8s.io/v1/tokenreviews", json=body)["status"]
+            "POST", "/apis/authentication.k8s.io/v1/tokenreviews", json=body
+        )["status"]
         return status
 
-    def patch_status(self, api_version: str, kind: str, name: str, namespace: str | None,
-                     status: dict[str, Any]) -> dict[str, Any]:
+    def patch_status(
+        self, api_version: str, kind: str, name: str, namespace: str | None, status: dict[str, Any]
+    ) -> dict[str, Any]:
         """Merge ``status`` into the object's status subresource (what a kubelet does for a pod)."""
         result: dict[str, Any] = self._request(
-            "PATCH", self.path(api_version, kind, namespace, name) + "/status",
+            "PATCH",
+            self.path(api_version, kind, namespace, name) + "/status",
             content=json.dumps({"status": status}),
-            headers={"Content-Type": "application/merge-patch+json"})
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
         return result
 
-    def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None,
-               *, grace_period_seconds: int | None = None) -> None:
+    def delete(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        namespace: str | None = None,
+        *,
+        grace_period_seconds: int | None = None,
+    ) -> None:
         params = {} if grace_period_seconds is None else {"gracePeriodSeconds": grace_period_seconds}
         with contextlib.suppress(KubeApiError):
             self._request("DELETE", self.path(api_version, kind, namespace, name), params=params)
 
     def bind(self, namespace: str, pod: str, node: str) -> None:
         """Bind ``pod`` to ``node`` (what kube-scheduler does; none runs here)."""
-        self._request("POST", self.path("v1", "Pod", namespace, pod) + "/binding", content=json.dumps({
-            "apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod, "namespace": namespace},
-            "target": {"apiVersion": "v1", "kind": "Node", "name": node}}),
-            headers={"Content-Type": "application/json"})
+        self._request(
+            "POST",
+            self.path("v1", "Pod", namespace, pod) + "/binding",
+            content=json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Binding",
+                    "metadata": {"name": pod, "namespace": namespace},
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+                }
+            ),
+            headers={"Content-Type": "application/json"},
+        )
 
 
 @dataclass
@@ -248,19 +296,23 @@ class ControlPlane:
             if value:
                 return value
             if time.monotonic() > deadline:
-                raise AssertionError(f"{what}: not within {timeout:.0f}s (operator log "
-                                     f"{self.operator_log})")
+                raise AssertionError(f"{what}: not within {timeout:.0f}s (operator log {self.operator_log})")
             time.sleep(0.5)
 
 
 def _service_account_keys(workdir: Path) -> tuple[Path, Path]:
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     private, public = workdir / "sa.key", workdir / "sa.pub"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                          serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+    private.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
     private.chmod(0o600)
     return private, public
 
@@ -268,9 +320,10 @@ def _service_account_keys(workdir: Path) -> tuple[Path, Path]:
 def write_kubeconfig(path: Path, server: str, token: str, ca_cert: Path) -> None:
     """A kubeconfig (mode 0600) for ``server`` with bearer ``token``, trusting ``ca_cert``."""
     config = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "local",
-        "clusters": [{"name": "local", "cluster": {"server": server,
-                                                  "certificate-authority": str(ca_cert)}}],
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "local",
+        "clusters": [{"name": "local", "cluster": {"server": server, "certificate-authority": str(ca_cert)}}],
         "users": [{"name": "admin", "user": {"token": token}}],
         "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
     }
@@ -278,10 +331,15 @@ def write_kubeconfig(path: Path, server: str, token: str, ca_cert: Path) -> None
     path.chmod(0o600)
 
 
-def start_control_plane(workdir: Path, crds: Sequence[dict[str, Any]],
-                        operator_env: Mapping[str, str] | None = None,
-                        controllers: Sequence[str] = (), *, operator: bool = True,
-                        scheduler: bool = False) -> ControlPlane:
+def start_control_plane(
+    workdir: Path,
+    crds: Sequence[dict[str, Any]],
+    operator_env: Mapping[str, str] | None = None,
+    controllers: Sequence[str] = (),
+    *,
+    operator: bool = True,
+    scheduler: bool = False,
+) -> ControlPlane:
     """Start etcd, kube-apiserver (tokens for the tests, client certificates of
     :attr:`ControlPlane.client_ca` for the components; Node and RBAC authorization; the default
     admission plugins and NodeRestriction) with the
@@ -312,16 +370,37 @@ def _start(plane: ControlPlane, kube: dict[str, Path], crds: Sequence[dict[str, 
     work = plane.workdir
     client_port, peer_port = free_port(), free_port()
     etcd_log = work / "etcd.log"
-    pid = spawn([str(kube[ETCD]), "--name", "t", "--data-dir", str(work / "etcd"),
-                 "--listen-client-urls", f"http://127.0.0.1:{client_port}",
-                 "--advertise-client-urls", f"http://127.0.0.1:{client_port}",
-                 "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
-                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
-                 "--initial-cluster", f"t=http://127.0.0.1:{peer_port}",
-                 "--unsafe-no-fsync", "--log-level", "warn"], etcd_log)
+    pid = spawn(
+        [
+            str(kube[ETCD]),
+            "--name",
+            "t",
+            "--data-dir",
+            str(work / "etcd"),
+            "--listen-client-urls",
+            f"http://127.0.0.1:{client_port}",
+            "--advertise-client-urls",
+            f"http://127.0.0.1:{client_port}",
+            "--listen-peer-urls",
+            f"http://127.0.0.1:{peer_port}",
+            "--initial-advertise-peer-urls",
+            f"http://127.0.0.1:{peer_port}",
+            "--initial-cluster",
+            f"t=http://127.0.0.1:{peer_port}",
+            "--unsafe-no-fsync",
+            "--log-level",
+            "warn",
+        ],
+        etcd_log,
+    )
     plane.pids.append(pid)
-    wait_until(lambda: httpx.get(f"http://127.0.0.1:{client_port}/health").json()["health"] == "true",
-               60, pid, "etcd", etcd_log)
+    wait_until(
+        lambda: httpx.get(f"http://127.0.0.1:{client_port}/health").json()["health"] == "true",
+        60,
+        pid,
+        "etcd",
+        etcd_log,
+    )
 
     private, public = _service_account_keys(work)
     tokens = work / "tokens.csv"
@@ -331,46 +410,71 @@ def _start(plane: ControlPlane, kube: dict[str, Path], crds: Sequence[dict[str, 
     port = free_port()
     certs = work / "certs"
     api_log = work / "kube-apiserver.log"
-    pid = spawn([str(kube[KUBE_APISERVER]), f"--etcd-servers=http://127.0.0.1:{client_port}",
-                 "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-                 f"--secure-port={port}", f"--cert-dir={certs}", f"--token-auth-file={tokens}",
-                 f"--client-ca-file={plane.client_ca.cert}",
-                 # a node's kubelet reads only what its pods use, and writes only its Node and pods
-                 "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
-                 "--service-cluster-ip-range=10.96.0.0/16",
-                 # the `kubernetes` Service's endpoint would be 127.0.0.1, which it refuses
-                 "--endpoint-reconciler-type=none",
-                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                 f"--service-account-key-file={public}",
-                 f"--service-account-signing-key-file={private}"], api_log)
+    pid = spawn(
+        [
+            str(kube[KUBE_APISERVER]),
+            f"--etcd-servers=http://127.0.0.1:{client_port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={certs}",
+            f"--token-auth-file={tokens}",
+            f"--client-ca-file={plane.client_ca.cert}",
+            # a node's kubelet reads only what its pods use, and writes only its Node and pods
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            # the `kubernetes` Service's endpoint would be 127.0.0.1, which it refuses
+            "--endpoint-reconciler-type=none",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={public}",
+            f"--service-account-signing-key-file={private}",
+        ],
+        api_log,
+    )
     plane.pids.append(pid)
     plane.server = f"https://127.0.0.1:{port}"
     plane.ca_cert = certs / "apiserver.crt"
     headers = {"Authorization": f"Bearer {plane.token}"}
-    wait_until(lambda: httpx.get(f"{plane.server}/readyz", headers=headers,
-                                 verify=_tls(plane.ca_cert)).status_code == 200,
-               180, pid, "kube-apiserver", api_log, interval=0.5)
+    wait_until(
+        lambda: (
+            httpx.get(f"{plane.server}/readyz", headers=headers, verify=_tls(plane.ca_cert)).status_code
+            == 200
+        ),
+        180,
+        pid,
+        "kube-apiserver",
+        api_log,
+        interval=0.5,
+    )
 
     client = plane.client()
     try:
         for crd in crds:
             client.apply(crd)
+
         def established(name: str) -> bool:
             found = client.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", name) or {}
             conditions = (found.get("status") or {}).get("conditions") or []
             return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
-        plane.wait_for("the CRDs established",
-                       lambda: all(established(crd["metadata"]["name"]) for crd in crds))
+        plane.wait_for(
+            "the CRDs established", lambda: all(established(crd["metadata"]["name"]) for crd in crds)
+        )
     finally:
         client.close()
 
     write_kubeconfig(work / "kubeconfig", plane.server, plane.token, plane.ca_cert)
 
 
-def start_operator(plane: ControlPlane, env: Mapping[str, str], *, server: str | None = None,
-                   wrap: Callable[[list[str]], list[str]] | None = None,
-                   call: Callable[[Callable[[], bool]], bool] | None = None) -> int:
+def start_operator(
+    plane: ControlPlane,
+    env: Mapping[str, str],
+    *,
+    server: str | None = None,
+    wrap: Callable[[list[str]], list[str]] | None = None,
+    call: Callable[[Callable[[], bool]], bool] | None = None,
+) -> int:
     """Start the KubeRay operator watching every namespace, with ``env`` added to its environment;
     return its PID (stopped with the plane, before the API server). For an operator in a pod:
     ``server`` the API server's address as the pod reaches it, ``wrap`` its command line (into the
@@ -380,11 +484,14 @@ def start_operator(plane: ControlPlane, env: Mapping[str, str], *, server: str |
     write_kubeconfig(kubeconfig, server or plane.server, plane.token, plane.ca_cert)
     probe = free_port()
     plane.operator_log = plane.workdir / "kuberay-operator.log"
-    argv = [str(operator), f"--metrics-addr=127.0.0.1:{free_port()}",
-            f"--health-probe-bind-address=127.0.0.1:{probe}",
-            "--enable-leader-election=false", "--log-stdout-encoder=console"]
-    pid = spawn(wrap(argv) if wrap else argv, plane.operator_log,
-                env={**env, "KUBECONFIG": str(kubeconfig)})
+    argv = [
+        str(operator),
+        f"--metrics-addr=127.0.0.1:{free_port()}",
+        f"--health-probe-bind-address=127.0.0.1:{probe}",
+        "--enable-leader-election=false",
+        "--log-stdout-encoder=console",
+    ]
+    pid = spawn(wrap(argv) if wrap else argv, plane.operator_log, env={**env, "KUBECONFIG": str(kubeconfig)})
     plane.pids.insert(2, pid)  # stopped before the API server (and etcd)
     ready = lambda: httpx.get(f"http://127.0.0.1:{probe}/readyz").status_code == 200  # noqa: E731
     wait_until(lambda: call(ready) if call else ready(), 120, pid, "kuberay-operator", plane.operator_log)
@@ -394,26 +501,62 @@ def start_operator(plane: ControlPlane, env: Mapping[str, str], *, server: str |
 def _start_controller_manager(plane: ControlPlane, binary: Path, controllers: Sequence[str]) -> None:
     port = free_port()
     log = plane.workdir / "kube-controller-manager.log"
-    pid = spawn([str(binary), f"--kubeconfig={plane.workdir / 'kubeconfig'}",
-                 "--bind-address=127.0.0.1", f"--secure-port={port}",
-                 f"--cert-dir={plane.workdir / 'kcm-certs'}", "--leader-elect=false",
-                 f"--controllers={','.join(controllers)}"], log)
+    pid = spawn(
+        [
+            str(binary),
+            f"--kubeconfig={plane.workdir / 'kubeconfig'}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={plane.workdir / 'kcm-certs'}",
+            "--leader-elect=false",
+            f"--controllers={','.join(controllers)}",
+        ],
+        log,
+    )
     plane.pids.insert(2, pid)  # stopped after the operator, before the API server
-    wait_until(lambda: httpx.get(f"https://127.0.0.1:{port}/healthz",  # anyone may; its own cert
-                                 verify=False).status_code == 200,
-               120, pid, "kube-controller-manager", log)
+    wait_until(
+        lambda: (
+            httpx.get(
+                f"https://127.0.0.1:{port}/healthz",  # anyone may; its own cert
+                verify=False,
+            ).status_code
+            == 200
+        ),
+        120,
+        pid,
+        "kube-controller-manager",
+        log,
+    )
 
 
 def _start_scheduler(plane: ControlPlane, binary: Path) -> None:
     port = free_port()
     log = plane.workdir / "kube-scheduler.log"
-    pid = spawn([str(binary), f"--kubeconfig={plane.workdir / 'kubeconfig'}",
-                 "--bind-address=127.0.0.1", f"--secure-port={port}",
-                 f"--cert-dir={plane.workdir / 'scheduler-certs'}", "--leader-elect=false"], log)
+    pid = spawn(
+        [
+            str(binary),
+            f"--kubeconfig={plane.workdir / 'kubeconfig'}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={plane.workdir / 'scheduler-certs'}",
+            "--leader-elect=false",
+        ],
+        log,
+    )
     plane.pids.insert(2, pid)  # stopped after the operator, before the API server
-    wait_until(lambda: httpx.get(f"https://127.0.0.1:{port}/healthz",  # anyone may; its own cert
-                                 verify=False).status_code == 200,
-               120, pid, "kube-scheduler", log)
+    wait_until(
+        lambda: (
+            httpx.get(
+                f"https://127.0.0.1:{port}/healthz",  # anyone may; its own cert
+                verify=False,
+            ).status_code
+            == 200
+        ),
+        120,
+        pid,
+        "kube-scheduler",
+        log,
+    )
 
 
 def build() -> None:
@@ -428,9 +571,13 @@ if __name__ == "__main__":
     import argparse
 
     parser = argparse.ArgumentParser(description="The tests' Kubernetes control plane.")
-    parser.add_argument("--build", action="store_true", required=True,
-                        help="build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, the "
-                             "KubeRay operator and kube-router into the cache, and download the "
-                             "ServiceMonitor CRD")
+    parser.add_argument(
+        "--build",
+        action="store_true",
+        required=True,
+        help="build etcd, kube-apiserver, kube-controller-manager, kube-scheduler, the "
+        "KubeRay operator and kube-router into the cache, and download the "
+        "ServiceMonitor CRD",
+    )
     parser.parse_args()
     build()

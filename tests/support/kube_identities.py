@@ -48,8 +48,9 @@ def _write_private(path: Path, data: bytes) -> None:
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def make_client_ca(folder: Path) -> ClientCa:
@@ -58,15 +59,31 @@ def make_client_ca(folder: Path) -> ClientCa:
     now = dt.datetime.now(dt.UTC)
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "llmbatch test client CA")])
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + VALID_FOR)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                         content_commitment=False, key_encipherment=False,
-                                         data_encipherment=False, key_agreement=False,
-                                         encipher_only=False, decipher_only=False), critical=True)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + VALID_FOR)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(key, hashes.SHA256())
+    )
     ca = ClientCa(folder / "client-ca.pem", folder / "client-ca.key")
     ca.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     _write_private(ca.key, _key_pem(key))
@@ -81,14 +98,24 @@ def issue_client_cert(ca: ClientCa, folder: Path, user: str, groups: Sequence[st
     ca_key = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
     key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([*(x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups),
-                         x509.NameAttribute(NameOID.COMMON_NAME, user)])
-    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(ca_cert.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + VALID_FOR)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    subject = x509.Name(
+        [
+            *(x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups),
+            x509.NameAttribute(NameOID.COMMON_NAME, user),
+        ]
+    )
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + VALID_FOR)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     stem = user.replace(":", "-")
     issued = ClientCert(folder / f"{stem}.pem", folder / f"{stem}.key")
     issued.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
@@ -99,11 +126,16 @@ def issue_client_cert(ca: ClientCa, folder: Path, user: str, groups: Sequence[st
 def write_cert_kubeconfig(path: Path, server: str, ca_cert: Path, client: ClientCert) -> None:
     """A kubeconfig (mode 0600) for ``server`` authenticating with ``client``'s certificate."""
     config = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "local",
-        "clusters": [{"name": "local", "cluster": {"server": server,
-                                                  "certificate-authority": str(ca_cert)}}],
-        "users": [{"name": "component", "user": {"client-certificate": str(client.cert),
-                                                 "client-key": str(client.key)}}],
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "local",
+        "clusters": [{"name": "local", "cluster": {"server": server, "certificate-authority": str(ca_cert)}}],
+        "users": [
+            {
+                "name": "component",
+                "user": {"client-certificate": str(client.cert), "client-key": str(client.key)},
+            }
+        ],
         "contexts": [{"name": "local", "context": {"cluster": "local", "user": "component"}}],
     }
     path.write_text(json.dumps(config))

@@ -81,8 +81,10 @@ SHIM = "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"
 CTR = "github.com/containerd/containerd/v2/cmd/ctr"
 RUNC = "github.com/opencontainers/runc"
 # the CNI plugins containerd calls for a pod's network (containernetworking/plugins, the reference ones)
-CNI_PLUGINS = tuple(f"github.com/containernetworking/plugins/plugins/{p}"
-                    for p in ("main/bridge", "main/loopback", "ipam/host-local"))
+CNI_PLUGINS = tuple(
+    f"github.com/containernetworking/plugins/plugins/{p}"
+    for p in ("main/bridge", "main/loopback", "ipam/host-local")
+)
 CONTAINERD_NS = "k8s.io"  # containerd's namespace of the CRI plugin
 CONTAINER_LOGS = Path("/var/log/containers")
 SHIM_SOCKETS = Path("/run/containerd/s")
@@ -108,41 +110,69 @@ def build() -> NodeBinaries:
     containerd = go_binaries(TOOLS / "containerd", [CONTAINERD, SHIM, CTR])
     runc = go_binaries(TOOLS / "runc", [RUNC], cgo=True, tags=["seccomp"])[RUNC]
     cni = go_binaries(TOOLS / "cni-plugins", CNI_PLUGINS)
-    return NodeBinaries(kubelet=kube[KUBELET], kube_proxy=kube[KUBE_PROXY],
-                        containerd=containerd[CONTAINERD], shim=containerd[SHIM], ctr=containerd[CTR],
-                        runc=runc, pause=pause_program(),
-                        cni=cni[CNI_PLUGINS[0]].parent, coredns=coredns_binary())
+    return NodeBinaries(
+        kubelet=kube[KUBELET],
+        kube_proxy=kube[KUBE_PROXY],
+        containerd=containerd[CONTAINERD],
+        shim=containerd[SHIM],
+        ctr=containerd[CTR],
+        runc=runc,
+        pause=pause_program(),
+        cni=cni[CNI_PLUGINS[0]].parent,
+        coredns=coredns_binary(),
+    )
 
 
 def cni_config(net: PodNetwork, ipam_dir: Path) -> dict[str, Any]:
     """The node's CNI network, as the bridge plugin's reference set-up: each pod's ``eth0`` on the
     node's bridge (``cbr0``, which has the node's address), an address of the node's /24 from
     host-local (kept in ``ipam_dir``), the node as its default gateway; no NAT."""
-    return {"cniVersion": "1.0.0", "name": "llmbatch-pods", "plugins": [{
-        "type": "bridge", "bridge": "cbr0", "isGateway": True, "ipMasq": False, "hairpinMode": True,
-        "ipam": {"type": "host-local", "dataDir": str(ipam_dir), "ranges": [[{
-            "subnet": f"{net.subnet}.0/24", "rangeStart": f"{net.subnet}.100",
-            "rangeEnd": f"{net.subnet}.200", "gateway": net.node_ip}]],
-            "routes": [{"dst": "0.0.0.0/0"}]},  # the node routes the rest (Service IPs, say)
-    }]}
+    return {
+        "cniVersion": "1.0.0",
+        "name": "llmbatch-pods",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": "cbr0",
+                "isGateway": True,
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "dataDir": str(ipam_dir),
+                    "ranges": [
+                        [
+                            {
+                                "subnet": f"{net.subnet}.0/24",
+                                "rangeStart": f"{net.subnet}.100",
+                                "rangeEnd": f"{net.subnet}.200",
+                                "gateway": net.node_ip,
+                            }
+                        ]
+                    ],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                },  # the node routes the rest (Service IPs, say)
+            }
+        ],
+    }
 
 
 def _containerd_config(folder: Path, binaries: NodeBinaries) -> str:
     cni = folder / "cni"
     return f"""version = 3
-root = "{folder / 'root'}"
-state = "{folder / 'state'}"
+root = "{folder / "root"}"
+state = "{folder / "state"}"
 disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor.v1.otlp",
                     "io.containerd.internal.v1.tracing", "io.containerd.snapshotter.v1.btrfs",
                     "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
 
 [grpc]
-  address = "{folder / 'containerd.sock'}"
+  address = "{folder / "containerd.sock"}"
 [ttrpc]
-  address = "{folder / 'containerd.sock.ttrpc'}"
+  address = "{folder / "containerd.sock.ttrpc"}"
 
 [plugins."io.containerd.internal.v1.opt"]
-  path = "{folder / 'opt'}"
+  path = "{folder / "opt"}"
 [plugins."io.containerd.cri.v1.images"]
   snapshotter = "overlayfs"
   [plugins."io.containerd.cri.v1.images".pinned_images]
@@ -154,12 +184,12 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
   netns_mounts_under_state_dir = true
   [plugins."io.containerd.cri.v1.runtime".cni]
     bin_dirs = ["{binaries.cni}"]
-    conf_dir = "{cni / 'net.d'}"
+    conf_dir = "{cni / "net.d"}"
   [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
     runtime_type = "io.containerd.runc.v2"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
       BinaryName = "{binaries.runc}"
-      Root = "{folder / 'runc'}"
+      Root = "{folder / "runc"}"
       SystemdCgroup = false
 [plugins."io.containerd.grpc.v1.cri"]
   stream_server_address = "127.0.0.1"
@@ -172,21 +202,35 @@ def kubelet_config(folder: Path, socket: Path, cgroup_root: str, cluster_dns: st
     server of its own (probes and pod status need none), pods' logs under ``folder``, pods' DNS
     from ``cluster_dns``."""
     return {
-        "kind": "KubeletConfiguration", "apiVersion": "kubelet.config.k8s.io/v1beta1",
-        "enableServer": False, "readOnlyPort": 0,
-        "healthzBindAddress": "127.0.0.1", "healthzPort": 10248,
+        "kind": "KubeletConfiguration",
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "enableServer": False,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": 10248,
         "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False}},
         "authorization": {"mode": "AlwaysAllow"},
         "containerRuntimeEndpoint": f"unix://{socket}",
-        "cgroupDriver": "cgroupfs", "cgroupRoot": cgroup_root, "failCgroupV1": False,
-        "failSwapOn": False, "podLogsDir": str(folder / "pods-logs"),
-        "resolvConf": "/etc/resolv.conf", "staticPodPath": "",
-        "clusterDNS": [cluster_dns], "clusterDomain": CLUSTER_DOMAIN,
-        "nodeStatusUpdateFrequency": "2s", "syncFrequency": "5s",
+        "cgroupDriver": "cgroupfs",
+        "cgroupRoot": cgroup_root,
+        "failCgroupV1": False,
+        "failSwapOn": False,
+        "podLogsDir": str(folder / "pods-logs"),
+        "resolvConf": "/etc/resolv.conf",
+        "staticPodPath": "",
+        "clusterDNS": [cluster_dns],
+        "clusterDomain": CLUSTER_DOMAIN,
+        "nodeStatusUpdateFrequency": "2s",
+        "syncFrequency": "5s",
         # a shared test machine's disk may be nearly full: evict nothing for it
-        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%",
-                         "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
-        "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+        "evictionHard": {
+            "memory.available": "100Mi",
+            "nodefs.available": "1%",
+            "imagefs.available": "1%",
+            "nodefs.inodesFree": "1%",
+        },
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
     }
 
 
@@ -212,9 +256,13 @@ class KubeletNode:
 
     def ctr(self, *args: str, timeout: float = 120) -> str:
         """``ctr`` against this node's containerd, in its namespace of the CRI; its output."""
-        proc = subprocess.run([str(self.binaries.ctr), "--address", str(self.socket), "--namespace",
-                               CONTAINERD_NS, *args], capture_output=True, text=True,
-                              timeout=timeout, check=False)
+        proc = subprocess.run(
+            [str(self.binaries.ctr), "--address", str(self.socket), "--namespace", CONTAINERD_NS, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
         if proc.returncode != 0:
             raise StackError(f"ctr {' '.join(args)} failed", proc.stdout + proc.stderr)
         return proc.stdout
@@ -232,8 +280,9 @@ class KubeletNode:
             finally:
                 kube.close()
             kubeconfigs = self._component_kubeconfigs(plane, server)
-            self.pids["coredns"] = start_cluster_dns(self.net, self.binaries.coredns,
-                                                     self.folder / "coredns", kubeconfigs["coredns"])
+            self.pids["coredns"] = start_cluster_dns(
+                self.net, self.binaries.coredns, self.folder / "coredns", kubeconfigs["coredns"]
+            )
             self._start_kubelet(plane, kubeconfigs["kubelet"])
             relay = self.net.forward_from_node(server_port, bind=self.net.node_ip)
             kube = plane.client()
@@ -241,9 +290,13 @@ class KubeletNode:
                 publish_api_server(kube, self.net.node_ip, relay)
             finally:
                 kube.close()
-            self.pids["kube-proxy"] = start_kube_proxy(self.binaries.kube_proxy, self.name, self.net,
-                                                       self.folder / "kube-proxy",
-                                                       kubeconfigs["kube-proxy"])
+            self.pids["kube-proxy"] = start_kube_proxy(
+                self.binaries.kube_proxy,
+                self.name,
+                self.net,
+                self.folder / "kube-proxy",
+                kubeconfigs["kube-proxy"],
+            )
         except BaseException:
             self.stop()
             raise
@@ -252,9 +305,11 @@ class KubeletNode:
         """A kubeconfig for each component of the node, each with a client certificate of its own
         identity (see :mod:`tests.support.kube_identities`)."""
         assert plane.client_ca is not None
-        identities = {"kubelet": (f"system:node:{self.name}", ["system:nodes"]),
-                      "kube-proxy": ("system:kube-proxy", []),
-                      "coredns": (CLUSTER_DNS_USER, [])}
+        identities = {
+            "kubelet": (f"system:node:{self.name}", ["system:nodes"]),
+            "kube-proxy": ("system:kube-proxy", []),
+            "coredns": (CLUSTER_DNS_USER, []),
+        }
         kubeconfigs = {}
         for component, (user, groups) in identities.items():
             cert = issue_client_cert(plane.client_ca, self.folder / "pki", user, groups)
@@ -273,14 +328,18 @@ class KubeletNode:
         for sub in ("cni/net.d", "cni/ipam", "opt"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
         (folder / "cni" / "net.d" / "10-llmbatch-pods.conflist").write_text(
-            json.dumps(cni_config(self.net, folder / "cni" / "ipam")))
+            json.dumps(cni_config(self.net, folder / "cni" / "ipam"))
+        )
         config = folder / "config.toml"
         config.write_text(_containerd_config(folder, self.binaries))
         log = folder / "containerd.log"
         # the shim is found on PATH; the cgroups of every container go under the node's root
         env = {"PATH": f"{self.binaries.shim.parent}:{os.environ.get('PATH', '')}"}
-        self.pids["containerd"] = spawn(self.net.command(
-            [str(self.binaries.containerd), "--config", str(config)], self.net.node), log, env=env)
+        self.pids["containerd"] = spawn(
+            self.net.command([str(self.binaries.containerd), "--config", str(config)], self.net.node),
+            log,
+            env=env,
+        )
         deadline = time.monotonic() + 60
         while not self.socket.exists() or self._ctr_fails("version"):
             if time.monotonic() > deadline or not psutil.pid_exists(self.pids["containerd"]):
@@ -294,8 +353,9 @@ class KubeletNode:
         environment and namespaces); its output. Fails (StackError) on a non-zero exit."""
         (status,) = [s for s in pod["status"]["containerStatuses"] if s["name"] == container]
         container_id = status["containerID"].removeprefix("containerd://")
-        return self.ctr("tasks", "exec", "--exec-id", f"test-{secrets.token_hex(4)}", container_id,
-                        *argv, timeout=timeout)
+        return self.ctr(
+            "tasks", "exec", "--exec-id", f"test-{secrets.token_hex(4)}", container_id, *argv, timeout=timeout
+        )
 
     def _ctr_fails(self, *args: str) -> bool:
         try:
@@ -315,16 +375,27 @@ class KubeletNode:
                 for key in ("cpuset.cpus", "cpuset.mems"):
                     (root / key).write_text((hierarchy / key).read_text())
         config = folder / "config.json"
-        config.write_text(json.dumps(kubelet_config(folder, self.socket, self.cgroup_root,
-                                                    self.net.node_ip)))
+        config.write_text(json.dumps(kubelet_config(folder, self.socket, self.cgroup_root, self.net.node_ip)))
         self.saved_tunables = read_tunables()
-        self.pids["kubelet"] = spawn(self.net.command([
-            str(self.binaries.kubelet), f"--config={config}", f"--kubeconfig={kubeconfig}",
-            f"--root-dir={folder / 'root'}", f"--cert-dir={folder / 'pki'}",
-            f"--hostname-override={self.name}", f"--node-ip={self.net.node_ip}", "--v=2",
-        ], self.net.node), folder / "kubelet.log")
+        self.pids["kubelet"] = spawn(
+            self.net.command(
+                [
+                    str(self.binaries.kubelet),
+                    f"--config={config}",
+                    f"--kubeconfig={kubeconfig}",
+                    f"--root-dir={folder / 'root'}",
+                    f"--cert-dir={folder / 'pki'}",
+                    f"--hostname-override={self.name}",
+                    f"--node-ip={self.net.node_ip}",
+                    "--v=2",
+                ],
+                self.net.node,
+            ),
+            folder / "kubelet.log",
+        )
         client = plane.client()
         try:
+
             def registered() -> bool:
                 if not self.running():
                     raise StackError("the kubelet or containerd exited", self.log()[-4000:])
@@ -417,8 +488,11 @@ if __name__ == "__main__":
     import argparse
 
     parser = argparse.ArgumentParser(description="The tests' kubelet node.")
-    parser.add_argument("--build", action="store_true", required=True,
-                        help="build the kubelet, containerd, runc, the CNI plugins, CoreDNS and pause\n"
-                             "into the cache")
+    parser.add_argument(
+        "--build",
+        action="store_true",
+        required=True,
+        help="build the kubelet, containerd, runc, the CNI plugins, CoreDNS and pause\ninto the cache",
+    )
     parser.parse_args()
     build()

@@ -20,8 +20,10 @@ from tests.support.kube_control_plane import (
 from tests.support.scripts import load_script
 
 RAY = "ray.io/v1"
-RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted",
-              "pod-security.kubernetes.io/enforce-version": "latest"}
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
 
 vd = load_script("validate_deploy")
 kuberay = load_script("validate_kuberay")
@@ -39,10 +41,12 @@ def ensure_namespace(kube: KubeClient, name: str, labels: dict[str, str] | None 
     """The namespace (restricted Pod Security unless ``labels`` say otherwise) and its `default`
     ServiceAccount (kube-controller-manager's job; none runs here, and the ServiceAccount admission
     plugin refuses pods without it)."""
-    kube.apply({"apiVersion": "v1", "kind": "Namespace",
-                "metadata": {"name": name, "labels": labels or RESTRICTED}})
-    kube.apply({"apiVersion": "v1", "kind": "ServiceAccount",
-                "metadata": {"name": "default", "namespace": name}})
+    kube.apply(
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or RESTRICTED}}
+    )
+    kube.apply(
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": name}}
+    )
 
 
 def apply_all(kube: KubeClient, objects: list[dict[str, Any]], *, dry_run: bool) -> set[tuple[str, str]]:
@@ -102,7 +106,7 @@ def _field(pod: dict[str, Any], path: str) -> str:
     if path in ("metadata.name", "metadata.namespace", "metadata.uid"):
         return str(meta[path.removeprefix("metadata.")])
     if path.startswith("metadata.labels['") and path.endswith("']"):
-        return str(meta["labels"][path[len("metadata.labels['"):-2]])
+        return str(meta["labels"][path[len("metadata.labels['") : -2]])
     raise NotImplementedError(f"fieldRef {path!r}: add it to kube_objects._field")
 
 
@@ -145,15 +149,23 @@ def project_volume(kube: KubeClient, pod: dict[str, Any], volume: str, dest: Pat
         if "serviceAccountToken" in source:
             wanted = source["serviceAccountToken"]
             token = kube.request_token(
-                namespace, pod["spec"]["serviceAccountName"], bound_pod=pod,
+                namespace,
+                pod["spec"]["serviceAccountName"],
+                bound_pod=pod,
                 expiration_seconds=wanted.get("expirationSeconds", 3600),
-                audiences=[wanted["audience"]] if "audience" in wanted else ())
+                audiences=[wanted["audience"]] if "audience" in wanted else (),
+            )
             (dest / wanted["path"]).write_text(token)
         elif "configMap" in source:
             for item in source["configMap"]["items"]:
                 (dest / item["path"]).write_text(
-                    _key_of(kube, "ConfigMap", namespace, {"name": source["configMap"]["name"],
-                                                            "key": item["key"]}))
+                    _key_of(
+                        kube,
+                        "ConfigMap",
+                        namespace,
+                        {"name": source["configMap"]["name"], "key": item["key"]},
+                    )
+                )
         elif "downwardAPI" in source:
             for item in source["downwardAPI"]["items"]:
                 (dest / item["path"]).write_text(_field(pod, item["fieldRef"]["fieldPath"]))
@@ -163,20 +175,33 @@ def project_volume(kube: KubeClient, pod: dict[str, Any], volume: str, dest: Pat
 
 def publish_root_ca(kube: KubeClient, namespace: str, ca_cert: Path) -> None:
     """kube-root-ca.crt, which kube-controller-manager (not run here) publishes in every namespace."""
-    kube.apply({"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": "kube-root-ca.crt", "namespace": namespace},
-                "data": {"ca.crt": ca_cert.read_text()}})
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "kube-root-ca.crt", "namespace": namespace},
+            "data": {"ca.crt": ca_cert.read_text()},
+        }
+    )
 
 
 def create_operator_secrets(kube: KubeClient, namespace: str) -> dict[str, dict[str, str]]:
     """The Secrets gpu-prod's kustomization.yaml has the operator create before the first apply,
     with random values; returns them by name."""
-    wanted = {"llmbatch-credentials": ("s3-access-key", "s3-secret-key", "redis-password", "replay-key"),
-              "llmbatch-ray-auth": ("auth_token",)}
+    wanted = {
+        "llmbatch-credentials": ("s3-access-key", "s3-secret-key", "redis-password", "replay-key"),
+        "llmbatch-ray-auth": ("auth_token",),
+    }
     made = {name: {key: secrets.token_hex(32) for key in keys} for name, keys in wanted.items()}
     for name, data in made.items():
-        kube.apply({"apiVersion": "v1", "kind": "Secret",
-                    "metadata": {"name": name, "namespace": namespace}, "stringData": data})
+        kube.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": name, "namespace": namespace},
+                "stringData": data,
+            }
+        )
     return made
 
 
@@ -190,7 +215,9 @@ def group_replicas(kube: KubeClient, namespace: str, cluster: str) -> dict[str, 
 def rayservice_cluster(kube: KubeClient, namespace: str, service: str) -> dict[str, Any] | None:
     """The RayCluster the operator made for RayService ``service`` (its owner), if any yet."""
     for cluster in kube.list(RAY, "RayCluster", namespace):
-        if any(ref["kind"] == "RayService" and ref["name"] == service
-               for ref in cluster["metadata"].get("ownerReferences", [])):
+        if any(
+            ref["kind"] == "RayService" and ref["name"] == service
+            for ref in cluster["metadata"].get("ownerReferences", [])
+        ):
             return cluster
     return None

@@ -30,31 +30,46 @@ HEALTHZ_PORT = 10256  # on the node's loopback
 def proxy_config(node_name: str, net: PodNetwork, kubeconfig: Path) -> dict[str, Any]:
     """kube-proxy's KubeProxyConfiguration for node ``node_name`` of ``net``."""
     return {
-        "kind": "KubeProxyConfiguration", "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
         "clientConnection": {"kubeconfig": str(kubeconfig)},
-        "mode": "iptables", "hostnameOverride": node_name, "bindAddress": net.node_ip,
+        "mode": "iptables",
+        "hostnameOverride": node_name,
+        "bindAddress": net.node_ip,
         "clusterCIDR": f"{net.subnet}.0/24",
-        "healthzBindAddress": f"127.0.0.1:{HEALTHZ_PORT}", "metricsBindAddress": "127.0.0.1:10249",
-        "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s",
-                      "tcpCloseWaitTimeout": "0s", "udpTimeout": "0s", "udpStreamTimeout": "0s"},
+        "healthzBindAddress": f"127.0.0.1:{HEALTHZ_PORT}",
+        "metricsBindAddress": "127.0.0.1:10249",
+        "conntrack": {
+            "maxPerCore": 0,
+            "min": 0,
+            "tcpEstablishedTimeout": "0s",
+            "tcpCloseWaitTimeout": "0s",
+            "udpTimeout": "0s",
+            "udpStreamTimeout": "0s",
+        },
         "iptables": {"syncPeriod": "5s", "minSyncPeriod": "0s"},
     }
 
 
 def publish_api_server(kube: KubeClient, address: str, port: int) -> None:
     """The ``kubernetes`` Service's endpoint: ``address:port`` (the relay on the node)."""
-    kube.apply({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": "kubernetes", "namespace": "default",
-                     "labels": {"kubernetes.io/service-name": "kubernetes"}},
-        "addressType": "IPv4",
-        "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
-        "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
-    })
+    kube.apply(
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": "kubernetes",
+                "namespace": "default",
+                "labels": {"kubernetes.io/service-name": "kubernetes"},
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
+            "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+        }
+    )
 
 
-def start_kube_proxy(binary: Path, node_name: str, net: PodNetwork, folder: Path,
-                     kubeconfig: Path) -> int:
+def start_kube_proxy(binary: Path, node_name: str, net: PodNetwork, folder: Path, kubeconfig: Path) -> int:
     """Start kube-proxy in ``net``'s node namespace and wait until it has programmed the node's
     Services (its healthz answers 200); its PID."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -64,6 +79,12 @@ def start_kube_proxy(binary: Path, node_name: str, net: PodNetwork, folder: Path
     pid = spawn(net.command([str(binary), f"--config={config}", "--v=2"], net.node), log)
 
     url = f"http://127.0.0.1:{HEALTHZ_PORT}/healthz"  # on the node's loopback
-    wait_until(lambda: net.on_node(lambda: httpx.get(url, timeout=2).status_code == 200), 90, pid,
-               "kube-proxy", log, interval=0.3)
+    wait_until(
+        lambda: net.on_node(lambda: httpx.get(url, timeout=2).status_code == 200),
+        90,
+        pid,
+        "kube-proxy",
+        log,
+        interval=0.3,
+    )
     return pid

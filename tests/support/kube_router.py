@@ -45,8 +45,9 @@ class KubeRouter:
 
     def rules(self, net: PodNetwork) -> str:
         """The node's iptables rules (``iptables-save``), for assertion messages."""
-        done = subprocess.run(net.command(["iptables-save"], net.node), capture_output=True,
-                              text=True, check=False, timeout=30)
+        done = subprocess.run(
+            net.command(["iptables-save"], net.node), capture_output=True, text=True, check=False, timeout=30
+        )
         return done.stdout
 
 
@@ -58,16 +59,32 @@ def start_kube_router(plane: ControlPlane, net: PodNetwork, node: str, workdir: 
     write_kubeconfig(kubeconfig, f"https://127.0.0.1:{port}", plane.token, plane.ca_cert)
     health = free_port()  # on the node's own loopback: any port is free there
     log = workdir / f"kube-router-{node}.log"
-    argv = [str(binary()), f"--kubeconfig={kubeconfig}", f"--hostname-override={node}",
-            "--run-firewall=true", "--run-router=false", "--run-service-proxy=false",
-            "--enable-cni=false", "--enable-ipv6=false", f"--health-port={health}",
-            "--service-cluster-ip-range=10.96.0.0/16", "--iptables-sync-period=10s", "--v=1"]
+    argv = [
+        str(binary()),
+        f"--kubeconfig={kubeconfig}",
+        f"--hostname-override={node}",
+        "--run-firewall=true",
+        "--run-router=false",
+        "--run-service-proxy=false",
+        "--enable-cni=false",
+        "--enable-ipv6=false",
+        f"--health-port={health}",
+        "--service-cluster-ip-range=10.96.0.0/16",
+        "--iptables-sync-period=10s",
+        "--v=1",
+    ]
     pid = spawn(net.command(argv, net.node), log)
     router = KubeRouter(pid, log, health)
     try:
-        wait_until(lambda: net.on_node(
-            lambda: httpx.get(f"http://127.0.0.1:{health}/healthz", timeout=2).status_code == 200),
-            120, pid, "kube-router", log)
+        wait_until(
+            lambda: net.on_node(
+                lambda: httpx.get(f"http://127.0.0.1:{health}/healthz", timeout=2).status_code == 200
+            ),
+            120,
+            pid,
+            "kube-router",
+            log,
+        )
     except BaseException:
         router.stop()
         raise

@@ -32,8 +32,9 @@ def remap_service_account_files(mount_path: PurePosixPath, volume_dir: Path) -> 
     for name in SERVICE_ACCOUNT_FILES:
         in_pod = PurePosixPath(getattr(node_provider, name))
         if not in_pod.is_relative_to(mount_path):
-            raise ValueError(f"Ray's KubeRay node provider reads {in_pod}, which is not under the "
-                             f"mounted {mount_path}")
+            raise ValueError(
+                f"Ray's KubeRay node provider reads {in_pod}, which is not under the mounted {mount_path}"
+            )
         moved[name] = str(volume_dir / in_pod.relative_to(mount_path))
         setattr(node_provider, name, moved[name])
     return moved
@@ -44,10 +45,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cluster-name", required=True, help="the RayCluster's name")
     parser.add_argument("--cluster-namespace", required=True, help="the RayCluster's namespace")
     parser.add_argument("--gcs-address", required=True, help="the Ray head's GCS, host:port")
-    parser.add_argument("--mount-path", required=True, type=PurePosixPath,
-                        help="where the pod mounts the service account volume")
-    parser.add_argument("--volume-dir", required=True, type=Path,
-                        help="the directory holding that volume's files on this machine")
+    parser.add_argument(
+        "--mount-path",
+        required=True,
+        type=PurePosixPath,
+        help="where the pod mounts the service account volume",
+    )
+    parser.add_argument(
+        "--volume-dir",
+        required=True,
+        type=Path,
+        help="the directory holding that volume's files on this machine",
+    )
     args = parser.parse_args(argv)
     remap_service_account_files(args.mount_path, args.volume_dir)
     run_kuberay_autoscaler(args.cluster_name, args.cluster_namespace, args.gcs_address)

@@ -15,8 +15,9 @@ from tests.support.pod_network import PodNetwork
 
 def _run(net: PodNetwork, netns: str, argv: Sequence[str]) -> str:
     try:
-        done = subprocess.run(net.command(argv, netns), capture_output=True, text=True, timeout=20,
-                              check=False)
+        done = subprocess.run(
+            net.command(argv, netns), capture_output=True, text=True, timeout=20, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"({' '.join(argv)}: {exc})"
     return (done.stdout + done.stderr).strip()
@@ -38,10 +39,12 @@ def path_snapshot(src: PodNetwork, src_pod: str, dst: PodNetwork, dst_pod: str, 
     ``dst``): see the module docstring."""
     ip = dst.pods[dst_pod].ip
     out: list[str] = [f"=== path {src_pod} ({src.pods[src_pod].ip}) -> {dst_pod} {ip}:{port}"]
-    probes = [(f"pod {src_pod}", lambda: src.in_pod(src_pod, lambda: connect_outcome(ip, port))),
-              ("node of the source", lambda: src.on_node(lambda: connect_outcome(ip, port))),
-              ("node of the destination", lambda: dst.on_node(lambda: connect_outcome(ip, port))),
-              (f"pod {dst_pod} to itself", lambda: dst.in_pod(dst_pod, lambda: connect_outcome(ip, port)))]
+    probes = [
+        (f"pod {src_pod}", lambda: src.in_pod(src_pod, lambda: connect_outcome(ip, port))),
+        ("node of the source", lambda: src.on_node(lambda: connect_outcome(ip, port))),
+        ("node of the destination", lambda: dst.on_node(lambda: connect_outcome(ip, port))),
+        (f"pod {dst_pod} to itself", lambda: dst.in_pod(dst_pod, lambda: connect_outcome(ip, port))),
+    ]
     for name, probe in probes:
         out.append(f"--- connect from {name}: {probe()}")
     spaces = [(src, src.pods[src_pod].netns, f"pod {src_pod}"), (src, src.node, "source node")]

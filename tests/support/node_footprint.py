@@ -13,8 +13,14 @@ from pathlib import Path
 import psutil
 
 # what the kubelet writes at start (pkg/kubelet/cm: setupKernelTunables): read before, restored after
-KERNEL_TUNABLES = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
-                   "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes")
+KERNEL_TUNABLES = (
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+)
 CGROUP_FS = Path("/sys/fs/cgroup")
 
 
@@ -32,8 +38,9 @@ def write_tunables(values: dict[str, str]) -> None:
 
 def cgroup_hierarchies() -> list[Path]:
     """This machine's cgroup v1 hierarchies (one folder per mounted controller set)."""
-    return sorted(p for p in CGROUP_FS.iterdir() if p.is_dir() and (p / "cgroup.procs").exists()
-                  and p.name != "unified")
+    return sorted(
+        p for p in CGROUP_FS.iterdir() if p.is_dir() and (p / "cgroup.procs").exists() and p.name != "unified"
+    )
 
 
 def kill_all(pids: set[int]) -> None:
@@ -60,8 +67,7 @@ def remove_cgroup(path: Path) -> None:
     """rmdir a cgroup and its children, deepest first (a cgroup folder holds no files to delete)."""
     if not path.exists():
         return
-    for child in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts),
-                        reverse=True):
+    for child in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
         with contextlib.suppress(OSError):
             child.rmdir()
     with contextlib.suppress(OSError):

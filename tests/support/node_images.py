@@ -22,8 +22,12 @@ from tests.support.kube_control_plane import go_module_file
 from tests.support.oci_image import ImageFile, image_layout, write_image_tar
 
 # the pause program's source, in the Kubernetes module the kubelet is built from (its go.sum hash)
-PAUSE_SOURCE = ("k8s.io/kubernetes", "v1.37.2", "h1:A2VDEiObzkYqFTKhSsn0ZEb0RlLEXpHWj93gi2HqEwE=",
-                "build/pause/linux/pause.c")
+PAUSE_SOURCE = (
+    "k8s.io/kubernetes",
+    "v1.37.2",
+    "h1:A2VDEiObzkYqFTKhSsn0ZEb0RlLEXpHWj93gi2HqEwE=",
+    "build/pause/linux/pause.c",
+)
 BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static
 IMAGE = "llmbatch.test/node:1"  # busybox and pause; the pod sandbox image too
 HOST_IMAGE = "llmbatch.test/host-userland:1"
@@ -41,8 +45,13 @@ def pause_program() -> Path:
         raise StackError("`gcc` is not on PATH: the test node's pause program is compiled with it")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".pause.{os.getpid()}")
-    proc = subprocess.run([gcc, "-Os", "-static", "-o", str(tmp), str(source)], capture_output=True,
-                          text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [gcc, "-Os", "-static", "-o", str(tmp), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     if proc.returncode != 0:
         raise StackError("compiling pause.c failed", proc.stdout + proc.stderr)
     tmp.rename(target)
@@ -55,11 +64,15 @@ def node_image(pause: Path, folder: Path) -> Path:
     the sandbox image's)."""
     if not BUSYBOX.exists():
         raise StackError(f"{BUSYBOX} is missing: install Debian's busybox-static (make setup does)")
-    listed = subprocess.run([str(BUSYBOX), "--list"], capture_output=True, text=True, check=True,
-                            timeout=30).stdout.split()
+    listed = subprocess.run(
+        [str(BUSYBOX), "--list"], capture_output=True, text=True, check=True, timeout=30
+    ).stdout.split()
     applets = tuple(f"/bin/{a}" for a in listed if a != "busybox")
-    layout = image_layout(IMAGE, [ImageFile("/bin/busybox", BUSYBOX, links=applets),
-                                  ImageFile("/pause", pause)], entrypoint=["/pause"])
+    layout = image_layout(
+        IMAGE,
+        [ImageFile("/bin/busybox", BUSYBOX, links=applets), ImageFile("/pause", pause)],
+        entrypoint=["/pause"],
+    )
     return write_image_tar(folder / "node-image.tar", layout)
 
 
@@ -67,14 +80,30 @@ def host_userland_image(folder: Path) -> Path:
     """An image of no programs of its own: ``/bin``, ``/lib``, ... link into ``/usr``, which a pod
     mounts from the node (hostPath, read-only); ``/etc/passwd`` knows root, the Ray pods' user 1000
     (group 100) and the dispatcher's 10001 (home ``/home/llmbatch``), as deploy/'s images have them."""
-    passwd = (b"root:x:0:0:root:/root:/bin/sh\nray:x:1000:100:ray:/tmp:/bin/sh\n"
-              b"llmbatch:x:10001:10001::/home/llmbatch:/usr/sbin/nologin\n")
+    passwd = (
+        b"root:x:0:0:root:/root:/bin/sh\nray:x:1000:100:ray:/tmp:/bin/sh\n"
+        b"llmbatch:x:10001:10001::/home/llmbatch:/usr/sbin/nologin\n"
+    )
     group = b"root:x:0:\nusers:x:100:\nllmbatch:x:10001:\n"
     files = [ImageFile("/etc/passwd", passwd, mode=0o644), ImageFile("/etc/group", group, mode=0o644)]
     layout = image_layout(
-        HOST_IMAGE, files,
-        entrypoint=["/bin/sh"], env={"PATH": "/usr/local/bin:/usr/bin:/bin"},
-        empty_dirs=("tmp", "etc", "proc", "sys", "dev", "usr", "root", "home", "home/llmbatch", "run",
-                    "var/tmp"),
-        symlinks={f"/{d}": f"usr/{d}" for d in ("bin", "sbin", "lib", "lib64")})
+        HOST_IMAGE,
+        files,
+        entrypoint=["/bin/sh"],
+        env={"PATH": "/usr/local/bin:/usr/bin:/bin"},
+        empty_dirs=(
+            "tmp",
+            "etc",
+            "proc",
+            "sys",
+            "dev",
+            "usr",
+            "root",
+            "home",
+            "home/llmbatch",
+            "run",
+            "var/tmp",
+        ),
+        symlinks={f"/{d}": f"usr/{d}" for d in ("bin", "sbin", "lib", "lib64")},
+    )
     return write_image_tar(folder / "host-userland-image.tar", layout)

@@ -48,17 +48,22 @@ def _dirs_of(path: str) -> list[str]:
 DEFAULT_DIRS = ("tmp", "etc", "proc", "sys", "dev")
 
 
-def layer_tar(files: Sequence[ImageFile], empty_dirs: Sequence[str] = DEFAULT_DIRS,
-              symlinks: Mapping[str, str] | None = None) -> bytes:
+def layer_tar(
+    files: Sequence[ImageFile],
+    empty_dirs: Sequence[str] = DEFAULT_DIRS,
+    symlinks: Mapping[str, str] | None = None,
+) -> bytes:
     """An uncompressed layer: ``files``, their links, their parent folders, ``empty_dirs`` and
     ``symlinks`` (path -> target: ``/bin`` -> ``usr/bin``), owned by root, with time
     :data:`EPOCH` (the same inputs give the same bytes)."""
     symlinks = symlinks or {}
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        dirs = sorted({d for f in files for p in (f.path, *f.links) for d in _dirs_of(p)}
-                      | {d for p in symlinks for d in _dirs_of(p)}
-                      | {d.strip("/") for d in empty_dirs})
+        dirs = sorted(
+            {d for f in files for p in (f.path, *f.links) for d in _dirs_of(p)}
+            | {d for p in symlinks for d in _dirs_of(p)}
+            | {d.strip("/") for d in empty_dirs}
+        )
         for name in dirs:
             info = tarfile.TarInfo(name)
             info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o1777 if name == "tmp" else 0o755, EPOCH
@@ -79,33 +84,61 @@ def layer_tar(files: Sequence[ImageFile], empty_dirs: Sequence[str] = DEFAULT_DI
     return out.getvalue()
 
 
-def image_layout(name: str, files: Sequence[ImageFile], entrypoint: Sequence[str],
-                 env: Mapping[str, str] | None = None, *, empty_dirs: Sequence[str] = DEFAULT_DIRS,
-                 symlinks: Mapping[str, str] | None = None) -> dict[str, bytes]:
+def image_layout(
+    name: str,
+    files: Sequence[ImageFile],
+    entrypoint: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    *,
+    empty_dirs: Sequence[str] = DEFAULT_DIRS,
+    symlinks: Mapping[str, str] | None = None,
+) -> dict[str, bytes]:
     """The files of an OCI image layout (path -> bytes) for an image called ``name``
     (``registry/repository:tag``) with one layer (:func:`layer_tar`)."""
     layer = layer_tar(files, empty_dirs, symlinks)
-    config = json.dumps({
-        "architecture": "amd64", "os": "linux",
-        "config": {"Entrypoint": list(entrypoint),
-                   "Env": [f"{k}={v}" for k, v in (env or {"PATH": "/bin"}).items()]},
-        "rootfs": {"type": "layers", "diff_ids": [_digest(layer)]},
-    }, sort_keys=True).encode()
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": MANIFEST,
-        "config": {"mediaType": CONFIG, "digest": _digest(config), "size": len(config)},
-        "layers": [{"mediaType": LAYER_TAR, "digest": _digest(layer), "size": len(layer)}],
-    }, sort_keys=True).encode()
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {
+                "Entrypoint": list(entrypoint),
+                "Env": [f"{k}={v}" for k, v in (env or {"PATH": "/bin"}).items()],
+            },
+            "rootfs": {"type": "layers", "diff_ids": [_digest(layer)]},
+        },
+        sort_keys=True,
+    ).encode()
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": MANIFEST,
+            "config": {"mediaType": CONFIG, "digest": _digest(config), "size": len(config)},
+            "layers": [{"mediaType": LAYER_TAR, "digest": _digest(layer), "size": len(layer)}],
+        },
+        sort_keys=True,
+    ).encode()
     index: dict[str, Any] = {
-        "schemaVersion": 2, "mediaType": INDEX,
-        "manifests": [{"mediaType": MANIFEST, "digest": _digest(manifest), "size": len(manifest),
-                       "platform": {"architecture": "amd64", "os": "linux"},
-                       "annotations": {"io.containerd.image.name": name,
-                                       "org.opencontainers.image.ref.name": name.rsplit(":", 1)[-1]}}],
+        "schemaVersion": 2,
+        "mediaType": INDEX,
+        "manifests": [
+            {
+                "mediaType": MANIFEST,
+                "digest": _digest(manifest),
+                "size": len(manifest),
+                "platform": {"architecture": "amd64", "os": "linux"},
+                "annotations": {
+                    "io.containerd.image.name": name,
+                    "org.opencontainers.image.ref.name": name.rsplit(":", 1)[-1],
+                },
+            }
+        ],
     }
     blobs = {f"blobs/sha256/{_digest(b).removeprefix('sha256:')}": b for b in (layer, config, manifest)}
-    return {"oci-layout": b'{"imageLayoutVersion":"1.0.0"}', "index.json": json.dumps(index).encode(),
-            **blobs}
+    return {
+        "oci-layout": b'{"imageLayoutVersion":"1.0.0"}',
+        "index.json": json.dumps(index).encode(),
+        **blobs,
+    }
 
 
 def write_image_tar(path: Path, layout: Mapping[str, bytes]) -> Path:

@@ -31,8 +31,9 @@ def connects(net: PodNetwork, pod: str, ip: str, port: int) -> bool:
     return net.in_pod(pod, attempt)
 
 
-def jobs_api(net: PodNetwork, pod: str, ip: str, token: str | None, *, port: int = JOBS_PORT,
-              ca: Path | None = None) -> int:
+def jobs_api(
+    net: PodNetwork, pod: str, ip: str, token: str | None, *, port: int = JOBS_PORT, ca: Path | None = None
+) -> int:
     """The status of ``GET /api/jobs/`` on the head at ``ip`` from pod ``pod`` (over TLS, checked
     against ``ca``, when given)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -41,16 +42,26 @@ def jobs_api(net: PodNetwork, pod: str, ip: str, token: str | None, *, port: int
     return net.in_pod(pod, lambda: httpx.get(url, headers=headers, timeout=10, verify=verify).status_code)
 
 
-def run_plain_pod(kube: KubeClient, net: PodNetwork, template_of: dict[str, Any], name: str,
-                  namespace: str, node: str = NODE) -> str:
+def run_plain_pod(
+    kube: KubeClient,
+    net: PodNetwork,
+    template_of: dict[str, Any],
+    name: str,
+    namespace: str,
+    node: str = NODE,
+) -> str:
     """A pod made from a Deployment's template (its labels are what the policies select), bound to
     ``node``, given a pod IP on ``net`` (that node's network) and reported Running; nothing runs in
     it but the test's own connections."""
     template = template_of["spec"]["template"]
-    pod = kube.apply({"apiVersion": "v1", "kind": "Pod",
-                      "metadata": {"name": name, "namespace": namespace,
-                                   "labels": template["metadata"]["labels"]},
-                      "spec": template["spec"]})
+    pod = kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": template["metadata"]["labels"]},
+            "spec": template["spec"],
+        }
+    )
     kube.bind(namespace, name, node)
     report_running(kube, pod, net.add_pod(name).ip, net.node_ip)
     return name
@@ -66,20 +77,28 @@ class AppliedCluster:
     worker: dict[str, Any]  # the one worker pod
 
 
-def apply_one_worker_cluster(plane: ControlPlane, kube: KubeClient, objects: list[dict[str, Any]]
-                             ) -> AppliedCluster:
+def apply_one_worker_cluster(
+    plane: ControlPlane, kube: KubeClient, objects: list[dict[str, Any]]
+) -> AppliedCluster:
     """Apply ``objects`` (cpu-dev's render: a RayCluster with one worker) and wait for the operator's
     head and worker pods."""
     cluster = vd.one(objects, "RayCluster")
     namespace, name = cluster["metadata"]["namespace"], cluster["metadata"]["name"]
     apply_all(kube, objects, dry_run=False)
-    pods = plane.wait_for(f"the head and worker pods of {name}", lambda: (
-        found if len(found := cluster_pods(kube, namespace, name)) == 2 else None))
+    pods = plane.wait_for(
+        f"the head and worker pods of {name}",
+        lambda: found if len(found := cluster_pods(kube, namespace, name)) == 2 else None,
+    )
 
     def of_type(node_type: str) -> dict[str, Any]:
         found: dict[str, Any] = next(
-            p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == node_type)
+            p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == node_type
+        )
         return found
 
-    return AppliedCluster(namespace, {d["metadata"]["name"]: d for d in objects if d["kind"] == "Deployment"},
-                          of_type("head"), of_type("worker"))
+    return AppliedCluster(
+        namespace,
+        {d["metadata"]["name"]: d for d in objects if d["kind"] == "Deployment"},
+        of_type("head"),
+        of_type("worker"),
+    )

@@ -94,8 +94,12 @@ def _ip(*args: str, netns: str | None = None, check: bool = True) -> None:
 
 
 def _sysctl(netns: str, key: str, value: str) -> None:
-    subprocess.run(["ip", "netns", "exec", netns, "sysctl", "-q", "-w", f"{key}={value}"],
-                   check=True, capture_output=True, timeout=30)
+    subprocess.run(
+        ["ip", "netns", "exec", netns, "sysctl", "-q", "-w", f"{key}={value}"],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
 
 
 def remove_stale() -> list[str]:
@@ -180,8 +184,20 @@ class PodNetwork:
         pod = Pod(name, f"{PREFIX}{self.tag}-p{index}", f"{self.subnet}.{index}")
         _ip("netns", "add", pod.netns)
         host_end = f"veth{secrets.token_hex(4)}"  # interface names: 15 characters at most
-        _ip("link", "add", host_end, "netns", self.node, "type", "veth", "peer", "name", "eth0",
-            "netns", pod.netns)
+        _ip(
+            "link",
+            "add",
+            host_end,
+            "netns",
+            self.node,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            pod.netns,
+        )
         _ip("link", "set", host_end, "master", "cbr0", "up", netns=self.node)
         _ip("link", "set", "lo", "up", netns=pod.netns)
         _ip("addr", "add", f"{pod.ip}/24", "dev", "eth0", netns=pod.netns)
@@ -217,8 +233,9 @@ class PodNetwork:
     def _forward_into(self, netns: str, host_port: int, bind: str = "127.0.0.1") -> int:
         listener = in_netns(netns, lambda: socket.create_server((bind, 0)))
         self._forwarders.append(listener)
-        threading.Thread(target=self._relay_accept, args=(listener, host_port), daemon=True,
-                         name=f"relay-{host_port}").start()  # started here: dials from this namespace
+        threading.Thread(
+            target=self._relay_accept, args=(listener, host_port), daemon=True, name=f"relay-{host_port}"
+        ).start()  # started here: dials from this namespace
         port: int = listener.getsockname()[1]
         return port
 
@@ -279,16 +296,34 @@ class NodeLan:
             _ip("link", "set", "lan0", "up", netns=self.netns)
             for node in self.nodes:
                 lan_end = f"veth{secrets.token_hex(4)}"
-                _ip("link", "add", lan_end, "netns", self.netns, "type", "veth", "peer", "name",
-                    "uplink", "netns", node.node)
+                _ip(
+                    "link",
+                    "add",
+                    lan_end,
+                    "netns",
+                    self.netns,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    "uplink",
+                    "netns",
+                    node.node,
+                )
                 _ip("link", "set", lan_end, "master", "lan0", "up", netns=self.netns)
                 _ip("addr", "add", f"{self.address(node)}/24", "dev", "uplink", netns=node.node)
                 _ip("link", "set", "uplink", "up", netns=node.node)
             for node in self.nodes:
                 for other in self.nodes:
                     if other is not node:
-                        _ip("route", "add", f"{other.subnet}.0/24", "via", self.address(other),
-                            netns=node.node)
+                        _ip(
+                            "route",
+                            "add",
+                            f"{other.subnet}.0/24",
+                            "via",
+                            self.address(other),
+                            netns=node.node,
+                        )
         except BaseException:
             self.close()
             raise

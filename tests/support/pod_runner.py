@@ -57,8 +57,7 @@ def ray_env(kube: KubeClient, pod: dict[str, Any]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith("RAY_") and k != "RAY_ADDRESS"}
 
 
-def _place(net: PodNetwork | None, pod: dict[str, Any], pod_ip: str
-           ) -> tuple[PodPlace | None, str, str]:
+def _place(net: PodNetwork | None, pod: dict[str, Any], pod_ip: str) -> tuple[PodPlace | None, str, str]:
     """Where ``pod`` runs: on this machine (``pod_ip``, node 127.0.0.1), or in a new pod of ``net``
     (its pod IP, the net's node address); returns the place and the pod's and node's addresses."""
     if net is None:
@@ -67,8 +66,13 @@ def _place(net: PodNetwork | None, pod: dict[str, Any], pod_ip: str
     return place, place.pod.ip, net.node_ip
 
 
-def run_head_pod(kube: KubeClient, pod: dict[str, Any], run_dir: Path, pod_ip: str = "127.0.0.1",
-                 net: PodNetwork | None = None) -> PrivateRay:
+def run_head_pod(
+    kube: KubeClient,
+    pod: dict[str, Any],
+    run_dir: Path,
+    pod_ip: str = "127.0.0.1",
+    net: PodNetwork | None = None,
+) -> PrivateRay:
     """Start the head pod's Ray head here; report the pod Running with ``pod_ip``. With ``net``, the
     head runs in a pod of that network instead, on the pod's IP and ports (its metrics port too)."""
     options, flags = ray_start_options(pod)
@@ -77,15 +81,26 @@ def run_head_pod(kube: KubeClient, pod: dict[str, Any], run_dir: Path, pod_ip: s
     kept = sorted(flags & KEPT_FLAGS)
     if place is not None and "metrics-export-port" in options:
         kept.append(f"--metrics-export-port={options['metrics-export-port']}")
-    head = PrivateRay(run_dir, num_cpus=int(options.get("num-cpus", "1")),
-                      auth_token=env.pop("RAY_AUTH_TOKEN", None), start_args=kept, env=env, place=place)
+    head = PrivateRay(
+        run_dir,
+        num_cpus=int(options.get("num-cpus", "1")),
+        auth_token=env.pop("RAY_AUTH_TOKEN", None),
+        start_args=kept,
+        env=env,
+        place=place,
+    )
     if place is not None:  # the pod has its IP once its sandbox is up, long before it is Ready
         report_running(kube, pod, pod_ip, host_ip, ready=False)
     head.start()
     try:
-        wait_ready(pod, {int(options.get("dashboard-agent-listen-port", DEFAULT_AGENT_PORT)): head.agent,
-                         int(options.get("dashboard-port", DEFAULT_DASHBOARD_PORT)): head.dashboard},
-                   place=place)
+        wait_ready(
+            pod,
+            {
+                int(options.get("dashboard-agent-listen-port", DEFAULT_AGENT_PORT)): head.agent,
+                int(options.get("dashboard-port", DEFAULT_DASHBOARD_PORT)): head.dashboard,
+            },
+            place=place,
+        )
         report_running(kube, pod, pod_ip, host_ip)
     except BaseException:
         head.stop()
@@ -94,8 +109,14 @@ def run_head_pod(kube: KubeClient, pod: dict[str, Any], run_dir: Path, pod_ip: s
     return head
 
 
-def run_worker_pod(kube: KubeClient, head: PrivateRay, pod: dict[str, Any], run_dir: Path,
-                   pod_ip: str = "127.0.0.1", net: PodNetwork | None = None) -> PrivateRayWorker:
+def run_worker_pod(
+    kube: KubeClient,
+    head: PrivateRay,
+    pod: dict[str, Any],
+    run_dir: Path,
+    pod_ip: str = "127.0.0.1",
+    net: PodNetwork | None = None,
+) -> PrivateRayWorker:
     """Start the worker pod's Ray node here, joined to ``head``; report the pod Running with
     ``pod_ip``. With ``net``, the node runs in a pod of that network, joined to the head by its pod
     IP (what the head Service's name resolves to: KubeRay makes it headless)."""
@@ -104,18 +125,26 @@ def run_worker_pod(kube: KubeClient, head: PrivateRay, pod: dict[str, Any], run_
     gpus = ray_container(pod).get("resources", {}).get("limits", {}).get("nvidia.com/gpu", "0")
     env = ray_env(kube, pod)
     env.pop("RAY_AUTH_TOKEN", None)  # the head's, which the node is given anyway
-    node = PrivateRayWorker(head, run_dir, num_cpus=int(options.get("num-cpus", "1")),
-                            resources=json.loads(options.get("resources", "{}")),
-                            name=pod["metadata"]["name"],
-                            start_args=[f"--num-gpus={gpus}", *sorted(flags & KEPT_FLAGS)], env=env,
-                            place=place)
+    node = PrivateRayWorker(
+        head,
+        run_dir,
+        num_cpus=int(options.get("num-cpus", "1")),
+        resources=json.loads(options.get("resources", "{}")),
+        name=pod["metadata"]["name"],
+        start_args=[f"--num-gpus={gpus}", *sorted(flags & KEPT_FLAGS)],
+        env=env,
+        place=place,
+    )
     if place is not None:  # the pod has its IP once its sandbox is up, long before it is Ready
         report_running(kube, pod, pod_ip, host_ip, ready=False)
     node.start()
     try:
         assert node.agent_port is not None
-        wait_ready(pod, {int(options.get("dashboard-agent-listen-port", DEFAULT_AGENT_PORT)):
-                         node.agent_port}, place=place)
+        wait_ready(
+            pod,
+            {int(options.get("dashboard-agent-listen-port", DEFAULT_AGENT_PORT)): node.agent_port},
+            place=place,
+        )
         report_running(kube, pod, pod_ip, host_ip)
     except BaseException:
         node.stop()
@@ -123,8 +152,9 @@ def run_worker_pod(kube: KubeClient, head: PrivateRay, pod: dict[str, Any], run_
     return node
 
 
-def wait_ready(pod: dict[str, Any], ports: dict[int, int], timeout: float = 120.0,
-               place: PodPlace | None = None) -> str:
+def wait_ready(
+    pod: dict[str, Any], ports: dict[int, int], timeout: float = 120.0, place: PodPlace | None = None
+) -> str:
     """Run the Ray container's readiness probe as the kubelet does, against the node started here
     (``ports`` maps the pod's ports to this machine's), until it passes; return what it printed or
     answered. An ``httpGet`` probe is a GET with no credentials (2xx/3xx passes); an ``exec`` probe
@@ -153,8 +183,9 @@ def _mapped(ports: dict[int, int], port: int) -> int:
     return ports[port]
 
 
-def _http_probe(get: dict[str, Any], ports: dict[int, int], place: PodPlace | None
-                ) -> Callable[[float], tuple[bool, str]]:
+def _http_probe(
+    get: dict[str, Any], ports: dict[int, int], place: PodPlace | None
+) -> Callable[[float], tuple[bool, str]]:
     host = "127.0.0.1" if place is None else place.pod.ip
     url = f"http://{host}:{_mapped(ports, int(get['port']))}{get.get('path', '/')}"
 
@@ -173,10 +204,13 @@ def _http_probe(get: dict[str, Any], ports: dict[int, int], place: PodPlace | No
     return attempt
 
 
-def _exec_probe(exec_: dict[str, Any], ports: dict[int, int], place: PodPlace | None
-                ) -> Callable[[float], tuple[bool, str]]:
-    command = [re.sub(r"\blocalhost:(\d+)", lambda m: f"127.0.0.1:{_mapped(ports, int(m[1]))}", arg)
-               for arg in exec_["command"]]
+def _exec_probe(
+    exec_: dict[str, Any], ports: dict[int, int], place: PodPlace | None
+) -> Callable[[float], tuple[bool, str]]:
+    command = [
+        re.sub(r"\blocalhost:(\d+)", lambda m: f"127.0.0.1:{_mapped(ports, int(m[1]))}", arg)
+        for arg in exec_["command"]
+    ]
     if place is not None:  # in the container: its own localhost
         command = place.command(command)
 
@@ -193,24 +227,53 @@ def _exec_probe(exec_: dict[str, Any], ports: dict[int, int], place: PodPlace | 
     return attempt
 
 
-def report_running(kube: KubeClient, pod: dict[str, Any], pod_ip: str = "127.0.0.1",
-                   host_ip: str = "127.0.0.1", *, ready: bool = True) -> None:
+def report_running(
+    kube: KubeClient,
+    pod: dict[str, Any],
+    pod_ip: str = "127.0.0.1",
+    host_ip: str = "127.0.0.1",
+    *,
+    ready: bool = True,
+) -> None:
     """What a kubelet reports once the pod's containers run and pass their probes (``ready``), or
     once they run, before their probes passed (not ``ready``: the pod has its IP already, so a
     network policy enforcer counts it as the pod it is). ``pod_ip``: a pod's address in a
     :class:`PodNetwork`, or 127.0.0.1; ``host_ip``: its node's address."""
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    statuses = [{"name": c["name"], "ready": ready, "started": True, "restartCount": 0,
-                 "image": c["image"], "imageID": "", "state": {"running": {"startedAt": now}}}
-                for c in pod["spec"]["containers"]]
-    kube.patch_status("v1", "Pod", pod["metadata"]["name"], pod["metadata"]["namespace"], {
-        "phase": "Running", "podIP": pod_ip, "podIPs": [{"ip": pod_ip}],
-        "hostIP": host_ip, "startTime": now,
-        "conditions": [{"type": t, "status": "True" if ready or t in ("PodScheduled", "Initialized")
-                        else "False", "lastTransitionTime": now}
-                       for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")],
-        "containerStatuses": statuses,
-    })
+    statuses = [
+        {
+            "name": c["name"],
+            "ready": ready,
+            "started": True,
+            "restartCount": 0,
+            "image": c["image"],
+            "imageID": "",
+            "state": {"running": {"startedAt": now}},
+        }
+        for c in pod["spec"]["containers"]
+    ]
+    kube.patch_status(
+        "v1",
+        "Pod",
+        pod["metadata"]["name"],
+        pod["metadata"]["namespace"],
+        {
+            "phase": "Running",
+            "podIP": pod_ip,
+            "podIPs": [{"ip": pod_ip}],
+            "hostIP": host_ip,
+            "startTime": now,
+            "conditions": [
+                {
+                    "type": t,
+                    "status": "True" if ready or t in ("PodScheduled", "Initialized") else "False",
+                    "lastTransitionTime": now,
+                }
+                for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+            ],
+            "containerStatuses": statuses,
+        },
+    )
 
 
 @dataclass
@@ -225,8 +288,9 @@ class AutoscalerContainer:
         stop_tree(self.pid)
 
 
-def run_autoscaler_container(kube: KubeClient, server: str, head_pod: dict[str, Any], head: PrivateRay,
-                             run_dir: Path) -> AutoscalerContainer:
+def run_autoscaler_container(
+    kube: KubeClient, server: str, head_pod: dict[str, Any], head: PrivateRay, run_dir: Path
+) -> AutoscalerContainer:
     """Run the head pod's ``autoscaler`` container here: Ray's ``ray kuberay-autoscaler`` (through
     tests/support/kuberay_autoscaler.py) with the container's environment, the API server at
     ``server`` as ``KUBERNETES_SERVICE_HOST``/``_PORT_HTTPS`` say in a pod, and the files the kubelet
@@ -234,18 +298,32 @@ def run_autoscaler_container(kube: KubeClient, server: str, head_pod: dict[str, 
     in a pod of a pod network, so does the container: in the head pod's network namespace, the API
     server relayed onto that pod's loopback."""
     env = container_env(kube, head_pod, "autoscaler")
-    token_volumes = {v["name"] for v in head_pod["spec"]["volumes"]
-                     if any("serviceAccountToken" in source
-                            for source in (v.get("projected") or {}).get("sources", []))}
-    (mount,) = [m for m in container(head_pod, "autoscaler").get("volumeMounts") or []
-                if m["name"] in token_volumes]
+    token_volumes = {
+        v["name"]
+        for v in head_pod["spec"]["volumes"]
+        if any("serviceAccountToken" in source for source in (v.get("projected") or {}).get("sources", []))
+    }
+    (mount,) = [
+        m for m in container(head_pod, "autoscaler").get("volumeMounts") or [] if m["name"] in token_volumes
+    ]
     volume = run_dir / mount["name"]
     project_volume(kube, head_pod, mount["name"], volume)
     host, port = server.removeprefix("https://").rsplit(":", 1)
-    argv = [sys.executable, "-m", "tests.support.kuberay_autoscaler",
-            "--cluster-name", env["RAY_CLUSTER_NAME"], "--cluster-namespace", env["RAY_CLUSTER_NAMESPACE"],
-            "--gcs-address", head.gcs_address,
-            "--mount-path", mount["mountPath"], "--volume-dir", str(volume)]
+    argv = [
+        sys.executable,
+        "-m",
+        "tests.support.kuberay_autoscaler",
+        "--cluster-name",
+        env["RAY_CLUSTER_NAME"],
+        "--cluster-namespace",
+        env["RAY_CLUSTER_NAMESPACE"],
+        "--gcs-address",
+        head.gcs_address,
+        "--mount-path",
+        mount["mountPath"],
+        "--volume-dir",
+        str(volume),
+    ]
     if head.place is not None:  # a container of the head pod: in its network namespace, where the
         # API server (the `kubernetes` Service in a cluster) is relayed onto the pod's loopback
         port = str(head.place.net.forward_into_pod(head.place.pod.name, int(port)))
@@ -255,22 +333,40 @@ def run_autoscaler_container(kube: KubeClient, server: str, head_pod: dict[str, 
     pid = spawn(
         argv,
         log,
-        env={**env, "KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT_HTTPS": port,
-             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-             "RAY_USAGE_STATS_ENABLED": "0", "AUTOSCALER_METRIC_PORT": str(free_port())},
-        cwd=ROOT)
+        env={
+            **env,
+            "KUBERNETES_SERVICE_HOST": host,
+            "KUBERNETES_SERVICE_PORT_HTTPS": port,
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "AUTOSCALER_METRIC_PORT": str(free_port()),
+        },
+        cwd=ROOT,
+    )
     return AutoscalerContainer(pid, log, volume)
 
 
 def register_node(kube: KubeClient, name: str, address: str) -> None:
     """The Node object a kubelet registers, Ready, with ``address`` as its InternalIP."""
-    kube.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name,
-                "labels": {"kubernetes.io/hostname": name}}})
-    kube.patch_status("v1", "Node", name, None, {
-        "addresses": [{"type": "InternalIP", "address": address}, {"type": "Hostname", "address": name}],
-        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                        "message": "the tests' node"}],
-    })
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        }
+    )
+    kube.patch_status(
+        "v1",
+        "Node",
+        name,
+        None,
+        {
+            "addresses": [{"type": "InternalIP", "address": address}, {"type": "Hostname", "address": name}],
+            "conditions": [
+                {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "the tests' node"}
+            ],
+        },
+    )
 
 
 class LocalPods:
@@ -283,8 +379,9 @@ class LocalPods:
     to its node. Without, pods stay unscheduled (enough for the KubeRay operator; not for
     kube-controller-manager's EndpointSlices, which need the pod's node)."""
 
-    def __init__(self, kube: KubeClient, run_dir: Path, net: PodNetwork | None = None,
-                 node: str | None = None) -> None:
+    def __init__(
+        self, kube: KubeClient, run_dir: Path, net: PodNetwork | None = None, node: str | None = None
+    ) -> None:
         self.kube = kube
         self.run_dir = run_dir
         self.net = net  # run each pod in a pod of this network; None: on this machine's network
@@ -339,8 +436,9 @@ class LocalPods:
         self._running[pod["metadata"]["name"]] = (pod["metadata"]["namespace"], self.head)
         return self.head
 
-    def run_worker(self, pod: dict[str, Any], pod_ip: str = "127.0.0.1", node: str | None = None
-                   ) -> PrivateRayWorker:
+    def run_worker(
+        self, pod: dict[str, Any], pod_ip: str = "127.0.0.1", node: str | None = None
+    ) -> PrivateRayWorker:
         """Run a worker pod on the head's node, or on ``node`` (one of :meth:`add_node`)."""
         assert self.head is not None, "run the head pod first"
         node = node or self.node

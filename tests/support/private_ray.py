@@ -74,29 +74,47 @@ def keep_session_logs(temp: Path, dest: Path) -> None:
 
 
 class PrivateRay:
-    def __init__(self, run_dir: Path, num_cpus: int = 2, resources: dict[str, float] | None = None,
-                 auth_token: str | None = None, s3: S3Settings | None = None,
-                 redis_password: str | None = None, start_args: Sequence[str] = (),
-                 env: Mapping[str, str] | None = None, place: PodPlace | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        num_cpus: int = 2,
+        resources: dict[str, float] | None = None,
+        auth_token: str | None = None,
+        s3: S3Settings | None = None,
+        redis_password: str | None = None,
+        start_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        place: PodPlace | None = None,
+    ) -> None:
         self.run_dir = run_dir
         self.place = place  # None: this machine's network, on 127.0.0.1 and free ports
         self.start_args = list(start_args)  # more ``ray start`` options, e.g. ``--no-monitor``
         self.env = dict(env or {})  # more environment for the head's processes
         # what its jobs and replicas find in their environment (never sent in a runtime_env)
-        self.node_env = ray_node_credentials(s3.access_key.get_secret_value(),
-                                             s3.secret_key.get_secret_value(), redis_password) if s3 else {}
+        self.node_env = (
+            ray_node_credentials(
+                s3.access_key.get_secret_value(), s3.secret_key.get_secret_value(), redis_password
+            )
+            if s3
+            else {}
+        )
         self.auth_token = auth_token  # None: auth off; else Ray's token auth with this token
         self.num_cpus = num_cpus
         self.resources = resources  # custom resources (``--resources``); None = Ray's default
         if place is not None:
             self.host = place.pod.ip
             self.gcs, self.dashboard, self.client, self.agent, self.serve = (
-                POD_HEAD_PORTS[k] for k in ("gcs", "dashboard", "client", "agent", "serve"))
+                POD_HEAD_PORTS[k] for k in ("gcs", "dashboard", "client", "agent", "serve")
+            )
             self.workers = POD_WORKER_PORTS
         else:
             self.host = "127.0.0.1"
-            self.gcs, self.dashboard, self.client, self.agent = (free_port(), free_port(), free_port(),
-                                                                 free_port())
+            self.gcs, self.dashboard, self.client, self.agent = (
+                free_port(),
+                free_port(),
+                free_port(),
+                free_port(),
+            )
             self.serve = free_port()  # for Serve's HTTP proxy: Serve binds it once a config names it
             # one allocator, so the worker range never overlaps the ports above; the reservations
             # belong to this (test) process, not to the head, so they stay ours across a head restart
@@ -136,8 +154,14 @@ class PrivateRay:
         temp.mkdir(parents=True, exist_ok=True)
         self.temps.append(temp)
         log = self.run_dir / f"ray-{self.starts}.log"
-        env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1",
-               **QUIET_LOG_MONITOR_ENV, **QUIET_SERVE_ENV, **self.node_env}
+        env = {
+            "RAY_AUTH_MODE": "disabled",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "PYTHONUNBUFFERED": "1",
+            **QUIET_LOG_MONITOR_ENV,
+            **QUIET_SERVE_ENV,
+            **self.node_env,
+        }
         if self.auth_token is not None:
             env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.auth_token)
         env.update(self.env)
@@ -166,8 +190,14 @@ class PrivateRay:
             argv.append(f"--resources={json.dumps(self.resources)}")
         self.pid = spawn(argv if self.place is None else self.place.command(argv), log, env=env)
         try:
-            wait_until(self._tree.checking(self.pid, lambda: self.call(self._ready)), timeout, self.pid,
-                       "private Ray head", log, interval=1.0)
+            wait_until(
+                self._tree.checking(self.pid, lambda: self.call(self._ready)),
+                timeout,
+                self.pid,
+                "private Ray head",
+                log,
+                interval=1.0,
+            )
         except StackError:
             keep_session_logs(temp, self.run_dir / f"ray-{self.starts}")
             raise
@@ -224,10 +254,19 @@ class PrivateRayWorker:
 
     :meth:`start` returns once the head lists the node ALIVE; :attr:`node_id` is its id."""
 
-    def __init__(self, head: PrivateRay, run_dir: Path, *, num_cpus: int = 1,
-                 resources: dict[str, float] | None = None, name: str = "worker",
-                 node_env: dict[str, str] | None = None, start_args: Sequence[str] = (),
-                 env: Mapping[str, str] | None = None, place: PodPlace | None = None) -> None:
+    def __init__(
+        self,
+        head: PrivateRay,
+        run_dir: Path,
+        *,
+        num_cpus: int = 1,
+        resources: dict[str, float] | None = None,
+        name: str = "worker",
+        node_env: dict[str, str] | None = None,
+        start_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        place: PodPlace | None = None,
+    ) -> None:
         self.head = head
         self.place = place  # None: this machine's network (see PrivateRay)
         self.host = "127.0.0.1" if place is None else place.pod.ip
@@ -263,12 +302,19 @@ class PrivateRayWorker:
         # new ones each attempt: nothing depends on a worker node's ports, and a port some other
         # process took meanwhile would fail every attempt alike
         node_manager, object_manager, agent, agent_grpc, metrics, runtime_env_agent = (
-            free_port() for _ in range(6))
+            free_port() for _ in range(6)
+        )
         workers = free_port_range(50)
         self.agent_port = agent  # the dashboard agent's HTTP port (its /api/healthz)
         before = {n["node_id"] for n in self.head.nodes()}
-        env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1",
-               **QUIET_LOG_MONITOR_ENV, **QUIET_SERVE_ENV, **self.node_env}
+        env = {
+            "RAY_AUTH_MODE": "disabled",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "PYTHONUNBUFFERED": "1",
+            **QUIET_LOG_MONITOR_ENV,
+            **QUIET_SERVE_ENV,
+            **self.node_env,
+        }
         if self.head.auth_token is not None:
             env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=self.head.auth_token)
         env.update(self.env)
@@ -296,8 +342,14 @@ class PrivateRayWorker:
         self.node_id = None
         self.pid = spawn(argv if self.place is None else self.place.command(argv), self.log, env=env)
         try:
-            wait_until(self._tree.checking(self.pid, lambda: self._joined(before)), timeout, self.pid,
-                       f"Ray {self.name} node", self.log, interval=0.5)
+            wait_until(
+                self._tree.checking(self.pid, lambda: self._joined(before)),
+                timeout,
+                self.pid,
+                f"Ray {self.name} node",
+                self.log,
+                interval=0.5,
+            )
         except StackError:
             keep_session_logs(self.temp, self.run_dir / f"ray-{self.name}-attempt-{self.attempts}")
             raise
@@ -305,12 +357,14 @@ class PrivateRayWorker:
         return self.node_id
 
     def _joined(self, before: set[str]) -> bool:
-        new = [n for n in self.head.nodes()
-               if n["node_id"] not in before and not n["is_head_node"] and n["state"] == "ALIVE"]
+        new = [
+            n
+            for n in self.head.nodes()
+            if n["node_id"] not in before and not n["is_head_node"] and n["state"] == "ALIVE"
+        ]
         if len(new) == 1:
             self.node_id = str(new[0]["node_id"])
         return self.node_id is not None
-
 
     def stop(self, timeout: float = 20) -> None:
         """Stop the node's process tree by PID (before the head's), then delete its temp dir.

@@ -23,8 +23,11 @@ PRIVILEGED = {"pod-security.kubernetes.io/enforce": "privileged"}
 
 def host_paths() -> dict[str, str]:
     """Volume name -> a folder of this machine the Ray containers need, mounted where it is."""
-    return {"host-usr": "/usr", "host-python": str(Path(sys.base_prefix).resolve()),
-            "host-checkout": str(ROOT)}
+    return {
+        "host-usr": "/usr",
+        "host-python": str(Path(sys.base_prefix).resolve()),
+        "host-checkout": str(ROOT),
+    }
 
 
 def _run_on_host(container: dict[str, Any]) -> None:
@@ -45,8 +48,10 @@ def on_host_userland(cluster: dict[str, Any]) -> dict[str, Any]:
         for container in template["spec"]["containers"]:
             _run_on_host(container)
         volumes = template["spec"].setdefault("volumes", [])
-        volumes.extend({"name": name, "hostPath": {"path": path, "type": "Directory"}}
-                       for name, path in host_paths().items())
+        volumes.extend(
+            {"name": name, "hostPath": {"path": path, "type": "Directory"}}
+            for name, path in host_paths().items()
+        )
     if "autoscalerOptions" in spec:
         _run_on_host(spec["autoscalerOptions"])
     return cluster
@@ -61,9 +66,12 @@ def dispatcher_on_host_userland(deployment: dict[str, Any]) -> dict[str, Any]:
     _run_on_host(container)
     container["command"] = [str(ROOT / ".venv" / "bin" / "llmbatch")]
     container["workingDir"] = "/home/llmbatch"
-    container["env"] += [{"name": "PYTHONUNBUFFERED", "value": "1"},
-                         {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"}]
+    container["env"] += [
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+        {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+    ]
     volumes = template["spec"].setdefault("volumes", [])
-    volumes.extend({"name": name, "hostPath": {"path": path, "type": "Directory"}}
-                   for name, path in host_paths().items())
+    volumes.extend(
+        {"name": name, "hostPath": {"path": path, "type": "Directory"}} for name, path in host_paths().items()
+    )
     return deployment

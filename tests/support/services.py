@@ -94,11 +94,15 @@ class ServiceProvider:
             self._containers.append(container)
             self.sources["minio"] = "testcontainers"
             cfg = container.get_config()
-            return S3Settings(endpoint=f"http://{cfg['endpoint']}", access_key=cfg["access_key"],
-                              secret_key=cfg["secret_key"])
+            return S3Settings(
+                endpoint=f"http://{cfg['endpoint']}",
+                access_key=cfg["access_key"],
+                secret_key=cfg["secret_key"],
+            )
         rec = self._start_local("minio")
-        return S3Settings(endpoint=rec.address, access_key=rec.extra["access_key"],
-                          secret_key=rec.extra["secret_key"])
+        return S3Settings(
+            endpoint=rec.address, access_key=rec.extra["access_key"], secret_key=rec.extra["secret_key"]
+        )
 
     def ray(self, s3: S3Settings | None = None) -> RaySettings:
         """A Ray head; a local one gets ``s3``'s keys in its environment, as Ray pods get them from a
@@ -107,8 +111,9 @@ class ServiceProvider:
             self.sources["ray"] = "env"
             return LLMBatchSettings().ray
         if s3 is not None and self.sources.get("minio") != "local stack":
-            keep_minio_credentials(self.run_dir, s3.access_key.get_secret_value(),
-                                            s3.secret_key.get_secret_value())
+            keep_minio_credentials(
+                self.run_dir, s3.access_key.get_secret_value(), s3.secret_key.get_secret_value()
+            )
         return manager.ray_settings(self._start_local("ray"))
 
     def fresh_ray(self, s3: S3Settings | None = None) -> RaySettings:

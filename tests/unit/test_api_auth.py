@@ -57,8 +57,12 @@ def test_the_authenticator_reads_bearer_keys() -> None:
 )
 def test_a_call_without_a_valid_key_is_401(headers: dict[str, str]) -> None:
     api = make_api()
-    for method, path in [("GET", "/v1/files"), ("GET", "/v1/batches"), ("POST", "/v1/batches/x/cancel"),
-                         ("GET", "/v1/files/file-x/content")]:
+    for method, path in [
+        ("GET", "/v1/files"),
+        ("GET", "/v1/batches"),
+        ("POST", "/v1/batches/x/cancel"),
+        ("GET", "/v1/files/file-x/content"),
+    ]:
         answer = api.client.request(method, path, headers=headers)
         assert answer.status_code == 401, path
         assert answer.json()["error"]["type"] == "invalid_request_error"
@@ -68,15 +72,20 @@ def test_a_call_without_a_valid_key_is_401(headers: dict[str, str]) -> None:
 
 def _completed_batch(api: ApiHarness) -> tuple[str, str]:
     file_id = api.upload(jsonl(chat_line("a"), chat_line("b"))).json()["id"]
-    batch = api.client.post("/v1/batches", headers=api.auth(),
-                            json={"input_file_id": file_id, "endpoint": "/v1/chat/completions"}).json()
+    batch = api.client.post(
+        "/v1/batches", headers=api.auth(), json={"input_file_id": file_id, "endpoint": "/v1/chat/completions"}
+    ).json()
     (batch_id,) = api.accept_all()
     out, err = (f"s3://llmbatch-results/acme/{batch_id}/l1/{k}-a1-00000.jsonl" for k in ("output", "error"))
     api.write_shard(out, b'{"id": "1"}\n')
     api.write_shard(err, b'{"id": "2"}\n')
     api.dispatcher.run(batch_id, api.clock.now)
-    api.dispatcher.finish(batch_id, Outcome(State.COMPLETED, api.clock.now, [out], [err],
-                                            counts={"total": 2, "completed": 1, "failed": 1}))
+    api.dispatcher.finish(
+        batch_id,
+        Outcome(
+            State.COMPLETED, api.clock.now, [out], [err], counts={"total": 2, "completed": 1, "failed": 1}
+        ),
+    )
     assert batch["id"] == batch_id
     return file_id, batch_id
 
@@ -85,16 +94,22 @@ def test_another_tenants_files_and_batches_do_not_exist() -> None:
     api = make_api()
     file_id, batch_id = _completed_batch(api)
     mine, theirs = api.auth("acme"), api.auth("globex")
-    for path in (f"/v1/files/{file_id}", f"/v1/files/{file_id}/content", f"/v1/batches/{batch_id}",
-                 f"/v1/files/{output_file_id(batch_id)}", f"/v1/files/{error_file_id(batch_id)}/content"):
+    for path in (
+        f"/v1/files/{file_id}",
+        f"/v1/files/{file_id}/content",
+        f"/v1/batches/{batch_id}",
+        f"/v1/files/{output_file_id(batch_id)}",
+        f"/v1/files/{error_file_id(batch_id)}/content",
+    ):
         assert api.client.get(path, headers=mine).status_code == 200, path
         answer = api.client.get(path, headers=theirs)
         assert answer.status_code == 404, path
         assert answer.json()["error"]["type"] == "invalid_request_error"
     assert api.client.post(f"/v1/batches/{batch_id}/cancel", headers=theirs).status_code == 404
     assert api.client.delete(f"/v1/files/{file_id}", headers=theirs).status_code == 404
-    created = api.client.post("/v1/batches", headers=theirs,
-                              json={"input_file_id": file_id, "endpoint": "/v1/chat/completions"})
+    created = api.client.post(
+        "/v1/batches", headers=theirs, json={"input_file_id": file_id, "endpoint": "/v1/chat/completions"}
+    )
     assert created.status_code == 404 and created.json()["error"]["param"] == "input_file_id"
     assert api.client.get("/v1/files", headers=theirs).json()["data"] == []
     assert api.client.get("/v1/batches", headers=theirs).json()["data"] == []
@@ -124,12 +139,22 @@ def test_ids_from_a_path_never_reach_storage_unless_they_are_ids() -> None:
 def test_a_record_is_only_read_back_by_its_own_tenant() -> None:
     objects = MemoryObjectStore()
     records = RecordStore(objects, Layout("llmbatch-input"))
-    stored = StoredFile(id=new_id(FILE_PREFIX, 1.0), tenant="globex", created_at=1.0, filename="f", bytes=1,
-                        sha256="0" * 64, endpoint="/v1/chat/completions", model="m", requests=1)
+    stored = StoredFile(
+        id=new_id(FILE_PREFIX, 1.0),
+        tenant="globex",
+        created_at=1.0,
+        filename="f",
+        bytes=1,
+        sha256="0" * 64,
+        endpoint="/v1/chat/completions",
+        model="m",
+        requests=1,
+    )
     asyncio.run(records.put("files", stored))
     key = f"globex/api/files/{stored.id}.json"
     objects.objects[("llmbatch-input", f"acme/api/files/{stored.id}.json")] = objects.objects[
-        ("llmbatch-input", key)]  # a record copied under another tenant's prefix
+        ("llmbatch-input", key)
+    ]  # a record copied under another tenant's prefix
     assert asyncio.run(records.get("files", StoredFile, "acme", stored.id)) is None
     assert asyncio.run(records.get("files", StoredFile, "globex", stored.id)) == stored
 

@@ -40,8 +40,9 @@ def create(api: ApiHarness, tenant: str = "acme", **body: Any) -> Any:
 def test_creating_a_batch_publishes_the_producers_batch_requested_event() -> None:
     api = make_api()
     file_id = uploaded(api)
-    answer = create(api, input_file_id=file_id, endpoint=CHAT, completion_window="24h",
-                    metadata={"team": "search"})
+    answer = create(
+        api, input_file_id=file_id, endpoint=CHAT, completion_window="24h", metadata={"team": "search"}
+    )
     assert answer.status_code == 200, answer.text
     batch = answer.json()
     assert BATCH_ID.fullmatch(batch["id"]) and batch["object"] == "batch"
@@ -50,7 +51,7 @@ def test_creating_a_batch_publishes_the_producers_batch_requested_event() -> Non
     assert batch["metadata"] == {"team": "search"} and batch["model"] == MODEL
     assert batch["expires_at"] == batch["created_at"] + 86400
 
-    (topic, key, _, headers), = api.publisher.records
+    ((topic, key, _, headers),) = api.publisher.records
     assert topic == REQUESTS_TOPIC and key == batch["id"].encode()
     assert dict(headers)["ce_source"] == b"urn:test:api"
     (event,) = api.publisher.events()
@@ -81,8 +82,12 @@ def test_a_batch_reads_back_as_the_dispatcher_moves_it() -> None:
     assert api.client.get(path, headers=api.auth()).json()["status"] == "finalizing"
     out = f"s3://llmbatch-results/acme/{batch_id}/l1/output-a1-00000.jsonl"
     api.write_shard(out, b'{"custom_id": "r0"}\n')
-    api.dispatcher.finish(batch_id, Outcome(State.COMPLETED, api.clock.now + 3, [out], [],
-                                            counts={"total": 3, "completed": 3, "failed": 0}))
+    api.dispatcher.finish(
+        batch_id,
+        Outcome(
+            State.COMPLETED, api.clock.now + 3, [out], [], counts={"total": 3, "completed": 3, "failed": 0}
+        ),
+    )
     done = api.client.get(path, headers=api.auth()).json()
     assert done["status"] == "completed" and done["output_file_id"] == output_file_id(batch_id)
     assert done["completed_at"] == int(api.clock.now + 3) and done["error_file_id"] is None
@@ -196,7 +201,9 @@ def test_a_batch_redis_forgot_reads_from_its_manifest() -> None:
     batch_id = create(api, input_file_id=uploaded(api), endpoint=CHAT).json()["id"]
     shard = f"s3://llmbatch-results/acme/{batch_id}/l1/output-a1-00000.jsonl"
     manifest = {
-        "batch_id": batch_id, "attempt": 1, "status": "completed",
+        "batch_id": batch_id,
+        "attempt": 1,
+        "status": "completed",
         "request_counts": {"total": 3, "completed": 3, "failed": 0},
         "output_shards": [{"uri": shard, "lines": 3}],
         "timings": {"started_at": "2026-05-28T20:00:00Z", "finished_at": "2026-05-28T20:10:00Z"},
@@ -244,7 +251,11 @@ def test_a_batch_whose_event_never_got_out_is_published_again_when_read() -> Non
     request = event.data
     assert isinstance(request, BatchRequest) and event.subject == batch["id"]
     assert (request.batch_id, request.tenant, request.model, request.metadata) == (
-        batch["id"], "acme", MODEL, {"team": "search"})
+        batch["id"],
+        "acme",
+        MODEL,
+        {"team": "search"},
+    )
     assert request.input_uri.endswith(f"/acme/files/{file_id}.jsonl")
     # once per interval, whatever the number of reads (GET and list alike)
     api.client.get(f"/v1/batches/{batch['id']}", headers=api.auth())
@@ -359,8 +370,13 @@ def _sent_to_kafka(api: ApiHarness, batch_id: str, tenant: str = "acme") -> None
     """A batch a tenant's service published straight to Kafka, taken in by the dispatcher."""
     from tests.support.dispatcher_kit import batch_request, request_message
 
-    request = batch_request(batch_id, model=MODEL, tenant=tenant, metadata={"team": "kafka"},
-                            requests=[chat_line(f"k{i}") for i in range(2)])
+    request = batch_request(
+        batch_id,
+        model=MODEL,
+        tenant=tenant,
+        metadata={"team": "kafka"},
+        requests=[chat_line(f"k{i}") for i in range(2)],
+    )
     key, value, headers = request_message(request, source="urn:svc:indexer")
     assert key is not None and value is not None
     api.dispatcher.take_in((REQUESTS_TOPIC, key, value, headers), api.clock.now)
@@ -378,9 +394,9 @@ def test_a_batch_sent_to_kafka_reads_back_for_its_tenant_only_with_its_result_fi
     assert batch["expires_at"] > batch["created_at"]
     from openai.types import Batch
 
-    Batch.model_validate(batch)                               # the SDK reads it as any other batch
+    Batch.model_validate(batch)  # the SDK reads it as any other batch
     other = api.client.get("/v1/batches/nightly-eval-7", headers=api.auth("globex"))
-    assert other.status_code == 404                           # another tenant's key sees nothing
+    assert other.status_code == 404  # another tenant's key sees nothing
     # it is not listed (the API lists the batches it created) and nothing was stored for it
     assert api.client.get("/v1/batches", headers=api.auth()).json()["data"] == []
     assert not [k for k in api.objects.keys("llmbatch-input") if "nightly-eval-7" in k]
@@ -393,21 +409,27 @@ def test_a_batch_sent_to_kafka_reads_back_for_its_tenant_only_with_its_result_fi
 
     out = "s3://llmbatch-results/acme/nightly-eval-7/l1/output-a1-00000.jsonl"
     api.write_shard(out, b'{"custom_id": "k0"}\n{"custom_id": "k1"}\n')
-    api.dispatcher.finish("nightly-eval-7", Outcome(State.COMPLETED, api.clock.now + 3, [out], [],
-                                                    counts={"total": 2, "completed": 2, "failed": 0}))
+    api.dispatcher.finish(
+        "nightly-eval-7",
+        Outcome(
+            State.COMPLETED, api.clock.now + 3, [out], [], counts={"total": 2, "completed": 2, "failed": 0}
+        ),
+    )
     done = api.client.get("/v1/batches/nightly-eval-7", headers=api.auth()).json()
     assert done["status"] == "completed" and done["output_file_id"] == output_file_id("nightly-eval-7")
     content = api.client.get(f"/v1/files/{done['output_file_id']}/content", headers=api.auth())
     assert content.status_code == 200 and content.content.count(b"custom_id") == 2
-    assert api.client.get(f"/v1/files/{done['output_file_id']}/content",
-                          headers=api.auth("globex")).status_code == 404
+    assert (
+        api.client.get(f"/v1/files/{done['output_file_id']}/content", headers=api.auth("globex")).status_code
+        == 404
+    )
 
 
 def test_refused_requests_and_api_shaped_ids_are_never_read_from_kafka() -> None:
     api = make_api()
     api.dispatcher.reject("refused-1", api.clock.now, "invalid_event", "bad")
     assert api.client.get("/v1/batches/refused-1", headers=api.auth()).status_code == 404
-    for api_form in ("batch_" + "1" * 13 + "a" * 16, "batch_1"):   # the API's namespace, sent to Kafka
+    for api_form in ("batch_" + "1" * 13 + "a" * 16, "batch_1"):  # the API's namespace, sent to Kafka
         _sent_to_kafka(api, api_form)
         assert api.client.get(f"/v1/batches/{api_form}", headers=api.auth()).status_code == 404
 

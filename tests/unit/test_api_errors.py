@@ -71,8 +71,10 @@ def test_reused_code_errors_map_to_status_codes_without_leaking_addresses() -> N
 
 
 def test_a_file_with_bad_lines_names_them_all_in_one_message() -> None:
-    errors = [SchemaError(Reason.INVALID_JSON, "not JSON", line=2),
-              SchemaError(Reason.INVALID_FIELD, "x", line=5)]
+    errors = [
+        SchemaError(Reason.INVALID_JSON, "not JSON", line=2),
+        SchemaError(Reason.INVALID_FIELD, "x", line=5),
+    ]
     error = from_exception(InvalidInput("2 invalid lines of 6\n  line 2: not JSON\n  line 5: x", errors))
     body = shape(error.body())
     assert error.status == 400 and body["param"] == "file" and body["code"] == "invalid_json_line"
@@ -93,8 +95,9 @@ def test_validation_errors_of_fastapi_answer_400_with_the_param() -> None:
     assert answer.status_code == 400
     assert shape(answer.json())["param"] in {"endpoint", "colour"}
     assert "more" in answer.json()["error"]["message"]
-    answer = api.client.post("/v1/batches", headers={**api.auth(), "content-type": "application/json"},
-                             content=b"{nope")
+    answer = api.client.post(
+        "/v1/batches", headers={**api.auth(), "content-type": "application/json"}, content=b"{nope"
+    )
     assert answer.status_code == 400 and shape(answer.json())["message"] == "the body is not valid JSON"
 
 
@@ -109,8 +112,9 @@ def test_unknown_routes_and_methods_answer_in_openai_shape() -> None:
 def test_bodies_over_the_limit_are_refused_by_length_and_while_streaming() -> None:
     api = make_api(max_json_bytes=2048, max_upload_bytes=4096)
     big = b'{"input_file_id": "' + b"x" * 4000 + b'"}'
-    answer = api.client.post("/v1/batches", headers={**api.auth(), "content-type": "application/json"},
-                             content=big)
+    answer = api.client.post(
+        "/v1/batches", headers={**api.auth(), "content-type": "application/json"}, content=big
+    )
     assert answer.status_code == 413 and shape(answer.json())["code"] == "payload_too_large"
 
     def chunks() -> Any:  # no Content-Length: counted as it arrives
@@ -118,8 +122,9 @@ def test_bodies_over_the_limit_are_refused_by_length_and_while_streaming() -> No
             yield b" " * 1000
         yield b'{"input_file_id": "x"}'
 
-    answer = api.client.post("/v1/batches", headers={**api.auth(), "content-type": "application/json"},
-                             content=chunks())
+    answer = api.client.post(
+        "/v1/batches", headers={**api.auth(), "content-type": "application/json"}, content=chunks()
+    )
     assert answer.status_code == 413 and shape(answer.json())["code"] == "payload_too_large"
 
     huge = jsonl(*(chat_line(str(i)) for i in range(8000)))  # ~1.4 MB over 4096 + the multipart slack
@@ -155,8 +160,9 @@ def test_backends_that_are_down_answer_503_naming_which_without_its_address() ->
     async def redis_down(*_: Any, **__: Any) -> Any:
         raise StateStoreUnavailable("redis://10.1.2.4:6379 refused")
 
-    created = api.client.post("/v1/batches", headers=api.auth(),
-                              json={"input_file_id": file_id, "endpoint": "/v1/chat/completions"})
+    created = api.client.post(
+        "/v1/batches", headers=api.auth(), json={"input_file_id": file_id, "endpoint": "/v1/chat/completions"}
+    )
     api.dispatcher.get_many = redis_down  # type: ignore[method-assign]
     answer = api.client.get(f"/v1/batches/{created.json()['id']}", headers=api.auth())
     assert answer.status_code == 503 and "Redis" in answer.json()["error"]["message"]

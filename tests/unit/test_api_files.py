@@ -133,8 +133,9 @@ def test_retrieve_content_and_delete() -> None:
 
 def _finished_batch(api: ApiHarness, outputs: list[bytes], errors: list[bytes]) -> str:
     file_id = upload_ok(api, jsonl(chat_line("a"), chat_line("b")))["id"]
-    api.client.post("/v1/batches", headers=api.auth(),
-                    json={"input_file_id": file_id, "endpoint": "/v1/chat/completions"})
+    api.client.post(
+        "/v1/batches", headers=api.auth(), json={"input_file_id": file_id, "endpoint": "/v1/chat/completions"}
+    )
     (batch_id,) = api.accept_all()
     uris: dict[str, list[str]] = {"output": [], "error": []}
     for kind, shards in (("output", outputs), ("error", errors)):
@@ -200,8 +201,9 @@ def test_concatenation_holds_one_chunk_at_a_time() -> None:
 
 
 def _batch_of(api: ApiHarness, file_id: str) -> str:
-    answer = api.client.post("/v1/batches", headers=api.auth(),
-                             json={"input_file_id": file_id, "endpoint": "/v1/chat/completions"})
+    answer = api.client.post(
+        "/v1/batches", headers=api.auth(), json={"input_file_id": file_id, "endpoint": "/v1/chat/completions"}
+    )
     assert answer.status_code == 200, answer.text
     return str(answer.json()["id"])
 
@@ -264,12 +266,16 @@ def test_a_create_that_found_the_file_while_it_was_being_deleted_keeps_it() -> N
 
 def test_a_create_of_a_missing_file_is_not_found_and_holds_nothing() -> None:
     api = make_api()
-    answer = api.client.post("/v1/batches", headers=api.auth(),
-                             json={"input_file_id": f"file-{'0' * 29}", "endpoint": "/v1/chat/completions"})
+    answer = api.client.post(
+        "/v1/batches",
+        headers=api.auth(),
+        json={"input_file_id": f"file-{'0' * 29}", "endpoint": "/v1/chat/completions"},
+    )
     assert answer.status_code == 404 and answer.json()["error"]["param"] == "input_file_id"
     file_id = upload_ok(api, jsonl(chat_line("a")))["id"]
-    bad = api.client.post("/v1/batches", headers=api.auth(),
-                          json={"input_file_id": file_id, "endpoint": "/v1/completions"})
+    bad = api.client.post(
+        "/v1/batches", headers=api.auth(), json={"input_file_id": file_id, "endpoint": "/v1/completions"}
+    )
     assert bad.status_code == 400  # the endpoint does not match: no batch, so the file is free
     assert api.client.delete(f"/v1/files/{file_id}", headers=api.auth()).status_code == 200
 
@@ -323,15 +329,19 @@ def test_result_files_are_listed_under_purpose_batch_output_in_pages() -> None:
             break
         after = page["last_id"]
     assert pages == ids
-    assert [f["id"] for f in listed(order="asc")["data"]] == [output_file_id(first), error_file_id(first),
-                                                              output_file_id(last)]
+    assert [f["id"] for f in listed(order="asc")["data"]] == [
+        output_file_id(first),
+        error_file_id(first),
+        output_file_id(last),
+    ]
     assert [f["id"] for f in listed(after=output_file_id(first))["data"]] == [error_file_id(first)]
     uploads = api.client.get("/v1/files", headers=api.auth(), params={"purpose": "batch"}).json()["data"]
     assert all(f["purpose"] == "batch" for f in uploads) and len(uploads) == 3
     other = api.client.get("/v1/files", headers=api.auth("globex"), params={"purpose": "batch_output"})
     assert other.json()["data"] == []  # another tenant's results do not exist for it
-    bad = api.client.get("/v1/files", headers=api.auth(),
-                         params={"purpose": "batch_output", "after": file_id})
+    bad = api.client.get(
+        "/v1/files", headers=api.auth(), params={"purpose": "batch_output", "after": file_id}
+    )
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "after"
 
 

@@ -82,8 +82,11 @@ def test_a_repeat_finishes_a_create_whose_publish_failed() -> None:
     failed = create(api, "key-1", input_file_id=file_id)
     assert failed.status_code == 503 and api.publisher.records == []
     api.publisher.fail = False
-    api.objects.objects = {k: v for k, v in api.objects.objects.items()  # the record write was lost too
-                           if not k[1].startswith("acme/api/batches/")}
+    api.objects.objects = {
+        k: v
+        for k, v in api.objects.objects.items()  # the record write was lost too
+        if not k[1].startswith("acme/api/batches/")
+    }
     retried = create(api, "key-1", input_file_id=file_id)
     assert retried.status_code == 200, retried.text
     (event,) = api.publisher.events()
@@ -135,11 +138,19 @@ def test_a_malformed_key_is_refused_naming_the_header(key: str) -> None:
 
 def test_the_openai_sdk_sends_the_key_as_extra_headers() -> None:
     api = make_api()
-    client = openai.OpenAI(base_url="http://testserver/v1", api_key=KEYS["acme"], http_client=api.client,
-                           max_retries=0)
+    client = openai.OpenAI(
+        base_url="http://testserver/v1", api_key=KEYS["acme"], http_client=api.client, max_retries=0
+    )
     file_id = uploaded(api)
-    made = [client.batches.create(input_file_id=file_id, endpoint=CHAT, completion_window="24h",
-                                  extra_headers={"Idempotency-Key": "nightly-2026-11-24"}) for _ in range(2)]
+    made = [
+        client.batches.create(
+            input_file_id=file_id,
+            endpoint=CHAT,
+            completion_window="24h",
+            extra_headers={"Idempotency-Key": "nightly-2026-11-24"},
+        )
+        for _ in range(2)
+    ]
     assert made[0].id == made[1].id and len(batch_records(api)) == 1
     assert api.dispatcher.hashes == {}  # nothing taken in yet: both answers are validating
     assert {b.status for b in made} == {"validating"}

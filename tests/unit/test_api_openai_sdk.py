@@ -49,10 +49,15 @@ def test_the_sdk_uploads_creates_retrieves_lists_and_cancels(tmp_path: Path) -> 
     assert [FileObject.model_validate(f) for f in files_page["data"]] == [uploaded]
     assert client.files.content(uploaded.id).read() == path.read_bytes()
 
-    batch = validated(Batch, client.batches.with_raw_response.create(
-        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h",
-        metadata={"job": "nightly"},
-    ))
+    batch = validated(
+        Batch,
+        client.batches.with_raw_response.create(
+            input_file_id=uploaded.id,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            metadata={"job": "nightly"},
+        ),
+    )
     assert batch.status == "validating" and batch.input_file_id == uploaded.id
     assert batch.request_counts is not None and batch.request_counts.total == 4
     assert batch.metadata == {"job": "nightly"} and batch.model == MODEL
@@ -80,15 +85,20 @@ def test_the_sdk_reads_a_finished_batchs_output(tmp_path: Path) -> None:
     api = make_api()
     client = sdk(api)
     uploaded = client.files.create(file=("in.jsonl", jsonl(chat_line("a"), chat_line("b"))), purpose="batch")
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                  completion_window="24h")
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
     api.accept_all()
     shards = [f"s3://llmbatch-results/acme/{batch.id}/l1/output-a1-0000{i}.jsonl" for i in range(2)]
     api.write_shard(shards[0], b'{"custom_id": "a"}\n')
     api.write_shard(shards[1], b'{"custom_id": "b"}\n')
     api.dispatcher.run(batch.id, api.clock.now)
-    api.dispatcher.finish(batch.id, Outcome(State.COMPLETED, api.clock.now + 1, shards, [],
-                                            counts={"total": 2, "completed": 2, "failed": 0}))
+    api.dispatcher.finish(
+        batch.id,
+        Outcome(
+            State.COMPLETED, api.clock.now + 1, shards, [], counts={"total": 2, "completed": 2, "failed": 0}
+        ),
+    )
     done = client.batches.retrieve(batch.id)
     assert done.status == "completed" and done.output_file_id == output_file_id(batch.id)
     assert done.error_file_id is None

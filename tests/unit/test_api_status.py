@@ -29,17 +29,31 @@ RESULTS = "s3://llmbatch-results/acme"
 def stored(**changes: Any) -> StoredBatch:
     batch_id = new_id(BATCH_PREFIX, T0)
     base = StoredBatch(
-        id=batch_id, tenant="acme", created_at=T0, input_file_id="file-0000000000001" + "0" * 16,
-        endpoint="/v1/chat/completions", model=MODEL, completion_window="24h", expires_at=T0 + 86400,
-        metadata={"team": "search"}, total=5, input_uri=f"s3://llmbatch-input/acme/files/{batch_id}.jsonl",
+        id=batch_id,
+        tenant="acme",
+        created_at=T0,
+        input_file_id="file-0000000000001" + "0" * 16,
+        endpoint="/v1/chat/completions",
+        model=MODEL,
+        completion_window="24h",
+        expires_at=T0 + 86400,
+        metadata={"team": "search"},
+        total=5,
+        input_uri=f"s3://llmbatch-input/acme/files/{batch_id}.jsonl",
     )
     return base.model_copy(update=changes)
 
 
 def accepted(batch: StoredBatch, dispatcher: MemoryDispatcher, at: float) -> None:
-    request = BatchRequest(batch_id=batch.id, model=batch.model, endpoint=batch.endpoint,
-                           input_uri=batch.input_uri, completion_window=batch.completion_window,
-                           metadata=batch.metadata, tenant=batch.tenant)
+    request = BatchRequest(
+        batch_id=batch.id,
+        model=batch.model,
+        endpoint=batch.endpoint,
+        input_uri=batch.input_uri,
+        completion_window=batch.completion_window,
+        metadata=batch.metadata,
+        tenant=batch.tenant,
+    )
     key, value, headers = encode(Envelope.new(request, source="urn:test"))
     dispatcher.take_in(("llm.batch.requests.v1", key, value, headers), at)
 
@@ -119,11 +133,19 @@ def test_a_completed_batch_walks_through_every_status_with_its_timestamps() -> N
     assert batch.status == "finalizing" and batch.finalizing_at == int(T0 + 20)
     assert batch.output_file_id is None  # not before the batch ended
 
-    dispatcher.finish(record.id, Outcome(
-        State.COMPLETED, T0 + 25, shards(record, "output", 2), shards(record, "error", 1),
-        f"{RESULTS}/{record.id}/l1/manifest.json", {"total": 5, "completed": 4, "failed": 1},
-        {"prompt_tokens": 50, "completion_tokens": 20}, T0 + 10,
-    ))
+    dispatcher.finish(
+        record.id,
+        Outcome(
+            State.COMPLETED,
+            T0 + 25,
+            shards(record, "output", 2),
+            shards(record, "error", 1),
+            f"{RESULTS}/{record.id}/l1/manifest.json",
+            {"total": 5, "completed": 4, "failed": 1},
+            {"prompt_tokens": 50, "completion_tokens": 20},
+            T0 + 10,
+        ),
+    )
     batch = view(record, dispatcher)
     assert batch.status == "completed" and batch.completed_at == int(T0 + 25)
     assert batch.finalizing_at == int(T0 + 20) and batch.in_progress_at == int(T0 + 2)
@@ -139,8 +161,16 @@ def test_a_completed_batch_without_error_lines_has_no_error_file() -> None:
     accepted(record, dispatcher, T0 + 1)
     dispatcher.run(record.id, T0 + 2)
     dispatcher.finalize(record.id, T0 + 3)
-    dispatcher.finish(record.id, Outcome(State.COMPLETED, T0 + 4, shards(record, "output", 1), [],
-                                         counts={"total": 5, "completed": 5, "failed": 0}))
+    dispatcher.finish(
+        record.id,
+        Outcome(
+            State.COMPLETED,
+            T0 + 4,
+            shards(record, "output", 1),
+            [],
+            counts={"total": 5, "completed": 5, "failed": 0},
+        ),
+    )
     batch = view(record, dispatcher)
     assert batch.output_file_id is not None and batch.error_file_id is None
 
@@ -149,8 +179,16 @@ def test_a_failed_batch_says_why() -> None:
     record, dispatcher = stored(), MemoryDispatcher()
     accepted(record, dispatcher, T0 + 1)
     dispatcher.run(record.id, T0 + 2)
-    dispatcher.finish(record.id, Outcome(State.FAILED, T0 + 9, error_code="attempts_exhausted",
-                                         error_message="3 attempts failed", dlt_reason="attempts_exhausted"))
+    dispatcher.finish(
+        record.id,
+        Outcome(
+            State.FAILED,
+            T0 + 9,
+            error_code="attempts_exhausted",
+            error_message="3 attempts failed",
+            dlt_reason="attempts_exhausted",
+        ),
+    )
     batch = view(record, dispatcher)
     assert batch.status == "failed" and batch.failed_at == int(T0 + 9) and batch.completed_at is None
     assert batch.errors is not None and len(batch.errors.data) == 1
@@ -197,8 +235,16 @@ def test_a_cancel_recorded_by_the_dispatcher_reads_cancelling_then_cancelled() -
     batch = view(record, dispatcher)
     assert batch.status == "cancelling" and batch.cancelling_at == int(T0 + 3)
 
-    dispatcher.finish(record.id, Outcome(State.CANCELLED, T0 + 7, shards(record, "output", 1), [],
-                                         counts={"total": 5, "completed": 2, "failed": 0}))
+    dispatcher.finish(
+        record.id,
+        Outcome(
+            State.CANCELLED,
+            T0 + 7,
+            shards(record, "output", 1),
+            [],
+            counts={"total": 5, "completed": 2, "failed": 0},
+        ),
+    )
     batch = view(record, dispatcher)
     assert batch.status == "cancelled" and batch.cancelled_at == int(T0 + 7)
     assert batch.cancelling_at == int(T0 + 3)
@@ -210,23 +256,35 @@ def test_an_expired_batch_keeps_its_partial_results() -> None:
     record, dispatcher = stored(), MemoryDispatcher()
     accepted(record, dispatcher, T0 + 1)
     dispatcher.run(record.id, T0 + 2)
-    dispatcher.finish(record.id, Outcome(State.EXPIRED, T0 + 99, shards(record, "output", 1),
-                                         shards(record, "error", 1), counts={"total": 5, "completed": 3}))
+    dispatcher.finish(
+        record.id,
+        Outcome(
+            State.EXPIRED,
+            T0 + 99,
+            shards(record, "output", 1),
+            shards(record, "error", 1),
+            counts={"total": 5, "completed": 3},
+        ),
+    )
     batch = view(record, dispatcher)
     assert batch.status == "expired" and batch.expired_at == int(T0 + 99)
     assert batch.output_file_id is not None and batch.error_file_id is not None
 
 
 def _manifest(record: StoredBatch, status: str, **extra: Any) -> Manifest:
-    return Manifest.model_validate({
-        "batch_id": record.id, "attempt": 1, "status": status,
-        "request_counts": {"total": 5, "completed": 4, "failed": 1},
-        "usage": {"prompt_tokens": 9, "completion_tokens": 3},
-        "output_shards": [{"uri": u, "lines": 4} for u in shards(record, "output", 1)],
-        "error_shards": [{"uri": u, "lines": 1} for u in shards(record, "error", 1)],
-        "timings": {"started_at": "2026-05-28T20:00:00Z", "finished_at": "2026-05-28T20:10:00Z"},
-        **extra,
-    })
+    return Manifest.model_validate(
+        {
+            "batch_id": record.id,
+            "attempt": 1,
+            "status": status,
+            "request_counts": {"total": 5, "completed": 4, "failed": 1},
+            "usage": {"prompt_tokens": 9, "completion_tokens": 3},
+            "output_shards": [{"uri": u, "lines": 4} for u in shards(record, "output", 1)],
+            "error_shards": [{"uri": u, "lines": 1} for u in shards(record, "error", 1)],
+            "timings": {"started_at": "2026-05-28T20:00:00Z", "finished_at": "2026-05-28T20:10:00Z"},
+            **extra,
+        }
+    )
 
 
 def test_without_redis_the_manifest_says_how_the_batch_ended() -> None:

@@ -27,8 +27,16 @@ pytestmark = pytest.mark.unit
 
 
 def s3_error(code: str) -> S3Error:
-    return S3Error(None, code, f"{code} happened", "/b/k", "req", "host",  # type: ignore[arg-type]
-                   bucket_name="b", object_name="k")
+    return S3Error(
+        None,
+        code,
+        f"{code} happened",
+        "/b/k",
+        "req",
+        "host",  # type: ignore[arg-type]
+        bucket_name="b",
+        object_name="k",
+    )
 
 
 @dataclass
@@ -154,8 +162,13 @@ def test_missing_objects_and_failures_are_told_apart() -> None:
 
 def test_the_entrypoint_help_and_key_hashing() -> None:
     def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "llmbatch.api", *args], input=stdin, capture_output=True,
-                              text=True, check=False)
+        return subprocess.run(
+            [sys.executable, "-m", "llmbatch.api", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
 
     done = run("--help")
     assert done.returncode == 0 and "LLMBATCH_API__KEYS" in done.stdout and "--hash-key" in done.stdout
@@ -191,6 +204,12 @@ def test_the_app_is_wired_without_connecting() -> None:
     settings = ApiSettings(api=ApiOptions(keys={hash_api_key("k"): "acme"}))
     app = build_app(settings)
     paths = {getattr(route, "path", "") for route in app.routes}
-    assert {"/v1/files", "/v1/files/{file_id}", "/v1/files/{file_id}/content", "/v1/batches",
-            "/v1/batches/{batch_id}", "/v1/batches/{batch_id}/cancel"} <= paths
+    assert {
+        "/v1/files",
+        "/v1/files/{file_id}",
+        "/v1/files/{file_id}/content",
+        "/v1/batches",
+        "/v1/batches/{batch_id}",
+        "/v1/batches/{batch_id}/cancel",
+    } <= paths
     assert app.state.services.batches.requests_topic == settings.kafka.topics.requests

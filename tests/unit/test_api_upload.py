@@ -38,14 +38,17 @@ def outcome(chunks: list[bytes], **limits: Any) -> ValidatedFile | tuple[int | N
 def test_a_valid_file_is_described() -> None:
     data = jsonl(chat_line("a"), b"", chat_line("b", max_tokens=4), b"   ")
     result = validate_batch_file([data])
-    assert result == ValidatedFile(len(data), hashlib.sha256(data).hexdigest(), 2,
-                                   result.endpoint, MODEL)
+    assert result == ValidatedFile(len(data), hashlib.sha256(data).hexdigest(), 2, result.endpoint, MODEL)
     assert result.endpoint.value == "/v1/chat/completions"
 
 
 def test_completions_files_are_valid_too() -> None:
-    line = {"custom_id": "p", "method": "POST", "url": "/v1/completions",
-            "body": {"model": MODEL, "prompt": "x"}}
+    line = {
+        "custom_id": "p",
+        "method": "POST",
+        "url": "/v1/completions",
+        "body": {"model": MODEL, "prompt": "x"},
+    }
     assert validate_batch_file([jsonl(line)]).endpoint.value == "/v1/completions"
 
 
@@ -59,15 +62,21 @@ def test_bad_lines_are_named_by_number_with_the_field() -> None:
     data = jsonl(chat_line("a"), b"{not json", chat_line("c", temperature=9), chat_line("a"))
     errors = errors_of(data)
     assert [(e.line, e.reason) for e in errors] == [
-        (2, Reason.INVALID_JSON), (3, Reason.INVALID_FIELD), (4, Reason.DUPLICATE_CUSTOM_ID)
+        (2, Reason.INVALID_JSON),
+        (3, Reason.INVALID_FIELD),
+        (4, Reason.DUPLICATE_CUSTOM_ID),
     ]
     assert errors[1].field == "body.temperature"
     assert "line 1" in errors[2].message  # where the custom_id was first used
 
 
 def test_every_line_names_the_same_model_and_endpoint() -> None:
-    data = jsonl(chat_line("a"), chat_line("b", model=None), chat_line("c", model="other/model"),
-                 {**chat_line("d"), "url": "/v1/completions", "body": {"model": MODEL, "prompt": "x"}})
+    data = jsonl(
+        chat_line("a"),
+        chat_line("b", model=None),
+        chat_line("c", model="other/model"),
+        {**chat_line("d"), "url": "/v1/completions", "body": {"model": MODEL, "prompt": "x"}},
+    )
     errors = errors_of(data)
     assert [(e.line, e.reason, e.field) for e in errors] == [
         (2, Reason.MISSING_FIELD, "body.model"),
@@ -117,22 +126,39 @@ _valid = st.builds(
     st.text(st.characters(codec="utf-8"), min_size=1, max_size=12),
     st.integers(min_value=1, max_value=64),
 )
-_near = st.sampled_from([  # lines one rule away from valid
-    b"", b"  ", b"{}", b"[]", b"null", b'{"custom_id": "x"}', b"\xff\xfe",
-    json.dumps(chat_line("m", model="other/m")).encode(),
-    json.dumps(chat_line("n", model=None)).encode(),
-    json.dumps({**chat_line("u"), "url": "/v1/completions"}).encode(),
-    json.dumps({"custom_id": "c", "method": "POST", "url": "/v1/completions",
-                "body": {"model": MODEL, "prompt": "x"}}).encode(),
-    json.dumps(chat_line("t", temperature=7)).encode(),
-])
+_near = st.sampled_from(
+    [  # lines one rule away from valid
+        b"",
+        b"  ",
+        b"{}",
+        b"[]",
+        b"null",
+        b'{"custom_id": "x"}',
+        b"\xff\xfe",
+        json.dumps(chat_line("m", model="other/m")).encode(),
+        json.dumps(chat_line("n", model=None)).encode(),
+        json.dumps({**chat_line("u"), "url": "/v1/completions"}).encode(),
+        json.dumps(
+            {
+                "custom_id": "c",
+                "method": "POST",
+                "url": "/v1/completions",
+                "body": {"model": MODEL, "prompt": "x"},
+            }
+        ).encode(),
+        json.dumps(chat_line("t", temperature=7)).encode(),
+    ]
+)
 _binary = st.binary(max_size=40).filter(lambda b: b"\n" not in b)
 _lines = st.lists(st.one_of(_valid, _valid, _near, _binary), max_size=12)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(lines=_lines, cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=8),
-       final_newline=st.booleans())
+@given(
+    lines=_lines,
+    cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=8),
+    final_newline=st.booleans(),
+)
 def test_fuzz_any_bytes_any_chunking(lines: list[bytes], cuts: list[int], final_newline: bool) -> None:
     data = b"\n".join(lines) + (b"\n" if final_newline and lines else b"")
     whole = outcome([data])
@@ -157,8 +183,11 @@ def test_fuzz_any_bytes_any_chunking(lines: list[bytes], cuts: list[int], final_
 
 
 @settings(max_examples=60, deadline=None)
-@given(good=st.lists(_valid, min_size=1, max_size=8, unique=True), position=st.integers(min_value=0),
-       bad=st.sampled_from([b"{", b"[]", json.dumps(chat_line("z", temperature=7)).encode()]))
+@given(
+    good=st.lists(_valid, min_size=1, max_size=8, unique=True),
+    position=st.integers(min_value=0),
+    bad=st.sampled_from([b"{", b"[]", json.dumps(chat_line("z", temperature=7)).encode()]),
+)
 def test_fuzz_one_bad_line_is_found_where_it_is(good: list[bytes], position: int, bad: bytes) -> None:
     ids = [json.loads(line)["custom_id"] for line in good]
     assume(len(set(ids)) == len(ids) and "z" not in ids)
@@ -196,8 +225,10 @@ def oracle(data: bytes) -> tuple[int | None, ...] | None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(lines=st.lists(st.one_of(_valid, _near), max_size=10),
-       cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=6))
+@given(
+    lines=st.lists(st.one_of(_valid, _near), max_size=10),
+    cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=6),
+)
 def test_fuzz_the_validator_agrees_with_the_rules_line_by_line(lines: list[bytes], cuts: list[int]) -> None:
     data = b"\n".join(lines)
     got = outcome(chunked(data, cuts))

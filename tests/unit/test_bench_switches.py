@@ -42,10 +42,19 @@ def test_thread_switches_of_a_process_that_is_gone_is_none() -> None:
 
 
 def test_switches_by_component_sums_processes_of_a_label_and_ranks_the_most_waking_first() -> None:
-    before = {1: ("java (Kafka)", 100, 5), 2: ("raylet", 0, 0), 3: ("raylet", 10, 0),
-              4: ("ray::ServeReplica:llmbatch-engine-m", 0, 0)}
-    after = {1: ("java (Kafka)", 300, 9), 2: ("raylet", 50, 2), 3: ("raylet", 60, 2),
-             4: ("ray::ServeReplica:llmbatch-engine-m", 2000, 3700), 5: ("redis-server", 40, 0)}
+    before = {
+        1: ("java (Kafka)", 100, 5),
+        2: ("raylet", 0, 0),
+        3: ("raylet", 10, 0),
+        4: ("ray::ServeReplica:llmbatch-engine-m", 0, 0),
+    }
+    after = {
+        1: ("java (Kafka)", 300, 9),
+        2: ("raylet", 50, 2),
+        3: ("raylet", 60, 2),
+        4: ("ray::ServeReplica:llmbatch-engine-m", 2000, 3700),
+        5: ("redis-server", 40, 0),
+    }
     rates = switches_by_component(before, after, wall_s=2.0)
     engine = "ray::ServeReplica:llmbatch-engine-m"
     assert list(rates)[:4] == [engine, "java (Kafka)", "raylet", "redis-server"]

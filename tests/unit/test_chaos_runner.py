@@ -23,15 +23,18 @@ def test_a_run_has_drained_once_every_batch_ended_or_was_rejected_and_duplicates
     seen = [Seen("completed", s.batch_id or "", f"t-{s.batch_id}") for s in batches[1:]]
     seen.append(Seen("rejected", batches[0].batch_id or "", "x", request_id=batches[0].event_id))
     assert not _drained(records, seen)  # the duplicates are not answered yet
-    seen += [Seen("rejected", d.batch_id or "", f"y{i}", request_id=d.event_id)
-             for i, d in enumerate(duplicates)]
+    seen += [
+        Seen("rejected", d.batch_id or "", f"y{i}", request_id=d.event_id) for i, d in enumerate(duplicates)
+    ]
     assert _drained(records, seen)
     assert not _drained(records, seen[1:])  # a batch neither ended nor rejected
 
 
 def test_dead_letters_are_marked_by_key_and_by_ce_id() -> None:
-    records = [SimpleNamespace(key=b"k1", headers=[("ce_id", b"e1"), ("other", b"x")]),
-               SimpleNamespace(key=None, headers=[("ce_id", b"e2")])]
+    records = [
+        SimpleNamespace(key=b"k1", headers=[("ce_id", b"e1"), ("other", b"x")]),
+        SimpleNamespace(key=None, headers=[("ce_id", b"e2")]),
+    ]
     assert _marks(records) == {"k1", "e1", "e2"}
 
 

@@ -15,13 +15,21 @@ def batch(n: int, expect: frozenset[str] = DONE) -> Sent:
 
 
 def clean_run() -> tuple[list[Sent], list[Seen], list[str], dict[str, list[str]]]:
-    sent = [batch(1), batch(2, frozenset({"cancelled", "completed"})),
-            Sent(Kind.DUPLICATE, "b1", "e1-dup"), Sent(Kind.MALFORMED, None, "m1", mark="junk-1"),
-            Sent(Kind.CANCEL, "b2", "c-b2")]
-    seen = [Seen("accepted", "b1", "a1"), Seen("accepted", "b2", "a2"),
-            Seen("rejected", "b1", "r1", request_id="e1-dup"),
-            Seen("completed", "b1", "t1"), Seen("completed", "b1", "t1"),  # a re-delivery: allowed
-            Seen("cancelled", "b2", "t2")]
+    sent = [
+        batch(1),
+        batch(2, frozenset({"cancelled", "completed"})),
+        Sent(Kind.DUPLICATE, "b1", "e1-dup"),
+        Sent(Kind.MALFORMED, None, "m1", mark="junk-1"),
+        Sent(Kind.CANCEL, "b2", "c-b2"),
+    ]
+    seen = [
+        Seen("accepted", "b1", "a1"),
+        Seen("accepted", "b2", "a2"),
+        Seen("rejected", "b1", "r1", request_id="e1-dup"),
+        Seen("completed", "b1", "t1"),
+        Seen("completed", "b1", "t1"),  # a re-delivery: allowed
+        Seen("cancelled", "b2", "t2"),
+    ]
     return sent, seen, ["junk-1"], {"b1": ["c1-0", "c1-1"]}
 
 
@@ -34,18 +42,25 @@ def test_a_clean_run_keeps_every_promise() -> None:
     assert "violations" in verdict.table()
 
 
-@pytest.mark.parametrize(("break_it", "found"), [
-    (lambda s, e, d, a: e.append(Seen("failed", "b1", "t1-other")), "b1: 2 distinct terminal event ids"),
-    (lambda s, e, d, a: e.remove(Seen("cancelled", "b2", "t2")), "b2: accepted, no terminal event"),
-    (lambda s, e, d, a: a.update({"b1": ["c1-0"]}), "custom_ids missing ['c1-1']"),
-    (lambda s, e, d, a: a.update({"b1": ["c1-0", "c1-1", "c1-1"]}), "answered twice ['c1-1']"),
-    (lambda s, e, d, a: d.clear(), "malformed record junk-1"),
-    (lambda s, e, d, a: e.remove(Seen("rejected", "b1", "r1", request_id="e1-dup")),
-     "duplicate request e1-dup"),
-    (lambda s, e, d, a: s.append(batch(3)), "b3: neither accepted nor rejected"),
-    (lambda s, e, d, a: e.append(Seen("completed", "zz", "t9")),
-     "zz: a terminal event for a batch nobody sent"),
-])
+@pytest.mark.parametrize(
+    ("break_it", "found"),
+    [
+        (lambda s, e, d, a: e.append(Seen("failed", "b1", "t1-other")), "b1: 2 distinct terminal event ids"),
+        (lambda s, e, d, a: e.remove(Seen("cancelled", "b2", "t2")), "b2: accepted, no terminal event"),
+        (lambda s, e, d, a: a.update({"b1": ["c1-0"]}), "custom_ids missing ['c1-1']"),
+        (lambda s, e, d, a: a.update({"b1": ["c1-0", "c1-1", "c1-1"]}), "answered twice ['c1-1']"),
+        (lambda s, e, d, a: d.clear(), "malformed record junk-1"),
+        (
+            lambda s, e, d, a: e.remove(Seen("rejected", "b1", "r1", request_id="e1-dup")),
+            "duplicate request e1-dup",
+        ),
+        (lambda s, e, d, a: s.append(batch(3)), "b3: neither accepted nor rejected"),
+        (
+            lambda s, e, d, a: e.append(Seen("completed", "zz", "t9")),
+            "zz: a terminal event for a batch nobody sent",
+        ),
+    ],
+)
 def test_each_broken_promise_is_named(break_it: object, found: str) -> None:
     sent, seen, dead, answers = clean_run()
     break_it(sent, seen, dead, answers)  # type: ignore[operator]

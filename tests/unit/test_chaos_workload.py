@@ -17,8 +17,14 @@ from tests.support.dispatcher_kit import MODEL
 
 pytestmark = pytest.mark.unit
 NOW = datetime(2026, 11, 24, tzinfo=UTC)
-RULES = IntakeRules(requests_topic="req", dlt_topic="req.dlt", group_id="g", served_models=frozenset({MODEL}),
-                    inline_limits=InlineLimits(), readable_buckets=frozenset({"llmbatch-input"}))
+RULES = IntakeRules(
+    requests_topic="req",
+    dlt_topic="req.dlt",
+    group_id="g",
+    served_models=frozenset({MODEL}),
+    inline_limits=InlineLimits(),
+    readable_buckets=frozenset({"llmbatch-input"}),
+)
 
 
 def records() -> list:  # type: ignore[type-arg]

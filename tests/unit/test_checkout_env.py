@@ -14,8 +14,9 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize("package", [llmbatch.cli, schemas, adapters, producer, dispatcher, ray_job, api],
-                         ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+    "package", [llmbatch.cli, schemas, adapters, producer, dispatcher, ray_job, api], ids=lambda m: m.__name__
+)
 def test_packages_are_imported_from_this_checkout(package: object) -> None:
     where = Path(package.__file__).resolve()  # type: ignore[attr-defined]
     assert where.is_relative_to(ROOT), f"{package} comes from {where}, not from the checkout {ROOT}"

@@ -12,18 +12,22 @@ def _service(name: str, namespace: str = "llmbatch", cluster_ip: str = "None", *
 
 
 def _slice(service: str, namespace: str, *endpoints: tuple[str, bool]) -> dict[str, Any]:
-    return {"metadata": {"namespace": namespace, "labels": {"kubernetes.io/service-name": service}},
-            "endpoints": [{"addresses": [ip], "conditions": {"ready": ready}} for ip, ready in endpoints]}
+    return {
+        "metadata": {"namespace": namespace, "labels": {"kubernetes.io/service-name": service}},
+        "endpoints": [{"addresses": [ip], "conditions": {"ready": ready}} for ip, ready in endpoints],
+    }
 
 
 def test_a_headless_service_resolves_to_its_ready_endpoints_in_its_own_namespace() -> None:
     services = [_service("ray-head-svc"), _service("ray-serve-svc", cluster_ip="10.96.0.7")]
-    slices = [_slice("ray-head-svc", "llmbatch", ("10.244.0.3", True), ("10.244.0.2", True),
-                     ("10.244.0.9", False)),
-              _slice("ray-head-svc", "other", ("10.244.0.50", True)),  # another namespace's Service
-              _slice("ray-serve-svc", "llmbatch", ("10.244.0.2", True))]
+    slices = [
+        _slice("ray-head-svc", "llmbatch", ("10.244.0.3", True), ("10.244.0.2", True), ("10.244.0.9", False)),
+        _slice("ray-head-svc", "other", ("10.244.0.50", True)),  # another namespace's Service
+        _slice("ray-serve-svc", "llmbatch", ("10.244.0.2", True)),
+    ]
     assert headless_hosts(services, slices) == {
-        "ray-head-svc.llmbatch.svc.cluster.local": ["10.244.0.2", "10.244.0.3"]}
+        "ray-head-svc.llmbatch.svc.cluster.local": ["10.244.0.2", "10.244.0.3"]
+    }
 
 
 def test_publish_not_ready_addresses_and_services_without_endpoints() -> None:
@@ -33,7 +37,13 @@ def test_publish_not_ready_addresses_and_services_without_endpoints() -> None:
 
 
 def test_render_keeps_localhost_and_one_line_per_address() -> None:
-    text = render({"b.ns.svc.cluster.local": ["10.0.0.2"],
-                   "a.ns.svc.cluster.local": ["10.0.0.1", "10.0.0.3"]})
-    assert text.splitlines() == ["127.0.0.1 localhost", "::1 localhost", "10.0.0.1 a.ns.svc.cluster.local",
-                                 "10.0.0.3 a.ns.svc.cluster.local", "10.0.0.2 b.ns.svc.cluster.local"]
+    text = render(
+        {"b.ns.svc.cluster.local": ["10.0.0.2"], "a.ns.svc.cluster.local": ["10.0.0.1", "10.0.0.3"]}
+    )
+    assert text.splitlines() == [
+        "127.0.0.1 localhost",
+        "::1 localhost",
+        "10.0.0.1 a.ns.svc.cluster.local",
+        "10.0.0.3 a.ns.svc.cluster.local",
+        "10.0.0.2 b.ns.svc.cluster.local",
+    ]

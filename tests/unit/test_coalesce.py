@@ -15,8 +15,9 @@ pytestmark = pytest.mark.unit
 class Source:
     """A fetch that records each call and answers ``<key>!`` for known keys."""
 
-    def __init__(self, known: set[str] | None = None, error: Exception | None = None,
-                 pause_s: float = 0.0) -> None:
+    def __init__(
+        self, known: set[str] | None = None, error: Exception | None = None, pause_s: float = 0.0
+    ) -> None:
         self.calls: list[list[str]] = []
         self.known = known
         self.error = error

@@ -101,10 +101,14 @@ print(cgroup.path.exists(), flush=True)
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="moving a process between cgroups needs root")
 def test_a_cgroup_counts_what_the_tree_loses_and_is_removed_when_left() -> None:
-    script = IN_A_CGROUP.format(root=str(Path(__file__).resolve().parents[2]), name=f"cpu-test-{os.getpid()}",
-                                raylet_like=RAYLET_LIKE.format(burn=BURN.format(s=2.0)))
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                         check=True)
+    script = IN_A_CGROUP.format(
+        root=str(Path(__file__).resolve().parents[2]),
+        name=f"cpu-test-{os.getpid()}",
+        raylet_like=RAYLET_LIKE.format(burn=BURN.format(s=2.0)),
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
     lines = out.stdout.split()
     assert lines[0] != "none", "no CPU-accounting cgroup could be made as root"
     by_cgroup, by_tree, still_there = float(lines[0]), float(lines[1]), lines[2]

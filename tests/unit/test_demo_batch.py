@@ -14,8 +14,11 @@ pytestmark = pytest.mark.unit
 
 
 def _chat(custom_id: str, question: str) -> bytes:
-    body = {"model": MODEL, "messages": [{"role": "system", "content": "be brief"},
-                                         {"role": "user", "content": question}], "max_tokens": 8}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": question}],
+        "max_tokens": 8,
+    }
     line = {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
     return orjson.dumps(line)
 
@@ -34,8 +37,9 @@ def test_the_shipped_sample_has_thirty_prompts_and_two_invalid_lines(tmp_path: P
 
 def test_cut_keeps_the_first_valid_prompts_and_every_invalid_line(tmp_path: Path) -> None:
     wrong_method = b'{"custom_id": "d", "method": "GET", "url": "/v1/chat/completions", "body": {}}'
-    source = _write(tmp_path, [_chat("a", "one?"), b"{not json", _chat("b", "two?"), _chat("c", "three?"),
-                               wrong_method])
+    source = _write(
+        tmp_path, [_chat("a", "one?"), b"{not json", _chat("b", "two?"), _chat("c", "three?"), wrong_method]
+    )
     work = tmp_path / "work"
     work.mkdir()
     batch = prepare_batch(source, 2, work)

@@ -174,7 +174,7 @@ def test_dispatcher_settings_point_at_the_compose_services(
         worker = services[f"ray-worker-{profiles[0]}"]
         init = services[f"model-init-{profiles[0]}"]
         dest = init["command"][init["command"].index("--dest") + 1]
-        (name, entry), = settings.engines.models.items()  # the one model MODEL_NAME/MODEL_PATH name
+        ((name, entry),) = settings.engines.models.items()  # the one model MODEL_NAME/MODEL_PATH name
         assert name == env_example()["MODEL_NAME"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
         assert entry.engine.enforce_eager is True
         assert entry.path == dest or profiles == ("gpu",)

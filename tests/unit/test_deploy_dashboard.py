@@ -63,8 +63,10 @@ def test_queries_name_only_dispatcher_metrics_and_labels(dashboard: dict[str, An
 
 def test_every_dispatcher_metric_is_on_the_dashboard(dashboard: dict[str, Any]) -> None:
     shown = set().union(*(grafana.promql_metric_names(e) for _, e in grafana.dashboard_targets(dashboard)))
-    bases = {n.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
-             for n in grafana.registry_metrics()}
+    bases = {
+        n.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
+        for n in grafana.registry_metrics()
+    }
     missing = {b for b in bases if not any(s == b or s.startswith(b + "_") for s in shown)}
     assert missing == set(), (
         f"add panels for {missing} (deploy/kubernetes/base/grafana/llmbatch-dashboard.json)"

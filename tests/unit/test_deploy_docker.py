@@ -181,8 +181,11 @@ def test_the_dispatcher_image_installs_every_package_of_the_cli() -> None:
     members = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["uv"]["workspace"]["members"]
     packages = {*members, "llmbatch"}
     build = dockerfiles.parse_dockerfile(DISPATCHER).stage("build")
-    copied = {ins.args.split()[0].rstrip("/") for ins in build.instructions
-              if ins.keyword == "COPY" and "from" not in ins.flags}
+    copied = {
+        ins.args.split()[0].rstrip("/")
+        for ins in build.instructions
+        if ins.keyword == "COPY" and "from" not in ins.flags
+    }
     assert packages <= copied, f"not copied into {DISPATCHER.name}: {sorted(packages - copied)}"
     runs = " ".join(i.args for i in build.instructions if i.keyword == "RUN")
     assert all(f"./{member}" in runs for member in members), runs

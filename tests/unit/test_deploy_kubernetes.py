@@ -39,8 +39,10 @@ grafana = load_script("validate_dashboard")
 # Secrets gpu-prod expects to exist already (created by the operator, never committed)
 EXTERNAL_SECRETS = {"llmbatch-credentials", "llmbatch-ray-auth", "llmbatch-api-keys"}
 # and the ones a component adds (created by hand as its kustomization.yaml shows)
-COMPONENT_SECRETS = {"kafka-sasl": {"llmbatch-kafka-users", "llmbatch-kafka-ca"},
-                     "ray-https": {"llmbatch-ray-tls"}}
+COMPONENT_SECRETS = {
+    "kafka-sasl": {"llmbatch-kafka-users", "llmbatch-kafka-ca"},
+    "ray-https": {"llmbatch-ray-tls"},
+}
 RAY_PORTS = {"gcs-server": 6379, "dashboard": 8265}
 
 
@@ -96,8 +98,12 @@ def _raycluster(objects: list[dict[str, Any]]) -> dict[str, Any]:
     if vd.by_kind(objects, "RayService"):
         service = vd.one(objects, "RayService")
         assert vd.by_kind(objects, "RayCluster") == []
-        return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": service["metadata"],
-                "spec": service["spec"]["rayClusterConfig"]}
+        return {
+            "apiVersion": "ray.io/v1",
+            "kind": "RayCluster",
+            "metadata": service["metadata"],
+            "spec": service["spec"]["rayClusterConfig"],
+        }
     cluster: dict[str, Any] = vd.one(objects, "RayCluster")
     return cluster
 
@@ -127,14 +133,18 @@ def test_overlay_renders_the_whole_system(renders: dict[str, list[dict[str, Any]
 
 @pytest.mark.parametrize("component", vd.COMPONENTS)
 def test_what_a_component_adds_lands_in_the_overlays_namespace(
-        renders: dict[str, list[dict[str, Any]]], component: str) -> None:
+    renders: dict[str, list[dict[str, Any]]], component: str
+) -> None:
     """Rendered as each component's header says (the overlay under resources:, the component under
     components:, no namespace of its own), every object is in the overlay's namespace; an object
     without one lands in whatever namespace kubectl's context names, apart from what it serves."""
     objects = renders[f"gpu-prod+{component}"]
     namespace = vd.one(objects, "Namespace")["metadata"]["name"]
-    elsewhere = [(o["kind"], o["metadata"]["name"]) for o in objects
-                 if o["kind"] != "Namespace" and o["metadata"].get("namespace") != namespace]
+    elsewhere = [
+        (o["kind"], o["metadata"]["name"])
+        for o in objects
+        if o["kind"] != "Namespace" and o["metadata"].get("namespace") != namespace
+    ]
     assert not elsewhere, f"not in namespace {namespace}: {elsewhere}"
 
 
@@ -415,8 +425,11 @@ def test_dispatchers_refuse_to_start_without_the_tenant_and_replay_keys(
     objects = renders[overlay]
     deployment = vd.one(objects, "Deployment", "llmbatch-dispatcher")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    from_secrets = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"]
-                    if "secretKeyRef" in e.get("valueFrom", {})}
+    from_secrets = {
+        e["name"]: e["valueFrom"]["secretKeyRef"]["name"]
+        for e in container["env"]
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
     assert from_secrets["LLMBATCH_TENANTS__KEYS"].startswith("llmbatch-tenants")  # cpu-dev: a generated name
     assert from_secrets["LLMBATCH_REPLAY__KEY"].startswith("llmbatch-credentials")
     settings = _settings(objects)  # the ConfigMap and the credentials, no tenant or replay key
@@ -428,7 +441,7 @@ def test_dispatchers_refuse_to_start_without_the_tenant_and_replay_keys(
 
 
 def test_cpu_dev_generates_the_keys_its_dispatchers_and_api_need(
-    renders: dict[str, list[dict[str, Any]]]
+    renders: dict[str, list[dict[str, Any]]],
 ) -> None:
     """cpu-dev's own (well-known, dev-only) Secrets make its dispatchers serve: the default tenant's
     signing key, which the HTTP API signs its requests with, and the replay key."""
@@ -473,14 +486,18 @@ def test_api_deployment(renders: dict[str, list[dict[str, Any]]]) -> None:
         env = {e["name"]: e for e in container["env"]}
         # (cpu-dev generates the Secret: its name gets kustomize's content hash)
         assert env["LLMBATCH_API__KEYS"]["valueFrom"]["secretKeyRef"]["name"].startswith("llmbatch-api-keys")
-        (config_map,) = [o["metadata"]["name"] for o in vd.by_kind(objects, "ConfigMap")
-                         if o["metadata"]["name"].startswith("llmbatch-config")]
+        (config_map,) = [
+            o["metadata"]["name"]
+            for o in vd.by_kind(objects, "ConfigMap")
+            if o["metadata"]["name"].startswith("llmbatch-config")
+        ]
         assert {"configMapRef": {"name": config_map}} in container["envFrom"]
         labels = vd.pod_template_labels(deployment)
         service = vd.one(objects, "Service", "llmbatch-api")
         assert vd.selector_matches({"matchLabels": service["spec"]["selector"]}, labels)
-        assert not vd.selector_matches({"matchLabels": service["spec"]["selector"]},
-                                       vd.pod_template_labels(dispatcher))
+        assert not vd.selector_matches(
+            {"matchLabels": service["spec"]["selector"]}, vd.pod_template_labels(dispatcher)
+        )
         pdb = vd.one(objects, "PodDisruptionBudget", "llmbatch-api")
         assert vd.selector_matches(pdb["spec"]["selector"], labels)
         # the config it reads builds valid API settings: the dispatcher's addresses and topics
@@ -615,8 +632,11 @@ def test_the_registry_fits_the_cluster(renders: dict[str, list[dict[str, Any]]],
             demand = rs_checks().actor_demand(deployment["ray_actor_options"])
             fitting = {name for name, have in nodes.items() if rs_checks().fits(demand, have)}
             if ENGINE_RESOURCE in demand:
-                assert fitting == {g["groupName"] for g in spec["workerGroupSpecs"]
-                                   if ENGINE_RESOURCE in nodes.get(g["groupName"], {})}, app["name"]
+                assert fitting == {
+                    g["groupName"]
+                    for g in spec["workerGroupSpecs"]
+                    if ENGINE_RESOURCE in nodes.get(g["groupName"], {})
+                }, app["name"]
             elif "GPU" not in demand and gpu_free:
                 assert fitting & set(gpu_free), app["name"]
 
@@ -626,11 +646,14 @@ def test_the_registry_fits_the_cluster(renders: dict[str, list[dict[str, Any]]],
     # at their most, the engines fit too (the autoscaler never has to refuse a replica Serve wants)
     need = sum(
         deployment["autoscaling_config"]["max_replicas"] * engine_units(deployment)
-        for app in config["applications"] for deployment in app["deployments"]
+        for app in config["applications"]
+        for deployment in app["deployments"]
         if "autoscaling_config" in deployment
     )
-    have = sum(g["maxReplicas"] * nodes.get(g["groupName"], {}).get(ENGINE_RESOURCE, 0)
-               for g in spec["workerGroupSpecs"])
+    have = sum(
+        g["maxReplicas"] * nodes.get(g["groupName"], {}).get(ENGINE_RESOURCE, 0)
+        for g in spec["workerGroupSpecs"]
+    )
     assert 0 < need <= have
 
 
@@ -687,8 +710,9 @@ def test_rayservice_owns_the_serve_config_and_carries_no_secret(
         "LLMBATCH_REDIS__PASSWORD": "dummy-redis-password-77",
         "LLMBATCH_RAY__AUTH_TOKEN": "dummy-ray-token-0d3b",
     }
-    text = engines_cli.render_text(vd.build_settings({**_config(objects), **secrets}),
-                                   engines_cli.RenderFormat.rayservice)
+    text = engines_cli.render_text(
+        vd.build_settings({**_config(objects), **secrets}), engines_cli.RenderFormat.rayservice
+    )
     assert not [name for name, value in secrets.items() if value in text]
     config = yaml.safe_load(yaml.safe_load(text)["spec"]["serveConfigV2"])
     envs = {app["name"]: (app.get("runtime_env") or {}).get("env_vars", {}) for app in config["applications"]}
@@ -764,44 +788,79 @@ Mutation = Callable[[dict[str, Any]], dict[str, Any]]
 RAYSERVICE_MISTAKES: dict[str, tuple[Mutation, str]] = {
     "name too long": (lambda o: _set_path(o, "metadata/name", "x" * 48), "47 characters"),
     "old Ray with token auth": (
-        lambda o: _set_path(o, "spec/rayClusterConfig/rayVersion", "2.40.0"), "token auth"),
-    "cluster rule": (lambda o: _set_path(o, f"{GPU_GROUP}/minReplicas", 9),
-                     "RayService.rayClusterConfig gpu: minReplicas > maxReplicas"),
+        lambda o: _set_path(o, "spec/rayClusterConfig/rayVersion", "2.40.0"),
+        "token auth",
+    ),
+    "cluster rule": (
+        lambda o: _set_path(o, f"{GPU_GROUP}/minReplicas", 9),
+        "RayService.rayClusterConfig gpu: minReplicas > maxReplicas",
+    ),
     "upgrade type": (lambda o: _set_path(o, "spec/upgradeStrategy/type", "Rolling"), "upgradeStrategy.type"),
-    "head service name": (lambda o: _set_path(o, "spec/rayClusterConfig/headGroupSpec/headService",
-                                              {"metadata": {"name": "mine"}}), "headService"),
+    "head service name": (
+        lambda o: _set_path(
+            o, "spec/rayClusterConfig/headGroupSpec/headService", {"metadata": {"name": "mine"}}
+        ),
+        "headService",
+    ),
     "serve config not YAML": (lambda o: _set_path(o, "spec/serveConfigV2", "applications: [\n"), "not YAML"),
     "serve config a list": (lambda o: _set_path(o, "spec/serveConfigV2", "- a\n- b\n"), "must be a mapping"),
     "no applications": (
-        lambda o: _set_path(o, "spec/serveConfigV2", "applications: []\n"), "no applications"),
+        lambda o: _set_path(o, "spec/serveConfigV2", "applications: []\n"),
+        "no applications",
+    ),
     "two engines per worker": (
         lambda o: _with_serve(o, lambda c: _engine_options(c)["resources"].update({ENGINE_RESOURCE: 2})),
-        "no head or worker group provides it"),
+        "no head or worker group provides it",
+    ),
     "unknown resource": (
         lambda o: _with_serve(o, lambda c: _engine_options(c).update({"resources": {"llmbatch_gpu": 1}})),
-        "no head or worker group provides it"),
-    "two GPUs": (lambda o: _with_serve(o, lambda c: _engine_options(c).update({"num_gpus": 2})),
-                 "no head or worker group provides it"),
-    "group lost its resource": (lambda o: _set_path(o, f"{GPU_GROUP}/rayStartParams", {}),
-                                "no head or worker group provides it"),
-    "group without GPUs": (lambda o: _set_path(o, GPU_LIMITS, {"limits": {"cpu": "8", "memory": "32Gi"}}),
-                           "no head or worker group provides it"),
-    "group never scales up": (lambda o: _set_path(o, f"{GPU_GROUP}/maxReplicas", 0),
-                              "no head or worker group provides it"),
-    "unquoted resources": (lambda o: _set_path(o, f"{GPU_GROUP}/rayStartParams/resources",
-                                               '{"llmbatch_engine": 1}'), "gpu: rayStartParams.resources"),
-    "fractional resource": (lambda o: _set_path(o, f"{GPU_GROUP}/rayStartParams/resources",
-                                                '"{\\"llmbatch_engine\\": 1.5}"'), "autoscaler cannot read"),
-    "not JSON for ray start": (lambda o: _set_path(o, f"{GPU_GROUP}/rayStartParams/resources",
-                                                   '"{llmbatch_engine: 1}"'), "reaches `ray start`"),
+        "no head or worker group provides it",
+    ),
+    "two GPUs": (
+        lambda o: _with_serve(o, lambda c: _engine_options(c).update({"num_gpus": 2})),
+        "no head or worker group provides it",
+    ),
+    "group lost its resource": (
+        lambda o: _set_path(o, f"{GPU_GROUP}/rayStartParams", {}),
+        "no head or worker group provides it",
+    ),
+    "group without GPUs": (
+        lambda o: _set_path(o, GPU_LIMITS, {"limits": {"cpu": "8", "memory": "32Gi"}}),
+        "no head or worker group provides it",
+    ),
+    "group never scales up": (
+        lambda o: _set_path(o, f"{GPU_GROUP}/maxReplicas", 0),
+        "no head or worker group provides it",
+    ),
+    "unquoted resources": (
+        lambda o: _set_path(o, f"{GPU_GROUP}/rayStartParams/resources", '{"llmbatch_engine": 1}'),
+        "gpu: rayStartParams.resources",
+    ),
+    "fractional resource": (
+        lambda o: _set_path(o, f"{GPU_GROUP}/rayStartParams/resources", '"{\\"llmbatch_engine\\": 1.5}"'),
+        "autoscaler cannot read",
+    ),
+    "not JSON for ray start": (
+        lambda o: _set_path(o, f"{GPU_GROUP}/rayStartParams/resources", '"{llmbatch_engine: 1}"'),
+        "reaches `ray start`",
+    ),
     "credential in the manifest": (
-        lambda o: _with_serve(o, lambda c: c["applications"][-1].update(
-            {"runtime_env": {"env_vars": {"AWS_SECRET_ACCESS_KEY": "x"}}})),
-        "AWS_SECRET_ACCESS_KEY, a credential"),
-    "proxy on another port": (lambda o: _with_serve(o, lambda c: c["http_options"].update({"port": 8001})),
-                              "serve` port 8000"),
-    "same app twice": (lambda o: _with_serve(o, lambda c: c["applications"].append(c["applications"][0])),
-                       "appears twice"),
+        lambda o: _with_serve(
+            o,
+            lambda c: c["applications"][-1].update(
+                {"runtime_env": {"env_vars": {"AWS_SECRET_ACCESS_KEY": "x"}}}
+            ),
+        ),
+        "AWS_SECRET_ACCESS_KEY, a credential",
+    ),
+    "proxy on another port": (
+        lambda o: _with_serve(o, lambda c: c["http_options"].update({"port": 8001})),
+        "serve` port 8000",
+    ),
+    "same app twice": (
+        lambda o: _with_serve(o, lambda c: c["applications"].append(c["applications"][0])),
+        "appears twice",
+    ),
 }
 
 
@@ -1143,6 +1202,7 @@ def test_cpu_dev_ray_pods_run_serve_as_quietly_as_the_local_stack(
         for container in group["template"]["spec"]["containers"]:
             assert not {e["name"] for e in container.get("env", [])} & QUIET_SERVE_ENV.keys()
 
+
 # --- components/kafka-sasl: SASL_SSL logins and the ACL Job ---------------------------------------
 
 
@@ -1157,11 +1217,16 @@ def test_kafka_sasl_gives_each_workload_its_own_login_and_the_acl_job_binds_thos
     objects = renders["gpu-prod+kafka-sasl"]
     config = _config(objects)
     assert (config["LLMBATCH_KAFKA__SECURITY_PROTOCOL"], config["LLMBATCH_KAFKA__SASL_MECHANISM"]) == (
-        "SASL_SSL", "SCRAM-SHA-512")
+        "SASL_SSL",
+        "SCRAM-SHA-512",
+    )
     ca_dir = str(Path(config["LLMBATCH_KAFKA__SSL_CAFILE"]).parent)
     logins: dict[str, str] = {}
-    for kind, name in (("Deployment", "llmbatch-dispatcher"), ("Deployment", "llmbatch-api"),
-                       ("Job", "llmbatch-kafka-acls")):
+    for kind, name in (
+        ("Deployment", "llmbatch-dispatcher"),
+        ("Deployment", "llmbatch-api"),
+        ("Job", "llmbatch-kafka-acls"),
+    ):
         pod = vd.one(objects, kind, name)["spec"]["template"]["spec"]
         (container,) = pod["containers"]
         logins[name] = _env_value(container, "LLMBATCH_KAFKA__SASL_USERNAME")
@@ -1185,11 +1250,21 @@ def test_kafka_sasl_gives_each_workload_its_own_login_and_the_acl_job_binds_thos
     # the Job's command runs with the rendered settings (without --apply: it prints the plan)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMBATCH_")}
     env.update(config)
-    env.update({"LLMBATCH_KAFKA__SASL_USERNAME": logins["llmbatch-kafka-acls"],
-                "LLMBATCH_KAFKA__SASL_PASSWORD": "not-used"})
+    env.update(
+        {
+            "LLMBATCH_KAFKA__SASL_USERNAME": logins["llmbatch-kafka-acls"],
+            "LLMBATCH_KAFKA__SASL_PASSWORD": "not-used",
+        }
+    )
     plan = [a for a in args if a != "--apply"]
-    proc = subprocess.run([sys.executable, "-m", "llmbatch", *plan], env=env, capture_output=True,
-                          text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmbatch", *plan],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     for role, user in users.items():
         assert f"{role} (User:{user})" in proc.stdout
@@ -1321,8 +1396,10 @@ def test_ray_https_puts_a_tls_front_before_the_dashboard_and_tls_on_serves_proxy
     assert _mounted(front, head, args.cert) == _mounted(front, head, args.key) == "llmbatch-ray-tls"
     # the Service the dispatchers call reaches that port on the head pod
     service = _named(objects, "Service", "llmbatch-ray-dashboard-tls")
-    assert service["spec"]["selector"] == {"app.kubernetes.io/name": "llmbatch-ray",
-                                           "ray.io/node-type": "head"}
+    assert service["spec"]["selector"] == {
+        "app.kubernetes.io/name": "llmbatch-ray",
+        "ray.io/node-type": "head",
+    }
     assert service["spec"]["ports"][0]["targetPort"] == "dashboard-tls"
     # the dispatchers' settings: https to both, the CA mounted, Serve's certificate where the head has it
     dispatcher = _named(objects, "Deployment", "llmbatch-dispatcher")
@@ -1330,16 +1407,25 @@ def test_ray_https_puts_a_tls_front_before_the_dashboard_and_tls_on_serves_proxy
     container = pod["containers"][0]
     env = _config(objects)
     env.update({e["name"]: e["value"] for e in container["env"] if "value" in e})
-    env.update({"LLMBATCH_S3__ACCESS_KEY": "k", "LLMBATCH_S3__SECRET_KEY": "s",
-                "LLMBATCH_REDIS__PASSWORD": "p", "LLMBATCH_RAY__AUTH_TOKEN": "t"})
+    env.update(
+        {
+            "LLMBATCH_S3__ACCESS_KEY": "k",
+            "LLMBATCH_S3__SECRET_KEY": "s",
+            "LLMBATCH_REDIS__PASSWORD": "p",
+            "LLMBATCH_RAY__AUTH_TOKEN": "t",
+        }
+    )
     settings = vd.build_settings(env)
     ray = settings.ray
     assert ray.address == f"https://{service['metadata']['name']}:8443"
     assert ray.serve_address.startswith("https://llmbatch-ray-head-svc:")
     assert _mounted(container, pod, str(ray.ca_file)) == "llmbatch-ray-tls"  # its ca.crt only
     http = cluster_serve_config(settings)["http_options"]
-    assert _mounted(ray_head, head, http["ssl_certfile"]) == _mounted(ray_head, head, http["ssl_keyfile"]) \
+    assert (
+        _mounted(ray_head, head, http["ssl_certfile"])
+        == _mounted(ray_head, head, http["ssl_keyfile"])
         == "llmbatch-ray-tls"
+    )
     # the dispatchers reach the front and Serve's proxy, no longer the dashboard's plain port
     policy = _named(objects, "NetworkPolicy", "llmbatch-ray-head")
     ports_of: dict[str, set[int]] = {}
@@ -1351,8 +1437,11 @@ def test_ray_https_puts_a_tls_front_before_the_dashboard_and_tls_on_serves_proxy
     assert ports_of["llmbatch-dispatcher"] == {8443, 8000}
     assert 8265 in ports_of["None"]  # the operator (namespace selector) and the RayJob submitters keep it
     text = (vd.KUSTOMIZE / "components/ray-https/kustomization.yaml").read_text()
-    assert re.search(r"create secret generic llmbatch-ray-tls \\\n#\s+--from-file=tls.crt=\S+ "
-                     r"--from-file=tls.key=\S+ --from-file=ca.crt=", text)
+    assert re.search(
+        r"create secret generic llmbatch-ray-tls \\\n#\s+--from-file=tls.crt=\S+ "
+        r"--from-file=tls.key=\S+ --from-file=ca.crt=",
+        text,
+    )
 
 
 # --- components/ray-grpc-tls: Ray's gRPC over KubeRay's mTLS -----------------------------------------

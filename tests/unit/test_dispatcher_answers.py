@@ -19,9 +19,7 @@ from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, ori
 pytestmark = pytest.mark.unit
 
 NOW = 1_790_000_000.0
-RULES = IntakeRules(
-    requests_topic="req", dlt_topic="req.dlt", group_id="g", served_models=frozenset({MODEL})
-)
+RULES = IntakeRules(requests_topic="req", dlt_topic="req.dlt", group_id="g", served_models=frozenset({MODEL}))
 
 
 @dataclass
@@ -80,8 +78,9 @@ def test_a_duplicate_request_is_answered_with_the_state_of_the_batch_that_holds_
 
 def test_a_duplicate_names_the_requesters_tenant_whose_batch_holds_the_id() -> None:
     # batch ids are scoped by tenant: the batch a duplicate runs into is always the requester's own
-    command = classify(origin(*request_message(batch_request("b-2", tenant="globex"), event_id="e-2")),
-                       RULES, NOW)
+    command = classify(
+        origin(*request_message(batch_request("b-2", tenant="globex"), event_id="e-2")), RULES, NOW
+    )
     assert isinstance(command, Accept) and command.item.key == "globex/b-2"
     result = IntakeResult("duplicate", State.RUNNING, 7, 0)
     data = duplicate_answer(command, result, source="urn:d", now=NOW).data
@@ -90,8 +89,9 @@ def test_a_duplicate_names_the_requesters_tenant_whose_batch_holds_the_id() -> N
 
 
 def test_a_rejection_names_the_tenant_its_request_claims() -> None:
-    request = batch_request("b-1", tenant="acme", model="no-such-model",
-                            requests=inline_lines(1, model="no-such-model"))
+    request = batch_request(
+        "b-1", tenant="acme", model="no-such-model", requests=inline_lines(1, model="no-such-model")
+    )
     command = classify(origin(*request_message(request, event_id="e-9")), RULES, NOW)
     assert isinstance(command, Reject) and command.key == "acme/b-1"
     data = rejection_answer(command, Written(0, 1), None, source="urn:d", now=NOW).data

@@ -36,8 +36,9 @@ ACCESS_KEY, SECRET_KEY, REDIS_PASSWORD = "AKIA-test-access", "s3-secret-value", 
 def settings(engines: EngineRegistry | None = None, **job: object) -> DispatcherSettings:
     return DispatcherSettings(
         _env_file=None,  # type: ignore[call-arg]
-        s3=S3Settings(endpoint="http://minio:9000", access_key=SecretStr(ACCESS_KEY),
-                      secret_key=SecretStr(SECRET_KEY)),
+        s3=S3Settings(
+            endpoint="http://minio:9000", access_key=SecretStr(ACCESS_KEY), secret_key=SecretStr(SECRET_KEY)
+        ),
         redis=RedisSettings(url="redis://redis:6379/0", password=SecretStr(REDIS_PASSWORD), key_prefix="p"),
         job=JobOptions(**job),  # type: ignore[arg-type]
         engines=engines if engines is not None else registry(),
@@ -149,12 +150,15 @@ def test_job_s3_sessions_need_the_jobs_redis_url() -> None:
     assert settings().job.s3_sessions  # on by default
 
 
-@pytest.mark.parametrize(("shared", "model_path", "blanked"), [
-    (True, "/models/smol", True),
-    (True, "s3://models/smol", True),  # the shared engine loads it, not the job
-    (False, "/models/smol", True),
-    (False, "s3://models/smol", False),  # the job's own engine loads the weights with the node's keys
-])
+@pytest.mark.parametrize(
+    ("shared", "model_path", "blanked"),
+    [
+        (True, "/models/smol", True),
+        (True, "s3://models/smol", True),  # the shared engine loads it, not the job
+        (False, "/models/smol", True),
+        (False, "s3://models/smol", False),  # the job's own engine loads the weights with the node's keys
+    ],
+)
 def test_a_job_with_its_own_s3_session_starts_without_the_nodes_s3_keys(
     shared: bool, model_path: str, blanked: bool
 ) -> None:
@@ -173,7 +177,8 @@ def test_a_job_with_its_own_s3_session_starts_without_the_nodes_s3_keys(
         assert not set(names) & set(variables)
     assert "LLMBATCH_REDIS__PASSWORD" not in variables  # the job takes its session with it
     assert kwargs["entrypoint"].endswith(
-        " --s3-session-key p:s3session:abc-123_x --s3-session-redis redis://job@redis:6379/0")
+        " --s3-session-key p:s3session:abc-123_x --s3-session-redis redis://job@redis:6379/0"
+    )
     plain = build_submission(s, spec)  # no session: the node's keys, nothing blanked, no session arguments
     assert not set(names) & set(plain["runtime_env"]["env_vars"])
     assert "--s3-session" not in plain["entrypoint"]
@@ -205,11 +210,14 @@ def test_record_helpers() -> None:
     assert r.deadline == 1790000000.5
 
 
-@pytest.mark.parametrize(("url", "bare", "password"), [
-    ("redis://:s3cr3t@redis:6379/0", "redis://redis:6379/0", "s3cr3t"),
-    ("rediss://worker:p%40ss@redis:6380/1", "rediss://worker@redis:6380/1", "p@ss"),
-    ("redis://redis:6379/0", "redis://redis:6379/0", None),
-])
+@pytest.mark.parametrize(
+    ("url", "bare", "password"),
+    [
+        ("redis://:s3cr3t@redis:6379/0", "redis://redis:6379/0", "s3cr3t"),
+        ("rediss://worker:p%40ss@redis:6380/1", "rediss://worker@redis:6380/1", "p@ss"),
+        ("redis://redis:6379/0", "redis://redis:6379/0", None),
+    ],
+)
 def test_a_password_in_the_redis_url_stays_out_of_the_job_spec(
     url: str, bare: str, password: str | None
 ) -> None:
@@ -227,12 +235,15 @@ def test_a_password_in_the_redis_url_stays_out_of_the_job_spec(
         assert password not in json.dumps(kwargs)
 
 
-@pytest.mark.parametrize(("env_vars", "named"), [
-    ({"HF_TOKEN": "hf_abc"}, "job.env_vars.HF_TOKEN holds a credential's name"),
-    ({"MY_DB_PASSWORD": "x"}, "job.env_vars.MY_DB_PASSWORD holds a credential's name"),
-    ({"S3_KEY": SECRET_KEY}, "job.env_vars.S3_KEY holds the value of s3.secret_key"),
-    ({"URL": f"redis://:{REDIS_PASSWORD}@r:6379"}, "job.env_vars.URL holds the value of redis.password"),
-])
+@pytest.mark.parametrize(
+    ("env_vars", "named"),
+    [
+        ({"HF_TOKEN": "hf_abc"}, "job.env_vars.HF_TOKEN holds a credential's name"),
+        ({"MY_DB_PASSWORD": "x"}, "job.env_vars.MY_DB_PASSWORD holds a credential's name"),
+        ({"S3_KEY": SECRET_KEY}, "job.env_vars.S3_KEY holds the value of s3.secret_key"),
+        ({"URL": f"redis://:{REDIS_PASSWORD}@r:6379"}, "job.env_vars.URL holds the value of redis.password"),
+    ],
+)
 def test_a_secret_in_the_jobs_env_vars_is_refused(env_vars: dict[str, str], named: str) -> None:
     """job.env_vars go into every runtime_env, which the Ray dashboard shows."""
     with pytest.raises(ValidationError, match=named + r"[\s\S]*in their own environment"):

@@ -59,8 +59,21 @@ class Log:
         offsets = []
         for key, value, headers in messages:
             offset = len(self.records[tp])
-            self.records[tp].append(ConsumerRecord(tp.topic, tp.partition, offset, 1_700_000_000_000, 0, key,
-                                                   value, None, len(key), len(value), headers))
+            self.records[tp].append(
+                ConsumerRecord(
+                    tp.topic,
+                    tp.partition,
+                    offset,
+                    1_700_000_000_000,
+                    0,
+                    key,
+                    value,
+                    None,
+                    len(key),
+                    len(value),
+                    headers,
+                )
+            )
             offsets.append(offset)
         return offsets
 
@@ -112,14 +125,15 @@ class SideConsumer:
         assert tp in self.assigned, "seek on a partition not assigned"
         self.positions[tp] = offset
 
-    async def getmany(self, *partitions: TopicPartition, timeout_ms: int, max_records: int) -> dict[
-            TopicPartition, list[Record]]:
+    async def getmany(
+        self, *partitions: TopicPartition, timeout_ms: int, max_records: int
+    ) -> dict[TopicPartition, list[Record]]:
         self._maybe_fail("getmany")
         out: dict[TopicPartition, list[Record]] = {}
         for tp in partitions:
             assert tp in self.assigned, "fetch from a partition not assigned"
             start = self.positions[tp]
-            batch = self.log.records[tp][start:start + min(self.log.fetch_size, max_records)]
+            batch = self.log.records[tp][start : start + min(self.log.fetch_size, max_records)]
             if batch:
                 out[tp] = batch
                 self.positions[tp] = start + len(batch)
@@ -153,20 +167,31 @@ class MemoryStore:
     async def get(self, key: BatchKey) -> BatchRecord | None:
         return self.records.get(key)
 
-    async def transition(self, key: BatchKey, to: State, *, expected_version: int | None = None,
-                         from_states: list[State] | None = None,
-                         fields: dict[str, Any] | None = None) -> TransitionResult:
+    async def transition(
+        self,
+        key: BatchKey,
+        to: State,
+        *,
+        expected_version: int | None = None,
+        from_states: list[State] | None = None,
+        fields: dict[str, Any] | None = None,
+    ) -> TransitionResult:
         record = self.records.get(key)
         if record is None:
             return TransitionResult(False, "missing", None, 0)
         if (expected_version is not None and expected_version != record.version) or (
-                from_states is not None and record.state not in from_states):
+            from_states is not None and record.state not in from_states
+        ):
             return TransitionResult(False, "conflict", record.state, record.version)
         if to is not record.state:
             states.check_transition(record.state, to)
         version = record.version + 1
-        merged = {**record.fields, **{k: str(v) for k, v in (fields or {}).items()},
-                  "state": to.value, "version": str(version)}
+        merged = {
+            **record.fields,
+            **{k: str(v) for k, v in (fields or {}).items()},
+            "state": to.value,
+            "version": str(version),
+        }
         self.records[key] = BatchRecord(key, to, version, merged)
         return TransitionResult(True, "ok", to, version)
 
@@ -178,13 +203,24 @@ class MemoryStore:
 
 
 def stored(batch_id: str, state: State, *, attempt: int = 1, tenant: str | None = None) -> BatchRecord:
-    fields = {"state": state.value, "version": "3", "attempt": str(attempt), "batch_id": batch_id,
-              "total": "3", **({"tenant": tenant} if tenant else {})}
+    fields = {
+        "state": state.value,
+        "version": "3",
+        "attempt": str(attempt),
+        "batch_id": batch_id,
+        "total": "3",
+        **({"tenant": tenant} if tenant else {}),
+    }
     return BatchRecord.from_hash(batch_key(tenant, batch_id), fields)
 
 
-def cancel(batch_id: str, event_id: str, *, tenant: str = "default", reason: str | None = "superseded",
-           ) -> Message:
+def cancel(
+    batch_id: str,
+    event_id: str,
+    *,
+    tenant: str = "default",
+    reason: str | None = "superseded",
+) -> Message:
     request = CancelRequest(batch_id=batch_id, tenant=tenant, reason=reason, requested_by="ops@host")
     return request_message(request, event_id=event_id)
 
@@ -202,7 +238,8 @@ class Rig:
 
     def counted(self, outcome: str) -> float:
         value = self.metrics.registry.get_sample_value(
-            "llmbatch_dispatcher_events_processed_total", {"outcome": outcome})
+            "llmbatch_dispatcher_events_processed_total", {"outcome": outcome}
+        )
         return value or 0.0
 
 
@@ -251,7 +288,8 @@ async def test_cancels_of_unknown_or_ended_batches_are_left_to_the_consumer(rig:
     rig.store.records[BatchKey("b-run")] = stored("b-run", State.RUNNING)
     rig.log.append(
         P0,
-        request("b-late"), cancel("b-late", "c-1"),  # its request is still in the backlog
+        request("b-late"),
+        cancel("b-late", "c-1"),  # its request is still in the backlog
         cancel("b-done", "c-2"),  # ended (a replay of it may be in the backlog)
         cancel("b-run", "c-3", tenant="acme"),  # acme has no batch b-run
     )
@@ -351,8 +389,11 @@ async def test_one_pass_reads_at_most_its_budget_of_each_partition(rig: Rig) -> 
 
 
 @pytest.mark.parametrize("step", ["start", "end_offsets", "getmany"])
-@pytest.mark.parametrize("error", [KafkaConnectionError("gone"), RequestTimedOutError(), TimeoutError()],
-                         ids=["connection", "request-timeout", "timeout"])
+@pytest.mark.parametrize(
+    "error",
+    [KafkaConnectionError("gone"), RequestTimedOutError(), TimeoutError()],
+    ids=["connection", "request-timeout", "timeout"],
+)
 async def test_kafka_failures_are_a_retriable_broker_outage_and_the_consumer_is_stopped(
     rig: Rig, monkeypatch: pytest.MonkeyPatch, step: str, error: BaseException
 ) -> None:
@@ -385,8 +426,10 @@ async def test_a_state_store_failure_surfaces_as_is_and_the_consumer_is_stopped(
 # --- the consumer it reads with (dispatcher.side_consumer) -----------------------------------------------
 
 
-@pytest.mark.parametrize(("max_message_bytes", "fetch_bytes"),
-                         [(8 << 20, 8 << 20), (MIN_MESSAGE_BYTES, 1 << 20), (1 << 20, 1 << 20)])
+@pytest.mark.parametrize(
+    ("max_message_bytes", "fetch_bytes"),
+    [(8 << 20, 8 << 20), (MIN_MESSAGE_BYTES, 1 << 20), (1 << 20, 1 << 20)],
+)
 def test_side_consumers_read_committed_records_in_no_group_and_fetch_the_largest(
     monkeypatch: pytest.MonkeyPatch, max_message_bytes: int, fetch_bytes: int
 ) -> None:
@@ -401,8 +444,11 @@ def test_side_consumers_read_committed_records_in_no_group_and_fetch_the_largest
         return "consumer"
 
     monkeypatch.setattr(aiokafka, "AIOKafkaConsumer", recorder)
-    kafka = KafkaSettings(bootstrap_servers="k1:9092,k2:9092", client_id="disp",
-                          topics=TopicSettings(max_message_bytes=max_message_bytes))
+    kafka = KafkaSettings(
+        bootstrap_servers="k1:9092,k2:9092",
+        client_id="disp",
+        topics=TopicSettings(max_message_bytes=max_message_bytes),
+    )
     assert side_consumer(kafka) == "consumer"
     [kwargs] = made
     assert kwargs["group_id"] is None and kwargs["enable_auto_commit"] is False

@@ -67,13 +67,15 @@ async def _serving(
     ready_calls: list[int] | None = None, cache_s: float = 60.0
 ) -> AsyncIterator[HealthServer]:
     """A started server that is always live and ready (``ready_calls`` counts the readiness checks)."""
+
     async def ready() -> tuple[bool, dict[str, str]]:
         if ready_calls is not None:
             ready_calls.append(1)
         return True, {"redis": "ok"}
 
-    server = HealthServer(Metrics(), live=lambda: True, ready=ready, host="127.0.0.1", port=0,
-                          ready_cache_s=cache_s)
+    server = HealthServer(
+        Metrics(), live=lambda: True, ready=ready, host="127.0.0.1", port=0, ready_cache_s=cache_s
+    )
     await server.start()
     try:
         yield server
@@ -91,6 +93,7 @@ async def test_readyz_answers_from_a_recent_result_not_one_check_per_probe() -> 
 async def test_a_request_head_sent_a_line_at_a_time_is_cut_off(monkeypatch: pytest.MonkeyPatch) -> None:
     """One header line every 0.2 s kept a connection for ever (the timeout was per line)."""
     import llmbatch.dispatcher.http as http
+
     monkeypatch.setattr(http, "HEAD_TIMEOUT_S", 0.5)
     async with _serving() as server:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.bound_port)
@@ -118,10 +121,13 @@ async def _eof_within(reader: asyncio.StreamReader, seconds: float) -> bool:
         return False
 
 
-@pytest.mark.parametrize("head", [
-    b"GET /livez HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(100)) + b"\r\n",
-    b"GET /livez HTTP/1.1\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n",
-])
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /livez HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(100)) + b"\r\n",
+        b"GET /livez HTTP/1.1\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n",
+    ],
+)
 async def test_too_many_or_too_long_header_lines_get_431(head: bytes) -> None:
     async with _serving() as server:
         assert (await _exchange(server.bound_port, head)).startswith(b"HTTP/1.1 431 ")
@@ -130,6 +136,7 @@ async def test_too_many_or_too_long_header_lines_get_431(head: bytes) -> None:
 
 async def test_connections_over_the_limit_are_closed_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     import llmbatch.dispatcher.http as http
+
     monkeypatch.setattr(http, "MAX_CONNECTIONS", 2)
     async with _serving() as server:
         idle = [await asyncio.open_connection("127.0.0.1", server.bound_port) for _ in range(2)]

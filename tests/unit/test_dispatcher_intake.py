@@ -450,22 +450,30 @@ def test_a_lifecycle_is_fixed_by_the_record_that_starts_it() -> None:
     assert lifecycle_of(origin(key, value, headers, offset=5), "urn:test:upstream", "e-1") == first
 
 
-@pytest.mark.parametrize("key", [
-    "acme/inputs/x.jsonl", "acme/files/file-1.jsonl", "acme/deep/er/x.jsonl",
-])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "acme/inputs/x.jsonl",
+        "acme/files/file-1.jsonl",
+        "acme/deep/er/x.jsonl",
+    ],
+)
 def test_an_input_under_the_tenants_prefix_is_accepted(key: str) -> None:
     rules = replace(RULES, inputs_under_tenant_prefix=True)
     request = batch_request("own-1", tenant="acme", requests=None, input_uri=f"s3://llmbatch-input/{key}")
     assert isinstance(classify(origin(*request_message(request)), rules, NOW), Accept)
 
 
-@pytest.mark.parametrize("key", [
-    "globex/inputs/x.jsonl",       # another tenant's input (the attack: content-addressed, guessable)
-    "x.jsonl",                     # no tenant at all
-    "acmecorp/inputs/x.jsonl",     # a tenant whose name starts with this one's
-    "acme/../globex/x.jsonl",      # a way out
-    "acme//x.jsonl",
-])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "globex/inputs/x.jsonl",  # another tenant's input (the attack: content-addressed, guessable)
+        "x.jsonl",  # no tenant at all
+        "acmecorp/inputs/x.jsonl",  # a tenant whose name starts with this one's
+        "acme/../globex/x.jsonl",  # a way out
+        "acme//x.jsonl",
+    ],
+)
 def test_an_input_outside_the_tenants_prefix_is_rejected_naming_field_and_fix(key: str) -> None:
     rules = replace(RULES, inputs_under_tenant_prefix=True)
     request = batch_request("other-1", tenant="acme", requests=None, input_uri=f"s3://llmbatch-input/{key}")

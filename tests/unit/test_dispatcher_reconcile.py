@@ -32,8 +32,10 @@ def accepted(batch_id: str, offset: int, tenant: str = "default") -> Envelope[An
 
 def ended(batch_id: str, tenant: str = "default") -> Envelope[Any]:
     at = datetime.fromtimestamp(NOW, UTC)
-    return Envelope.new(BatchCancelled(batch_id=batch_id, tenant=tenant, model=MODEL, accepted_at=at,
-                                       finished_at=at), source="urn:d")
+    return Envelope.new(
+        BatchCancelled(batch_id=batch_id, tenant=tenant, model=MODEL, accepted_at=at, finished_at=at),
+        source="urn:d",
+    )
 
 
 def test_accepted_batches_without_a_terminal_event_are_unfinished() -> None:

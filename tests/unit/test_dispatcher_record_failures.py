@@ -42,8 +42,13 @@ pytestmark = pytest.mark.unit
 DLT = "llm.batch.requests.v1.dlt"
 
 
-def letter_of(value: bytes, *, key: bytes | None = b"batch-1", extra: list[tuple[str, bytes]] | None = None,
-              reason: str = DltReason.INVALID_EVENT) -> DeadLetter:
+def letter_of(
+    value: bytes,
+    *,
+    key: bytes | None = b"batch-1",
+    extra: list[tuple[str, bytes]] | None = None,
+    reason: str = DltReason.INVALID_EVENT,
+) -> DeadLetter:
     headers = [("ce_id", b"e-1"), ("ce_source", b"urn:test"), *(extra or [])]
     return build_dead_letter(
         origin(key, value, headers, partition=2, offset=41),
@@ -113,8 +118,12 @@ def test_an_unreduced_letter_decodes_as_before() -> None:
     assert record is not None and not record.reduced
     assert record.original_value_bytes is None and record.original_value_sha256 is None
     lenient = DltRecord.from_headers(
-        [(dlt_headers.REASON, b"invalid_event"), (dlt_headers.REDUCED, b"true"),
-         (dlt_headers.ORIGINAL_VALUE_SHA256, b"not-a-hash"), (dlt_headers.ORIGINAL_VALUE_BYTES, b"-3")]
+        [
+            (dlt_headers.REASON, b"invalid_event"),
+            (dlt_headers.REDUCED, b"true"),
+            (dlt_headers.ORIGINAL_VALUE_SHA256, b"not-a-hash"),
+            (dlt_headers.ORIGINAL_VALUE_BYTES, b"-3"),
+        ]
     )
     assert lenient is not None and lenient.reduced
     assert lenient.original_value_sha256 is None and lenient.original_value_bytes is None
@@ -122,8 +131,16 @@ def test_an_unreduced_letter_decodes_as_before() -> None:
 
 def test_replay_refuses_a_reduced_dead_letter_even_forced() -> None:
     reduced = reduce_dead_letter(letter_of(b"x" * 100_000))
-    view = DeadLetterView(DLT, 0, 5, None, reduced.key, reduced.value, tuple(reduced.headers),
-                          DltRecord.from_headers(reduced.headers))
+    view = DeadLetterView(
+        DLT,
+        0,
+        5,
+        None,
+        reduced.key,
+        reduced.value,
+        tuple(reduced.headers),
+        DltRecord.from_headers(reduced.headers),
+    )
     [item] = plan([view], ledger={}, states={}, default_topic="llm.batch.requests.v1", force=True)
     assert item.decision is Decision.REFUSED
     assert "reduced dead letter" in item.why and "partition 2 offset 41" in item.why
@@ -151,8 +168,11 @@ def test_default_sizes_take_an_inline_batch_at_the_limits_and_its_dead_letter() 
     topics, limits = TopicSettings(), InlineLimits()
     lines = inline_lines(1)
     line_bytes = len(str(lines[0]).encode())
-    request = batch_request("b" * 64, requests=inline_lines(limits.max_bytes // line_bytes),
-                            metadata={f"k{i:02d}": "v" * 512 for i in range(16)})
+    request = batch_request(
+        "b" * 64,
+        requests=inline_lines(limits.max_bytes // line_bytes),
+        metadata={f"k{i:02d}": "v" * 512 for i in range(16)},
+    )
     key, value, headers = request_message(request)
     assert record_size(key, value, headers) <= topics.max_message_bytes
     letter = letter_of(b"x" * topics.max_message_bytes)  # the largest record the requests topic takes
@@ -203,8 +223,12 @@ async def test_outages_are_retried_without_limit() -> None:
 
 
 async def test_permanent_errors_and_bugs_give_up_after_max_attempts() -> None:
-    fn = Flaky(PermanentError("OutOfMemoryError: command not allowed"), StateStoreUnavailable("blip"),
-               KeyError("bug"), PermanentError("again"))
+    fn = Flaky(
+        PermanentError("OutOfMemoryError: command not allowed"),
+        StateStoreUnavailable("blip"),
+        KeyError("bug"),
+        PermanentError("again"),
+    )
     with pytest.raises(GaveUp) as caught:
         await retry().run("intake", fn, 0, max_attempts=3)
     assert caught.value.attempts == 3 and fn.calls == 4  # the outage did not count
@@ -252,8 +276,14 @@ async def test_an_outage_is_logged_once_per_change_of_state_not_per_try(
 ) -> None:
     now = [0.0]
     beats: list[float] = []
-    retry = RecordRetry(Backoff(0.0001, 0.0001), Metrics(), asyncio.Event(), lambda: 0,
-                        beat=lambda: beats.append(now[0]), clock=lambda: now[0])
+    retry = RecordRetry(
+        Backoff(0.0001, 0.0001),
+        Metrics(),
+        asyncio.Event(),
+        lambda: 0,
+        beat=lambda: beats.append(now[0]),
+        clock=lambda: now[0],
+    )
     failures = iter(range(200))
 
     async def flaky() -> str:

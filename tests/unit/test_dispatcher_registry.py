@@ -136,8 +136,9 @@ async def test_a_start_step_logs_a_dependency_not_ready_once_per_change_of_state
 
     settings = DispatcherSettings(
         _env_file=None,
-        dispatcher=DispatcherOptions(metrics_port=None, shared_engines=False, io_backoff_base_s=0.001,
-                                     io_backoff_max_s=0.001),
+        dispatcher=DispatcherOptions(
+            metrics_port=None, shared_engines=False, io_backoff_base_s=0.001, io_backoff_max_s=0.001
+        ),
         redis=RedisSettings(url="redis://127.0.0.1:1/0"),  # never reached
         engines=registry(),
     )
@@ -308,8 +309,12 @@ class CountingReader:
 
     async def read(self, ref: RecordRef) -> OriginalRecord | None:
         self.reads += 1
-        return self.record if (ref.topic, ref.partition, ref.offset) == (
-            self.record.topic, self.record.partition, self.record.offset) else None
+        return (
+            self.record
+            if (ref.topic, ref.partition, ref.offset)
+            == (self.record.topic, self.record.partition, self.record.offset)
+            else None
+        )
 
 
 async def test_a_launch_reads_an_offloaded_body_from_kafka_once() -> None:
@@ -321,8 +326,9 @@ async def test_a_launch_reads_an_offloaded_body_from_kafka_once() -> None:
     offloaded = {"request_sha256": hashlib.sha256(value).hexdigest(), "origin": origin.to_json()}
     queued = stored("queued", 0, **offloaded)
     queued = BatchRecord.from_hash("b-gone", {k: v for k, v in queued.fields.items() if k != "request"})
-    store.fresh = BatchRecord.from_hash("b-gone", {**queued.fields, "state": "submitted", "attempt": "1",
-                                                   "submission_id": "b-gone-a1"})
+    store.fresh = BatchRecord.from_hash(
+        "b-gone", {**queued.fields, "state": "submitted", "attempt": "1", "submission_id": "b-gone-a1"}
+    )
     assert await t.start_attempt(queued) is True
     [spec] = backend.submitted
     assert [r.custom_id for r in spec.requests or []] == [f"req-{i}" for i in range(5)]
@@ -364,8 +370,10 @@ async def test_a_failed_jobs_public_message_carries_no_driver_log() -> None:
 
     t, store, _ = tracker(registry(path="/models/smollm2"))
     t.checks.policy = t.checks.policy.__class__(max_attempts=1, backoff=t.checks.policy.backoff)
-    ray_message = ("Job entrypoint command failed with exit code 1, last available logs (truncated to "
-                   "20,000 chars):\nTraceback ...\nprompt: my secret prompt\nKeyError: 'x'\n")
+    ray_message = (
+        "Job entrypoint command failed with exit code 1, last available logs (truncated to "
+        "20,000 chars):\nTraceback ...\nprompt: my secret prompt\nKeyError: 'x'\n"
+    )
     info = JobInfo(JobState.FAILED, exit_code=1, message=ray_message)
     await t.checks.job_failed(stored("running", 1, submission_id="b-gone-a1"), info)
     fields, _ = _failed(store)

@@ -29,11 +29,14 @@ def _settings(required: bool, *, tenants: bool, replay: bool) -> DispatcherSetti
     )
 
 
-@pytest.mark.parametrize(("tenants", "replay", "missing"), [
-    (False, False, "LLMBATCH_TENANTS__KEYS and LLMBATCH_REPLAY__KEY are not set"),
-    (False, True, "LLMBATCH_TENANTS__KEYS is not set"),
-    (True, False, "LLMBATCH_REPLAY__KEY is not set"),
-])
+@pytest.mark.parametrize(
+    ("tenants", "replay", "missing"),
+    [
+        (False, False, "LLMBATCH_TENANTS__KEYS and LLMBATCH_REPLAY__KEY are not set"),
+        (False, True, "LLMBATCH_TENANTS__KEYS is not set"),
+        (True, False, "LLMBATCH_REPLAY__KEY is not set"),
+    ],
+)
 def test_required_keys_that_are_missing_are_named(tenants: bool, replay: bool, missing: str) -> None:
     problem = _settings(True, tenants=tenants, replay=replay).serving_problem()
     assert problem is not None
@@ -56,6 +59,7 @@ def test_dispatcher_run_refuses_to_start_with_one_line_naming_the_missing_key(
     result = CliRunner().invoke(app, ["run"])
     assert result.exit_code == 2
     (line,) = result.stderr.strip().splitlines()
-    assert line.startswith("error: LLMBATCH_DISPATCHER__REQUIRE_SIGNED_EVENTS is on but "
-                           "LLMBATCH_REPLAY__KEY is not set")
+    assert line.startswith(
+        "error: LLMBATCH_DISPATCHER__REQUIRE_SIGNED_EVENTS is on but LLMBATCH_REPLAY__KEY is not set"
+    )
     assert KEY not in result.stderr

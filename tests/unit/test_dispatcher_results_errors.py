@@ -22,8 +22,16 @@ class Answer:
 
 
 def s3_error(code: str, status: int) -> S3Error:
-    return S3Error(Answer(status), code, f"{code} happened", "/b/k", "req", "host",  # type: ignore[arg-type]
-                   bucket_name="b", object_name="k")
+    return S3Error(
+        Answer(status),
+        code,
+        f"{code} happened",
+        "/b/k",
+        "req",
+        "host",  # type: ignore[arg-type]
+        bucket_name="b",
+        object_name="k",
+    )
 
 
 async def failing(exc: Exception) -> Exception:
@@ -49,16 +57,28 @@ async def test_refused_keys_wait_and_say_which_settings(code: str) -> None:
     assert code in str(error) and "LLMBATCH_S3__SECRET_KEY" in str(error) and ENDPOINT in str(error)
 
 
-@pytest.mark.parametrize("exc", [s3_error("InvalidArgument", 400), s3_error("MethodNotAllowed", 405),
-                                 InvalidResponseError(400, "text/html", "<html>bad request</html>")])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        s3_error("InvalidArgument", 400),
+        s3_error("MethodNotAllowed", 405),
+        InvalidResponseError(400, "text/html", "<html>bad request</html>"),
+    ],
+)
 async def test_other_client_errors_are_permanent(exc: Exception) -> None:
     error = await failing(exc)
     assert isinstance(error, PermanentError) and not error.retriable
 
 
-@pytest.mark.parametrize("exc", [s3_error("SlowDown", 503), s3_error("RequestTimeout", 408),
-                                 ServerError("internal error", 500),
-                                 urllib3.exceptions.MaxRetryError(None, "/b/k", "connection refused")])  # type: ignore[arg-type]
+@pytest.mark.parametrize(
+    "exc",
+    [
+        s3_error("SlowDown", 503),
+        s3_error("RequestTimeout", 408),
+        ServerError("internal error", 500),
+        urllib3.exceptions.MaxRetryError(None, "/b/k", "connection refused"),
+    ],
+)  # type: ignore[arg-type]
 async def test_server_trouble_is_an_outage(exc: Exception) -> None:
     error = await failing(exc)
     assert isinstance(error, StorageUnavailable) and error.retriable

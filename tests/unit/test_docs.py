@@ -32,16 +32,16 @@ def test_table_has_one_row_per_setting_with_env_var_and_default() -> None:
     table = docs.settings_table()
     rows = [line for line in table.splitlines() if line.startswith("| `LLMBATCH_")]
     assert len(rows) == _leaf_count()
-    assert len({r.split("|")[1] for r in rows}) == len(rows)               # no duplicates
+    assert len({r.split("|")[1] for r in rows}) == len(rows)  # no duplicates
     assert "| `LLMBATCH_KAFKA__TOPICS__DEAD_LETTER` | string | `llm.batch.requests.v1.dlt` |" in table
-    assert "| `LLMBATCH_ENGINES__MODELS` | JSON object | `{}` |" in table            # the model registry
+    assert "| `LLMBATCH_ENGINES__MODELS` | JSON object | `{}` |" in table  # the model registry
     assert "LLMBATCH_JOB__MODEL_PATH" not in table and "LLMBATCH_JOB__ENGINE__" not in table
     # the fields of one registry entry (a JSON value, not variables of their own)
     assert "| `path` | string | *required* |" in table
     assert "| `engine.enforce_eager` | boolean | `false` |" in table
     assert "| `scaling.min_replicas` | integer | `0` |" in table
-    assert "| `LLMBATCH_S3__SECRET_KEY` | secret | *(empty)* |" in table       # secrets never shown
-    assert "| `LLMBATCH_API__KEYS` | JSON object | `{}` |" in table                # the HTTP API's
+    assert "| `LLMBATCH_S3__SECRET_KEY` | secret | *(empty)* |" in table  # secrets never shown
+    assert "| `LLMBATCH_API__KEYS` | JSON object | `{}` |" in table  # the HTTP API's
 
 
 def test_configuration_table_is_current() -> None:

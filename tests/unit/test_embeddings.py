@@ -84,8 +84,11 @@ _JSON = st.recursive(
 )
 
 
-@given(st.dictionaries(st.sampled_from(["input", "encoding_format", "dimensions", "user", "model", "x"]),
-                       _JSON, max_size=4))
+@given(
+    st.dictionaries(
+        st.sampled_from(["input", "encoding_format", "dimensions", "user", "model", "x"]), _JSON, max_size=4
+    )
+)
 def test_any_body_is_accepted_or_refused_with_a_schema_error(body: dict[str, Any]) -> None:
     try:
         parsed = parse_input_line(line(body), 1)
@@ -96,9 +99,13 @@ def test_any_body_is_accepted_or_refused_with_a_schema_error(body: dict[str, Any
     if refused is not None:
         assert refused.field is not None and refused.field.startswith("body")
     else:
-        tokenized = build_rows(WhitespaceTokenizer(), Endpoint.EMBEDDINGS,
-                               [rows.Row(1, rows.REQUEST, "e1", orjson.dumps({"body": parsed.body}))],
-                               batch_id="b", keep_text=False)
+        tokenized = build_rows(
+            WhitespaceTokenizer(),
+            Endpoint.EMBEDDINGS,
+            [rows.Row(1, rows.REQUEST, "e1", orjson.dumps({"body": parsed.body}))],
+            batch_id="b",
+            keep_text=False,
+        )
         assert tokenized[0].kind == rows.REQUEST
 
 
@@ -130,14 +137,21 @@ def test_an_embedding_batch_runs_only_on_an_embedding_model_and_a_chat_batch_nev
 def _run(lines: list[bytes], config: EngineConfig) -> dict[str, rows.Row]:
     parsed = list(parse_lines(lines, batch_id="b", endpoint=Endpoint.EMBEDDINGS, model="m"))
     prompted = build_rows(WhitespaceTokenizer(), Endpoint.EMBEDDINGS, parsed, batch_id="b", keep_text=True)
-    stage = EngineStage(model_path="unused", engine=config.model_dump_json(), endpoint=EMBED,
-                        batch_id="b", model="m")
+    stage = EngineStage(
+        model_path="unused", engine=config.model_dump_json(), endpoint=EMBED, batch_id="b", model="m"
+    )
     return {r.custom_id: r for r in stage.process(prompted)}
 
 
 def test_prompt_stage_tokenizes_texts_and_keeps_token_ids() -> None:
-    parsed = list(parse_lines([line({"input": ["one two", "three"]}), line({"input": [[7, 8, 9]]}, "e2")],
-                              batch_id="b", endpoint=Endpoint.EMBEDDINGS, model="m"))
+    parsed = list(
+        parse_lines(
+            [line({"input": ["one two", "three"]}), line({"input": [[7, 8, 9]]}, "e2")],
+            batch_id="b",
+            endpoint=Endpoint.EMBEDDINGS,
+            model="m",
+        )
+    )
     out = build_rows(WhitespaceTokenizer(), Endpoint.EMBEDDINGS, parsed, batch_id="b", keep_text=False)
     first, second = (orjson.loads(r.payload) for r in out)
     tok = WhitespaceTokenizer()
@@ -149,23 +163,34 @@ def test_prompt_stage_tokenizes_texts_and_keeps_token_ids() -> None:
 
 def test_each_input_gets_its_vector_in_order_and_a_line_fails_alone() -> None:
     config = EngineConfig(backend="fake", runner="pooling", max_model_len=16, fake_fail_custom_ids=["bad"])
-    out = _run([
-        line({"input": ["alpha", "beta gamma", "alpha"]}, "many"),
-        line({"input": ["ok", "word " * 17]}, "long"),                 # 17 tokens > max_model_len 16
-        line({"input": "fine", "dimensions": 3, "encoding_format": "base64"}, "b64"),
-        line({"input": "x"}, "bad"),
-        line({"input": [[1, 2], [3]]}, "ids"),
-    ], config)
+    out = _run(
+        [
+            line({"input": ["alpha", "beta gamma", "alpha"]}, "many"),
+            line({"input": ["ok", "word " * 17]}, "long"),  # 17 tokens > max_model_len 16
+            line({"input": "fine", "dimensions": 3, "encoding_format": "base64"}, "b64"),
+            line({"input": "x"}, "bad"),
+            line({"input": [[1, 2], [3]]}, "ids"),
+        ],
+        config,
+    )
     assert {k: r.kind for k, r in out.items()} == {
-        "many": rows.OUTPUT, "long": rows.ERROR, "b64": rows.OUTPUT, "bad": rows.ERROR, "ids": rows.OUTPUT}
+        "many": rows.OUTPUT,
+        "long": rows.ERROR,
+        "b64": rows.OUTPUT,
+        "bad": rows.ERROR,
+        "ids": rows.OUTPUT,
+    }
     many = BatchOutputLine.model_validate_json(out["many"].payload)
     assert many.ok and many.response is not None
     body = many.response.body
     vectors = [item["embedding"] for item in body["data"]]
     assert [item["index"] for item in body["data"]] == [0, 1, 2]
-    assert vectors[0] == vectors[2] != vectors[1]                    # equal inputs, equal vectors; in order
-    assert body["usage"] == {"prompt_tokens": 4, "total_tokens": 4} == {
-        "prompt_tokens": out["many"].prompt_tokens, "total_tokens": out["many"].prompt_tokens}
+    assert vectors[0] == vectors[2] != vectors[1]  # equal inputs, equal vectors; in order
+    assert (
+        body["usage"]
+        == {"prompt_tokens": 4, "total_tokens": 4}
+        == {"prompt_tokens": out["many"].prompt_tokens, "total_tokens": out["many"].prompt_tokens}
+    )
     assert out["many"].completion_tokens == 0
     long_error = orjson.loads(out["long"].payload)["error"]
     assert long_error["code"] == "context_length_exceeded" and long_error["param"] == "input"
@@ -188,8 +213,10 @@ def test_base64_is_little_endian_float32_of_the_same_vector() -> None:
 
 
 def test_usage_counts_the_tokens_of_every_input() -> None:
-    gens = [Generation("1.0", prompt_tokens=3, embedding=[1.0]),
-            Generation("1.1", prompt_tokens=4, embedding=[0.0])]
+    gens = [
+        Generation("1.0", prompt_tokens=3, embedding=[1.0]),
+        Generation("1.1", prompt_tokens=4, embedding=[0.0]),
+    ]
     body = embedding_body(gens, model="m", encoding_format="float")
     assert body["usage"] == {"prompt_tokens": 7, "total_tokens": 7}
     assert [d["embedding"] for d in body["data"]] == [[1.0], [0.0]]

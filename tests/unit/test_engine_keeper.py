@@ -47,10 +47,15 @@ def _puts(dashboard: ScriptedHttpServer) -> int:
 async def _run_until_deployed(dispatcher: Dispatcher, dashboard: ScriptedHttpServer, puts: int) -> None:
     loop = asyncio.create_task(dispatcher.engines.keep_deployed(None))
     try:
-        await wait_for(lambda: _puts(dashboard) >= puts and not loop.done(), 30, interval=0.05,
-                       what=f"{puts} deploys")
-        await wait_for(lambda: any(s.method == "GET" for s in dashboard.seen), 30, interval=0.05,
-                       what="the status read after a deploy")
+        await wait_for(
+            lambda: _puts(dashboard) >= puts and not loop.done(), 30, interval=0.05, what=f"{puts} deploys"
+        )
+        await wait_for(
+            lambda: any(s.method == "GET" for s in dashboard.seen),
+            30,
+            interval=0.05,
+            what="the status read after a deploy",
+        )
     finally:
         dispatcher._stop.set()
         await asyncio.wait_for(loop, 30)
@@ -70,17 +75,24 @@ async def test_a_deploy_that_keeps_failing_is_said_once_then_its_success(
         healing = asyncio.create_task(heal())
         await _run_until_deployed(dispatcher, dashboard, puts=6)
         await healing
-    said = [(r.levelno, r.getMessage()) for r in caplog.records
-            if r.name == KEEPER and r.levelno >= logging.INFO and "engine" in r.getMessage()]
-    assert said == [(logging.WARNING, "engines still not deployed; trying again every 0 s"),
-                    (logging.INFO, "engines deployed")]
+    said = [
+        (r.levelno, r.getMessage())
+        for r in caplog.records
+        if r.name == KEEPER and r.levelno >= logging.INFO and "engine" in r.getMessage()
+    ]
+    assert said == [
+        (logging.WARNING, "engines still not deployed; trying again every 0 s"),
+        (logging.INFO, "engines deployed"),
+    ]
     warning = next(r for r in caplog.records if r.levelno == logging.WARNING)
     assert "Serve controller is starting" in warning.error  # type: ignore[attr-defined]
 
 
 async def test_a_bug_in_one_poll_does_not_end_the_loop(
-    dispatcher: Dispatcher, dashboard: ScriptedHttpServer, monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture
+    dispatcher: Dispatcher,
+    dashboard: ScriptedHttpServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     real = dispatcher.engines.config
     calls = 0
@@ -120,8 +132,12 @@ async def test_figures_are_exported_by_the_leader_only_and_size_admission(
         await wait_for(lambda: queued() == 3.0, 30, interval=0.05, what="the leader's export")
         assert dispatcher.tracker.engine_replicas == {"m": 2}  # a count that is not a number is not used
         dispatcher.tracker.is_leader = False  # leadership moved: this replica's gauges are cleared
-        await wait_for(lambda: queued() is None and dispatcher.tracker.engine_replicas == {}, 30,
-                       interval=0.05, what="the gauges cleared")
+        await wait_for(
+            lambda: queued() is None and dispatcher.tracker.engine_replicas == {},
+            30,
+            interval=0.05,
+            what="the gauges cleared",
+        )
     finally:
         dispatcher.engines.stopping.set()
         await asyncio.wait_for(loop, 30)

@@ -16,15 +16,22 @@ pytestmark = pytest.mark.unit
 
 
 def _server() -> EngineServer:
-    entry = EngineModel(path="fake", engine=EngineConfig(backend="fake", fake_delay_s=0.2),
-                        scaling=Scaling(max_ongoing_requests=8))
+    entry = EngineModel(
+        path="fake",
+        engine=EngineConfig(backend="fake", fake_delay_s=0.2),
+        scaling=Scaling(max_ongoing_requests=8),
+    )
     return EngineServer("m", entry.model_dump(mode="json"))
 
 
 def _requests(batch: str, n: int) -> list[GenRequest]:
     # two batches' line numbers are the same keys ("0", "1", ...); their prompts differ
-    return [GenRequest(str(i), [1, 2, 3 + i], {"max_tokens": 8}, prompt_text=f"{batch} {i}",
-                       custom_id=f"{batch}-{i}") for i in range(n)]
+    return [
+        GenRequest(
+            str(i), [1, 2, 3 + i], {"max_tokens": 8}, prompt_text=f"{batch} {i}", custom_id=f"{batch}-{i}"
+        )
+        for i in range(n)
+    ]
 
 
 def test_concurrent_calls_with_the_same_keys_each_get_their_own_answers() -> None:
@@ -37,8 +44,9 @@ def test_concurrent_calls_with_the_same_keys_each_get_their_own_answers() -> Non
 
     got = asyncio.run(all_at_once())
     # each call gets back its own keys, in its order, with the answers to its own prompts
-    assert got == [[(str(i), f"fake reply to: {b} {i}") for i in range(n)]
-                   for b, n in (("a", 5), ("b", 3), ("c", 5))]
+    assert got == [
+        [(str(i), f"fake reply to: {b} {i}") for i in range(n)] for b, n in (("a", 5), ("b", 3), ("c", 5))
+    ]
     assert server.info()["requests"] == 13
 
 

@@ -54,15 +54,17 @@ pytestmark = pytest.mark.unit
 
 
 def _registry() -> EngineRegistry:
-    return EngineRegistry(models={
-        "Qwen/Qwen2.5-0.5B-Instruct": EngineModel(
-            path="/models/qwen",
-            engine=EngineConfig(enforce_eager=True),
-            resources=ReplicaResources(num_cpus=2, num_gpus=1, resources={"llmbatch_engine": 1}),
-            scaling=Scaling(min_replicas=0, max_replicas=4, idle_s=120, target_ongoing_requests=2),
-        ),
-        "small": EngineModel(path="/models/small"),
-    })
+    return EngineRegistry(
+        models={
+            "Qwen/Qwen2.5-0.5B-Instruct": EngineModel(
+                path="/models/qwen",
+                engine=EngineConfig(enforce_eager=True),
+                resources=ReplicaResources(num_cpus=2, num_gpus=1, resources={"llmbatch_engine": 1}),
+                scaling=Scaling(min_replicas=0, max_replicas=4, idle_s=120, target_ongoing_requests=2),
+            ),
+            "small": EngineModel(path="/models/small"),
+        }
+    )
 
 
 def test_app_names_are_stable_distinct_and_url_safe() -> None:
@@ -84,9 +86,11 @@ def test_unknown_model_names_the_served_ones() -> None:
 
 @pytest.mark.parametrize(
     ("scaling", "field"),
-    [({"min_replicas": 3, "max_replicas": 2}, "min_replicas"),
-     ({"min_replicas": 0, "max_replicas": 2, "initial_replicas": 5}, "initial_replicas"),
-     ({"max_replicas": 0}, "max_replicas")],
+    [
+        ({"min_replicas": 3, "max_replicas": 2}, "min_replicas"),
+        ({"min_replicas": 0, "max_replicas": 2, "initial_replicas": 5}, "initial_replicas"),
+        ({"max_replicas": 0}, "max_replicas"),
+    ],
 )
 def test_incoherent_scaling_is_refused_naming_the_field(scaling: dict[str, int], field: str) -> None:
     with pytest.raises(ValidationError) as err:
@@ -106,11 +110,17 @@ def test_deployment_options_follow_the_entry() -> None:
     options = deployment_options(entry)
     assert options["name"] == DEPLOYMENT_NAME
     assert options["autoscaling_config"] == {
-        "min_replicas": 0, "max_replicas": 4, "target_ongoing_requests": 2.0,
-        "downscale_delay_s": 120.0, "upscale_delay_s": 0.0,
+        "min_replicas": 0,
+        "max_replicas": 4,
+        "target_ongoing_requests": 2.0,
+        "downscale_delay_s": 120.0,
+        "upscale_delay_s": 0.0,
     }
-    assert options["ray_actor_options"] == {"num_cpus": 2.0, "num_gpus": 1.0,
-                                            "resources": {"llmbatch_engine": 1.0}}
+    assert options["ray_actor_options"] == {
+        "num_cpus": 2.0,
+        "num_gpus": 1.0,
+        "resources": {"llmbatch_engine": 1.0},
+    }
     assert options["max_ongoing_requests"] == entry.scaling.max_ongoing_requests
 
 
@@ -202,11 +212,24 @@ def test_config_is_lost_only_when_a_new_serve_instance_has_none_of_its_applicati
 def test_summarize_reads_serve_details() -> None:
     registry = _registry()
     small = app_name("small")
-    details = {"applications": {small: {"status": "RUNNING", "deployments": {DEPLOYMENT_NAME: {
-        "status": "HEALTHY", "message": "",
-        "replicas": [{"state": "RUNNING", "pid": 11}, {"state": "STARTING", "pid": None},
-                     {"state": "RUNNING", "pid": 12}],
-    }}}}}
+    details = {
+        "applications": {
+            small: {
+                "status": "RUNNING",
+                "deployments": {
+                    DEPLOYMENT_NAME: {
+                        "status": "HEALTHY",
+                        "message": "",
+                        "replicas": [
+                            {"state": "RUNNING", "pid": 11},
+                            {"state": "STARTING", "pid": None},
+                            {"state": "RUNNING", "pid": 12},
+                        ],
+                    }
+                },
+            }
+        }
+    }
     rows = {r.model: r for r in summarize(registry, details)}
     assert rows["small"].status == "RUNNING" and rows["small"].running == 2
     assert rows["small"].replicas == {"RUNNING": 2, "STARTING": 1}
@@ -219,8 +242,10 @@ def test_summarize_reads_serve_details() -> None:
 # --- `llmbatch engines render`: the Serve config for a manifest, without secrets ---------------------
 
 SECRETS = {
-    "ak": "AKIA-dummy-key-id", "sk": "dummy-s3-secret-key",
-    "redis": "dummy-redis-pw", "ray": "dummy-ray-token",
+    "ak": "AKIA-dummy-key-id",
+    "sk": "dummy-s3-secret-key",
+    "redis": "dummy-redis-pw",
+    "ray": "dummy-ray-token",
 }
 
 
@@ -246,7 +271,10 @@ def test_manifest_serve_config_is_the_dispatchers_without_secrets() -> None:
     assert runner["name"] == RUNNER_APP
     env = runner["runtime_env"]["env_vars"]
     assert {k for k, v in env.items() if v} == {  # where, not keys
-        "LLMBATCH_S3__ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_REGION"}
+        "LLMBATCH_S3__ENDPOINT",
+        "AWS_ENDPOINT_URL_S3",
+        "AWS_REGION",
+    }
     assert {k for k, v in env.items() if not v} == set(node_secrets.S3_KEYS)  # its batches bring theirs
     # what the dispatcher deploys itself is the same config: neither carries the Redis password or S3
     # keys (the replicas inherit them from the Ray pods' environment)
@@ -314,9 +342,12 @@ def test_render_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
 def test_list_rows_show_figures_or_dashes() -> None:
     from llmbatch.dispatcher.backends.engines import EngineStatus, with_figures
 
-    rows = [EngineStatus(model="a", app="x", status="RUNNING"),
-            EngineStatus(model="b", app="y", status="RUNNING")]
-    with_figures(rows, {"a": {"queued": 3.0, "active": 8.0, "idle_s": None, "tokens_per_s": 12.34,
-                              "cold_starts": 2.0}})
+    rows = [
+        EngineStatus(model="a", app="x", status="RUNNING"),
+        EngineStatus(model="b", app="y", status="RUNNING"),
+    ]
+    with_figures(
+        rows, {"a": {"queued": 3.0, "active": 8.0, "idle_s": None, "tokens_per_s": 12.34, "cold_starts": 2.0}}
+    )
     assert rows[0].figure_cells() == ["3", "8", "-", "12.3", "2"]
     assert rows[1].figures is None and rows[1].figure_cells() == ["-"] * 5

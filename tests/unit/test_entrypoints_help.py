@@ -12,15 +12,27 @@ import pytest
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = ["llmbatch", "llmbatch.cli", "llmbatch.ray_job", "llmbatch.dispatcher", "llmbatch.api",
-           "llmbatch.producer.cli", "llmbatch.demo", "llmbatch.docs", "llmbatch.chaos",
-           "llmbatch.schemas.generate", "llmbatch.stack.tls_front", "llmbatch.stack.vllm_check"]
+MODULES = [
+    "llmbatch",
+    "llmbatch.cli",
+    "llmbatch.ray_job",
+    "llmbatch.dispatcher",
+    "llmbatch.api",
+    "llmbatch.producer.cli",
+    "llmbatch.demo",
+    "llmbatch.docs",
+    "llmbatch.chaos",
+    "llmbatch.schemas.generate",
+    "llmbatch.stack.tls_front",
+    "llmbatch.stack.vllm_check",
+]
 
 
 @pytest.mark.parametrize("module", MODULES)
 def test_help_exits_0_with_the_usage_only(module: str) -> None:
-    done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "usage" in done.stdout.lower(), done.stdout
     said = done.stdout + done.stderr

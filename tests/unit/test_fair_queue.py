@@ -58,8 +58,12 @@ def test_drain_empties_everything() -> None:
     assert len(q) == 0 and q.pop() is None and q.top_priority() is None
 
 
-@given(st.lists(st.tuples(st.sampled_from("abcd"), st.integers(0, 9),
-                          st.lists(st.integers(0, 3), max_size=4)), max_size=60))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("abcd"), st.integers(0, 9), st.lists(st.integers(0, 3), max_size=4)),
+        max_size=60,
+    )
+)
 def test_every_item_comes_out_once_in_priority_order(items: list[tuple[str, int, list[int]]]) -> None:
     q: FairQueue[int] = FairQueue()
     priority_of: dict[str, int] = {}

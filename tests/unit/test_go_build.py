@@ -50,7 +50,8 @@ def test_the_key_follows_go_mod_go_sum_and_go_files_only(tmp_path: Path) -> None
 
 
 def test_builds_once_then_serves_the_cache_and_drops_older_builds(
-        tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     module = _module(tmp_path / "hello", HELLO)
     older_dir, older_file = cache / "bin" / "hello-000000000000", cache / "bin" / "hello-111111111111"
     older_dir.mkdir(parents=True)
@@ -72,8 +73,8 @@ def test_a_failed_build_names_the_module_and_keeps_nothing(tmp_path: Path, cache
     assert not list((cache / "bin").iterdir())
 
 
-TAGGED = ('//go:build special\n\npackage main\n\nimport "fmt"\n\nfunc main() { fmt.Println("tagged") }\n')
-UNTAGGED = ('//go:build !special\n\npackage main\n\nimport "fmt"\n\nfunc main() { fmt.Println("plain") }\n')
+TAGGED = '//go:build special\n\npackage main\n\nimport "fmt"\n\nfunc main() { fmt.Println("tagged") }\n'
+UNTAGGED = '//go:build !special\n\npackage main\n\nimport "fmt"\n\nfunc main() { fmt.Println("plain") }\n'
 
 
 def test_build_tags_and_cgo_are_part_of_the_build_and_of_its_key(tmp_path: Path, cache: Path) -> None:

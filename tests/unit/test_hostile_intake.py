@@ -64,8 +64,12 @@ def test_an_answer_that_cannot_be_built_falls_back_to_the_minimal_one() -> None:
     assert answer is not None and answer.batch_id == "b-1" and answer.data.error.code == "model_not_found"
     assert answer.id == rejection_answer(command, Written(0, 1), None, source="urn:d", now=NOW).id  # type: ignore[union-attr]
     # and a batch id that is none: no answer at all, and no exception
-    assert rejection_answer(dataclasses.replace(command, batch_id="b-1\n"), Written(0, 1), None,
-                            source="urn:d", now=NOW) is None
+    assert (
+        rejection_answer(
+            dataclasses.replace(command, batch_id="b-1\n"), Written(0, 1), None, source="urn:d", now=NOW
+        )
+        is None
+    )
     assert minimal_answer("b-1\n", "x", answer_of="a", source="urn:d", now=NOW) is None
 
 
@@ -84,7 +88,9 @@ def test_no_record_makes_intake_raise_and_every_answer_is_valid(record: Record) 
             orjson.dumps(command.item.fields)
         if command.batch_id is not None:
             _valid_on_the_wire(rejection_answer(command, Written(0, 1), None, source="urn:d", now=NOW))
-    if not isinstance(command, Cancel) and (batch_id := getattr(command, "batch_id", None) or (
-            command.request.batch_id if isinstance(command, Accept) else None)):
+    if not isinstance(command, Cancel) and (
+        batch_id := getattr(command, "batch_id", None)
+        or (command.request.batch_id if isinstance(command, Accept) else None)
+    ):
         failed = GaveUp("intake", RuntimeError("boom\n" + (value or b"")[:50].decode(errors="replace")), 3)
         _valid_on_the_wire(failure_answer(command, batch_id, failed, None, source="urn:d", now=NOW))

@@ -119,15 +119,33 @@ def kit(**options: Any) -> Kit:
         return clock[0]
 
     outcomes = OutcomeReader(settings, store, results, clock=now)  # type: ignore[arg-type]
-    checks = InFlight(settings, store, backend, results, producer, Metrics(), outcomes,  # type: ignore[arg-type]
-                      resubmit=resubmit, clock=now, crash=lambda point: None)
+    checks = InFlight(
+        settings,
+        store,
+        backend,
+        results,
+        producer,
+        Metrics(),
+        outcomes,  # type: ignore[arg-type]
+        resubmit=resubmit,
+        clock=now,
+        crash=lambda point: None,
+    )
     return Kit(checks, store, backend, producer, resubmitted, clock)
 
 
 def record(state: State, attempt: int = 1, **extra: str) -> BatchRecord:
     _, value, _ = request_message(batch_request("b-1", requests=inline_lines(5)))
-    fields = {"state": state.value, "version": "3", "request": value.decode(), "attempt": str(attempt),
-              "total": "5", "submission_id": SID, "confirmed": "1", "submitted_at": repr(NOW - 5)}
+    fields = {
+        "state": state.value,
+        "version": "3",
+        "request": value.decode(),
+        "attempt": str(attempt),
+        "total": "5",
+        "submission_id": SID,
+        "confirmed": "1",
+        "submitted_at": repr(NOW - 5),
+    }
     fields.update(extra)
     return BatchRecord.from_hash("b-1", fields)
 
@@ -260,8 +278,7 @@ def test_stop_reasons_in_order_cancel_then_deadline_then_heartbeat() -> None:
     assert k.checks.stop_reason(record(State.RUNNING, stop_reason=HEARTBEAT), NOW) == HEARTBEAT
     late = record(State.RUNNING, stop_reason=HEARTBEAT, deadline=past)
     assert k.checks.stop_reason(late, NOW) == "deadline"
-    assert k.checks.stop_reason(
-        record(State.RUNNING, deadline=past, cancel_requested="1"), NOW) == "cancel"
+    assert k.checks.stop_reason(record(State.RUNNING, deadline=past, cancel_requested="1"), NOW) == "cancel"
     assert k.checks.stop_reason(record(State.RUNNING, deadline=repr(NOW + 1)), NOW) is None
 
 

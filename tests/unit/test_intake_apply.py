@@ -69,9 +69,20 @@ class Store:
     async def get_many(self, keys: list[BatchKey]) -> list[BatchRecord | None]:
         # as the intake script stores it: the request's fields and what the intake added
         stored = [(k, *self.batches[k]) for k in keys]
-        return [BatchRecord(k, state, 1, {**item.fields, "generation": "1", "replay_id": item.replay_id or "",
-                                          "deadline": repr(item.deadline or 0.0)})
-                for k, state, item in stored]
+        return [
+            BatchRecord(
+                k,
+                state,
+                1,
+                {
+                    **item.fields,
+                    "generation": "1",
+                    "replay_id": item.replay_id or "",
+                    "deadline": repr(item.deadline or 0.0),
+                },
+            )
+            for k, state, item in stored
+        ]
 
     async def set_markers(self, markers: list[tuple[str, str]]) -> None:
         self.markers.update(markers)
@@ -100,8 +111,15 @@ class Producer:
 
 def applier(store: Store, producer: Producer) -> tuple[IntakeApplier, list[str]]:
     crashes: list[str] = []
-    return IntakeApplier(store, producer, Metrics(), results_topic=RESULTS, source="urn:d",  # type: ignore[arg-type]
-                         clock=lambda: NOW, crash=crashes.append), crashes
+    return IntakeApplier(
+        store,
+        producer,
+        Metrics(),
+        results_topic=RESULTS,
+        source="urn:d",  # type: ignore[arg-type]
+        clock=lambda: NOW,
+        crash=crashes.append,
+    ), crashes
 
 
 def command(batch_id: str, *, event_id: str, offset: int = 0, model: str = MODEL) -> Command:

@@ -40,19 +40,29 @@ def _grants(role: str, topics: TopicSettings = TOPICS, group: str = "g1") -> set
 
 def test_each_role_gets_exactly_what_its_code_uses() -> None:
     assert _grants("producer") == {
-        ("TOPIC", "t.req", "WRITE"), ("TOPIC", "t.req", "DESCRIBE"),
-        ("TOPIC", "t.res", "READ"), ("TOPIC", "t.res", "DESCRIBE"),
+        ("TOPIC", "t.req", "WRITE"),
+        ("TOPIC", "t.req", "DESCRIBE"),
+        ("TOPIC", "t.res", "READ"),
+        ("TOPIC", "t.res", "DESCRIBE"),
     }
     assert _grants("dispatcher") == {
-        ("TOPIC", "t.req", "READ"), ("TOPIC", "t.req", "DESCRIBE"), ("TOPIC", "t.req", "DESCRIBE_CONFIGS"),
+        ("TOPIC", "t.req", "READ"),
+        ("TOPIC", "t.req", "DESCRIBE"),
+        ("TOPIC", "t.req", "DESCRIBE_CONFIGS"),
         ("GROUP", "g1", "READ"),
-        ("TOPIC", "t.res", "WRITE"), ("TOPIC", "t.res", "READ"), ("TOPIC", "t.res", "DESCRIBE"),
+        ("TOPIC", "t.res", "WRITE"),
+        ("TOPIC", "t.res", "READ"),
+        ("TOPIC", "t.res", "DESCRIBE"),
         ("TOPIC", "t.res", "DESCRIBE_CONFIGS"),
-        ("TOPIC", "t.dlt", "WRITE"), ("TOPIC", "t.dlt", "DESCRIBE"), ("TOPIC", "t.dlt", "DESCRIBE_CONFIGS"),
+        ("TOPIC", "t.dlt", "WRITE"),
+        ("TOPIC", "t.dlt", "DESCRIBE"),
+        ("TOPIC", "t.dlt", "DESCRIBE_CONFIGS"),
     }
     assert _grants("operator") == {
-        ("TOPIC", "t.dlt", "READ"), ("TOPIC", "t.dlt", "DESCRIBE"),
-        ("TOPIC", "t.req", "WRITE"), ("TOPIC", "t.req", "DESCRIBE"),
+        ("TOPIC", "t.dlt", "READ"),
+        ("TOPIC", "t.dlt", "DESCRIBE"),
+        ("TOPIC", "t.req", "WRITE"),
+        ("TOPIC", "t.req", "DESCRIBE"),
     }
 
 
@@ -64,8 +74,9 @@ def test_the_promises_of_least_privilege_hold_for_any_names() -> None:
     assert {r for r, name, op in by if name == "a" and op == "READ"} == {"dispatcher"}
     assert {r for r, name, op in by if name in {"b", "c"} and op == "WRITE"} == {"dispatcher"}
     # nothing on the cluster, no Create, no wildcard or prefixed pattern, only ALLOW from any host
-    assert all(b.resource_type != "CLUSTER" and b.operation not in {"CREATE", "IDEMPOTENT_WRITE"}
-               for b in bindings)
+    assert all(
+        b.resource_type != "CLUSTER" and b.operation not in {"CREATE", "IDEMPOTENT_WRITE"} for b in bindings
+    )
     assert all(b.pattern_type == "LITERAL" and b.permission == "ALLOW" and b.host == "*" for b in bindings)
     assert {b.resource_name for b in bindings} == {"a", "b", "c", "grp"}
     assert {b.principal for b in bindings} == {f"User:{r}" for r in ROLES}
@@ -81,14 +92,17 @@ def test_users_per_role_and_one_user_in_two_roles_gets_each_binding_once() -> No
     assert sum(1 for b in bindings if b.principal == "User:api" and b.resource_name == "t.req") == 2
 
 
-@pytest.mark.parametrize(("topics", "group", "users", "message"), [
-    (TopicSettings(requests="*"), "g", None, "requests topic is named '\\*'"),
-    (TOPICS, "*", None, "consumer group is named '\\*'"),
-    (TOPICS, "g", {"admin": ["x"]}, "unknown Kafka role 'admin'"),
-    (TOPICS, "g", {"producer": []}, "producer role has no user"),
-    (TOPICS, "g", {"producer": ["a,b"]}, "Kafka user name 'a,b'"),
-    (TOPICS, "g", {"producer": ["*"]}, "Kafka user name '\\*'"),
-])
+@pytest.mark.parametrize(
+    ("topics", "group", "users", "message"),
+    [
+        (TopicSettings(requests="*"), "g", None, "requests topic is named '\\*'"),
+        (TOPICS, "*", None, "consumer group is named '\\*'"),
+        (TOPICS, "g", {"admin": ["x"]}, "unknown Kafka role 'admin'"),
+        (TOPICS, "g", {"producer": []}, "producer role has no user"),
+        (TOPICS, "g", {"producer": ["a,b"]}, "Kafka user name 'a,b'"),
+        (TOPICS, "g", {"producer": ["*"]}, "Kafka user name '\\*'"),
+    ],
+)
 def test_wildcards_and_bad_names_are_refused(
     topics: TopicSettings, group: str, users: Any, message: str
 ) -> None:
@@ -115,10 +129,12 @@ def test_the_command_prints_text_or_json_and_names_a_bad_option(monkeypatch: pyt
     assert as_json.exit_code == 0, as_json.output
     bindings = [AclBinding.model_validate(b) for b in orjson.loads(as_json.stdout)]
     assert {b.principal for b in bindings if b.role == "producer"} == {"User:svc-a"}
-    for args, says in ((["--user", "producer"], "--user takes ROLE=NAME"),
-                       (["--user", "admin=x"], "--user 'admin=x': unknown role 'admin'"),
-                       (["--user", "producer=a/b"], "--user 'producer=a/b': Kafka user name"),
-                       (["--apply"], "--apply needs the admin's credentials")):
+    for args, says in (
+        (["--user", "producer"], "--user takes ROLE=NAME"),
+        (["--user", "admin=x"], "--user 'admin=x': unknown role 'admin'"),
+        (["--user", "producer=a/b"], "--user 'producer=a/b': Kafka user name"),
+        (["--apply"], "--apply needs the admin's credentials"),
+    ):
         bad = runner.invoke(app, ["kafka-acl", *args])
         assert bad.exit_code == 2 and says in bad.output, bad.output
     unknown = runner.invoke(app, ["kafka-acl", "--bogus"])
@@ -129,18 +145,25 @@ def test_the_test_broker_authorizes_every_client_and_keeps_passwords_valid() -> 
     sasl = KafkaSasl("admin", {"admin": "pw-1", "producer": "pw.2"})
     sasl.check()
     props = "\n".join(_kafka_properties(Path("/d"), 9092, 9093, sasl, "ctlpw"))
-    for line in ("authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-                 "allow.everyone.if.no.acl.found=false", "super.users=User:admin;User:kraft-controller",
-                 "listeners=SASL_PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093",
-                 "sasl.enabled.mechanisms=SCRAM-SHA-512"):
+    for line in (
+        "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "allow.everyone.if.no.acl.found=false",
+        "super.users=User:admin;User:kraft-controller",
+        "listeners=SASL_PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093",
+        "sasl.enabled.mechanisms=SCRAM-SHA-512",
+    ):
         assert line in props.splitlines()
     assert "ANONYMOUS" not in props and ":PLAINTEXT" not in props  # no listener without a login
     assert "pw.2" not in props  # only the broker's own (admin) login is in its properties
     plain = "\n".join(_kafka_properties(Path("/d"), 9092, 9093, None, "x"))
     assert "authorizer" not in plain and "PLAINTEXT://127.0.0.1:9092" in plain
     assert "pw-1" not in repr(sasl)
-    for bad in (KafkaSasl("root", {"admin": "x"}), KafkaSasl("admin", {"admin": "has space"}),
-                KafkaSasl("admin", {"admin": "x", "a]b": "y"}), KafkaSasl("admin", {"admin": 'q"'})):
+    for bad in (
+        KafkaSasl("root", {"admin": "x"}),
+        KafkaSasl("admin", {"admin": "has space"}),
+        KafkaSasl("admin", {"admin": "x", "a]b": "y"}),
+        KafkaSasl("admin", {"admin": 'q"'}),
+    ):
         with pytest.raises(StackError):
             bad.check()
 
@@ -177,8 +200,12 @@ def test_a_publish_the_acls_refuse_is_not_authorized_naming_user_and_topic(
     import aiokafka
 
     monkeypatch.setattr(aiokafka, "AIOKafkaProducer", RefusingProducer)
-    kafka = KafkaSettings(security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512",
-                          sasl_username="svc", sasl_password="secret-pw")  # type: ignore[arg-type]
+    kafka = KafkaSettings(
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="svc",
+        sasl_password="secret-pw",
+    )  # type: ignore[arg-type]
     publisher = Publisher(kafka)
     envelope = Envelope.new(CancelRequest(batch_id="b1"), source="urn:t")
     with pytest.raises(NotAuthorized) as caught:
@@ -192,7 +219,8 @@ def test_dlq_says_a_hidden_dead_letter_topic_may_be_forbidden_rather_than_missin
     from llmbatch.dispatcher.ops.dlq_cli import _hidden
     from llmbatch.settings import LLMBatchSettings
 
-    sasl = KafkaSettings(security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512", sasl_username="ops",
-                         sasl_password="pw")  # type: ignore[arg-type]
+    sasl = KafkaSettings(
+        security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512", sasl_username="ops", sasl_password="pw"
+    )  # type: ignore[arg-type]
     assert _hidden(LLMBatchSettings(kafka=sasl)) == " (or user 'ops' may not read it)"
     assert _hidden(LLMBatchSettings(kafka=KafkaSettings())) == ""

@@ -39,9 +39,13 @@ pytestmark = pytest.mark.unit
 TOPICS = TopicSettings(requests="t.req", results="t.res", dead_letter="t.dlt")
 PLAN = acl_bindings(TOPICS, "g1")
 KAFKA = KafkaSettings(bootstrap_servers="kafka.test:9092")
-SASL = KafkaSettings(bootstrap_servers="kafka.test:9092", security_protocol="SASL_PLAINTEXT",
-                     sasl_mechanism="SCRAM-SHA-512", sasl_username="admin",
-                     sasl_password="admin-pw")
+SASL = KafkaSettings(
+    bootstrap_servers="kafka.test:9092",
+    security_protocol="SASL_PLAINTEXT",
+    sasl_mechanism="SCRAM-SHA-512",
+    sasl_username="admin",
+    sasl_password="admin-pw",
+)
 
 # (resource type, name, pattern type, principal, host, operation, permission) in Kafka's wire codes
 Acl = tuple[int, str, int, str, str, int, int]
@@ -64,10 +68,23 @@ class Broker:
     clients: list[FakeAdmin] = field(default_factory=list)
 
     def acl(self, binding: AclBinding) -> Acl:
-        codes = {"TOPIC": TOPIC, "GROUP": GROUP, "READ": READ, "WRITE": WRITE, "DESCRIBE": DESCRIBE,
-                 "DESCRIBE_CONFIGS": 10}
-        return (codes[binding.resource_type], binding.resource_name, LITERAL, binding.principal, binding.host,
-                codes[binding.operation], ALLOW)
+        codes = {
+            "TOPIC": TOPIC,
+            "GROUP": GROUP,
+            "READ": READ,
+            "WRITE": WRITE,
+            "DESCRIBE": DESCRIBE,
+            "DESCRIBE_CONFIGS": 10,
+        }
+        return (
+            codes[binding.resource_type],
+            binding.resource_name,
+            LITERAL,
+            binding.principal,
+            binding.host,
+            codes[binding.operation],
+            ALLOW,
+        )
 
 
 class FakeAdmin:
@@ -181,7 +198,6 @@ async def test_other_acls_of_the_principals_are_reported_in_kafka_acls_style_and
     assert broker.described == ["User:operator"]
 
 
-
 # --- refusals and outages ----------------------------------------------------------------------------------
 
 
@@ -194,8 +210,11 @@ async def test_a_user_who_is_no_super_user_is_not_authorized_naming_super_users(
         await apply_bindings(KAFKA, PLAN[:1])
     message = str(caught.value)
     assert "super.users" in message and "LLMBATCH_KAFKA__SASL_USERNAME" in message
-    what = "describe the ACLs of User:producer" if step == "describe" else (
-        f"create {PLAN[0].describe()} for User:producer")
+    what = (
+        "describe the ACLs of User:producer"
+        if step == "describe"
+        else (f"create {PLAN[0].describe()} for User:producer")
+    )
     assert what in message
     assert not caught.value.retriable
     assert broker.clients[0].closed
@@ -213,8 +232,9 @@ async def test_another_refused_binding_names_it_and_the_brokers_code(broker: Bro
     broker.create_error = (42, "Invalid request")
     with pytest.raises(PermanentError) as caught:
         await apply_bindings(KAFKA, PLAN[:1])
-    assert str(caught.value) == (f"cannot create {PLAN[0].describe()} for User:producer: Kafka error 42 "
-                                 "Invalid request")
+    assert str(caught.value) == (
+        f"cannot create {PLAN[0].describe()} for User:producer: Kafka error 42 Invalid request"
+    )
     assert type(caught.value) is PermanentError and broker.clients[0].closed
 
 
@@ -240,6 +260,7 @@ async def test_a_refused_login_at_start_says_so_instead_of_an_outage(
     broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import llmbatch.adapters.kafka as kafka_adapter
+
     asked: list[KafkaSettings] = []
 
     async def refused(kafka: KafkaSettings, timeout_s: float = 10.0) -> str:
@@ -270,10 +291,27 @@ async def test_a_start_that_does_not_answer_times_out_as_an_outage(broker: Broke
 def test_codes_are_named_as_kafka_acls_names_them_and_unknown_ones_kept_as_numbers() -> None:
     name = kafka_acl_admin._name
     assert [name("resource", c) for c in (2, 3, 4, 5, 7, 0)] == [
-        "TOPIC", "GROUP", "CLUSTER", "TRANSACTIONAL_ID", "USER", "0"]
+        "TOPIC",
+        "GROUP",
+        "CLUSTER",
+        "TRANSACTIONAL_ID",
+        "USER",
+        "0",
+    ]
     assert [name("operation", c) for c in (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)] == [
-        "ALL", "READ", "WRITE", "CREATE", "DELETE", "ALTER", "DESCRIBE", "CLUSTER_ACTION",
-        "DESCRIBE_CONFIGS", "ALTER_CONFIGS", "IDEMPOTENT_WRITE", "13"]
+        "ALL",
+        "READ",
+        "WRITE",
+        "CREATE",
+        "DELETE",
+        "ALTER",
+        "DESCRIBE",
+        "CLUSTER_ACTION",
+        "DESCRIBE_CONFIGS",
+        "ALTER_CONFIGS",
+        "IDEMPOTENT_WRITE",
+        "13",
+    ]
     assert [name("pattern", c) for c in (3, 4, 5)] == ["LITERAL", "PREFIXED", "5"]
     assert [name("permission", c) for c in (2, 3, 1)] == ["DENY", "ALLOW", "1"]
 
@@ -283,4 +321,3 @@ def test_a_success_code_passes_and_a_code_without_a_message_reads_cleanly() -> N
     with pytest.raises(PermanentError) as caught:
         kafka_acl_admin._check(87, None, "do it")
     assert str(caught.value) == "cannot do it: Kafka error 87"
-

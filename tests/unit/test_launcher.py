@@ -41,9 +41,16 @@ class Store:
     transitions: list[tuple[State, dict[str, Any], tuple[str, ...]]] = field(default_factory=list)
     refuse: bool = False  # every compare-and-set loses (another replica moved the batch)
 
-    async def transition(self, key: str, to: State, *, expected_version: int | None = None,
-                         fields: dict[str, str] | None = None, delete: tuple[str, ...] = (),
-                         from_states: list[State] | None = None) -> TransitionResult:
+    async def transition(
+        self,
+        key: str,
+        to: State,
+        *,
+        expected_version: int | None = None,
+        fields: dict[str, str] | None = None,
+        delete: tuple[str, ...] = (),
+        from_states: list[State] | None = None,
+    ) -> TransitionResult:
         record = self.records[key]
         if self.refuse or (expected_version is not None and expected_version != record.version):
             return TransitionResult(False, "conflict", record.state, record.version)
@@ -111,18 +118,34 @@ def kit(*, served: tuple[str, ...] = (MODEL,), pools: tuple[str, ...] = (), **op
         return sizes.get(uri)
 
     outcomes = OutcomeReader(settings, store, results, clock=lambda: NOW)  # type: ignore[arg-type]
-    launcher = Launcher(settings, store, backend, RequestBodies(NoKafka()), Metrics(), outcomes,  # type: ignore[arg-type]
-                        finish=finish, clock=lambda: NOW, size_of=size_of)
+    launcher = Launcher(
+        settings,
+        store,
+        backend,
+        RequestBodies(NoKafka()),
+        Metrics(),
+        outcomes,  # type: ignore[arg-type]
+        finish=finish,
+        clock=lambda: NOW,
+        size_of=size_of,
+    )
     return Kit(launcher, store, backend, finished, sizes)
 
 
-def queued(k: Kit, batch_id: str = "b-1", *, lines: int = 3, tenant: str = "default", **overrides: Any,
-           ) -> BatchRecord:
+def queued(
+    k: Kit,
+    batch_id: str = "b-1",
+    *,
+    lines: int = 3,
+    tenant: str = "default",
+    **overrides: Any,
+) -> BatchRecord:
     """A batch as the intake records it, queued (served models: all of the kit's and this one's)."""
     settings = DispatcherSettings(_env_file=None, engines=registry(models=(MODEL, "gone-model")))  # type: ignore[call-arg]
     model = overrides.pop("model", MODEL)
-    request = batch_request(batch_id, model=model, tenant=tenant,
-                            requests=inline_lines(lines, model=model), **overrides)
+    request = batch_request(
+        batch_id, model=model, tenant=tenant, requests=inline_lines(lines, model=model), **overrides
+    )
     key, value, headers = request_message(request)
     command = classify(origin(key, value, headers), intake_rules(settings), NOW)
     assert isinstance(command, Accept)

@@ -21,16 +21,54 @@ pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = [ROOT, *(ROOT / unit for unit in ("schemas", "adapters", "producer", "ray_job", "dispatcher", "api"))]
 """Each unit's folder holds its part of the llmbatch namespace (the top layer's is the root's)."""
-TRANSPORT_LIBS = {"redis", "aiokafka", "ray", "httpx", "minio", "vllm", "fastapi", "uvicorn", "pyarrow",
-                  "urllib3", "boto3", "s3fs"}
-TRANSPORT_MODULES = {f"llmbatch.dispatcher.{m}" for m in (
-    "state.store", "intake.consumer", "kafka.publisher", "backends.ray_backend", "runs.results",
-    "backends.runner_backend", "kafka.record_reader", "service", "http", "intake.intake_apply",
-    "runs.engine_keeper")}
-PURE_DOMAIN = [f"llmbatch.dispatcher.{m}" for m in (
-    "domain.states", "domain.retry", "domain.scheduler", "domain.dlt", "domain.events", "domain.batch_record",
-    "domain.keys", "domain.coalesce", "intake.commands", "intake.intake_checks", "intake.answers",
-    "runs.jobspec", "kafka.request_body")]
+TRANSPORT_LIBS = {
+    "redis",
+    "aiokafka",
+    "ray",
+    "httpx",
+    "minio",
+    "vllm",
+    "fastapi",
+    "uvicorn",
+    "pyarrow",
+    "urllib3",
+    "boto3",
+    "s3fs",
+}
+TRANSPORT_MODULES = {
+    f"llmbatch.dispatcher.{m}"
+    for m in (
+        "state.store",
+        "intake.consumer",
+        "kafka.publisher",
+        "backends.ray_backend",
+        "runs.results",
+        "backends.runner_backend",
+        "kafka.record_reader",
+        "service",
+        "http",
+        "intake.intake_apply",
+        "runs.engine_keeper",
+    )
+}
+PURE_DOMAIN = [
+    f"llmbatch.dispatcher.{m}"
+    for m in (
+        "domain.states",
+        "domain.retry",
+        "domain.scheduler",
+        "domain.dlt",
+        "domain.events",
+        "domain.batch_record",
+        "domain.keys",
+        "domain.coalesce",
+        "intake.commands",
+        "intake.intake_checks",
+        "intake.answers",
+        "runs.jobspec",
+        "kafka.request_body",
+    )
+]
 
 
 def _name(unit: Path, path: Path) -> str:

@@ -71,8 +71,11 @@ def test_the_tar_holds_the_layout_as_given(tool: Path, tmp_path: Path) -> None:
 
 
 def test_files_given_as_bytes_and_folder_links_are_in_the_layer(tool: Path) -> None:
-    data = layer_tar([ImageFile("/etc/passwd", b"root:x:0:0::/root:/bin/sh\n", mode=0o644)],
-                     empty_dirs=("root",), symlinks={"/bin": "usr/bin", "/lib/x": "../usr/lib/x"})
+    data = layer_tar(
+        [ImageFile("/etc/passwd", b"root:x:0:0::/root:/bin/sh\n", mode=0o644)],
+        empty_dirs=("root",),
+        symlinks={"/bin": "usr/bin", "/lib/x": "../usr/lib/x"},
+    )
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         members = {m.name: m for m in tar.getmembers()}
         passwd = tar.extractfile("etc/passwd")

@@ -48,12 +48,13 @@ class Zsets:
     def __init__(self) -> None:
         self.sets: dict[str, dict[str, float]] = {}
 
-    async def zrevrangebyscore(self, key: str, high: str, low: str | float, *, start: int, num: int,
-                               withscores: bool) -> list[tuple[str, float]]:
+    async def zrevrangebyscore(
+        self, key: str, high: str, low: str | float, *, start: int, num: int, withscores: bool
+    ) -> list[tuple[str, float]]:
         assert high == "+inf" and withscores
         floor = float(low)
         rows = sorted(((m, s) for m, s in self.sets.get(key, {}).items() if s >= floor), key=lambda r: -r[1])
-        return rows[start:start + num]
+        return rows[start : start + num]
 
 
 @dataclass
@@ -67,11 +68,26 @@ class MemoryStore:
     opened: int = 0
     closed: int = 0
 
-    def add(self, batch_id: str, state: State, *, ago_s: float, tenant: str | None = None,
-            progress: dict[str, str] | None = None, **fields: str) -> BatchRecord:
+    def add(
+        self,
+        batch_id: str,
+        state: State,
+        *,
+        ago_s: float,
+        tenant: str | None = None,
+        progress: dict[str, str] | None = None,
+        **fields: str,
+    ) -> BatchRecord:
         key, at = batch_key(tenant, batch_id), time.time() - ago_s
-        data = {"state": state.value, "version": "5", "batch_id": batch_id, "state_at": repr(at),
-                "model": "m", **({"tenant": tenant} if tenant else {}), **fields}
+        data = {
+            "state": state.value,
+            "version": "5",
+            "batch_id": batch_id,
+            "state_at": repr(at),
+            "model": "m",
+            **({"tenant": tenant} if tenant else {}),
+            **fields,
+        }
         record = BatchRecord.from_hash(key, data)
         self.records[key] = record
         self.client.sets.setdefault(self.keys.state_index(state), {})[key] = at
@@ -120,8 +136,9 @@ class Kafka:
             async def stop(self) -> None:
                 return None
 
-            async def send(self, topic: str, *, value: bytes, key: bytes,
-                           headers: list[tuple[str, bytes]]) -> asyncio.Future[Any]:
+            async def send(
+                self, topic: str, *, value: bytes, key: bytes, headers: list[tuple[str, bytes]]
+            ) -> asyncio.Future[Any]:
                 kafka.sent.append(Sent(topic, key, value, headers))
                 done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
                 done.set_result(SimpleNamespace(topic=topic, partition=1, offset=len(kafka.sent) + 40))
@@ -130,9 +147,10 @@ class Kafka:
         return Producer()
 
 
-SETTINGS = LLMBatchSettings(redis=RedisSettings(key_prefix="p"),
-                            kafka=KafkaSettings(bootstrap_servers="kafka.test:9092",
-                                                topics=TopicSettings(requests="t.req")))
+SETTINGS = LLMBatchSettings(
+    redis=RedisSettings(key_prefix="p"),
+    kafka=KafkaSettings(bootstrap_servers="kafka.test:9092", topics=TopicSettings(requests="t.req")),
+)
 
 
 @pytest.fixture
@@ -173,8 +191,9 @@ def error_line(result: Result, code: int = 1) -> str:
 
 def table_rows(text: str) -> list[list[str]]:
     """The body rows of a rich table, cell by cell."""
-    return [[cell.strip() for cell in ln.strip("│").split("│")] for ln in text.splitlines()
-            if ln.startswith("│")]
+    return [
+        [cell.strip() for cell in ln.strip("│").split("│")] for ln in text.splitlines() if ln.startswith("│")
+    ]
 
 
 # --- pure parts ----------------------------------------------------------------------------------------
@@ -190,16 +209,26 @@ def test_states_may_be_repeated_or_comma_separated_in_any_case() -> None:
     assert all(s.value in str(caught.value) for s in State)
 
 
-@pytest.mark.parametrize(("counts", "shown"), [
-    (Counts(), "-"),
-    (Counts(total=10), "0/10"),
-    (Counts(total=10, completed=3, failed=1), "4/10 (1 failed)"),
-    (Counts(completed=2), "2/?"),
-    (Counts(failed=2), "2/? (2 failed)"),
-])
+@pytest.mark.parametrize(
+    ("counts", "shown"),
+    [
+        (Counts(), "-"),
+        (Counts(total=10), "0/10"),
+        (Counts(total=10, completed=3, failed=1), "4/10 (1 failed)"),
+        (Counts(completed=2), "2/?"),
+        (Counts(failed=2), "2/? (2 failed)"),
+    ],
+)
 def test_the_done_column(counts: Counts, shown: str) -> None:
-    summary = JobSummary(batch_id="b", state=State.RUNNING, state_at=None, tenant="default", model="m",
-                         attempt=1, counts=counts)
+    summary = JobSummary(
+        batch_id="b",
+        state=State.RUNNING,
+        state_at=None,
+        tenant="default",
+        model="m",
+        attempt=1,
+        counts=counts,
+    )
     assert _done(summary) == shown
 
 
@@ -226,8 +255,13 @@ def test_the_operator_is_user_at_host_with_fallbacks(monkeypatch: pytest.MonkeyP
 
 
 def test_list_shows_the_chosen_states_newest_first(store: MemoryStore) -> None:
-    store.add("b-run", State.RUNNING, ago_s=3000, attempt="2",
-              progress={"total": "10", "completed": "3", "failed": "1"})
+    store.add(
+        "b-run",
+        State.RUNNING,
+        ago_s=3000,
+        attempt="2",
+        progress={"total": "10", "completed": "3", "failed": "1"},
+    )
     store.add("b-q", State.QUEUED, ago_s=1200, tenant="acme")
     store.add("b-old", State.QUEUED, ago_s=4 * 3600)
     store.add("b-done", State.FAILED, ago_s=600, error_code="engine_error", error_message="boom")
@@ -257,11 +291,14 @@ def test_list_says_so_when_nothing_matches(store: MemoryStore) -> None:
     assert orjson.loads(jobs("list", "--json").stdout) == {"jobs": [], "count": 0}
 
 
-@pytest.mark.parametrize(("args", "fragment"), [
-    (["--state", "done"], "--state 'done': unknown state; choose from accepted, queued"),
-    (["--since", "yesterday"], "--since 'yesterday': use a duration such as 30m"),
-    (["--since", "2026-01-31T12:00:00"], "add a UTC offset"),
-])
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--state", "done"], "--state 'done': unknown state; choose from accepted, queued"),
+        (["--since", "yesterday"], "--since 'yesterday': use a duration such as 30m"),
+        (["--since", "2026-01-31T12:00:00"], "add a UTC offset"),
+    ],
+)
 def test_list_refuses_a_bad_option_before_opening_redis(
     store: MemoryStore, args: list[str], fragment: str
 ) -> None:
@@ -273,8 +310,15 @@ def test_list_refuses_a_bad_option_before_opening_redis(
 
 
 def test_get_shows_one_batch_of_the_tenant_named(store: MemoryStore) -> None:
-    store.add("b1", State.RUNNING, ago_s=60, tenant="acme", attempt="2", cancel_requested="1",
-              progress={"total": "5", "completed": "2"})
+    store.add(
+        "b1",
+        State.RUNNING,
+        ago_s=60,
+        tenant="acme",
+        attempt="2",
+        cancel_requested="1",
+        progress={"total": "5", "completed": "2"},
+    )
     store.add("b1", State.QUEUED, ago_s=5)  # the default tenant's b1
     result = jobs("get", "b1", "--tenant", "acme", "--json")
     assert result.exit_code == 0, result.output
@@ -312,8 +356,9 @@ def test_cancel_publishes_the_event_on_the_requests_topic(
     [sent] = kafka.sent
     assert sent.topic == "t.req" and sent.key == b"b1"
     event = decode(sent.key, sent.value, sent.headers, expect={EventType.CANCEL_REQUESTED})
-    assert event.data == CancelRequest(batch_id="b1", tenant="acme", reason="superseded",
-                                       requested_by="ada@box")
+    assert event.data == CancelRequest(
+        batch_id="b1", tenant="acme", reason="superseded", requested_by="ada@box"
+    )
     shown = orjson.loads(result.stdout)
     assert shown["batch_id"] == "b1" and shown["state"] == "running" and shown["requested_by"] == "ada@box"
     assert shown["published"]["topic"] == "t.req"
@@ -355,12 +400,19 @@ def test_cancel_wait_follows_from_before_acceptance_and_times_out_with_exit_4(
     store.add("b1", State.RUNNING, ago_s=60, tenant="acme", accepted_at=repr(accepted))
     asked: list[dict[str, Any]] = []
 
-    async def wait(self: BatchClient, batch_id: str, timeout: float | None = None,  # noqa: ASYNC109
-                   **kwargs: Any) -> Any:
+    async def wait(
+        self: BatchClient,
+        batch_id: str,
+        timeout: float | None = None,  # noqa: ASYNC109
+        **kwargs: Any,
+    ) -> Any:
         asked.append({"batch_id": batch_id, "timeout": timeout, **kwargs})
         at = datetime.fromtimestamp(NOW, UTC)
-        return Envelope.new(BatchCancelled(batch_id=batch_id, tenant="acme", model="m", accepted_at=at,
-                                           finished_at=at), source="urn:d", id="t-1")
+        return Envelope.new(
+            BatchCancelled(batch_id=batch_id, tenant="acme", model="m", accepted_at=at, finished_at=at),
+            source="urn:d",
+            id="t-1",
+        )
 
     monkeypatch.setattr(BatchClient, "wait", wait)
     result = jobs("cancel", "b1", "--tenant", "acme", "--wait", "--timeout", "9", "--json")
@@ -369,10 +421,17 @@ def test_cancel_wait_follows_from_before_acceptance_and_times_out_with_exit_4(
     assert call["since"] == datetime.fromtimestamp(accepted, UTC) - timedelta(minutes=5)
     assert (call["batch_id"], call["timeout"], call["tenant"]) == ("b1", 9.0, "acme")
     assert orjson.loads(result.stdout)["terminal"] == {
-        "type": EventType.CANCELLED.value, "id": "t-1", "status": "cancelled"}
+        "type": EventType.CANCELLED.value,
+        "id": "t-1",
+        "status": "cancelled",
+    }
 
-    async def late(self: BatchClient, batch_id: str, timeout: float | None = None,  # noqa: ASYNC109
-                   **kwargs: Any) -> Any:
+    async def late(
+        self: BatchClient,
+        batch_id: str,
+        timeout: float | None = None,  # noqa: ASYNC109
+        **kwargs: Any,
+    ) -> Any:
         raise WaitTimeout(f"batch {batch_id} did not finish within {timeout:g}s")
 
     monkeypatch.setattr(BatchClient, "wait", late)

@@ -38,40 +38,60 @@ DLT = "llm.batch.requests.v1.dlt"
 T0 = datetime(2026, 1, 10, 12, 0, tzinfo=UTC)
 
 
-def letter(batch_id: str = "b-1", *, offset: int = 0, reason: str = "input_not_found", minutes: int = 0,
-           cancel: bool = False, original_topic: str = REQUESTS, replayed: ReplayInfo | None = None
-           ) -> DeadLetterView:
+def letter(
+    batch_id: str = "b-1",
+    *,
+    offset: int = 0,
+    reason: str = "input_not_found",
+    minutes: int = 0,
+    cancel: bool = False,
+    original_topic: str = REQUESTS,
+    replayed: ReplayInfo | None = None,
+) -> DeadLetterView:
     data = CancelRequest(batch_id=batch_id) if cancel else batch_request(batch_id)
     extra = replayed.to_headers() if replayed else []
     key, value, headers = request_message(data, event_id=f"ev-{batch_id}", extra_headers=extra)
     origin = OriginalRecord(original_topic, 1, 40 + offset, key, value, tuple(headers), 1_700_000_000_000, 0)
     dead = build_dead_letter(origin, dlt_topic=DLT, reason=reason, group_id="g", fqcn="x.Y", message="boom")
     ts = int((T0 + timedelta(minutes=minutes)).timestamp() * 1000)
-    return DeadLetterView(DLT, 0, offset, ts, dead.key, dead.value, tuple(dead.headers),
-                          dlt.DltRecord.from_headers(dead.headers))
+    return DeadLetterView(
+        DLT,
+        0,
+        offset,
+        ts,
+        dead.key,
+        dead.value,
+        tuple(dead.headers),
+        dlt.DltRecord.from_headers(dead.headers),
+    )
 
 
 def entry(replay_id: str = "rp-old-1", round_: int = 1) -> LedgerEntry:
     return LedgerEntry(replay_id=replay_id, round=round_, at=T0, by="ops@host", to_topic=REQUESTS)
 
 
-def decide(letters: list[DeadLetterView], states: dict[str, State | None] | None = None,
-           **kw: Any) -> list[Any]:
+def decide(
+    letters: list[DeadLetterView], states: dict[str, State | None] | None = None, **kw: Any
+) -> list[Any]:
     return plan(letters, ledger=kw.pop("ledger", {}), states=states or {}, default_topic=REQUESTS, **kw)
 
 
 # --- planning ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("state", "expected"), [
-    (None, Decision.REPLAY),
-    (State.DEAD_LETTERED, Decision.REPLAY),
-    (State.FAILED, Decision.REPLAY),
-    (State.COMPLETED, Decision.REFUSED),
-    (State.CANCELLED, Decision.REFUSED),
-    (State.EXPIRED, Decision.REFUSED),
-    (State.QUEUED, Decision.REFUSED),
-    (State.RUNNING, Decision.REFUSED),
-])
+
+@pytest.mark.parametrize(
+    ("state", "expected"),
+    [
+        (None, Decision.REPLAY),
+        (State.DEAD_LETTERED, Decision.REPLAY),
+        (State.FAILED, Decision.REPLAY),
+        (State.COMPLETED, Decision.REFUSED),
+        (State.CANCELLED, Decision.REFUSED),
+        (State.EXPIRED, Decision.REFUSED),
+        (State.QUEUED, Decision.REFUSED),
+        (State.RUNNING, Decision.REFUSED),
+    ],
+)
 def test_decision_follows_the_batch_state(state: State | None, expected: Decision) -> None:
     [item] = decide([letter("b-1")], {"b-1": state})
     assert item.decision is expected, item.why
@@ -89,8 +109,9 @@ def test_force_replays_refused_but_not_already_replayed() -> None:
 
 def test_include_replayed_replays_again_under_a_new_id() -> None:
     v = letter("b-1")
-    [item] = decide([v], {"b-1": State.FAILED}, ledger={"0:0": entry(replay_id_for(v, 1), 1)},
-                    include_replayed=True)
+    [item] = decide(
+        [v], {"b-1": State.FAILED}, ledger={"0:0": entry(replay_id_for(v, 1), 1)}, include_replayed=True
+    )
     assert item.decision is Decision.REPLAY and item.round == 2
     assert item.replay_id == replay_id_for(v, 2) != replay_id_for(v, 1)
 
@@ -114,10 +135,15 @@ def test_replay_id_is_deterministic_per_dead_letter() -> None:
 
 
 def test_filter_reason_key_time_and_limit_oldest_first() -> None:
-    letters = [letter(f"b-{i}", offset=i, minutes=i,
-                      reason="invalid_event" if i % 2 else "input_not_found") for i in range(6)]
-    assert [v.key_text for v in ReplayFilter(reasons=frozenset({"invalid_event"})).select(letters)] == \
-        ["b-1", "b-3", "b-5"]
+    letters = [
+        letter(f"b-{i}", offset=i, minutes=i, reason="invalid_event" if i % 2 else "input_not_found")
+        for i in range(6)
+    ]
+    assert [v.key_text for v in ReplayFilter(reasons=frozenset({"invalid_event"})).select(letters)] == [
+        "b-1",
+        "b-3",
+        "b-5",
+    ]
     by_key = ReplayFilter(keys=frozenset({"b-2", "b-4"}))
     assert [v.key_text for v in by_key.select(letters)] == ["b-2", "b-4"]
     window = ReplayFilter(since=T0 + timedelta(minutes=2), until=T0 + timedelta(minutes=4))
@@ -135,6 +161,7 @@ def test_summary_counts() -> None:
 
 # --- the record --------------------------------------------------------------------------------------------
 
+
 def test_replayed_record_keeps_payload_and_ce_id_and_adds_provenance() -> None:
     earlier = ReplayInfo(replay_id="rp-earlier", replayed_at=T0, replayed_by="someone")
     v = letter("b-1", replayed=earlier)
@@ -144,7 +171,7 @@ def test_replayed_record_keeps_payload_and_ce_id_and_adds_provenance() -> None:
     assert (record.topic, record.key, record.value) == (REQUESTS, v.key, v.value)
     names = [n for n, _ in record.headers]
     assert not (set(names) & dlt.DLT_HEADERS)
-    assert names.count(dlt.REPLAY_ID) == 1                 # the earlier replay's headers are replaced
+    assert names.count(dlt.REPLAY_ID) == 1  # the earlier replay's headers are replaced
     headers = dict(record.headers)
     assert headers["ce_id"] == b"ev-b-1"
     assert headers[dlt.REPLAY_ID] == item.replay_id.encode()
@@ -168,8 +195,11 @@ def test_with_the_replay_key_the_record_is_signed_for_its_original_event() -> No
 
 # --- pacing --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("text", "per_second"), [("10", 10.0), ("10/s", 10.0), ("2.5/s", 2.5),
-                                                  ("120/m", 2.0), ("0", None), (None, None)])
+
+@pytest.mark.parametrize(
+    ("text", "per_second"),
+    [("10", 10.0), ("10/s", 10.0), ("2.5/s", 2.5), ("120/m", 2.0), ("0", None), (None, None)],
+)
 def test_parse_rate(text: str | None, per_second: float | None) -> None:
     assert parse_rate(text) == per_second
 
@@ -198,6 +228,7 @@ async def test_rate_limiter_spaces_calls() -> None:
 
 
 # --- parsing and display --------------------------------------------------------------------------------
+
 
 def test_parse_when_durations_and_times() -> None:
     now = datetime(2026, 1, 10, tzinfo=UTC)
@@ -246,24 +277,46 @@ def test_safe_url_hides_password() -> None:
 
 # --- job views ---------------------------------------------------------------------------------------------
 
+
 def _record(state: State, **fields: Any) -> BatchRecord:
-    base = {"state": state.value, "version": "7", "tenant": "acme", "model": "m", "attempt": "2",
-            "attempt_base": "0", "accepted_at": "1000.0", "total": "5",
-            "metadata": orjson.dumps({"k": "v"}).decode()}
+    base = {
+        "state": state.value,
+        "version": "7",
+        "tenant": "acme",
+        "model": "m",
+        "attempt": "2",
+        "attempt_base": "0",
+        "accepted_at": "1000.0",
+        "total": "5",
+        "metadata": orjson.dumps({"k": "v"}).decode(),
+    }
     base.update({k: str(v) for k, v in fields.items()})
     return BatchRecord.from_hash("b-1", base)
 
 
 def test_job_views_of_a_finished_batch() -> None:
-    outcome = {"state": "completed", "finished_at": 1100.0,
-               "output_uris": ["s3://r/acme/b-1/output-a2-00000.jsonl"],
-               "error_uris": [], "manifest_uri": "s3://r/acme/b-1/manifest.json",
-               "counts": {"total": 5, "completed": 4, "failed": 1},
-               "usage": {"prompt_tokens": 50, "completion_tokens": 80}}
-    record = _record(State.COMPLETED, submitted_at=1010.0, running_at=1020.0, job_ended_at=1090.0,
-                     finished_at=1100.0, state_at=1100.0, submission_id="b-1-a2",
-                     outcome=orjson.dumps(outcome).decode(),
-                     last_error_code="job_lost", last_error_message="ray forgot it", published="1")
+    outcome = {
+        "state": "completed",
+        "finished_at": 1100.0,
+        "output_uris": ["s3://r/acme/b-1/output-a2-00000.jsonl"],
+        "error_uris": [],
+        "manifest_uri": "s3://r/acme/b-1/manifest.json",
+        "counts": {"total": 5, "completed": 4, "failed": 1},
+        "usage": {"prompt_tokens": 50, "completion_tokens": 80},
+    }
+    record = _record(
+        State.COMPLETED,
+        submitted_at=1010.0,
+        running_at=1020.0,
+        job_ended_at=1090.0,
+        finished_at=1100.0,
+        state_at=1100.0,
+        submission_id="b-1-a2",
+        outcome=orjson.dumps(outcome).decode(),
+        last_error_code="job_lost",
+        last_error_message="ray forgot it",
+        published="1",
+    )
     summary = summary_of(record)
     assert (summary.counts.completed, summary.counts.failed, summary.counts.total) == (4, 1, 5)
     detail = detail_of(record)

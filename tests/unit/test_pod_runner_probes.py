@@ -56,10 +56,15 @@ def test_an_http_probe_answered_401_fails(agent: int) -> None:
 
 
 def test_an_exec_probe_runs_with_localhost_pointed_at_the_mapped_port(agent: int) -> None:
-    command = ["bash", "-c", "wget --tries 1 -T 2 -q -O- http://localhost:52365/api/local_raylet_healthz"
-                             " | grep success"]
-    assert wait_ready(_pod({"exec": {"command": command}, "timeoutSeconds": 2}), {52365: agent},
-                      timeout=5) == "success"
+    command = [
+        "bash",
+        "-c",
+        "wget --tries 1 -T 2 -q -O- http://localhost:52365/api/local_raylet_healthz | grep success",
+    ]
+    assert (
+        wait_ready(_pod({"exec": {"command": command}, "timeoutSeconds": 2}), {52365: agent}, timeout=5)
+        == "success"
+    )
     failing = ["bash", "-c", "wget --tries 1 -T 2 -q -O- http://localhost:52365/nothing | grep success"]
     with pytest.raises(AssertionError, match="exit 1"):
         wait_ready(_pod({"exec": {"command": failing}, "timeoutSeconds": 2}), {52365: agent}, timeout=1)

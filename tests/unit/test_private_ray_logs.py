@@ -12,8 +12,9 @@ from tests.support.private_ray import keep_session_logs
 pytestmark = pytest.mark.unit
 
 
-def test_the_ray_processes_logs_are_kept_and_only_their_end(tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_ray_processes_logs_are_kept_and_only_their_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(private_ray, "KEPT_LOG_BYTES", 10)
     logs = tmp_path / "temp" / "session_2026" / "logs"
     logs.mkdir(parents=True)

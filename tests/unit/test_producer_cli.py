@@ -152,8 +152,15 @@ def test_register_adds_commands_to_a_root_app() -> None:
 def test_subprocess_error_has_no_traceback(tmp_path: Path) -> None:
     env = {**os.environ, "LLMBATCH_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{closed_port()}"}
     proc = subprocess.run(
-        [sys.executable, "-m", "llmbatch.producer.cli", "submit", str(tmp_path / "missing.jsonl"),
-         "--model", "m"],
+        [
+            sys.executable,
+            "-m",
+            "llmbatch.producer.cli",
+            "submit",
+            str(tmp_path / "missing.jsonl"),
+            "--model",
+            "m",
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -22,11 +22,16 @@ from llmbatch.schemas import Endpoint, utcnow
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize(("value", "endpoint"), [
-    ("chat", Endpoint.CHAT_COMPLETIONS), (" Chat/Completions ", Endpoint.CHAT_COMPLETIONS),
-    ("completions", Endpoint.COMPLETIONS), ("embeddings", Endpoint.EMBEDDINGS),
-    ("/v1/chat/completions", Endpoint.CHAT_COMPLETIONS),
-])
+@pytest.mark.parametrize(
+    ("value", "endpoint"),
+    [
+        ("chat", Endpoint.CHAT_COMPLETIONS),
+        (" Chat/Completions ", Endpoint.CHAT_COMPLETIONS),
+        ("completions", Endpoint.COMPLETIONS),
+        ("embeddings", Endpoint.EMBEDDINGS),
+        ("/v1/chat/completions", Endpoint.CHAT_COMPLETIONS),
+    ],
+)
 def test_endpoints_by_alias_or_path(value: str, endpoint: Endpoint) -> None:
     assert parse_endpoint(value) is endpoint
 
@@ -55,8 +60,11 @@ def test_since_is_a_duration_ago_and_deadline_a_duration_from_now() -> None:
 
 def test_times_need_their_offset() -> None:
     assert parse_since("2026-01-02T03:04:05+01:00") == datetime(2026, 1, 2, 2, 4, 5, tzinfo=UTC)
-    with pytest.raises(CliFailure, match=r"--deadline '2099-01-01T00:00:00': add a UTC offset, e\.g\. "
-                                         r"2099-01-01T00:00:00Z"):
+    with pytest.raises(
+        CliFailure,
+        match=r"--deadline '2099-01-01T00:00:00': add a UTC offset, e\.g\. "
+        r"2099-01-01T00:00:00Z",
+    ):
         parse_deadline("2099-01-01T00:00:00")
     with pytest.raises(CliFailure, match="--since 'last tuesday': use a duration such as 30m"):
         parse_since("last tuesday")

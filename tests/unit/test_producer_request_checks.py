@@ -15,26 +15,46 @@ pytestmark = pytest.mark.unit
 
 
 def fields(**overrides: Any) -> dict[str, Any]:
-    return {"batch_id": "b-1", "model": "m", "endpoint": Endpoint.CHAT_COMPLETIONS, "metadata": {},
-            "priority": 5, "tenant": "default", "completion_window": None, "deadline": None, **overrides}
+    return {
+        "batch_id": "b-1",
+        "model": "m",
+        "endpoint": Endpoint.CHAT_COMPLETIONS,
+        "metadata": {},
+        "priority": 5,
+        "tenant": "default",
+        "completion_window": None,
+        "deadline": None,
+        **overrides,
+    }
 
 
 def lines(n: int, content: str = "hi") -> list[BatchInputLine]:
-    return [BatchInputLine.model_validate({
-        "custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
-        "body": {"model": "m", "messages": [{"role": "user", "content": content}]}}) for i in range(n)]
+    return [
+        BatchInputLine.model_validate(
+            {
+                "custom_id": f"r{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": "m", "messages": [{"role": "user", "content": content}]},
+            }
+        )
+        for i in range(n)
+    ]
 
 
 def test_good_fields_pass_without_any_input() -> None:
     check_fields(fields(metadata={"team": "a"}, priority=9))
 
 
-@pytest.mark.parametrize(("bad", "named"), [
-    ({"priority": 11}, "priority"),
-    ({"model": ""}, "model"),
-    ({"batch_id": "has space"}, "batch_id"),
-    ({"deadline": datetime.now(UTC) - timedelta(minutes=1)}, "deadline"),
-])
+@pytest.mark.parametrize(
+    ("bad", "named"),
+    [
+        ({"priority": 11}, "priority"),
+        ({"model": ""}, "model"),
+        ({"batch_id": "has space"}, "batch_id"),
+        ({"deadline": datetime.now(UTC) - timedelta(minutes=1)}, "deadline"),
+    ],
+)
 def test_a_bad_field_is_invalid_input_naming_it(bad: dict[str, Any], named: str) -> None:
     with pytest.raises(InvalidInput) as err:
         check_fields(fields(**bad))
@@ -65,7 +85,8 @@ def test_check_request_refuses_what_is_over_the_limits_or_past_its_deadline() ->
     assert err.value.errors and err.value.errors[0].reason == "limit_exceeded"
     # a deadline can pass between the fields' check and the publish
     passed = build_request(fields(requests=lines(1))).model_copy(
-        update={"deadline": datetime.now(UTC) - timedelta(seconds=1)})
+        update={"deadline": datetime.now(UTC) - timedelta(seconds=1)}
+    )
     with pytest.raises(InvalidInput) as err:
         check_request(passed, limits)
     assert "deadline" in str(err.value)

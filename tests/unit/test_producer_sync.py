@@ -199,7 +199,6 @@ def test_the_with_block_closes_client_and_loop(clean_env: pytest.MonkeyPatch) ->
     assert loop.is_closed()
 
 
-
 def test_close_twice_is_harmless_and_a_call_after_it_says_so(clean_env: pytest.MonkeyPatch) -> None:
     closes: list[int] = []
     made: list[str] = []

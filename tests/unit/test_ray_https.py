@@ -44,25 +44,40 @@ def test_an_https_serve_address_needs_the_certificate_and_key_and_names_the_sett
         RaySettings(serve_ssl_certfile="/tls/tls.crt", serve_ssl_keyfile="/tls/tls.key")
     with pytest.raises(ValidationError, match="LLMBATCH_RAY__ADDRESS must be an http:// or https://"):
         RaySettings(address="ray://ray-head:10001")
-    ray = RaySettings(address="https://ray-head:8443/", serve_address="https://ray-head:8000",
-                      serve_ssl_certfile="/tls/tls.crt", serve_ssl_keyfile="/tls/tls.key")
+    ray = RaySettings(
+        address="https://ray-head:8443/",
+        serve_address="https://ray-head:8000",
+        serve_ssl_certfile="/tls/tls.crt",
+        serve_ssl_keyfile="/tls/tls.key",
+    )
     assert ray.address == "https://ray-head:8443"
 
 
 def test_the_serve_config_turns_on_tls_in_serves_proxy_exactly_for_https() -> None:
     plain = serve_config(EngineRegistry(models={}), http_address="http://127.0.0.1:8000")
     assert plain["http_options"] == {"host": "127.0.0.1", "port": 8000}
-    tls = serve_config(EngineRegistry(models={}), http_address="https://ray-head",
-                       ssl_files=("/tls/tls.crt", "/tls/tls.key"))
-    assert tls["http_options"] == {"host": "0.0.0.0", "port": 443, "ssl_certfile": "/tls/tls.crt",
-                                   "ssl_keyfile": "/tls/tls.key"}
+    tls = serve_config(
+        EngineRegistry(models={}), http_address="https://ray-head", ssl_files=("/tls/tls.crt", "/tls/tls.key")
+    )
+    assert tls["http_options"] == {
+        "host": "0.0.0.0",
+        "port": 443,
+        "ssl_certfile": "/tls/tls.crt",
+        "ssl_keyfile": "/tls/tls.key",
+    }
     with pytest.raises(ValueError, match="exactly when it is https"):
         serve_config(EngineRegistry(models={}), http_address="https://ray-head:8000")
     with pytest.raises(ValueError, match="exactly when it is https"):
         serve_config(EngineRegistry(models={}), http_address="http://ray-head:8000", ssl_files=("a", "b"))
-    settings = DispatcherSettings.model_validate({"ray": {
-        "serve_address": "https://ray-head:8000", "serve_ssl_certfile": "/tls/tls.crt",
-        "serve_ssl_keyfile": "/tls/tls.key"}})
+    settings = DispatcherSettings.model_validate(
+        {
+            "ray": {
+                "serve_address": "https://ray-head:8000",
+                "serve_ssl_certfile": "/tls/tls.crt",
+                "serve_ssl_keyfile": "/tls/tls.key",
+            }
+        }
+    )
     options = cluster_serve_config(settings)["http_options"]
     assert (options["ssl_certfile"], options["ssl_keyfile"]) == ("/tls/tls.crt", "/tls/tls.key")
     assert options["port"] == 8000
@@ -79,8 +94,9 @@ class _Front:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = int(probe.getsockname()[1])
-        self.front = tls_front.TlsFront(target_port, tls_front.server_context(str(files.server_cert),
-                                                                              str(files.server_key)))
+        self.front = tls_front.TlsFront(
+            target_port, tls_front.server_context(str(files.server_cert), str(files.server_key))
+        )
         ready = threading.Event()
 
         def run() -> None:
@@ -90,7 +106,7 @@ class _Front:
             self.loop.run_until_complete(started.wait())
             ready.set()
             self.loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
-            rest = asyncio.all_tasks(self.loop)   # connections still open: end them too
+            rest = asyncio.all_tasks(self.loop)  # connections still open: end them too
             for left in rest:
                 left.cancel()
             self.loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
@@ -141,16 +157,22 @@ def test_the_serve_api_reaches_the_dashboard_through_the_front_with_the_ca_and_t
 def test_the_batch_runner_client_verifies_serves_certificate_and_sends_no_ray_token(
     plain: ScriptedHttpServer, front: _Front, files: TlsFiles
 ) -> None:
-    ray = RaySettings(serve_address=front.address, serve_ssl_certfile="c", serve_ssl_keyfile="k",
-                      ca_file=files.ca_cert, auth_token=SecretStr(TOKEN))
+    ray = RaySettings(
+        serve_address=front.address,
+        serve_ssl_certfile="c",
+        serve_ssl_keyfile="k",
+        ca_file=files.ca_cert,
+        auth_token=SecretStr(TOKEN),
+    )
     assert asyncio.run(RunnerClient.of(ray, timeout_s=5).engines()) == {}
     [(method, path, _, headers)] = plain.seen
     assert (method, path) == ("GET", ROUTE_PREFIX + "/engines") and "Authorization" not in headers
 
 
 def test_clients_without_the_ca_are_refused_and_say_why(plain: ScriptedHttpServer, front: _Front) -> None:
-    ray = RaySettings(address=front.address, serve_address=front.address, serve_ssl_certfile="c",
-                      serve_ssl_keyfile="k")
+    ray = RaySettings(
+        address=front.address, serve_address=front.address, serve_ssl_certfile="c", serve_ssl_keyfile="k"
+    )
     with pytest.raises(RayUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
         asyncio.run(ServeApi.of(ray, timeout_s=5).status())
     with pytest.raises(RayUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
@@ -169,13 +191,15 @@ def test_the_front_closes_connections_beyond_its_limit_and_serves_again_after(
 ) -> None:
     monkeypatch.setattr(tls_front, "MAX_CONNECTIONS", 1)
     context = ssl.create_default_context(cafile=str(files.ca_cert))
-    with socket.create_connection(("127.0.0.1", front.port), timeout=5) as raw, \
-            context.wrap_socket(raw, server_hostname="127.0.0.1") as held:
+    with (
+        socket.create_connection(("127.0.0.1", front.port), timeout=5) as raw,
+        context.wrap_socket(raw, server_hostname="127.0.0.1") as held,
+    ):
         held.sendall(b"GET /api/version HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert held.recv(100).startswith(b"HTTP/1.1 200")   # the one allowed connection, kept alive
+        assert held.recv(100).startswith(b"HTTP/1.1 200")  # the one allowed connection, kept alive
         with pytest.raises(RayUnavailable):
             asyncio.run(ServeApi(front.address, timeout_s=5, ca_file=files.ca_cert).status())
-    for _ in range(50):   # the held connection's end reaches the front
+    for _ in range(50):  # the held connection's end reaches the front
         if front.front.open == 0:
             break
         threading.Event().wait(0.1)
@@ -189,7 +213,11 @@ def test_the_fronts_command_line(tmp_path: Path, files: TlsFiles, capsys: pytest
     with pytest.raises(SystemExit) as refused:
         tls_front.parse_args(["--listen-port=0", "--target-port=1", "--cert=c", "--key=k"])
     assert refused.value.code == 2 and "--listen-port must be a port number" in capsys.readouterr().err
-    missing = ["--listen-port=1", "--target-port=2", f"--cert={tmp_path / 'none.pem'}",
-               f"--key={files.server_key}"]
+    missing = [
+        "--listen-port=1",
+        "--target-port=2",
+        f"--cert={tmp_path / 'none.pem'}",
+        f"--key={files.server_key}",
+    ]
     assert tls_front.main(missing) == 2
     assert "cannot load --cert/--key" in capsys.readouterr().err

@@ -19,12 +19,23 @@ pytestmark = pytest.mark.unit
 
 
 def _spec() -> JobSpec:
-    return JobSpec.model_validate({
-        "batch_id": "b1", "attempt": 1, "endpoint": "/v1/chat/completions", "model": "m",
-        "requests": [{"custom_id": "x", "method": "POST", "url": "/v1/chat/completions",
-                      "body": {"messages": [{"role": "user", "content": "hi"}]}}],
-        "output_prefix": "s3://results/default/b1/",
-    })
+    return JobSpec.model_validate(
+        {
+            "batch_id": "b1",
+            "attempt": 1,
+            "endpoint": "/v1/chat/completions",
+            "model": "m",
+            "requests": [
+                {
+                    "custom_id": "x",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": {"messages": [{"role": "user", "content": "hi"}]},
+                }
+            ],
+            "output_prefix": "s3://results/default/b1/",
+        }
+    )
 
 
 @pytest.fixture
@@ -39,7 +50,7 @@ def attempt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
         monkeypatch.setattr(att, "_install_stop", lambda: None)
         code = att.run()
         line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(RESULT_PREFIX)]
-        return code, orjson.loads(line[-1][len(RESULT_PREFIX):])
+        return code, orjson.loads(line[-1][len(RESULT_PREFIX) :])
 
     return run
 
@@ -65,8 +76,17 @@ def test_a_real_failure_keeps_its_own_code(attempt: Any) -> None:
 def _invalid(line_no: int) -> Any:
     from llmbatch.ray_job import rows
 
-    payload = orjson.dumps({"id": f"e{line_no}", "custom_id": f"@line-{line_no}", "response": None,
-                            "error": {"code": "invalid_json_line", "message": "x", "line": line_no}}) + b"\n"
+    payload = (
+        orjson.dumps(
+            {
+                "id": f"e{line_no}",
+                "custom_id": f"@line-{line_no}",
+                "response": None,
+                "error": {"code": "invalid_json_line", "message": "x", "line": line_no},
+            }
+        )
+        + b"\n"
+    )
     return rows.Row(line_no, rows.INVALID, f"@line-{line_no}", payload)
 
 

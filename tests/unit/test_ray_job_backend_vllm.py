@@ -28,11 +28,15 @@ def test_a_schema_vllm_refuses_in_its_structured_outputs_check_is_the_lines_resp
         StructuredOutputsParams,
     )
 
-    params = SamplingParams(structured_outputs=StructuredOutputsParams(
-        json=_nested(MAX_STRUCTURED_OUTPUT_JSON_NESTING + 1)))
+    params = SamplingParams(
+        structured_outputs=StructuredOutputsParams(json=_nested(MAX_STRUCTURED_OUTPUT_JSON_NESTING + 1))
+    )
     with pytest.raises(Exception, match="nested too deeply") as caught:  # vLLM's own check
-        params._validate_structured_outputs(cast(Any, SimpleNamespace(is_diffusion=False)),
-                                            StructuredOutputsConfig(backend="xgrammar"), cast(Any, object()))
+        params._validate_structured_outputs(
+            cast(Any, SimpleNamespace(is_diffusion=False)),
+            StructuredOutputsConfig(backend="xgrammar"),
+            cast(Any, object()),
+        )
     assert is_structured_outputs_error(caught.value)
 
 

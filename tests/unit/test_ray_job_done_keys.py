@@ -14,9 +14,13 @@ pytestmark = pytest.mark.unit
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.text(max_size=3), max_size=40), st.lists(st.integers(0, 60), max_size=40),
-       st.integers(1, 10), st.lists(st.text(max_size=3), max_size=10),
-       st.lists(st.integers(0, 60), max_size=10))
+@given(
+    st.lists(st.text(max_size=3), max_size=40),
+    st.lists(st.integers(0, 60), max_size=40),
+    st.integers(1, 10),
+    st.lists(st.text(max_size=3), max_size=10),
+    st.lists(st.integers(0, 60), max_size=10),
+)
 def test_done_keys_answer_like_two_sets_before_and_after_the_spill(
     custom_ids: list[str], lines: list[int], limit: int, other_ids: list[str], other_lines: list[int]
 ) -> None:

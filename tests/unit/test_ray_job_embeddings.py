@@ -47,8 +47,9 @@ def test_each_input_is_one_request_keyed_by_line_and_index() -> None:
     assert inputs[0] == [1, 2] and "extra" not in line.requests[1].sampling
 
 
-@pytest.mark.parametrize(("given", "used"), [(None, "float"), ("", "float"), ("float", "float"),
-                                             ("base64", "base64")])
+@pytest.mark.parametrize(
+    ("given", "used"), [(None, "float"), ("", "float"), ("float", "float"), ("base64", "base64")]
+)
 def test_the_encoding_format_defaults_to_float(given: str | None, used: str) -> None:
     assert EmbeddingLine.from_prompt("1", prompt([[1]], given), "c").encoding_format == used
 

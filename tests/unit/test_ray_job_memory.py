@@ -40,8 +40,9 @@ Rss:                   0 kB
 
 def test_smaps_sums_rss_uss_and_the_stores_pages() -> None:
     use = parse_smaps(SMAPS)
-    assert use == MemoryUse(rss=(100 + 8192 + 400) * 1024, uss=(40 + 2048 + 400 + 4) * 1024,
-                            store=8192 * 1024)
+    assert use == MemoryUse(
+        rss=(100 + 8192 + 400) * 1024, uss=(40 + 2048 + 400 + 4) * 1024, store=8192 * 1024
+    )
     assert use.own == (100 + 400) * 1024
 
 
@@ -76,10 +77,14 @@ def test_the_object_stores_pages_are_not_this_processs_own(tmp_path: Path) -> No
 
 
 def test_the_peaks_are_the_highest_samples_not_the_last() -> None:
-    values = iter([MemoryUse(rss=100 * MIB, uss=90 * MIB, store=0),
-                   MemoryUse(rss=300 * MIB, uss=250 * MIB, store=200 * MIB),  # own 100
-                   MemoryUse(rss=180 * MIB, uss=120 * MIB, store=10 * MIB),  # own 170
-                   None])
+    values = iter(
+        [
+            MemoryUse(rss=100 * MIB, uss=90 * MIB, store=0),
+            MemoryUse(rss=300 * MIB, uss=250 * MIB, store=200 * MIB),  # own 100
+            MemoryUse(rss=180 * MIB, uss=120 * MIB, store=10 * MIB),  # own 170
+            None,
+        ]
+    )
     took = threading.Event()
     seen: list[MemoryUse | None] = []
 

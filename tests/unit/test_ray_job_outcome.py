@@ -32,31 +32,48 @@ def test_shards_not_all_written_make_a_completed_attempt_partial() -> None:
 
 @pytest.mark.parametrize(("errors", "says"), [(4, "none of the 4 input lines"), (0, "empty file")])
 def test_no_valid_line_at_all_fails_the_batch_with_input_invalid(errors: int, says: str) -> None:
-    status, error = settle("completed", None, intact=True, resumed=False, output_lines=0, error_lines=errors,
-                           invalid_lines=errors)
+    status, error = settle(
+        "completed",
+        None,
+        intact=True,
+        resumed=False,
+        output_lines=0,
+        error_lines=errors,
+        invalid_lines=errors,
+    )
     assert status == "failed" and error is not None
     assert error.code == "input_invalid" and says in error.message
 
 
 def test_engine_errors_or_earlier_shards_are_not_invalid_input() -> None:
     # every line failed on the engine (errors beyond the invalid ones): the batch completed
-    assert settle("completed", None, intact=True, resumed=False, output_lines=0, error_lines=3,
-                  invalid_lines=1)[0] == "completed"
+    assert (
+        settle("completed", None, intact=True, resumed=False, output_lines=0, error_lines=3, invalid_lines=1)[
+            0
+        ]
+        == "completed"
+    )
     # a resumed attempt with nothing left to do: its earlier attempts wrote the answers
-    assert settle("completed", None, intact=True, resumed=True, output_lines=0, error_lines=0,
-                  invalid_lines=0)[0] == "completed"
+    assert (
+        settle("completed", None, intact=True, resumed=True, output_lines=0, error_lines=0, invalid_lines=0)[
+            0
+        ]
+        == "completed"
+    )
 
 
 def test_a_stopped_attempt_keeps_its_status_and_error() -> None:
     stopped = stop_error("deadline")
-    assert settle("partial", stopped, intact=True, resumed=False, output_lines=0, error_lines=0,
-                  invalid_lines=0) == ("partial", stopped)
+    assert settle(
+        "partial", stopped, intact=True, resumed=False, output_lines=0, error_lines=0, invalid_lines=0
+    ) == ("partial", stopped)
 
 
 def test_stop_errors_name_the_reason() -> None:
     assert stop_error("deadline").code == "deadline_exceeded"
-    assert stop_error("SIGTERM") == ErrorObject(code="stopped",
-                                                message="the attempt was stopped early (SIGTERM)")
+    assert stop_error("SIGTERM") == ErrorObject(
+        code="stopped", message="the attempt was stopped early (SIGTERM)"
+    )
     assert stop_error(SUPERSEDED).code == "superseded"
 
 
@@ -73,19 +90,37 @@ def test_the_result_line_reads_back_through_the_dispatchers_parser(
 def test_the_result_line_of_an_attempt_that_ran_carries_its_manifests_figures(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    spec = JobSpec.model_validate({
-        "batch_id": "b1", "attempt": 2, "endpoint": "/v1/chat/completions", "model": "m",
-        "input_uri": "s3://inputs/b1.jsonl", "output_prefix": "s3://results/default/b1/",
-    })
+    spec = JobSpec.model_validate(
+        {
+            "batch_id": "b1",
+            "attempt": 2,
+            "endpoint": "/v1/chat/completions",
+            "model": "m",
+            "input_uri": "s3://inputs/b1.jsonl",
+            "output_prefix": "s3://results/default/b1/",
+        }
+    )
     prefix = "s3://results/default/b1/"
-    shards = [ShardInfo(uri=f"{prefix}output-a2-00000.jsonl", lines=5, attempt=2),
-              ShardInfo(uri=f"{prefix}output-a2-00001.jsonl", lines=2, attempt=2),
-              ShardInfo(uri=f"{prefix}error-a2-00000.jsonl", lines=1, attempt=2)]
+    shards = [
+        ShardInfo(uri=f"{prefix}output-a2-00000.jsonl", lines=5, attempt=2),
+        ShardInfo(uri=f"{prefix}output-a2-00001.jsonl", lines=2, attempt=2),
+        ShardInfo(uri=f"{prefix}error-a2-00000.jsonl", lines=1, attempt=2),
+    ]
     error = ErrorObject(code="deadline_exceeded", message="the attempt was stopped early (deadline)")
-    built = manifest.build(batch_id="b1", attempt=2, status="partial", total=10, shards=shards,
-                           usage=Usage(prompt_tokens=70, completion_tokens=30), attempts=[],
-                           started_at=utcnow(), finished_at=utcnow(), engine_start_s=1.5,
-                           generation_s=4.25, error=error)
+    built = manifest.build(
+        batch_id="b1",
+        attempt=2,
+        status="partial",
+        total=10,
+        shards=shards,
+        usage=Usage(prompt_tokens=70, completion_tokens=30),
+        attempts=[],
+        started_at=utcnow(),
+        finished_at=utcnow(),
+        engine_start_s=1.5,
+        generation_s=4.25,
+        error=error,
+    )
     emit_result(attempt_result(spec, built, error))
     result = parse_result(capsys.readouterr().out)
     assert result is not None

@@ -117,11 +117,24 @@ def test_split_and_count_lines_across_chunk_boundaries(size: int) -> None:
 
 
 def test_a_line_over_the_limit_is_a_line_too_large_error_and_the_rest_run() -> None:
-    big = orjson.dumps({"custom_id": "huge", "method": "POST", "url": CHAT,  # custom_id first, as usual
-                        "body": {"messages": [{"role": "user", "content": "y" * 50_000}]}})
+    big = orjson.dumps(
+        {
+            "custom_id": "huge",
+            "method": "POST",
+            "url": CHAT,  # custom_id first, as usual
+            "body": {"messages": [{"role": "user", "content": "y" * 50_000}]},
+        }
+    )
     data = b"\n".join([line("a"), big, b'{"x": "' + b"z" * 50_000, line("b")])
-    got = list(parse_lines(split_lines([data], 4096), batch_id="b1", endpoint=Endpoint.CHAT_COMPLETIONS,
-                           model="m", max_line_bytes=4096))
+    got = list(
+        parse_lines(
+            split_lines([data], 4096),
+            batch_id="b1",
+            endpoint=Endpoint.CHAT_COMPLETIONS,
+            model="m",
+            max_line_bytes=4096,
+        )
+    )
     assert [(r.line_no, r.kind, r.custom_id) for r in got] == [
         (1, rows.REQUEST, "a"),
         (2, rows.INVALID, "huge"),

@@ -61,8 +61,17 @@ def test_lines_earlier_attempts_answered_are_skipped(tmp_path: Path) -> None:
     local = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
     local.create_dir("bkt/b")
     out = ShardWriter(local, "bkt/b/", "output", 1)
-    out.add(output_line(Endpoint.CHAT_COMPLETIONS, Generation("2", "t", "stop", 1, 1), batch_id="b1",
-                        custom_id="r1", line_no=2, model="m", created=1))
+    out.add(
+        output_line(
+            Endpoint.CHAT_COMPLETIONS,
+            Generation("2", "t", "stop", 1, 1),
+            batch_id="b1",
+            custom_id="r1",
+            line_no=2,
+            model="m",
+            created=1,
+        )
+    )
     out.flush()
     err = ShardWriter(local, "bkt/b/", "error", 1)
     err.add(error_line(RequestFailure("invalid_json", "x"), batch_id="b1", custom_id="@line-4", line_no=4))

@@ -19,9 +19,15 @@ pytestmark = pytest.mark.unit
 
 def _spec(**kw: Any) -> JobSpec:
     data: dict[str, Any] = {
-        "batch_id": "b", "attempt": 1, "endpoint": "/v1/chat/completions", "model": "m",
-        "input_uri": "s3://inputs/acme/x.jsonl", "output_prefix": "s3://results/acme/b/", "tenant": "acme",
-        "engine_app": "llmbatch-engine-m", "engine": EngineConfig(backend="fake"),
+        "batch_id": "b",
+        "attempt": 1,
+        "endpoint": "/v1/chat/completions",
+        "model": "m",
+        "input_uri": "s3://inputs/acme/x.jsonl",
+        "output_prefix": "s3://results/acme/b/",
+        "tenant": "acme",
+        "engine_app": "llmbatch-engine-m",
+        "engine": EngineConfig(backend="fake"),
     }
     data.update(kw)
     return JobSpec.model_validate(data)

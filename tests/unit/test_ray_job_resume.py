@@ -223,7 +223,9 @@ def test_scan_leaves_out_a_stale_attempts_shard_answering_requests_again(local: 
     e2.flush()
     prior = resume.scan(local, "bkt/t/b/")
     assert [(s.kind, s.attempt, s.index) for s in prior.shards] == [
-        ("error", 1, 0), ("output", 1, 0), ("output", 1, 1)
+        ("error", 1, 0),
+        ("output", 1, 0),
+        ("output", 1, 1),
     ]
     assert [(s.kind, s.attempt, s.index) for s in prior.skipped] == [("error", 2, 0), ("output", 2, 0)]
     assert (prior.completed, prior.failed) == (4, 1)  # each request once: r0-r3, line 9

@@ -94,8 +94,13 @@ def test_fit_context_rejects_max_tokens_beyond_the_room_left() -> None:
     ("response_format", "expected"),
     [
         ({"type": "json_object"}, {"json_object": True}),
-        ({"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "object"}, "strict": True}},
-         {"json": {"type": "object"}}),
+        (
+            {
+                "type": "json_schema",
+                "json_schema": {"name": "p", "schema": {"type": "object"}, "strict": True},
+            },
+            {"json": {"type": "object"}},
+        ),
         ({"type": "json_schema", "json_schema": {"name": "p"}}, {"json_object": True}),
     ],
 )

@@ -103,7 +103,9 @@ def test_submit_helpers() -> None:
     # one folder named llmbatch: a Ray node imports llmbatch.ray_job and llmbatch.schemas, and no more
     [shipped] = env["py_modules"]
     assert Path(shipped).name == "llmbatch" and sorted(p.name for p in Path(shipped).iterdir()) == [
-        "ray_job", "schemas"]
+        "ray_job",
+        "schemas",
+    ]
     assert env["env_vars"]["LLMBATCH_S3__ENDPOINT"] == "http://127.0.0.1:9000"
     assert env["env_vars"]["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["env_vars"]["X"] == "1"
     secret_names = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "LLMBATCH_REDIS__PASSWORD"}

@@ -37,12 +37,15 @@ def test_prints_a_user_per_password_given_and_never_the_password(monkeypatch: py
     assert "secret" not in result.stdout
 
 
-@pytest.mark.parametrize(("url", "user", "expected"), [
-    ("redis://dispatcher:pw@redis:6379/0", "job", "redis://job@redis:6379/0"),
-    ("redis://redis:6379/0", "job", "redis://job@redis:6379/0"),
-    ("rediss://dispatcher:pw@redis:6380/1", None, "rediss://dispatcher@redis:6380/1"),
-    ("redis://redis:6379/0", None, "redis://redis:6379/0"),
-])
+@pytest.mark.parametrize(
+    ("url", "user", "expected"),
+    [
+        ("redis://dispatcher:pw@redis:6379/0", "job", "redis://job@redis:6379/0"),
+        ("redis://redis:6379/0", "job", "redis://job@redis:6379/0"),
+        ("rediss://dispatcher:pw@redis:6380/1", None, "rediss://dispatcher@redis:6380/1"),
+        ("redis://redis:6379/0", None, "redis://redis:6379/0"),
+    ],
+)
 def test_the_job_url_names_the_job_user_and_no_password(url: str, user: str | None, expected: str) -> None:
     assert RedisSettings(url=url).url_without_password(user) == expected
 

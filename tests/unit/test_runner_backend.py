@@ -32,14 +32,23 @@ pytestmark = pytest.mark.unit
 
 
 def _line(i: int) -> dict[str, Any]:
-    return {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions",
-            "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]}}
+    return {
+        "custom_id": f"c{i}",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+    }
 
 
 def _spec(*, lines: int | None = None, app: str | None = "llmbatch-engine-m", attempt: int = 1) -> JobSpec:
     data: dict[str, Any] = {
-        "batch_id": "b-1", "attempt": attempt, "endpoint": "/v1/chat/completions", "model": "m",
-        "output_prefix": "s3://results/default/b-1/", "engine": {"backend": "fake"}, "engine_app": app,
+        "batch_id": "b-1",
+        "attempt": attempt,
+        "endpoint": "/v1/chat/completions",
+        "model": "m",
+        "output_prefix": "s3://results/default/b-1/",
+        "engine": {"backend": "fake"},
+        "engine_app": app,
     }
     if lines is None:
         data["input_uri"] = "s3://inputs/k.jsonl"
@@ -59,8 +68,9 @@ def _spec(*, lines: int | None = None, app: str | None = "llmbatch-engine-m", at
         (_spec(), None, False),  # a file whose size is unknown
     ],
 )
-def test_short_path_takes_small_batches_on_a_shared_engine(spec: JobSpec, size: int | None,
-                                                           expected: bool) -> None:
+def test_short_path_takes_small_batches_on_a_shared_engine(
+    spec: JobSpec, size: int | None, expected: bool
+) -> None:
     assert takes_short_path(spec, max_lines=8, max_bytes=1000, input_size=size) is expected
 
 
@@ -103,10 +113,18 @@ def test_runner_answers_the_states_of_many_runs_at_once() -> None:
 
 
 def test_job_info_maps_the_runner_view() -> None:
-    info = job_info({"status": "FAILED", "driver_exit_code": 4, "message": "engine_unavailable: x",
-                     "start_time": 10.5, "end_time": 12.0})
-    assert info == JobInfo(JobState.FAILED, exit_code=4, message="engine_unavailable: x",
-                           start_time=10.5, end_time=12.0)
+    info = job_info(
+        {
+            "status": "FAILED",
+            "driver_exit_code": 4,
+            "message": "engine_unavailable: x",
+            "start_time": 10.5,
+            "end_time": 12.0,
+        }
+    )
+    assert info == JobInfo(
+        JobState.FAILED, exit_code=4, message="engine_unavailable: x", start_time=10.5, end_time=12.0
+    )
     assert job_info({"status": "RUNNING"}).state is JobState.RUNNING
     assert job_info({"status": "weird"}).state is JobState.PENDING
 
@@ -246,8 +264,9 @@ def _routed(server_address: str, jobs: _Jobs, sizes: dict[str, int]) -> RoutedBa
     async def size_of(uri: str) -> int | None:
         return sizes.get(uri)
 
-    return RoutedBackend(jobs, RunnerClient(server_address, timeout_s=5), max_lines=4, max_bytes=100,
-                         size_of=size_of)
+    return RoutedBackend(
+        jobs, RunnerClient(server_address, timeout_s=5), max_lines=4, max_bytes=100, size_of=size_of
+    )
 
 
 def test_small_batches_go_to_the_runner_the_rest_to_ray_jobs(server: ScriptedHttpServer) -> None:
@@ -265,8 +284,10 @@ def test_small_batches_go_to_the_runner_the_rest_to_ray_jobs(server: ScriptedHtt
 
 def test_status_asks_the_runner_then_the_jobs_api(server: ScriptedHttpServer) -> None:
     jobs = _Jobs({"b-1-a2": JobInfo(JobState.RUNNING)})
-    server.answers[("POST", STATUSES)] = (200, b'{"runs": {"b-1-a1": {"status": "SUCCEEDED", '
-                                          b'"driver_exit_code": 0}}}')
+    server.answers[("POST", STATUSES)] = (
+        200,
+        b'{"runs": {"b-1-a1": {"status": "SUCCEEDED", "driver_exit_code": 0}}}',
+    )
     server.answers[("POST", RUNS + "/b-1-a2/stop")] = (404, b'{"error": "unknown"}')
     backend = _routed(server.address, jobs, {})
     assert asyncio.run(backend.status("b-1-a1")).state is JobState.SUCCEEDED
@@ -291,8 +312,13 @@ def test_cluster_config_adds_the_runner_with_the_short_path_only() -> None:
     registry = EngineRegistry(models={"m": EngineModel(path="/models/m")})
     s3 = S3Settings(access_key="ak", secret_key="sk")
     ray = RaySettings(serve_address="http://ray-head:8000")
-    settings = DispatcherSettings(_env_file=None, engines=registry, s3=s3, ray=ray,
-                                  dispatcher=DispatcherOptions(shared_engines=True, short_path_max_runs=7))
+    settings = DispatcherSettings(
+        _env_file=None,
+        engines=registry,
+        s3=s3,
+        ray=ray,
+        dispatcher=DispatcherOptions(shared_engines=True, short_path_max_runs=7),
+    )
     config = cluster_serve_config(settings)
     names = [a["name"] for a in config["applications"]]
     assert len(names) == 2 and names[-1] == APP_NAME
@@ -301,11 +327,15 @@ def test_cluster_config_adds_the_runner_with_the_short_path_only() -> None:
     # where S3 is, never its keys (the replicas have them from the Ray workers' environment)
     # (LLMBATCH_S3__ENDPOINT too: ray_job.s3 reads it first, and a Ray node may have inherited another)
     # (each batch brings S3 keys of its own: the node's are blanked in its process)
-    assert runner["runtime_env"]["env_vars"] == {"LLMBATCH_S3__ENDPOINT": s3.endpoint,
-                                                 "AWS_ENDPOINT_URL_S3": s3.endpoint, "AWS_REGION": s3.region,
-                                                 **node_secrets.withheld(node_secrets.S3_KEYS)}
-    no_sessions = settings.model_copy(update={"dispatcher": DispatcherOptions(
-        shared_engines=True, runner_s3_sessions=False)})
+    assert runner["runtime_env"]["env_vars"] == {
+        "LLMBATCH_S3__ENDPOINT": s3.endpoint,
+        "AWS_ENDPOINT_URL_S3": s3.endpoint,
+        "AWS_REGION": s3.region,
+        **node_secrets.withheld(node_secrets.S3_KEYS),
+    }
+    no_sessions = settings.model_copy(
+        update={"dispatcher": DispatcherOptions(shared_engines=True, runner_s3_sessions=False)}
+    )
     assert all(cluster_serve_config(no_sessions)["applications"][-1]["runtime_env"]["env_vars"].values())
     assert config["http_options"] == {"host": "0.0.0.0", "port": 8000}
     off_opts = DispatcherOptions(shared_engines=True, short_path_max_lines=0)

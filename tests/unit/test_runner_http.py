@@ -19,12 +19,16 @@ from llmbatch.schemas.job import RunnerSubmission
 pytestmark = pytest.mark.unit
 T = TypeVar("T")
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False)
-                    | st.text(),
-                    lambda inner: st.lists(inner, max_size=4)
-                    | st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=12)
-BODIES = st.binary(max_size=300) | JSON.map(orjson.dumps) | st.builds(
-    lambda ids: orjson.dumps({"submission_ids": ids}), st.lists(JSON, max_size=5))
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=12,
+)
+BODIES = (
+    st.binary(max_size=300)
+    | JSON.map(orjson.dumps)
+    | st.builds(lambda ids: orjson.dumps({"submission_ids": ids}), st.lists(JSON, max_size=5))
+)
 
 
 def _parsed(parse: Callable[[bytes], T], raw: bytes) -> tuple[T | None, str | None]:

@@ -30,16 +30,26 @@ TOKEN = "t0ken-value-that-must-not-leak"
 
 def _spec(**extra: Any) -> JobSpec:
     data: dict[str, Any] = {
-        "batch_id": "b-1", "attempt": 1, "endpoint": "/v1/chat/completions", "model": "m", "tenant": "acme",
-        "output_prefix": "s3://results/acme/b-1/", "engine": {"backend": "fake"},
-        "engine_app": "llmbatch-engine-m", "input_uri": "s3://inputs/acme/k.jsonl",
+        "batch_id": "b-1",
+        "attempt": 1,
+        "endpoint": "/v1/chat/completions",
+        "model": "m",
+        "tenant": "acme",
+        "output_prefix": "s3://results/acme/b-1/",
+        "engine": {"backend": "fake"},
+        "engine_app": "llmbatch-engine-m",
+        "input_uri": "s3://inputs/acme/k.jsonl",
     }
     return JobSpec.model_validate(data | extra)
 
 
 def _session(expires_in_s: float = 3600) -> S3Session:
-    return S3Session(access_key="AK", secret_key=SECRET, session_token=TOKEN,
-                     expires_at=utcnow() + timedelta(seconds=expires_in_s))
+    return S3Session(
+        access_key="AK",
+        secret_key=SECRET,
+        session_token=TOKEN,
+        expires_at=utcnow() + timedelta(seconds=expires_in_s),
+    )
 
 
 def test_a_batch_policy_names_its_input_object_and_its_prefix_only() -> None:

@@ -297,7 +297,10 @@ def test_parse_batch_request_from_bytes_and_bad_json() -> None:
 def test_cancel_request() -> None:
     cancel = CancelRequest(batch_id="b-1", reason="no longer needed", requested_by="svc")
     assert cancel.model_dump() == {
-        "batch_id": "b-1", "tenant": "default", "reason": "no longer needed", "requested_by": "svc"
+        "batch_id": "b-1",
+        "tenant": "default",
+        "reason": "no longer needed",
+        "requested_by": "svc",
     }
     with pytest.raises(ValidationError, match="tenant"):
         CancelRequest(batch_id="b", tenant="Not A Tenant")

@@ -16,14 +16,38 @@ from llmbatch.schemas.errors import OPENAI_ERROR_CODES
 
 pytestmark = pytest.mark.unit
 
-_scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70)
-            | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12))
-_json = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=4)
-                     | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12)
+)
+_json = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
 CHAT = "/v1/chat/completions"
-_FIELDS = ["messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stop",
-           "seed", "logprobs", "top_logprobs", "stream", "model", "response_format", "top_k", "min_p",
-           "logit_bias"]
+_FIELDS = [
+    "messages",
+    "prompt",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stop",
+    "seed",
+    "logprobs",
+    "top_logprobs",
+    "stream",
+    "model",
+    "response_format",
+    "top_k",
+    "min_p",
+    "logit_bias",
+]
 _numbers = st.integers(-3, 40) | st.floats(-1, 3, allow_nan=False)
 _schema = st.just({"type": "object"}) | st.just({"type": "string", "format": "x"}) | _json
 _response_format = st.fixed_dictionaries(
@@ -31,16 +55,27 @@ _response_format = st.fixed_dictionaries(
     optional={
         "json_schema": st.fixed_dictionaries(
             {"name": st.from_regex(r"[a-z_-]{1,8}", fullmatch=True) | st.text(max_size=70)},
-            optional={"schema": _schema, "strict": st.booleans() | _json,
-                      "description": st.text(max_size=5) | _json}),
+            optional={
+                "schema": _schema,
+                "strict": st.booleans() | _json,
+                "description": st.text(max_size=5) | _json,
+            },
+        ),
         "extra": _json,
     },
 )
 _message = st.fixed_dictionaries(
-    {"role": st.sampled_from(["user", "user", "system", "assistant", "robot"]),
-     "content": st.text(max_size=10) | st.lists(st.fixed_dictionaries(
-         {"type": st.sampled_from(["text", "text", "image_url"]), "text": st.text(max_size=5) | _json}),
-         max_size=2) | _json},
+    {
+        "role": st.sampled_from(["user", "user", "system", "assistant", "robot"]),
+        "content": st.text(max_size=10)
+        | st.lists(
+            st.fixed_dictionaries(
+                {"type": st.sampled_from(["text", "text", "image_url"]), "text": st.text(max_size=5) | _json}
+            ),
+            max_size=2,
+        )
+        | _json,
+    },
     optional={"name": st.text(max_size=5) | _json},
 )
 _chat_body = st.fixed_dictionaries(
@@ -48,13 +83,16 @@ _chat_body = st.fixed_dictionaries(
     optional={"response_format": _response_format | _json},
 )
 _extra_fields = st.dictionaries(st.sampled_from(_FIELDS) | st.text(max_size=6), _numbers | _json, max_size=2)
-_body = st.tuples(_chat_body | st.fixed_dictionaries({"prompt": st.text(max_size=8) | _json}), _extra_fields
-                  ).map(lambda parts: {**parts[1], **parts[0]})
+_body = st.tuples(
+    _chat_body | st.fixed_dictionaries({"prompt": st.text(max_size=8) | _json}), _extra_fields
+).map(lambda parts: {**parts[1], **parts[0]})
 _line = st.fixed_dictionaries(
-    {"custom_id": st.text(min_size=1, max_size=20),
-     "method": st.sampled_from(["POST", "POST", "POST", "GET"]),
-     "url": st.sampled_from([CHAT, CHAT, "/v1/completions", "/v1/embeddings"]),
-     "body": _body},
+    {
+        "custom_id": st.text(min_size=1, max_size=20),
+        "method": st.sampled_from(["POST", "POST", "POST", "GET"]),
+        "url": st.sampled_from([CHAT, CHAT, "/v1/completions", "/v1/embeddings"]),
+        "body": _body,
+    },
 )
 _FUZZ = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

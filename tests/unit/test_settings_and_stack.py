@@ -45,8 +45,9 @@ def test_sasl_needs_mechanism_and_credentials() -> None:
         KafkaSettings(security_protocol="SASL_SSL")
     with pytest.raises(ValidationError, match="SASL_USERNAME"):
         KafkaSettings(security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512")
-    ok = KafkaSettings(security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN", sasl_username="u",
-                       sasl_password="p")  # type: ignore[arg-type]
+    ok = KafkaSettings(
+        security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN", sasl_username="u", sasl_password="p"
+    )  # type: ignore[arg-type]
     kwargs = ok.client_kwargs()
     assert kwargs["sasl_mechanism"] == "PLAIN"
     assert kwargs["sasl_plain_password"] == "p"
@@ -59,10 +60,13 @@ def test_tls_builds_ssl_context() -> None:
     assert ctx.check_hostname is False
 
 
-@pytest.mark.parametrize(("model", "field", "value"), [
-    (RedisSettings, "url", "http://x"),
-    (S3Settings, "endpoint", "127.0.0.1:9000"),
-])
+@pytest.mark.parametrize(
+    ("model", "field", "value"),
+    [
+        (RedisSettings, "url", "http://x"),
+        (S3Settings, "endpoint", "127.0.0.1:9000"),
+    ],
+)
 def test_bad_urls_are_rejected(model: type, field: str, value: str) -> None:
     with pytest.raises(ValidationError) as info:
         model(**{field: value})
@@ -84,8 +88,16 @@ def test_a_replay_key_is_long_and_secret(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_state_file_round_trip_is_owner_only(tmp_path: Path) -> None:
     state = StackState(run_dir=tmp_path)
-    state.services["minio"] = ServiceRecord("minio", 123, {"s3": 9000}, "http://127.0.0.1:9000", "l", "d",
-                                            1.5, {"access_key": "a", "secret_key": "b"})
+    state.services["minio"] = ServiceRecord(
+        "minio",
+        123,
+        {"s3": 9000},
+        "http://127.0.0.1:9000",
+        "l",
+        "d",
+        1.5,
+        {"access_key": "a", "secret_key": "b"},
+    )
     state.save()
     assert stat.S_IMODE(os.stat(state.path).st_mode) == 0o600
     back = StackState.load(tmp_path)
@@ -104,8 +116,10 @@ def test_free_port_is_bindable() -> None:
 
 
 def test_stop_tree_kills_children(tmp_path: Path) -> None:
-    script = ("import subprocess, sys, time; "
-              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)")
+    script = (
+        "import subprocess, sys, time; "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    )
     pid = spawn([sys.executable, "-c", script], tmp_path / "log")
     import psutil
 
@@ -133,16 +147,26 @@ def test_wait_until_reports_dead_process_with_log_tail(tmp_path: Path) -> None:
 
 
 def test_cli_status_of_empty_run_dir_fails_cleanly(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "llmbatch", "stack", "status", "--run-dir", str(tmp_path)],
-                          capture_output=True, text=True, check=False, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmbatch", "stack", "status", "--run-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     assert "kafka" in proc.stdout
 
 
 def test_cli_rejects_unknown_service(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "llmbatch", "stack", "up", "zookeeper", "--run-dir",
-                           str(tmp_path)], capture_output=True, text=True, check=False, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmbatch", "stack", "up", "zookeeper", "--run-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "unknown service 'zookeeper'" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -182,8 +206,13 @@ def test_stop_tree_lets_the_root_stop_its_own_children_first(tmp_path: Path) -> 
     child = ORDERLY_CHILD.replace("sys.argv[1]", repr(str(notes)))
     script = f"CHILD = {child!r}\n{ORDERLY_PARENT}"
     pid = spawn([sys.executable, "-c", script], tmp_path / "log")
-    wait_until(lambda: "ready" in (tmp_path / "log").read_text()
-               and bool(psutil.Process(pid).children()), 30, pid, "parent", tmp_path / "log")
+    wait_until(
+        lambda: "ready" in (tmp_path / "log").read_text() and bool(psutil.Process(pid).children()),
+        30,
+        pid,
+        "parent",
+        tmp_path / "log",
+    )
     [kid] = psutil.Process(pid).children()
     time.sleep(0.5)  # the child's signal handlers are set
 

@@ -13,6 +13,7 @@ from llmbatch.stack.node_credentials import keep_minio_credentials, minio_creden
 
 pytestmark = pytest.mark.unit
 
+
 def test_minio_and_the_ray_head_starting_together_get_one_pair(tmp_path: Path) -> None:
     with ThreadPoolExecutor(8) as pool:
         pairs = set(pool.map(lambda _: minio_credentials(tmp_path), range(32)))

@@ -54,11 +54,17 @@ def _quiet_window(size: int) -> range:
 
 def _run_child(folder: Path, code: str, stdin: bool = False) -> subprocess.Popen[str]:
     """A separate Python process using the allocator on ``folder``; it prints one line when ready."""
-    script = f"import sys; sys.path.insert(0, {str(ROOT)!r})\nfrom pathlib import Path\n" \
-             f"from llmbatch.stack.ports import PortAllocator\nfolder = Path({str(folder)!r})\n" \
-             + textwrap.dedent(code)
-    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL)
+    script = (
+        f"import sys; sys.path.insert(0, {str(ROOT)!r})\nfrom pathlib import Path\n"
+        f"from llmbatch.stack.ports import PortAllocator\nfolder = Path({str(folder)!r})\n"
+        + textwrap.dedent(code)
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+    )
 
 
 # --- pure logic ---------------------------------------------------------------------------------
@@ -109,8 +115,12 @@ def test_pick_never_returns_a_window_touching_taken_ports() -> None:
         taken = {rng.randrange(1000, 1250) for _ in range(rng.randrange(0, 60))}
         size = rng.randrange(1, 12)
         got = pick(size, taken, ranges, rng.randrange(1000))
-        fits = [s for r in ranges for s in range(r.start, r.stop - size + 1)
-                if not taken & set(range(s, s + size))]
+        fits = [
+            s
+            for r in ranges
+            for s in range(r.start, r.stop - size + 1)
+            if not taken & set(range(s, s + size))
+        ]
         if got is None:
             assert fits == []
         else:
@@ -191,7 +201,8 @@ def test_singles_and_ranges_interleaved_never_repeat_a_port(tmp_path: Path) -> N
 
 
 def test_ports_below_the_ephemeral_range_go_first_and_those_above_only_when_none_is_left(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """Ray picks every port it is not given in ``[an ephemeral port, 65535]``: a port reserved above
     the ephemeral range can be taken by a Ray node before its own service binds it (a CI run lost a
     worker node three attempts running), so those are the last resort."""
@@ -238,12 +249,15 @@ def test_claim_waits_briefly_for_a_port_being_freed(tmp_path: Path) -> None:
 def test_reservations_of_a_live_process_are_respected(tmp_path: Path) -> None:
     window = _quiet_window(3)
     folder = tmp_path / "reservations"
-    child = _run_child(folder, f"""
+    child = _run_child(
+        folder,
+        f"""
         import time
         port = PortAllocator(folder, ranges=[range({window.start}, {window.stop})]).port()
         print(port, flush=True)
         time.sleep(120)
-    """)
+    """,
+    )
     try:
         assert child.stdout is not None
         theirs = int(child.stdout.readline())
@@ -266,10 +280,13 @@ def test_reservations_of_a_live_process_are_respected(tmp_path: Path) -> None:
 def test_reservations_of_dead_processes_are_reclaimed(tmp_path: Path) -> None:
     window = _quiet_window(2)
     folder = tmp_path / "reservations"
-    child = _run_child(folder, f"""
+    child = _run_child(
+        folder,
+        f"""
         a = PortAllocator(folder, ranges=[range({window.start}, {window.stop})])
         print(a.port(), flush=True)  # exits without releasing
-    """)
+    """,
+    )
     assert child.stdout is not None
     dead = int(child.stdout.readline())
     assert child.wait() == 0

@@ -60,6 +60,7 @@ def ran(cache: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
                 made.parent.mkdir(parents=True, exist_ok=True)
                 made.write_bytes(b"x")
             return made
+
         return run
 
     monkeypatch.setitem(services.PREPARERS, "kafka", fake("kafka", lambda: _kafka_jar(cache)))
@@ -88,8 +89,11 @@ def test_first_prepare_announces_each_uncached_step_then_sums_up(ran: list[str])
     assert result.exit_code == 0, result.output
     said = _lines(result.stderr)
     announced = [line for line in said if not line.startswith("[prepare] done")]
-    assert [line.split(":")[0] for line in announced] == ["[prepare] kafka", "[prepare] minio",
-                                                          "[prepare] model"]
+    assert [line.split(":")[0] for line in announced] == [
+        "[prepare] kafka",
+        "[prepare] minio",
+        "[prepare] model",
+    ]
     assert "Maven Central" in announced[0] and "~15 s" in announced[0]
     assert "Go module" in announced[1] and "2-20 min" in announced[1]
     assert "about 1 min" in announced[2]
@@ -97,8 +101,9 @@ def test_first_prepare_announces_each_uncached_step_then_sums_up(ran: list[str])
     assert summary.startswith("[prepare] done in ")
     for part in ("kafka ", "redis installed", "minio ", "ray installed", "model "):
         assert part in summary
-    assert re.search(r"kafka \d+\.\d s, redis installed, minio \d+\.\d s, ray installed, model \d+\.\d s$",
-                     summary), summary
+    assert re.search(
+        r"kafka \d+\.\d s, redis installed, minio \d+\.\d s, ray installed, model \d+\.\d s$", summary
+    ), summary
     assert [name for name in ran if name not in ("redis", "ray")] == ["kafka", "minio", "model"]
     assert "error" not in result.output.lower()
     assert f"model: {model.model_dir()}" in result.stdout
@@ -114,8 +119,9 @@ def test_second_prepare_is_quiet_and_says_cached(ran: list[str]) -> None:
     assert "error" not in result.output.lower()
 
 
-def test_announcement_comes_before_the_step_and_no_model_skips_it(ran: list[str],
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_announcement_comes_before_the_step_and_no_model_skips_it(
+    ran: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     events: list[str] = []
     fake_kafka = services.PREPARERS["kafka"]
 
@@ -135,8 +141,9 @@ def test_announcement_comes_before_the_step_and_no_model_skips_it(ran: list[str]
     assert "model" not in said[-1] and "model" not in ran
 
 
-def test_failing_step_was_announced_and_fails_cleanly(ran: list[str],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failing_step_was_announced_and_fails_cleanly(
+    ran: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     def broken() -> object:
         raise StackError("building MinIO with `go install` failed (exit 1)", "go: network unreachable")
 
@@ -152,8 +159,9 @@ def test_failing_step_was_announced_and_fails_cleanly(ran: list[str],
 def test_cached_checks_agree_with_the_real_preparers(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # without mvn/go the real preparers can only succeed if their result is where the check looks
     real_which = shutil.which
-    monkeypatch.setattr(shutil, "which",
-                        lambda cmd, *a, **k: None if cmd in ("mvn", "go") else real_which(cmd))
+    monkeypatch.setattr(
+        shutil, "which", lambda cmd, *a, **k: None if cmd in ("mvn", "go") else real_which(cmd)
+    )
     steps = manager.PREPARE_STEPS
     for name, real in (("kafka", kafka_broker.kafka_libs), ("minio", services.minio_binary)):
         assert not steps[name].is_cached()
@@ -176,7 +184,7 @@ def test_model_check_is_the_one_ensure_model_reuses(cache: Path, monkeypatch: py
     target = model.model_dir()
     target.mkdir(parents=True)
     (target / "config.json").write_text("{}")
-    assert model.cached_model() is None                    # no weights yet: still to convert
+    assert model.cached_model() is None  # no weights yet: still to convert
     (target / "model.safetensors").write_bytes(b"")
     assert model.cached_model() == target and manager.PREPARE_STEPS["model"].is_cached()
     monkeypatch.setattr(subprocess, "run", no_conversion)

@@ -36,16 +36,26 @@ def _sig(headers: list[tuple[str, bytes]]) -> str:
     return dict(headers)[TENANT_SIG].decode()
 
 
-SIGNED = dict(event_type="llmbatch.batch.requested.v1", source="urn:s", event_id="e-1", tenant="acme",
-              value=b'{"batch_id":"b"}')
+SIGNED = dict(
+    event_type="llmbatch.batch.requested.v1",
+    source="urn:s",
+    event_id="e-1",
+    tenant="acme",
+    value=b'{"batch_id":"b"}',
+)
 
 
 def test_a_signature_verifies_only_for_the_same_key_event_tenant_and_value() -> None:
     sig = tenant_signature(ACME, **SIGNED)  # type: ignore[arg-type]
     assert verify_tenant_signature(ACME, sig, **SIGNED)  # type: ignore[arg-type]
     assert not verify_tenant_signature(GLOBEX, sig, **SIGNED)  # type: ignore[arg-type]
-    for field, other in [("event_type", "llmbatch.batch.cancel_requested.v1"), ("source", "urn:t"),
-                         ("event_id", "e-2"), ("tenant", "globex"), ("value", b'{"batch_id":"c"}')]:
+    for field, other in [
+        ("event_type", "llmbatch.batch.cancel_requested.v1"),
+        ("source", "urn:t"),
+        ("event_id", "e-2"),
+        ("tenant", "globex"),
+        ("value", b'{"batch_id":"c"}'),
+    ]:
         assert not verify_tenant_signature(ACME, sig, **{**SIGNED, field: other}), field  # type: ignore[arg-type]
     assert not verify_tenant_signature(ACME, None, **SIGNED)  # type: ignore[arg-type]
 
@@ -68,8 +78,9 @@ def test_with_tenant_keys_a_request_signed_by_its_tenant_is_accepted() -> None:
     rules = replace(RULES, tenant_keys=KEYS, inputs_under_tenant_prefix=False)
     command = classify(origin(*_signed(batch_request("b", tenant="acme"), TenantSigner(KEYS))), rules, NOW)
     assert isinstance(command, Accept) and command.request.tenant == "acme"
-    cancel = classify(origin(*_signed(CancelRequest(batch_id="b", tenant="acme"), TenantSigner(KEYS))),
-                      rules, NOW)
+    cancel = classify(
+        origin(*_signed(CancelRequest(batch_id="b", tenant="acme"), TenantSigner(KEYS))), rules, NOW
+    )
     assert isinstance(cancel, Cancel) and cancel.request.tenant == "acme"
 
 
@@ -83,15 +94,31 @@ def _forgeries() -> list[tuple[str, Record, str]]:
     no_sig = [(k, v) for k, v in headers if k != TENANT_SIG]
     return [
         ("unsigned", (key, value, no_sig), "is not signed"),
-        ("signed with another tenant's key", (key, value, [*no_sig, (TENANT_SIG, _sig(
-            _signed(batch_request("b", tenant="globex"), globex_only)[2]).encode())]), "does not verify"),
+        (
+            "signed with another tenant's key",
+            (
+                key,
+                value,
+                [
+                    *no_sig,
+                    (TENANT_SIG, _sig(_signed(batch_request("b", tenant="globex"), globex_only)[2]).encode()),
+                ],
+            ),
+            "does not verify",
+        ),
         ("the value changed after signing", (key, other_value, headers), "does not verify"),
-        ("a signature copied from another event", (key, value, [*no_sig, (TENANT_SIG, copied.encode())]),
-         "does not verify"),
+        (
+            "a signature copied from another event",
+            (key, value, [*no_sig, (TENANT_SIG, copied.encode())]),
+            "does not verify",
+        ),
         ("not hex", (key, value, [*no_sig, (TENANT_SIG, b"\xff" * 64)]), "does not verify"),
         ("a tenant without a key", _signed(batch_request("b", tenant="initech"), acme), "has no key"),
-        ("an unsigned cancel", _signed(CancelRequest(batch_id="b", tenant="acme"), TenantSigner({})),
-         "is not signed"),
+        (
+            "an unsigned cancel",
+            _signed(CancelRequest(batch_id="b", tenant="acme"), TenantSigner({})),
+            "is not signed",
+        ),
     ]
 
 

@@ -44,8 +44,10 @@ def _settings(pools: list[str], **job: Any) -> DispatcherSettings:
 
 def _record(tenant: str, batch_id: str = "b-1") -> BatchRecord:
     _, value, _ = request_message(batch_request(batch_id, requests=inline_lines(2), tenant=tenant))
-    return BatchRecord.from_hash(batch_id, {"state": "submitted", "version": "1", "request": value.decode(),
-                                            "tenant": tenant, "attempt": "1"})
+    return BatchRecord.from_hash(
+        batch_id,
+        {"state": "submitted", "version": "1", "request": value.decode(), "tenant": tenant, "attempt": "1"},
+    )
 
 
 def test_pools_are_tenant_names_and_each_gets_its_own_resource() -> None:
@@ -81,9 +83,15 @@ def test_a_pooled_tenants_spec_and_submission_ask_for_its_pool_and_others_do_not
 
 
 def test_a_spec_cannot_name_another_tenants_pool() -> None:
-    base = {"batch_id": "b", "attempt": 1, "endpoint": "/v1/chat/completions", "model": "m",
-            "input_uri": "s3://inputs/acme/x.jsonl", "output_prefix": "s3://results/acme/b/",
-            "tenant": "acme"}
+    base = {
+        "batch_id": "b",
+        "attempt": 1,
+        "endpoint": "/v1/chat/completions",
+        "model": "m",
+        "input_uri": "s3://inputs/acme/x.jsonl",
+        "output_prefix": "s3://results/acme/b/",
+        "tenant": "acme",
+    }
     assert JobSpec.model_validate({**base, "pool_resource": "llmbatch_tenant_acme"}).pool_resource
     with pytest.raises(ValidationError, match="pool_resource must be 'llmbatch_tenant_acme'"):
         JobSpec.model_validate({**base, "pool_resource": "llmbatch_tenant_globex"})
@@ -158,8 +166,9 @@ def test_the_cli_prints_the_policy_of_the_settings_buckets(monkeypatch: pytest.M
     assert runner.invoke(app, ["minio-tenant", "--help"]).exit_code == 0
     result = runner.invoke(app, ["minio-tenant", "acme"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout) == tenant_policy("acme", input_buckets=["my-inputs"],
-                                                      results_bucket="my-results")
+    assert json.loads(result.stdout) == tenant_policy(
+        "acme", input_buckets=["my-inputs"], results_bucket="my-results"
+    )
     bad = runner.invoke(app, ["minio-tenant", "Acme"])
     assert bad.exit_code == 2 and "lowercase letters" in bad.output
 
@@ -173,8 +182,11 @@ def test_applying_needs_a_secret_long_enough_and_a_server_that_answers() -> None
     from llmbatch.dispatcher.security.minio_admin import SECRET_ENV, apply_tenant_policy
     from llmbatch.stack.ports import free_port
 
-    nowhere = S3Settings(endpoint=f"http://127.0.0.1:{free_port()}", access_key=SecretStr("admin"),
-                         secret_key=SecretStr("admin-secret"))
+    nowhere = S3Settings(
+        endpoint=f"http://127.0.0.1:{free_port()}",
+        access_key=SecretStr("admin"),
+        secret_key=SecretStr("admin-secret"),
+    )
     with pytest.raises(PermanentError, match=SECRET_ENV):
         apply_tenant_policy(nowhere, "acme", secret_key="short")
     with pytest.raises(StorageUnavailable, match="MinIO did not answer") as caught:

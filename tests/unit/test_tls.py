@@ -43,7 +43,7 @@ def test_the_local_ca_signs_a_server_certificate_for_loopback_only(tmp_path: Pat
     assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     assert not server.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     assert server.not_valid_after_utc - dt.datetime.now(dt.UTC) <= dt.timedelta(days=7)
-    for private in (files.server_key, files.server_keystore):   # keys: owner only
+    for private in (files.server_key, files.server_keystore):  # keys: owner only
         assert stat.S_IMODE(private.stat().st_mode) == 0o600
     keystore = files.server_keystore.read_text()
     assert keystore.startswith("-----BEGIN PRIVATE KEY-----") and "BEGIN CERTIFICATE" in keystore
@@ -60,8 +60,12 @@ def test_every_call_makes_a_new_ca(tmp_path: Path) -> None:
 def _settings(**redis: object) -> DispatcherSettings:
     return DispatcherSettings(
         _env_file=None,  # type: ignore[call-arg]
-        s3=S3Settings(endpoint="https://minio:9000", access_key=SecretStr("k"), secret_key=SecretStr("s"),
-                      ca_file=Path("/etc/llmbatch/ca.pem")),
+        s3=S3Settings(
+            endpoint="https://minio:9000",
+            access_key=SecretStr("k"),
+            secret_key=SecretStr("s"),
+            ca_file=Path("/etc/llmbatch/ca.pem"),
+        ),
         redis=RedisSettings(url="rediss://redis:6380/0", **redis),  # type: ignore[arg-type]
         engines=registry(),
     )
@@ -81,21 +85,28 @@ def test_jobs_and_the_batch_runner_get_the_ca_bundles_paths_and_no_secret() -> N
 
 
 def test_the_state_store_verifies_a_rediss_server_against_the_ca_bundle() -> None:
-    store = StateStore.from_settings(RedisSettings(url="rediss://redis:6380/0",
-                                                   ssl_ca_certs=Path("/etc/ca.pem")))
+    store = StateStore.from_settings(
+        RedisSettings(url="rediss://redis:6380/0", ssl_ca_certs=Path("/etc/ca.pem"))
+    )
     pool = store.client.connection_pool
     assert pool.connection_kwargs["ssl_ca_certs"] == "/etc/ca.pem"
-    assert pool.connection_class.__name__ == "SSLConnection"          # verifies by default (CERT_REQUIRED)
-    plain = StateStore.from_settings(RedisSettings(url="redis://redis:6379/0",
-                                                   ssl_ca_certs=Path("/etc/ca.pem")))
+    assert pool.connection_class.__name__ == "SSLConnection"  # verifies by default (CERT_REQUIRED)
+    plain = StateStore.from_settings(
+        RedisSettings(url="redis://redis:6379/0", ssl_ca_certs=Path("/etc/ca.pem"))
+    )
     assert "ssl_ca_certs" not in plain.client.connection_pool.connection_kwargs
 
 
 def test_kafka_sasl_ssl_settings_build_a_verifying_context(tmp_path: Path) -> None:
     files = make_local_ca(tmp_path)
-    kafka = KafkaSettings(bootstrap_servers="127.0.0.1:9093", security_protocol="SASL_SSL",
-                          sasl_mechanism="SCRAM-SHA-512", sasl_username="u", sasl_password=SecretStr("p"),
-                          ssl_cafile=files.ca_cert)
+    kafka = KafkaSettings(
+        bootstrap_servers="127.0.0.1:9093",
+        security_protocol="SASL_SSL",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_username="u",
+        sasl_password=SecretStr("p"),
+        ssl_cafile=files.ca_cert,
+    )
     context = kafka.client_kwargs()["ssl_context"]
     assert isinstance(context, ssl.SSLContext)
     assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
@@ -146,17 +157,50 @@ def _tls_state(tmp_path: Path) -> Any:
     ca = str(tmp_path / "tls" / "ca.pem")
     state = StackState(tmp_path)
     state.services = {
-        "kafka": ServiceRecord("kafka", 1, {"broker": 9093}, "127.0.0.1:9093", "", "", 0.0,
-                               {"security_protocol": "SASL_SSL", "ca_cert": ca, "sasl_username": "llmbatch",
-                                "sasl_password": "kpw"}),
-        "redis": ServiceRecord("redis", 2, {"redis": 6380}, "rediss://127.0.0.1:6380/0", "", "", 0.0,
-                               {"ca_cert": ca}),
-        "minio": ServiceRecord("minio", 3, {"s3": 9000}, "https://127.0.0.1:9000", "", "", 0.0,
-                               {"access_key": "ak", "secret_key": "sk", "ca_cert": ca}),
-        "ray": ServiceRecord("ray", 4, {"dashboard": 8265, "dashboard_tls": 8443}, "https://127.0.0.1:8443",
-                             "", "", 0.0, {"ca_cert": ca, "serve_address": "https://127.0.0.1:8000",
-                                       "serve_ssl_certfile": "/run/tls/server.pem",
-                                       "serve_ssl_keyfile": "/run/tls/server.key", "front_pid": "5"}),
+        "kafka": ServiceRecord(
+            "kafka",
+            1,
+            {"broker": 9093},
+            "127.0.0.1:9093",
+            "",
+            "",
+            0.0,
+            {
+                "security_protocol": "SASL_SSL",
+                "ca_cert": ca,
+                "sasl_username": "llmbatch",
+                "sasl_password": "kpw",
+            },
+        ),
+        "redis": ServiceRecord(
+            "redis", 2, {"redis": 6380}, "rediss://127.0.0.1:6380/0", "", "", 0.0, {"ca_cert": ca}
+        ),
+        "minio": ServiceRecord(
+            "minio",
+            3,
+            {"s3": 9000},
+            "https://127.0.0.1:9000",
+            "",
+            "",
+            0.0,
+            {"access_key": "ak", "secret_key": "sk", "ca_cert": ca},
+        ),
+        "ray": ServiceRecord(
+            "ray",
+            4,
+            {"dashboard": 8265, "dashboard_tls": 8443},
+            "https://127.0.0.1:8443",
+            "",
+            "",
+            0.0,
+            {
+                "ca_cert": ca,
+                "serve_address": "https://127.0.0.1:8000",
+                "serve_ssl_certfile": "/run/tls/server.pem",
+                "serve_ssl_keyfile": "/run/tls/server.key",
+                "front_pid": "5",
+            },
+        ),
     }
     return state
 
@@ -182,15 +226,18 @@ def test_a_tls_stacks_exports_and_settings_carry_the_ca_and_the_kafka_login(tmp_
     # Ray: the dashboard through its TLS front, Serve's proxy with the certificate, both verified by the CA
     assert env["LLMBATCH_RAY__CA_FILE"] == ca and env["LLMBATCH_RAY__ADDRESS"] == "https://127.0.0.1:8443"
     assert settings.ray.serve_address == "https://127.0.0.1:8000" and str(settings.ray.ca_file) == ca
-    assert (settings.ray.serve_ssl_certfile, settings.ray.serve_ssl_keyfile) == ("/run/tls/server.pem",
-                                                                               "/run/tls/server.key")
-    for name in ("kafka", "redis", "minio", "ray"):                # plaintext records export no TLS
+    assert (settings.ray.serve_ssl_certfile, settings.ray.serve_ssl_keyfile) == (
+        "/run/tls/server.pem",
+        "/run/tls/server.key",
+    )
+    for name in ("kafka", "redis", "minio", "ray"):  # plaintext records export no TLS
         state.services[name].extra.pop("ca_cert")
     state.services["kafka"].extra.clear()
     state.services["ray"].extra = {"serve_address": "http://127.0.0.1:8000"}
     plain = manager.env_exports(state)
-    assert not any(k.endswith(("CA_FILE", "CA_CERTS", "CAFILE", "SECURITY_PROTOCOL", "SSL_CERTFILE"))
-                   for k in plain)
+    assert not any(
+        k.endswith(("CA_FILE", "CA_CERTS", "CAFILE", "SECURITY_PROTOCOL", "SSL_CERTFILE")) for k in plain
+    )
     assert manager.settings_for(state).kafka.security_protocol == "PLAINTEXT"
     assert manager.settings_for(state).ray.serve_address == "http://127.0.0.1:8000"
 
@@ -227,13 +274,18 @@ def test_the_certificate_names_the_nodes_own_address_for_ray_and_a_missing_one_m
     files = local_ca(tmp_path, node_ips=("192.0.2.7",))
     server = x509.load_pem_x509_certificate(files.server_cert.read_bytes())
     names = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert names.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("127.0.0.1"),
-                                                          ipaddress.ip_address("192.0.2.7")]
+    assert names.get_values_for_type(x509.IPAddress) == [
+        ipaddress.ip_address("127.0.0.1"),
+        ipaddress.ip_address("192.0.2.7"),
+    ]
     first = files.ca_cert.read_bytes()
     assert local_ca(tmp_path, node_ips=("192.0.2.7",)).ca_cert.read_bytes() == first  # kept
     assert local_ca(tmp_path).ca_cert.read_bytes() == first  # loopback only: kept too
     assert local_ca(tmp_path, node_ips=("192.0.2.8",)).ca_cert.read_bytes() != first  # the node moved
     # every process of the Ray node inherits these: mutual TLS with that certificate
-    assert ray_tls_env(files) == {"RAY_USE_TLS": "1", "RAY_TLS_SERVER_CERT": str(files.server_cert),
-                                  "RAY_TLS_SERVER_KEY": str(files.server_key),
-                                  "RAY_TLS_CA_CERT": str(files.ca_cert)}
+    assert ray_tls_env(files) == {
+        "RAY_USE_TLS": "1",
+        "RAY_TLS_SERVER_CERT": str(files.server_cert),
+        "RAY_TLS_SERVER_KEY": str(files.server_key),
+        "RAY_TLS_CA_CERT": str(files.ca_cert),
+    }

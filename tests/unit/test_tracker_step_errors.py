@@ -41,8 +41,11 @@ def record(key: str) -> BatchRecord:
 
 
 def said(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
-    return [(r.getMessage().split(" (")[0], getattr(r, "error", "")) for r in caplog.records
-            if r.name == "llmbatch.dispatcher.runs.tracker" and "batch step" in r.getMessage()]
+    return [
+        (r.getMessage().split(" (")[0], getattr(r, "error", ""))
+        for r in caplog.records
+        if r.name == "llmbatch.dispatcher.runs.tracker" and "batch step" in r.getMessage()
+    ]
 
 
 async def test_a_permanent_error_is_said_once_per_batch_until_it_changes_or_heals(
@@ -63,8 +66,10 @@ async def test_a_permanent_error_is_said_once_per_batch_until_it_changes_or_heal
         errors["b"] = None
         await tracker._each([record("a"), record("b")], step)
         await tracker._each([record("a"), record("b")], step)
-    assert said(caplog)[2:] == [("batch step failed", "S3 answered 403: other"),
-                                ("batch step works again", "")]
+    assert said(caplog)[2:] == [
+        ("batch step failed", "S3 answered 403: other"),
+        ("batch step works again", ""),
+    ]
 
 
 async def test_batches_no_longer_stepped_are_forgotten(tracker: Tracker) -> None:

@@ -37,7 +37,10 @@ def test_the_check_finds_what_it_looks_for() -> None:
 
 
 def test_no_partial_match_in_the_product() -> None:
-    found = [f"{path.relative_to(ROOT)}:{line}"
-             for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))
-             for line in _partial_matches(path.read_text())]
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for line in _partial_matches(path.read_text())
+    ]
     assert not found, f"check whole strings with fullmatch: {found}"

@@ -88,8 +88,9 @@ def _refused(kafka: KafkaSettings, topic: str, exc: BaseException, action: str) 
     )
 
 
-_NOT_AUTHORIZED = frozenset({"TopicAuthorizationFailedError", "ClusterAuthorizationFailedError",
-                             "TransactionalIdAuthorizationFailed"})
+_NOT_AUTHORIZED = frozenset(
+    {"TopicAuthorizationFailedError", "ClusterAuthorizationFailedError", "TransactionalIdAuthorizationFailed"}
+)
 
 
 @dataclass(frozen=True, slots=True)

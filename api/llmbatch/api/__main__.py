@@ -55,8 +55,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", help="address to bind (default LLMBATCH_API__HOST, 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default LLMBATCH_API__PORT, 8080)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--hash-key", action="store_true",
-                   help="read an API key from stdin, print its SHA-256 hash (for LLMBATCH_API__KEYS), exit")
+    p.add_argument(
+        "--hash-key",
+        action="store_true",
+        help="read an API key from stdin, print its SHA-256 hash (for LLMBATCH_API__KEYS), exit",
+    )
     return p
 
 

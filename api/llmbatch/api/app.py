@@ -70,16 +70,36 @@ def build_services(
 ) -> Services:
     """Wire the services from their ports (real ones in :mod:`llmbatch.api.__main__`, fakes in tests)."""
     records = RecordStore(objects, Layout(input_bucket))
-    reader = BatchReader(records, state, objects, results_bucket=results_bucket,
-                         fallback_after_s=options.state_fallback_after_s, clock=clock)
+    reader = BatchReader(
+        records,
+        state,
+        objects,
+        results_bucket=results_bucket,
+        fallback_after_s=options.state_fallback_after_s,
+        clock=clock,
+    )
     return Services(
-        files=FileService(objects, records, reader, max_upload_bytes=options.max_upload_bytes,
-                          max_file_requests=options.max_file_requests,
-                          max_stored_bytes=options.max_stored_bytes, clock=clock),
-        batches=BatchService(reader, records.layout, publisher, requests_topic=requests_topic,
-                             source=options.source, default_window=options.default_completion_window,
-                             priority=options.priority, republish_after_s=options.republish_after_s,
-                             max_active=options.max_active_batches, clock=clock),
+        files=FileService(
+            objects,
+            records,
+            reader,
+            max_upload_bytes=options.max_upload_bytes,
+            max_file_requests=options.max_file_requests,
+            max_stored_bytes=options.max_stored_bytes,
+            clock=clock,
+        ),
+        batches=BatchService(
+            reader,
+            records.layout,
+            publisher,
+            requests_topic=requests_topic,
+            source=options.source,
+            default_window=options.default_completion_window,
+            priority=options.priority,
+            republish_after_s=options.republish_after_s,
+            max_active=options.max_active_batches,
+            clock=clock,
+        ),
         auth=Authenticator(options.keys),
         limiter=RateLimiter(options.rate_per_s, options.rate_burst, clock=monotonic),
         max_upload_bytes=options.max_upload_bytes,
@@ -149,8 +169,9 @@ def create_app(services: Services, *, on_close: Sequence[Callable[[], Awaitable[
                 except Exception:
                     log.warning("error while closing a connection", exc_info=True)
 
-    app = FastAPI(title="llmbatch OpenAI-compatible API", version="1", lifespan=lifespan,
-                  docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="llmbatch OpenAI-compatible API", version="1", lifespan=lifespan, docs_url=None, redoc_url=None
+    )
     app.add_middleware(BodyLimit, upload_bytes=services.max_upload_bytes, json_bytes=services.max_json_bytes)
     app.state.services = services
     _handlers(app)
@@ -164,19 +185,23 @@ def create_app(services: Services, *, on_close: Sequence[Callable[[], Awaitable[
         async with request.form(max_files=1, max_fields=8, max_part_size=64 << 10) as form:
             for name in form:
                 if name.startswith("expires_after"):
-                    raise InvalidRequest("expires_after is not supported: files stay until deleted",
-                                         param="expires_after")
+                    raise InvalidRequest(
+                        "expires_after is not supported: files stay until deleted", param="expires_after"
+                    )
                 if name not in FORM_FIELDS:
-                    raise InvalidRequest(f"unknown parameter {name[:40]!r}; send 'file' and 'purpose'",
-                                         param=name[:40])
+                    raise InvalidRequest(
+                        f"unknown parameter {name[:40]!r}; send 'file' and 'purpose'", param=name[:40]
+                    )
             purpose, upload = form.get("purpose"), form.get("file")
             if not isinstance(purpose, str) or not purpose:
                 raise InvalidRequest("purpose is required: send purpose=batch", param="purpose")
             if not isinstance(upload, UploadFile):
-                raise InvalidRequest("file is required: send the JSONL file as the multipart part 'file'",
-                                     param="file")
-            return await services.files.upload(who, filename=upload.filename, purpose=purpose,
-                                               source=upload.file)
+                raise InvalidRequest(
+                    "file is required: send the JSONL file as the multipart part 'file'", param="file"
+                )
+            return await services.files.upload(
+                who, filename=upload.filename, purpose=purpose, source=upload.file
+            )
 
     @app.get("/v1/files")
     async def list_files(
@@ -273,5 +298,9 @@ def _handlers(app: FastAPI) -> None:
 
 def _answer(error: ApiError, headers: Mapping[str, str] | None = None) -> Response:
     """OpenAI's error body (orjson) with the error's status and headers."""
-    return Response(orjson.dumps(error.body()), status_code=error.status, media_type="application/json",
-                    headers={**error.headers, **(headers or {})})
+    return Response(
+        orjson.dumps(error.body()),
+        status_code=error.status,
+        media_type="application/json",
+        headers={**error.headers, **(headers or {})},
+    )

@@ -78,8 +78,13 @@ class BatchService:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.reader = reader
-        self.active = ActiveBatches(reader.records, reader.state, limit=max_active,
-                                    unknown_after_s=reader.fallback_after_s, clock=clock)
+        self.active = ActiveBatches(
+            reader.records,
+            reader.state,
+            limit=max_active,
+            unknown_after_s=reader.fallback_after_s,
+            clock=clock,
+        )
         self.idempotency = idempotency.IdempotencyStore(reader.objects, layout)
         self.republish_after_s = republish_after_s
         self.records = reader.records
@@ -115,8 +120,10 @@ class BatchService:
                 await self.active.forget(tenant, stored.id)
             claim = claim or await self.idempotency.get(tenant, digest)
             if claim is None:
-                raise Conflict(f"a create with this {idempotency.HEADER} is in progress: retry",
-                               code="idempotency_key_in_use")
+                raise Conflict(
+                    f"a create with this {idempotency.HEADER} is in progress: retry",
+                    code="idempotency_key_in_use",
+                )
         if claim.request_sha256 != asked:
             raise idempotency.reused(claim)
         return await self._finish(claim.batch)
@@ -245,12 +252,20 @@ class BatchService:
             except Exception:  # the next read tries again; reading must not fail for it
                 log.warning("could not publish batch %s again", stored.id, exc_info=True)
                 continue
-            log.warning("batch %s: the dispatcher had not heard of it %.0f s after its create; its event "
-                        "was published again", stored.id, now - stored.created_at)
+            log.warning(
+                "batch %s: the dispatcher had not heard of it %.0f s after its create; its event "
+                "was published again",
+                stored.id,
+                now - stored.created_at,
+            )
 
     def _cancel_event(self, batch_id: str, tenant: str) -> Envelope[CancelRequest]:
-        request = CancelRequest(batch_id=batch_id, tenant=tenant, reason="cancelled through the HTTP API",
-                                requested_by=f"api:{tenant}")
+        request = CancelRequest(
+            batch_id=batch_id,
+            tenant=tenant,
+            reason="cancelled through the HTTP API",
+            requested_by=f"api:{tenant}",
+        )
         return Envelope.new(request, source=self.source)
 
     def _request_event(self, stored: StoredBatch) -> Envelope[BatchRequest]:
@@ -267,16 +282,21 @@ class BatchService:
         )
         # the record's id and source (another API replica's, maybe): the dispatcher's test of "the
         # same event again"; a new id would be answered as a duplicate batch id
-        return Envelope.new(request, source=stored.event_source or self.source, id=stored.event_id,
-                            time=datetime.fromtimestamp(stored.created_at, UTC))
+        return Envelope.new(
+            request,
+            source=stored.event_source or self.source,
+            id=stored.event_id,
+            time=datetime.fromtimestamp(stored.created_at, UTC),
+        )
 
     async def list(self, tenant: str, *, after: str | None, limit: int) -> ListPage[Batch]:
         """The tenant's batches, newest first (``limit`` 1-100, ``after`` a batch id)."""
         if not 1 <= limit <= MAX_BATCH_PAGE:
             raise InvalidRequest(f"limit must be between 1 and {MAX_BATCH_PAGE} (got {limit})", param="limit")
         if after is not None and not BATCH_ID.fullmatch(after):
-            raise InvalidRequest(f"after must be a batch id from an earlier page (got {after[:80]!r})",
-                                 param="after")
+            raise InvalidRequest(
+                f"after must be a batch id from an earlier page (got {after[:80]!r})", param="after"
+            )
         stored, has_more = await self.records.page("batches", StoredBatch, tenant, after=after, limit=limit)
         snapshots = await self.reader.many(stored)
         await self._publish_lost(snapshots)

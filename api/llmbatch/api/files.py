@@ -136,7 +136,8 @@ class FileService:
                 f"this file ({size} bytes) and the {used} bytes of files you keep are over your storage "
                 f"quota of {self.max_stored_bytes} bytes (LLMBATCH_API__MAX_STORED_BYTES): delete files "
                 "you no longer need (DELETE /v1/files/{id}) and upload again",
-                param="file", code="storage_quota_exceeded",
+                param="file",
+                code="storage_quota_exceeded",
             )
 
     async def get(self, tenant: str, file_id: str) -> FileObject:
@@ -144,8 +145,9 @@ class FileService:
             return _result_object(await self._result(tenant, file_id))
         return _file_object(await self._stored(tenant, file_id))
 
-    async def list(self, tenant: str, *, after: str | None, limit: int, order: str, purpose: str | None
-                   ) -> ListPage[FileObject]:
+    async def list(
+        self, tenant: str, *, after: str | None, limit: int, order: str, purpose: str | None
+    ) -> ListPage[FileObject]:
         """The tenant's files: ``purpose=batch`` its uploads (``order`` by creation: ``desc``, the
         default, or ``asc``), ``purpose=batch_output`` its batches' result files, and without a purpose
         both: the uploads, then the result files (one order for every page)."""
@@ -159,16 +161,18 @@ class FileService:
             uploads = await self.list(tenant, after=after, limit=limit, order=order, purpose="batch")
             if uploads.has_more:
                 return uploads
-            rest = await self._list_results(tenant, after=None, limit=limit - len(uploads.data) or 1,
-                                            order=order)
+            rest = await self._list_results(
+                tenant, after=None, limit=limit - len(uploads.data) or 1, order=order
+            )
             items = [*uploads.data, *rest.data][:limit]
             more = rest.has_more or len(uploads.data) + len(rest.data) > limit
             return ListPage[FileObject].of(items, has_more=more, ids=[f.id for f in items])
         if purpose is None and after is not None and after.startswith((OUTPUT_PREFIX, ERROR_PREFIX)):
             return await self._list_results(tenant, after=after, limit=limit, order=order)
         if after is not None and not FILE_ID.fullmatch(after):
-            raise InvalidRequest(f"after must be a file id from an earlier page (got {after[:80]!r})",
-                                 param="after")
+            raise InvalidRequest(
+                f"after must be a file id from an earlier page (got {after[:80]!r})", param="after"
+            )
         if purpose is not None and purpose != "batch":
             return ListPage[FileObject].of([], has_more=False, ids=[])
         if order == "desc":
@@ -180,8 +184,9 @@ class FileService:
         objects = [_file_object(s) for s in stored]
         return ListPage[FileObject].of(objects, has_more=has_more, ids=[o.id for o in objects])
 
-    async def _list_results(self, tenant: str, *, after: str | None, limit: int, order: str
-                            ) -> ListPage[FileObject]:
+    async def _list_results(
+        self, tenant: str, *, after: str | None, limit: int, order: str
+    ) -> ListPage[FileObject]:
         """The result files of the tenant's ended batches (``purpose=batch_output``), in the order of
         their batches' creation, a batch's output file before its error file."""
         after_batch, after_kind = None, None
@@ -189,12 +194,18 @@ class FileService:
             after_kind = "output" if after.startswith(OUTPUT_PREFIX) else "error"
             after_batch = after.removeprefix(OUTPUT_PREFIX if after_kind == "output" else ERROR_PREFIX)
             if not after.startswith((OUTPUT_PREFIX, ERROR_PREFIX)) or not BATCH_ID.fullmatch(after_batch):
-                raise InvalidRequest(f"after must be a result file id from an earlier page of purpose "
-                                     f"batch_output (got {after[:80]!r})", param="after")
+                raise InvalidRequest(
+                    f"after must be a result file id from an earlier page of purpose "
+                    f"batch_output (got {after[:80]!r})",
+                    param="after",
+                )
         found: builtins.list[FileObject] = []
         if after_kind == "output":  # the rest of that batch: its error file
-            found += [f for f in await self._results_of_ids(tenant, [after_batch or ""])
-                      if f.id.startswith(ERROR_PREFIX)]
+            found += [
+                f
+                for f in await self._results_of_ids(tenant, [after_batch or ""])
+                if f.id.startswith(ERROR_PREFIX)
+            ]
         async for chunk in self._batch_ids(tenant, order=order, after=after_batch):
             found += await self._results_of_ids(tenant, chunk)
             if len(found) > limit:
@@ -216,12 +227,15 @@ class FileService:
             yield ids
             cursor = ids[-1]
 
-    async def _results_of_ids(
-        self, tenant: str, batch_ids: Sequence[str]
-    ) -> builtins.list[FileObject]:
+    async def _results_of_ids(self, tenant: str, batch_ids: Sequence[str]) -> builtins.list[FileObject]:
         """The result files of those batches that have ended with some, in order."""
-        stored = [s for s in await asyncio.gather(
-            *(self.records.get("batches", StoredBatch, tenant, i) for i in batch_ids)) if s is not None]
+        stored = [
+            s
+            for s in await asyncio.gather(
+                *(self.records.get("batches", StoredBatch, tenant, i) for i in batch_ids)
+            )
+            if s is not None
+        ]
         out: builtins.list[FileObject] = []
         for snapshot in await self.batches.many(stored):
             for kind in ("output", "error"):
@@ -275,7 +289,8 @@ class FileService:
                     raise Conflict(
                         f"{stored.id} is the input of batch {batch_id}, which is {status}: delete the file "
                         "once the batch has ended, or cancel the batch first",
-                        param="file_id", code="file_in_use",
+                        param="file_id",
+                        code="file_in_use",
                     )
 
     async def content(self, tenant: str, file_id: str) -> tuple[FileObject, AsyncIterator[bytes]]:
@@ -319,8 +334,14 @@ class FileService:
             job_uris=(job.output_uris if kind == "output" else job.error_uris) if job is not None else None,
             manifest=snapshot.manifest,
         )
-        ended = next((t for t in (batch.completed_at, batch.failed_at, batch.expired_at, batch.cancelled_at)
-                      if t is not None), batch.created_at)
+        ended = next(
+            (
+                t
+                for t in (batch.completed_at, batch.failed_at, batch.expired_at, batch.cancelled_at)
+                if t is not None
+            ),
+            batch.created_at,
+        )
         try:
             return await results.describe(self.objects, snapshot.stored.id, kind, uris, float(ended))
         except ObjectMissing:
@@ -332,8 +353,13 @@ def _missing(file_id: str) -> NotFound:
 
 
 def _file_object(stored: StoredFile) -> FileObject:
-    return FileObject(id=stored.id, bytes=stored.bytes, created_at=int(stored.created_at),
-                      filename=stored.filename, purpose="batch")
+    return FileObject(
+        id=stored.id,
+        bytes=stored.bytes,
+        created_at=int(stored.created_at),
+        filename=stored.filename,
+        purpose="batch",
+    )
 
 
 def _result_object(result: results.ResultFile) -> FileObject:

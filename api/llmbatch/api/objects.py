@@ -125,8 +125,9 @@ class ListPage(BaseModel, Generic[T]):
     @classmethod
     def of(cls, items: list[T], *, has_more: bool, ids: list[str]) -> ListPage[T]:
         """A page of ``items`` whose ids are ``ids`` (same order)."""
-        return cls(data=items, first_id=ids[0] if ids else None, last_id=ids[-1] if ids else None,
-                   has_more=has_more)
+        return cls(
+            data=items, first_id=ids[0] if ids else None, last_id=ids[-1] if ids else None, has_more=has_more
+        )
 
 
 class OutputExpiresAfter(BaseModel):

@@ -189,7 +189,7 @@ class RecordStore:
         start = self.layout.record_key(tenant, kind, after) if after else None
         keys = await self.objects.list_keys(self.layout.bucket, folder, start_after=start, limit=limit)
         pattern = FILE_ID if kind == "files" else BATCH_ID
-        found = [key[len(folder):].removesuffix(".json") for key in keys if key.endswith(".json")]
+        found = [key[len(folder) :].removesuffix(".json") for key in keys if key.endswith(".json")]
         return [record_id for record_id in found if pattern.fullmatch(record_id)]
 
     async def ids_oldest_first(
@@ -213,7 +213,7 @@ class RecordStore:
         """The ids of up to ``limit`` batches created from ``file_id`` (newest first)."""
         folder = self.layout.uses_folder(tenant, file_id)
         keys = await self.objects.list_keys(self.layout.bucket, folder, limit=limit)
-        return [key[len(folder):] for key in keys if BATCH_ID.fullmatch(key[len(folder):])]
+        return [key[len(folder) :] for key in keys if BATCH_ID.fullmatch(key[len(folder) :])]
 
     async def add_active(self, tenant: str, batch_id: str) -> None:
         """Mark ``batch_id`` as one of the tenant's batches that may not have ended yet."""
@@ -225,7 +225,7 @@ class RecordStore:
         """The ids of up to ``limit`` batches marked active (newest first)."""
         folder = self.layout.active_folder(tenant)
         keys = await self.objects.list_keys(self.layout.bucket, folder, limit=limit)
-        return [key[len(folder):] for key in keys if BATCH_ID.fullmatch(key[len(folder):])]
+        return [key[len(folder) :] for key in keys if BATCH_ID.fullmatch(key[len(folder) :])]
 
     async def drop_active(self, tenant: str, batch_id: str) -> None:
         """Remove the active mark of ``batch_id`` (it ended, or its create failed)."""

@@ -43,7 +43,7 @@ async def find_manifest(
     folder = output_prefix(results_bucket, tenant, batch_id)
     _, prefix = split_uri(folder)
     keys = await objects.list_keys(results_bucket, prefix, limit=10_000)
-    found = [k for k in keys if k.endswith("/" + MANIFEST_NAME) and k[len(prefix):].count("/") <= 1]
+    found = [k for k in keys if k.endswith("/" + MANIFEST_NAME) and k[len(prefix) :].count("/") <= 1]
     if not found:
         return None
     try:

@@ -43,12 +43,14 @@ class ApiOptions(BaseModel):
         default=1_000_000, ge=1, description="Most request lines in one uploaded batch file."
     )
     max_active_batches: int = Field(
-        default=0, ge=0,
+        default=0,
+        ge=0,
         description="Batches each tenant may have under way at once through the API (0 = no limit); a "
         "create over it is 429 active_batch_quota_exceeded (create it once one has ended).",
     )
     max_stored_bytes: int = Field(
-        default=0, ge=0,
+        default=0,
+        ge=0,
         description="Bytes of uploaded files each tenant may keep (0 = no limit); an upload that would go "
         "over is 429 storage_quota_exceeded (delete files to make room).",
     )

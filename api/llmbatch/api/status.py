@@ -121,8 +121,9 @@ def to_batch(stored: StoredBatch, job: JobDetail | None, manifest: Manifest | No
     if manifest is not None and manifest.batch_id == stored.id:
         return _from_manifest(stored, manifest)
     cancelling_at = _ts(stored.cancel_requested_at)
-    return _base(stored, openai_status(None, cancel_requested=cancelling_at is not None),
-                 cancelling_at=cancelling_at)
+    return _base(
+        stored, openai_status(None, cancel_requested=cancelling_at is not None), cancelling_at=cancelling_at
+    )
 
 
 def _same_batch(stored: StoredBatch, job: JobDetail) -> bool:

@@ -101,7 +101,10 @@ class MinioObjectStore:
                 # minio-py's put_object sends no If-None-Match (it makes unknown headers user metadata):
                 # the client's signed request method does
                 self._client._execute(
-                    "PUT", bucket, key, body=data,
+                    "PUT",
+                    bucket,
+                    key,
+                    body=data,
                     headers={"If-None-Match": "*", "Content-Type": content_type},
                 )
             except S3Error as exc:
@@ -178,8 +181,10 @@ class MinioObjectStore:
     async def total_size(self, bucket: str, prefix: str) -> int:
         def run() -> int:
             try:
-                return sum(int(obj.size or 0) for obj in self._client.list_objects(
-                    bucket, prefix=prefix, recursive=True))
+                return sum(
+                    int(obj.size or 0)
+                    for obj in self._client.list_objects(bucket, prefix=prefix, recursive=True)
+                )
             except Exception as exc:
                 raise self._error(exc, f"listing s3://{bucket}/{prefix}") from exc
 

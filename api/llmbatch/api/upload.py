@@ -69,19 +69,34 @@ class _OneBatch:
         line, number = result.line, result.line_no
         model = line.body.get("model")
         if not isinstance(model, str):
-            return _error(Reason.MISSING_FIELD, "body.model", number, line.custom_id,
-                          "required in a batch file: every line names the model the batch runs on")
+            return _error(
+                Reason.MISSING_FIELD,
+                "body.model",
+                number,
+                line.custom_id,
+                "required in a batch file: every line names the model the batch runs on",
+            )
         if self.endpoint is None or self.model is None:
             self.endpoint, self.model, self.first_line = line.url, model, number
             return None
         if line.url != self.endpoint:
-            return _error(Reason.URL_MISMATCH, "url", number, line.custom_id,
-                          f"{line.url.value!r} differs from {self.endpoint.value!r} of line "
-                          f"{self.first_line}: every line of a batch file targets the same endpoint")
+            return _error(
+                Reason.URL_MISMATCH,
+                "url",
+                number,
+                line.custom_id,
+                f"{line.url.value!r} differs from {self.endpoint.value!r} of line "
+                f"{self.first_line}: every line of a batch file targets the same endpoint",
+            )
         if model != self.model:
-            return _error(Reason.MODEL_MISMATCH, "body.model", number, line.custom_id,
-                          f"{model!r} differs from {self.model!r} of line {self.first_line}: "
-                          "every line of a batch file names the same model")
+            return _error(
+                Reason.MODEL_MISMATCH,
+                "body.model",
+                number,
+                line.custom_id,
+                f"{model!r} differs from {self.model!r} of line {self.first_line}: "
+                "every line of a batch file names the same model",
+            )
         return None
 
 
@@ -119,8 +134,10 @@ def validate_batch_file(
                 [SchemaError(Reason.LIMIT_EXCEEDED, f"more than {max_requests} requests")],
             )
     if report.valid == 0 and report.invalid == 0:
-        raise InvalidInput("the file has no request lines (it is empty)",
-                           [SchemaError(Reason.EMPTY_INPUT, "the file has no request lines")])
+        raise InvalidInput(
+            "the file has no request lines (it is empty)",
+            [SchemaError(Reason.EMPTY_INPUT, "the file has no request lines")],
+        )
     if report.invalid:
         raise InvalidInput(report.summary(), report.errors, invalid_count=report.invalid)
     assert batch.endpoint is not None and batch.model is not None

@@ -85,8 +85,11 @@ def redis_acl(
     from llmbatch.dispatcher.domain.keys import Keys
     from llmbatch.dispatcher.security.redis_acl import ROLES, acl_lines
 
-    passwords = {r: os.environ[ACL_PASSWORD_ENV.format(r.upper())] for r in ROLES
-                 if os.environ.get(ACL_PASSWORD_ENV.format(r.upper()))}
+    passwords = {
+        r: os.environ[ACL_PASSWORD_ENV.format(r.upper())]
+        for r in ROLES
+        if os.environ.get(ACL_PASSWORD_ENV.format(r.upper()))
+    }
     if not passwords:
         names = ", ".join(ACL_PASSWORD_ENV.format(r.upper()) for r in ROLES)
         _fail(f"no password given: set one or more of {names}")
@@ -150,8 +153,10 @@ def kafka_acl(
             typer.echo(render(bindings))
         return
     if settings.kafka.security_protocol == "PLAINTEXT":
-        _fail("--apply needs the admin's credentials: set LLMBATCH_KAFKA__SECURITY_PROTOCOL (SASL_SSL or "
-              "SASL_PLAINTEXT), LLMBATCH_KAFKA__SASL_MECHANISM, _SASL_USERNAME and _SASL_PASSWORD")
+        _fail(
+            "--apply needs the admin's credentials: set LLMBATCH_KAFKA__SECURITY_PROTOCOL (SASL_SSL or "
+            "SASL_PLAINTEXT), LLMBATCH_KAFKA__SASL_MECHANISM, _SASL_USERNAME and _SASL_PASSWORD"
+        )
     _apply_kafka_acl(settings, bindings, as_json)
 
 
@@ -178,8 +183,11 @@ def _apply_kafka_acl(settings: DispatcherSettings, bindings: list[AclBinding], a
     except DispatcherError as exc:
         _fail(str(exc), code=1)
     if as_json:
-        typer.echo(orjson.dumps({"topics_created": topics, **report.model_dump()},
-                                option=orjson.OPT_INDENT_2).decode())
+        typer.echo(
+            orjson.dumps(
+                {"topics_created": topics, **report.model_dump()}, option=orjson.OPT_INDENT_2
+            ).decode()
+        )
         return
     if topics:
         typer.echo(f"created topic(s): {', '.join(topics)}")
@@ -227,20 +235,24 @@ def minio_tenant(
         _fail(str(exc))
     settings = _settings_or_exit()
     if not apply:
-        document = tenant_policy(tenant, input_buckets=settings.s3.readable_buckets(),
-                                 results_bucket=settings.s3.results_bucket)
+        document = tenant_policy(
+            tenant, input_buckets=settings.s3.readable_buckets(), results_bucket=settings.s3.results_bucket
+        )
         typer.echo(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode())
         return
     from llmbatch.dispatcher.errors import DispatcherError
 
     try:
-        report = apply_tenant_policy(settings.s3, tenant, user=user,
-                                     secret_key=os.environ.get(SECRET_ENV) or None)
+        report = apply_tenant_policy(
+            settings.s3, tenant, user=user, secret_key=os.environ.get(SECRET_ENV) or None
+        )
     except DispatcherError as exc:
         _fail(str(exc), code=1)
     created = "created" if report.user_created else "updated"
-    typer.echo(f"policy {report.policy} applied; user {report.user} {created}, its policies: "
-               f"{', '.join(report.policies_of_user) or '(none)'}")
+    typer.echo(
+        f"policy {report.policy} applied; user {report.user} {created}, its policies: "
+        f"{', '.join(report.policies_of_user) or '(none)'}"
+    )
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
@@ -252,9 +264,7 @@ def _warn_legacy_settings() -> None:
     """Model and engine settings moved into LLMBATCH_ENGINES__MODELS; the old names are ignored."""
     import os
 
-    legacy = sorted(
-        k for k in os.environ if k in _LEGACY_NAMES or k.startswith("LLMBATCH_JOB__ENGINE__")
-    )
+    legacy = sorted(k for k in os.environ if k in _LEGACY_NAMES or k.startswith("LLMBATCH_JOB__ENGINE__"))
     if legacy:
         typer.echo(
             f"warning: {', '.join(legacy)} no longer read: each model's path and engine settings are "

@@ -158,8 +158,10 @@ def classify(exc: BaseException, *, default: type[DispatcherError] = TransientEr
             if type(exc).__name__ in {"MessageSizeTooLargeError", "RecordTooLargeError"}:
                 return RecordTooLarge(message)
             if type(exc).__name__ in _NOT_AUTHORIZED:
-                return KafkaNotAuthorized(f"Kafka refused it ({message}): the user lacks an ACL; "
-                                          "`llmbatch dispatcher kafka-acl` lists each role's")
+                return KafkaNotAuthorized(
+                    f"Kafka refused it ({message}): the user lacks an ACL; "
+                    "`llmbatch dispatcher kafka-acl` lists each role's"
+                )
             if type(exc).__name__ in {"SaslAuthenticationFailed", "AuthenticationFailedError"}:
                 return KafkaAuthenticationFailed(message)
             if getattr(exc, "retriable", False) or type(exc).__name__ in {
@@ -185,7 +187,10 @@ def classify(exc: BaseException, *, default: type[DispatcherError] = TransientEr
     name = type(exc).__name__
     module = type(exc).__module__ or ""
     if module.startswith(("requests", "urllib3", "aiohttp")) and (
-        "Connection" in name or "Timeout" in name or "Protocol" in name or "Chunked" in name
+        "Connection" in name
+        or "Timeout" in name
+        or "Protocol" in name
+        or "Chunked" in name
         or name == "MaxRetryError"  # urllib3 gave up retrying (refused connections, repeated 5xx)
     ):
         return default(message)

@@ -81,8 +81,11 @@ class HealthServer:
             try:
                 line = await asyncio.wait_for(self._read_head(reader), HEAD_TIMEOUT_S)
             except HeadTooLarge:
-                await self._respond(writer, "GET", ("431 Request Header Fields Too Large", "text/plain",
-                                                    b"request head too large\n"))
+                await self._respond(
+                    writer,
+                    "GET",
+                    ("431 Request Header Fields Too Large", "text/plain", b"request head too large\n"),
+                )
                 # a short lingering read: closing with unread input would reset the connection and
                 # the client could lose the answer
                 with contextlib.suppress(Exception):

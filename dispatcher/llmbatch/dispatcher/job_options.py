@@ -66,7 +66,9 @@ class JobOptions(BaseModel):
         "Needs PASS_REDIS_URL. false: jobs read and write with their node's keys (every tenant's files).",
     )
     s3_session_s: int = Field(
-        default=43_200, ge=900, le=43_200,
+        default=43_200,
+        ge=900,
+        le=43_200,
         description="Lifetime of a Ray job attempt's S3 session (seconds, 900-43200), counted from its "
         "submission: an attempt still running past it has its reads and writes refused and fails "
         "(retriable; the next attempt resumes with a new session).",
@@ -93,7 +95,9 @@ class JobOptions(BaseModel):
     progress_interval_s: float = Field(default=2.0, gt=0, le=3600)
     shard_max_lines: int = Field(default=10_000, ge=1, description="Lines per result shard at most.")
     max_line_bytes: int = Field(
-        default=DEFAULT_MAX_LINE_BYTES, ge=1024, le=1 << 30,
+        default=DEFAULT_MAX_LINE_BYTES,
+        ge=1024,
+        le=1 << 30,
         description="Longest input line a job answers as a request; a longer one (a file without "
         "newlines, a huge prompt) becomes a line_too_large error line, read in bounded memory.",
     )

@@ -31,8 +31,12 @@ class _Kind:
 class RepeatLimiter(logging.Filter):
     """A handler filter: repeats of a library's warnings and errors at most once per ``every_s``."""
 
-    def __init__(self, loggers: tuple[str, ...] = LIBRARY_LOGGERS, every_s: float = EVERY_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        loggers: tuple[str, ...] = LIBRARY_LOGGERS,
+        every_s: float = EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__()
         self._prefixes = tuple(loggers)
         self._every = every_s

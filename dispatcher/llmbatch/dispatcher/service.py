@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
 def _no_crash(point: str) -> None:
     """Crash points pass unnoticed in production."""
 
@@ -71,8 +72,9 @@ class Dispatcher:
                 from llmbatch.dispatcher.backends.s3_sessions import JobSessions, SessionMinter
 
                 job_sessions = JobSessions(
-                    SessionMinter(settings.s3, duration_s=settings.job.s3_session_s,
-                                  role_arn=opts.runner_s3_role_arn),
+                    SessionMinter(
+                        settings.s3, duration_s=settings.job.s3_session_s, role_arn=opts.runner_s3_role_arn
+                    ),
                     self.store,
                 )
             backend = RayJobsBackend(settings, upload_spec=self.results.upload_spec, sessions=job_sessions)
@@ -83,8 +85,9 @@ class Dispatcher:
 
                 sessions = None
                 if opts.runner_s3_sessions:
-                    sessions = SessionMinter(settings.s3, duration_s=opts.runner_s3_session_s,
-                                             role_arn=opts.runner_s3_role_arn)
+                    sessions = SessionMinter(
+                        settings.s3, duration_s=opts.runner_s3_session_s, role_arn=opts.runner_s3_role_arn
+                    )
                 self.runner = RunnerClient.of(settings.ray, sessions=sessions)
                 backend = RoutedBackend(
                     backend,
@@ -97,7 +100,13 @@ class Dispatcher:
         self.producer = EventProducer(settings.kafka, self.metrics)
         self.consumer = RequestConsumer(settings, self.store, self.producer, self.metrics, crash=self.crash)
         self.tracker = Tracker(
-            settings, self.store, self.backend, self.results, self.producer, self.metrics, crash=self.crash,
+            settings,
+            self.store,
+            self.backend,
+            self.results,
+            self.producer,
+            self.metrics,
+            crash=self.crash,
             input_sizes=input_sizes,
         )
         self.consumer.on_accepted = self.tracker.wake
@@ -126,8 +135,10 @@ class Dispatcher:
         stalled = self.stalled_loops() if self._started else []
         if stalled != self._stalled:  # said once per change of state
             if stalled:
-                log.error("loop stalled: /livez fails", extra={
-                    "loops": stalled, "stall_timeout_s": self.settings.dispatcher.stall_timeout_s})
+                log.error(
+                    "loop stalled: /livez fails",
+                    extra={"loops": stalled, "stall_timeout_s": self.settings.dispatcher.stall_timeout_s},
+                )
             else:
                 log.info("loops moving again", extra={"loops": self._stalled})
             self._stalled = stalled
@@ -169,18 +180,26 @@ class Dispatcher:
             },
         )
         if self.settings.replay.key is None:
-            log.warning("LLMBATCH_REPLAY__KEY is not set: replay headers are honoured from any producer "
-                        "that may write the requests topic (they reopen failed batches)")
+            log.warning(
+                "LLMBATCH_REPLAY__KEY is not set: replay headers are honoured from any producer "
+                "that may write the requests topic (they reopen failed batches)"
+            )
         if not self.settings.tenants.keys:
-            log.warning("LLMBATCH_TENANTS__KEYS is not set: the tenant a request or cancel names is trusted "
-                        "from any producer that may write the requests topic")
+            log.warning(
+                "LLMBATCH_TENANTS__KEYS is not set: the tenant a request or cancel names is trusted "
+                "from any producer that may write the requests topic"
+            )
         else:
-            log.info("requests and cancels must be signed by their tenant",
-                     extra={"tenants": sorted(self.settings.tenants.keys)})
+            log.info(
+                "requests and cancels must be signed by their tenant",
+                extra={"tenants": sorted(self.settings.tenants.keys)},
+            )
         if self.settings.tenants.pools:
-            log.info("these tenants' jobs run only on their own worker pools (Ray resource "
-                     "llmbatch_tenant_<tenant>), never on the shared batch runner",
-                     extra={"tenants": self.settings.tenants.pools})
+            log.info(
+                "these tenants' jobs run only on their own worker pools (Ray resource "
+                "llmbatch_tenant_<tenant>), never on the shared batch runner",
+                extra={"tenants": self.settings.tenants.pools},
+            )
         if self.health is not None:
             await self.health.start()
         await self._until_ok("kafka producer", self.producer.start)
@@ -212,7 +231,9 @@ class Dispatcher:
                 log.warning(
                     "Redis runs with appendfsync %s: a crash of its host may lose the last second of "
                     "accepted batches (the reconcile pass takes them in again from the requests topic); "
-                    "run Redis with --appendfsync always for durable intake", policy)
+                    "run Redis with --appendfsync always for durable intake",
+                    policy,
+                )
 
     async def _reconcile(self) -> None:
         """Run the reconcile pass on the tracker leader: when it becomes leader, then every
@@ -271,8 +292,10 @@ class Dispatcher:
                 if asyncio.iscoroutine(result):
                     await result
                 if failures:
-                    log.info(f"{what} ready", extra={
-                        "down_s": round(time.monotonic() - since, 1), "tries": failures + 1})
+                    log.info(
+                        f"{what} ready",
+                        extra={"down_s": round(time.monotonic() - since, 1), "tries": failures + 1},
+                    )
                 return
             except DispatcherError as exc:
                 if not exc.retriable or self._stop.is_set():
@@ -282,12 +305,16 @@ class Dispatcher:
                 now = time.monotonic()
                 if failures == 1:
                     since = said = now
-                    log.warning(f"{what} not ready, retrying (repeats are not logged)",
-                                extra={"error": str(exc), "retry_in_s": round(delay, 1)})
+                    log.warning(
+                        f"{what} not ready, retrying (repeats are not logged)",
+                        extra={"error": str(exc), "retry_in_s": round(delay, 1)},
+                    )
                 elif now - said >= OUTAGE_LOG_EVERY_S:
                     said = now
-                    log.warning(f"{what} still not ready", extra={
-                        "error": str(exc), "down_s": round(now - since, 1), "tries": failures})
+                    log.warning(
+                        f"{what} still not ready",
+                        extra={"error": str(exc), "down_s": round(now - since, 1), "tries": failures},
+                    )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), delay)
                 if self._stop.is_set():

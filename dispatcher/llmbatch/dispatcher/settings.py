@@ -52,7 +52,9 @@ class DispatcherOptions(BaseModel):
         description="ce_source of the events the dispatcher publishes.",
     )
     max_in_flight: int | None = Field(
-        default=None, ge=1, le=10_000,
+        default=None,
+        ge=1,
+        le=10_000,
         description="Most batches launched at once (submitted/running/finalizing: a Ray job or a batch "
         f"runner run each). Unset: {OWN_ENGINE_IN_FLIGHT} with an engine per batch; {SHARED_IN_FLIGHT} with "
         "shared engines, where each model's replicas decide (admission by their capacity, the "
@@ -70,7 +72,9 @@ class DispatcherOptions(BaseModel):
     io_backoff_base_s: float = Field(default=0.2, gt=0, description="Retry delay of transient I/O errors.")
     io_backoff_max_s: float = Field(default=10.0, gt=0)
     record_max_attempts: int = Field(
-        default=3, ge=1, le=20,
+        default=3,
+        ge=1,
+        le=20,
         description="Attempts at processing one consumed record that fails for another reason than an "
         "outage (e.g. Redis out of memory, an unexpected error); then it is dead-lettered "
         "(processing_failed) and the consumer moves on. Outages (Redis or Kafka unreachable) are retried "
@@ -86,12 +90,16 @@ class DispatcherOptions(BaseModel):
         default=900.0, gt=0, description="A job PENDING this long is stopped and retried."
     )
     job_delete_settle_s: float = Field(
-        default=20.0, ge=0, le=3600,
+        default=20.0,
+        ge=0,
+        le=3600,
         description="How long after a batch's terminal event its Ray jobs are deleted from the head (Ray "
         "writes back a job deleted before its supervisor exited; such a job is deleted again later).",
     )
     job_delete_recheck_s: float = Field(
-        default=60.0, gt=0, le=86_400,
+        default=60.0,
+        gt=0,
+        le=86_400,
         description="How long after deleting a finished Ray job the head is asked for it again (deleted "
         "again if Ray wrote it back); also the wait before retrying a delete the head could not answer.",
     )
@@ -111,22 +119,30 @@ class DispatcherOptions(BaseModel):
     max_poll_interval_ms: int = Field(default=300_000, ge=1000)
     shutdown_timeout_s: float = Field(default=20.0, gt=0)
     stall_timeout_s: float = Field(
-        default=300.0, gt=0, le=86_400,
+        default=300.0,
+        gt=0,
+        le=86_400,
         description="/livez fails when the consumer or the tracker loop has not moved for this long (a "
         "hang; retrying through an outage counts as moving, so an outage does not restart the pod).",
     )
     reconcile_interval_s: float = Field(
-        default=600.0, ge=0, le=86_400,
+        default=600.0,
+        ge=0,
+        le=86_400,
         description="How often the tracker leader looks for accepted batches whose state Redis lost "
         "(and takes them in again from the requests topic), first when it becomes leader; 0 = never.",
     )
     reconcile_lookback_s: float = Field(
-        default=86_400.0, gt=0, le=30 * 86_400,
+        default=86_400.0,
+        gt=0,
+        le=30 * 86_400,
         description="How far back the reconcile pass reads the results topic for accepted batches.",
     )
     inline_limits: InlineLimits = InlineLimits()
     request_in_redis_max_bytes: int = Field(
-        default=16_384, ge=0, le=64 << 20,
+        default=16_384,
+        ge=0,
+        le=64 << 20,
         description="Request records up to this size are kept in Redis until the batch ends; larger ones "
         "(inline batches of many prompts) only by their coordinates, read back from the requests topic "
         "at launch, so Redis memory does not grow with prompt sizes. The requests topic's retention "
@@ -157,17 +173,22 @@ class DispatcherOptions(BaseModel):
         "a KubeRay RayService owns the Serve config).",
     )
     engine_wait_s: float = Field(
-        default=600.0, gt=0, le=86_400,
+        default=600.0,
+        gt=0,
+        le=86_400,
         description="With shared_engines: how long a batch waits for an engine (cold start included) "
         "before it fails with engine_unavailable.",
     )
     short_path_max_lines: int = Field(
-        default=256, ge=0, le=100_000,
+        default=256,
+        ge=0,
+        le=100_000,
         description="With shared_engines: batches of at most this many inline lines run on the batch "
         "runner (llmbatch.ray_job.runner, warm, no Ray job each); 0 runs every batch as a Ray job.",
     )
     short_path_max_bytes: int = Field(
-        default=1 << 20, ge=0,
+        default=1 << 20,
+        ge=0,
         description="With shared_engines: input files up to this size run on the batch runner too.",
     )
     runner_s3_sessions: bool = Field(
@@ -178,22 +199,29 @@ class DispatcherOptions(BaseModel):
         "node's keys (every tenant's files).",
     )
     runner_s3_session_s: int = Field(
-        default=3600, ge=900, le=43_200,
+        default=3600,
+        ge=900,
+        le=43_200,
         description="Lifetime of a runner batch's S3 session (seconds, 900-43200): keep it above the "
         "longest a runner batch takes (they are small: SHORT_PATH_MAX_LINES/BYTES); past it the batch's "
         "reads and writes are refused.",
     )
     runner_s3_role_arn: str | None = Field(
-        default=None, max_length=2048,
+        default=None,
+        max_length=2048,
         description="RoleArn of the AssumeRole calls (runner batches' and Ray jobs' S3 sessions), for S3 "
         "services that need one (AWS); MinIO needs none.",
     )
     short_path_max_runs: int = Field(
-        default=64, ge=1, le=10_000,
+        default=64,
+        ge=1,
+        le=10_000,
         description="Batches the runner runs at once; more wait in queued (retried submit).",
     )
     max_jobs_in_flight: int = Field(
-        default=8, ge=1, le=10_000,
+        default=8,
+        ge=1,
+        le=10_000,
         description="With shared_engines: batches launched as Ray jobs at once (those the short path "
         "does not take). Each job's driver holds ~160 MB on the head while it waits for the cluster "
         "to reserve its stages; more wait in queued. Short-path batches do not count.",
@@ -258,8 +286,11 @@ class DispatcherSettings(LLMBatchSettings):
         # and Jobs API show to anyone who can open them
         secrets = list(secret_values(self))
         for key, value in self.job.env_vars.items():
-            leaked = [where for where, secret in secrets
-                      if value == secret or (len(secret) >= 8 and secret in value)]
+            leaked = [
+                where
+                for where, secret in secrets
+                if value == secret or (len(secret) >= 8 and secret in value)
+            ]
             if leaked or SECRET_ENV_NAME.search(key):
                 what = f"the value of {leaked[0]}" if leaked else "a credential's name"
                 raise ValueError(
@@ -298,13 +329,21 @@ class DispatcherSettings(LLMBatchSettings):
         if not self.engines.models:
             return NO_MODEL_CONFIGURED
         if self.dispatcher.require_signed_events:
-            missing = [name for name, unset in (("LLMBATCH_TENANTS__KEYS", not self.tenants.keys),
-                                                ("LLMBATCH_REPLAY__KEY", self.replay.key is None)) if unset]
+            missing = [
+                name
+                for name, unset in (
+                    ("LLMBATCH_TENANTS__KEYS", not self.tenants.keys),
+                    ("LLMBATCH_REPLAY__KEY", self.replay.key is None),
+                )
+                if unset
+            ]
             if missing:
-                return (f"LLMBATCH_DISPATCHER__REQUIRE_SIGNED_EVENTS is on but {' and '.join(missing)} "
-                        f"{'is' if len(missing) == 1 else 'are'} not set: give the dispatcher "
-                        f"{'that key' if len(missing) == 1 else 'those keys'} (on Kubernetes the "
-                        "llmbatch-tenants and llmbatch-credentials Secrets), or turn the requirement off")
+                return (
+                    f"LLMBATCH_DISPATCHER__REQUIRE_SIGNED_EVENTS is on but {' and '.join(missing)} "
+                    f"{'is' if len(missing) == 1 else 'are'} not set: give the dispatcher "
+                    f"{'that key' if len(missing) == 1 else 'those keys'} (on Kubernetes the "
+                    "llmbatch-tenants and llmbatch-credentials Secrets), or turn the requirement off"
+                )
         return None
 
     def redacted(self) -> dict[str, object]:

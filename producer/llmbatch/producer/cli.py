@@ -286,8 +286,9 @@ def watch(
         start = parse_since(since)
         if start is None and batch_id is not None:
             start = utcnow() - timedelta(hours=24)
-        follow = _follow(client, batch_id, since=start, as_json=json_output, show_progress=True,
-                         tenant=tenant)
+        follow = _follow(
+            client, batch_id, since=start, as_json=json_output, show_progress=True, tenant=tenant
+        )
         try:
             return await asyncio.wait_for(follow, timeout)
         except TIMEOUT_ERRORS:

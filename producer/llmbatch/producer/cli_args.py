@@ -67,13 +67,13 @@ def parse_since(value: str | None) -> datetime | None:
     """``--since``: 30m, 2h, 1d ago, or a time."""
     if value is None:
         return None
-    return _time("--since", value, past=True,
-                 how="use a duration such as 30m, 2h, 1d or an RFC 3339 time")
+    return _time("--since", value, past=True, how="use a duration such as 30m, 2h, 1d or an RFC 3339 time")
 
 
 def parse_deadline(value: str | None) -> datetime | None:
     """``--deadline``: a time, or a duration from now."""
     if value is None:
         return None
-    return _time("--deadline", value, past=False,
-                 how="use an RFC 3339 time with offset or a duration like 2h")
+    return _time(
+        "--deadline", value, past=False, how="use an RFC 3339 time with offset or a duration like 2h"
+    )

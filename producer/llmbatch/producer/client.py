@@ -128,7 +128,10 @@ class BatchHandle:
         (see :meth:`BatchClient.wait`)."""
         client = self._need_client()
         return await client.wait(
-            self.batch_id, timeout, since=client.follow_start(self.submitted_at), request_id=self.event_id,
+            self.batch_id,
+            timeout,
+            since=client.follow_start(self.submitted_at),
+            request_id=self.event_id,
             tenant=self.tenant,
         )
 
@@ -136,7 +139,9 @@ class BatchHandle:
         """This batch's events since submission."""
         client = self._need_client()
         return client.events(
-            self.batch_id, since=client.follow_start(self.submitted_at), stop_at_terminal=stop_at_terminal,
+            self.batch_id,
+            since=client.follow_start(self.submitted_at),
+            stop_at_terminal=stop_at_terminal,
             tenant=self.tenant,
         )
 
@@ -402,4 +407,3 @@ class BatchClient:
     async def ensure_buckets(self) -> None:
         """Create the input and results buckets if missing (local stacks, tests)."""
         await asyncio.to_thread(storage.ensure_buckets, self.s3, self.settings.s3)
-

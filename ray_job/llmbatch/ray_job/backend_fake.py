@@ -74,8 +74,11 @@ def fake_generation(request: GenRequest) -> Generation:
     """The deterministic answer to one request."""
     if "pooling" in request.sampling:
         dims = int(request.sampling["pooling"].get("dimensions") or FAKE_EMBEDDING_DIMENSIONS)
-        return Generation(request.key, prompt_tokens=len(request.prompt_token_ids),
-                          embedding=fake_embedding(request.prompt_token_ids, dims))
+        return Generation(
+            request.key,
+            prompt_tokens=len(request.prompt_token_ids),
+            embedding=fake_embedding(request.prompt_token_ids, dims),
+        )
     words = [w for w in request.prompt_text.split() if not (w.startswith("<") and w.endswith(">"))]
     reply = ["fake", "reply", "to:", *words[-6:]]
     limit = int(request.sampling.get("max_tokens") or len(reply))

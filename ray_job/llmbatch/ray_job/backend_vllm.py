@@ -88,8 +88,9 @@ class VllmBackend:
             param = getattr(exc, "parameter", None)
             if structured is not None and param is None and is_structured_outputs_error(exc):
                 # the schema did not compile (xgrammar): that line's own mistake, named as OpenAI would
-                raise RequestRejected(f"response_format: {text}", code=INVALID_RESPONSE_FORMAT,
-                                      param="response_format") from exc
+                raise RequestRejected(
+                    f"response_format: {text}", code=INVALID_RESPONSE_FORMAT, param="response_format"
+                ) from exc
             if param is None and pooling and "dimensions" in pooling and "dimension" in text.lower():
                 param = "dimensions"  # a model that cannot cut its vectors short
             if code:
@@ -142,8 +143,11 @@ def is_structured_outputs_error(exc: BaseException) -> bool:
 
 def _generation(key: str, output: Any, top_k: int) -> Generation:
     if not isinstance(output.outputs, list):  # a PoolingRequestOutput: one vector
-        return Generation(key, prompt_tokens=len(output.prompt_token_ids or []),
-                          embedding=[float(x) for x in output.outputs.data.tolist()])
+        return Generation(
+            key,
+            prompt_tokens=len(output.prompt_token_ids or []),
+            embedding=[float(x) for x in output.outputs.data.tolist()],
+        )
     completion = output.outputs[0]
     prompt_tokens = len(output.prompt_token_ids or [])
     if completion.finish_reason == "abort":

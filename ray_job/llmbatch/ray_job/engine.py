@@ -39,8 +39,9 @@ class Engine(Protocol):
     engine_start_s: float
     ready_at: float
 
-    def generate(self, requests: list[GenRequest], *, group: str = "",
-                 priority: int = DEFAULT_PRIORITY) -> list[Generation]:
+    def generate(
+        self, requests: list[GenRequest], *, group: str = "", priority: int = DEFAULT_PRIORITY
+    ) -> list[Generation]:
         """Results in the order of ``requests``; ``group`` and ``priority`` as in
         :meth:`EngineRunner.generate`."""
 
@@ -57,8 +58,9 @@ class LocalEngine:
         self.default_max_tokens = backend.default_max_tokens
         self._runner = EngineRunner(backend)
 
-    def generate(self, requests: list[GenRequest], *, group: str = "",
-                 priority: int = DEFAULT_PRIORITY) -> list[Generation]:
+    def generate(
+        self, requests: list[GenRequest], *, group: str = "", priority: int = DEFAULT_PRIORITY
+    ) -> list[Generation]:
         return self._runner.generate(requests, group=group, priority=priority)
 
 
@@ -69,9 +71,19 @@ class EngineStage:
     the model's shared, warm engine; without it the stage starts an engine of its own.
     """
 
-    def __init__(self, *, model_path: str, engine: str, endpoint: str, batch_id: str, model: str,
-                 engine_app: str | None = None, engine_wait_s: float = 600.0, group: str = "",
-                 priority: int = DEFAULT_PRIORITY) -> None:
+    def __init__(
+        self,
+        *,
+        model_path: str,
+        engine: str,
+        endpoint: str,
+        batch_id: str,
+        model: str,
+        engine_app: str | None = None,
+        engine_wait_s: float = 600.0,
+        group: str = "",
+        priority: int = DEFAULT_PRIORITY,
+    ) -> None:
         self._engine: Engine
         if engine_app is not None:
             from llmbatch.ray_job.serve_engine import ServeEngine
@@ -88,8 +100,16 @@ class EngineStage:
         self._priority = priority
 
     @classmethod
-    def on(cls, engine: Engine, *, endpoint: str, batch_id: str, model: str, group: str = "",
-           priority: int = DEFAULT_PRIORITY) -> EngineStage:
+    def on(
+        cls,
+        engine: Engine,
+        *,
+        endpoint: str,
+        batch_id: str,
+        model: str,
+        group: str = "",
+        priority: int = DEFAULT_PRIORITY,
+    ) -> EngineStage:
         """A stage running on an engine that already exists (the batch runner's warm engines)."""
         stage = cls.__new__(cls)
         stage._engine = engine

@@ -14,8 +14,14 @@ from pathlib import Path
 _TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 
 
-def engine_env(cache_dir: str | Path, *, cpu: bool = True, omp_threads_bind: str | None = None,
-               kv_cache_gib: int = 1, preload: bool = True) -> dict[str, str]:
+def engine_env(
+    cache_dir: str | Path,
+    *,
+    cpu: bool = True,
+    omp_threads_bind: str | None = None,
+    kv_cache_gib: int = 1,
+    preload: bool = True,
+) -> dict[str, str]:
     """Environment for a process that builds ``vllm.LLM``.
 
     ``omp_threads_bind`` (``VLLM_CPU_OMP_THREADS_BIND``) pins OpenMP threads, e.g. ``"0-1"``: about

@@ -118,11 +118,16 @@ class EngineRunner:
 
     def stats(self) -> RunnerStats:
         """A snapshot (read without stopping the engine thread: counts may be a step old)."""
-        return RunnerStats(queued=len(self._queue), active=len(self._active),
-                           preempted=self._preempted, finished=self._finished)
+        return RunnerStats(
+            queued=len(self._queue),
+            active=len(self._active),
+            preempted=self._preempted,
+            finished=self._finished,
+        )
 
-    def generate(self, requests: list[GenRequest], *, group: str = "",
-                 priority: int = DEFAULT_PRIORITY) -> list[Generation]:
+    def generate(
+        self, requests: list[GenRequest], *, group: str = "", priority: int = DEFAULT_PRIORITY
+    ) -> list[Generation]:
         """Run ``requests`` (keys unique across calls in flight); results in the same order.
 
         ``group`` names the batch the requests belong to (batches share the engine fairly; by

@@ -71,8 +71,9 @@ def summarize_metrics(texts: list[str]) -> dict[str, ModelFigures]:
 
 
 def _samples(text: str) -> list[tuple[str, dict[str, str], float]]:
-    lines = "\n".join(ln for ln in text.splitlines() if ln.startswith(PREFIX) or
-                      (ln.startswith("# ") and PREFIX in ln))
+    lines = "\n".join(
+        ln for ln in text.splitlines() if ln.startswith(PREFIX) or (ln.startswith("# ") and PREFIX in ln)
+    )
     out = []
     try:
         for family in text_string_to_metric_families(lines + "\n"):

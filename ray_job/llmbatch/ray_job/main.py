@@ -200,8 +200,13 @@ class Attempt:
             waited = reservation.wait(pipeline.WAIT_FOR_ACTORS_S)
             log.info("stages reserved %s after %.1f s", reservation.bundle, waited)
             placement = reservation.remote_args()
-        ds = pipeline.build(self.spec, self.prior.done_shards, input_path=input_path, placement=placement,
-                            session=self.session)
+        ds = pipeline.build(
+            self.spec,
+            self.prior.done_shards,
+            input_path=input_path,
+            placement=placement,
+            session=self.session,
+        )
         for table in ds.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=1):
             self.consume(rows.from_table(table))
             for writer in self.writers.values():
@@ -254,9 +259,15 @@ class Attempt:
         )
         out_lines = sum(i.lines for i in self.writers["output"].shards) if "output" in self.writers else 0
         err_lines = sum(i.lines for i in self.writers["error"].shards) if "error" in self.writers else 0
-        status, error = settle(status, error, intact=intact, resumed=bool(self.prior.shards),
-                               output_lines=out_lines, error_lines=err_lines,
-                               invalid_lines=self.invalid_lines)
+        status, error = settle(
+            status,
+            error,
+            intact=intact,
+            resumed=bool(self.prior.shards),
+            output_lines=out_lines,
+            error_lines=err_lines,
+            invalid_lines=self.invalid_lines,
+        )
         record = AttemptRecord(
             attempt=self.spec.attempt,
             submission_id=self.spec.submission_id,
@@ -342,8 +353,11 @@ class Attempt:
             if self.stop_reason:
                 # the stop (deadline, SIGTERM) arrived inside a library call (ray.init, Ray Data's
                 # executor), which turned our StopRequested into an error of its own
-                log.warning("stopping early (%s), surfaced as %s: keeping what finished",
-                            self.stop_reason, type(exc).__name__)
+                log.warning(
+                    "stopping early (%s), surfaced as %s: keeping what finished",
+                    self.stop_reason,
+                    type(exc).__name__,
+                )
                 error = stop_error(self.stop_reason)
             else:
                 log.exception("the attempt failed")

@@ -82,8 +82,9 @@ class MemoryPeak:
     ``every_s`` by one thread); ``sample=None`` samples nothing (a batch run in a shared process has
     no memory of its own)."""
 
-    def __init__(self, every_s: float = SAMPLE_EVERY_S,
-                 sample: Callable[[], MemoryUse | None] | None = read_memory) -> None:
+    def __init__(
+        self, every_s: float = SAMPLE_EVERY_S, sample: Callable[[], MemoryUse | None] | None = read_memory
+    ) -> None:
         self._every = every_s
         self._sample = sample
         self._stop = threading.Event()

@@ -28,8 +28,16 @@ def emit_result(result: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def settle(status: Status, error: ErrorObject | None, *, intact: bool, resumed: bool, output_lines: int,
-           error_lines: int, invalid_lines: int) -> tuple[Status, ErrorObject | None]:
+def settle(
+    status: Status,
+    error: ErrorObject | None,
+    *,
+    intact: bool,
+    resumed: bool,
+    output_lines: int,
+    error_lines: int,
+    invalid_lines: int,
+) -> tuple[Status, ErrorObject | None]:
     """The attempt's final status and error. A ``completed`` attempt whose shards or manifest were not
     all written is ``partial`` (retried); one where no line was a valid request (every line written
     to the error file was invalid, nothing resumed) is ``failed`` with ``input_invalid``, as OpenAI's
@@ -39,9 +47,15 @@ def settle(status: Status, error: ErrorObject | None, *, intact: bool, resumed: 
     nothing_valid = not resumed and output_lines == 0 and error_lines == invalid_lines
     if status == "completed" and nothing_valid:
         status = "failed"
-        error = ErrorObject(code="input_invalid", message=(
-            f"none of the {error_lines} input lines is a valid request: the error file names each "
-            "line's problem" if error_lines else "the input has no request lines (empty file)"))
+        error = ErrorObject(
+            code="input_invalid",
+            message=(
+                f"none of the {error_lines} input lines is a valid request: the error file names each "
+                "line's problem"
+                if error_lines
+                else "the input has no request lines (empty file)"
+            ),
+        )
     return status, error
 
 
@@ -52,8 +66,10 @@ SUPERSEDED = "superseded"
 def stop_error(reason: str) -> ErrorObject:
     """The error of an attempt stopped early for ``reason`` (deadline, superseded, a signal's name)."""
     if reason == SUPERSEDED:
-        return ErrorObject(code=SupersededError.code, message="a later attempt of the batch started "
-                           "or the batch ended: this attempt stopped")
+        return ErrorObject(
+            code=SupersededError.code,
+            message="a later attempt of the batch started or the batch ended: this attempt stopped",
+        )
     code_name = "deadline_exceeded" if reason == "deadline" else "stopped"
     return ErrorObject(code=code_name, message=f"the attempt was stopped early ({reason})")
 

@@ -32,8 +32,9 @@ class DoneKeys:
 
     __slots__ = ("_index",)
 
-    def __init__(self, custom_ids: Iterable[str] = (), lines: Iterable[int] = (), *,
-                 memory_limit: int = MEMORY_LIMIT) -> None:
+    def __init__(
+        self, custom_ids: Iterable[str] = (), lines: Iterable[int] = (), *, memory_limit: int = MEMORY_LIMIT
+    ) -> None:
         self._index = CustomIdIndex(memory_limit)
         for custom_id in custom_ids:
             self.add_custom_id(custom_id)

@@ -100,8 +100,9 @@ def rebatch(ds: Dataset, rows: int, resources: dict[str, Any] | None = None) -> 
         return ds.repartition(target_num_rows_per_block=rows)
 
 
-def source_of(spec: JobSpec, done_shards: Sequence[str], *, input_path: str | None,
-              session: S3Session | None = None) -> Source:
+def source_of(
+    spec: JobSpec, done_shards: Sequence[str], *, input_path: str | None, session: S3Session | None = None
+) -> Source:
     """What the reader reads for ``spec``: the input file or the inline requests, minus done lines
     (with ``session``'s keys, the attempt's own, when given)."""
     inline = b"".join(line.to_jsonl() for line in spec.requests) if spec.requests is not None else None
@@ -131,8 +132,14 @@ def stage_requests(spec: JobSpec) -> list[dict[str, Any]]:
     return [spec.stage_resources(cpus) for cpus in slots]
 
 
-def build(spec: JobSpec, done_shards: Sequence[str], *, input_path: str | None,
-          placement: dict[str, Any] | None = None, session: S3Session | None = None) -> Dataset:
+def build(
+    spec: JobSpec,
+    done_shards: Sequence[str],
+    *,
+    input_path: str | None,
+    placement: dict[str, Any] | None = None,
+    session: S3Session | None = None,
+) -> Dataset:
     """The dataset of finished rows (``output`` / ``error``) for the lines still to do (those the
     shards at ``done_shards`` answer are skipped). ``placement``: remote args that put every task
     and actor inside the job's reservation (:meth:`llmbatch.ray_job.reservation.Reservation.remote_args`;

@@ -65,8 +65,14 @@ class Progress:
     """Thread-safe counters plus the periodic writer."""
 
     def __init__(
-        self, redis_url: str | None, key: str | None, *, attempt: int, interval_s: float,
-        base: Counters | None, on_superseded: Callable[[], None] | None = None,
+        self,
+        redis_url: str | None,
+        key: str | None,
+        *,
+        attempt: int,
+        interval_s: float,
+        base: Counters | None,
+        on_superseded: Callable[[], None] | None = None,
     ) -> None:
         self.counters = base or Counters()
         self._known = base is not None  # False: heartbeats only, until set_base
@@ -166,8 +172,11 @@ class Progress:
     def _superseded(self, current: int | None = None) -> None:
         if not self.superseded:
             self.superseded = True
-            log.warning("a later attempt (%s) of this batch started or the batch ended: attempt %d "
-                        "stops", current or "?", self._attempt)
+            log.warning(
+                "a later attempt (%s) of this batch started or the batch ended: attempt %d stops",
+                current or "?",
+                self._attempt,
+            )
             if self._on_superseded is not None:
                 self._on_superseded()
 

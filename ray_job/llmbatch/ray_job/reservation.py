@@ -73,8 +73,11 @@ class Reservation:
         """What each stage adds to its Ray remote args to run inside the reservation."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
-            self.group, placement_group_capture_child_tasks=True)}
+        return {
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                self.group, placement_group_capture_child_tasks=True
+            )
+        }
 
     def release(self) -> None:
         """Give the resources back (the driver's exit does too: the group belongs to its job)."""

@@ -173,8 +173,11 @@ def scan(fs: pafs.FileSystem, prefix_path: str) -> Prior:
             answers = ShardKeys()
             summarize(fs, shard, answers)
             if any(map(taken.has_custom_id, answers.custom_ids)) or any(map(taken.has_line, answers.lines)):
-                log.warning("shard %s answers requests an earlier shard answers: left out (a stale "
-                            "attempt's); its other lines run again", shard.path)
+                log.warning(
+                    "shard %s answers requests an earlier shard answers: left out (a stale "
+                    "attempt's); its other lines run again",
+                    shard.path,
+                )
                 prior.skipped.append(shard)
                 continue
             for custom_id in answers.custom_ids:

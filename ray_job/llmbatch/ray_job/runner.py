@@ -76,8 +76,15 @@ KEEP_FINISHED_S = 3600.0
 class RunnerAttempt(Attempt):
     """An attempt run in a thread of the runner: no signals, no Ray Data, a warm engine."""
 
-    def __init__(self, spec: JobSpec, *, tokenizer: Callable[[], Tokenizer], keep_text: bool,
-                 engine: Callable[[], Engine], s3_session: S3Session | None = None) -> None:
+    def __init__(
+        self,
+        spec: JobSpec,
+        *,
+        tokenizer: Callable[[], Tokenizer],
+        keep_text: bool,
+        engine: Callable[[], Engine],
+        s3_session: S3Session | None = None,
+    ) -> None:
         super().__init__(spec, utcnow(), session=s3_session)  # the batch's own keys, else the node's
         # the runner's process is every run's: no figure of its own
         self.memory_peak = MemoryPeak(sample=None)
@@ -114,8 +121,14 @@ class RunnerAttempt(Attempt):
     def _run_pipeline(self, input_path: str | None) -> None:
         spec = self.spec
         tokenizer = self._tokenizer()
-        stage = EngineStage.on(self._engine(), endpoint=spec.endpoint.value, batch_id=spec.batch_id,
-                               model=spec.model, group=spec.engine_group, priority=spec.priority)
+        stage = EngineStage.on(
+            self._engine(),
+            endpoint=spec.endpoint.value,
+            batch_id=spec.batch_id,
+            model=spec.model,
+            group=spec.engine_group,
+            priority=spec.priority,
+        )
         source = source_of(spec, self.prior.done_shards, input_path=input_path)
         in_flight = max(1, spec.engine.batches_in_flight)
         pool = ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix=f"run-{spec.batch_id}"[:40])
@@ -123,8 +136,9 @@ class RunnerAttempt(Attempt):
         try:
             for block in iter_blocks(source, self.fs):
                 self._check_stop()
-                prompted = build_rows(tokenizer, spec.endpoint, block, batch_id=spec.batch_id,
-                                      keep_text=self._keep_text)
+                prompted = build_rows(
+                    tokenizer, spec.endpoint, block, batch_id=spec.batch_id, keep_text=self._keep_text
+                )
                 pending.append(pool.submit(stage.process, prompted))
                 while len(pending) >= in_flight:
                     self._take(pending.popleft())
@@ -157,8 +171,9 @@ class WarmEngine:
         self.engine_start_s = waited_s
         self.ready_at = time.time()
 
-    def generate(self, requests: list[GenRequest], *, group: str = "",
-                 priority: int = DEFAULT_PRIORITY) -> list[Generation]:
+    def generate(
+        self, requests: list[GenRequest], *, group: str = "", priority: int = DEFAULT_PRIORITY
+    ) -> list[Generation]:
         return self._engine.generate(requests, group=group, priority=priority)
 
 
@@ -175,9 +190,14 @@ class Run:
     end_time: float | None = None
 
     def view(self) -> dict[str, Any]:
-        return {"submission_id": self.spec.submission_id, "status": self.state,
-                "driver_exit_code": self.exit_code, "message": self.message,
-                "start_time": self.start_time, "end_time": self.end_time}
+        return {
+            "submission_id": self.spec.submission_id,
+            "status": self.state,
+            "driver_exit_code": self.exit_code,
+            "message": self.message,
+            "start_time": self.start_time,
+            "end_time": self.end_time,
+        }
 
 
 class BatchRunner:
@@ -225,10 +245,12 @@ class BatchRunner:
         if spec.engine_app is None:
             return 400, {"error": "engine_app: the batch runner only runs batches on a shared engine"}
         if session is None and node_secrets.is_withheld(node_secrets.S3_ACCESS_KEY):
-            return 400, {"error": "s3_session: this batch runner was deployed to run batches with S3 keys "
-                                  "of their own and has none of its node's; set "
-                                  "LLMBATCH_DISPATCHER__RUNNER_S3_SESSIONS alike on every dispatcher "
-                                  "(the one that submitted this has it false)"}
+            return 400, {
+                "error": "s3_session: this batch runner was deployed to run batches with S3 keys "
+                "of their own and has none of its node's; set "
+                "LLMBATCH_DISPATCHER__RUNNER_S3_SESSIONS alike on every dispatcher "
+                "(the one that submitted this has it false)"
+            }
         with self._lock:
             self._prune()
             if spec.submission_id in self._runs:
@@ -237,12 +259,18 @@ class BatchRunner:
             if active >= self.max_runs:
                 return 429, {"error": f"the runner runs {active} batches already (max_runs)"}
             fake = spec.engine.backend == "fake"
-            attempt = RunnerAttempt(spec, tokenizer=lambda: self._tokenizer(spec), keep_text=fake,
-                                    engine=lambda: self._engine(spec), s3_session=session)
+            attempt = RunnerAttempt(
+                spec,
+                tokenizer=lambda: self._tokenizer(spec),
+                keep_text=fake,
+                engine=lambda: self._engine(spec),
+                s3_session=session,
+            )
             run = Run(spec, attempt)
             self._runs[spec.submission_id] = run
-        threading.Thread(target=self._execute, args=(run,), name=f"run-{spec.submission_id}"[:60],
-                         daemon=True).start()
+        threading.Thread(
+            target=self._execute, args=(run,), name=f"run-{spec.submission_id}"[:60], daemon=True
+        ).start()
         return 202, {"submission_id": spec.submission_id, "already_existed": False}
 
     def status(self, submission_id: str) -> tuple[int, dict[str, Any]]:
@@ -310,8 +338,9 @@ class BatchRunner:
     def _tokenizer(self, spec: JobSpec) -> Tokenizer:
         fake = spec.engine.backend == "fake"
         key = ("fake", "") if fake else ("hf", spec.model_path or spec.model)
-        tok: Tokenizer = self._once(self._tokenizers, key,
-                                    lambda: WhitespaceTokenizer() if fake else HFTokenizer(key[1]))
+        tok: Tokenizer = self._once(
+            self._tokenizers, key, lambda: WhitespaceTokenizer() if fake else HFTokenizer(key[1])
+        )
         return tok
 
     def _engine(self, spec: JobSpec) -> Engine:
@@ -346,20 +375,23 @@ def engine_figures(timeout_s: float = 5.0) -> dict[str, dict[str, Any]]:
     return {model: f.as_dict() for model, f in summarize_metrics(texts).items()}
 
 
-def serve_application(*, max_runs: int, env_vars: dict[str, str] | None = None,
-                      num_cpus: float = 0.2) -> dict[str, Any]:
+def serve_application(
+    *, max_runs: int, env_vars: dict[str, str] | None = None, num_cpus: float = 0.2
+) -> dict[str, Any]:
     """The runner's entry in a Serve config (HTTP route :data:`ROUTE_PREFIX`, one replica)."""
     app: dict[str, Any] = {
         "name": APP_NAME,
         "route_prefix": ROUTE_PREFIX,
         "import_path": IMPORT_PATH,
         "args": {"max_runs": max_runs},
-        "deployments": [{
-            "name": DEPLOYMENT,
-            "num_replicas": 1,
-            "max_ongoing_requests": 256,
-            "ray_actor_options": {"num_cpus": num_cpus},
-        }],
+        "deployments": [
+            {
+                "name": DEPLOYMENT,
+                "num_replicas": 1,
+                "max_ongoing_requests": 256,
+                "ray_actor_options": {"num_cpus": num_cpus},
+            }
+        ],
         # the dispatcher polls every run about once a second: no access-log line per poll
         "logging_config": {"enable_access_log": False},
     }

@@ -26,7 +26,7 @@ def route(method: str, path: str) -> tuple[str, str | None]:
         return "statuses", None
     if "runs" not in parts:
         return "", None
-    rest = parts[len(parts) - parts[::-1].index("runs"):]
+    rest = parts[len(parts) - parts[::-1].index("runs") :]
     if method == "POST" and not rest:
         return "submit", None
     if method == "GET" and len(rest) == 1:
@@ -46,8 +46,7 @@ def parse_status_ids(raw: bytes) -> list[str]:
     if not isinstance(ids, list) or not all(isinstance(i, str) and 0 < len(i) <= 256 for i in ids):
         raise ValueError("submission_ids: give a list of submission ids (strings of 1-256 characters)")
     if len(ids) > MAX_STATUS_IDS:
-        raise ValueError(f"submission_ids: at most {MAX_STATUS_IDS} per request, got {len(ids)}; "
-                         "split them")
+        raise ValueError(f"submission_ids: at most {MAX_STATUS_IDS} per request, got {len(ids)}; split them")
     return ids
 
 
@@ -63,6 +62,8 @@ def parse_submission(raw: bytes) -> RunnerSubmission:
             return RunnerSubmission.model_validate(data)
         return RunnerSubmission(spec=JobSpec.model_validate(data))
     except ValidationError as exc:
-        where = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}"
-                          for e in exc.errors(include_input=False, include_url=False))
+        where = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}"
+            for e in exc.errors(include_input=False, include_url=False)
+        )
         raise ValueError(f"invalid job spec: {where}") from None

@@ -52,14 +52,19 @@ def filesystem(session: S3Session | None = None) -> pafs.S3FileSystem:
     if ca_file and url and url.startswith("https://"):
         kwargs["tls_ca_file_path"] = ca_file
     if session is not None:
-        kwargs.update(access_key=session.access_key.get_secret_value(),
-                      secret_key=session.secret_key.get_secret_value(),
-                      session_token=session.session_token.get_secret_value())
+        kwargs.update(
+            access_key=session.access_key.get_secret_value(),
+            secret_key=session.secret_key.get_secret_value(),
+            session_token=session.session_token.get_secret_value(),
+        )
         return pafs.S3FileSystem(**kwargs)
     key, secret = os.environ.get(node_secrets.S3_ACCESS_KEY), os.environ.get(node_secrets.S3_SECRET_KEY)
     if key and secret:
-        kwargs.update(access_key=key, secret_key=secret,
-                      session_token=os.environ.get(node_secrets.S3_SESSION_TOKEN) or None)
+        kwargs.update(
+            access_key=key,
+            secret_key=secret,
+            session_token=os.environ.get(node_secrets.S3_SESSION_TOKEN) or None,
+        )
     return pafs.S3FileSystem(**kwargs)
 
 
@@ -75,8 +80,15 @@ def uri_of(path: str) -> str:
     return f"s3://{path}"
 
 
-_REFUSALS = ("NoSuchBucket", "NO_SUCH_BUCKET", "AccessDenied", "ACCESS_DENIED", "Forbidden", "403",
-             "does not exist")
+_REFUSALS = (
+    "NoSuchBucket",
+    "NO_SUCH_BUCKET",
+    "AccessDenied",
+    "ACCESS_DENIED",
+    "Forbidden",
+    "403",
+    "does not exist",
+)
 
 
 def is_refusal(error_text: str) -> bool:

@@ -59,6 +59,8 @@ def fetch(redis_url: str, key: str, *, timeout_s: float = 10.0) -> S3Session:
     try:
         return S3Session.model_validate_json(raw)
     except ValidationError as exc:
-        fields = ", ".join(".".join(str(p) for p in e["loc"]) or "body"
-                           for e in exc.errors(include_input=False, include_url=False))
+        fields = ", ".join(
+            ".".join(str(p) for p in e["loc"]) or "body"
+            for e in exc.errors(include_input=False, include_url=False)
+        )
         raise SessionMissingError(f"the attempt's S3 session {key} is unreadable ({fields})") from None

@@ -50,8 +50,9 @@ class EngineServer:
         self.ready_at = time.time()
         self._runner = EngineRunner(backend, max_active=spec.max_active_requests)
         # runner.generate blocks until its requests finish: one thread per call in flight
-        self._pool = ThreadPoolExecutor(max_workers=spec.scaling.max_ongoing_requests,
-                                        thread_name_prefix="engine-call")
+        self._pool = ThreadPoolExecutor(
+            max_workers=spec.scaling.max_ongoing_requests, thread_name_prefix="engine-call"
+        )
         self._lock = threading.Lock()
         self._requests = 0
         self._completion_tokens = 0
@@ -94,8 +95,9 @@ class EngineServer:
             "preempted": stats.preempted,
         }
 
-    async def generate(self, requests: list[GenRequest], group: str = "",
-                       priority: int = DEFAULT_PRIORITY) -> list[Generation]:
+    async def generate(
+        self, requests: list[GenRequest], group: str = "", priority: int = DEFAULT_PRIORITY
+    ) -> list[Generation]:
         """Run ``requests`` (keys unique within the call) of batch ``group`` on this replica's engine
         (see :class:`~llmbatch.ray_job.engine_runner.EngineRunner` for how batches share it).
 
@@ -109,7 +111,8 @@ class EngineServer:
         loop = asyncio.get_running_loop()
         try:
             out: list[Generation] = await loop.run_in_executor(
-                self._pool, lambda: self._runner.generate(on_engine, group=group, priority=priority))
+                self._pool, lambda: self._runner.generate(on_engine, group=group, priority=priority)
+            )
         finally:
             with self._lock:
                 self._in_flight -= 1
@@ -265,8 +268,9 @@ class ServeEngine:
                 raise EngineDeadError(str(exc)[:2000]) from exc
             raise
 
-    def generate(self, requests: list[GenRequest], *, group: str = "",
-                 priority: int = DEFAULT_PRIORITY) -> list[Generation]:
+    def generate(
+        self, requests: list[GenRequest], *, group: str = "", priority: int = DEFAULT_PRIORITY
+    ) -> list[Generation]:
         """Results in the order of ``requests``; ``group`` (the batch) and ``priority`` decide
         their turn on the engine."""
         from ray import exceptions as ray_exceptions
@@ -277,13 +281,19 @@ class ServeEngine:
         for attempt in range(self._retries + 1):
             try:
                 # a call may wait its turn behind higher-priority batches for as long as they run
-                out: list[Generation] = self._call("generate", requests, group, priority,
-                                                   timeout_s=self._wait_s, patient=True)
+                out: list[Generation] = self._call(
+                    "generate", requests, group, priority, timeout_s=self._wait_s, patient=True
+                )
                 return out
             except (ray_exceptions.RayActorError, EngineDeadError) as exc:
                 last = exc
-                log.warning("engine replica of %s lost during a call (try %d of %d): %s",
-                            self.app, attempt + 1, self._retries + 1, str(exc)[:300])
+                log.warning(
+                    "engine replica of %s lost during a call (try %d of %d): %s",
+                    self.app,
+                    attempt + 1,
+                    self._retries + 1,
+                    str(exc)[:300],
+                )
                 time.sleep(min(2.0**attempt, 10.0))
         message = f"the engine failed {self._retries + 1} times on these requests: {last!r}"[:1000]
         return [Generation(r.key, failure=RequestFailure(ENGINE_ERROR, message, None, 500)) for r in requests]

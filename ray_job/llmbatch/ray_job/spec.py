@@ -23,8 +23,9 @@ from llmbatch.schemas.job import JobSpec, S3Session, parse_job_spec
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m llmbatch.ray_job",
-                                description="Run one attempt of an llmbatch batch.")
+    p = argparse.ArgumentParser(
+        prog="python -m llmbatch.ray_job", description="Run one attempt of an llmbatch batch."
+    )
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--spec-json", help="the JobSpec as JSON")
     group.add_argument("--spec-b64", help="the JobSpec JSON, URL-safe base64 (optionally zlib-compressed)")

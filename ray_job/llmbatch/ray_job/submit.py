@@ -61,8 +61,12 @@ def package_dirs() -> list[str]:
     dispatcher does. The copy is made once per content (its hash names the folder, under the
     temporary directory), and Ray uploads a content only once too."""
     sources = [Path(next(iter(module.__path__))) for module in SHIPPED]
-    files = sorted((f"{source.name}/{path.relative_to(source)}", path) for source in sources
-                   for path in source.rglob("*") if path.is_file() and "__pycache__" not in path.parts)
+    files = sorted(
+        (f"{source.name}/{path.relative_to(source)}", path)
+        for source in sources
+        for path in source.rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    )
     digest = hashlib.sha256()
     for name, path in files:
         digest.update(name.encode() + b"\0" + path.read_bytes())
@@ -71,8 +75,9 @@ def package_dirs() -> list[str]:
         building = staged.parent.with_name(f"{staged.parent.name}.{os.getpid()}.tmp")
         shutil.rmtree(building, ignore_errors=True)
         for source in sources:
-            shutil.copytree(source, building / "llmbatch" / source.name,
-                            ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(
+                source, building / "llmbatch" / source.name, ignore=shutil.ignore_patterns("__pycache__")
+            )
         try:
             building.rename(staged.parent)
         except OSError:  # another process staged the same content meanwhile
@@ -146,7 +151,11 @@ def entrypoint_for_uri(spec_uri: str, *, python: str = "python", session: Sessio
 
 
 def submit_kwargs(
-    spec: JobSpec, env: dict[str, Any], *, spec_uri: str | None = None, python: str = "python",
+    spec: JobSpec,
+    env: dict[str, Any],
+    *,
+    spec_uri: str | None = None,
+    python: str = "python",
     session: SessionRef | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for ``JobSubmissionClient.submit_job`` for this attempt (a pooled

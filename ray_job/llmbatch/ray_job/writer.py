@@ -81,8 +81,10 @@ class ShardWriter:
         if not self._lines:
             return None
         if self._fence is not None and not self._fence():
-            raise SupersededError(f"a later attempt of the batch is running: attempt {self._attempt} "
-                                  f"writes no more {self.kind} shards")
+            raise SupersededError(
+                f"a later attempt of the batch is running: attempt {self._attempt} "
+                f"writes no more {self.kind} shards"
+            )
         path = self._prefix + shard_name(self.kind, self._index, self._attempt)
         s3.write_bytes(self._fs, path, bytes(self._buf))
         info = ShardInfo(

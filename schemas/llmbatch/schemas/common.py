@@ -106,8 +106,10 @@ def check_tenant(value: str) -> str:
     """``value`` when it is a tenant name (all of it matches :data:`TENANT_PATTERN`), else
     :class:`ValueError` naming it and saying what one looks like."""
     if not re.fullmatch(TENANT_PATTERN, value):
-        raise ValueError(f"tenant {value[:80]!r}: use 1-64 lowercase letters, digits or '-', "
-                         "not starting or ending with '-'")
+        raise ValueError(
+            f"tenant {value[:80]!r}: use 1-64 lowercase letters, digits or '-', "
+            "not starting or ending with '-'"
+        )
     return value
 
 

@@ -224,8 +224,16 @@ class ReplayInfo(BaseModel):
 
     def _digest(self, key: bytes, source: str, event_id: str) -> str:
         # the provenance and the event it travels with, length-safe (a JSON list)
-        message = orjson.dumps(["llmbatch-replay-v1", self.replay_id, format_time(self.replayed_at),
-                                self.replayed_by, source, event_id])
+        message = orjson.dumps(
+            [
+                "llmbatch-replay-v1",
+                self.replay_id,
+                format_time(self.replayed_at),
+                self.replayed_by,
+                source,
+                event_id,
+            ]
+        )
         return hmac.new(key, message, hashlib.sha256).hexdigest()
 
     def signed(self, key: bytes, *, source: str, event_id: str) -> ReplayInfo:

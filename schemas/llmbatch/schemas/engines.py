@@ -34,7 +34,9 @@ class ReplicaResources(BaseModel):
         default=1.0, ge=0, le=1024, description="CPUs the replica's actor reserves (vLLM's workers included)."
     )
     omp_threads: int | None = Field(
-        default=None, ge=1, le=1024,
+        default=None,
+        ge=1,
+        le=1024,
         description="Threads a CPU engine computes on (OMP_NUM_THREADS). Unset: Ray's default, "
         "num_cpus (1 thread for 1 CPU). A node that runs little but its engine is faster with all its "
         "cores (2 cores: 1.9x tokens/s, bench/bench_service.py --omp-threads).",
@@ -92,13 +94,17 @@ class EngineModel(BaseModel):
         default_factory=dict, description="Extra environment of the replicas (no secrets)."
     )
     max_active_requests: int = Field(
-        default=256, ge=1, le=100_000,
+        default=256,
+        ge=1,
+        le=100_000,
         description="Requests a replica's engine runs at once; the rest wait in its fair queue "
         "(priority first, batches taking turns). Keep it at most the engine's max_num_seqs, so "
         "the engine's own first-come queue stays short.",
     )
     admit_per_replica: int = Field(
-        default=1024, ge=1, le=10_000_000,
+        default=1024,
+        ge=1,
+        le=10_000_000,
         description="Requests of launched batches each replica is given at most (on its engine and in "
         "its fair queue; a batch counts its window, batch_size x batches_in_flight, or what it has "
         "left). The dispatcher launches more of the model's batches only while they fit; the rest "

@@ -148,8 +148,9 @@ def iter_input_lines(
             if not raw.strip():
                 continue
             try:
-                parsed = parse_input_line(raw, line_no, endpoint=endpoint, model=model,
-                                          max_line_bytes=max_line_bytes)
+                parsed = parse_input_line(
+                    raw, line_no, endpoint=endpoint, model=model, max_line_bytes=max_line_bytes
+                )
             except SchemaError as exc:
                 yield LineResult(line_no, error=exc, raw=raw)
                 continue

@@ -92,7 +92,8 @@ class EngineConfig(BaseModel):
     enforce_eager: bool = False
     max_num_seqs: int | None = Field(default=None, ge=1)
     max_num_batched_tokens: int | None = Field(
-        default=None, ge=16,
+        default=None,
+        ge=16,
         description="Tokens per engine step (vLLM's chunked-prefill budget). Smaller = shorter steps, "
         "so an urgent batch waits less for the engine; on CPU 512 costs no throughput (measured).",
     )
@@ -158,7 +159,9 @@ class JobSpec(BaseModel):
         "when set the job starts no engine of its own.",
     )
     engine_wait_s: float = Field(
-        default=600.0, gt=0, le=86_400,
+        default=600.0,
+        gt=0,
+        le=86_400,
         description="How long a call may wait for a shared engine (cold start included) before the "
         "attempt fails with engine_unavailable.",
     )
@@ -169,7 +172,9 @@ class JobSpec(BaseModel):
     progress_interval_s: float = Field(default=5.0, gt=0, le=3600)
     shard_max_lines: int = Field(default=10_000, ge=1, description="Lines per output/error shard at most.")
     max_line_bytes: int = Field(
-        default=DEFAULT_MAX_LINE_BYTES, ge=1024, le=1 << 30,
+        default=DEFAULT_MAX_LINE_BYTES,
+        ge=1024,
+        le=1 << 30,
         description="Longest input line answered as a request; a longer one becomes a line_too_large "
         "error line (read in bounded memory, never parsed or tokenized).",
     )
@@ -181,7 +186,9 @@ class JobSpec(BaseModel):
     )
     deadline: UtcDatetime | None = None
     priority: int = Field(
-        default=DEFAULT_PRIORITY, ge=0, le=9,
+        default=DEFAULT_PRIORITY,
+        ge=0,
+        le=9,
         description="The batch's priority (0-9, higher first): on a shared engine, requests of higher "
         "priority run first and batches of equal priority take turns.",
     )
@@ -196,8 +203,10 @@ class JobSpec(BaseModel):
                 f"output_prefix must end with '{tail}' (s3://bucket/<tenant>/<batch_id>/[<lifecycle>/])"
             )
         if self.pool_resource is not None and self.pool_resource != tenant_pool_resource(self.tenant):
-            raise ValueError(f"pool_resource must be {tenant_pool_resource(self.tenant)!r}: a job runs "
-                             "on its own tenant's pool")
+            raise ValueError(
+                f"pool_resource must be {tenant_pool_resource(self.tenant)!r}: a job runs "
+                "on its own tenant's pool"
+            )
         return self
 
     def stage_resources(self, num_cpus: float) -> dict[str, Any]:

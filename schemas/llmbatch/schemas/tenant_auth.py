@@ -28,21 +28,32 @@ TENANT_SIG = "llmbatch-tenant-sig"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
-def tenant_signature(key: bytes, *, event_type: str, source: str, event_id: str, tenant: str,
-                     value: bytes) -> str:
+def tenant_signature(
+    key: bytes, *, event_type: str, source: str, event_id: str, tenant: str, value: bytes
+) -> str:
     """The hex HMAC-SHA256 under ``key`` of the event's type, source, id, tenant and value."""
-    message = orjson.dumps(["llmbatch-tenant-v1", event_type, source, event_id, tenant,
-                            hashlib.sha256(value).hexdigest()])
+    message = orjson.dumps(
+        ["llmbatch-tenant-v1", event_type, source, event_id, tenant, hashlib.sha256(value).hexdigest()]
+    )
     return hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
-def verify_tenant_signature(key: bytes, signature: str | None, *, event_type: str, source: str,
-                            event_id: str, tenant: str, value: bytes) -> bool:
+def verify_tenant_signature(
+    key: bytes,
+    signature: str | None,
+    *,
+    event_type: str,
+    source: str,
+    event_id: str,
+    tenant: str,
+    value: bytes,
+) -> bool:
     """Whether ``signature`` is the tenant signature of this event under ``key``."""
     if signature is None or not _HEX64.fullmatch(signature):
         return False
-    expected = tenant_signature(key, event_type=event_type, source=source, event_id=event_id,
-                                tenant=tenant, value=value)
+    expected = tenant_signature(
+        key, event_type=event_type, source=source, event_id=event_id, tenant=tenant, value=value
+    )
     return hmac.compare_digest(signature, expected)
 
 
@@ -55,19 +66,25 @@ class TenantSigner:
     def __bool__(self) -> bool:
         return bool(self._keys)
 
-    def header(self, *, tenant: str | None, event_type: str, source: str, event_id: str,
-               value: bytes) -> tuple[str, bytes] | None:
+    def header(
+        self, *, tenant: str | None, event_type: str, source: str, event_id: str, value: bytes
+    ) -> tuple[str, bytes] | None:
         """The ``llmbatch-tenant-sig`` header for this event, or ``None`` when the event names no
         tenant or this signer has no key for it (a dispatcher holding tenant keys refuses it)."""
         if tenant is None or (key := self._keys.get(tenant)) is None:
             return None
-        signature = tenant_signature(key, event_type=event_type, source=source, event_id=event_id,
-                                     tenant=tenant, value=value)
+        signature = tenant_signature(
+            key, event_type=event_type, source=source, event_id=event_id, tenant=tenant, value=value
+        )
         return TENANT_SIG, signature.encode()
 
     def sign(self, envelope: Envelope[Any], value: bytes) -> tuple[str, bytes] | None:
         """:meth:`header` for an encoded event (``value``: the record value :func:`encode` made)."""
         tenant = getattr(envelope.data, "tenant", None)
-        return self.header(tenant=tenant if isinstance(tenant, str) else None,
-                           event_type=envelope.type.value, source=envelope.source, event_id=envelope.id,
-                           value=value)
+        return self.header(
+            tenant=tenant if isinstance(tenant, str) else None,
+            event_type=envelope.type.value,
+            source=envelope.source,
+            event_id=envelope.id,
+            value=value,
+        )

@@ -103,9 +103,7 @@ class KafkaSettings(BaseModel):
         if self.security_protocol in {"SSL", "SASL_SSL"}:
             import ssl  # local: only TLS users pay for it
 
-            context = ssl.create_default_context(
-                cafile=str(self.ssl_cafile) if self.ssl_cafile else None
-            )
+            context = ssl.create_default_context(cafile=str(self.ssl_cafile) if self.ssl_cafile else None)
             if self.ssl_certfile:
                 context.load_cert_chain(
                     str(self.ssl_certfile), str(self.ssl_keyfile) if self.ssl_keyfile else None
@@ -225,8 +223,10 @@ class RaySettings(BaseModel):
     @classmethod
     def _http_url(cls, value: str, info: ValidationInfo) -> str:
         if not value.startswith(("http://", "https://")):
-            raise ValueError(f"LLMBATCH_RAY__{str(info.field_name).upper()} must be an http:// or https:// "
-                             "URL such as http://127.0.0.1:8265")
+            raise ValueError(
+                f"LLMBATCH_RAY__{str(info.field_name).upper()} must be an http:// or https:// "
+                "URL such as http://127.0.0.1:8265"
+            )
         return value.rstrip("/")
 
     @model_validator(mode="after")
@@ -234,11 +234,14 @@ class RaySettings(BaseModel):
         files = (self.serve_ssl_certfile, self.serve_ssl_keyfile)
         https = self.serve_address.startswith("https://")
         if https and None in files:
-            raise ValueError("LLMBATCH_RAY__SERVE_ADDRESS is https://: set LLMBATCH_RAY__SERVE_SSL_CERTFILE "
-                             "and LLMBATCH_RAY__SERVE_SSL_KEYFILE (paths on the Ray head), or use http://")
+            raise ValueError(
+                "LLMBATCH_RAY__SERVE_ADDRESS is https://: set LLMBATCH_RAY__SERVE_SSL_CERTFILE "
+                "and LLMBATCH_RAY__SERVE_SSL_KEYFILE (paths on the Ray head), or use http://"
+            )
         if not https and files != (None, None):
-            raise ValueError("LLMBATCH_RAY__SERVE_SSL_CERTFILE/_KEYFILE need an https:// "
-                             "LLMBATCH_RAY__SERVE_ADDRESS")
+            raise ValueError(
+                "LLMBATCH_RAY__SERVE_SSL_CERTFILE/_KEYFILE need an https:// LLMBATCH_RAY__SERVE_ADDRESS"
+            )
         return self
 
 
@@ -285,8 +288,10 @@ class TenantSettings(BaseModel):
         for tenant, key in value.items():
             check_tenant(tenant)
             if len(key.get_secret_value()) < 32:
-                raise ValueError(f"the key of tenant {tenant!r} must be at least 32 characters "
-                                 "(e.g. `openssl rand -hex 32`)")
+                raise ValueError(
+                    f"the key of tenant {tenant!r} must be at least 32 characters "
+                    "(e.g. `openssl rand -hex 32`)"
+                )
         return value
 
     pools: list[str] = Field(

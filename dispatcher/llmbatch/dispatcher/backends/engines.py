@@ -39,9 +39,13 @@ def serve_config(
     loopback = url.hostname in ("127.0.0.1", "localhost", "::1")
     https = url.scheme == "https"
     if https != (ssl_files is not None):
-        raise ValueError(f"Serve's proxy at {http_address} needs a certificate and key exactly when it is https://")
-    http: dict[str, Any] = {"host": "127.0.0.1" if loopback else "0.0.0.0",  # noqa: S104
-                            "port": url.port or (443 if https else 80)}
+        raise ValueError(
+            f"Serve's proxy at {http_address} needs a certificate and key exactly when it is https://"
+        )
+    http: dict[str, Any] = {
+        "host": "127.0.0.1" if loopback else "0.0.0.0",  # noqa: S104
+        "port": url.port or (443 if https else 80),
+    }
     if ssl_files is not None:
         http.update(ssl_certfile=ssl_files[0], ssl_keyfile=ssl_files[1])
     return {
@@ -65,10 +69,14 @@ def cluster_serve_config(
         runner = runner_application(max_runs=opts.short_path_max_runs, env_vars=env)
     models = registry if registry is not None else settings.engines
     ray = settings.ray
-    files = ((ray.serve_ssl_certfile, ray.serve_ssl_keyfile)
-             if ray.serve_ssl_certfile is not None and ray.serve_ssl_keyfile is not None else None)
-    return serve_config(models, engine_env_vars(settings), runner=runner,
-                        http_address=ray.serve_address, ssl_files=files)
+    files = (
+        (ray.serve_ssl_certfile, ray.serve_ssl_keyfile)
+        if ray.serve_ssl_certfile is not None and ray.serve_ssl_keyfile is not None
+        else None
+    )
+    return serve_config(
+        models, engine_env_vars(settings), runner=runner, http_address=ray.serve_address, ssl_files=files
+    )
 
 
 def serve_controller(details: dict[str, Any]) -> str | None:
@@ -114,8 +122,12 @@ def engine_env_vars(settings: DispatcherSettings) -> dict[str, str]:
         return {}
     from llmbatch.ray_job.engine_env import engine_env
 
-    return engine_env(job.engine_cache_dir, cpu=job.engine_cpu, omp_threads_bind=job.omp_threads_bind,
-                      kv_cache_gib=job.kv_cache_gib)
+    return engine_env(
+        job.engine_cache_dir,
+        cpu=job.engine_cpu,
+        omp_threads_bind=job.omp_threads_bind,
+        kv_cache_gib=job.kv_cache_gib,
+    )
 
 
 def with_scaling(registry: EngineRegistry, model: str, **changes: Any) -> EngineRegistry:
@@ -156,9 +168,13 @@ class EngineStatus:
         if not f:
             return ["-"] * 5
         idle = f.get("idle_s")
-        return [f"{f.get('queued', 0):.0f}", f"{f.get('active', 0):.0f}",
-                "-" if idle is None else f"{idle:.0f} s", f"{f.get('tokens_per_s', 0):.1f}",
-                f"{f.get('cold_starts', 0):.0f}"]
+        return [
+            f"{f.get('queued', 0):.0f}",
+            f"{f.get('active', 0):.0f}",
+            "-" if idle is None else f"{idle:.0f} s",
+            f"{f.get('tokens_per_s', 0):.1f}",
+            f"{f.get('cold_starts', 0):.0f}",
+        ]
 
 
 def with_figures(rows: list[EngineStatus], figures: dict[str, dict[str, Any]]) -> list[EngineStatus]:
@@ -181,15 +197,17 @@ def summarize(registry: EngineRegistry, details: dict[str, Any]) -> list[EngineS
             state = str(replica.get("state", "UNKNOWN"))
             replicas[state] = replicas.get(state, 0) + 1
         message = str(deployment.get("message") or app.get("message") or "")
-        rows.append(EngineStatus(
-            model=model,
-            app=name,
-            status=str(app.get("status", "NOT_DEPLOYED")),
-            replicas=replicas,
-            message=message[:500],
-            min_replicas=entry.scaling.min_replicas,
-            max_replicas=entry.scaling.max_replicas,
-        ))
+        rows.append(
+            EngineStatus(
+                model=model,
+                app=name,
+                status=str(app.get("status", "NOT_DEPLOYED")),
+                replicas=replicas,
+                message=message[:500],
+                min_replicas=entry.scaling.min_replicas,
+                max_replicas=entry.scaling.max_replicas,
+            )
+        )
     return rows
 
 
@@ -204,5 +222,8 @@ def replica_pids(details: dict[str, Any], model: str) -> list[int]:
     """PIDs of ``model``'s running replicas (for operators and crash tests)."""
     app = (details.get("applications") or {}).get(app_name(model)) or {}
     deployment = (app.get("deployments") or {}).get(DEPLOYMENT_NAME) or {}
-    return [int(r["pid"]) for r in deployment.get("replicas") or []
-            if r.get("state") == "RUNNING" and r.get("pid")]
+    return [
+        int(r["pid"])
+        for r in deployment.get("replicas") or []
+        if r.get("state") == "RUNNING" and r.get("pid")
+    ]

@@ -24,8 +24,14 @@ KEPT = 10_000
 class InputSizes:
     """:data:`SizeOf` with a bounded, expiring memory of its answers (missing objects included)."""
 
-    def __init__(self, fetch: SizeOf, *, ttl_s: float = TTL_S, kept: int = KEPT,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        fetch: SizeOf,
+        *,
+        ttl_s: float = TTL_S,
+        kept: int = KEPT,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if kept < 1:
             raise ValueError("kept must be at least 1")
         self._fetch = fetch

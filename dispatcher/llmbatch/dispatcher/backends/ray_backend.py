@@ -57,7 +57,9 @@ def job_env(settings: DispatcherSettings, spec: JobSpec) -> dict[str, str]:
 
 
 def build_submission(
-    settings: DispatcherSettings, spec: JobSpec, spec_uri: str | None = None,
+    settings: DispatcherSettings,
+    spec: JobSpec,
+    spec_uri: str | None = None,
     session: SessionRef | None = None,
 ) -> dict[str, Any]:
     """``submit_job`` keyword arguments for one attempt (entrypoint, runtime_env, resources).
@@ -136,8 +138,11 @@ class RayJobsBackend:
                     return super()._do_request(method, endpoint, **kwargs)
 
             ray = self.settings.ray
-            self._client = _TimedClient(ray.address, headers=auth_headers(ray.auth_token) or None,
-                                        verify=str(ray.ca_file) if ray.ca_file is not None else True)
+            self._client = _TimedClient(
+                ray.address,
+                headers=auth_headers(ray.auth_token) or None,
+                verify=str(ray.ca_file) if ray.ca_file is not None else True,
+            )
         return self._client
 
     async def _call(self, what: str, fn: Callable[[Any], T]) -> T:
@@ -197,8 +202,9 @@ class RayJobsBackend:
                     f"the job spec of {spec.submission_id} is too large for a command line "
                     "and no spec uploader is configured"
                 ) from None
-            kwargs = build_submission(self.settings, spec, spec_uri=await self.upload_spec(spec),
-                                      session=session)
+            kwargs = build_submission(
+                self.settings, spec, spec_uri=await self.upload_spec(spec), session=session
+            )
         sid = spec.submission_id
 
         def submit(client: Any) -> SubmitResult:

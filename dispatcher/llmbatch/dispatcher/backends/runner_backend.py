@@ -52,8 +52,13 @@ def takes_short_path(spec: JobSpec, *, max_lines: int, max_bytes: int, input_siz
     if spec.engine_app is None:
         return False
     lines = len(spec.requests) if spec.requests is not None else None
-    return short_path_fits(pooled=spec.pool_resource is not None, lines=lines, input_size=input_size,
-                           max_lines=max_lines, max_bytes=max_bytes)
+    return short_path_fits(
+        pooled=spec.pool_resource is not None,
+        lines=lines,
+        input_size=input_size,
+        max_lines=max_lines,
+        max_bytes=max_bytes,
+    )
 
 
 def job_info(view: dict[str, Any]) -> JobInfo:
@@ -71,19 +76,27 @@ def job_info(view: dict[str, Any]) -> JobInfo:
 class RunnerClient:
     """The batch runner's HTTP API (see :mod:`llmbatch.ray_job.runner`)."""
 
-    def __init__(self, serve_address: str, timeout_s: float = 30.0, *, ca_file: Path | None = None,
-                 sessions: SessionMinter | None = None) -> None:
+    def __init__(
+        self,
+        serve_address: str,
+        timeout_s: float = 30.0,
+        *,
+        ca_file: Path | None = None,
+        sessions: SessionMinter | None = None,
+    ) -> None:
         self.base = serve_address.rstrip("/") + ROUTE_PREFIX
         self.timeout_s = timeout_s
         self.context = tls_context(self.base, ca_file)
         self.sessions = sessions
         # the tracker checks its batches at once: one request for the states of all of them
-        self._statuses: Coalescer[str, JobInfo | None] = Coalescer(self.statuses, missing=None,
-                                                                   max_keys=MAX_STATUS_IDS)
+        self._statuses: Coalescer[str, JobInfo | None] = Coalescer(
+            self.statuses, missing=None, max_keys=MAX_STATUS_IDS
+        )
 
     @classmethod
-    def of(cls, ray: RaySettings, timeout_s: float = 30.0, *,
-           sessions: SessionMinter | None = None) -> RunnerClient:
+    def of(
+        cls, ray: RaySettings, timeout_s: float = 30.0, *, sessions: SessionMinter | None = None
+    ) -> RunnerClient:
         """The runner behind ``ray``'s Serve proxy (verified with its CA bundle; Ray's token is not
         sent: the proxy does not ask for it, and the runner is an application, not the cluster).
         With ``sessions``, each batch goes with S3 keys of its own
@@ -112,14 +125,20 @@ class RunnerClient:
         except orjson.JSONDecodeError:
             body = None
         if not isinstance(body, dict):  # every answer of the runner is an object: a proxy's page is not
-            raise RayUnavailable(f"batch runner at {self.base} answered {status} with something that is "
-                                 f"not a JSON object: {raw[:200]!r}")
+            raise RayUnavailable(
+                f"batch runner at {self.base} answered {status} with something that is "
+                f"not a JSON object: {raw[:200]!r}"
+            )
         return status, body
 
     async def submit(self, spec: JobSpec) -> SubmitResult:
         session = await self.sessions.mint_async(spec) if self.sessions is not None else None
-        payload = orjson.dumps({"spec": orjson.Fragment(spec.model_dump_json()),
-                                "s3_session": session.plain() if session is not None else None})
+        payload = orjson.dumps(
+            {
+                "spec": orjson.Fragment(spec.model_dump_json()),
+                "s3_session": session.plain() if session is not None else None,
+            }
+        )
         _, body = await asyncio.to_thread(self._request, "POST", "/runs", payload)
         return SubmitResult(
             spec.submission_id, already_existed=bool(body.get("already_existed")), via="batch_runner"
@@ -141,8 +160,9 @@ class RunnerClient:
         runs = body.get("runs")
         if not isinstance(runs, dict):
             raise RayUnavailable(f"batch runner at {self.base} answered POST /statuses without 'runs'")
-        return {sid: job_info(view) if isinstance(view := runs.get(sid), dict) else None
-                for sid in submission_ids}
+        return {
+            sid: job_info(view) if isinstance(view := runs.get(sid), dict) else None for sid in submission_ids
+        }
 
     async def _status_of(self, submission_id: str) -> JobInfo | None:
         code, body = await asyncio.to_thread(self._request, "GET", "/runs/" + submission_id)
@@ -163,8 +183,9 @@ class RunnerClient:
 class RoutedBackend:
     """Small batches to the runner, the rest to the Jobs API (see the module docstring)."""
 
-    def __init__(self, jobs: JobBackend, runner: RunnerClient, *, max_lines: int, max_bytes: int,
-                 size_of: SizeOf) -> None:
+    def __init__(
+        self, jobs: JobBackend, runner: RunnerClient, *, max_lines: int, max_bytes: int, size_of: SizeOf
+    ) -> None:
         self.jobs = jobs
         self.runner = runner
         self.max_lines = max_lines

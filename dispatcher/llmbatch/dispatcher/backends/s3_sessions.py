@@ -89,12 +89,17 @@ class SessionMinter:
             ) from exc
         except Exception as exc:  # urllib3's connection errors and the like: the service is away
             raise StorageUnavailable(
-                f"S3 STS at {self.s3.endpoint} did not answer: {type(exc).__name__}") from exc
+                f"S3 STS at {self.s3.endpoint} did not answer: {type(exc).__name__}"
+            ) from exc
         if not creds.session_token:
             raise JobRejected(f"S3 STS at {self.s3.endpoint} answered AssumeRole without a session token")
         expires = creds.expiration.replace(tzinfo=UTC) if creds.expiration else None  # naive UTC
-        return S3Session(access_key=creds.access_key, secret_key=creds.secret_key,
-                         session_token=creds.session_token, expires_at=expires)
+        return S3Session(
+            access_key=creds.access_key,
+            secret_key=creds.secret_key,
+            session_token=creds.session_token,
+            expires_at=expires,
+        )
 
     async def mint_async(self, spec: JobSpec) -> S3Session:
         """:meth:`mint` in a thread (never on the event loop)."""
@@ -116,8 +121,10 @@ class JobSessions:
         (``LLMBATCH_JOB__PASS_REDIS_URL``), besides :meth:`SessionMinter.mint`'s errors and
         :class:`llmbatch.dispatcher.errors.StateStoreUnavailable`."""
         if spec.redis_url is None:
-            raise JobRejected("job S3 sessions reach the job through Redis: set LLMBATCH_JOB__PASS_REDIS_URL="
-                              "true or LLMBATCH_JOB__S3_SESSIONS=false")
+            raise JobRejected(
+                "job S3 sessions reach the job through Redis: set LLMBATCH_JOB__PASS_REDIS_URL="
+                "true or LLMBATCH_JOB__S3_SESSIONS=false"
+            )
         session = await self.minter.mint_async(spec)
         nonce = secrets.token_urlsafe(24)
         await self.store.put_s3_session(nonce, orjson.dumps(session.plain()), self.minter.duration_s)
@@ -130,5 +137,7 @@ class JobSessions:
         try:
             await self.store.drop_s3_session(ref.key)
         except StateStoreUnavailable:
-            log.warning("could not drop an unused S3 session from Redis; it expires by itself",
-                        extra={"ttl_s": self.minter.duration_s})
+            log.warning(
+                "could not drop an unused S3 session from Redis; it expires by itself",
+                extra={"ttl_s": self.minter.duration_s},
+            )

@@ -31,8 +31,15 @@ DEPLOY_TIMEOUT_S = 180.0
 class ServeApi:
     """Deploy and read the cluster's Serve applications through the dashboard."""
 
-    def __init__(self, address: str, timeout_s: float = 30.0, *, token: SecretStr | None = None,
-                 ca_file: Path | None = None, deploy_timeout_s: float = DEPLOY_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        address: str,
+        timeout_s: float = 30.0,
+        *,
+        token: SecretStr | None = None,
+        ca_file: Path | None = None,
+        deploy_timeout_s: float = DEPLOY_TIMEOUT_S,
+    ) -> None:
         self.address = address.rstrip("/")
         self.timeout_s = timeout_s  # for reads
         self.deploy_timeout_s = max(deploy_timeout_s, timeout_s)
@@ -44,8 +51,9 @@ class ServeApi:
         """The API of the cluster ``ray`` names (its address, token and CA bundle)."""
         return cls(ray.address, timeout_s, token=ray.auth_token, ca_file=ray.ca_file)
 
-    def _request(self, method: str, body: dict[str, Any] | None = None,
-                 timeout_s: float | None = None) -> Any:
+    def _request(
+        self, method: str, body: dict[str, Any] | None = None, timeout_s: float | None = None
+    ) -> Any:
         data = orjson.dumps(body) if body is not None else None
         req = urllib.request.Request(  # noqa: S310 - the dashboard address from settings
             self.address + PATH, data=data, method=method, headers=self.headers
@@ -57,8 +65,10 @@ class ServeApi:
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:2000].decode("utf-8", "replace")
             if exc.code in (401, 403):  # a missing or rotated token: an outage of every batch, as for jobs
-                raise RayUnavailable(f"the Ray dashboard at {self.address} refused our credentials "
-                                     f"({exc.code}): check LLMBATCH_RAY__AUTH_TOKEN") from exc
+                raise RayUnavailable(
+                    f"the Ray dashboard at {self.address} refused our credentials "
+                    f"({exc.code}): check LLMBATCH_RAY__AUTH_TOKEN"
+                ) from exc
             if exc.code >= 500 or exc.code == 429:
                 raise RayUnavailable(f"Ray Serve API answered {exc.code}: {detail}") from exc
             raise PermanentError(f"Ray Serve refused the config ({exc.code}): {detail}") from exc
@@ -67,8 +77,9 @@ class ServeApi:
         try:
             return orjson.loads(raw) if raw.strip() else None
         except orjson.JSONDecodeError as exc:  # a proxy's error page, a dashboard still starting
-            raise RayUnavailable(f"Ray Serve API at {self.address} answered something that is not JSON: "
-                                 f"{raw[:200]!r}") from exc
+            raise RayUnavailable(
+                f"Ray Serve API at {self.address} answered something that is not JSON: {raw[:200]!r}"
+            ) from exc
 
     async def deploy(self, config: dict[str, Any]) -> None:
         """Apply ``config`` (a Serve multi-application config) to the cluster."""

@@ -23,8 +23,9 @@ class Coalescer(Generic[K, V]):
 
     ``fetch`` returns an answer for each key it was given (a key it leaves out answers ``missing``)."""
 
-    def __init__(self, fetch: Callable[[Sequence[K]], Awaitable[Mapping[K, V]]], *, missing: V,
-                 max_keys: int = 500) -> None:
+    def __init__(
+        self, fetch: Callable[[Sequence[K]], Awaitable[Mapping[K, V]]], *, missing: V, max_keys: int = 500
+    ) -> None:
         if max_keys < 1:
             raise ValueError("max_keys must be at least 1")
         self._fetch = fetch
@@ -55,7 +56,7 @@ class Coalescer(Generic[K, V]):
         self._waiting = {}
         keys = list(waiting)
         for start in range(0, len(keys), self._max_keys):
-            group = {k: waiting[k] for k in keys[start:start + self._max_keys]}
+            group = {k: waiting[k] for k in keys[start : start + self._max_keys]}
             task = loop.create_task(self._answer(group))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -78,4 +79,3 @@ class Coalescer(Generic[K, V]):
             for future in futures:
                 if not future.done():  # a caller that was cancelled meanwhile
                     future.set_result(answers.get(key, self._missing))
-

@@ -235,9 +235,7 @@ def build_progress(
     return Envelope.new(
         data,
         source=source,
-        id=progress_event_id(
-            record.key, record.generation, record.get("replay_id"), record.attempt, counts
-        ),
+        id=progress_event_id(record.key, record.generation, record.get("replay_id"), record.attempt, counts),
         time=ts(now),
         traceparent=record.get("traceparent"),
     )

@@ -38,8 +38,9 @@ def window_requests(total: int | None, done: int, window: int) -> int:
     return max(0, min(window, total - done))
 
 
-def short_path_fits(*, pooled: bool, lines: int | None, input_size: int | None, max_lines: int,
-                    max_bytes: int) -> bool:
+def short_path_fits(
+    *, pooled: bool, lines: int | None, input_size: int | None, max_lines: int, max_bytes: int
+) -> bool:
     """Whether a shared-engine batch runs on the batch runner (the short path) rather than as a Ray job:
     at most ``max_lines`` inline ``lines``, or an input file of at most ``max_bytes`` (``input_size``
     ``None``: unknown, a job). Never a pooled tenant's batch; never when ``max_lines`` is 0 (off)."""
@@ -50,8 +51,9 @@ def short_path_fits(*, pooled: bool, lines: int | None, input_size: int | None, 
     return input_size is not None and input_size <= max_bytes
 
 
-def engine_capacity(requests_per_replica: int, *, live_replicas: int | None, min_replicas: int,
-                    max_replicas: int) -> int:
+def engine_capacity(
+    requests_per_replica: int, *, live_replicas: int | None, min_replicas: int, max_replicas: int
+) -> int:
     """Requests a model's replicas take: ``requests_per_replica`` for each replica that runs (at
     least one, so a model scaled to zero is started by its first batch; at most ``max_replicas``)."""
     replicas = max(1, min_replicas, live_replicas or 0)
@@ -87,8 +89,9 @@ class Admission:
     waits without holding back its model's other batches (a small batch still takes the short path)."""
 
     @classmethod
-    def of(cls, capacity: Mapping[str, int], load: Iterable[EngineLoad],
-           job_slots: int | None = None) -> Admission:
+    def of(
+        cls, capacity: Mapping[str, int], load: Iterable[EngineLoad], job_slots: int | None = None
+    ) -> Admission:
         return cls(dict(capacity), list(load), job_slots=job_slots)
 
     def ahead(self, model: str, priority: int) -> int:

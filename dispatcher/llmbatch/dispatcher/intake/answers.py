@@ -33,8 +33,10 @@ from llmbatch.schemas.events import RecordRef
 from llmbatch.schemas.openai import ErrorObject
 
 log = logging.getLogger(__name__)
-MINIMAL_MESSAGE = ("this request was not accepted; its details could not be put into this answer: "
-                   "the dead letter of the request (llmbatch dlq inspect) has them")
+MINIMAL_MESSAGE = (
+    "this request was not accepted; its details could not be put into this answer: "
+    "the dead letter of the request (llmbatch dlq inspect) has them"
+)
 
 
 def minimal_answer(
@@ -61,8 +63,10 @@ def _guarded(
     try:
         return build()
     except Exception as exc:  # a field the answer's contract refuses: answer with less
-        log.warning("the full answer could not be built; answering with the minimal one",
-                    extra={"error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+        log.warning(
+            "the full answer could not be built; answering with the minimal one",
+            extra={"error": f"{type(exc).__name__}: {str(exc)[:300]}"},
+        )
     return minimal_answer(batch_id, code, answer_of=answer_of, source=source, now=now)
 
 
@@ -104,8 +108,10 @@ def duplicate_answer(
 
     def build() -> Envelope[Any]:
         state = result.state.value if result.state else "unknown"
-        message = (f"batch {batch_id!r} already exists ({state}); this request was not applied. "
-                   "Follow that batch's events, or use a new batch_id for a new batch")
+        message = (
+            f"batch {batch_id!r} already exists ({state}); this request was not applied. "
+            "Follow that batch's events, or use a new batch_id for a new batch"
+        )
         return build_rejected(
             batch_id,
             ErrorObject(code=Reason.DUPLICATE_BATCH_ID, message=message, param="batch_id"),

@@ -29,8 +29,9 @@ async def apply_cancel(
     store: StateStore, metrics: Metrics, cancel: Cancel, clock: Callable[[], float]
 ) -> None:
     """Record ``cancel``; raises :class:`TransientError` when the batch kept changing meanwhile."""
-    with logs.bind(batch_id=cancel.batch_id, tenant=cancel.request.tenant,
-                   trace_id=logs.trace_id_of(cancel.traceparent)):
+    with logs.bind(
+        batch_id=cancel.batch_id, tenant=cancel.request.tenant, trace_id=logs.trace_id_of(cancel.traceparent)
+    ):
         if (await store.markers_exist([cancel.marker]))[0]:
             metrics.processed.labels(outcome="duplicate_cancel").inc()
             return

@@ -80,7 +80,7 @@ class CancelScanner:
                 if not batches:
                     break
                 for tp, records in batches.items():
-                    taken = records[:budget[tp]]  # a fetch may overshoot the budget: the rest waits
+                    taken = records[: budget[tp]]  # a fetch may overshoot the budget: the rest waits
                     for record in taken:
                         if peek_type(list(record.headers or ())) == _CANCEL:
                             applied += await self._apply(record)

@@ -273,8 +273,15 @@ def classify(origin: OriginalRecord, rules: IntakeRules, now: float) -> Command:
         deadline = data.effective_deadline(accepted_at).timestamp()
         item = IntakeItem(
             key=batch_key(data.tenant, data.batch_id),
-            fields=intake_fields(data, origin, envelope.source, envelope.id, envelope.traceparent, now,
-                                 body_max_bytes=rules.request_in_redis_max_bytes),
+            fields=intake_fields(
+                data,
+                origin,
+                envelope.source,
+                envelope.id,
+                envelope.traceparent,
+                now,
+                body_max_bytes=rules.request_in_redis_max_bytes,
+            ),
             marker=marker,
             initial=State.QUEUED,
             ready_score=ready_score(data.priority, now),

@@ -92,8 +92,15 @@ class RequestConsumer:
         self.clock = clock
         self.rules: IntakeRules = intake_rules(settings)
         self.cancel_scanner = CancelScanner(settings, store, self.rules, metrics, clock=clock)
-        self.applier = IntakeApplier(store, producer, metrics, results_topic=settings.kafka.topics.results,
-                                     source=self.opts.source, clock=clock, crash=crash)
+        self.applier = IntakeApplier(
+            store,
+            producer,
+            metrics,
+            results_topic=settings.kafka.topics.results,
+            source=self.opts.source,
+            clock=clock,
+            crash=crash,
+        )
         self._scan_at = 0.0
         self.backoff: Backoff = self.opts.io_backoff
         self.backpressure = Backpressure(self.opts.max_queued, self.opts.resume_ratio)
@@ -230,8 +237,10 @@ class RequestConsumer:
         except Exception:
             self._loop_failures += 1
             self.metrics.loop_errors.labels(loop="consumer").inc()
-            log.exception("processing fetched records failed; reading the unfinished ones again",
-                          extra={"failures": self._loop_failures})
+            log.exception(
+                "processing fetched records failed; reading the unfinished ones again",
+                extra={"failures": self._loop_failures},
+            )
             assignment = consumer.assignment()
             for tp, records in batch.items():
                 if records and tp in assignment:
@@ -388,9 +397,14 @@ class RequestConsumer:
                 raise
             except Exception:  # a bug here must not end the consumer: the record is passed, loudly
                 self.metrics.failed_records.inc()
-                log.exception("giving up on a record failed", extra={
-                    "topic": command.origin.topic, "partition": command.origin.partition,
-                    "offset": command.origin.offset})
+                log.exception(
+                    "giving up on a record failed",
+                    extra={
+                        "topic": command.origin.topic,
+                        "partition": command.origin.partition,
+                        "offset": command.origin.offset,
+                    },
+                )
 
     async def _dead_letter_and_answer(
         self, command: Command, batch_id: str | None, failed: GaveUp, epoch: int

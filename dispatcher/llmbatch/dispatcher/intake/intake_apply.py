@@ -32,8 +32,17 @@ class IntakeApplier:
     """Applies segments of classified records (:func:`llmbatch.dispatcher.intake.commands.classify`) for the
     consumer."""
 
-    def __init__(self, store: StateStore, producer: EventProducer, metrics: Metrics, *, results_topic: str,
-                 source: str, clock: Callable[[], float], crash: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        store: StateStore,
+        producer: EventProducer,
+        metrics: Metrics,
+        *,
+        results_topic: str,
+        source: str,
+        clock: Callable[[], float],
+        crash: Callable[[str], None],
+    ) -> None:
         self.store = store
         self.producer = producer
         self.metrics = metrics
@@ -68,8 +77,11 @@ class IntakeApplier:
         ]
         stored = {r.key: r for r in await self.store.get_many(again) if r is not None} if again else {}
         for accept, result in zip(accepts, results, strict=True):
-            with logs.bind(batch_id=accept.request.batch_id, tenant=accept.request.tenant,
-                           trace_id=logs.trace_id_of(accept.traceparent)):
+            with logs.bind(
+                batch_id=accept.request.batch_id,
+                tenant=accept.request.tenant,
+                trace_id=logs.trace_id_of(accept.traceparent),
+            ):
                 record: BatchRecord | None = stored.get(accept.item.key)
                 if result.is_new:
                     record = BatchRecord(

@@ -83,8 +83,15 @@ def check_tenant_signed(
         )
     raw = envelope.header(TENANT_SIG)
     signature = raw.decode(errors="replace") if raw is not None else None
-    if verify_tenant_signature(key, signature, event_type=envelope.type.value, source=envelope.source,
-                               event_id=envelope.id, tenant=tenant, value=value):
+    if verify_tenant_signature(
+        key,
+        signature,
+        event_type=envelope.type.value,
+        source=envelope.source,
+        event_id=envelope.id,
+        tenant=tenant,
+        value=value,
+    ):
         return
     state = "is not signed" if signature is None else "does not verify"
     raise SchemaError(

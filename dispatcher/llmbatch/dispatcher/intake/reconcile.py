@@ -122,8 +122,9 @@ class Reconciler:
         restored = 0
         for item in lost:
             restored += await self._restore(item)
-        log.info("reconcile pass done",
-                 extra={"unfinished": len(pending), "lost": len(lost), "restored": restored})
+        log.info(
+            "reconcile pass done", extra={"unfinished": len(pending), "lost": len(lost), "restored": restored}
+        )
         return restored
 
     async def _restore(self, pending: Pending) -> int:
@@ -134,15 +135,19 @@ class Reconciler:
         command = classify_record(origin, self.rules, pending.accepted_at.timestamp())
         if not isinstance(command, Accept) or command.item.key != pending.key:
             self.metrics.reconciled.labels(outcome="request_invalid").inc()
-            log.error("batch state lost and its request no longer validates: it cannot be restored",
-                      extra={"batch_id": pending.key, "request": where})
+            log.error(
+                "batch state lost and its request no longer validates: it cannot be restored",
+                extra={"batch_id": pending.key, "request": where},
+            )
             return 0
         [result] = await self.store.intake_many([command.item])
         if not result.is_new:  # taken in meanwhile (a redelivery, another pass)
             return 0
         self.metrics.reconciled.labels(outcome="restored").inc()
-        log.warning("batch state was lost; taken in again from its request",
-                    extra={"batch_id": pending.key, "request": where})
+        log.warning(
+            "batch state was lost; taken in again from its request",
+            extra={"batch_id": pending.key, "request": where},
+        )
         return 1
 
     async def _restore_gone(self, pending: Pending, where: str) -> int:
@@ -150,13 +155,17 @@ class Reconciler:
         ``request_gone`` at launch, so it still gets its one terminal event."""
         self.metrics.reconciled.labels(outcome="request_gone").inc()
         if pending.accepted is None:
-            log.error("batch state lost and its request is no longer on the topic: it cannot be restored",
-                      extra={"batch_id": pending.key, "request": where})
+            log.error(
+                "batch state lost and its request is no longer on the topic: it cannot be restored",
+                extra={"batch_id": pending.key, "request": where},
+            )
             return 0
         [result] = await self.store.intake_many([gone_item(pending.accepted, pending.request)])
         if result.is_new:
-            log.error("batch state lost and its request is no longer on the topic: it ends failed "
-                      "(request_gone)", extra={"batch_id": pending.key, "request": where})
+            log.error(
+                "batch state lost and its request is no longer on the topic: it ends failed (request_gone)",
+                extra={"batch_id": pending.key, "request": where},
+            )
         return 0
 
     # -- Kafka ------------------------------------------------------------------------------------

@@ -92,18 +92,28 @@ class RecordRetry:
         self._outage_tries += 1
         if self._outage_since is None:
             self._outage_since = self._outage_logged_at = now
-            log.warning("dependency unavailable; retrying until it is back (repeats are not logged)",
-                        extra={"what": what, "error": str(exc), "retry_in_s": round(delay, 2)})
+            log.warning(
+                "dependency unavailable; retrying until it is back (repeats are not logged)",
+                extra={"what": what, "error": str(exc), "retry_in_s": round(delay, 2)},
+            )
         elif now - self._outage_logged_at >= OUTAGE_LOG_EVERY_S:
             self._outage_logged_at = now
-            log.warning("dependency still unavailable", extra={
-                "what": what, "error": str(exc), "down_s": round(now - self._outage_since, 1),
-                "tries": self._outage_tries})
+            log.warning(
+                "dependency still unavailable",
+                extra={
+                    "what": what,
+                    "error": str(exc),
+                    "down_s": round(now - self._outage_since, 1),
+                    "tries": self._outage_tries,
+                },
+            )
 
     def _recovered(self) -> None:
         if self._outage_since is not None:
-            log.info("dependency back", extra={"down_s": round(self.clock() - self._outage_since, 1),
-                                               "tries": self._outage_tries})
+            log.info(
+                "dependency back",
+                extra={"down_s": round(self.clock() - self._outage_since, 1), "tries": self._outage_tries},
+            )
             self._outage_since, self._outage_tries = None, 0
 
     async def run(self, what: str, fn: Callable[[], Awaitable[T]], epoch: int, *, max_attempts: int) -> T:
@@ -167,9 +177,14 @@ class RecordRetry:
         try:
             letter = failure_letter(origin, failed, dlt_topic=dlt_topic, group_id=group_id)
         except Exception:  # the error's text is hostile input too: say less
-            letter = build_dead_letter(origin, dlt_topic=dlt_topic, reason=DltReason.PROCESSING_FAILED,
-                                       group_id=group_id, fqcn=exception_fqcn(failed.error),
-                                       message=f"{failed.what} failed {failed.attempts} times")
+            letter = build_dead_letter(
+                origin,
+                dlt_topic=dlt_topic,
+                reason=DltReason.PROCESSING_FAILED,
+                group_id=group_id,
+                fqcn=exception_fqcn(failed.error),
+                message=f"{failed.what} failed {failed.attempts} times",
+            )
         lost: GaveUp | None = None
         written: RecordRef | None = None
         try:

@@ -205,7 +205,8 @@ def late_dead_letter(
     if body is None:  # found nowhere: the letter points at the original record
         size = record.get("request_bytes")
         return reduce_dead_letter(
-            letter, value_bytes=int(size) if size and size.isdigit() else None,
+            letter,
+            value_bytes=int(size) if size and size.isdigit() else None,
             value_sha256=record.get("request_sha256"),
         )
     return letter

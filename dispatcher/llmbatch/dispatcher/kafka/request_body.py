@@ -56,8 +56,9 @@ class RequestBodies:
             raise RequestUnavailable("the batch record keeps neither the request nor where it is")
         origin = OriginalRecord.from_json(origin_json)
         where = f"{origin.topic}[{origin.partition}]@{origin.offset}"
-        found = await self.reader.read(RecordRef(topic=origin.topic, partition=origin.partition,
-                                                 offset=origin.offset))
+        found = await self.reader.read(
+            RecordRef(topic=origin.topic, partition=origin.partition, offset=origin.offset)
+        )
         if found is None or found.value is None:
             raise RequestUnavailable(
                 f"the request record {where} is no longer on the topic (its retention is shorter than the "

@@ -166,8 +166,11 @@ def list_command(
         )
         return
     if not snap.exists:
-        err.print(f"dead-letter topic {dlt_topic!r} does not exist yet{_hidden(settings)}: nothing was "
-                  "dead-lettered", markup=False)
+        err.print(
+            f"dead-letter topic {dlt_topic!r} does not exist yet{_hidden(settings)}: nothing was "
+            "dead-lettered",
+            markup=False,
+        )
         return
     if not letters:
         err.print(f"no dead letters match ({len(snap.letters)} in {dlt_topic})", markup=False)
@@ -295,8 +298,11 @@ def replay_command(
             summary = Summary.of(items, dry_run=dry_run)
             if not json_output:
                 if not snap.exists:
-                    err.print(f"dead-letter topic {dlt_topic!r} does not exist yet{_hidden(settings)}: "
-                              "nothing to replay", markup=False)
+                    err.print(
+                        f"dead-letter topic {dlt_topic!r} does not exist yet{_hidden(settings)}: "
+                        "nothing to replay",
+                        markup=False,
+                    )
                 elif items:
                     out.print(plan_table(items, dry_run=dry_run))
                 else:
@@ -306,12 +312,14 @@ def replay_command(
             if missing and not dry_run:
                 raise OpsError(f"target topic {missing[0]!r} does not exist; nothing was replayed")
             if missing and not json_output:
-                err.print(f"warning: target topic {missing[0]!r} does not exist: --execute would stop",
-                          markup=False)
+                err.print(
+                    f"warning: target topic {missing[0]!r} does not exist: --execute would stop", markup=False
+                )
             outcomes: list[Outcome] = []
             if not dry_run and summary.to_replay:
-                outcomes, interrupted = await _execute(store, dlt_topic, items, settings, who, per_second,
-                                                       show=not json_output)
+                outcomes, interrupted = await _execute(
+                    store, dlt_topic, items, settings, who, per_second, show=not json_output
+                )
                 summary.replayed = sum(1 for o in outcomes if o.ok)
                 summary.failed = sum(1 for o in outcomes if not o.ok)
                 summary.interrupted = interrupted
@@ -328,9 +336,15 @@ def replay_command(
                 "summary": summary.to_json(),
                 "items": [i.to_json() for i in items],
                 "outcomes": [
-                    {"coordinate": o.item.letter.coordinate, "ok": o.ok, "error": o.error,
-                     "replay_id": o.item.replay_id, "topic": o.item.target_topic,
-                     "partition": o.partition, "offset": o.offset}
+                    {
+                        "coordinate": o.item.letter.coordinate,
+                        "ok": o.ok,
+                        "error": o.error,
+                        "replay_id": o.item.replay_id,
+                        "topic": o.item.target_topic,
+                        "partition": o.partition,
+                        "offset": o.offset,
+                    }
                     for o in outcomes
                 ],
             }

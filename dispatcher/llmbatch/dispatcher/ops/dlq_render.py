@@ -57,8 +57,12 @@ def print_letter(v: DeadLetterView, entry: LedgerEntry | None) -> None:
         ("exception", rec.exception_fqcn if rec else None),
         ("message", rec.exception_message if rec else None),
         ("valid now", "yes" if full["valid_now"] else f"no: {full['validation_error_now']}"),
-        ("replayed", f"{entry.replay_id} at {show_time(entry.at)} by {entry.by} -> {entry.to_topic}"
-         if entry else "no"),
+        (
+            "replayed",
+            f"{entry.replay_id} at {show_time(entry.at)} by {entry.by} -> {entry.to_topic}"
+            if entry
+            else "no",
+        ),
     ]
     previous = v.previous_replay
     if previous is not None:

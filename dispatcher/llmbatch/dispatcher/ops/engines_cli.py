@@ -68,12 +68,30 @@ def _print(rows: list[EngineStatus], as_json: bool) -> None:
     if as_json:
         emit_json({"engines": [r.__dict__ | {"running": r.running} for r in rows]})
         return
-    table = Table("model", "application", "status", "replicas", "min..max", "queued", "on engine", "idle",
-                  "tok/s", "cold starts", "message")
+    table = Table(
+        "model",
+        "application",
+        "status",
+        "replicas",
+        "min..max",
+        "queued",
+        "on engine",
+        "idle",
+        "tok/s",
+        "cold starts",
+        "message",
+    )
     for r in rows:
         replicas = ", ".join(f"{n} {state.lower()}" for state, n in sorted(r.replicas.items())) or "0"
-        table.add_row(r.model, r.app, r.status, replicas, f"{r.min_replicas}..{r.max_replicas}",
-                      *r.figure_cells(), r.message)
+        table.add_row(
+            r.model,
+            r.app,
+            r.status,
+            replicas,
+            f"{r.min_replicas}..{r.max_replicas}",
+            *r.figure_cells(),
+            r.message,
+        )
     out.print(table)
 
 
@@ -90,8 +108,10 @@ def list_command(ctx: typer.Context, json_output: JsonOption = False) -> None:
         try:
             figures = await RunnerClient.of(settings.ray, timeout_s=15).engines()
         except DispatcherError as exc:
-            err.print(f"engine figures unavailable (the batch runner at {settings.ray.serve_address} did "
-                      f"not answer: {exc})")
+            err.print(
+                f"engine figures unavailable (the batch runner at {settings.ray.serve_address} did "
+                f"not answer: {exc})"
+            )
             figures = {}
         return with_figures(rows, figures)
 
@@ -101,8 +121,9 @@ def list_command(ctx: typer.Context, json_output: JsonOption = False) -> None:
     _print(rows, json_output)
 
 
-def _apply(settings: DispatcherSettings, registry: EngineRegistry,
-           shown: EngineRegistry | None = None) -> list[EngineStatus]:
+def _apply(
+    settings: DispatcherSettings, registry: EngineRegistry, shown: EngineRegistry | None = None
+) -> list[EngineStatus]:
     """Deploy ``registry``; report on ``shown`` (default the same)."""
 
     async def body() -> list[EngineStatus]:
@@ -192,7 +213,8 @@ def manifest_serve_config(settings: DispatcherSettings) -> dict[str, Any]:
     problems += [f"{where} (a credential's name)" for where in _secret_named_env(config)]
     if problems:
         raise OpsError(
-            "the Serve config would carry secrets: " + ", ".join(problems)
+            "the Serve config would carry secrets: "
+            + ", ".join(problems)
             + "; take them from the Ray pods' environment (secretKeyRef) instead"
         )
     return config
@@ -244,8 +266,12 @@ def _strings(node: Any, path: str = "") -> Iterator[tuple[str, str]]:
 def _secret_leaks(config: dict[str, Any], settings: DispatcherSettings) -> list[str]:
     """Where ``config`` holds a secret value of ``settings`` (whole, or inside a longer string)."""
     secrets = list(secret_values(settings))
-    return [f"{where} = <{name}>" for where, text in _strings(config) for name, secret in secrets
-            if text == secret or (len(secret) >= 8 and secret in text)]
+    return [
+        f"{where} = <{name}>"
+        for where, text in _strings(config)
+        for name, secret in secrets
+        if text == secret or (len(secret) >= 8 and secret in text)
+    ]
 
 
 def _secret_named_env(config: dict[str, Any]) -> list[str]:
@@ -253,8 +279,11 @@ def _secret_named_env(config: dict[str, Any]) -> list[str]:
     for app_config in config.get("applications") or []:
         env = (app_config.get("runtime_env") or {}).get("env_vars") or {}
         # an empty value is a blank (ray_job.node_secrets: what a replica is started without), no secret
-        found += [f"{app_config.get('name')}: {key}" for key, value in env.items()
-                  if value and SECRET_ENV_NAME.search(key)]
+        found += [
+            f"{app_config.get('name')}: {key}"
+            for key, value in env.items()
+            if value and SECRET_ENV_NAME.search(key)
+        ]
     return found
 
 
@@ -302,15 +331,25 @@ def render_text(settings: DispatcherSettings, output: RenderFormat, name: str = 
 @app.command()
 def render(
     ctx: typer.Context,
-    output: Annotated[RenderFormat, typer.Option(
-        "--format", help="serve-config: the Serve config (YAML, a RayService's serveConfigV2); "
-        "rayservice: a RayService patch carrying it (overlays/gpu-prod-rayservice/serve-config.yaml).",
-    )] = RenderFormat.serve_config,
-    env_file: Annotated[list[Path] | None, typer.Option(
-        "--env-file", exists=True, dir_okay=False, readable=True,
-        help="Read the settings from these KEY=VALUE files only, merged in order (e.g. base, then "
-        "overlay settings.env), instead of the LLMBATCH_* environment. Repeatable.",
-    )] = None,
+    output: Annotated[
+        RenderFormat,
+        typer.Option(
+            "--format",
+            help="serve-config: the Serve config (YAML, a RayService's serveConfigV2); "
+            "rayservice: a RayService patch carrying it (overlays/gpu-prod-rayservice/serve-config.yaml).",
+        ),
+    ] = RenderFormat.serve_config,
+    env_file: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--env-file",
+            exists=True,
+            dir_okay=False,
+            readable=True,
+            help="Read the settings from these KEY=VALUE files only, merged in order (e.g. base, then "
+            "overlay settings.env), instead of the LLMBATCH_* environment. Repeatable.",
+        ),
+    ] = None,
     name: Annotated[str, typer.Option("--name", help="The RayService's metadata.name (rayservice).")] = (
         "llmbatch-ray"
     ),

@@ -141,11 +141,16 @@ def _print_detail(job: JobDetail) -> None:
         ("deadline", show_time(job.deadline)),
         ("started", show_time(job.started_at)),
         ("finished", show_time(job.finished_at)),
-        ("requests", f"{job.counts.total} total, {job.counts.completed} completed, "
-                     f"{job.counts.failed} failed"),
+        (
+            "requests",
+            f"{job.counts.total} total, {job.counts.completed} completed, {job.counts.failed} failed",
+        ),
         ("tokens", f"{job.usage.prompt_tokens} prompt, {job.usage.completion_tokens} completion"),
-        ("attempts", ", ".join(a.submission_id + (" (current)" if a.current else "") for a in job.attempts)
-         or "none started"),
+        (
+            "attempts",
+            ", ".join(a.submission_id + (" (current)" if a.current else "") for a in job.attempts)
+            or "none started",
+        ),
     ]
     if job.metadata:
         rows.append(("metadata", ", ".join(f"{k}={v}" for k, v in sorted(job.metadata.items()))))
@@ -237,8 +242,10 @@ def cancel_command(
         finally:
             await store.close()
         if record is None and not force:
-            raise OpsError(f"no batch {batch_id!r} of tenant {tenant!r} in Redis; pass --force to publish "
-                           "the cancel anyway")
+            raise OpsError(
+                f"no batch {batch_id!r} of tenant {tenant!r} in Redis; pass --force to publish "
+                "the cancel anyway"
+            )
         if record is not None and record.state.is_terminal:
             raise OpsError(f"batch {batch_id!r} already ended {record.state.value}; nothing to cancel")
         result: dict[str, Any] = {
@@ -273,8 +280,11 @@ def cancel_command(
                     if start is not None:
                         since = start - timedelta(minutes=5)
                     terminal = await client.wait(batch_id, timeout, since=since, tenant=tenant)
-                    result["terminal"] = {"type": terminal.type.value, "id": terminal.id,
-                                          "status": str(terminal.data.status)}
+                    result["terminal"] = {
+                        "type": terminal.type.value,
+                        "id": terminal.id,
+                        "status": str(terminal.data.status),
+                    }
                     if not json_output:
                         err.print(f"{batch_id} ended {terminal.data.status}", markup=False)
         except WaitTimeout as exc:

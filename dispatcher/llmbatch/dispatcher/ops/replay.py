@@ -209,8 +209,11 @@ def build_record(item: ReplayItem, info: ReplayInfo, key: bytes | None = None) -
     letter = item.letter
     if key is not None:
         original = dict(letter.original_headers)
-        info = info.signed(key, source=original.get(H_SOURCE, b"").decode(errors="replace"),
-                           event_id=original.get(H_ID, b"").decode(errors="replace"))
+        info = info.signed(
+            key,
+            source=original.get(H_SOURCE, b"").decode(errors="replace"),
+            event_id=original.get(H_ID, b"").decode(errors="replace"),
+        )
     headers = [*letter.original_headers, *info.to_headers()]
     return OutgoingRecord(item.target_topic, letter.key, letter.value, headers)
 

@@ -81,7 +81,6 @@ async def batch_states(store: StateStore, letters: Sequence[DeadLetterView]) -> 
     return {k: (r.state if r is not None else None) for k, r in zip(keys, records, strict=True)}
 
 
-
 # --- publishing ----------------------------------------------------------------------------------------
 
 

@@ -30,8 +30,9 @@ class EngineKeeper:
     """The dispatcher's two engine loops (:meth:`watch`, :meth:`keep_deployed`) and the deploy at start;
     they end when ``stopping`` is set."""
 
-    def __init__(self, settings: DispatcherSettings, tracker: Tracker, metrics: Metrics,
-                 stopping: asyncio.Event) -> None:
+    def __init__(
+        self, settings: DispatcherSettings, tracker: Tracker, metrics: Metrics, stopping: asyncio.Event
+    ) -> None:
         self.settings = settings
         self.tracker = tracker
         self.metrics = metrics
@@ -64,8 +65,10 @@ class EngineKeeper:
         except DispatcherError as exc:
             if not exc.retriable:
                 raise
-            log.warning("engines not deployed: Ray does not answer; deploying them once it does",
-                        extra={"error": str(exc)})
+            log.warning(
+                "engines not deployed: Ray does not answer; deploying them once it does",
+                extra={"error": str(exc)},
+            )
             return None
 
     async def keep_deployed(self, deployed_on: str | None) -> None:
@@ -84,10 +87,10 @@ class EngineKeeper:
             if self.stopping.is_set() or (deployed_on is not None and not self.tracker.is_leader):
                 continue
             try:
-                if deployed_on is not None and config_lost(self.config(), await api.status(),
-                                                           deployed_on):
-                    log.warning("Ray Serve has none of the engines (a Ray head restart?): deploying "
-                                "them again")
+                if deployed_on is not None and config_lost(self.config(), await api.status(), deployed_on):
+                    log.warning(
+                        "Ray Serve has none of the engines (a Ray head restart?): deploying them again"
+                    )
                     deployed_on = None
                 if deployed_on is None:
                     deployed_on = await self.deploy()
@@ -95,8 +98,11 @@ class EngineKeeper:
             except DispatcherError as exc:
                 if exc.retriable and deployed_on is None and not failing:  # once per streak of failures
                     failing = True
-                    log.warning("engines still not deployed; trying again every %.0f s", ENGINE_POLL_S,
-                                extra={"error": str(exc)})
+                    log.warning(
+                        "engines still not deployed; trying again every %.0f s",
+                        ENGINE_POLL_S,
+                        extra={"error": str(exc)},
+                    )
                 elif exc.retriable:  # the tracker reports Ray's outages; no line per poll
                     log.debug("engine deployment check failed: %s", exc)
                 elif str(exc) != refused:  # said once per refusal

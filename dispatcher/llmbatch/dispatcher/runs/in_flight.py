@@ -123,7 +123,8 @@ class InFlight:
                 self.metrics.attempts.labels(event="lost").inc()
                 log.warning("job lost: Ray does not know it", extra={"submission_id": sid})
                 await self.retry_or_fail(
-                    record, "job_lost",
+                    record,
+                    "job_lost",
                     f"Ray no longer knows attempt {sid} (a restarted Ray head, or a replaced batch-runner "
                     "replica on the short path)",
                 )
@@ -205,12 +206,23 @@ class InFlight:
             message += f": {summary}"
         message += " (the end of the driver's log is in the dispatcher's log)"
         if info.message:
-            log.warning("job failed", extra={"submission_id": record.submission_id, "exit_code": code,
-                                             "ray_message": info.message[-2000:]})
+            log.warning(
+                "job failed",
+                extra={
+                    "submission_id": record.submission_id,
+                    "exit_code": code,
+                    "ray_message": info.message[-2000:],
+                },
+            )
         self.metrics.attempts.labels(event="failed").inc()
         if code == EXIT_ENGINE_UNAVAILABLE:  # waiting again on every retry would not help
-            await self.retry_or_fail(record, "engine_unavailable", message, retriable=False,
-                                     dlt_reason=DltReason.ATTEMPTS_EXHAUSTED)
+            await self.retry_or_fail(
+                record,
+                "engine_unavailable",
+                message,
+                retriable=False,
+                dlt_reason=DltReason.ATTEMPTS_EXHAUSTED,
+            )
         elif code in NON_RETRIABLE_EXITS:
             reason = DltReason.INPUT_NOT_FOUND if code == EXIT_INPUT_NOT_FOUND else DltReason.INPUT_INVALID
             await self.retry_or_fail(record, str(reason), message, retriable=False, dlt_reason=reason)

@@ -90,8 +90,10 @@ class JobCleanup:
                     return done
                 if deleted and entry.startswith(CHECK):
                     self.came_back += 1
-                    log.info("a deleted Ray job came back (Ray's job monitor wrote it again); deleted again",
-                             extra={"submission_id": sid})
+                    log.info(
+                        "a deleted Ray job came back (Ray's job monitor wrote it again); deleted again",
+                        extra={"submission_id": sid},
+                    )
                 elif deleted:
                     checks.append(CHECK + sid)
                     log.debug("finished Ray job deleted", extra={"submission_id": sid})

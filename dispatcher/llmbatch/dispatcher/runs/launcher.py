@@ -124,8 +124,13 @@ class Launcher:
         if uri and opts.short_path_max_lines > 0 and not pooled:
             size = await self.size_of(uri)
         lines = None if uri else counter(record.get("total"))
-        return not short_path_fits(pooled=pooled, lines=lines, input_size=size,
-                                   max_lines=opts.short_path_max_lines, max_bytes=opts.short_path_max_bytes)
+        return not short_path_fits(
+            pooled=pooled,
+            lines=lines,
+            input_size=size,
+            max_lines=opts.short_path_max_lines,
+            max_bytes=opts.short_path_max_bytes,
+        )
 
     async def admission(self) -> Admission:
         """The shared engines' room now: each model's capacity and its launched batches' load."""

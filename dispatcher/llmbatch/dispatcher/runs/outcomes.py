@@ -27,8 +27,14 @@ from llmbatch.schemas.job import MANIFEST_NAME, Manifest
 class OutcomeReader:
     """Builds the outcome of a batch that did not end with a manifest of its own attempt."""
 
-    def __init__(self, settings: DispatcherSettings, store: StateStore, results: ResultStore, *,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        settings: DispatcherSettings,
+        store: StateStore,
+        results: ResultStore,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.settings = settings
         self.store = store
         self.results = results

@@ -27,8 +27,11 @@ _REFUSED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"}
 def _http_status(exc: Exception) -> int | None:
     """The HTTP status of a minio error: an ``S3Error``'s response, a ``ServerError``'s status code, an
     ``InvalidResponseError``'s code."""
-    for value in (getattr(getattr(exc, "response", None), "status", None),
-                  getattr(exc, "status_code", None), getattr(exc, "_code", None)):
+    for value in (
+        getattr(getattr(exc, "response", None), "status", None),
+        getattr(exc, "status_code", None),
+        getattr(exc, "_code", None),
+    ):
         if isinstance(value, int):
             return value
     return None
@@ -46,7 +49,8 @@ def translate_s3_error(exc: Exception, endpoint: str) -> Exception:
     if code in _REFUSED:
         return StorageUnavailable(
             f"S3 at {endpoint} refused the dispatcher's keys ({code}): check LLMBATCH_S3__ACCESS_KEY, "
-            "LLMBATCH_S3__SECRET_KEY and their policy; batches wait until they work")
+            "LLMBATCH_S3__SECRET_KEY and their policy; batches wait until they work"
+        )
     if type(exc).__name__ in {"S3Error", "ServerError", "InvalidResponseError"}:
         status = _http_status(exc)
         if status is not None and status < 500 and status not in {408, 429}:

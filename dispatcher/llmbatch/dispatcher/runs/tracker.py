@@ -116,12 +116,32 @@ class Tracker:
         self._failing: dict[tuple[str, BatchKey], str] = {}  # (step, batch) -> its permanent error, said
         self._sem = asyncio.Semaphore(16)
         self.outcomes = OutcomeReader(settings, store, results, clock=clock)
-        self.checks = InFlight(settings, store, backend, results, producer, metrics, self.outcomes,
-                               resubmit=self.submit, clock=clock, crash=crash)
+        self.checks = InFlight(
+            settings,
+            store,
+            backend,
+            results,
+            producer,
+            metrics,
+            self.outcomes,
+            resubmit=self.submit,
+            clock=clock,
+            crash=crash,
+        )
         if input_sizes is None:
             input_sizes = InputSizes(self._object_size)
-        self.launcher = Launcher(settings, store, backend, bodies, metrics, self.outcomes,
-                                 finish=self.checks.finish, clock=clock, crash=crash, size_of=input_sizes)
+        self.launcher = Launcher(
+            settings,
+            store,
+            backend,
+            bodies,
+            metrics,
+            self.outcomes,
+            finish=self.checks.finish,
+            clock=clock,
+            crash=crash,
+            size_of=input_sizes,
+        )
 
     async def _object_size(self, uri: str) -> int | None:
         return await self.results.object_size(uri)
@@ -186,8 +206,10 @@ class Tracker:
         now = time.monotonic()
         if now - self._warned.get(component, -1e9) > WARN_EVERY_S:
             self._warned[component] = now
-            log.warning(f"{what} postponed (repeats are not logged for a while)",
-                        extra={"error": str(exc), "component": component})
+            log.warning(
+                f"{what} postponed (repeats are not logged for a while)",
+                extra={"error": str(exc), "component": component},
+            )
 
     def _set_leader(self, leader: bool) -> None:
         if leader != self.is_leader:
@@ -215,10 +237,12 @@ class Tracker:
             self._cleanup_at = now
             await self.job_cleanup.retry_due()
 
-    async def _each(self, records: list[BatchRecord], fn: Callable[[BatchRecord], Awaitable[None]],
-                    step: str = "check") -> None:
+    async def _each(
+        self, records: list[BatchRecord], fn: Callable[[BatchRecord], Awaitable[None]], step: str = "check"
+    ) -> None:
         """``fn`` on each record, 16 at a time; an outage is logged as :meth:`_postponed` says, a
         permanent error once per batch and ``step`` until it changes or the step works again."""
+
         async def guarded(record: BatchRecord) -> None:
             async with self._sem:
                 with logs.bind(
@@ -235,8 +259,10 @@ class Tracker:
                             self._postponed("batch step", exc)
                         elif self._failing.get(failing) != str(exc):  # said once per batch and error
                             self._failing[failing] = str(exc)
-                            log.error("batch step failed (said again only if the error changes)",
-                                      extra={"error": str(exc), "step": step})
+                            log.error(
+                                "batch step failed (said again only if the error changes)",
+                                extra={"error": str(exc), "step": step},
+                            )
                     except Exception:
                         log.exception("batch step crashed")
                     else:
@@ -264,8 +290,11 @@ class Tracker:
         ]
         stops = [(r, self.checks.stop_reason(r, now)) for r in records]
         due = {r.key: reason for r, reason in stops if reason in {"cancel", "deadline"}}
-        await self._each([r for r in records if r.key in due],
-                         lambda r: self.checks.finish_stopped(r, due[r.key]), step="expire")
+        await self._each(
+            [r for r in records if r.key in due],
+            lambda r: self.checks.finish_stopped(r, due[r.key]),
+            step="expire",
+        )
 
     # -- 3. in-flight --------------------------------------------------------------------------------
     async def poll_in_flight(self) -> None:
@@ -293,8 +322,11 @@ class Tracker:
         for record in await self.store.get_many(ids):
             if record is None or record.state is not State.QUEUED:
                 continue
-            with logs.bind(batch_id=record.batch_id, tenant=record.tenant,
-                           trace_id=logs.trace_id_of(record.get("traceparent"))):
+            with logs.bind(
+                batch_id=record.batch_id,
+                tenant=record.tenant,
+                trace_id=logs.trace_id_of(record.get("traceparent")),
+            ):
                 reason = self.checks.stop_reason(record, self.clock())
                 try:
                     if reason is not None:

@@ -51,7 +51,12 @@ Operation = Literal["READ", "WRITE", "CREATE", "DESCRIBE", "DESCRIBE_CONFIGS", "
 # Kafka's wire codes (org.apache.kafka.common.resource.ResourceType, acl.AclOperation, ...)
 RESOURCE_TYPE_CODES: dict[str, int] = {"TOPIC": 2, "GROUP": 3, "CLUSTER": 4}
 OPERATION_CODES: dict[str, int] = {
-    "READ": 3, "WRITE": 4, "CREATE": 5, "DESCRIBE": 8, "DESCRIBE_CONFIGS": 10, "IDEMPOTENT_WRITE": 12,
+    "READ": 3,
+    "WRITE": 4,
+    "CREATE": 5,
+    "DESCRIBE": 8,
+    "DESCRIBE_CONFIGS": 10,
+    "IDEMPOTENT_WRITE": 12,
 }
 PATTERN_LITERAL = 3
 PERMISSION_ALLOW = 3
@@ -86,8 +91,15 @@ class AclBinding(BaseModel):
 
     def key(self) -> tuple[str, str, str, str, str, str, str]:
         """What the broker stores (the role and the reason are ours)."""
-        return (self.principal, self.resource_type, self.resource_name, self.pattern_type,
-                self.operation, self.permission, self.host)
+        return (
+            self.principal,
+            self.resource_type,
+            self.resource_name,
+            self.pattern_type,
+            self.operation,
+            self.permission,
+            self.host,
+        )
 
     def describe(self) -> str:
         """``ALLOW WRITE on TOPIC name`` (one line, without the reason)."""
@@ -99,8 +111,12 @@ def role_grants(topics: TopicSettings, group_id: str) -> dict[Role, list[Grant]]
 
     Raises :class:`ValueError` for a topic or group named ``*`` (a literal ``*`` is Kafka's wildcard)
     or empty."""
-    for what, name in (("requests topic", topics.requests), ("results topic", topics.results),
-                       ("dead-letter topic", topics.dead_letter), ("consumer group", group_id)):
+    for what, name in (
+        ("requests topic", topics.requests),
+        ("results topic", topics.results),
+        ("dead-letter topic", topics.dead_letter),
+        ("consumer group", group_id),
+    ):
         if not name or name == "*":
             raise ValueError(f"the {what} is named {name!r}: a literal '*' is Kafka's wildcard, refused")
     req, res, dlt = topics.requests, topics.results, topics.dead_letter
@@ -136,8 +152,10 @@ def role_grants(topics: TopicSettings, group_id: str) -> dict[Role, list[Grant]]
 def check_user(name: str) -> str:
     """``name`` if it can be a SASL user of a role, else :class:`ValueError` saying why."""
     if not _USER.fullmatch(name):
-        raise ValueError(f"Kafka user name {name!r}: use letters, digits and _ . @ - (at most 128), "
-                         "starting with a letter or digit")
+        raise ValueError(
+            f"Kafka user name {name!r}: use letters, digits and _ . @ - (at most 128), "
+            "starting with a letter or digit"
+        )
     return name
 
 
@@ -161,9 +179,14 @@ def acl_bindings(
         for user in names[role]:
             principal = f"User:{check_user(user)}"
             for grant in grants[role]:
-                binding = AclBinding(role=role, principal=principal, resource_type=grant.resource_type,
-                                     resource_name=grant.resource_name, operation=grant.operation,
-                                     why=grant.why)
+                binding = AclBinding(
+                    role=role,
+                    principal=principal,
+                    resource_type=grant.resource_type,
+                    resource_name=grant.resource_name,
+                    operation=grant.operation,
+                    why=grant.why,
+                )
                 if binding.key() not in seen:  # one user in two roles gets each grant once
                     seen.add(binding.key())
                     bindings.append(binding)

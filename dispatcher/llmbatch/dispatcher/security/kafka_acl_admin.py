@@ -105,8 +105,17 @@ async def _describe(admin: Any, principal: str, timeout_s: float) -> set[Key]:
     found: set[Key] = set()
     for resource_type, name, pattern, acls in response.resources:
         for acl_principal, host, operation, permission in acls:
-            found.add((acl_principal, _name("resource", resource_type), name, _name("pattern", pattern),
-                       _name("operation", operation), _name("permission", permission), host))
+            found.add(
+                (
+                    acl_principal,
+                    _name("resource", resource_type),
+                    name,
+                    _name("pattern", pattern),
+                    _name("operation", operation),
+                    _name("permission", permission),
+                    host,
+                )
+            )
     return found
 
 
@@ -114,8 +123,13 @@ async def _create(admin: Any, binding: AclBinding, timeout_s: float) -> None:
     from aiokafka.protocol.admin import CreateAclsRequest
 
     request = CreateAclsRequest(
-        RESOURCE_TYPE_CODES[binding.resource_type], binding.resource_name, PATTERN_LITERAL,
-        binding.principal, binding.host, OPERATION_CODES[binding.operation], PERMISSION_ALLOW,
+        RESOURCE_TYPE_CODES[binding.resource_type],
+        binding.resource_name,
+        PATTERN_LITERAL,
+        binding.principal,
+        binding.host,
+        OPERATION_CODES[binding.operation],
+        PERMISSION_ALLOW,
     )
     response = await asyncio.wait_for(admin._send_request(request), timeout_s)
     for error_code, error_message in response.creation_responses:
@@ -126,8 +140,10 @@ def _check(code: int, message: str | None, what: str) -> None:
     if code == 0:
         return
     if code == _CLUSTER_AUTHORIZATION_FAILED:
-        raise KafkaNotAuthorized(f"Kafka does not allow this user to {what}: connect as a super user "
-                                 "(the broker's super.users) with LLMBATCH_KAFKA__SASL_USERNAME/_PASSWORD")
+        raise KafkaNotAuthorized(
+            f"Kafka does not allow this user to {what}: connect as a super user "
+            "(the broker's super.users) with LLMBATCH_KAFKA__SASL_USERNAME/_PASSWORD"
+        )
     if code == _SECURITY_DISABLED:
         raise PermanentError(f"cannot {what}: the broker runs no authorizer (authorizer.class.name)")
     raise PermanentError(f"cannot {what}: Kafka error {code} {message or ''}".strip())

@@ -48,8 +48,10 @@ def _admin(s3: S3Settings) -> Any:
     from minio.minioadmin import MinioAdmin
 
     # bounded: an operator's command, not a service (a server that does not answer is said in seconds)
-    options: dict[str, Any] = {"timeout": urllib3.Timeout(connect=5, read=30),
-                               "retries": urllib3.Retry(total=1, backoff_factor=0.2)}
+    options: dict[str, Any] = {
+        "timeout": urllib3.Timeout(connect=5, read=30),
+        "retries": urllib3.Retry(total=1, backoff_factor=0.2),
+    }
     if s3.secure:
         cafile = str(s3.ca_file) if s3.ca_file is not None else None
         options["ssl_context"] = ssl.create_default_context(cafile=cafile)
@@ -102,9 +104,7 @@ def apply_tenant_policy(
     if secret_key is not None and len(secret_key) < MIN_SECRET_CHARS:
         raise PermanentError(f"{SECRET_ENV} must be at least {MIN_SECRET_CHARS} characters")
     name = policy_name(tenant)
-    document = tenant_policy(
-        tenant, input_buckets=s3.readable_buckets(), results_bucket=s3.results_bucket
-    )
+    document = tenant_policy(tenant, input_buckets=s3.readable_buckets(), results_bucket=s3.results_bucket)
     admin = _admin(s3)
     step = f"create the policy {name}"
     try:
@@ -127,5 +127,6 @@ def apply_tenant_policy(
     except Exception as exc:
         raise _translate(step, exc) from exc
     policies = [p for p in str(info.get("policyName") or "").split(",") if p]
-    return TenantApplyReport(tenant=tenant, policy=name, user=user, user_created=not exists,
-                             policies_of_user=policies)
+    return TenantApplyReport(
+        tenant=tenant, policy=name, user=user, user_created=not exists, policies_of_user=policies
+    )

@@ -66,12 +66,15 @@ def tenant_policy(tenant: str, *, input_buckets: Iterable[str], results_bucket: 
         },
     ]
     if inputs:
-        statements.insert(1, {
-            "Sid": "InputsUnderTheTenantPrefix",
-            "Effect": "Allow",
-            "Action": list(READ_ACTIONS),
-            "Resource": [f"arn:aws:s3:::{b}/{tenant}/*" for b in inputs],
-        })
+        statements.insert(
+            1,
+            {
+                "Sid": "InputsUnderTheTenantPrefix",
+                "Effect": "Allow",
+                "Action": list(READ_ACTIONS),
+                "Resource": [f"arn:aws:s3:::{b}/{tenant}/*" for b in inputs],
+            },
+        )
     return {"Version": "2012-10-17", "Statement": statements}
 
 
@@ -102,12 +105,15 @@ def batch_policy(*, input_uri: str | None, output_prefix: str) -> dict[str, Any]
         in_bucket, _, key = _split(input_uri, "input_uri")
         if not key or key.endswith("/") or "*" in key or "?" in key:
             raise ValueError(f"input_uri {input_uri[:200]!r} must name one object, without wildcards")
-        statements.insert(1, {
-            "Sid": "TheBatchsInput",
-            "Effect": "Allow",
-            "Action": list(READ_ACTIONS),
-            "Resource": [f"arn:aws:s3:::{in_bucket}/{key}"],
-        })
+        statements.insert(
+            1,
+            {
+                "Sid": "TheBatchsInput",
+                "Effect": "Allow",
+                "Action": list(READ_ACTIONS),
+                "Resource": [f"arn:aws:s3:::{in_bucket}/{key}"],
+            },
+        )
     return {"Version": "2012-10-17", "Statement": statements}
 
 

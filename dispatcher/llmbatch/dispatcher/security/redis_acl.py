@@ -37,8 +37,19 @@ def _glob(text: str) -> str:
     return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
 
 
-OPERATOR_READS = ("batch:*", "state:*", "ready", "delayed", "deadlines", "unpublished", "progress:*",
-                  "jobs:delete", "event:*", "lease:*", "dlq:replayed:*")
+OPERATOR_READS = (
+    "batch:*",
+    "state:*",
+    "ready",
+    "delayed",
+    "deadlines",
+    "unpublished",
+    "progress:*",
+    "jobs:delete",
+    "event:*",
+    "lease:*",
+    "dlq:replayed:*",
+)
 """What the operator reads, after ``<p>:``: every key :class:`llmbatch.dispatcher.domain.keys.Keys` makes but
 the S3
 sessions (a unit test holds the two together)."""
@@ -57,7 +68,8 @@ def acl_rules(keys: Keys) -> dict[Role, str]:
             f"(~{_glob(keys.s3_session_prefix)}* +getdel)"
         ),
         "operator": (
-            "resetkeys " + " ".join(f"%R~{p}:{pattern}" for pattern in OPERATOR_READS)
+            "resetkeys "
+            + " ".join(f"%R~{p}:{pattern}" for pattern in OPERATOR_READS)
             + f" ~{p}:dlq:replayed:* resetchannels -@all +@read +@hash +@connection -@dangerous {_CONNECTION}"
         ),
     }

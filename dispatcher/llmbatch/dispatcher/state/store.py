@@ -43,6 +43,7 @@ _TERMINAL_CSV = ",".join(sorted(s.value for s in states.TERMINAL))
 _INTAKE_STATES = (State.QUEUED, State.DEAD_LETTERED, State.FAILED)
 _INTAKE_STATES_CSV = ",".join(s.value for s in _INTAKE_STATES)
 
+
 def _str_hash(raw: Mapping[Any, Any]) -> dict[str, str]:
     """A hash reply as str -> str (the client decodes already; this only narrows the type)."""
     return {reply_text(k): reply_text(v) for k, v in raw.items()}
@@ -76,7 +77,8 @@ class StateStore(StoreIndexes, StoreUpkeep):
         reg = self.client.register_script
         self._scripts = Scripts(
             intake=reg(
-                lua.load("intake").replace("@DEDUPE_TTL@", str(self.dedupe_ttl_s))
+                lua.load("intake")
+                .replace("@DEDUPE_TTL@", str(self.dedupe_ttl_s))
                 .replace("@FINISHED_TTL@", str(self.finished_ttl_s))
             ),
             transition=reg(lua.load("transition")),
@@ -334,8 +336,12 @@ class StateStore(StoreIndexes, StoreUpkeep):
     async def promote_due(self, limit: int = 500) -> int:
         """Move queued batches whose retry backoff has elapsed back into the ``ready`` zset."""
         now = _fmt(self.clock())
-        due = [reply_text(k) for k in await self._call(
-            lambda: self.client.zrangebyscore(self.keys.delayed, "-inf", now, start=0, num=limit))]
+        due = [
+            reply_text(k)
+            for k in await self._call(
+                lambda: self.client.zrangebyscore(self.keys.delayed, "-inf", now, start=0, num=limit)
+            )
+        ]
         if not due:
             return 0
         # the script moves only these (each still delayed and due): every key it touches is declared
