@@ -49,6 +49,7 @@ demo: setup
 lint: setup-test
 	bash scripts/lock.sh --check
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 	MYPY_CACHE_DIR="$${LLMBATCH_CACHE:-$$HOME/.cache/llmbatch}/mypy" .venv/bin/mypy
 	.venv/bin/lint-imports
 

@@ -10,10 +10,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from llmbatch.settings import KafkaSettings, LLMBatchSettings, RaySettings, RedisSettings, S3Settings
 from tests.support.cpu_account import CpuCgroup, CpuMeter, machine_busy_seconds
 from tests.support.services import ServiceProvider
+
+# properties, not speeds: hypothesis' default 200 ms deadline per example is a wall-clock bound that a
+# loaded CI machine breaks (test_fair_queue failed so beside a full suite)
+hypothesis_settings.register_profile("llmbatch", deadline=None)
+hypothesis_settings.load_profile("llmbatch")
 
 CPU_PROPERTY = "cpu_s"
 CPU_SOURCE_PROPERTY = "cpu_source"
@@ -58,14 +64,17 @@ def ray_settings(services: ServiceProvider, s3_settings: S3Settings) -> RaySetti
 
 
 @pytest.fixture(scope="session")
-def settings(kafka_settings: KafkaSettings, redis_settings: RedisSettings,
-             s3_settings: S3Settings) -> LLMBatchSettings:
+def settings(
+    kafka_settings: KafkaSettings, redis_settings: RedisSettings, s3_settings: S3Settings
+) -> LLMBatchSettings:
     """Settings pointing at real Kafka, Redis and MinIO (Ray: request ``ray_settings`` too)."""
     return LLMBatchSettings(kafka=kafka_settings, redis=redis_settings, s3=s3_settings)
 
 
-DEPLOY_NEEDS_ROOT = ("the deploy tier needs root (network namespaces, iptables, cgroups, a kubelet): "
-                     "CI runs it as root; run `sudo make test-deploy` to run it here")
+DEPLOY_NEEDS_ROOT = (
+    "the deploy tier needs root (network namespaces, iptables, cgroups, a kubelet): "
+    "CI runs it as root; run `sudo make test-deploy` to run it here"
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -112,8 +121,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Per test file, slowest first: wall seconds (setup + call + teardown) and the CPU seconds its tests
     and all they started used (the services included): where the suite's time and CPU go. First, what
     was skipped for want of root."""
-    skipped = [r.nodeid for r in terminalreporter.stats.get("skipped", [])
-               if isinstance(r, pytest.TestReport) and DEPLOY_NEEDS_ROOT in str(r.longrepr)]
+    skipped = [
+        r.nodeid
+        for r in terminalreporter.stats.get("skipped", [])
+        if isinstance(r, pytest.TestReport) and DEPLOY_NEEDS_ROOT in str(r.longrepr)
+    ]
     if skipped:
         files = sorted({nodeid.split("::", 1)[0] for nodeid in skipped})
         terminalreporter.write_sep("=", f"{len(skipped)} deploy tests skipped: not root")
@@ -142,5 +154,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         wall = time.monotonic() - _machine_start[0]
         busy = machine_busy_seconds() - _machine_start[1]
         cores = os.cpu_count() or 1
-        terminalreporter.write_line(f"the machine's {cores} cores were busy {busy:.0f} of {wall * cores:.0f} "
-                                    f"cpu-s ({busy / (wall * cores):.0%}) in the session's {wall:.0f} s")
+        terminalreporter.write_line(
+            f"the machine's {cores} cores were busy {busy:.0f} of {wall * cores:.0f} "
+            f"cpu-s ({busy / (wall * cores):.0%}) in the session's {wall:.0f} s"
+        )
