@@ -46,6 +46,7 @@ from rich.table import Table
 
 from llmbatch.demo.batch import MODEL, Batch, prepare_batch
 from llmbatch.demo.report import compare, console, report
+from llmbatch.schemas.errors import LLMBatchError
 from llmbatch.settings import LLMBatchSettings
 from llmbatch.stack import manager
 from llmbatch.stack.dispatcher_env import dispatcher_environ
@@ -56,7 +57,7 @@ from llmbatch.stack.state import StackState, default_run_dir
 DATA_FILE = Path(__file__).parent / "data" / "batch.jsonl"
 
 
-class DemoError(Exception):
+class DemoError(LLMBatchError):
     """Something the demo cannot go on without; printed as one line (plus a log tail)."""
 
     def __init__(self, message: str, tail: str | None = None) -> None:

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import psutil
 
+from llmbatch.schemas.errors import LLMBatchError
 
-class StackError(RuntimeError):
+
+class StackError(LLMBatchError, RuntimeError):
     """A local service could not be prepared, started or stopped. The message is one line."""
 
     def __init__(self, message: str, log_tail: str = "") -> None:

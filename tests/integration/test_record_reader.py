@@ -1,6 +1,6 @@
 """Reading single records back by coordinates (dispatcher.record_reader) on a real Kafka: a record that
 is there, one retention removed (below the log start, or the whole partition emptied), and an offset
-past the end: each is None, not a BrokerUnavailable after the read timeout."""
+past the end: each is None, not a KafkaUnavailable after the read timeout."""
 
 from __future__ import annotations
 

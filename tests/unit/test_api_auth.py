@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from llmbatch.api.auth import Authenticator, RateLimiter, hash_api_key
-from llmbatch.api.errors import AuthenticationFailed, RateLimited
+from llmbatch.api.errors import InvalidApiKey, RateLimited
 from llmbatch.api.records import FILE_PREFIX, Layout, RecordStore, StoredBatch, StoredFile, new_id
 from llmbatch.api.settings import ApiOptions, ApiSettings
 from llmbatch.api.status import error_file_id, output_file_id
@@ -44,11 +44,11 @@ def test_the_authenticator_reads_bearer_keys() -> None:
     auth = Authenticator({hash_api_key("sk-a"): "acme"})
     assert auth.tenant_of("Bearer sk-a") == "acme"
     assert auth.tenant_of("bearer   sk-a ") == "acme"
-    with pytest.raises(AuthenticationFailed) as missing:
+    with pytest.raises(InvalidApiKey) as missing:
         auth.tenant_of(None)
     assert missing.value.code == "missing_api_key"
     for header in ("Bearer sk-b", "Basic sk-a", "sk-a", "Bearer "):
-        with pytest.raises(AuthenticationFailed):
+        with pytest.raises(InvalidApiKey):
             auth.tenant_of(header)
 
 

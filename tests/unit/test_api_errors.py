@@ -9,9 +9,9 @@ import pytest
 from llmbatch.adapters.errors import BrokerUnavailable, InvalidInput, PublishFailed, StorageError
 from llmbatch.api.errors import (
     ApiError,
-    AuthenticationFailed,
     Conflict,
     InternalError,
+    InvalidApiKey,
     InvalidRequest,
     NotFound,
     PayloadTooLarge,
@@ -37,7 +37,7 @@ def shape(body: dict[str, Any]) -> dict[str, Any]:
     ("error", "status", "kind"),
     [
         (InvalidRequest("x", param="limit"), 400, "invalid_request_error"),
-        (AuthenticationFailed("x"), 401, "invalid_request_error"),
+        (InvalidApiKey("x"), 401, "invalid_request_error"),
         (NotFound("x"), 404, "invalid_request_error"),
         (Conflict("x"), 409, "invalid_request_error"),
         (PayloadTooLarge("x"), 413, "invalid_request_error"),
@@ -53,7 +53,7 @@ def test_each_error_has_its_status_and_type(error: ApiError, status: int, kind: 
 
 def test_codes_and_params_are_carried() -> None:
     assert shape(InvalidRequest("bad", param="limit").body())["param"] == "limit"
-    assert shape(AuthenticationFailed("no").body())["code"] == "invalid_api_key"
+    assert shape(InvalidApiKey("no").body())["code"] == "invalid_api_key"
     assert shape(RateLimited("slow").body())["code"] == "rate_limit_exceeded"
     assert shape(Conflict("x", code="batch_not_cancellable").body())["code"] == "batch_not_cancellable"
 

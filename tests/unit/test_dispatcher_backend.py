@@ -13,7 +13,7 @@ from llmbatch.dispatcher.domain.batch_record import BatchRecord
 from llmbatch.dispatcher.domain.keys import Keys
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import (
-    BrokerUnavailable,
+    KafkaUnavailable,
     PermanentError,
     StateStoreUnavailable,
     TransientError,
@@ -197,7 +197,7 @@ def test_classify_library_errors() -> None:
     assert isinstance(classify(rexc.ConnectionError("x")), StateStoreUnavailable)
     assert isinstance(classify(rexc.ResponseError("LOADING Redis is loading")), StateStoreUnavailable)
     assert isinstance(classify(rexc.ResponseError("ERR syntax")), PermanentError)
-    assert isinstance(classify(KafkaConnectionError()), BrokerUnavailable)
+    assert isinstance(classify(KafkaConnectionError()), KafkaUnavailable)
     assert not classify(RecordTooLargeError()).retriable
     assert isinstance(classify(ConnectionRefusedError()), TransientError)
     assert not classify(ValueError("bug")).retriable

@@ -18,7 +18,7 @@ from llmbatch.dispatcher.domain import states
 from llmbatch.dispatcher.domain.batch_record import BatchRecord, TransitionResult
 from llmbatch.dispatcher.domain.keys import BatchKey, batch_key
 from llmbatch.dispatcher.domain.states import State
-from llmbatch.dispatcher.errors import BrokerUnavailable, StateStoreUnavailable
+from llmbatch.dispatcher.errors import KafkaUnavailable, StateStoreUnavailable
 from llmbatch.dispatcher.intake import cancel_scan
 from llmbatch.dispatcher.intake import commands as intake
 from llmbatch.dispatcher.intake.cancel_scan import CancelScanner
@@ -404,7 +404,7 @@ async def test_kafka_failures_are_a_retriable_broker_outage_and_the_consumer_is_
 
     monkeypatch.setattr(cancel_scan, "side_consumer", failing)
     rig.log.append(P0, request("b-1"))
-    with pytest.raises(BrokerUnavailable) as caught:
+    with pytest.raises(KafkaUnavailable) as caught:
         await rig.scanner.scan({P0: 0})
     assert caught.value.retriable and caught.value.__cause__ is error
     assert rig.log.consumers[-1].stopped

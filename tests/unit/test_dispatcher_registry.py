@@ -132,7 +132,7 @@ async def test_a_start_step_logs_a_dependency_not_ready_once_per_change_of_state
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Before, every retry of a start step (Kafka topics, the consumer) logged a warning."""
-    from llmbatch.dispatcher.errors import BrokerUnavailable
+    from llmbatch.dispatcher.errors import KafkaUnavailable
 
     settings = DispatcherSettings(
         _env_file=None,
@@ -150,7 +150,7 @@ async def test_a_start_step_logs_a_dependency_not_ready_once_per_change_of_state
         nonlocal left
         if left:
             left -= 1
-            raise BrokerUnavailable("Kafka at 127.0.0.1:1 is unreachable")
+            raise KafkaUnavailable("Kafka at 127.0.0.1:1 is unreachable")
 
     with caplog.at_level(logging.INFO, logger="llmbatch.dispatcher.service"):
         await dispatcher._until_ok("kafka topics", step)

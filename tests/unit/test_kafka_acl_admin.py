@@ -24,9 +24,9 @@ from aiokafka.protocol.admin import (
 )
 
 from llmbatch.dispatcher.errors import (
-    BrokerUnavailable,
     KafkaAuthenticationFailed,
     KafkaNotAuthorized,
+    KafkaUnavailable,
     PermanentError,
 )
 from llmbatch.dispatcher.security import kafka_acl_admin
@@ -243,7 +243,7 @@ async def test_an_outage_after_the_start_is_a_retriable_broker_outage(
     broker: Broker, error: Exception
 ) -> None:
     broker.fail_send = error
-    with pytest.raises(BrokerUnavailable) as caught:
+    with pytest.raises(KafkaUnavailable) as caught:
         await apply_bindings(KAFKA, PLAN)
     assert caught.value.retriable and caught.value.__cause__ is error
     assert broker.clients[0].closed
@@ -273,14 +273,14 @@ async def test_a_refused_login_at_start_says_so_instead_of_an_outage(
         await apply_bindings(SASL, PLAN)
     assert asked == [SASL] and broker.described == [] and broker.clients[0].closed
     # without SASL the same failure is an outage, retried
-    with pytest.raises(BrokerUnavailable):
+    with pytest.raises(KafkaUnavailable):
         await apply_bindings(KAFKA, PLAN)
     assert asked == [SASL] and broker.clients[1].closed
 
 
 async def test_a_start_that_does_not_answer_times_out_as_an_outage(broker: Broker) -> None:
     broker.hang_start = True
-    with pytest.raises(BrokerUnavailable):
+    with pytest.raises(KafkaUnavailable):
         await asyncio.wait_for(apply_bindings(KAFKA, PLAN, timeout_s=0.05), 5)  # not: hangs for ever
     assert broker.clients[0].closed
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from llmbatch.schemas.errors import SchemaError
+from llmbatch.schemas.errors import LLMBatchError, SchemaError
 
 
-class ProducerError(Exception):
+class ProducerError(LLMBatchError):
     """Base of every error the SDK raises on purpose."""
 
     retriable: bool = False

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from llmbatch.api.errors import AuthenticationFailed, RateLimited
+from llmbatch.api.errors import InvalidApiKey, RateLimited
 
 
 def hash_api_key(key: str) -> str:
@@ -32,18 +32,18 @@ class Authenticator:
         self._tenants = {digest.lower(): tenant for digest, tenant in hashed_keys.items()}
 
     def tenant_of(self, authorization: str | None) -> str:
-        """The tenant of the bearer key in ``authorization``; :class:`AuthenticationFailed` otherwise."""
+        """The tenant of the bearer key in ``authorization``; :class:`InvalidApiKey` otherwise."""
         if not authorization:
-            raise AuthenticationFailed(
+            raise InvalidApiKey(
                 "You didn't provide an API key: send it as 'Authorization: Bearer <key>'",
                 code="missing_api_key",
             )
         scheme, _, key = authorization.strip().partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
-            raise AuthenticationFailed("send the API key as 'Authorization: Bearer <key>'")
+            raise InvalidApiKey("send the API key as 'Authorization: Bearer <key>'")
         tenant = self._tenants.get(hash_api_key(key.strip()))
         if tenant is None:
-            raise AuthenticationFailed("Incorrect API key provided; ask the operator for a valid key")
+            raise InvalidApiKey("Incorrect API key provided; ask the operator for a valid key")
         return tenant
 
 

@@ -16,10 +16,10 @@ from typing import Any
 
 from llmbatch.adapters.errors import InvalidInput, ProducerError
 from llmbatch.dispatcher.errors import DispatcherError
-from llmbatch.schemas.errors import SchemaError
+from llmbatch.schemas.errors import LLMBatchError, SchemaError
 
 
-class ApiError(Exception):
+class ApiError(LLMBatchError):
     """Base: an answer the API gives on purpose (never a traceback)."""
 
     status: int = 500
@@ -57,7 +57,7 @@ class InvalidRequest(ApiError):
     type = "invalid_request_error"
 
 
-class AuthenticationFailed(ApiError):
+class InvalidApiKey(ApiError):
     """401: no API key, or one the server does not know."""
 
     status = 401
@@ -90,6 +90,7 @@ class PayloadTooLarge(ApiError):
 class RateLimited(ApiError):
     """429: the tenant is over its request quota; ``Retry-After`` says when to come back."""
 
+    retriable = True
     status = 429
     type = "requests"
     code = "rate_limit_exceeded"
@@ -105,6 +106,7 @@ class QuotaExceeded(ApiError):
 class ServiceUnavailable(ApiError):
     """503: Kafka, Redis or object storage is unreachable; the same call may succeed later."""
 
+    retriable = True
     status = 503
     type = "server_error"
     code = "service_unavailable"
@@ -152,6 +154,7 @@ def from_exception(exc: Exception, *, param: str | None = None) -> ApiError:
 
 _BACKENDS = {
     "BrokerUnavailable": "Kafka",
+    "KafkaUnavailable": "Kafka",
     "PublishFailed": "Kafka",
     "TopicMissing": "Kafka",
     "StorageError": "object storage",

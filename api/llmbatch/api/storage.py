@@ -14,13 +14,14 @@ from collections.abc import AsyncIterator
 from typing import IO, Any, Protocol
 
 from llmbatch.adapters import storage
+from llmbatch.schemas.errors import LLMBatchError
 from llmbatch.settings import S3Settings
 
 CHUNK_BYTES = 1 << 16
 _MISSING_CODES = frozenset({"NoSuchKey", "NoSuchObject", "ResourceNotFound"})
 
 
-class ObjectMissing(LookupError):
+class ObjectMissing(LLMBatchError, LookupError):
     """The object does not exist."""
 
 

@@ -10,11 +10,13 @@ import asyncio
 import errno
 from typing import TYPE_CHECKING
 
+from llmbatch.schemas.errors import LLMBatchError
+
 if TYPE_CHECKING:
     from llmbatch.settings import KafkaSettings
 
 
-class DispatcherError(Exception):
+class DispatcherError(LLMBatchError):
     """Base class. ``retriable`` tells the caller whether the same call may succeed later."""
 
     retriable: bool = False
@@ -32,7 +34,7 @@ class StateStoreUnavailable(TransientError):
     code = "redis_unavailable"
 
 
-class BrokerUnavailable(TransientError):
+class KafkaUnavailable(TransientError):
     code = "kafka_unavailable"
 
 
@@ -67,10 +69,6 @@ class ConflictError(PermanentError):
     """A compare-and-set lost: the batch moved on (its version or state differs)."""
 
     code = "conflict"
-
-
-class NotFound(PermanentError):
-    code = "not_found"
 
 
 class KafkaNotAuthorized(PermanentError):
@@ -176,7 +174,7 @@ def classify(exc: BaseException, *, default: type[DispatcherError] = TransientEr
                 "NotCoordinatorError",
                 "UnknownTopicOrPartitionError",
             }:
-                return BrokerUnavailable(message)
+                return KafkaUnavailable(message)
             return PermanentError(message)
     except ImportError:  # pragma: no cover
         pass
@@ -201,7 +199,7 @@ async def classify_kafka_start(exc: BaseException, kafka: KafkaSettings) -> Disp
     """:func:`classify` for a Kafka client that failed to start. aiokafka reports a refused SASL
     login as "Unable to bootstrap" (an outage, retried for ever); a direct login says whether the
     credentials were refused, which is :class:`KafkaAuthenticationFailed` (not retriable)."""
-    error = classify(exc, default=BrokerUnavailable)
+    error = classify(exc, default=KafkaUnavailable)
     if error.retriable and kafka.security_protocol.startswith("SASL"):
         from llmbatch.adapters.kafka import authentication_failure
 

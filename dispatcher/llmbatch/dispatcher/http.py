@@ -16,6 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from llmbatch.dispatcher.metrics import Metrics
+from llmbatch.schemas.errors import LLMBatchError
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ MAX_CONNECTIONS = 32
 READY_CACHE_S = 2.0
 
 
-class HeadTooLarge(Exception):
+class HeadTooLarge(LLMBatchError):
     """The request head has too many or too long lines."""
 
 

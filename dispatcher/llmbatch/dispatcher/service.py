@@ -261,9 +261,9 @@ class Dispatcher:
         try:
             created = await ensure_topics(self.settings)
         except Exception as exc:
-            from llmbatch.dispatcher.errors import BrokerUnavailable
+            from llmbatch.dispatcher.errors import KafkaUnavailable
 
-            raise BrokerUnavailable(str(exc)) from exc
+            raise KafkaUnavailable(str(exc)) from exc
         if created:
             log.info("topics created", extra={"topics": created})
         await self._check_topic_sizes()

@@ -7,13 +7,14 @@ from __future__ import annotations
 from pydantic import BaseModel, ValidationError
 
 from llmbatch.dispatcher.settings import ENGINES_ENV, ENGINES_EXAMPLE, DispatcherSettings
+from llmbatch.schemas.errors import LLMBatchError
 
 _ENTRY_FIELDS = '{"path", "engine", "resources", "scaling", "env_vars"}'
 _NO_ECHO = frozenset({"missing", "value_error", "extra_forbidden", "assertion_error"})
 _SCALAR = (str, int, float, bool)
 
 
-class SettingsInvalid(ValueError):
+class SettingsInvalid(LLMBatchError, ValueError):
     """The environment does not make valid dispatcher settings; ``str()`` is one line naming the
     variable, the field and the fix."""
 

@@ -7,6 +7,7 @@ from datetime import datetime
 
 from llmbatch.schemas import Endpoint, parse_duration, utcnow
 from llmbatch.schemas.compat import parse_iso_time
+from llmbatch.schemas.errors import LLMBatchError
 
 EXIT_ERROR = 1
 ENDPOINT_ALIASES = {
@@ -18,7 +19,7 @@ ENDPOINT_ALIASES = {
 }
 
 
-class CliFailure(Exception):
+class CliFailure(LLMBatchError):
     """A user-facing failure: printed as one line, exit code attached."""
 
     def __init__(self, message: str, code: int = EXIT_ERROR) -> None:

@@ -14,12 +14,13 @@ import time
 import zlib
 
 from llmbatch.ray_job.records import Generation, GenRequest, TokenLogprob
+from llmbatch.schemas.errors import LLMBatchError
 from llmbatch.schemas.job import EngineConfig
 
 DEFAULT_MAX_MODEL_LEN = 2048
 
 
-class FakeEngineError(RuntimeError):
+class FakeEngineError(LLMBatchError, RuntimeError):
     """The simulated per-request engine failure."""
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum
 
-from llmbatch.schemas.errors import SchemaError
+from llmbatch.schemas.errors import LLMBatchError, SchemaError
 
 
 class ExitCode(IntEnum):
@@ -31,7 +31,7 @@ class ExitCode(IntEnum):
     instead of waiting again on every retry (``EX_UNAVAILABLE``)."""
 
 
-class JobError(Exception):
+class JobError(LLMBatchError):
     """An error that ends the attempt with a given exit code and a machine-readable code."""
 
     exit_code: ExitCode = ExitCode.RETRIABLE
@@ -113,7 +113,7 @@ class RequestFailure:
         return cls(ENGINE_ERROR, f"{type(exc).__name__}: {text}"[:4000], None, 500)
 
 
-class RequestRejected(Exception):
+class RequestRejected(LLMBatchError):
     """Raised by a backend when the engine refuses one request (bad parameters): HTTP 400."""
 
     def __init__(self, message: str, *, code: str = ENGINE_ERROR, param: str | None = None) -> None:

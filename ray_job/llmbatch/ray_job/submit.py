@@ -38,6 +38,7 @@ import orjson
 
 from llmbatch import ray_job, schemas
 from llmbatch.ray_job.outcome import RESULT_PREFIX
+from llmbatch.schemas.errors import LLMBatchError
 from llmbatch.schemas.job import POOL_SHARE, JobSpec
 
 MAX_ENTRYPOINT_CHARS = 100_000
@@ -46,7 +47,7 @@ STOP_WAIT_S = 15
 """Seconds Ray waits after SIGTERM before SIGKILL (the job flushes shards and the manifest)."""
 
 
-class SpecTooLargeError(ValueError):
+class SpecTooLargeError(LLMBatchError, ValueError):
     """The spec does not fit on a command line: upload it and use :func:`entrypoint_for_uri`."""
 
 

@@ -19,6 +19,7 @@ import re
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llmbatch.schemas.common import ModelName
+from llmbatch.schemas.errors import LLMBatchError
 from llmbatch.schemas.job import EngineConfig
 
 APP_PREFIX = "llmbatch-engine-"
@@ -124,7 +125,7 @@ def app_name(model: str) -> str:
     return f"{APP_PREFIX}{slug}-{digest}"
 
 
-class UnknownModelError(KeyError):
+class UnknownModelError(LLMBatchError, KeyError):
     """A request names a model the registry does not serve."""
 
     def __init__(self, model: str, known: list[str]) -> None:

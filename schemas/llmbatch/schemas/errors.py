@@ -75,7 +75,17 @@ OPENAI_ERROR_CODES: dict[str, str] = {
 }
 
 
-class SchemaError(Exception):
+class LLMBatchError(Exception):
+    """The root of every error llmbatch raises on purpose, in every unit (contracts, SDK, job,
+    dispatcher, API, stack). ``retriable`` tells the caller whether the same call may succeed later
+    (a dependency was down) or never will (the input, a setting or a permission is wrong); each
+    unit's own base (:class:`SchemaError`, ``ProducerError``, ``JobError``, ``DispatcherError``,
+    ``ApiError``, ...) derives from it and sets it per class."""
+
+    retriable: bool = False
+
+
+class SchemaError(LLMBatchError):
     """Input that violates a contract. Never retriable: the same bytes fail the same way.
 
     Attributes:

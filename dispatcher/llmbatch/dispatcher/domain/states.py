@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from llmbatch.schemas.common import TERMINAL_STATUSES, BatchStatus
+from llmbatch.schemas.errors import LLMBatchError
 
 State = BatchStatus
 
@@ -52,7 +53,7 @@ ALLOWED: dict[State, frozenset[State]] = {
 INITIAL: frozenset[State] = frozenset({State.QUEUED, State.DEAD_LETTERED})
 
 
-class TransitionError(ValueError):
+class TransitionError(LLMBatchError, ValueError):
     """A transition the lifecycle does not allow (a programming error, never retried)."""
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from llmbatch.dispatcher.domain.dlt import OriginalRecord
-from llmbatch.dispatcher.errors import BrokerUnavailable, DispatcherError, classify
+from llmbatch.dispatcher.errors import DispatcherError, KafkaUnavailable, classify
 from llmbatch.dispatcher.intake.cancel import apply_cancel
 from llmbatch.dispatcher.intake.commands import Cancel, IntakeRules
 from llmbatch.dispatcher.intake.commands import classify as classify_record
@@ -91,7 +91,7 @@ class CancelScanner:
         except DispatcherError:
             raise
         except Exception as exc:
-            raise classify(exc, default=BrokerUnavailable) from exc
+            raise classify(exc, default=KafkaUnavailable) from exc
         finally:
             await consumer.stop()
         if applied:

@@ -39,7 +39,7 @@ from llmbatch.dispatcher import logs
 from llmbatch.dispatcher.domain.dlt import OriginalRecord
 from llmbatch.dispatcher.domain.retry import Backoff
 from llmbatch.dispatcher.domain.scheduler import Backpressure
-from llmbatch.dispatcher.errors import BrokerUnavailable, DispatcherError, classify, classify_kafka_start
+from llmbatch.dispatcher.errors import DispatcherError, KafkaUnavailable, classify, classify_kafka_start
 from llmbatch.dispatcher.intake.answers import failure_answer
 from llmbatch.dispatcher.intake.cancel import apply_cancel
 from llmbatch.dispatcher.intake.cancel_scan import CancelScanner
@@ -213,7 +213,7 @@ class RequestConsumer:
                     timeout_ms=200 if paused else 500, max_records=self.opts.max_poll_records
                 )
             except Exception as exc:
-                err = classify(exc, default=BrokerUnavailable)
+                err = classify(exc, default=KafkaUnavailable)
                 self.metrics.transient_errors.labels(component="kafka").inc()
                 log.warning("fetch failed", extra={"error": str(err)})
                 await self._sleep(self.backoff.delay(1))

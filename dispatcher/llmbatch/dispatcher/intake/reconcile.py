@@ -35,7 +35,7 @@ from llmbatch.dispatcher.domain.dlt import OriginalRecord
 from llmbatch.dispatcher.domain.keys import BatchKey, batch_key
 from llmbatch.dispatcher.domain.scheduler import ready_score
 from llmbatch.dispatcher.domain.states import State
-from llmbatch.dispatcher.errors import BrokerUnavailable, classify
+from llmbatch.dispatcher.errors import KafkaUnavailable, classify
 from llmbatch.dispatcher.intake.commands import Accept, IntakeRules
 from llmbatch.dispatcher.intake.commands import classify as classify_record
 from llmbatch.dispatcher.kafka.record_reader import RecordReader
@@ -199,7 +199,7 @@ class Reconciler:
                         todo.discard(tp)
             return pending
         except Exception as exc:
-            raise classify(exc, default=BrokerUnavailable) from exc
+            raise classify(exc, default=KafkaUnavailable) from exc
         finally:
             await consumer.stop()
 

@@ -28,8 +28,8 @@ from llmbatch.dispatcher.domain.dlt import (
 from llmbatch.dispatcher.domain.events import Outcome, build_terminal
 from llmbatch.dispatcher.domain.states import State, terminal_event_state
 from llmbatch.dispatcher.errors import (
-    BrokerUnavailable,
     DispatcherError,
+    KafkaUnavailable,
     RecordTooLarge,
     classify,
     classify_kafka_start,
@@ -102,13 +102,13 @@ class EventProducer:
         try:
             fut = await (producer or self._producer).send(topic, value=value, key=key, headers=headers)
         except Exception as exc:
-            raise classify(exc, default=BrokerUnavailable) from exc
+            raise classify(exc, default=KafkaUnavailable) from exc
 
         async def wait() -> Any:
             try:
                 return await fut
             except Exception as exc:
-                raise classify(exc, default=BrokerUnavailable) from exc
+                raise classify(exc, default=KafkaUnavailable) from exc
 
         return wait()
 

@@ -13,7 +13,7 @@ import contextlib
 from typing import Any
 
 from llmbatch.dispatcher.domain.dlt import OriginalRecord
-from llmbatch.dispatcher.errors import BrokerUnavailable, classify
+from llmbatch.dispatcher.errors import KafkaUnavailable, classify
 from llmbatch.dispatcher.kafka.side_consumer import side_consumer
 from llmbatch.schemas.events import RecordRef
 from llmbatch.settings import KafkaSettings
@@ -31,7 +31,7 @@ class RecordReader:
     async def read(self, ref: RecordRef) -> OriginalRecord | None:
         """The record at ``ref``; ``None`` when retention (or compaction) removed it.
 
-        Raises :class:`~llmbatch.dispatcher.errors.BrokerUnavailable` when Kafka does not answer."""
+        Raises :class:`~llmbatch.dispatcher.errors.KafkaUnavailable` when Kafka does not answer."""
         from aiokafka import TopicPartition
 
         tp = TopicPartition(ref.topic, ref.partition)
@@ -57,16 +57,16 @@ class RecordReader:
                         end = (await consumer.end_offsets([tp]))[tp]
                         if not start <= ref.offset < end:
                             return None
-                raise BrokerUnavailable(
+                raise KafkaUnavailable(
                     f"no record of {ref.topic}[{ref.partition}] at or after offset {ref.offset} came within "
                     f"{self.read_timeout_s:.0f}s"
                 )
-            except BrokerUnavailable:
+            except KafkaUnavailable:
                 await self._reset()
                 raise
             except Exception as exc:
                 await self._reset()
-                raise classify(exc, default=BrokerUnavailable) from exc
+                raise classify(exc, default=KafkaUnavailable) from exc
 
     async def close(self) -> None:
         async with self._lock:

@@ -39,7 +39,7 @@ class RequestBodies:
 
     async def text(self, record: BatchRecord) -> str:
         """The body as the producer sent it. Raises :class:`RequestUnavailable` when it is gone and
-        :class:`~llmbatch.dispatcher.errors.BrokerUnavailable` when Kafka does not answer (retry later)."""
+        :class:`~llmbatch.dispatcher.errors.KafkaUnavailable` when Kafka does not answer (retry later)."""
         body = record.get("request")
         if body is not None:
             return body

@@ -25,6 +25,7 @@ from rich.console import Console
 
 from llmbatch.dispatcher.errors import DispatcherError
 from llmbatch.dispatcher.state.store import StateStore
+from llmbatch.schemas.errors import LLMBatchError
 from llmbatch.settings import LLMBatchSettings
 
 T = TypeVar("T")
@@ -45,7 +46,7 @@ _DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d|w)$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
-class OpsError(Exception):
+class OpsError(LLMBatchError):
     """A user-facing failure: printed as one line with ``code`` as the exit status."""
 
     def __init__(self, message: str, code: int = EXIT_ERROR) -> None:

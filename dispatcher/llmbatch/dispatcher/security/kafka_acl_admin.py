@@ -16,9 +16,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from llmbatch.dispatcher.errors import (
-    BrokerUnavailable,
     DispatcherError,
     KafkaNotAuthorized,
+    KafkaUnavailable,
     PermanentError,
     classify,
     classify_kafka_start,
@@ -64,7 +64,7 @@ async def apply_bindings(
     Raises:
         KafkaAuthenticationFailed: the broker refused the credentials.
         KafkaNotAuthorized: the user may not describe or create ACLs (not a super user).
-        BrokerUnavailable: the broker did not answer within ``timeout_s``.
+        KafkaUnavailable: the broker did not answer within ``timeout_s``.
         PermanentError: the broker refused a binding, or runs no authorizer.
     """
     from aiokafka.admin import AIOKafkaAdminClient
@@ -86,7 +86,7 @@ async def apply_bindings(
         except DispatcherError:
             raise
         except Exception as exc:
-            raise classify(exc, default=BrokerUnavailable) from exc
+            raise classify(exc, default=KafkaUnavailable) from exc
     finally:
         await admin.close()
     return ApplyReport(
