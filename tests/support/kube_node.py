@@ -64,6 +64,7 @@ from tests.support.kube_control_plane import TOOLS, ControlPlane
 from tests.support.kube_identities import ClientCert, issue_client_cert, write_cert_kubeconfig
 from tests.support.kube_proxy import publish_api_server, start_kube_proxy
 from tests.support.node_footprint import (
+    CGROUP_FS,
     cgroup_hierarchies,
     kill_all,
     mounts_under,
@@ -458,7 +459,8 @@ class KubeletNode:
         kill_all(self.container_pids())  # a container a shim restarted meanwhile
         for mount in sorted(mounts_under(self.folder), key=len, reverse=True):
             subprocess.run(["umount", "-l", mount], capture_output=True, check=False, timeout=30)
-        for hierarchy in cgroup_hierarchies():
+        # runc makes the pods' cgroups in cgroup v2's unified hierarchy too, on a hybrid host
+        for hierarchy in [*cgroup_hierarchies(), CGROUP_FS / "unified"]:
             remove_cgroup(hierarchy / self.cgroup_root.strip("/"))
         for link in CONTAINER_LOGS.glob("*.log") if CONTAINER_LOGS.exists() else []:
             with contextlib.suppress(OSError):
