@@ -22,6 +22,7 @@ prefer putting ``AWS_*`` on the Ray pods from a Kubernetes Secret and leave them
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import os
 import shlex
@@ -56,26 +57,37 @@ SHIPPED = (ray_job, schemas)
 imports another part of llmbatch, nor Kafka or Redis client code at import)."""
 
 
-def package_dirs() -> list[str]:
-    """For ``runtime_env["py_modules"]``: one folder named ``llmbatch`` holding copies of
-    ``llmbatch.ray_job`` and ``llmbatch.schemas``, so a Ray node imports them by their names as the
-    dispatcher does. The copy is made once per content (its hash names the folder, under the
-    temporary directory), and Ray uploads a content only once too."""
-    sources = [Path(next(iter(module.__path__))) for module in SHIPPED]
+@functools.cache
+def _shipped_digest() -> str:
+    """A hash of the shipped packages' files: they do not change while a process runs, so it is read
+    once, not at every submission."""
     files = sorted(
         (f"{source.name}/{path.relative_to(source)}", path)
-        for source in sources
+        for source in _shipped_sources()
         for path in source.rglob("*")
         if path.is_file() and "__pycache__" not in path.parts
     )
     digest = hashlib.sha256()
     for name, path in files:
         digest.update(name.encode() + b"\0" + path.read_bytes())
-    staged = Path(tempfile.gettempdir()) / f"llmbatch-py-modules-{digest.hexdigest()[:16]}" / "llmbatch"
+    return digest.hexdigest()[:16]
+
+
+def _shipped_sources() -> list[Path]:
+    return [Path(next(iter(module.__path__))) for module in SHIPPED]
+
+
+def package_dirs() -> list[str]:
+    """For ``runtime_env["py_modules"]``: one folder named ``llmbatch`` holding copies of
+    ``llmbatch.ray_job`` and ``llmbatch.schemas``, so a Ray node imports them by their names as the
+    dispatcher does. The copy is made once per content (its hash names the folder, under the
+    temporary directory; made again should something delete it), and Ray uploads a content only once
+    too."""
+    staged = Path(tempfile.gettempdir()) / f"llmbatch-py-modules-{_shipped_digest()}" / "llmbatch"
     if not staged.is_dir():
         building = staged.parent.with_name(f"{staged.parent.name}.{os.getpid()}.tmp")
         shutil.rmtree(building, ignore_errors=True)
-        for source in sources:
+        for source in _shipped_sources():
             shutil.copytree(
                 source, building / "llmbatch" / source.name, ignore=shutil.ignore_patterns("__pycache__")
             )
