@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +32,7 @@ from tests.support.kube_control_plane import ControlPlane, KubeClient, start_con
 from tests.support.kube_node import KubeletNode, kubelet_node
 from tests.support.kube_router import start_kube_router
 from tests.support.node_images import IMAGE
+from tests.support.pod_network import PREFIX
 
 pytestmark = [pytest.mark.integration, pytest.mark.deploy]
 
@@ -52,12 +54,26 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
 
 @pytest.fixture(scope="module")
 def node(plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeletNode]:
-    machine_netns = set(MACHINE_NETNS.iterdir()) if MACHINE_NETNS.exists() else set()
+    machine_netns = _machine_netns()
     with kubelet_node(plane, tmp_path_factory.mktemp("node")) as node:
         yield node
     # the pods' network namespaces were kept under the node's folder and went with it
-    left = (set(MACHINE_NETNS.iterdir()) if MACHINE_NETNS.exists() else set()) - machine_netns
+    left = _machine_netns() - machine_netns
     assert not left, left
+
+
+def _machine_netns() -> set[Path]:
+    """The machine's named network namespaces but the pod networks of other test processes
+    (tests/support/pod_network.py names them after their PID), which tests on other xdist workers
+    make and delete meanwhile; this process's own (the node's among them) count."""
+    if not MACHINE_NETNS.exists():
+        return set()
+    mine = f"{PREFIX}{os.getpid()}-"
+    return {
+        path
+        for path in MACHINE_NETNS.iterdir()
+        if path.name.startswith(mine) or not path.name.startswith(PREFIX)
+    }
 
 
 @pytest.fixture(scope="module")
