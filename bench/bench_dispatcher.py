@@ -32,6 +32,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from llmbatch.ray_job.backends import FAKE_BACKEND
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -81,7 +83,7 @@ def world(base: LLMBatchSettings, ray: RaySettings, **opts: Any) -> DispatcherSe
         ray=ray,
         dispatcher=DispatcherOptions(**options),
         job=JobOptions(python=sys.executable, progress_interval_s=1.0),
-        engines=registry(EngineConfig(backend="fake", batch_size=4, num_cpus_per_replica=0.5)),
+        engines=registry(EngineConfig(backend=FAKE_BACKEND, batch_size=4, num_cpus_per_replica=0.5)),
     )
 
 

@@ -130,7 +130,7 @@ def main() -> None:
     os.environ.update(engine_environment())
 
     from llmbatch.ray_job.backend_vllm import VllmBackend
-    from llmbatch.ray_job.prompts import HFTokenizer
+    from llmbatch.ray_job.tokenizers import HFTokenizer
     from llmbatch.schemas.job import EngineConfig
     from llmbatch.stack.dispatcher_env import LOCAL_EMBEDDING_ENGINE
     from llmbatch.stack.model import EMBEDDING_MODEL, embedding_model_dir

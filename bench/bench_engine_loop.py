@@ -152,8 +152,8 @@ def main() -> None:
     os.environ.update(engine_environment())
 
     from llmbatch.ray_job.backend_vllm import VllmBackend
-    from llmbatch.ray_job.prompts import HFTokenizer
     from llmbatch.ray_job.records import GenRequest
+    from llmbatch.ray_job.tokenizers import HFTokenizer
     from llmbatch.schemas.job import EngineConfig
     from llmbatch.stack.model import ensure_model
 

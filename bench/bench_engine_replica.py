@@ -72,8 +72,8 @@ def deploy_config(ray: Any, model_path: str, omp_threads: int) -> dict[str, Any]
 
 
 def requests_for(model_path: str, texts: list[str], max_tokens: int) -> list[Any]:
-    from llmbatch.ray_job.prompts import HFTokenizer
     from llmbatch.ray_job.records import GenRequest
+    from llmbatch.ray_job.tokenizers import HFTokenizer
 
     tok = HFTokenizer(model_path)
     out = []

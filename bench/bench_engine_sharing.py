@@ -44,7 +44,7 @@ SYSTEM_TOPICS = ["a ship's navigator", "a pastry chef", "a tax adviser", "a moun
 
 class Bench:
     def __init__(self, model: str, args: argparse.Namespace) -> None:
-        from llmbatch.ray_job.prompts import HFTokenizer
+        from llmbatch.ray_job.tokenizers import HFTokenizer
 
         self.model = model
         self.args = args

@@ -21,6 +21,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from llmbatch.ray_job.backends import FAKE_BACKEND
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -66,7 +68,7 @@ def one_job(jobs: Any, lines: int) -> dict[str, float]:
         model_path="fake",
         requests=requests,
         output_prefix=f"s3://{s3.results_bucket}/bench/{batch_id}/",
-        engine=EngineConfig(backend="fake", batch_size=4, num_cpus_per_replica=0.5),
+        engine=EngineConfig(backend=FAKE_BACKEND, batch_size=4, num_cpus_per_replica=0.5),
     )
     cpu0 = machine_cpu_s()
     wall, _ = run_job(jobs, spec, runtime_env(s3_endpoint=s3.endpoint), poll_s=0.25)

@@ -29,6 +29,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from llmbatch.ray_job.backends import FAKE_BACKEND
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -132,7 +134,7 @@ def run_size(lines: int, args: argparse.Namespace) -> dict[str, Any]:
         input_uri=f"s3://{s3.input_bucket}/{key}",
         output_prefix=f"s3://{s3.results_bucket}/bench/{batch_id}/",
         engine=EngineConfig(
-            backend="fake", batch_size=args.batch_size, batches_in_flight=4, num_cpus_per_replica=0.5
+            backend=FAKE_BACKEND, batch_size=args.batch_size, batches_in_flight=4, num_cpus_per_replica=0.5
         ),
         shard_max_lines=args.shard_max_lines,
     )

@@ -19,6 +19,7 @@ from bench.bench_ray_job import input_lines
 from bench.service.common import BenchError, Sub, say
 from bench.service.ledger import Ledger, Load
 from bench.service.scheduling import schedule
+from llmbatch.ray_job.backends import FAKE_BACKEND
 
 if TYPE_CHECKING:
     from llmbatch.demo.run import DispatcherProcess
@@ -38,7 +39,7 @@ def registry_json(args: argparse.Namespace, model_path: str) -> str:
 
     window = {"batch_size": args.batch_size, "batches_in_flight": args.batches_in_flight}
     if args.engine == "fake":
-        engine = EngineConfig(backend="fake", fake_delay_s=args.fake_delay_s, **window)
+        engine = EngineConfig(backend=FAKE_BACKEND, backend_options={"delay_s": args.fake_delay_s}, **window)
     else:
         engine = EngineConfig.model_validate({**LOCAL_ENGINE, **window})
     entry = EngineModel(

@@ -30,6 +30,7 @@ from llmbatch.chaos.verdict import Kind, Seen, Verdict, judge
 from llmbatch.chaos.workload import Record, workload
 from llmbatch.dispatcher.job_options import JobOptions
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.schemas.cloudevents import H_ID, decode
 from llmbatch.schemas.engines import EngineModel, EngineRegistry, ReplicaResources
 from llmbatch.schemas.events import RESULT_EVENT_TYPES, EventType
@@ -107,7 +108,7 @@ def chaos_settings(
     topics = TopicSettings(
         requests=f"{run}.req", results=f"{run}.res", dead_letter=f"{run}.req.dlt", partitions=3
     )
-    engine = EngineConfig(backend="fake", batch_size=4, num_cpus_per_replica=0.25)
+    engine = EngineConfig(backend=FAKE_BACKEND, batch_size=4, num_cpus_per_replica=0.25)
     return DispatcherSettings(
         _env_file=None,
         kafka=base.kafka.model_copy(update={"topics": topics}),

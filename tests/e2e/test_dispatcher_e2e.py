@@ -32,6 +32,7 @@ from llmbatch.dispatcher.errors import DispatcherError
 from llmbatch.dispatcher.job_options import JobOptions
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.dispatcher.state.store import StateStore
+from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.schemas import dlt as dlt_headers
 from llmbatch.schemas.batch import BatchRequest, CancelRequest
 from llmbatch.schemas.cloudevents import Envelope
@@ -56,7 +57,7 @@ from tests.support.dispatcher_kit import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
-FAKE = EngineConfig(backend="fake", batch_size=4, num_cpus_per_replica=0.5)
+FAKE = EngineConfig(backend=FAKE_BACKEND, batch_size=4, num_cpus_per_replica=0.5)
 
 
 def with_engine(settings: DispatcherSettings, engine: EngineConfig) -> DispatcherSettings:
@@ -368,7 +369,7 @@ async def test_two_replicas_one_killed_the_other_takes_over(
     buckets: S3Settings,
     ray_settings: RaySettings,
 ) -> None:
-    slow = FAKE.model_copy(update={"fake_delay_s": 1.0})
+    slow = FAKE.model_copy(update={"backend_options": {"delay_s": 1.0}})
     settings = with_engine(env.settings, slow)
     one = env.spawn("one", settings)
     two = env.spawn("two", settings)
@@ -412,7 +413,9 @@ async def _progress_at_least(env: Env, batch_id: str, n: int) -> bool:
 
 
 async def test_cancel_keeps_partial_results(env: Env) -> None:
-    slow = FAKE.model_copy(update={"fake_delay_s": 0.5, "batch_size": 1, "batches_in_flight": 1})
+    slow = FAKE.model_copy(
+        update={"backend_options": {"delay_s": 0.5}, "batch_size": 1, "batches_in_flight": 1}
+    )
     settings = with_engine(env.settings, slow)
     env.spawn("d1", settings)
     request = batch_request(f"cancel-{uuid.uuid4().hex[:6]}", requests=inline_lines(40))
@@ -436,7 +439,9 @@ async def test_cancel_keeps_partial_results(env: Env) -> None:
 
 
 async def test_deadline_expires_with_partial_results(env: Env) -> None:
-    slow = FAKE.model_copy(update={"fake_delay_s": 0.5, "batch_size": 1, "batches_in_flight": 1})
+    slow = FAKE.model_copy(
+        update={"backend_options": {"delay_s": 0.5}, "batch_size": 1, "batches_in_flight": 1}
+    )
     settings = with_engine(env.settings, slow)
     env.spawn("d1", settings)
     # the deadline lands while the job runs: it takes 40 x 0.5 s at least
@@ -514,7 +519,9 @@ def datetime_now() -> Any:
 async def test_sigterm_leaves_the_job_running_for_the_next_owner(env: Env) -> None:
     from ray.job_submission import JobStatus, JobSubmissionClient
 
-    slow = FAKE.model_copy(update={"fake_delay_s": 0.5, "batch_size": 1, "batches_in_flight": 1})
+    slow = FAKE.model_copy(
+        update={"backend_options": {"delay_s": 0.5}, "batch_size": 1, "batches_in_flight": 1}
+    )
     settings = with_engine(env.settings, slow)
     first = env.spawn("first", settings)
     request = batch_request(f"term-{uuid.uuid4().hex[:6]}", requests=inline_lines(30))
@@ -554,7 +561,7 @@ async def test_shared_engine_serves_every_batch_and_unknown_models_are_refused(
 
     entry = env.settings.engines.get(MODEL).model_copy(
         update={
-            "engine": FAKE.model_copy(update={"fake_delay_s": 0.2}),
+            "engine": FAKE.model_copy(update={"backend_options": {"delay_s": 0.2}}),
             "resources": ReplicaResources(num_cpus=0.25),
             "scaling": Scaling(min_replicas=1, max_replicas=1, idle_s=60),
             # room for 6 requests: the 5-line batch never runs beside another (admission, not max_in_flight)
@@ -652,7 +659,9 @@ async def test_a_ray_head_restart_loses_jobs_runs_and_engines_which_all_come_bac
         max_in_flight=None,
         short_path_max_lines=20,
     )
-    slow = FAKE.model_copy(update={"fake_delay_s": 1.0, "batch_size": 1, "batches_in_flight": 1})
+    slow = FAKE.model_copy(
+        update={"backend_options": {"delay_s": 1.0}, "batch_size": 1, "batches_in_flight": 1}
+    )
     entry = settings.engines.get(MODEL).model_copy(
         update={
             "engine": slow,
@@ -728,7 +737,9 @@ async def test_the_shared_path_keeps_exactly_once_resume_cancel_and_deadline(
     from llmbatch.schemas.engines import ReplicaResources, Scaling
     from tests.support.dispatcher_kit import MODEL
 
-    slow = FAKE.model_copy(update={"fake_delay_s": 0.5, "batch_size": 1, "batches_in_flight": 1})
+    slow = FAKE.model_copy(
+        update={"backend_options": {"delay_s": 0.5}, "batch_size": 1, "batches_in_flight": 1}
+    )
     entry = env.settings.engines.get(MODEL).model_copy(
         update={
             "engine": slow,

@@ -32,6 +32,7 @@ from llmbatch.dispatcher.domain.keys import Keys
 from llmbatch.dispatcher.job_options import JobOptions
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.dispatcher.state.store import StateStore
+from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.schemas import dlt
 from llmbatch.schemas.dlt import ReplayInfo
 from llmbatch.schemas.events import EventType
@@ -60,7 +61,11 @@ from tests.support.dispatcher_kit import (
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 runner = CliRunner()
 ENGINE = EngineConfig(
-    backend="fake", batch_size=1, batches_in_flight=1, num_cpus_per_replica=0.5, fake_delay_s=0.3
+    backend=FAKE_BACKEND,
+    batch_size=1,
+    batches_in_flight=1,
+    num_cpus_per_replica=0.5,
+    backend_options={"delay_s": 0.3},
 )
 
 

@@ -21,6 +21,7 @@ from llmbatch.dispatcher.backends.s3_sessions import SessionMinter
 from llmbatch.dispatcher.backends.serve_api import ServeApi
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.ray_job import node_secrets
+from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.ray_job.errors import ExitCode
 from llmbatch.ray_job.runner_http import APP_NAME
 from llmbatch.ray_job.runner_http import DEPLOYMENT as RUNNER_DEPLOYMENT
@@ -38,13 +39,15 @@ REGISTRY = EngineRegistry(
     models={
         MODEL: EngineModel(
             path="fake",
-            engine=EngineConfig(backend="fake", fake_delay_s=0.2, fake_fail_custom_ids=["boom"]),
+            engine=EngineConfig(
+                backend=FAKE_BACKEND, backend_options={"delay_s": 0.2, "fail_custom_ids": ["boom"]}
+            ),
             resources=ReplicaResources(num_cpus=0.25),
             scaling=Scaling(min_replicas=1, max_replicas=1, idle_s=60),
         )
     }
 )
-CLIENT = EngineConfig(backend="fake", batch_size=4, batches_in_flight=2)
+CLIENT = EngineConfig(backend=FAKE_BACKEND, batch_size=4, batches_in_flight=2)
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ from llmbatch.dispatcher.runs.results import Shards
 from llmbatch.dispatcher.runs.tracker import Tracker
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.dispatcher.state.store import StateStore
+from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.schemas.engines import EngineModel, EngineRegistry, Scaling
 from llmbatch.schemas.job import EngineConfig, JobSpec
 from llmbatch.settings import RaySettings, RedisSettings
@@ -44,7 +45,7 @@ NOW = 1_790_000_000.0
 # windows of 8 requests (batch_size 4 x 2 in flight); each replica takes 40 requests of launched batches
 ENTRY = EngineModel(
     path="fake",
-    engine=EngineConfig(backend="fake", batch_size=4, batches_in_flight=2),
+    engine=EngineConfig(backend=FAKE_BACKEND, batch_size=4, batches_in_flight=2),
     scaling=Scaling(min_replicas=0, max_replicas=3),
     admit_per_replica=40,
 )

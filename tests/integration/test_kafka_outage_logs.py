@@ -18,6 +18,7 @@ import pytest
 from llmbatch.chaos.processes import DispatcherProcess
 from llmbatch.dispatcher.job_options import JobOptions
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.schemas.engines import EngineModel, EngineRegistry
 from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings, TopicSettings
@@ -28,7 +29,7 @@ from tests.support.services import reaped_or_alive
 pytestmark = pytest.mark.integration
 
 OUTAGE_S = 25
-FAKE = EngineConfig(backend="fake")
+FAKE = EngineConfig(backend=FAKE_BACKEND)
 
 
 def _lines(path: Path) -> list[dict[str, object]]:

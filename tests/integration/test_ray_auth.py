@@ -22,6 +22,7 @@ from llmbatch.dispatcher.metrics import Metrics
 from llmbatch.dispatcher.runs.tracker import Tracker
 from llmbatch.dispatcher.settings import DispatcherSettings
 from llmbatch.dispatcher.state.store import StateStore
+from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.schemas.engines import EngineModel, EngineRegistry
 from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import RaySettings, RedisSettings
@@ -52,7 +53,9 @@ def settings_for(
         ray=RaySettings(address=head.address, auth_token=SecretStr(token)),
         redis=RedisSettings(url=redis_settings.url, password=SecretStr(""), key_prefix=prefix),
         job=JobOptions(ship_modules=False),
-        engines=EngineRegistry(models={"a": EngineModel(path="fake", engine=EngineConfig(backend="fake"))}),
+        engines=EngineRegistry(
+            models={"a": EngineModel(path="fake", engine=EngineConfig(backend=FAKE_BACKEND))}
+        ),
     )
 
 

@@ -20,6 +20,7 @@ import redis
 from ray.job_submission import JobStatus
 
 from llmbatch.ray_job import node_secrets
+from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.ray_job.errors import ExitCode
 from llmbatch.ray_job.submit import SessionRef, parse_result
 from llmbatch.schemas.common import BatchStatus
@@ -30,7 +31,7 @@ from tests.support.proc_env import environ, parent_pid
 
 pytestmark = pytest.mark.integration
 
-FAST = {"backend": "fake", "num_cpus_per_replica": 0.25}
+FAST = {"backend": FAKE_BACKEND, "num_cpus_per_replica": 0.25}
 PROBE = Path(__file__).parents[1] / "support" / "block_stats_probe.py"
 
 
@@ -58,7 +59,10 @@ def test_counts_codes_progress_heartbeat_and_idempotent_rerun(h: Harness) -> Non
         progress_key=key,
         progress_interval_s=0.3,
         engine=EngineConfig(
-            **FAST, fake_delay_s=0.4, batch_size=4, batches_in_flight=1, fake_fail_custom_ids=["boom"]
+            **FAST,
+            backend_options={"delay_s": 0.4, "fail_custom_ids": ["boom"]},
+            batch_size=4,
+            batches_in_flight=1,
         ),
     )
     r = redis.Redis.from_url(h.redis.url, decode_responses=True)
@@ -112,7 +116,7 @@ def test_counts_codes_progress_heartbeat_and_idempotent_rerun(h: Harness) -> Non
 def test_stop_midway_then_attempt_2_writes_each_request_once(h: Harness) -> None:
     n = 60
     uri = h.put_input("resume.jsonl", [chat_line(f"r{i:03d}", f"item {i}") for i in range(n)])
-    engine = EngineConfig(**FAST, fake_delay_s=0.5, batch_size=5, batches_in_flight=1)
+    engine = EngineConfig(**FAST, backend_options={"delay_s": 0.5}, batch_size=5, batches_in_flight=1)
     first = h.spec("fake-resume", input_uri=uri, engine=engine, shard_max_lines=5)
     sid = h.submit(first)
     deadline = time.monotonic() + 180
@@ -210,7 +214,9 @@ def test_a_job_with_its_own_s3_session_runs_without_the_nodes_keys(h: Harness) -
     and its actors (a model's code among them) start with the node's S3 keys blanked, read from their
     live processes. The batch completes, so the session's keys did the work; the Redis copy is gone."""
     lines: list[dict[str, Any] | bytes] = [chat_line(f"k{i:02d}", f"item {i}") for i in range(40)]
-    engine = EngineConfig(**FAST, fake_delay_s=0.5, batch_size=2, batches_in_flight=1)  # ~10 s of work
+    engine = EngineConfig(
+        **FAST, backend_options={"delay_s": 0.5}, batch_size=2, batches_in_flight=1
+    )  # ~10 s of work
     spec = h.spec(
         "fake-session", input_uri=h.put_input("session.jsonl", lines), engine=engine, redis_url=h.redis.url
     )
@@ -293,7 +299,7 @@ def test_a_jobs_session_reaches_its_own_batchs_files_only(h: Harness) -> None:
 def test_deadline_stops_the_attempt_and_keeps_what_finished(h: Harness) -> None:
     lines = 4000  # 500 s of fake work: never all done before the deadline
     uri = h.put_input("deadline.jsonl", [chat_line(f"d{i:04d}", f"item {i}") for i in range(lines)])
-    engine = EngineConfig(**FAST, fake_delay_s=0.5, batch_size=4, batches_in_flight=1)
+    engine = EngineConfig(**FAST, backend_options={"delay_s": 0.5}, batch_size=4, batches_in_flight=1)
     # the job starts in ~15 s on an idle machine, up to a minute on a loaded one: 90 s leaves work done
     deadline = datetime.now(UTC) + timedelta(seconds=90)
     spec = h.spec("fake-deadline", input_uri=uri, engine=engine, shard_max_lines=4, deadline=deadline)

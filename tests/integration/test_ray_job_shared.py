@@ -13,6 +13,7 @@ from ray.job_submission import JobStatus
 
 from llmbatch.dispatcher.backends.engines import replica_pids, serve_config, summarize
 from llmbatch.dispatcher.backends.serve_api import ServeApi
+from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.schemas.common import BatchStatus
 from llmbatch.schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
 from llmbatch.schemas.job import EngineConfig
@@ -26,14 +27,16 @@ REGISTRY = EngineRegistry(
     models={
         MODEL: EngineModel(
             path="fake",
-            engine=EngineConfig(backend="fake", fake_delay_s=0.3, fake_fail_custom_ids=["boom"]),
+            engine=EngineConfig(
+                backend=FAKE_BACKEND, backend_options={"delay_s": 0.3, "fail_custom_ids": ["boom"]}
+            ),
             resources=ReplicaResources(num_cpus=0.25),
             scaling=Scaling(min_replicas=1, max_replicas=1, idle_s=60),
         )
     }
 )
 # the job side's engine config: only the prompt stage's tokenizer choice matters with a shared engine
-CLIENT = EngineConfig(backend="fake", batch_size=4, batches_in_flight=2, num_cpus_per_replica=0.25)
+CLIENT = EngineConfig(backend=FAKE_BACKEND, batch_size=4, batches_in_flight=2, num_cpus_per_replica=0.25)
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from llmbatch.dispatcher.errors import JobRejected, RayUnavailable, StorageUnava
 from llmbatch.dispatcher.settings import DispatcherSettings
 from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.ray_job import s3
+from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.ray_job.errors import InputNotFoundError
 from llmbatch.schemas.job import JobSpec, output_prefix
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
@@ -135,8 +136,8 @@ def test_the_runner_reads_and_writes_a_batch_with_its_session_not_its_environmen
     the batch's session it reads its input and writes its results; without it, it cannot."""
     import json
 
+    from llmbatch.ray_job.backend_fake import WhitespaceTokenizer
     from llmbatch.ray_job.engine import LocalEngine
-    from llmbatch.ray_job.prompts import WhitespaceTokenizer
     from llmbatch.ray_job.runner import RunnerAttempt
     from llmbatch.schemas.job import EngineConfig, parse_manifest
     from tests.integration.ray_job_harness import chat_line
@@ -147,7 +148,7 @@ def test_the_runner_reads_and_writes_a_batch_with_its_session_not_its_environmen
     run = uuid.uuid4().hex[:8]
     data = b"".join(json.dumps(chat_line(f"c{i}", f"hello {i}")).encode() + b"\n" for i in range(3))
     uri = _put(client, s3_settings.input_bucket, f"acme/{run}/in.jsonl", data)
-    engine = EngineConfig(backend="fake", batch_size=2)
+    engine = EngineConfig(backend=FAKE_BACKEND, batch_size=2)
 
     def attempt(batch_id: str, *, with_session: bool) -> tuple[int, JobSpec]:
         spec = _spec(s3_settings, "acme", batch_id, uri).model_copy(

@@ -24,6 +24,7 @@ from ray.job_submission import JobStatus, JobSubmissionClient
 
 from llmbatch.dispatcher.backends.engines import replica_pids, serve_config, summarize
 from llmbatch.dispatcher.backends.serve_api import ServeApi
+from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
 from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import RaySettings
@@ -95,13 +96,14 @@ emit({"started": started, "urgent_at": urgent_at, **done})
 
 
 def _registry(
-    delay_s: float, *, backend: str = "fake", path: str = "fake", max_active: int = 256
+    delay_s: float, *, backend: str = FAKE_BACKEND, path: str = "fake", max_active: int = 256
 ) -> EngineRegistry:
+    options = {"delay_s": delay_s} if backend == FAKE_BACKEND else {}
     return EngineRegistry(
         models={
             MODEL: EngineModel(
                 path=path,
-                engine=EngineConfig(backend=backend, fake_delay_s=delay_s),  # type: ignore[arg-type]
+                engine=EngineConfig(backend=backend, backend_options=options),
                 resources=ReplicaResources(num_cpus=0.25),
                 scaling=Scaling(min_replicas=1, max_replicas=1, idle_s=60),
                 max_active_requests=max_active,
@@ -273,7 +275,7 @@ def test_an_idle_model_scales_to_zero_and_back(ray_settings: RaySettings, serve:
         models={
             MODEL: EngineModel(
                 path="fake",
-                engine=EngineConfig(backend="fake"),
+                engine=EngineConfig(backend=FAKE_BACKEND),
                 resources=ReplicaResources(num_cpus=0.25),
                 scaling=Scaling(min_replicas=0, max_replicas=1, initial_replicas=1, idle_s=25),
             )

@@ -41,6 +41,7 @@ from ray.job_submission import JobStatus
 
 from llmbatch.dispatcher.errors import PermanentError
 from llmbatch.dispatcher.security.minio_admin import apply_tenant_policy, pool_user
+from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.ray_job.errors import ExitCode
 from llmbatch.ray_job.s3 import path_of
 from llmbatch.ray_job.submit import parse_result
@@ -51,7 +52,7 @@ from tests.support.private_ray import PrivateRay, PrivateRayWorker
 
 pytestmark = pytest.mark.integration
 
-FAKE = EngineConfig(backend="fake", batch_size=4)
+FAKE = EngineConfig(backend=FAKE_BACKEND, batch_size=4)
 
 
 @dataclass

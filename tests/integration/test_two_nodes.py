@@ -43,6 +43,7 @@ from llmbatch.dispatcher.backends.runner_backend import RunnerClient
 from llmbatch.dispatcher.backends.s3_sessions import SessionMinter
 from llmbatch.dispatcher.backends.serve_api import ServeApi
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.ray_job.errors import ExitCode
 from llmbatch.ray_job.runner_http import APP_NAME as RUNNER_APP
 from llmbatch.schemas.common import BatchStatus
@@ -68,13 +69,13 @@ REGISTRY = EngineRegistry(
     models={
         MODEL: EngineModel(
             path="fake",
-            engine=EngineConfig(backend="fake", fake_delay_s=0.05),
+            engine=EngineConfig(backend=FAKE_BACKEND, backend_options={"delay_s": 0.05}),
             resources=ReplicaResources(num_cpus=0.5, resources={ENGINE_RESOURCE: 1}),
             scaling=Scaling(min_replicas=REPLICAS, max_replicas=REPLICAS, idle_s=60),
         )
     }
 )
-CLIENT = EngineConfig(backend="fake", batch_size=4, batches_in_flight=2)
+CLIENT = EngineConfig(backend=FAKE_BACKEND, batch_size=4, batches_in_flight=2)
 
 
 @dataclass

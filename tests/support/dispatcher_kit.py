@@ -11,6 +11,7 @@ from typing import Any
 from llmbatch.chaos.processes import DispatcherProcess as DispatcherProcess
 from llmbatch.chaos.processes import settings_env as settings_env
 from llmbatch.dispatcher.domain.dlt import OriginalRecord
+from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.schemas.batch import BatchRequest, CancelRequest
 from llmbatch.schemas.cloudevents import Envelope, decode, encode
 from llmbatch.schemas.engines import EngineModel, EngineRegistry
@@ -28,7 +29,7 @@ def registry(
 ) -> EngineRegistry:
     """``DispatcherSettings.engines`` serving ``models`` (default: :data:`MODEL`), each with ``engine``
     (default: the fake backend) loaded from ``path``."""
-    config = engine if engine is not None else EngineConfig(backend="fake")
+    config = engine if engine is not None else EngineConfig(backend=FAKE_BACKEND)
     return EngineRegistry(models={m: EngineModel(path=path, engine=config) for m in models})
 
 

@@ -22,6 +22,7 @@ from llmbatch.dispatcher.errors import (
 from llmbatch.dispatcher.job_options import JobOptions
 from llmbatch.dispatcher.runs.jobspec import build_job_spec
 from llmbatch.dispatcher.settings import DispatcherSettings
+from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.schemas.engines import EngineModel, EngineRegistry, UnknownModelError
 from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import RedisSettings, S3Settings
@@ -69,7 +70,7 @@ def test_job_spec_from_record() -> None:
     assert spec.progress_key == "p:progress:b-1" and spec.redis_url == "redis://redis:6379/0"
     assert spec.model == MODEL and spec.model_path == "/models/smol" and spec.shard_max_lines == 7
     assert spec.deadline is not None and spec.deadline.timestamp() == 1790000000.5
-    assert spec.engine.backend == "fake"
+    assert spec.engine.backend == FAKE_BACKEND
     # deterministic: a resubmission sends the same spec
     assert build_job_spec(record(), 2, s, Keys("p")) == spec
 
@@ -87,7 +88,7 @@ def test_job_spec_takes_path_and_engine_from_the_models_registry_entry() -> None
     small = EngineConfig(backend="vllm", enforce_eager=True, dtype="bfloat16", batch_size=4)
     engines = EngineRegistry(
         models={
-            "other/model": EngineModel(path="/models/other", engine=EngineConfig(backend="fake")),
+            "other/model": EngineModel(path="/models/other", engine=EngineConfig(backend=FAKE_BACKEND)),
             MODEL: EngineModel(path="/models/smollm2", engine=small),
         }
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from llmbatch.dispatcher.http import HealthServer
 from llmbatch.dispatcher.metrics import Metrics
 from llmbatch.dispatcher.settings import DispatcherSettings
+from llmbatch.ray_job.backends import FAKE_BACKEND
 
 pytestmark = pytest.mark.unit
 
@@ -152,12 +154,14 @@ async def test_connections_over_the_limit_are_closed_at_once(monkeypatch: pytest
 
 def test_settings_from_environment_and_secrets_masked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLMBATCH_DISPATCHER__MAX_IN_FLIGHT", "7")
-    monkeypatch.setenv("LLMBATCH_ENGINES__MODELS", '{"m": {"path": "/m", "engine": {"backend": "fake"}}}')
+    monkeypatch.setenv(
+        "LLMBATCH_ENGINES__MODELS", json.dumps({"m": {"path": "/m", "engine": {"backend": FAKE_BACKEND}}})
+    )
     monkeypatch.setenv("LLMBATCH_JOB__PIP", '["vllm==0.32.0"]')
     monkeypatch.setenv("LLMBATCH_S3__SECRET_KEY", "hunter2")
     settings = DispatcherSettings(_env_file=None)  # type: ignore[call-arg]
     assert settings.dispatcher.max_in_flight == 7
-    assert settings.engines.get("m").engine.backend == "fake" and settings.job.pip == ["vllm==0.32.0"]
+    assert settings.engines.get("m").engine.backend == FAKE_BACKEND and settings.job.pip == ["vllm==0.32.0"]
     assert settings.s3.secret_key.get_secret_value() == "hunter2"
     assert "hunter2" not in str(settings.redacted()) and "hunter2" not in repr(settings)
     policy = settings.dispatcher.attempt_policy
@@ -165,7 +169,9 @@ def test_settings_from_environment_and_secrets_masked(monkeypatch: pytest.Monkey
 
 
 def test_a_password_written_into_a_url_is_masked_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LLMBATCH_ENGINES__MODELS", '{"m": {"path": "/m", "engine": {"backend": "fake"}}}')
+    monkeypatch.setenv(
+        "LLMBATCH_ENGINES__MODELS", json.dumps({"m": {"path": "/m", "engine": {"backend": FAKE_BACKEND}}})
+    )
     monkeypatch.setenv("LLMBATCH_REDIS__URL", "redis://default:s3cr3t-pw@redis.internal:6379/0")
     settings = DispatcherSettings(_env_file=None)  # type: ignore[call-arg]
     shown = str(settings.redacted())

@@ -28,6 +28,7 @@ from llmbatch.dispatcher.runs.tracker import Tracker
 from llmbatch.dispatcher.service import Dispatcher
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.dispatcher.settings_loader import SettingsInvalid, describe_settings_error, load_settings
+from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.schemas.engines import EngineRegistry
 from llmbatch.schemas.events import RecordRef
 from llmbatch.schemas.job import JobSpec
@@ -296,7 +297,9 @@ async def test_served_model_is_submitted_with_its_registry_entry() -> None:
     store.fresh = stored("submitted", 1, submission_id="b-gone-a1")
     assert await t.start_attempt(stored("queued", 0)) is True
     [spec] = backend.submitted
-    assert spec.model == MODEL and spec.model_path == "/models/smollm2" and spec.engine.backend == "fake"
+    assert (
+        spec.model == MODEL and spec.model_path == "/models/smollm2" and spec.engine.backend == FAKE_BACKEND
+    )
     assert [to for _, to, _ in store.transitions] == [State.SUBMITTED, State.SUBMITTED]
 
 

@@ -14,10 +14,12 @@ from hypothesis import strategies as st
 
 from llmbatch.dispatcher.intake.intake_checks import check_served
 from llmbatch.ray_job import rows
+from llmbatch.ray_job.backend_fake import WhitespaceTokenizer
+from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.ray_job.engine import EngineStage
 from llmbatch.ray_job.formatting import embedding_body, encode_embedding
 from llmbatch.ray_job.parse import parse_lines
-from llmbatch.ray_job.prompts import WhitespaceTokenizer, build_rows
+from llmbatch.ray_job.prompts import build_rows
 from llmbatch.ray_job.records import Generation
 from llmbatch.schemas.common import Endpoint
 from llmbatch.schemas.errors import Reason, SchemaError
@@ -162,7 +164,9 @@ def test_prompt_stage_tokenizes_texts_and_keeps_token_ids() -> None:
 
 
 def test_each_input_gets_its_vector_in_order_and_a_line_fails_alone() -> None:
-    config = EngineConfig(backend="fake", runner="pooling", max_model_len=16, fake_fail_custom_ids=["bad"])
+    config = EngineConfig(
+        backend=FAKE_BACKEND, runner="pooling", max_model_len=16, backend_options={"fail_custom_ids": ["bad"]}
+    )
     out = _run(
         [
             line({"input": ["alpha", "beta gamma", "alpha"]}, "many"),

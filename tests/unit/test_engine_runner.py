@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from llmbatch.ray_job.backend_fake import FakeBackend
+from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.ray_job.engine_runner import EngineRunner
 from llmbatch.ray_job.errors import EngineDeadError, RequestRejected
 from llmbatch.ray_job.records import Generation, GenRequest
@@ -107,12 +108,12 @@ def test_a_dead_engine_fails_every_waiting_batch_instead_of_hanging() -> None:
 
 
 def test_fake_backend_is_deterministic_and_honours_failures() -> None:
-    config = EngineConfig(backend="fake", fake_fail_custom_ids=["x"], max_model_len=64)
-    backend = FakeBackend(config)
+    config = EngineConfig(backend=FAKE_BACKEND, backend_options={"fail_custom_ids": ["x"]}, max_model_len=64)
+    backend = FakeBackend("unused", config)
     assert backend.max_model_len == 64
     with pytest.raises(RuntimeError, match="simulated"):
         backend.add(req("1", custom_id="x"))
-    runner = EngineRunner(FakeBackend(config))
+    runner = EngineRunner(FakeBackend("unused", config))
     out = runner.generate([req("1", "<user> one two three <assistant>", max_tokens=4, logprobs=1), req("2")])
     assert out[0].text == "fake reply to: one" and out[0].finish_reason == "length"
     assert out[0].completion_tokens == 4 and out[0].logprobs is not None and len(out[0].logprobs) == 4

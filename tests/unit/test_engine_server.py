@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.ray_job.records import GenRequest
 from llmbatch.ray_job.serve_engine import EngineServer
 from llmbatch.schemas.engines import EngineModel, Scaling
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.unit
 def _server() -> EngineServer:
     entry = EngineModel(
         path="fake",
-        engine=EngineConfig(backend="fake", fake_delay_s=0.2),
+        engine=EngineConfig(backend=FAKE_BACKEND, backend_options={"delay_s": 0.2}),
         scaling=Scaling(max_ongoing_requests=8),
     )
     return EngineServer("m", entry.model_dump(mode="json"))

@@ -9,9 +9,11 @@ import orjson
 import pytest
 
 from llmbatch.ray_job import rows
+from llmbatch.ray_job.backend_fake import WhitespaceTokenizer
+from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.ray_job.engine import EngineStage
 from llmbatch.ray_job.parse import parse_lines
-from llmbatch.ray_job.prompts import WhitespaceTokenizer, build_rows, chat_messages
+from llmbatch.ray_job.prompts import build_rows, chat_messages
 from llmbatch.schemas.common import Endpoint
 from llmbatch.schemas.job import EngineConfig
 from llmbatch.schemas.openai import BatchOutputLine
@@ -78,7 +80,7 @@ def test_prompt_and_engine_stages_end_to_end_on_the_fake_backend() -> None:
     prompted = build_rows(
         WhitespaceTokenizer(), Endpoint.CHAT_COMPLETIONS, parsed, batch_id="b", keep_text=True
     )
-    config = EngineConfig(backend="fake", max_model_len=64, fake_fail_custom_ids=["c3"])
+    config = EngineConfig(backend=FAKE_BACKEND, max_model_len=64, backend_options={"fail_custom_ids": ["c3"]})
     stage = EngineStage(
         model_path="unused",
         engine=config.model_dump_json(),

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from llmbatch.ray_job import pipeline
+from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.ray_job.errors import ClusterBusyError, ExitCode, JobError
 from llmbatch.ray_job.outcome import failure_code
 from llmbatch.ray_job.reservation import bundle_of
@@ -27,7 +28,7 @@ def _spec(**kw: Any) -> JobSpec:
         "output_prefix": "s3://results/acme/b/",
         "tenant": "acme",
         "engine_app": "llmbatch-engine-m",
-        "engine": EngineConfig(backend="fake"),
+        "engine": EngineConfig(backend=FAKE_BACKEND),
     }
     data.update(kw)
     return JobSpec.model_validate(data)
@@ -46,10 +47,10 @@ def test_a_shared_engine_job_reserves_its_reader_prompt_actors_repartition_and_c
     one = _spec()
     assert bundle_of(pipeline.stage_requests(one)) == {"CPU": 0.4}
     # more prompt actors, more slots (the pool stops at 4)
-    three = _spec(engine=EngineConfig(backend="fake", replicas=3))
+    three = _spec(engine=EngineConfig(backend=FAKE_BACKEND, replicas=3))
     assert len(pipeline.stage_requests(three)) == 3 + 3
     assert bundle_of(pipeline.stage_requests(three)) == {"CPU": 0.6}
-    many = _spec(engine=EngineConfig(backend="fake", replicas=9))
+    many = _spec(engine=EngineConfig(backend=FAKE_BACKEND, replicas=9))
     assert len(pipeline.stage_requests(many)) == 3 + 4
 
 

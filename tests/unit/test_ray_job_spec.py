@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from llmbatch.ray_job import spec as spec_loader
+from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.ray_job.errors import ExitCode, InvalidSpecError
 from llmbatch.ray_job.main import main
 from llmbatch.ray_job.outcome import RESULT_PREFIX
@@ -40,7 +41,7 @@ def make_spec(**kw: Any) -> JobSpec:
         "model": "m",
         "input_uri": "s3://in-bucket/k.jsonl",
         "output_prefix": "s3://out-bucket/default/b-1/",
-        "engine": {"backend": "fake"},
+        "engine": {"backend": FAKE_BACKEND},
     }
     data.update(kw)
     return JobSpec.model_validate(data)

@@ -20,6 +20,7 @@ from llmbatch.dispatcher.backends.runner_backend import (
 from llmbatch.dispatcher.errors import JobRejected, RayUnavailable
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.ray_job import node_secrets
+from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.ray_job.runner import BatchRunner
 from llmbatch.ray_job.runner_http import APP_NAME, MAX_STATUS_IDS, ROUTE_PREFIX, parse_submission
 from llmbatch.schemas.engines import EngineModel, EngineRegistry
@@ -47,7 +48,7 @@ def _spec(*, lines: int | None = None, app: str | None = "llmbatch-engine-m", at
         "endpoint": "/v1/chat/completions",
         "model": "m",
         "output_prefix": "s3://results/default/b-1/",
-        "engine": {"backend": "fake"},
+        "engine": {"backend": FAKE_BACKEND},
         "engine_app": app,
     }
     if lines is None:

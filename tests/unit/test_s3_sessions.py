@@ -15,6 +15,7 @@ from llmbatch.dispatcher.backends.runner_backend import RunnerClient
 from llmbatch.dispatcher.backends.s3_sessions import JobSessions, SessionMinter
 from llmbatch.dispatcher.errors import JobRejected
 from llmbatch.dispatcher.security.minio_policy import batch_policy
+from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.ray_job.runner import BatchRunner
 from llmbatch.ray_job.runner_http import ROUTE_PREFIX, parse_submission
 from llmbatch.schemas.common import utcnow
@@ -36,7 +37,7 @@ def _spec(**extra: Any) -> JobSpec:
         "model": "m",
         "tenant": "acme",
         "output_prefix": "s3://results/acme/b-1/",
-        "engine": {"backend": "fake"},
+        "engine": {"backend": FAKE_BACKEND},
         "engine_app": "llmbatch-engine-m",
         "input_uri": "s3://inputs/acme/k.jsonl",
     }

@@ -1,9 +1,12 @@
 """A fast deterministic engine for tests of everything around the engine (never proof of vLLM).
 
-It answers ``"fake reply to: <last words of the prompt>"`` cut to ``max_tokens`` words, counts
-tokens by whitespace, finishes each request ``fake_delay_s`` after it was added (requests overlap,
-like continuous batching), and fails the requests whose custom_id is in ``fake_fail_custom_ids``
-with an engine error, through the same per-request isolation path as vLLM.
+A plug-in backend (:mod:`llmbatch.ray_job.backends`): ``engine.backend =
+"llmbatch.ray_job.backend_fake:FakeBackend"``, with options (``engine.backend_options``, see
+:class:`FakeOptions`). It answers ``"fake reply to: <last words of the prompt>"`` cut to
+``max_tokens`` words, counts tokens by whitespace (:class:`WhitespaceTokenizer`, no model files),
+finishes each request ``delay_s`` after it was added (requests overlap, like continuous batching),
+and fails the requests whose custom_id is in ``fail_custom_ids`` with an engine error, through the
+same per-request isolation path as vLLM.
 """
 
 from __future__ import annotations
@@ -12,7 +15,11 @@ import math
 import struct
 import time
 import zlib
+from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from llmbatch.ray_job.errors import InvalidSpecError
 from llmbatch.ray_job.records import Generation, GenRequest, TokenLogprob
 from llmbatch.schemas.errors import LLMBatchError
 from llmbatch.schemas.job import EngineConfig
@@ -20,20 +27,52 @@ from llmbatch.schemas.job import EngineConfig
 DEFAULT_MAX_MODEL_LEN = 2048
 
 
+class WhitespaceTokenizer:
+    """Deterministic stand-in for tests: one token per whitespace-separated word."""
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+        lines = [f"<{m['role']}> {m['content']}" for m in messages]
+        return "\n".join([*lines, "<assistant>"])
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        return [zlib.crc32(word.encode()) % 50_000 for word in text.split()]
+
+
 class FakeEngineError(LLMBatchError, RuntimeError):
     """The simulated per-request engine failure."""
+
+
+class FakeOptions(BaseModel):
+    """The fake's ``engine.backend_options``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    delay_s: float = Field(default=0.0, ge=0, le=60, description="Seconds per request.")
+    fail_custom_ids: list[str] = Field(
+        default_factory=list, description="Requests that fail with an engine error."
+    )
 
 
 class FakeBackend:
     """Same interface as :class:`llmbatch.ray_job.backend_vllm.VllmBackend`."""
 
     default_max_tokens: int | None = None
+    keeps_prompt_text = True  # it answers from the prompt's words
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, model_path: str, config: EngineConfig) -> None:
+        try:
+            options = FakeOptions.model_validate(config.backend_options)
+        except ValidationError as exc:
+            raise InvalidSpecError(f"engine.backend_options of the fake backend: {exc}") from None
         self.max_model_len = config.max_model_len or DEFAULT_MAX_MODEL_LEN
-        self._delay = config.fake_delay_s
-        self._fail = frozenset(config.fake_fail_custom_ids)
+        self._delay = options.delay_s
+        self._fail = frozenset(options.fail_custom_ids)
         self._pending: list[tuple[float, GenRequest]] = []
+
+    @classmethod
+    def tokenizer(cls, model_path: str) -> WhitespaceTokenizer:
+        """No model files: one token per word."""
+        return WhitespaceTokenizer()
 
     def add(self, request: GenRequest) -> None:
         if request.custom_id in self._fail:

@@ -20,8 +20,9 @@ import orjson
 import pyarrow as pa
 
 from llmbatch.ray_job import rows
+from llmbatch.ray_job.backends import make_backend
 from llmbatch.ray_job.embeddings import EmbeddingLine
-from llmbatch.ray_job.engine_runner import EngineRunner, make_backend
+from llmbatch.ray_job.engine_runner import EngineRunner
 from llmbatch.ray_job.errors import RequestFailure
 from llmbatch.ray_job.formatting import embedding_output_line, error_line, output_line
 from llmbatch.ray_job.records import Generation, GenRequest

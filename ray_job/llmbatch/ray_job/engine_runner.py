@@ -22,11 +22,10 @@ from llmbatch.ray_job.errors import EngineDeadError, RequestFailure
 from llmbatch.ray_job.fair_queue import FairQueue
 from llmbatch.ray_job.records import Generation, GenRequest
 from llmbatch.schemas.batch import DEFAULT_PRIORITY
-from llmbatch.schemas.job import EngineConfig
 
 
 class Backend(Protocol):
-    """An engine driven one step at a time (vLLM, or the fake for tests)."""
+    """An engine driven one step at a time (vLLM, or a plug-in: :mod:`llmbatch.ray_job.backends`)."""
 
     max_model_len: int
     default_max_tokens: int | None
@@ -214,14 +213,3 @@ class EngineRunner:
             del self._active[pending.request.key]
             self._queue.push_front(pending.group, pending.priority, pending)
         self._preempted += len(lower)
-
-
-def make_backend(model_path: str, config: EngineConfig) -> Backend:
-    """The backend named by ``config.backend``."""
-    if config.backend == "fake":
-        from llmbatch.ray_job.backend_fake import FakeBackend
-
-        return FakeBackend(config)
-    from llmbatch.ray_job.backend_vllm import VllmBackend
-
-    return VllmBackend(model_path, config)

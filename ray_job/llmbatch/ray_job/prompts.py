@@ -6,58 +6,24 @@ does; completion prompts are tokenized with special tokens, as ``LLM.generate`` 
 each text input of an embedding request (``LLM.embed``). The engine
 then receives token ids, so the prompt token count in ``usage`` is the one the engine ran.
 
-The fake backend uses :class:`WhitespaceTokenizer` (no model files needed); everything else in the
-stage is shared.
+The tokenizer is the model's own (:class:`~llmbatch.ray_job.tokenizers.HFTokenizer`) unless the
+engine backend is a plug-in with a tokenizer of its own (:mod:`llmbatch.ray_job.backends`).
 """
 
 from __future__ import annotations
 
-import zlib
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 import pyarrow as pa
 
 from llmbatch.ray_job import rows
+from llmbatch.ray_job.backends import keeps_prompt_text, make_tokenizer
 from llmbatch.ray_job.errors import INVALID_PROMPT, RequestFailure
 from llmbatch.ray_job.formatting import error_line
 from llmbatch.ray_job.sampling import pooling_kwargs, sampling_kwargs
+from llmbatch.ray_job.tokenizers import Tokenizer
 from llmbatch.schemas.common import Endpoint
-
-
-class Tokenizer(Protocol):
-    """What the prompt stage needs from a tokenizer."""
-
-    def render_chat(self, messages: list[dict[str, Any]]) -> str: ...
-
-    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]: ...
-
-
-class HFTokenizer:
-    """The model's Hugging Face tokenizer (loaded from the model folder or the local HF cache)."""
-
-    def __init__(self, model_path: str) -> None:
-        from transformers import AutoTokenizer
-
-        self._tok = AutoTokenizer.from_pretrained(model_path)
-
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
-        text = self._tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return str(text)
-
-    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
-
-
-class WhitespaceTokenizer:
-    """Deterministic stand-in for tests: one token per whitespace-separated word."""
-
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
-        lines = [f"<{m['role']}> {m['content']}" for m in messages]
-        return "\n".join([*lines, "<assistant>"])
-
-    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
-        return [zlib.crc32(word.encode()) % 50_000 for word in text.split()]
 
 
 def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -141,8 +107,8 @@ class PromptStage:
     """Ray Data callable class (actor pool): renders and tokenizes request rows."""
 
     def __init__(self, *, model_path: str, endpoint: str, batch_id: str, backend: str) -> None:
-        self._fake = backend == "fake"
-        self._tokenizer: Tokenizer = WhitespaceTokenizer() if self._fake else HFTokenizer(model_path)
+        self._tokenizer = make_tokenizer(backend, model_path)
+        self._keep_text = keeps_prompt_text(backend)
         self._endpoint = Endpoint(endpoint)
         self._batch_id = batch_id
 
@@ -152,6 +118,6 @@ class PromptStage:
             self._endpoint,
             rows.from_table(batch),
             batch_id=self._batch_id,
-            keep_text=self._fake,
+            keep_text=self._keep_text,
         )
         return rows.to_table(out)

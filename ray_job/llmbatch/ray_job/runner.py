@@ -44,14 +44,15 @@ from typing import Any, cast
 import orjson
 
 from llmbatch.ray_job import node_secrets, rows
+from llmbatch.ray_job.backends import keeps_prompt_text, make_tokenizer
 from llmbatch.ray_job.engine import Engine, EngineStage
 from llmbatch.ray_job.engine_stats import summarize_metrics
-from llmbatch.ray_job.errors import ExitCode
+from llmbatch.ray_job.errors import ExitCode, InvalidSpecError
 from llmbatch.ray_job.main import Attempt, StopRequested
 from llmbatch.ray_job.memory import MemoryPeak
 from llmbatch.ray_job.outcome import SUPERSEDED
 from llmbatch.ray_job.pipeline import source_of
-from llmbatch.ray_job.prompts import HFTokenizer, Tokenizer, WhitespaceTokenizer, build_rows
+from llmbatch.ray_job.prompts import build_rows
 from llmbatch.ray_job.reader import iter_blocks
 from llmbatch.ray_job.records import Generation, GenRequest
 from llmbatch.ray_job.runner_http import (
@@ -62,6 +63,7 @@ from llmbatch.ray_job.runner_http import (
     parse_submission,
     route,
 )
+from llmbatch.ray_job.tokenizers import Tokenizer
 from llmbatch.schemas.batch import DEFAULT_PRIORITY
 from llmbatch.schemas.common import utcnow
 from llmbatch.schemas.job import JobSpec, S3Session
@@ -251,6 +253,10 @@ class BatchRunner:
                 "LLMBATCH_DISPATCHER__RUNNER_S3_SESSIONS alike on every dispatcher "
                 "(the one that submitted this has it false)"
             }
+        try:
+            keep_text = keeps_prompt_text(spec.engine.backend)
+        except InvalidSpecError as exc:
+            return 400, {"error": str(exc)[:2000]}
         with self._lock:
             self._prune()
             if spec.submission_id in self._runs:
@@ -258,11 +264,10 @@ class BatchRunner:
             active = sum(1 for r in self._runs.values() if r.end_time is None)
             if active >= self.max_runs:
                 return 429, {"error": f"the runner runs {active} batches already (max_runs)"}
-            fake = spec.engine.backend == "fake"
             attempt = RunnerAttempt(
                 spec,
                 tokenizer=lambda: self._tokenizer(spec),
-                keep_text=fake,
+                keep_text=keep_text,
                 engine=lambda: self._engine(spec),
                 s3_session=session,
             )
@@ -336,11 +341,8 @@ class BatchRunner:
         return found
 
     def _tokenizer(self, spec: JobSpec) -> Tokenizer:
-        fake = spec.engine.backend == "fake"
-        key = ("fake", "") if fake else ("hf", spec.model_path or spec.model)
-        tok: Tokenizer = self._once(
-            self._tokenizers, key, lambda: WhitespaceTokenizer() if fake else HFTokenizer(key[1])
-        )
+        key = (spec.engine.backend, spec.model_path or spec.model)
+        tok: Tokenizer = self._once(self._tokenizers, key, lambda: make_tokenizer(*key))
         return tok
 
     def _engine(self, spec: JobSpec) -> Engine:

@@ -1,6 +1,6 @@
 """Warm engines shared by every batch: one Ray Serve application per model of the registry.
 
-Each replica of an application holds one engine (:func:`llmbatch.ray_job.engine_runner.make_backend`: vLLM, or
+Each replica of an application holds one engine (:func:`llmbatch.ray_job.backends.make_backend`: vLLM, or
 the fake for tests, the same code on CPU and GPU) behind an
 :class:`~llmbatch.ray_job.engine_runner.EngineRunner`,
 so the requests of many batches run on it at once (continuous batching across batches). Serve
@@ -25,8 +25,9 @@ from dataclasses import replace
 from typing import Any, cast
 
 from llmbatch.ray_job import node_secrets
+from llmbatch.ray_job.backends import make_backend
 from llmbatch.ray_job.engine_metrics import EngineMetrics
-from llmbatch.ray_job.engine_runner import EngineRunner, make_backend
+from llmbatch.ray_job.engine_runner import EngineRunner
 from llmbatch.ray_job.errors import ENGINE_ERROR, EngineDeadError, EngineUnavailableError, RequestFailure
 from llmbatch.ray_job.records import Generation, GenRequest
 from llmbatch.schemas.batch import DEFAULT_PRIORITY

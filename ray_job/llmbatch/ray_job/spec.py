@@ -17,6 +17,7 @@ import zlib
 from pathlib import Path
 
 from llmbatch.ray_job import s3
+from llmbatch.ray_job.backends import backend_class
 from llmbatch.ray_job.errors import InvalidSpecError
 from llmbatch.schemas.errors import SchemaError
 from llmbatch.schemas.job import JobSpec, S3Session, parse_job_spec
@@ -93,6 +94,8 @@ def load_spec(args: argparse.Namespace, session: S3Session | None = None) -> Job
     """The validated spec the parsed command line names; :class:`InvalidSpecError` when unusable."""
     data = raw_spec(args, session)
     try:
-        return parse_job_spec(data)
+        spec = parse_job_spec(data)
     except SchemaError as exc:
         raise InvalidSpecError(f"invalid job spec: {exc}") from None
+    backend_class(spec.engine.backend)  # a plug-in that cannot be imported here: the spec's fault
+    return spec

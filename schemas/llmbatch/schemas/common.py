@@ -113,7 +113,9 @@ def check_tenant(value: str) -> str:
     return value
 
 
-def _matches(regex: str, what: str) -> Any:
+def whole_match(regex: str, what: str) -> Any:
+    """A pydantic validator: the value when all of it matches ``regex``, else :class:`ValueError`
+    saying ``what`` one looks like."""
     compiled = re.compile(regex)
 
     def check(value: str) -> str:
@@ -126,7 +128,7 @@ def _matches(regex: str, what: str) -> Any:
 
 BatchId = Annotated[
     str,
-    _matches(
+    whole_match(
         BATCH_ID_PATTERN,
         "batch_id: use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit",
     ),
@@ -139,7 +141,7 @@ BatchId = Annotated[
 ]
 Tenant = Annotated[
     str,
-    _matches(TENANT_PATTERN, "tenant: use 1-64 lowercase letters, digits or '-', not starting with '-'"),
+    whole_match(TENANT_PATTERN, "tenant: use 1-64 lowercase letters, digits or '-', not starting with '-'"),
     Field(
         json_schema_extra={"pattern": TENANT_PATTERN},
         description="Tenant slug (lowercase letters, digits, '-'; 1-64 chars); results go under it.",
@@ -148,7 +150,7 @@ Tenant = Annotated[
 ]
 ModelName = Annotated[
     str,
-    _matches(MODEL_PATTERN, "model name: use an id such as 'Qwen/Qwen2.5-0.5B-Instruct' (<= 256 chars)"),
+    whole_match(MODEL_PATTERN, "model name: use an id such as 'Qwen/Qwen2.5-0.5B-Instruct' (<= 256 chars)"),
     Field(
         json_schema_extra={"pattern": MODEL_PATTERN},
         description="Model name as served, e.g. an HF repo id such as Qwen/Qwen2.5-0.5B-Instruct.",

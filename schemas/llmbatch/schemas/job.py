@@ -23,6 +23,7 @@ from llmbatch.schemas.common import (
     S3Uri,
     Tenant,
     UtcDatetime,
+    whole_match,
 )
 from llmbatch.schemas.errors import SchemaError
 from llmbatch.schemas.lines import DEFAULT_MAX_LINE_BYTES
@@ -77,6 +78,28 @@ def shard_name(kind: Literal["output", "error"], index: int, attempt: int | None
     return f"{kind}-{index:05d}.jsonl"
 
 
+VLLM_BACKEND = "vllm"
+BACKEND_REF_PATTERN = r"^(?:vllm|[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*)$"
+"""``vllm``, or ``package.module:Class``: the import path of a plug-in engine backend."""
+
+EngineBackendRef = Annotated[
+    str,
+    whole_match(
+        BACKEND_REF_PATTERN,
+        "engine.backend: use 'vllm' or the import path 'package.module:Class' of an engine "
+        "backend installed where the engines run",
+    ),
+    Field(
+        max_length=200,
+        json_schema_extra={"pattern": BACKEND_REF_PATTERN},
+        description="The engine: 'vllm', or 'package.module:Class', a plug-in class installed on "
+        "the Ray workers that is constructed with (model_path, this config) and drives requests "
+        "as vLLM's does (see llmbatch.ray_job.backends).",
+    ),
+]
+BackendOption = str | int | float | bool | list[str]
+
+
 class EngineConfig(BaseModel):
     """How the job runs the engine (vLLM): parallelism, resources and engine arguments."""
 
@@ -112,15 +135,21 @@ class EngineConfig(BaseModel):
         description="'generate': a text-generation model (/v1/chat/completions, /v1/completions); "
         "'pooling': an embedding model (/v1/embeddings), vLLM's --runner pooling.",
     )
-    backend: Literal["vllm", "fake"] = Field(
-        default="vllm",
-        description="'fake' = a fast deterministic stand-in for tests (same pipeline, no model). "
-        "Never in production.",
+    backend: EngineBackendRef = "vllm"
+    backend_options: dict[str, BackendOption] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="Passed to a plug-in backend (see backend); none for vllm.",
     )
-    fake_delay_s: float = Field(default=0.0, ge=0, le=60, description="fake backend: seconds per request.")
-    fake_fail_custom_ids: list[str] = Field(
-        default_factory=list, description="fake backend: requests that fail with an engine error."
-    )
+
+    @model_validator(mode="after")
+    def _options_need_a_plugin(self) -> EngineConfig:
+        if self.backend == VLLM_BACKEND and self.backend_options:
+            raise ValueError(
+                "engine.backend_options: the vllm backend takes none; put vLLM's arguments in "
+                "engine.engine_kwargs"
+            )
+        return self
 
 
 class JobSpec(BaseModel):
