@@ -635,12 +635,13 @@ async def test_a_request_body_kept_on_the_topic_only_is_read_back_at_launch_or_i
     from llmbatch.dispatcher.domain.events import Outcome
     from llmbatch.dispatcher.errors import RequestUnavailable
     from llmbatch.dispatcher.kafka.publisher import late_dead_letter
+    from llmbatch.dispatcher.runs.context import RunContext
     from llmbatch.dispatcher.runs.tracker import Tracker
 
     s = make_settings(settings, request_in_redis_max_bytes=4096)
     h = Harness(s)
     await h.start()
-    tracker = Tracker(s, h.store, None, None, h.producer, h.metrics)  # type: ignore[arg-type]
+    tracker = Tracker(RunContext(s, h.store, None, None, h.producer, h.metrics))  # type: ignore[arg-type]
     try:
         small = batch_request("small-" + uuid.uuid4().hex[:6], requests=inline_lines(1))
         big = batch_request("big-" + uuid.uuid4().hex[:6], requests=inline_lines(200))
@@ -651,7 +652,7 @@ async def test_a_request_body_kept_on_the_topic_only_is_read_back_at_launch_or_i
         kept, offloaded = await h.store.get(small.batch_id), await h.store.get(big.batch_id)
         assert kept is not None and kept.get("request") == (messages[0][1] or b"").decode()
         assert offloaded is not None and offloaded.get("request") is None
-        spec = await tracker.job_spec(offloaded, 1)
+        spec = await tracker.launcher.job_spec(offloaded, 1)
         assert spec.requests is not None and [r.custom_id for r in spec.requests] == [
             r.custom_id for r in big.requests or []
         ]
@@ -665,16 +666,16 @@ async def test_a_request_body_kept_on_the_topic_only_is_read_back_at_launch_or_i
             await admin.delete_records(everything, timeout_ms=10_000)
         finally:
             await admin.close()
-        assert (await tracker.job_spec(kept, 1)).requests is not None  # in Redis: no topic needed
+        assert (await tracker.launcher.job_spec(kept, 1)).requests is not None  # in Redis: no topic needed
         with pytest.raises(RequestUnavailable, match=r"no longer on the topic.*retention"):
-            await tracker.job_spec(offloaded, 1)
+            await tracker.launcher.job_spec(offloaded, 1)
         outcome = Outcome(State.FAILED, time.time(), dlt_reason="request_gone")
         letter = late_dead_letter(offloaded, outcome, dlt_topic="dlt", group_id="g")
         assert letter.value is None and letter.record.reduced
         assert letter.record.original_value_bytes == len(messages[1][1] or b"")
         assert (letter.record.original_topic, letter.record.original_offset) == (where.topic, where.offset)
     finally:
-        await tracker.bodies.reader.close()
+        await tracker.launcher.bodies.reader.close()
         await h.stop()
 
 
@@ -736,6 +737,7 @@ async def test_a_lost_batch_whose_request_left_the_topic_still_ends_in_one_termi
 
     from llmbatch.dispatcher.intake.reconcile import Reconciler
     from llmbatch.dispatcher.kafka.publisher import TerminalPublisher
+    from llmbatch.dispatcher.runs.context import RunContext
     from llmbatch.dispatcher.runs.tracker import Tracker
 
     lost = batch_request(f"gone-{uuid.uuid4().hex[:6]}", metadata={"k": "v"})
@@ -758,9 +760,9 @@ async def test_a_lost_batch_whose_request_left_the_topic_still_ends_in_one_termi
     taken = await store.get(lost.batch_id)
     assert taken is not None and taken.state is State.QUEUED and taken.flag("request_gone")
     assert harness.metrics.reconciled.labels(outcome="request_gone")._value.get() == 1
-    tracker = Tracker(s, store, None, None, harness.producer, harness.metrics)  # type: ignore[arg-type]
+    tracker = Tracker(RunContext(s, store, None, None, harness.producer, harness.metrics))  # type: ignore[arg-type]
     try:
-        assert await tracker.start_attempt(taken) is False
+        assert await tracker.launcher.start_attempt(taken) is False
         failed = await store.get(lost.batch_id)
         assert failed is not None and failed.state is State.FAILED
         topics = s.kafka.topics
@@ -772,11 +774,11 @@ async def test_a_lost_batch_whose_request_left_the_topic_still_ends_in_one_termi
             group_id="g",
             source="urn:test",
             metrics=harness.metrics,
-            bodies=tracker.bodies,
+            bodies=tracker.launcher.bodies,
         )
         assert await publisher.publish_pending() == 1
     finally:
-        await tracker.bodies.reader.close()
+        await tracker.launcher.bodies.reader.close()
     results = decode_results(await harness.reader("results").read_all())
     [terminal] = [e for e in results if e.batch_id == lost.batch_id and e.is_terminal]
     assert terminal.type is EventType.FAILED and terminal.data.error.code == "request_gone"

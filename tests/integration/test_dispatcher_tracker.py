@@ -6,6 +6,7 @@ tests). Failed attempts: a real Ray job's exit code decides between retry and fa
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from llmbatch.dispatcher.errors import RayUnavailable
 from llmbatch.dispatcher.intake.commands import intake_fields
 from llmbatch.dispatcher.job_options import JobOptions
 from llmbatch.dispatcher.metrics import Metrics
+from llmbatch.dispatcher.runs.context import RunContext
 from llmbatch.dispatcher.runs.jobspec import results_prefix
 from llmbatch.dispatcher.runs.results import Shards
 from llmbatch.dispatcher.runs.tracker import Tracker
@@ -93,13 +95,15 @@ async def kit(redis_settings: RedisSettings) -> AsyncIterator[tuple[Tracker, Sta
     jobs = Jobs()
     backend: Any = jobs
     tracker = Tracker(
-        settings,
-        store,
-        backend,
-        results=Any,
-        producer=Any,
-        metrics=Metrics(),  # type: ignore[arg-type]
-        clock=lambda: NOW,
+        RunContext(
+            settings,
+            store,
+            backend,
+            results=Any,
+            producer=Any,
+            metrics=Metrics(),  # type: ignore[arg-type]
+            clock=lambda: NOW,
+        )
     )
     try:
         yield tracker, store, jobs
@@ -193,7 +197,9 @@ async def test_finished_work_and_new_replicas_make_room(kit: tuple[Tracker, Stat
     await store.client.hset(store.keys.progress("b0"), mapping=progress)  # type: ignore[arg-type]
     await tracker.launch()
     assert jobs.batches()[5:] == ["b5"]
-    tracker.engine_replicas = {"a": 2}  # the autoscaler added a replica (the engines' figures say so)
+    tracker.launcher.engine_replicas = {
+        "a": 2
+    }  # the autoscaler added a replica (the engines' figures say so)
     await tracker.launch()
     assert jobs.batches()[6:] == ["b6", "b7"]
     assert tracker.metrics.admission_capacity.labels(model="a")._value.get() == 80
@@ -218,7 +224,8 @@ async def test_a_big_batch_counts_its_window_and_an_urgent_one_is_not_held_back(
 async def test_batches_that_run_as_ray_jobs_wait_for_a_job_slot(kit: Kit) -> None:
     tracker, store, jobs = kit
     opts = tracker.settings.dispatcher.model_copy(update={"max_jobs_in_flight": 2})
-    tracker.launcher.settings = tracker.settings.model_copy(update={"dispatcher": opts})
+    settings = tracker.settings.model_copy(update={"dispatcher": opts})
+    tracker.launcher.ctx = dataclasses.replace(tracker.ctx, settings=settings)
     big = SHORT_PATH_MAX_LINES + 1  # a Ray job each; a window of 8 requests at the replicas
     for i in range(4):
         await queue(store, f"job{i}", big, age=100 - i)
@@ -245,7 +252,8 @@ async def test_a_job_whose_submit_waits_for_ray_holds_its_slot(kit: Kit) -> None
     drivers for when Ray is back; short-path batches go on."""
     tracker, store, jobs = kit
     opts = tracker.settings.dispatcher.model_copy(update={"max_jobs_in_flight": 1})
-    tracker.launcher.settings = tracker.settings.model_copy(update={"dispatcher": opts})
+    settings = tracker.settings.model_copy(update={"dispatcher": opts})
+    tracker.launcher.ctx = dataclasses.replace(tracker.ctx, settings=settings)
     submit = jobs.submit
 
     async def ray_down(spec: JobSpec) -> SubmitResult:
@@ -327,7 +335,7 @@ async def test_a_python_that_exits_2_is_retried_not_taken_for_an_invalid_spec(
     )
     store = StateStore.from_url(redis_settings.url, keys=Keys(prefix), finished_ttl_s=3600, dedupe_ttl_s=3600)
     backend = RayJobsBackend(settings)
-    tracker = Tracker(settings, store, backend, results=Any, producer=Any, metrics=Metrics())  # type: ignore[arg-type]
+    tracker = Tracker(RunContext(settings, store, backend, results=Any, producer=Any, metrics=Metrics()))  # type: ignore[arg-type]
     batch_id = f"py2-{uuid.uuid4().hex[:8]}"
     try:
         await queue(store, batch_id, 2)
@@ -373,7 +381,7 @@ async def test_a_batch_id_used_again_after_its_record_is_gone_is_a_new_lifecycle
     def setup(settings: DispatcherSettings) -> tuple[StateStore, Tracker]:
         keys = Keys(settings.redis.key_prefix)
         store = StateStore.from_url(redis_settings.url, keys=keys, finished_ttl_s=3600, dedupe_ttl_s=3600)
-        tracker = Tracker(settings, store, backend, results=Any, producer=Any, metrics=Metrics())  # type: ignore[arg-type]
+        tracker = Tracker(RunContext(settings, store, backend, results=Any, producer=Any, metrics=Metrics()))  # type: ignore[arg-type]
         return store, tracker
 
     settings1 = settings_for(f"t{uuid.uuid4().hex[:8]}")
@@ -468,13 +476,15 @@ async def test_a_hung_attempt_is_stopped_and_the_next_starts_only_once_it_ended(
     ray = FlakyRay()
     backend: Any = ray
     tracker = Tracker(
-        settings,
-        store,
-        backend,
-        results=Any,
-        producer=Any,
-        metrics=Metrics(),  # type: ignore[arg-type]
-        clock=lambda: clock[0],
+        RunContext(
+            settings,
+            store,
+            backend,
+            results=Any,
+            producer=Any,
+            metrics=Metrics(),  # type: ignore[arg-type]
+            clock=lambda: clock[0],
+        )
     )
     try:
         await queue(store, "hung", 2)
@@ -535,13 +545,15 @@ async def test_a_cancel_of_a_queued_retry_finishes_it_at_the_next_tick(redis_set
     backend: Any = ray
     results: Any = NoResults()
     tracker = Tracker(
-        settings,
-        store,
-        backend,
-        results=results,
-        producer=Any,
-        metrics=Metrics(),  # type: ignore[arg-type]
-        clock=lambda: NOW,
+        RunContext(
+            settings,
+            store,
+            backend,
+            results=results,
+            producer=Any,
+            metrics=Metrics(),  # type: ignore[arg-type]
+            clock=lambda: NOW,
+        )
     )
     try:
         await queue(store, "retrying", 2)

@@ -19,6 +19,7 @@ from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import RayUnavailable
 from llmbatch.dispatcher.job_options import JobOptions
 from llmbatch.dispatcher.metrics import Metrics
+from llmbatch.dispatcher.runs.context import RunContext
 from llmbatch.dispatcher.runs.tracker import Tracker
 from llmbatch.dispatcher.settings import DispatcherSettings
 from llmbatch.dispatcher.state.store import StateStore
@@ -79,7 +80,7 @@ async def test_a_launch_with_a_rotated_token_waits_instead_of_failing_the_batch(
     store = StateStore.from_url(redis_settings.url, keys=Keys(prefix), finished_ttl_s=3600, dedupe_ttl_s=3600)
     backend = RayJobsBackend(settings)
     results: Any = None  # a failure would need them: reaching them fails the test too
-    tracker = Tracker(settings, store, backend, results, producer=Any, metrics=Metrics())  # type: ignore[arg-type]
+    tracker = Tracker(RunContext(settings, store, backend, results, producer=Any, metrics=Metrics()))  # type: ignore[arg-type]
     try:
         await queue(store, "rotated", 2)
         await tracker.launch()

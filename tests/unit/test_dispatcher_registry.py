@@ -4,6 +4,7 @@ after acceptance failing with ``model_not_found`` instead of running on another 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import InvalidSettings
 from llmbatch.dispatcher.kafka.request_body import RequestBodies
 from llmbatch.dispatcher.metrics import Metrics
+from llmbatch.dispatcher.runs.context import RunContext
 from llmbatch.dispatcher.runs.results import Shards
 from llmbatch.dispatcher.runs.tracker import Tracker
 from llmbatch.dispatcher.service import Dispatcher
@@ -236,7 +238,9 @@ def tracker(
     results: Any = FakeResults()
     producer: Any = object()
     jobs: Any = backend
-    t = Tracker(settings, store, jobs, results, producer, Metrics(), clock=lambda: 1_790_000_000.0)  # type: ignore[arg-type]
+    t = Tracker(
+        RunContext(settings, store, jobs, results, producer, Metrics(), clock=lambda: 1_790_000_000.0)
+    )  # type: ignore[arg-type]
     return t, store, backend
 
 
@@ -264,7 +268,7 @@ def _failed(store: FakeStore) -> tuple[dict[str, Any], Outcome]:
 
 async def test_queued_batch_whose_model_was_removed_fails_with_model_not_found() -> None:
     t, store, backend = tracker(registry(models=("other/model",)))
-    assert await t.start_attempt(stored("queued", 0)) is False
+    assert await t.launcher.start_attempt(stored("queued", 0)) is False
     assert backend.submitted == []  # never runs on another model
     fields, outcome = _failed(store)
     assert fields["error_code"] == "model_not_found" and outcome.dlt_reason == "model_not_found"
@@ -276,7 +280,7 @@ async def test_queued_batch_whose_model_was_removed_fails_with_model_not_found()
 
 async def test_retry_of_a_batch_whose_model_was_removed_fails_keeping_earlier_results() -> None:
     t, store, backend = tracker(registry(models=("other/model",)))
-    assert await t.start_attempt(stored("queued", 1, started_at="1789999000.0")) is False
+    assert await t.launcher.start_attempt(stored("queued", 1, started_at="1789999000.0")) is False
     assert backend.submitted == []
     fields, outcome = _failed(store)
     assert fields["error_code"] == "model_not_found"
@@ -286,7 +290,7 @@ async def test_retry_of_a_batch_whose_model_was_removed_fails_keeping_earlier_re
 
 async def test_resubmission_after_the_model_was_removed_fails_instead_of_submitting() -> None:
     t, store, backend = tracker(registry(models=("other/model",)))
-    await t.submit(stored("submitted", 1, submission_id="b-gone-a1"))
+    await t.launcher.submit(stored("submitted", 1, submission_id="b-gone-a1"))
     assert backend.submitted == []
     fields, _ = _failed(store)
     assert fields["error_code"] == "model_not_found"
@@ -295,7 +299,7 @@ async def test_resubmission_after_the_model_was_removed_fails_instead_of_submitt
 async def test_served_model_is_submitted_with_its_registry_entry() -> None:
     t, store, backend = tracker(registry(path="/models/smollm2"))
     store.fresh = stored("submitted", 1, submission_id="b-gone-a1")
-    assert await t.start_attempt(stored("queued", 0)) is True
+    assert await t.launcher.start_attempt(stored("queued", 0)) is True
     [spec] = backend.submitted
     assert (
         spec.model == MODEL and spec.model_path == "/models/smollm2" and spec.engine.backend == FAKE_BACKEND
@@ -325,18 +329,18 @@ async def test_a_launch_reads_an_offloaded_body_from_kafka_once() -> None:
     _, value, _ = request_message(batch_request("b-gone", requests=inline_lines(5)))
     origin = OriginalRecord("requests", 2, 41, b"b-gone", value)
     reader = CountingReader(origin)
-    t.bodies = RequestBodies(reader)  # type: ignore[arg-type]
+    t.launcher.bodies = RequestBodies(reader)  # type: ignore[arg-type]
     offloaded = {"request_sha256": hashlib.sha256(value).hexdigest(), "origin": origin.to_json()}
     queued = stored("queued", 0, **offloaded)
     queued = BatchRecord.from_hash("b-gone", {k: v for k, v in queued.fields.items() if k != "request"})
     store.fresh = BatchRecord.from_hash(
         "b-gone", {**queued.fields, "state": "submitted", "attempt": "1", "submission_id": "b-gone-a1"}
     )
-    assert await t.start_attempt(queued) is True
+    assert await t.launcher.start_attempt(queued) is True
     [spec] = backend.submitted
     assert [r.custom_id for r in spec.requests or []] == [f"req-{i}" for i in range(5)]
     assert reader.reads == 1
-    await t.submit(store.fresh)  # a resubmission (after a restart) builds its spec again
+    await t.launcher.submit(store.fresh)  # a resubmission (after a restart) builds its spec again
     assert reader.reads == 2 and len(backend.submitted) == 2
 
 
@@ -346,11 +350,11 @@ async def test_shared_engines_put_the_models_serve_app_in_the_spec() -> None:
     t, store, backend = tracker(registry(path="/models/smollm2"))
     store.fresh = stored("submitted", 1, submission_id="b-gone-a1")
     t.settings.dispatcher.engine_wait_s = 42.0
-    await t.start_attempt(stored("queued", 0))
+    await t.launcher.start_attempt(stored("queued", 0))
     spec = backend.submitted[-1]  # the default: the model's shared engine
     assert spec.engine_app == app_name(MODEL) and spec.engine_wait_s == 42.0
     t.settings.dispatcher.shared_engines = False
-    await t.start_attempt(stored("queued", 0))
+    await t.launcher.start_attempt(stored("queued", 0))
     assert backend.submitted[-1].engine_app is None  # an engine per job
 
 
@@ -372,7 +376,8 @@ async def test_a_failed_jobs_public_message_carries_no_driver_log() -> None:
     from llmbatch.dispatcher.backends.backend import JobInfo, JobState
 
     t, store, _ = tracker(registry(path="/models/smollm2"))
-    t.checks.policy = t.checks.policy.__class__(max_attempts=1, backoff=t.checks.policy.backoff)
+    once = t.ctx.opts.model_copy(update={"max_attempts": 1})
+    t.checks.ctx = dataclasses.replace(t.ctx, settings=t.ctx.settings.model_copy(update={"dispatcher": once}))
     ray_message = (
         "Job entrypoint command failed with exit code 1, last available logs (truncated to "
         "20,000 chars):\nTraceback ...\nprompt: my secret prompt\nKeyError: 'x'\n"

@@ -130,10 +130,12 @@ async def test_figures_are_exported_by_the_leader_only_and_size_admission(
         assert not any(s.path.endswith("/engines") for s in dashboard.seen) and queued() is None
         dispatcher.tracker.is_leader = True
         await wait_for(lambda: queued() == 3.0, 30, interval=0.05, what="the leader's export")
-        assert dispatcher.tracker.engine_replicas == {"m": 2}  # a count that is not a number is not used
+        assert dispatcher.tracker.launcher.engine_replicas == {
+            "m": 2
+        }  # a count that is not a number is not used
         dispatcher.tracker.is_leader = False  # leadership moved: this replica's gauges are cleared
         await wait_for(
-            lambda: queued() is None and dispatcher.tracker.engine_replicas == {},
+            lambda: queued() is None and dispatcher.tracker.launcher.engine_replicas == {},
             30,
             interval=0.05,
             what="the gauges cleared",

@@ -18,18 +18,24 @@ from llmbatch.dispatcher.backends.backend import (
     EXIT_INPUT_NOT_FOUND,
     JobInfo,
     JobState,
+    SubmitResult,
 )
 from llmbatch.dispatcher.domain.batch_record import BatchRecord, TransitionResult
 from llmbatch.dispatcher.domain.events import Outcome
 from llmbatch.dispatcher.domain.keys import Keys
 from llmbatch.dispatcher.domain.states import State
+from llmbatch.dispatcher.kafka.request_body import RequestBodies
 from llmbatch.dispatcher.metrics import Metrics
+from llmbatch.dispatcher.runs.context import RunContext
+from llmbatch.dispatcher.runs.finisher import Finisher
 from llmbatch.dispatcher.runs.in_flight import HEARTBEAT, InFlight
+from llmbatch.dispatcher.runs.launcher import Launcher
 from llmbatch.dispatcher.runs.outcomes import OutcomeReader
 from llmbatch.dispatcher.runs.results import Shards
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
+from llmbatch.schemas.job import JobSpec
 from llmbatch.settings import RedisSettings
-from tests.support.dispatcher_kit import batch_request, inline_lines, request_message
+from tests.support.dispatcher_kit import batch_request, inline_lines, registry, request_message
 
 pytestmark = pytest.mark.unit
 
@@ -68,6 +74,11 @@ class Store:
 class Backend:
     info: JobInfo = field(default_factory=lambda: JobInfo(JobState.RUNNING))
     stopped: list[str] = field(default_factory=list)
+    submitted: list[str] = field(default_factory=list)
+
+    async def submit(self, spec: JobSpec) -> SubmitResult:
+        self.submitted.append(spec.submission_id)
+        return SubmitResult(spec.submission_id, already_existed=True, via="ray_job")
 
     async def status(self, submission_id: str) -> JobInfo:
         return self.info
@@ -75,6 +86,11 @@ class Backend:
     async def stop(self, submission_id: str) -> bool:
         self.stopped.append(submission_id)
         return True
+
+
+class NoKafka:
+    async def read(self, ref: Any) -> None:
+        raise AssertionError("the request is kept in Redis: Kafka is not read")
 
 
 class Results:
@@ -99,7 +115,6 @@ class Kit:
     store: Store
     backend: Backend
     producer: Producer
-    resubmitted: list[str]
     clock: list[float]
 
 
@@ -107,31 +122,24 @@ def kit(**options: Any) -> Kit:
     settings = DispatcherSettings(
         _env_file=None,
         redis=RedisSettings(url="redis://redis:6379/0", password=SecretStr("pw"), key_prefix="p"),
+        engines=registry(),
         dispatcher=DispatcherOptions(**options),
     )
-    store, backend, producer, resubmitted, clock = Store(), Backend(), Producer(), [], [NOW]
+    store, backend, producer, clock = Store(), Backend(), Producer(), [NOW]
     results: Any = Results()
-
-    async def resubmit(record: BatchRecord) -> None:
-        resubmitted.append(record.key)
 
     def now() -> float:
         return clock[0]
 
-    outcomes = OutcomeReader(settings, store, results, clock=now)  # type: ignore[arg-type]
-    checks = InFlight(
-        settings,
-        store,
-        backend,
-        results,
-        producer,
-        Metrics(),
-        outcomes,  # type: ignore[arg-type]
-        resubmit=resubmit,
-        clock=now,
-        crash=lambda point: None,
-    )
-    return Kit(checks, store, backend, producer, resubmitted, clock)
+    ctx = RunContext(settings, store, backend, results, producer, Metrics(), clock=now)  # type: ignore[arg-type]
+    outcomes, finisher = OutcomeReader(ctx), Finisher(ctx)
+    launcher = Launcher(ctx, outcomes, finisher, bodies=RequestBodies(NoKafka()), size_of=_no_size)
+    checks = InFlight(ctx, outcomes, finisher, launcher)
+    return Kit(checks, store, backend, producer, clock)
+
+
+async def _no_size(uri: str) -> int | None:
+    return None
 
 
 def record(state: State, attempt: int = 1, **extra: str) -> BatchRecord:
@@ -162,7 +170,9 @@ async def test_a_submission_ray_never_confirmed_is_submitted_again() -> None:
     k = kit()
     k.backend.info = JobInfo(JobState.NOT_FOUND)
     await k.checks.check(record(State.SUBMITTED, confirmed="0"))
-    assert k.resubmitted == ["b-1"] and k.store.transitions == []
+    assert k.backend.submitted == [SID]  # the same attempt again, by its submission id
+    [(to, fields)] = k.store.transitions
+    assert to is State.SUBMITTED and fields["confirmed"] == "1"
 
 
 async def test_a_confirmed_job_ray_forgot_is_lost_and_retried_after_the_backoff() -> None:
@@ -171,14 +181,14 @@ async def test_a_confirmed_job_ray_forgot_is_lost_and_retried_after_the_backoff(
     await k.checks.check(record(State.RUNNING))
     [(to, fields)] = k.store.transitions
     assert to is State.QUEUED and fields["last_error_code"] == "job_lost"
-    assert fields["not_before"] > NOW and k.resubmitted == []
+    assert fields["not_before"] > NOW and k.backend.submitted == []
 
 
 async def test_a_submitted_attempt_ray_confirmed_then_forgot_is_lost_not_submitted_twice() -> None:
     k = kit()
     k.backend.info = JobInfo(JobState.NOT_FOUND)
     await k.checks.check(record(State.SUBMITTED))  # confirmed: Ray knew it once (a restarted head)
-    assert k.resubmitted == [] and k.store.states == [State.QUEUED]
+    assert k.backend.submitted == [] and k.store.states == [State.QUEUED]
 
 
 async def test_a_job_pending_too_long_is_stopped_and_retried() -> None:
@@ -262,7 +272,7 @@ async def test_a_lost_compare_and_set_counts_no_retry() -> None:
     k = kit()
     k.store.refuse = True
     k.backend.info = JobInfo(JobState.STOPPED)
-    metrics = k.checks.metrics.attempts.labels(event="retried")
+    metrics = k.checks.ctx.metrics.attempts.labels(event="retried")
     before = metrics._value.get()
     await k.checks.check(record(State.RUNNING))
     assert metrics._value.get() == before
@@ -293,7 +303,7 @@ async def test_a_cancel_stops_the_job_once_then_waits_for_it_then_gives_up_waiti
     k.clock[0] = NOW + 1
     await k.checks.check(asked)  # still running, within job.stop_wait_s: wait, do not stop again
     assert k.backend.stopped == [SID] and k.store.transitions == []
-    k.clock[0] = NOW + k.checks.settings.job.stop_wait_s + 1
+    k.clock[0] = NOW + k.checks.ctx.settings.job.stop_wait_s + 1
     await k.checks.check(asked)
     to, outcome = terminal(k.store)
     assert to is State.CANCELLED and outcome.error_code is None

@@ -17,12 +17,14 @@ from llmbatch.dispatcher.backends.backend import SubmitResult
 from llmbatch.dispatcher.domain.batch_record import BatchRecord, TransitionResult
 from llmbatch.dispatcher.domain.events import Outcome
 from llmbatch.dispatcher.domain.keys import Keys
-from llmbatch.dispatcher.domain.states import State
+from llmbatch.dispatcher.domain.states import State, is_terminal
 from llmbatch.dispatcher.errors import JobRejected
 from llmbatch.dispatcher.intake.commands import Accept, classify, intake_rules
 from llmbatch.dispatcher.kafka.request_body import RequestBodies
 from llmbatch.dispatcher.metrics import Metrics
-from llmbatch.dispatcher.runs.launcher import STOP_FIELDS, Launcher
+from llmbatch.dispatcher.runs.context import RunContext
+from llmbatch.dispatcher.runs.finisher import STOP_FIELDS, Finisher
+from llmbatch.dispatcher.runs.launcher import Launcher
 from llmbatch.dispatcher.runs.outcomes import OutcomeReader
 from llmbatch.dispatcher.runs.results import Shards
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
@@ -97,8 +99,16 @@ class Kit:
     launcher: Launcher
     store: Store
     backend: Backend
-    finished: list[tuple[BatchRecord, Outcome]]
     sizes: dict[str, int]
+
+    @property
+    def finished(self) -> list[tuple[State, Outcome]]:
+        """The batch's terminal transitions (the finisher's), with their outcomes."""
+        return [
+            (to, Outcome.from_json(fields["outcome"]))
+            for to, fields, _ in self.store.transitions
+            if is_terminal(to)
+        ]
 
 
 def kit(*, served: tuple[str, ...] = (MODEL,), pools: tuple[str, ...] = (), **options: Any) -> Kit:
@@ -108,28 +118,17 @@ def kit(*, served: tuple[str, ...] = (MODEL,), pools: tuple[str, ...] = (), **op
         dispatcher=DispatcherOptions(**options),
         tenants=TenantSettings(pools=list(pools)),
     )
-    store, backend, finished, sizes = Store(), Backend(), [], {}
+    store, backend, sizes = Store(), Backend(), {}
     results: Any = Results()
-
-    async def finish(record: BatchRecord, outcome: Outcome) -> None:
-        finished.append((record, outcome))
 
     async def size_of(uri: str) -> int | None:
         return sizes.get(uri)
 
-    outcomes = OutcomeReader(settings, store, results, clock=lambda: NOW)  # type: ignore[arg-type]
+    ctx = RunContext(settings, store, backend, results, Any, Metrics(), clock=lambda: NOW)  # type: ignore[arg-type]
     launcher = Launcher(
-        settings,
-        store,
-        backend,
-        RequestBodies(NoKafka()),
-        Metrics(),
-        outcomes,  # type: ignore[arg-type]
-        finish=finish,
-        clock=lambda: NOW,
-        size_of=size_of,
+        ctx, OutcomeReader(ctx), Finisher(ctx), bodies=RequestBodies(NoKafka()), size_of=size_of
     )
-    return Kit(launcher, store, backend, finished, sizes)
+    return Kit(launcher, store, backend, sizes)
 
 
 def queued(

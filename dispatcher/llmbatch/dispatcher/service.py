@@ -25,6 +25,7 @@ from llmbatch.dispatcher.intake.reconcile import Reconciler
 from llmbatch.dispatcher.intake.record_retry import OUTAGE_LOG_EVERY_S
 from llmbatch.dispatcher.kafka.publisher import EventProducer
 from llmbatch.dispatcher.metrics import Metrics
+from llmbatch.dispatcher.runs.context import RunContext
 from llmbatch.dispatcher.runs.engine_keeper import EngineKeeper
 from llmbatch.dispatcher.runs.results import ResultStore
 from llmbatch.dispatcher.runs.tracker import Tracker
@@ -100,18 +101,24 @@ class Dispatcher:
         self.producer = EventProducer(settings.kafka, self.metrics)
         self.consumer = RequestConsumer(settings, self.store, self.producer, self.metrics, crash=self.crash)
         self.tracker = Tracker(
-            settings,
-            self.store,
-            self.backend,
-            self.results,
-            self.producer,
-            self.metrics,
-            crash=self.crash,
+            RunContext(
+                settings,
+                self.store,
+                self.backend,
+                self.results,
+                self.producer,
+                self.metrics,
+                crash=self.crash,
+            ),
             input_sizes=input_sizes,
         )
         self.consumer.on_accepted = self.tracker.wake
         self.reconciler = Reconciler(
-            settings, self.store, self.consumer.rules, self.metrics, reader=self.tracker.bodies.reader
+            settings,
+            self.store,
+            self.consumer.rules,
+            self.metrics,
+            reader=self.tracker.launcher.bodies.reader,
         )
         self._stop = asyncio.Event()
         self.engines = EngineKeeper(settings, self.tracker, self.metrics, self._stop)
@@ -350,7 +357,7 @@ class Dispatcher:
             await asyncio.wait_for(self.consumer.stop(), max(1.0, deadline - time.monotonic()))
         await self.producer.stop()
         with contextlib.suppress(Exception):
-            await self.tracker.bodies.reader.close()
+            await self.tracker.launcher.bodies.reader.close()
         await self.backend.close()
         with contextlib.suppress(Exception):
             await self.store.close()

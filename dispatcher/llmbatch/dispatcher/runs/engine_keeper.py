@@ -50,7 +50,7 @@ class EngineKeeper:
                 except DispatcherError as exc:  # the tracker reports Ray's outages; no line per poll
                     log.debug("engine figures unavailable: %s", exc)
             self.metrics.set_engines(figures)
-            self.tracker.engine_replicas = {
+            self.tracker.launcher.engine_replicas = {
                 model: f["replicas"] for model, f in figures.items() if isinstance(f.get("replicas"), int)
             }
             with contextlib.suppress(TimeoutError):

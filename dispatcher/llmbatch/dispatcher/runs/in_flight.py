@@ -12,43 +12,38 @@ backend says of its job:
   ``max_attempts``, then ``failed`` + dead letter ``attempts_exhausted``.
 
 Every change is a compare-and-set on the batch's record (a stale leader is harmless). The tracker
-(:mod:`llmbatch.dispatcher.runs.tracker`) runs the loop, elects the leader and launches; starting an attempt
-is
-:mod:`llmbatch.dispatcher.runs.launcher`'s.
+(:mod:`llmbatch.dispatcher.runs.tracker`) runs the loop and elects the leader; starting or resubmitting
+an attempt is the :class:`~llmbatch.dispatcher.runs.launcher.Launcher`'s, ending a batch the
+:class:`~llmbatch.dispatcher.runs.finisher.Finisher`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
 
 from llmbatch.dispatcher.backends.backend import (
     EXIT_ENGINE_UNAVAILABLE,
     EXIT_INPUT_NOT_FOUND,
     NON_RETRIABLE_EXITS,
-    JobBackend,
     JobInfo,
     JobState,
 )
 from llmbatch.dispatcher.domain.batch_record import BatchRecord
-from llmbatch.dispatcher.domain.events import Outcome, build_progress, safe_counts, terminal_fields
+from llmbatch.dispatcher.domain.events import Outcome, build_progress, safe_counts
 from llmbatch.dispatcher.domain.keys import BatchKey
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import ManifestInvalid
-from llmbatch.dispatcher.kafka.publisher import EventProducer
-from llmbatch.dispatcher.metrics import Metrics
+from llmbatch.dispatcher.runs.context import RunContext
+from llmbatch.dispatcher.runs.finisher import STOP_FIELDS, Finisher
 from llmbatch.dispatcher.runs.jobspec import results_prefix
-from llmbatch.dispatcher.runs.launcher import STOP_FIELDS
+from llmbatch.dispatcher.runs.launcher import Launcher
 from llmbatch.dispatcher.runs.outcomes import (
     OutcomeReader,
     counter,
     outcome_from_manifest,
     ray_message_summary,
 )
-from llmbatch.dispatcher.runs.results import ResultStore
-from llmbatch.dispatcher.settings import DispatcherSettings
-from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.schemas.dlt import DltReason
 from llmbatch.schemas.job import MANIFEST_NAME
 from llmbatch.schemas.openai import Usage
@@ -62,31 +57,12 @@ class InFlight:
     """Checks each in-flight batch's job and ends the batch (retry, stop, finish) when it must."""
 
     def __init__(
-        self,
-        settings: DispatcherSettings,
-        store: StateStore,
-        backend: JobBackend,
-        results: ResultStore,
-        producer: EventProducer,
-        metrics: Metrics,
-        outcomes: OutcomeReader,
-        *,
-        resubmit: Callable[[BatchRecord], Awaitable[None]],
-        clock: Callable[[], float],
-        crash: Callable[[str], None],
+        self, ctx: RunContext, outcomes: OutcomeReader, finisher: Finisher, launcher: Launcher
     ) -> None:
-        self.settings = settings
-        self.opts = settings.dispatcher
-        self.store = store
-        self.backend = backend
-        self.results = results
-        self.producer = producer
-        self.metrics = metrics
+        self.ctx = ctx
         self.outcomes = outcomes
-        self.resubmit = resubmit
-        self.clock = clock
-        self.crash = crash
-        self.policy = self.opts.attempt_policy
+        self.finisher = finisher
+        self.launcher = launcher
         self._progress_at: dict[BatchKey, float] = {}
         self._progress_sig: dict[BatchKey, tuple[int, ...]] = {}
 
@@ -107,20 +83,20 @@ class InFlight:
         if not sid:  # cannot happen: launch records it with the transition
             await self.retry_or_fail(record, "internal_error", "in flight without a submission id")
             return
-        now = self.clock()
+        now = self.ctx.clock()
         if record.state is State.FINALIZING:
             await self.finish_succeeded(record)
             return
-        info = await self.backend.status(sid)
+        info = await self.ctx.backend.status(sid)
         reason = self.stop_reason(record, now)
         if reason is not None and info.state is not JobState.SUCCEEDED:
             await self.stop_then_finish(record, info, reason, now)
             return
         if info.state is JobState.NOT_FOUND:
             if record.state is State.SUBMITTED and not record.flag("confirmed"):
-                await self.resubmit(record)
+                await self.launcher.submit(record)
             else:
-                self.metrics.attempts.labels(event="lost").inc()
+                self.ctx.metrics.attempts.labels(event="lost").inc()
                 log.warning("job lost: Ray does not know it", extra={"submission_id": sid})
                 await self.retry_or_fail(
                     record,
@@ -131,9 +107,9 @@ class InFlight:
         elif info.state is JobState.PENDING:
             await self._confirm(record)
             submitted_at = record.number("submitted_at") or now
-            if now - submitted_at > self.opts.submitted_timeout_s:
-                await self.backend.stop(sid)
-                self.metrics.attempts.labels(event="stuck").inc()
+            if now - submitted_at > self.ctx.opts.submitted_timeout_s:
+                await self.ctx.backend.stop(sid)
+                self.ctx.metrics.attempts.labels(event="stuck").inc()
                 await self.retry_or_fail(
                     record, "job_stuck_pending", f"job {sid} stayed PENDING for {now - submitted_at:.0f}s"
                 )
@@ -148,12 +124,12 @@ class InFlight:
         elif info.state is JobState.FAILED:
             await self.job_failed(record, info)
         elif info.state is JobState.STOPPED:
-            self.metrics.attempts.labels(event="stopped").inc()
+            self.ctx.metrics.attempts.labels(event="stopped").inc()
             await self.retry_or_fail(record, "job_stopped", f"job {sid} was stopped outside the dispatcher")
 
     async def _confirm(self, record: BatchRecord) -> None:
         if not record.flag("confirmed"):
-            await self.store.transition(
+            await self.ctx.store.transition(
                 record.key,
                 record.state,
                 from_states=[record.state],
@@ -162,9 +138,9 @@ class InFlight:
             )
 
     async def mark_running(self, record: BatchRecord, info: JobInfo) -> None:
-        now = self.clock()
+        now = self.ctx.clock()
         first_start = record.number("started_at")
-        result = await self.store.transition(
+        result = await self.ctx.store.transition(
             record.key,
             State.RUNNING,
             expected_version=record.version,
@@ -183,16 +159,16 @@ class InFlight:
         stopped, and the next attempt starts only once Ray says this one ended (or after
         ``job.stop_wait_s``), never beside it; a stop that fails (Ray unreachable) is tried again at
         the next check instead of being taken as done."""
-        if not self.settings.job.pass_redis_url:  # the job has nowhere to send heartbeats
+        if not self.ctx.settings.job.pass_redis_url:  # the job has nowhere to send heartbeats
             return
-        progress = await self.store.read_progress(record.key)
+        progress = await self.ctx.store.read_progress(record.key)
         beat = 0.0
         if progress.get("attempt") == str(record.attempt):
             with contextlib.suppress(ValueError):
                 beat = float(progress.get("heartbeat_at") or 0)
         last = max(beat, record.number("running_at") or 0.0, record.number("attempt_started_at") or 0.0)
-        if last and now - last > self.opts.heartbeat_timeout_s:
-            self.metrics.attempts.labels(event="heartbeat_expired").inc()
+        if last and now - last > self.ctx.opts.heartbeat_timeout_s:
+            self.ctx.metrics.attempts.labels(event="heartbeat_expired").inc()
             log.warning("job heartbeat expired; stopping it", extra={"silent_s": round(now - last, 1)})
             await self.stop_then_finish(record, info, HEARTBEAT, now)
 
@@ -214,7 +190,7 @@ class InFlight:
                     "ray_message": info.message[-2000:],
                 },
             )
-        self.metrics.attempts.labels(event="failed").inc()
+        self.ctx.metrics.attempts.labels(event="failed").inc()
         if code == EXIT_ENGINE_UNAVAILABLE:  # waiting again on every retry would not help
             await self.retry_or_fail(
                 record,
@@ -238,10 +214,12 @@ class InFlight:
         retriable: bool = True,
         dlt_reason: DltReason | None = None,
     ) -> None:
-        decision = self.policy.after_failure(max(1, record.attempts_made), retriable=retriable)
-        now = self.clock()
+        decision = self.ctx.opts.attempt_policy.after_failure(
+            max(1, record.attempts_made), retriable=retriable
+        )
+        now = self.ctx.clock()
         if decision.retry:
-            result = await self.store.transition(
+            result = await self.ctx.store.transition(
                 record.key,
                 State.QUEUED,
                 expected_version=record.version,
@@ -251,7 +229,7 @@ class InFlight:
                 not_before=now + decision.delay_s,
             )
             if result.ok:
-                self.metrics.attempts.labels(event="retried").inc()
+                self.ctx.metrics.attempts.labels(event="retried").inc()
                 log.warning(
                     "attempt failed; retrying",
                     extra={"code": code, "error": message[:500], "retry_in_s": round(decision.delay_s, 1)},
@@ -277,17 +255,17 @@ class InFlight:
             return
         requested = record.number("stop_requested_at")
         if requested is None:
-            await self.backend.stop(sid)
-            self.metrics.attempts.labels(event="stop_requested").inc()
+            await self.ctx.backend.stop(sid)
+            self.ctx.metrics.attempts.labels(event="stop_requested").inc()
             log.info("stopping job", extra={"reason": reason, "submission_id": sid})
-            await self.store.transition(
+            await self.ctx.store.transition(
                 record.key,
                 record.state,
                 from_states=[record.state],
                 expected_version=record.version,
                 fields={"stop_reason": reason, "stop_requested_at": repr(now)},
             )
-        elif now - requested > self.settings.job.stop_wait_s:
+        elif now - requested > self.ctx.settings.job.stop_wait_s:
             log.warning("job did not stop in time; finishing without it", extra={"submission_id": sid})
             await self.finish_stopped(record, reason)
 
@@ -308,19 +286,19 @@ class InFlight:
 
     async def finish_succeeded(self, record: BatchRecord) -> None:
         if record.state is not State.FINALIZING:
-            result = await self.store.transition(
+            result = await self.ctx.store.transition(
                 record.key,
                 State.FINALIZING,
                 expected_version=record.version,
-                fields={"confirmed": "1", "job_ended_at": repr(self.clock())},
+                fields={"confirmed": "1", "job_ended_at": repr(self.ctx.clock())},
             )
             if not result.ok:
                 return
-            self.crash("after_job_end")
-            record = await self.store.get(record.key) or record
-        prefix = results_prefix(self.settings, record)
+            self.ctx.crash("after_job_end")
+            record = await self.ctx.store.get(record.key) or record
+        prefix = results_prefix(self.ctx.settings, record)
         try:
-            manifest = await self.results.read_manifest(prefix)
+            manifest = await self.ctx.results.read_manifest(prefix)
         except ManifestInvalid as exc:
             manifest, problem = None, str(exc)
         else:
@@ -334,31 +312,30 @@ class InFlight:
             detail = manifest.error.message if manifest.error else "the job stopped early"
             await self.retry_or_fail(record, "job_partial", detail)
             return
-        outcome = outcome_from_manifest(manifest, record, self.clock(), prefix + MANIFEST_NAME)
+        outcome = outcome_from_manifest(manifest, record, self.ctx.clock(), prefix + MANIFEST_NAME)
         await self.finish(record, outcome)
 
     async def finish(self, record: BatchRecord, outcome: Outcome) -> None:
-        result = await self.store.transition(
-            record.key,
-            outcome.state,
-            expected_version=record.version,
-            fields=terminal_fields(record, outcome),
-            delete=STOP_FIELDS,
-        )
-        if result.ok:
-            self._progress_at.pop(record.key, None)
-            self._progress_sig.pop(record.key, None)
-            self.metrics.attempts.labels(event=outcome.state.value).inc()
-            log.info(
-                "batch finished", extra={"status": outcome.state.value, "error_code": outcome.error_code}
-            )
+        if await self.finisher.finish(record, outcome):
+            self.forget_progress(record.key)
+
+    def forget_progress(self, *keys: BatchKey) -> None:
+        """Drop what this replica remembers of the progress events of ``keys``."""
+        for key in keys:
+            self._progress_at.pop(key, None)
+            self._progress_sig.pop(key, None)
+
+    def keep_progress_of(self, keys: set[BatchKey]) -> None:
+        """Forget the progress events of every batch but ``keys`` (the batches in flight now): the
+        maps stay bounded, also for batches another leader ended."""
+        self.forget_progress(*[k for k in self._progress_at if k not in keys])
 
     async def maybe_progress(self, record: BatchRecord, now: float) -> None:
         """Publish a progress event when the interval passed and the counts moved."""
         last = self._progress_at.get(record.key, 0.0)
-        if now - last < self.opts.progress_interval_s:
+        if now - last < self.ctx.opts.progress_interval_s:
             return
-        progress = await self.store.read_progress(record.key)
+        progress = await self.ctx.store.read_progress(record.key)
         if not progress:
             return
         counts = safe_counts(
@@ -374,5 +351,5 @@ class InFlight:
         if self._progress_sig.get(record.key) == sig:
             return
         self._progress_sig[record.key] = sig
-        envelope = build_progress(record, counts, usage, source=self.opts.source, now=now)
-        await self.producer.publish(self.settings.kafka.topics.results, envelope)
+        envelope = build_progress(record, counts, usage, source=self.ctx.opts.source, now=now)
+        await self.ctx.producer.publish(self.ctx.settings.kafka.topics.results, envelope)

@@ -2,17 +2,16 @@
 an attempt, its submission (idempotent by submission id), and the batches that cannot start at all
 (their model left the registry, their request is gone, their spec no longer validates).
 
-The tracker's loop picks the queued batches and hands each to :meth:`Launcher.start_attempt`.
+The tracker's loop picks the queued batches and hands each to :meth:`Launcher.start_attempt`; the
+in-flight checks resubmit an attempt whose submission was never confirmed through
+:meth:`Launcher.submit`. Nothing else submits a job.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Awaitable, Callable
 
 from llmbatch.dispatcher import logs
-from llmbatch.dispatcher.backends.backend import JobBackend
 from llmbatch.dispatcher.backends.input_sizes import SizeOf
 from llmbatch.dispatcher.domain import states
 from llmbatch.dispatcher.domain.batch_record import BatchRecord
@@ -28,11 +27,11 @@ from llmbatch.dispatcher.domain.scheduler import (
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import JobRejected, RequestUnavailable
 from llmbatch.dispatcher.kafka.request_body import RequestBodies
-from llmbatch.dispatcher.metrics import Metrics
+from llmbatch.dispatcher.runs.context import RunContext
+from llmbatch.dispatcher.runs.finisher import STOP_FIELDS, Finisher
 from llmbatch.dispatcher.runs.jobspec import build_job_spec
 from llmbatch.dispatcher.runs.outcomes import OutcomeReader, counter
-from llmbatch.dispatcher.settings import ENGINES_ENV, DispatcherSettings
-from llmbatch.dispatcher.state.store import StateStore
+from llmbatch.dispatcher.settings import ENGINES_ENV
 from llmbatch.schemas.dlt import DltReason
 from llmbatch.schemas.engines import UnknownModelError
 from llmbatch.schemas.errors import SchemaError
@@ -40,53 +39,36 @@ from llmbatch.schemas.job import JobSpec
 
 log = logging.getLogger(__name__)
 
-STOP_FIELDS = ("stop_reason", "stop_requested_at")
-"""Fields of a stop request, cleared when an attempt starts or the batch ends."""
-
-Finish = Callable[[BatchRecord, Outcome], Awaitable[None]]
-
 
 class Launcher:
     """Starts and submits attempts for the tracker (see the module docstring)."""
 
     def __init__(
         self,
-        settings: DispatcherSettings,
-        store: StateStore,
-        backend: JobBackend,
-        bodies: RequestBodies,
-        metrics: Metrics,
+        ctx: RunContext,
         outcomes: OutcomeReader,
+        finisher: Finisher,
         *,
-        finish: Finish,
-        clock: Callable[[], float] = time.time,
-        crash: Callable[[str], None] = lambda point: None,
+        bodies: RequestBodies,
         size_of: SizeOf,
     ) -> None:
-        self.settings = settings
-        self.store = store
-        self.keys = store.keys
-        self.backend = backend
+        self.ctx = ctx
         self.bodies = bodies
-        self.metrics = metrics
         self.outcomes = outcomes
-        self.finish = finish
-        self.clock = clock
-        self.crash = crash
+        self.finisher = finisher
         #: live replicas per model (the engines' figures, refreshed by the service); admission capacity
         self.engine_replicas: dict[str, int] = {}
         #: a job was submitted and is not running yet (the tracker then polls faster)
         self.awaiting_start = False
         #: the input file's size (``s3://`` object), which decides its route as in the RoutedBackend
-        #: (the service gives both one :class:`~llmbatch.dispatcher.backends.input_sizes.InputSizes`: one ask
-        #: per
-        # batch)
+        #: (the service gives both one :class:`~llmbatch.dispatcher.backends.input_sizes.InputSizes`: one
+        #: ask per batch)
         self.size_of = size_of
 
     def load_of(self, record: BatchRecord, progress: dict[str, str]) -> EngineLoad | None:
         """What a batch has (or, queued, would have) at its model's replicas; ``None`` off the registry."""
         model = record.get("model") or ""
-        entry = self.settings.engines.models.get(model)
+        entry = self.ctx.settings.engines.models.get(model)
         if entry is None:
             return None
         total = counter(progress.get("total")) or counter(record.get("total")) or None
@@ -108,7 +90,7 @@ class Launcher:
     async def route_of(self, record: BatchRecord) -> str:
         """How the batch's next attempt will run: ``ray_job`` or ``batch_runner`` (as
         :attr:`~llmbatch.dispatcher.backends.backend.SubmitResult.via` will say)."""
-        if self.settings.dispatcher.shared_engines and not await self.takes_job_path(record):
+        if self.ctx.settings.dispatcher.shared_engines and not await self.takes_job_path(record):
             return "batch_runner"
         return "ray_job"
 
@@ -117,8 +99,8 @@ class Launcher:
         backend's rule, :func:`~llmbatch.dispatcher.domain.scheduler.short_path_fits`, from the record; a
         file's size
         is asked of ``size_of`` only when the short path could take it)."""
-        opts = self.settings.dispatcher
-        pooled = self.settings.tenants.pool_of(record.tenant) is not None
+        opts = self.ctx.settings.dispatcher
+        pooled = self.ctx.settings.tenants.pool_of(record.tenant) is not None
         uri = record.get("input_uri")
         size = None
         if uri and opts.short_path_max_lines > 0 and not pooled:
@@ -136,9 +118,11 @@ class Launcher:
         """The shared engines' room now: each model's capacity and its launched batches' load."""
         ids: list[BatchKey] = []
         for state in (State.SUBMITTED, State.RUNNING):  # finalizing batches have nothing at the engines
-            ids += await self.store.ids_in_state(state, limit=10_000)
-        records = [r for r in await self.store.get_many(ids) if r is not None and r.state in states.IN_FLIGHT]
-        progress = await self.store.read_progress_many([r.key for r in records])
+            ids += await self.ctx.store.ids_in_state(state, limit=10_000)
+        records = [
+            r for r in await self.ctx.store.get_many(ids) if r is not None and r.state in states.IN_FLIGHT
+        ]
+        progress = await self.ctx.store.read_progress_many([r.key for r in records])
         load = [x for r, p in zip(records, progress, strict=True) if (x := self.load_of(r, p)) is not None]
         capacity = {
             model: engine_capacity(
@@ -147,30 +131,30 @@ class Launcher:
                 min_replicas=entry.scaling.min_replicas,
                 max_replicas=entry.scaling.max_replicas,
             )
-            for model, entry in self.settings.engines.models.items()
+            for model, entry in self.ctx.settings.engines.models.items()
         }
         for model, cap in capacity.items():
-            self.metrics.admission_capacity.labels(model=model).set(cap)
+            self.ctx.metrics.admission_capacity.labels(model=model).set(cap)
         jobs = sum(1 for r in records if r.get("via") == "ray_job")
-        slots = max(0, self.settings.dispatcher.max_jobs_in_flight - jobs)
+        slots = max(0, self.ctx.settings.dispatcher.max_jobs_in_flight - jobs)
         return Admission.of(capacity, load, job_slots=slots)
 
     async def job_spec(self, record: BatchRecord, attempt: int) -> JobSpec:
         """:func:`build_job_spec` with the request body read back from Kafka when Redis does not keep
         it (raises :class:`RequestUnavailable` when it is gone, a transient error when Kafka is down)."""
         body = await self.bodies.text(record)
-        return build_job_spec(record, attempt, self.settings, self.keys, request=body)
+        return build_job_spec(record, attempt, self.ctx.settings, self.ctx.keys, request=body)
 
     async def fail_request_gone(self, record: BatchRecord, exc: RequestUnavailable) -> None:
         outcome = Outcome(
             State.FAILED,
-            self.clock(),
+            self.ctx.clock(),
             counts={"total": int(record.get("total") or 0)},
             error_code=str(DltReason.REQUEST_GONE),
             error_message=str(exc)[:2000],
             dlt_reason=str(DltReason.REQUEST_GONE),
         )
-        await self.finish(record, outcome)
+        await self.finisher.finish(record, outcome)
 
     async def start_attempt(self, record: BatchRecord) -> bool:
         attempt = record.attempt + 1
@@ -185,16 +169,16 @@ class Launcher:
         except (SchemaError, ValueError) as exc:
             outcome = Outcome(
                 State.FAILED,
-                self.clock(),
+                self.ctx.clock(),
                 counts={"total": int(record.get("total") or 0)},
                 error_code=str(DltReason.INPUT_INVALID),
                 error_message=f"job spec: {exc}"[:2000],
                 dlt_reason=str(DltReason.INPUT_INVALID),
             )
-            await self.finish(record, outcome)
+            await self.finisher.finish(record, outcome)
             return False
-        now = self.clock()
-        result = await self.store.transition(
+        now = self.ctx.clock()
+        result = await self.ctx.store.transition(
             record.key,
             State.SUBMITTED,
             expected_version=record.version,
@@ -211,9 +195,9 @@ class Launcher:
         )
         if not result.ok:
             return False
-        self.metrics.attempts.labels(event="submitted").inc()
+        self.ctx.metrics.attempts.labels(event="submitted").inc()
         self.awaiting_start = True
-        fresh = await self.store.get(record.key)
+        fresh = await self.ctx.store.get(record.key)
         if fresh is not None:
             with logs.bind(attempt=attempt):
                 await self.submit(fresh, spec)  # the spec does not change with the transition
@@ -232,7 +216,7 @@ class Launcher:
                 await self.fail_request_gone(record, exc)
                 return
         try:
-            result = await self.backend.submit(spec)
+            result = await self.ctx.backend.submit(spec)
         except JobRejected as exc:
             outcome = await self.outcomes.partial(
                 record,
@@ -241,9 +225,9 @@ class Launcher:
                 error_message=str(exc),
                 dlt_reason=str(DltReason.SUBMIT_REJECTED),
             )
-            await self.finish(record, outcome)
+            await self.finisher.finish(record, outcome)
             return
-        self.crash("after_submit")
+        self.ctx.crash("after_submit")
         log.info(
             "job submitted",
             extra={
@@ -252,7 +236,7 @@ class Launcher:
                 "via": result.via,
             },
         )
-        await self.store.transition(
+        await self.ctx.store.transition(
             record.key,
             State.SUBMITTED,
             from_states=[State.SUBMITTED],
@@ -273,4 +257,4 @@ class Launcher:
             "the batch with a served model",
             dlt_reason=str(DltReason.MODEL_NOT_FOUND),
         )
-        await self.finish(record, outcome)
+        await self.finisher.finish(record, outcome)

@@ -2,24 +2,20 @@
 attempts left (their shards and progress counters); and what of Ray's message may be made public.
 
 Reads only (MinIO through :class:`~llmbatch.dispatcher.runs.results.ResultStore`, the progress hash in
-Redis); the
-tracker turns an :class:`~llmbatch.dispatcher.domain.events.Outcome` into a state change and a terminal event.
+Redis); the :class:`~llmbatch.dispatcher.runs.finisher.Finisher` turns an
+:class:`~llmbatch.dispatcher.domain.events.Outcome` into the batch's terminal state.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
-from collections.abc import Callable
 
 from llmbatch.dispatcher.domain.batch_record import BatchRecord
 from llmbatch.dispatcher.domain.events import Outcome
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import ManifestInvalid
+from llmbatch.dispatcher.runs.context import RunContext
 from llmbatch.dispatcher.runs.jobspec import results_prefix
-from llmbatch.dispatcher.runs.results import ResultStore
-from llmbatch.dispatcher.settings import DispatcherSettings
-from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.schemas.dlt import DltReason
 from llmbatch.schemas.job import MANIFEST_NAME, Manifest
 
@@ -27,18 +23,8 @@ from llmbatch.schemas.job import MANIFEST_NAME, Manifest
 class OutcomeReader:
     """Builds the outcome of a batch that did not end with a manifest of its own attempt."""
 
-    def __init__(
-        self,
-        settings: DispatcherSettings,
-        store: StateStore,
-        results: ResultStore,
-        *,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.settings = settings
-        self.store = store
-        self.results = results
-        self.clock = clock
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
 
     async def partial(
         self,
@@ -51,7 +37,7 @@ class OutcomeReader:
     ) -> Outcome:
         """What earlier or stopped attempts left: a manifest of the last attempt if it wrote one,
         else the shards found and the job's progress counters."""
-        now = self.clock()
+        now = self.ctx.clock()
         started = record.number("started_at")
         if record.attempt == 0:
             return Outcome(
@@ -63,10 +49,10 @@ class OutcomeReader:
                 error_message=error_message,
                 dlt_reason=dlt_reason,
             )
-        prefix = results_prefix(self.settings, record)
+        prefix = results_prefix(self.ctx.settings, record)
         manifest = None
         with contextlib.suppress(ManifestInvalid):
-            manifest = await self.results.read_manifest(prefix)
+            manifest = await self.ctx.results.read_manifest(prefix)
         if manifest is not None and manifest.attempt == record.attempt:
             base = outcome_from_manifest(manifest, record, now, prefix + MANIFEST_NAME, state=state)
             return Outcome(
@@ -82,8 +68,8 @@ class OutcomeReader:
                 error_message,
                 dlt_reason,
             )
-        shards = await self.results.list_shards(prefix)
-        progress = await self.store.read_progress(record.key)
+        shards = await self.ctx.results.list_shards(prefix)
+        progress = await self.ctx.store.read_progress(record.key)
         counts = {k: counter(progress.get(k)) for k in ("total", "completed", "failed")}
         if not counts["total"]:
             counts["total"] = int(record.get("total") or 0)

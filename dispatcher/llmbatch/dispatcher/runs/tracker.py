@@ -14,10 +14,12 @@ stop,
 5. publish pending terminal events (and dead letters) idempotently;
 6. refresh gauges.
 
-Starting an attempt (its spec, the engines' room, the submission) is
-:mod:`llmbatch.dispatcher.runs.launcher`'s;
-what a batch's outcome is when it did not end with its own manifest,
-:mod:`llmbatch.dispatcher.runs.outcomes`'.
+The parts it wires, all on one :class:`~llmbatch.dispatcher.runs.context.RunContext`: starting and
+submitting an attempt (its spec, the engines' room) is the
+:class:`~llmbatch.dispatcher.runs.launcher.Launcher`'s alone; checking an in-flight batch,
+:class:`~llmbatch.dispatcher.runs.in_flight.InFlight`'s; ending a batch, the
+:class:`~llmbatch.dispatcher.runs.finisher.Finisher`'s; what a batch's outcome is when it did not end
+with its own manifest, :mod:`llmbatch.dispatcher.runs.outcomes`'.
 """
 
 from __future__ import annotations
@@ -30,26 +32,22 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 from llmbatch.dispatcher import logs
-from llmbatch.dispatcher.backends.backend import JobBackend
 from llmbatch.dispatcher.backends.input_sizes import InputSizes, SizeOf
 from llmbatch.dispatcher.domain import states
 from llmbatch.dispatcher.domain.batch_record import BatchRecord
-from llmbatch.dispatcher.domain.keys import BatchKey, Keys
+from llmbatch.dispatcher.domain.keys import BatchKey
 from llmbatch.dispatcher.domain.scheduler import launch_slots
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import DispatcherError
-from llmbatch.dispatcher.kafka.publisher import EventProducer, TerminalPublisher
+from llmbatch.dispatcher.kafka.publisher import TerminalPublisher
 from llmbatch.dispatcher.kafka.record_reader import RecordReader
 from llmbatch.dispatcher.kafka.request_body import RequestBodies
-from llmbatch.dispatcher.metrics import Metrics
+from llmbatch.dispatcher.runs.context import RunContext
+from llmbatch.dispatcher.runs.finisher import Finisher
 from llmbatch.dispatcher.runs.in_flight import InFlight
 from llmbatch.dispatcher.runs.job_cleanup import JobCleanup
 from llmbatch.dispatcher.runs.launcher import Launcher
 from llmbatch.dispatcher.runs.outcomes import OutcomeReader
-from llmbatch.dispatcher.runs.results import ResultStore
-from llmbatch.dispatcher.settings import DispatcherSettings
-from llmbatch.dispatcher.state.store import StateStore
-from llmbatch.schemas.job import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -62,46 +60,34 @@ MIN_TICK_GAP_S = 0.05  # poll interval while a submitted job has not started yet
 class Tracker:
     def __init__(
         self,
-        settings: DispatcherSettings,
-        store: StateStore,
-        backend: JobBackend,
-        results: ResultStore,
-        producer: EventProducer,
-        metrics: Metrics,
+        ctx: RunContext,
         *,
-        crash: Callable[[str], None] = lambda point: None,
-        clock: Callable[[], float] = time.time,
         bodies: RequestBodies | None = None,
         input_sizes: SizeOf | None = None,
     ) -> None:
-        self.settings = settings
-        self.opts = settings.dispatcher
-        self.store = store
-        self.keys: Keys = store.keys
-        self.backend = backend
-        self.results = results
-        self.producer = producer
-        self.metrics = metrics
-        self.crash = crash
-        self.clock = clock
-        topics = settings.kafka.topics
+        self.ctx = ctx
+        self.settings = ctx.settings
+        self.opts = ctx.opts
+        self.store = ctx.store
+        self.metrics = ctx.metrics
+        topics = ctx.settings.kafka.topics
         self.job_cleanup = JobCleanup(
-            store,
-            backend,
+            ctx.store,
+            ctx.backend,
             retry_after_s=self.opts.job_delete_recheck_s,
             settle_s=self.opts.job_delete_settle_s,
-            clock=clock,
+            clock=ctx.clock,
         )
-        bodies = bodies or RequestBodies(RecordReader(settings.kafka))
+        bodies = bodies or RequestBodies(RecordReader(ctx.settings.kafka))
         self.publisher = TerminalPublisher(
-            store,
-            producer,
+            ctx.store,
+            ctx.producer,
             results_topic=topics.results,
             dlt_topic=topics.dead_letter,
             group_id=self.opts.group_id,
             source=self.opts.source,
-            metrics=metrics,
-            crash=crash,
+            metrics=ctx.metrics,
+            crash=ctx.crash,
             after_publish=self.forget_jobs,
             bodies=bodies,
         )
@@ -115,36 +101,19 @@ class Tracker:
         self._warned: dict[str, float] = {}
         self._failing: dict[tuple[str, BatchKey], str] = {}  # (step, batch) -> its permanent error, said
         self._sem = asyncio.Semaphore(16)
-        self.outcomes = OutcomeReader(settings, store, results, clock=clock)
-        self.checks = InFlight(
-            settings,
-            store,
-            backend,
-            results,
-            producer,
-            metrics,
-            self.outcomes,
-            resubmit=self.submit,
-            clock=clock,
-            crash=crash,
-        )
-        if input_sizes is None:
-            input_sizes = InputSizes(self._object_size)
+        self.outcomes = OutcomeReader(ctx)
+        self.finisher = Finisher(ctx)
         self.launcher = Launcher(
-            settings,
-            store,
-            backend,
-            bodies,
-            metrics,
+            ctx,
             self.outcomes,
-            finish=self.checks.finish,
-            clock=clock,
-            crash=crash,
-            size_of=input_sizes,
+            self.finisher,
+            bodies=bodies,
+            size_of=InputSizes(self._object_size) if input_sizes is None else input_sizes,
         )
+        self.checks = InFlight(ctx, self.outcomes, self.finisher, self.launcher)
 
     async def _object_size(self, uri: str) -> int | None:
-        return await self.results.object_size(uri)
+        return await self.ctx.results.object_size(uri)
 
     # -- loop ----------------------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -281,7 +250,7 @@ class Tracker:
     async def expire_queued(self) -> None:
         """Finish queued batches past their deadline, and queued retries a cancel asked to stop
         (:meth:`StateStore.due_now` puts them in the deadline index)."""
-        now = self.clock()
+        now = self.ctx.clock()
         ids = await self.store.due_deadlines(now, limit=500)
         records = [
             r
@@ -305,6 +274,7 @@ class Tracker:
                 self.launcher.awaiting_start = bool(found)
             ids += found
         records = [r for r in await self.store.get_many(ids) if r is not None and r.state in states.IN_FLIGHT]
+        self.checks.keep_progress_of({r.key for r in records})
         await self._each(records, self.checks.check)
 
     # -- 4. launch -----------------------------------------------------------------------------------
@@ -327,7 +297,7 @@ class Tracker:
                 tenant=record.tenant,
                 trace_id=logs.trace_id_of(record.get("traceparent")),
             ):
-                reason = self.checks.stop_reason(record, self.clock())
+                reason = self.checks.stop_reason(record, self.ctx.clock())
                 try:
                     if reason is not None:
                         await self.checks.finish_stopped(record, reason)
@@ -347,36 +317,6 @@ class Tracker:
             for model in self.settings.engines.models:
                 self.metrics.admitted.labels(model=model).set(admission.requests(model))
                 self.metrics.admission_waiting.labels(model=model).set(1 if model in admission.blocked else 0)
-
-    async def job_spec(self, record: BatchRecord, attempt: int) -> JobSpec:
-        """The spec of an attempt (see :meth:`Launcher.job_spec`)."""
-        return await self.launcher.job_spec(record, attempt)
-
-    async def start_attempt(self, record: BatchRecord) -> bool:
-        """Start the next attempt of a queued batch (see :meth:`Launcher.start_attempt`)."""
-        return await self.launcher.start_attempt(record)
-
-    async def submit(self, record: BatchRecord, spec: JobSpec | None = None) -> None:
-        """Submit (or resubmit) the record's current attempt (see :meth:`Launcher.submit`)."""
-        await self.launcher.submit(record, spec)
-
-    @property
-    def bodies(self) -> RequestBodies:
-        """Where the request bodies Redis does not keep are read back from (the topic)."""
-        return self.launcher.bodies
-
-    @bodies.setter
-    def bodies(self, value: RequestBodies) -> None:
-        self.launcher.bodies = value
-
-    @property
-    def engine_replicas(self) -> dict[str, int]:
-        """Live replicas per model (set by the service from the engines' figures): admission capacity."""
-        return self.launcher.engine_replicas
-
-    @engine_replicas.setter
-    def engine_replicas(self, value: dict[str, int]) -> None:
-        self.launcher.engine_replicas = value
 
     # -- 6. gauges -----------------------------------------------------------------------------------
     async def refresh_gauges(self) -> None:
