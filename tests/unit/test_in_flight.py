@@ -24,6 +24,7 @@ from llmbatch.dispatcher.domain.batch_record import BatchRecord, TransitionResul
 from llmbatch.dispatcher.domain.events import Outcome
 from llmbatch.dispatcher.domain.keys import Keys
 from llmbatch.dispatcher.domain.states import State
+from llmbatch.dispatcher.errors import RayUnavailable, StorageUnavailable
 from llmbatch.dispatcher.kafka.request_body import RequestBodies
 from llmbatch.dispatcher.metrics import Metrics
 from llmbatch.dispatcher.runs.context import RunContext
@@ -75,15 +76,20 @@ class Backend:
     info: JobInfo = field(default_factory=lambda: JobInfo(JobState.RUNNING))
     stopped: list[str] = field(default_factory=list)
     submitted: list[str] = field(default_factory=list)
+    down: bool = False  # the Ray head or the batch runner does not answer
 
     async def submit(self, spec: JobSpec) -> SubmitResult:
         self.submitted.append(spec.submission_id)
         return SubmitResult(spec.submission_id, already_existed=True, via="ray_job")
 
     async def status(self, submission_id: str) -> JobInfo:
+        if self.down:
+            raise RayUnavailable("the batch runner did not answer")
         return self.info
 
     async def stop(self, submission_id: str) -> bool:
+        if self.down:
+            raise RayUnavailable("the batch runner did not answer")
         self.stopped.append(submission_id)
         return True
 
@@ -93,8 +99,13 @@ class NoKafka:
         raise AssertionError("the request is kept in Redis: Kafka is not read")
 
 
+@dataclass
 class Results:
+    down: bool = False  # MinIO/S3 does not answer
+
     async def read_manifest(self, output_prefix: str) -> None:
+        if self.down:
+            raise StorageUnavailable("S3 did not answer")
         return None
 
     async def list_shards(self, output_prefix: str) -> Shards:
@@ -116,6 +127,7 @@ class Kit:
     backend: Backend
     producer: Producer
     clock: list[float]
+    results: Results
 
 
 def kit(**options: Any) -> Kit:
@@ -126,7 +138,7 @@ def kit(**options: Any) -> Kit:
         dispatcher=DispatcherOptions(**options),
     )
     store, backend, producer, clock = Store(), Backend(), Producer(), [NOW]
-    results: Any = Results()
+    results = Results()
 
     def now() -> float:
         return clock[0]
@@ -135,7 +147,7 @@ def kit(**options: Any) -> Kit:
     outcomes, finisher = OutcomeReader(ctx), Finisher(ctx)
     launcher = Launcher(ctx, outcomes, finisher, bodies=RequestBodies(NoKafka()), size_of=_no_size)
     checks = InFlight(ctx, outcomes, finisher, launcher)
-    return Kit(checks, store, backend, producer, clock)
+    return Kit(checks, store, backend, producer, clock, results)
 
 
 async def _no_size(uri: str) -> int | None:
@@ -371,11 +383,90 @@ async def test_progress_is_published_when_the_counts_move_and_not_more_often_tha
     k = kit(progress_interval_s=10)
     running = record(State.RUNNING)
     k.store.progress = {"total": "5", "completed": "1", "failed": "0"}
-    await k.checks.maybe_progress(running, NOW)
-    await k.checks.maybe_progress(running, NOW + 5)  # within the interval
-    await k.checks.maybe_progress(running, NOW + 11)  # same counts
+    await k.checks.progress.maybe_publish(running, NOW)
+    await k.checks.progress.maybe_publish(running, NOW + 5)  # within the interval
+    await k.checks.progress.maybe_publish(running, NOW + 11)  # same counts
     assert len(k.producer.published) == 1
     k.store.progress["completed"] = "3"
-    await k.checks.maybe_progress(running, NOW + 22)
+    await k.checks.progress.maybe_publish(running, NOW + 22)
     assert len(k.producer.published) == 2
     assert k.producer.published[1][1].data.request_counts.completed == 3
+
+
+# --- every batch ends: deadline and cancel on the dispatcher's clock, whatever the others answer ------
+
+
+async def test_a_deadline_ends_a_running_batch_while_its_runner_does_not_answer() -> None:
+    k = kit()
+    k.backend.down = True
+    k.store.progress = {"total": "5", "completed": "2", "attempt": "1"}
+    deadline = NOW - 1
+    late = record(State.RUNNING, deadline=repr(deadline))
+    await k.checks.check(late)  # the stop is asked (it fails too) and its time remembered
+    assert k.store.transitions == [
+        (State.RUNNING, {"stop_reason": "deadline", "stop_requested_at": repr(NOW)})
+    ]
+    asked = record(
+        State.RUNNING, deadline=repr(deadline), stop_reason="deadline", stop_requested_at=repr(NOW)
+    )
+    k.store.transitions.clear()
+    await k.checks.check(asked)  # within the stop wait: nothing yet
+    assert k.store.transitions == []
+    k.clock[0] = deadline + k.checks.ctx.settings.job.stop_wait_s
+    await k.checks.check(asked)
+    to, outcome = terminal(k.store)
+    assert to is State.EXPIRED and outcome.error_code == "deadline_exceeded"
+    assert outcome.counts["completed"] == 2
+
+
+async def test_a_cancel_ends_a_submitted_batch_while_ray_does_not_answer() -> None:
+    k = kit()
+    k.backend.down = True
+    cancelled = {"cancel_requested": "1", "cancel_requested_at": repr(NOW)}
+    await k.checks.check(record(State.SUBMITTED, **cancelled))
+    assert k.store.states == [State.SUBMITTED]
+    k.store.transitions.clear()
+    k.clock[0] = NOW + k.checks.ctx.settings.job.stop_wait_s
+    await k.checks.check(record(State.SUBMITTED, **cancelled, stop_requested_at=repr(NOW)))
+    assert terminal(k.store)[0] is State.CANCELLED
+
+
+async def test_without_a_stop_reason_an_unanswering_runner_only_postpones_the_check() -> None:
+    k = kit()
+    k.backend.down = True
+    with pytest.raises(RayUnavailable):
+        await k.checks.check(record(State.RUNNING))
+    assert k.store.transitions == []
+
+
+async def test_a_finalizing_batch_past_its_deadline_ends_while_storage_does_not_answer() -> None:
+    k = kit()
+    k.results.down = True
+    k.store.progress = {"total": "5", "completed": "5", "attempt": "1"}
+    deadline = NOW - 1
+    finalizing = record(State.FINALIZING, deadline=repr(deadline))
+    with pytest.raises(StorageUnavailable):  # within the stop wait the read is tried again later
+        await k.checks.check(finalizing)
+    assert k.store.transitions == []
+    k.clock[0] = deadline + k.checks.ctx.settings.job.stop_wait_s
+    await k.checks.check(finalizing)
+    to, outcome = terminal(k.store)
+    assert to is State.EXPIRED and outcome.counts["completed"] == 5 and outcome.output_uris == []
+
+
+async def test_a_cancel_ends_the_batch_when_the_stop_fails_though_the_status_answers() -> None:
+    k = kit()
+    refused: list[str] = []
+
+    async def stop(submission_id: str) -> bool:
+        refused.append(submission_id)
+        raise RayUnavailable("the stop call timed out")
+
+    k.backend.stop = stop  # type: ignore[method-assign]
+    cancelled = {"cancel_requested": "1", "cancel_requested_at": repr(NOW)}
+    await k.checks.check(record(State.RUNNING, **cancelled))
+    assert refused == [SID] and k.store.states == [State.RUNNING]  # the request is remembered
+    k.store.transitions.clear()
+    k.clock[0] = NOW + k.checks.ctx.settings.job.stop_wait_s + 1
+    await k.checks.check(record(State.RUNNING, **cancelled, stop_requested_at=repr(NOW)))
+    assert terminal(k.store)[0] is State.CANCELLED

@@ -107,4 +107,9 @@ class JobOptions(BaseModel):
         description="A shard is closed (durable) after "
         "this long: a stopped or crashed attempt loses at most this much work.",
     )
-    stop_wait_s: float = Field(default=30.0, gt=0, description="How long to wait for a stopped job to end.")
+    stop_wait_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="How long to wait for a stopped job to end; a deadline or a cancel ends the batch "
+        "this long after it whatever Ray, the batch runner or S3 answer.",
+    )

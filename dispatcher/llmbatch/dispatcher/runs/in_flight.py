@@ -30,23 +30,21 @@ from llmbatch.dispatcher.backends.backend import (
     JobState,
 )
 from llmbatch.dispatcher.domain.batch_record import BatchRecord
-from llmbatch.dispatcher.domain.events import Outcome, build_progress, safe_counts
-from llmbatch.dispatcher.domain.keys import BatchKey
+from llmbatch.dispatcher.domain.events import Outcome
 from llmbatch.dispatcher.domain.states import State
-from llmbatch.dispatcher.errors import ManifestInvalid
+from llmbatch.dispatcher.errors import DispatcherError, ManifestInvalid
 from llmbatch.dispatcher.runs.context import RunContext
 from llmbatch.dispatcher.runs.finisher import STOP_FIELDS, Finisher
 from llmbatch.dispatcher.runs.jobspec import results_prefix
 from llmbatch.dispatcher.runs.launcher import Launcher
 from llmbatch.dispatcher.runs.outcomes import (
     OutcomeReader,
-    counter,
     outcome_from_manifest,
     ray_message_summary,
 )
+from llmbatch.dispatcher.runs.progress_events import ProgressEvents
 from llmbatch.schemas.dlt import DltReason
 from llmbatch.schemas.job import MANIFEST_NAME
-from llmbatch.schemas.openai import Usage
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +61,7 @@ class InFlight:
         self.outcomes = outcomes
         self.finisher = finisher
         self.launcher = launcher
-        self._progress_at: dict[BatchKey, float] = {}
-        self._progress_sig: dict[BatchKey, tuple[int, ...]] = {}
+        self.progress = ProgressEvents(ctx)
 
     def stop_reason(self, record: BatchRecord, now: float) -> str | None:
         """Why ``record`` must stop now (``cancel``, ``deadline``, ``heartbeat``), or None."""
@@ -77,18 +74,50 @@ class InFlight:
             return HEARTBEAT
         return None
 
+    def end_by(self, record: BatchRecord, reason: str) -> float | None:
+        """When a batch that must stop for ``reason`` ends on the dispatcher's own clock, whatever
+        the backend and the storage answer: its deadline, or its cancel, plus ``job.stop_wait_s``
+        (None for a hung attempt, which must be seen to end before the next one starts)."""
+        wait = self.ctx.settings.job.stop_wait_s
+        if reason == "deadline" and record.deadline is not None:
+            return record.deadline + wait
+        if reason == "cancel":
+            asked = record.number("cancel_requested_at") or record.number("stop_requested_at")
+            return None if asked is None else asked + wait
+        return None
+
+    def must_end(self, record: BatchRecord, reason: str | None, now: float) -> bool:
+        """Whether ``record`` must end now with what it has (see :meth:`end_by`)."""
+        end = None if reason is None else self.end_by(record, reason)
+        return end is not None and now >= end
+
     async def check(self, record: BatchRecord) -> None:
-        """Move one in-flight batch on from what its job's backend says of it."""
+        """Move one in-flight batch on from what its job's backend says of it; a deadline or a
+        cancel ends it in time also while the backend or the storage cannot answer."""
         sid = record.submission_id
         if not sid:  # cannot happen: launch records it with the transition
             await self.retry_or_fail(record, "internal_error", "in flight without a submission id")
             return
         now = self.ctx.clock()
-        if record.state is State.FINALIZING:
-            await self.finish_succeeded(record)
-            return
-        info = await self.ctx.backend.status(sid)
         reason = self.stop_reason(record, now)
+        if record.state is State.FINALIZING:
+            try:
+                await self.finish_succeeded(record)
+            except DispatcherError as exc:
+                if not (exc.retriable and reason is not None and self.must_end(record, reason, now)):
+                    raise
+                log.warning(
+                    "results unreadable past the stop bound; ending the batch", extra={"error": str(exc)}
+                )
+                await self.finish_stopped(record, reason)
+            return
+        try:
+            info = await self.ctx.backend.status(sid)
+        except DispatcherError as exc:
+            if not exc.retriable or reason is None or reason == HEARTBEAT:
+                raise
+            await self.stop_unseen(record, reason, now, exc)
+            return
         if reason is not None and info.state is not JobState.SUCCEEDED:
             await self.stop_then_finish(record, info, reason, now)
             return
@@ -118,7 +147,7 @@ class InFlight:
                 await self.mark_running(record, info)
             else:
                 await self.check_heartbeat(record, info, now)
-                await self.maybe_progress(record, now)
+                await self.progress.maybe_publish(record, now)
         elif info.state is JobState.SUCCEEDED:
             await self.finish_succeeded(record)
         elif info.state is JobState.FAILED:
@@ -255,7 +284,14 @@ class InFlight:
             return
         requested = record.number("stop_requested_at")
         if requested is None:
-            await self.ctx.backend.stop(sid)
+            try:
+                await self.ctx.backend.stop(sid)
+            except DispatcherError as exc:
+                # a hung attempt's successor waits for a stop that worked; a cancel or a deadline
+                # ends the batch at end_by() whether the stop worked or not
+                if not exc.retriable or reason == HEARTBEAT:
+                    raise
+                log.warning("stop failed; the batch ends at its bound", extra={"error": str(exc)})
             self.ctx.metrics.attempts.labels(event="stop_requested").inc()
             log.info("stopping job", extra={"reason": reason, "submission_id": sid})
             await self.ctx.store.transition(
@@ -267,6 +303,35 @@ class InFlight:
             )
         elif now - requested > self.ctx.settings.job.stop_wait_s:
             log.warning("job did not stop in time; finishing without it", extra={"submission_id": sid})
+            await self.finish_stopped(record, reason)
+
+    async def stop_unseen(self, record: BatchRecord, reason: str, now: float, exc: DispatcherError) -> None:
+        """The backend cannot say what the job does (the Ray head or the batch runner is
+        unreachable) and the batch must stop: ask for the stop (which may fail as well), remember
+        when, and end the batch at :meth:`end_by` with what it has."""
+        sid = record.submission_id or ""
+        if record.number("stop_requested_at") is None:
+            try:
+                await self.ctx.backend.stop(sid)
+            except DispatcherError as stop_error:
+                if not stop_error.retriable:
+                    raise
+            log.warning(
+                "job status unknown; stopping it",
+                extra={"reason": reason, "submission_id": sid, "error": str(exc)},
+            )
+            await self.ctx.store.transition(
+                record.key,
+                record.state,
+                from_states=[record.state],
+                expected_version=record.version,
+                fields={"stop_reason": reason, "stop_requested_at": repr(now)},
+            )
+            return
+        if self.must_end(record, reason, now):
+            log.warning(
+                "job status unknown past the stop bound; ending the batch", extra={"submission_id": sid}
+            )
             await self.finish_stopped(record, reason)
 
     async def finish_stopped(self, record: BatchRecord, reason: str) -> None:
@@ -281,6 +346,7 @@ class InFlight:
             state,
             error_code=None if state is State.CANCELLED else "deadline_exceeded",
             error_message=None if state is State.CANCELLED else message,
+            best_effort=self.must_end(record, reason, self.ctx.clock()),
         )
         await self.finish(record, outcome)
 
@@ -317,39 +383,4 @@ class InFlight:
 
     async def finish(self, record: BatchRecord, outcome: Outcome) -> None:
         if await self.finisher.finish(record, outcome):
-            self.forget_progress(record.key)
-
-    def forget_progress(self, *keys: BatchKey) -> None:
-        """Drop what this replica remembers of the progress events of ``keys``."""
-        for key in keys:
-            self._progress_at.pop(key, None)
-            self._progress_sig.pop(key, None)
-
-    def keep_progress_of(self, keys: set[BatchKey]) -> None:
-        """Forget the progress events of every batch but ``keys`` (the batches in flight now): the
-        maps stay bounded, also for batches another leader ended."""
-        self.forget_progress(*[k for k in self._progress_at if k not in keys])
-
-    async def maybe_progress(self, record: BatchRecord, now: float) -> None:
-        """Publish a progress event when the interval passed and the counts moved."""
-        last = self._progress_at.get(record.key, 0.0)
-        if now - last < self.ctx.opts.progress_interval_s:
-            return
-        progress = await self.ctx.store.read_progress(record.key)
-        if not progress:
-            return
-        counts = safe_counts(
-            {k: counter(progress.get(k)) for k in ("total", "completed", "failed")},
-            int(record.get("total") or 0) or None,
-        )
-        usage = Usage(
-            prompt_tokens=counter(progress.get("prompt_tokens")),
-            completion_tokens=counter(progress.get("completion_tokens")),
-        )
-        sig = (record.attempt, counts.total, counts.completed, counts.failed)
-        self._progress_at[record.key] = now
-        if self._progress_sig.get(record.key) == sig:
-            return
-        self._progress_sig[record.key] = sig
-        envelope = build_progress(record, counts, usage, source=self.ctx.opts.source, now=now)
-        await self.ctx.producer.publish(self.ctx.settings.kafka.topics.results, envelope)
+            self.progress.forget(record.key)

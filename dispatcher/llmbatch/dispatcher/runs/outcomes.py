@@ -9,15 +9,19 @@ Redis); the :class:`~llmbatch.dispatcher.runs.finisher.Finisher` turns an
 from __future__ import annotations
 
 import contextlib
+import logging
 
 from llmbatch.dispatcher.domain.batch_record import BatchRecord
 from llmbatch.dispatcher.domain.events import Outcome
 from llmbatch.dispatcher.domain.states import State
-from llmbatch.dispatcher.errors import ManifestInvalid
+from llmbatch.dispatcher.errors import DispatcherError, ManifestInvalid
 from llmbatch.dispatcher.runs.context import RunContext
 from llmbatch.dispatcher.runs.jobspec import results_prefix
+from llmbatch.dispatcher.runs.results import Shards
 from llmbatch.schemas.dlt import DltReason
 from llmbatch.schemas.job import MANIFEST_NAME, Manifest
+
+log = logging.getLogger(__name__)
 
 
 class OutcomeReader:
@@ -34,9 +38,12 @@ class OutcomeReader:
         error_code: str | None,
         error_message: str | None,
         dlt_reason: str | None = None,
+        best_effort: bool = False,
     ) -> Outcome:
         """What earlier or stopped attempts left: a manifest of the last attempt if it wrote one,
-        else the shards found and the job's progress counters."""
+        else the shards found and the job's progress counters. ``best_effort``: when the storage
+        cannot be read (a retriable error), the progress counters alone, without result files,
+        instead of the error (a batch that must end now)."""
         now = self.ctx.clock()
         started = record.number("started_at")
         if record.attempt == 0:
@@ -51,8 +58,19 @@ class OutcomeReader:
             )
         prefix = results_prefix(self.ctx.settings, record)
         manifest = None
-        with contextlib.suppress(ManifestInvalid):
-            manifest = await self.ctx.results.read_manifest(prefix)
+        shards = Shards([], [])
+        try:
+            with contextlib.suppress(ManifestInvalid):
+                manifest = await self.ctx.results.read_manifest(prefix)
+            if manifest is None or manifest.attempt != record.attempt:
+                shards = await self.ctx.results.list_shards(prefix)
+        except DispatcherError as exc:
+            if not (exc.retriable and best_effort):
+                raise
+            log.warning(
+                "results unreadable: the outcome has the progress counters only", extra={"error": str(exc)}
+            )
+            manifest = None
         if manifest is not None and manifest.attempt == record.attempt:
             base = outcome_from_manifest(manifest, record, now, prefix + MANIFEST_NAME, state=state)
             return Outcome(
@@ -68,7 +86,6 @@ class OutcomeReader:
                 error_message,
                 dlt_reason,
             )
-        shards = await self.ctx.results.list_shards(prefix)
         progress = await self.ctx.store.read_progress(record.key)
         counts = {k: counter(progress.get(k)) for k in ("total", "completed", "failed")}
         if not counts["total"]:

@@ -274,7 +274,7 @@ class Tracker:
                 self.launcher.awaiting_start = bool(found)
             ids += found
         records = [r for r in await self.store.get_many(ids) if r is not None and r.state in states.IN_FLIGHT]
-        self.checks.keep_progress_of({r.key for r in records})
+        self.checks.progress.keep_only({r.key for r in records})
         await self._each(records, self.checks.check)
 
     # -- 4. launch -----------------------------------------------------------------------------------
