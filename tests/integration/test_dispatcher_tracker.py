@@ -20,6 +20,7 @@ from llmbatch.dispatcher.backends.backend import JobInfo, JobState, SubmitResult
 from llmbatch.dispatcher.backends.runner_backend import takes_short_path
 from llmbatch.dispatcher.domain import states
 from llmbatch.dispatcher.domain.batch_record import BatchRecord, IntakeItem
+from llmbatch.dispatcher.domain.events import Outcome, build_accepted, terminal_fields
 from llmbatch.dispatcher.domain.keys import Keys, batch_key
 from llmbatch.dispatcher.domain.scheduler import ready_score
 from llmbatch.dispatcher.domain.states import State
@@ -406,6 +407,13 @@ async def test_a_batch_id_used_again_after_its_record_is_gone_is_a_new_lifecycle
         assert second is not None and second.state in states.IN_FLIGHT, second
         sid2 = second.submission_id or ""
         assert sid2.startswith(batch_id + "-") and sid2 != sid1
+        # and its events are its own: a consumer deduping by ce_id keeps both lifecycles' events
+        assert build_accepted(first, source="urn:t").id != build_accepted(second, source="urn:t").id
+        done = Outcome(State.COMPLETED, NOW, counts={"total": 2, "completed": 2})
+        assert (
+            terminal_fields(first, done)["terminal_event_id"]
+            != terminal_fields(second, done)["terminal_event_id"]
+        )
         prefix1 = results_prefix(settings1, first)
         prefix2 = results_prefix(settings2, second)
         assert prefix1 != prefix2

@@ -18,6 +18,7 @@ from llmbatch.dispatcher.domain.events import (
     Outcome,
     accepted_event_id,
     build_accepted,
+    build_progress,
     build_terminal,
     safe_counts,
     terminal_event_id,
@@ -31,6 +32,7 @@ from llmbatch.schemas.cloudevents import decode, encode
 from llmbatch.schemas.dlt import DltReason, DltRecord, ReplayInfo
 from llmbatch.schemas.errors import Reason
 from llmbatch.schemas.events import RESULT_EVENT_TYPES, EventType
+from llmbatch.schemas.openai import RequestCounts, Usage
 from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, origin, request_message
 
 pytestmark = pytest.mark.unit
@@ -431,6 +433,33 @@ def test_safe_counts_never_violates_the_total() -> None:
     counts = safe_counts({"total": 2, "completed": 3, "failed": 1})
     assert (counts.total, counts.completed, counts.failed) == (4, 3, 1)
     assert safe_counts({}, 5).total == 5
+
+
+def test_event_ids_are_unique_per_lifecycle_and_stable_within_one() -> None:
+    """A batch id sent again after its record expired starts another lifecycle: a consumer that
+    dedupes by ce_id must not drop its events as repeats of the first lifecycle's."""
+    request = batch_request("b-again")
+
+    def ids(offset: int) -> tuple[str, ...]:
+        k, v, h = request_message(request, event_id="e-1")
+        command = classify(origin(k, v, h, offset=offset), RULES, NOW)
+        assert isinstance(command, Accept)
+        record = BatchRecord.from_hash(
+            command.item.key, {**command.item.fields, "state": "queued", "version": "1", "attempt": "1"}
+        )
+        counts = RequestCounts(total=3, completed=1, failed=0)
+        ended = Outcome(State.COMPLETED, NOW, counts={"total": 3, "completed": 3})
+        return (
+            build_accepted(record, source="urn:d").id,
+            build_progress(record, counts, Usage(), source="urn:d", now=NOW).id,
+            terminal_fields(record, ended)["terminal_event_id"],
+        )
+
+    first, again, second = ids(5), ids(5), ids(9)
+    assert first == again  # a redelivered record: the same lifecycle, the same ids
+    assert not set(first) & set(second)  # another record of the same batch id: no id in common
+    # a record from before lifecycles existed keeps the ids it had
+    assert accepted_event_id("b1", 0, None) == accepted_event_id("b1", 0, None, "")
 
 
 def test_a_lifecycle_is_fixed_by_the_record_that_starts_it() -> None:

@@ -1,9 +1,10 @@
 """Result events built from batch records (pure), with stable ids.
 
 Every event the dispatcher publishes about a batch has a deterministic ``ce_id`` derived from the
-batch id, its lifecycle generation (0, +1 per reopen), the replay id that reopened it, and what the
-event announces. A terminal event re-published after a crash therefore carries the SAME id, and
-consumers drop the duplicate.
+batch's key, its lifecycle (fixed by the request record that started it: a batch id sent again after
+its record expired starts another), its generation (0, +1 per reopen), the replay id that reopened it,
+and what the event announces. A terminal event re-published after a crash therefore carries the SAME
+id, and consumers drop the duplicate; two lifecycles of one batch id never share an id.
 """
 
 from __future__ import annotations
@@ -43,28 +44,39 @@ _TERMINAL_MODELS: dict[State, type[BaseModel]] = {
 }
 
 
-def _lineage(generation: int, replay_id: str | None) -> tuple[str, str]:
-    return str(generation), replay_id or ""
+def _lineage(generation: int, replay_id: str | None, lifecycle: str) -> tuple[str, ...]:
+    # a record from before lifecycles existed has none: its ids stay what they were
+    base = (str(generation), replay_id or "")
+    return (*base, lifecycle) if lifecycle else base
 
 
-def accepted_event_id(key: BatchKey, generation: int, replay_id: str | None) -> str:
+def accepted_event_id(key: BatchKey, generation: int, replay_id: str | None, lifecycle: str = "") -> str:
     """Event ids derive from the batch's key, so two tenants' batches of one id get distinct ids."""
-    return stable_event_id(key, EventType.ACCEPTED, *_lineage(generation, replay_id))
+    return stable_event_id(key, EventType.ACCEPTED, *_lineage(generation, replay_id, lifecycle))
 
 
-def terminal_event_id(key: BatchKey, state: State, generation: int, replay_id: str | None) -> str:
+def terminal_event_id(
+    key: BatchKey, state: State, generation: int, replay_id: str | None, lifecycle: str = ""
+) -> str:
     """The one ``ce_id`` of the terminal event of this batch lifecycle."""
     event_state = terminal_event_state(state)
-    return stable_event_id(key, TERMINAL_TYPE_BY_STATUS[event_state], *_lineage(generation, replay_id))
+    return stable_event_id(
+        key, TERMINAL_TYPE_BY_STATUS[event_state], *_lineage(generation, replay_id, lifecycle)
+    )
 
 
 def progress_event_id(
-    key: BatchKey, generation: int, replay_id: str | None, attempt: int, counts: RequestCounts
+    key: BatchKey,
+    generation: int,
+    replay_id: str | None,
+    attempt: int,
+    counts: RequestCounts,
+    lifecycle: str = "",
 ) -> str:
     return stable_event_id(
         key,
         EventType.PROGRESS,
-        *_lineage(generation, replay_id),
+        *_lineage(generation, replay_id, lifecycle),
         str(attempt),
         str(counts.completed),
         str(counts.failed),
@@ -161,7 +173,9 @@ def build_accepted(record: BatchRecord, *, source: str) -> Envelope[Any]:
         metadata=_metadata(record),
     )
     return Envelope.model_construct(
-        id=accepted_event_id(record.key, record.generation, record.get("replay_id")),
+        id=accepted_event_id(
+            record.key, record.generation, record.get("replay_id"), record.get("lifecycle") or ""
+        ),
         source=source,
         type=EventType.ACCEPTED,
         time=accepted,
@@ -235,7 +249,14 @@ def build_progress(
     return Envelope.new(
         data,
         source=source,
-        id=progress_event_id(record.key, record.generation, record.get("replay_id"), record.attempt, counts),
+        id=progress_event_id(
+            record.key,
+            record.generation,
+            record.get("replay_id"),
+            record.attempt,
+            counts,
+            record.get("lifecycle") or "",
+        ),
         time=ts(now),
         traceparent=record.get("traceparent"),
     )
@@ -276,7 +297,7 @@ def build_terminal(record: BatchRecord, *, source: str) -> Envelope[Any]:
         metadata=_metadata(record),
     )
     event_id = record.get("terminal_event_id") or terminal_event_id(
-        record.key, record.state, record.generation, record.get("replay_id")
+        record.key, record.state, record.generation, record.get("replay_id"), record.get("lifecycle") or ""
     )
     return Envelope.new(
         data, source=source, id=event_id, time=ts(outcome.finished_at), traceparent=record.get("traceparent")
@@ -288,7 +309,11 @@ def terminal_fields(record: BatchRecord, outcome: Outcome) -> dict[str, str]:
     return {
         "outcome": outcome.to_json(),
         "terminal_event_id": terminal_event_id(
-            record.key, outcome.state, record.generation, record.get("replay_id")
+            record.key,
+            outcome.state,
+            record.generation,
+            record.get("replay_id"),
+            record.get("lifecycle") or "",
         ),
         "finished_at": repr(outcome.finished_at),
         "published": "0",
