@@ -192,3 +192,28 @@ async def test_a_late_dead_letter_over_the_setting_is_reduced_before_sending(
     assert dead.value is None and dict(dead.headers)[dlt_headers.REDUCED] == b"true"  # type: ignore[attr-defined]
     events = decode_results(await w.reader(topics.results).read_all())
     assert [e.type for e in events if e.batch_id == batch_id] == [EventType.FAILED]
+
+
+async def test_stale_and_failing_entries_never_hold_back_the_terminal_events_behind_them(
+    settings: LLMBatchSettings, worlds: list[World]
+) -> None:
+    """More stale entries (batch hash gone, or published already) than a publish pass reads, and more
+    batches whose event cannot be built, at the head of the unpublished index: before, each pass read
+    the same head, skipped it and published nothing behind it, for ever."""
+    w = await make_world(settings, topic_settings())
+    worlds.append(w)
+    client, keys = w.store.client, w.store.keys
+    await client.zadd(keys.unpublished, {f"default/ghost-{i}": i for i in range(250)})
+    broken = [f"default/broken-{i}" for i in range(250)]  # terminal, with an outcome nothing can read
+    for i, key in enumerate(broken):
+        await client.hset(keys.batch(key), mapping={"state": "failed", "version": "2", "outcome": "{"})
+        await client.zadd(keys.unpublished, {key: 1000 + i})
+    batch_id, _ = await failed_inline_batch(w, 1)
+    await client.zadd(keys.unpublished, {batch_id: 5000})  # behind all of them
+    for _ in range(6):
+        await w.publisher.publish_pending(limit=200)
+        if await client.zscore(keys.unpublished, batch_id) is None:
+            break
+    record = await w.store.get(batch_id)
+    assert record is not None and record.flag("published")
+    assert await client.zcard(keys.unpublished) == len(broken)  # the ghosts went; the broken wait behind

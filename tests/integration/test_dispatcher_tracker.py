@@ -580,3 +580,41 @@ async def test_a_cancel_of_a_queued_retry_finishes_it_at_the_next_tick(redis_set
         assert len(ray.submitted) == 1  # no second attempt
     finally:
         await drop(store)
+
+
+# --- indexes repair themselves: orphan entries never block the batches behind them -----------------
+
+
+async def test_orphan_entries_are_removed_where_found_and_block_nothing_behind_them(kit: Kit) -> None:
+    """Entries whose batch hash is gone (a lost write, a partial restore) at the head of the ready
+    queue, filling the in-flight indexes (max_in_flight) and the due deadlines (more than a tick
+    reads): before, each was skipped and never removed, so the real batches behind never moved."""
+    tracker, store, jobs = kit
+    client, keys = store.client, store.keys
+    limit = tracker.opts.launch_limit
+    await client.zadd(keys.ready, {f"default/ghost-{i}": -1e9 + i for i in range(50)})
+    await client.zadd(keys.state_index(State.SUBMITTED), {f"default/busy-{i}": NOW for i in range(limit)})
+    await client.zadd(keys.state_index(State.QUEUED), {f"default/gone-{i}": NOW for i in range(2500)})
+    await client.zadd(keys.deadlines, {f"default/late-{i}": NOW - 10 for i in range(1200)})
+    await queue(store, "real", 2)
+    await queue(store, "real-late", 2)  # a retry waiting for its backoff: only its deadline ends it
+    late_key = batch_key("default", "real-late")
+    await client.hset(keys.batch(late_key), "deadline", repr(NOW - 5))
+    await client.zrem(keys.ready, late_key)
+    await client.zadd(keys.delayed, {late_key: NOW + 3600})
+    await client.zadd(keys.deadlines, {late_key: NOW - 5})  # behind the 1,200 orphans
+    for _ in range(10):  # ticks, each removing what it met (at most a page of each index)
+        await tracker.expire_queued()
+        await tracker.poll_in_flight()
+        await tracker.launch()
+        late = await store.get(late_key)
+        if "real" in jobs.batches() and late is not None and late.state is State.EXPIRED:
+            break
+    assert jobs.batches() == ["real"]
+    assert await client.zcard(keys.ready) == 0  # the ghosts went, and "real" was launched
+    assert await store.in_flight_count() == 1  # only "real" holds a slot
+    late = await store.get(late_key)
+    assert late is not None and late.state is State.EXPIRED
+    assert await client.zcard(keys.deadlines) == 0
+    assert await tracker.sweep_orphans(page=1000) == 2500  # the queued count behind backpressure
+    assert await store.queued_count() == 0

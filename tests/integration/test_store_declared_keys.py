@@ -117,6 +117,9 @@ async def _every_script(store: StateStore) -> None:
     # a replay reopens the failed batch: it leaves every index it was in
     (reopened,) = await store.intake_many([_item("a", "e4", replay="r1")])
     assert reopened.outcome == "reopened"
+    # an orphan entry (its batch hash gone) found in an index is removed
+    await store.client.zadd(store.keys.ready, {"ghost": 1.0})
+    assert await store.drop_orphans("ready", [BatchKey("ghost"), BatchKey("acme/b")]) == 1
     assert await store.acquire_lease("tracker", "me", 10.0)
     assert await store.release_lease("tracker", "me")
 
@@ -158,6 +161,6 @@ async def test_every_key_a_script_touches_is_declared(
             checked += 1
             if key not in declared:
                 undeclared.append((" ".join(args[:2]), key))
-    assert len(scripts) == 7, f"every script should have run once at least; saw {len(scripts)}"
+    assert len(scripts) == 8, f"every script should have run once at least; saw {len(scripts)}"
     assert checked > 50  # the scripts' own commands were seen (the monitor did watch)
     assert undeclared == []

@@ -10,6 +10,7 @@ A crash in between republishes the SAME event id; consumers drop the duplicate.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -212,6 +213,17 @@ def late_dead_letter(
     return letter
 
 
+OUTAGE_IN_A_ROW = 3
+"""Batches in a row whose event an outage kept from going out before a publish pass gives up."""
+
+
+_PUBLISHED_HERE = frozenset({State.COMPLETED, State.FAILED, State.CANCELLED, State.EXPIRED})
+
+
+def _pending(record: BatchRecord) -> bool:
+    return record.state in _PUBLISHED_HERE and not record.flag("published")
+
+
 class TerminalPublisher:
     """Publishes the terminal event (and due dead letter) of every unpublished terminal batch."""
 
@@ -241,15 +253,20 @@ class TerminalPublisher:
         self.crash = crash
 
     async def publish_pending(self, limit: int = 200) -> int:
-        """Publish what is pending; returns how many terminal events were published."""
+        """Publish what is pending; returns how many terminal events were published.
+
+        Entries of batches that are gone or published already are removed from the index; a batch
+        whose event cannot go out (a bad record, or an error of its own) goes to the back of the
+        index, so it never holds back the ones behind it. Only an outage met by
+        ``OUTAGE_IN_A_ROW`` batches in a row ends the pass early (the next tick tries again)."""
         ids = await self.store.unpublished_ids(limit)
-        published = 0
-        for record in await self.store.get_many(ids):
-            if (
-                record is None
-                or record.state not in {State.COMPLETED, State.FAILED, State.CANCELLED, State.EXPIRED}
-                or record.flag("published")
-            ):
+        records = await self.store.get_many(ids)
+        stale = [key for key, r in zip(ids, records, strict=True) if r is None or not _pending(r)]
+        if stale:
+            await self.store.drop_orphans("unpublished", stale)
+        published = outage = 0
+        for record in records:
+            if record is None or not _pending(record):
                 continue
             with logs.bind(
                 batch_id=record.batch_id,
@@ -260,15 +277,25 @@ class TerminalPublisher:
                 try:
                     await self.publish_one(record)
                     published += 1
+                    outage = 0
                     if self.after_publish is not None:
                         await self.after_publish(record)
                 except DispatcherError as exc:
+                    await self._later(record)
                     if exc.retriable:
-                        raise  # the broker or Redis is down: the next tick tries again
+                        outage += 1
+                        if outage >= OUTAGE_IN_A_ROW:
+                            raise  # the broker or Redis is down: the next tick tries again
+                        continue
                     log.error("cannot publish terminal event", extra={"error": str(exc)})
                 except Exception:  # a bad record must not hold back the others
                     log.exception("cannot build or publish terminal event")
+                    await self._later(record)
         return published
+
+    async def _later(self, record: BatchRecord) -> None:
+        with contextlib.suppress(DispatcherError):  # an outage of Redis: it stays where it is
+            await self.store.requeue_unpublished(record.key)
 
     async def publish_one(self, record: BatchRecord) -> None:
         event_id = record.get("terminal_event_id") or ""

@@ -202,9 +202,24 @@ class Tracker:
         if now - self._sweep_at > 300:
             self._sweep_at = now
             await self.store.sweep_finished()
+            await self.sweep_orphans()
         if now - self._cleanup_at > 10:
             self._cleanup_at = now
             await self.job_cleanup.retry_due()
+
+    async def sweep_orphans(self, page: int = 1000) -> int:
+        """Remove the stale entries of the state indexes no step reads whole: ``queued`` (its count
+        is intake's backpressure) and ``accepted``; return how many went."""
+        removed = 0
+        for state in (State.QUEUED, State.ACCEPTED):
+            offset = 0
+            while ids := await self.store.ids_in_state(state, limit=page, offset=offset):
+                found = await self.store.get_many(ids)
+                stale = [k for k, r in zip(ids, found, strict=True) if r is None or r.state is not state]
+                gone = await self.store.drop_orphans(state, stale)
+                removed += gone
+                offset += len(ids) - gone
+        return removed
 
     async def _each(
         self, records: list[BatchRecord], fn: Callable[[BatchRecord], Awaitable[None]], step: str = "check"
@@ -252,11 +267,12 @@ class Tracker:
         (:meth:`StateStore.due_now` puts them in the deadline index)."""
         now = self.ctx.clock()
         ids = await self.store.due_deadlines(now, limit=500)
-        records = [
-            r
-            for r in await self.store.get_many(ids)
-            if r is not None and r.state in {State.ACCEPTED, State.QUEUED}
-        ]
+        found = await self.store.get_many(ids)
+        await self.store.drop_orphans(
+            "deadlines",
+            [k for k, r in zip(ids, found, strict=True) if r is None or states.is_terminal(r.state)],
+        )
+        records = [r for r in found if r is not None and r.state in {State.ACCEPTED, State.QUEUED}]
         stops = [(r, self.checks.stop_reason(r, now)) for r in records]
         due = {r.key: reason for r, reason in stops if reason in {"cancel", "deadline"}}
         await self._each(
@@ -267,13 +283,18 @@ class Tracker:
 
     # -- 3. in-flight --------------------------------------------------------------------------------
     async def poll_in_flight(self) -> None:
-        ids: list[BatchKey] = []
+        records: list[BatchRecord] = []
         for state in (State.SUBMITTED, State.RUNNING, State.FINALIZING):
-            found = await self.store.ids_in_state(state, limit=10_000)
+            ids = await self.store.ids_in_state(state, limit=10_000)
+            found = await self.store.get_many(ids)
+            # an entry whose batch is gone or moved on would count against max_in_flight for ever
+            await self.store.drop_orphans(
+                state, [k for k, r in zip(ids, found, strict=True) if r is None or r.state is not state]
+            )
+            now_here = [r for r in found if r is not None and r.state is state]
             if state is State.SUBMITTED:
-                self.launcher.awaiting_start = bool(found)
-            ids += found
-        records = [r for r in await self.store.get_many(ids) if r is not None and r.state in states.IN_FLIGHT]
+                self.launcher.awaiting_start = bool(now_here)
+            records += now_here
         self.checks.progress.keep_only({r.key for r in records})
         await self._each(records, self.checks.check)
 
@@ -289,7 +310,12 @@ class Tracker:
         if not ids:
             return
         launched = 0
-        for record in await self.store.get_many(ids):
+        found = await self.store.get_many(ids)
+        # entries of batches gone or launched already would hold the head of the queue for ever
+        await self.store.drop_orphans(
+            "ready", [k for k, r in zip(ids, found, strict=True) if r is None or r.state is not State.QUEUED]
+        )
+        for record in found:
             if record is None or record.state is not State.QUEUED:
                 continue
             with logs.bind(

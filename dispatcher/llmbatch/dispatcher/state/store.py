@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import orjson
 import redis.asyncio as aioredis
@@ -34,6 +34,9 @@ from llmbatch.dispatcher.state.store_indexes import StoreIndexes, reply_text
 from llmbatch.dispatcher.state.store_scripts import Scripts
 from llmbatch.dispatcher.state.store_upkeep import StoreUpkeep
 from llmbatch.settings import RedisSettings
+
+OrphanIndex = Literal["ready", "delayed", "deadlines", "unpublished"] | State
+"""An index whose stale entries :meth:`StateStore.drop_orphans` removes."""
 
 T = TypeVar("T")
 
@@ -87,6 +90,7 @@ class StateStore(StoreIndexes, StoreUpkeep):
             promote=reg(lua.load("promote_due")),
             lease_acquire=reg(lua.load("acquire_lease")),
             lease_release=reg(lua.load("release_lease")),
+            drop_orphans=reg(lua.load("drop_orphans")),
         )
 
     @classmethod
@@ -347,3 +351,23 @@ class StateStore(StoreIndexes, StoreUpkeep):
         # the script moves only these (each still delayed and due): every key it touches is declared
         keys = [self.keys.delayed, self.keys.ready, *(self.keys.batch(BatchKey(k)) for k in due)]
         return int(await self._call(lambda: self._scripts.promote(keys=keys, args=[now, *due])))
+
+    async def drop_orphans(self, index: OrphanIndex, batch_keys: Sequence[BatchKey]) -> int:
+        """Remove the entries of ``index`` among ``batch_keys`` whose batch is gone or no longer in
+        a state that index holds (each checked atomically by the script); return how many went."""
+        if not batch_keys:
+            return 0
+        kind, zset = self._orphan_index(index)
+        keys = [zset, *(self.keys.batch(k) for k in batch_keys)]
+        args = [kind, *batch_keys, _TERMINAL_CSV]
+        return int(await self._call(lambda: self._scripts.drop_orphans(keys=keys, args=args)))
+
+    def _orphan_index(self, index: OrphanIndex) -> tuple[str, str]:
+        if isinstance(index, State):
+            return f"state:{index.value}", self.keys.state_index(index)
+        return index, {
+            "ready": self.keys.ready,
+            "delayed": self.keys.delayed,
+            "deadlines": self.keys.deadlines,
+            "unpublished": self.keys.unpublished,
+        }[index]

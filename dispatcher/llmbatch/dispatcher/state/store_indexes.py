@@ -34,6 +34,7 @@ class StoreIndexes:
 
     client: aioredis.Redis
     keys: Keys
+    clock: Callable[[], float]
 
     async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
         raise NotImplementedError  # StateStore's: Redis errors translated at the boundary
@@ -89,3 +90,9 @@ class StoreIndexes:
     async def unpublished_ids(self, limit: int = 100) -> list[BatchKey]:
         key = self.keys.unpublished
         return [_key(x) for x in await self._call(lambda: self.client.zrange(key, 0, limit - 1))]
+
+    async def requeue_unpublished(self, batch: BatchKey) -> None:
+        """Move a batch whose terminal event could not go out to the back of the unpublished index
+        (only if it is still there), so the ones behind it go first."""
+        key, now = self.keys.unpublished, self.clock()
+        await self._call(lambda: self.client.zadd(key, {batch: now}, xx=True))

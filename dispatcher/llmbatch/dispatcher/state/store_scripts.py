@@ -19,3 +19,4 @@ class Scripts:
     promote: AsyncScript
     lease_acquire: AsyncScript
     lease_release: AsyncScript
+    drop_orphans: AsyncScript

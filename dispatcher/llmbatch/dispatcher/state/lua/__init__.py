@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-_WITH_COMMON = frozenset({"intake", "transition", "mark_published", "mark_dlt_written"})
+_WITH_COMMON = frozenset({"intake", "transition", "mark_published", "mark_dlt_written", "drop_orphans"})
 
 
 SHEBANG = "#!lua\n"
