@@ -82,3 +82,17 @@ async def test_other_client_errors_are_permanent(exc: Exception) -> None:
 async def test_server_trouble_is_an_outage(exc: Exception) -> None:
     error = await failing(exc)
     assert isinstance(error, StorageUnavailable) and error.retriable
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [("RequestTimeTooSkewed", 403), ("RequestTimeout", 400), ("SlowDown", 503), ("ExpiredToken", 400)],
+)
+async def test_a_skewed_clock_and_kin_are_outages_not_a_batchs_fault(code: str, status: int) -> None:
+    """Before, RequestTimeTooSkewed (403) was a PermanentError: a finalizing batch was stuck for good."""
+    error = await failing(s3_error(code, status))
+    assert isinstance(error, StorageUnavailable) and error.retriable and code in str(error)
+
+
+async def test_a_skewed_clock_says_what_to_fix() -> None:
+    assert "NTP" in str(await failing(s3_error("RequestTimeTooSkewed", 403)))

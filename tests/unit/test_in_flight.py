@@ -345,14 +345,17 @@ async def test_a_succeeded_job_wins_over_a_late_cancel() -> None:
 
 async def test_a_silent_job_is_stopped_and_its_successor_waits_for_the_stop() -> None:
     k = kit(heartbeat_timeout_s=60)
-    k.store.progress = {"attempt": "1", "heartbeat_at": repr(NOW - 61)}
-    await k.checks.check(record(State.RUNNING, running_at=repr(NOW - 300)))
+    k.store.progress = {"attempt": "1", "heartbeat_at": repr(NOW - 5)}
+    running = record(State.RUNNING, running_at=repr(NOW - 300))
+    await k.checks.check(running)  # the heartbeat is seen
+    k.clock[0] = NOW + 61  # and has not changed since, by this dispatcher's clock
+    await k.checks.check(running)
     assert k.backend.stopped == [SID]
-    asked = {"stop_reason": HEARTBEAT, "stop_requested_at": repr(NOW)}
+    asked = {"stop_reason": HEARTBEAT, "stop_requested_at": repr(NOW + 61)}
     assert k.store.transitions == [(State.RUNNING, asked)]
     k.store.transitions.clear()
     k.backend.info = JobInfo(JobState.STOPPED)
-    await k.checks.check(record(State.RUNNING, stop_reason=HEARTBEAT, stop_requested_at=repr(NOW)))
+    await k.checks.check(record(State.RUNNING, stop_reason=HEARTBEAT, stop_requested_at=repr(NOW + 61)))
     assert k.store.states == [State.QUEUED]
     assert k.store.transitions[0][1]["last_error_code"] == "heartbeat_expired"
 
@@ -366,6 +369,38 @@ async def test_a_heartbeat_of_an_earlier_attempt_does_not_keep_this_one_alive() 
     k2.store.progress = {"attempt": "2", "heartbeat_at": repr(NOW - 5)}
     await k2.checks.check(record(State.RUNNING, attempt=2, running_at=repr(NOW - 300)))
     assert k2.backend.stopped == []
+
+
+async def test_heartbeats_are_judged_on_the_dispatchers_clock_not_the_jobs() -> None:
+    """The job node's clock two minutes behind: before, its every heartbeat looked 120 s old and a
+    healthy job was stopped as hung at the first check."""
+    k = kit(heartbeat_timeout_s=60)
+    running = record(State.RUNNING, running_at=repr(NOW - 300))
+    for tick in range(6):  # a beat every 30 s, stamped with a clock 120 s behind
+        k.clock[0] = NOW + 30 * tick
+        k.store.progress = {"attempt": "1", "heartbeat_at": repr(NOW + 30 * tick - 120)}
+        await k.checks.check(running)
+    assert k.backend.stopped == [] and k.store.transitions == []
+
+
+async def test_a_job_clock_ahead_does_not_hide_a_hang() -> None:
+    k = kit(heartbeat_timeout_s=60)
+    k.store.progress = {"attempt": "1", "heartbeat_at": repr(NOW + 120)}  # stamped 2 min ahead, then silent
+    running = record(State.RUNNING, running_at=repr(NOW - 300))
+    await k.checks.check(running)
+    assert k.backend.stopped == []
+    k.clock[0] = NOW + 61
+    await k.checks.check(running)
+    assert k.backend.stopped == [SID]
+
+
+def test_the_heartbeat_memory_keeps_only_the_batches_in_flight() -> None:
+    k = kit()
+    for i in range(10_000):
+        k.checks._beats[f"b-{i}"] = ((1, "x"), NOW)
+        k.checks.progress._progress_at[f"b-{i}"] = NOW
+    k.checks.keep_only({"b-7"})
+    assert list(k.checks._beats) == ["b-7"] and list(k.checks.progress._progress_at) == ["b-7"]
 
 
 # --- success and progress -----------------------------------------------------------------------------

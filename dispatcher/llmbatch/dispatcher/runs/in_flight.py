@@ -19,7 +19,6 @@ an attempt is the :class:`~llmbatch.dispatcher.runs.launcher.Launcher`'s, ending
 
 from __future__ import annotations
 
-import contextlib
 import logging
 
 from llmbatch.dispatcher.backends.backend import (
@@ -31,6 +30,7 @@ from llmbatch.dispatcher.backends.backend import (
 )
 from llmbatch.dispatcher.domain.batch_record import BatchRecord
 from llmbatch.dispatcher.domain.events import Outcome
+from llmbatch.dispatcher.domain.keys import BatchKey
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import DispatcherError, ManifestInvalid
 from llmbatch.dispatcher.runs.context import RunContext
@@ -62,6 +62,8 @@ class InFlight:
         self.finisher = finisher
         self.launcher = launcher
         self.progress = ProgressEvents(ctx)
+        #: per batch: (attempt, its last heartbeat value) and when this dispatcher saw it change
+        self._beats: dict[BatchKey, tuple[tuple[int, str], float]] = {}
 
     def stop_reason(self, record: BatchRecord, now: float) -> str | None:
         """Why ``record`` must stop now (``cancel``, ``deadline``, ``heartbeat``), or None."""
@@ -73,6 +75,12 @@ class InFlight:
         if record.get("stop_reason") == HEARTBEAT:
             return HEARTBEAT
         return None
+
+    def keep_only(self, keys: set[BatchKey]) -> None:
+        """Forget what is kept in memory of every batch but ``keys`` (the batches in flight now)."""
+        self.progress.keep_only(keys)
+        for gone in [k for k in self._beats if k not in keys]:
+            del self._beats[gone]
 
     def end_by(self, record: BatchRecord, reason: str) -> float | None:
         """When a batch that must stop for ``reason`` ends on the dispatcher's own clock, whatever
@@ -184,18 +192,25 @@ class InFlight:
             log.info("job running", extra={"submission_id": record.submission_id})
 
     async def check_heartbeat(self, record: BatchRecord, info: JobInfo, now: float) -> None:
-        """A job Ray calls RUNNING that sent no heartbeat for ``heartbeat_timeout_s`` is hung: it is
+        """A job Ray calls RUNNING whose heartbeat did not change for ``heartbeat_timeout_s`` of this
+        dispatcher's clock (the time a job writes in it is its node's, which may be off) is hung: it is
         stopped, and the next attempt starts only once Ray says this one ended (or after
         ``job.stop_wait_s``), never beside it; a stop that fails (Ray unreachable) is tried again at
         the next check instead of being taken as done."""
         if not self.ctx.settings.job.pass_redis_url:  # the job has nowhere to send heartbeats
             return
         progress = await self.ctx.store.read_progress(record.key)
-        beat = 0.0
-        if progress.get("attempt") == str(record.attempt):
-            with contextlib.suppress(ValueError):
-                beat = float(progress.get("heartbeat_at") or 0)
-        last = max(beat, record.number("running_at") or 0.0, record.number("attempt_started_at") or 0.0)
+        beat = progress.get("heartbeat_at") if progress.get("attempt") == str(record.attempt) else None
+        seen = 0.0
+        if beat:  # judged on this clock: when the value last changed, never the job node's time in it
+            mark = (record.attempt, beat[:64])
+            before = self._beats.get(record.key)
+            if before is None or before[0] != mark:
+                self._beats[record.key] = (mark, now)
+                seen = now
+            else:
+                seen = before[1]
+        last = max(seen, record.number("running_at") or 0.0, record.number("attempt_started_at") or 0.0)
         if last and now - last > self.ctx.opts.heartbeat_timeout_s:
             self.ctx.metrics.attempts.labels(event="heartbeat_expired").inc()
             log.warning("job heartbeat expired; stopping it", extra={"silent_s": round(now - last, 1)})

@@ -22,6 +22,8 @@ T = TypeVar("T")
 _SHARD_RE = re.compile(r"(output|error)-(?:a\d+-)?\d{5,}\.jsonl")  # a whole file name (fullmatch)
 _MISSING = {"NoSuchKey", "NoSuchBucket", "NoSuchObject"}
 _REFUSED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"}
+# 4xx answers that say nothing about the object: a clock off, throttling, a slow request
+_TRANSIENT = {"RequestTimeTooSkewed", "RequestTimeout", "SlowDown", "RequestExpired", "ExpiredToken"}
 
 
 def _http_status(exc: Exception) -> int | None:
@@ -40,9 +42,9 @@ def _http_status(exc: Exception) -> int | None:
 def translate_s3_error(exc: Exception, endpoint: str) -> Exception:
     """What a failed minio call means here: a missing object or bucket is :class:`FileNotFoundError`;
     keys the server refuses are :class:`StorageUnavailable` naming the settings to check (every batch
-    waits, none is failed, until the operator fixes them); another 4xx answer is a
-    :class:`PermanentError`; a 5xx answer, a timeout, throttling or no answer is
-    :class:`StorageUnavailable`."""
+    waits, none is failed, until the operator fixes them); so is a clock too far from S3's
+    (``RequestTimeTooSkewed``) and kin; another 4xx answer is a :class:`PermanentError`; a 5xx answer,
+    a timeout, throttling or no answer is :class:`StorageUnavailable`."""
     code = getattr(exc, "code", None)
     if code in _MISSING:
         return FileNotFoundError(str(code))
@@ -51,6 +53,13 @@ def translate_s3_error(exc: Exception, endpoint: str) -> Exception:
             f"S3 at {endpoint} refused the dispatcher's keys ({code}): check LLMBATCH_S3__ACCESS_KEY, "
             "LLMBATCH_S3__SECRET_KEY and their policy; batches wait until they work"
         )
+    if code == "RequestTimeTooSkewed":
+        return StorageUnavailable(
+            f"S3 at {endpoint} says this host's clock is too far from its own ({code}): sync the "
+            "clocks (NTP); batches wait until it works"
+        )
+    if code in _TRANSIENT:
+        return StorageUnavailable(f"S3 at {endpoint}: {code}")
     if type(exc).__name__ in {"S3Error", "ServerError", "InvalidResponseError"}:
         status = _http_status(exc)
         if status is not None and status < 500 and status not in {408, 429}:

@@ -295,7 +295,7 @@ class Tracker:
             if state is State.SUBMITTED:
                 self.launcher.awaiting_start = bool(now_here)
             records += now_here
-        self.checks.progress.keep_only({r.key for r in records})
+        self.checks.keep_only({r.key for r in records})
         await self._each(records, self.checks.check)
 
     # -- 4. launch -----------------------------------------------------------------------------------
