@@ -10,6 +10,7 @@ import secrets
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import orjson
@@ -22,6 +23,8 @@ from llmbatch.dispatcher.domain.keys import Keys
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import StateStoreUnavailable
 from llmbatch.dispatcher.ops.jobs import get_job, list_jobs
+from llmbatch.dispatcher.ops.replay import LedgerEntry
+from llmbatch.dispatcher.ops.replay_publish import ReplayLedger
 from llmbatch.dispatcher.security.redis_acl import acl_lines
 from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.ray_job import s3_session
@@ -184,6 +187,20 @@ async def test_the_operator_reads_all_but_s3_sessions_and_writes_only_the_replay
         assert await operator.zcard(keys.ready) >= 1
         assert await operator.zcard(keys.state_index(State.QUEUED)) >= 1
         await operator.hset(keys.replay_ledger("t.dlt"), "0:1", "{}")
+        # what `llmbatch dlq replay` writes, as the operator: an entry, its time, the pruning of old ones
+        as_replayer = StateStore.from_url(
+            acl_redis.url("operator"), password=acl_redis.passwords["operator"], keys=keys
+        )
+        try:
+            ledger = ReplayLedger(as_replayer, "t.dlt")
+            old = LedgerEntry(
+                replay_id="r0", round=1, at=datetime(2026, 1, 1, tzinfo=UTC), by="op", to_topic="t"
+            )
+            await ledger.record("0:2", old)
+            await ledger.record("0:3", old.model_copy(update={"at": datetime(2026, 6, 1, tzinfo=UTC)}))
+            assert set(await ledger.entries(["0:2", "0:3"])) == {"0:3"}  # the old one was pruned
+        finally:
+            await as_replayer.close()
         with pytest.raises(NoPermissionError):
             await operator.get(keys.s3_session("op"))  # a job's S3 keys are no operator's business
         # what `llmbatch jobs list/get` run, as the operator

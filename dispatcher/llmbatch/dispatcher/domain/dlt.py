@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,6 +135,21 @@ def record_size(key: bytes | None, value: bytes | None, headers: list[tuple[str,
     return size
 
 
+def bounded_headers(headers: Sequence[tuple[str, bytes]]) -> tuple[list[tuple[str, bytes]], int]:
+    """The headers of at most :data:`REDUCED_HEADER_BYTES` each, :data:`REDUCED_HEADERS_BYTES` in all,
+    in order; and how many were left out."""
+    kept: list[tuple[str, bytes]] = []
+    budget, dropped = REDUCED_HEADERS_BYTES, 0
+    for name, data in headers:
+        cost = len(name.encode()) + len(data)
+        if len(data) <= REDUCED_HEADER_BYTES and cost <= budget:
+            kept.append((name, data))
+            budget -= cost
+        else:
+            dropped += 1
+    return kept, dropped
+
+
 def reduce_dead_letter(
     letter: DeadLetter, *, value_bytes: int | None = None, value_sha256: str | None = None
 ) -> DeadLetter:
@@ -143,15 +159,7 @@ def reduce_dead_letter(
     ``kafka_dlt-original-{topic,partition,offset}`` headers say where to read the original.
     ``value_bytes``/``value_sha256`` describe a value the letter no longer has in hand."""
     original = letter.original
-    kept: list[tuple[str, bytes]] = []
-    budget, dropped = REDUCED_HEADERS_BYTES, 0
-    for name, data in original.headers:
-        cost = len(name.encode()) + len(data)
-        if len(data) <= REDUCED_HEADER_BYTES and cost <= budget:
-            kept.append((name, data))
-            budget -= cost
-        else:
-            dropped += 1
+    kept, dropped = bounded_headers(original.headers)
     value = original.value
     record = letter.record.model_copy(
         update={
@@ -224,8 +232,11 @@ def build_dead_letter(
 
 
 def without_value(origin: OriginalRecord) -> OriginalRecord:
-    """The record's coordinates and headers without its value (what the batch hash keeps)."""
-    return dataclasses.replace(origin, value=None)
+    """The record's coordinates and headers without its value: what the batch hash keeps, bounded
+    whatever the record's size (the headers a reduced dead letter keeps, :func:`bounded_headers`; the
+    whole record stays at its coordinates on the requests topic)."""
+    kept, _ = bounded_headers(origin.headers)
+    return dataclasses.replace(origin, value=None, headers=tuple(kept))
 
 
 def original_with_value(record_origin: str, value: str | None) -> OriginalRecord:

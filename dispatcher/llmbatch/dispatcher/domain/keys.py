@@ -14,6 +14,7 @@ share one Redis. The layout:
 ``<p>:event:<source>:<id>``       string: dedupe marker of an already-applied command event
 ``<p>:lease:<name>``              string: owner token of a lease (the tracker loop's leader)
 ``<p>:dlq:replayed:<dlt topic>``  hash: dead letters replayed by ``llmbatch dlq replay`` (dispatcher.ops)
+``<p>:dlq:replayed-at:<topic>``   zset: the same dead letters, score = when replayed (prunes the hash)
 ``<p>:s3session:<random>``        string: a Ray job attempt's S3 session until its driver takes it
                                   (``GETDEL``; see dispatcher.s3_sessions)
 
@@ -94,6 +95,10 @@ class Keys:
     def replay_ledger(self, dlt_topic: str) -> str:
         """Hash ``<partition>:<offset>`` -> JSON of the replay (see :mod:`llmbatch.dispatcher.ops.replay`)."""
         return f"{self.prefix}:dlq:replayed:{dlt_topic}"
+
+    def replay_ledger_times(self, dlt_topic: str) -> str:
+        """Zset ``<partition>:<offset>`` -> when it was replayed: what prunes :meth:`replay_ledger`."""
+        return f"{self.prefix}:dlq:replayed-at:{dlt_topic}"
 
     def s3_session(self, nonce: str) -> str:
         """A Ray job attempt's S3 session under a random ``nonce``

@@ -6,8 +6,9 @@
 ``<partition>:<offset>``, value JSON ``{replay_id, round, at, by, to_topic, target_partition,
 target_offset}``. An entry is written after the broker acknowledged the replayed record (acks=all):
 an interrupted run leaves at most the record in hand unrecorded, and replaying that one again is
-harmless (same replay id). The hash expires 60 days after its last write, past the dead-letter
-topic's 30-day retention.
+harmless (same replay id). Entries older than 60 days (past the dead-letter topic's 30-day retention)
+are removed at each write (a sorted set by replay time beside the hash), and both keys expire 60 days
+after their last write: the ledger stays bounded by the replays of 60 days.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.schemas.dlt import ReplayInfo
 
 LEDGER_TTL_S = 60 * 86400
+PRUNE_PAGE = 1000
 
 
 # --- the ledger ----------------------------------------------------------------------------------------
@@ -39,6 +41,7 @@ class ReplayLedger:
     def __init__(self, store: StateStore, dlt_topic: str) -> None:
         self.store = store
         self.key = store.keys.replay_ledger(dlt_topic)
+        self.times = store.keys.replay_ledger_times(dlt_topic)
 
     async def _call(self, fn: Callable[[], Awaitable[Any]]) -> Any:
         try:
@@ -65,13 +68,37 @@ class ReplayLedger:
         client = self.store.client
         data = entry.model_dump_json()
 
+        at = entry.at.timestamp()
+
         async def write() -> None:
             async with client.pipeline(transaction=True) as pipe:
                 pipe.hset(self.key, coordinate, data)
+                pipe.zadd(self.times, {coordinate: at})
                 pipe.expire(self.key, LEDGER_TTL_S)
+                pipe.expire(self.times, LEDGER_TTL_S)
                 await pipe.execute()
 
         await self._call(write)
+        await self.prune(at - LEDGER_TTL_S)
+
+    async def prune(self, before: float, page: int = PRUNE_PAGE) -> int:
+        """Remove the entries replayed before ``before`` (unix s), a page at a time; return how many."""
+        client, removed = self.store.client, 0
+        while True:
+            old = await self._call(
+                lambda: client.zrangebyscore(self.times, "-inf", f"({before!r}", start=0, num=page)
+            )
+            if not old:
+                return removed
+
+            async def drop(old: list[Any] = old) -> None:
+                async with client.pipeline(transaction=True) as pipe:
+                    pipe.hdel(self.key, *old)
+                    pipe.zrem(self.times, *old)
+                    await pipe.execute()
+
+            await self._call(drop)
+            removed += len(old)
 
 
 async def batch_states(store: StateStore, letters: Sequence[DeadLetterView]) -> dict[BatchKey, State | None]:

@@ -183,6 +183,9 @@ class Tracker:
     def _set_leader(self, leader: bool) -> None:
         if leader != self.is_leader:
             log.info("tracker leadership " + ("acquired" if leader else "lost"))
+            if not leader:  # another replica leads now: what this one remembered of batches is stale
+                self.checks.keep_only(set())
+                self._failing.clear()
         self.is_leader = leader
         self.metrics.leader.set(1 if leader else 0)
 

@@ -10,7 +10,7 @@
   batch's state, and cannot list the sessions.
 - ``operator`` (``llmbatch jobs`` / ``dlq``): reads every key of the layout but the S3 sessions (a job's
   keys are no operator's business: :data:`OPERATOR_READS`), writes only the replay ledger
-  (``<p>:dlq:replayed:*``).
+  (``<p>:dlq:replayed:*`` and its by-time index ``<p>:dlq:replayed-at:*``).
 
 Passwords are given as SHA-256 hashes (``#<hex>``), so the ACL file holds no password. Key patterns
 come from :class:`llmbatch.dispatcher.domain.keys.Keys`, the one place key names are made.
@@ -49,6 +49,7 @@ OPERATOR_READS = (
     "event:*",
     "lease:*",
     "dlq:replayed:*",
+    "dlq:replayed-at:*",
 )
 """What the operator reads, after ``<p>:``: every key :class:`llmbatch.dispatcher.domain.keys.Keys` makes but
 the S3
@@ -70,7 +71,8 @@ def acl_rules(keys: Keys) -> dict[Role, str]:
         "operator": (
             "resetkeys "
             + " ".join(f"%R~{p}:{pattern}" for pattern in OPERATOR_READS)
-            + f" ~{p}:dlq:replayed:* resetchannels -@all +@read +@hash +@connection -@dangerous {_CONNECTION}"
+            + f" ~{p}:dlq:replayed:* ~{p}:dlq:replayed-at:* resetchannels -@all +@read +@hash +zadd +zrem"
+            + f" +expire +multi +exec +@connection -@dangerous {_CONNECTION}"
         ),
     }
 
