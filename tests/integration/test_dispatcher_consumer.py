@@ -395,64 +395,7 @@ async def test_a_rebalance_during_a_slow_redis_leaves_no_stale_partition_behind(
 # --- one record never stops the consumer ---------------------------------------------------------------
 
 
-async def test_redis_out_of_memory_dead_letters_the_record_and_the_consumer_goes_on(
-    settings: LLMBatchSettings,
-    tmp_path: Path,
-) -> None:
-    """Redis answers ``OOM command not allowed`` (a real server at maxmemory with noeviction): the record
-    is tried record_max_attempts times, dead-lettered (processing_failed), its offset committed, and the
-    consumer stays up for the next record once Redis has room again."""
-    import redis
-
-    from llmbatch.stack import services as stack_services
-    from llmbatch.stack.process import stop_tree
-
-    run_dir = tmp_path / "redis-oom"
-    rec = stack_services.start_redis(run_dir, name="redis-oom")
-    admin = redis.Redis.from_url(rec.address)
-    h = Harness(make_settings(settings, RedisSettings(url=rec.address), record_max_attempts=2))
-    await h.start()
-    try:
-        admin.config_set("maxmemory-policy", "noeviction")
-        admin.config_set("maxmemory", "1")  # every write is refused from now on
-        full = batch_request("oom-" + uuid.uuid4().hex[:6])
-        key, value, headers = request_message(full)
-        await h.send([(key, value, headers)])
-        await wait_for(lambda: _committed_is(h, 1), 60, what="the offset to move past the record")
-        assert h.task is not None and not h.task.done(), "the consumer must not die on one record"
-        [dead] = await h.reader("dead_letter").read_all()
-        letter = dict(dead.headers)
-        assert (dead.key, dead.value) == (key, value)  # the record as it was: replayable
-        assert letter[dlt_headers.REASON] == b"processing_failed"
-        message = letter[dlt_headers.EXCEPTION_MESSAGE].decode()
-        assert message.startswith("intake failed 2 times") and "maxmemory" in message, message
-        assert letter[dlt_headers.EXCEPTION_FQCN] == b"redis.exceptions.OutOfMemoryError"
-        assert h.metrics.failed_records._value.get() == 1
-        assert await h.store.get(full.batch_id) is None
-        # the request is answered: processing_failed, pointing at its dead letter
-        [answer] = [
-            e for e in decode_results(await h.reader("results").read_all()) if e.batch_id == full.batch_id
-        ]
-        assert answer.type is EventType.REJECTED and isinstance(answer.data, BatchRejected)
-        assert answer.data.error.code == "processing_failed" and "maxmemory" in answer.data.error.message
-        assert answer.data.dead_letter is not None
-        assert (answer.data.dead_letter.partition, answer.data.dead_letter.offset) == (
-            dead.partition,
-            dead.offset,
-        )
-        assert answer.data.batch_status is None and answer.data.is_final
-
-        admin.config_set("maxmemory", "0")  # room again: the next record is accepted
-        after = batch_request("oom-after-" + uuid.uuid4().hex[:6])
-        await h.send([request_message(after)])
-        await wait_for(lambda: _committed_is(h, 2), 60, what="the next record")
-        record = await h.store.get(after.batch_id)
-        assert record is not None and record.state is State.QUEUED
-        assert h.metrics.failed_records._value.get() == 1
-    finally:
-        await h.stop()
-        admin.close()
-        stop_tree(rec.pid)
+# Redis out of memory pauses intake instead: tests/integration/test_intake_pause.py
 
 
 async def test_an_unexpected_error_on_one_record_dead_letters_only_that_record(

@@ -71,17 +71,51 @@ class ConflictError(PermanentError):
     code = "conflict"
 
 
-class KafkaNotAuthorized(PermanentError):
+class Misconfiguration(PermanentError):
+    """A dependency refuses this service for how it is set up (credentials, ACLs, memory): never a
+    record's fault. Retrying does not help until an operator fixes it, so intake pauses on it (it
+    neither dead-letters nor answers the record) and says why (readiness, a metric, one log line)."""
+
+
+class KafkaNotAuthorized(Misconfiguration):
     """The broker's ACLs refuse this user the operation (a topic, the consumer group, the cluster):
     retrying cannot help until an admin grants it (``llmbatch dispatcher kafka-acl``)."""
 
     code = "kafka_not_authorized"
 
 
-class KafkaAuthenticationFailed(PermanentError):
+class KafkaAuthenticationFailed(Misconfiguration):
     """The broker refused the SASL credentials (LLMBATCH_KAFKA__SASL_USERNAME / _PASSWORD)."""
 
     code = "kafka_authentication_failed"
+
+
+class RedisNotPermitted(Misconfiguration):
+    """Redis' ACL refuses this user the command or key (``NOPERM``): ``llmbatch dispatcher redis-acl``."""
+
+    code = "redis_not_permitted"
+
+
+class RedisOutOfMemory(Misconfiguration):
+    """Redis is at ``maxmemory`` and refuses writes (``OOM``): raise it, or free memory."""
+
+    code = "redis_out_of_memory"
+
+
+class RedisAuthenticationFailed(Misconfiguration):
+    """Redis refused the credentials (LLMBATCH_REDIS__PASSWORD / the URL's user)."""
+
+    code = "redis_authentication_failed"
+
+
+MISCONFIGURATION_CODES = (
+    "kafka_not_authorized",
+    "kafka_authentication_failed",
+    "redis_not_permitted",
+    "redis_out_of_memory",
+    "redis_authentication_failed",
+)
+"""The causes intake pauses on (the label values of ``llmbatch_dispatcher_intake_paused``)."""
 
 
 class InvalidSettings(PermanentError):
@@ -133,6 +167,12 @@ def classify(exc: BaseException, *, default: type[DispatcherError] = TransientEr
     try:
         import redis.exceptions as rexc
 
+        if isinstance(exc, rexc.NoPermissionError):
+            return RedisNotPermitted(f"Redis refused it ({message}): the user lacks an ACL rule")
+        if isinstance(exc, rexc.OutOfMemoryError):
+            return RedisOutOfMemory(f"Redis is out of memory ({message}): raise maxmemory or free memory")
+        if isinstance(exc, rexc.AuthenticationError):
+            return RedisAuthenticationFailed(f"Redis refused the credentials ({message})")
         if isinstance(
             exc,
             rexc.ConnectionError

@@ -7,6 +7,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from llmbatch.dispatcher.errors import MISCONFIGURATION_CODES
+
 _DURATION_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 28800, 86400)
 _LATENCY_BUCKETS = (
     0.001,
@@ -136,6 +138,14 @@ class Metrics:
             ["component"],
             registry=r,
         )
+        self.intake_paused = Gauge(
+            "llmbatch_dispatcher_intake_paused",
+            "1 while intake waits on a misconfiguration of Redis or Kafka (credentials, ACLs, memory).",
+            ["cause"],
+            registry=r,
+        )
+        for cause in MISCONFIGURATION_CODES:
+            self.intake_paused.labels(cause=cause).set(0)
         self.consumer_lag = Gauge(
             "llmbatch_dispatcher_consumer_lag",
             "Records behind the end of each assigned partition.",

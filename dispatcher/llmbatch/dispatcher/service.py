@@ -166,8 +166,16 @@ class Dispatcher:
             detail["redis"] = f"unavailable ({exc.code})"
         detail["kafka"] = "ok" if await self.producer.ping() else "unavailable"
         detail["consumer"] = f"{len(self.consumer.assignment)} partition(s)"
+        paused = self.consumer.retry.paused
+        detail["intake"] = f"paused ({paused})" if paused else "ok"
         detail["tracker"] = "leader" if self.tracker.is_leader else "standby"
-        ok = self._started and detail["redis"] == "ok" and detail["kafka"] == "ok" and self._live()
+        ok = (
+            self._started
+            and detail["redis"] == "ok"
+            and detail["kafka"] == "ok"
+            and paused is None
+            and self._live()
+        )
         return ok, detail
 
     # -- lifecycle -----------------------------------------------------------------------------------

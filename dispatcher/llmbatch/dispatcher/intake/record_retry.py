@@ -2,8 +2,12 @@
 
 A dependency that is down (Redis or Kafka unreachable: a retriable :class:`DispatcherError`) is not
 the record's fault: :meth:`RecordRetry.run` backs off and tries again for as long as it takes, and the
-consumer commits nothing meanwhile. Any other failure, a permanent error (Redis answering ``OOM
-command not allowed``, a record the broker refuses) or an unexpected exception, is tried
+consumer commits nothing meanwhile. Nor is a dependency that refuses this service for how it is set
+up (:class:`~llmbatch.dispatcher.errors.Misconfiguration`: Redis ``NOPERM``, ``OOM`` or a refused
+login, a Kafka ACL): intake *pauses* on it the same way, and says so (:attr:`RecordRetry.paused`,
+read by readiness; the ``llmbatch_dispatcher_intake_paused{cause}`` gauge; one line when it pauses and
+one when it resumes), so valid requests are never dead-lettered or rejected for it. Any other failure,
+a permanent error (a record the broker refuses) or an unexpected exception, is tried
 ``max_attempts`` times in all; then :class:`GaveUp` tells the consumer to dead-letter the record
 (:func:`failure_letter`, reason ``processing_failed``) and move past it, instead of dying on it and
 reading it again after every restart (a crash loop that blocks the partition).
@@ -21,7 +25,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from llmbatch.dispatcher.domain.dlt import DeadLetter, OriginalRecord, build_dead_letter, exception_fqcn
 from llmbatch.dispatcher.domain.retry import Backoff
-from llmbatch.dispatcher.errors import DispatcherError
+from llmbatch.dispatcher.errors import DispatcherError, Misconfiguration
 from llmbatch.dispatcher.metrics import Metrics
 from llmbatch.schemas.dlt import DltReason
 from llmbatch.schemas.events import RecordRef
@@ -82,6 +86,8 @@ class RecordRetry:
     beat: Callable[[], None] = lambda: None
     """Called on every try: a consumer retrying through an outage is alive, not stalled (/livez)."""
     clock: Callable[[], float] = time.monotonic
+    paused: str | None = field(default=None, init=False)
+    """The misconfiguration intake waits on (an error code), or None."""
     _outage_since: float | None = field(default=None, init=False)
     _outage_logged_at: float = field(default=0.0, init=False)
     _outage_tries: int = field(default=0, init=False)
@@ -108,7 +114,25 @@ class RecordRetry:
                 },
             )
 
+    def _pause(self, what: str, exc: Misconfiguration) -> None:
+        """Pause intake on ``exc``: said once per cause (a line, the gauge, readiness)."""
+        if self.paused == exc.code:
+            return
+        if self.paused is not None:
+            self.metrics.intake_paused.labels(cause=self.paused).set(0)
+        self.paused = exc.code
+        self.metrics.intake_paused.labels(cause=exc.code).set(1)
+        log.error(
+            "intake paused: a dependency refuses this service's configuration; nothing is dead-lettered "
+            "or answered until it is fixed",
+            extra={"what": what, "cause": exc.code, "error": str(exc)},
+        )
+
     def _recovered(self) -> None:
+        if self.paused is not None:
+            self.metrics.intake_paused.labels(cause=self.paused).set(0)
+            log.info("intake resumed", extra={"cause": self.paused})
+            self.paused = None
         if self._outage_since is not None:
             log.info(
                 "dependency back",
@@ -127,6 +151,11 @@ class RecordRetry:
                 raise Abandoned(what)
             try:
                 result = await fn()
+            except Misconfiguration as exc:
+                outages += 1
+                self._pause(what, exc)
+                await self.sleep(self.backoff.delay(outages))
+                continue
             except DispatcherError as exc:
                 if exc.retriable:
                     outages += 1

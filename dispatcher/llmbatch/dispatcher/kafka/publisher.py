@@ -31,6 +31,7 @@ from llmbatch.dispatcher.domain.states import State, terminal_event_state
 from llmbatch.dispatcher.errors import (
     DispatcherError,
     KafkaUnavailable,
+    Misconfiguration,
     RecordTooLarge,
     classify,
     classify_kafka_start,
@@ -282,7 +283,7 @@ class TerminalPublisher:
                         await self.after_publish(record)
                 except DispatcherError as exc:
                     await self._later(record)
-                    if exc.retriable:
+                    if exc.retriable or isinstance(exc, Misconfiguration):  # not this batch's fault
                         outage += 1
                         if outage >= OUTAGE_IN_A_ROW:
                             raise  # the broker or Redis is down: the next tick tries again
