@@ -71,7 +71,7 @@ def _refused(action: object) -> bool:
     try:
         action()  # type: ignore[operator]
     except (OSError, InputNotFoundError) as exc:
-        return s3.is_refusal(str(exc)) or isinstance(exc, InputNotFoundError)
+        return isinstance(exc, InputNotFoundError) or s3.is_refusal(exc)
     return False
 
 

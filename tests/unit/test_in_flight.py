@@ -505,3 +505,43 @@ async def test_a_cancel_ends_the_batch_when_the_stop_fails_though_the_status_ans
     k.clock[0] = NOW + k.checks.ctx.settings.job.stop_wait_s + 1
     await k.checks.check(record(State.RUNNING, **cancelled, stop_requested_at=repr(NOW)))
     assert terminal(k.store)[0] is State.CANCELLED
+
+
+# --- outages do not spend attempts ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "info",
+    [
+        JobInfo(JobState.FAILED, exit_code=75, message="S3 did not serve it"),  # the job's EX_TEMPFAIL
+        JobInfo(JobState.NOT_FOUND),  # a restarted Ray head lost it
+    ],
+)
+async def test_an_attempt_the_infrastructure_failed_is_retried_without_spending_one(info: JobInfo) -> None:
+    k = kit(max_attempts=3)
+    k.backend.info = info
+    for attempt in range(1, 8):  # far past max_attempts
+        k.store.transitions.clear()
+        await k.checks.check(record(State.RUNNING, attempt=attempt, infra_retries=str(attempt - 1)))
+        [(to, fields)] = k.store.transitions
+        assert to is State.QUEUED and fields["infra_retries"] == str(attempt), fields
+        assert fields["not_before"] > k.clock[0]
+
+
+async def test_a_batch_fault_after_outages_counts_only_its_own_attempts() -> None:
+    k = kit(max_attempts=3)
+    k.backend.info = JobInfo(JobState.FAILED, exit_code=1)
+    await k.checks.check(record(State.RUNNING, attempt=4, infra_retries="2"))  # 2 of its own so far
+    assert k.store.states == [State.QUEUED]
+    k.store.transitions.clear()
+    await k.checks.check(record(State.RUNNING, attempt=5, infra_retries="2"))  # its 3rd: exhausted
+    to, outcome = terminal(k.store)
+    assert to is State.FAILED and outcome.error_code == "attempts_exhausted"
+
+
+@pytest.mark.parametrize("garbled", ["x", "-1", "²", "9" * 40])
+async def test_an_unreadable_outage_count_counts_as_none(garbled: str) -> None:
+    k = kit(max_attempts=3)
+    k.backend.info = JobInfo(JobState.FAILED, exit_code=1)
+    await k.checks.check(record(State.RUNNING, attempt=3, infra_retries=garbled))
+    assert terminal(k.store)[0] is State.FAILED

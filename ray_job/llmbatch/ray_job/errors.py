@@ -29,6 +29,9 @@ class ExitCode(IntEnum):
     ENGINE_UNAVAILABLE = 69
     """No shared engine of the model answered within ``engine_wait_s``: the batch fails once
     instead of waiting again on every retry (``EX_UNAVAILABLE``)."""
+    INFRA_UNAVAILABLE = 75
+    """S3 did not serve what the attempt needs (an outage, not the batch's fault): retried without
+    counting against the batch's attempts (``EX_TEMPFAIL``)."""
 
 
 class JobError(LLMBatchError):
@@ -64,6 +67,13 @@ class ClusterBusyError(JobError):
     """The cluster could not reserve the resources of the job's stages in time (retried later)."""
 
     code = "cluster_busy"
+
+
+class InfraUnavailableError(JobError):
+    """A dependency (S3) was down when the attempt needed it: not the batch's fault."""
+
+    exit_code = ExitCode.INFRA_UNAVAILABLE
+    code = "infrastructure_unavailable"
 
 
 class EngineUnavailableError(JobError):

@@ -26,6 +26,7 @@ from llmbatch.ray_job import spec as spec_loader
 from llmbatch.ray_job.errors import (
     EngineUnavailableError,
     ExitCode,
+    InfraUnavailableError,
     InputNotFoundError,
     JobError,
     SupersededError,
@@ -343,7 +344,7 @@ class Attempt:
             log.warning("stopping early (%s): keeping what finished", self.stop_reason)
             status, code = "partial", ExitCode.RETRIABLE
             error = stop_error(self.stop_reason)
-        except (InputNotFoundError, EngineUnavailableError) as exc:
+        except (InputNotFoundError, EngineUnavailableError, InfraUnavailableError) as exc:
             log.error("%s", exc)
             self._close_progress()
             self._emit(failure_result(self.spec, exc.exit_code, exc.code, str(exc)))

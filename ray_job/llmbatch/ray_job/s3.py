@@ -14,12 +14,13 @@ Every process builds its own filesystem from its own environment (the keys are n
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 
 from pyarrow import fs as pafs
 
 from llmbatch.ray_job import node_secrets
-from llmbatch.ray_job.errors import InputNotFoundError
+from llmbatch.ray_job.errors import InfraUnavailableError, InputNotFoundError
 from llmbatch.schemas.job import S3Session
 
 CHUNK_BYTES = 1 << 20
@@ -80,39 +81,71 @@ def uri_of(path: str) -> str:
     return f"s3://{path}"
 
 
-_REFUSALS = (
-    "NoSuchBucket",
-    "NO_SUCH_BUCKET",
-    "AccessDenied",
-    "ACCESS_DENIED",
-    "Forbidden",
-    "403",
-    "does not exist",
+_REFUSED_CODES = frozenset(
+    {
+        # pyarrow's names (the AWS SDK's error enum) ...
+        "ACCESS_DENIED",
+        "NO_SUCH_BUCKET",
+        "NO_SUCH_KEY",
+        "RESOURCE_NOT_FOUND",
+        # ... and S3's own, in pyarrow's "[code N]: <Code>" form
+        "AccessDenied",
+        "NoSuchBucket",
+        "NoSuchKey",
+    }
+)
+_AWS_CODE = (
+    re.compile(r"AWS Error ([A-Z_]+) during [A-Za-z]+"),
+    re.compile(r"AWS Error \[code \d+\]: ([A-Za-z]+)"),
 )
 
 
-def is_refusal(error_text: str) -> bool:
-    """Whether an S3 error says the object is missing or forbidden (an answer, not an outage).
-    pyarrow names S3's codes its own way (``AWS Error ACCESS_DENIED during HeadObject``)."""
-    return any(s in error_text for s in _REFUSALS)
+def s3_error_code(error_text: str, *known: str) -> str | None:
+    """The S3 error code in a pyarrow error's text (``AWS Error ACCESS_DENIED during HeadObject
+    operation: ...``), or None. ``known``: the bucket and key the call named, taken out of the text
+    first (as pyarrow quotes them), so a name that looks like an error (a key with ``403`` or ``AWS Error X during`` in it) is
+    never read as one."""
+    for name in sorted(known, key=len, reverse=True):
+        if name:  # pyarrow quotes the names it gives
+            error_text = error_text.replace(f"'{name}'", "''")
+    for pattern in _AWS_CODE:
+        found = pattern.search(error_text)
+        if found is not None:
+            return found.group(1)
+    return None
+
+
+def is_refusal(error: OSError | str, *known: str) -> bool:
+    """Whether an S3 error says the object is missing or forbidden (an answer about the batch's
+    input, not an outage): pyarrow's ``FileNotFoundError``, or an error code of a refusal."""
+    if isinstance(error, FileNotFoundError):
+        return True
+    return s3_error_code(str(error), *known) in _REFUSED_CODES
+
+
+def _unreadable(path: str, exc: OSError) -> InputNotFoundError | InfraUnavailableError:
+    bucket, _, key = path.partition("/")
+    text = str(exc)
+    if is_refusal(exc, path, bucket, key):
+        return InputNotFoundError(f"cannot read s3://{path}: {text[:300]}")
+    return InfraUnavailableError(f"S3 did not serve s3://{path}: {text[:300]}")
 
 
 def check_readable(fs: pafs.FileSystem, path: str) -> int:
-    """Size of the object at ``path``; :class:`InputNotFoundError` when it is missing or forbidden."""
+    """Size of the object at ``path``; :class:`InputNotFoundError` when it is missing or forbidden,
+    :class:`InfraUnavailableError` when S3 did not answer as it should (an outage: the attempt is
+    retried without counting against the batch's attempts)."""
     try:
         info = fs.get_file_info(path)
     except OSError as exc:
-        text = str(exc)
-        if is_refusal(text):
-            raise InputNotFoundError(f"cannot read s3://{path}: {text[:300]}") from exc
-        raise
+        raise _unreadable(path, exc) from exc
     if info.type != pafs.FileType.File:
         raise InputNotFoundError(f"s3://{path} does not exist (or is not an object)")
     try:
         with fs.open_input_stream(path) as stream:
             stream.read(1)
     except OSError as exc:
-        raise InputNotFoundError(f"cannot read s3://{path}: {str(exc)[:300]}") from exc
+        raise _unreadable(path, exc) from exc
     return int(info.size or 0)
 
 

@@ -79,4 +79,6 @@ EXIT_RETRIABLE = 1
 EXIT_INVALID_SPEC = 65
 EXIT_INPUT_NOT_FOUND = 66
 EXIT_ENGINE_UNAVAILABLE = 69
+EXIT_INFRA_UNAVAILABLE = 75
+"""S3 did not serve the attempt: an outage, retried without spending one of the batch's attempts."""
 NON_RETRIABLE_EXITS = frozenset({EXIT_INVALID_SPEC, EXIT_INPUT_NOT_FOUND})

@@ -23,6 +23,7 @@ import logging
 
 from llmbatch.dispatcher.backends.backend import (
     EXIT_ENGINE_UNAVAILABLE,
+    EXIT_INFRA_UNAVAILABLE,
     EXIT_INPUT_NOT_FOUND,
     NON_RETRIABLE_EXITS,
     JobInfo,
@@ -31,6 +32,7 @@ from llmbatch.dispatcher.backends.backend import (
 from llmbatch.dispatcher.domain.batch_record import BatchRecord
 from llmbatch.dispatcher.domain.events import Outcome
 from llmbatch.dispatcher.domain.keys import BatchKey
+from llmbatch.dispatcher.domain.retry import AttemptDecision
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import DispatcherError, ManifestInvalid
 from llmbatch.dispatcher.runs.context import RunContext
@@ -49,6 +51,13 @@ from llmbatch.schemas.job import MANIFEST_NAME
 log = logging.getLogger(__name__)
 
 HEARTBEAT = "heartbeat"  # stop reason of a hung attempt
+INFRA_RETRIES = "infra_retries"  # attempts of this lifecycle the infrastructure failed (not counted)
+
+
+def infra_retries(record: BatchRecord) -> int:
+    """How many of the batch's attempts failed because of the infrastructure (0 when unreadable)."""
+    value = record.get(INFRA_RETRIES) or "0"
+    return int(value) if value.isascii() and value.isdigit() and len(value) < 10 else 0
 
 
 class InFlight:
@@ -140,6 +149,7 @@ class InFlight:
                     "job_lost",
                     f"Ray no longer knows attempt {sid} (a restarted Ray head, or a replaced batch-runner "
                     "replica on the short path)",
+                    infrastructure=True,
                 )
         elif info.state is JobState.PENDING:
             await self._confirm(record)
@@ -148,7 +158,10 @@ class InFlight:
                 await self.ctx.backend.stop(sid)
                 self.ctx.metrics.attempts.labels(event="stuck").inc()
                 await self.retry_or_fail(
-                    record, "job_stuck_pending", f"job {sid} stayed PENDING for {now - submitted_at:.0f}s"
+                    record,
+                    "job_stuck_pending",
+                    f"job {sid} stayed PENDING for {now - submitted_at:.0f}s",
+                    infrastructure=True,
                 )
         elif info.state is JobState.RUNNING:
             if record.state is State.SUBMITTED:
@@ -235,7 +248,9 @@ class InFlight:
                 },
             )
         self.ctx.metrics.attempts.labels(event="failed").inc()
-        if code == EXIT_ENGINE_UNAVAILABLE:  # waiting again on every retry would not help
+        if code == EXIT_INFRA_UNAVAILABLE:  # S3 was down: not the batch's fault
+            await self.retry_or_fail(record, "infrastructure_unavailable", message, infrastructure=True)
+        elif code == EXIT_ENGINE_UNAVAILABLE:  # waiting again on every retry would not help
             await self.retry_or_fail(
                 record,
                 "engine_unavailable",
@@ -257,10 +272,19 @@ class InFlight:
         *,
         retriable: bool = True,
         dlt_reason: DltReason | None = None,
+        infrastructure: bool = False,
     ) -> None:
-        decision = self.ctx.opts.attempt_policy.after_failure(
-            max(1, record.attempts_made), retriable=retriable
-        )
+        """Queue the next attempt after a backoff, or fail the batch when it may have none. An
+        attempt that failed because of the infrastructure (``infrastructure``: Ray lost it, the
+        cluster could not place it, S3 was down) does not count against ``max_attempts``: the batch
+        waits, with backoff, until its deadline ends it."""
+        outages = infra_retries(record)
+        policy = self.ctx.opts.attempt_policy
+        if infrastructure:
+            outages += 1
+            decision = AttemptDecision(True, policy.backoff.delay(outages), "infrastructure")
+        else:
+            decision = policy.after_failure(max(1, record.attempts_made - outages), retriable=retriable)
         now = self.ctx.clock()
         if decision.retry:
             result = await self.ctx.store.transition(
@@ -268,7 +292,11 @@ class InFlight:
                 State.QUEUED,
                 expected_version=record.version,
                 from_states=[State.SUBMITTED, State.RUNNING, State.FINALIZING],
-                fields={"last_error_code": code, "last_error_message": message[:2000]},
+                fields={
+                    "last_error_code": code,
+                    "last_error_message": message[:2000],
+                    INFRA_RETRIES: str(outages),
+                },
                 delete=[*STOP_FIELDS, "confirmed"],
                 not_before=now + decision.delay_s,
             )
