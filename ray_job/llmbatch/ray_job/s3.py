@@ -103,8 +103,8 @@ _AWS_CODE = (
 def s3_error_code(error_text: str, *known: str) -> str | None:
     """The S3 error code in a pyarrow error's text (``AWS Error ACCESS_DENIED during HeadObject
     operation: ...``), or None. ``known``: the bucket and key the call named, taken out of the text
-    first (as pyarrow quotes them), so a name that looks like an error (a key with ``403`` or ``AWS Error X during`` in it) is
-    never read as one."""
+    first (as pyarrow quotes them), so a name that looks like an error (a key with ``403`` or
+    ``AWS Error X during`` in it) is never read as one."""
     for name in sorted(known, key=len, reverse=True):
         if name:  # pyarrow quotes the names it gives
             error_text = error_text.replace(f"'{name}'", "''")
