@@ -18,6 +18,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from llmbatch.adapters.topics import ensure_topics
 from llmbatch.dispatcher.domain.dlt import OriginalRecord
+from llmbatch.dispatcher.domain.events import Outcome, terminal_fields
 from llmbatch.dispatcher.domain.keys import Keys
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.intake.commands import Accept
@@ -667,6 +668,70 @@ async def test_the_reconcile_pass_takes_in_again_the_batches_whose_state_redis_l
     assert await store.get(done.batch_id) is None  # it ended: nothing to restore
     assert harness.metrics.reconciled.labels(outcome="restored")._value.get() == 3
     assert await reconciler.run_once() == 0  # nothing lost any more
+
+
+@pytest.mark.parametrize("answer", [State.CANCELLED, State.COMPLETED])
+async def test_a_published_answer_stays_final_after_redis_is_restored_from_an_older_snapshot(
+    harness: Harness, answer: State
+) -> None:
+    """A batch was cancelled and its terminal event published; then Redis is rolled back to a snapshot
+    taken while it was queued (a failover to a lagging replica, a restore). Before, it ran again and
+    could end with a second, different terminal event. The reconcile pass sets it back to the answer it
+    published: the same terminal state and event id, marked published, nothing more on the topic."""
+    from llmbatch.dispatcher.intake.reconcile import Reconciler
+    from llmbatch.dispatcher.kafka.publisher import TerminalPublisher
+
+    request = batch_request(f"final-{uuid.uuid4().hex[:6]}")
+    await harness.send([request_message(request)])
+    await wait_for(lambda: _committed_is(harness, 1), 60, what="the intake")
+    store, keys = harness.store, harness.store.keys
+    snapshot = await store.client.hgetall(keys.batch(request.batch_id))  # while it was queued
+    if answer is State.CANCELLED:
+        await harness.send([request_message(CancelRequest(batch_id=request.batch_id))])
+        await wait_for(lambda: _committed_is(harness, 2), 60, what="the cancel")
+    else:  # it ran and completed, as the tracker would record it
+        for step in (State.SUBMITTED, State.FINALIZING):
+            await store.transition_or_raise(request.batch_id, step, fields={"attempt": "1"})
+        record = await store.get(request.batch_id)
+        assert record is not None
+        done = Outcome(State.COMPLETED, time.time(), counts={"total": 2, "completed": 2})
+        await store.transition_or_raise(
+            request.batch_id, State.COMPLETED, fields=terminal_fields(record, done)
+        )
+    topics = harness.settings.kafka.topics
+    publisher = TerminalPublisher(
+        store,
+        harness.producer,
+        results_topic=topics.results,
+        dlt_topic=topics.dead_letter,
+        group_id="g",
+        source="urn:test",
+        metrics=harness.metrics,
+    )
+    assert await publisher.publish_pending() == 1
+    ended = await store.get(request.batch_id)
+    assert ended is not None and ended.state is answer and ended.flag("published")
+    # Redis comes back from the older snapshot: the batch is queued again, its answer forgotten
+    await store.client.delete(keys.batch(request.batch_id))
+    await store.client.hset(keys.batch(request.batch_id), mapping=snapshot)
+    await store.client.zadd(keys.ready, {request.batch_id: 1.0})
+    await store.client.zadd(keys.state_index(State.QUEUED), {request.batch_id: 1.0})
+    await store.client.zrem(keys.state_index(answer), request.batch_id)
+
+    reconciler = Reconciler(harness.settings, store, harness.consumer.rules, harness.metrics)
+    await reconciler.run_once()
+    settled = await store.get(request.batch_id)
+    assert settled is not None and settled.state is answer and settled.flag("published")
+    assert settled.get("terminal_event_id") == ended.get("terminal_event_id")
+    assert await store.ready_ids(10) == []  # it will not run again
+    assert harness.metrics.reconciled.labels(outcome="answer_kept")._value.get() == 1
+    assert await publisher.publish_pending() == 0
+    terminal = [
+        e
+        for e in decode_results(await harness.reader("results").read_all())
+        if e.batch_id == request.batch_id and e.is_terminal
+    ]
+    assert [e.id for e in terminal] == [ended.get("terminal_event_id")]
 
 
 async def test_a_lost_batch_whose_request_left_the_topic_still_ends_in_one_terminal_event(

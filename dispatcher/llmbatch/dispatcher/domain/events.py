@@ -321,3 +321,39 @@ def terminal_fields(record: BatchRecord, outcome: Outcome) -> dict[str, str]:
         "error_code": outcome.error_code or "",
         "error_message": (outcome.error_message or "")[:2000],
     }
+
+
+TERMINAL_STATES_PUBLISHED = (State.COMPLETED, State.FAILED, State.CANCELLED, State.EXPIRED)
+
+
+def published_state(record: BatchRecord, event_id: str) -> State | None:
+    """The terminal state ``event_id`` announced for this record's lifecycle (key, lifecycle,
+    generation and replay id), or None when it is not one of this lifecycle's terminal ids. Pure."""
+    for state in TERMINAL_STATES_PUBLISHED:
+        if (
+            terminal_event_id(
+                record.key, state, record.generation, record.get("replay_id"), record.get("lifecycle") or ""
+            )
+            == event_id
+        ):
+            return state
+    return None
+
+
+def outcome_of_event(data: Any, state: State) -> Outcome:
+    """The outcome a published terminal event announced (its data model), to record as final."""
+    counts = data.request_counts
+    error = data.error
+    return Outcome(
+        state,
+        data.finished_at.timestamp() if data.finished_at else 0.0,
+        list(data.output_uris),
+        list(data.error_uris),
+        data.manifest_uri,
+        {"total": counts.total, "completed": counts.completed, "failed": counts.failed},
+        {"prompt_tokens": data.usage.prompt_tokens, "completion_tokens": data.usage.completion_tokens},
+        data.started_at.timestamp() if data.started_at else None,
+        error.code if error else None,
+        error.message if error else None,
+        None,  # its dead letter, if any, went out with it
+    )

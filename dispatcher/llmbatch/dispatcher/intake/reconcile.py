@@ -15,8 +15,15 @@ letter.
 Ray jobs and manifests never exist without an ``accepted`` event (it is sent before the state is
 written), so finding batches from these events finds them all.
 
+**A published answer is final.** The same read finds, for each batch, the terminal event its last
+lifecycle got. A record that Redis lost writes of (a failover to a lagging replica, a restore of an
+older snapshot) shows that lifecycle running again, or ended another way and not yet published: the
+pass records the published outcome instead (through the state machine's own transitions, marked
+published), so the batch never gets a second, different terminal event. Ids say which lifecycle an
+event is of (:func:`~llmbatch.dispatcher.domain.events.published_state`).
+
 The tracker leader runs a pass when it becomes leader and every ``reconcile_interval_s``. Memory is
-bounded by the batches accepted and not ended within ``reconcile_lookback_s``.
+bounded by the batches accepted within ``reconcile_lookback_s``.
 """
 
 from __future__ import annotations
@@ -30,11 +37,12 @@ from typing import Any
 
 import orjson
 
-from llmbatch.dispatcher.domain.batch_record import IntakeItem
+from llmbatch.dispatcher.domain.batch_record import BatchRecord, IntakeItem
 from llmbatch.dispatcher.domain.dlt import OriginalRecord
+from llmbatch.dispatcher.domain.events import outcome_of_event, published_state, terminal_fields
 from llmbatch.dispatcher.domain.keys import BatchKey, batch_key
 from llmbatch.dispatcher.domain.scheduler import ready_score
-from llmbatch.dispatcher.domain.states import State
+from llmbatch.dispatcher.domain.states import State, is_terminal
 from llmbatch.dispatcher.errors import KafkaUnavailable, classify
 from llmbatch.dispatcher.intake.commands import Accept, IntakeRules
 from llmbatch.dispatcher.intake.commands import classify as classify_record
@@ -63,18 +71,27 @@ class Pending:
     accepted: BatchAccepted | None = None
 
 
-def track(pending: dict[BatchKey, Pending], event: Envelope[Any]) -> None:
-    """Update ``pending`` with one event of the results topic (events of an id come in order:
-    they share a partition). Pure."""
+def track(
+    pending: dict[BatchKey, Pending],
+    event: Envelope[Any],
+    ended: dict[BatchKey, Envelope[Any]] | None = None,
+) -> None:
+    """Update ``pending`` (and ``ended``: each id's terminal event, when its latest lifecycle has
+    one) with one event of the results topic (events of an id come in order: they share a
+    partition). Pure."""
     data = event.data
     key = batch_key(event.tenant, event.batch_id)
     if isinstance(data, BatchAccepted):
+        if ended is not None:
+            ended.pop(key, None)
         if data.request is None:  # accepted before events named their request: nothing to re-read
             pending.pop(key, None)
         else:
             pending[key] = Pending(key, data.request, data.accepted_at, data)
     elif event.is_terminal:
         pending.pop(key, None)
+        if ended is not None:
+            ended[key] = event
 
 
 def unfinished(events: Iterable[Envelope[Any]]) -> dict[BatchKey, Pending]:
@@ -84,6 +101,16 @@ def unfinished(events: Iterable[Envelope[Any]]) -> dict[BatchKey, Pending]:
     for event in events:
         track(pending, event)
     return pending
+
+
+# the transitions that lead a record from each non-terminal state to where a terminal state is allowed
+_TO_FINALIZING = {
+    State.ACCEPTED: (State.QUEUED, State.SUBMITTED, State.FINALIZING),
+    State.QUEUED: (State.SUBMITTED, State.FINALIZING),
+    State.SUBMITTED: (State.FINALIZING,),
+    State.RUNNING: (State.FINALIZING,),
+    State.FINALIZING: (),
+}
 
 
 class Reconciler:
@@ -112,7 +139,9 @@ class Reconciler:
         :class:`~llmbatch.dispatcher.errors.DispatcherError` when Kafka or Redis fails (the next pass
         retries)."""
         since = self.clock() - self.settings.dispatcher.reconcile_lookback_s
-        pending = await self._unfinished_since(since)
+        ended: dict[BatchKey, Envelope[Any]] = {}
+        pending = await self._unfinished_since(since, ended)
+        await self._keep_published(ended)
         ids = list(pending)
         lost: list[Pending] = []
         for start in range(0, len(ids), _CHUNK):
@@ -168,8 +197,60 @@ class Reconciler:
             )
         return 0
 
+    async def _keep_published(self, ended: dict[BatchKey, Envelope[Any]]) -> int:
+        """Record the published outcome on each record that shows its lifecycle otherwise (see the
+        module docstring); return how many were set back."""
+        keys, settled = list(ended), 0
+        for start in range(0, len(keys), _CHUNK):
+            chunk = keys[start : start + _CHUNK]
+            for record in await self.store.get_many(chunk):
+                if record is None or record.flag("published"):
+                    continue
+                event = ended[record.key]
+                if record.get("terminal_event_id") == event.id:
+                    continue  # the same answer, waiting to be (re)published: nothing differs
+                state = published_state(record, event.id)
+                if state is None:
+                    continue  # another lifecycle's (or generation's) event
+                settled += await self._settle(record, event, state)
+        return settled
+
+    async def _settle(self, record: BatchRecord, event: Envelope[Any], state: State) -> int:
+        if is_terminal(record.state):  # ended another way, unpublished: that answer must not go out
+            log.error(
+                "a batch ended differently than the answer it published (Redis lost writes); its "
+                "published answer stands and the other is dropped",
+                extra={"batch_id": record.key, "published": state.value, "recorded": record.state.value},
+            )
+            self.metrics.reconciled.labels(outcome="answer_kept").inc()
+            await self.store.mark_published(record.key, record.get("terminal_event_id") or "")
+            return 1
+        version, current = record.version, record.state
+        for step in _TO_FINALIZING[record.state] if state is State.COMPLETED else ():
+            moved = await self.store.transition(
+                record.key, step, expected_version=version, from_states=[current]
+            )
+            if not moved.ok:
+                return 0
+            current, version = step, moved.version
+        outcome = outcome_of_event(event.data, state)
+        fields = terminal_fields(record, outcome)
+        fields["terminal_event_id"] = event.id
+        moved = await self.store.transition(record.key, state, expected_version=version, fields=fields)
+        if not moved.ok:
+            return 0
+        await self.store.mark_published(record.key, event.id)
+        self.metrics.reconciled.labels(outcome="answer_kept").inc()
+        log.error(
+            "a batch answered already was running again (Redis lost writes): its published answer stands",
+            extra={"batch_id": record.key, "published": state.value, "was": record.state.value},
+        )
+        return 1
+
     # -- Kafka ------------------------------------------------------------------------------------
-    async def _unfinished_since(self, since: float) -> dict[BatchKey, Pending]:
+    async def _unfinished_since(
+        self, since: float, ended: dict[BatchKey, Envelope[Any]] | None = None
+    ) -> dict[BatchKey, Pending]:
         from aiokafka import TopicPartition
 
         topic = self.settings.kafka.topics.results
@@ -194,7 +275,7 @@ class Reconciler:
                 batches = await consumer.getmany(*todo, timeout_ms=1000, max_records=2000)
                 for tp, records in batches.items():
                     for event in _events(records):
-                        track(pending, event)
+                        track(pending, event, ended)
                     if await consumer.position(tp) >= ends[tp]:
                         todo.discard(tp)
             return pending
