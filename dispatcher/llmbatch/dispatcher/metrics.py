@@ -88,8 +88,9 @@ class Metrics:
         self.reconciled = Counter(
             "llmbatch_dispatcher_reconciled_total",
             "Accepted batches whose state Redis had lost, found by the reconcile pass; outcome: restored "
-            "(taken in again from the requests topic), request_gone, request_invalid; answer_kept (a batch that "
-            "Redis showed running again, or ended another way, set back to the answer it published).",
+            "(taken in again from the requests topic), request_gone, request_invalid; answer_kept (a "
+            "batch Redis showed running again, or ended another way, set back to the answer it "
+            "published).",
             ["outcome"],
             registry=r,
         )
