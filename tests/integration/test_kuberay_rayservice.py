@@ -52,6 +52,7 @@ from typing import Any
 import pytest
 import yaml
 
+from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.schemas.engines import DEPLOYMENT_NAME
 from llmbatch.stack.process import stop_tree
 from tests.support.cluster_hosts import ClusterHosts
@@ -203,7 +204,7 @@ def test_the_operator_deploys_our_serve_config_and_an_engine_call_scales_the_gpu
     namespace, name = service["metadata"]["namespace"], service["metadata"]["name"]
     config = yaml.safe_load(service["spec"]["serveConfigV2"])
     (engine_app,) = [app for app in config["applications"] if app["name"].startswith("llmbatch-engine-")]
-    engine_app["args"]["entry"]["engine"]["backend"] = "fake"  # no model, no GPU here
+    engine_app["args"]["entry"]["engine"]["backend"] = FAKE_BACKEND  # no model, no GPU here
     service["spec"]["serveConfigV2"] = yaml.safe_dump(config, sort_keys=False)
     wanted_apps = {app["name"]: app["import_path"] for app in config["applications"]}
     apply_all(kube, objects, dry_run=False)
