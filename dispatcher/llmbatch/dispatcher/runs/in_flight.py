@@ -327,26 +327,35 @@ class InFlight:
             return
         requested = record.number("stop_requested_at")
         if requested is None:
-            try:
-                await self.ctx.backend.stop(sid)
-            except DispatcherError as exc:
-                # a hung attempt's successor waits for a stop that worked; a cancel or a deadline
-                # ends the batch at end_by() whether the stop worked or not
-                if not exc.retriable or reason == HEARTBEAT:
-                    raise
-                log.warning("stop failed; the batch ends at its bound", extra={"error": str(exc)})
+            failed = await self._ask_stop(record, reason, now)
+            if failed is not None:
+                log.warning("stop failed; the batch ends at its bound", extra={"error": str(failed)})
             self.ctx.metrics.attempts.labels(event="stop_requested").inc()
             log.info("stopping job", extra={"reason": reason, "submission_id": sid})
-            await self.ctx.store.transition(
-                record.key,
-                record.state,
-                from_states=[record.state],
-                expected_version=record.version,
-                fields={"stop_reason": reason, "stop_requested_at": repr(now)},
-            )
         elif now - requested > self.ctx.settings.job.stop_wait_s:
             log.warning("job did not stop in time; finishing without it", extra={"submission_id": sid})
             await self.finish_stopped(record, reason)
+
+    async def _ask_stop(self, record: BatchRecord, reason: str, now: float) -> DispatcherError | None:
+        """Ask the backend to stop the record's job and record the request (reason, when); return
+        the retriable error the stop call met, if any. A hung attempt's stop must work (its successor
+        waits for it): its errors raise; a cancel or a deadline ends the batch at :meth:`end_by`
+        whether the stop worked or not."""
+        failed = None
+        try:
+            await self.ctx.backend.stop(record.submission_id or "")
+        except DispatcherError as exc:
+            if not exc.retriable or reason == HEARTBEAT:
+                raise
+            failed = exc
+        await self.ctx.store.transition(
+            record.key,
+            record.state,
+            from_states=[record.state],
+            expected_version=record.version,
+            fields={"stop_reason": reason, "stop_requested_at": repr(now)},
+        )
+        return failed
 
     async def stop_unseen(self, record: BatchRecord, reason: str, now: float, exc: DispatcherError) -> None:
         """The backend cannot say what the job does (the Ray head or the batch runner is
@@ -354,21 +363,10 @@ class InFlight:
         when, and end the batch at :meth:`end_by` with what it has."""
         sid = record.submission_id or ""
         if record.number("stop_requested_at") is None:
-            try:
-                await self.ctx.backend.stop(sid)
-            except DispatcherError as stop_error:
-                if not stop_error.retriable:
-                    raise
+            await self._ask_stop(record, reason, now)
             log.warning(
                 "job status unknown; stopping it",
                 extra={"reason": reason, "submission_id": sid, "error": str(exc)},
-            )
-            await self.ctx.store.transition(
-                record.key,
-                record.state,
-                from_states=[record.state],
-                expected_version=record.version,
-                fields={"stop_reason": reason, "stop_requested_at": repr(now)},
             )
             return
         if self.must_end(record, reason, now):
