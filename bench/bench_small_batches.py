@@ -112,7 +112,7 @@ class Runner:
         from llmbatch.ray_job.submit import submit_kwargs
         from llmbatch.schemas.job import parse_manifest
 
-        client = RunnerClient(self.settings.ray.serve_address)
+        client = RunnerClient.of(self.settings.ray)
 
         def finished(sid: str) -> tuple[bool, bool, str]:
             if via == "runner":

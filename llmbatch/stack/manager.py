@@ -382,7 +382,7 @@ def env_exports(state: StackState) -> dict[str, str]:
 def _ray_exports(rec: ServiceRecord) -> dict[str, str]:
     """The Ray head's settings: its Jobs API and Serve proxy (https with their CA on a TLS stack)."""
     env = {"LLMBATCH_RAY__ADDRESS": rec.address}
-    for field in ("serve_address", "serve_ssl_certfile", "serve_ssl_keyfile"):
+    for field in ("serve_address", "serve_ssl_certfile", "serve_ssl_keyfile", "runner_token"):
         if rec.extra.get(field):
             env[f"LLMBATCH_RAY__{field.upper()}"] = rec.extra[field]
     if is_tls(rec):

@@ -1,5 +1,6 @@
-"""The run folder's S3 keys (MinIO's user, made on first use) and what a Ray node's environment gets of
-them: jobs and Serve replicas find their credentials there, never in a ``runtime_env``."""
+"""The run folder's S3 keys (MinIO's user, made on first use), the batch runner's credential, and what a
+Ray node's environment gets of them: jobs and Serve replicas find their credentials there, never in a
+``runtime_env``."""
 
 from __future__ import annotations
 
@@ -44,12 +45,33 @@ def keep_minio_credentials(run_dir: Path, user: str, password: str, *, replace: 
         tmp.unlink(missing_ok=True)
 
 
+def runner_token(run_dir: Path) -> str:
+    """The run folder's batch-runner credential (``LLMBATCH_RAY__RUNNER_TOKEN`` of the Ray head and of
+    every dispatcher of the stack), made on first use (mode 0600); concurrent first uses get one."""
+    path = run_dir / "runner.token"
+    if not path.exists():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = run_dir / f".runner.token.{os.getpid()}.{secrets.token_hex(4)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_hex(32))
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return path.read_text().strip()
+
+
 def ray_node_credentials(
-    access_key: str, secret_key: str, redis_password: str | None = None
+    access_key: str, secret_key: str, redis_password: str | None = None, runner_token: str | None = None
 ) -> dict[str, str]:
     """The environment a Ray node hands its jobs and Serve replicas: the S3 keys (and the Redis
-    password), which the dispatcher never sends in a ``runtime_env`` (the dashboard shows those)."""
+    password, and the batch runner's credential), which the dispatcher never sends in a
+    ``runtime_env`` (the dashboard shows those)."""
     env = {"AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key}
     if redis_password:
         env["LLMBATCH_REDIS__PASSWORD"] = redis_password
+    if runner_token:
+        env["LLMBATCH_RAY__RUNNER_TOKEN"] = runner_token
     return env

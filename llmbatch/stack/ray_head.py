@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from llmbatch.stack.node_credentials import minio_credentials, ray_node_credentials
+from llmbatch.stack.node_credentials import minio_credentials, ray_node_credentials, runner_token
 from llmbatch.stack.process import (
     StackError,
     StartedTree,
@@ -120,7 +120,7 @@ def _start_ray(
         # job entrypoints say `python ...`: make that the venv's interpreter, as on a worker image
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         # the stack's S3 keys, as a Kubernetes Secret gives them to the Ray pods
-        **ray_node_credentials(*minio_credentials(run_dir)),
+        **ray_node_credentials(*minio_credentials(run_dir), runner_token=runner_token(run_dir)),
         **(ray_tls_env(tls) if tls is not None else {}),
     }
     argv = [
@@ -145,7 +145,11 @@ def _start_ray(
     ]
     address = f"http://127.0.0.1:{dashboard}"
     pid, waited = _spawn_until_ready(argv, log, env, address, ports, client)
-    extra = {"gcs_address": f"127.0.0.1:{gcs}", "serve_address": f"http://127.0.0.1:{serve}"}
+    extra = {
+        "gcs_address": f"127.0.0.1:{gcs}",
+        "serve_address": f"http://127.0.0.1:{serve}",
+        "runner_token": runner_token(run_dir),  # what the stack's dispatchers send the batch runner
+    }
     named = {"gcs": gcs, "dashboard": dashboard, "client": client, "serve": serve, "metrics": metrics}
     if tls is not None:
         front_pid = start_tls_front(front, dashboard, tls, run_dir / "logs" / "ray-tls-front.log")

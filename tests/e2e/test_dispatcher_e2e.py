@@ -654,7 +654,7 @@ async def test_a_ray_head_restart_loses_jobs_runs_and_engines_which_all_come_bac
         kafka_settings,
         redis_settings,
         buckets,
-        RaySettings(address=head.address, serve_address=head.serve_address),
+        head.settings(),
         shared_engines=True,
         max_in_flight=None,
         short_path_max_lines=20,

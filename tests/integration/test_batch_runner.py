@@ -6,23 +6,30 @@ engine."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 import redis
+from pydantic import SecretStr
 
 from llmbatch.dispatcher.backends.backend import JobInfo, JobState
 from llmbatch.dispatcher.backends.engines import cluster_serve_config, replica_pids, summarize
 from llmbatch.dispatcher.backends.runner_backend import RunnerClient
 from llmbatch.dispatcher.backends.s3_sessions import SessionMinter
 from llmbatch.dispatcher.backends.serve_api import ServeApi
+from llmbatch.dispatcher.errors import JobRejected, RayUnavailable
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
-from llmbatch.ray_job import node_secrets
+from llmbatch.ray_job import job_keys, node_secrets
 from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.ray_job.errors import ExitCode
+from llmbatch.ray_job.runner import DEFAULT_REPLICAS
 from llmbatch.ray_job.runner_http import APP_NAME
 from llmbatch.ray_job.runner_http import DEPLOYMENT as RUNNER_DEPLOYMENT
 from llmbatch.schemas.common import BatchStatus, utcnow
@@ -57,12 +64,13 @@ def h(s3_settings: S3Settings, ray_settings: RaySettings, redis_settings: RedisS
 
 @pytest.fixture(scope="module")
 def runner(
-    s3_settings: S3Settings, ray_settings: RaySettings, redis_settings: RedisSettings
+    h: Harness, s3_settings: S3Settings, ray_settings: RaySettings, redis_settings: RedisSettings
 ) -> Iterator[tuple[RunnerClient, ServeApi]]:
     settings = DispatcherSettings(
         _env_file=None,
         engines=REGISTRY,
-        s3=s3_settings,
+        # the runner takes a batch's results only under its identity's prefix in this bucket
+        s3=s3_settings.model_copy(update={"results_bucket": h.results_bucket}),
         ray=ray_settings,
         redis=redis_settings,
         dispatcher=DispatcherOptions(shared_engines=True),
@@ -73,16 +81,29 @@ def runner(
     details: dict[str, Any] = {}
     while time.monotonic() < deadline:
         details = asyncio.run(api.status())
-        apps = details.get("applications") or {}
         engine = summarize(REGISTRY, details)[0]
-        if engine.running == 1 and (apps.get(APP_NAME) or {}).get("status") == "RUNNING":
+        if engine.running == 1 and len(_runner_pids(details)) == DEFAULT_REPLICAS:
             break
         time.sleep(1)
     else:
         raise AssertionError(f"apps not running: {details.get('applications')}")
     # as the dispatcher runs it: each batch brings S3 keys of its own, the runner's replica has none
-    yield RunnerClient(ray_settings.serve_address, timeout_s=30, sessions=SessionMinter(s3_settings)), api
+    yield RunnerClient.of(ray_settings, timeout_s=30, sessions=SessionMinter(s3_settings)), api
     asyncio.run(api.deploy({"applications": []}))
+
+
+def _runner_pids(details: dict[str, Any]) -> list[int]:
+    """The batch runner's RUNNING replicas (their PIDs) in Serve's status."""
+    app = (details.get("applications") or {}).get(APP_NAME) or {}
+    if app.get("status") != "RUNNING":
+        return []
+    replicas = ((app.get("deployments") or {}).get(RUNNER_DEPLOYMENT) or {}).get("replicas") or []
+    return sorted(int(r["pid"]) for r in replicas if r.get("state") == "RUNNING" and r.get("pid"))
+
+
+def _progress_key(h: Harness, spec: JobSpec) -> str:
+    """Where the runner writes ``spec``'s progress: derived from its identity, whatever the spec says."""
+    return job_keys.progress_key(h.redis.key_prefix, spec.tenant, spec.batch_id)
 
 
 def _wait(client: RunnerClient, sid: str, timeout: float = 120) -> JobInfo:
@@ -110,10 +131,12 @@ def _spec(h: Harness, name: str, n: int, *, inline: bool, **kw: Any) -> JobSpec:
         engine=CLIENT,
         engine_app=app_name(MODEL),
         engine_wait_s=60,
-        redis_url=h.redis.url,
-        progress_key=f"llmbatch:test:progress:{name}-{h.tag}",
-        **source,
-        **kw,
+        **{
+            "redis_url": h.redis.url,
+            "progress_key": f"llmbatch:test:progress:{name}-{h.tag}",  # the runner derives its own
+            **source,
+            **kw,
+        },
     )
 
 
@@ -170,20 +193,23 @@ def test_the_replicas_run_without_the_node_secrets_they_do_not_need(
     _, api = runner
     details = asyncio.run(api.status())
     [engine] = replica_pids(details, MODEL)
-    runner_deployment = details["applications"][APP_NAME]["deployments"][RUNNER_DEPLOYMENT]
-    [runner_pid] = [int(r["pid"]) for r in runner_deployment["replicas"] if r.get("state") == "RUNNING"]
+    runners = _runner_pids(details)
+    assert len(runners) == DEFAULT_REPLICAS
     key, secret = s3_settings.access_key.get_secret_value(), s3_settings.secret_key.get_secret_value()
     # (failures name variables, never print their values)
-    for pid in (engine, runner_pid):
+    for pid in (engine, *runners):
         node = environ(parent_pid(pid))  # the raylet that started the replica
         node_has_keys = (
             node.get(node_secrets.S3_ACCESS_KEY) == key and node.get(node_secrets.S3_SECRET_KEY) == secret
         )
         assert node_has_keys, "the Ray node should hold the S3 keys"
-    engine_env, runner_env = environ(engine), environ(runner_pid)
+    engine_env = environ(engine)
     assert [name for name in node_secrets.ALL if engine_env.get(name)] == []  # the engine replica has them
-    assert [name for name in node_secrets.S3_KEYS if runner_env.get(name)] == []  # the runner's has them
-    for pid in (engine, runner_pid):  # nor under any other name
+    for runner_pid in runners:  # the runner's have no S3 key, only the credential they check
+        runner_env = environ(runner_pid)
+        assert [name for name in node_secrets.S3_KEYS if runner_env.get(name)] == []
+        assert runner_env.get(node_secrets.RUNNER_TOKEN)
+    for pid in (engine, *runners):  # nor under any other name
         raw = raw_environ(pid)
         assert key.encode() not in raw and secret.encode() not in raw
 
@@ -197,7 +223,7 @@ def test_stop_keeps_what_finished_and_the_next_attempt_completes_the_rest(
     # stop once the progress counters in Redis show some lines done (blocks of 4, 0.2 s each)
     progress = redis.Redis.from_url(h.redis.url)
     deadline = time.monotonic() + 60
-    while int(progress.hget(first.progress_key or "", "completed") or 0) < 8:
+    while int(progress.hget(_progress_key(h, first), "completed") or 0) < 8:
         assert time.monotonic() < deadline, "no progress within 60 s"
         time.sleep(0.05)
     assert asyncio.run(client.stop(first.submission_id)) is True
@@ -239,3 +265,77 @@ def test_deadline_and_missing_engine_end_the_run_clearly(
     assert info.state is JobState.FAILED and info.exit_code == ExitCode.ENGINE_UNAVAILABLE
     assert "engine_unavailable" in (info.message or "")
     assert asyncio.run(client.status("never-submitted-a1")) is None
+
+
+def test_the_runner_answers_no_one_without_its_credential(
+    h: Harness, runner: tuple[RunnerClient, ServeApi], ray_settings: RaySettings
+) -> None:
+    """Through Serve's proxy, as anyone on the network would call it: no credential, or a wrong one, is
+    refused (a set-up fault for the dispatcher: retriable, never the batch's), and nothing starts."""
+    client, _ = runner
+    spec = _spec(h, "runner-nocred", 2, inline=True)
+    for token in (None, SecretStr("not-the-runner-token-" + "x" * 20)):
+        stranger = RunnerClient(ray_settings.serve_address, timeout_s=30, token=token)
+        with pytest.raises(RayUnavailable, match="LLMBATCH_RAY__RUNNER_TOKEN"):
+            asyncio.run(stranger.submit(spec))
+        with pytest.raises(RayUnavailable, match="LLMBATCH_RAY__RUNNER_TOKEN"):
+            asyncio.run(stranger.statuses([spec.submission_id]))
+    raw = urllib.request.Request(ray_settings.serve_address + "/llmbatch-runner/engines")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(raw, timeout=30)
+    assert refused.value.code == 401
+    assert asyncio.run(client.status(spec.submission_id)) is None  # never started
+
+
+def test_keys_and_prefix_come_from_the_batch_identity_not_the_caller(
+    h: Harness, runner: tuple[RunnerClient, ServeApi]
+) -> None:
+    """A spec naming another Redis key gets its progress written where its identity says; one naming
+    another bucket for its results is refused."""
+    client, _ = runner
+    foreign = f"{h.redis.key_prefix}:progress:someone-else-{h.tag}"
+    spec = _spec(h, "runner-derived", 3, inline=True, progress_key=foreign)
+    asyncio.run(client.submit(spec))
+    assert _wait(client, spec.submission_id).state is JobState.SUCCEEDED
+    r = redis.Redis.from_url(h.redis.url)
+    assert r.exists(foreign) == 0
+    assert int(r.hget(_progress_key(h, spec), "completed") or 0) == 3
+    elsewhere = _spec(h, "runner-elsewhere", 1, inline=True)
+    elsewhere = elsewhere.model_copy(
+        update={"output_prefix": f"s3://another-bucket-{h.tag}/default/{elsewhere.batch_id}/"}
+    )
+    with pytest.raises(JobRejected, match="output_prefix"):
+        asyncio.run(client.submit(elsewhere))
+
+
+def test_runs_outlive_the_replicas_and_a_lost_replica_loses_only_its_running_batches(
+    h: Harness, runner: tuple[RunnerClient, ServeApi]
+) -> None:
+    """Every runner replica killed (SIGKILL): a finished run is still answered (from Redis, by the new
+    replicas), and a run that was going is reported unknown (the dispatcher retries it as lost)."""
+    client, api = runner
+    done = _spec(h, "runner-durable", 2, inline=True)
+    asyncio.run(client.submit(done))
+    assert _wait(client, done.submission_id).state is JobState.SUCCEEDED
+    going = _spec(h, "runner-orphan", 400, inline=False, progress_interval_s=0.2)
+    asyncio.run(client.submit(going))
+    progress = redis.Redis.from_url(h.redis.url)
+    deadline = time.monotonic() + 60
+    while int(progress.hget(_progress_key(h, going), "completed") or 0) < 4:
+        assert time.monotonic() < deadline, "no progress within 60 s"
+        time.sleep(0.05)
+    old = _runner_pids(asyncio.run(api.status()))
+    assert len(old) == DEFAULT_REPLICAS
+    for pid in old:
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 180
+    while len(new := _runner_pids(asyncio.run(api.status()))) != len(old) or set(new) & set(old):
+        assert time.monotonic() < deadline, f"the runner's replicas did not come back: {new}"
+        time.sleep(1)
+    info = asyncio.run(client.status(done.submission_id))
+    assert info is not None and info.state is JobState.SUCCEEDED and info.exit_code == 0
+    deadline = time.monotonic() + 120  # the killed owner stops beating: its run turns unknown
+    while (left := asyncio.run(client.status(going.submission_id))) is not None:
+        assert not left.state.is_terminal, left  # nothing ended it: its replica died
+        assert time.monotonic() < deadline, "a run of a killed replica still reported going"
+        time.sleep(1)

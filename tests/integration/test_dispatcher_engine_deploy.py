@@ -16,7 +16,7 @@ from llmbatch.dispatcher.service import Dispatcher
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.ray_job.runner_http import APP_NAME as RUNNER_APP
 from llmbatch.schemas.engines import app_name
-from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings, TopicSettings
+from llmbatch.settings import KafkaSettings, RedisSettings, S3Settings, TopicSettings
 from tests.integration.test_dispatcher_tracker import Jobs
 from tests.support.dispatcher_kit import MODEL, registry, wait_for
 from tests.support.private_ray import PrivateRay
@@ -52,7 +52,7 @@ async def test_a_dispatcher_starts_while_ray_is_down_and_deploys_the_engines_onc
         ),
         redis=redis_settings.model_copy(update={"key_prefix": f"dep{tag}"}),
         s3=s3_settings,
-        ray=RaySettings(address=head.address, serve_address=head.serve_address),
+        ray=head.settings(),
         dispatcher=DispatcherOptions(
             group_id=f"g-{tag}",
             metrics_host="127.0.0.1",

@@ -56,7 +56,7 @@ from llmbatch.schemas.engines import (
     app_name,
 )
 from llmbatch.schemas.job import EngineConfig, JobSpec
-from llmbatch.settings import RaySettings, RedisSettings, S3Settings
+from llmbatch.settings import RedisSettings, S3Settings
 from tests.integration.ray_job_harness import Harness, chat_line
 from tests.support.private_ray import PrivateRay, PrivateRayWorker
 
@@ -133,7 +133,7 @@ def cluster(
         started = time.monotonic()
         head.start()
         head_s = time.monotonic() - started
-        ray = RaySettings(address=head.address, serve_address=head.serve_address)
+        ray = head.settings()
         settings = DispatcherSettings(
             _env_file=None,
             engines=REGISTRY,
@@ -144,7 +144,7 @@ def cluster(
         )
         api = ServeApi(head.address, timeout_s=60)
         asyncio.run(api.deploy(cluster_serve_config(settings)))
-        client = RunnerClient(ray.serve_address, timeout_s=30, sessions=SessionMinter(s3_settings))
+        client = RunnerClient.of(ray, timeout_s=30, sessions=SessionMinter(s3_settings))
         c = Cluster(head, api, client, Harness(s3_settings, ray, redis_settings), run_dir)
         _wait(
             "the batch runner RUNNING",

@@ -14,7 +14,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from llmbatch.settings import S3Settings
+from pydantic import SecretStr
+
+from llmbatch.ray_job import node_secrets
+from llmbatch.settings import RaySettings, S3Settings
 from llmbatch.stack.node_credentials import ray_node_credentials
 from llmbatch.stack.ports import free_port, free_port_range
 from llmbatch.stack.process import StackError, StartedTree, port_open, spawn, stop_tree, wait_until
@@ -91,12 +94,16 @@ class PrivateRay:
         self.start_args = list(start_args)  # more ``ray start`` options, e.g. ``--no-monitor``
         self.env = dict(env or {})  # more environment for the head's processes
         # what its jobs and replicas find in their environment (never sent in a runtime_env)
+        self.runner_token = secrets.token_hex(32)  # the batch runner's credential on this head
         self.node_env = (
             ray_node_credentials(
-                s3.access_key.get_secret_value(), s3.secret_key.get_secret_value(), redis_password
+                s3.access_key.get_secret_value(),
+                s3.secret_key.get_secret_value(),
+                redis_password,
+                runner_token=self.runner_token,
             )
             if s3
-            else {}
+            else {node_secrets.RUNNER_TOKEN: self.runner_token}
         )
         self.auth_token = auth_token  # None: auth off; else Ray's token auth with this token
         self.num_cpus = num_cpus
@@ -136,6 +143,12 @@ class PrivateRay:
     @property
     def serve_address(self) -> str:
         return f"http://{self.host}:{self.serve}"
+
+    def settings(self) -> RaySettings:
+        """How a dispatcher reaches this head: its Jobs API, Serve's proxy, the runner's credential."""
+        return RaySettings(
+            address=self.address, serve_address=self.serve_address, runner_token=SecretStr(self.runner_token)
+        )
 
     def call(self, fn: Callable[[], T]) -> T:
         """``fn()`` where the head's addresses are reachable (on the pod's node, or here)."""

@@ -134,6 +134,8 @@ def test_submission_kwargs() -> None:
     shown = json.dumps(kwargs)
     assert not [x for x in (ACCESS_KEY, SECRET_KEY, REDIS_PASSWORD) if x in shown]
     assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "LLMBATCH_REDIS__PASSWORD"} & set(variables)
+    # a job never calls the batch runner: its processes start with the runner's credential blanked
+    assert variables["LLMBATCH_RAY__RUNNER_TOKEN"] == ""
 
 
 def test_sending_s3_keys_to_jobs_is_refused_naming_the_fix() -> None:

@@ -31,7 +31,7 @@ from llmbatch.dispatcher.service import Dispatcher
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.dispatcher.settings_loader import SettingsInvalid, describe_settings_error, load_settings
 from llmbatch.ray_job.backends import FAKE_BACKEND
-from llmbatch.schemas.engines import EngineRegistry
+from llmbatch.schemas.engines import EngineModel, EngineRegistry
 from llmbatch.schemas.events import RecordRef
 from llmbatch.schemas.job import JobSpec
 from llmbatch.settings import RedisSettings
@@ -129,6 +129,25 @@ async def test_dispatcher_without_a_model_refuses_to_start() -> None:
         await dispatcher.start()
     assert not dispatcher._tasks
     await dispatcher.stop()
+
+
+async def test_a_dispatcher_with_the_short_path_refuses_to_start_without_the_runners_credential() -> None:
+    registry = EngineRegistry(models={"m": EngineModel(path="/models/m")})
+    settings = DispatcherSettings(
+        _env_file=None,
+        engines=registry,
+        dispatcher=DispatcherOptions(metrics_port=None, shared_engines=True, short_path_max_lines=8),
+        redis=RedisSettings(url="redis://127.0.0.1:1/0"),  # never reached: start refuses first
+    )
+    dispatcher = Dispatcher(settings)  # the real backends: the runner's client among them
+    with pytest.raises(InvalidSettings, match="LLMBATCH_RAY__RUNNER_TOKEN is not set"):
+        await dispatcher.start()
+    assert not dispatcher._tasks
+    await dispatcher.stop()
+    off = settings.model_copy(
+        update={"dispatcher": DispatcherOptions(metrics_port=None, short_path_max_lines=0)}
+    )
+    assert Dispatcher(off).runner is None  # no short path: no runner to authenticate to
 
 
 async def test_a_start_step_logs_a_dependency_not_ready_once_per_change_of_state(

@@ -169,7 +169,7 @@ def test_engine_replicas_are_started_without_the_node_secrets() -> None:
     env = app["runtime_env"]["env_vars"]
     assert {name: env[name] for name in node_secrets.ALL} == dict.fromkeys(node_secrets.ALL, "")
     from_s3 = serve_application("m", EngineModel(path="s3://models/m"))["runtime_env"]["env_vars"]
-    assert from_s3 == {node_secrets.REDIS_PASSWORD: ""}
+    assert from_s3 == {node_secrets.REDIS_PASSWORD: "", node_secrets.RUNNER_TOKEN: ""}
 
 
 def test_scale_and_stop_change_one_model_only() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 import pytest
+from pydantic import SecretStr
 
 from llmbatch.dispatcher.backends.backend import JobInfo, JobState, SubmitResult
 from llmbatch.dispatcher.backends.engines import cluster_serve_config
@@ -25,7 +26,7 @@ from llmbatch.ray_job.runner import BatchRunner
 from llmbatch.ray_job.runner_http import APP_NAME, MAX_STATUS_IDS, ROUTE_PREFIX, parse_submission
 from llmbatch.schemas.engines import EngineModel, EngineRegistry
 from llmbatch.schemas.job import JobSpec
-from llmbatch.settings import RaySettings, S3Settings
+from llmbatch.settings import RaySettings, RedisSettings, S3Settings
 from tests.support.clock import Clock
 from tests.support.scripted_http import ScriptedHttpServer
 
@@ -312,19 +313,29 @@ def test_a_silent_runner_never_makes_a_run_look_lost() -> None:
 def test_cluster_config_adds_the_runner_with_the_short_path_only() -> None:
     registry = EngineRegistry(models={"m": EngineModel(path="/models/m")})
     s3 = S3Settings(access_key="ak", secret_key="sk")
-    ray = RaySettings(serve_address="http://ray-head:8000")
+    ray = RaySettings(serve_address="http://ray-head:8000", runner_token=SecretStr("t" * 40))
     settings = DispatcherSettings(
         _env_file=None,
         engines=registry,
         s3=s3,
         ray=ray,
-        dispatcher=DispatcherOptions(shared_engines=True, short_path_max_runs=7),
+        redis=RedisSettings(url="redis://:pw-of-redis@redis:6379/0", key_prefix="lb"),
+        dispatcher=DispatcherOptions(shared_engines=True, short_path_max_runs=7, short_path_replicas=3),
     )
     config = cluster_serve_config(settings)
     names = [a["name"] for a in config["applications"]]
     assert len(names) == 2 and names[-1] == APP_NAME
     runner = config["applications"][-1]
-    assert runner["route_prefix"] == ROUTE_PREFIX and runner["args"] == {"max_runs": 7}
+    # where the runner derives a batch's keys and prefix from: the settings, never a caller's spec
+    assert runner["route_prefix"] == ROUTE_PREFIX and runner["args"] == {
+        "max_runs": 7,
+        "key_prefix": "lb",
+        "redis_url": settings.redis.url_without_password(settings.job.redis_username),
+        "results_bucket": s3.results_bucket,
+    }
+    assert runner["deployments"][0]["num_replicas"] == 3
+    text = orjson.dumps(config).decode()
+    assert "pw-of-redis" not in text and "t" * 40 not in text  # no secret in a Serve config
     # where S3 is, never its keys (the replicas have them from the Ray workers' environment)
     # (LLMBATCH_S3__ENDPOINT too: ray_job.s3 reads it first, and a Ray node may have inherited another)
     # (each batch brings S3 keys of its own: the node's are blanked in its process)

@@ -182,6 +182,13 @@ class Dispatcher:
     async def start(self) -> None:
         """Raises :class:`InvalidSettings` when the settings cannot serve (no model configured)."""
         problem = self.settings.serving_problem()
+        if problem is None and self.runner is not None and self.settings.ray.runner_token is None:
+            problem = (
+                "the short path is on (LLMBATCH_DISPATCHER__SHORT_PATH_MAX_LINES > 0) but "
+                "LLMBATCH_RAY__RUNNER_TOKEN is not set: give the dispatcher and the Ray nodes the same "
+                "token (on Kubernetes the llmbatch-credentials Secret's runner-token), or set "
+                "LLMBATCH_DISPATCHER__SHORT_PATH_MAX_LINES=0"
+            )
         if problem is not None:
             raise InvalidSettings(problem)
         opts = self.settings.dispatcher

@@ -218,6 +218,13 @@ class DispatcherOptions(BaseModel):
         le=10_000,
         description="Batches the runner runs at once; more wait in queued (retried submit).",
     )
+    short_path_replicas: int = Field(
+        default=2,
+        ge=1,
+        le=1_000,
+        description="Replicas of the batch runner. Its runs live in Redis, so any replica answers for any "
+        "run and one lost replica loses only the batches it was running (retried).",
+    )
     max_jobs_in_flight: int = Field(
         default=8,
         ge=1,

@@ -1,7 +1,8 @@
 """The secrets a Ray node's environment holds for llmbatch's processes, by name, and what a Serve
 replica that needs none of them is started with instead.
 
-A node gets its S3 keys and the jobs' Redis password from its own environment (a Kubernetes Secret; the
+A node gets its S3 keys, the jobs' Redis password and the batch runner's API credential from its own
+environment (a Kubernetes Secret; the
 local stack's head), and every worker it starts inherits them. Jobs and the batch runner read them
 (:mod:`llmbatch.ray_job.s3`, :mod:`llmbatch.ray_job.progress`); an engine replica reads no S3 object and no
 Redis key, and
@@ -27,9 +28,11 @@ S3_ACCESS_KEY = "AWS_ACCESS_KEY_ID"
 S3_SECRET_KEY = "AWS_SECRET_ACCESS_KEY"  # noqa: S105
 S3_SESSION_TOKEN = "AWS_SESSION_TOKEN"  # noqa: S105
 REDIS_PASSWORD = "LLMBATCH_REDIS__PASSWORD"  # noqa: S105
+# the batch runner's API credential: the runner checks it, the dispatcher (RaySettings) sends it
+RUNNER_TOKEN = "LLMBATCH_RAY__RUNNER_TOKEN"  # noqa: S105
 
 S3_KEYS = (S3_ACCESS_KEY, S3_SECRET_KEY, S3_SESSION_TOKEN)
-ALL = (*S3_KEYS, REDIS_PASSWORD)
+ALL = (*S3_KEYS, REDIS_PASSWORD, RUNNER_TOKEN)
 
 
 def withheld(names: Iterable[str]) -> dict[str, str]:
@@ -41,7 +44,7 @@ def engine_withheld(model_path: str) -> tuple[str, ...]:
     """What an engine replica of a model at ``model_path`` is started without: every node secret,
     but the S3 keys for weights vLLM loads from ``s3://`` itself."""
     if model_path.startswith("s3://"):
-        return (REDIS_PASSWORD,)
+        return (REDIS_PASSWORD, RUNNER_TOKEN)
     return ALL
 
 
@@ -50,8 +53,8 @@ def job_withheld(spec: JobSpec) -> tuple[str, ...]:
     node's S3 keys, unless the job runs its own engine (no ``engine_app``) of weights vLLM loads from
     ``s3://``. The Redis password stays: the job writes its progress and takes its session with it."""
     if spec.engine_app is None and (spec.model_path or spec.model).startswith("s3://"):
-        return ()
-    return S3_KEYS
+        return (RUNNER_TOKEN,)
+    return (*S3_KEYS, RUNNER_TOKEN)
 
 
 def is_withheld(name: str) -> bool:

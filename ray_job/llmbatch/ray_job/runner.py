@@ -1,12 +1,23 @@
-"""The short path: small batches run inside a long-lived Serve replica, not as a Ray job each.
+"""The short path: small batches run inside long-lived Serve replicas, not as a Ray job each.
 
 A Ray job per batch costs 15-20 s before the first request reaches a warm engine on these
 machines (driver process, ``ray.init``, Ray Data actor pools, a first handle to the engine). The
 batch runner keeps all of that warm: one Serve application (``llmbatch-runner``, behind Serve's
-HTTP proxy) whose replica holds the tokenizers and the engine handles, and runs each batch it is
+HTTP proxy) whose replicas hold the tokenizers and the engine handles, and run each batch they are
 given in a thread of its own. A batch keeps everything the job path gives it: the same reader,
 prompt and engine stages, shards, manifest, progress and heartbeats in Redis, resume after a lost
 attempt, stop and deadline (checked between blocks of ``engine.batch_size`` lines).
+
+It trusts no caller. Every request carries ``Authorization: Bearer <token>``, the shared secret
+``LLMBATCH_RAY__RUNNER_TOKEN`` that the dispatcher and the Ray nodes both take from one Secret (never
+a Serve config or a ``runtime_env``: the dashboard shows those); a runner whose node has none answers
+no one. A batch's Redis URL and progress key are the runner's own (its application's ``args``, from
+the operator's config) and the batch's identity, never the spec's; its output prefix must be the one
+the batch's identity gives in the runner's results bucket.
+
+Its runs live in Redis (:mod:`llmbatch.ray_job.run_store`): any replica answers for any run, a
+replaced replica's runs are reported unknown (the dispatcher retries them as lost), and a finished
+run stays answerable for days.
 
 HTTP (for the dispatcher, which is not a Ray driver), under the route prefix (parsed in
 :mod:`llmbatch.ray_job.runner_http`):
@@ -15,8 +26,8 @@ HTTP (for the dispatcher, which is not a Ray driver), under the route prefix (pa
   submission id is known already), 400 for a spec that does not parse, 429 when the replica runs
   ``max_runs`` batches already;
 - ``GET /runs/<submission_id>``: 200 with the run's state (the Jobs API's states and exit codes),
-  404 when this replica does not know it (never given, or the replica was replaced: the dispatcher
-  treats that as a lost job and retries);
+  404 when no replica knows it (never given, or its replica was replaced: the dispatcher treats that
+  as a lost job and retries);
 - ``POST /statuses`` with ``{"submission_ids": [...]}`` (at most
   :data:`~llmbatch.ray_job.runner_http.MAX_STATUS_IDS`): 200
   ``{"runs": {submission_id: state or null}}``, the states of many runs in one request (null: unknown);
@@ -24,167 +35,85 @@ HTTP (for the dispatcher, which is not a Ray driver), under the route prefix (pa
 - ``GET /engines``: 200 ``{"engines": {model: figures}}``, the shared engines' figures summed over
   their replicas (:mod:`llmbatch.ray_job.engine_stats`, from every node's metrics agent; about 10 s old).
 
-One replica (the runs live in its memory); its work is light (tokenizing, S3 writes), the
-generation runs on the engines' own replicas.
+401 without the credential, 503 while the runs' Redis does not answer. The work of a replica is light
+(tokenizing, S3 writes); the generation runs on the engines' own replicas.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import secrets
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import orjson
 
-from llmbatch.ray_job import node_secrets, rows
+from llmbatch.ray_job import job_keys, node_secrets
 from llmbatch.ray_job.backends import keeps_prompt_text, make_tokenizer
-from llmbatch.ray_job.engine import Engine, EngineStage
+from llmbatch.ray_job.engine import Engine
 from llmbatch.ray_job.engine_stats import summarize_metrics
 from llmbatch.ray_job.errors import ExitCode, InvalidSpecError
-from llmbatch.ray_job.main import Attempt, StopRequested
-from llmbatch.ray_job.memory import MemoryPeak
-from llmbatch.ray_job.outcome import SUPERSEDED
-from llmbatch.ray_job.pipeline import source_of
-from llmbatch.ray_job.prompts import build_rows
-from llmbatch.ray_job.reader import iter_blocks
-from llmbatch.ray_job.records import Generation, GenRequest
+from llmbatch.ray_job.run_store import BEAT_S, MemoryRuns, RedisRuns, RunStore
+from llmbatch.ray_job.runner_attempt import RunnerAttempt, WarmEngine
 from llmbatch.ray_job.runner_http import (
     APP_NAME,
     DEPLOYMENT,
     ROUTE_PREFIX,
+    credential_problem,
     parse_status_ids,
     parse_submission,
     route,
 )
 from llmbatch.ray_job.tokenizers import Tokenizer
-from llmbatch.schemas.batch import DEFAULT_PRIORITY
 from llmbatch.schemas.common import utcnow
-from llmbatch.schemas.job import JobSpec, S3Session
+from llmbatch.schemas.job import JobSpec, output_prefix
 
 log = logging.getLogger(__name__)
 
 IMPORT_PATH = "llmbatch.ray_job.runner:build_app"
-# how long a finished run stays answerable (the dispatcher polls every second or so)
-KEEP_FINISHED_S = 3600.0
+DEFAULT_REPLICAS = 2
 
 
-class RunnerAttempt(Attempt):
-    """An attempt run in a thread of the runner: no signals, no Ray Data, a warm engine."""
+@dataclass(frozen=True)
+class RunnerPlace:
+    """What the runner derives a batch's keys and prefix from (its application's ``args``): the
+    Redis of the progress hashes and runs (no password: the node's environment has it), the key
+    prefix, and the bucket results go to. ``redis_url`` None: no progress, runs in memory only;
+    ``results_bucket`` None: any output prefix (a runner deployed before these args)."""
 
-    def __init__(
-        self,
-        spec: JobSpec,
-        *,
-        tokenizer: Callable[[], Tokenizer],
-        keep_text: bool,
-        engine: Callable[[], Engine],
-        s3_session: S3Session | None = None,
-    ) -> None:
-        super().__init__(spec, utcnow(), session=s3_session)  # the batch's own keys, else the node's
-        # the runner's process is every run's: no figure of its own
-        self.memory_peak = MemoryPeak(sample=None)
-        self._tokenizer = tokenizer
-        self._keep_text = keep_text
-        self._engine = engine
-        self._stop = threading.Event()
-        self._timer: threading.Timer | None = None
+    redis_url: str | None = None
+    key_prefix: str = "llmbatch"
+    results_bucket: str | None = None
 
-    def request_stop(self, reason: str) -> None:
-        """Stop at the next block boundary (``deadline``, ``stopped``, ``superseded``), keeping what
-        finished."""
-        self.stop_reason = self.stop_reason or reason
-        self._stop.set()
+    def spec_for(self, spec: JobSpec) -> JobSpec:
+        """``spec`` with the Redis URL and progress key this runner derives (the caller's are dropped)."""
+        if self.redis_url is None:
+            return spec.model_copy(update={"redis_url": None, "progress_key": None})
+        key = job_keys.progress_key(self.key_prefix, spec.tenant, spec.batch_id)
+        return spec.model_copy(update={"redis_url": self.redis_url, "progress_key": key})
 
-    def _superseded(self) -> None:  # a thread of the runner: no signal, the stop flag
-        self.request_stop(SUPERSEDED)
-
-    def _install_stop(self) -> None:
-        if self.spec.deadline is not None:
-            left = (self.spec.deadline - utcnow()).total_seconds()
-            self._timer = threading.Timer(max(left, 0.0), self.request_stop, args=("deadline",))
-            self._timer.daemon = True
-            self._timer.start()
-
-    def _ignore_stops(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-
-    def _check_stop(self) -> None:
-        if self._stop.is_set():
-            raise StopRequested(self.stop_reason)
-
-    def _run_pipeline(self, input_path: str | None) -> None:
-        spec = self.spec
-        tokenizer = self._tokenizer()
-        stage = EngineStage.on(
-            self._engine(),
-            endpoint=spec.endpoint.value,
-            batch_id=spec.batch_id,
-            model=spec.model,
-            group=spec.engine_group,
-            priority=spec.priority,
-        )
-        source = source_of(spec, self.prior.done_shards, input_path=input_path)
-        in_flight = max(1, spec.engine.batches_in_flight)
-        pool = ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix=f"run-{spec.batch_id}"[:40])
-        pending: deque[Future[list[rows.Row]]] = deque()
-        try:
-            for block in iter_blocks(source, self.fs):
-                self._check_stop()
-                prompted = build_rows(
-                    tokenizer, spec.endpoint, block, batch_id=spec.batch_id, keep_text=self._keep_text
-                )
-                pending.append(pool.submit(stage.process, prompted))
-                while len(pending) >= in_flight:
-                    self._take(pending.popleft())
-            while pending:
-                self._take(pending.popleft())
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
-        self.pipeline_done = True
-
-    def _take(self, future: Future[list[rows.Row]]) -> None:
-        while True:
-            self._check_stop()
-            try:
-                finished = future.result(timeout=0.25)
-            except FutureTimeout:
-                continue
-            self.consume(finished)
-            for writer in self.writers.values():
-                writer.roll_if_old()
-            return
-
-
-class WarmEngine:
-    """A batch's view of a cached engine: its own wait for it (zero when it was warm)."""
-
-    def __init__(self, engine: Engine, *, waited_s: float) -> None:
-        self._engine = engine
-        self.max_model_len = engine.max_model_len
-        self.default_max_tokens = engine.default_max_tokens
-        self.engine_start_s = waited_s
-        self.ready_at = time.time()
-
-    def generate(
-        self, requests: list[GenRequest], *, group: str = "", priority: int = DEFAULT_PRIORITY
-    ) -> list[Generation]:
-        return self._engine.generate(requests, group=group, priority=priority)
+    def prefix_problem(self, spec: JobSpec) -> str | None:
+        """Why ``spec``'s output prefix is not the one its identity gives, or None."""
+        if self.results_bucket is None:
+            return None
+        expected = output_prefix(self.results_bucket, spec.tenant, spec.batch_id, spec.lifecycle)
+        if spec.output_prefix == expected:
+            return None
+        return f"output_prefix: this runner writes a batch's results only under {expected}"
 
 
 @dataclass
 class Run:
-    """One submission as the runner tracks it (states and exit codes of the Jobs API)."""
+    """One submission as this replica runs it (states and exit codes of the Jobs API)."""
 
     spec: JobSpec
     attempt: RunnerAttempt
+    owner: str
     state: str = "PENDING"
     exit_code: int | None = None
     message: str | None = None
@@ -199,38 +128,69 @@ class Run:
             "message": self.message,
             "start_time": self.start_time,
             "end_time": self.end_time,
+            "owner": self.owner,
         }
 
 
 class BatchRunner:
-    """Runs small batches in threads of one Serve replica (see the module docstring)."""
+    """Runs small batches in threads of its Serve replicas (see the module docstring). ``runs``: where
+    the runs are kept (default: Redis at ``place.redis_url``, else this replica's memory)."""
 
-    def __init__(self, max_runs: int = 64) -> None:
+    def __init__(
+        self, max_runs: int = 64, *, place: RunnerPlace | None = None, runs: RunStore | None = None
+    ) -> None:
         self.max_runs = max_runs
-        self._runs: dict[str, Run] = {}
+        self.place = place or RunnerPlace()
+        self.replica = secrets.token_hex(8)
+        if runs is None and self.place.redis_url is not None:
+            from llmbatch.ray_job import job_redis
+
+            client = job_redis.connect(self.place.redis_url, timeout_s=5)
+            runs = RedisRuns(client, self.place.key_prefix, self.replica)
+        self.runs: RunStore = runs if runs is not None else MemoryRuns()
+        self._active: dict[str, Run] = {}  # this replica's runs not yet ended and saved
         self._lock = threading.Lock()
         self._locks: dict[object, threading.Lock] = {}
         self._tokenizers: dict[tuple[str, str], Tokenizer] = {}
         self._engines: dict[str, Engine] = {}
+        self._closed = threading.Event()
+        self._beat_error: str | None = None
+        self._beater = threading.Thread(target=self._beat_loop, name="runner-beat", daemon=True)
+        self._beater.start()
 
     # --- HTTP ---------------------------------------------------------------------------------
 
     async def __call__(self, request: Any) -> Any:
         from starlette.responses import Response
 
+        problem = credential_problem(
+            request.headers.get("authorization"), os.environ.get(node_secrets.RUNNER_TOKEN)
+        )
+        if problem is not None:
+            refusal = {"error": problem[1]}
+            return Response(orjson.dumps(refusal), status_code=problem[0], media_type="application/json")
         op, sid = route(request.method, request.url.path)
-        if op == "submit":
-            code, body = self.submit(await request.body())
-        elif op == "status" and sid is not None:
-            code, body = self.status(sid)
-        elif op == "statuses":
-            code, body = self.statuses(await request.body())
-        elif op == "stop" and sid is not None:
-            code, body = self.stop(sid)
-        elif op == "engines":
-            code, body = 200, {"engines": await asyncio.to_thread(engine_figures)}
-        else:
-            code, body = 404, {"error": f"no route {request.method} {request.url.path}"}
+        code: int
+        body: dict[str, Any]
+        try:
+            if op == "submit":
+                raw = await request.body()
+                code, body = await asyncio.to_thread(self.submit, raw)
+            elif op == "status" and sid is not None:
+                code, body = await asyncio.to_thread(self.status, sid)
+            elif op == "statuses":
+                raw = await request.body()
+                code, body = await asyncio.to_thread(self.statuses, raw)
+            elif op == "stop" and sid is not None:
+                code, body = await asyncio.to_thread(self.stop, sid)
+            elif op == "engines":
+                figures = await asyncio.to_thread(engine_figures, 5.0)
+                code, body = 200, {"engines": figures}
+            else:
+                code, body = 404, {"error": f"no route {request.method} {request.url.path}"}
+        except Exception as exc:  # the runs' Redis (or anything else) failed: the caller retries
+            log.warning("runner request %s failed: %s", op or "?", type(exc).__name__)
+            code, body = 503, {"error": f"the batch runner cannot answer now ({type(exc).__name__})"}
         return Response(orjson.dumps(body), status_code=code, media_type="application/json")
 
     # --- operations ---------------------------------------------------------------------------
@@ -246,6 +206,8 @@ class BatchRunner:
             return 400, {"error": "s3_session: the batch's S3 session has expired; submit with a new one"}
         if spec.engine_app is None:
             return 400, {"error": "engine_app: the batch runner only runs batches on a shared engine"}
+        if (problem := self.place.prefix_problem(spec)) is not None:
+            return 400, {"error": problem}
         if session is None and node_secrets.is_withheld(node_secrets.S3_ACCESS_KEY):
             return 400, {
                 "error": "s3_session: this batch runner was deployed to run batches with S3 keys "
@@ -257,13 +219,12 @@ class BatchRunner:
             keep_text = keeps_prompt_text(spec.engine.backend)
         except InvalidSpecError as exc:
             return 400, {"error": str(exc)[:2000]}
+        spec = self.place.spec_for(spec)
         with self._lock:
-            self._prune()
-            if spec.submission_id in self._runs:
+            if spec.submission_id in self._active:
                 return 200, {"submission_id": spec.submission_id, "already_existed": True}
-            active = sum(1 for r in self._runs.values() if r.end_time is None)
-            if active >= self.max_runs:
-                return 429, {"error": f"the runner runs {active} batches already (max_runs)"}
+            if len(self._active) >= self.max_runs:
+                return 429, {"error": f"the runner runs {len(self._active)} batches already (max_runs)"}
             attempt = RunnerAttempt(
                 spec,
                 tokenizer=lambda: self._tokenizer(spec),
@@ -271,18 +232,28 @@ class BatchRunner:
                 engine=lambda: self._engine(spec),
                 s3_session=session,
             )
-            run = Run(spec, attempt)
-            self._runs[spec.submission_id] = run
+            run = Run(spec, attempt, owner=self.replica)
+            self._active[spec.submission_id] = run
+        try:
+            claimed = self.runs.claim(spec.submission_id, run.view())
+        except BaseException:
+            with self._lock:
+                self._active.pop(spec.submission_id, None)
+            raise
+        if not claimed:  # another replica (or an earlier life of this one) has it
+            with self._lock:
+                self._active.pop(spec.submission_id, None)
+            return 200, {"submission_id": spec.submission_id, "already_existed": True}
         threading.Thread(
             target=self._execute, args=(run,), name=f"run-{spec.submission_id}"[:60], daemon=True
         ).start()
         return 202, {"submission_id": spec.submission_id, "already_existed": False}
 
     def status(self, submission_id: str) -> tuple[int, dict[str, Any]]:
-        run = self._runs.get(submission_id)
-        if run is None:
+        view = self._views([submission_id])[submission_id]
+        if view is None:
             return 404, {"error": f"unknown submission {submission_id}"}
-        return 200, run.view()
+        return 200, view
 
     def statuses(self, raw: bytes) -> tuple[int, dict[str, Any]]:
         """The states of the runs ``raw`` (``{"submission_ids": [...]}``) names; null for unknown ones."""
@@ -290,22 +261,37 @@ class BatchRunner:
             ids = parse_status_ids(raw)
         except ValueError as exc:
             return 400, {"error": str(exc)}
-        runs = {sid: run.view() if (run := self._runs.get(sid)) is not None else None for sid in ids}
-        return 200, {"runs": runs}
+        return 200, {"runs": self._views(ids)}
 
     def stop(self, submission_id: str) -> tuple[int, dict[str, Any]]:
-        run = self._runs.get(submission_id)
-        if run is None:
+        run = self._active.get(submission_id)
+        if run is not None:
+            run.attempt.request_stop("stopped")
+            return 200, {"stopped": True}
+        asked = self.runs.ask_stop(submission_id)  # its owner polls for it (_beat_loop)
+        if asked is None:
             return 404, {"error": f"unknown submission {submission_id}"}
-        if run.end_time is not None:
-            return 200, {"stopped": False}
-        run.attempt.request_stop("stopped")
-        return 200, {"stopped": True}
+        return 200, {"stopped": asked}
+
+    def close(self) -> None:
+        """Stop beating (a test's runner; a replica's ends with its process)."""
+        self._closed.set()
 
     # --- internals ----------------------------------------------------------------------------
 
+    def _views(self, ids: list[str]) -> dict[str, dict[str, Any] | None]:
+        """This replica's own runs from memory (they answer through a Redis outage), the rest from the
+        store."""
+        own = {sid: run.view() for sid in ids if (run := self._active.get(sid)) is not None}
+        rest = [sid for sid in ids if sid not in own]
+        found: dict[str, dict[str, Any] | None] = dict(own)
+        if rest:
+            found.update(self.runs.views(rest))
+        return {sid: found.get(sid) for sid in ids}
+
     def _execute(self, run: Run) -> None:
         run.state = "RUNNING"
+        self._save(run, once=True)
         try:
             code = run.attempt.run()
         except BaseException as exc:  # never leave a run RUNNING forever
@@ -320,11 +306,53 @@ class BatchRunner:
         run.exit_code = code
         run.end_time = time.time()
         run.state = "SUCCEEDED" if code == 0 else "FAILED"
+        self._save(run, once=False)
+        with self._lock:
+            self._active.pop(run.spec.submission_id, None)
+        try:
+            self.runs.forget(run.spec.submission_id)
+        except Exception as exc:  # a stop key left behind expires by itself
+            log.warning("run %s: could not drop its stop key: %s", run.spec.submission_id, type(exc).__name__)
 
-    def _prune(self) -> None:
-        horizon = time.time() - KEEP_FINISHED_S
-        for sid in [s for s, r in self._runs.items() if r.end_time is not None and r.end_time < horizon]:
-            del self._runs[sid]
+    def _save(self, run: Run, *, once: bool) -> None:
+        """Record the run's state; the end of a run is retried until the store takes it (until then this
+        replica answers for it from memory)."""
+        delay = 1.0
+        while True:
+            try:
+                self.runs.save(run.spec.submission_id, run.view())
+                return
+            except Exception as exc:
+                if once or self._closed.is_set():
+                    log.warning("run %s: state not saved: %s", run.spec.submission_id, type(exc).__name__)
+                    return
+                log.warning(
+                    "run %s: end not saved (%s), retrying in %.0f s",
+                    run.spec.submission_id,
+                    type(exc).__name__,
+                    delay,
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    def _beat_loop(self) -> None:
+        """Say this replica lives and pass on the stops other replicas took for its runs."""
+        while not self._closed.is_set():
+            try:
+                self.runs.beat()
+                active = dict(self._active)
+                for sid in self.runs.stops_asked(active):
+                    active[sid].attempt.request_stop("stopped")
+                problem = None
+            except Exception as exc:
+                problem = type(exc).__name__
+            if problem != self._beat_error:  # once per change of state
+                if problem is None:
+                    log.info("the runs' store answers again")
+                else:
+                    log.warning("the runs' store does not answer: %s", problem)
+                self._beat_error = problem
+            self._closed.wait(BEAT_S)
 
     def _once(self, cache: dict[Any, Any], key: Any, make: Callable[[], Any]) -> Any:
         """``cache[key]``, made once (in a run's thread, never on the event loop); one lock per key
@@ -378,18 +406,33 @@ def engine_figures(timeout_s: float = 5.0) -> dict[str, dict[str, Any]]:
 
 
 def serve_application(
-    *, max_runs: int, env_vars: dict[str, str] | None = None, num_cpus: float = 0.2
+    *,
+    max_runs: int,
+    place: RunnerPlace | None = None,
+    replicas: int = DEFAULT_REPLICAS,
+    env_vars: dict[str, str] | None = None,
+    num_cpus: float = 0.2,
 ) -> dict[str, Any]:
-    """The runner's entry in a Serve config (HTTP route :data:`ROUTE_PREFIX`, one replica)."""
+    """The runner's entry in a Serve config (HTTP route :data:`ROUTE_PREFIX`, ``replicas`` replicas;
+    one without a Redis for its runs, which then live in its memory). ``place``'s fields go in
+    ``args``: none is secret (the Redis URL has no password)."""
+    place = place or RunnerPlace()
+    if place.redis_url is None:
+        replicas = 1
+    args: dict[str, Any] = {"max_runs": max_runs, "key_prefix": place.key_prefix}
+    if place.redis_url is not None:
+        args["redis_url"] = place.redis_url
+    if place.results_bucket is not None:
+        args["results_bucket"] = place.results_bucket
     app: dict[str, Any] = {
         "name": APP_NAME,
         "route_prefix": ROUTE_PREFIX,
         "import_path": IMPORT_PATH,
-        "args": {"max_runs": max_runs},
+        "args": args,
         "deployments": [
             {
                 "name": DEPLOYMENT,
-                "num_replicas": 1,
+                "num_replicas": replicas,
                 "max_ongoing_requests": 256,
                 "ray_actor_options": {"num_cpus": num_cpus},
             }
@@ -403,8 +446,14 @@ def serve_application(
 
 
 def build_app(args: dict[str, Any]) -> Any:
-    """Serve application builder (``import_path``): ``args = {"max_runs": N}``."""
+    """Serve application builder (``import_path``): ``args`` as :func:`serve_application` writes them
+    (``max_runs``, ``redis_url``, ``key_prefix``, ``results_bucket``)."""
     from ray import serve
 
+    place = RunnerPlace(
+        redis_url=str(args["redis_url"]) if args.get("redis_url") else None,
+        key_prefix=str(args.get("key_prefix") or "llmbatch"),
+        results_bucket=str(args["results_bucket"]) if args.get("results_bucket") else None,
+    )
     deployment = cast(Any, serve.deployment)(BatchRunner).options(name=DEPLOYMENT)
-    return deployment.bind(int(args.get("max_runs", 64)))
+    return deployment.bind(int(args.get("max_runs", 64)), place=place)

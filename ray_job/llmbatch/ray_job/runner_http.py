@@ -4,6 +4,8 @@ dispatcher imports them without the runner's engine and pipeline modules. Pure."
 
 from __future__ import annotations
 
+import hmac
+
 import orjson
 from pydantic import ValidationError
 
@@ -13,6 +15,27 @@ APP_NAME = "llmbatch-runner"
 ROUTE_PREFIX = "/llmbatch-runner"
 MAX_STATUS_IDS = 1000
 DEPLOYMENT = "BatchRunner"  # the Serve deployment of APP_NAME
+
+
+MIN_TOKEN_CHARS = 32
+
+
+def credential_problem(header: str | None, token: str | None) -> tuple[int, str] | None:
+    """``(status, error)`` when a request's ``Authorization`` header does not carry the runner's
+    ``token`` (``LLMBATCH_RAY__RUNNER_TOKEN`` of its node), else None. A runner whose node has no token
+    (or one too short to be a secret) answers no one: 503, naming the setting."""
+    if token is None or len(token) < MIN_TOKEN_CHARS:
+        return 503, (
+            "this batch runner has no credential: give its Ray nodes LLMBATCH_RAY__RUNNER_TOKEN (at least "
+            f"{MIN_TOKEN_CHARS} characters, from the Secret the dispatcher's comes from)"
+        )
+    scheme, _, sent = (header or "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(sent.strip().encode(), token.encode()):
+        return 401, (
+            "authorization: send 'Authorization: Bearer <LLMBATCH_RAY__RUNNER_TOKEN>' with the token "
+            "the batch runner's nodes have"
+        )
+    return None
 
 
 def route(method: str, path: str) -> tuple[str, str | None]:

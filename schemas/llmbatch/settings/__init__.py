@@ -217,6 +217,13 @@ class RaySettings(BaseModel):
         default=None,
         description="Path ON THE RAY HEAD of serve_ssl_certfile's private key.",
     )
+    runner_token: SecretStr | None = Field(
+        default=None,
+        description="The batch runner's API credential (at least 32 characters, e.g. `openssl rand -hex "
+        "32`): the dispatcher sends it, the runner's Ray nodes hold the same value in their environment "
+        "under this very name (one Secret for both). A dispatcher with the short path on refuses to "
+        "start without it; a runner whose nodes lack it answers no one.",
+    )
     # optional: `ray://` client address is NOT used; jobs go through the HTTP Jobs API only
 
     @field_validator("address", "serve_address")
@@ -228,6 +235,15 @@ class RaySettings(BaseModel):
                 "URL such as http://127.0.0.1:8265"
             )
         return value.rstrip("/")
+
+    @field_validator("runner_token")
+    @classmethod
+    def _runner_token_long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 32:
+            raise ValueError(
+                "LLMBATCH_RAY__RUNNER_TOKEN must be at least 32 characters (e.g. `openssl rand -hex 32`)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _serve_tls_files(self) -> RaySettings:

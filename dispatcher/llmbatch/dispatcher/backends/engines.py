@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from llmbatch.dispatcher.settings import DispatcherSettings
 from llmbatch.ray_job import node_secrets
+from llmbatch.ray_job.runner import RunnerPlace
 from llmbatch.ray_job.runner import serve_application as runner_application
 from llmbatch.ray_job.runner_http import APP_NAME, DEPLOYMENT
 from llmbatch.ray_job.serve_engine import serve_application
@@ -66,7 +67,16 @@ def cluster_serve_config(
         env = runner_env_vars(settings)
         if opts.runner_s3_sessions:  # each batch brings S3 keys of its own: the node's stay out of reach
             env.update(node_secrets.withheld(node_secrets.S3_KEYS))
-        runner = runner_application(max_runs=opts.short_path_max_runs, env_vars=env)
+        job = settings.job
+        place = RunnerPlace(
+            # no password in it (the Serve config is no secret): the nodes' environment has it
+            redis_url=settings.redis.url_without_password(job.redis_username) if job.pass_redis_url else None,
+            key_prefix=settings.redis.key_prefix,
+            results_bucket=settings.s3.results_bucket,
+        )
+        runner = runner_application(
+            max_runs=opts.short_path_max_runs, place=place, replicas=opts.short_path_replicas, env_vars=env
+        )
     models = registry if registry is not None else settings.engines
     ray = settings.ray
     files = (

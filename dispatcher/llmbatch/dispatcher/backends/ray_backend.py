@@ -74,6 +74,8 @@ def build_submission(
     if job.pip:
         extra["pip"] = list(job.pip)
     variables = job_env(settings, spec)
+    # a job never calls the batch runner: it runs without its credential, whatever else it keeps
+    variables.update(node_secrets.withheld((node_secrets.RUNNER_TOKEN,)))
     if session is not None:
         variables.update(node_secrets.withheld(node_secrets.job_withheld(spec)))
     env = job_submit.runtime_env(

@@ -12,8 +12,10 @@ its runs: the tracker then sees NOT_FOUND and retries the attempt, as after a Ra
 While the runner does not answer at all, a submission the Jobs API does not know either is
 reported as :class:`~llmbatch.dispatcher.errors.RayUnavailable` (unknown), never as lost.
 
-:class:`RunnerClient` is transport only (HTTP through Serve's proxy): connection trouble, 5xx and
-429 (the runner is full) are :class:`~llmbatch.dispatcher.errors.RayUnavailable` (retriable), other 4xx a
+:class:`RunnerClient` is transport only (HTTP through Serve's proxy, with the runner's credential):
+connection trouble, 5xx, 401/403 (a credential the runner does not take: set-up, never the batch's
+fault) and 429 (the runner is full) are :class:`~llmbatch.dispatcher.errors.RayUnavailable`
+(retriable), other 4xx a
 :class:`~llmbatch.dispatcher.errors.JobRejected`.
 """
 
@@ -25,7 +27,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -39,6 +41,9 @@ from llmbatch.dispatcher.errors import JobRejected, RayUnavailable
 from llmbatch.ray_job.runner_http import MAX_STATUS_IDS, ROUTE_PREFIX
 from llmbatch.schemas.job import JobSpec
 from llmbatch.settings import RaySettings
+
+if TYPE_CHECKING:
+    from pydantic import SecretStr
 
 _STATES = {s.value: s for s in JobState}
 
@@ -83,8 +88,10 @@ class RunnerClient:
         *,
         ca_file: Path | None = None,
         sessions: SessionMinter | None = None,
+        token: SecretStr | None = None,
     ) -> None:
         self.base = serve_address.rstrip("/") + ROUTE_PREFIX
+        self._token = token
         self.timeout_s = timeout_s
         self.context = tls_context(self.base, ca_file)
         self.sessions = sessions
@@ -100,12 +107,17 @@ class RunnerClient:
         """The runner behind ``ray``'s Serve proxy (verified with its CA bundle; Ray's token is not
         sent: the proxy does not ask for it, and the runner is an application, not the cluster).
         With ``sessions``, each batch goes with S3 keys of its own
-        (:mod:`llmbatch.dispatcher.backends.s3_sessions`)."""
-        return cls(ray.serve_address, timeout_s, ca_file=ray.ca_file, sessions=sessions)
+        (:mod:`llmbatch.dispatcher.backends.s3_sessions`). Every request carries ``ray.runner_token``."""
+        return cls(
+            ray.serve_address, timeout_s, ca_file=ray.ca_file, sessions=sessions, token=ray.runner_token
+        )
 
     def _request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, Any]:
+        headers = {"Content-Type": "application/json"}
+        if self._token is not None:
+            headers["Authorization"] = "Bearer " + self._token.get_secret_value()
         req = urllib.request.Request(  # noqa: S310 - the Serve address from settings
-            self.base + path, data=body, method=method, headers={"Content-Type": "application/json"}
+            self.base + path, data=body, method=method, headers=headers
         )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s, context=self.context) as resp:  # noqa: S310
@@ -115,6 +127,11 @@ class RunnerClient:
             if exc.code == 404 and raw.startswith(b"{"):  # the runner's own 404: an unknown run
                 return 404, None
             detail = raw.decode("utf-8", "replace")
+            if exc.code in (401, 403):  # a credential the runner does not take: set-up, not the batch
+                raise RayUnavailable(
+                    f"the batch runner refused this dispatcher's credential ({exc.code}): give the "
+                    f"dispatcher and the Ray nodes the same LLMBATCH_RAY__RUNNER_TOKEN; {detail[:300]}"
+                ) from exc
             if exc.code >= 500 or exc.code in (404, 408, 429):  # 404 without JSON: no runner app yet
                 raise RayUnavailable(f"batch runner answered {exc.code}: {detail[:500]}") from exc
             raise JobRejected(f"the batch runner refused the batch ({exc.code}): {detail[:1000]}") from exc

@@ -10,6 +10,7 @@ share one Redis. The layout:
 ``<p>:deadlines``                 zset: non-terminal batches, score = deadline (unix s)
 ``<p>:unpublished``               zset: terminal batches whose terminal event is not yet published
 ``<p>:progress:<key>``            hash: counters written by the running job (see ray_job)
+``<p>:runner:*``                  the batch runner's runs (:mod:`llmbatch.ray_job.job_keys`)
 ``<p>:jobs:delete``               zset: Ray jobs of finished batches to delete again, score = when
 ``<p>:event:<source>:<id>``       string: dedupe marker of an already-applied command event
 ``<p>:lease:<name>``              string: owner token of a lease (the tracker loop's leader)
@@ -30,19 +31,18 @@ from dataclasses import dataclass
 from typing import NewType
 
 from llmbatch.dispatcher.domain.states import State
+from llmbatch.ray_job import job_keys
 
 BatchKey = NewType("BatchKey", str)
 """What the dispatcher's state names a batch by (see the module's docstring): build it with
 :func:`batch_key`, never from a bare batch id (``mypy`` refuses a ``str`` where one is expected)."""
 
-DEFAULT_TENANT = "default"
+DEFAULT_TENANT = job_keys.DEFAULT_TENANT
 
 
 def batch_key(tenant: str | None, batch_id: str) -> BatchKey:
     """The store's name of ``tenant``'s batch ``batch_id`` (``None``: the default tenant)."""
-    if tenant is None or tenant == DEFAULT_TENANT:
-        return BatchKey(batch_id)
-    return BatchKey(f"{tenant}/{batch_id}")
+    return BatchKey(job_keys.batch_key(tenant or DEFAULT_TENANT, batch_id))
 
 
 def split_batch_key(key: str) -> tuple[str, str]:
@@ -84,7 +84,8 @@ class Keys:
         return f"{self.prefix}:jobs:delete"
 
     def progress(self, key: BatchKey) -> str:
-        return f"{self.prefix}:progress:{key}"
+        """The batch's progress hash, as the job side derives it (:mod:`llmbatch.ray_job.job_keys`)."""
+        return job_keys.progress_key(self.prefix, *split_batch_key(key))
 
     def event(self, source: str, event_id: str) -> str:
         return f"{self.prefix}:event:{source}:{event_id}"

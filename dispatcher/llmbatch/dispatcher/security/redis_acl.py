@@ -6,8 +6,9 @@
   commands :mod:`llmbatch.ray_job.progress` runs (its script ``write_progress.lua`` and ``HMGET``), plus
   ``GETDEL``
   and nothing else on the S3 sessions (``<p>:s3session:*``, a Redis 7 selector), which a driver takes
-  once by a name it alone is given. A job (user prompts, a model's code) cannot read or write any
-  batch's state, and cannot list the sessions.
+  once by a name it alone is given, and the batch runner's runs (``<p>:runner:*``: ``GET``, ``MGET``,
+  ``SET``, ``DEL``; :mod:`llmbatch.ray_job.run_store`). A job (user prompts, a model's code) cannot
+  read or write any batch's state, and cannot list the sessions.
 - ``operator`` (``llmbatch jobs`` / ``dlq``): reads every key of the layout but the S3 sessions (a job's
   keys are no operator's business: :data:`OPERATOR_READS`), writes only the replay ledger
   (``<p>:dlq:replayed:*`` and its by-time index ``<p>:dlq:replayed-at:*``).
@@ -23,6 +24,7 @@ from collections.abc import Mapping
 from typing import Literal
 
 from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.ray_job import job_keys
 
 Role = Literal["dispatcher", "job", "operator"]
 ROLES: tuple[Role, ...] = ("dispatcher", "job", "operator")
@@ -66,7 +68,8 @@ def acl_rules(keys: Keys) -> dict[Role, str]:
         "job": (
             f"resetkeys ~{p}:progress:* resetchannels -@all "
             f"+evalsha +eval +script|load +hmget +hget +hexists +hset +expire {_CONNECTION} "
-            f"(~{_glob(keys.s3_session_prefix)}* +getdel)"
+            f"(~{_glob(keys.s3_session_prefix)}* +getdel) "
+            f"(~{_glob(job_keys.runner_prefix(keys.prefix))}* +get +mget +set +del)"
         ),
         "operator": (
             "resetkeys "

@@ -1,0 +1,129 @@
+"""A batch run in a thread of the batch runner (:mod:`llmbatch.ray_job.runner`): the job's attempt
+with no signals, no Ray Data and a warm engine, and the batch's view of that engine."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+
+from llmbatch.ray_job import rows
+from llmbatch.ray_job.engine import Engine, EngineStage
+from llmbatch.ray_job.main import Attempt, StopRequested
+from llmbatch.ray_job.memory import MemoryPeak
+from llmbatch.ray_job.outcome import SUPERSEDED
+from llmbatch.ray_job.pipeline import source_of
+from llmbatch.ray_job.prompts import build_rows
+from llmbatch.ray_job.reader import iter_blocks
+from llmbatch.ray_job.records import Generation, GenRequest
+from llmbatch.ray_job.tokenizers import Tokenizer
+from llmbatch.schemas.batch import DEFAULT_PRIORITY
+from llmbatch.schemas.common import utcnow
+from llmbatch.schemas.job import JobSpec, S3Session
+
+
+class RunnerAttempt(Attempt):
+    """An attempt run in a thread of the runner: no signals, no Ray Data, a warm engine."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        *,
+        tokenizer: Callable[[], Tokenizer],
+        keep_text: bool,
+        engine: Callable[[], Engine],
+        s3_session: S3Session | None = None,
+    ) -> None:
+        super().__init__(spec, utcnow(), session=s3_session)  # the batch's own keys, else the node's
+        # the runner's process is every run's: no figure of its own
+        self.memory_peak = MemoryPeak(sample=None)
+        self._tokenizer = tokenizer
+        self._keep_text = keep_text
+        self._engine = engine
+        self._stop = threading.Event()
+        self._timer: threading.Timer | None = None
+
+    def request_stop(self, reason: str) -> None:
+        """Stop at the next block boundary (``deadline``, ``stopped``, ``superseded``), keeping what
+        finished."""
+        self.stop_reason = self.stop_reason or reason
+        self._stop.set()
+
+    def _superseded(self) -> None:  # a thread of the runner: no signal, the stop flag
+        self.request_stop(SUPERSEDED)
+
+    def _install_stop(self) -> None:
+        if self.spec.deadline is not None:
+            left = (self.spec.deadline - utcnow()).total_seconds()
+            self._timer = threading.Timer(max(left, 0.0), self.request_stop, args=("deadline",))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _ignore_stops(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _check_stop(self) -> None:
+        if self._stop.is_set():
+            raise StopRequested(self.stop_reason)
+
+    def _run_pipeline(self, input_path: str | None) -> None:
+        spec = self.spec
+        tokenizer = self._tokenizer()
+        stage = EngineStage.on(
+            self._engine(),
+            endpoint=spec.endpoint.value,
+            batch_id=spec.batch_id,
+            model=spec.model,
+            group=spec.engine_group,
+            priority=spec.priority,
+        )
+        source = source_of(spec, self.prior.done_shards, input_path=input_path)
+        in_flight = max(1, spec.engine.batches_in_flight)
+        pool = ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix=f"run-{spec.batch_id}"[:40])
+        pending: deque[Future[list[rows.Row]]] = deque()
+        try:
+            for block in iter_blocks(source, self.fs):
+                self._check_stop()
+                prompted = build_rows(
+                    tokenizer, spec.endpoint, block, batch_id=spec.batch_id, keep_text=self._keep_text
+                )
+                pending.append(pool.submit(stage.process, prompted))
+                while len(pending) >= in_flight:
+                    self._take(pending.popleft())
+            while pending:
+                self._take(pending.popleft())
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        self.pipeline_done = True
+
+    def _take(self, future: Future[list[rows.Row]]) -> None:
+        while True:
+            self._check_stop()
+            try:
+                finished = future.result(timeout=0.25)
+            except FutureTimeout:
+                continue
+            self.consume(finished)
+            for writer in self.writers.values():
+                writer.roll_if_old()
+            return
+
+
+class WarmEngine:
+    """A batch's view of a cached engine: its own wait for it (zero when it was warm)."""
+
+    def __init__(self, engine: Engine, *, waited_s: float) -> None:
+        self._engine = engine
+        self.max_model_len = engine.max_model_len
+        self.default_max_tokens = engine.default_max_tokens
+        self.engine_start_s = waited_s
+        self.ready_at = time.time()
+
+    def generate(
+        self, requests: list[GenRequest], *, group: str = "", priority: int = DEFAULT_PRIORITY
+    ) -> list[Generation]:
+        return self._engine.generate(requests, group=group, priority=priority)
