@@ -27,8 +27,9 @@ from llmbatch.dispatcher.ops.replay import LedgerEntry
 from llmbatch.dispatcher.ops.replay_publish import ReplayLedger
 from llmbatch.dispatcher.security.redis_acl import acl_lines
 from llmbatch.dispatcher.state.store import StateStore
-from llmbatch.ray_job import s3_session
+from llmbatch.ray_job import job_keys, s3_session
 from llmbatch.ray_job.progress import Counters, Progress
+from llmbatch.ray_job.run_store import RedisRuns
 from llmbatch.stack import services
 from llmbatch.stack.process import alive, stop_tree
 from tests.integration.test_dispatcher_tracker import queue
@@ -164,6 +165,29 @@ async def test_a_job_takes_its_s3_session_once_and_nothing_else_of_the_sessions(
         lambda: job.scan(match=keys.s3_session("*")),
         lambda: job.set(keys.s3_session("n3"), "x"),
         lambda: job.getdel(keys.batch("b1")),
+    ):
+        with pytest.raises(NoPermissionError):
+            forbidden()
+
+
+def test_the_batch_runner_keeps_its_runs_as_the_jobs_user_and_nothing_else(acl_redis: AclRedis) -> None:
+    """The runner (the jobs' Redis user, on the Ray nodes) claims, saves, reads and stops its runs under
+    ``<p>:runner:*`` through the real store, and cannot use those commands on any other key."""
+    keys = Keys(acl_redis.prefix)
+    job = acl_redis.client("job")
+    runs = RedisRuns(job, acl_redis.prefix, "r1")
+    runs.beat()
+    assert runs.claim("s-a1", {"status": "RUNNING", "owner": "r1"})
+    assert runs.ask_stop("s-a1") is True and runs.stops_asked(["s-a1"]) == {"s-a1"}
+    runs.forget("s-a1")
+    runs.save("s-a1", {"status": "SUCCEEDED", "owner": "r1"})
+    assert runs.views(["s-a1"])["s-a1"] == {"status": "SUCCEEDED", "owner": "r1"}
+    for forbidden in (
+        lambda: job.set(keys.batch("b1"), "x"),
+        lambda: job.get(keys.lease("tracker")),
+        lambda: job.mget([keys.batch("b1")]),
+        lambda: job.delete(keys.ready),
+        lambda: job.keys(job_keys.runner_prefix(acl_redis.prefix) + "*"),
     ):
         with pytest.raises(NoPermissionError):
             forbidden()
