@@ -119,6 +119,7 @@ async def test_no_secret_in_jobs_api_job_logs_objects_events_or_dispatcher_log(
             "the dispatcher's Redis password": passwords["dispatcher"],
             "the job's Redis password": passwords["job"],
             "the Redis admin password": admin,
+            "the batch runner's token": head.runner_token,
         }
         hits = [
             (name, where) for where, text in texts.items() for name, secret in owned.items() if secret in text
@@ -129,6 +130,8 @@ async def test_no_secret_in_jobs_api_job_logs_objects_events_or_dispatcher_log(
         jobs = [j for j in json.loads(texts["GET /api/jobs/"]) if j.get("submission_id")]
         assert jobs and all("--s3-session-key" in j["entrypoint"] for j in jobs)
         assert all(j["runtime_env"]["env_vars"].get("AWS_ACCESS_KEY_ID") == "" for j in jobs)
+        # and without the runner's credential, which no job needs
+        assert all(j["runtime_env"]["env_vars"].get("LLMBATCH_RAY__RUNNER_TOKEN") == "" for j in jobs)
         admin_client = aioredis.Redis(port=port, password=admin)
         try:
             left = [k async for k in admin_client.scan_iter(match=f"{settings.redis.key_prefix}:s3session:*")]

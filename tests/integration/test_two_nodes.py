@@ -134,10 +134,12 @@ def cluster(
         head.start()
         head_s = time.monotonic() - started
         ray = head.settings()
+        h = Harness(s3_settings, ray, redis_settings)
         settings = DispatcherSettings(
             _env_file=None,
             engines=REGISTRY,
-            s3=s3_settings,
+            # the runner takes a batch's results only under its identity's prefix in this bucket
+            s3=s3_settings.model_copy(update={"results_bucket": h.results_bucket}),
             ray=ray,
             redis=redis_settings,
             dispatcher=DispatcherOptions(shared_engines=True),
@@ -145,7 +147,7 @@ def cluster(
         api = ServeApi(head.address, timeout_s=60)
         asyncio.run(api.deploy(cluster_serve_config(settings)))
         client = RunnerClient.of(ray, timeout_s=30, sessions=SessionMinter(s3_settings))
-        c = Cluster(head, api, client, Harness(s3_settings, ray, redis_settings), run_dir)
+        c = Cluster(head, api, client, h, run_dir)
         _wait(
             "the batch runner RUNNING",
             lambda: (
