@@ -30,8 +30,9 @@ class ExitCode(IntEnum):
     """No shared engine of the model answered within ``engine_wait_s``: the batch fails once
     instead of waiting again on every retry (``EX_UNAVAILABLE``)."""
     INFRA_UNAVAILABLE = 75
-    """S3 did not serve what the attempt needs (an outage, not the batch's fault): retried without
-    counting against the batch's attempts (``EX_TEMPFAIL``)."""
+    """S3, Redis (the attempt's S3 session) or Ray Serve did not serve what the attempt needs (an
+    outage, not the batch's fault): retried without counting against the batch's attempts
+    (``EX_TEMPFAIL``)."""
 
 
 class JobError(LLMBatchError):
@@ -70,7 +71,7 @@ class ClusterBusyError(JobError):
 
 
 class InfraUnavailableError(JobError):
-    """A dependency (S3) was down when the attempt needed it: not the batch's fault."""
+    """A dependency (S3, Redis, Ray Serve) was down when the attempt needed it: not the batch's fault."""
 
     exit_code = ExitCode.INFRA_UNAVAILABLE
     code = "infrastructure_unavailable"

@@ -301,7 +301,7 @@ class BatchRunner:
             error = (run.attempt.result or {}).get("error")
             if code != 0 and isinstance(error, dict):
                 run.message = f"{error.get('code')}: {error.get('message')}"[:2000]
-        if code == ExitCode.ENGINE_UNAVAILABLE:  # ask for the engine again next time
+        if code in (ExitCode.ENGINE_UNAVAILABLE, ExitCode.INFRA_UNAVAILABLE):  # a new handle next time
             self._engines.pop(run.spec.engine_app or "", None)
         run.exit_code = code
         run.end_time = time.time()

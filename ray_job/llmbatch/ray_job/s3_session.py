@@ -19,7 +19,7 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 from llmbatch.ray_job import job_redis
-from llmbatch.ray_job.errors import JobError
+from llmbatch.ray_job.errors import ExitCode, JobError
 from llmbatch.schemas.job import S3Session
 
 
@@ -31,8 +31,10 @@ class SessionMissingError(JobError):
 
 
 class SessionUnavailableError(JobError):
-    """Redis did not answer the session's fetch (retried as a new attempt)."""
+    """Redis did not answer the session's fetch: an outage, retried as a new attempt without counting
+    against the batch's attempts."""
 
+    exit_code = ExitCode.INFRA_UNAVAILABLE
     code = "s3_session_unavailable"
 
 

@@ -28,7 +28,14 @@ from llmbatch.ray_job import node_secrets
 from llmbatch.ray_job.backends import make_backend
 from llmbatch.ray_job.engine_metrics import EngineMetrics
 from llmbatch.ray_job.engine_runner import EngineRunner
-from llmbatch.ray_job.errors import ENGINE_ERROR, EngineDeadError, EngineUnavailableError, RequestFailure
+from llmbatch.ray_job.errors import (
+    ENGINE_ERROR,
+    EngineDeadError,
+    EngineUnavailableError,
+    InfraUnavailableError,
+    JobError,
+    RequestFailure,
+)
 from llmbatch.ray_job.records import Generation, GenRequest
 from llmbatch.schemas.batch import DEFAULT_PRIORITY
 from llmbatch.schemas.engines import DEPLOYMENT_NAME, EngineModel, app_name
@@ -216,8 +223,10 @@ class ServeEngine:
         started = time.perf_counter()
         try:
             self._handle = serve.get_deployment_handle(DEPLOYMENT_NAME, app_name=app)
-        except (RayServeException, KeyError) as exc:  # no Serve instance, no such application
+        except KeyError as exc:  # no such application
             raise self._unavailable(exc) from exc
+        except RayServeException as exc:  # no Serve instance (a head restarted), or a failed app
+            raise self._serve_fault(exc) from exc
         info = self._call("info", timeout_s=wait_s)
         self.max_model_len: int = int(info["max_model_len"])
         self.default_max_tokens: int | None = info["default_max_tokens"]
@@ -233,16 +242,30 @@ class ServeEngine:
     def _unavailable(self, exc: BaseException) -> EngineUnavailableError:
         return EngineUnavailableError(f"the engine {self.app} is unavailable: {exc}"[:2000])
 
-    def _alive(self) -> bool:
-        """Whether Serve reports the model's application running (or deploying)."""
+    def _app_state(self) -> str | None:
+        """Serve's status of the model's application (``RUNNING``, ``DEPLOY_FAILED``, ...), ``""`` when
+        Serve has no such application, None when Serve does not answer."""
         from ray import serve
 
         try:
             app = serve.status().applications.get(self.app)
         except Exception as exc:  # the controller did not answer
             log.warning("no Serve status for %s: %s", self.app, exc)
-            return False
-        return app is not None and str(getattr(app.status, "value", app.status)) in ("RUNNING", "DEPLOYING")
+            return None
+        return "" if app is None else str(getattr(app.status, "value", app.status))
+
+    def _alive(self) -> bool:
+        """Whether Serve reports the model's application running (or deploying)."""
+        return self._app_state() in ("RUNNING", "DEPLOYING")
+
+    def _serve_fault(self, exc: BaseException) -> JobError:
+        """What Serve failing a call means for the batch: the model's engine cannot start (its
+        application failed or is gone: fail once, ``engine_unavailable``), or Serve itself is away or
+        replacing replicas (an outage: retried without counting, exit 75)."""
+        state = self._app_state()
+        if state is not None and state not in ("RUNNING", "DEPLOYING"):
+            return self._unavailable(exc)
+        return InfraUnavailableError(f"Ray Serve did not serve {self.app}: {exc}"[:2000])
 
     def _call(self, method: str, *args: Any, timeout_s: float, patient: bool = False) -> Any:
         """Call ``method`` on a replica. ``patient``: wait beyond ``timeout_s`` for as long as Serve
@@ -262,10 +285,12 @@ class ServeEngine:
             raise EngineUnavailableError(
                 f"no engine of {self.app} answered within {timeout_s:.0f} s"
             ) from exc
-        except (DeploymentUnavailableError, RayServeException, KeyError) as exc:  # KeyError: no such app
+        except KeyError as exc:  # no such application: the model is not deployed
             raise self._unavailable(exc) from exc
+        except (DeploymentUnavailableError, RayServeException) as exc:
+            raise self._serve_fault(exc) from exc
         except ray_exceptions.RayTaskError as exc:
-            if "EngineDeadError" in str(exc):
+            if isinstance(exc, EngineDeadError) or isinstance(getattr(exc, "cause", None), EngineDeadError):
                 raise EngineDeadError(str(exc)[:2000]) from exc
             raise
 
