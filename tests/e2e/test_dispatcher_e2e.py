@@ -726,7 +726,7 @@ async def test_the_shared_path_keeps_exactly_once_resume_cancel_and_deadline(
     env: Env, ray_settings: RaySettings
 ) -> None:
     """What the Ray-job path proves above, on the shared engine's short path (the batch runner): a
-    dispatcher killed right after submitting, a runner replica killed mid-batch (the attempt is lost,
+    dispatcher killed right after submitting, the runner's replicas killed mid-batch (the attempt is lost,
     the next one resumes from the durable shards), a cancel and a deadline keeping partial results;
     every batch ends in exactly one terminal event and no custom_id is answered twice."""
     import os
@@ -760,11 +760,12 @@ async def test_the_shared_path_keeps_exactly_once_resume_cancel_and_deadline(
         await wait_for(lambda: not victim.alive(), 300, interval=0.5, what="the dispatcher to die")
         env.spawn("survivor", settings)
         # 2. the runner replica dies mid-batch: the attempt is lost, the next resumes
-        [runner] = runner_pids(await api.status())
+        runners = runner_pids(await api.status())  # every replica: whichever runs the batch dies
         resumed = batch_request(f"sr-{uuid.uuid4().hex[:6]}", requests=inline_lines(40))
         await env.send(request_message(resumed))
         await wait_for(lambda: _progress_at_least(env, resumed.batch_id, 7), 300, what="a durable shard")
-        os.kill(runner, signal.SIGKILL)
+        for runner in runners:
+            os.kill(runner, signal.SIGKILL)
         assert await env.state(resumed.batch_id) is State.RUNNING  # killed mid-batch
         # 3. a cancel and a deadline, both while their batches run (80 and 200 x 0.5 s of work)
         cancel = batch_request(f"sc-{uuid.uuid4().hex[:6]}", requests=inline_lines(80))

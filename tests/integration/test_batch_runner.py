@@ -20,7 +20,7 @@ import redis
 from pydantic import SecretStr
 
 from llmbatch.dispatcher.backends.backend import JobInfo, JobState
-from llmbatch.dispatcher.backends.engines import cluster_serve_config, replica_pids, summarize
+from llmbatch.dispatcher.backends.engines import cluster_serve_config, replica_pids, runner_pids, summarize
 from llmbatch.dispatcher.backends.runner_backend import RunnerClient
 from llmbatch.dispatcher.backends.s3_sessions import SessionMinter
 from llmbatch.dispatcher.backends.serve_api import ServeApi
@@ -30,8 +30,6 @@ from llmbatch.ray_job import job_keys, node_secrets
 from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.ray_job.errors import ExitCode
 from llmbatch.ray_job.runner import DEFAULT_REPLICAS
-from llmbatch.ray_job.runner_http import APP_NAME
-from llmbatch.ray_job.runner_http import DEPLOYMENT as RUNNER_DEPLOYMENT
 from llmbatch.schemas.common import BatchStatus, utcnow
 from llmbatch.schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
 from llmbatch.schemas.job import EngineConfig, JobSpec
@@ -82,7 +80,7 @@ def runner(
     while time.monotonic() < deadline:
         details = asyncio.run(api.status())
         engine = summarize(REGISTRY, details)[0]
-        if engine.running == 1 and len(_runner_pids(details)) == DEFAULT_REPLICAS:
+        if engine.running == 1 and len(runner_pids(details)) == DEFAULT_REPLICAS:
             break
         time.sleep(1)
     else:
@@ -90,15 +88,6 @@ def runner(
     # as the dispatcher runs it: each batch brings S3 keys of its own, the runner's replica has none
     yield RunnerClient.of(ray_settings, timeout_s=30, sessions=SessionMinter(s3_settings)), api
     asyncio.run(api.deploy({"applications": []}))
-
-
-def _runner_pids(details: dict[str, Any]) -> list[int]:
-    """The batch runner's RUNNING replicas (their PIDs) in Serve's status."""
-    app = (details.get("applications") or {}).get(APP_NAME) or {}
-    if app.get("status") != "RUNNING":
-        return []
-    replicas = ((app.get("deployments") or {}).get(RUNNER_DEPLOYMENT) or {}).get("replicas") or []
-    return sorted(int(r["pid"]) for r in replicas if r.get("state") == "RUNNING" and r.get("pid"))
 
 
 def _progress_key(h: Harness, spec: JobSpec) -> str:
@@ -193,7 +182,7 @@ def test_the_replicas_run_without_the_node_secrets_they_do_not_need(
     _, api = runner
     details = asyncio.run(api.status())
     [engine] = replica_pids(details, MODEL)
-    runners = _runner_pids(details)
+    runners = runner_pids(details)
     assert len(runners) == DEFAULT_REPLICAS
     key, secret = s3_settings.access_key.get_secret_value(), s3_settings.secret_key.get_secret_value()
     # (failures name variables, never print their values)
@@ -324,12 +313,12 @@ def test_runs_outlive_the_replicas_and_a_lost_replica_loses_only_its_running_bat
     while int(progress.hget(_progress_key(h, going), "completed") or 0) < 4:
         assert time.monotonic() < deadline, "no progress within 60 s"
         time.sleep(0.05)
-    old = _runner_pids(asyncio.run(api.status()))
+    old = runner_pids(asyncio.run(api.status()))
     assert len(old) == DEFAULT_REPLICAS
     for pid in old:
         os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 180
-    while len(new := _runner_pids(asyncio.run(api.status()))) != len(old) or set(new) & set(old):
+    while len(new := runner_pids(asyncio.run(api.status()))) != len(old) or set(new) & set(old):
         assert time.monotonic() < deadline, f"the runner's replicas did not come back: {new}"
         time.sleep(1)
     info = asyncio.run(client.status(done.submission_id))
