@@ -14,7 +14,15 @@ from llmbatch.chaos.faults import FAULT_KINDS
 from llmbatch.chaos.runner import ChaosConfig, run
 
 SHORT = ChaosConfig(
-    batches=20, malformed=80, replicas=2, rounds=1, fault_every_s=8.0, send_over_s=30.0, drain_timeout_s=900.0
+    batches=20,
+    malformed=80,
+    replicas=2,
+    rounds=1,
+    fault_every_s=8.0,
+    down_s=3.0,
+    pause_s=10.0,
+    send_over_s=30.0,
+    drain_timeout_s=900.0,
 )
 
 
@@ -48,12 +56,35 @@ def main(argv: list[str] | None = None) -> int:
         help=f"seconds the batches get to end after the workload is sent (default "
         f"{full.drain_timeout_s:g}); one not ended then counts as stuck or lost",
     )
+    parser.add_argument(
+        "--down",
+        type=float,
+        dest="down_s",
+        help=f"seconds a killed service stays down before its restart (default {full.down_s:g})",
+    )
+    parser.add_argument(
+        "--pause",
+        type=float,
+        dest="pause_s",
+        help=f"seconds a paused process stays stopped (default {full.pause_s:g})",
+    )
     parser.add_argument("--seed", type=int, default=0, help="the workload's seed")
     parser.add_argument("--run-dir", type=Path, help="the stack's data (default: a new temp dir)")
     parser.add_argument("--keep", action="store_true", help="leave the stack running afterwards")
     args = parser.parse_args(argv)
     config = dataclasses.replace(SHORT) if args.short else full  # SHORT itself stays as it is
-    for name in ("batches", "malformed", "replicas", "rounds", "faults", "run_dir", "drain_timeout_s"):
+    names = (
+        "batches",
+        "malformed",
+        "replicas",
+        "rounds",
+        "faults",
+        "run_dir",
+        "drain_timeout_s",
+        "down_s",
+        "pause_s",
+    )
+    for name in names:
         value = getattr(args, name)
         if value is not None:
             least = 1 if name in {"batches", "replicas", "rounds"} else 0

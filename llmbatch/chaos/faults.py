@@ -16,16 +16,21 @@ from llmbatch.stack import manager
 from llmbatch.stack.process import alive
 from llmbatch.stack.state import StackState
 
-FAULT_KINDS = ("dispatcher", "driver", "runner", "redis", "kafka", "minio", "ray")
+FAULT_KINDS = ("dispatcher", "driver", "runner", "redis", "kafka", "minio", "ray", "pause", "runner_pause")
 """What can be killed: dispatcher replicas, a running job's driver, the shared engines' batch runner
-replica, and each service of the stack (the Ray head with its whole process tree, as a head pod dies)."""
+replica, and each service of the stack (the Ray head with its whole process tree, as a head pod dies);
+and what can be frozen (SIGSTOP, then SIGCONT): the tracker's leader (``pause``: a long GC pause, a VM
+stalled; its lease expires and another replica leads meanwhile) and the batch runner's replicas
+(``runner_pause``: a runner that takes requests and answers none)."""
+
+RUNNER_ONLY = ("runner", "runner_pause")
 
 
 def default_faults(shared_engines: bool) -> tuple[str, ...]:
-    """Every fault that can hit a run's batches: the batch runner's replica on the shared engines'
-    short path, a job's driver on the Ray-job path (the other one never runs there)."""
-    left_out = "driver" if shared_engines else "runner"
-    return tuple(kind for kind in FAULT_KINDS if kind != left_out)
+    """Every fault that can hit a run's batches: the batch runner's replicas on the shared engines'
+    short path, a job's driver on the Ray-job path (the others never run there)."""
+    left_out = ("driver",) if shared_engines else RUNNER_ONLY
+    return tuple(kind for kind in FAULT_KINDS if kind not in left_out)
 
 
 async def kill9(pid: int, within: float = 30.0) -> None:
@@ -59,6 +64,19 @@ async def kill9_tree(pid: int) -> None:
         await kill9(proc.pid)
 
 
+async def _frozen(pids: list[int], seconds: float) -> None:
+    """SIGSTOP ``pids``, wait ``seconds``, SIGCONT them (always, even when the wait is cancelled)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
 @dataclass
 class Faults:
     """Injects faults into one chaos run: its stack (``run_dir``) and its dispatcher replicas."""
@@ -68,6 +86,7 @@ class Faults:
     ray_address: str
     job_prefix: str
     down_s: float = 3.0  # how long a killed service stays down before its restart
+    pause_s: float = 10.0  # how long a paused process stays stopped
     counts: dict[str, int] = field(default_factory=dict)
     log: list[str] = field(default_factory=list)
     _next_replica: int = 0
@@ -80,6 +99,10 @@ class Faults:
             line = await self._driver()
         elif kind == "runner":
             line = await self._runner()
+        elif kind == "pause":
+            line = await self._pause_leader()
+        elif kind == "runner_pause":
+            line = await self._pause_runner()
         elif kind in manager.RESTARTABLE:
             line = await self._service(kind)
         else:
@@ -97,6 +120,44 @@ class Faults:
         await asyncio.sleep(self.down_s)
         victim.start()
         return f"killed replica pid {pid}, restarted as pid {victim.pid}"
+
+    async def _pause_leader(self) -> str:
+        """SIGSTOP the replica that leads the tracker (by its own /readyz) for ``pause_s``, then
+        SIGCONT: it wakes up believing it still leads, with a lease that expired meanwhile."""
+        leader = await asyncio.to_thread(self._leader)
+        if leader is None:
+            return "skipped: no replica said it leads the tracker"
+        pid = leader.pid
+        await _frozen([pid], self.pause_s)
+        return f"paused the tracker's leader pid {pid} for {self.pause_s:g} s"
+
+    def _leader(self) -> DispatcherProcess | None:
+        import urllib.request
+
+        for replica in self.replicas:
+            port = getattr(getattr(replica.settings, "dispatcher", None), "metrics_port", None)
+            if not replica.alive() or not port:
+                continue
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as reply:
+                    text = reply.read().decode(errors="replace")
+            except OSError as exc:  # 503 (not ready) is an HTTPError, an OSError: its body still says
+                text = exc.read().decode(errors="replace") if hasattr(exc, "read") else ""
+            if "tracker: leader" in text.splitlines():
+                return replica
+        return None
+
+    async def _pause_runner(self) -> str:
+        """SIGSTOP every batch-runner replica for ``pause_s``, then SIGCONT: the dispatcher gets no
+        answer (an outage: its runs are unknown, never lost), then the same runs again."""
+        from llmbatch.dispatcher.backends.engines import runner_pids
+        from llmbatch.dispatcher.backends.serve_api import ServeApi
+
+        pids = runner_pids(await ServeApi(self.ray_address).status())
+        if not pids:
+            return "skipped: no batch runner replica runs"
+        await _frozen(pids, self.pause_s)
+        return f"paused the batch runner's replicas {pids} for {self.pause_s:g} s"
 
     async def _service(self, name: str) -> str:
         state = StackState.load(self.run_dir)

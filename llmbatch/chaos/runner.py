@@ -66,6 +66,8 @@ class ChaosConfig:
     faults: tuple[str, ...] | None = None  # None: default_faults(shared_engines)
     rounds: int = 2
     fault_every_s: float = 20.0
+    down_s: float = 120.0  # how long a killed service stays down: outages of minutes, not seconds
+    pause_s: float = 60.0  # how long a paused process (the tracker's leader, the runner) stays stopped
     send_over_s: float = 60.0  # the workload is spread over this long, faults run meanwhile
     # 200 batches as Ray jobs end at about 5 a minute on 2 cores (a Ray job each, max_in_flight 3)
     drain_timeout_s: float = 3600.0
@@ -263,7 +265,8 @@ def _seen(records: list[Any]) -> list[Seen]:
         env = decode(r.key, r.value, r.headers, expect=RESULT_EVENT_TYPES)
         status = _STATUS.get(env.type)
         if status is not None:
-            out.append(Seen(status, env.batch_id, env.id, getattr(env.data, "request_id", None)))
+            request_id = getattr(env.data, "request_id", None)
+            out.append(Seen(status, env.batch_id, env.id, request_id, at=env.time.timestamp()))
     return out
 
 
@@ -343,7 +346,14 @@ async def run(config: ChaosConfig) -> ChaosResult:
                 settings.model_copy(update={"dispatcher": opts}), run_dir / "logs" / f"dispatcher-d{i}.log"
             )
             replicas.append(replica.start())
-        faults = Faults(run_dir, replicas, settings.ray.address, job_prefix=f"{run}-")
+        faults = Faults(
+            run_dir,
+            replicas,
+            settings.ray.address,
+            job_prefix=f"{run}-",
+            down_s=config.down_s,
+            pause_s=config.pause_s,
+        )
         sending = asyncio.create_task(_send(settings, records, config.send_over_s))
         for _ in range(config.rounds):
             for kind in config.faults or default_faults(config.shared_engines):

@@ -9,7 +9,11 @@ results topic, the dead-letter topic and the result files are read back whole. T
 - a completed batch answers each of its custom_ids exactly once (outputs and errors together);
 - every request that names a batch id is answered: accepted, or rejected (a duplicate's new event id);
 - every malformed record is on the dead-letter topic or answered with a rejection;
-- nothing is stuck: no accepted batch without a terminal event.
+- nothing is stuck: no accepted batch without a terminal event;
+- a valid batch is never rejected (unless the workload allows it: a deadline already past when it
+  arrives) and never dead-lettered, and gets one ``accepted`` event id;
+- a batch with a deadline ends within ``deadline_bound_s`` of it (of its acceptance, when it was
+  accepted after its deadline), by the events' own times.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ class Sent:
     expect: frozenset[str] = frozenset()
     custom_ids: tuple[str, ...] = ()
     mark: str | None = None
+    deadline: float | None = None  # unix seconds
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,7 @@ class Seen:
     batch_id: str
     event_id: str
     request_id: str | None = None
+    at: float | None = None  # the event's time (unix seconds)
 
 
 TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
@@ -80,13 +86,19 @@ def judge(
     seen: Iterable[Seen],
     dead_letter_marks: Iterable[str],
     answers: Mapping[str, Iterable[str]],
+    *,
+    deadline_bound_s: float = 120.0,
 ) -> Verdict:
     """The verdict of one run. ``dead_letter_marks``: the key or ce_id of every dead letter;
-    ``answers``: batch id -> the custom_ids of its output and error lines (completed batches)."""
+    ``answers``: batch id -> the custom_ids of its output and error lines (completed batches);
+    ``deadline_bound_s``: how long past its deadline a batch may take to end (the stop wait, a poll)."""
     sent = list(sent)
     terminals: dict[str, set[str]] = defaultdict(set)
     terminal_status: dict[str, set[str]] = defaultdict(set)
     accepted: set[str] = set()
+    accepted_ids: dict[str, set[str]] = defaultdict(set)
+    accepted_at: dict[str, float] = {}
+    ended_at: dict[str, float] = {}
     rejected_requests: set[str] = set()
     redelivered = 0
     seen_ids: Counter[str] = Counter()
@@ -97,23 +109,40 @@ def judge(
             continue
         if event.status == "accepted":
             accepted.add(event.batch_id)
+            accepted_ids[event.batch_id].add(event.event_id)
+            if event.at is not None:
+                accepted_at[event.batch_id] = min(event.at, accepted_at.get(event.batch_id, event.at))
         elif event.status == "rejected":
             if event.request_id:
                 rejected_requests.add(event.request_id)
         elif event.status in TERMINAL:
             terminals[event.batch_id].add(event.event_id)
             terminal_status[event.batch_id].add(event.status)
+            if event.at is not None:
+                ended_at[event.batch_id] = max(event.at, ended_at.get(event.batch_id, event.at))
     marks = set(dead_letter_marks)
     verdict = Verdict()
     v = verdict.violations
     batches = [s for s in sent if s.kind is Kind.BATCH]
+    late = 0
     for s in batches:
         assert s.batch_id is not None
+        if s.batch_id in marks or s.event_id in marks:
+            v.append(f"{s.batch_id}: a valid batch was dead-lettered")
         if s.batch_id not in accepted:
             if s.event_id not in rejected_requests:
                 v.append(f"{s.batch_id}: neither accepted nor rejected")
+            elif "rejected" not in s.expect:
+                v.append(f"{s.batch_id}: a valid batch was rejected")
             continue
+        if len(accepted_ids[s.batch_id]) > 1:
+            v.append(f"{s.batch_id}: {len(accepted_ids[s.batch_id])} distinct accepted event ids")
         ids = terminals.get(s.batch_id, set())
+        if s.deadline is not None and s.batch_id in accepted_at:
+            bound = max(s.deadline, accepted_at[s.batch_id]) + deadline_bound_s
+            if ended_at.get(s.batch_id, float("inf")) > bound:
+                late += 1
+                v.append(f"{s.batch_id}: no terminal event within {deadline_bound_s:g} s of its deadline")
         if not ids:
             v.append(f"{s.batch_id}: accepted, no terminal event (stuck or lost)")
             continue
@@ -151,6 +180,7 @@ def judge(
         **{f"ended {name}": by_status.get(name, 0) for name in sorted(TERMINAL)},
         "re-deliveries (same event id)": redelivered,
         "dead letters": len(marks),
+        "past deadline + bound": late,
         "lost (accepted, no terminal)": sum(
             1 for s in batches if s.batch_id in accepted and not terminals.get(s.batch_id or "")
         ),

@@ -76,9 +76,11 @@ def workload(
         lines = [_line(f"c{n}-{i}", i) for i in range(rng.randint(1, 50))]
         expect = frozenset({"completed"})
         extra: dict[str, Any] = {"metadata": {"chaos": run}}
-        if n % 10 == 3:  # a deadline it cannot meet: it may still finish first
-            extra["deadline"] = (now + timedelta(seconds=2)).isoformat()
-            expect = frozenset({"expired", "completed"})
+        deadline = None
+        if n % 10 == 3:  # a deadline it cannot meet: it may still finish first, or arrive past it
+            deadline = now + timedelta(seconds=2)
+            extra["deadline"] = deadline.isoformat()
+            expect = frozenset({"expired", "completed", "rejected"})
         upload = None
         if n % 2:
             if n % 4 == 1:
@@ -97,7 +99,14 @@ def workload(
             cancel = CancelRequest(batch_id=batch_id, reason="chaos")
             followers.append(_record(cancel, Sent(Kind.CANCEL, batch_id, f"{run}-x{n:04d}"), source, now))
         custom_ids = tuple(line["custom_id"] for line in lines)
-        sent = Sent(Kind.BATCH, batch_id, event_id, expect, custom_ids)
+        sent = Sent(
+            Kind.BATCH,
+            batch_id,
+            event_id,
+            expect,
+            custom_ids,
+            deadline=deadline.timestamp() if deadline is not None else None,
+        )
         out.append(_record(request, sent, source, now, upload))
         if n % 3 == 0:  # the same request again under a new event id: answered, never run twice
             duplicate = Sent(Kind.DUPLICATE, batch_id, f"{run}-d{n:04d}")

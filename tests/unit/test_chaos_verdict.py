@@ -59,6 +59,17 @@ def test_a_clean_run_keeps_every_promise() -> None:
             lambda s, e, d, a: e.append(Seen("completed", "zz", "t9")),
             "zz: a terminal event for a batch nobody sent",
         ),
+        # round two: a valid batch rejected or dead-lettered, two accepted ids for one lifecycle
+        (
+            lambda s, e, d, a: (s.append(batch(3)), e.append(Seen("rejected", "b3", "r3", request_id="e3"))),
+            "b3: a valid batch was rejected",
+        ),
+        (lambda s, e, d, a: d.append("b1"), "b1: a valid batch was dead-lettered"),
+        (lambda s, e, d, a: d.append("e2"), "b2: a valid batch was dead-lettered"),
+        (
+            lambda s, e, d, a: e.append(Seen("accepted", "b1", "a1-again")),
+            "b1: 2 distinct accepted event ids",
+        ),
     ],
 )
 def test_each_broken_promise_is_named(break_it: object, found: str) -> None:
@@ -73,3 +84,32 @@ def test_an_unexpected_status_is_named() -> None:
     seen[seen.index(Seen("cancelled", "b2", "t2"))] = Seen("failed", "b2", "t2")
     verdict = judge(sent, seen, dead, answers)
     assert verdict.violations == ["b2: ended ['failed'], expected one of ['cancelled', 'completed']"]
+
+
+def test_a_batch_may_be_rejected_only_when_the_workload_allows_it() -> None:
+    """A deadline already past when the batch arrives: a rejection is an answer, not a broken promise."""
+    sent, seen, dead, answers = clean_run()
+    sent.append(batch(4, frozenset({"expired", "completed", "rejected"})))
+    seen.append(Seen("rejected", "b4", "r4", request_id="e4"))
+    assert judge(sent, seen, dead, answers).ok
+
+
+@pytest.mark.parametrize(
+    ("accepted_at", "ended_at", "late"),
+    [
+        (1000.0, 1100.0, False),  # 100 s past its deadline (1000): within the 120 s bound
+        (1000.0, 1121.0, True),
+        (1500.0, 1600.0, False),  # accepted after its deadline: the bound runs from acceptance
+        (1000.0, None, True),  # never ended
+    ],
+)
+def test_a_batch_ends_within_the_bound_after_its_deadline(
+    accepted_at: float, ended_at: float | None, late: bool
+) -> None:
+    sent = [Sent(Kind.BATCH, "b5", "e5", frozenset({"expired", "completed"}), deadline=1000.0)]
+    seen = [Seen("accepted", "b5", "a5", at=accepted_at)]
+    if ended_at is not None:
+        seen.append(Seen("expired", "b5", "t5", at=ended_at))
+    verdict = judge(sent, seen, [], {}, deadline_bound_s=120.0)
+    assert any("of its deadline" in v for v in verdict.violations) is late, verdict.violations
+    assert verdict.figures["past deadline + bound"] == int(late)
