@@ -6,22 +6,45 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from llmbatch.chaos.processes import DispatcherProcess
+from llmbatch.chaos.proxy import FaultProxy
 from llmbatch.stack import manager
 from llmbatch.stack.process import alive
 from llmbatch.stack.state import StackState
 
-FAULT_KINDS = ("dispatcher", "driver", "runner", "redis", "kafka", "minio", "ray", "pause", "runner_pause")
+FAULT_KINDS = (
+    "dispatcher",
+    "driver",
+    "runner",
+    "redis",
+    "kafka",
+    "minio",
+    "ray",
+    "pause",
+    "runner_pause",
+    "redis_partition",
+    "minio_reset",
+    "redis_rollback",
+)
 """What can be killed: dispatcher replicas, a running job's driver, the shared engines' batch runner
 replica, and each service of the stack (the Ray head with its whole process tree, as a head pod dies);
 and what can be frozen (SIGSTOP, then SIGCONT): the tracker's leader (``pause``: a long GC pause, a VM
 stalled; its lease expires and another replica leads meanwhile) and the batch runner's replicas
-(``runner_pause``: a runner that takes requests and answers none)."""
+(``runner_pause``: a runner that takes requests and answers none); and the network to a service cut
+through its :class:`~llmbatch.chaos.proxy.FaultProxy`: ``redis_partition`` (every client's connections
+to Redis hang) and ``minio_reset`` (every connection to MinIO reset, uploads in the middle of their
+writes included, and new ones too), each for ``pause_s``; and ``redis_rollback``: Redis restored from a
+copy of its data taken ``pause_s`` earlier (a restore of an older snapshot, a failover to a replica that
+lagged), so terminal batches may reappear running and writes since are gone."""
+
+PROXIED = {"redis_partition": "redis", "minio_reset": "minio"}
+"""The faults that need their service behind a proxy, and that service."""
 
 RUNNER_ONLY = ("runner", "runner_pause")
 
@@ -77,6 +100,11 @@ async def _frozen(pids: list[int], seconds: float) -> None:
                 os.kill(pid, signal.SIGCONT)
 
 
+def _copy_tree(source: Path, target: Path) -> None:
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(source, target)
+
+
 @dataclass
 class Faults:
     """Injects faults into one chaos run: its stack (``run_dir``) and its dispatcher replicas."""
@@ -87,6 +115,7 @@ class Faults:
     job_prefix: str
     down_s: float = 3.0  # how long a killed service stays down before its restart
     pause_s: float = 10.0  # how long a paused process stays stopped
+    proxies: dict[str, FaultProxy] = field(default_factory=dict)  # service -> its proxy
     counts: dict[str, int] = field(default_factory=dict)
     log: list[str] = field(default_factory=list)
     _next_replica: int = 0
@@ -103,6 +132,10 @@ class Faults:
             line = await self._pause_leader()
         elif kind == "runner_pause":
             line = await self._pause_runner()
+        elif kind in PROXIED:
+            line = await self._cut(kind, PROXIED[kind])
+        elif kind == "redis_rollback":
+            line = await self._rollback()
         elif kind in manager.RESTARTABLE:
             line = await self._service(kind)
         else:
@@ -158,6 +191,32 @@ class Faults:
             return "skipped: no batch runner replica runs"
         await _frozen(pids, self.pause_s)
         return f"paused the batch runner's replicas {pids} for {self.pause_s:g} s"
+
+    async def _cut(self, kind: str, service: str) -> str:
+        proxy = self.proxies.get(service)
+        if proxy is None:
+            return f"skipped: {service} is not behind a proxy in this run"
+        proxy.partition() if kind == "redis_partition" else proxy.reset()
+        try:
+            await asyncio.sleep(self.pause_s)
+        finally:
+            proxy.heal()
+        what = "partitioned from every client" if kind == "redis_partition" else "resetting every connection"
+        return f"{service} {what} for {self.pause_s:g} s"
+
+    async def _rollback(self) -> str:
+        """Copy Redis's data (killed for it: a consistent copy), let the run go on ``pause_s``, then
+        kill Redis again and bring it back from that copy."""
+        rec = StackState.load(self.run_dir).services["redis"]
+        data, copy = Path(rec.data_dir), self.run_dir / "redis-snapshot"
+        await kill9(rec.pid)
+        await asyncio.to_thread(_copy_tree, data, copy)
+        again = await asyncio.to_thread(manager.start_again, self.run_dir, "redis")
+        await asyncio.sleep(self.pause_s)  # batches launch, end and publish meanwhile
+        await kill9(again.pid)
+        await asyncio.to_thread(_copy_tree, copy, data)
+        back = await asyncio.to_thread(manager.start_again, self.run_dir, "redis")
+        return f"restored Redis to its data of {self.pause_s:g} s before (pid {back.pid})"
 
     async def _service(self, name: str) -> str:
         state = StackState.load(self.run_dir)

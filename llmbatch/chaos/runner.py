@@ -24,8 +24,9 @@ from typing import Any
 
 import orjson
 
-from llmbatch.chaos.faults import Faults, default_faults
+from llmbatch.chaos.faults import PROXIED, Faults, default_faults
 from llmbatch.chaos.processes import DispatcherProcess
+from llmbatch.chaos.proxy import FaultProxy, behind_proxies
 from llmbatch.chaos.verdict import Kind, Seen, Verdict, judge
 from llmbatch.chaos.workload import Record, workload
 from llmbatch.dispatcher.job_options import JobOptions
@@ -52,6 +53,11 @@ _STATUS = {
     EventType.CANCELLED: "cancelled",
     EventType.EXPIRED: "expired",
 }
+
+
+DEADLINE_BOUND_S = 120.0
+"""How long past its deadline a batch may take to end with every service up: the stop wait, a poll,
+the publish."""
 
 
 @dataclass
@@ -323,10 +329,13 @@ async def run(config: ChaosConfig) -> ChaosResult:
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     stack = await asyncio.to_thread(manager.up, run_dir, ["kafka", "redis", "minio", "ray"])
     replicas: list[DispatcherProcess] = []
+    proxies: dict[str, FaultProxy] = {}
     results = dead = None
     result: ChaosResult | None = None
     try:
         settings = chaos_settings(stack, run, config.max_in_flight, config.shared_engines)
+        kinds = config.faults or default_faults(config.shared_engines)
+        settings = await behind_proxies(settings, proxies, {PROXIED[k] for k in kinds if k in PROXIED})
         records = workload(
             batches=config.batches,
             malformed=config.malformed,
@@ -353,10 +362,11 @@ async def run(config: ChaosConfig) -> ChaosResult:
             job_prefix=f"{run}-",
             down_s=config.down_s,
             pause_s=config.pause_s,
+            proxies=proxies,
         )
         sending = asyncio.create_task(_send(settings, records, config.send_over_s))
         for _ in range(config.rounds):
-            for kind in config.faults or default_faults(config.shared_engines):
+            for kind in kinds:
                 await asyncio.sleep(config.fault_every_s)
                 if sending.done():
                     sending.result()  # the sender failed: stop here, with its error
@@ -373,7 +383,15 @@ async def run(config: ChaosConfig) -> ChaosResult:
         await asyncio.sleep(3)  # late re-deliveries and dead letters
         result_records, dead_records = await results.read_to_end(), await dead.read_to_end()
         answers = await asyncio.to_thread(_answers, settings, result_records)
-        verdict = judge([r.sent for r in records], _seen(result_records), _marks(dead_records), answers)
+        # a batch's end may wait out one outage (Redis down: no state changes) on top of the stop wait
+        bound = DEADLINE_BOUND_S + max(config.down_s, config.pause_s)
+        verdict = judge(
+            [r.sent for r in records],
+            _seen(result_records),
+            _marks(dead_records),
+            answers,
+            deadline_bound_s=bound,
+        )
         stack_now = StackState.load(run_dir)
         not_alive = [f"dispatcher {p.log_path.name}" for p in replicas if not p.alive()]
         not_alive += [
@@ -389,6 +407,8 @@ async def run(config: ChaosConfig) -> ChaosResult:
                 await reader.close()
         for replica in replicas:
             replica.terminate(timeout=30)
+        for proxy in proxies.values():
+            await proxy.close()
         if not config.keep:
             await asyncio.to_thread(manager.down, run_dir)
             if result is not None and result.run_dir is None:  # a passing run in a temp dir
