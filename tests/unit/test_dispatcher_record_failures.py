@@ -299,3 +299,55 @@ async def test_an_outage_is_logged_once_per_change_of_state_not_per_try(
     assert lines.count("dependency still unavailable") == 3  # every 30 s of ~100 s, not 199 times
     assert lines[-1] == "dependency back" and len(lines) == 5
     assert len(beats) == 200  # every try says the consumer is alive (/livez)
+
+
+class RefusingDlt:
+    """A producer whose dead-letter topic refuses each letter ``refusals`` times for good (a permanent
+    error), then takes it; records what it was sent."""
+
+    def __init__(self, refusals: int) -> None:
+        self.refusals = refusals
+        self.sent: list[Any] = []
+        self.after: tuple[int, Any] | None = None  # (n, fn): fn() once n letters were sent
+
+    async def dead_letter(self, letter: Any) -> Any:
+        self.sent.append(letter)
+        if self.after is not None and len(self.sent) == self.after[0]:
+            self.after[1]()
+        if self.refusals > 0:
+            self.refusals -= 1
+            raise RecordTooLarge("the topic refuses it")
+        return type("Meta", (), {"partition": 0, "offset": 41})()
+
+
+async def test_a_refused_dead_letter_pauses_intake_until_it_is_taken_never_skips_the_record() -> None:
+    """Before: the record was skipped (committed with no dead letter, no answer) once its dead letter
+    failed max_attempts times."""
+    rec = origin(b"k", b"junk", [("ce_id", b"e-1")], offset=9)
+    failed = GaveUp("intake", KeyError("bug"), 3)
+    r = retry()
+    dlt = RefusingDlt(refusals=2 + 2 + 3)  # the full letter twice, the reduced one 2 + 3 times
+    written = await r.give_up(dlt, rec, failed, 0, dlt_topic="t.dlt", group_id="g", max_attempts=2)  # type: ignore[arg-type]
+    assert written is not None and (written.topic, written.offset) == ("t.dlt", 41)
+    assert len(dlt.sent) == 8 and dlt.sent[-1] is dlt.sent[2]  # the reduced form, until it was taken
+    assert r.metrics.intake_paused.labels(cause="dead_letter_refused")._value.get() == 0  # resumed
+    assert r.paused is None
+
+
+async def test_a_dead_letter_refused_for_good_holds_the_record_until_the_consumer_stops() -> None:
+    rec = origin(b"k", b"junk", [("ce_id", b"e-1")], offset=9)
+    r = retry()
+    dlt = RefusingDlt(refusals=10**9)
+    dlt.after = (8, r.stopping.set)  # the consumer stops while intake is paused on the record
+    with pytest.raises(Abandoned):
+        await r.give_up(
+            dlt,  # type: ignore[arg-type]
+            rec,
+            GaveUp("intake", KeyError("bug"), 3),
+            0,
+            dlt_topic="t.dlt",
+            group_id="g",
+            max_attempts=2,
+        )
+    assert r.paused == "dead_letter_refused"
+    assert r.metrics.intake_paused.labels(cause="dead_letter_refused")._value.get() == 1

@@ -108,12 +108,20 @@ class RedisAuthenticationFailed(Misconfiguration):
     code = "redis_authentication_failed"
 
 
+class DeadLetterRefused(Misconfiguration):
+    """The dead-letter topic refused a record's dead letter for good (even its reduced form): with
+    nowhere to put the record, intake pauses on it rather than move past it without a trace."""
+
+    code = "dead_letter_refused"
+
+
 MISCONFIGURATION_CODES = (
     "kafka_not_authorized",
     "kafka_authentication_failed",
     "redis_not_permitted",
     "redis_out_of_memory",
     "redis_authentication_failed",
+    "dead_letter_refused",
 )
 """The causes intake pauses on (the label values of ``llmbatch_dispatcher_intake_paused``)."""
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from llmbatch.dispatcher.domain.dlt import DeadLetter, OriginalRecord, build_dead_letter, exception_fqcn
 from llmbatch.dispatcher.domain.retry import Backoff
-from llmbatch.dispatcher.errors import DispatcherError, Misconfiguration
+from llmbatch.dispatcher.errors import DeadLetterRefused, DispatcherError, Misconfiguration
 from llmbatch.dispatcher.metrics import Metrics
 from llmbatch.schemas.dlt import DltReason
 from llmbatch.schemas.events import RecordRef
@@ -198,44 +199,53 @@ class RecordRetry:
         dlt_topic: str,
         group_id: str,
         max_attempts: int,
-    ) -> RecordRef | None:
+    ) -> RecordRef:
         """Dead-letter a record whose processing failed on every allowed attempt, so its offset can
-        move past it; count it and say so in one error line. If even the dead letter fails for good
-        (after its reduced form), the record is skipped without one: the line names its coordinates.
-        Returns where the dead letter was written (``None``: nowhere)."""
+        move past it; count it and say so in one error line. A dead letter the topic refuses for good
+        is sent again in its reduced form; if that is refused too, intake pauses on the record
+        (:class:`~llmbatch.dispatcher.errors.DeadLetterRefused`: readiness, the gauge, one line) and
+        tries again until it is taken, for a record is never passed without a trace. Returns where the
+        dead letter was written. Raises :class:`Abandoned` when the consumer stops meanwhile."""
+        reduced = build_dead_letter(
+            origin,
+            dlt_topic=dlt_topic,
+            reason=DltReason.PROCESSING_FAILED,
+            group_id=group_id,
+            fqcn=exception_fqcn(failed.error),
+            message=f"{failed.what} failed {failed.attempts} times",
+        )
         try:
             letter = failure_letter(origin, failed, dlt_topic=dlt_topic, group_id=group_id)
         except Exception:  # the error's text is hostile input too: say less
-            letter = build_dead_letter(
-                origin,
-                dlt_topic=dlt_topic,
-                reason=DltReason.PROCESSING_FAILED,
-                group_id=group_id,
-                fqcn=exception_fqcn(failed.error),
-                message=f"{failed.what} failed {failed.attempts} times",
-            )
-        lost: GaveUp | None = None
-        written: RecordRef | None = None
-        try:
-            meta = await self.run(
-                "dead letter", lambda: producer.dead_letter(letter), epoch, max_attempts=max_attempts
-            )
-            written = RecordRef(topic=letter.topic, partition=meta.partition, offset=meta.offset)
-        except GaveUp as exc:
-            lost = exc
-            self.metrics.dead_letters_failed.labels(stage="intake").inc()
+            letter = reduced
+        refusals = 0
+        while True:
+            try:
+                send = functools.partial(producer.dead_letter, letter)
+                meta = await self.run("dead letter", send, epoch, max_attempts=max_attempts)
+                break
+            except GaveUp as exc:
+                self.metrics.dead_letters_failed.labels(stage="intake").inc()
+                if letter is not reduced:
+                    letter = reduced
+                    continue
+                refusals += 1
+                self._pause(
+                    "dead letter", DeadLetterRefused(f"the dead letter was refused: {describe(exc.error)}")
+                )
+                await self.sleep(self.backoff.delay(refusals))
+                if self.stopping.is_set() or epoch != self.epoch():
+                    raise Abandoned("dead letter") from None
+        written = RecordRef(topic=letter.topic, partition=meta.partition, offset=meta.offset)
         self.metrics.failed_records.inc()
         self.metrics.processed.labels(outcome="failed").inc()
         log.error(
-            "record skipped after failed attempts, its dead letter failed too"
-            if lost
-            else "record dead-lettered after failed attempts, moving on",
+            "record dead-lettered after failed attempts, moving on",
             extra={
                 "reason": letter.reason,
                 "what": failed.what,
                 "attempts": failed.attempts,
                 "error": describe(failed.error),
-                "dead_letter_error": describe(lost.error) if lost else None,
                 "topic": origin.topic,
                 "partition": origin.partition,
                 "offset": origin.offset,
