@@ -189,7 +189,13 @@ def create_operator_secrets(kube: KubeClient, namespace: str) -> dict[str, dict[
     """The Secrets gpu-prod's kustomization.yaml has the operator create before the first apply,
     with random values; returns them by name."""
     wanted = {
-        "llmbatch-credentials": ("s3-access-key", "s3-secret-key", "redis-password", "replay-key"),
+        "llmbatch-credentials": (
+            "s3-access-key",
+            "s3-secret-key",
+            "redis-password",
+            "replay-key",
+            "runner-token",
+        ),
         "llmbatch-ray-auth": ("auth_token",),
     }
     made = {name: {key: secrets.token_hex(32) for key in keys} for name, keys in wanted.items()}
