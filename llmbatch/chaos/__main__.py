@@ -21,6 +21,7 @@ SHORT = ChaosConfig(
     fault_every_s=8.0,
     down_s=3.0,
     pause_s=10.0,
+    kafka_brokers=3,
     send_over_s=30.0,
     drain_timeout_s=900.0,
 )
@@ -68,6 +69,13 @@ def main(argv: list[str] | None = None) -> int:
         dest="pause_s",
         help=f"seconds a paused process stays stopped (default {full.pause_s:g})",
     )
+    parser.add_argument(
+        "--kafka-brokers",
+        type=int,
+        choices=(1, 3),
+        help=f"1: the stack's broker (killed whole); 3: a KRaft cluster with min.insync.replicas 2 whose "
+        f"partition leader is killed (default {full.kafka_brokers})",
+    )
     parser.add_argument("--seed", type=int, default=0, help="the workload's seed")
     parser.add_argument("--run-dir", type=Path, help="the stack's data (default: a new temp dir)")
     parser.add_argument("--keep", action="store_true", help="leave the stack running afterwards")
@@ -83,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         "drain_timeout_s",
         "down_s",
         "pause_s",
+        "kafka_brokers",
     )
     for name in names:
         value = getattr(args, name)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmbatch.chaos.kafka_cluster import KafkaCluster
 from llmbatch.chaos.processes import DispatcherProcess
 from llmbatch.chaos.proxy import FaultProxy
 from llmbatch.stack import manager
@@ -31,16 +32,19 @@ FAULT_KINDS = (
     "redis_partition",
     "minio_reset",
     "redis_rollback",
+    "kafka_leader",
 )
 """What can be killed: dispatcher replicas, a running job's driver, the shared engines' batch runner
 replica, and each service of the stack (the Ray head with its whole process tree, as a head pod dies);
 and what can be frozen (SIGSTOP, then SIGCONT): the tracker's leader (``pause``: a long GC pause, a VM
 stalled; its lease expires and another replica leads meanwhile) and the batch runner's replicas
 (``runner_pause``: a runner that takes requests and answers none); and the network to a service cut
-through its :class:`~llmbatch.chaos.proxy.FaultProxy`: ``redis_partition`` (every client's connections
-to Redis hang) and ``minio_reset`` (every connection to MinIO reset, uploads in the middle of their
-writes included, and new ones too), each for ``pause_s``; and ``redis_rollback``: Redis restored from a
-copy of its data taken ``pause_s`` earlier (a restore of an older snapshot, a failover to a replica that
+through its :class:`~llmbatch.chaos.proxy.FaultProxy`: ``redis_partition`` (the dispatchers'
+connections to Redis hang; the Ray side's stay up) and ``minio_reset`` (every connection to MinIO
+reset, uploads in the middle of their writes included, and new ones too), each for ``pause_s``;
+``kafka_leader``: on a run with a Kafka cluster, the broker leading the requests topic's first
+partition killed; and ``redis_rollback``: Redis restored from a copy of its data taken ``pause_s``
+earlier (a restore of an older snapshot, a failover to a replica that
 lagged), so terminal batches may reappear running and writes since are gone."""
 
 PROXIED = {"redis_partition": "redis", "minio_reset": "minio"}
@@ -49,10 +53,12 @@ PROXIED = {"redis_partition": "redis", "minio_reset": "minio"}
 RUNNER_ONLY = ("runner", "runner_pause")
 
 
-def default_faults(shared_engines: bool) -> tuple[str, ...]:
+def default_faults(shared_engines: bool, kafka_brokers: int = 1) -> tuple[str, ...]:
     """Every fault that can hit a run's batches: the batch runner's replicas on the shared engines'
-    short path, a job's driver on the Ray-job path (the others never run there)."""
-    left_out = ("driver",) if shared_engines else RUNNER_ONLY
+    short path, a job's driver on the Ray-job path (the others never run there); the one broker of the
+    stack killed, or the leader of a partition of a cluster of ``kafka_brokers``."""
+    left_out: tuple[str, ...] = ("driver",) if shared_engines else RUNNER_ONLY
+    left_out += ("kafka",) if kafka_brokers > 1 else ("kafka_leader",)
     return tuple(kind for kind in FAULT_KINDS if kind not in left_out)
 
 
@@ -116,6 +122,8 @@ class Faults:
     down_s: float = 3.0  # how long a killed service stays down before its restart
     pause_s: float = 10.0  # how long a paused process stays stopped
     proxies: dict[str, FaultProxy] = field(default_factory=dict)  # service -> its proxy
+    kafka: KafkaCluster | None = None  # a run on a Kafka cluster rather than the stack's broker
+    requests_topic: str = ""
     counts: dict[str, int] = field(default_factory=dict)
     log: list[str] = field(default_factory=list)
     _next_replica: int = 0
@@ -136,6 +144,8 @@ class Faults:
             line = await self._cut(kind, PROXIED[kind])
         elif kind == "redis_rollback":
             line = await self._rollback()
+        elif kind == "kafka_leader":
+            line = await self._kafka_leader()
         elif kind in manager.RESTARTABLE:
             line = await self._service(kind)
         else:
@@ -201,8 +211,24 @@ class Faults:
             await asyncio.sleep(self.pause_s)
         finally:
             proxy.heal()
-        what = "partitioned from every client" if kind == "redis_partition" else "resetting every connection"
+        what = (
+            "partitioned from the dispatchers" if kind == "redis_partition" else "resetting every connection"
+        )
         return f"{service} {what} for {self.pause_s:g} s"
+
+    async def _kafka_leader(self) -> str:
+        """kill -9 the broker leading the requests topic's partition 0; back after ``down_s``."""
+        if self.kafka is None:
+            return "skipped: this run has one broker (no cluster)"
+        leader = await self.kafka.leader_of(self.requests_topic, 0)
+        if leader is None:
+            return f"skipped: no leader of {self.requests_topic}[0] known"
+        pid = leader.pid
+        await kill9(pid)
+        await asyncio.sleep(self.down_s)
+        await asyncio.to_thread(self.kafka.restart, leader)
+        led = f"{self.requests_topic}[0]"
+        return f"killed broker {leader.node_id} (pid {pid}), leader of {led}; back as pid {leader.pid}"
 
     async def _rollback(self) -> str:
         """Copy Redis's data (killed for it: a consistent copy), let the run go on ``pause_s``, then

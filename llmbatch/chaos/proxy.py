@@ -111,8 +111,8 @@ def _abort(writer: asyncio.StreamWriter) -> None:
 async def behind_proxies(
     settings: DispatcherSettings, proxies: dict[str, FaultProxy], services: set[str]
 ) -> DispatcherSettings:
-    """``settings`` whose clients (dispatchers, the runner, jobs) reach ``services`` (``redis``,
-    ``minio``) through a :class:`FaultProxy` each, started here and kept in ``proxies``."""
+    """``settings`` whose clients reach ``services`` through a :class:`FaultProxy` each, started here and
+    kept in ``proxies``: the dispatchers' Redis (the Ray side keeps a direct path), everyone's MinIO."""
     update: dict[str, Any] = {}
     for service in sorted(services):
         url = urlsplit(settings.redis.url if service == "redis" else settings.s3.endpoint)
@@ -120,7 +120,11 @@ async def behind_proxies(
         port = await proxy.start()
         moved = url._replace(netloc=f"{url.netloc.rsplit(':', 1)[0]}:{port}").geturl()
         if service == "redis":
+            # only the dispatchers' path to Redis is cut: the Ray side keeps its own (a partition
+            # between the dispatcher and Redis, not a Redis outage)
             update["redis"] = settings.redis.model_copy(update={"url": moved})
+            direct = url._replace(netloc=url.netloc.rsplit("@", 1)[-1]).geturl()
+            update["job"] = settings.job.model_copy(update={"redis_url": direct})
         else:
             update["s3"] = settings.s3.model_copy(update={"endpoint": moved})
     return settings.model_copy(update=update)

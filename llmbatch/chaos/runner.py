@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from llmbatch.chaos.faults import PROXIED, Faults, default_faults
+from llmbatch.chaos.kafka_cluster import KafkaCluster
 from llmbatch.chaos.processes import DispatcherProcess
 from llmbatch.chaos.proxy import FaultProxy, behind_proxies
 from llmbatch.chaos.verdict import Kind, Seen, Verdict, judge
@@ -74,6 +75,7 @@ class ChaosConfig:
     fault_every_s: float = 20.0
     down_s: float = 120.0  # how long a killed service stays down: outages of minutes, not seconds
     pause_s: float = 60.0  # how long a paused process (the tracker's leader, the runner) stays stopped
+    kafka_brokers: int = 3  # 3: a KRaft cluster (min.insync.replicas 2) whose partition leader is killed
     send_over_s: float = 60.0  # the workload is spread over this long, faults run meanwhile
     # 200 batches as Ray jobs end at about 5 a minute on 2 cores (a Ray job each, max_in_flight 3)
     drain_timeout_s: float = 3600.0
@@ -327,14 +329,27 @@ async def run(config: ChaosConfig) -> ChaosResult:
     run = f"chaos{uuid.uuid4().hex[:6]}"
     run_dir = config.run_dir or Path(tempfile.mkdtemp(prefix="llmbatch-chaos-"))
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    stack = await asyncio.to_thread(manager.up, run_dir, ["kafka", "redis", "minio", "ray"])
+    cluster = KafkaCluster(run_dir, config.kafka_brokers) if config.kafka_brokers > 1 else None
+    services = ["redis", "minio", "ray"] if cluster is not None else ["kafka", "redis", "minio", "ray"]
+    stack = await asyncio.to_thread(manager.up, run_dir, services)
     replicas: list[DispatcherProcess] = []
     proxies: dict[str, FaultProxy] = {}
     results = dead = None
     result: ChaosResult | None = None
     try:
         settings = chaos_settings(stack, run, config.max_in_flight, config.shared_engines)
-        kinds = config.faults or default_faults(config.shared_engines)
+        if cluster is not None:
+            await asyncio.to_thread(cluster.start)
+            kafka = settings.kafka.model_copy(
+                update={
+                    "bootstrap_servers": cluster.bootstrap_servers,
+                    "topics": settings.kafka.topics.model_copy(
+                        update={"replication_factor": config.kafka_brokers}
+                    ),
+                }
+            )
+            settings = settings.model_copy(update={"kafka": kafka})
+        kinds = config.faults or default_faults(config.shared_engines, kafka_brokers=config.kafka_brokers)
         settings = await behind_proxies(settings, proxies, {PROXIED[k] for k in kinds if k in PROXIED})
         records = workload(
             batches=config.batches,
@@ -363,6 +378,8 @@ async def run(config: ChaosConfig) -> ChaosResult:
             down_s=config.down_s,
             pause_s=config.pause_s,
             proxies=proxies,
+            kafka=cluster,
+            requests_topic=settings.kafka.topics.requests,
         )
         sending = asyncio.create_task(_send(settings, records, config.send_over_s))
         for _ in range(config.rounds):
@@ -394,6 +411,10 @@ async def run(config: ChaosConfig) -> ChaosResult:
         )
         stack_now = StackState.load(run_dir)
         not_alive = [f"dispatcher {p.log_path.name}" for p in replicas if not p.alive()]
+        if cluster is not None:
+            not_alive += [
+                f"kafka node {n.node_id}" for n in cluster.nodes if n.node_id not in cluster.alive()
+            ]
         not_alive += [
             f"{name} (pid {rec.pid})" for name, rec in stack_now.services.items() if not alive(rec.pid)
         ]
@@ -409,6 +430,8 @@ async def run(config: ChaosConfig) -> ChaosResult:
             replica.terminate(timeout=30)
         for proxy in proxies.values():
             await proxy.close()
+        if cluster is not None and not config.keep:
+            await asyncio.to_thread(cluster.stop)
         if not config.keep:
             await asyncio.to_thread(manager.down, run_dir)
             if result is not None and result.run_dir is None:  # a passing run in a temp dir

@@ -25,6 +25,7 @@ from llmbatch.stack.tls import TlsFiles
 KAFKA_VERSION = "4.2.0"
 
 _HERE = Path(__file__).resolve().parent
+LOG4J = _HERE / "kafka" / "log4j2.properties"  # the brokers' quiet logging
 
 
 def kafka_libs() -> Path:
@@ -237,7 +238,7 @@ def _start_kafka(
     else:  # it holds the admin's and the controller's passwords
         _owner_only(props, text)
     classpath = f"{libs}/*"
-    log4j = _HERE / "kafka" / "log4j2.properties"
+    log4j = LOG4J
     java_opts = [
         "-Xms256m",
         "-Xmx512m",
@@ -275,7 +276,7 @@ def _start_kafka(
     ports.hand_over(pid)
     ca = tls.ca_cert if tls is not None else None
     client = sasl.client(sasl.admin, ca) if sasl is not None else {}
-    waited = wait_until(lambda: _kafka_ready(port, client), 90, pid, "Kafka", log)
+    waited = wait_until(lambda: kafka_ready(port, client), 90, pid, "Kafka", log)
     extra = {"security_protocol": str(client["security_protocol"])} if sasl is not None else {}
     if ca is not None:
         extra["ca_cert"] = str(ca)
@@ -303,7 +304,7 @@ def kafka_cluster_id(random_bytes: Callable[[], bytes] = lambda: uuid.uuid4().by
             return cluster_id
 
 
-def _kafka_ready(port: int, client: Mapping[str, Any] | None = None) -> bool:
+def kafka_ready(port: int, client: Mapping[str, Any] | None = None) -> bool:
     """The broker answers a metadata request (not just an open port); ``client``: SASL login options."""
     if not port_open(port):
         return False
@@ -332,6 +333,6 @@ def kafka_healthy(rec: ServiceRecord) -> bool:
         ca = rec.extra.get("ca_cert")
         client = KafkaSasl(user, {user: rec.extra["sasl_password"]}).client(user, Path(ca) if ca else None)
     try:
-        return _kafka_ready(rec.ports["broker"], client)
+        return kafka_ready(rec.ports["broker"], client)
     except Exception:
         return False

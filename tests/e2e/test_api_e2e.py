@@ -66,13 +66,16 @@ class ApiProcess:
         raise AssertionError(f"the API did not answer /livez within {within} s")
 
 
-@pytest.fixture
-def vllm_settings(
-    kafka_settings: KafkaSettings,
-    redis_settings: RedisSettings,
-    buckets: S3Settings,  # noqa: F811
-    ray_settings: RaySettings,
+def vllm_world(
+    kafka: KafkaSettings,
+    redis: RedisSettings,
+    s3: S3Settings,
+    ray: RaySettings,
+    *,
+    batch_size: int = 8,
+    **opts: Any,
 ) -> Any:
+    """A test world (:func:`tests.e2e.test_dispatcher_e2e.world`) on real vLLM with the local model."""
     from llmbatch.stack.model import ensure_model
     from llmbatch.stack.state import CACHE_DIR
 
@@ -82,18 +85,29 @@ def vllm_settings(
         dtype="bfloat16",
         max_model_len=1024,
         num_cpus_per_replica=1.0,
-        batch_size=8,
+        batch_size=batch_size,
     )
     return world(
-        kafka_settings,
-        redis_settings,
-        buckets,
-        ray_settings,
+        kafka,
+        redis,
+        s3,
+        ray,
         engine=engine,
         model_path=str(ensure_model()),
         job={"engine_cache_dir": str(CACHE_DIR / "engine-cache")},
         heartbeat_timeout_s=600,
+        **opts,
     )
+
+
+@pytest.fixture
+def vllm_settings(
+    kafka_settings: KafkaSettings,
+    redis_settings: RedisSettings,
+    buckets: S3Settings,  # noqa: F811
+    ray_settings: RaySettings,
+) -> Any:
+    return vllm_world(kafka_settings, redis_settings, buckets, ray_settings)
 
 
 @pytest.fixture

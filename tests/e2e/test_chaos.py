@@ -2,8 +2,10 @@
 local stack while the faults of the run are each injected once (kill -9, then the service is brought
 back); then every promise of llmbatch.chaos.verdict is checked. Once per engine path:
 
-* the shared engines (the default): 20 batches, 80 malformed records; one dispatcher replica, the
-  batch runner's replica, Redis, Kafka, MinIO and the Ray head are killed;
+* the shared engines (the default): 20 batches, 80 malformed records on a three-broker Kafka; one
+  dispatcher replica, the batch runner's replica, Redis, MinIO, the Ray head and the broker leading a
+  partition are killed; the tracker's leader and the runner's replicas frozen for 10 s; Redis cut off
+  and MinIO resetting every connection for 10 s; Redis brought back from a copy 10 s old;
 * a Ray job per batch: 8 batches, 20 malformed records; one dispatcher replica, one running job's
   driver and the Ray head are killed. Redis, Kafka and MinIO outages meet the same intake, tracker
   and publisher on both paths and are left to the shared run: each batch here costs a Ray job start
@@ -39,6 +41,7 @@ async def test_short_chaos_run_keeps_every_promise(config: ChaosConfig) -> None:
     assert result.ok, result.table()
     # every fault happened (a driver fault needs a running job, a runner fault its replica: the
     # batches are sent over 30 s and each runs for longer, so there always is one)
-    assert set(result.faults) == set(config.faults or default_faults(config.shared_engines)), result.fault_log
+    expected = config.faults or default_faults(config.shared_engines, kafka_brokers=config.kafka_brokers)
+    assert set(result.faults) == set(expected), result.fault_log
     # at most the two batches whose deadline is 3 s after their send may be refused as passed
     assert result.verdict.figures["accepted"] >= config.batches - 2

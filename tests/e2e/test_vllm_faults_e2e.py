@@ -25,14 +25,13 @@ from llmbatch.dispatcher.backends.engines import replica_pids, runner_pids
 from llmbatch.dispatcher.backends.serve_api import ServeApi
 from llmbatch.schemas.batch import CancelRequest
 from llmbatch.schemas.events import EventType
-from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings
+from tests.e2e.test_api_e2e import vllm_world
 from tests.e2e.test_dispatcher_e2e import (  # noqa: F401 (buckets: a fixture)
     Env,
     _progress_at_least,
     assert_one_terminal,
     buckets,
-    world,
 )
 from tests.support.dispatcher_kit import MODEL, batch_request, request_message, wait_for
 
@@ -72,28 +71,15 @@ async def env(
     ray_settings: RaySettings,
     tmp_path: Path,
 ) -> AsyncIterator[Env]:
-    from llmbatch.stack.model import ensure_model
-    from llmbatch.stack.state import CACHE_DIR
-
-    engine = EngineConfig(
-        backend="vllm",
-        enforce_eager=True,
-        dtype="bfloat16",
-        max_model_len=1024,
-        num_cpus_per_replica=1.0,
-        batch_size=4,
-    )
-    settings = world(
+    # the default path: the shared engine, small batches on the runner
+    settings = vllm_world(
         kafka_settings,
         redis_settings,
         buckets,
         ray_settings,
-        engine=engine,
-        model_path=str(ensure_model()),
-        job={"engine_cache_dir": str(CACHE_DIR / "engine-cache")},
-        shared_engines=True,  # the default path: the shared engine, small batches on the runner
+        batch_size=4,  # a window that does not fill the engine: the deadline falls mid-batch
+        shared_engines=True,
         max_in_flight=None,
-        heartbeat_timeout_s=600,
     )
     e = Env(settings, tmp_path)
     await ensure_topics(e.settings)

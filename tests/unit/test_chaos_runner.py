@@ -56,5 +56,9 @@ def test_cli_help_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
 def test_the_default_faults_follow_the_engine_path() -> None:
     from llmbatch.chaos.faults import FAULT_KINDS, default_faults
 
-    assert set(default_faults(shared_engines=False)) == set(FAULT_KINDS) - {"runner", "runner_pause"}
-    assert set(default_faults(shared_engines=True)) == set(FAULT_KINDS) - {"driver"}
+    one_broker = set(FAULT_KINDS) - {"kafka_leader"}
+    assert set(default_faults(shared_engines=False)) == one_broker - {"runner", "runner_pause"}
+    assert set(default_faults(shared_engines=True)) == one_broker - {"driver"}
+    # a Kafka cluster: its partition leader is killed, not the stack's broker
+    cluster = set(default_faults(shared_engines=True, kafka_brokers=3))
+    assert cluster == set(FAULT_KINDS) - {"driver", "kafka"}

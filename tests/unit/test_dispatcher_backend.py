@@ -261,3 +261,18 @@ def test_the_jobs_connect_as_their_own_redis_user() -> None:
     assert spec.redis_url == "redis://job@redis:6379/0"
     with pytest.raises(ValidationError, match="redis_username"):
         settings(redis_username="job user")
+
+
+def test_the_ray_side_may_reach_redis_by_an_address_of_its_own() -> None:
+    """The jobs' and the runner's Redis URL: the dispatcher's host by default, LLMBATCH_JOB__REDIS_URL when
+    the Ray nodes reach Redis another way; never a password, the jobs' user when one is set."""
+    assert settings().job_redis_url() == "redis://redis:6379/0"
+    assert settings(redis_username="job").job_redis_url() == "redis://job@redis:6379/0"
+    own = settings(redis_url="redis://redis.ray-side.svc:6380/0", redis_username="job")
+    assert own.job_redis_url() == "redis://job@redis.ray-side.svc:6380/0"
+    spec = build_job_spec(record(), 1, own, Keys("p"))
+    assert spec.redis_url == "redis://job@redis.ray-side.svc:6380/0"
+    assert settings(pass_redis_url=False, s3_sessions=False).job_redis_url() is None
+    for bad in ("redis://u:pw@host:6379/0", "redis://user@host", "http://host:6379", "redis://host:6379/0 x"):
+        with pytest.raises(ValidationError, match="redis_url"):
+            settings(redis_url=bad)

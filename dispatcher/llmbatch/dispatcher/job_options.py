@@ -73,6 +73,15 @@ class JobOptions(BaseModel):
         "submission: an attempt still running past it has its reads and writes refused and fails "
         "(retriable; the next attempt resumes with a new session).",
     )
+    redis_url: str | None = Field(
+        default=None,
+        pattern=r"^rediss?://[^\s:@/]+(:[0-9]{1,5})?(/[0-9]{1,2})?$",
+        max_length=512,
+        description="Where the Ray side (jobs, the batch runner) reaches Redis, when the Ray nodes reach it "
+        "by another address than the dispatcher (e.g. a dispatcher outside the cluster): "
+        "redis[s]://host[:port][/db], no user and no password (redis_username and the nodes' "
+        "LLMBATCH_REDIS__PASSWORD give those). Unset: LLMBATCH_REDIS__URL's host.",
+    )
     redis_username: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z0-9._-]{1,64}$",

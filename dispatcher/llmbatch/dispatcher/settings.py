@@ -17,6 +17,7 @@ import os
 import re
 import socket
 from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, Field, SecretStr, model_validator
 
@@ -330,6 +331,18 @@ class DispatcherSettings(LLMBatchSettings):
         """The served models that are embedding models (runner ``pooling``: ``/v1/embeddings`` only)."""
         models = self.engines.models
         return frozenset(name for name, entry in models.items() if entry.engine.runner == "pooling")
+
+    def job_redis_url(self) -> str | None:
+        """Where jobs and the batch runner reach Redis (no password: the Ray nodes have it), or None when
+        they are given none (``LLMBATCH_JOB__PASS_REDIS_URL`` false)."""
+        job = self.job
+        if not job.pass_redis_url:
+            return None
+        if job.redis_url is None:
+            return self.redis.url_without_password(job.redis_username)
+        parts = urlsplit(job.redis_url)
+        netloc = f"{job.redis_username}@{parts.netloc}" if job.redis_username else parts.netloc
+        return urlunsplit(parts._replace(netloc=netloc))
 
     def serving_problem(self) -> str | None:
         """Why a dispatcher with these settings must not start (one line), or ``None``."""

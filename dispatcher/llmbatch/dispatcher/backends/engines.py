@@ -67,10 +67,9 @@ def cluster_serve_config(
         env = runner_env_vars(settings)
         if opts.runner_s3_sessions:  # each batch brings S3 keys of its own: the node's stay out of reach
             env.update(node_secrets.withheld(node_secrets.S3_KEYS))
-        job = settings.job
         place = RunnerPlace(
             # no password in it (the Serve config is no secret): the nodes' environment has it
-            redis_url=settings.redis.url_without_password(job.redis_username) if job.pass_redis_url else None,
+            redis_url=settings.job_redis_url(),
             key_prefix=settings.redis.key_prefix,
             results_bucket=settings.s3.results_bucket,
         )

@@ -59,7 +59,7 @@ def build_job_spec(
         engine_app=app_name(parsed.model) if opts.shared_engines else None,
         engine_wait_s=opts.engine_wait_s,
         # never a password in the spec (command line, uploaded spec): the job gets it from its env
-        redis_url=settings.redis.url_without_password(job.redis_username) if job.pass_redis_url else None,
+        redis_url=settings.job_redis_url(),
         progress_key=keys.progress(record.key) if job.pass_redis_url else None,
         progress_interval_s=job.progress_interval_s,
         shard_max_lines=job.shard_max_lines,
