@@ -69,13 +69,15 @@ test: setup-test lint
 # The full chaos suite (llmbatch/chaos): 200 batches and 1,000 malformed records on a private local
 # stack while dispatcher replicas, job drivers, Redis, Kafka, MinIO and the Ray head are killed (twice
 # each, the services kept down 120 s: --down), the tracker's leader and the batch runner's replicas are
-# frozen (SIGSTOP) for 60 s (--pause), Redis is cut off from every client and MinIO resets every
-# connection (uploads mid-write included) for as long; prints the verdict table, exits 1 on any
-# broken promise. Each batch runs as a Ray job;
+# frozen (SIGSTOP) for 60 s (--pause), Redis is cut off from the dispatchers and MinIO resets every
+# connection (uploads mid-write included) for as long, Redis is brought back from a copy 60 s old, the
+# leader of a partition of a three-broker Kafka is killed, and the job side's clock runs two minutes
+# ahead (libfaketime, installed by the test tier); prints the verdict table, exits 1 on any broken
+# promise. Each batch runs as a Ray job;
 # CHAOS_ARGS=--shared-engines runs them on the shared engines (the service's default) and kills the
 # batch runner's replica instead of job drivers. The short version of both runs in `make test`
 # (tests/e2e/test_chaos.py).
-chaos: setup
+chaos: setup-test
 	$(PY) -m llmbatch.chaos $(CHAOS_ARGS)
 
 # The deploy tier alone (a real Kubernetes, network namespaces, iptables, cgroups): needs root.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what a tier of llmbatch needs on a bare machine, idempotently, from locks:
 #   bootstrap.sh demo    (`make demo`, `make up`): the stack and the demo, nothing else
-#     1. Debian packages: redis-server, libtcmalloc-minimal4 (only when missing; needs root/apt)
+#     1. Debian packages: redis-server, libtcmalloc-minimal4, and for the test tier libfaketime (only when
+#        missing; needs root/apt)
 #     2. this checkout's .venv from uv.lock: the service, the engine and the model converter
 #     3. `llmbatch stack prepare`: Kafka jars, the MinIO binary, the converted model (cached)
 #   bootstrap.sh test    (`make test`): the demo tier, plus the test and lint tools in the .venv and the
@@ -42,6 +43,10 @@ apt_packages() {
   else
     command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
     ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 >/dev/null 2>&1 || need+=(libtcmalloc-minimal4)
+    if [ "$TIER" = test ]; then
+      # the chaos suite runs the job side two minutes ahead of the rest (llmbatch/chaos/runner.py)
+      [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || need+=(libfaketime)
+    fi
   fi
   ((${#need[@]})) || return 0
   log "installing Debian packages ${need[*]} (first time only; ~30 s)"

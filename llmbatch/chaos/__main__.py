@@ -76,6 +76,13 @@ def main(argv: list[str] | None = None) -> int:
         help=f"1: the stack's broker (killed whole); 3: a KRaft cluster with min.insync.replicas 2 whose "
         f"partition leader is killed (default {full.kafka_brokers})",
     )
+    parser.add_argument(
+        "--job-clock-offset",
+        type=float,
+        dest="job_clock_offset_s",
+        help=f"seconds the job side's wall clock runs ahead (libfaketime; 0: none; default "
+        f"{full.job_clock_offset_s:g})",
+    )
     parser.add_argument("--seed", type=int, default=0, help="the workload's seed")
     parser.add_argument("--run-dir", type=Path, help="the stack's data (default: a new temp dir)")
     parser.add_argument("--keep", action="store_true", help="leave the stack running afterwards")
@@ -92,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         "down_s",
         "pause_s",
         "kafka_brokers",
+        "job_clock_offset_s",
     )
     for name in names:
         value = getattr(args, name)

@@ -76,6 +76,7 @@ class ChaosConfig:
     down_s: float = 120.0  # how long a killed service stays down: outages of minutes, not seconds
     pause_s: float = 60.0  # how long a paused process (the tracker's leader, the runner) stays stopped
     kafka_brokers: int = 3  # 3: a KRaft cluster (min.insync.replicas 2) whose partition leader is killed
+    job_clock_offset_s: float = 120.0  # the job side (runner replicas, Ray jobs) runs this far ahead
     send_over_s: float = 60.0  # the workload is spread over this long, faults run meanwhile
     # 200 batches as Ray jobs end at about 5 a minute on 2 cores (a Ray job each, max_in_flight 3)
     drain_timeout_s: float = 3600.0
@@ -155,6 +156,28 @@ def chaos_settings(
             shard_max_lines=10,
         ),
     )
+
+
+LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+
+
+def skewed_job_clock(settings: DispatcherSettings, offset_s: float) -> DispatcherSettings:
+    """``settings`` whose jobs and batch-runner replicas see the wall clock ``offset_s`` ahead (libfaketime
+    preloaded through the environment they are given: ``LLMBATCH_JOB__ENV_VARS``); the dispatchers, the
+    engines and the services keep the true time. Their monotonic clocks are left alone."""
+    if not LIBFAKETIME.exists():
+        raise RuntimeError(
+            f"{LIBFAKETIME} is missing: the chaos suite skews the job side's clock with libfaketime "
+            "(`make setup-test` installs it; apt-get install libfaketime)"
+        )
+    env = {
+        **settings.job.env_vars,
+        "LD_PRELOAD": str(LIBFAKETIME),
+        "FAKETIME": f"{offset_s:+g}s",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        "FAKETIME_NO_CACHE": "1",
+    }
+    return settings.model_copy(update={"job": settings.job.model_copy(update={"env_vars": env})})
 
 
 async def _send(settings: DispatcherSettings, records: list[Record], over_s: float) -> int:
@@ -349,6 +372,8 @@ async def run(config: ChaosConfig) -> ChaosResult:
                 }
             )
             settings = settings.model_copy(update={"kafka": kafka})
+        if config.job_clock_offset_s:
+            settings = skewed_job_clock(settings, config.job_clock_offset_s)
         kinds = config.faults or default_faults(config.shared_engines, kafka_brokers=config.kafka_brokers)
         settings = await behind_proxies(settings, proxies, {PROXIED[k] for k in kinds if k in PROXIED})
         records = workload(

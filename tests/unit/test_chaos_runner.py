@@ -62,3 +62,16 @@ def test_the_default_faults_follow_the_engine_path() -> None:
     # a Kafka cluster: its partition leader is killed, not the stack's broker
     cluster = set(default_faults(shared_engines=True, kafka_brokers=3))
     assert cluster == set(FAULT_KINDS) - {"driver", "kafka"}
+
+
+def test_the_job_side_clock_is_skewed_through_the_environment_jobs_and_the_runner_get() -> None:
+    from llmbatch.chaos.runner import LIBFAKETIME, skewed_job_clock
+    from llmbatch.dispatcher.backends.engines import engine_env_vars, runner_env_vars
+    from llmbatch.dispatcher.settings import DispatcherSettings
+
+    base = DispatcherSettings(_env_file=None)
+    skewed = skewed_job_clock(base, 120)
+    for env in (skewed.job.env_vars, runner_env_vars(skewed)):
+        assert env["LD_PRELOAD"] == str(LIBFAKETIME) and env["FAKETIME"] == "+120s"
+        assert env["FAKETIME_DONT_FAKE_MONOTONIC"] == "1"
+    assert "LD_PRELOAD" not in engine_env_vars(skewed)  # the engines keep the true time
