@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -78,6 +79,8 @@ def dispatcher(settings: LLMBatchSettings, tmp_path: Path) -> Any:
             "LLMBATCH_DISPATCHER__SESSION_TIMEOUT_MS": "6000",
             "LLMBATCH_DISPATCHER__HEARTBEAT_INTERVAL_MS": "1000",
             "LLMBATCH_RAY__ADDRESS": f"http://127.0.0.1:{free_port()}",  # no job is ever submitted here
+            # the short path is on, as deployed: the runner's credential comes with it (from the Secret)
+            "LLMBATCH_RAY__RUNNER_TOKEN": secrets.token_hex(32),
             "PYTHONUNBUFFERED": "1",
         }
     )
