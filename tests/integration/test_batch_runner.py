@@ -95,6 +95,15 @@ def _progress_key(h: Harness, spec: JobSpec) -> str:
     return job_keys.progress_key(h.redis.key_prefix, spec.tenant, spec.batch_id)
 
 
+def _wait_progress(h: Harness, spec: JobSpec, lines: int, timeout: float = 60) -> None:
+    """Until the runner's progress counters in Redis show ``lines`` of ``spec`` done."""
+    progress = redis.Redis.from_url(h.redis.url)
+    deadline = time.monotonic() + timeout
+    while int(progress.hget(_progress_key(h, spec), "completed") or 0) < lines:
+        assert time.monotonic() < deadline, f"no progress within {timeout:.0f} s"
+        time.sleep(0.05)
+
+
 def _wait(client: RunnerClient, sid: str, timeout: float = 120) -> JobInfo:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -210,11 +219,7 @@ def test_stop_keeps_what_finished_and_the_next_attempt_completes_the_rest(
     first = _spec(h, "runner-stop", 400, inline=False, progress_interval_s=0.2)
     asyncio.run(client.submit(first))
     # stop once the progress counters in Redis show some lines done (blocks of 4, 0.2 s each)
-    progress = redis.Redis.from_url(h.redis.url)
-    deadline = time.monotonic() + 60
-    while int(progress.hget(_progress_key(h, first), "completed") or 0) < 8:
-        assert time.monotonic() < deadline, "no progress within 60 s"
-        time.sleep(0.05)
+    _wait_progress(h, first, 8)
     assert asyncio.run(client.stop(first.submission_id)) is True
     info = _wait(client, first.submission_id)
     assert info.state is JobState.FAILED and info.exit_code == 1 and "stopped" in (info.message or "")
@@ -308,11 +313,7 @@ def test_runs_outlive_the_replicas_and_a_lost_replica_loses_only_its_running_bat
     assert _wait(client, done.submission_id).state is JobState.SUCCEEDED
     going = _spec(h, "runner-orphan", 400, inline=False, progress_interval_s=0.2)
     asyncio.run(client.submit(going))
-    progress = redis.Redis.from_url(h.redis.url)
-    deadline = time.monotonic() + 60
-    while int(progress.hget(_progress_key(h, going), "completed") or 0) < 4:
-        assert time.monotonic() < deadline, "no progress within 60 s"
-        time.sleep(0.05)
+    _wait_progress(h, going, 4)
     old = runner_pids(asyncio.run(api.status()))
     assert len(old) == DEFAULT_REPLICAS
     for pid in old:

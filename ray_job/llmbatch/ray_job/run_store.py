@@ -92,7 +92,8 @@ class MemoryRuns:
 
     def _prune(self) -> None:
         horizon = time.time() - self.keep_s
-        for sid in [s for s, v in self._views.items() if (v.get("end_time") or horizon + 1) < horizon]:
+        ended = {s: v.get("end_time") for s, v in self._views.items()}
+        for sid in [s for s, end in ended.items() if end is not None and end < horizon]:
             del self._views[sid]
             self._stops.discard(sid)
 
