@@ -81,8 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         dest="job_clock_offset_s",
         help=f"seconds the job side's wall clock runs ahead (libfaketime; 0: none; default "
-        f"{full.job_clock_offset_s:g} with --shared-engines, 0 on the Ray-job path, whose Ray Data "
-        "executor fails under libfaketime)",
+        f"{full.job_clock_offset_s:g})",
     )
     parser.add_argument("--seed", type=int, default=0, help="the workload's seed")
     parser.add_argument("--run-dir", type=Path, help="the stack's data (default: a new temp dir)")
@@ -110,8 +109,6 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"--{name.replace('_', '-').removesuffix('-s')} must be at least {least}")
             setattr(config, name, value)
     config.seed, config.keep, config.shared_engines = args.seed, args.keep, args.shared_engines
-    if not args.shared_engines and args.job_clock_offset_s is None:
-        config.job_clock_offset_s = 0.0  # Ray Data fails under libfaketime (OSError EINVAL)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     result = asyncio.run(run(config))
     print(result.table())

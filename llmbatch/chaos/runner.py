@@ -13,6 +13,7 @@ import asyncio
 import io
 import logging
 import shutil
+import statistics
 import sys
 import time
 import uuid
@@ -36,7 +37,7 @@ from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.schemas.cloudevents import H_ID, decode
 from llmbatch.schemas.engines import EngineModel, EngineRegistry, ReplicaResources
 from llmbatch.schemas.events import RESULT_EVENT_TYPES, EventType
-from llmbatch.schemas.job import EngineConfig
+from llmbatch.schemas.job import EngineConfig, Manifest
 from llmbatch.settings import TopicSettings
 from llmbatch.stack import manager
 from llmbatch.stack.ports import free_port
@@ -93,6 +94,10 @@ class ChaosResult:
     drain_s: float
     not_alive: list[str] = field(default_factory=list)
     run_dir: Path | None = None
+    job_clock_ahead_s: float | None = None
+    """Median over completed batches of the job's manifest ``finished_at`` (the job side's clock) minus
+    the terminal event's ``ce_time`` (the dispatcher's, later): the skew the jobs ran with, less the
+    dispatcher's lag. None when no completed batch had a manifest."""
 
     @property
     def ok(self) -> bool:
@@ -102,6 +107,8 @@ class ChaosResult:
         lines = [self.verdict.table()]
         lines += [f"faults {kind:<14}  {n:>8}" for kind, n in sorted(self.faults.items())]
         lines.append(f"{'time to drain (s)':<21}  {self.drain_s:>8.1f}")
+        if self.job_clock_ahead_s is not None:
+            lines.append(f"{'job clock ahead (s)':<21}  {self.job_clock_ahead_s:>8.1f}")
         lines += [f"  - not alive: {what}" for what in self.not_alive]
         if self.run_dir is not None:
             lines.append(f"logs and data kept in {self.run_dir}")
@@ -164,7 +171,10 @@ LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 def skewed_job_clock(settings: DispatcherSettings, offset_s: float) -> DispatcherSettings:
     """``settings`` whose jobs and batch-runner replicas see the wall clock ``offset_s`` ahead (libfaketime
     preloaded through the environment they are given: ``LLMBATCH_JOB__ENV_VARS``); the dispatchers, the
-    engines and the services keep the true time. Their monotonic clocks are left alone."""
+    engines and the services keep the true time. Their monotonic clock moves by the same constant, which
+    leaves every interval as it was: excluding it (``FAKETIME_DONT_FAKE_MONOTONIC``) makes libfaketime
+    0.9.10 pass a negative deadline to ``clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME)``, so Python
+    3.11's ``time.sleep`` fails with EINVAL (Ray's driver and Ray Data's executor both sleep)."""
     if not LIBFAKETIME.exists():
         raise RuntimeError(
             f"{LIBFAKETIME} is missing: the chaos suite skews the job side's clock with libfaketime "
@@ -174,7 +184,6 @@ def skewed_job_clock(settings: DispatcherSettings, offset_s: float) -> Dispatche
         **settings.job.env_vars,
         "LD_PRELOAD": str(LIBFAKETIME),
         "FAKETIME": f"{offset_s:+g}s",
-        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
         "FAKETIME_NO_CACHE": "1",
     }
     return settings.model_copy(update={"job": settings.job.model_copy(update={"env_vars": env})})
@@ -343,6 +352,23 @@ def _answers(settings: DispatcherSettings, results: list[Any]) -> dict[str, list
     return out
 
 
+def _job_clock_ahead(settings: DispatcherSettings, results: list[Any]) -> float | None:
+    """The median of (manifest ``finished_at`` - terminal ``ce_time``) over completed batches: how far
+    ahead of the dispatcher the clock that wrote the manifests ran (:attr:`ChaosResult.job_clock_ahead_s`)."""
+    from llmbatch.adapters.storage import make_client
+
+    client = make_client(settings.s3)
+    ahead: list[float] = []
+    for r in results:
+        env = decode(r.key, r.value, r.headers, expect=RESULT_EVENT_TYPES)
+        if env.type is not EventType.COMPLETED or env.data.manifest_uri is None:
+            continue
+        bucket, _, key = str(env.data.manifest_uri)[5:].partition("/")
+        manifest = Manifest.model_validate_json(client.get_object(bucket, key).read())
+        ahead.append((manifest.timings.finished_at - env.time).total_seconds())
+    return statistics.median(ahead) if ahead else None
+
+
 async def run(config: ChaosConfig) -> ChaosResult:
     """One run; the stack and replicas are stopped by PID at the end unless ``config.keep``."""
     import tempfile
@@ -425,6 +451,7 @@ async def run(config: ChaosConfig) -> ChaosResult:
         await asyncio.sleep(3)  # late re-deliveries and dead letters
         result_records, dead_records = await results.read_to_end(), await dead.read_to_end()
         answers = await asyncio.to_thread(_answers, settings, result_records)
+        clock_ahead = await asyncio.to_thread(_job_clock_ahead, settings, result_records)
         # a batch's end may wait out one outage (Redis down: no state changes) on top of the stop wait
         bound = DEADLINE_BOUND_S + max(config.down_s, config.pause_s)
         verdict = judge(
@@ -443,7 +470,9 @@ async def run(config: ChaosConfig) -> ChaosResult:
         not_alive += [
             f"{name} (pid {rec.pid})" for name, rec in stack_now.services.items() if not alive(rec.pid)
         ]
-        result = ChaosResult(verdict, dict(faults.counts), faults.log, drain_s, not_alive)
+        result = ChaosResult(
+            verdict, dict(faults.counts), faults.log, drain_s, not_alive, job_clock_ahead_s=clock_ahead
+        )
         if config.keep or config.run_dir is not None or not result.ok:
             result.run_dir = run_dir
         return result

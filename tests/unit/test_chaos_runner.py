@@ -73,5 +73,6 @@ def test_the_job_side_clock_is_skewed_through_the_environment_jobs_and_the_runne
     skewed = skewed_job_clock(base, 120)
     for env in (skewed.job.env_vars, runner_env_vars(skewed)):
         assert env["LD_PRELOAD"] == str(LIBFAKETIME) and env["FAKETIME"] == "+120s"
-        assert env["FAKETIME_DONT_FAKE_MONOTONIC"] == "1"
+        # the monotonic clock moves with it (excluding it breaks time.sleep under libfaketime 0.9.10)
+        assert "FAKETIME_DONT_FAKE_MONOTONIC" not in env
     assert "LD_PRELOAD" not in engine_env_vars(skewed)  # the engines keep the true time
