@@ -31,13 +31,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def registry_json(args: argparse.Namespace, model_path: str) -> str:
-    """``LLMBATCH_ENGINES__MODELS``: the stack's engine entry, this run's batch window, no idle drop."""
+    """``LLMBATCH_ENGINES__MODELS``: the stack's engine entry (``--batch-size`` and
+    ``--batches-in-flight`` when given), no idle drop."""
     from llmbatch.schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling
     from llmbatch.schemas.job import EngineConfig
     from llmbatch.stack.dispatcher_env import LOCAL_ENGINE
     from llmbatch.stack.model import SERVED_MODEL
 
-    window = {"batch_size": args.batch_size, "batches_in_flight": args.batches_in_flight}
+    # unset: the stack's own entry (as `llmbatch stack env` configures it)
+    given = {"batch_size": args.batch_size, "batches_in_flight": args.batches_in_flight}
+    window = {k: v for k, v in given.items() if v is not None}
     if args.engine == "fake":
         engine = EngineConfig(backend=FAKE_BACKEND, backend_options={"delay_s": args.fake_delay_s}, **window)
     else:

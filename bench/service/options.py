@@ -39,10 +39,11 @@ def parse_args(description: str | None) -> argparse.Namespace:
     parser.add_argument(
         "--batch-size",
         type=int,
-        default=64,
-        help="lines per engine call of a batch (the stack's own entry says 4)",
+        help="the model entry's batch_size (default: the local stack's own entry, as shipped)",
     )
-    parser.add_argument("--batches-in-flight", type=int, default=4, help="engine calls of a batch at once")
+    parser.add_argument(
+        "--batches-in-flight", type=int, help="engine calls of a batch at once (default: the entry's)"
+    )
     parser.add_argument(
         "--omp-threads",
         type=int,

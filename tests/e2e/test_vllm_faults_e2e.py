@@ -24,6 +24,7 @@ from llmbatch.adapters.topics import ensure_topics
 from llmbatch.dispatcher.backends.engines import replica_pids, runner_pids
 from llmbatch.dispatcher.backends.serve_api import ServeApi
 from llmbatch.schemas.batch import CancelRequest
+from llmbatch.schemas.engines import EngineRegistry
 from llmbatch.schemas.events import EventType
 from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings
 from tests.e2e.test_api_e2e import vllm_world
@@ -77,10 +78,14 @@ async def env(
         redis_settings,
         buckets,
         ray_settings,
-        batch_size=4,  # a window that does not fill the engine: the deadline falls mid-batch
+        batch_size=4,
         shared_engines=True,
         max_in_flight=None,
     )
+    # the engine runs 16 requests at once (a batch alone fills those slots): a 256-line batch takes
+    # 16 rounds of them, so its deadline falls mid-batch with lines answered before it
+    entry = settings.engines.get(MODEL).model_copy(update={"max_active_requests": 16})
+    settings = settings.model_copy(update={"engines": EngineRegistry(models={MODEL: entry})})
     e = Env(settings, tmp_path)
     await ensure_topics(e.settings)
     try:

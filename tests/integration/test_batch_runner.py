@@ -49,6 +49,9 @@ REGISTRY = EngineRegistry(
             ),
             resources=ReplicaResources(num_cpus=0.25),
             scaling=Scaling(min_replicas=1, max_replicas=1, idle_s=60),
+            # 8 requests at once (0.2 s each): a batch alone fills these 8 slots, so 400 requests take
+            # at least 10 s whatever its calls carry
+            max_active_requests=8,
         )
     }
 )
@@ -242,8 +245,9 @@ def test_deadline_and_missing_engine_end_the_run_clearly(
     h: Harness, runner: tuple[RunnerClient, ServeApi]
 ) -> None:
     client, _ = runner
-    # 400 requests, 8 at a time, 0.2 s each: at least 10 s of work, so the 2 s deadline always falls
-    # inside the run (60 requests finished in 2.0 s on a CI machine and the run succeeded)
+    # 400 requests, 8 at a time (the engine's slots), 0.2 s each: at least 10 s of work, so the 2 s
+    # deadline always falls inside the run (60 requests finished in 2.0 s on a CI machine with 16 at
+    # a time, and the run succeeded)
     late = _spec(h, "runner-deadline", 400, inline=False, deadline=utcnow() + timedelta(seconds=2))
     no_engine = _spec(h, "runner-noengine", 2, inline=True).model_copy(
         update={"engine_app": app_name("not-deployed"), "engine_wait_s": 3.0}

@@ -61,7 +61,7 @@ try:
                                       custom_id=f"c{i}") for i in range(n)])
     emit({"keys": [g.key for g in out], "texts": [g.text for g in out],
           "failures": [g.failure.code if g.failure else None for g in out],
-          "seconds": time.time() - started})
+          "slots": engine.slots(), "seconds": time.time() - started})
 except Exception as exc:
     emit({"error": type(exc).__name__, "code": getattr(exc, "code", None),
           "message": str(exc)[:500], "seconds": time.time() - started})
@@ -179,6 +179,8 @@ def test_batches_share_one_warm_engine(ray_settings: RaySettings, serve: ServeAp
     assert results[1]["keys"] == [str(i) for i in range(5)]
     assert all(t.startswith("fake reply to") for r in results for t in r["texts"]), results
     assert all(f is None for r in results for f in r["failures"])
+    # what a batch alone may keep at the engine: the one live replica's max_active_requests
+    assert [r["slots"] for r in results] == [256, 256]
     # no batch started an engine of its own: the same single replica served both
     assert replica_pids(_details(serve), MODEL) == pids_before
 

@@ -22,9 +22,15 @@ def test_a_batch_counts_its_window_or_what_it_has_left() -> None:
     assert window_requests(None, 0, 256) == 256  # a file not counted yet: a whole window
 
 
-def test_the_window_is_the_batches_a_run_sends_at_once() -> None:
+def test_the_window_is_what_a_batch_alone_keeps_at_a_replica() -> None:
+    # as many as the replica's engine runs at once (schemas.engines.call_rows) ...
     entry = EngineModel(path="m", engine=EngineConfig(batch_size=16, batches_in_flight=3))
-    assert entry.batch_window == 48
+    assert entry.batch_window == entry.max_active_requests == 256
+    # ... never less than batch_size x batches_in_flight
+    small = EngineModel(
+        path="m", engine=EngineConfig(batch_size=16, batches_in_flight=3), max_active_requests=8
+    )
+    assert small.batch_window == 48
     assert EngineModel(path="m").admit_per_replica == 1024
 
 

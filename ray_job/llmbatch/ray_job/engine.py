@@ -14,7 +14,7 @@ fails (retriable) instead of turning the rest of the batch into error lines.
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import orjson
 import pyarrow as pa
@@ -45,6 +45,19 @@ class Engine(Protocol):
     ) -> list[Generation]:
         """Results in the order of ``requests``; ``group`` and ``priority`` as in
         :meth:`EngineRunner.generate`."""
+
+
+@runtime_checkable
+class SharedEngine(Protocol):
+    """An engine shared by many batches that says how many requests its replicas run at once."""
+
+    def slots(self) -> int:
+        """Requests the model's live replicas run at once (0: it does not say)."""
+
+
+def engine_slots(engine: object) -> int:
+    """:meth:`SharedEngine.slots` of a shared engine; 0 for an engine of the batch's own."""
+    return max(0, engine.slots()) if isinstance(engine, SharedEngine) else 0
 
 
 class LocalEngine:

@@ -47,6 +47,7 @@ from llmbatch.ray_job.progress import Counters, Progress
 from llmbatch.ray_job.reservation import Reservation, bundle_of
 from llmbatch.ray_job.writer import ShardWriter
 from llmbatch.schemas.common import BatchStatus, utcnow
+from llmbatch.schemas.engines import call_rows
 from llmbatch.schemas.job import MANIFEST_NAME, AttemptRecord, JobSpec, Manifest, S3Session
 from llmbatch.schemas.openai import ErrorObject, Usage
 
@@ -190,12 +191,19 @@ class Attempt:
         self._install_signal_handlers()  # again: ray.init installs its own SIGTERM handler (it just dies)
         pipeline.configure_data_context()
         placement: dict[str, Any] | None = None
+        block_rows: int | None = None
         if self.spec.engine_app is not None:
             # wait here for a replica of the shared engine (a cold start when it scaled to zero):
             # no engine within engine_wait_s ends the attempt with engine_unavailable
             from llmbatch.ray_job.serve_engine import ServeEngine
 
-            ServeEngine(self.spec.engine_app, wait_s=self.spec.engine_wait_s)
+            engine = ServeEngine(self.spec.engine_app, wait_s=self.spec.engine_wait_s)
+            block_rows = call_rows(
+                batch_size=self.spec.engine.batch_size,
+                batches_in_flight=self.spec.engine.batches_in_flight,
+                engine_slots=engine.slots(),
+                lines=len(self.spec.requests) if self.spec.requests is not None else None,
+            )
             # then all of the stages' resources at once, or none (see ray_job.reservation)
             reservation = Reservation(self.spec, bundle_of(pipeline.stage_requests(self.spec)))
             waited = reservation.wait(pipeline.WAIT_FOR_ACTORS_S)
@@ -207,6 +215,7 @@ class Attempt:
             input_path=input_path,
             placement=placement,
             session=self.session,
+            block_rows=block_rows,
         )
         for table in ds.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=1):
             self.consume(rows.from_table(table))

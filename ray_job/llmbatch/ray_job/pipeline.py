@@ -101,10 +101,16 @@ def rebatch(ds: Dataset, rows: int, resources: dict[str, Any] | None = None) -> 
 
 
 def source_of(
-    spec: JobSpec, done_shards: Sequence[str], *, input_path: str | None, session: S3Session | None = None
+    spec: JobSpec,
+    done_shards: Sequence[str],
+    *,
+    input_path: str | None,
+    session: S3Session | None = None,
+    block_rows: int | None = None,
 ) -> Source:
     """What the reader reads for ``spec``: the input file or the inline requests, minus done lines
-    (with ``session``'s keys, the attempt's own, when given)."""
+    (with ``session``'s keys, the attempt's own, when given), in blocks of ``block_rows`` lines
+    (default ``batch_size``; :func:`~llmbatch.schemas.engines.call_rows` on a shared engine)."""
     inline = b"".join(line.to_jsonl() for line in spec.requests) if spec.requests is not None else None
     return Source(
         batch_id=spec.batch_id,
@@ -113,7 +119,7 @@ def source_of(
         input_path=input_path,
         inline=inline,
         done_shards=tuple(done_shards),
-        block_rows=spec.engine.batch_size,
+        block_rows=block_rows or spec.engine.batch_size,
         max_line_bytes=spec.max_line_bytes,
         session=session,
     )
@@ -139,13 +145,16 @@ def build(
     input_path: str | None,
     placement: dict[str, Any] | None = None,
     session: S3Session | None = None,
+    block_rows: int | None = None,
 ) -> Dataset:
     """The dataset of finished rows (``output`` / ``error``) for the lines still to do (those the
     shards at ``done_shards`` answer are skipped). ``placement``: remote args that put every task
     and actor inside the job's reservation (:meth:`llmbatch.ray_job.reservation.Reservation.remote_args`;
     a shared-engine job's, whose slots :func:`stage_requests` lists). ``session``: the attempt's own S3
-    keys, for the reader (:mod:`llmbatch.ray_job.s3_session`)."""
-    source = source_of(spec, done_shards, input_path=input_path, session=session)
+    keys, for the reader (:mod:`llmbatch.ray_job.s3_session`). ``block_rows``: lines per engine call
+    (default ``batch_size``; a shared engine's :func:`~llmbatch.schemas.engines.call_rows`)."""
+    block = block_rows or spec.engine.batch_size
+    source = source_of(spec, done_shards, input_path=input_path, session=session, block_rows=block)
     model_path = spec.model_path or spec.model
     extra = placement or {}
 
@@ -174,10 +183,10 @@ def build(
         },
         **resources(PROMPT_CPUS),
     )
-    ds = rebatch(ds, spec.engine.batch_size, resources(REBATCH_CPUS))
+    ds = rebatch(ds, block, resources(REBATCH_CPUS))
     return ds.map_batches(
         EngineStage,
-        batch_size=spec.engine.batch_size,
+        batch_size=block,
         batch_format="pyarrow",
         compute=engine_compute(spec),
         fn_constructor_kwargs={

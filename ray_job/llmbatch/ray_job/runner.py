@@ -382,7 +382,7 @@ class BatchRunner:
         # redeployed since the handle was made), so its manifest reports that wait as engine start
         engine = self._once(self._engines, app, lambda: ServeEngine(app, wait_s=spec.engine_wait_s))
         engine.wait_ready()
-        return WarmEngine(engine, waited_s=time.perf_counter() - started)
+        return WarmEngine(engine, waited_s=time.perf_counter() - started, slots=engine.slots)
 
 
 def engine_figures(timeout_s: float = 5.0) -> dict[str, dict[str, Any]]:

@@ -11,7 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from llmbatch.ray_job import rows
-from llmbatch.ray_job.engine import Engine, EngineStage
+from llmbatch.ray_job.engine import Engine, EngineStage, engine_slots
 from llmbatch.ray_job.main import Attempt, StopRequested
 from llmbatch.ray_job.memory import MemoryPeak
 from llmbatch.ray_job.outcome import SUPERSEDED
@@ -22,6 +22,7 @@ from llmbatch.ray_job.records import Generation, GenRequest
 from llmbatch.ray_job.tokenizers import Tokenizer
 from llmbatch.schemas.batch import DEFAULT_PRIORITY
 from llmbatch.schemas.common import utcnow
+from llmbatch.schemas.engines import call_rows
 from llmbatch.schemas.job import JobSpec, S3Session
 
 
@@ -73,16 +74,23 @@ class RunnerAttempt(Attempt):
     def _run_pipeline(self, input_path: str | None) -> None:
         spec = self.spec
         tokenizer = self._tokenizer()
+        engine = self._engine()
         stage = EngineStage.on(
-            self._engine(),
+            engine,
             endpoint=spec.endpoint.value,
             batch_id=spec.batch_id,
             model=spec.model,
             group=spec.engine_group,
             priority=spec.priority,
         )
-        source = source_of(spec, self.prior.done_shards, input_path=input_path)
         in_flight = max(1, spec.engine.batches_in_flight)
+        rows_per_call = call_rows(
+            batch_size=spec.engine.batch_size,
+            batches_in_flight=in_flight,
+            engine_slots=engine_slots(engine),
+            lines=len(spec.requests) if spec.requests is not None else None,
+        )
+        source = source_of(spec, self.prior.done_shards, input_path=input_path, block_rows=rows_per_call)
         pool = ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix=f"run-{spec.batch_id}"[:40])
         pending: deque[Future[list[rows.Row]]] = deque()
         try:
@@ -116,12 +124,17 @@ class RunnerAttempt(Attempt):
 class WarmEngine:
     """A batch's view of a cached engine: its own wait for it (zero when it was warm)."""
 
-    def __init__(self, engine: Engine, *, waited_s: float) -> None:
+    def __init__(self, engine: Engine, *, waited_s: float, slots: Callable[[], int] | None = None) -> None:
         self._engine = engine
+        self._slots = slots
         self.max_model_len = engine.max_model_len
         self.default_max_tokens = engine.default_max_tokens
         self.engine_start_s = waited_s
         self.ready_at = time.time()
+
+    def slots(self) -> int:
+        """Requests the engine's live replicas run at once (0 when it does not say)."""
+        return self._slots() if self._slots is not None else 0
 
     def generate(
         self, requests: list[GenRequest], *, group: str = "", priority: int = DEFAULT_PRIORITY

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 IMPORT_PATH = "llmbatch.ray_job.serve_engine:build_app"
 METRICS_INTERVAL_S = 5.0
+REPLICAS_TTL_S = 10.0
 
 
 class EngineServer:
@@ -56,6 +57,7 @@ class EngineServer:
         backend = make_backend(spec.path, spec.engine)
         self.engine_start_s = time.perf_counter() - started
         self.ready_at = time.time()
+        self._max_active = spec.max_active_requests
         self._runner = EngineRunner(backend, max_active=spec.max_active_requests)
         # runner.generate blocks until its requests finish: one thread per call in flight
         self._pool = ThreadPoolExecutor(
@@ -93,6 +95,7 @@ class EngineServer:
             "model": self.model,
             "max_model_len": backend.max_model_len,
             "default_max_tokens": backend.default_max_tokens,
+            "max_active": self._max_active,
             "engine_start_s": self.engine_start_s,
             "ready_at": self.ready_at,
             "requests": requests,
@@ -230,9 +233,33 @@ class ServeEngine:
         info = self._call("info", timeout_s=wait_s)
         self.max_model_len: int = int(info["max_model_len"])
         self.default_max_tokens: int | None = info["default_max_tokens"]
+        # requests one replica's engine runs at once (0 from a replica that does not say)
+        self.max_active: int = int(info.get("max_active") or 0)
+        self._replicas: tuple[float, int] | None = None  # (when counted, running replicas)
         # what this batch waited for an engine (a cold start when the model had scaled to zero)
         self.engine_start_s: float = time.perf_counter() - started
         self.ready_at: float = time.time()
+
+    def slots(self) -> int:
+        """Requests the model's live replicas run at once (``max_active_requests`` each): what a batch
+        alone may keep at the engine (:func:`~llmbatch.schemas.engines.call_rows`). Replicas are
+        counted from Serve's status at most every :data:`REPLICAS_TTL_S` (one when it does not say)."""
+        now = time.monotonic()
+        if self._replicas is None or now - self._replicas[0] > REPLICAS_TTL_S:
+            self._replicas = (now, self._running_replicas())
+        return self.max_active * self._replicas[1]
+
+    def _running_replicas(self) -> int:
+        from ray import serve
+
+        try:
+            app = serve.status().applications.get(self.app)
+            states = app.deployments[DEPLOYMENT_NAME].replica_states if app is not None else {}
+            running = sum(n for state, n in states.items() if str(state.value) == "RUNNING")
+        except Exception as exc:  # the controller did not answer: the replica that did
+            log.warning("no Serve status for %s: %s", self.app, exc)
+            return 1
+        return max(1, running)
 
     def wait_ready(self) -> None:
         """Wait (at most ``wait_s``) until a replica answers: a cached handle of a model that scaled

@@ -14,6 +14,7 @@ Pure contract: the dispatcher reads it from its settings, the engine deployment
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -100,22 +101,37 @@ class EngineModel(BaseModel):
         le=100_000,
         description="Requests a replica's engine runs at once; the rest wait in its fair queue "
         "(priority first, batches taking turns). Keep it at most the engine's max_num_seqs, so "
-        "the engine's own first-come queue stays short.",
+        "the engine's own first-come queue stays short. A batch alone sends enough per call to fill "
+        "it on every live replica (batch_size is then only the least a call carries).",
     )
     admit_per_replica: int = Field(
         default=1024,
         ge=1,
         le=10_000_000,
         description="Requests of launched batches each replica is given at most (on its engine and in "
-        "its fair queue; a batch counts its window, batch_size x batches_in_flight, or what it has "
-        "left). The dispatcher launches more of the model's batches only while they fit; the rest "
-        "wait in queued. Higher-priority batches count only work of their rank or above.",
+        "its fair queue; a batch counts its window, max_active_requests (at least batch_size x "
+        "batches_in_flight), or what it has left). The dispatcher launches more of the model's "
+        "batches only while they fit; the rest wait in queued. Higher-priority batches count only "
+        "work of their rank or above.",
     )
 
     @property
     def batch_window(self) -> int:
-        """Requests one batch can have at the replicas at once (``batch_size x batches_in_flight``)."""
-        return self.engine.batch_size * self.engine.batches_in_flight
+        """Requests one batch can have at a replica at once: as many as its engine runs
+        (``max_active_requests``), at least ``batch_size x batches_in_flight`` (see :func:`call_rows`)."""
+        return max(self.engine.batch_size * self.engine.batches_in_flight, self.max_active_requests)
+
+
+def call_rows(*, batch_size: int, batches_in_flight: int, engine_slots: int, lines: int | None = None) -> int:
+    """Lines of a batch per call to the shared engine. A batch keeps ``batches_in_flight`` calls at the
+    engine, so a batch alone fills every request slot the model's live replicas have
+    (``engine_slots``: their ``max_active_requests`` summed) whatever its ``batch_size``; a batch of
+    ``lines`` lines (when known) that fits in fewer spreads them over its calls, and ``batch_size`` is
+    the least a call carries. Batches that arrive later share the engine through its fair queue
+    (priority, then turns), so nobody tunes this per model."""
+    calls = max(1, batches_in_flight)
+    want = max(0, engine_slots) if lines is None else min(max(0, engine_slots), max(0, lines))
+    return max(max(1, batch_size), math.ceil(want / calls))
 
 
 def app_name(model: str) -> str:

@@ -31,8 +31,9 @@ def launch_slots(in_flight: int, max_in_flight: int) -> int:
 
 def window_requests(total: int | None, done: int, window: int) -> int:
     """Requests a launched batch can have at its model's replicas at once: its window
-    (``batch_size * batches_in_flight``), or what it has left when that is less. ``total`` is
-    ``None`` for a file batch whose job has not counted its lines yet (it counts as a full window)."""
+    (:attr:`~llmbatch.schemas.engines.EngineModel.batch_window`), or what it has left when that is
+    less. ``total`` is ``None`` for a file batch whose job has not counted its lines yet (it counts as
+    a full window)."""
     if total is None or total <= 0:
         return window
     return max(0, min(window, total - done))

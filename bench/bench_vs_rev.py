@@ -1,0 +1,123 @@
+"""Benchmark: ``bench/bench_service.py`` on the code of an earlier commit and on this checkout, one after
+the other on the same machine, figures side by side with their ratio (after / before).
+
+    .venv/bin/python bench/bench_vs_rev.py --before REV [--after-first] [--keep-clone] -- [bench_service args]
+
+The earlier commit runs from a clone of this repository in ``run/compare-<rev>`` with a venv of its own
+(``scripts/bootstrap.sh demo`` there: its own lock, the shared download caches), so neither run imports
+the other's code. Both get the same arguments after ``--`` (each must accept them: an older bench may
+not know a newer option) and each starts and stops its own private stack. ``--after-first`` runs this
+checkout first (to see whether order matters). Prints one table; ``--report PATH`` writes both reports
+as JSON. Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (label, path in the report, higher is better)
+FIGURES: tuple[tuple[str, tuple[str, ...], bool], ...] = (
+    ("1 x N, tok/s", ("one", "tokens_per_s"), True),
+    ("conc x size at once, tok/s", ("conc", "tokens_per_s"), True),
+    ("plain LLM.chat, tok/s", ("plain", "tokens_per_s"), True),
+    ("warm p50 overhead, s", ("warm", "p50_overhead_s"), False),
+    ("warm p50 accepted->terminal, s", ("warm", "p50_accepted_to_terminal_s"), False),
+    ("urgent idle, s", ("fairness", "idle_s"), False),
+    ("urgent beside the big batch, s", ("fairness", "loaded_s"), False),
+    ("urgent beside / idle", ("fairness", "ratio"), False),
+    ("A: small batches cold, s", ("A", "wall_s"), False),
+    ("B: one batch cold, s", ("B", "wall_s"), False),
+)
+
+
+def _get(report: dict[str, Any], path: tuple[str, ...]) -> float | None:
+    value: Any = report
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return float(value) if isinstance(value, int | float) else None
+
+
+def clone_at(rev: str) -> Path:
+    """A clone of this repository at ``rev`` with its own venv (made once, reused)."""
+    sha = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--verify", f"{rev}^{{commit}}"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    where = ROOT / "run" / f"compare-{sha[:10]}"
+    if not (where / ".git").exists():
+        subprocess.run(["git", "clone", "-q", str(ROOT), str(where)], check=True)
+        subprocess.run(["git", "-C", str(where), "checkout", "-q", sha], check=True)
+    subprocess.run(["bash", "scripts/bootstrap.sh", "demo"], cwd=where, check=True)
+    return where
+
+
+def run_bench(checkout: Path, bench_args: list[str], label: str) -> dict[str, Any]:
+    """One bench_service run in ``checkout`` with its own venv; its JSON report."""
+    report = ROOT / "run" / f"compare-report-{label}-{int(time.time())}.json"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [str(checkout / ".venv/bin/python"), "bench/bench_service.py", *bench_args, "--report", str(report)]
+    print(f"[compare] {label}: {' '.join(cmd)} (in {checkout})", flush=True)
+    began = time.monotonic()
+    subprocess.run(cmd, cwd=checkout, check=True)
+    out: dict[str, Any] = json.loads(report.read_text())
+    out["compare_wall_s"] = round(time.monotonic() - began, 1)
+    return out
+
+
+def table(before: dict[str, Any], after: dict[str, Any], rev: str) -> str:
+    lines = [f"{'figure':34} {'before ' + rev[:10]:>18} {'after':>10} {'after/before':>13}"]
+    for label, path, _higher in FIGURES:
+        b, a = _get(before, path), _get(after, path)
+        if b is None and a is None:
+            continue
+        ratio = f"{a / b:.2f}" if a is not None and b else "-"
+        show_b = f"{b:.2f}" if b is not None else "-"
+        show_a = f"{a:.2f}" if a is not None else "-"
+        lines.append(f"{label:34} {show_b:>18} {show_a:>10} {ratio:>13}")
+    for name, report in (("before", before), ("after", after)):
+        plain = _get(report, ("plain", "tokens_per_s"))
+        for key, what in (("one", "1 x N"), ("conc", "conc x size")):
+            got = _get(report, (key, "tokens_per_s"))
+            if got is not None and plain:
+                lines.append(f"{name}: {what} / plain LLM.chat = {got / plain:.2f}x")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ours, bench_args = (
+        (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    )
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--before", required=True, help="the earlier commit (any git revision)")
+    parser.add_argument("--after-first", action="store_true", help="run this checkout first")
+    parser.add_argument("--report", type=Path, help="write both reports here as JSON")
+    args = parser.parse_args(ours)
+    old = clone_at(args.before)
+    runs = [("after", ROOT), ("before", old)]
+    if not args.after_first:
+        runs.reverse()
+    reports = {label: run_bench(where, bench_args, label) for label, where in runs}
+    text = table(reports["before"], reports["after"], args.before)
+    print(text)
+    if args.report is not None:
+        args.report.write_text(json.dumps({"before_rev": args.before, **reports}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

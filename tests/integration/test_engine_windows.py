@@ -1,0 +1,122 @@
+"""A batch alone fills the shared engine (issue 53 item 1): on the batch runner, each of its
+``batches_in_flight`` calls carries enough lines for all of them together to fill the request slots
+the engine reports, whatever the model's ``batch_size``; a small batch keeps small calls. Real MinIO,
+the runner's attempt in this process on the fake engine plug-in behind an engine that reports slots."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import uuid
+
+import pytest
+from minio import Minio
+
+from llmbatch.ray_job.backend_fake import WhitespaceTokenizer
+from llmbatch.ray_job.backends import FAKE_BACKEND
+from llmbatch.ray_job.engine import LocalEngine
+from llmbatch.ray_job.records import Generation, GenRequest
+from llmbatch.ray_job.runner_attempt import RunnerAttempt
+from llmbatch.schemas.batch import DEFAULT_PRIORITY
+from llmbatch.schemas.job import EngineConfig, JobSpec, output_prefix
+from llmbatch.schemas.openai import BatchInputLine
+from llmbatch.settings import S3Settings
+
+pytestmark = pytest.mark.integration
+
+SLOTS = 128  # what the shared engine says its live replicas run at once
+CONFIG = EngineConfig(backend=FAKE_BACKEND, batch_size=2, batches_in_flight=4)
+
+
+class SlottedEngine:
+    """A shared engine as the runner sees one (:class:`~llmbatch.ray_job.engine.SharedEngine`): the
+    fake engine, the slots it reports, and the size of every call it got."""
+
+    def __init__(self, slots: int) -> None:
+        self._inner = LocalEngine("fake", CONFIG)
+        self.max_model_len = self._inner.max_model_len
+        self.default_max_tokens = self._inner.default_max_tokens
+        self.engine_start_s = 0.0
+        self.ready_at = self._inner.ready_at
+        self._slots = slots
+        self._lock = threading.Lock()
+        self.calls: list[int] = []
+
+    def slots(self) -> int:
+        return self._slots
+
+    def generate(
+        self, requests: list[GenRequest], *, group: str = "", priority: int = DEFAULT_PRIORITY
+    ) -> list[Generation]:
+        with self._lock:
+            self.calls.append(len(requests))
+        return self._inner.generate(requests, group=group, priority=priority)
+
+
+@pytest.fixture
+def client(s3_settings: S3Settings, monkeypatch: pytest.MonkeyPatch) -> Minio:
+    monkeypatch.setenv("LLMBATCH_S3__ENDPOINT", s3_settings.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_settings.access_key.get_secret_value())
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_settings.secret_key.get_secret_value())
+    minio = Minio(
+        s3_settings.host,
+        access_key=s3_settings.access_key.get_secret_value(),
+        secret_key=s3_settings.secret_key.get_secret_value(),
+        secure=False,
+    )
+    for bucket in (s3_settings.input_bucket, s3_settings.results_bucket):
+        if not minio.bucket_exists(bucket):
+            minio.make_bucket(bucket)
+    return minio
+
+
+def _line(i: int) -> dict[str, object]:
+    return {
+        "custom_id": f"r{i}",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "m", "messages": [{"role": "user", "content": f"say {i}"}], "max_tokens": 4},
+    }
+
+
+def _run(s3_settings: S3Settings, client: Minio, spec: JobSpec) -> SlottedEngine:
+    engine = SlottedEngine(SLOTS)
+    attempt = RunnerAttempt(spec, tokenizer=WhitespaceTokenizer, keep_text=True, engine=lambda: engine)
+    assert attempt.run() == 0
+    return engine
+
+
+def _spec(s3_settings: S3Settings, batch_id: str, **fields: object) -> JobSpec:
+    return JobSpec(
+        batch_id=batch_id,
+        attempt=1,
+        endpoint="/v1/chat/completions",
+        model="m",
+        tenant="acme",
+        output_prefix=output_prefix(s3_settings.results_bucket, "acme", batch_id),
+        engine=CONFIG,
+        engine_app="llmbatch-engine-fake",
+        **fields,
+    )
+
+
+def test_a_lone_file_batch_fills_the_slots_the_engine_reports(s3_settings: S3Settings, client: Minio) -> None:
+    batch_id = f"w-{uuid.uuid4().hex[:8]}"
+    data = b"".join(json.dumps(_line(i)).encode() + b"\n" for i in range(300))
+    key = f"acme/{batch_id}/in.jsonl"
+    client.put_object(s3_settings.input_bucket, key, io.BytesIO(data), len(data))
+    spec = _spec(s3_settings, batch_id, input_uri=f"s3://{s3_settings.input_bucket}/{key}")
+    engine = _run(s3_settings, client, spec)
+    assert sum(engine.calls) == 300
+    # 4 calls of 32 lines at the engine at once: its 128 slots (batch_size 2 would send 2 a call)
+    assert engine.calls[:-1] == [32] * (len(engine.calls) - 1), engine.calls
+    assert engine.calls[-1] == 300 % 32
+
+
+def test_a_small_batch_keeps_calls_of_its_batch_size(s3_settings: S3Settings, client: Minio) -> None:
+    batch_id = f"w-{uuid.uuid4().hex[:8]}"
+    lines = [BatchInputLine.model_validate(_line(i)) for i in range(6)]
+    engine = _run(s3_settings, client, _spec(s3_settings, batch_id, requests=lines))
+    # 6 lines over 4 calls: batch_size (2) is the least a call carries
+    assert engine.calls == [2, 2, 2], engine.calls
