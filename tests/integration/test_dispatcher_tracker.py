@@ -45,13 +45,13 @@ pytestmark = pytest.mark.integration
 SHORT_PATH_MAX_LINES = DispatcherOptions().short_path_max_lines
 
 NOW = 1_790_000_000.0
-# windows of 8 requests (engines running 8 at once, batch_size 4 x 2 in flight); each replica takes 40
-# requests of launched batches
+# windows of 8 requests (engines running 4 at once: twice that, as batch_size 4 x 2 in flight); each
+# replica takes 40 requests of launched batches
 ENTRY = EngineModel(
     path="fake",
     engine=EngineConfig(backend=FAKE_BACKEND, batch_size=4, batches_in_flight=2),
     scaling=Scaling(min_replicas=0, max_replicas=3),
-    max_active_requests=8,
+    max_active_requests=4,
     admit_per_replica=40,
 )
 

@@ -1,7 +1,8 @@
 """A batch alone fills the shared engine (issue 53 item 1): on the batch runner, each of its
-``batches_in_flight`` calls carries enough lines for all of them together to fill the request slots
-the engine reports, whatever the model's ``batch_size``; a small batch keeps small calls. Real MinIO,
-the runner's attempt in this process on the fake engine plug-in behind an engine that reports slots."""
+``batches_in_flight`` calls carries enough lines for all of them together to cover twice the request
+slots the engine reports (running, and waiting their turn), whatever the model's ``batch_size``; a small
+batch keeps small calls. Real MinIO, the runner's attempt in this process on the fake engine plug-in
+behind an engine that reports slots."""
 
 from __future__ import annotations
 
@@ -109,9 +110,10 @@ def test_a_lone_file_batch_fills_the_slots_the_engine_reports(s3_settings: S3Set
     spec = _spec(s3_settings, batch_id, input_uri=f"s3://{s3_settings.input_bucket}/{key}")
     engine = _run(s3_settings, client, spec)
     assert sum(engine.calls) == 300
-    # 4 calls of 32 lines at the engine at once: its 128 slots (batch_size 2 would send 2 a call)
-    assert engine.calls[:-1] == [32] * (len(engine.calls) - 1), engine.calls
-    assert engine.calls[-1] == 300 % 32
+    # 4 calls of 64 lines at the engine at once: its 128 slots running and as many waiting their turn
+    # (batch_size 2 would send 2 a call)
+    assert engine.calls[:-1] == [64] * (len(engine.calls) - 1), engine.calls
+    assert engine.calls[-1] == 300 % 64
 
 
 def test_a_small_batch_keeps_calls_of_its_batch_size(s3_settings: S3Settings, client: Minio) -> None:

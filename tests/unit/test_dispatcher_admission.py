@@ -23,9 +23,9 @@ def test_a_batch_counts_its_window_or_what_it_has_left() -> None:
 
 
 def test_the_window_is_what_a_batch_alone_keeps_at_a_replica() -> None:
-    # as many as the replica's engine runs at once (schemas.engines.call_rows) ...
+    # twice what the replica's engine runs at once (schemas.engines.call_rows: running and waiting) ...
     entry = EngineModel(path="m", engine=EngineConfig(batch_size=16, batches_in_flight=3))
-    assert entry.batch_window == entry.max_active_requests == 256
+    assert entry.batch_window == 2 * entry.max_active_requests == 512
     # ... never less than batch_size x batches_in_flight
     small = EngineModel(
         path="m", engine=EngineConfig(batch_size=16, batches_in_flight=3), max_active_requests=8

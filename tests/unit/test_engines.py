@@ -274,7 +274,9 @@ def test_manifest_serve_config_is_the_dispatchers_without_secrets() -> None:
         "LLMBATCH_S3__ENDPOINT",
         "AWS_ENDPOINT_URL_S3",
         "AWS_REGION",
+        "RAY_worker_niceness",  # the runner at the engine's priority, not Ray's 15
     }
+    assert env["RAY_worker_niceness"] == "0"
     assert {k for k, v in env.items() if not v} == set(node_secrets.S3_KEYS)  # its batches bring theirs
     # what the dispatcher deploys itself is the same config: neither carries the Redis password or S3
     # keys (the replicas inherit them from the Ray pods' environment)

@@ -343,6 +343,7 @@ def test_cluster_config_adds_the_runner_with_the_short_path_only() -> None:
         "LLMBATCH_S3__ENDPOINT": s3.endpoint,
         "AWS_ENDPOINT_URL_S3": s3.endpoint,
         "AWS_REGION": s3.region,
+        "RAY_worker_niceness": "0",  # on every short-path batch's way: the engine's priority, not Ray's 15
         **node_secrets.withheld(node_secrets.S3_KEYS),
     }
     no_sessions = settings.model_copy(
@@ -376,6 +377,9 @@ def test_every_batch_reports_its_own_wait_for_an_engine(monkeypatch: pytest.Monk
 
         def wait_ready(self) -> None:
             clock.now += waits.pop(0)
+
+        def slots(self) -> int:
+            return 0
 
     monkeypatch.setattr(serve_engine, "ServeEngine", Handle)
     runner = BatchRunner()

@@ -24,6 +24,10 @@ from llmbatch.schemas.errors import LLMBatchError
 from llmbatch.schemas.job import EngineConfig
 
 APP_PREFIX = "llmbatch-engine-"
+FILL_ROUNDS = 2
+"""Rounds of the engine's request slots a batch alone keeps at it (:func:`call_rows`): one running and
+one waiting in the replica's fair queue, so a slot a finished request frees is taken at once (as vLLM's
+own waiting queue does for one big ``LLM.chat``) instead of when a whole call has come back."""
 DEPLOYMENT_NAME = "EngineServer"
 
 
@@ -101,15 +105,16 @@ class EngineModel(BaseModel):
         le=100_000,
         description="Requests a replica's engine runs at once; the rest wait in its fair queue "
         "(priority first, batches taking turns). Keep it at most the engine's max_num_seqs, so "
-        "the engine's own first-come queue stays short. A batch alone sends enough per call to fill "
-        "it on every live replica (batch_size is then only the least a call carries).",
+        "the engine's own first-come queue stays short. A batch alone keeps twice this at every live "
+        "replica (running, and waiting its turn), whatever its batch_size (then only the least a call "
+        "carries).",
     )
     admit_per_replica: int = Field(
         default=1024,
         ge=1,
         le=10_000_000,
         description="Requests of launched batches each replica is given at most (on its engine and in "
-        "its fair queue; a batch counts its window, max_active_requests (at least batch_size x "
+        "its fair queue; a batch counts its window, twice max_active_requests (at least batch_size x "
         "batches_in_flight), or what it has left). The dispatcher launches more of the model's "
         "batches only while they fit; the rest wait in queued. Higher-priority batches count only "
         "work of their rank or above.",
@@ -117,20 +122,23 @@ class EngineModel(BaseModel):
 
     @property
     def batch_window(self) -> int:
-        """Requests one batch can have at a replica at once: as many as its engine runs
+        """Requests one batch can have at a replica at once: :data:`FILL_ROUNDS` x what its engine runs
         (``max_active_requests``), at least ``batch_size x batches_in_flight`` (see :func:`call_rows`)."""
-        return max(self.engine.batch_size * self.engine.batches_in_flight, self.max_active_requests)
+        return max(
+            self.engine.batch_size * self.engine.batches_in_flight, FILL_ROUNDS * self.max_active_requests
+        )
 
 
 def call_rows(*, batch_size: int, batches_in_flight: int, engine_slots: int, lines: int | None = None) -> int:
     """Lines of a batch per call to the shared engine. A batch keeps ``batches_in_flight`` calls at the
-    engine, so a batch alone fills every request slot the model's live replicas have
-    (``engine_slots``: their ``max_active_requests`` summed) whatever its ``batch_size``; a batch of
-    ``lines`` lines (when known) that fits in fewer spreads them over its calls, and ``batch_size`` is
+    engine, so a batch alone keeps :data:`FILL_ROUNDS` x every request slot the model's live replicas
+    have (``engine_slots``: their ``max_active_requests`` summed) whatever its ``batch_size``; a batch
+    of ``lines`` lines (when known) that needs fewer spreads them over its calls, and ``batch_size`` is
     the least a call carries. Batches that arrive later share the engine through its fair queue
     (priority, then turns), so nobody tunes this per model."""
     calls = max(1, batches_in_flight)
-    want = max(0, engine_slots) if lines is None else min(max(0, engine_slots), max(0, lines))
+    fill = FILL_ROUNDS * max(0, engine_slots)
+    want = fill if lines is None else min(fill, max(0, lines))
     return max(max(1, batch_size), math.ceil(want / calls))
 
 
