@@ -14,6 +14,7 @@ import uuid
 import pytest
 from minio import Minio
 
+from llmbatch.adapters.storage import ensure_buckets, make_client
 from llmbatch.ray_job.backend_fake import WhitespaceTokenizer
 from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.ray_job.engine import LocalEngine
@@ -57,18 +58,13 @@ class SlottedEngine:
 
 @pytest.fixture
 def client(s3_settings: S3Settings, monkeypatch: pytest.MonkeyPatch) -> Minio:
+    """The product's own MinIO client with both buckets; the process's environment holds the keys (as the
+    runner's node does)."""
     monkeypatch.setenv("LLMBATCH_S3__ENDPOINT", s3_settings.endpoint)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_settings.access_key.get_secret_value())
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_settings.secret_key.get_secret_value())
-    minio = Minio(
-        s3_settings.host,
-        access_key=s3_settings.access_key.get_secret_value(),
-        secret_key=s3_settings.secret_key.get_secret_value(),
-        secure=False,
-    )
-    for bucket in (s3_settings.input_bucket, s3_settings.results_bucket):
-        if not minio.bucket_exists(bucket):
-            minio.make_bucket(bucket)
+    minio: Minio = make_client(s3_settings)
+    ensure_buckets(minio, s3_settings)
     return minio
 
 
