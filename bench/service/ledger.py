@@ -43,6 +43,7 @@ class Ledger:
         self.accepted: dict[str, Envelope[Any]] = {}
         self.terminal: dict[str, Envelope[Any]] = {}
         self.progress: dict[str, int] = {}
+        self.events = 0  # every event read from the results topic
         self.changed = asyncio.Condition()
         self.task: asyncio.Task[None] | None = None
 
@@ -51,6 +52,7 @@ class Ledger:
 
         async with aclosing(client.events(stop_at_terminal=False)) as stream:
             async for envelope in stream:
+                self.events += 1
                 batch_id = envelope.batch_id
                 if envelope.type is EventType.ACCEPTED:
                     self.accepted.setdefault(batch_id, envelope)

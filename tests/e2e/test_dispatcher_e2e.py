@@ -667,6 +667,7 @@ async def test_a_ray_head_restart_loses_jobs_runs_and_engines_which_all_come_bac
             "engine": slow,
             "resources": ReplicaResources(num_cpus=0.25),
             "scaling": Scaling(min_replicas=1, max_replicas=1, idle_s=60),
+            "max_active_requests": 1,  # one request at a time: both batches are mid-batch at the restart
         }
     )
     e = Env(settings.model_copy(update={"engines": EngineRegistry(models={MODEL: entry})}), tmp_path)
@@ -745,6 +746,7 @@ async def test_the_shared_path_keeps_exactly_once_resume_cancel_and_deadline(
             "engine": slow,
             "resources": ReplicaResources(num_cpus=0.25),
             "scaling": Scaling(min_replicas=1, max_replicas=1, idle_s=60),
+            "max_active_requests": 1,  # one request at a time: each batch below runs for a while
         }
     )
     opts = env.settings.dispatcher.model_copy(update={"shared_engines": True, "max_in_flight": None})

@@ -151,6 +151,9 @@ def shared_deploy(
                 engine=EngineConfig(**ENGINE),
                 resources=ReplicaResources(num_cpus=SHARED_CPUS),
                 scaling=Scaling(min_replicas=1, max_replicas=1, idle_s=3600),
+                # 8 at once: a batch alone keeps twice that in calls of batch_size 4 (call_rows), so the
+                # stop test's batch has 4 calls of 4 at the engine and work left after its first shards
+                max_active_requests=8,
             )
         }
     )
@@ -449,7 +452,8 @@ def test_stop_midway_then_attempt_2_each_custom_id_exactly_once(
             for i in range(n)
         ],
     )
-    # 4 calls of 4 requests on the engine at once: the stop always finds work in flight
+    # 4 calls of 4 requests on the engine at once (8 slots: call_rows): the stop always finds work in
+    # flight
     engine = EngineConfig(**{**ENGINE, "batch_size": 4, "batches_in_flight": 4})
     first = h.spec(
         "vllm-resume",

@@ -164,6 +164,9 @@ def test_a_killed_vllm_replica_is_replaced_and_the_batch_completes_once(
                 # a small reservation, so the job's stages fit beside it on the 2-CPU head
                 resources=ReplicaResources(num_cpus=0.25),
                 scaling=Scaling(min_replicas=1, max_replicas=1, idle_s=3600),
+                # 8 at once: a batch alone keeps twice that, 4 calls of 4 (call_rows), so the kill
+                # finds calls in flight and waves of them after it
+                max_active_requests=8,
             )
         }
     )

@@ -1,0 +1,177 @@
+"""Benchmark: many small batches through the whole service at once, and what each one costs the service
+(issue 53 item 2). Fake engine (the answers cost nothing: what is left is the service's own cost),
+dispatcher defaults, the stack's engine entry, one run.
+
+    .venv/bin/python bench/bench_flow.py [--batches 300] [--lines 4] [--fake-delay-s 0] [--json]
+
+Starts a private local stack and a dispatcher process as ``bench/bench_service.py`` does (its harness),
+warms the path with one batch, then publishes ``--batches`` batches of ``--lines`` inline lines at once
+and waits for every terminal event. Prints:
+
+- batches per minute: batches / (first accepted -> last terminal event), and p50 / p90 / max
+  accepted -> terminal (the dispatcher's ``ce_time``s). Targets: >= 600 per minute, p50 < 10 s.
+- per batch: Redis commands (``INFO commandstats`` of the stack's Redis, by command, before and after),
+  Kafka records (the requests published plus every event on the results topic), and the CPU
+  milliseconds of each process of the machine (the dispatcher, the batch runner's replicas, Kafka,
+  Redis, MinIO, Ray's and Serve's own processes), from their CPU times before and after.
+
+Everything started is stopped by PID (the private run folder is removed after a successful run). Not a
+test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.bench_ray_job import prompts  # noqa: E402
+from bench.service.common import BenchError, say  # noqa: E402
+from bench.service.cpu import cpu_snapshot  # noqa: E402
+from bench.service.harness import Service  # noqa: E402
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--batches", type=int, default=300, help="batches published at once")
+    parser.add_argument("--lines", type=int, default=4, help="inline lines per batch")
+    parser.add_argument("--fake-delay-s", type=float, default=0.0, help="fake engine: seconds per request")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for every batch")
+    parser.add_argument("--stack-dir", type=Path, help="a running stack to use (left up)")
+    parser.add_argument("--keep", action="store_true", help="leave the stack running afterwards")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args()
+    for name in ("batches", "lines"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+    # what the service harness reads: the fake engine on the stack's own entry
+    args.engine, args.max_tokens = "fake", 8
+    args.batch_size = args.batches_in_flight = args.omp_threads = None
+    return args
+
+
+async def redis_calls(svc: Service) -> dict[str, int]:
+    """Calls so far of every Redis command (``INFO commandstats``)."""
+    from llmbatch.dispatcher.state.store import StateStore
+
+    _, _, _, dsettings = svc.need()
+    store = StateStore.from_settings(dsettings.redis)
+    try:
+        stats = await store.client.info("commandstats")
+    finally:
+        await store.client.aclose()
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+
+
+def per_batch(
+    before: dict[str, float], after: dict[str, float], n: int, scale: float = 1.0
+) -> dict[str, float]:
+    delta = {k: (after.get(k, 0) - before.get(k, 0)) * scale / n for k in after}
+    return {k: round(v, 2) for k, v in sorted(delta.items(), key=lambda kv: -kv[1]) if v > 0}
+
+
+def cpu_by_label(snapshot: dict[int, tuple[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for label, seconds in snapshot.values():
+        out[label] = out.get(label, 0.0) + seconds
+    return out
+
+
+async def flow(svc: Service, args: argparse.Namespace) -> dict[str, Any]:
+    report: dict[str, Any] = {"setup": await svc.start()}
+    say("[warm-up] one batch (the runner's replicas, the engine, the paths) ...")
+    report["warmup"] = await svc.phase("warm", [(prompts(args.lines), 5)])
+    texts = prompts(args.lines)
+    redis0, cpu0, events0 = await redis_calls(svc), cpu_by_label(cpu_snapshot()), svc.ledger.events
+    say(f"[flow] {args.batches} batches of {args.lines} lines at once ...")
+    subs = await asyncio.gather(*(svc.submit(texts, priority=5, name=f"f{i}") for i in range(args.batches)))
+    await svc.wait(list(subs), "the flow")
+    redis1, cpu1, events1 = await redis_calls(svc), cpu_by_label(cpu_snapshot()), svc.ledger.events
+    accepted = [svc.ledger.accepted[s.batch_id].time.timestamp() for s in subs]
+    terminal = [svc.ledger.terminal[s.batch_id].time.timestamp() for s in subs]
+    latencies = sorted(t - a for a, t in zip(accepted, terminal, strict=True))
+    wall = max(terminal) - min(accepted)
+    n = len(subs)
+    redis = per_batch(redis0, redis1, n)
+    report["flow"] = {
+        "batches": n,
+        "lines_per_batch": args.lines,
+        "wall_s": round(wall, 2),
+        "batches_per_min": round(n / wall * 60, 1),
+        "p50_accepted_to_terminal_s": round(statistics.median(latencies), 2),
+        "p90_accepted_to_terminal_s": round(latencies[int(0.9 * (n - 1))], 2),
+        "max_accepted_to_terminal_s": round(latencies[-1], 2),
+        "redis_commands_per_batch": round(sum(redis.values()), 1),
+        "redis_by_command": dict(list(redis.items())[:15]),
+        "kafka_records_per_batch": round((n + events1 - events0) / n, 2),
+        "cpu_ms_per_batch": dict(list(per_batch(cpu0, cpu1, n, scale=1000.0).items())[:15]),
+    }
+    return report
+
+
+def show(report: dict[str, Any]) -> None:
+    f = report["flow"]
+    print(
+        f"{f['batches']} batches of {f['lines_per_batch']} lines at once (fake engine): "
+        f"{f['batches_per_min']} batches/min ({f['wall_s']} s first accepted -> last terminal); "
+        f"accepted -> terminal p50 {f['p50_accepted_to_terminal_s']} s, "
+        f"p90 {f['p90_accepted_to_terminal_s']} s, max {f['max_accepted_to_terminal_s']} s"
+    )
+    redis, kafka = f["redis_commands_per_batch"], f["kafka_records_per_batch"]
+    print(f"per batch: {redis} Redis commands, {kafka} Kafka records")
+    print("  Redis commands by name: " + ", ".join(f"{k} {v}" for k, v in f["redis_by_command"].items()))
+    print("  CPU ms by process: " + ", ".join(f"{k} {v}" for k, v in f["cpu_ms_per_batch"].items()))
+    for name, target, met in (
+        ("batches per minute", ">= 600", f["batches_per_min"] >= 600),
+        ("p50 accepted -> terminal (s)", "< 10", f["p50_accepted_to_terminal_s"] < 10),
+    ):
+        print(f"  {name:32} target {target:7} {'met' if met else 'NOT met'}")
+
+
+def main() -> int:
+    args = parse_args()
+    from llmbatch.stack.model import ensure_model
+    from llmbatch.stack.process import StackError
+
+    svc = Service(args, str(ensure_model()))
+
+    async def run() -> dict[str, Any]:
+        try:
+            return await flow(svc, args)
+        except BaseException:
+            if svc.proc is not None:
+                say(f"--- dispatcher log tail\n{svc.proc.tail()}")
+            raise
+        finally:
+            await svc.stop()
+
+    began = time.monotonic()
+    try:
+        report = asyncio.run(run())
+    except (BenchError, StackError) as exc:
+        say(f"error: {exc}")
+        return 1
+    report["total_s"] = round(time.monotonic() - began, 1)
+    if svc.own_stack and not args.keep:
+        shutil.rmtree(svc.run_dir, ignore_errors=True)
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        show(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
