@@ -28,6 +28,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,7 @@ async def redis_calls(svc: Service) -> dict[str, int]:
 
 
 def per_batch(
-    before: dict[str, float], after: dict[str, float], n: int, scale: float = 1.0
+    before: Mapping[str, float], after: Mapping[str, float], n: int, scale: float = 1.0
 ) -> dict[str, float]:
     delta = {k: (after.get(k, 0) - before.get(k, 0)) * scale / n for k in after}
     return {k: round(v, 2) for k, v in sorted(delta.items(), key=lambda kv: -kv[1]) if v > 0}
