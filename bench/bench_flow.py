@@ -148,19 +148,9 @@ def main() -> int:
 
     svc = Service(args, str(ensure_model()))
 
-    async def run() -> dict[str, Any]:
-        try:
-            return await flow(svc, args)
-        except BaseException:
-            if svc.proc is not None:
-                say(f"--- dispatcher log tail\n{svc.proc.tail()}")
-            raise
-        finally:
-            await svc.stop()
-
     began = time.monotonic()
     try:
-        report = asyncio.run(run())
+        report = asyncio.run(svc.running(lambda: flow(svc, args)))
     except (BenchError, StackError) as exc:
         say(f"error: {exc}")
         return 1

@@ -123,19 +123,9 @@ def main() -> int:
     began = time.monotonic()
     svc = Service(args, model_path)
 
-    async def service_phases() -> None:
-        try:
-            await measure(svc, args, report)
-        except BaseException:
-            if svc.proc is not None:
-                say(f"--- dispatcher log tail\n{svc.proc.tail()}")
-            raise
-        finally:
-            await svc.stop()
-
     code = 0
     try:
-        asyncio.run(service_phases())
+        asyncio.run(svc.running(lambda: measure(svc, args, report)))
     except (BenchError, StackError) as exc:
         if isinstance(exc, StackError) and exc.log_tail:
             say(exc.log_tail)

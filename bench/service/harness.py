@@ -11,15 +11,17 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from bench.bench_ray_job import input_lines
 from bench.service.common import BenchError, Sub, say
 from bench.service.ledger import Ledger, Load
 from bench.service.scheduling import schedule
 from llmbatch.ray_job.backends import FAKE_BACKEND
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from llmbatch.demo.run import DispatcherProcess
@@ -143,6 +145,18 @@ class Service:
             "run_dir": str(self.run_dir),
             "engines": json.loads(registry),
         }
+
+    async def running(self, work: Callable[[], Awaitable[T]]) -> T:
+        """``work()``'s result; the dispatcher's log tail is printed when it fails, and everything this
+        run started is stopped either way."""
+        try:
+            return await work()
+        except BaseException:
+            if self.proc is not None:
+                say(f"--- dispatcher log tail\n{self.proc.tail()}")
+            raise
+        finally:
+            await self.stop()
 
     async def stop(self) -> None:
         from llmbatch.stack import manager

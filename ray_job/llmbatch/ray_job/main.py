@@ -47,7 +47,6 @@ from llmbatch.ray_job.progress import Counters, Progress
 from llmbatch.ray_job.reservation import Reservation, bundle_of
 from llmbatch.ray_job.writer import ShardWriter
 from llmbatch.schemas.common import BatchStatus, utcnow
-from llmbatch.schemas.engines import call_rows
 from llmbatch.schemas.job import MANIFEST_NAME, AttemptRecord, JobSpec, Manifest, S3Session
 from llmbatch.schemas.openai import ErrorObject, Usage
 
@@ -198,12 +197,7 @@ class Attempt:
             from llmbatch.ray_job.serve_engine import ServeEngine
 
             engine = ServeEngine(self.spec.engine_app, wait_s=self.spec.engine_wait_s)
-            block_rows = call_rows(
-                batch_size=self.spec.engine.batch_size,
-                batches_in_flight=self.spec.engine.batches_in_flight,
-                engine_slots=engine.slots(),
-                lines=len(self.spec.requests) if self.spec.requests is not None else None,
-            )
+            block_rows = pipeline.rows_per_call(self.spec, engine.slots())
             # then all of the stages' resources at once, or none (see ray_job.reservation)
             reservation = Reservation(self.spec, bundle_of(pipeline.stage_requests(self.spec)))
             waited = reservation.wait(pipeline.WAIT_FOR_ACTORS_S)

@@ -21,6 +21,7 @@ from llmbatch.ray_job.data_stats import BoundedBlockStats
 from llmbatch.ray_job.engine import EngineStage
 from llmbatch.ray_job.prompts import PromptStage
 from llmbatch.ray_job.reader import Source, read_rows
+from llmbatch.schemas.engines import call_rows
 from llmbatch.schemas.job import JobSpec, S3Session
 
 READ_CPUS = 0.1
@@ -122,6 +123,17 @@ def source_of(
         block_rows=block_rows or spec.engine.batch_size,
         max_line_bytes=spec.max_line_bytes,
         session=session,
+    )
+
+
+def rows_per_call(spec: JobSpec, engine_slots: int) -> int:
+    """Lines of ``spec``'s batch per call to a shared engine whose live replicas run ``engine_slots``
+    requests at once (:func:`~llmbatch.schemas.engines.call_rows`; the inline lines when known)."""
+    return call_rows(
+        batch_size=spec.engine.batch_size,
+        batches_in_flight=spec.engine.batches_in_flight,
+        engine_slots=engine_slots,
+        lines=len(spec.requests) if spec.requests is not None else None,
     )
 
 

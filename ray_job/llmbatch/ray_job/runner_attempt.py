@@ -15,14 +15,13 @@ from llmbatch.ray_job.engine import Engine, EngineStage, engine_slots
 from llmbatch.ray_job.main import Attempt, StopRequested
 from llmbatch.ray_job.memory import MemoryPeak
 from llmbatch.ray_job.outcome import SUPERSEDED
-from llmbatch.ray_job.pipeline import source_of
+from llmbatch.ray_job.pipeline import rows_per_call, source_of
 from llmbatch.ray_job.prompts import build_rows
 from llmbatch.ray_job.reader import iter_blocks
 from llmbatch.ray_job.records import Generation, GenRequest
 from llmbatch.ray_job.tokenizers import Tokenizer
 from llmbatch.schemas.batch import DEFAULT_PRIORITY
 from llmbatch.schemas.common import utcnow
-from llmbatch.schemas.engines import call_rows
 from llmbatch.schemas.job import JobSpec, S3Session
 
 
@@ -84,13 +83,8 @@ class RunnerAttempt(Attempt):
             priority=spec.priority,
         )
         in_flight = max(1, spec.engine.batches_in_flight)
-        rows_per_call = call_rows(
-            batch_size=spec.engine.batch_size,
-            batches_in_flight=in_flight,
-            engine_slots=engine_slots(engine),
-            lines=len(spec.requests) if spec.requests is not None else None,
-        )
-        source = source_of(spec, self.prior.done_shards, input_path=input_path, block_rows=rows_per_call)
+        per_call = rows_per_call(spec, engine_slots(engine))
+        source = source_of(spec, self.prior.done_shards, input_path=input_path, block_rows=per_call)
         pool = ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix=f"run-{spec.batch_id}"[:40])
         pending: deque[Future[list[rows.Row]]] = deque()
         try:
