@@ -2,11 +2,12 @@
 (issue 53 item 2). Fake engine (the answers cost nothing: what is left is the service's own cost),
 dispatcher defaults, the stack's engine entry, one run.
 
-    .venv/bin/python bench/bench_flow.py [--batches 300] [--lines 4] [--fake-delay-s 0] [--json]
+    .venv/bin/python bench/bench_flow.py [--batches 300] [--lines 4] [--rate 0] [--fake-delay-s 0]
+        [--json] [--report PATH]
 
 Starts a private local stack and a dispatcher process as ``bench/bench_service.py`` does (its harness),
-warms the path with one batch, then publishes ``--batches`` batches of ``--lines`` inline lines at once
-and waits for every terminal event. Prints:
+warms the path with one batch, then publishes ``--batches`` batches of ``--lines`` inline lines, all at
+once (a burst) or ``--rate`` a minute (a steady flow), and waits for every terminal event. Prints:
 
 - batches per minute: batches / (first accepted -> last terminal event), and p50 / p90 / max
   accepted -> terminal (the dispatcher's ``ce_time``s). Targets: >= 600 per minute, p50 < 10 s.
@@ -37,7 +38,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.bench_ray_job import prompts  # noqa: E402
-from bench.service.common import BenchError, say  # noqa: E402
+from bench.service.common import BenchError, Sub, say  # noqa: E402
 from bench.service.cpu import cpu_snapshot  # noqa: E402
 from bench.service.harness import Service  # noqa: E402
 
@@ -48,15 +49,24 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--batches", type=int, default=300, help="batches published at once")
     parser.add_argument("--lines", type=int, default=4, help="inline lines per batch")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="batches per minute, published evenly (a steady flow); 0: all at once (a burst)",
+    )
     parser.add_argument("--fake-delay-s", type=float, default=0.0, help="fake engine: seconds per request")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for every batch")
     parser.add_argument("--stack-dir", type=Path, help="a running stack to use (left up)")
     parser.add_argument("--keep", action="store_true", help="leave the stack running afterwards")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--report", type=Path, help="also write the report here as JSON")
     args = parser.parse_args()
     for name in ("batches", "lines"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
+    if args.rate < 0:
+        parser.error("--rate must be 0 (all at once) or a number of batches per minute")
     # what the service harness reads: the fake engine on the stack's own entry
     args.engine, args.max_tokens = "fake", 8
     args.batch_size = args.batches_in_flight = args.omp_threads = None
@@ -90,15 +100,28 @@ def cpu_by_label(snapshot: dict[int, tuple[str, float]]) -> dict[str, float]:
     return out
 
 
+async def publish(svc: Service, texts: list[str], n: int, rate: float) -> list[Sub]:
+    """Publish ``n`` batches: all at once (``rate`` 0) or one every ``60 / rate`` seconds, on a schedule
+    that does not drift (a late send is not made up by the ones after it waiting less)."""
+    if not rate:
+        return list(await asyncio.gather(*(svc.submit(texts, priority=5, name=f"f{i}") for i in range(n))))
+    began, pending = time.monotonic(), []
+    for i in range(n):
+        await asyncio.sleep(max(0.0, began + i * 60.0 / rate - time.monotonic()))
+        pending.append(asyncio.create_task(svc.submit(texts, priority=5, name=f"f{i}")))
+    return list(await asyncio.gather(*pending))
+
+
 async def flow(svc: Service, args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {"setup": await svc.start()}
     say("[warm-up] one batch (the runner's replicas, the engine, the paths) ...")
     report["warmup"] = await svc.phase("warm", [(prompts(args.lines), 5)])
     texts = prompts(args.lines)
     redis0, cpu0, events0 = await redis_calls(svc), cpu_by_label(cpu_snapshot()), svc.ledger.events
-    say(f"[flow] {args.batches} batches of {args.lines} lines at once ...")
-    subs = await asyncio.gather(*(svc.submit(texts, priority=5, name=f"f{i}") for i in range(args.batches)))
-    await svc.wait(list(subs), "the flow")
+    how = f"at {args.rate:g} per minute" if args.rate else "at once"
+    say(f"[flow] {args.batches} batches of {args.lines} lines {how} ...")
+    subs = await publish(svc, texts, args.batches, args.rate)
+    await svc.wait(subs, "the flow")
     redis1, cpu1, events1 = await redis_calls(svc), cpu_by_label(cpu_snapshot()), svc.ledger.events
     accepted = [svc.ledger.accepted[s.batch_id].time.timestamp() for s in subs]
     terminal = [svc.ledger.terminal[s.batch_id].time.timestamp() for s in subs]
@@ -109,6 +132,7 @@ async def flow(svc: Service, args: argparse.Namespace) -> dict[str, Any]:
     report["flow"] = {
         "batches": n,
         "lines_per_batch": args.lines,
+        "rate_per_min": args.rate or None,
         "wall_s": round(wall, 2),
         "batches_per_min": round(n / wall * 60, 1),
         "p50_accepted_to_terminal_s": round(statistics.median(latencies), 2),
@@ -124,8 +148,9 @@ async def flow(svc: Service, args: argparse.Namespace) -> dict[str, Any]:
 
 def show(report: dict[str, Any]) -> None:
     f = report["flow"]
+    how = f"at {f['rate_per_min']:g}/min" if f["rate_per_min"] else "at once"
     print(
-        f"{f['batches']} batches of {f['lines_per_batch']} lines at once (fake engine): "
+        f"{f['batches']} batches of {f['lines_per_batch']} lines {how} (fake engine): "
         f"{f['batches_per_min']} batches/min ({f['wall_s']} s first accepted -> last terminal); "
         f"accepted -> terminal p50 {f['p50_accepted_to_terminal_s']} s, "
         f"p90 {f['p90_accepted_to_terminal_s']} s, max {f['max_accepted_to_terminal_s']} s"
@@ -157,6 +182,8 @@ def main() -> int:
     report["total_s"] = round(time.monotonic() - began, 1)
     if svc.own_stack and not args.keep:
         shutil.rmtree(svc.run_dir, ignore_errors=True)
+    if args.report is not None:
+        args.report.write_text(json.dumps(report, indent=2, default=str) + "\n")
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:

@@ -1,7 +1,9 @@
-"""Benchmark: ``bench/bench_service.py`` on the code of an earlier commit and on this checkout, one after
-the other on the same machine, figures side by side with their ratio (after / before).
+"""Benchmark: ``bench/bench_service.py`` (or ``bench/bench_flow.py``: ``--bench flow``) on the code of an
+earlier commit and on this checkout, one after the other on the same machine, figures side by side with
+their ratio (after / before).
 
-    .venv/bin/python bench/bench_vs_rev.py --before REV [--after-first] [--keep-clone] -- [bench_service args]
+    .venv/bin/python bench/bench_vs_rev.py --before REV [--bench service|flow] [--after-first] \
+        [--report PATH] -- [the bench's args]
 
 The earlier commit runs from a clone of this repository in ``run/compare-<rev>`` with a venv of its own
 (``scripts/bootstrap.sh demo`` there: its own lock, the shared download caches), so neither run imports
@@ -24,7 +26,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 # (label, path in the report, higher is better)
-FIGURES: tuple[tuple[str, tuple[str, ...], bool], ...] = (
+Figures = tuple[tuple[str, tuple[str, ...], bool], ...]
+SERVICE_FIGURES: Figures = (
     ("1 x N, tok/s", ("one", "tokens_per_s"), True),
     ("conc x size at once, tok/s", ("conc", "tokens_per_s"), True),
     ("plain LLM.chat, tok/s", ("plain", "tokens_per_s"), True),
@@ -36,6 +39,16 @@ FIGURES: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ("A: small batches cold, s", ("A", "wall_s"), False),
     ("B: one batch cold, s", ("B", "wall_s"), False),
 )
+FLOW_FIGURES: Figures = (
+    ("batches per minute", ("flow", "batches_per_min"), True),
+    ("p50 accepted->terminal, s", ("flow", "p50_accepted_to_terminal_s"), False),
+    ("p90 accepted->terminal, s", ("flow", "p90_accepted_to_terminal_s"), False),
+    ("Redis commands per batch", ("flow", "redis_commands_per_batch"), False),
+    ("Kafka records per batch", ("flow", "kafka_records_per_batch"), False),
+)
+# the per-process CPU figures of a flow run (their labels are the processes' names)
+FLOW_CPU = ("flow", "cpu_ms_per_batch")
+BENCHES = {"service": "bench/bench_service.py", "flow": "bench/bench_flow.py"}
 
 
 def _get(report: dict[str, Any], path: tuple[str, ...]) -> float | None:
@@ -63,11 +76,11 @@ def clone_at(rev: str) -> Path:
     return where
 
 
-def run_bench(checkout: Path, bench_args: list[str], label: str) -> dict[str, Any]:
-    """One bench_service run in ``checkout`` with its own venv; its JSON report."""
+def run_bench(checkout: Path, script: str, bench_args: list[str], label: str) -> dict[str, Any]:
+    """One run of ``script`` in ``checkout`` with its own venv; its JSON report."""
     report = ROOT / "run" / f"compare-report-{label}-{int(time.time())}.json"
     report.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [str(checkout / ".venv/bin/python"), "bench/bench_service.py", *bench_args, "--report", str(report)]
+    cmd = [str(checkout / ".venv/bin/python"), script, *bench_args, "--report", str(report)]
     print(f"[compare] {label}: {' '.join(cmd)} (in {checkout})", flush=True)
     began = time.monotonic()
     subprocess.run(cmd, cwd=checkout, check=True)
@@ -76,9 +89,21 @@ def run_bench(checkout: Path, bench_args: list[str], label: str) -> dict[str, An
     return out
 
 
-def table(before: dict[str, Any], after: dict[str, Any], rev: str) -> str:
+def cpu_figures(before: dict[str, Any], after: dict[str, Any]) -> Figures:
+    """One row per process named in either flow report's CPU figures."""
+    names: dict[str, None] = {}
+    for report in (before, after):
+        value: Any = report
+        for key in FLOW_CPU:
+            value = value.get(key, {}) if isinstance(value, dict) else {}
+        names.update(dict.fromkeys(value if isinstance(value, dict) else {}))
+    return tuple((f"CPU ms/batch {name[:22]}", (*FLOW_CPU, name), False) for name in names)
+
+
+def table(before: dict[str, Any], after: dict[str, Any], rev: str, bench: str = "service") -> str:
+    figures = SERVICE_FIGURES if bench == "service" else FLOW_FIGURES + cpu_figures(before, after)
     lines = [f"{'figure':34} {'before ' + rev[:10]:>18} {'after':>10} {'after/before':>13}"]
-    for label, path, _higher in FIGURES:
+    for label, path, _higher in figures:
         b, a = _get(before, path), _get(after, path)
         if b is None and a is None:
             continue
@@ -104,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--before", required=True, help="the earlier commit (any git revision)")
+    parser.add_argument("--bench", choices=sorted(BENCHES), default="service", help="which bench runs")
     parser.add_argument("--after-first", action="store_true", help="run this checkout first")
     parser.add_argument("--report", type=Path, help="write both reports here as JSON")
     args = parser.parse_args(ours)
@@ -111,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     runs = [("after", ROOT), ("before", old)]
     if not args.after_first:
         runs.reverse()
-    reports = {label: run_bench(where, bench_args, label) for label, where in runs}
-    text = table(reports["before"], reports["after"], args.before)
+    script = BENCHES[args.bench]
+    reports = {label: run_bench(where, script, bench_args, label) for label, where in runs}
+    text = table(reports["before"], reports["after"], args.before, args.bench)
     print(text)
     if args.report is not None:
         args.report.write_text(json.dumps({"before_rev": args.before, **reports}, indent=2) + "\n")
