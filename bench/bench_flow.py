@@ -11,7 +11,8 @@ once (a burst) or ``--rate`` a minute (a steady flow), and waits for every termi
 
 - batches per minute: batches / (first accepted -> last terminal event), and p50 / p90 / max
   accepted -> terminal (the dispatcher's ``ce_time``s). Targets: >= 600 per minute, p50 < 10 s.
-- per batch: Redis commands (``INFO commandstats`` of the stack's Redis, by command, before and after),
+- per batch: Redis commands (``INFO commandstats`` of the stack's Redis, by command, before and after)
+  and the connections Redis accepted,
   Kafka records (the requests published plus every event on the results topic), and the CPU
   milliseconds of each process of the machine (the dispatcher, the batch runner's replicas, Kafka,
   Redis, MinIO, Ray's and Serve's own processes), from their CPU times before and after.
@@ -73,17 +74,19 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-async def redis_calls(svc: Service) -> dict[str, int]:
-    """Calls so far of every Redis command (``INFO commandstats``)."""
+async def redis_calls(svc: Service) -> tuple[dict[str, int], int]:
+    """Calls so far of every Redis command (``INFO commandstats``), and the connections Redis has
+    accepted so far (``total_connections_received``)."""
     from llmbatch.dispatcher.state.store import StateStore
 
     _, _, _, dsettings = svc.need()
     store = StateStore.from_settings(dsettings.redis)
     try:
         stats = await store.client.info("commandstats")
+        connections = int((await store.client.info("stats"))["total_connections_received"])
     finally:
         await store.client.aclose()
-    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}, connections
 
 
 def per_batch(
@@ -117,12 +120,12 @@ async def flow(svc: Service, args: argparse.Namespace) -> dict[str, Any]:
     say("[warm-up] one batch (the runner's replicas, the engine, the paths) ...")
     report["warmup"] = await svc.phase("warm", [(prompts(args.lines), 5)])
     texts = prompts(args.lines)
-    redis0, cpu0, events0 = await redis_calls(svc), cpu_by_label(cpu_snapshot()), svc.ledger.events
+    (redis0, conn0), cpu0, events0 = await redis_calls(svc), cpu_by_label(cpu_snapshot()), svc.ledger.events
     how = f"at {args.rate:g} per minute" if args.rate else "at once"
     say(f"[flow] {args.batches} batches of {args.lines} lines {how} ...")
     subs = await publish(svc, texts, args.batches, args.rate)
     await svc.wait(subs, "the flow")
-    redis1, cpu1, events1 = await redis_calls(svc), cpu_by_label(cpu_snapshot()), svc.ledger.events
+    (redis1, conn1), cpu1, events1 = await redis_calls(svc), cpu_by_label(cpu_snapshot()), svc.ledger.events
     accepted = [svc.ledger.accepted[s.batch_id].time.timestamp() for s in subs]
     terminal = [svc.ledger.terminal[s.batch_id].time.timestamp() for s in subs]
     latencies = sorted(t - a for a, t in zip(accepted, terminal, strict=True))
@@ -140,6 +143,8 @@ async def flow(svc: Service, args: argparse.Namespace) -> dict[str, Any]:
         "max_accepted_to_terminal_s": round(latencies[-1], 2),
         "redis_commands_per_batch": round(sum(redis.values()), 1),
         "redis_by_command": dict(list(redis.items())[:15]),
+        # the bench's own two readings connect once each
+        "redis_connections_per_batch": round((conn1 - conn0 - 1) / n, 2),
         "kafka_records_per_batch": round((n + events1 - events0) / n, 2),
         "cpu_ms_per_batch": dict(list(per_batch(cpu0, cpu1, n, scale=1000.0).items())[:15]),
     }
@@ -156,7 +161,8 @@ def show(report: dict[str, Any]) -> None:
         f"p90 {f['p90_accepted_to_terminal_s']} s, max {f['max_accepted_to_terminal_s']} s"
     )
     redis, kafka = f["redis_commands_per_batch"], f["kafka_records_per_batch"]
-    print(f"per batch: {redis} Redis commands, {kafka} Kafka records")
+    conns = f["redis_connections_per_batch"]
+    print(f"per batch: {redis} Redis commands, {conns} Redis connections, {kafka} Kafka records")
     print("  Redis commands by name: " + ", ".join(f"{k} {v}" for k, v in f["redis_by_command"].items()))
     print("  CPU ms by process: " + ", ".join(f"{k} {v}" for k, v in f["cpu_ms_per_batch"].items()))
     for name, target, met in (

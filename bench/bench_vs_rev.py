@@ -44,6 +44,7 @@ FLOW_FIGURES: Figures = (
     ("p50 accepted->terminal, s", ("flow", "p50_accepted_to_terminal_s"), False),
     ("p90 accepted->terminal, s", ("flow", "p90_accepted_to_terminal_s"), False),
     ("Redis commands per batch", ("flow", "redis_commands_per_batch"), False),
+    ("Redis connections per batch", ("flow", "redis_connections_per_batch"), False),
     ("Kafka records per batch", ("flow", "kafka_records_per_batch"), False),
 )
 # the per-process CPU figures of a flow run (their labels are the processes' names)
