@@ -32,7 +32,7 @@ from llmbatch.ray_job.errors import (
     SupersededError,
 )
 from llmbatch.ray_job.manifest import Status
-from llmbatch.ray_job.memory import MemoryPeak, mib, read_memory
+from llmbatch.ray_job.memory import MemoryPeak, mib
 from llmbatch.ray_job.outcome import (
     SUPERSEDED,
     attempt_result,
@@ -82,6 +82,7 @@ class Attempt:
         self.pipeline_done = False
         self.result: dict[str, Any] | None = None  # the LLMBATCH_RESULT of the attempt, once it ended
         self.memory_peak = MemoryPeak()
+        self.redis_client: Any = None  # a client for the progress hash lent by a long-lived process
 
     # --- setup ------------------------------------------------------------------------------
 
@@ -105,6 +106,7 @@ class Attempt:
             interval_s=self.spec.progress_interval_s,
             base=None,
             on_superseded=self._superseded,
+            client=self.redis_client,
         )
         self.progress.start()
 
@@ -309,7 +311,7 @@ class Attempt:
                 intact = False
                 log.error("could not write the manifest: %s", exc)
         self.memory_peak.stop()
-        now = read_memory()
+        now = self.memory_peak.now()
         memory = {
             "driver_max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "driver_uss_mb": mib(now.uss) if now is not None else None,

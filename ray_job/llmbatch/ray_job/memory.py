@@ -101,6 +101,11 @@ class MemoryPeak:
     def own_mb(self) -> float | None:
         return mib(self._own) if self.samples else None
 
+    def now(self) -> MemoryUse | None:
+        """A reading now (``None`` when this peak samples nothing: the process is not the attempt's own,
+        and reading a big process's ``smaps`` costs more than a small batch's whole run)."""
+        return self._sample() if self._sample is not None else None
+
     def _take(self) -> None:
         use = self._sample() if self._sample is not None else None
         if use is not None:

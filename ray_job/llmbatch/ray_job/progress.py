@@ -73,6 +73,7 @@ class Progress:
         interval_s: float,
         base: Counters | None,
         on_superseded: Callable[[], None] | None = None,
+        client: Any = None,
     ) -> None:
         self.counters = base or Counters()
         self._known = base is not None  # False: heartbeats only, until set_base
@@ -90,8 +91,10 @@ class Progress:
         self._on_superseded = on_superseded
         """Called once, from whichever thread noticed (the heartbeat's, most often): the attempt stops
         then, not only at its next write (a stale attempt that never writes would run to its deadline)."""
+        # a long-lived process (the batch runner) lends its own client: no connection per batch
+        self._owns_client = client is None
         if redis_url and key:
-            self._client = job_redis.connect(redis_url, timeout_s=5)
+            self._client = job_redis.connect(redis_url, timeout_s=5) if client is None else client
             self._script = self._client.register_script(WRITE_PROGRESS_LUA)
         self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
 
@@ -191,7 +194,7 @@ class Progress:
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         self.publish()
-        if self._client is not None:
+        if self._client is not None and self._owns_client:
             with contextlib.suppress(Exception):  # closing a best-effort connection
                 self._client.close()
 

@@ -142,11 +142,13 @@ class BatchRunner:
         self.max_runs = max_runs
         self.place = place or RunnerPlace()
         self.replica = secrets.token_hex(8)
+        self._redis: Any = None  # the client of place.redis_url: the runs' and every batch's progress
         if runs is None and self.place.redis_url is not None:
             from llmbatch.ray_job import job_redis
 
             client = job_redis.connect(self.place.redis_url, timeout_s=5)
             runs = RedisRuns(client, self.place.key_prefix, self.replica)
+            self._redis = client
         self.runs: RunStore = runs if runs is not None else MemoryRuns()
         self._active: dict[str, Run] = {}  # this replica's runs not yet ended and saved
         self._lock = threading.Lock()
@@ -231,6 +233,8 @@ class BatchRunner:
                 keep_text=keep_text,
                 engine=lambda: self._engine(spec),
                 s3_session=session,
+                # spec_for gave the spec this runner's Redis: its progress shares the runner's client
+                redis=self._redis if spec.redis_url == self.place.redis_url else None,
             )
             run = Run(spec, attempt, owner=self.replica)
             self._active[spec.submission_id] = run

@@ -9,6 +9,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
 
 from llmbatch.ray_job import rows
 from llmbatch.ray_job.engine import Engine, EngineStage, engine_slots
@@ -26,7 +27,8 @@ from llmbatch.schemas.job import JobSpec, S3Session
 
 
 class RunnerAttempt(Attempt):
-    """An attempt run in a thread of the runner: no signals, no Ray Data, a warm engine."""
+    """An attempt run in a thread of the runner: no signals, no Ray Data, a warm engine. ``redis``: a
+    client for the spec's ``redis_url`` to write progress with (the runner's own: none made per batch)."""
 
     def __init__(
         self,
@@ -36,10 +38,12 @@ class RunnerAttempt(Attempt):
         keep_text: bool,
         engine: Callable[[], Engine],
         s3_session: S3Session | None = None,
+        redis: Any = None,
     ) -> None:
         super().__init__(spec, utcnow(), session=s3_session)  # the batch's own keys, else the node's
         # the runner's process is every run's: no figure of its own
         self.memory_peak = MemoryPeak(sample=None)
+        self.redis_client = redis  # the runner's client for its Redis (the spec's URL is the runner's)
         self._tokenizer = tokenizer
         self._keep_text = keep_text
         self._engine = engine
