@@ -80,8 +80,10 @@ class SharedEngine:
         self.ready_at = time.time()
         self._runner = EngineRunner(backend, max_active=256)
 
-    def generate(self, requests: list[Any], *, group: str = "", priority: int = 5) -> list[Any]:
-        return self._runner.generate(requests, group=group, priority=priority)
+    def generate(
+        self, requests: list[Any], *, group: str = "", priority: int = 5, due: float | None = None
+    ) -> list[Any]:
+        return self._runner.generate(requests, group=group, priority=priority, due=due)
 
 
 def run_service(

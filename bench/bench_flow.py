@@ -99,6 +99,7 @@ def per_batch(
 def cpu_by_label(snapshot: dict[int, tuple[str, float]]) -> dict[str, float]:
     out: dict[str, float] = {}
     for label, seconds in snapshot.values():
+        label = label.split(" ", 1)[0] if label.startswith("redis-server") else label  # no port: one row
         out[label] = out.get(label, 0.0) + seconds
     return out
 

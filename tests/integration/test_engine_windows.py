@@ -10,6 +10,7 @@ import io
 import json
 import threading
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from minio import Minio
@@ -49,11 +50,16 @@ class SlottedEngine:
         return self._slots
 
     def generate(
-        self, requests: list[GenRequest], *, group: str = "", priority: int = DEFAULT_PRIORITY
+        self,
+        requests: list[GenRequest],
+        *,
+        group: str = "",
+        priority: int = DEFAULT_PRIORITY,
+        due: float | None = None,
     ) -> list[Generation]:
         with self._lock:
             self.calls.append(len(requests))
-        return self._inner.generate(requests, group=group, priority=priority)
+        return self._inner.generate(requests, group=group, priority=priority, due=due)
 
 
 @pytest.fixture
@@ -85,6 +91,7 @@ def _run(s3_settings: S3Settings, client: Minio, spec: JobSpec) -> SlottedEngine
 
 
 def _spec(s3_settings: S3Settings, batch_id: str, **fields: object) -> JobSpec:
+    fields.setdefault("engine", CONFIG)
     return JobSpec(
         batch_id=batch_id,
         attempt=1,
@@ -92,7 +99,6 @@ def _spec(s3_settings: S3Settings, batch_id: str, **fields: object) -> JobSpec:
         model="m",
         tenant="acme",
         output_prefix=output_prefix(s3_settings.results_bucket, "acme", batch_id),
-        engine=CONFIG,
         engine_app="llmbatch-engine-fake",
         **fields,
     )
@@ -118,3 +124,53 @@ def test_a_small_batch_keeps_calls_of_its_batch_size(s3_settings: S3Settings, cl
     engine = _run(s3_settings, client, _spec(s3_settings, batch_id, requests=lines))
     # 6 lines over 4 calls: batch_size (2) is the least a call carries
     assert engine.calls == [2, 2, 2], engine.calls
+
+
+class SlowEngine(SlottedEngine):
+    """The slotted engine, each call taking ``call_s`` longer; it keeps the ``due`` each call carried."""
+
+    def __init__(self, slots: int, call_s: float) -> None:
+        super().__init__(slots)
+        self.call_s = call_s
+        self.dues: list[float | None] = []
+
+    def generate(
+        self,
+        requests: list[GenRequest],
+        *,
+        group: str = "",
+        priority: int = DEFAULT_PRIORITY,
+        due: float | None = None,
+    ) -> list[Generation]:
+        with self._lock:
+            self.dues.append(due)
+        threading.Event().wait(self.call_s)  # the engine's work (a sleep: nothing is asserted on time)
+        return super().generate(requests, group=group, priority=priority, due=due)
+
+
+def _run_slow(spec: JobSpec) -> SlowEngine:
+    engine = SlowEngine(0, call_s=0.3)
+    RunnerAttempt(spec, tokenizer=WhitespaceTokenizer, keep_text=True, engine=lambda: engine).run()
+    return engine
+
+
+def test_a_batch_behind_its_deadline_says_so_with_its_next_calls(
+    s3_settings: S3Settings, client: Minio
+) -> None:
+    """At 4 lines a call and 0.3 s a call, 60 lines need about 4.5 s: with 2.5 s to its deadline the
+    batch's calls after the first answers carry its deadline (the engine takes them first); with an
+    hour none does."""
+    lines = [BatchInputLine.model_validate(_line(i)) for i in range(60)]
+    config = EngineConfig(backend=FAKE_BACKEND, batch_size=4, batches_in_flight=1)
+    for left_s, expect_due in ((2.5, True), (3600.0, False)):
+        deadline = datetime.now(UTC) + timedelta(seconds=left_s)
+        spec = _spec(
+            s3_settings, f"d-{uuid.uuid4().hex[:8]}", requests=lines, engine=config, deadline=deadline
+        )
+        engine = _run_slow(spec)
+        assert engine.dues[0] is None  # nothing answered yet: nothing to judge by
+        if expect_due:
+            assert engine.dues[-1] == deadline.timestamp(), engine.dues
+            assert all(d in (None, deadline.timestamp()) for d in engine.dues)
+        else:
+            assert engine.dues == [None] * len(engine.dues), engine.dues

@@ -94,6 +94,22 @@ emit({"started": started, "urgent_at": urgent_at, **done})
 """
 )
 
+# one batch at risk of its deadline: its call says so (``due``), its requests wait one at a time
+DUE_PROBE = (
+    """
+import sys, time, orjson
+"""
+    + EMIT
+    + """
+from llmbatch.ray_job.serve_engine import ServeEngine
+from llmbatch.ray_job.records import GenRequest
+engine = ServeEngine(sys.argv[1], wait_s=120, retries=0)
+requests = [GenRequest(str(i), [1], {"max_tokens": 4}, prompt_text=f"p{i}") for i in range(int(sys.argv[2]))]
+out = engine.generate(requests, group="late", priority=5, due=time.time() + 1)
+emit({"keys": [g.key for g in out], "failures": [g.failure.code if g.failure else None for g in out]})
+"""
+)
+
 
 def _registry(
     delay_s: float, *, backend: str = FAKE_BACKEND, path: str = "fake", max_active: int = 256
@@ -260,6 +276,36 @@ def test_an_urgent_batch_overtakes_a_running_one_on_the_replica(
     assert urgent["at"] - result["urgent_at"] < 2.5, result
     info = _engine_info(ray_settings)
     assert info["preempted"] >= 1 and info["queued"] == 0 and info["active"] == 0, info
+
+
+def test_requests_of_a_batch_at_risk_waiting_at_a_replica_bring_another_replica(
+    ray_settings: RaySettings, serve: ServeApi
+) -> None:
+    """One call in flight is far below Serve's target (8 a replica): its own rule keeps one replica.
+    The call's requests belong to a batch at risk of its deadline and wait one at a time: the replica
+    reports them and the model's policy asks for the second replica it may have."""
+    registry = EngineRegistry(
+        models={
+            MODEL: EngineModel(
+                path="fake",
+                engine=EngineConfig(backend=FAKE_BACKEND, backend_options={"delay_s": 1.0}),
+                resources=ReplicaResources(num_cpus=0.25),
+                scaling=Scaling(min_replicas=1, max_replicas=2, idle_s=60),
+                max_active_requests=1,
+            )
+        }
+    )
+    asyncio.run(serve.deploy(serve_config(registry, http_address=ray_settings.serve_address)))
+    _wait_app(serve, registry, {"RUNNING"})
+    assert summarize(registry, _details(serve))[0].running == 1
+    client, job_id = _probe(ray_settings, 30, code=DUE_PROBE)
+    # the call takes 30 s on one replica; a replica added stays for idle_s (60 s) whatever comes after
+    deadline = time.monotonic() + 60
+    while (row := summarize(registry, _details(serve))[0]).running < 2:
+        assert time.monotonic() < deadline, row
+        time.sleep(0.5)
+    result = _result(client, job_id)
+    assert result["keys"] == [str(i) for i in range(30)] and not any(result["failures"]), result
 
 
 def test_a_call_waiting_its_turn_outlasts_the_engine_wait(ray_settings: RaySettings, serve: ServeApi) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from llmbatch.dispatcher.domain import states
 from llmbatch.dispatcher.domain.retry import AttemptPolicy, Backoff
@@ -108,7 +110,8 @@ def test_attempt_policy_never_retries_non_retriable() -> None:
 # --- scheduling ---------------------------------------------------------------------------------------
 
 
-def test_ready_score_orders_by_priority_then_age() -> None:
+def test_ready_score_orders_by_priority_then_deadline() -> None:
+    # the second argument is the batch's deadline: the nearest goes first within a priority (EDF)
     batches = {
         "low-old": ready_score(1, 1_000.0),
         "high-new": ready_score(9, 5_000.0),
@@ -125,6 +128,25 @@ def test_ready_score_is_exact_for_real_timestamps() -> None:
     a, b = ready_score(0, 1_790_000_000.000), ready_score(0, 1_790_000_000.001)
     assert a < b
     assert ready_score(9, 4_000_000_000.0) < ready_score(8, 1.0)
+
+
+@given(
+    a=st.tuples(st.integers(0, 9), st.floats(-1e12, 1e13, allow_nan=False)),
+    b=st.tuples(st.integers(0, 9), st.floats(-1e12, 1e13, allow_nan=False)),
+)
+def test_ready_score_is_priority_first_then_earliest_deadline(
+    a: tuple[int, float], b: tuple[int, float]
+) -> None:
+    """EDF within a priority, whatever the deadline (past, far future): never across priorities."""
+    (pa, da), (pb, db) = a, b
+    sa, sb = ready_score(pa, da), ready_score(pb, db)
+    if pa != pb:
+        assert (sa < sb) == (pa > pb)
+        return
+    if da <= db:
+        assert sa <= sb  # monotone in the deadline (clamped at both ends of the band)
+    if da >= 0 and db < 1e10 and round(da * 1000) < round(db * 1000):
+        assert sa < sb  # and strict to the millisecond for real deadlines
 
 
 def test_ready_score_rejects_out_of_range_priority() -> None:

@@ -96,6 +96,25 @@ def test_deadline_and_window_take_the_earlier() -> None:
     assert command.item.deadline == pytest.approx(NOW + 600)
 
 
+def test_within_a_priority_the_nearest_deadline_launches_first() -> None:
+    """EDF: a batch with a 1 h window accepted after one with the default 24 h window goes first; one
+    due later stays behind; priority still decides first."""
+
+    def score(batch_id: str, at: float, **fields: object) -> float:
+        command = classify(origin(*request_message(batch_request(batch_id, **fields))), RULES, at)
+        assert isinstance(command, Accept)
+        return command.item.ready_score
+
+    scores = {
+        "first-24h": score("a", NOW),
+        "later-1h": score("b", NOW + 100, completion_window="1h"),
+        "later-24h": score("c", NOW + 50),
+        "urgent-later-24h": score("d", NOW + 200, priority=9),
+    }
+    order = sorted(scores, key=scores.__getitem__)
+    assert order == ["urgent-later-24h", "later-1h", "first-24h", "later-24h"]
+
+
 def test_cancel_is_recognised() -> None:
     key, value, headers = request_message(
         CancelRequest(batch_id="b-9", reason="no longer needed"), event_id="c1"

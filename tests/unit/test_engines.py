@@ -115,6 +115,10 @@ def test_deployment_options_follow_the_entry() -> None:
         "target_ongoing_requests": 2.0,
         "downscale_delay_s": 120.0,
         "upscale_delay_s": 0.0,
+        "policy": {  # Serve's rule, and deadline demand (more replicas while at-risk requests wait)
+            "policy_function": "llmbatch.ray_job.engine_scaling:DeadlineAwarePolicy",
+            "policy_kwargs": {"slots_per_replica": entry.max_active_requests},
+        },
     }
     assert options["ray_actor_options"] == {
         "num_cpus": 2.0,

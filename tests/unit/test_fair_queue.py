@@ -85,3 +85,69 @@ def test_every_item_comes_out_once_in_priority_order(items: list[tuple[str, int,
             left[groups[i]] -= 1
             if groups[i] == groups[i + 1]:
                 assert all(left[g] == 0 for g in left if g != groups[i]), groups
+
+
+def test_a_batch_at_risk_of_its_deadline_goes_before_its_prioritys_turns() -> None:
+    q: FairQueue[str] = FairQueue()
+    for i in range(3):
+        q.push("big", 5, f"big{i}", [i])
+        q.push("small", 5, f"small{i}", [i])
+    q.push("late", 5, "late0", [0], due=200.0)
+    q.push("later", 5, "later0", [0], due=300.0)
+    q.push("later", 5, "later1", [1], due=300.0)
+    q.push("low", 4, "low0", [0], due=1.0)  # at risk, but priority stays strict
+    assert drain(q) == [
+        "late0",  # the earliest due first
+        "later0",
+        "later1",
+        "big0",  # then the others, in turns as before
+        "small0",
+        "big1",
+        "small1",
+        "big2",
+        "small2",
+        "low0",
+    ]
+
+
+def test_a_call_without_due_puts_its_batch_back_in_turn() -> None:
+    q: FairQueue[str] = FairQueue()
+    q.push("a", 5, "a0", [0])
+    q.push("a", 5, "a1", [1])
+    q.push("b", 5, "b0", [0], due=10.0)
+    q.push("b", 5, "b1", [1])  # its next call: no longer at risk
+    q.push("b", 5, "b2", [2])
+    assert drain(q) == ["a0", "b0", "a1", "b1", "b2"]
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from("abcd"),
+            st.integers(0, 2),
+            st.one_of(st.none(), st.floats(0, 100, allow_nan=False)),
+        ),
+        max_size=60,
+    )
+)
+def test_at_risk_batches_are_served_earliest_due_first_within_a_priority(
+    items: list[tuple[str, int, float | None]],
+) -> None:
+    q: FairQueue[int] = FairQueue()
+    priority_of: dict[str, int] = {}
+    due_of: dict[str, float | None] = {}
+    for n, (group, priority, due) in enumerate(items):
+        priority_of.setdefault(group, priority)
+        due_of[group] = due  # the latest call says whether the batch is at risk
+        q.push(group, priority, n, [], due=due)
+    taken = []
+    while (t := q.pop()) is not None:
+        taken.append(t)
+    assert sorted(item for _, _, item in taken) == list(range(len(items)))
+    for priority in {p for _, p, _ in taken}:
+        groups = [g for g, p, _ in taken if p == priority]
+        # every request of a batch at risk comes before any of a batch not at risk, earliest due first
+        dues = [due_of[g] for g in groups]
+        risky = [d for d in dues if d is not None]
+        assert dues[: len(risky)] == risky
+        assert risky == sorted(risky)

@@ -7,6 +7,7 @@ paths run against real Redis in tests/integration/test_dispatcher_tracker.py.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +37,7 @@ from llmbatch.dispatcher.runs.results import Shards
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.schemas.job import JobSpec
 from llmbatch.settings import RedisSettings
-from tests.support.dispatcher_kit import batch_request, inline_lines, registry, request_message
+from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, registry, request_message
 
 pytestmark = pytest.mark.unit
 
@@ -426,6 +427,40 @@ async def test_progress_is_published_when_the_counts_move_and_not_more_often_tha
     await k.checks.progress.maybe_publish(running, NOW + 22)
     assert len(k.producer.published) == 2
     assert k.producer.published[1][1].data.request_counts.completed == 3
+
+
+async def test_a_running_batch_behind_its_deadline_is_counted_by_model_and_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """25 of 100 answered in the 100 s since it started: 300 s more at that rate, 200 s left: at risk.
+    Then 99 of 100: back on time. The gauge follows; one log line each way."""
+    k = kit(progress_interval_s=1)
+    running = record(
+        State.RUNNING, total="100", model=MODEL, started_at=repr(NOW - 100), deadline=repr(NOW + 200)
+    )
+    registry = k.checks.ctx.metrics.registry
+
+    def gauge() -> float | None:
+        return registry.get_sample_value("llmbatch_batches_at_risk", {"model": MODEL})
+
+    k.store.progress = {"total": "100", "completed": "20", "failed": "5"}
+    with caplog.at_level(logging.INFO, logger="llmbatch.dispatcher.runs.progress_events"):
+        await k.checks.progress.maybe_publish(running, NOW)
+        assert gauge() == 1
+        await k.checks.progress.maybe_publish(running, NOW + 2)  # still behind: said once only
+        k.store.progress["completed"] = "94"
+        await k.checks.progress.maybe_publish(running, NOW + 4)
+        assert gauge() == 0
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "batch at risk of missing its deadline at its rate so far",
+        "batch back on time for its deadline",
+    ], said
+    k.store.progress["completed"] = "20"  # behind again, then the batch ends: it counts no more
+    await k.checks.progress.maybe_publish(running, NOW + 6)
+    assert gauge() == 1
+    k.checks.keep_only(set())
+    assert gauge() == 0
 
 
 # --- every batch ends: deadline and cancel on the dispatcher's clock, whatever the others answer ------

@@ -334,3 +334,20 @@ def test_job_views_of_a_running_batch_use_live_counters() -> None:
     assert (summary.counts.completed, summary.counts.total) == (3, 5)
     assert detail_of(record, {"completion_tokens": "9"}).usage.completion_tokens == 9
     assert timeline_of(record)[-1].step == "running"
+
+
+def test_jobs_get_says_when_a_running_batch_ends_and_whether_that_misses_its_deadline() -> None:
+    # 25 of 100 answered in the 100 s since it first started: 300 s more at that rate
+    record = _record(State.RUNNING, total=100, started_at=1000.0, deadline=1250.0, state_at=1000.0)
+    progress = {"completed": "20", "failed": "5", "total": "100"}
+    late = detail_of(record, progress, now=1100.0)
+    assert late.expected_finish_at is not None and late.expected_finish_at.timestamp() == 1400.0
+    assert late.at_risk
+    on_time = detail_of(
+        _record(State.RUNNING, total=100, started_at=1000.0, deadline=1500.0), progress, now=1100.0
+    )
+    assert on_time.expected_finish_at == late.expected_finish_at and not on_time.at_risk
+    # before its first answer, and once it ended, nothing is said
+    assert detail_of(record, {"total": "100"}, now=1100.0).expected_finish_at is None
+    ended = detail_of(_record(State.COMPLETED, started_at=1000.0, deadline=1050.0), progress, now=1100.0)
+    assert ended.expected_finish_at is None and not ended.at_risk

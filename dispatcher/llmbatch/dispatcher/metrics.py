@@ -184,6 +184,12 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.at_risk = Gauge(
+            "llmbatch_batches_at_risk",
+            "Running batches that at their rate so far end after their deadline (tracker leader only).",
+            ["model"],
+            registry=r,
+        )
         # the shared engines (from the batch runner's GET /engines; exported by the tracker leader only)
         self.engine = {
             name: Gauge(f"llmbatch_engine_{name}", doc, ["model"], registry=r)

@@ -41,9 +41,14 @@ class Engine(Protocol):
     ready_at: float
 
     def generate(
-        self, requests: list[GenRequest], *, group: str = "", priority: int = DEFAULT_PRIORITY
+        self,
+        requests: list[GenRequest],
+        *,
+        group: str = "",
+        priority: int = DEFAULT_PRIORITY,
+        due: float | None = None,
     ) -> list[Generation]:
-        """Results in the order of ``requests``; ``group`` and ``priority`` as in
+        """Results in the order of ``requests``; ``group``, ``priority`` and ``due`` as in
         :meth:`EngineRunner.generate`."""
 
 
@@ -73,9 +78,14 @@ class LocalEngine:
         self._runner = EngineRunner(backend)
 
     def generate(
-        self, requests: list[GenRequest], *, group: str = "", priority: int = DEFAULT_PRIORITY
+        self,
+        requests: list[GenRequest],
+        *,
+        group: str = "",
+        priority: int = DEFAULT_PRIORITY,
+        due: float | None = None,
     ) -> list[Generation]:
-        return self._runner.generate(requests, group=group, priority=priority)
+        return self._runner.generate(requests, group=group, priority=priority, due=due)
 
 
 class EngineStage:
@@ -139,8 +149,9 @@ class EngineStage:
     def __call__(self, batch: pa.Table) -> pa.Table:
         return rows.to_table(self.process(rows.from_table(batch)))
 
-    def process(self, batch: list[rows.Row]) -> list[rows.Row]:
-        """Run the request rows of ``batch``; keep the order of the other rows."""
+    def process(self, batch: list[rows.Row], due: float | None = None) -> list[rows.Row]:
+        """Run the request rows of ``batch``; keep the order of the other rows. ``due``: the batch's
+        deadline when it is at risk of missing it (:meth:`EngineRunner.generate`)."""
         backend = self._engine
         prompt_field = "messages" if self._endpoint is Endpoint.CHAT_COMPLETIONS else "prompt"
         out: list[rows.Row] = []
@@ -185,7 +196,7 @@ class EngineStage:
             )
             owners[key] = row
         created = int(time.time())
-        for gen in self._engine.generate(requests, group=self._group, priority=self._priority):
+        for gen in self._engine.generate(requests, group=self._group, priority=self._priority, due=due):
             row = owners[gen.key]
             if row.line_no in embedding_lines:
                 embedding_lines[row.line_no].take(gen)

@@ -73,6 +73,7 @@ class _Pending:
     waiter: _Waiter
     group: str
     priority: int
+    due: float | None = None
 
 
 @dataclass
@@ -83,6 +84,7 @@ class RunnerStats:
     active: int = 0
     preempted: int = 0
     finished: int = 0
+    at_risk_queued: int = 0  # of ``queued``: requests of batches at risk of their deadline
 
 
 class EngineRunner:
@@ -119,18 +121,26 @@ class EngineRunner:
         """A snapshot (read without stopping the engine thread: counts may be a step old)."""
         return RunnerStats(
             queued=len(self._queue),
+            at_risk_queued=self._queue.at_risk_waiting(),
             active=len(self._active),
             preempted=self._preempted,
             finished=self._finished,
         )
 
     def generate(
-        self, requests: list[GenRequest], *, group: str = "", priority: int = DEFAULT_PRIORITY
+        self,
+        requests: list[GenRequest],
+        *,
+        group: str = "",
+        priority: int = DEFAULT_PRIORITY,
+        due: float | None = None,
     ) -> list[Generation]:
         """Run ``requests`` (keys unique across calls in flight); results in the same order.
 
         ``group`` names the batch the requests belong to (batches share the engine fairly; by
-        default each call is a batch of its own); ``priority`` 0-9, higher first."""
+        default each call is a batch of its own); ``priority`` 0-9, higher first; ``due`` (unix
+        seconds): the batch's deadline, given while it is at risk of missing it, puts its requests
+        before the other batches of its priority (:class:`~llmbatch.ray_job.fair_queue.FairQueue`)."""
         waiter = _Waiter([r.key for r in requests])
         if not requests:
             return []
@@ -139,7 +149,7 @@ class EngineRunner:
                 raise EngineDeadError(f"the engine stopped: {self._fatal!r}") from self._fatal
             self._calls += 1
             name = group or f"call-{self._calls}"
-            self._inbox.put([_Pending(r, waiter, name, priority) for r in requests])
+            self._inbox.put([_Pending(r, waiter, name, priority, due) for r in requests])
         waiter.done.wait()
         if waiter.error is not None:
             raise EngineDeadError(f"the engine stopped: {waiter.error!r}") from waiter.error
@@ -177,7 +187,9 @@ class EngineRunner:
                 break
         for call in calls:
             for pending in call:
-                self._queue.push(pending.group, pending.priority, pending, pending.request.prompt_token_ids)
+                self._queue.push(
+                    pending.group, pending.priority, pending, pending.request.prompt_token_ids, pending.due
+                )
         self._preempt()
         running = max((p.priority for p in self._active.values()), default=None)
         while self._max_active is None or len(self._active) < self._max_active:

@@ -3,6 +3,10 @@
 - **Priority first**: a request of a higher priority is always taken before one of a lower.
 - **Fair among equals**: batches of the same priority take turns, one request per turn, so a
   10-line batch is not stuck behind the 100,000 lines of a batch that arrived first.
+- **Deadlines at risk first**: a batch whose caller says it will miss its deadline at its rate so far
+  (a ``due`` time with its requests, :mod:`llmbatch.schemas.deadlines`) goes before the batches of its
+  priority taking turns, the earliest due first (EDF among those at risk). A later call without
+  ``due`` puts it back in turn.
 - **Shared prefixes together**: inside a batch, requests are taken in the order of their prompt
   tokens, so requests that share a prompt prefix (a system prompt) reach the engine one after
   the other and hit its prefix cache while the prefix is still there.
@@ -36,6 +40,7 @@ class _Group(Generic[T]):
 
     def __init__(self, priority: int) -> None:
         self.priority = priority
+        self.due: float | None = None
         self.entries: list[_Entry[T]] = []
         self.front: list[T] = []  # taken back from the engine: first out, in their old order
 
@@ -55,17 +60,29 @@ class FairQueue(Generic[T]):
         # priority -> groups of that priority in turn order (the next to take is first)
         self._turns: dict[int, OrderedDict[str, _Group[T]]] = {}
         self._groups: dict[str, _Group[T]] = {}
+        # priority -> the groups of that priority at risk of their deadline (their due time)
+        self._due: dict[int, dict[str, float]] = {}
         self._seq = 0
         self._size = 0
 
     def __len__(self) -> int:
         return self._size
 
-    def push(self, group: str, priority: int, item: T, prompt: list[int] | tuple[int, ...] = ()) -> None:
-        """Queue ``item`` of batch ``group``; ``prompt`` (token ids) orders it inside the batch.
+    def push(
+        self,
+        group: str,
+        priority: int,
+        item: T,
+        prompt: list[int] | tuple[int, ...] = (),
+        due: float | None = None,
+    ) -> None:
+        """Queue ``item`` of batch ``group``; ``prompt`` (token ids) orders it inside the batch; ``due``
+        (the batch's deadline, given while it is at risk of missing it) puts the batch ahead of its
+        priority's turns, the earliest first.
 
         A batch keeps the priority it was first queued with while any of its requests wait."""
         found = self._group(group, priority)
+        self._set_due(group, found, due)
         self._seq += 1
         bisect.insort(found.entries, _Entry(tuple(prompt[:ORDER_TOKENS]), self._seq, item))
         self._size += 1
@@ -75,6 +92,12 @@ class FairQueue(Generic[T]):
         found = self._group(group, priority)
         found.front.append(item)
         self._size += 1
+
+    def at_risk_waiting(self) -> int:
+        """Requests waiting of the batches at risk of their deadline (read without a lock from another
+        thread: a figure, possibly a step old)."""
+        groups = [self._groups.get(name) for at_risk in list(self._due.values()) for name in list(at_risk)]
+        return sum(len(g) for g in groups if g is not None)
 
     def top_priority(self) -> int | None:
         """The highest priority waiting, or None when nothing waits."""
@@ -86,12 +109,19 @@ class FairQueue(Generic[T]):
         if priority is None:
             return None
         turns = self._turns[priority]
-        name, group = next(iter(turns.items()))
+        at_risk = self._due.get(priority)
+        if at_risk:  # EDF among the batches at risk; the others keep their turns
+            name = min(at_risk, key=at_risk.__getitem__)
+            group = turns[name]
+        else:
+            name, group = next(iter(turns.items()))
         item = group.pop()
         self._size -= 1
         if group:
-            turns.move_to_end(name)  # the next batch of this priority takes the next turn
+            if not at_risk:
+                turns.move_to_end(name)  # the next batch of this priority takes the next turn
         else:
+            self._set_due(name, group, None)
             del turns[name]
             del self._groups[name]
             if not turns:
@@ -103,6 +133,7 @@ class FairQueue(Generic[T]):
         items = [item for g in self._groups.values() for item in (*g.front, *(e.item for e in g.entries))]
         self._turns.clear()
         self._groups.clear()
+        self._due.clear()
         self._size = 0
         return items
 
@@ -112,3 +143,13 @@ class FairQueue(Generic[T]):
             found = self._groups[name] = _Group(priority)
             self._turns.setdefault(priority, OrderedDict())[name] = found
         return found
+
+    def _set_due(self, name: str, group: _Group[T], due: float | None) -> None:
+        group.due = due
+        at_risk = self._due.setdefault(group.priority, {})
+        if due is None:
+            at_risk.pop(name, None)
+        else:
+            at_risk[name] = due
+        if not at_risk:
+            del self._due[group.priority]

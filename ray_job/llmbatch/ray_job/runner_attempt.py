@@ -23,6 +23,7 @@ from llmbatch.ray_job.records import Generation, GenRequest
 from llmbatch.ray_job.tokenizers import Tokenizer
 from llmbatch.schemas.batch import DEFAULT_PRIORITY
 from llmbatch.schemas.common import utcnow
+from llmbatch.schemas.deadlines import at_risk
 from llmbatch.schemas.job import JobSpec, S3Session
 
 
@@ -91,13 +92,14 @@ class RunnerAttempt(Attempt):
         source = source_of(spec, self.prior.done_shards, input_path=input_path, block_rows=per_call)
         pool = ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix=f"run-{spec.batch_id}"[:40])
         pending: deque[Future[list[rows.Row]]] = deque()
+        began, done_before = time.monotonic(), self._done()
         try:
             for block in iter_blocks(source, self.fs):
                 self._check_stop()
                 prompted = build_rows(
                     tokenizer, spec.endpoint, block, batch_id=spec.batch_id, keep_text=self._keep_text
                 )
-                pending.append(pool.submit(stage.process, prompted))
+                pending.append(pool.submit(stage.process, prompted, self._due(began, done_before)))
                 while len(pending) >= in_flight:
                     self._take(pending.popleft())
             while pending:
@@ -105,6 +107,25 @@ class RunnerAttempt(Attempt):
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
         self.pipeline_done = True
+
+    def _done(self) -> int:
+        """Requests of the batch answered so far (earlier attempts' included)."""
+        if self.progress is None:
+            return 0
+        counts = self.progress.snapshot()
+        return counts.completed + counts.failed
+
+    def _due(self, began: float, done_before: int) -> float | None:
+        """The batch's deadline (unix seconds) when at this attempt's rate so far it would miss it, for
+        the engine to take its next call before the batches of its priority in turn; else ``None``."""
+        deadline = self.spec.deadline
+        if deadline is None:
+            return None
+        left = None if self.total is None else self.total - done_before
+        running_s = time.monotonic() - began
+        if at_risk(self._done() - done_before, left, running_s, (deadline - utcnow()).total_seconds()):
+            return deadline.timestamp()
+        return None
 
     def _take(self, future: Future[list[rows.Row]]) -> None:
         while True:
@@ -135,6 +156,11 @@ class WarmEngine:
         return self._slots() if self._slots is not None else 0
 
     def generate(
-        self, requests: list[GenRequest], *, group: str = "", priority: int = DEFAULT_PRIORITY
+        self,
+        requests: list[GenRequest],
+        *,
+        group: str = "",
+        priority: int = DEFAULT_PRIORITY,
+        due: float | None = None,
     ) -> list[Generation]:
-        return self._engine.generate(requests, group=group, priority=priority)
+        return self._engine.generate(requests, group=group, priority=priority, due=due)

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, cast
 
-from llmbatch.ray_job import node_secrets
+from llmbatch.ray_job import engine_scaling, node_secrets
 from llmbatch.ray_job.backends import make_backend
 from llmbatch.ray_job.engine_metrics import EngineMetrics
 from llmbatch.ray_job.engine_runner import EngineRunner
@@ -107,10 +107,15 @@ class EngineServer:
         }
 
     async def generate(
-        self, requests: list[GenRequest], group: str = "", priority: int = DEFAULT_PRIORITY
+        self,
+        requests: list[GenRequest],
+        group: str = "",
+        priority: int = DEFAULT_PRIORITY,
+        due: float | None = None,
     ) -> list[Generation]:
         """Run ``requests`` (keys unique within the call) of batch ``group`` on this replica's engine
-        (see :class:`~llmbatch.ray_job.engine_runner.EngineRunner` for how batches share it).
+        (see :class:`~llmbatch.ray_job.engine_runner.EngineRunner` for how batches share it and what
+        ``due`` does).
 
         Calls of different batches run at once and their keys (input line numbers) repeat: each
         call's keys are made unique on the engine and given back in the answers."""
@@ -122,7 +127,8 @@ class EngineServer:
         loop = asyncio.get_running_loop()
         try:
             out: list[Generation] = await loop.run_in_executor(
-                self._pool, lambda: self._runner.generate(on_engine, group=group, priority=priority)
+                self._pool,
+                lambda: self._runner.generate(on_engine, group=group, priority=priority, due=due),
             )
         finally:
             with self._lock:
@@ -135,6 +141,10 @@ class EngineServer:
             self._completion_tokens += tokens
         self._metrics.answered(len(answers), tokens)
         return answers
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's custom autoscaling metric of this replica (see :mod:`llmbatch.ray_job.engine_scaling`)."""
+        return {engine_scaling.AT_RISK_WAITING: float(self._runner.stats().at_risk_queued)}
 
     def check_health(self) -> None:
         """Serve calls this periodically; raising makes it replace the replica."""
@@ -152,6 +162,11 @@ def deployment_options(entry: EngineModel) -> dict[str, Any]:
         "target_ongoing_requests": scaling.target_ongoing_requests,
         "downscale_delay_s": scaling.idle_s,
         "upscale_delay_s": 0.0,
+        # Serve's own rule, and more replicas while requests of batches at risk of their deadline wait
+        "policy": {
+            "policy_function": engine_scaling.POLICY_PATH,
+            "policy_kwargs": {"slots_per_replica": entry.max_active_requests},
+        },
     }
     if scaling.initial_replicas is not None:
         autoscaling["initial_replicas"] = scaling.initial_replicas
@@ -322,10 +337,15 @@ class ServeEngine:
             raise
 
     def generate(
-        self, requests: list[GenRequest], *, group: str = "", priority: int = DEFAULT_PRIORITY
+        self,
+        requests: list[GenRequest],
+        *,
+        group: str = "",
+        priority: int = DEFAULT_PRIORITY,
+        due: float | None = None,
     ) -> list[Generation]:
-        """Results in the order of ``requests``; ``group`` (the batch) and ``priority`` decide
-        their turn on the engine."""
+        """Results in the order of ``requests``; ``group`` (the batch), ``priority`` and ``due`` (its
+        deadline while it is at risk of missing it) decide their turn on the engine."""
         from ray import exceptions as ray_exceptions
 
         if not requests:
@@ -335,7 +355,7 @@ class ServeEngine:
             try:
                 # a call may wait its turn behind higher-priority batches for as long as they run
                 out: list[Generation] = self._call(
-                    "generate", requests, group, priority, timeout_s=self._wait_s, patient=True
+                    "generate", requests, group, priority, due, timeout_s=self._wait_s, patient=True
                 )
                 return out
             except (ray_exceptions.RayActorError, EngineDeadError) as exc:

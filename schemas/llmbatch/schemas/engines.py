@@ -104,10 +104,10 @@ class EngineModel(BaseModel):
         ge=1,
         le=100_000,
         description="Requests a replica's engine runs at once; the rest wait in its fair queue "
-        "(priority first, batches taking turns). Keep it at most the engine's max_num_seqs, so "
-        "the engine's own first-come queue stays short. A batch alone keeps twice this at every live "
-        "replica (running, and waiting its turn), whatever its batch_size (then only the least a call "
-        "carries).",
+        "(priority first, then batches at risk of their deadline, then batches taking turns). "
+        "Keep it at most the engine's max_num_seqs, so the engine's own first-come queue stays short. "
+        "A batch alone keeps twice this at every live replica (running, and waiting its turn), "
+        "whatever its batch_size (then only the least a call carries).",
     )
     admit_per_replica: int = Field(
         default=1024,

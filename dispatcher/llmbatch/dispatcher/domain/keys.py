@@ -5,7 +5,7 @@ share one Redis. The layout:
 
 ``<p>:batch:<key>``               hash: the batch's state, version and bookkeeping fields
 ``<p>:state:<state>``             zset: batch keys in that state, score = time of entry (unix s)
-``<p>:ready``                     zset: queued batches that may launch now, score = priority then age
+``<p>:ready``                     zset: queued batches that may launch now, score = priority then deadline
 ``<p>:delayed``                   zset: queued batches waiting for a retry backoff, score = not_before
 ``<p>:deadlines``                 zset: non-terminal batches, score = deadline (unix s)
 ``<p>:unpublished``               zset: terminal batches whose terminal event is not yet published

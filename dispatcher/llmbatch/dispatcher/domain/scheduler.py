@@ -1,9 +1,11 @@
 """Scheduling rules (pure): launch order, launch slots, engine admission and partition backpressure.
 
 Queued batches wait in the Redis ``ready`` zset ordered by :func:`ready_score`: higher priority
-first, then older first. At most ``max_in_flight`` batches are launched at once. With shared
-engines a batch is launched only when its model's replicas have room for it, and one that would run as
-a Ray job only while fewer than ``max_jobs_in_flight`` jobs run (:class:`Admission`).
+first, then the nearest deadline first (EDF; every batch has one: its ``deadline`` or the end of its
+completion window, 24 h by default, so batches of one window keep their arrival order). At most
+``max_in_flight`` batches are launched at once. With shared engines a batch is launched only when its
+model's replicas have room for it, and one that would run as a Ray job only while fewer than
+``max_jobs_in_flight`` jobs run (:class:`Admission`).
 The consumer pauses its partitions while the queue holds ``max_queued`` batches or more and resumes
 once it has drained below ``max_queued * resume_ratio`` (hysteresis, so it does not flap).
 """
@@ -17,11 +19,14 @@ MAX_PRIORITY = 9
 _PRIORITY_STEP = 1e13  # > any unix time in ms until year 2286; 9 * 1e13 + ms stays exact in a double
 
 
-def ready_score(priority: int, accepted_at: float) -> float:
-    """Sort key of a queued batch: ascending score = launch order (priority desc, then age)."""
+def ready_score(priority: int, deadline: float) -> float:
+    """Sort key of a queued batch: ascending score = launch order (priority desc, then the earliest
+    ``deadline``, unix seconds). A deadline past year 2286 sorts as that year: never into the next
+    priority."""
     if not 0 <= priority <= MAX_PRIORITY:
         raise ValueError(f"priority {priority} outside 0..{MAX_PRIORITY}")
-    return (MAX_PRIORITY - priority) * _PRIORITY_STEP + round(accepted_at * 1000)
+    due_ms = min(max(round(deadline * 1000), 0), int(_PRIORITY_STEP) - 1)
+    return (MAX_PRIORITY - priority) * _PRIORITY_STEP + due_ms
 
 
 def launch_slots(in_flight: int, max_in_flight: int) -> int:

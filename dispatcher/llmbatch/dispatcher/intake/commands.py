@@ -284,7 +284,7 @@ def classify(origin: OriginalRecord, rules: IntakeRules, now: float) -> Command:
             ),
             marker=marker,
             initial=State.QUEUED,
-            ready_score=ready_score(data.priority, now),
+            ready_score=ready_score(data.priority, deadline),
             deadline=deadline,
             replay_id=replay.replay_id if replay else None,
         )

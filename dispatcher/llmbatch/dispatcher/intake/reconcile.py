@@ -313,7 +313,7 @@ def gone_item(accepted: BatchAccepted, request: RecordRef) -> IntakeItem:
         fields=fields,
         marker=(fields["source"], fields["event_id"]),
         initial=State.QUEUED,
-        ready_score=ready_score(accepted.priority, at),
+        ready_score=ready_score(accepted.priority, accepted.expires_at.timestamp()),
         deadline=accepted.expires_at.timestamp(),
     )
 

@@ -14,6 +14,7 @@ history is on the results topic (``llmbatch watch ID --since 7d``).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, cast
@@ -27,6 +28,7 @@ from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import StateStoreUnavailable, classify
 from llmbatch.dispatcher.ops.common import from_ts
 from llmbatch.dispatcher.state.store import StateStore
+from llmbatch.schemas.deadlines import at_risk, finish_in
 from llmbatch.schemas.job import submission_id
 
 
@@ -80,6 +82,11 @@ class JobDetail(JobSummary):
     metadata: dict[str, str] = Field(default_factory=dict)
     accepted_at: datetime | None = None
     deadline: datetime | None = None
+    expected_finish_at: datetime | None = Field(
+        default=None,
+        description="When a running batch ends at its rate so far (unknown before its first answer).",
+    )
+    at_risk: bool = Field(default=False, description="True while it ends after its deadline at that rate.")
     started_at: datetime | None = None
     finished_at: datetime | None = None
     usage: Tokens = Field(default_factory=Tokens)
@@ -208,8 +215,24 @@ def timeline_of(record: BatchRecord) -> list[TimelineEntry]:
     return entries
 
 
-def detail_of(record: BatchRecord, progress: Mapping[str, str] | None = None) -> JobDetail:
-    _, usage = counts_of(record, progress or {})
+def outlook_of(record: BatchRecord, counts: Counts, now: float) -> tuple[float | None, bool]:
+    """When a running batch ends at its rate since it first started (unix seconds, or ``None``), and
+    whether that is after its deadline (:mod:`llmbatch.schemas.deadlines`)."""
+    started, deadline = record.number("started_at"), record.number("deadline")
+    if record.state.is_terminal or started is None:
+        return None, False
+    done, running_s = counts.completed + counts.failed, now - started
+    need = finish_in(done, counts.total or None, running_s)
+    left_s = deadline - now if deadline is not None else None
+    return (None if need is None else now + need), at_risk(done, counts.total or None, running_s, left_s)
+
+
+def detail_of(
+    record: BatchRecord, progress: Mapping[str, str] | None = None, now: float | None = None
+) -> JobDetail:
+    """Everything known of ``record``; ``now`` (unix seconds, default the clock) for its outlook."""
+    counts, usage = counts_of(record, progress or {})
+    finish_at, risky = outlook_of(record, counts, time.time() if now is None else now)
     outcome = _outcome(record)
     metadata = record.json_field("metadata") if record.get("metadata") else {}
     published = record.get("published")
@@ -222,6 +245,8 @@ def detail_of(record: BatchRecord, progress: Mapping[str, str] | None = None) ->
         metadata={str(k): str(v) for k, v in (metadata or {}).items()},
         accepted_at=from_ts(record.number("accepted_at")),
         deadline=from_ts(record.number("deadline")),
+        expected_finish_at=from_ts(finish_at),
+        at_risk=risky,
         started_at=from_ts(record.number("started_at")),
         finished_at=from_ts(record.number("finished_at")),
         usage=usage,

@@ -139,6 +139,13 @@ def _print_detail(job: JobDetail) -> None:
         ("input", job.input_uri or "inline requests"),
         ("accepted", show_time(job.accepted_at)),
         ("deadline", show_time(job.deadline)),
+        (
+            "expected end",
+            "unknown yet"
+            if job.expected_finish_at is None
+            else show_time(job.expected_finish_at)
+            + (" (AT RISK: after the deadline)" if job.at_risk else ""),
+        ),
         ("started", show_time(job.started_at)),
         ("finished", show_time(job.finished_at)),
         (
@@ -152,6 +159,9 @@ def _print_detail(job: JobDetail) -> None:
             or "none started",
         ),
     ]
+    if job.started_at is not None and not job.state.is_terminal:
+        end = "unknown yet" if job.expected_finish_at is None else show_time(job.expected_finish_at)
+        rows.insert(8, ("expected end", end + (" (AT RISK: after the deadline)" if job.at_risk else "")))
     if job.metadata:
         rows.append(("metadata", ", ".join(f"{k}={v}" for k, v in sorted(job.metadata.items()))))
     if job.last_error:

@@ -1,18 +1,27 @@
-"""Progress events of running batches: one when the interval passed and the counts moved.
+"""Progress events of running batches: one when the interval passed and the counts moved; and which
+of them are at risk of their deadline (:mod:`llmbatch.schemas.deadlines`, judged from the same reading
+of their progress: ``llmbatch_batches_at_risk{model}``, one log line when a batch falls behind and one
+when it is back on time).
 
-What this replica last published per batch is kept in memory, for the batches in flight only
-(:meth:`ProgressEvents.keep_only`, at each poll): the memory stays bounded, also for batches another
-leader ended.
+What this replica last published and judged per batch is kept in memory, for the batches in flight
+only (:meth:`ProgressEvents.keep_only`, at each poll): the memory stays bounded, also for batches
+another leader ended.
 """
 
 from __future__ import annotations
+
+import logging
+from collections import Counter
 
 from llmbatch.dispatcher.domain.batch_record import BatchRecord
 from llmbatch.dispatcher.domain.events import build_progress, safe_counts
 from llmbatch.dispatcher.domain.keys import BatchKey
 from llmbatch.dispatcher.runs.context import RunContext
 from llmbatch.dispatcher.runs.outcomes import counter
+from llmbatch.schemas.deadlines import at_risk, finish_in
 from llmbatch.schemas.openai import Usage
+
+log = logging.getLogger(__name__)
 
 
 class ProgressEvents:
@@ -22,12 +31,15 @@ class ProgressEvents:
         self.ctx = ctx
         self._progress_at: dict[BatchKey, float] = {}
         self._progress_sig: dict[BatchKey, tuple[int, ...]] = {}
+        self.at_risk: dict[BatchKey, str] = {}  # batch -> its model, while it is at risk
 
     def forget(self, *keys: BatchKey) -> None:
         """Drop what this replica remembers of the progress events of ``keys``."""
         for key in keys:
             self._progress_at.pop(key, None)
             self._progress_sig.pop(key, None)
+            self.at_risk.pop(key, None)
+        self._export_risk()
 
     def keep_only(self, keys: set[BatchKey]) -> None:
         """Forget the progress events of every batch but ``keys`` (the batches in flight now): the
@@ -50,6 +62,7 @@ class ProgressEvents:
             prompt_tokens=counter(progress.get("prompt_tokens")),
             completion_tokens=counter(progress.get("completion_tokens")),
         )
+        self.judge(record, counts.completed + counts.failed, counts.total or None, now)
         sig = (record.attempt, counts.total, counts.completed, counts.failed)
         self._progress_at[record.key] = now
         if self._progress_sig.get(record.key) == sig:
@@ -57,3 +70,31 @@ class ProgressEvents:
         self._progress_sig[record.key] = sig
         envelope = build_progress(record, counts, usage, source=self.ctx.opts.source, now=now)
         await self.ctx.producer.publish(self.ctx.settings.kafka.topics.results, envelope)
+
+    def judge(self, record: BatchRecord, done: int, total: int | None, now: float) -> None:
+        """Whether ``record`` (``done`` of ``total`` requests answered at ``now``) is at risk of its
+        deadline at its rate since it first started; said once per change, counted by model."""
+        started, deadline = record.number("started_at"), record.number("deadline")
+        running_s = now - started if started is not None else 0.0
+        left_s = deadline - now if deadline is not None else None
+        risky = at_risk(done, total, running_s, left_s)
+        if risky == (record.key in self.at_risk):
+            return
+        model = record.get("model") or "-"
+        if risky:
+            self.at_risk[record.key] = model
+            need = finish_in(done, total, running_s) or 0.0
+            log.warning(
+                "batch at risk of missing its deadline at its rate so far",
+                extra={"done": done, "total": total, "needs_s": round(need), "left_s": round(left_s or 0)},
+            )
+        else:
+            del self.at_risk[record.key]
+            log.info("batch back on time for its deadline", extra={"done": done, "total": total})
+        self._export_risk()
+
+    def _export_risk(self) -> None:
+        by_model = Counter(self.at_risk.values())
+        gauge = self.ctx.metrics.at_risk
+        for model in {*self.ctx.settings.engines.models, *by_model}:
+            gauge.labels(model=model).set(by_model.get(model, 0))

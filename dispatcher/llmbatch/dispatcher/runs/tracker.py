@@ -6,10 +6,9 @@ change is a compare-and-set and submission ids are idempotent). Each tick:
 1. promote queued batches whose retry backoff elapsed;
 2. expire queued batches past their deadline;
 3. check the job of every in-flight batch and move the batch on (:mod:`llmbatch.dispatcher.runs.in_flight`:
-stop,
-   retry, finalize, finish, progress events);
-4. launch ready batches while fewer than ``max_in_flight`` hold a job (priority, then age); with
-   shared engines only while the model's replicas have room
+   stop, retry, finalize, finish, progress events, deadline risk);
+4. launch ready batches while fewer than ``max_in_flight`` hold a job (priority, then the nearest
+   deadline); with shared engines only while the model's replicas have room
    (:class:`~llmbatch.dispatcher.domain.scheduler.Admission`);
 5. publish pending terminal events (and dead letters) idempotently;
 6. refresh gauges.

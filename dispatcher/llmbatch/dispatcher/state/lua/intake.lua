@@ -12,7 +12,7 @@
 -- ARGV[1]  batch id
 -- ARGV[2]  '1': dedupe by the marker (non-queued intakes); '': by the batch's source and event id
 -- ARGV[3]  now (unix s)
--- ARGV[4]  ready score (priority, then age)
+-- ARGV[4]  ready score (priority, then the nearest deadline)
 -- ARGV[5]  deadline (unix s, '' = none)
 -- ARGV[6]  replay id ('' = not a replay)
 -- ARGV[7]  initial state (queued, or dead_lettered for a rejected request)

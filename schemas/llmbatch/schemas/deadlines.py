@@ -1,0 +1,26 @@
+"""Whether a running batch makes its deadline at its rate so far (pure; the dispatcher's metric and
+``jobs get``, and the batch runner's calls to the shared engines, judge alike).
+
+A batch that finished ``done`` of its ``total`` requests in ``running_s`` seconds needs
+``(total - done) * running_s / done`` more at that rate. It is **at risk** when that is more than the
+time left before its deadline. Nothing can be said before its first request finished or while its
+total is unknown (a file whose lines are not counted yet): such a batch is not called at risk.
+"""
+
+from __future__ import annotations
+
+
+def finish_in(done: int, total: int | None, running_s: float) -> float | None:
+    """Seconds the rest of the batch needs at its rate so far; ``None`` when that cannot be said yet."""
+    if total is None or total <= 0 or done <= 0 or running_s <= 0:
+        return None
+    return max(total - done, 0) * running_s / done
+
+
+def at_risk(done: int, total: int | None, running_s: float, left_s: float | None) -> bool:
+    """Whether at its rate so far the batch ends after its deadline, ``left_s`` from now (``None``: it
+    has none)."""
+    if left_s is None:
+        return False
+    need = finish_in(done, total, running_s)
+    return need is not None and need > 0 and need > left_s

@@ -1,0 +1,43 @@
+"""The deadline outlook of a running batch (pure)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llmbatch.schemas.deadlines import at_risk, finish_in
+
+
+def test_the_rest_takes_as_long_as_the_rate_so_far_says() -> None:
+    assert finish_in(25, 100, 10.0) == pytest.approx(30.0)  # 75 left at 2.5/s
+    assert finish_in(100, 100, 10.0) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("done", "total", "running_s"), [(0, 100, 5.0), (3, None, 5.0), (3, 0, 5.0), (3, 10, 0.0)]
+)
+def test_nothing_is_said_before_the_first_answer_or_without_a_total(
+    done: int, total: int | None, running_s: float
+) -> None:
+    assert finish_in(done, total, running_s) is None
+    assert not at_risk(done, total, running_s, left_s=0.001)
+
+
+def test_at_risk_when_the_rest_needs_more_than_is_left() -> None:
+    assert at_risk(25, 100, 10.0, left_s=29.0)
+    assert not at_risk(25, 100, 10.0, left_s=31.0)
+    assert not at_risk(25, 100, 10.0, left_s=None)  # no deadline
+    assert not at_risk(100, 100, 10.0, left_s=-5.0)  # done: nothing left to miss
+
+
+@given(
+    done=st.integers(1, 10**6),
+    more=st.integers(0, 10**6),
+    running_s=st.floats(0.001, 1e6),
+    left_s=st.floats(-1e6, 1e7),
+)
+def test_at_risk_is_exactly_need_over_left(done: int, more: int, running_s: float, left_s: float) -> None:
+    need = finish_in(done, done + more, running_s)
+    assert need is not None and need >= 0
+    assert at_risk(done, done + more, running_s, left_s) == (more > 0 and need > left_s)
