@@ -12,6 +12,7 @@ import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -239,7 +240,9 @@ class Service:
 
     # --- batches -------------------------------------------------------------------------------
 
-    async def submit(self, texts: list[str], *, priority: int, name: str) -> Sub:
+    async def submit(
+        self, texts: list[str], *, priority: int, name: str, deadline: datetime | None = None
+    ) -> Sub:
         from llmbatch.stack.model import SERVED_MODEL
 
         client, _, _, dsettings = self.need()
@@ -249,11 +252,15 @@ class Service:
         # inline up to the short path's line limit, a file above it (an inline batch over the limit
         # would run as a Ray job; a file of at most short_path_max_bytes takes the short path)
         if len(lines) <= dsettings.dispatcher.short_path_max_lines:
-            handle = await client.submit(lines, model=SERVED_MODEL, batch_id=batch_id, priority=priority)
+            handle = await client.submit(
+                lines, model=SERVED_MODEL, batch_id=batch_id, priority=priority, deadline=deadline
+            )
         else:
             path = self.workdir / f"{batch_id}.jsonl"
             path.write_text("".join(json.dumps(line) + "\n" for line in lines))
-            handle = await client.submit(file=path, model=SERVED_MODEL, batch_id=batch_id, priority=priority)
+            handle = await client.submit(
+                file=path, model=SERVED_MODEL, batch_id=batch_id, priority=priority, deadline=deadline
+            )
         sub = Sub(handle.batch_id, len(lines), priority, submitted)
         self.subs.append(sub)
         return sub
