@@ -1,8 +1,8 @@
-"""Benchmark: ``bench/bench_service.py`` (or ``bench/bench_flow.py``: ``--bench flow``) on the code of an
-earlier commit and on this checkout, one after the other on the same machine, figures side by side with
-their ratio (after / before).
+"""Benchmark: ``bench/bench_service.py`` (or ``--bench flow``: ``bench/bench_flow.py``, ``--bench
+deadlines``: ``bench/bench_deadlines.py``) on the code of an earlier commit and on this checkout, one
+after the other on the same machine, figures side by side with their ratio (after / before).
 
-    .venv/bin/python bench/bench_vs_rev.py --before REV [--bench service|flow] [--after-first] \
+    .venv/bin/python bench/bench_vs_rev.py --before REV [--bench service|flow|deadlines] [--after-first] \
         [--report PATH] -- [the bench's args]
 
 The earlier commit runs from a clone of this repository in ``run/compare-<rev>`` with a venv of its own
@@ -47,9 +47,21 @@ FLOW_FIGURES: Figures = (
     ("Redis connections per batch", ("flow", "redis_connections_per_batch"), False),
     ("Kafka records per batch", ("flow", "kafka_records_per_batch"), False),
 )
+DEADLINE_FIGURES: Figures = (
+    ("tight batch alone, s", ("idle", "submit_to_terminal_s"), False),
+    ("its deadline beside the big one, s", ("loaded", "deadline_s"), False),
+    ("tight batch beside the big one, s", ("loaded", "submit_to_terminal_s"), False),
+    ("  requests answered", ("loaded", "completed"), True),
+    ("  beside / alone", ("loaded", "vs_idle"), False),
+    ("  made its deadline (1 = yes)", ("loaded", "made_it"), True),
+)
 # the per-process CPU figures of a flow run (their labels are the processes' names)
 FLOW_CPU = ("flow", "cpu_ms_per_batch")
-BENCHES = {"service": "bench/bench_service.py", "flow": "bench/bench_flow.py"}
+BENCHES = {
+    "service": "bench/bench_service.py",
+    "flow": "bench/bench_flow.py",
+    "deadlines": "bench/bench_deadlines.py",
+}
 
 
 def _get(report: dict[str, Any], path: tuple[str, ...]) -> float | None:
@@ -58,7 +70,7 @@ def _get(report: dict[str, Any], path: tuple[str, ...]) -> float | None:
         if not isinstance(value, dict) or key not in value:
             return None
         value = value[key]
-    return float(value) if isinstance(value, int | float) else None
+    return float(value) if isinstance(value, int | float) else None  # bool: 1.0 / 0.0
 
 
 def clone_at(rev: str) -> Path:
@@ -102,7 +114,10 @@ def cpu_figures(before: dict[str, Any], after: dict[str, Any]) -> Figures:
 
 
 def table(before: dict[str, Any], after: dict[str, Any], rev: str, bench: str = "service") -> str:
-    figures = SERVICE_FIGURES if bench == "service" else FLOW_FIGURES + cpu_figures(before, after)
+    figures = {
+        "service": SERVICE_FIGURES,
+        "deadlines": DEADLINE_FIGURES,
+    }.get(bench) or FLOW_FIGURES + cpu_figures(before, after)
     lines = [f"{'figure':34} {'before ' + rev[:10]:>18} {'after':>10} {'after/before':>13}"]
     for label, path, _higher in figures:
         b, a = _get(before, path), _get(after, path)
