@@ -110,6 +110,37 @@ emit({"keys": [g.key for g in out], "failures": [g.failure.code if g.failure els
 """
 )
 
+# two batches of one priority through one replica: a long one, then (while it runs) a short one that says
+# it is at risk of its deadline (``due``)
+DUE_ORDER_PROBE = (
+    """
+import sys, time, threading, orjson
+"""
+    + EMIT
+    + """
+from ray import serve
+from llmbatch.ray_job.serve_engine import ServeEngine
+from llmbatch.ray_job.records import GenRequest
+engine = ServeEngine(sys.argv[1], wait_s=120, retries=0)
+replica = serve.get_deployment_handle("EngineServer", app_name=sys.argv[1])
+due = None if sys.argv[2] == "0" else 1.0
+done = {"base": replica.info.remote().result(timeout_s=30)["finished"]}
+def call(name, n, due):
+    out = engine.generate([GenRequest(str(i), [1], {"max_tokens": 4}, prompt_text=f"{name}{i}")
+                           for i in range(n)], group=name, priority=5, due=due)
+    # requests the replica finished when this call's answers came (the other batch's included)
+    finished = replica.info.remote().result(timeout_s=30)["finished"]
+    done[name] = {"finished": finished, "keys": [g.key for g in out],
+                  "failures": [g.failure.code if g.failure else None for g in out]}
+long = threading.Thread(target=call, args=("long", 10, None))
+long.start()
+time.sleep(1.5)
+call("late", 3, None if due is None else time.time() + due)
+long.join()
+emit(done)
+"""
+)
+
 
 def _registry(
     delay_s: float, *, backend: str = FAKE_BACKEND, path: str = "fake", max_active: int = 256
@@ -306,6 +337,30 @@ def test_requests_of_a_batch_at_risk_waiting_at_a_replica_bring_another_replica(
         time.sleep(0.5)
     result = _result(client, job_id)
     assert result["keys"] == [str(i) for i in range(30)] and not any(result["failures"]), result
+
+
+def test_a_batch_at_risk_of_its_deadline_goes_before_its_prioritys_turns_on_the_replica(
+    ray_settings: RaySettings, serve: ServeApi
+) -> None:
+    # one request at a time, 1 s each; the late batch (3 requests) comes while the long one's second runs.
+    # In turns they alternate: when the late one is done the replica has finished 5 or more of the long
+    # one's. At risk, the late one takes the slot as it frees: 2 or 3 of the long one's are done.
+    registry = _registry(delay_s=1.0, max_active=1)
+    asyncio.run(serve.deploy(serve_config(registry, http_address=ray_settings.serve_address)))
+    _wait_app(serve, registry, {"RUNNING"})
+    turns = _result(*_probe(ray_settings, 0, code=DUE_ORDER_PROBE))
+    at_risk = _result(*_probe(ray_settings, 1, code=DUE_ORDER_PROBE))
+    for result in (turns, at_risk):
+        assert result["long"]["keys"] == [str(i) for i in range(10)] and result["late"]["keys"] == [
+            "0",
+            "1",
+            "2",
+        ]
+        assert not any(result["long"]["failures"] + result["late"]["failures"]), result
+    # of the long batch's requests, those the replica finished by the time the late batch's answers came
+    in_turns = turns["late"]["finished"] - turns["base"] - 3
+    first = at_risk["late"]["finished"] - at_risk["base"] - 3
+    assert in_turns >= 5 and first <= 3, (turns, at_risk)
 
 
 def test_a_call_waiting_its_turn_outlasts_the_engine_wait(ray_settings: RaySettings, serve: ServeApi) -> None:

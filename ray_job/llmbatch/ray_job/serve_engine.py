@@ -104,6 +104,7 @@ class EngineServer:
             "queued": stats.queued,
             "active": stats.active,
             "preempted": stats.preempted,
+            "finished": stats.finished,
         }
 
     async def generate(
