@@ -127,11 +127,14 @@ def test_a_small_batch_keeps_calls_of_its_batch_size(s3_settings: S3Settings, cl
 
 
 class SlowEngine(SlottedEngine):
-    """The slotted engine, each call taking ``call_s`` longer; it keeps the ``due`` each call carried."""
+    """The slotted engine, each call taking ``call_s`` longer; it keeps the ``due`` each call carried and
+    stops the attempt after ``stop_after`` calls (if given)."""
 
-    def __init__(self, slots: int, call_s: float) -> None:
+    def __init__(self, slots: int, call_s: float, stop_after: int | None = None) -> None:
         super().__init__(slots)
         self.call_s = call_s
+        self.stop_after = stop_after
+        self.attempt: RunnerAttempt | None = None
         self.dues: list[float | None] = []
 
     def generate(
@@ -144,33 +147,47 @@ class SlowEngine(SlottedEngine):
     ) -> list[Generation]:
         with self._lock:
             self.dues.append(due)
+            if self.attempt is not None and self.stop_after is not None and len(self.dues) >= self.stop_after:
+                self.attempt.request_stop("stopped")
         threading.Event().wait(self.call_s)  # the engine's work (a sleep: nothing is asserted on time)
         return super().generate(requests, group=group, priority=priority, due=due)
 
 
-def _run_slow(spec: JobSpec) -> SlowEngine:
-    engine = SlowEngine(0, call_s=0.3)
-    RunnerAttempt(spec, tokenizer=WhitespaceTokenizer, keep_text=True, engine=lambda: engine).run()
+def _run_slow(spec: JobSpec, stop_after: int | None = None) -> SlowEngine:
+    engine = SlowEngine(0, call_s=0.3, stop_after=stop_after)
+    attempt = RunnerAttempt(spec, tokenizer=WhitespaceTokenizer, keep_text=True, engine=lambda: engine)
+    engine.attempt = attempt
+    attempt.run()
     return engine
 
 
-def test_a_batch_behind_its_deadline_says_so_with_its_next_calls(
+def _slow_spec(s3_settings: S3Settings, client: Minio, lines: int, left_s: float) -> tuple[JobSpec, float]:
+    batch_id = f"d-{uuid.uuid4().hex[:8]}"
+    data = b"".join(json.dumps(_line(i)).encode() + b"\n" for i in range(lines))
+    key = f"acme/{batch_id}/in.jsonl"
+    client.put_object(s3_settings.input_bucket, key, io.BytesIO(data), len(data))
+    deadline = datetime.now(UTC) + timedelta(seconds=left_s)
+    config = EngineConfig(backend=FAKE_BACKEND, batch_size=4, batches_in_flight=1)
+    uri = f"s3://{s3_settings.input_bucket}/{key}"
+    return _spec(s3_settings, batch_id, input_uri=uri, engine=config, deadline=deadline), deadline.timestamp()
+
+
+def test_a_batch_near_its_deadline_says_so_with_every_call(s3_settings: S3Settings, client: Minio) -> None:
+    """2.5 s before its deadline (under URGENT_S): from its first call, before any answer."""
+    spec, deadline = _slow_spec(s3_settings, client, 60, 2.5)
+    engine = _run_slow(spec)
+    assert engine.dues and engine.dues == [deadline] * len(engine.dues), engine.dues
+
+
+def test_a_batch_far_from_its_deadline_says_so_once_its_rate_says_it_misses_it(
     s3_settings: S3Settings, client: Minio
 ) -> None:
-    """At 4 lines a call and 0.3 s a call, 60 lines need about 4.5 s: with 2.5 s to its deadline the
-    batch's calls after the first answers carry its deadline (the engine takes them first); with an
-    hour none does."""
-    lines = [BatchInputLine.model_validate(_line(i)) for i in range(60)]
-    config = EngineConfig(backend=FAKE_BACKEND, batch_size=4, batches_in_flight=1)
-    for left_s, expect_due in ((2.5, True), (3600.0, False)):
-        deadline = datetime.now(UTC) + timedelta(seconds=left_s)
-        spec = _spec(
-            s3_settings, f"d-{uuid.uuid4().hex[:8]}", requests=lines, engine=config, deadline=deadline
-        )
-        engine = _run_slow(spec)
-        assert engine.dues[0] is None  # nothing answered yet: nothing to judge by
-        if expect_due:
-            assert engine.dues[-1] == deadline.timestamp(), engine.dues
-            assert all(d in (None, deadline.timestamp()) for d in engine.dues)
-        else:
-            assert engine.dues == [None] * len(engine.dues), engine.dues
+    """4 lines a call, 0.3 s a call: 12,000 lines need about 900 s, 700 s are left: its calls after the
+    first answer carry its deadline (the attempt is stopped after 4 calls); with an hour, 60 lines: none."""
+    spec, deadline = _slow_spec(s3_settings, client, 12_000, 700.0)
+    engine = _run_slow(spec, stop_after=4)
+    assert engine.dues[0] is None  # nothing answered yet: nothing to judge by
+    assert engine.dues[1:] == [deadline] * (len(engine.dues) - 1) and len(engine.dues) >= 3, engine.dues
+    spec, _ = _slow_spec(s3_settings, client, 60, 3600.0)
+    engine = _run_slow(spec)
+    assert engine.dues == [None] * len(engine.dues), engine.dues

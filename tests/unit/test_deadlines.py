@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmbatch.schemas.deadlines import at_risk, finish_in
+from llmbatch.schemas.deadlines import URGENT_S, at_risk, finish_in, urgent
 
 
 def test_the_rest_takes_as_long_as_the_rate_so_far_says() -> None:
@@ -41,3 +41,10 @@ def test_at_risk_is_exactly_need_over_left(done: int, more: int, running_s: floa
     need = finish_in(done, done + more, running_s)
     assert need is not None and need >= 0
     assert at_risk(done, done + more, running_s, left_s) == (more > 0 and need > left_s)
+
+
+def test_urgent_when_near_or_at_risk() -> None:
+    assert urgent(0, 100, 0.0, left_s=URGENT_S - 1)  # near: from its first call, before any answer
+    assert not urgent(0, 100, 0.0, left_s=URGENT_S + 1)
+    assert urgent(25, 100, 1000.0, left_s=URGENT_S + 1)  # far, but 3000 s more at its rate
+    assert not urgent(25, 100, 1000.0, left_s=None)

@@ -23,7 +23,7 @@ from llmbatch.ray_job.records import Generation, GenRequest
 from llmbatch.ray_job.tokenizers import Tokenizer
 from llmbatch.schemas.batch import DEFAULT_PRIORITY
 from llmbatch.schemas.common import utcnow
-from llmbatch.schemas.deadlines import at_risk
+from llmbatch.schemas.deadlines import urgent
 from llmbatch.schemas.job import JobSpec, S3Session
 
 
@@ -116,14 +116,15 @@ class RunnerAttempt(Attempt):
         return counts.completed + counts.failed
 
     def _due(self, began: float, done_before: int) -> float | None:
-        """The batch's deadline (unix seconds) when at this attempt's rate so far it would miss it, for
-        the engine to take its next call before the batches of its priority in turn; else ``None``."""
+        """The batch's deadline (unix seconds) while it is urgent (near, or missed at this attempt's rate
+        so far: :func:`~llmbatch.schemas.deadlines.urgent`), for the engine to take its next call before
+        the batches of its priority in turn; else ``None``."""
         deadline = self.spec.deadline
         if deadline is None:
             return None
         left = None if self.total is None else self.total - done_before
         running_s = time.monotonic() - began
-        if at_risk(self._done() - done_before, left, running_s, (deadline - utcnow()).total_seconds()):
+        if urgent(self._done() - done_before, left, running_s, (deadline - utcnow()).total_seconds()):
             return deadline.timestamp()
         return None
 

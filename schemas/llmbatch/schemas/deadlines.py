@@ -5,9 +5,16 @@ A batch that finished ``done`` of its ``total`` requests in ``running_s`` second
 ``(total - done) * running_s / done`` more at that rate. It is **at risk** when that is more than the
 time left before its deadline. Nothing can be said before its first request finished or while its
 total is unknown (a file whose lines are not counted yet): such a batch is not called at risk.
+
+A batch is **urgent** on the shared engines (its requests go before the turns of its priority) when it
+is at risk, or when its deadline is less than :data:`URGENT_S` away: a batch sends its first calls
+before any answer can say how fast it goes, and a tight deadline can pass within them.
 """
 
 from __future__ import annotations
+
+URGENT_S = 600.0
+"""A batch whose deadline is this close is urgent whatever its rate (see the module docstring)."""
 
 
 def finish_in(done: int, total: int | None, running_s: float) -> float | None:
@@ -24,3 +31,11 @@ def at_risk(done: int, total: int | None, running_s: float, left_s: float | None
         return False
     need = finish_in(done, total, running_s)
     return need is not None and need > 0 and need > left_s
+
+
+def urgent(done: int, total: int | None, running_s: float, left_s: float | None) -> bool:
+    """Whether the batch's requests go first on the shared engines: its deadline is less than
+    :data:`URGENT_S` away, or it is :func:`at_risk`."""
+    if left_s is None:
+        return False
+    return left_s < URGENT_S or at_risk(done, total, running_s, left_s)
