@@ -1,9 +1,9 @@
 """The shared engines' autoscaling: Serve's own rule, and deadline demand on top of it.
 
 Serve scales a model's replicas towards ``target_ongoing_requests`` calls each. That counts calls, not
-deadlines: a batch that will miss its deadline at its rate so far sends its next calls with ``due``
-(:mod:`llmbatch.schemas.deadlines`), and while such requests wait for a slot at a replica, more
-replicas would serve them sooner. Each replica reports its waiting at-risk requests
+deadlines: an urgent batch (near its deadline, or behind it at its rate so far) sends its calls with
+``due`` (:func:`llmbatch.schemas.deadlines.urgent`), and while such requests wait for a slot at a
+replica, more replicas would serve them sooner. Each replica reports its waiting at-risk requests
 (:data:`AT_RISK_WAITING`, its ``record_autoscaling_stats``) and :class:`DeadlineAwarePolicy` asks for
 enough replicas more to run them at once (:func:`deadline_replicas`), never fewer than Serve's own rule
 says. Serve then applies the model's bounds and delays as for its own rule.

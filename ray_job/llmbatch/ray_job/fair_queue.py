@@ -3,10 +3,10 @@
 - **Priority first**: a request of a higher priority is always taken before one of a lower.
 - **Fair among equals**: batches of the same priority take turns, one request per turn, so a
   10-line batch is not stuck behind the 100,000 lines of a batch that arrived first.
-- **Deadlines at risk first**: a batch whose caller says it will miss its deadline at its rate so far
-  (a ``due`` time with its requests, :mod:`llmbatch.schemas.deadlines`) goes before the batches of its
-  priority taking turns, the earliest due first (EDF among those at risk). A later call without
-  ``due`` puts it back in turn.
+- **Urgent deadlines first**: a batch whose caller says it is urgent (near its deadline or behind it at
+  its rate so far: a ``due`` time with its requests, :func:`llmbatch.schemas.deadlines.urgent`) goes
+  before the batches of its priority taking turns, the earliest due first (EDF among the urgent). A
+  later call without ``due`` puts it back in turn.
 - **Shared prefixes together**: inside a batch, requests are taken in the order of their prompt
   tokens, so requests that share a prompt prefix (a system prompt) reach the engine one after
   the other and hit its prefix cache while the prefix is still there.
