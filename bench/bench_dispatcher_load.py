@@ -1,0 +1,303 @@
+"""Benchmark: the dispatcher alone at the highest rate this machine allows (issue 53 item 5's load test).
+
+    .venv/bin/python bench/bench_dispatcher_load.py [--batches 3000] [--lines 4] [--rate 0] [--json]
+        [--report PATH] [--keep]
+
+Starts Kafka, Redis and MinIO (a private run folder, no Ray) and one dispatcher process with the service's
+defaults (shared engines, the short path) whose job backend is ``bench/service/instant_backend.py``: each
+attempt runs at once inside the dispatcher's process as the batch runner would run it (its inline lines,
+a shard, a manifest and progress on the real MinIO and Redis) on the fake engine. Warms the path with one
+batch, then publishes ``--batches`` batches of ``--lines`` inline lines, all at once (``--rate 0``, the
+most the dispatcher can take) or ``--rate`` a minute, and waits for every terminal event. Prints:
+
+- batches per minute (first accepted -> last terminal) and p50 / p90 accepted -> terminal;
+- per batch: Redis commands (``INFO commandstats``), Kafka records (requests and events), the dispatcher's
+  own CPU milliseconds (its process's CPU time less what the attempts' threads spent), the attempts'
+  (one small job's work: S3 writes, progress), and Kafka's, Redis's and MinIO's;
+- the dispatcher's peak RSS.
+
+Everything started is stopped by PID (the run folder is removed after a successful run unless
+``--keep``). Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import psutil  # noqa: E402
+
+from bench.bench_flow import cpu_by_label, per_batch  # noqa: E402
+from bench.bench_ray_job import input_lines, prompts  # noqa: E402
+from bench.service.common import BenchError, say  # noqa: E402
+from bench.service.cpu import cpu_snapshot  # noqa: E402
+from bench.service.ledger import Ledger  # noqa: E402
+from llmbatch.demo.run import DispatcherProcess  # noqa: E402
+
+SERVICES = ("kafka", "redis", "minio")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--batches", type=int, default=3000, help="batches published")
+    parser.add_argument("--lines", type=int, default=4, help="inline lines per batch")
+    parser.add_argument("--rate", type=float, default=0.0, help="batches per minute; 0: all at once")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for every batch")
+    parser.add_argument("--keep", action="store_true", help="leave the services running afterwards")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--report", type=Path, help="also write the report here as JSON")
+    args = parser.parse_args()
+    for name in ("batches", "lines"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+    if args.rate < 0:
+        parser.error("--rate must be 0 (all at once) or a number of batches per minute")
+    return args
+
+
+class InstantDispatcher(DispatcherProcess):
+    """``bench/service/instant_dispatcher.py`` in its own session (stopped by PID, as the demo's)."""
+
+    def __init__(self, env: dict[str, str], log_path: Path, metrics_port: int, cpu_file: Path) -> None:
+        import subprocess
+
+        self.log_path, self.port, self.cpu_file = log_path, metrics_port, cpu_file
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        script = ROOT / "bench" / "service" / "instant_dispatcher.py"
+        with log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(script), str(cpu_file)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+
+    def attempts_cpu_s(self) -> float:
+        try:
+            return float(json.loads(self.cpu_file.read_text())["cpu_s"])
+        except (OSError, ValueError, KeyError):
+            return 0.0
+
+
+def environment(state: Any, tag: str, port: int) -> dict[str, str]:
+    from llmbatch.ray_job.backends import FAKE_BACKEND
+    from llmbatch.schemas.engines import EngineModel, EngineRegistry
+    from llmbatch.schemas.job import EngineConfig
+    from llmbatch.stack.dispatcher_env import dispatcher_environ
+    from llmbatch.stack.model import SERVED_MODEL
+
+    registry = EngineRegistry(
+        models={SERVED_MODEL: EngineModel(path="fake", engine=EngineConfig(backend=FAKE_BACKEND))}
+    )
+    models = registry.model_dump(mode="json", exclude_defaults=True)["models"]
+    env = dispatcher_environ(state, None)
+    minio = state.services["minio"].extra
+    env.update(
+        {
+            "LLMBATCH_ENGINES__MODELS": json.dumps(models),
+            "LLMBATCH_DISPATCHER__SHARED_ENGINES": "true",
+            "LLMBATCH_DISPATCHER__DEPLOY_ENGINES": "false",
+            "LLMBATCH_DISPATCHER__INSTANCE_ID": f"load-{tag}",
+            "LLMBATCH_DISPATCHER__GROUP_ID": f"load-{tag}",
+            "LLMBATCH_DISPATCHER__METRICS_HOST": "127.0.0.1",
+            "LLMBATCH_DISPATCHER__METRICS_PORT": str(port),
+            "LLMBATCH_DISPATCHER__LOG_JSON": "true",
+            "LLMBATCH_REDIS__KEY_PREFIX": f"load{tag}",
+            "LLMBATCH_KAFKA__TOPICS__REQUESTS": f"load-{tag}.requests",
+            "LLMBATCH_KAFKA__TOPICS__RESULTS": f"load-{tag}.results",
+            "LLMBATCH_KAFKA__TOPICS__DEAD_LETTER": f"load-{tag}.requests.dlt",
+            # the attempts run in this process: they take S3 keys from its environment, as a node's job
+            "AWS_ACCESS_KEY_ID": minio["access_key"],
+            "AWS_SECRET_ACCESS_KEY": minio["secret_key"],
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+async def redis_stats(settings: Any) -> tuple[dict[str, int], int, int]:
+    """Calls of every Redis command, connections accepted, bytes of memory used (all so far)."""
+    from llmbatch.dispatcher.state.store import StateStore
+
+    store = StateStore.from_settings(settings.redis)
+    try:
+        stats = await store.client.info("commandstats")
+        connections = int((await store.client.info("stats"))["total_connections_received"])
+        memory = int((await store.client.info("memory"))["used_memory"])
+    finally:
+        await store.client.aclose()
+    calls = {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+    return calls, connections, memory
+
+
+async def run(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
+    from llmbatch.dispatcher.ops.engines_cli import only_llmbatch_env
+    from llmbatch.dispatcher.settings import DispatcherSettings
+    from llmbatch.producer import BatchClient, ensure_topics
+    from llmbatch.stack import manager
+    from llmbatch.stack.model import SERVED_MODEL
+    from llmbatch.stack.ports import free_port
+
+    say(f"[stack] starting {', '.join(SERVICES)} in {run_dir} ...")
+    state = await asyncio.to_thread(manager.up, run_dir, SERVICES)
+    proc: InstantDispatcher | None = None
+    ledger, tasks, closers = Ledger(), [], []
+    try:
+        tag, port = uuid.uuid4().hex[:8], free_port()
+        env = environment(state, tag, port)
+        with only_llmbatch_env(env):
+            dsettings = DispatcherSettings(_env_file=None)
+        log_path = run_dir / "logs" / "load-dispatcher.log"
+        proc = InstantDispatcher(env, log_path, port, run_dir / "attempts-cpu.json")
+        say("[dispatcher] starting ...")
+        await asyncio.to_thread(proc.wait_ready, 120.0)
+        client = BatchClient(manager.settings_for(state, dsettings))
+        closers.append(client.close)
+        await client.ensure_buckets()
+        await ensure_topics(client.settings)
+        ledger.task = asyncio.create_task(ledger.follow(client))
+        tasks.append(ledger.task)
+        lines = input_lines(prompts(args.lines), 8)
+
+        async def submit(name: str) -> str:
+            handle = await client.submit(
+                lines, model=SERVED_MODEL, batch_id=f"load-{name}-{uuid.uuid4().hex[:8]}"
+            )
+            return str(handle.batch_id)
+
+        async def settle(ids: list[str], what: str) -> None:
+            await ledger.until(lambda: all(i in ledger.terminal for i in ids), args.timeout, proc, what)
+
+        say("[warm-up] one batch ...")
+        await settle([await submit("warm")], "the warm-up batch")
+        pid = psutil.Process(proc.proc.pid)
+        (redis0, conn0, mem0), cpu0, events0 = (
+            await redis_stats(dsettings),
+            cpu_by_label(cpu_snapshot()),
+            ledger.events,
+        )
+        disp0, att0 = pid.cpu_times(), proc.attempts_cpu_s()
+        how = f"at {args.rate:g} per minute" if args.rate else "at once"
+        say(f"[load] {args.batches} batches of {args.lines} lines {how} ...")
+        if args.rate:
+            began, pending = time.monotonic(), []
+            for i in range(args.batches):
+                await asyncio.sleep(max(0.0, began + i * 60.0 / args.rate - time.monotonic()))
+                pending.append(asyncio.create_task(submit(f"b{i}")))
+            ids = list(await asyncio.gather(*pending))
+        else:
+            ids = list(await asyncio.gather(*(submit(f"b{i}") for i in range(args.batches))))
+        await settle(ids, "the load")
+        await asyncio.sleep(1.5)  # the attempts' CPU file is written every second
+        (redis1, conn1, mem1), cpu1, events1 = (
+            await redis_stats(dsettings),
+            cpu_by_label(cpu_snapshot()),
+            ledger.events,
+        )
+        disp1, att1 = pid.cpu_times(), proc.attempts_cpu_s()
+        rss_mb = pid.memory_info().rss / 2**20
+    finally:
+        for task in tasks:
+            task.cancel()
+        for close in closers:
+            await close()
+        if proc is not None:
+            await asyncio.to_thread(proc.stop)
+        if not args.keep:
+            await asyncio.to_thread(manager.down, run_dir, SERVICES)
+    accepted = [ledger.accepted[i].time.timestamp() for i in ids]
+    terminal = [ledger.terminal[i].time.timestamp() for i in ids]
+    statuses = {str(ledger.terminal[i].data.status) for i in ids}
+    if statuses != {"completed"}:
+        raise BenchError(f"not every batch completed: {statuses}")
+    latencies = sorted(t - a for a, t in zip(accepted, terminal, strict=True))
+    n, wall = len(ids), max(terminal) - min(accepted)
+    redis = per_batch(redis0, redis1, n)
+    others = per_batch(cpu0, cpu1, n, scale=1000.0)
+    dispatcher_s = (disp1.user + disp1.system) - (disp0.user + disp0.system)
+    attempts_s = att1 - att0
+    return {
+        "batches": n,
+        "lines_per_batch": args.lines,
+        "rate_per_min": args.rate or None,
+        "wall_s": round(wall, 2),
+        "batches_per_min": round(n / wall * 60, 1),
+        "p50_accepted_to_terminal_s": round(statistics.median(latencies), 2),
+        "p90_accepted_to_terminal_s": round(latencies[int(0.9 * (n - 1))], 2),
+        "redis_commands_per_batch": round(sum(redis.values()), 1),
+        "redis_by_command": dict(list(redis.items())[:12]),
+        "redis_connections_per_batch": round((conn1 - conn0 - 1) / n, 2),
+        "kafka_records_per_batch": round((n + events1 - events0) / n, 2),
+        # what a finished batch keeps in Redis until finished_ttl_s (7 days by default)
+        "redis_bytes_per_batch": round((mem1 - mem0) / n),
+        "cpu_ms_per_batch": {
+            "dispatcher (own)": round((dispatcher_s - attempts_s) * 1000 / n, 2),
+            "attempts (in the dispatcher's process)": round(attempts_s * 1000 / n, 2),
+            **{k: v for k, v in others.items() if k.startswith(("java", "redis-server", "minio"))},
+        },
+        "dispatcher_rss_mb": round(rss_mb, 1),
+        "cores": os.cpu_count(),
+    }
+
+
+def show(f: dict[str, Any]) -> None:
+    how = f"at {f['rate_per_min']:g}/min" if f["rate_per_min"] else "at once"
+    print(
+        f"the dispatcher alone, {f['batches']} batches of {f['lines_per_batch']} lines {how}: "
+        f"{f['batches_per_min']} batches/min ({f['wall_s']} s first accepted -> last terminal); "
+        f"accepted -> terminal p50 {f['p50_accepted_to_terminal_s']} s, "
+        f"p90 {f['p90_accepted_to_terminal_s']} s"
+    )
+    print(
+        f"per batch: {f['redis_commands_per_batch']} Redis commands, {f['redis_connections_per_batch']} "
+        f"Redis connections, {f['redis_bytes_per_batch']} bytes kept in Redis, "
+        f"{f['kafka_records_per_batch']} Kafka records; "
+        f"dispatcher RSS {f['dispatcher_rss_mb']} MB"
+    )
+    print("  Redis commands by name: " + ", ".join(f"{k} {v}" for k, v in f["redis_by_command"].items()))
+    print("  CPU ms: " + ", ".join(f"{k} {v}" for k, v in f["cpu_ms_per_batch"].items()))
+
+
+def main() -> int:
+    args = parse_args()
+    run_dir = ROOT / "run" / f"bench-load-{uuid.uuid4().hex[:8]}"
+    from llmbatch.stack.process import StackError
+
+    began = time.monotonic()
+    try:
+        report = asyncio.run(run(args, run_dir))
+    except (BenchError, StackError) as exc:
+        say(f"error: {exc}")
+        say(f"(logs in {run_dir / 'logs'})")
+        return 1
+    report["total_s"] = round(time.monotonic() - began, 1)
+    if not args.keep:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    if args.report is not None:
+        args.report.write_text(json.dumps(report, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        show(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""A job backend for measuring the dispatcher alone: every attempt runs at once, in the dispatcher's own
+process, as the batch runner runs it (:class:`~llmbatch.ray_job.runner_attempt.RunnerAttempt`: the
+batch's inline lines or input file, its shards, manifest and progress on the real S3 and Redis) on the
+fake engine, with no Ray, no Serve and no HTTP in between. What is left is the dispatcher's own work per
+batch (intake, launch, polling, finish, publish) and one small job's S3 writes.
+
+The CPU seconds the attempts themselves spent (their threads' own time) are counted in
+:attr:`InstantBackend.attempt_cpu_s`, so a bench can take them out of the process's CPU time.
+Not for production: the test seam of ``bench/bench_dispatcher_load.py``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from llmbatch.dispatcher.backends.backend import JobInfo, JobState, SubmitResult
+from llmbatch.ray_job import job_redis
+from llmbatch.ray_job.backend_fake import WhitespaceTokenizer
+from llmbatch.ray_job.engine import Engine, LocalEngine
+from llmbatch.ray_job.records import Generation, GenRequest
+from llmbatch.ray_job.runner_attempt import RunnerAttempt
+from llmbatch.schemas.batch import DEFAULT_PRIORITY
+from llmbatch.schemas.job import EngineConfig, JobSpec
+
+
+class _SharedEngine:
+    """One fake engine for every attempt: each call's keys (its input line numbers, which repeat across
+    batches) made unique on the engine and given back in the answers, as an engine replica does."""
+
+    def __init__(self, engine: LocalEngine) -> None:
+        self._engine = engine
+        self.max_model_len = engine.max_model_len
+        self.default_max_tokens = engine.default_max_tokens
+        self.engine_start_s = 0.0
+        self.ready_at = engine.ready_at
+        self._calls = itertools.count()
+
+    def generate(
+        self,
+        requests: list[GenRequest],
+        *,
+        group: str = "",
+        priority: int = DEFAULT_PRIORITY,
+        due: float | None = None,
+    ) -> list[Generation]:
+        call = next(self._calls)
+        on_engine = [replace(r, key=f"{call}:{r.key}") for r in requests]
+        out = self._engine.generate(on_engine, group=group, priority=priority, due=due)
+        return [replace(g, key=r.key) for g, r in zip(out, requests, strict=True)]
+
+
+@dataclass
+class _Run:
+    attempt: RunnerAttempt
+    state: JobState = JobState.PENDING
+    exit_code: int | None = None
+    start_time: float = field(default_factory=time.time)
+    end_time: float | None = None
+
+
+class InstantBackend:
+    """:class:`~llmbatch.dispatcher.backends.backend.JobBackend` running attempts in ``workers`` threads of
+    this process on one fake engine."""
+
+    def __init__(self, workers: int = 8) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="instant-attempt")
+        self._runs: dict[str, _Run] = {}
+        self._lock = threading.Lock()
+        self._engine: Engine | None = None
+        self._redis: Any = None
+        self.attempt_cpu_s = 0.0
+        self.attempts = 0
+
+    def _engine_for(self, spec: JobSpec) -> Engine:
+        with self._lock:
+            if self._engine is None:
+                config = EngineConfig.model_validate(spec.engine.model_dump())
+                self._engine = _SharedEngine(LocalEngine("fake", config))
+            return self._engine
+
+    def _run(self, run: _Run) -> None:
+        began = time.thread_time()
+        run.state = JobState.RUNNING
+        try:
+            code = run.attempt.run()
+        except Exception:
+            code = 1
+        run.exit_code = code
+        run.end_time = time.time()
+        run.state = JobState.SUCCEEDED if code == 0 else JobState.FAILED
+        with self._lock:
+            self.attempt_cpu_s += time.thread_time() - began
+            self.attempts += 1
+
+    async def submit(self, spec: JobSpec) -> SubmitResult:
+        with self._lock:
+            if spec.submission_id in self._runs:
+                return SubmitResult(spec.submission_id, True, via="batch_runner")
+            if spec.redis_url and self._redis is None:  # the runner's one client for every batch
+                self._redis = job_redis.connect(spec.redis_url, timeout_s=5)
+            attempt = RunnerAttempt(
+                spec,
+                tokenizer=WhitespaceTokenizer,
+                keep_text=True,
+                engine=lambda: self._engine_for(spec),
+                redis=self._redis,
+            )
+            run = self._runs[spec.submission_id] = _Run(attempt)
+        self._pool.submit(self._run, run)
+        return SubmitResult(spec.submission_id, False, via="batch_runner")
+
+    async def status(self, submission_id: str) -> JobInfo:
+        run = self._runs.get(submission_id)
+        if run is None:
+            return JobInfo(JobState.NOT_FOUND)
+        return JobInfo(run.state, exit_code=run.exit_code, start_time=run.start_time, end_time=run.end_time)
+
+    async def stop(self, submission_id: str) -> bool:
+        run = self._runs.get(submission_id)
+        if run is None or run.state.is_terminal:
+            return False
+        run.attempt.request_stop("stopped")
+        return True
+
+    async def delete(self, submission_id: str) -> bool:
+        with self._lock:
+            return self._runs.pop(submission_id, None) is not None
+
+    async def ping(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
