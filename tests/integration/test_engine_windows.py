@@ -15,7 +15,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from minio import Minio
 
-from llmbatch.adapters.storage import ensure_buckets, make_client
 from llmbatch.ray_job.backend_fake import WhitespaceTokenizer
 from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.ray_job.engine import LocalEngine
@@ -60,18 +59,6 @@ class SlottedEngine:
         with self._lock:
             self.calls.append(len(requests))
         return self._inner.generate(requests, group=group, priority=priority, due=due)
-
-
-@pytest.fixture
-def client(s3_settings: S3Settings, monkeypatch: pytest.MonkeyPatch) -> Minio:
-    """The product's own MinIO client with both buckets; the process's environment holds the keys (as the
-    runner's node does)."""
-    monkeypatch.setenv("LLMBATCH_S3__ENDPOINT", s3_settings.endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_settings.access_key.get_secret_value())
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_settings.secret_key.get_secret_value())
-    minio: Minio = make_client(s3_settings)
-    ensure_buckets(minio, s3_settings)
-    return minio
 
 
 def _line(i: int) -> dict[str, object]:

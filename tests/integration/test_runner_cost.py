@@ -12,7 +12,6 @@ import pytest
 import redis
 from minio import Minio
 
-from llmbatch.adapters.storage import ensure_buckets, make_client
 from llmbatch.ray_job import job_redis
 from llmbatch.ray_job.backend_fake import WhitespaceTokenizer
 from llmbatch.ray_job.backends import FAKE_BACKEND
@@ -25,17 +24,6 @@ from llmbatch.settings import RedisSettings, S3Settings
 pytestmark = pytest.mark.integration
 
 CONFIG = EngineConfig(backend=FAKE_BACKEND, batch_size=4, batches_in_flight=2)
-
-
-@pytest.fixture
-def client(s3_settings: S3Settings, monkeypatch: pytest.MonkeyPatch) -> Minio:
-    """Both buckets; the process's environment holds the keys (as the runner's node does)."""
-    monkeypatch.setenv("LLMBATCH_S3__ENDPOINT", s3_settings.endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_settings.access_key.get_secret_value())
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_settings.secret_key.get_secret_value())
-    minio: Minio = make_client(s3_settings)
-    ensure_buckets(minio, s3_settings)
-    return minio
 
 
 def _spec(s3_settings: S3Settings, redis_url: str | None = None) -> JobSpec:

@@ -42,11 +42,8 @@ def client(s3_settings: S3Settings) -> Minio:
 
 
 @pytest.fixture
-def all_keys_env(s3_settings: S3Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+def all_keys_env(node_s3_env: None) -> None:
     """The process's environment holds keys that reach everything (as the runner's node does)."""
-    monkeypatch.setenv("LLMBATCH_S3__ENDPOINT", s3_settings.endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_settings.access_key.get_secret_value())
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_settings.secret_key.get_secret_value())
 
 
 def _put(client: Minio, bucket: str, key: str, data: bytes = b'{"x": 1}\n') -> str:
