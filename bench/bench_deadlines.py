@@ -23,11 +23,7 @@ test.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-import shutil
 import sys
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -37,8 +33,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.bench_ray_job import prompts  # noqa: E402
-from bench.service.common import BenchError, Sub, say  # noqa: E402
-from bench.service.harness import Service  # noqa: E402
+from bench.service.common import Sub, say  # noqa: E402
+from bench.service.harness import Service, run_main  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -139,27 +135,7 @@ def show(report: dict[str, Any]) -> None:
 
 
 def main() -> int:
-    args = parse_args()
-    from llmbatch.stack.model import ensure_model
-    from llmbatch.stack.process import StackError
-
-    svc = Service(args, str(ensure_model()))
-    began = time.monotonic()
-    try:
-        report = asyncio.run(svc.running(lambda: measure(svc, args)))
-    except (BenchError, StackError) as exc:
-        say(f"error: {exc}")
-        return 1
-    report["total_s"] = round(time.monotonic() - began, 1)
-    if svc.own_stack and not args.keep:
-        shutil.rmtree(svc.run_dir, ignore_errors=True)
-    if args.report is not None:
-        args.report.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    if args.json:
-        print(json.dumps(report, indent=2, default=str))
-    else:
-        show(report)
-    return 0
+    return run_main(parse_args(), measure, show)
 
 
 if __name__ == "__main__":

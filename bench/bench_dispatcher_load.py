@@ -1,9 +1,10 @@
 """Benchmark: the dispatcher alone at the highest rate this machine allows (issue 53 item 5's load test).
 
-    .venv/bin/python bench/bench_dispatcher_load.py [--batches 3000] [--lines 4] [--rate 0] [--json]
-        [--report PATH] [--keep]
+    .venv/bin/python bench/bench_dispatcher_load.py [--batches 3000] [--lines 4] [--rate 0]
+        [--replicas 1[,2,3]] [--json] [--report PATH] [--keep]
 
-Starts Kafka, Redis and MinIO (a private run folder, no Ray) and one dispatcher process with the service's
+Starts Kafka, Redis and MinIO (a private run folder, no Ray) and one dispatcher process (``--replicas``: a run
+for each count given, one after the other, each on fresh services) with the service's
 defaults (shared engines, the short path) whose job backend is ``bench/service/instant_backend.py``: each
 attempt runs at once inside the dispatcher's process as the batch runner would run it (its inline lines,
 a shard, a manifest and progress on the real MinIO and Redis) on the fake engine. Warms the path with one
@@ -57,6 +58,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batches", type=int, default=3000, help="batches published")
     parser.add_argument("--lines", type=int, default=4, help="inline lines per batch")
     parser.add_argument("--rate", type=float, default=0.0, help="batches per minute; 0: all at once")
+    parser.add_argument(
+        "--replicas",
+        type=lambda text: [int(x) for x in text.split(",")],
+        default=[1],
+        help="dispatcher replicas, one run per count (e.g. 1,2,3), one after the other",
+    )
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for every batch")
     parser.add_argument("--keep", action="store_true", help="leave the services running afterwards")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -67,6 +74,8 @@ def parse_args() -> argparse.Namespace:
             parser.error(f"--{name} must be at least 1")
     if args.rate < 0:
         parser.error("--rate must be 0 (all at once) or a number of batches per minute")
+    if not args.replicas or min(args.replicas) < 1:
+        parser.error("--replicas takes counts of at least 1, e.g. 1,2,3")
     return args
 
 
@@ -147,7 +156,9 @@ async def redis_stats(settings: Any) -> tuple[dict[str, int], int, int]:
     return calls, connections, memory
 
 
-async def run(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
+async def run(args: argparse.Namespace, run_dir: Path, replicas: int = 1) -> dict[str, Any]:
+    """One run on fresh services: ``replicas`` dispatcher processes (one consumer group, one tracker
+    lease), the warm-up, then the load; its figures."""
     from llmbatch.dispatcher.ops.engines_cli import only_llmbatch_env
     from llmbatch.dispatcher.settings import DispatcherSettings
     from llmbatch.producer import BatchClient, ensure_topics
@@ -157,17 +168,22 @@ async def run(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
 
     say(f"[stack] starting {', '.join(SERVICES)} in {run_dir} ...")
     state = await asyncio.to_thread(manager.up, run_dir, SERVICES)
-    proc: InstantDispatcher | None = None
+    procs: list[InstantDispatcher] = []
     ledger, tasks, closers = Ledger(), [], []
     try:
-        tag, port = uuid.uuid4().hex[:8], free_port()
-        env = environment(state, tag, port)
+        tag = uuid.uuid4().hex[:8]
+        for r in range(replicas):
+            port = free_port()
+            env = environment(state, tag, port)
+            env["LLMBATCH_DISPATCHER__INSTANCE_ID"] = f"load-{tag}-{r}"
+            log_path = run_dir / "logs" / f"load-dispatcher-{r}.log"
+            procs.append(InstantDispatcher(env, log_path, port, run_dir / f"attempts-cpu-{r}.json"))
         with only_llmbatch_env(env):
             dsettings = DispatcherSettings(_env_file=None)
-        log_path = run_dir / "logs" / "load-dispatcher.log"
-        proc = InstantDispatcher(env, log_path, port, run_dir / "attempts-cpu.json")
-        say("[dispatcher] starting ...")
-        await asyncio.to_thread(proc.wait_ready, 120.0)
+        proc = procs[0]
+        say(f"[dispatcher] starting {replicas} ...")
+        for each in procs:
+            await asyncio.to_thread(each.wait_ready, 120.0)
         client = BatchClient(manager.settings_for(state, dsettings))
         closers.append(client.close)
         await client.ensure_buckets()
@@ -187,13 +203,19 @@ async def run(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
 
         say("[warm-up] one batch ...")
         await settle([await submit("warm")], "the warm-up batch")
-        pid = psutil.Process(proc.proc.pid)
+        pids = [psutil.Process(each.proc.pid) for each in procs]
+
+        def dispatcher_cpu() -> tuple[float, float]:
+            """CPU seconds of the dispatchers' processes, and of the attempts run in them."""
+            times = [p.cpu_times() for p in pids]
+            return sum(t.user + t.system for t in times), sum(each.attempts_cpu_s() for each in procs)
+
         (redis0, conn0, mem0), cpu0, events0 = (
             await redis_stats(dsettings),
             cpu_by_label(cpu_snapshot()),
             ledger.events,
         )
-        disp0, att0 = pid.cpu_times(), proc.attempts_cpu_s()
+        disp0, att0 = dispatcher_cpu()
         how = f"at {args.rate:g} per minute" if args.rate else "at once"
         say(f"[load] {args.batches} batches of {args.lines} lines {how} ...")
         if args.rate:
@@ -211,15 +233,15 @@ async def run(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
             cpu_by_label(cpu_snapshot()),
             ledger.events,
         )
-        disp1, att1 = pid.cpu_times(), proc.attempts_cpu_s()
-        rss_mb = pid.memory_info().rss / 2**20
+        disp1, att1 = dispatcher_cpu()
+        rss_mb = max(p.memory_info().rss for p in pids) / 2**20
     finally:
         for task in tasks:
             task.cancel()
         for close in closers:
             await close()
-        if proc is not None:
-            await asyncio.to_thread(proc.stop)
+        for each in procs:
+            await asyncio.to_thread(each.stop)
         if not args.keep:
             await asyncio.to_thread(manager.down, run_dir, SERVICES)
     accepted = [ledger.accepted[i].time.timestamp() for i in ids]
@@ -231,9 +253,9 @@ async def run(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
     n, wall = len(ids), max(terminal) - min(accepted)
     redis = per_batch(redis0, redis1, n)
     others = per_batch(cpu0, cpu1, n, scale=1000.0)
-    dispatcher_s = (disp1.user + disp1.system) - (disp0.user + disp0.system)
-    attempts_s = att1 - att0
+    dispatcher_s, attempts_s = disp1 - disp0, att1 - att0
     return {
+        "replicas": replicas,
         "batches": n,
         "lines_per_batch": args.lines,
         "rate_per_min": args.rate or None,
@@ -252,7 +274,7 @@ async def run(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
             "attempts (in the dispatcher's process)": round(attempts_s * 1000 / n, 2),
             **{k: v for k, v in others.items() if k.startswith(("java", "redis-server", "minio"))},
         },
-        "dispatcher_rss_mb": round(rss_mb, 1),
+        "dispatcher_rss_mb": round(rss_mb, 1),  # the largest replica's
         "cores": os.cpu_count(),
     }
 
@@ -260,7 +282,8 @@ async def run(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
 def show(f: dict[str, Any]) -> None:
     how = f"at {f['rate_per_min']:g}/min" if f["rate_per_min"] else "at once"
     print(
-        f"the dispatcher alone, {f['batches']} batches of {f['lines_per_batch']} lines {how}: "
+        f"the dispatcher alone ({f['replicas']} replica(s)), {f['batches']} batches of "
+        f"{f['lines_per_batch']} lines {how}: "
         f"{f['batches_per_min']} batches/min ({f['wall_s']} s first accepted -> last terminal); "
         f"accepted -> terminal p50 {f['p50_accepted_to_terminal_s']} s, "
         f"p90 {f['p90_accepted_to_terminal_s']} s"
@@ -281,13 +304,15 @@ def main() -> int:
     from llmbatch.stack.process import StackError
 
     began = time.monotonic()
-    try:
-        report = asyncio.run(run(args, run_dir))
-    except (BenchError, StackError) as exc:
-        say(f"error: {exc}")
-        say(f"(logs in {run_dir / 'logs'})")
-        return 1
-    report["total_s"] = round(time.monotonic() - began, 1)
+    runs = []
+    for replicas in args.replicas:  # one after the other, each on fresh services
+        try:
+            runs.append(asyncio.run(run(args, run_dir / f"replicas-{replicas}", replicas)))
+        except (BenchError, StackError) as exc:
+            say(f"error: {exc}")
+            say(f"(logs in {run_dir / f'replicas-{replicas}' / 'logs'})")
+            return 1
+    report: dict[str, Any] = {"runs": runs, "total_s": round(time.monotonic() - began, 1)}
     if not args.keep:
         shutil.rmtree(run_dir, ignore_errors=True)
     if args.report is not None:
@@ -295,7 +320,8 @@ def main() -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        show(report)
+        for one in runs:
+            show(one)
     return 0
 
 

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -340,3 +341,34 @@ class Service:
         ids = {j.submission_id for j in jobs}
         as_job = sum(f"{s.batch_id}-a1" in ids for s in self.subs)
         return {"short_path": len(self.subs) - as_job, "ray_job": as_job}
+
+
+def run_main(
+    args: argparse.Namespace,
+    measure: Callable[[Service, argparse.Namespace], Awaitable[dict[str, Any]]],
+    show: Callable[[dict[str, Any]], None],
+) -> int:
+    """A service bench's ``main``: ``measure`` on a :class:`Service` of ``args`` (everything it started
+    stopped either way), then its report: ``total_s`` added, written to ``args.report`` if given, printed
+    as JSON (``args.json``) or by ``show``. The private run folder goes after a successful run unless
+    ``args.keep``. 1 when the bench could not finish."""
+    from llmbatch.stack.model import ensure_model
+    from llmbatch.stack.process import StackError
+
+    svc = Service(args, str(ensure_model()))
+    began = time.monotonic()
+    try:
+        report = asyncio.run(svc.running(lambda: measure(svc, args)))
+    except (BenchError, StackError) as exc:
+        say(f"error: {exc}")
+        return 1
+    report["total_s"] = round(time.monotonic() - began, 1)
+    if svc.own_stack and not args.keep:
+        shutil.rmtree(svc.run_dir, ignore_errors=True)
+    if args.report is not None:
+        args.report.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        show(report)
+    return 0
