@@ -72,9 +72,9 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-async def redis_calls(svc: Service) -> tuple[dict[str, int], int]:
-    """Calls so far of every Redis command (``INFO commandstats``), and the connections Redis has
-    accepted so far (``total_connections_received``)."""
+async def redis_calls(svc: Service) -> tuple[dict[str, int], int, int]:
+    """Calls so far of every Redis command (``INFO commandstats``), the connections Redis has accepted
+    so far (``total_connections_received``) and the bytes of memory it uses (``used_memory``)."""
     from llmbatch.dispatcher.state.store import StateStore
 
     _, _, _, dsettings = svc.need()
@@ -82,9 +82,11 @@ async def redis_calls(svc: Service) -> tuple[dict[str, int], int]:
     try:
         stats = await store.client.info("commandstats")
         connections = int((await store.client.info("stats"))["total_connections_received"])
+        memory = int((await store.client.info("memory"))["used_memory"])
     finally:
         await store.client.aclose()
-    return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}, connections
+    calls = {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
+    return calls, connections, memory
 
 
 def per_batch(
@@ -119,12 +121,20 @@ async def flow(svc: Service, args: argparse.Namespace) -> dict[str, Any]:
     say("[warm-up] one batch (the runner's replicas, the engine, the paths) ...")
     report["warmup"] = await svc.phase("warm", [(prompts(args.lines), 5)])
     texts = prompts(args.lines)
-    (redis0, conn0), cpu0, events0 = await redis_calls(svc), cpu_by_label(cpu_snapshot()), svc.ledger.events
+    (redis0, conn0, mem0), cpu0, events0 = (
+        await redis_calls(svc),
+        cpu_by_label(cpu_snapshot()),
+        svc.ledger.events,
+    )
     how = f"at {args.rate:g} per minute" if args.rate else "at once"
     say(f"[flow] {args.batches} batches of {args.lines} lines {how} ...")
     subs = await publish(svc, texts, args.batches, args.rate)
     await svc.wait(subs, "the flow")
-    (redis1, conn1), cpu1, events1 = await redis_calls(svc), cpu_by_label(cpu_snapshot()), svc.ledger.events
+    (redis1, conn1, mem1), cpu1, events1 = (
+        await redis_calls(svc),
+        cpu_by_label(cpu_snapshot()),
+        svc.ledger.events,
+    )
     accepted = [svc.ledger.accepted[s.batch_id].time.timestamp() for s in subs]
     terminal = [svc.ledger.terminal[s.batch_id].time.timestamp() for s in subs]
     latencies = sorted(t - a for a, t in zip(accepted, terminal, strict=True))
@@ -144,6 +154,8 @@ async def flow(svc: Service, args: argparse.Namespace) -> dict[str, Any]:
         "redis_by_command": dict(list(redis.items())[:15]),
         # the bench's own two readings connect once each
         "redis_connections_per_batch": round((conn1 - conn0 - 1) / n, 2),
+        # what a finished batch leaves in Redis (its state, the runner's run record) until they expire
+        "redis_bytes_per_batch": round((mem1 - mem0) / n),
         "kafka_records_per_batch": round((n + events1 - events0) / n, 2),
         "cpu_ms_per_batch": dict(list(per_batch(cpu0, cpu1, n, scale=1000.0).items())[:15]),
     }
@@ -161,7 +173,11 @@ def show(report: dict[str, Any]) -> None:
     )
     redis, kafka = f["redis_commands_per_batch"], f["kafka_records_per_batch"]
     conns = f["redis_connections_per_batch"]
-    print(f"per batch: {redis} Redis commands, {conns} Redis connections, {kafka} Kafka records")
+    kept = f["redis_bytes_per_batch"]
+    print(
+        f"per batch: {redis} Redis commands, {conns} Redis connections, {kept} bytes kept in Redis, "
+        f"{kafka} Kafka records"
+    )
     print("  Redis commands by name: " + ", ".join(f"{k} {v}" for k, v in f["redis_by_command"].items()))
     print("  CPU ms by process: " + ", ".join(f"{k} {v}" for k, v in f["cpu_ms_per_batch"].items()))
     for name, target, met in (
