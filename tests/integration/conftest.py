@@ -24,7 +24,7 @@ def node_s3_env(s3_settings: S3Settings, monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 @pytest.fixture
-def client(s3_settings: S3Settings, node_s3_env: None) -> Minio:
+def node_minio(s3_settings: S3Settings, node_s3_env: None) -> Minio:
     """The product's own MinIO client with both buckets, the node's keys in the environment."""
     minio: Minio = make_client(s3_settings)
     ensure_buckets(minio, s3_settings)

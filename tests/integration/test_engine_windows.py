@@ -70,7 +70,7 @@ def _line(i: int) -> dict[str, object]:
     }
 
 
-def _run(s3_settings: S3Settings, client: Minio, spec: JobSpec) -> SlottedEngine:
+def _run(s3_settings: S3Settings, node_minio: Minio, spec: JobSpec) -> SlottedEngine:
     engine = SlottedEngine(SLOTS)
     attempt = RunnerAttempt(spec, tokenizer=WhitespaceTokenizer, keep_text=True, engine=lambda: engine)
     assert attempt.run() == 0
@@ -91,13 +91,15 @@ def _spec(s3_settings: S3Settings, batch_id: str, **fields: object) -> JobSpec:
     )
 
 
-def test_a_lone_file_batch_fills_the_slots_the_engine_reports(s3_settings: S3Settings, client: Minio) -> None:
+def test_a_lone_file_batch_fills_the_slots_the_engine_reports(
+    s3_settings: S3Settings, node_minio: Minio
+) -> None:
     batch_id = f"w-{uuid.uuid4().hex[:8]}"
     data = b"".join(json.dumps(_line(i)).encode() + b"\n" for i in range(300))
     key = f"acme/{batch_id}/in.jsonl"
-    client.put_object(s3_settings.input_bucket, key, io.BytesIO(data), len(data))
+    node_minio.put_object(s3_settings.input_bucket, key, io.BytesIO(data), len(data))
     spec = _spec(s3_settings, batch_id, input_uri=f"s3://{s3_settings.input_bucket}/{key}")
-    engine = _run(s3_settings, client, spec)
+    engine = _run(s3_settings, node_minio, spec)
     assert sum(engine.calls) == 300
     # 4 calls of 64 lines at the engine at once: its 128 slots running and as many waiting their turn
     # (batch_size 2 would send 2 a call)
@@ -105,10 +107,10 @@ def test_a_lone_file_batch_fills_the_slots_the_engine_reports(s3_settings: S3Set
     assert engine.calls[-1] == 300 % 64
 
 
-def test_a_small_batch_keeps_calls_of_its_batch_size(s3_settings: S3Settings, client: Minio) -> None:
+def test_a_small_batch_keeps_calls_of_its_batch_size(s3_settings: S3Settings, node_minio: Minio) -> None:
     batch_id = f"w-{uuid.uuid4().hex[:8]}"
     lines = [BatchInputLine.model_validate(_line(i)) for i in range(6)]
-    engine = _run(s3_settings, client, _spec(s3_settings, batch_id, requests=lines))
+    engine = _run(s3_settings, node_minio, _spec(s3_settings, batch_id, requests=lines))
     # 6 lines over 4 calls: batch_size (2) is the least a call carries
     assert engine.calls == [2, 2, 2], engine.calls
 
@@ -148,33 +150,37 @@ def _run_slow(spec: JobSpec, stop_after: int | None = None) -> SlowEngine:
     return engine
 
 
-def _slow_spec(s3_settings: S3Settings, client: Minio, lines: int, left_s: float) -> tuple[JobSpec, float]:
+def _slow_spec(
+    s3_settings: S3Settings, node_minio: Minio, lines: int, left_s: float
+) -> tuple[JobSpec, float]:
     batch_id = f"d-{uuid.uuid4().hex[:8]}"
     data = b"".join(json.dumps(_line(i)).encode() + b"\n" for i in range(lines))
     key = f"acme/{batch_id}/in.jsonl"
-    client.put_object(s3_settings.input_bucket, key, io.BytesIO(data), len(data))
+    node_minio.put_object(s3_settings.input_bucket, key, io.BytesIO(data), len(data))
     deadline = datetime.now(UTC) + timedelta(seconds=left_s)
     config = EngineConfig(backend=FAKE_BACKEND, batch_size=4, batches_in_flight=1)
     uri = f"s3://{s3_settings.input_bucket}/{key}"
     return _spec(s3_settings, batch_id, input_uri=uri, engine=config, deadline=deadline), deadline.timestamp()
 
 
-def test_a_batch_near_its_deadline_says_so_with_every_call(s3_settings: S3Settings, client: Minio) -> None:
+def test_a_batch_near_its_deadline_says_so_with_every_call(
+    s3_settings: S3Settings, node_minio: Minio
+) -> None:
     """2.5 s before its deadline (under URGENT_S): from its first call, before any answer."""
-    spec, deadline = _slow_spec(s3_settings, client, 60, 2.5)
+    spec, deadline = _slow_spec(s3_settings, node_minio, 60, 2.5)
     engine = _run_slow(spec)
     assert engine.dues and engine.dues == [deadline] * len(engine.dues), engine.dues
 
 
 def test_a_batch_far_from_its_deadline_says_so_once_its_rate_says_it_misses_it(
-    s3_settings: S3Settings, client: Minio
+    s3_settings: S3Settings, node_minio: Minio
 ) -> None:
     """4 lines a call, 0.3 s a call: 12,000 lines need about 900 s, 700 s are left: its calls after the
     first answer carry its deadline (the attempt is stopped after 4 calls); with an hour, 60 lines: none."""
-    spec, deadline = _slow_spec(s3_settings, client, 12_000, 700.0)
+    spec, deadline = _slow_spec(s3_settings, node_minio, 12_000, 700.0)
     engine = _run_slow(spec, stop_after=4)
     assert engine.dues[0] is None  # nothing answered yet: nothing to judge by
     assert engine.dues[1:] == [deadline] * (len(engine.dues) - 1) and len(engine.dues) >= 3, engine.dues
-    spec, _ = _slow_spec(s3_settings, client, 60, 3600.0)
+    spec, _ = _slow_spec(s3_settings, node_minio, 60, 3600.0)
     engine = _run_slow(spec)
     assert engine.dues == [None] * len(engine.dues), engine.dues

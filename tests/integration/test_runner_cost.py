@@ -64,7 +64,7 @@ def _run(spec: JobSpec, shared: Any = None) -> RunnerAttempt:
     return attempt
 
 
-def test_a_run_in_the_runner_reports_no_memory_of_its_own(s3_settings: S3Settings, client: Minio) -> None:
+def test_a_run_in_the_runner_reports_no_memory_of_its_own(s3_settings: S3Settings, node_minio: Minio) -> None:
     attempt = _run(_spec(s3_settings))
     assert attempt.result is not None
     assert attempt.result["request_counts"]["completed"] == 4, attempt.result
@@ -74,7 +74,7 @@ def test_a_run_in_the_runner_reports_no_memory_of_its_own(s3_settings: S3Setting
 
 
 def test_runs_in_the_runner_write_progress_on_its_client_and_open_no_connection(
-    s3_settings: S3Settings, redis_settings: RedisSettings, client: Minio
+    s3_settings: S3Settings, redis_settings: RedisSettings, node_minio: Minio
 ) -> None:
     url = redis_settings.url
     shared = job_redis.connect(url, timeout_s=5)
