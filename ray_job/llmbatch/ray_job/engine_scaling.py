@@ -25,7 +25,9 @@ def deadline_replicas(desired: float, current: int, at_risk_waiting: float, slot
     those at once (``slots_per_replica`` each), when that is more."""
     if at_risk_waiting <= 0 or current <= 0:
         return desired  # nothing at risk waits; at zero replicas Serve's cold start decides
-    return max(desired, current + math.ceil(at_risk_waiting / max(1, slots_per_replica)))
+    # at least one: Serve's figure is a mean over its look-back window (0.3 waiting is someone waiting)
+    more = max(1, math.ceil(at_risk_waiting / max(1, slots_per_replica)))
+    return max(desired, current + more)
 
 
 class DeadlineAwarePolicy:
