@@ -333,6 +333,24 @@ def test_get_shows_one_batch_of_the_tenant_named(store: MemoryStore) -> None:
     assert store.opened == store.closed == 3
 
 
+def test_get_shows_a_running_batchs_expected_end_once_and_none_for_an_ended_one(store: MemoryStore) -> None:
+    now = time.time()
+    # 25 of 100 answered in the 100 s since it started: 300 s more, 200 s left
+    store.add(
+        "late",
+        State.RUNNING,
+        ago_s=100,
+        started_at=repr(now - 100),
+        deadline=repr(now + 200),
+        progress={"total": "100", "completed": "25"},
+    )
+    store.add("done", State.COMPLETED, ago_s=5, started_at=repr(now - 100), deadline=repr(now + 200))
+    table = jobs("get", "late").stdout
+    ends = [ln for ln in table.splitlines() if ln.split()[:2] == ["expected", "end"]]
+    assert len(ends) == 1 and "AT RISK" in ends[0], table
+    assert not any(ln.split()[:2] == ["expected", "end"] for ln in jobs("get", "done").stdout.splitlines())
+
+
 def test_get_of_an_unknown_batch_names_it_the_prefix_and_how_long_batches_are_kept(
     store: MemoryStore,
 ) -> None:

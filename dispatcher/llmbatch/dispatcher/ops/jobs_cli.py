@@ -139,13 +139,6 @@ def _print_detail(job: JobDetail) -> None:
         ("input", job.input_uri or "inline requests"),
         ("accepted", show_time(job.accepted_at)),
         ("deadline", show_time(job.deadline)),
-        (
-            "expected end",
-            "unknown yet"
-            if job.expected_finish_at is None
-            else show_time(job.expected_finish_at)
-            + (" (AT RISK: after the deadline)" if job.at_risk else ""),
-        ),
         ("started", show_time(job.started_at)),
         ("finished", show_time(job.finished_at)),
         (
@@ -159,7 +152,7 @@ def _print_detail(job: JobDetail) -> None:
             or "none started",
         ),
     ]
-    if job.started_at is not None and not job.state.is_terminal:
+    if job.started_at is not None and not job.state.is_terminal:  # after "deadline"
         end = "unknown yet" if job.expected_finish_at is None else show_time(job.expected_finish_at)
         rows.insert(8, ("expected end", end + (" (AT RISK: after the deadline)" if job.at_risk else "")))
     if job.metadata:
