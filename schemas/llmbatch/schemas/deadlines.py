@@ -13,6 +13,8 @@ before any answer can say how fast it goes, and a tight deadline can pass within
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 URGENT_S = 600.0
 """A batch whose deadline is this close is urgent whatever its rate (see the module docstring)."""
 
@@ -39,3 +41,23 @@ def urgent(done: int, total: int | None, running_s: float, left_s: float | None)
     if left_s is None:
         return False
     return left_s < URGENT_S or at_risk(done, total, running_s, left_s)
+
+
+@dataclass(frozen=True)
+class Outlook:
+    """A running batch's outlook at ``now``: seconds its rest needs at its rate since it first started
+    (``None``: not known yet), seconds to its deadline (``None``: none), and whether it is at risk."""
+
+    need_s: float | None
+    left_s: float | None
+    at_risk: bool
+
+
+def outlook(
+    done: int, total: int | None, started_at: float | None, deadline: float | None, now: float
+) -> Outlook:
+    """:class:`Outlook` of a batch that answered ``done`` of ``total`` since ``started_at`` (unix seconds;
+    ``None``: not started), due at ``deadline``."""
+    running_s = now - started_at if started_at is not None else 0.0
+    left_s = deadline - now if deadline is not None else None
+    return Outlook(finish_in(done, total, running_s), left_s, at_risk(done, total, running_s, left_s))

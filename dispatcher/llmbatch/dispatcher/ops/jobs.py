@@ -28,7 +28,7 @@ from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import StateStoreUnavailable, classify
 from llmbatch.dispatcher.ops.common import from_ts
 from llmbatch.dispatcher.state.store import StateStore
-from llmbatch.schemas.deadlines import at_risk, finish_in
+from llmbatch.schemas.deadlines import outlook
 from llmbatch.schemas.job import submission_id
 
 
@@ -218,13 +218,13 @@ def timeline_of(record: BatchRecord) -> list[TimelineEntry]:
 def outlook_of(record: BatchRecord, counts: Counts, now: float) -> tuple[float | None, bool]:
     """When a running batch ends at its rate since it first started (unix seconds, or ``None``), and
     whether that is after its deadline (:mod:`llmbatch.schemas.deadlines`)."""
-    started, deadline = record.number("started_at"), record.number("deadline")
+    started = record.number("started_at")
     if record.state.is_terminal or started is None:
         return None, False
-    done, running_s = counts.completed + counts.failed, now - started
-    need = finish_in(done, counts.total or None, running_s)
-    left_s = deadline - now if deadline is not None else None
-    return (None if need is None else now + need), at_risk(done, counts.total or None, running_s, left_s)
+    seen = outlook(
+        counts.completed + counts.failed, counts.total or None, started, record.number("deadline"), now
+    )
+    return (None if seen.need_s is None else now + seen.need_s), seen.at_risk
 
 
 def detail_of(

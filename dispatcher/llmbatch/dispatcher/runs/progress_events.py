@@ -18,7 +18,7 @@ from llmbatch.dispatcher.domain.events import build_progress, safe_counts
 from llmbatch.dispatcher.domain.keys import BatchKey
 from llmbatch.dispatcher.runs.context import RunContext
 from llmbatch.dispatcher.runs.outcomes import counter
-from llmbatch.schemas.deadlines import at_risk, finish_in
+from llmbatch.schemas.deadlines import outlook
 from llmbatch.schemas.openai import Usage
 
 log = logging.getLogger(__name__)
@@ -74,19 +74,19 @@ class ProgressEvents:
     def judge(self, record: BatchRecord, done: int, total: int | None, now: float) -> None:
         """Whether ``record`` (``done`` of ``total`` requests answered at ``now``) is at risk of its
         deadline at its rate since it first started; said once per change, counted by model."""
-        started, deadline = record.number("started_at"), record.number("deadline")
-        running_s = now - started if started is not None else 0.0
-        left_s = deadline - now if deadline is not None else None
-        risky = at_risk(done, total, running_s, left_s)
-        if risky == (record.key in self.at_risk):
+        seen = outlook(done, total, record.number("started_at"), record.number("deadline"), now)
+        if seen.at_risk == (record.key in self.at_risk):
             return
-        model = record.get("model") or "-"
-        if risky:
-            self.at_risk[record.key] = model
-            need = finish_in(done, total, running_s) or 0.0
+        if seen.at_risk:
+            self.at_risk[record.key] = record.get("model") or "-"
             log.warning(
                 "batch at risk of missing its deadline at its rate so far",
-                extra={"done": done, "total": total, "needs_s": round(need), "left_s": round(left_s or 0)},
+                extra={
+                    "done": done,
+                    "total": total,
+                    "needs_s": round(seen.need_s or 0),
+                    "left_s": round(seen.left_s or 0),
+                },
             )
         else:
             del self.at_risk[record.key]
