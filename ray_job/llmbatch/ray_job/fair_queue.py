@@ -40,7 +40,6 @@ class _Group(Generic[T]):
 
     def __init__(self, priority: int) -> None:
         self.priority = priority
-        self.due: float | None = None
         self.entries: list[_Entry[T]] = []
         self.front: list[T] = []  # taken back from the engine: first out, in their old order
 
@@ -60,7 +59,7 @@ class FairQueue(Generic[T]):
         # priority -> groups of that priority in turn order (the next to take is first)
         self._turns: dict[int, OrderedDict[str, _Group[T]]] = {}
         self._groups: dict[str, _Group[T]] = {}
-        # priority -> the groups of that priority at risk of their deadline (their due time)
+        # priority -> the urgent groups of that priority and their due times (the only record of them)
         self._due: dict[int, dict[str, float]] = {}
         self._seq = 0
         self._size = 0
@@ -94,8 +93,8 @@ class FairQueue(Generic[T]):
         self._size += 1
 
     def at_risk_waiting(self) -> int:
-        """Requests waiting of the batches at risk of their deadline (read without a lock from another
-        thread: a figure, possibly a step old)."""
+        """Requests waiting of the urgent batches (read without a lock from another thread: a figure,
+        possibly a step old)."""
         groups = [self._groups.get(name) for at_risk in list(self._due.values()) for name in list(at_risk)]
         return sum(len(g) for g in groups if g is not None)
 
@@ -145,7 +144,6 @@ class FairQueue(Generic[T]):
         return found
 
     def _set_due(self, name: str, group: _Group[T], due: float | None) -> None:
-        group.due = due
         at_risk = self._due.setdefault(group.priority, {})
         if due is None:
             at_risk.pop(name, None)
