@@ -41,7 +41,7 @@ if str(ROOT) not in sys.path:
 
 import psutil  # noqa: E402
 
-from bench.bench_flow import cpu_by_label, per_batch  # noqa: E402
+from bench.bench_flow import cpu_by_label, paced, per_batch, redis_calls  # noqa: E402
 from bench.bench_ray_job import input_lines, prompts  # noqa: E402
 from bench.service.common import BenchError, say  # noqa: E402
 from bench.service.cpu import cpu_snapshot  # noqa: E402
@@ -141,21 +141,6 @@ def environment(state: Any, tag: str, port: int) -> dict[str, str]:
     return env
 
 
-async def redis_stats(settings: Any) -> tuple[dict[str, int], int, int]:
-    """Calls of every Redis command, connections accepted, bytes of memory used (all so far)."""
-    from llmbatch.dispatcher.state.store import StateStore
-
-    store = StateStore.from_settings(settings.redis)
-    try:
-        stats = await store.client.info("commandstats")
-        connections = int((await store.client.info("stats"))["total_connections_received"])
-        memory = int((await store.client.info("memory"))["used_memory"])
-    finally:
-        await store.client.aclose()
-    calls = {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()}
-    return calls, connections, memory
-
-
 async def run(args: argparse.Namespace, run_dir: Path, replicas: int = 1) -> dict[str, Any]:
     """One run on fresh services: ``replicas`` dispatcher processes (one consumer group, one tracker
     lease), the warm-up, then the load; its figures."""
@@ -211,25 +196,18 @@ async def run(args: argparse.Namespace, run_dir: Path, replicas: int = 1) -> dic
             return sum(t.user + t.system for t in times), sum(each.attempts_cpu_s() for each in procs)
 
         (redis0, conn0, mem0), cpu0, events0 = (
-            await redis_stats(dsettings),
+            await redis_calls(dsettings.redis),
             cpu_by_label(cpu_snapshot()),
             ledger.events,
         )
         disp0, att0 = dispatcher_cpu()
         how = f"at {args.rate:g} per minute" if args.rate else "at once"
         say(f"[load] {args.batches} batches of {args.lines} lines {how} ...")
-        if args.rate:
-            began, pending = time.monotonic(), []
-            for i in range(args.batches):
-                await asyncio.sleep(max(0.0, began + i * 60.0 / args.rate - time.monotonic()))
-                pending.append(asyncio.create_task(submit(f"b{i}")))
-            ids = list(await asyncio.gather(*pending))
-        else:
-            ids = list(await asyncio.gather(*(submit(f"b{i}") for i in range(args.batches))))
+        ids = await paced(args.batches, args.rate, lambda i: submit(f"b{i}"))
         await settle(ids, "the load")
         await asyncio.sleep(1.5)  # the attempts' CPU file is written every second
         (redis1, conn1, mem1), cpu1, events1 = (
-            await redis_stats(dsettings),
+            await redis_calls(dsettings.redis),
             cpu_by_label(cpu_snapshot()),
             ledger.events,
         )

@@ -28,18 +28,23 @@ import asyncio
 import statistics
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.bench_ray_job import prompts  # noqa: E402
-from bench.service.common import Sub, say  # noqa: E402
+from bench.service.common import say  # noqa: E402
 from bench.service.cpu import cpu_snapshot  # noqa: E402
 from bench.service.harness import Service, run_main  # noqa: E402
+
+if TYPE_CHECKING:
+    from llmbatch.settings import RedisSettings
+
+T = TypeVar("T")
 
 
 def parse_args() -> argparse.Namespace:
@@ -72,13 +77,12 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-async def redis_calls(svc: Service) -> tuple[dict[str, int], int, int]:
+async def redis_calls(redis: RedisSettings) -> tuple[dict[str, int], int, int]:
     """Calls so far of every Redis command (``INFO commandstats``), the connections Redis has accepted
     so far (``total_connections_received``) and the bytes of memory it uses (``used_memory``)."""
     from llmbatch.dispatcher.state.store import StateStore
 
-    _, _, _, dsettings = svc.need()
-    store = StateStore.from_settings(dsettings.redis)
+    store = StateStore.from_settings(redis)
     try:
         stats = await store.client.info("commandstats")
         connections = int((await store.client.info("stats"))["total_connections_received"])
@@ -104,15 +108,16 @@ def cpu_by_label(snapshot: dict[int, tuple[str, float]]) -> dict[str, float]:
     return out
 
 
-async def publish(svc: Service, texts: list[str], n: int, rate: float) -> list[Sub]:
-    """Publish ``n`` batches: all at once (``rate`` 0) or one every ``60 / rate`` seconds, on a schedule
-    that does not drift (a late send is not made up by the ones after it waiting less)."""
+async def paced(n: int, rate: float, submit: Callable[[int], Coroutine[Any, Any, T]]) -> list[T]:
+    """``submit(i)`` for ``i`` in ``range(n)``: all at once (``rate`` 0) or one every ``60 / rate``
+    seconds, on a schedule that does not drift (a late send is not made up by the ones after it waiting
+    less); their results in order."""
     if not rate:
-        return list(await asyncio.gather(*(svc.submit(texts, priority=5, name=f"f{i}") for i in range(n))))
+        return list(await asyncio.gather(*(submit(i) for i in range(n))))
     began, pending = time.monotonic(), []
     for i in range(n):
         await asyncio.sleep(max(0.0, began + i * 60.0 / rate - time.monotonic()))
-        pending.append(asyncio.create_task(svc.submit(texts, priority=5, name=f"f{i}")))
+        pending.append(asyncio.create_task(submit(i)))
     return list(await asyncio.gather(*pending))
 
 
@@ -122,16 +127,16 @@ async def flow(svc: Service, args: argparse.Namespace) -> dict[str, Any]:
     report["warmup"] = await svc.phase("warm", [(prompts(args.lines), 5)])
     texts = prompts(args.lines)
     (redis0, conn0, mem0), cpu0, events0 = (
-        await redis_calls(svc),
+        await redis_calls(svc.need()[3].redis),
         cpu_by_label(cpu_snapshot()),
         svc.ledger.events,
     )
     how = f"at {args.rate:g} per minute" if args.rate else "at once"
     say(f"[flow] {args.batches} batches of {args.lines} lines {how} ...")
-    subs = await publish(svc, texts, args.batches, args.rate)
+    subs = await paced(args.batches, args.rate, lambda i: svc.submit(texts, priority=5, name=f"f{i}"))
     await svc.wait(subs, "the flow")
     (redis1, conn1, mem1), cpu1, events1 = (
-        await redis_calls(svc),
+        await redis_calls(svc.need()[3].redis),
         cpu_by_label(cpu_snapshot()),
         svc.ledger.events,
     )
