@@ -151,7 +151,7 @@ class EngineStage:
 
     def process(self, batch: list[rows.Row], due: float | None = None) -> list[rows.Row]:
         """Run the request rows of ``batch``; keep the order of the other rows. ``due``: the batch's
-        deadline when it is at risk of missing it (:meth:`EngineRunner.generate`)."""
+        deadline while it is urgent (:meth:`EngineRunner.generate`)."""
         backend = self._engine
         prompt_field = "messages" if self._endpoint is Endpoint.CHAT_COMPLETIONS else "prompt"
         out: list[rows.Row] = []

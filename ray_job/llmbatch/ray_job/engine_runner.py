@@ -139,7 +139,7 @@ class EngineRunner:
 
         ``group`` names the batch the requests belong to (batches share the engine fairly; by
         default each call is a batch of its own); ``priority`` 0-9, higher first; ``due`` (unix
-        seconds): the batch's deadline, given while it is at risk of missing it, puts its requests
+        seconds): the batch's deadline, given while it is urgent (near it or behind it), puts its requests
         before the other batches of its priority (:class:`~llmbatch.ray_job.fair_queue.FairQueue`)."""
         waiter = _Waiter([r.key for r in requests])
         if not requests:

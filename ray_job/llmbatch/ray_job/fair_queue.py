@@ -76,7 +76,7 @@ class FairQueue(Generic[T]):
         due: float | None = None,
     ) -> None:
         """Queue ``item`` of batch ``group``; ``prompt`` (token ids) orders it inside the batch; ``due``
-        (the batch's deadline, given while it is at risk of missing it) puts the batch ahead of its
+        (the batch's deadline, given while it is urgent) puts the batch ahead of its
         priority's turns, the earliest first.
 
         A batch keeps the priority it was first queued with while any of its requests wait."""

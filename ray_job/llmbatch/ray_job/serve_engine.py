@@ -346,7 +346,7 @@ class ServeEngine:
         due: float | None = None,
     ) -> list[Generation]:
         """Results in the order of ``requests``; ``group`` (the batch), ``priority`` and ``due`` (its
-        deadline while it is at risk of missing it) decide their turn on the engine."""
+        deadline while it is urgent) decide their turn on the engine."""
         from ray import exceptions as ray_exceptions
 
         if not requests:
