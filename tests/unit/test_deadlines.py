@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
-from llmbatch.schemas.deadlines import URGENT_S, at_risk, finish_in, urgent
+from llmbatch.schemas.deadlines import URGENT_S, at_risk, finish_in, outlook, urgent
 
 
 def test_the_rest_takes_as_long_as_the_rate_so_far_says() -> None:
@@ -48,3 +50,24 @@ def test_urgent_when_near_or_at_risk() -> None:
     assert not urgent(0, 100, 0.0, left_s=URGENT_S + 1)
     assert urgent(25, 100, 1000.0, left_s=URGENT_S + 1)  # far, but 3000 s more at its rate
     assert not urgent(25, 100, 1000.0, left_s=None)
+
+
+@example(done=1, total=10, started=0.0, deadline=math.inf)
+@example(done=1, total=10, started=-math.inf, deadline=-math.inf)  # was at risk, with infinite figures
+@example(done=1, total=10, started=math.nan, deadline=math.nan)
+@given(
+    done=st.integers(0, 10**6),
+    total=st.one_of(st.none(), st.integers(0, 10**6)),
+    started=st.one_of(st.none(), st.floats()),
+    deadline=st.one_of(st.none(), st.floats()),
+)
+def test_the_outlook_of_any_stored_times_is_finite_or_unknown(
+    done: int, total: int | None, started: float | None, deadline: float | None
+) -> None:
+    """Times read back from Redis may be anything float() takes (inf, nan): the figures stay finite or
+    unknown, and a time that is not finite says nothing."""
+    seen = outlook(done, total, started, deadline, now=1_790_000_000.0)
+    for figure in (seen.need_s, seen.left_s):
+        assert figure is None or math.isfinite(figure)
+    if deadline is None or not math.isfinite(deadline):
+        assert seen.left_s is None and not seen.at_risk

@@ -13,6 +13,7 @@ before any answer can say how fast it goes, and a tight deadline can pass within
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 URGENT_S = 600.0
@@ -57,7 +58,10 @@ def outlook(
     done: int, total: int | None, started_at: float | None, deadline: float | None, now: float
 ) -> Outlook:
     """:class:`Outlook` of a batch that answered ``done`` of ``total`` since ``started_at`` (unix seconds;
-    ``None``: not started), due at ``deadline``."""
+    ``None``: not started), due at ``deadline``. A time that is not a finite number (state read back
+    from storage is not trusted) counts as unknown."""
+    started_at = started_at if started_at is not None and math.isfinite(started_at) else None
+    deadline = deadline if deadline is not None and math.isfinite(deadline) else None
     running_s = now - started_at if started_at is not None else 0.0
     left_s = deadline - now if deadline is not None else None
     return Outlook(finish_in(done, total, running_s), left_s, at_risk(done, total, running_s, left_s))
