@@ -762,11 +762,12 @@ async def test_the_shared_path_keeps_exactly_once_resume_cancel_and_deadline(
         await wait_for(lambda: not victim.alive(), 300, interval=0.5, what="the dispatcher to die")
         env.spawn("survivor", settings)
         # 2. the runner replica dies mid-batch: the attempt is lost, the next resumes
-        runners = runner_pids(await api.status())  # every replica: whichever runs the batch dies
         resumed = batch_request(f"sr-{uuid.uuid4().hex[:6]}", requests=inline_lines(40))
         await env.send(request_message(resumed))
         await wait_for(lambda: _progress_at_least(env, resumed.batch_id, 7), 300, what="a durable shard")
-        for runner in runners:
+        # every replica running now, whichever runs the batch (read now, not before the batch was sent:
+        # the runner's second replica may still have been starting then, and the batch went to it)
+        for runner in runner_pids(await api.status()):
             os.kill(runner, signal.SIGKILL)
         assert await env.state(resumed.batch_id) is State.RUNNING  # killed mid-batch
         # 3. a cancel and a deadline, both while their batches run (80 and 200 x 0.5 s of work)
