@@ -108,6 +108,7 @@ async def kit(redis_settings: RedisSettings) -> AsyncIterator[tuple[Tracker, Sta
             clock=lambda: NOW,
         )
     )
+    await tracker.leases.step()  # a lone replica: it leads and holds every shard
     try:
         yield tracker, store, jobs
     finally:
@@ -339,6 +340,7 @@ async def test_a_python_that_exits_2_is_retried_not_taken_for_an_invalid_spec(
     store = StateStore.from_url(redis_settings.url, keys=Keys(prefix), finished_ttl_s=3600, dedupe_ttl_s=3600)
     backend = RayJobsBackend(settings)
     tracker = Tracker(RunContext(settings, store, backend, results=Any, producer=Any, metrics=Metrics()))  # type: ignore[arg-type]
+    await tracker.leases.step()  # a lone replica: it leads and holds every shard
     batch_id = f"py2-{uuid.uuid4().hex[:8]}"
     try:
         await queue(store, batch_id, 2)
@@ -496,6 +498,7 @@ async def test_a_hung_attempt_is_stopped_and_the_next_starts_only_once_it_ended(
             clock=lambda: clock[0],
         )
     )
+    await tracker.leases.step()  # a lone replica: it leads and holds every shard
     try:
         await queue(store, "hung", 2)
         await tracker.launch()
@@ -565,6 +568,7 @@ async def test_a_cancel_of_a_queued_retry_finishes_it_at_the_next_tick(redis_set
             clock=lambda: NOW,
         )
     )
+    await tracker.leases.step()  # a lone replica: it leads and holds every shard
     try:
         await queue(store, "retrying", 2)
         await tracker.launch()

@@ -81,6 +81,7 @@ async def test_a_launch_with_a_rotated_token_waits_instead_of_failing_the_batch(
     backend = RayJobsBackend(settings)
     results: Any = None  # a failure would need them: reaching them fails the test too
     tracker = Tracker(RunContext(settings, store, backend, results, producer=Any, metrics=Metrics()))  # type: ignore[arg-type]
+    await tracker.leases.step()  # a lone replica: it leads and holds every shard
     try:
         await queue(store, "rotated", 2)
         await tracker.launch()

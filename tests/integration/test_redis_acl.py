@@ -6,6 +6,7 @@ operator reads everything but the jobs' S3 sessions and writes only the replay l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import uuid
 from collections.abc import AsyncIterator
@@ -89,6 +90,39 @@ async def test_the_dispatcher_user_runs_the_state_machine_and_nothing_dangerous(
         plain.flushall()
     with pytest.raises(NoPermissionError):
         plain.set("other-app:key", "x")  # another deployment's keys
+
+
+async def test_the_dispatchers_wake_each_others_trackers_on_their_one_channel(acl_redis: AclRedis) -> None:
+    """The tracker's wake-up (a Pub/Sub channel): the dispatcher user may say and hear it, nothing else
+    may be said by it, and a job can neither say it nor listen."""
+    from llmbatch.dispatcher.runs.wakeups import Wakeups
+
+    keys = Keys(acl_redis.prefix)
+    store = StateStore.from_url(
+        acl_redis.url("dispatcher"), password=acl_redis.passwords["dispatcher"], keys=keys
+    )
+    woken = asyncio.Event()
+    stopping = asyncio.Event()
+    wakeups = Wakeups(store, others=lambda: True, wake=woken.set)
+    listener = asyncio.create_task(wakeups.listen(stopping))
+    try:
+        for _ in range(150):  # said until heard: the listener may not have subscribed yet
+            await wakeups.tell()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.wait(), 0.2)
+            if woken.is_set():
+                break
+        assert woken.is_set() and not listener.done()
+        plain = acl_redis.client("dispatcher")
+        with pytest.raises(NoPermissionError):
+            plain.publish(f"{acl_redis.prefix}:other-channel", "x")
+        job = acl_redis.client("job")
+        with pytest.raises(NoPermissionError):
+            job.publish(keys.tracker_wake, "x")
+    finally:
+        stopping.set()
+        await listener
+        await store.close()
 
 
 async def test_a_job_writes_its_progress_and_cannot_touch_batch_state(

@@ -122,6 +122,16 @@ async def _every_script(store: StateStore) -> None:
     assert await store.drop_orphans("ready", [BatchKey("ghost"), BatchKey("acme/b")]) == 1
     assert await store.acquire_lease("tracker", "me", 10.0)
     assert await store.release_lease("tracker", "me")
+    # the tracker's shards: members (one leaving), leases held, given back
+    assert await store.live_members("tracker", "me", 10.0) == ["me"]
+    assert await store.hold_leases({"tracker:shard:0": True, "tracker:shard:1": True}, "me", 10.0) == {
+        "tracker:shard:0",
+        "tracker:shard:1",
+    }
+    assert await store.hold_leases({"tracker:shard:0": True, "tracker:shard:1": False}, "me", 10.0) == {
+        "tracker:shard:0"
+    }
+    assert await store.live_members("tracker", "me", 10.0, leaving=True) == []
 
 
 async def _keys_of(client: aioredis.Redis, command: list[str]) -> set[str]:
@@ -161,6 +171,6 @@ async def test_every_key_a_script_touches_is_declared(
             checked += 1
             if key not in declared:
                 undeclared.append((" ".join(args[:2]), key))
-    assert len(scripts) == 8, f"every script should have run once at least; saw {len(scripts)}"
+    assert len(scripts) == 10, f"every script should have run once at least; saw {len(scripts)}"
     assert checked > 50  # the scripts' own commands were seen (the monitor did watch)
     assert undeclared == []

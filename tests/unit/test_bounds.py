@@ -25,14 +25,14 @@ def test_the_headers_a_batch_keeps_are_bounded_whatever_the_record_brings() -> N
     assert len(kept.to_json()) < 2 * REDUCED_HEADERS_BYTES
 
 
-def test_a_tracker_that_loses_the_lease_forgets_what_it_kept_of_batches() -> None:
+def test_a_tracker_that_loses_its_leases_forgets_what_it_kept_of_batches() -> None:
     settings = DispatcherSettings(_env_file=None)  # type: ignore[call-arg]
     store: Any = type("Store", (), {"keys": None})()
     tracker = Tracker(RunContext(settings, store, None, None, None, Metrics()))  # type: ignore[arg-type]
-    tracker.is_leader = True
+    tracker.leases._set(True, frozenset(range(settings.dispatcher.tracker_shards)))
     for i in range(10_000):
         tracker.checks.progress._progress_at[f"b-{i}"] = 1.0  # type: ignore[index]
         tracker.checks._beats[f"b-{i}"] = ((1, "x"), 1.0)  # type: ignore[index]
         tracker._failing[("check", f"b-{i}")] = "boom"  # type: ignore[index]
-    tracker._set_leader(False)
+    tracker.leases._set(False, frozenset())
     assert not tracker.checks.progress._progress_at and not tracker.checks._beats and not tracker._failing

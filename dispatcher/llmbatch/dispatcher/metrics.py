@@ -160,7 +160,14 @@ class Metrics:
             registry=r,
         )
         self.leader = Gauge(
-            "llmbatch_dispatcher_tracker_leader", "1 while this replica runs the tracker.", registry=r
+            "llmbatch_dispatcher_tracker_leader",
+            "1 while this replica is the tracker's launching leader.",
+            registry=r,
+        )
+        self.shards = Gauge(
+            "llmbatch_dispatcher_tracker_shards",
+            "Shards of the in-flight batches this replica tracks (see tracker_shards).",
+            registry=r,
         )
         self.commits = Counter(
             "llmbatch_dispatcher_offset_commits_total", "Offset commits, by result.", ["result"], registry=r
@@ -186,7 +193,8 @@ class Metrics:
         )
         self.at_risk = Gauge(
             "llmbatch_batches_at_risk",
-            "Running batches that at their rate so far end after their deadline (tracker leader only).",
+            "Running batches that at their rate so far end after their deadline (each replica counts its "
+            "shards' batches: sum them).",
             ["model"],
             registry=r,
         )

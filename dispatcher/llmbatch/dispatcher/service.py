@@ -112,7 +112,7 @@ class Dispatcher:
             ),
             input_sizes=input_sizes,
         )
-        self.consumer.on_accepted = self.tracker.wake
+        self.consumer.on_accepted = self.tracker.accepted
         self.reconciler = Reconciler(
             settings,
             self.store,
@@ -168,7 +168,10 @@ class Dispatcher:
         detail["consumer"] = f"{len(self.consumer.assignment)} partition(s)"
         paused = self.consumer.retry.paused
         detail["intake"] = f"paused ({paused})" if paused else "ok"
-        detail["tracker"] = "leader" if self.tracker.is_leader else "standby"
+        leases = self.tracker.leases
+        detail["tracker"] = ("leader" if leases.is_leader else "standby") + (
+            f", {len(leases.shards)} of {leases.shard_count} shards"
+        )
         ok = (
             self._started
             and detail["redis"] == "ok"

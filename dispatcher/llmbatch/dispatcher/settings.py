@@ -81,7 +81,21 @@ class DispatcherOptions(BaseModel):
         "(processing_failed) and the consumer moves on. Outages (Redis or Kafka unreachable) are retried "
         "without limit and commit nothing.",
     )
-    lease_ttl_s: float = Field(default=15.0, ge=1, description="Tracker leadership lease.")
+    lease_ttl_s: float = Field(
+        default=15.0,
+        ge=1,
+        description="Tracker leases (the launching leader's and each shard's): a dead replica's work moves "
+        "to the others this long after it stopped renewing them.",
+    )
+    tracker_shards: int = Field(
+        default=16,
+        ge=1,
+        le=1024,
+        description="Shards of the batches in flight: the live replicas share them (each holds the leases "
+        "of about shards / replicas of them, checks those batches' jobs, ends them and publishes their "
+        "events), so more replicas track more batches. The same on every replica; changing it moves "
+        "batches between replicas once (harmless: every state change is a compare-and-set).",
+    )
     poll_interval_s: float = Field(default=1.0, gt=0, description="Tracker tick (Ray polling, launching).")
     progress_interval_s: float = Field(default=10.0, gt=0, description="Least time between progress events.")
     heartbeat_timeout_s: float = Field(

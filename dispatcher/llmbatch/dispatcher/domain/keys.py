@@ -13,7 +13,9 @@ share one Redis. The layout:
 ``<p>:runner:*``                  the batch runner's runs (:mod:`llmbatch.ray_job.job_keys`)
 ``<p>:jobs:delete``               zset: Ray jobs of finished batches to delete again, score = when
 ``<p>:event:<source>:<id>``       string: dedupe marker of an already-applied command event
-``<p>:lease:<name>``              string: owner token of a lease (the tracker loop's leader)
+``<p>:lease:<name>``              string: owner token of a lease (the tracker loop's leader, a shard's holder)
+``<p>:lease:<name>:members``      zset: the replicas taking part in ``<name>``'s shards, score = expiry (ms)
+``<p>:tracker:wake``              Pub/Sub channel: "tick now" to every replica's tracker (not a key)
 ``<p>:dlq:replayed:<dlt topic>``  hash: dead letters replayed by ``llmbatch dlq replay`` (dispatcher.ops)
 ``<p>:dlq:replayed-at:<topic>``   zset: the same dead letters, score = when replayed (prunes the hash)
 ``<p>:s3session:<random>``        string: a Ray job attempt's S3 session until its driver takes it
@@ -92,6 +94,15 @@ class Keys:
 
     def lease(self, name: str) -> str:
         return f"{self.prefix}:lease:{name}"
+
+    @property
+    def tracker_wake(self) -> str:
+        """The Pub/Sub channel that wakes the replicas' trackers (:mod:`llmbatch.dispatcher.runs.wakeups`)."""
+        return f"{self.prefix}:tracker:wake"
+
+    def lease_members(self, name: str) -> str:
+        """Zset of the live replicas sharing ``name``'s shards (:mod:`llmbatch.dispatcher.domain.shards`)."""
+        return f"{self.prefix}:lease:{name}:members"
 
     def replay_ledger(self, dlt_topic: str) -> str:
         """Hash ``<partition>:<offset>`` -> JSON of the replay (see :mod:`llmbatch.dispatcher.ops.replay`)."""

@@ -45,6 +45,7 @@ from llmbatch.settings import KafkaSettings
 log = logging.getLogger(__name__)
 
 SendFuture = Awaitable[Any]
+SCAN_PENDING = 2000  # unpublished entries read per pass when only some shards' are this replica's
 
 
 class EventProducer:
@@ -253,14 +254,20 @@ class TerminalPublisher:
         self.metrics = metrics
         self.crash = crash
 
-    async def publish_pending(self, limit: int = 200) -> int:
-        """Publish what is pending; returns how many terminal events were published.
+    async def publish_pending(self, limit: int = 200, *, keep: Callable[[str], bool] | None = None) -> int:
+        """Publish what is pending (``keep``: only the batches it keeps, this replica's shards');
+        returns how many terminal events were published.
 
         Entries of batches that are gone or published already are removed from the index; a batch
         whose event cannot go out (a bad record, or an error of its own) goes to the back of the
         index, so it never holds back the ones behind it. Only an outage met by
-        ``OUTAGE_IN_A_ROW`` batches in a row ends the pass early (the next tick tries again)."""
-        ids = await self.store.unpublished_ids(limit)
+        ``OUTAGE_IN_A_ROW`` batches in a row ends the pass early (the next tick tries again).
+        Filtered by ``keep``, up to :data:`SCAN_PENDING` entries are read to find ``limit`` of its own:
+        the entries of a shard whose holder died wait at the head only until its lease moves."""
+        if keep is None:
+            ids = await self.store.unpublished_ids(limit)
+        else:
+            ids = [k for k in await self.store.unpublished_ids(max(limit, SCAN_PENDING)) if keep(k)][:limit]
         records = await self.store.get_many(ids)
         stale = [key for key, r in zip(ids, records, strict=True) if r is None or not _pending(r)]
         if stale:

@@ -85,6 +85,10 @@ class InFlight:
             return HEARTBEAT
         return None
 
+    def remembered(self) -> set[BatchKey]:
+        """The batches this replica keeps something of in memory (heartbeats, progress events)."""
+        return set(self._beats) | self.progress.remembered()
+
     def keep_only(self, keys: set[BatchKey]) -> None:
         """Forget what is kept in memory of every batch but ``keys`` (the batches in flight now)."""
         self.progress.keep_only(keys)

@@ -41,10 +41,14 @@ class ProgressEvents:
             self.at_risk.pop(key, None)
         self._export_risk()
 
+    def remembered(self) -> set[BatchKey]:
+        """The batches whose progress events or deadline risk this replica remembers."""
+        return set(self._progress_at) | set(self.at_risk)
+
     def keep_only(self, keys: set[BatchKey]) -> None:
         """Forget the progress events of every batch but ``keys`` (the batches in flight now): the
         maps stay bounded, also for batches another leader ended."""
-        self.forget(*[k for k in self._progress_at if k not in keys])
+        self.forget(*[k for k in self.remembered() if k not in keys])
 
     async def maybe_publish(self, record: BatchRecord, now: float) -> None:
         """Publish a progress event when the interval passed and the counts moved."""

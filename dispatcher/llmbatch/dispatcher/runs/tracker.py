@@ -1,17 +1,20 @@
 """The tracking loop: launch queued batches, watch their Ray jobs, finish them, publish outcomes.
 
-Any replica may run it; a Redis lease elects one at a time (a stale leader is harmless: every state
-change is a compare-and-set and submission ids are idempotent). Each tick:
+Every replica runs it, on what its leases give it (:mod:`llmbatch.dispatcher.runs.leases`): one replica,
+the launching leader, takes the steps that judge all batches at once; the in-flight batches are split
+into shards shared by the live replicas, each checking and ending its shards' batches (a stale holder
+is harmless: every state change is a compare-and-set and submission ids are idempotent). Each tick:
 
-1. promote queued batches whose retry backoff elapsed;
-2. expire queued batches past their deadline;
-3. check the job of every in-flight batch and move the batch on (:mod:`llmbatch.dispatcher.runs.in_flight`:
-   stop, retry, finalize, finish, progress events, deadline risk);
-4. launch ready batches while fewer than ``max_in_flight`` hold a job (priority, then the nearest
-   deadline); with shared engines only while the model's replicas have room
+1. (leader) promote queued batches whose retry backoff elapsed;
+2. (leader) expire queued batches past their deadline;
+3. (shards) check the job of every in-flight batch of this replica's shards and move the batch on
+   (:mod:`llmbatch.dispatcher.runs.in_flight`: stop, retry, finalize, finish, progress events, deadline
+   risk);
+4. (leader) launch ready batches while fewer than ``max_in_flight`` hold a job (priority, then the
+   nearest deadline); with shared engines only while the model's replicas have room
    (:class:`~llmbatch.dispatcher.domain.scheduler.Admission`);
-5. publish pending terminal events (and dead letters) idempotently;
-6. refresh gauges.
+5. (shards) publish the pending terminal events (and dead letters) of its shards' batches idempotently;
+6. (leader) refresh gauges.
 
 The parts it wires, all on one :class:`~llmbatch.dispatcher.runs.context.RunContext`: starting and
 submitting an attempt (its spec, the engines' room) is the
@@ -46,11 +49,14 @@ from llmbatch.dispatcher.runs.finisher import Finisher
 from llmbatch.dispatcher.runs.in_flight import InFlight
 from llmbatch.dispatcher.runs.job_cleanup import JobCleanup
 from llmbatch.dispatcher.runs.launcher import Launcher
+from llmbatch.dispatcher.runs.leases import LEASE, TrackerLeases
 from llmbatch.dispatcher.runs.outcomes import OutcomeReader
+from llmbatch.dispatcher.runs.wakeups import Wakeups
 
 log = logging.getLogger(__name__)
 
-LEASE = "tracker"
+__all__ = ["LEASE", "Tracker"]
+
 WARN_EVERY_S = 30.0  # the same dependency outage is logged at most this often
 FAST_POLL_S = 0.2
 MIN_TICK_GAP_S = 0.05  # poll interval while a submitted job has not started yet (event -> RUNNING latency)
@@ -91,7 +97,16 @@ class Tracker:
             bodies=bodies,
         )
         self.token = f"{self.opts.instance_id}/{uuid.uuid4().hex[:8]}"
-        self.is_leader = False
+        self.leases = TrackerLeases(
+            ctx.store,
+            ctx.metrics,
+            token=self.token,
+            ttl_s=self.opts.lease_ttl_s,
+            shard_count=self.opts.tracker_shards,
+            on_change=self._leases_changed,
+        )
+        self.wakeups = Wakeups(ctx.store, others=lambda: self.leases.members > 1, wake=self.wake)
+        self._tell = False  # wake the other replicas before the next tick (this one accepted batches)
         self.last_tick = time.monotonic()
         self._sweep_at = 0.0
         self._cleanup_at = time.monotonic()
@@ -114,21 +129,46 @@ class Tracker:
     async def _object_size(self, uri: str) -> int | None:
         return await self.ctx.results.object_size(uri)
 
+    @property
+    def is_leader(self) -> bool:
+        """Whether this replica is the launching leader (launch, queued deadlines, gauges, reconcile)."""
+        return self.leases.is_leader
+
+    @is_leader.setter
+    def is_leader(self, value: bool) -> None:  # tests and tools that drive one tracker by hand
+        self.leases.is_leader = value
+
+    @property
+    def active(self) -> bool:
+        """Whether this replica has tracker work: it leads or holds a shard."""
+        return self.leases.is_leader or bool(self.leases.shards)
+
     # -- loop ----------------------------------------------------------------------------------------
     def request_stop(self) -> None:
         self._stopping.set()
         self._wake.set()
 
     def wake(self) -> None:
-        """Run the next tick now (new batches were queued by this replica's consumer)."""
+        """Run the next tick now."""
+        self._wake.set()
+
+    def accepted(self) -> None:
+        """This replica's consumer queued new batches: tick now, and wake the launching leader if it is
+        another replica."""
+        self._tell = True
         self._wake.set()
 
     async def run(self) -> None:
-        keeper = asyncio.create_task(self._keep_lease(), name="tracker-lease")
+        keeper = asyncio.create_task(self.leases.run(self._stopping), name="tracker-lease")
+        listener = asyncio.create_task(self.wakeups.listen(self._stopping), name="tracker-wakeups")
         try:
             while not self._stopping.is_set():
                 self.last_tick = time.monotonic()
-                if self.is_leader:
+                if self._tell:
+                    self._tell = False
+                    if not self.is_leader:
+                        await self.wakeups.tell()
+                if self.active:
                     try:
                         await self.tick()
                     except DispatcherError as exc:
@@ -145,26 +185,11 @@ class Tracker:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), MIN_TICK_GAP_S)
         finally:
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await keeper
-            if self.is_leader:
-                with contextlib.suppress(Exception):
-                    await self.store.release_lease(LEASE, self.token)
-                self._set_leader(False)
-
-    async def _keep_lease(self) -> None:
-        """Acquire or renew the lease every third of its TTL, independently of how long a tick takes."""
-        while not self._stopping.is_set():
-            try:
-                leader = await self.store.acquire_lease(LEASE, self.token, self.opts.lease_ttl_s)
-            except DispatcherError as exc:
-                self.metrics.transient_errors.labels(component="redis").inc()
-                log.warning("lease check failed", extra={"error": str(exc)})
-                leader = False
-            self._set_leader(leader)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), self.opts.lease_ttl_s / 3)
+            for task in (keeper, listener):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            await self.leases.release()
 
     def _postponed(self, what: str, exc: DispatcherError) -> None:
         """A step that met an outage: counted each time, logged once per component every
@@ -179,14 +204,12 @@ class Tracker:
                 extra={"error": str(exc), "component": component},
             )
 
-    def _set_leader(self, leader: bool) -> None:
-        if leader != self.is_leader:
-            log.info("tracker leadership " + ("acquired" if leader else "lost"))
-            if not leader:  # another replica leads now: what this one remembered of batches is stale
-                self.checks.keep_only(set())
-                self._failing.clear()
-        self.is_leader = leader
-        self.metrics.leader.set(1 if leader else 0)
+    def _leases_changed(self) -> None:
+        """What this replica remembered of batches it no longer tracks is stale: forget it (the next
+        poll keeps what it still checks)."""
+        self.checks.keep_only({k for k in self.checks.remembered() if self.leases.owns(k)})
+        self._failing = {k: v for k, v in self._failing.items() if self.leases.owns(k[1])}
+        self.wake()
 
     async def forget_jobs(self, record: BatchRecord) -> None:
         """Delete the Ray jobs of a batch whose terminal event is out (see
@@ -194,11 +217,16 @@ class Tracker:
         await self.job_cleanup.forget(record)
 
     async def tick(self) -> None:
-        await self.store.promote_due()
-        await self.expire_queued()
+        leader = self.is_leader
+        if leader:
+            await self.store.promote_due()
+            await self.expire_queued()
         await self.poll_in_flight()
-        await self.launch()
-        await self.publisher.publish_pending()
+        if leader:
+            await self.launch()
+        await self.publisher.publish_pending(keep=self.leases.owns)
+        if not leader:
+            return
         await self.refresh_gauges()
         now = time.monotonic()
         if now - self._sweep_at > 300:
@@ -287,7 +315,8 @@ class Tracker:
     async def poll_in_flight(self) -> None:
         records: list[BatchRecord] = []
         for state in (State.SUBMITTED, State.RUNNING, State.FINALIZING):
-            ids = await self.store.ids_in_state(state, limit=10_000)
+            # this replica's shards' batches only (the ids of all are cheap; their records are not)
+            ids = [k for k in await self.store.ids_in_state(state, limit=10_000) if self.leases.owns(k)]
             found = await self.store.get_many(ids)
             # an entry whose batch is gone or moved on would count against max_in_flight for ever
             await self.store.drop_orphans(
@@ -341,6 +370,8 @@ class Tracker:
                         continue
                     self._postponed("launch", exc)
                     return
+        if launched:  # their shards' holders check them at once
+            await self.wakeups.tell()
         if admission is not None:
             for model in self.settings.engines.models:
                 self.metrics.admitted.labels(model=model).set(admission.requests(model))

@@ -1,7 +1,8 @@
 """Redis ACL users, one per component, each allowed only what that component does.
 
 - ``dispatcher``: every key under its prefix, every command but the dangerous ones (it reads
-  ``CONFIG GET appendfsync`` to warn about a lossy Redis).
+  ``CONFIG GET appendfsync`` to warn about a lossy Redis), and one Pub/Sub channel, the one that wakes
+  the replicas' trackers (``<p>:tracker:wake``).
 - ``job`` (Ray jobs and the batch runner): only the progress hashes (``<p>:progress:*``) and only the
   commands :mod:`llmbatch.ray_job.progress` runs (its script ``write_progress.lua`` and ``HMGET``), plus
   ``GETDEL``
@@ -63,7 +64,8 @@ def acl_rules(keys: Keys) -> dict[Role, str]:
     p = _glob(keys.prefix)
     return {
         "dispatcher": (
-            f"resetkeys ~{p}:* resetchannels -@all +@all -@dangerous +config|get +info {_CONNECTION}"
+            f"resetkeys ~{p}:* resetchannels &{_glob(keys.tracker_wake)} -@all +@all -@dangerous "
+            f"+config|get +info {_CONNECTION}"
         ),
         "job": (
             f"resetkeys ~{p}:progress:* resetchannels -@all "

@@ -90,6 +90,8 @@ class StateStore(StoreIndexes, StoreUpkeep):
             promote=reg(lua.load("promote_due")),
             lease_acquire=reg(lua.load("acquire_lease")),
             lease_release=reg(lua.load("release_lease")),
+            leases_hold=reg(lua.load("hold_leases")),
+            members=reg(lua.load("tracker_members")),
             drop_orphans=reg(lua.load("drop_orphans")),
         )
 

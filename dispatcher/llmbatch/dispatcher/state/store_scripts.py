@@ -19,4 +19,6 @@ class Scripts:
     promote: AsyncScript
     lease_acquire: AsyncScript
     lease_release: AsyncScript
+    leases_hold: AsyncScript
+    members: AsyncScript
     drop_orphans: AsyncScript

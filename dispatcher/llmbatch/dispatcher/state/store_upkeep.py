@@ -6,7 +6,7 @@ translation (``_call``) it uses."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from llmbatch.dispatcher.domain import states
@@ -82,6 +82,25 @@ class StoreUpkeep:
     async def release_lease(self, name: str, token: str) -> bool:
         keys, args = [self.keys.lease(name)], [token]
         return int(await self._call(lambda: self._scripts.lease_release(keys=keys, args=args))) == 1
+
+    async def hold_leases(self, wanted: Mapping[str, bool], token: str, ttl_s: float) -> set[str]:
+        """Take or extend the leases named ``True`` in ``wanted``, give back those named ``False`` if
+        ``token`` holds them (one script, one round trip); return the names ``token`` holds now."""
+        names = list(wanted)
+        if not names:
+            return set()
+        keys = [self.keys.lease(n) for n in names]
+        args = [token, str(int(ttl_s * 1000)), *("1" if wanted[n] else "0" for n in names)]
+        held = await self._call(lambda: self._scripts.leases_hold(keys=keys, args=args))
+        return {n for n, h in zip(names, held, strict=True) if int(h) == 1}
+
+    async def live_members(self, name: str, token: str, ttl_s: float, *, leaving: bool = False) -> list[str]:
+        """Say ``token`` takes part in ``name``'s shards for ``ttl_s`` more (``leaving``: no more) and
+        return the live members' tokens, expiry judged on Redis' clock."""
+        keys = [self.keys.lease_members(name)]
+        args = [token, str(int(ttl_s * 1000)), "1" if leaving else "0"]
+        members = await self._call(lambda: self._scripts.members(keys=keys, args=args))
+        return [str(m) for m in members]
 
     async def put_s3_session(self, nonce: str, payload: bytes, ttl_s: int) -> None:
         """Keep a Ray job attempt's S3 session for its driver to take (``SET NX``: never over another)."""
