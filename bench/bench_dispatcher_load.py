@@ -1,7 +1,7 @@
 """Benchmark: the dispatcher alone at the highest rate this machine allows (issue 53 item 5's load test).
 
     .venv/bin/python bench/bench_dispatcher_load.py [--batches 3000] [--lines 4] [--rate 0]
-        [--replicas 1[,2,3]] [--json] [--report PATH] [--keep]
+        [--replicas 1[,2,3]] [--cpu-per-replica CORES] [--json] [--report PATH] [--keep]
 
 Starts Kafka, Redis and MinIO (a private run folder, no Ray) and one dispatcher process (``--replicas``: a run
 for each count given, one after the other, each on fresh services) with the service's
@@ -9,13 +9,16 @@ defaults (shared engines, the short path) whose job backend is ``bench/service/i
 attempt runs at once inside the dispatcher's process as the batch runner would run it (its inline lines,
 a shard, a manifest and progress on the real MinIO and Redis) on the fake engine. Warms the path with one
 batch, then publishes ``--batches`` batches of ``--lines`` inline lines, all at once (``--rate 0``, the
-most the dispatcher can take) or ``--rate`` a minute, and waits for every terminal event. Prints:
+most the dispatcher can take) or ``--rate`` a minute, and waits for every terminal event.
+``--cpu-per-replica`` puts each dispatcher process in a cgroup of its own with that many cores at most
+(needs root): more replicas then bring more CPU, as more machines would, instead of sharing this one's
+two cores. Prints:
 
 - batches per minute (first accepted -> last terminal) and p50 / p90 accepted -> terminal;
 - per batch: Redis commands (``INFO commandstats``), Kafka records (requests and events), the dispatcher's
   own CPU milliseconds (its process's CPU time less what the attempts' threads spent), the attempts'
   (one small job's work: S3 writes, progress), and Kafka's, Redis's and MinIO's;
-- the dispatcher's peak RSS.
+- the dispatcher's peak RSS; with several replicas, each one's CPU per batch and shards at the end.
 
 Everything started is stopped by PID (the run folder is removed after a successful run unless
 ``--keep``). Not a test.
@@ -45,6 +48,7 @@ from bench.bench_flow import cpu_by_label, paced, per_batch, redis_calls  # noqa
 from bench.bench_ray_job import input_lines, prompts  # noqa: E402
 from bench.service.common import BenchError, say  # noqa: E402
 from bench.service.cpu import cpu_snapshot  # noqa: E402
+from bench.service.cpu_quota import CpuQuota  # noqa: E402
 from bench.service.ledger import Ledger  # noqa: E402
 from llmbatch.demo.run import DispatcherProcess  # noqa: E402
 
@@ -64,6 +68,12 @@ def parse_args() -> argparse.Namespace:
         default=[1],
         help="dispatcher replicas, one run per count (e.g. 1,2,3), one after the other",
     )
+    parser.add_argument(
+        "--cpu-per-replica",
+        type=float,
+        default=None,
+        help="cores each dispatcher process may use (a cgroup each; needs root), e.g. 0.3",
+    )
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for every batch")
     parser.add_argument("--keep", action="store_true", help="leave the services running afterwards")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -82,7 +92,9 @@ def parse_args() -> argparse.Namespace:
 class InstantDispatcher(DispatcherProcess):
     """``bench/service/instant_dispatcher.py`` in its own session (stopped by PID, as the demo's)."""
 
-    def __init__(self, env: dict[str, str], log_path: Path, metrics_port: int, cpu_file: Path) -> None:
+    def __init__(
+        self, env: dict[str, str], log_path: Path, metrics_port: int, cpu_file: Path, shared: Path
+    ) -> None:
         import subprocess
 
         self.log_path, self.port, self.cpu_file = log_path, metrics_port, cpu_file
@@ -90,7 +102,7 @@ class InstantDispatcher(DispatcherProcess):
         script = ROOT / "bench" / "service" / "instant_dispatcher.py"
         with log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, str(script), str(cpu_file)],
+                [sys.executable, str(script), str(cpu_file), str(shared)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -155,6 +167,7 @@ async def run(args: argparse.Namespace, run_dir: Path, replicas: int = 1) -> dic
     state = await asyncio.to_thread(manager.up, run_dir, SERVICES)
     procs: list[InstantDispatcher] = []
     ledger, tasks, closers = Ledger(), [], []
+    quotas: list[CpuQuota] = []
     try:
         tag = uuid.uuid4().hex[:8]
         for r in range(replicas):
@@ -162,7 +175,11 @@ async def run(args: argparse.Namespace, run_dir: Path, replicas: int = 1) -> dic
             env = environment(state, tag, port)
             env["LLMBATCH_DISPATCHER__INSTANCE_ID"] = f"load-{tag}-{r}"
             log_path = run_dir / "logs" / f"load-dispatcher-{r}.log"
-            procs.append(InstantDispatcher(env, log_path, port, run_dir / f"attempts-cpu-{r}.json"))
+            cpu_file = run_dir / f"attempts-cpu-{r}.json"
+            procs.append(InstantDispatcher(env, log_path, port, cpu_file, run_dir / "attempts"))
+            if args.cpu_per_replica is not None:
+                quotas.append(CpuQuota(f"llmbatch-bench-{tag}-{r}", args.cpu_per_replica))
+                quotas[-1].add(procs[-1].proc.pid)
         with only_llmbatch_env(env):
             dsettings = DispatcherSettings(_env_file=None)
         proc = procs[0]
@@ -190,10 +207,10 @@ async def run(args: argparse.Namespace, run_dir: Path, replicas: int = 1) -> dic
         await settle([await submit("warm")], "the warm-up batch")
         pids = [psutil.Process(each.proc.pid) for each in procs]
 
-        def dispatcher_cpu() -> tuple[float, float]:
-            """CPU seconds of the dispatchers' processes, and of the attempts run in them."""
+        def dispatcher_cpu() -> tuple[list[float], float]:
+            """CPU seconds of each dispatcher process, and of the attempts run in them all."""
             times = [p.cpu_times() for p in pids]
-            return sum(t.user + t.system for t in times), sum(each.attempts_cpu_s() for each in procs)
+            return [t.user + t.system for t in times], sum(each.attempts_cpu_s() for each in procs)
 
         (redis0, conn0, mem0), cpu0, events0 = (
             await redis_calls(dsettings.redis),
@@ -213,6 +230,7 @@ async def run(args: argparse.Namespace, run_dir: Path, replicas: int = 1) -> dic
         )
         disp1, att1 = dispatcher_cpu()
         rss_mb = max(p.memory_info().rss for p in pids) / 2**20
+        shards = [await shards_of(each.port) for each in procs]
     finally:
         for task in tasks:
             task.cancel()
@@ -220,6 +238,8 @@ async def run(args: argparse.Namespace, run_dir: Path, replicas: int = 1) -> dic
             await close()
         for each in procs:
             await asyncio.to_thread(each.stop)
+        for quota in quotas:
+            quota.remove()
         if not args.keep:
             await asyncio.to_thread(manager.down, run_dir, SERVICES)
     accepted = [ledger.accepted[i].time.timestamp() for i in ids]
@@ -231,7 +251,8 @@ async def run(args: argparse.Namespace, run_dir: Path, replicas: int = 1) -> dic
     n, wall = len(ids), max(terminal) - min(accepted)
     redis = per_batch(redis0, redis1, n)
     others = per_batch(cpu0, cpu1, n, scale=1000.0)
-    dispatcher_s, attempts_s = disp1 - disp0, att1 - att0
+    per_replica = [b - a for a, b in zip(disp0, disp1, strict=True)]
+    dispatcher_s, attempts_s = sum(per_replica), att1 - att0
     return {
         "replicas": replicas,
         "batches": n,
@@ -253,8 +274,27 @@ async def run(args: argparse.Namespace, run_dir: Path, replicas: int = 1) -> dic
             **{k: v for k, v in others.items() if k.startswith(("java", "redis-server", "minio"))},
         },
         "dispatcher_rss_mb": round(rss_mb, 1),  # the largest replica's
+        # each process's whole CPU (its attempts' included) per batch of the run, and its shards at the end
+        "replica_cpu_ms_per_batch": [round(x * 1000 / n, 2) for x in per_replica],
+        "replica_shards": shards,
+        "cpu_per_replica": args.cpu_per_replica,
         "cores": os.cpu_count(),
     }
+
+
+async def shards_of(port: int) -> int | None:
+    """The tracker shards a dispatcher holds (its ``llmbatch_dispatcher_tracker_shards``)."""
+    import httpx
+
+    try:
+        async with httpx.AsyncClient(timeout=5.0) as http:
+            text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+    except httpx.HTTPError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("llmbatch_dispatcher_tracker_shards "):
+            return int(float(line.split()[1]))
+    return None
 
 
 def show(f: dict[str, Any]) -> None:
@@ -274,6 +314,11 @@ def show(f: dict[str, Any]) -> None:
     )
     print("  Redis commands by name: " + ", ".join(f"{k} {v}" for k, v in f["redis_by_command"].items()))
     print("  CPU ms: " + ", ".join(f"{k} {v}" for k, v in f["cpu_ms_per_batch"].items()))
+    quota = f" (each at most {f['cpu_per_replica']:g} cores)" if f["cpu_per_replica"] else ""
+    print(
+        f"  each replica{quota}: CPU ms per batch {f['replica_cpu_ms_per_batch']}, "
+        f"shards {f['replica_shards']}"
+    )
 
 
 def main() -> int:

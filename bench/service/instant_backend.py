@@ -6,16 +6,26 @@ batch (intake, launch, polling, finish, publish) and one small job's S3 writes.
 
 The CPU seconds the attempts themselves spent (their threads' own time) are counted in
 :attr:`InstantBackend.attempt_cpu_s`, so a bench can take them out of the process's CPU time.
+
+With several dispatcher processes (``shared``: a folder they all see), the replica that launches an
+attempt is often not the one that tracks its batch: a submit then only leaves the spec in the folder,
+and the attempt runs in the process that first asks for its status (the batch's tracker, claiming it
+with an exclusive create), which leaves the attempt's end there for any other to read. So the attempts'
+work is spread as the batch runner's replicas would spread it, not piled on the launching leader.
 Not for production: the test seam of ``bench/bench_dispatcher_load.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from llmbatch.dispatcher.backends.backend import JobInfo, JobState, SubmitResult
@@ -67,7 +77,10 @@ class InstantBackend:
     """:class:`~llmbatch.dispatcher.backends.backend.JobBackend` running attempts in ``workers`` threads of
     this process on one fake engine."""
 
-    def __init__(self, workers: int = 8) -> None:
+    def __init__(self, workers: int = 8, shared: Path | None = None) -> None:
+        self.shared = shared
+        if shared is not None:
+            shared.mkdir(parents=True, exist_ok=True)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="instant-attempt")
         self._runs: dict[str, _Run] = {}
         self._lock = threading.Lock()
@@ -93,11 +106,28 @@ class InstantBackend:
         run.exit_code = code
         run.end_time = time.time()
         run.state = JobState.SUCCEEDED if code == 0 else JobState.FAILED
+        sid = run.attempt.spec.submission_id
+        if self.shared is not None:  # for the process that tracks the batch, if it is another
+            end = {"state": run.state.value, "exit_code": code, "start": run.start_time, "end": run.end_time}
+            tmp = self.shared / f"{sid}.end.tmp{os.getpid()}"
+            tmp.write_text(json.dumps(end))
+            tmp.replace(self.shared / f"{sid}.end")
         with self._lock:
             self.attempt_cpu_s += time.thread_time() - began
             self.attempts += 1
 
     async def submit(self, spec: JobSpec) -> SubmitResult:
+        if self.shared is not None:  # the batch's tracker runs it (see the module's docstring)
+            path = self.shared / f"{spec.submission_id}.spec"
+            try:
+                with path.open("x") as out:
+                    out.write(spec.model_dump_json())
+            except FileExistsError:
+                return SubmitResult(spec.submission_id, True, via="batch_runner")
+            return SubmitResult(spec.submission_id, False, via="batch_runner")
+        return self._start(spec)
+
+    def _start(self, spec: JobSpec) -> SubmitResult:
         with self._lock:
             if spec.submission_id in self._runs:
                 return SubmitResult(spec.submission_id, True, via="batch_runner")
@@ -116,9 +146,32 @@ class InstantBackend:
 
     async def status(self, submission_id: str) -> JobInfo:
         run = self._runs.get(submission_id)
+        if run is None and self.shared is not None:
+            return self._shared_status(submission_id)
         if run is None:
             return JobInfo(JobState.NOT_FOUND)
         return JobInfo(run.state, exit_code=run.exit_code, start_time=run.start_time, end_time=run.end_time)
+
+    def _shared_status(self, sid: str) -> JobInfo:
+        assert self.shared is not None
+        with contextlib.suppress(FileNotFoundError):
+            end = json.loads((self.shared / f"{sid}.end").read_text())
+            return JobInfo(
+                JobState(end["state"]),
+                exit_code=end["exit_code"],
+                start_time=end["start"],
+                end_time=end["end"],
+            )
+        try:
+            spec = JobSpec.model_validate_json((self.shared / f"{sid}.spec").read_text())
+        except FileNotFoundError:
+            return JobInfo(JobState.NOT_FOUND)
+        try:
+            (self.shared / f"{sid}.claim").open("x").close()
+        except FileExistsError:  # another process runs it
+            return JobInfo(JobState.RUNNING)
+        self._start(spec)
+        return JobInfo(JobState.PENDING)
 
     async def stop(self, submission_id: str) -> bool:
         run = self._runs.get(submission_id)
@@ -128,6 +181,9 @@ class InstantBackend:
         return True
 
     async def delete(self, submission_id: str) -> bool:
+        if self.shared is not None:
+            for suffix in ("spec", "claim", "end"):
+                (self.shared / f"{submission_id}.{suffix}").unlink(missing_ok=True)
         with self._lock:
             return self._runs.pop(submission_id, None) is not None
 
