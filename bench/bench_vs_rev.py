@@ -1,22 +1,26 @@
 """Benchmark: ``bench/bench_service.py`` (or ``--bench flow``: ``bench/bench_flow.py``, ``--bench
-deadlines``: ``bench/bench_deadlines.py``) on the code of an earlier commit and on this checkout, one
-after the other on the same machine, figures side by side with their ratio (after / before).
+deadlines``: ``bench/bench_deadlines.py``, ``--bench load``: ``bench/bench_dispatcher_load.py``) on the
+code of an earlier commit and on this checkout, one after the other on the same machine, figures side
+by side with their ratio (after / before).
 
-    .venv/bin/python bench/bench_vs_rev.py --before REV [--bench service|flow|deadlines] [--after-first] \
-        [--report PATH] -- [the bench's args]
+    .venv/bin/python bench/bench_vs_rev.py --before REV [--bench service|flow|deadlines|load] \
+        [--after-first] [--this-bench] [--report PATH] -- [the bench's args]
 
 The earlier commit runs from a clone of this repository in ``run/compare-<rev>`` with a venv of its own
 (``scripts/bootstrap.sh demo`` there: its own lock, the shared download caches), so neither run imports
 the other's code. Both get the same arguments after ``--`` (each must accept them: an older bench may
 not know a newer option) and each starts and stops its own private stack. ``--after-first`` runs this
-checkout first (to see whether order matters). Prints one table; ``--report PATH`` writes both reports
-as JSON. Not a test.
+checkout first (to see whether order matters). ``--this-bench`` copies this checkout's ``bench/`` folder
+into the earlier commit's clone first: the same bench on both codes, when the earlier commit lacks the
+bench or one of its options (the clone's own ``bench/`` is restored from git before each copy). Prints
+one table; ``--report PATH`` writes both reports as JSON. Not a test.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -61,12 +65,22 @@ BENCHES = {
     "service": "bench/bench_service.py",
     "flow": "bench/bench_flow.py",
     "deadlines": "bench/bench_deadlines.py",
+    "load": "bench/bench_dispatcher_load.py",
 }
+LOAD_FIGURES = (  # per run of the load bench (one per replica count), after "N replica(s): "
+    ("batches per minute", "batches_per_min", True),
+    ("p50 accepted->terminal, s", "p50_accepted_to_terminal_s", False),
+    ("p90 accepted->terminal, s", "p90_accepted_to_terminal_s", False),
+    ("Redis commands per batch", "redis_commands_per_batch", False),
+)
 
 
 def _get(report: dict[str, Any], path: tuple[str, ...]) -> float | None:
     value: Any = report
     for key in path:
+        if isinstance(value, list) and key.isdigit() and int(key) < len(value):
+            value = value[int(key)]
+            continue
         if not isinstance(value, dict) or key not in value:
             return None
         value = value[key]
@@ -87,6 +101,26 @@ def clone_at(rev: str) -> Path:
         subprocess.run(["git", "-C", str(where), "checkout", "-q", sha], check=True)
     subprocess.run(["bash", "scripts/bootstrap.sh", "demo"], cwd=where, check=True)
     return where
+
+
+def copy_bench(clone: Path) -> None:
+    """This checkout's ``bench/`` over the clone's (its own restored from git first)."""
+    subprocess.run(["git", "-C", str(clone), "checkout", "-q", "--", "bench"], check=True)
+    subprocess.run(["git", "-C", str(clone), "clean", "-fdq", "--", "bench"], check=True)
+    shutil.copytree(
+        ROOT / "bench", clone / "bench", dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__")
+    )
+
+
+def load_figures(before: dict[str, Any], after: dict[str, Any]) -> Figures:
+    """Rows of the load bench: each figure of each run (one per replica count), by its replica count."""
+    rows: list[tuple[str, tuple[str, ...], bool]] = []
+    runs = max(len(before.get("runs") or []), len(after.get("runs") or []))
+    for i in range(runs):
+        count = _get(after, ("runs", str(i), "replicas")) or _get(before, ("runs", str(i), "replicas"))
+        for label, key, higher in LOAD_FIGURES:
+            rows.append((f"{int(count or 0)} replica(s): {label}", ("runs", str(i), key), higher))
+    return tuple(rows)
 
 
 def run_bench(checkout: Path, script: str, bench_args: list[str], label: str) -> dict[str, Any]:
@@ -117,8 +151,9 @@ def table(before: dict[str, Any], after: dict[str, Any], rev: str, bench: str = 
     figures = {
         "service": SERVICE_FIGURES,
         "deadlines": DEADLINE_FIGURES,
+        "load": load_figures(before, after),
     }.get(bench) or FLOW_FIGURES + cpu_figures(before, after)
-    lines = [f"{'figure':34} {'before ' + rev[:10]:>18} {'after':>10} {'after/before':>13}"]
+    lines = [f"{'figure':44} {'before ' + rev[:10]:>18} {'after':>10} {'after/before':>13}"]
     for label, path, _higher in figures:
         b, a = _get(before, path), _get(after, path)
         if b is None and a is None:
@@ -126,7 +161,7 @@ def table(before: dict[str, Any], after: dict[str, Any], rev: str, bench: str = 
         ratio = f"{a / b:.2f}" if a is not None and b else "-"
         show_b = f"{b:.2f}" if b is not None else "-"
         show_a = f"{a:.2f}" if a is not None else "-"
-        lines.append(f"{label:34} {show_b:>18} {show_a:>10} {ratio:>13}")
+        lines.append(f"{label:44} {show_b:>18} {show_a:>10} {ratio:>13}")
     for name, report in (("before", before), ("after", after)):
         plain = _get(report, ("plain", "tokens_per_s"))
         for key, what in (("one", "1 x N"), ("conc", "conc x size")):
@@ -148,8 +183,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bench", choices=sorted(BENCHES), default="service", help="which bench runs")
     parser.add_argument("--after-first", action="store_true", help="run this checkout first")
     parser.add_argument("--report", type=Path, help="write both reports here as JSON")
+    parser.add_argument(
+        "--this-bench", action="store_true", help="run this checkout's bench/ on the earlier code too"
+    )
     args = parser.parse_args(ours)
     old = clone_at(args.before)
+    if args.this_bench:
+        copy_bench(old)
     runs = [("after", ROOT), ("before", old)]
     if not args.after_first:
         runs.reverse()
