@@ -21,6 +21,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from llmbatch.dispatcher.domain.keys import BatchKey
 from llmbatch.dispatcher.domain.shards import shard_of, shards_for
 from llmbatch.dispatcher.errors import DispatcherError
 from llmbatch.dispatcher.metrics import Metrics
@@ -69,6 +70,19 @@ class TrackerLeases:
     def owns(self, key: str) -> bool:
         """Whether batch ``key``'s shard is this replica's."""
         return shard_of(key, self.shard_count) in self.shards
+
+    @property
+    def owns_all(self) -> bool:
+        """Whether every shard is this replica's (a replica alone: nothing to filter)."""
+        return len(self.shards) == self.shard_count
+
+    def mine(self, keys: list[BatchKey]) -> list[BatchKey]:
+        """The keys of ``keys`` whose shard is this replica's, in order."""
+        if self.owns_all:
+            return keys
+        if not self.shards:
+            return []
+        return [k for k in keys if shard_of(k, self.shard_count) in self.shards]
 
     async def step(self) -> None:
         """Renew or take the leases this replica should hold, give back the others."""

@@ -224,7 +224,7 @@ class Tracker:
         await self.poll_in_flight()
         if leader:
             await self.launch()
-        await self.publisher.publish_pending(keep=self.leases.owns)
+        await self.publisher.publish_pending(keep=None if self.leases.owns_all else self.leases.owns)
         if not leader:
             return
         await self.refresh_gauges()
@@ -316,7 +316,7 @@ class Tracker:
         records: list[BatchRecord] = []
         for state in (State.SUBMITTED, State.RUNNING, State.FINALIZING):
             # this replica's shards' batches only (the ids of all are cheap; their records are not)
-            ids = [k for k in await self.store.ids_in_state(state, limit=10_000) if self.leases.owns(k)]
+            ids = self.leases.mine(await self.store.ids_in_state(state, limit=10_000))
             found = await self.store.get_many(ids)
             # an entry whose batch is gone or moved on would count against max_in_flight for ever
             await self.store.drop_orphans(
