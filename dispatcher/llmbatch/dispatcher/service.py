@@ -169,9 +169,8 @@ class Dispatcher:
         paused = self.consumer.retry.paused
         detail["intake"] = f"paused ({paused})" if paused else "ok"
         leases = self.tracker.leases
-        detail["tracker"] = ("leader" if leases.is_leader else "standby") + (
-            f", {len(leases.shards)} of {leases.shard_count} shards"
-        )
+        detail["tracker"] = "leader" if leases.is_leader else "standby"  # the launching lease
+        detail["tracker_shards"] = f"{len(leases.shards)} of {leases.shard_count}"
         ok = (
             self._started
             and detail["redis"] == "ok"
