@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -35,7 +36,9 @@ from llmbatch.dispatcher.runs.launcher import Launcher
 from llmbatch.dispatcher.runs.outcomes import OutcomeReader
 from llmbatch.dispatcher.runs.results import Shards
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
-from llmbatch.schemas.job import JobSpec
+from llmbatch.schemas.deadlines import DEADLINE_EXCEEDED
+from llmbatch.schemas.job import JobSpec, Manifest, Timings
+from llmbatch.schemas.openai import ErrorObject
 from llmbatch.settings import RedisSettings
 from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, registry, request_message
 
@@ -103,11 +106,12 @@ class NoKafka:
 @dataclass
 class Results:
     down: bool = False  # MinIO/S3 does not answer
+    manifest: Manifest | None = None  # what the attempts left
 
-    async def read_manifest(self, output_prefix: str) -> None:
+    async def read_manifest(self, output_prefix: str) -> Manifest | None:
         if self.down:
             raise StorageUnavailable("S3 did not answer")
-        return None
+        return self.manifest
 
     async def list_shards(self, output_prefix: str) -> Shards:
         return Shards([], [])
@@ -279,6 +283,46 @@ async def test_a_retriable_failure_retries_until_the_attempts_run_out() -> None:
     to, outcome = terminal(k.store)
     assert to is State.FAILED and outcome.error_code == "attempts_exhausted"
     assert "3 attempt(s) failed; last: DriverCrashed" in (outcome.error_message or "")
+
+
+def stopped_for_deadline(attempt: int) -> Manifest:
+    """The partial manifest an attempt writes when its node's clock says its deadline passed."""
+    at = datetime.fromtimestamp(NOW, UTC)
+    return Manifest(
+        batch_id="b-1",
+        attempt=attempt,
+        status="partial",
+        timings=Timings(started_at=at, finished_at=at),
+        error=ErrorObject(code=DEADLINE_EXCEEDED, message="the attempt was stopped early (deadline)"),
+    )
+
+
+async def test_an_attempt_stopped_by_a_clock_ahead_waits_for_the_deadline_instead_of_failing() -> None:
+    """The chaos run's job clock +120 s stopped every attempt of a batch with a 3 s deadline at once:
+    counted as failures, its last attempt failed it 0.16 s before it would have expired."""
+    k = kit(max_attempts=3)
+    k.backend.info = JobInfo(JobState.FAILED, exit_code=1)
+    k.results.manifest = stopped_for_deadline(3)
+    deadline = NOW + 2
+    await k.checks.check(record(State.RUNNING, attempt=3, deadline=repr(deadline)))
+    [(to, fields)] = k.store.transitions
+    assert to is State.QUEUED and fields["not_before"] == deadline  # not run again before it
+    assert fields["last_error_code"] == DEADLINE_EXCEEDED and fields["infra_retries"] == "1"
+    # past the deadline on this dispatcher's clock: it expires at once, keeping what it has
+    k.store.transitions.clear()
+    k.clock[0] = deadline + 1
+    await k.checks.job_failed(record(State.RUNNING, attempt=3, deadline=repr(deadline)), k.backend.info)
+    to, outcome = terminal(k.store)
+    assert to is State.EXPIRED and outcome.error_code == DEADLINE_EXCEEDED
+
+
+async def test_an_earlier_attempts_deadline_stop_does_not_excuse_this_attempts_failure() -> None:
+    k = kit(max_attempts=3)
+    k.backend.info = JobInfo(JobState.FAILED, exit_code=1)
+    k.results.manifest = stopped_for_deadline(2)
+    await k.checks.check(record(State.RUNNING, attempt=3, deadline=repr(NOW + 2)))
+    to, outcome = terminal(k.store)
+    assert to is State.FAILED and outcome.error_code == "attempts_exhausted"
 
 
 async def test_a_lost_compare_and_set_counts_no_retry() -> None:

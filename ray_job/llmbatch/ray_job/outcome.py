@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from llmbatch.ray_job.errors import EngineDeadError, EngineUnavailableError, JobError, SupersededError
+from llmbatch.schemas.deadlines import DEADLINE_EXCEEDED
 from llmbatch.schemas.openai import ErrorObject
 
 if TYPE_CHECKING:  # the dispatcher reads result lines (ray_job.submit) without loading pyarrow
@@ -70,7 +71,7 @@ def stop_error(reason: str) -> ErrorObject:
             code=SupersededError.code,
             message="a later attempt of the batch started or the batch ended: this attempt stopped",
         )
-    code_name = "deadline_exceeded" if reason == "deadline" else "stopped"
+    code_name = DEADLINE_EXCEEDED if reason == "deadline" else "stopped"
     return ErrorObject(code=code_name, message=f"the attempt was stopped early ({reason})")
 
 

@@ -16,6 +16,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+DEADLINE_EXCEEDED = "deadline_exceeded"
+"""The error code of an attempt stopped early because its deadline passed (on its node's clock), and of
+a batch that expired."""
 URGENT_S = 600.0
 """A batch whose deadline is this close is urgent whatever its rate (see the module docstring)."""
 

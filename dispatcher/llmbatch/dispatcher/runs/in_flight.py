@@ -45,6 +45,7 @@ from llmbatch.dispatcher.runs.outcomes import (
     ray_message_summary,
 )
 from llmbatch.dispatcher.runs.progress_events import ProgressEvents
+from llmbatch.schemas.deadlines import DEADLINE_EXCEEDED
 from llmbatch.schemas.dlt import DltReason
 from llmbatch.schemas.job import MANIFEST_NAME
 
@@ -234,6 +235,9 @@ class InFlight:
             await self.stop_then_finish(record, info, HEARTBEAT, now)
 
     async def job_failed(self, record: BatchRecord, info: JobInfo) -> None:
+        if await self._stopped_for_its_deadline(record):
+            await self.wait_for_deadline(record)
+            return
         code = info.exit_code
         message = f"job {record.submission_id} failed"
         if code is not None:
@@ -267,6 +271,48 @@ class InFlight:
             await self.retry_or_fail(record, str(reason), message, retriable=False, dlt_reason=reason)
         else:
             await self.retry_or_fail(record, info.error_type or "job_failed", message)
+
+    async def _stopped_for_its_deadline(self, record: BatchRecord) -> bool:
+        """Whether this attempt stopped early because its deadline passed on its node's clock (its
+        manifest says so: a partial one with the ``deadline_exceeded`` error)."""
+        if record.deadline is None:
+            return False
+        try:
+            manifest = await self.ctx.results.read_manifest(results_prefix(self.ctx.settings, record))
+        except ManifestInvalid:
+            return False
+        return (
+            manifest is not None
+            and manifest.attempt == record.attempt
+            and manifest.error is not None
+            and manifest.error.code == DEADLINE_EXCEEDED
+        )
+
+    async def wait_for_deadline(self, record: BatchRecord) -> None:
+        """An attempt stopped for its deadline is no failure of the batch: it expires at its deadline on
+        this dispatcher's clock (at once if that passed; a node's clock ahead of this one stops every
+        attempt early, and counting those as failures would fail the batch before it expires). Until
+        then it waits queued, not counted, and is not run again before its deadline."""
+        deadline = record.deadline or 0.0
+        if self.ctx.clock() >= deadline:
+            await self.finish_stopped(record, "deadline")
+            return
+        result = await self.ctx.store.transition(
+            record.key,
+            State.QUEUED,
+            expected_version=record.version,
+            from_states=[State.SUBMITTED, State.RUNNING, State.FINALIZING],
+            fields={
+                "last_error_code": DEADLINE_EXCEEDED,
+                "last_error_message": "the attempt stopped for its deadline on its node's clock, ahead of "
+                "the dispatcher's: the batch expires at its deadline",
+                INFRA_RETRIES: str(infra_retries(record) + 1),  # not one of its max_attempts
+            },
+            delete=[*STOP_FIELDS, "confirmed"],
+            not_before=deadline,
+        )
+        if result.ok:
+            log.warning("attempt stopped for its deadline by a clock ahead of this one; expiring at it")
 
     async def retry_or_fail(
         self,
@@ -389,7 +435,7 @@ class InFlight:
         outcome = await self.outcomes.partial(
             record,
             state,
-            error_code=None if state is State.CANCELLED else "deadline_exceeded",
+            error_code=None if state is State.CANCELLED else DEADLINE_EXCEEDED,
             error_message=None if state is State.CANCELLED else message,
             best_effort=self.must_end(record, reason, self.ctx.clock()),
         )
@@ -418,6 +464,9 @@ class InFlight:
             if manifest is not None:
                 problem = f"manifest of attempt {manifest.attempt}, expected {record.attempt}"
             await self.retry_or_fail(record, "manifest_missing", problem)
+            return
+        if manifest.status == "partial" and manifest.error and manifest.error.code == DEADLINE_EXCEEDED:
+            await self.wait_for_deadline(record)  # stopped by its node's clock, ahead of this one
             return
         if manifest.status == "partial":  # exit 0 but not everything written: run the rest again
             detail = manifest.error.message if manifest.error else "the job stopped early"
