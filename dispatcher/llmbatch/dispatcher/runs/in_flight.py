@@ -47,7 +47,7 @@ from llmbatch.dispatcher.runs.outcomes import (
 from llmbatch.dispatcher.runs.progress_events import ProgressEvents
 from llmbatch.schemas.deadlines import DEADLINE_EXCEEDED
 from llmbatch.schemas.dlt import DltReason
-from llmbatch.schemas.job import MANIFEST_NAME
+from llmbatch.schemas.job import MANIFEST_NAME, Manifest
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,12 @@ def infra_retries(record: BatchRecord) -> int:
     """How many of the batch's attempts failed because of the infrastructure (0 when unreadable)."""
     value = record.get(INFRA_RETRIES) or "0"
     return int(value) if value.isascii() and value.isdigit() and len(value) < 10 else 0
+
+
+def stopped_for_deadline(manifest: Manifest) -> bool:
+    """Whether the attempt that wrote ``manifest`` stopped early because its deadline passed (on its
+    node's clock): its error is ``deadline_exceeded``."""
+    return manifest.error is not None and manifest.error.code == DEADLINE_EXCEEDED
 
 
 class InFlight:
@@ -281,12 +287,7 @@ class InFlight:
             manifest = await self.ctx.results.read_manifest(results_prefix(self.ctx.settings, record))
         except ManifestInvalid:
             return False
-        return (
-            manifest is not None
-            and manifest.attempt == record.attempt
-            and manifest.error is not None
-            and manifest.error.code == DEADLINE_EXCEEDED
-        )
+        return manifest is not None and manifest.attempt == record.attempt and stopped_for_deadline(manifest)
 
     async def wait_for_deadline(self, record: BatchRecord) -> None:
         """An attempt stopped for its deadline is no failure of the batch: it expires at its deadline on
@@ -297,22 +298,33 @@ class InFlight:
         if self.ctx.clock() >= deadline:
             await self.finish_stopped(record, "deadline")
             return
+        message = (
+            "the attempt stopped for its deadline on its node's clock, ahead of the dispatcher's: the batch "
+            "expires at its deadline"
+        )
+        # not one of its max_attempts: counted as the infrastructure's
+        if await self._requeue(record, DEADLINE_EXCEEDED, message, infra_retries(record) + 1, deadline):
+            log.warning("attempt stopped for its deadline by a clock ahead of this one; expiring at it")
+
+    async def _requeue(
+        self, record: BatchRecord, code: str, message: str, outages: int, not_before: float
+    ) -> bool:
+        """Queue the batch's next attempt, not before ``not_before``, with why this one ended and how
+        many of its attempts the infrastructure failed; False when another replica moved it first."""
         result = await self.ctx.store.transition(
             record.key,
             State.QUEUED,
             expected_version=record.version,
             from_states=[State.SUBMITTED, State.RUNNING, State.FINALIZING],
             fields={
-                "last_error_code": DEADLINE_EXCEEDED,
-                "last_error_message": "the attempt stopped for its deadline on its node's clock, ahead of "
-                "the dispatcher's: the batch expires at its deadline",
-                INFRA_RETRIES: str(infra_retries(record) + 1),  # not one of its max_attempts
+                "last_error_code": code,
+                "last_error_message": message[:2000],
+                INFRA_RETRIES: str(outages),
             },
             delete=[*STOP_FIELDS, "confirmed"],
-            not_before=deadline,
+            not_before=not_before,
         )
-        if result.ok:
-            log.warning("attempt stopped for its deadline by a clock ahead of this one; expiring at it")
+        return result.ok
 
     async def retry_or_fail(
         self,
@@ -337,20 +349,7 @@ class InFlight:
             decision = policy.after_failure(max(1, record.attempts_made - outages), retriable=retriable)
         now = self.ctx.clock()
         if decision.retry:
-            result = await self.ctx.store.transition(
-                record.key,
-                State.QUEUED,
-                expected_version=record.version,
-                from_states=[State.SUBMITTED, State.RUNNING, State.FINALIZING],
-                fields={
-                    "last_error_code": code,
-                    "last_error_message": message[:2000],
-                    INFRA_RETRIES: str(outages),
-                },
-                delete=[*STOP_FIELDS, "confirmed"],
-                not_before=now + decision.delay_s,
-            )
-            if result.ok:
+            if await self._requeue(record, code, message, outages, now + decision.delay_s):
                 self.ctx.metrics.attempts.labels(event="retried").inc()
                 log.warning(
                     "attempt failed; retrying",
@@ -465,7 +464,7 @@ class InFlight:
                 problem = f"manifest of attempt {manifest.attempt}, expected {record.attempt}"
             await self.retry_or_fail(record, "manifest_missing", problem)
             return
-        if manifest.status == "partial" and manifest.error and manifest.error.code == DEADLINE_EXCEEDED:
+        if manifest.status == "partial" and stopped_for_deadline(manifest):
             await self.wait_for_deadline(record)  # stopped by its node's clock, ahead of this one
             return
         if manifest.status == "partial":  # exit 0 but not everything written: run the rest again
