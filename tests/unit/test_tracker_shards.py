@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -69,3 +70,21 @@ def test_a_replica_joining_moves_about_its_share_not_every_shard() -> None:
     shares = [64 / (n + 1) for n in range(1, 8)]
     # each at most twice the newcomer's share (a modulo split moves n / (n + 1) of all: 32 .. 56 here)
     assert all(m <= 2 * share for m, share in zip(moved, shares, strict=True)), (moved, shares)
+
+
+def test_a_replica_holding_some_shards_knows_it_is_not_alone_before_it_counts_the_others() -> None:
+    """Its member count is from its last step: one that first saw only itself, then found half the shards
+    held, skipped waking the others (the shards' holders checked its launches a poll interval late)."""
+    from llmbatch.dispatcher.metrics import Metrics
+    from llmbatch.dispatcher.runs.leases import TrackerLeases
+
+    store: Any = None  # nothing here reaches Redis
+    leases = TrackerLeases(store, Metrics(), token="a", ttl_s=15.0, shard_count=16)
+    leases.members = 1
+    leases._set(True, frozenset(range(16)))
+    assert leases.alone
+    leases._set(True, frozenset(range(8)))
+    assert not leases.alone
+    leases._set(True, frozenset(range(16)))
+    leases.members = 2
+    assert not leases.alone

@@ -76,6 +76,13 @@ class TrackerLeases:
         """Whether every shard is this replica's (a replica alone: nothing to filter)."""
         return len(self.shards) == self.shard_count
 
+    @property
+    def alone(self) -> bool:
+        """Whether no other replica takes part, as far as this one knows: it holds every shard and saw
+        no other member at its last step (a replica that holds only some shards knows others exist, even
+        before its next step counts them)."""
+        return self.owns_all and self.members <= 1
+
     def mine(self, keys: list[BatchKey]) -> list[BatchKey]:
         """The keys of ``keys`` whose shard is this replica's, in order."""
         if self.owns_all:

@@ -105,7 +105,7 @@ class Tracker:
             shard_count=self.opts.tracker_shards,
             on_change=self._leases_changed,
         )
-        self.wakeups = Wakeups(ctx.store, others=lambda: self.leases.members > 1, wake=self.wake)
+        self.wakeups = Wakeups(ctx.store, others=lambda: not self.leases.alone, wake=self.wake)
         self._tell = False  # wake the other replicas before the next tick (this one accepted batches)
         self.last_tick = time.monotonic()
         self._sweep_at = 0.0
