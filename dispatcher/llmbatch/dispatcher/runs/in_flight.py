@@ -280,7 +280,7 @@ class InFlight:
 
     async def _stopped_for_its_deadline(self, record: BatchRecord) -> bool:
         """Whether this attempt stopped early because its deadline passed on its node's clock (its
-        manifest says so: a partial one with the ``deadline_exceeded`` error)."""
+        manifest says so: its error is ``deadline_exceeded``)."""
         if record.deadline is None:
             return False
         try:
