@@ -143,7 +143,12 @@ emit(done)
 
 
 def _registry(
-    delay_s: float, *, backend: str = FAKE_BACKEND, path: str = "fake", max_active: int = 256
+    delay_s: float,
+    *,
+    backend: str = FAKE_BACKEND,
+    path: str = "fake",
+    max_active: int = 256,
+    replicas: int = 1,
 ) -> EngineRegistry:
     options = {"delay_s": delay_s} if backend == FAKE_BACKEND else {}
     return EngineRegistry(
@@ -152,7 +157,7 @@ def _registry(
                 path=path,
                 engine=EngineConfig(backend=backend, backend_options=options),
                 resources=ReplicaResources(num_cpus=0.25),
-                scaling=Scaling(min_replicas=1, max_replicas=1, idle_s=60),
+                scaling=Scaling(min_replicas=replicas, max_replicas=replicas, idle_s=60),
                 max_active_requests=max_active,
             )
         }
@@ -230,6 +235,22 @@ def test_batches_share_one_warm_engine(ray_settings: RaySettings, serve: ServeAp
     assert [r["slots"] for r in results] == [256, 256]
     # no batch started an engine of its own: the same single replica served both
     assert replica_pids(_details(serve), MODEL) == pids_before
+
+
+def test_a_batch_alone_may_keep_every_running_replicas_requests(
+    ray_settings: RaySettings, serve: ServeApi
+) -> None:
+    """Two running replicas of 3 requests each: a batch's share is 6 (it was 3, one replica, whatever
+    ran: Serve's replica states are plain strings in this Ray, and reading them failed)."""
+    registry = _registry(delay_s=0.0, max_active=3, replicas=2)
+    asyncio.run(serve.deploy(serve_config(registry, http_address=ray_settings.serve_address)))
+    _wait_app(serve, registry, {"RUNNING"})
+    deadline = time.monotonic() + 240
+    while (row := summarize(registry, _details(serve))[0]).running < 2:
+        assert time.monotonic() < deadline, row
+        time.sleep(1)
+    result = _result(*_probe(ray_settings, 2))
+    assert result["slots"] == 6, result
 
 
 def _titled(title: str) -> Callable[[list[str]], bool]:
@@ -442,6 +463,58 @@ def test_a_killed_replica_is_replaced_and_its_requests_answered_once(
     assert all(f is None for f in result["failures"]), result
     row = _wait_app(serve, registry, {"RUNNING"})
     assert victim not in replica_pids(_details(serve), MODEL) and row.running == 1
+
+
+# a batch that starts while Serve still builds the model's application (just deployed): it sees the
+# application appear, notes whether its deployment exists yet, then asks for the engine
+BUILDING_PROBE = (
+    """
+import sys, time, orjson
+"""
+    + EMIT
+    + """
+from ray import serve
+from llmbatch.ray_job.serve_engine import ServeEngine
+app, wait = sys.argv[1], float(sys.argv[3])
+serve.status()
+emit({"watching": app})
+while (seen := serve.status().applications.get(app)) is None:
+    time.sleep(0.02)
+try:
+    serve.get_deployment_handle("EngineServer", app_name=app)
+    built = True
+except KeyError:
+    built = False
+try:
+    engine = ServeEngine(app, wait_s=wait, retries=0)
+    emit({"built": built, "status": str(seen.status), "slots": engine.slots()})
+except Exception as exc:
+    emit({"built": built, "error": type(exc).__name__, "code": getattr(exc, "code", None),
+          "message": str(exc)[:500]})
+"""
+)
+
+
+def test_a_batch_started_while_serve_builds_the_engine_waits_for_it(
+    ray_settings: RaySettings, serve: ServeApi
+) -> None:
+    """Serve builds an application after its config is applied; until then the application is
+    DEPLOYING and has no deployment. A batch launched then (right after the dispatcher deployed the
+    engines) waits for the engine instead of failing ``engine_unavailable``."""
+    asyncio.run(serve.deploy({"applications": []}))
+    deadline = time.monotonic() + 120
+    while _details(serve).get("applications"):
+        assert time.monotonic() < deadline, _details(serve)
+        time.sleep(0.5)
+    client, job_id = _probe(ray_settings, 0, wait_s=120, code=BUILDING_PROBE)
+    while "PROBE " not in (logs := client.get_job_logs(job_id)):  # the batch watches Serve
+        assert not client.get_job_status(job_id).is_terminal(), logs[-3000:]
+        time.sleep(0.2)
+    registry = _registry(delay_s=0.0, max_active=5)
+    asyncio.run(serve.deploy(serve_config(registry, http_address=ray_settings.serve_address)))
+    result = _result(client, job_id)
+    assert result["built"] is False, result  # the batch did start before its engine's deployment existed
+    assert "error" not in result and result["slots"] == 5, result
 
 
 def test_an_engine_that_cannot_start_fails_the_batch_clearly(

@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 IMPORT_PATH = "llmbatch.ray_job.serve_engine:build_app"
 METRICS_INTERVAL_S = 5.0
 REPLICAS_TTL_S = 10.0
+BUILD_POLL_S = 1.0  # between looks for the deployment of an application Serve is still building
 
 
 class EngineServer:
@@ -240,13 +241,20 @@ class ServeEngine:
         from ray.serve.exceptions import RayServeException
 
         started = time.perf_counter()
-        try:
-            self._handle = serve.get_deployment_handle(DEPLOYMENT_NAME, app_name=app)
-        except KeyError as exc:  # no such application
-            raise self._unavailable(exc) from exc
-        except RayServeException as exc:  # no Serve instance (a head restarted), or a failed app
-            raise self._serve_fault(exc) from exc
-        info = self._call("info", timeout_s=wait_s)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                self._handle = serve.get_deployment_handle(DEPLOYMENT_NAME, app_name=app)
+                break
+            except KeyError as exc:
+                # Serve builds an application after its config is applied: until then it is DEPLOYING
+                # with no deployment (a batch launched right after the engines were deployed)
+                if self._app_state() not in ("DEPLOYING", None) or time.monotonic() >= deadline:
+                    raise self._unavailable(exc) from exc
+                time.sleep(BUILD_POLL_S)
+            except RayServeException as exc:  # no Serve instance (a head restarted), or a failed app
+                raise self._serve_fault(exc) from exc
+        info = self._call("info", timeout_s=max(deadline - time.monotonic(), BUILD_POLL_S))
         self.max_model_len: int = int(info["max_model_len"])
         self.default_max_tokens: int | None = info["default_max_tokens"]
         # requests one replica's engine runs at once (0 from a replica that does not say)
@@ -271,7 +279,8 @@ class ServeEngine:
         try:
             app = serve.status().applications.get(self.app)
             states = app.deployments[DEPLOYMENT_NAME].replica_states if app is not None else {}
-            running = sum(n for state, n in states.items() if str(state.value) == "RUNNING")
+            # the states are ReplicaState members or (this Ray's REST-shaped status) plain strings
+            running = sum(n for s, n in states.items() if str(getattr(s, "value", s)) == "RUNNING")
         except Exception as exc:  # the controller did not answer: the replica that did
             log.warning("no Serve status for %s: %s", self.app, exc)
             return 1
