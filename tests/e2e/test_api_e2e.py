@@ -22,6 +22,7 @@ from llmbatch.adapters.storage import make_client
 from llmbatch.adapters.topics import ensure_topics
 from llmbatch.api.auth import hash_api_key
 from llmbatch.chaos.processes import DispatcherProcess
+from llmbatch.dispatcher.domain.keys import BatchKey
 from llmbatch.schemas.events import EventType
 from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings
@@ -160,9 +161,11 @@ async def test_the_openai_sdk_runs_a_batch_through_the_http_api_on_real_vllm(
             endpoint="/v1/chat/completions",
             completion_window="24h",
             metadata={"suite": "e2e"},
+            extra_body={"priority": 9},  # llmbatch's extension
         )
         e.batch_ids.add(batch.id)
         assert batch.status == "validating" and batch.input_file_id == uploaded.id
+        assert batch.model_extra == {"priority": 9}
         # a second batch of the same file, cancelled at once: it waits behind the first (one job at a time)
         other = await asyncio.to_thread(
             client.batches.create,
@@ -179,6 +182,8 @@ async def test_the_openai_sdk_runs_a_batch_through_the_http_api_on_real_vllm(
         done = await asyncio.to_thread(_wait_done, client, batch.id, 900)
         Batch.model_validate(done.model_dump())
         assert done.status == "completed", done
+        record = await e.store.get(BatchKey(batch.id))
+        assert record is not None and record.get("priority") == "9"  # as the dispatcher took it in
         counts = done.request_counts
         assert counts is not None and (counts.total, counts.completed, counts.failed) == (5, 5, 0)
         assert done.output_file_id and done.completed_at and done.metadata == {"suite": "e2e"}
@@ -201,6 +206,7 @@ async def test_the_openai_sdk_runs_a_batch_through_the_http_api_on_real_vllm(
         request = batch_request(
             f"kafka-{uuid.uuid4().hex[:8]}",
             input_uri=f"s3://{s3.input_bucket}/default/files/{uploaded.id}.jsonl",
+            priority=2,
         )
         await e.send(request_message(request))
         event = (await e.wait_terminal([request.batch_id], within=900))[request.batch_id][0]
@@ -214,7 +220,9 @@ async def test_the_openai_sdk_runs_a_batch_through_the_http_api_on_real_vllm(
         assert _texts(kafka_outputs) == _texts(outputs) and len(outputs) == 5
         # the tenant's key reads that Kafka batch and its output file through the API too
         seen = await asyncio.to_thread(client.batches.retrieve, request.batch_id)
-        assert seen.status == "completed" and seen.output_file_id, seen
+        assert seen.status == "completed" and seen.output_file_id and seen.model_extra == {"priority": 2}, (
+            seen
+        )
         via_api = await asyncio.to_thread(client.files.content, seen.output_file_id)
         assert _texts([orjson.loads(raw) for raw in via_api.text.splitlines()]) == _texts(kafka_outputs)
     finally:

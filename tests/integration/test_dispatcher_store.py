@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from llmbatch.dispatcher.domain.batch_record import IntakeItem
+from llmbatch.dispatcher.domain.keys import batch_key
 from llmbatch.dispatcher.domain.states import State, TransitionError
 from llmbatch.dispatcher.errors import StateStoreUnavailable
 from llmbatch.dispatcher.state.store import StateStore
@@ -309,3 +310,45 @@ async def test_fsync_policy_reads_what_the_server_runs_with(store: StateStore) -
 
     store.client.config_get = refused  # type: ignore[method-assign]
     assert await store.fsync_policy() is None
+
+
+async def test_a_tenants_batches_from_kafka_are_listed_newest_first_and_pruned(store: StateStore) -> None:
+    """What ``GET /v1/batches`` lists beside the API's own: accepted batches by tenant, newest
+    millisecond first, ids descending within one; not the API's ids, nor a refused request; a cursor
+    goes on after any of them; the sweep prunes what no record can still back."""
+    clock = store.clock
+    assert isinstance(clock, Clock)
+    acme = [batch_key("acme", f"k{i}") for i in (1, 2, 3)]
+    first = [item(k, f"e-{k}") for k in acme]  # one intake: one millisecond
+    first.append(item(batch_key("acme", "batch_00000000000010000000000000000"), "e-api"))
+    first.append(item(batch_key("acme", "refused"), "e-refused", initial=State.DEAD_LETTERED))
+    first.append(item(batch_key("globex", "k9"), "e-globex"))
+    await store.intake_many(first)
+    ms1 = int(clock.now * 1000)
+    clock.now += 0.25
+    await store.intake_many([item(batch_key("acme", "k4"), "e-k4")])
+    ms2 = int(clock.now * 1000)
+
+    expected = [("k4", ms2), ("k3", ms1), ("k2", ms1), ("k1", ms1)]
+    assert await store.listed("acme", after=None, limit=10) == expected
+    assert await store.listed("globex", after=None, limit=10) == [("k9", ms1)]
+    for limit in (1, 2, 3):
+        paged: list[tuple[str, int]] = []
+        while page := await store.listed(
+            "acme", after=(paged[-1][1], paged[-1][0]) if paged else None, limit=limit
+        ):
+            paged += page
+        assert paged == expected, limit
+    # after every batch of a later millisecond: the whole of ms1 follows
+    assert await store.listed("acme", after=(ms1, None), limit=10) == expected[1:]
+    assert await store.listed_at("acme", "k2") == ms1
+    assert await store.listed_at("acme", "refused") is None
+    assert await store.listed_at("acme", "batch_00000000000010000000000000000") is None
+
+    clock.now += 3600 + 7 * 86_400  # the records' TTL and the longest window: not yet
+    await store.sweep_finished()
+    assert len(await store.listed("acme", after=None, limit=10)) == 4
+    clock.now += 86_400 + 1
+    await store.sweep_finished()
+    assert await store.listed("acme", after=None, limit=10) == []
+    assert await store.listed("globex", after=None, limit=10) == []

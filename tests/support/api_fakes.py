@@ -20,6 +20,7 @@ from llmbatch.dispatcher.domain.keys import BatchKey, batch_key, split_batch_key
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.intake.commands import intake_fields
 from llmbatch.schemas import REQUEST_EVENT_TYPES, BatchRequest, Envelope, decode, encode
+from llmbatch.schemas.common import API_BATCH_PREFIX
 from tests.support.clock import Clock
 
 
@@ -107,6 +108,7 @@ class MemoryDispatcher:
     def __init__(self) -> None:
         self.hashes: dict[str, dict[str, str]] = {}
         self.progress: dict[str, dict[str, str]] = {}
+        self.listings: dict[str, dict[str, int]] = {}  # tenant -> batch id -> accepted ms (from Kafka)
 
     def _find(self, key: BatchKey) -> str | None:
         """The id of the batch ``key`` names: batch ids are scoped by tenant (the tests' ids are unique
@@ -125,6 +127,18 @@ class MemoryDispatcher:
     async def read_progress_many(self, batch_keys: Sequence[BatchKey]) -> list[dict[str, str]]:
         found = [self._find(k) for k in batch_keys]
         return [dict(self.progress.get(b, {})) if b is not None else {} for b in found]
+
+    async def listed(
+        self, tenant: str, *, after: tuple[int, str | None] | None, limit: int
+    ) -> list[tuple[str, int]]:
+        ordered = sorted(self.listings.get(tenant, {}).items(), key=lambda e: (e[1], e[0]), reverse=True)
+        if after is not None:
+            ms, last = after
+            ordered = [(b, t) for b, t in ordered if t < ms or (t == ms and (last is None or b < last))]
+        return ordered[:limit]
+
+    async def listed_at(self, tenant: str, batch_id: str) -> int | None:
+        return self.listings.get(tenant, {}).get(batch_id)
 
     def _set(self, batch_id: str, state: State, now: float, **fields: object) -> None:
         current = self.hashes[batch_id]
@@ -156,6 +170,8 @@ class MemoryDispatcher:
             "generation": "0",
             "deadline": repr(deadline),
         }
+        if not request.batch_id.startswith(API_BATCH_PREFIX):  # as intake lists it for GET /v1/batches
+            self.listings.setdefault(request.tenant or "default", {})[request.batch_id] = int(now * 1000)
         return request.batch_id
 
     def reject(self, batch_id: str, now: float, code: str, message: str) -> None:

@@ -155,7 +155,9 @@ def test_a_finished_batch_cannot_be_cancelled() -> None:
         ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
         ({"metadata": {"k": "v" * 513}}, "metadata.k"),
         ({"output_expires_after": {"anchor": "created_at", "seconds": 3600}}, "output_expires_after"),
-        ({"priority": 9}, "priority"),
+        ({"priority": 10}, "priority"),
+        ({"priority": -1}, "priority"),
+        ({"priority": "high"}, "priority"),
         ({"input_file_id": "file-00000000000000000000000000000"}, "input_file_id"),
     ],
 )
@@ -166,6 +168,18 @@ def test_mistakes_are_named_and_publish_nothing(body: dict[str, Any], param: str
     assert answer.json()["error"]["param"] == param
     assert api.publisher.records == []
     assert api.client.get("/v1/batches", headers=api.auth()).json()["data"] == []
+
+
+def test_a_create_may_set_its_priority_and_the_batch_shows_it() -> None:
+    api = make_api()
+    urgent = create(api, input_file_id=uploaded(api), endpoint=CHAT, priority=9).json()
+    default = create(api, input_file_id=uploaded(api), endpoint=CHAT).json()
+    lowest = create(api, input_file_id=uploaded(api), endpoint=CHAT, priority=0).json()
+    assert [e.data.priority for e in api.publisher.events()] == [9, 5, 0]
+    assert [urgent["priority"], default["priority"], lowest["priority"]] == [9, 5, 0]
+    api.accept_all()
+    shown = api.client.get(f"/v1/batches/{urgent['id']}", headers=api.auth()).json()
+    assert shown["priority"] == 9
 
 
 def test_a_completion_window_other_than_24h_is_taken_within_the_limits() -> None:
@@ -382,6 +396,42 @@ def _sent_to_kafka(api: ApiHarness, batch_id: str, tenant: str = "acme") -> None
     api.dispatcher.take_in((REQUESTS_TOPIC, key, value, headers), api.clock.now)
 
 
+def test_the_list_pages_the_apis_and_the_kafka_batches_in_one_order() -> None:
+    """Batches made by the API and sent to Kafka, some in the same millisecond, paged with every
+    limit: each batch once, newest first, and the pages' concatenation is the one-page list."""
+    api = make_api()
+    made: list[str] = []
+    for step in range(4):
+        made.append(create(api, input_file_id=uploaded(api), endpoint=CHAT).json()["id"])
+        _sent_to_kafka(api, f"kafka-{step}-a")
+        _sent_to_kafka(api, f"kafka-{step}-b")  # the same millisecond as the API's batch before it
+        api.clock.now += 0.5
+    api.accept_all()
+    whole = api.client.get("/v1/batches?limit=100", headers=api.auth()).json()
+    ids = [b["id"] for b in whole["data"]]
+    expected = []
+    for step in reversed(range(4)):  # newest first; in one millisecond the API's, then ids descending
+        expected += [made[step], f"kafka-{step}-b", f"kafka-{step}-a"]
+    assert ids == expected and not whole["has_more"]
+    for limit in range(1, 6):
+        paged: list[str] = []
+        after: str | None = None
+        while True:
+            query = f"/v1/batches?limit={limit}" + (f"&after={after}" if after else "")
+            page = api.client.get(query, headers=api.auth()).json()
+            paged += [b["id"] for b in page["data"]]
+            if not page["has_more"]:
+                break
+            after = page["last_id"]
+        assert paged == expected, limit
+
+
+def test_an_unknown_cursor_is_named() -> None:
+    api = make_api()
+    answer = api.client.get("/v1/batches?after=never-listed", headers=api.auth())
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "after"
+
+
 def test_a_batch_sent_to_kafka_reads_back_for_its_tenant_only_with_its_result_file_and_cancel() -> None:
     api = make_api()
     _sent_to_kafka(api, "nightly-eval-7")
@@ -397,8 +447,11 @@ def test_a_batch_sent_to_kafka_reads_back_for_its_tenant_only_with_its_result_fi
     Batch.model_validate(batch)  # the SDK reads it as any other batch
     other = api.client.get("/v1/batches/nightly-eval-7", headers=api.auth("globex"))
     assert other.status_code == 404  # another tenant's key sees nothing
-    # it is not listed (the API lists the batches it created) and nothing was stored for it
-    assert api.client.get("/v1/batches", headers=api.auth()).json()["data"] == []
+    # its tenant's list shows it (another's does not), and nothing was stored for it
+    assert [b["id"] for b in api.client.get("/v1/batches", headers=api.auth()).json()["data"]] == [
+        "nightly-eval-7"
+    ]
+    assert api.client.get("/v1/batches", headers=api.auth("globex")).json()["data"] == []
     assert not [k for k in api.objects.keys("llmbatch-input") if "nightly-eval-7" in k]
 
     cancelled = api.client.post("/v1/batches/nightly-eval-7/cancel", headers=api.auth())

@@ -5,13 +5,18 @@ conditional write; tests/integration/test_minio_server.py shows MinIO's)."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import openai
+import orjson
 import pytest
 
+from llmbatch.api.idempotency import request_digest
+from llmbatch.api.objects import BatchCreate
 from llmbatch.api.records import IdempotentCreate
 from llmbatch.schemas import BatchRequest
+from llmbatch.schemas.common import Endpoint
 from tests.support.api_fakes import INPUT_BUCKET, KEYS, ApiHarness, chat_line, jsonl, make_api
 
 pytestmark = pytest.mark.unit
@@ -64,6 +69,25 @@ def test_another_request_under_a_used_key_is_refused() -> None:
     error = answer.json()["error"]
     assert error["code"] == "idempotency_key_reused" and batch_id in error["message"]
     assert len(batch_records(api)) == 1
+
+
+def test_a_priority_is_part_of_what_a_key_stands_for() -> None:
+    api = make_api()
+    file_id = uploaded(api)
+    batch_id = create(api, "key-1", input_file_id=file_id, priority=9).json()["id"]
+    assert create(api, "key-1", input_file_id=file_id, priority=9).json()["id"] == batch_id
+    assert create(api, "key-1", input_file_id=file_id, priority=3).status_code == 409
+    assert create(api, "key-1", input_file_id=file_id).status_code == 409
+
+
+def test_a_create_without_priority_digests_as_before_that_field() -> None:
+    """Keys claimed before ``priority`` existed still match their repeats."""
+    body = BatchCreate(input_file_id="file-1", endpoint=Endpoint(CHAT), metadata={"a": "1"})
+    before = {"input_file_id": "file-1", "endpoint": CHAT, "completion_window": None, "metadata": {"a": "1"}}
+    before["output_expires_after"] = None
+    digest = hashlib.sha256(orjson.dumps(before, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    assert request_digest(body) == digest
+    assert request_digest(body.model_copy(update={"priority": 5})) != digest
 
 
 def test_keys_are_per_tenant() -> None:

@@ -128,3 +128,22 @@ def test_the_sdk_raises_its_own_errors() -> None:
     sdk(limited).batches.list()
     with pytest.raises(openai.RateLimitError):
         sdk(limited).batches.list()
+
+
+def test_the_sdk_sets_a_batchs_priority_with_extra_body(tmp_path: Path) -> None:
+    api = make_api()
+    client = sdk(api)
+    path = tmp_path / "requests.jsonl"
+    path.write_bytes(jsonl(chat_line("req-0", max_tokens=8)))
+    with path.open("rb") as handle:
+        uploaded = client.files.create(file=handle, purpose="batch")
+    raw = client.batches.with_raw_response.create(
+        input_file_id=uploaded.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        extra_body={"priority": 9},
+    )
+    batch = validated(Batch, raw)
+    assert batch.model_extra == {"priority": 9}  # the SDK keeps the extension field
+    (event,) = api.publisher.events()
+    assert isinstance(event.data, BatchRequest) and event.data.priority == 9

@@ -25,8 +25,8 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from llmbatch.adapters.kafka import Published
-from llmbatch.api import idempotency
-from llmbatch.api.batch_reader import BatchReader, Snapshot
+from llmbatch.api import idempotency, listing
+from llmbatch.api.batch_reader import KAFKA_BATCH_ID, BatchReader, Snapshot
 from llmbatch.api.errors import ApiError, Conflict, InvalidRequest, NotFound, from_exception
 from llmbatch.api.objects import TERMINAL_STATUSES, Batch, BatchCreate, ListPage
 from llmbatch.api.quota import ActiveBatches
@@ -37,6 +37,8 @@ from llmbatch.api.records import (
     Layout,
     StoredBatch,
     StoredFile,
+    after_ms,
+    made_ms,
     new_id,
 )
 from llmbatch.api.status import to_batch
@@ -168,6 +170,7 @@ class BatchService:
                 param="endpoint",
             )
         input_uri = self.layout.content_uri(tenant, file.id)
+        priority = self.priority if body.priority is None else body.priority
         try:
             request = BatchRequest(
                 batch_id=batch_id,
@@ -175,7 +178,7 @@ class BatchService:
                 endpoint=body.endpoint,
                 input_uri=input_uri,
                 completion_window=window,
-                priority=self.priority,
+                priority=priority,
                 metadata=dict(body.metadata or {}),
                 tenant=tenant,
             )
@@ -197,7 +200,7 @@ class BatchService:
             metadata=dict(body.metadata or {}),
             total=file.requests,
             input_uri=input_uri,
-            priority=self.priority,
+            priority=priority,
             event_id=envelope.id,
             event_source=envelope.source,
         )
@@ -290,18 +293,38 @@ class BatchService:
         )
 
     async def list(self, tenant: str, *, after: str | None, limit: int) -> ListPage[Batch]:
-        """The tenant's batches, newest first (``limit`` 1-100, ``after`` a batch id)."""
+        """The tenant's batches, the API's and those its services sent to Kafka, newest first
+        (``limit`` 1-100, ``after`` a batch id of an earlier page); see :mod:`llmbatch.api.listing`."""
         if not 1 <= limit <= MAX_BATCH_PAGE:
             raise InvalidRequest(f"limit must be between 1 and {MAX_BATCH_PAGE} (got {limit})", param="limit")
-        if after is not None and not BATCH_ID.fullmatch(after):
+        api_after, kafka_after = await self._cursors(tenant, after)
+        api_ids = await self.records.ids("batches", tenant, after=api_after, limit=limit + 1)
+        kafka = await self.reader.state.listed(tenant, after=kafka_after, limit=limit + 1)
+        entries = listing.merge(api_ids, kafka)
+        page, has_more = entries[:limit], len(entries) > limit
+        mine = [e.batch_id for e in page if not e.via_kafka]
+        stored = await self.records.get_many("batches", StoredBatch, tenant, mine)
+        snapshots = await self.reader.many(stored)
+        await self._publish_lost(snapshots)
+        shown = {s.stored.id: s for s in snapshots}
+        shown.update(await self.reader.sent_to_kafka(tenant, [e.batch_id for e in page if e.via_kafka]))
+        batches = [shown[e.batch_id].batch() for e in page if e.batch_id in shown]
+        return ListPage[Batch].of(batches, has_more=has_more, ids=[b.id for b in batches])
+
+    async def _cursors(
+        self, tenant: str, after: str | None
+    ) -> tuple[str | None, tuple[int, str | None] | None]:
+        """Where the API's records and the Kafka batches go on after ``after``."""
+        if after is None:
+            return None, None
+        if BATCH_ID.fullmatch(after):
+            return after, (made_ms(after, BATCH_PREFIX), None)
+        ms = await self.reader.state.listed_at(tenant, after) if KAFKA_BATCH_ID.fullmatch(after) else None
+        if ms is None:
             raise InvalidRequest(
                 f"after must be a batch id from an earlier page (got {after[:80]!r})", param="after"
             )
-        stored, has_more = await self.records.page("batches", StoredBatch, tenant, after=after, limit=limit)
-        snapshots = await self.reader.many(stored)
-        await self._publish_lost(snapshots)
-        batches = [snapshot.batch() for snapshot in snapshots]
-        return ListPage[Batch].of(batches, has_more=has_more, ids=[b.id for b in batches])
+        return after_ms(BATCH_PREFIX, ms), (ms, after)
 
     async def cancel(self, tenant: str, batch_id: str) -> Batch:
         """Publish ``cancel_requested``; the batch reads ``cancelling`` until the dispatcher ends it."""

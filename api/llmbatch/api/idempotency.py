@@ -37,8 +37,10 @@ def key_digest(key: str) -> str:
 
 
 def request_digest(body: BatchCreate) -> str:
-    """What a repeat must ask for again: the create's parameters, key order aside."""
-    return hashlib.sha256(orjson.dumps(body.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)).hexdigest()
+    """What a repeat must ask for again: the create's parameters, key order aside (a create without
+    ``priority`` digests as it did before that field existed: keys claimed then still match)."""
+    asked = body.model_dump(mode="json", exclude={"priority"} if body.priority is None else None)
+    return hashlib.sha256(orjson.dumps(asked, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 def reused(claim: IdempotentCreate) -> Conflict:

@@ -111,6 +111,7 @@ class Batch(BaseModel):
     request_counts: BatchRequestCounts = Field(default_factory=BatchRequestCounts)
     usage: BatchUsage | None = None
     metadata: dict[str, str] | None = None
+    priority: int | None = Field(default=None, description="llmbatch's extension: the batch's priority, 0-9.")
 
 
 class ListPage(BaseModel, Generic[T]):
@@ -150,6 +151,13 @@ class BatchCreate(BaseModel):
         description="'24h' as OpenAI; llmbatch also takes e.g. '90m', '2d' (up to 7d).",
     )
     metadata: Metadata | None = None
+    priority: int | None = Field(
+        default=None,
+        ge=0,
+        le=9,
+        description="llmbatch's extension: the batch's priority, 0 (lowest) to 9 (the API's "
+        "LLMBATCH_API__PRIORITY when left out). With the openai SDK: extra_body={'priority': 9}.",
+    )
     output_expires_after: OutputExpiresAfter | None = Field(
         default=None, description="Not supported: result files stay until their batch's folder is removed."
     )

@@ -26,16 +26,17 @@ import asyncio
 import io
 import re
 import secrets
+from collections.abc import Sequence
 from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llmbatch.api.storage import ObjectMissing, ObjectStore
-from llmbatch.schemas.common import Endpoint, Metadata
+from llmbatch.schemas.common import API_BATCH_PREFIX, Endpoint, Metadata
 
 _COUNTDOWN_FROM = 10**13 - 1  # ms: enough until the year 2286
 FILE_PREFIX = "file-"
-BATCH_PREFIX = "batch_"
+BATCH_PREFIX = API_BATCH_PREFIX
 _ID_TAIL = r"[0-9]{13}[0-9a-f]{16}"
 FILE_ID = re.compile(rf"^{FILE_PREFIX}{_ID_TAIL}$")
 BATCH_ID = re.compile(rf"^{BATCH_PREFIX}{_ID_TAIL}$")
@@ -49,6 +50,17 @@ def new_id(prefix: str, now_s: float) -> str:
     """A fresh id that sorts before every id made earlier (newest first)."""
     countdown = _COUNTDOWN_FROM - int(now_s * 1000)
     return f"{prefix}{countdown:013d}{secrets.token_hex(8)}"
+
+
+def made_ms(record_id: str, prefix: str) -> int:
+    """When :func:`new_id` made ``record_id`` (unix ms)."""
+    return _COUNTDOWN_FROM - int(record_id[len(prefix) : len(prefix) + 13])
+
+
+def after_ms(prefix: str, ms: int) -> str:
+    """A listing cursor past every id :func:`new_id` made in millisecond ``ms`` and later (not an id:
+    ``g`` sorts after every hex digit of their tails)."""
+    return f"{prefix}{_COUNTDOWN_FROM - ms:013d}g"
 
 
 def made_at(record_id: str, prefix: str) -> float:
@@ -237,8 +249,14 @@ class RecordStore:
     ) -> tuple[list[R], bool]:
         """Up to ``limit`` records after ``after`` (newest first) and whether more follow."""
         ids = await self.ids(kind, tenant, after=after, limit=limit + 1)
+        return await self.get_many(kind, model, tenant, ids[:limit]), len(ids) > limit
+
+    async def get_many(
+        self, kind: Literal["files", "batches"], model: type[R], tenant: str, record_ids: Sequence[str]
+    ) -> list[R]:
+        """The tenant's records of ``record_ids`` that exist, in order (a few read at once)."""
         records: list[R | None] = []
-        for start in range(0, min(len(ids), limit), _READ_AHEAD):  # bounded concurrency
-            chunk = ids[start : min(start + _READ_AHEAD, limit)]
+        for start in range(0, len(record_ids), _READ_AHEAD):  # bounded concurrency
+            chunk = record_ids[start : start + _READ_AHEAD]
             records.extend(await asyncio.gather(*(self.get(kind, model, tenant, i) for i in chunk)))
-        return [r for r in records if r is not None], len(ids) > limit
+        return [r for r in records if r is not None]

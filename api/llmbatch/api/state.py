@@ -26,6 +26,18 @@ class StateReader(Protocol):
         Batch ids are scoped by tenant: the tenant is part of what names a batch."""
         ...
 
+    async def listed(
+        self, tenant: str, *, after: tuple[int, str | None] | None, limit: int
+    ) -> list[tuple[str, int]]:
+        """Up to ``limit`` of the batches the tenant's services sent to Kafka, ``(batch_id, accepted
+        unix ms)``, newest first (ids descending within a millisecond), after the cursor ``after``
+        (``(ms, batch_id)``; ``(ms, None)``: every batch of ``ms`` and older)."""
+        ...
+
+    async def listed_at(self, tenant: str, batch_id: str) -> int | None:
+        """When the tenant's batch ``batch_id`` sent to Kafka was accepted (unix ms); None if unlisted."""
+        ...
+
 
 class BatchRecords(Protocol):
     """The part of :class:`~llmbatch.dispatcher.state.store.StateStore` the reader uses."""
@@ -33,6 +45,12 @@ class BatchRecords(Protocol):
     async def get_many(self, batch_keys: Sequence[BatchKey]) -> list[BatchRecord | None]: ...
 
     async def read_progress_many(self, batch_keys: Sequence[BatchKey]) -> list[dict[str, str]]: ...
+
+    async def listed(
+        self, tenant: str, *, after: tuple[int, str | None] | None, limit: int
+    ) -> list[tuple[str, int]]: ...
+
+    async def listed_at(self, tenant: str, batch_id: str) -> int | None: ...
 
 
 class RedisStateReader:
@@ -47,3 +65,11 @@ class RedisStateReader:
         live = [r.key for r in records if r is not None and not r.state.is_terminal]
         progress = dict(zip(live, await self._store.read_progress_many(live), strict=True)) if live else {}
         return [None if r is None else detail_of(r, progress.get(r.key, {})) for r in records]
+
+    async def listed(
+        self, tenant: str, *, after: tuple[int, str | None] | None, limit: int
+    ) -> list[tuple[str, int]]:
+        return await self._store.listed(tenant, after=after, limit=limit)
+
+    async def listed_at(self, tenant: str, batch_id: str) -> int | None:
+        return await self._store.listed_at(tenant, batch_id)

@@ -145,6 +145,7 @@ def _base(stored: StoredBatch, status: BatchStatusName, **fields: object) -> Bat
         "expires_at": int(stored.expires_at),
         "request_counts": BatchRequestCounts(total=stored.total),
         "metadata": dict(stored.metadata),
+        "priority": stored.priority,
     }
     values.update({k: v for k, v in fields.items() if v is not None})
     return Batch.model_validate(values)

@@ -24,6 +24,8 @@ _IPV4_RE = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
 _DURATION_RE = re.compile(r"^([1-9][0-9]{0,5})([smhd])$")
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_COMPLETION_WINDOW = timedelta(days=7)
+API_BATCH_PREFIX = "batch_"
+"""Batch ids the HTTP API makes start with this (its namespace: it never reads such an id from Kafka)."""
 
 
 class Endpoint(StrEnum):

@@ -92,6 +92,17 @@ class Keys:
     def event(self, source: str, event_id: str) -> str:
         return f"{self.prefix}:event:{source}:{event_id}"
 
+    def tenant_batches(self, tenant: str) -> str:
+        """Zset batch id -> when it was accepted (unix ms) of ``tenant``'s batches from Kafka: what
+        ``GET /v1/batches`` lists beside the API's own (:mod:`llmbatch.dispatcher.state.store_upkeep`
+        prunes it)."""
+        return f"{self.prefix}:tenant:{tenant}:batches"
+
+    @property
+    def tenants(self) -> str:
+        """Set of the tenants that have a :meth:`tenant_batches` zset."""
+        return f"{self.prefix}:tenants"
+
     def lease(self, name: str) -> str:
         return f"{self.prefix}:lease:{name}"
 

@@ -51,6 +51,8 @@ OPERATOR_READS = (
     "jobs:delete",
     "event:*",
     "lease:*",
+    "tenant:*",
+    "tenants",
     "dlq:replayed:*",
     "dlq:replayed-at:*",
 )

@@ -33,6 +33,7 @@ from llmbatch.dispatcher.state import lua
 from llmbatch.dispatcher.state.store_indexes import StoreIndexes, reply_text
 from llmbatch.dispatcher.state.store_scripts import Scripts
 from llmbatch.dispatcher.state.store_upkeep import StoreUpkeep
+from llmbatch.schemas.common import API_BATCH_PREFIX
 from llmbatch.settings import RedisSettings
 
 OrphanIndex = Literal["ready", "delayed", "deadlines", "unpublished"] | State
@@ -151,6 +152,9 @@ class StateStore(StoreIndexes, StoreUpkeep):
         fields["ready_score"] = _fmt(item.ready_score)
         if item.deadline is not None:
             fields["deadline"] = _fmt(item.deadline)
+        tenant, batch_id = split_batch_key(item.key)
+        # the tenant's list shows its accepted batches; the API lists the ones it made itself
+        listed = item.initial is State.QUEUED and not batch_id.startswith(API_BATCH_PREFIX)
         args = [
             item.key,
             "" if item.initial is State.QUEUED else "1",
@@ -162,6 +166,8 @@ class StateStore(StoreIndexes, StoreUpkeep):
             orjson.dumps(fields).decode(),
             _INTAKE_STATES_CSV,
             _TERMINAL_CSV,
+            tenant if listed else "",
+            batch_id,
         ]
         keys = [
             self.keys.batch(item.key),
@@ -171,6 +177,8 @@ class StateStore(StoreIndexes, StoreUpkeep):
             self.keys.delayed,
             self.keys.deadlines,
             self.keys.unpublished,
+            self.keys.tenant_batches(tenant),
+            self.keys.tenants,
             *(self.keys.state_index(s) for s in _INTAKE_STATES),
         ]
         return keys, args

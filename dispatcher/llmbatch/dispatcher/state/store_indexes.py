@@ -39,6 +39,41 @@ class StoreIndexes:
     async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
         raise NotImplementedError  # StateStore's: Redis errors translated at the boundary
 
+    async def listed(
+        self, tenant: str, *, after: tuple[int, str | None] | None, limit: int
+    ) -> list[tuple[str, int]]:
+        """Up to ``limit`` of ``tenant``'s listed batches (see :meth:`Keys.tenant_batches`) as
+        ``(batch_id, accepted unix ms)``, newest first, ids descending within a millisecond. ``after``:
+        ``(ms, batch_id)`` to go on after that listed batch, ``(ms, None)`` after everything of later
+        milliseconds (every batch of ``ms`` follows)."""
+        key = self.keys.tenant_batches(tenant)
+
+        async def newest(top: str | int, num: int) -> list[tuple[str, int]]:
+            raw: Any = await self.client.zrange(
+                key, top, "-inf", desc=True, byscore=True, offset=0, num=num, withscores=True
+            )
+            return [(reply_text(m), int(s)) for m, s in raw]
+
+        async def run() -> list[tuple[str, int]]:
+            if after is None:
+                return await newest("+inf", limit)
+            ms, last = after
+            if last is None:  # every batch of ms and older
+                return await newest(ms, limit)
+            # the rest of the cursor's millisecond (one intake's batches at most), then the older ones
+            same = [reply_text(m) for m in await self.client.zrange(key, ms, ms, byscore=True)]
+            found = [(m, ms) for m in sorted((m for m in same if m < last), reverse=True)[:limit]]
+            if len(found) < limit:
+                found += await newest(f"({ms}", limit - len(found))
+            return found
+
+        return await self._call(run)
+
+    async def listed_at(self, tenant: str, batch_id: str) -> int | None:
+        """When ``tenant``'s listed batch ``batch_id`` was accepted (unix ms), None if it is not listed."""
+        score = await self._call(lambda: self.client.zscore(self.keys.tenant_batches(tenant), batch_id))
+        return None if score is None else int(score)
+
     async def ids_in_state(self, state: State, limit: int = 1000, offset: int = 0) -> list[BatchKey]:
         key = self.keys.state_index(state)
         raw = await self._call(lambda: self.client.zrange(key, offset, offset + limit - 1))

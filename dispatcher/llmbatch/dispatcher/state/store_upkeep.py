@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 from llmbatch.dispatcher.domain import states
 from llmbatch.dispatcher.errors import StateStoreUnavailable
+from llmbatch.dispatcher.state.store_indexes import reply_text
+from llmbatch.schemas.common import MAX_COMPLETION_WINDOW
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 MAX_JOB_DELETES = 100_000  # Ray jobs waiting for another delete, at most
+LISTED_SLACK_S = 86_400.0  # a listed batch is kept this much longer than its record could be
 
 
 class StoreUpkeep:
@@ -36,14 +39,21 @@ class StoreUpkeep:
         raise NotImplementedError  # StateStore's: Redis errors translated at the boundary
 
     async def sweep_finished(self, limit: int = 1000) -> int:
-        """Drop index entries of finished batches whose hash has expired (older than the TTL)."""
-        cutoff = self.clock() - self.finished_ttl_s
+        """Drop index entries of finished batches whose hash has expired (older than the TTL), and the
+        tenants' listed batches accepted before any batch still kept could have been (a batch ends by
+        its deadline, at most :data:`MAX_COMPLETION_WINDOW` after it was accepted)."""
+        now = self.clock()
+        cutoff = now - self.finished_ttl_s
+        listed_cutoff = cutoff - MAX_COMPLETION_WINDOW.total_seconds() - LISTED_SLACK_S
 
         async def run() -> int:
             removed = 0
             for state in states.TERMINAL:
                 key = self.keys.state_index(state)
                 removed += int(await self.client.zremrangebyscore(key, "-inf", cutoff))
+            async for tenant in self.client.sscan_iter(self.keys.tenants, count=100):
+                key = self.keys.tenant_batches(reply_text(tenant))
+                removed += int(await self.client.zremrangebyscore(key, "-inf", int(listed_cutoff * 1000)))
             return removed
 
         return await self._call(run)

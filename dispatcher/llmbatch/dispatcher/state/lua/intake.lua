@@ -8,7 +8,9 @@
 -- KEYS[2]  its progress hash       <p>:progress:<key>
 -- KEYS[3]  its dedupe marker       <p>:event:<source>:<id> (written only when ARGV[2] is '1')
 -- KEYS[4]  <p>:ready     KEYS[5]  <p>:delayed     KEYS[6]  <p>:deadlines     KEYS[7]  <p>:unpublished
--- KEYS[8..] the state indexes it may touch, <p>:state:<queued|dead_lettered|failed>, in ARGV[9]'s order
+-- KEYS[8]  the tenant's listed batches <p>:tenant:<tenant>:batches (id -> accepted, unix ms)
+-- KEYS[9]  <p>:tenants
+-- KEYS[10..] the state indexes it may touch, <p>:state:<queued|dead_lettered|failed>, in ARGV[9]'s order
 -- ARGV[1]  batch id
 -- ARGV[2]  '1': dedupe by the marker (non-queued intakes); '': by the batch's source and event id
 -- ARGV[3]  now (unix s)
@@ -17,7 +19,9 @@
 -- ARGV[6]  replay id ('' = not a replay)
 -- ARGV[7]  initial state (queued, or dead_lettered for a rejected request)
 -- ARGV[8]  the batch fields as JSON
--- ARGV[9]  the state names, in the order of KEYS[8..]      ARGV[10] terminal states (csv; common.lua)
+-- ARGV[9]  the state names, in the order of KEYS[10..]     ARGV[10] terminal states (csv; common.lua)
+-- ARGV[11] the tenant whose list shows the batch ('' = none: the API lists its own)
+-- ARGV[12] the batch id as its tenant knows it
 -- Constants of the script (replaced when it is loaded: fewer arguments per call): @DEDUPE_TTL@,
 -- @FINISHED_TTL@. Every key it touches is declared in KEYS (Redis-Cluster safe when the key prefix
 -- holds a hash tag, e.g. {llmbatch}).
@@ -26,7 +30,7 @@ local DEDUPE_TTL, FINISHED_TTL = '@DEDUPE_TTL@', '@FINISHED_TTL@'
 local id, by_marker, now, initial = ARGV[1], ARGV[2] == '1', ARGV[3], ARGV[7]
 local batch, progress, marker = KEYS[1], KEYS[2], KEYS[3]
 local ready, delayed, deadlines, unpublished = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local zsets = state_zsets(8, ARGV[9])
+local zsets = state_zsets(10, ARGV[9])
 if by_marker and redis.call('EXISTS', marker) == 1 then
   local cur = redis.call('HMGET', batch, 'state', 'version', 'generation')
   return {'dup_event', cur[1] or '', cur[2] or '0', cur[3] or '0'}
@@ -81,6 +85,10 @@ local flat = {}
 for k, v in pairs(fields) do flat[#flat + 1] = k; flat[#flat + 1] = tostring(v) end
 redis.call('HSET', batch, unpack(flat))
 redis.call('ZADD', zsets[initial], now, id)
+if initial == 'queued' and ARGV[11] ~= '' then
+  redis.call('ZADD', KEYS[8], math.floor(tonumber(now) * 1000), ARGV[12])  -- ms: the API's ids' precision
+  redis.call('SADD', KEYS[9], ARGV[11])
+end
 if initial == 'queued' then
   redis.call('ZADD', ready, ARGV[4], id)
   if ARGV[5] ~= '' then redis.call('ZADD', deadlines, ARGV[5], id) end
