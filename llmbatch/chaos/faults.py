@@ -51,6 +51,7 @@ PROXIED = {"redis_partition": "redis", "minio_reset": "minio"}
 """The faults that need their service behind a proxy, and that service."""
 
 RUNNER_ONLY = ("runner", "runner_pause")
+RUNNER_WAIT_S = 90.0  # a runner fault waits this long for a replica (deployed again after a head fault)
 
 
 def default_faults(shared_engines: bool, kafka_brokers: int = 1) -> tuple[str, ...]:
@@ -193,12 +194,15 @@ class Faults:
     async def _pause_runner(self) -> str:
         """SIGSTOP every batch-runner replica for ``pause_s``, then SIGCONT: the dispatcher gets no
         answer (an outage: its runs are unknown, never lost), then the same runs again."""
-        from llmbatch.dispatcher.backends.engines import runner_pids
         from llmbatch.dispatcher.backends.serve_api import ServeApi
 
-        pids = runner_pids(await ServeApi(self.ray_address).status())
-        if not pids:
-            return "skipped: no batch runner replica runs"
+        api = ServeApi(self.ray_address)
+        deadline = asyncio.get_running_loop().time() + RUNNER_WAIT_S
+        # after a fault of Ray's head the dispatcher deploys the runner again: wait for its replicas
+        while not (pids := await _runner_pids(api)):
+            if asyncio.get_running_loop().time() >= deadline:
+                return "skipped: no batch runner replica runs"
+            await asyncio.sleep(1.0)
         await _frozen(pids, self.pause_s)
         return f"paused the batch runner's replicas {pids} for {self.pause_s:g} s"
 
@@ -299,3 +303,14 @@ class Faults:
             if str(job.status) == "RUNNING" and sid.startswith(self.job_prefix) and info and info.pid:
                 out.append((sid, int(info.pid)))
         return out
+
+
+async def _runner_pids(api: Any) -> list[int]:
+    """The batch runner's running replicas (none while Serve does not answer)."""
+    from llmbatch.dispatcher.backends.engines import runner_pids
+    from llmbatch.dispatcher.errors import DispatcherError
+
+    try:
+        return runner_pids(await api.status())
+    except DispatcherError:
+        return []
