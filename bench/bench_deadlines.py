@@ -33,7 +33,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.bench_ray_job import prompts  # noqa: E402
-from bench.service.common import Sub, say  # noqa: E402
+from bench.service.common import Sub, add_fake_engine_args, fake_engine_entry, say  # noqa: E402
 from bench.service.harness import Service, run_main  # noqa: E402
 
 
@@ -43,25 +43,17 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--tight", type=int, default=1000, help="lines of the batch with the tight deadline")
     parser.add_argument("--big", type=int, default=4500, help="lines of the big batch beside it")
-    parser.add_argument("--fake-delay-s", type=float, default=2.0, help="fake engine: seconds per request")
     parser.add_argument(
         "--deadline-factor", type=float, default=1.6, help="the tight deadline, in times its idle run"
     )
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for any one batch")
-    parser.add_argument("--stack-dir", type=Path, help="a running stack to use (left up)")
-    parser.add_argument("--keep", action="store_true", help="leave the stack running afterwards")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--report", type=Path, help="also write the report here as JSON")
+    add_fake_engine_args(parser, delay_s=2.0, timeout_s=900.0, waits="any one batch")
     args = parser.parse_args()
     for name in ("tight", "big"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
     if args.deadline_factor <= 1:
         parser.error("--deadline-factor must be above 1 (the batch alone needs 1)")
-    # what the service harness reads: the fake engine on the stack's own entry
-    args.engine, args.max_tokens = "fake", 8
-    args.batch_size = args.batches_in_flight = args.omp_threads = None
-    return args
+    return fake_engine_entry(args)
 
 
 def ended(svc: Service, sub: Sub) -> dict[str, Any]:

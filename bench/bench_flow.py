@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.bench_ray_job import prompts  # noqa: E402
-from bench.service.common import say  # noqa: E402
+from bench.service.common import add_fake_engine_args, fake_engine_entry, say  # noqa: E402
 from bench.service.cpu import cpu_snapshot  # noqa: E402
 from bench.service.harness import Service, run_main  # noqa: E402
 
@@ -59,22 +59,14 @@ def parse_args() -> argparse.Namespace:
         default=0.0,
         help="batches per minute, published evenly (a steady flow); 0: all at once (a burst)",
     )
-    parser.add_argument("--fake-delay-s", type=float, default=0.0, help="fake engine: seconds per request")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for every batch")
-    parser.add_argument("--stack-dir", type=Path, help="a running stack to use (left up)")
-    parser.add_argument("--keep", action="store_true", help="leave the stack running afterwards")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--report", type=Path, help="also write the report here as JSON")
+    add_fake_engine_args(parser, delay_s=0.0, timeout_s=1800.0, waits="every batch")
     args = parser.parse_args()
     for name in ("batches", "lines"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
     if args.rate < 0:
         parser.error("--rate must be 0 (all at once) or a number of batches per minute")
-    # what the service harness reads: the fake engine on the stack's own entry
-    args.engine, args.max_tokens = "fake", 8
-    args.batch_size = args.batches_in_flight = args.omp_threads = None
-    return args
+    return fake_engine_entry(args)
 
 
 async def redis_calls(redis: RedisSettings) -> tuple[dict[str, int], int, int]:

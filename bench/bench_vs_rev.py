@@ -1,9 +1,9 @@
 """Benchmark: ``bench/bench_service.py`` (or ``--bench flow``: ``bench/bench_flow.py``, ``--bench
-deadlines``: ``bench/bench_deadlines.py``, ``--bench load``: ``bench/bench_dispatcher_load.py``) on the
-code of an earlier commit and on this checkout, one after the other on the same machine, figures side
-by side with their ratio (after / before).
+deadlines``: ``bench/bench_deadlines.py``, ``--bench load``: ``bench/bench_dispatcher_load.py``,
+``--bench tenants``: ``bench/bench_tenant_share.py``) on the code of an earlier commit and on this
+checkout, one after the other on the same machine, figures side by side with their ratio (after / before).
 
-    .venv/bin/python bench/bench_vs_rev.py --before REV [--bench service|flow|deadlines|load] \
+    .venv/bin/python bench/bench_vs_rev.py --before REV [--bench service|flow|deadlines|load|tenants] \
         [--after-first] [--this-bench] [--report PATH] -- [the bench's args]
 
 The earlier commit runs from a clone of this repository in ``run/compare-<rev>`` with a venv of its own
@@ -59,6 +59,12 @@ DEADLINE_FIGURES: Figures = (
     ("  beside / alone", ("loaded", "vs_idle"), False),
     ("  made its deadline (1 = yes)", ("loaded", "made_it"), True),
 )
+TENANT_FIGURES: Figures = (
+    ("lone tenant's batch alone, s", ("idle", "submit_to_terminal_s"), False),
+    ("beside the other tenant's batches, s", ("loaded", "submit_to_terminal_s"), False),
+    ("  beside / alone", ("loaded", "vs_idle"), False),
+    ("  the other's batches still running", ("loaded", "many_still_running"), True),
+)
 # the per-process CPU figures of a flow run (their labels are the processes' names)
 FLOW_CPU = ("flow", "cpu_ms_per_batch")
 BENCHES = {
@@ -66,6 +72,7 @@ BENCHES = {
     "flow": "bench/bench_flow.py",
     "deadlines": "bench/bench_deadlines.py",
     "load": "bench/bench_dispatcher_load.py",
+    "tenants": "bench/bench_tenant_share.py",
 }
 LOAD_FIGURES = (  # per run of the load bench (one per replica count), after "N replica(s): "
     ("batches per minute", "batches_per_min", True),
@@ -151,6 +158,7 @@ def table(before: dict[str, Any], after: dict[str, Any], rev: str, bench: str = 
     figures = {
         "service": SERVICE_FIGURES,
         "deadlines": DEADLINE_FIGURES,
+        "tenants": TENANT_FIGURES,
         "load": load_figures(before, after),
     }.get(bench) or FLOW_FIGURES + cpu_figures(before, after)
     lines = [f"{'figure':44} {'before ' + rev[:10]:>18} {'after':>10} {'after/before':>13}"]

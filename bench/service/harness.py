@@ -242,7 +242,13 @@ class Service:
     # --- batches -------------------------------------------------------------------------------
 
     async def submit(
-        self, texts: list[str], *, priority: int, name: str, deadline: datetime | None = None
+        self,
+        texts: list[str],
+        *,
+        priority: int,
+        name: str,
+        deadline: datetime | None = None,
+        tenant: str = "default",
     ) -> Sub:
         from llmbatch.stack.model import SERVED_MODEL
 
@@ -254,13 +260,23 @@ class Service:
         # would run as a Ray job; a file of at most short_path_max_bytes takes the short path)
         if len(lines) <= dsettings.dispatcher.short_path_max_lines:
             handle = await client.submit(
-                lines, model=SERVED_MODEL, batch_id=batch_id, priority=priority, deadline=deadline
+                lines,
+                model=SERVED_MODEL,
+                batch_id=batch_id,
+                priority=priority,
+                deadline=deadline,
+                tenant=tenant,
             )
         else:
             path = self.workdir / f"{batch_id}.jsonl"
             path.write_text("".join(json.dumps(line) + "\n" for line in lines))
             handle = await client.submit(
-                file=path, model=SERVED_MODEL, batch_id=batch_id, priority=priority, deadline=deadline
+                file=path,
+                model=SERVED_MODEL,
+                batch_id=batch_id,
+                priority=priority,
+                deadline=deadline,
+                tenant=tenant,
             )
         sub = Sub(handle.batch_id, len(lines), priority, submitted)
         self.subs.append(sub)

@@ -384,6 +384,65 @@ def test_a_batch_at_risk_of_its_deadline_goes_before_its_prioritys_turns_on_the_
     assert in_turns >= 5 and first <= 3, (turns, at_risk)
 
 
+# one tenant's five batches at once (4 requests each), then (while they run) another tenant's one batch
+TENANT_PROBE = (
+    """
+import sys, time, threading, orjson
+"""
+    + EMIT
+    + """
+from ray import serve
+from llmbatch.ray_job.serve_engine import ServeEngine
+from llmbatch.ray_job.records import GenRequest
+engine = ServeEngine(sys.argv[1], wait_s=120, retries=0)
+replica = serve.get_deployment_handle("EngineServer", app_name=sys.argv[1])
+done = {}
+def call(group, n):
+    out = engine.generate([GenRequest(str(i), [1], {"max_tokens": 4}, prompt_text=f"{group}{i}")
+                           for i in range(n)], group=group, priority=5)
+    done[group] = {"finished": replica.info.remote().result(timeout_s=30)["finished"],
+                   "failures": [g.failure.code if g.failure else None for g in out]}
+big = [threading.Thread(target=call, args=(f"big/b{b}", 4)) for b in range(5)]
+for t in big:
+    t.start()
+time.sleep(1.5)
+done["base"] = replica.info.remote().result(timeout_s=30)["finished"]
+call("lone/x", 4)
+for t in big:
+    t.join()
+emit(done)
+"""
+)
+
+
+def test_a_tenants_many_batches_take_one_tenants_share_of_the_replica(
+    ray_settings: RaySettings, serve: ServeApi
+) -> None:
+    """One request at a time. Tenant big's five batches are running when tenant lone's one batch comes:
+    the tenants take turns (the code before: the six batches did, and lone's 4 requests waited for 15
+    or more of big's). With lone's weight 3 (the dispatcher's LLMBATCH_TENANTS__WEIGHTS, sent with the
+    Serve config), lone takes three turns for one of big's."""
+    results = {}
+    for weights in (None, {"lone": 3.0}):
+        registry = _registry(delay_s=0.3, max_active=1)
+        config = serve_config(registry, http_address=ray_settings.serve_address, tenant_weights=weights)
+        before = set(replica_pids(_details(serve), MODEL))
+        asyncio.run(serve.deploy(config))
+        deadline = time.monotonic() + 240
+        while before & set(replica_pids(_details(serve), MODEL)) or not replica_pids(_details(serve), MODEL):
+            assert time.monotonic() < deadline, _details(serve)  # a replica of this config, not the last
+            time.sleep(0.5)
+        _wait_app(serve, registry, {"RUNNING"})
+        result = _result(*_probe(ray_settings, 0, code=TENANT_PROBE))
+        assert not any(f for r in result.values() if isinstance(r, dict) for f in r["failures"]), result
+        # big's requests the replica finished between lone's arrival and its answers
+        results["equal" if weights is None else "weighted"] = (
+            result["lone/x"]["finished"] - result["base"] - 4
+        )
+    assert results["equal"] <= 6 and results["weighted"] <= 3, results
+    assert results["weighted"] < results["equal"], results
+
+
 def test_a_call_waiting_its_turn_outlasts_the_engine_wait(ray_settings: RaySettings, serve: ServeApi) -> None:
     # one request at a time, 3 s each: the call takes ~9 s, far beyond the batch's 2 s engine wait
     registry = _registry(delay_s=3.0, max_active=1)

@@ -146,6 +146,34 @@ def test_serve_config_has_one_handle_only_app_per_model() -> None:
         assert deployment["name"] == DEPLOYMENT_NAME
 
 
+def test_the_tenants_weights_go_to_every_engine_and_only_when_set() -> None:
+    base = DispatcherSettings(ray=RaySettings(address="http://127.0.0.1:8265"), engines=_registry())
+    plain = cluster_serve_config(base)
+    assert all("tenant_weights" not in app["args"] for app in plain["applications"])  # unchanged config
+    weighted = base.model_copy(
+        update={"tenants": base.tenants.model_copy(update={"weights": {"gold": 2.0, "acme": 0.5}})}
+    )
+    apps = [a for a in cluster_serve_config(weighted)["applications"] if a["import_path"] == IMPORT_PATH]
+    assert [app["args"]["tenant_weights"] for app in apps] == [{"acme": 0.5, "gold": 2.0}] * 2
+
+
+@pytest.mark.parametrize(
+    ("weights", "named"),
+    [
+        ({"gold": 0}, "gold"),
+        ({"gold": -1}, "gold"),
+        ({"gold": 1001}, "gold"),
+        ({"Not A Tenant": 1}, "Not A Tenant"),
+    ],
+)
+def test_a_bad_tenant_weight_is_refused_naming_the_tenant(weights: dict[str, float], named: str) -> None:
+    from llmbatch.settings import TenantSettings
+
+    with pytest.raises(ValidationError) as info:
+        TenantSettings(weights=weights)
+    assert "weights" in str(info.value) and named in str(info.value)
+
+
 def test_omp_threads_of_a_model_set_its_replicas_omp_num_threads() -> None:
     entry = EngineModel(path="/m", resources=ReplicaResources(num_cpus=1, omp_threads=2))
     app = serve_application("m", entry, {"OMP_NUM_THREADS": "1", "B": "dispatcher"})

@@ -151,3 +151,77 @@ def test_at_risk_batches_are_served_earliest_due_first_within_a_priority(
         risky = [d for d in dues if d is not None]
         assert dues[: len(risky)] == risky
         assert risky == sorted(risky)
+
+
+def test_tenants_take_turns_before_their_batches_do() -> None:
+    """One tenant's five batches take one tenant's share: the other tenant's lone batch is served every
+    other turn, not every sixth."""
+    q: FairQueue[str] = FairQueue()
+    for b in range(5):
+        for i in range(2):
+            q.push(f"big/b{b}", 5, f"big-b{b}-{i}", [i])
+    for i in range(4):
+        q.push("lone/x", 5, f"lone-{i}", [i])
+    taken = drain(q)
+    assert taken[:8] == [
+        "big-b0-0",
+        "lone-0",
+        "big-b1-0",
+        "lone-1",
+        "big-b2-0",
+        "lone-2",
+        "big-b3-0",
+        "lone-3",
+    ]
+    assert sorted(taken[8:]) == sorted(
+        f"big-b{b}-{i}" for b in range(5) for i in range(2) if (b, i) not in {(0, 0), (1, 0), (2, 0), (3, 0)}
+    )
+
+
+def test_tenants_share_by_weight() -> None:
+    q: FairQueue[str] = FairQueue(weights={"gold": 2.0})
+    for i in range(12):
+        q.push(f"gold/g{i % 2}", 5, f"gold{i}", [i])
+        q.push("bronze/b", 5, f"bronze{i}", [i])
+    taken = [t.rstrip("0123456789") for t in drain(q)]
+    for end in (3, 6, 9, 12, 15, 18):  # two of gold's for one of bronze's, at every point
+        assert Counter(taken[:end]) == {"gold": end * 2 // 3, "bronze": end // 3}, taken[:end]
+
+
+def test_a_tenant_that_starts_waiting_gets_no_credit_for_the_time_it_was_away() -> None:
+    q: FairQueue[str] = FairQueue()
+    for i in range(20):
+        q.push("a/1", 5, f"a{i}", [i])
+    for _ in range(10):  # a alone for ten turns
+        q.pop()
+    for i in range(5):
+        q.push("b/1", 5, f"b{i}", [i])
+    assert [t.rstrip("0123456789") for t in drain(q)] == ["a", "b"] * 5 + ["a"] * 5
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["t1", "t2", "t3"]), st.integers(0, 4), st.integers(0, 1)),
+        max_size=80,
+    )
+)
+def test_no_tenant_is_served_twice_while_another_of_its_priority_still_waits(
+    items: list[tuple[str, int, int]],
+) -> None:
+    q: FairQueue[int] = FairQueue()
+    priority_of: dict[str, int] = {}
+    for n, (tenant, batch, priority) in enumerate(items):
+        group = f"{tenant}/b{batch}"
+        priority_of.setdefault(group, priority)
+        q.push(group, priority, n)
+    taken = []
+    while (t := q.pop()) is not None:
+        taken.append(t)
+    assert sorted(item for _, _, item in taken) == list(range(len(items)))
+    for priority in {p for _, p, _ in taken}:
+        tenants = [g.partition("/")[0] for g, p, _ in taken if p == priority]
+        left = Counter(tenants)
+        for i in range(len(tenants) - 1):
+            left[tenants[i]] -= 1
+            if tenants[i] == tenants[i + 1]:
+                assert all(left[t] == 0 for t in left if t != tenants[i]), tenants

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -98,11 +99,17 @@ class EngineRunner:
     preemption by recomputation does). Batches of the same priority take turns.
     """
 
-    def __init__(self, backend: Backend, *, max_active: int | None = None) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        max_active: int | None = None,
+        tenant_weights: Mapping[str, float] | None = None,
+    ) -> None:
         self.backend = backend
         self._max_active = max_active
         self._inbox: queue.SimpleQueue[list[_Pending]] = queue.SimpleQueue()
-        self._queue: FairQueue[_Pending] = FairQueue()
+        self._queue: FairQueue[_Pending] = FairQueue(tenant_weights)
         self._active: dict[str, _Pending] = {}
         self._lock = threading.Lock()
         self._fatal: BaseException | None = None

@@ -1,8 +1,14 @@
 """The order in which a shared engine takes requests of many batches (pure, no engine, no Ray).
 
 - **Priority first**: a request of a higher priority is always taken before one of a lower.
-- **Fair among equals**: batches of the same priority take turns, one request per turn, so a
-  10-line batch is not stuck behind the 100,000 lines of a batch that arrived first.
+- **Fair among equals, tenants first**: within a priority, tenants take turns by weight (a tenant of
+  weight 2 takes two turns for one of weight 1; stride scheduling: the tenant that has used least of
+  its share goes next, and a tenant that starts waiting joins at the others' level, without credit for
+  the time it was away); inside a tenant's turns its batches take turns, one request per turn. So a
+  10-line batch is not stuck behind the 100,000 lines of a batch that arrived first, and one tenant's
+  500 batches take one tenant's share, not 500 batches' shares. A batch's tenant is what its group
+  name says before a ``/`` (``<tenant>/<batch_id>``, :attr:`llmbatch.schemas.job.JobSpec.engine_group`);
+  a group without one is a tenant of its own.
 - **Urgent deadlines first**: a batch whose caller says it is urgent (near its deadline or behind it at
   its rate so far: a ``due`` time with its requests, :func:`llmbatch.schemas.deadlines.urgent`) goes
   before the batches of its priority taking turns, the earliest due first (EDF among the urgent). A
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -52,13 +59,31 @@ class _Group(Generic[T]):
         return self.entries.pop(0).item
 
 
-class FairQueue(Generic[T]):
-    """Waiting requests of many batches (``group``), taken by priority, then in turns, then prefix."""
+class _Tenant(Generic[T]):
+    """One tenant's waiting batches of one priority, in turn order, and its place in the tenants' turns."""
 
-    def __init__(self) -> None:
-        # priority -> groups of that priority in turn order (the next to take is first)
-        self._turns: dict[int, OrderedDict[str, _Group[T]]] = {}
+    def __init__(self, pass_: float, order: int) -> None:
+        self.groups: OrderedDict[str, _Group[T]] = OrderedDict()
+        self.pass_ = pass_  # share used so far: turns taken / weight (the least goes next)
+        self.order = order  # when it last took a turn (or joined): ties go to the longest waiting
+
+
+def tenant_of(group: str) -> str:
+    """The tenant a group name (``<tenant>/<batch_id>``) belongs to; a name without ``/`` is its own."""
+    tenant, sep, _ = group.partition("/")
+    return tenant if sep else group
+
+
+class FairQueue(Generic[T]):
+    """Waiting requests of many batches (``group``), taken by priority, then in turns (tenants by
+    ``weights``, 1 for a tenant not named, then their batches), then prefix."""
+
+    def __init__(self, weights: Mapping[str, float] | None = None) -> None:
+        self._weights = {t: w for t, w in (weights or {}).items() if w > 0}
+        # priority -> tenant -> its groups of that priority in turn order
+        self._turns: dict[int, dict[str, _Tenant[T]]] = {}
         self._groups: dict[str, _Group[T]] = {}
+        self._order = 0
         # priority -> the urgent groups of that priority and their due times (the only record of them)
         self._due: dict[int, dict[str, float]] = {}
         self._seq = 0
@@ -107,24 +132,32 @@ class FairQueue(Generic[T]):
         priority = self.top_priority()
         if priority is None:
             return None
-        turns = self._turns[priority]
+        tenants = self._turns[priority]
         at_risk = self._due.get(priority)
         if at_risk:  # EDF among the batches at risk; the others keep their turns
             name = min(at_risk, key=at_risk.__getitem__)
-            group = turns[name]
+            tenant_name = tenant_of(name)
+            tenant = tenants[tenant_name]
         else:
-            name, group = next(iter(turns.items()))
+            tenant_name, tenant = min(tenants.items(), key=lambda t: (t[1].pass_, t[1].order))
+            name = next(iter(tenant.groups))
+        group = tenant.groups[name]
         item = group.pop()
         self._size -= 1
+        tenant.pass_ += 1 / self._weights.get(tenant_name, 1.0)
+        self._order += 1
+        tenant.order = self._order
         if group:
             if not at_risk:
-                turns.move_to_end(name)  # the next batch of this priority takes the next turn
+                tenant.groups.move_to_end(name)  # the tenant's next batch takes its next turn
         else:
             self._set_due(name, group, None)
-            del turns[name]
+            del tenant.groups[name]
             del self._groups[name]
-            if not turns:
-                del self._turns[priority]
+            if not tenant.groups:
+                del tenants[tenant_name]
+                if not tenants:
+                    del self._turns[priority]
         return name, priority, item
 
     def drain(self) -> list[T]:
@@ -140,7 +173,13 @@ class FairQueue(Generic[T]):
         found = self._groups.get(name)
         if found is None:
             found = self._groups[name] = _Group(priority)
-            self._turns.setdefault(priority, OrderedDict())[name] = found
+            tenants = self._turns.setdefault(priority, {})
+            tenant = tenants.get(tenant_of(name))
+            if tenant is None:  # joins at the level of the tenants waiting: no credit for time away
+                self._order += 1
+                level = min((t.pass_ for t in tenants.values()), default=0.0)
+                tenant = tenants[tenant_of(name)] = _Tenant(level, self._order)
+            tenant.groups[name] = found
         return found
 
     def _set_due(self, name: str, group: _Group[T], due: float | None) -> None:

@@ -20,9 +20,12 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, cast
+from typing import Annotated, Any, cast
+
+from pydantic import Field, TypeAdapter
 
 from llmbatch.ray_job import engine_scaling, node_secrets
 from llmbatch.ray_job.backends import make_backend
@@ -45,13 +48,19 @@ log = logging.getLogger(__name__)
 IMPORT_PATH = "llmbatch.ray_job.serve_engine:build_app"
 METRICS_INTERVAL_S = 5.0
 REPLICAS_TTL_S = 10.0
+# the tenants' weights as the builder takes them from the Serve config (the dispatcher's settings)
+_WEIGHTS: TypeAdapter[dict[str, Annotated[float, Field(gt=0, le=1000)]]] = TypeAdapter(
+    dict[str, Annotated[float, Field(gt=0, le=1000)]]
+)
 BUILD_POLL_S = 1.0  # between looks for the deployment of an application Serve is still building
 
 
 class EngineServer:
     """The body of one engine replica (a Serve deployment class; see :func:`build_app`)."""
 
-    def __init__(self, model: str, entry: dict[str, Any]) -> None:
+    def __init__(
+        self, model: str, entry: dict[str, Any], tenant_weights: dict[str, float] | None = None
+    ) -> None:
         spec = EngineModel.model_validate(entry)
         self.model = model
         started = time.perf_counter()
@@ -59,7 +68,11 @@ class EngineServer:
         self.engine_start_s = time.perf_counter() - started
         self.ready_at = time.time()
         self._max_active = spec.max_active_requests
-        self._runner = EngineRunner(backend, max_active=spec.max_active_requests)
+        self._runner = EngineRunner(
+            backend,
+            max_active=spec.max_active_requests,
+            tenant_weights=_WEIGHTS.validate_python(tenant_weights or {}),
+        )
         # runner.generate blocks until its requests finish: one thread per call in flight
         self._pool = ThreadPoolExecutor(
             max_workers=spec.scaling.max_ongoing_requests, thread_name_prefix="engine-call"
@@ -189,10 +202,15 @@ def deployment_options(entry: EngineModel) -> dict[str, Any]:
 
 
 def serve_application(
-    model: str, entry: EngineModel, env_vars: dict[str, str] | None = None
+    model: str,
+    entry: EngineModel,
+    env_vars: dict[str, str] | None = None,
+    tenant_weights: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """One entry of a Serve config's ``applications`` (REST ``PUT /api/serve/applications/`` or a
-    RayService's ``serveConfigV2``): handle-only (no HTTP route), options as in the builder."""
+    RayService's ``serveConfigV2``): handle-only (no HTTP route), options as in the builder;
+    ``tenant_weights``: the tenants' shares of its replicas
+    (:class:`~llmbatch.ray_job.fair_queue.FairQueue`)."""
     deployment = deployment_options(entry)
     # started without the node's secrets (ray_job.node_secrets), whatever the entry or dispatcher set
     blanks = node_secrets.withheld(node_secrets.engine_withheld(entry.path))
@@ -206,6 +224,8 @@ def serve_application(
         "args": {"model": model, "entry": entry.model_dump(mode="json")},
         "deployments": [deployment],
     }
+    if tenant_weights:  # only then: an unchanged config leaves running engines alone
+        app["args"]["tenant_weights"] = dict(sorted(tenant_weights.items()))
     if env:
         app["runtime_env"] = {"env_vars": env}
     return app
@@ -217,8 +237,9 @@ def build_app(args: dict[str, Any]) -> Any:
 
     model = str(args["model"])
     entry = EngineModel.model_validate(args["entry"])
+    weights = _WEIGHTS.validate_python(args.get("tenant_weights") or {})
     deployment = cast(Any, serve.deployment)(EngineServer).options(**deployment_options(entry))
-    return deployment.bind(model, entry.model_dump(mode="json"))
+    return deployment.bind(model, entry.model_dump(mode="json"), weights)
 
 
 class ServeEngine:

@@ -326,6 +326,25 @@ class TenantSettings(BaseModel):
     def _valid_pools(cls, value: list[str]) -> list[str]:
         return sorted({check_tenant(tenant) for tenant in value})
 
+    weights: dict[str, float] = Field(
+        default_factory=dict,
+        description='Tenant name -> its weight on the shared engines, as JSON (e.g. {"acme": 2}): within a '
+        "priority, tenants take turns at an engine replica in proportion to their weights (1 for a tenant "
+        "not named), then their batches take turns, so a tenant's many batches take one tenant's share. "
+        "Sent to the engines with their Serve config (changing it redeploys them).",
+    )
+
+    @field_validator("weights")
+    @classmethod
+    def _valid_weights(cls, value: dict[str, float]) -> dict[str, float]:
+        for tenant, weight in value.items():
+            check_tenant(tenant)
+            if not 0 < weight <= 1000:
+                raise ValueError(
+                    f"the weight of tenant {tenant!r} must be above 0 and at most 1000 (got {weight})"
+                )
+        return value
+
     def key_bytes(self) -> dict[str, bytes]:
         """Tenant -> key bytes (empty when no tenant has a key)."""
         return {tenant: key.get_secret_value().encode() for tenant, key in self.keys.items()}

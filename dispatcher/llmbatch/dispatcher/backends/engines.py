@@ -7,6 +7,7 @@ model for ``llmbatch engines list``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,6 +28,7 @@ def serve_config(
     http_address: str,
     runner: dict[str, Any] | None = None,
     ssl_files: tuple[str, str] | None = None,
+    tenant_weights: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """The Serve multi-application config: one handle-only application per model, plus the batch
     runner (``runner``, from :func:`llmbatch.ray_job.runner.serve_application`) when given.
@@ -35,7 +37,10 @@ def serve_config(
     its HTTP options from the deploy that started it and never changes them later, so every
     deploy of a cluster must name the same ones. ``ssl_files`` (certificate, key: paths on the head)
     make it speak TLS only, for an https:// ``http_address``."""
-    apps = [serve_application(model, entry, env_vars) for model, entry in sorted(registry.models.items())]
+    apps = [
+        serve_application(model, entry, env_vars, tenant_weights)
+        for model, entry in sorted(registry.models.items())
+    ]
     url = urlsplit(http_address)
     loopback = url.hostname in ("127.0.0.1", "localhost", "::1")
     https = url.scheme == "https"
@@ -84,7 +89,12 @@ def cluster_serve_config(
         else None
     )
     return serve_config(
-        models, engine_env_vars(settings), runner=runner, http_address=ray.serve_address, ssl_files=files
+        models,
+        engine_env_vars(settings),
+        runner=runner,
+        http_address=ray.serve_address,
+        ssl_files=files,
+        tenant_weights=settings.tenants.weights,
     )
 
 
