@@ -1,18 +1,18 @@
 """Benchmark: one tenant's lone batch beside another tenant's many batches of the same priority (issue 54
-item 5). Fake engine whose requests each take ``--fake-delay-s`` (the engine is the bottleneck; the
-stack's entry otherwise), one run.
+item 5). Fake engine whose requests each take ``--fake-delay-s``, ``--max-active`` at a time on its one
+replica (so the engine, not this machine's CPU, is the bottleneck; the stack's entry otherwise), one run.
 
-    .venv/bin/python bench/bench_tenant_share.py [--batches 50] [--lines 40] [--fake-delay-s 2]
-        [--json] [--report PATH]
+    .venv/bin/python bench/bench_tenant_share.py [--batches 50] [--lines 40] [--many-lines 20]
+        [--max-active 16] [--fake-delay-s 2] [--json] [--report PATH]
 
 Starts a private local stack and a dispatcher process (the service harness of ``bench/bench_service.py``),
 warms the path with one batch, then:
 
 1. idle: tenant ``lone``'s ``--lines``-line batch alone: its submit -> terminal time ``T``;
-2. loaded: tenant ``many``'s ``--batches`` batches of ``--lines`` lines at once and, once they make
-   progress, ``lone``'s batch again, all at priority 5. When batches take turns at the engine, ``lone``'s
-   batch gets one share of ``--batches`` + 1; when tenants do, half. ``many``'s batches still running
-   when ``lone``'s ended are cancelled.
+2. loaded: tenant ``many``'s ``--batches`` batches of ``--many-lines`` lines at once and, once one of
+   them made progress, ``lone``'s batch again, all at priority 5. When batches take turns at the
+   engine, ``lone``'s batch gets one share of ``--batches`` + 1; when tenants do, half. ``many``'s
+   batches still running when ``lone``'s ended are cancelled.
 
 Prints ``lone``'s times and their ratio. Target: beside ``many``, within 2x ``T``. Everything started is
 stopped by PID. Not a test.
@@ -43,12 +43,14 @@ def parse_args() -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--batches", type=int, default=50, help="batches of the tenant with many")
-    parser.add_argument("--lines", type=int, default=40, help="lines of every batch")
+    parser.add_argument("--lines", type=int, default=40, help="lines of the lone tenant's batch")
+    parser.add_argument("--many-lines", type=int, default=20, help="lines of each of the other's batches")
+    parser.add_argument("--max-active", type=int, default=16, help="requests the engine replica runs at once")
     add_fake_engine_args(parser, delay_s=2.0, timeout_s=900.0, waits="any one batch")
     args = parser.parse_args()
-    for name in ("batches", "lines"):
+    for name in ("batches", "lines", "many_lines", "max_active"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1")
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
     return fake_engine_entry(args)
 
 
@@ -64,7 +66,7 @@ async def measure(svc: Service, args: argparse.Namespace) -> dict[str, Any]:
     idle = ended(svc, alone)
     report["idle"] = idle
 
-    say(f"[loaded] {MANY}'s {args.batches} batches, then {LONE}'s beside them ...")
+    say(f"[loaded] {MANY}'s {args.batches} batches of {args.many_lines} lines, then {LONE}'s beside them ...")
     many = await asyncio.gather(
         *(
             svc.submit(prompts(args.lines), priority=5, name=f"many{i}", tenant=MANY)
@@ -72,7 +74,9 @@ async def measure(svc: Service, args: argparse.Namespace) -> dict[str, Any]:
         )
     )
     await svc.ledger.until(
-        lambda: any(svc.ledger.progress.get(s.batch_id, 0) > 0 for s in many),
+        lambda: any(
+            svc.ledger.progress.get(s.batch_id, 0) > 0 or s.batch_id in svc.ledger.terminal for s in many
+        ),
         args.timeout,
         proc,
         f"progress of {MANY}'s batches",

@@ -58,6 +58,8 @@ def registry_json(args: argparse.Namespace, model_path: str) -> str:
         # the engine must not leave between phases (the cold phases drop it on purpose)
         scaling=Scaling(min_replicas=0, max_replicas=1, idle_s=3600),
     )
+    if getattr(args, "max_active", None):  # a bench that needs the engine to be the bottleneck
+        entry = entry.model_copy(update={"max_active_requests": args.max_active})
     models = EngineRegistry(models={SERVED_MODEL: entry}).model_dump(mode="json", exclude_defaults=True)
     return json.dumps(models["models"])
 

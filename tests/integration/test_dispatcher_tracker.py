@@ -190,6 +190,30 @@ async def test_small_batches_launch_while_the_replicas_have_room(kit: Kit) -> No
     assert tracker.metrics.admission_waiting.labels(model="a")._value.get() == 1
 
 
+async def test_tenants_take_turns_at_the_engines_room(kit: Kit) -> None:
+    """Tenant many queued eight batches before tenant lone's one: with room for five, lone's is among
+    them (the code before launched many's first five: the queue's order). Weights share the turns."""
+    tracker, store, jobs = kit
+    for i in range(8):
+        await queue(store, f"many{i}", 8, age=100 - i, tenant="many")
+    await queue(store, "lone0", 8, age=1, tenant="lone")
+    await tracker.launch()  # room for 5 x 8 requests
+    assert jobs.batches() == ["many0", "lone0", "many1", "many2", "many3"]
+
+
+async def test_a_tenants_weight_gives_it_more_turns_at_launch(kit: Kit) -> None:
+    tracker, store, jobs = kit
+    tracker.settings = tracker.settings.model_copy(
+        update={"tenants": tracker.settings.tenants.model_copy(update={"weights": {"gold": 3.0}})}
+    )
+    for i in range(6):
+        await queue(store, f"plain{i}", 8, age=100 - i, tenant="plain")
+    for i in range(6):
+        await queue(store, f"gold{i}", 8, age=50 - i, tenant="gold")
+    await tracker.launch()  # room for five: gold takes three turns for plain's one
+    assert sorted(jobs.batches()) == sorted(["plain0", "gold0", "gold1", "gold2", "plain1"])
+
+
 async def test_finished_work_and_new_replicas_make_room(kit: tuple[Tracker, StateStore, Jobs]) -> None:
     tracker, store, jobs = kit
     for i in range(8):

@@ -40,6 +40,7 @@ from llmbatch.dispatcher.domain.batch_record import BatchRecord
 from llmbatch.dispatcher.domain.keys import BatchKey
 from llmbatch.dispatcher.domain.scheduler import launch_slots
 from llmbatch.dispatcher.domain.states import State
+from llmbatch.dispatcher.domain.tenant_turns import launch_order
 from llmbatch.dispatcher.errors import DispatcherError
 from llmbatch.dispatcher.kafka.publisher import TerminalPublisher
 from llmbatch.dispatcher.kafka.record_reader import RecordReader
@@ -52,6 +53,7 @@ from llmbatch.dispatcher.runs.launcher import Launcher
 from llmbatch.dispatcher.runs.leases import LEASE, TrackerLeases
 from llmbatch.dispatcher.runs.outcomes import OutcomeReader
 from llmbatch.dispatcher.runs.wakeups import Wakeups
+from llmbatch.schemas.batch import DEFAULT_PRIORITY
 
 log = logging.getLogger(__name__)
 
@@ -346,6 +348,7 @@ class Tracker:
         await self.store.drop_orphans(
             "ready", [k for k, r in zip(ids, found, strict=True) if r is None or r.state is not State.QUEUED]
         )
+        found = await self._tenant_turns(found)
         for record in found:
             if record is None or record.state is not State.QUEUED:
                 continue
@@ -376,6 +379,16 @@ class Tracker:
             for model in self.settings.engines.models:
                 self.metrics.admitted.labels(model=model).set(admission.requests(model))
                 self.metrics.admission_waiting.labels(model=model).set(1 if model in admission.blocked else 0)
+
+    async def _tenant_turns(self, found: list[BatchRecord | None]) -> list[BatchRecord | None]:
+        """``found`` (ready, in the queue's order) in the order to try them: within a priority, tenants
+        in turns (:mod:`llmbatch.dispatcher.domain.tenant_turns`). One tenant alone: as they are."""
+        ready = [r for r in found if r is not None and r.state is State.QUEUED]
+        if len({r.tenant for r in ready}) < 2:
+            return found
+        in_flight = await self.store.in_flight_tenants()
+        candidates = [(r.tenant, int(r.get("priority") or DEFAULT_PRIORITY)) for r in ready]
+        return [ready[i] for i in launch_order(candidates, in_flight, self.settings.tenants.weights)]
 
     # -- 6. gauges -----------------------------------------------------------------------------------
     async def refresh_gauges(self) -> None:

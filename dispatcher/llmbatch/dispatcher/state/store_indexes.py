@@ -5,11 +5,12 @@ uses."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from llmbatch.dispatcher.domain import states
-from llmbatch.dispatcher.domain.keys import BatchKey
+from llmbatch.dispatcher.domain.keys import BatchKey, split_batch_key
 from llmbatch.dispatcher.domain.states import State
 
 if TYPE_CHECKING:
@@ -99,6 +100,18 @@ class StoreIndexes:
                 return list(await pipe.execute())
 
         return sum(int(x) for x in await self._call(run))
+
+    async def in_flight_tenants(self) -> Counter[str]:
+        """Batches in flight by tenant (read from their keys: ``<tenant>/<id>``, the default tenant's
+        bare)."""
+
+        async def run() -> list[Any]:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for state in sorted(states.IN_FLIGHT):
+                    pipe.zrange(self.keys.state_index(state), 0, -1)
+                return list(await pipe.execute())
+
+        return Counter(split_batch_key(reply_text(k))[0] for ids in await self._call(run) for k in ids)
 
     async def queued_count(self) -> int:
         """Queued batches (ready now or waiting for a retry backoff)."""
