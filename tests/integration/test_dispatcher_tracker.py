@@ -199,6 +199,12 @@ async def test_tenants_take_turns_at_the_engines_room(kit: Kit) -> None:
     await queue(store, "lone0", 8, age=1, tenant="lone")
     await tracker.launch()  # room for 5 x 8 requests
     assert jobs.batches() == ["many0", "lone0", "many1", "many2", "many3"]
+    # the room is taken; a tenant with nothing at the engines still gets its first batch in (the
+    # replicas share between tenants), its second and many's next wait
+    await queue(store, "late0", 8, age=0.5, tenant="late")
+    await queue(store, "late1", 8, age=0.4, tenant="late")
+    await tracker.launch()
+    assert jobs.batches()[5:] == ["late0"]
 
 
 async def test_a_tenants_weight_gives_it_more_turns_at_launch(kit: Kit) -> None:

@@ -126,3 +126,21 @@ def test_a_heartbeat_interval_near_the_timeout_is_refused_naming_both_variables(
     assert "LLMBATCH_DISPATCHER__HEARTBEAT_TIMEOUT_S (180)" in line
     settings = load_settings(_env_file=None, job={"progress_interval_s": 60})  # a third: accepted
     assert settings.job.progress_interval_s == 60
+
+
+def test_a_tenant_with_nothing_at_the_engines_gets_its_first_batch_in_when_another_fills_them() -> None:
+    full = Admission.of({"m": 100}, [EngineLoad("m", 5, 100, "many")])
+    assert not full.admit("m", 5, 20, tenant="many")  # over capacity: the model is held back
+    assert full.admit("m", 5, 20, tenant="lone")  # but not a tenant's first batch of its rank
+    assert not full.admit("m", 5, 20, tenant="lone")  # its second waits like the others
+    assert full.admit("m", 5, 20, tenant="third")
+
+
+def test_one_tenant_is_admitted_as_before_the_tenants_rule() -> None:
+    """With every batch the default tenant's, the rule changes nothing: a first of its rank is admitted
+    only when nothing of that rank runs (as before)."""
+    loads = [EngineLoad("m", 5, 90)]
+    admission = Admission.of({"m": 100}, loads)
+    assert admission.admit("m", 5, 10)  # fits exactly
+    assert not admission.admit("m", 5, 1)  # the model is full for priority 5
+    assert not admission.admit("m", 9, 1)  # held back in this pass, as before

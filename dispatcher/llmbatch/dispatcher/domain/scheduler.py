@@ -73,6 +73,7 @@ class EngineLoad:
     model: str
     priority: int
     requests: int
+    tenant: str = "default"
 
 
 @dataclass
@@ -82,9 +83,11 @@ class Admission:
     A batch of priority ``p`` competes only with launched work of priority ``>= p`` (the replicas
     run higher priorities first and take lower-priority requests back), so it is admitted when that
     work plus its own window fits the model's capacity, or when nothing of its rank runs (a batch
-    bigger than the capacity still runs, alone). The first batch of a model that does not fit holds
-    back the model's later ones (no overtaking within a model: a big batch is not starved by small
-    ones); other models go on.
+    bigger than the capacity still runs, alone), or when nothing of its tenant and rank runs there (a
+    tenant that comes while another fills the engines gets its batch in at once: the replicas share
+    between tenants, :mod:`llmbatch.ray_job.fair_queue`). The first batch of a model that does not fit
+    holds back the model's later ones (no overtaking within a model: a big batch is not starved by small
+    ones) but a tenant's first; other models go on.
     """
 
     capacity: Mapping[str, int]
@@ -104,20 +107,26 @@ class Admission:
         """Requests of launched batches of ``model`` that run before or beside a ``priority`` batch."""
         return sum(x.requests for x in self.load if x.model == model and x.priority >= priority)
 
-    def admit(self, model: str, priority: int, requests: int, *, job: bool = False) -> bool:
-        """Whether to launch the batch now (``job``: it would run as a Ray job); an admitted batch
-        joins the load and takes a job slot."""
-        if model in self.blocked:
-            return False
+    def admit(
+        self, model: str, priority: int, requests: int, *, job: bool = False, tenant: str = "default"
+    ) -> bool:
+        """Whether to launch ``tenant``'s batch now (``job``: it would run as a Ray job); an admitted
+        batch joins the load and takes a job slot."""
         ahead = self.ahead(model, priority)
-        if ahead and ahead + requests > self.capacity.get(model, 0):
+        # the tenant's first of its rank beside other tenants' work (alone, a tenant is as any batch)
+        first = ahead > 0 and not any(
+            x.model == model and x.priority >= priority and x.tenant == tenant for x in self.load
+        )
+        if model in self.blocked and not first:
+            return False
+        if ahead and ahead + requests > self.capacity.get(model, 0) and not first:
             self.blocked.add(model)
             return False
         if job and self.job_slots is not None:
             if self.job_slots <= 0:
                 return False
             self.job_slots -= 1
-        self.load.append(EngineLoad(model, priority, requests))
+        self.load.append(EngineLoad(model, priority, requests, tenant))
         return True
 
     def requests(self, model: str) -> int:

@@ -74,7 +74,7 @@ class Launcher:
         total = counter(progress.get("total")) or counter(record.get("total")) or None
         done = counter(progress.get("completed")) + counter(progress.get("failed"))
         window = window_requests(total, done, entry.batch_window)
-        return EngineLoad(model, counter(record.get("priority")), window)
+        return EngineLoad(model, counter(record.get("priority")), window, record.tenant)
 
     async def admits(self, admission: Admission | None, record: BatchRecord) -> bool:
         """Whether a queued batch fits the engines' room and, if it would run as a Ray job, a job
@@ -85,7 +85,7 @@ class Launcher:
         if load is None:  # its model left the registry: start_attempt fails it (model_not_found)
             return True
         job = await self.takes_job_path(record)
-        return admission.admit(load.model, load.priority, load.requests, job=job)
+        return admission.admit(load.model, load.priority, load.requests, job=job, tenant=load.tenant)
 
     async def route_of(self, record: BatchRecord) -> str:
         """How the batch's next attempt will run: ``ray_job`` or ``batch_runner`` (as
