@@ -71,30 +71,18 @@ class BatchReader:
         services; :class:`~llmbatch.api.errors.NotFound` for any other id."""
         stored = await self.records.get("batches", StoredBatch, tenant, batch_id)
         if stored is None:
-            stored = await self._sent_to_kafka(tenant, batch_id)
-        if stored is None:
+            sent = await self.sent_to_kafka(tenant, [batch_id])
+            if batch_id in sent:
+                return sent[batch_id]
             raise NotFound(f"No batch found with id {batch_id!r}", param="batch_id")
         (snapshot,) = await self.many([stored])
         return snapshot
 
-    async def _sent_to_kafka(self, tenant: str, batch_id: str) -> StoredBatch | None:
-        """A batch the dispatcher accepted for ``tenant`` from Kafka, as the API shows it (read from
-        Redis; not stored). Ids in the API's own namespace (``batch_...``) are the API's alone, and a
-        refused request's record carries no tenant that was checked: neither is shown."""
-        if batch_id.startswith(BATCH_PREFIX) or not KAFKA_BATCH_ID.fullmatch(batch_id):
-            return None
-        (job,) = await self.state.get_many([(tenant, batch_id)])
-        if job is None or job.state is State.DEAD_LETTERED:
-            return None
-        try:
-            return kafka_view(job)
-        except (ValidationError, ValueError):  # a record the API cannot show (an older one): not found
-            log.warning("batch %s: its record cannot be shown as an API batch", batch_id, exc_info=True)
-            return None
-
     async def sent_to_kafka(self, tenant: str, batch_ids: Sequence[str]) -> dict[str, Snapshot]:
-        """The tenant's batches of ``batch_ids`` sent to Kafka that the dispatcher still knows, by id
-        (one round trip for all)."""
+        """The tenant's batches of ``batch_ids`` that the dispatcher accepted from Kafka, as the API shows
+        them (read from Redis; not stored), by id, in one round trip. Ids in the API's own namespace
+        (``batch_...``) are the API's alone, and a refused request's record carries no tenant that was
+        checked: neither is shown, nor a record the API cannot show (an older one)."""
         wanted = [b for b in batch_ids if KAFKA_BATCH_ID.fullmatch(b) and not b.startswith(BATCH_PREFIX)]
         jobs = await self.state.get_many([(tenant, b) for b in wanted])
         found = {}
