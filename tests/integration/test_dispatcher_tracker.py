@@ -207,6 +207,15 @@ async def test_tenants_take_turns_at_the_engines_room(kit: Kit) -> None:
     assert jobs.batches()[5:] == ["late0"]
 
 
+async def test_a_garbled_priority_in_redis_does_not_stop_the_tenants_turns(kit: Kit) -> None:
+    tracker, store, jobs = kit
+    await queue(store, "many0", 8, age=10, tenant="many")
+    await queue(store, "lone0", 8, age=5, tenant="lone")
+    await store.client.hset(store.keys.batch(batch_key("many", "many0")), "priority", "not-a-number")
+    await tracker.launch()
+    assert sorted(jobs.batches()) == ["lone0", "many0"]
+
+
 async def test_a_tenants_weight_gives_it_more_turns_at_launch(kit: Kit) -> None:
     tracker, store, jobs = kit
     tracker.settings = tracker.settings.model_copy(

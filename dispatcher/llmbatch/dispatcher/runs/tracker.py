@@ -51,9 +51,8 @@ from llmbatch.dispatcher.runs.in_flight import InFlight
 from llmbatch.dispatcher.runs.job_cleanup import JobCleanup
 from llmbatch.dispatcher.runs.launcher import Launcher
 from llmbatch.dispatcher.runs.leases import LEASE, TrackerLeases
-from llmbatch.dispatcher.runs.outcomes import OutcomeReader
+from llmbatch.dispatcher.runs.outcomes import OutcomeReader, counter
 from llmbatch.dispatcher.runs.wakeups import Wakeups
-from llmbatch.schemas.batch import DEFAULT_PRIORITY
 
 log = logging.getLogger(__name__)
 
@@ -387,7 +386,8 @@ class Tracker:
         if len({r.tenant for r in ready}) < 2:
             return found
         in_flight = await self.store.in_flight_tenants()
-        candidates = [(r.tenant, int(r.get("priority") or DEFAULT_PRIORITY)) for r in ready]
+        # read as admission reads it (a garbled value is 0, never an error that stops every launch)
+        candidates = [(r.tenant, counter(r.get("priority"))) for r in ready]
         return [ready[i] for i in launch_order(candidates, in_flight, self.settings.tenants.weights)]
 
     # -- 6. gauges -----------------------------------------------------------------------------------
