@@ -15,6 +15,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -187,14 +188,14 @@ def serve(ray_settings: RaySettings) -> Iterator[ServeApi]:
 
 
 def _probe(
-    ray_settings: RaySettings, n: int, wait_s: float = 120, code: str = PROBE
+    ray_settings: RaySettings, n: int, wait_s: float = 120, code: str = PROBE, extra: str = ""
 ) -> tuple[JobSubmissionClient, str]:
     client = JobSubmissionClient(ray_settings.address)
     job_id = f"probe-{uuid.uuid4().hex[:8]}"
     client.submit_job(
         submission_id=job_id,
         entrypoint_num_cpus=0,
-        entrypoint=f"python -P -c {_quote(code)} {app_name(MODEL)} {n} {wait_s}",
+        entrypoint=f"python -P -c {_quote(code)} {app_name(MODEL)} {n} {wait_s} {_quote(extra)}",
         runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled"}},
     )
     return client, job_id
@@ -532,30 +533,49 @@ import sys, time, orjson
 """
     + EMIT
     + """
+from pathlib import Path
 from ray import serve
 from llmbatch.ray_job.serve_engine import ServeEngine
-app, wait = sys.argv[1], float(sys.argv[3])
+app, wait, gate = sys.argv[1], float(sys.argv[3]), Path(sys.argv[4])
 serve.status()
 emit({"watching": app})
 while (seen := serve.status().applications.get(app)) is None:
     time.sleep(0.02)
-try:
-    serve.get_deployment_handle("EngineServer", app_name=app)
-    built = True
-except KeyError:
-    built = False
+real, missing = serve.get_deployment_handle, []
+def handle(*args, **kwargs):  # the engine's build goes on once the batch found no deployment
+    try:
+        return real(*args, **kwargs)
+    except KeyError:
+        missing.append(1)
+        gate.touch()
+        raise
+serve.get_deployment_handle = handle
 try:
     engine = ServeEngine(app, wait_s=wait, retries=0)
-    emit({"built": built, "status": str(seen.status), "slots": engine.slots()})
+    emit({"built": not missing, "status": str(seen.status), "slots": engine.slots()})
 except Exception as exc:
-    emit({"built": built, "error": type(exc).__name__, "code": getattr(exc, "code", None),
+    emit({"built": not missing, "error": type(exc).__name__, "code": getattr(exc, "code", None),
           "message": str(exc)[:500]})
 """
 )
+# a Serve application builder that holds the build (the application stays DEPLOYING, without its
+# deployment) until its gate file exists: Serve's own build takes milliseconds, too short to start a
+# batch inside it every time
+GATED_BUILDER = """
+import time
+from pathlib import Path
+from llmbatch.ray_job.serve_engine import build_app as engine_app
+
+def build_app(args):
+    gate, deadline = Path(args.pop("gate")), time.monotonic() + 120
+    while not gate.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return engine_app(args)
+"""
 
 
 def test_a_batch_started_while_serve_builds_the_engine_waits_for_it(
-    ray_settings: RaySettings, serve: ServeApi
+    ray_settings: RaySettings, serve: ServeApi, tmp_path: Path
 ) -> None:
     """Serve builds an application after its config is applied; until then the application is
     DEPLOYING and has no deployment. A batch launched then (right after the dispatcher deployed the
@@ -565,12 +585,20 @@ def test_a_batch_started_while_serve_builds_the_engine_waits_for_it(
     while _details(serve).get("applications"):
         assert time.monotonic() < deadline, _details(serve)
         time.sleep(0.5)
-    client, job_id = _probe(ray_settings, 0, wait_s=120, code=BUILDING_PROBE)
+    (tmp_path / "gated_build.py").write_text(GATED_BUILDER)
+    gate = tmp_path / "gate"
+    client, job_id = _probe(ray_settings, 0, wait_s=120, code=BUILDING_PROBE, extra=str(gate))
     while "PROBE " not in (logs := client.get_job_logs(job_id)):  # the batch watches Serve
         assert not client.get_job_status(job_id).is_terminal(), logs[-3000:]
         time.sleep(0.2)
     registry = _registry(delay_s=0.0, max_active=5)
-    asyncio.run(serve.deploy(serve_config(registry, http_address=ray_settings.serve_address)))
+    config = serve_config(registry, http_address=ray_settings.serve_address)
+    (app,) = config["applications"]
+    app["import_path"] = "gated_build:build_app"
+    app["args"]["gate"] = str(gate)
+    env = app.setdefault("runtime_env", {}).setdefault("env_vars", {})
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
+    asyncio.run(serve.deploy(config))
     result = _result(client, job_id)
     assert result["built"] is False, result  # the batch did start before its engine's deployment existed
     assert "error" not in result and result["slots"] == 5, result
