@@ -174,6 +174,11 @@ class MemoryDispatcher:
             self.listings.setdefault(request.tenant or "default", {})[request.batch_id] = int(now * 1000)
         return request.batch_id
 
+    def expire(self, batch_id: str) -> None:
+        """The batch's record reached its TTL (``finished_ttl_s``) and is gone; its list entry stays."""
+        del self.hashes[batch_id]
+        self.progress.pop(batch_id, None)
+
     def reject(self, batch_id: str, now: float, code: str, message: str) -> None:
         """Record a request refused at intake (``dead_lettered``), as intake does."""
         self.hashes[batch_id] = {

@@ -426,6 +426,41 @@ def test_the_list_pages_the_apis_and_the_kafka_batches_in_one_order() -> None:
         assert paged == expected, limit
 
 
+def _pages_as_the_sdk_reads_them(api: ApiHarness, limit: int) -> list[list[str]]:
+    """Pages of ``GET /v1/batches`` read on as the openai SDK's auto-paging does: it stops at a page
+    without ``has_more`` or without batches."""
+    pages: list[list[str]] = []
+    after: str | None = None
+    while True:
+        query = f"/v1/batches?limit={limit}" + (f"&after={after}" if after else "")
+        page = api.client.get(query, headers=api.auth()).json()
+        pages.append([b["id"] for b in page["data"]])
+        if not page["has_more"] or not page["data"]:
+            return pages
+        after = page["last_id"]
+
+
+def test_kafka_batches_whose_records_expired_neither_empty_nor_shorten_a_page() -> None:
+    """A Kafka batch's list entry outlives its record by days: a run of such entries newer than the
+    API's batches must not end the SDK's paging before those (a page of only them came back empty
+    with has_more, and the SDK stops at an empty page)."""
+    api = make_api()
+    made = []
+    for _ in range(3):
+        made.append(create(api, input_file_id=uploaded(api), endpoint=CHAT).json()["id"])
+        api.clock.now += 0.5
+    for step in range(12):
+        _sent_to_kafka(api, f"old-kafka-{step:02}")
+        api.dispatcher.expire(f"old-kafka-{step:02}")
+        api.clock.now += 0.5
+    _sent_to_kafka(api, "live-kafka")
+    newest_first = ["live-kafka", *reversed(made)]
+    for limit in (1, 2, 4):
+        pages = _pages_as_the_sdk_reads_them(api, limit)
+        assert [i for page in pages for i in page] == newest_first, (limit, pages)
+        assert all(len(page) == limit for page in pages[:-1]), (limit, pages)
+
+
 def test_an_unknown_cursor_is_named() -> None:
     api = make_api()
     answer = api.client.get("/v1/batches?after=never-listed", headers=api.auth())

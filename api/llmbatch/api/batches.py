@@ -52,6 +52,8 @@ from llmbatch.schemas import (
 )
 
 MAX_BATCH_PAGE = 100
+# pages a list reads at most to fill one (a run of listed Kafka batches whose records expired)
+LIST_ROUNDS = 10
 log = logging.getLogger(__name__)
 
 
@@ -294,22 +296,48 @@ class BatchService:
 
     async def list(self, tenant: str, *, after: str | None, limit: int) -> ListPage[Batch]:
         """The tenant's batches, the API's and those its services sent to Kafka, newest first
-        (``limit`` 1-100, ``after`` a batch id of an earlier page); see :mod:`llmbatch.api.listing`."""
+        (``limit`` 1-100, ``after`` a batch id of an earlier page); see :mod:`llmbatch.api.listing`.
+
+        A Kafka batch whose dispatcher record has expired stays in the tenant's index a while longer
+        and is left out; the page then reads on (at most :data:`LIST_ROUNDS` times), so that a page
+        is not cut short, or empty with more behind it (an SDK's paging stops at an empty page)."""
         if not 1 <= limit <= MAX_BATCH_PAGE:
             raise InvalidRequest(f"limit must be between 1 and {MAX_BATCH_PAGE} (got {limit})", param="limit")
+        batches: list[Batch] = []
+        window = limit
+        for _ in range(LIST_ROUNDS):
+            shown, has_more, after = await self._page(tenant, after, limit - len(batches), window)
+            batches += shown
+            if len(batches) == limit or not has_more:
+                break
+            window = MAX_BATCH_PAGE  # a run of expired entries: read on in bigger steps
+        return ListPage[Batch].of(batches, has_more=has_more, ids=[b.id for b in batches])
+
+    async def _page(
+        self, tenant: str, after: str | None, want: int, window: int
+    ) -> tuple[Sequence[Batch], bool, str]:
+        """Up to ``want`` batches from the next ``window`` entries after ``after``; whether entries
+        follow the last one taken; that entry's id (the next read's cursor)."""
         api_after, kafka_after = await self._cursors(tenant, after)
-        api_ids = await self.records.ids("batches", tenant, after=api_after, limit=limit + 1)
-        kafka = await self.reader.state.listed(tenant, after=kafka_after, limit=limit + 1)
+        api_ids = await self.records.ids("batches", tenant, after=api_after, limit=window + 1)
+        kafka = await self.reader.state.listed(tenant, after=kafka_after, limit=window + 1)
         entries = listing.merge(api_ids, kafka)
-        page, has_more = entries[:limit], len(entries) > limit
-        mine = [e.batch_id for e in page if not e.via_kafka]
+        read = entries[:window]
+        mine = [e.batch_id for e in read if not e.via_kafka]
         stored = await self.records.get_many("batches", StoredBatch, tenant, mine)
         snapshots = await self.reader.many(stored)
         await self._publish_lost(snapshots)
         shown = {s.stored.id: s for s in snapshots}
-        shown.update(await self.reader.sent_to_kafka(tenant, [e.batch_id for e in page if e.via_kafka]))
-        batches = [shown[e.batch_id].batch() for e in page if e.batch_id in shown]
-        return ListPage[Batch].of(batches, has_more=has_more, ids=[b.id for b in batches])
+        shown.update(await self.reader.sent_to_kafka(tenant, [e.batch_id for e in read if e.via_kafka]))
+        batches: list[Batch] = []
+        taken = 0
+        for taken, entry in enumerate(read, 1):  # noqa: B007 (the count read, after the loop)
+            if entry.batch_id in shown:
+                batches.append(shown[entry.batch_id].batch())
+                if len(batches) == want:
+                    break
+        last = read[taken - 1].batch_id if read else (after or "")
+        return batches, len(entries) > taken, last
 
     async def _cursors(
         self, tenant: str, after: str | None
