@@ -21,6 +21,8 @@ from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.intake.commands import intake_fields
 from llmbatch.schemas import REQUEST_EVENT_TYPES, BatchRequest, Envelope, decode, encode
 from llmbatch.schemas.common import API_BATCH_PREFIX
+from llmbatch.schemas.webhooks import WebhookEndpoint
+from llmbatch.settings.webhooks import WebhookSettings
 from tests.support.clock import Clock
 
 
@@ -262,6 +264,7 @@ class ApiHarness:
     publisher: RecordingPublisher
     dispatcher: MemoryDispatcher
     clock: Clock
+    endpoints: MemoryEndpoints
 
     @staticmethod
     def auth(tenant: str = "acme") -> dict[str, str]:
@@ -290,7 +293,33 @@ class ApiHarness:
         self.objects.objects[(bucket, key)] = data
 
 
-def make_api(**options: Any) -> ApiHarness:
+class MemoryEndpoints:
+    """Webhook endpoints as :class:`~llmbatch.dispatcher.webhooks.store.WebhookStore` keeps them."""
+
+    def __init__(self) -> None:
+        self.by_tenant: dict[str, dict[str, WebhookEndpoint]] = {}
+
+    async def endpoints(self, tenant: str) -> list[WebhookEndpoint]:
+        return sorted(self.by_tenant.get(tenant, {}).values(), key=lambda e: (e.created_at, e.id))
+
+    async def endpoint(self, tenant: str, endpoint_id: str) -> WebhookEndpoint | None:
+        return self.by_tenant.get(tenant, {}).get(endpoint_id)
+
+    async def count(self, tenant: str) -> int:
+        return len(self.by_tenant.get(tenant, {}))
+
+    async def put_endpoint(self, endpoint: WebhookEndpoint) -> None:
+        self.by_tenant.setdefault(endpoint.tenant, {})[endpoint.id] = endpoint
+
+    async def delete_endpoint(self, tenant: str, endpoint_id: str) -> bool:
+        return self.by_tenant.get(tenant, {}).pop(endpoint_id, None) is not None
+
+
+WEBHOOK_KEY = "w" * 40
+
+
+def make_api(*, webhooks: WebhookSettings | None = None, **options: Any) -> ApiHarness:
+    """The app over in-memory ports; ``webhooks``: its webhook settings (off when None)."""
     from fastapi.testclient import TestClient
 
     from llmbatch.api.app import build_services, create_app
@@ -302,6 +331,7 @@ def make_api(**options: Any) -> ApiHarness:
         keys={hash_api_key(key): tenant for tenant, key in KEYS.items()}, source="urn:test:api", **options
     )
     objects, publisher, dispatcher = MemoryObjectStore(), RecordingPublisher(), MemoryDispatcher()
+    endpoints = MemoryEndpoints()
     clock = Clock(T0)
     services = build_services(
         settings,
@@ -311,11 +341,13 @@ def make_api(**options: Any) -> ApiHarness:
         input_bucket=INPUT_BUCKET,
         results_bucket=RESULTS_BUCKET,
         requests_topic=REQUESTS_TOPIC,
+        webhook_settings=webhooks,
+        endpoints=endpoints,
         clock=clock,
         monotonic=clock,
     )
     app = create_app(services)
-    return ApiHarness(app, TestClient(app), objects, publisher, dispatcher, clock)
+    return ApiHarness(app, TestClient(app), objects, publisher, dispatcher, clock, endpoints)
 
 
 def chat_line(

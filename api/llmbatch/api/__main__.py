@@ -24,6 +24,7 @@ def build_app(settings: ApiSettings) -> FastAPI:
     from llmbatch.api.state import RedisStateReader
     from llmbatch.api.storage import MinioObjectStore
     from llmbatch.dispatcher.state.store import StateStore
+    from llmbatch.dispatcher.webhooks.store import WebhookStore
     from llmbatch.schemas.tenant_auth import TenantSigner
 
     options = settings.api
@@ -42,6 +43,8 @@ def build_app(settings: ApiSettings) -> FastAPI:
         input_bucket=settings.s3.input_bucket,
         results_bucket=settings.s3.results_bucket,
         requests_topic=settings.kafka.topics.requests,
+        webhook_settings=settings.webhooks,
+        endpoints=WebhookStore(store.client, store.keys) if settings.webhooks.enabled else None,
     )
     return create_app(services, on_close=[publisher.stop, store.close])
 

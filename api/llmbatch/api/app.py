@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 import orjson
-from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import HTTPException, RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 from starlette.datastructures import UploadFile
@@ -29,6 +29,7 @@ from llmbatch.adapters.errors import ProducerError
 from llmbatch.api.auth import Authenticator, RateLimiter
 from llmbatch.api.batch_reader import BatchReader
 from llmbatch.api.batches import BatchService, EventPublisher
+from llmbatch.api.caller import Tenant
 from llmbatch.api.errors import ApiError, InternalError, InvalidRequest, PayloadTooLarge, from_exception
 from llmbatch.api.files import FileService
 from llmbatch.api.objects import Batch, BatchCreate, FileDeleted, FileObject, ListPage
@@ -36,7 +37,9 @@ from llmbatch.api.records import Layout, RecordStore
 from llmbatch.api.settings import ApiOptions
 from llmbatch.api.state import StateReader
 from llmbatch.api.storage import ObjectStore
+from llmbatch.api.webhooks import EndpointStore, WebhookService, add_routes
 from llmbatch.dispatcher.errors import DispatcherError
+from llmbatch.settings.webhooks import WebhookSettings
 
 log = logging.getLogger(__name__)
 FORM_FIELDS = frozenset({"file", "purpose"})
@@ -54,6 +57,7 @@ class Services:
     limiter: RateLimiter
     max_upload_bytes: int
     max_json_bytes: int
+    webhooks: WebhookService
 
 
 def build_services(
@@ -65,6 +69,8 @@ def build_services(
     input_bucket: str,
     results_bucket: str,
     requests_topic: str,
+    webhook_settings: WebhookSettings | None = None,
+    endpoints: EndpointStore | None = None,
     clock: Callable[[], float] = time.time,
     monotonic: Callable[[], float] = time.monotonic,
 ) -> Services:
@@ -104,6 +110,7 @@ def build_services(
         limiter=RateLimiter(options.rate_per_s, options.rate_burst, clock=monotonic),
         max_upload_bytes=options.max_upload_bytes,
         max_json_bytes=options.max_json_bytes,
+        webhooks=WebhookService(endpoints, webhook_settings or WebhookSettings(), clock=clock),
     )
 
 
@@ -137,17 +144,6 @@ class BodyLimit:
             return message
 
         await self.app(scope, limited, send)
-
-
-def _tenant(request: Request) -> str:
-    """The caller's tenant (from its API key), after taking one request of its quota."""
-    services: Services = request.app.state.services
-    name = services.auth.tenant_of(request.headers.get("authorization"))
-    services.limiter.check(name)
-    return name
-
-
-Tenant = Annotated[str, Depends(_tenant)]
 
 
 def _param_of(loc: Sequence[int | str]) -> str | None:
@@ -246,6 +242,8 @@ def create_app(services: Services, *, on_close: Sequence[Callable[[], Awaitable[
     @app.post("/v1/batches/{batch_id}/cancel")
     async def cancel_batch(batch_id: str, who: Tenant) -> Batch:
         return await services.batches.cancel(who, batch_id)
+
+    add_routes(app, services.webhooks)
 
     return app
 

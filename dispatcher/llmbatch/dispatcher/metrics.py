@@ -198,6 +198,19 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.webhook_events = Counter(
+            "llmbatch_webhook_events_total",
+            "Results-topic records read by the webhook feed, by outcome "
+            "(sent, no_endpoint, not_sent, invalid).",
+            ["outcome"],
+            registry=r,
+        )
+        self.webhook_deliveries = Counter(
+            "llmbatch_webhook_deliveries_total",
+            "Webhook attempts settled, by outcome (delivered, retried, dead, dropped).",
+            ["outcome"],
+            registry=r,
+        )
         # the shared engines (from the batch runner's GET /engines; exported by the tracker leader only)
         self.engine = {
             name: Gauge(f"llmbatch_engine_{name}", doc, ["model"], registry=r)
@@ -213,6 +226,12 @@ class Metrics:
                 value = f.get(key)
                 if isinstance(value, int | float):
                     self.engine[name].labels(model=model).set(value)
+
+    def webhook_event(self, outcome: str) -> None:
+        self.webhook_events.labels(outcome=outcome).inc()
+
+    def webhook_delivery(self, outcome: str) -> None:
+        self.webhook_deliveries.labels(outcome=outcome).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

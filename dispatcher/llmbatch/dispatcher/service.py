@@ -31,6 +31,7 @@ from llmbatch.dispatcher.runs.results import ResultStore
 from llmbatch.dispatcher.runs.tracker import Tracker
 from llmbatch.dispatcher.settings import DispatcherSettings
 from llmbatch.dispatcher.state.store import StateStore
+from llmbatch.dispatcher.webhooks.runner import Webhooks
 
 if TYPE_CHECKING:
     from llmbatch.dispatcher.backends.runner_backend import RunnerClient
@@ -122,6 +123,16 @@ class Dispatcher:
         )
         self._stop = asyncio.Event()
         self.engines = EngineKeeper(settings, self.tracker, self.metrics, self._stop)
+        self.webhooks: Webhooks | None = None
+        if settings.webhooks.enabled:
+            self.webhooks = Webhooks(
+                settings.webhooks,
+                settings.kafka,
+                redis=self.store.client,
+                keys=self.store.keys,
+                group_id=opts.group_id,
+                metrics=self.metrics,
+            )
         self.health: HealthServer | None = None
         if opts.metrics_port is not None:
             self.health = HealthServer(
@@ -244,6 +255,10 @@ class Dispatcher:
             self._tasks.append(asyncio.create_task(keep, name="engine-deploy"))
         if opts.reconcile_interval_s > 0:
             self._tasks.append(asyncio.create_task(self._reconcile(), name="reconcile"))
+        if self.webhooks is not None:
+            webhooks = self.webhooks
+            await self._until_ok("webhook consumer", webhooks.start)
+            self._tasks += webhooks.tasks()
         self._started = True
         log.info("dispatcher started")
 
@@ -372,6 +387,8 @@ class Dispatcher:
                 log.exception("loop ended with an error")
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.consumer.stop(), max(1.0, deadline - time.monotonic()))
+        if self.webhooks is not None:
+            await self.webhooks.stop()
         await self.producer.stop()
         with contextlib.suppress(Exception):
             await self.tracker.launcher.bodies.reader.close()

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, SecretStr, ValidationInfo, field_validato
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from llmbatch.schemas.common import check_tenant
+from llmbatch.settings.webhooks import WebhookSettings
 
 MIN_MESSAGE_BYTES = 64 << 10
 """Smallest ``max.message.bytes`` llmbatch accepts: a reduced dead letter must always fit."""
@@ -373,6 +374,7 @@ class LLMBatchSettings(BaseSettings):
     ray: RaySettings = RaySettings()
     replay: ReplaySettings = ReplaySettings()
     tenants: TenantSettings = TenantSettings()
+    webhooks: WebhookSettings = WebhookSettings()
 
 
 def parse_env_file(path: Path) -> dict[str, str]:

@@ -20,6 +20,11 @@ share one Redis. The layout:
 ``<p>:dlq:replayed-at:<topic>``   zset: the same dead letters, score = when replayed (prunes the hash)
 ``<p>:s3session:<random>``        string: a Ray job attempt's S3 session until its driver takes it
                                   (``GETDEL``; see dispatcher.s3_sessions)
+``<p>:webhook:endpoints:<tenant>`` hash: a tenant's webhook endpoints, id -> JSON (dispatcher.webhooks)
+``<p>:webhook:due``               zset: webhook deliveries to attempt, score = when (unix ms)
+``<p>:webhook:delivery:<id>``     hash: one delivery (its event, endpoint, attempts, last error)
+``<p>:webhook:done:<id>``         string: a delivered delivery (a replayed event is not sent again)
+``<p>:webhook:dead``              zset: deliveries that ran out of retries, score = when (unix ms)
 
 Batch ids are scoped by tenant: a batch is stored under its :data:`BatchKey`, ``<batch_id>`` for
 the ``default`` tenant and ``<tenant>/<batch_id>`` for any other (a tenant has no ``/`` and a
@@ -127,6 +132,24 @@ class Keys:
         """A Ray job attempt's S3 session under a random ``nonce``
         (:mod:`llmbatch.dispatcher.backends.s3_sessions`)."""
         return f"{self.prefix}:s3session:{nonce}"
+
+    def webhook_endpoints(self, tenant: str) -> str:
+        """Hash endpoint id -> JSON of :class:`~llmbatch.schemas.webhooks.WebhookEndpoint`."""
+        return f"{self.prefix}:webhook:endpoints:{tenant}"
+
+    @property
+    def webhook_due(self) -> str:
+        return f"{self.prefix}:webhook:due"
+
+    def webhook_delivery(self, delivery_id: str) -> str:
+        return f"{self.prefix}:webhook:delivery:{delivery_id}"
+
+    def webhook_done(self, delivery_id: str) -> str:
+        return f"{self.prefix}:webhook:done:{delivery_id}"
+
+    @property
+    def webhook_dead(self) -> str:
+        return f"{self.prefix}:webhook:dead"
 
     @property
     def s3_session_prefix(self) -> str:

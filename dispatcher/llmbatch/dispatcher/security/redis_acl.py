@@ -12,7 +12,8 @@
   read or write any batch's state, and cannot list the sessions.
 - ``operator`` (``llmbatch jobs`` / ``dlq``): reads every key of the layout but the S3 sessions (a job's
   keys are no operator's business: :data:`OPERATOR_READS`), writes only the replay ledger
-  (``<p>:dlq:replayed:*`` and its by-time index ``<p>:dlq:replayed-at:*``).
+  (``<p>:dlq:replayed:*`` and its by-time index ``<p>:dlq:replayed-at:*``) and the tenants' webhook
+  endpoints (``<p>:webhook:endpoints:*``, which the HTTP API manages).
 
 Passwords are given as SHA-256 hashes (``#<hex>``), so the ACL file holds no password. Key patterns
 come from :class:`llmbatch.dispatcher.domain.keys.Keys`, the one place key names are made.
@@ -55,6 +56,7 @@ OPERATOR_READS = (
     "tenants",
     "dlq:replayed:*",
     "dlq:replayed-at:*",
+    "webhook:*",
 )
 """What the operator reads, after ``<p>:``: every key :class:`llmbatch.dispatcher.domain.keys.Keys` makes but
 the S3
@@ -78,7 +80,8 @@ def acl_rules(keys: Keys) -> dict[Role, str]:
         "operator": (
             "resetkeys "
             + " ".join(f"%R~{p}:{pattern}" for pattern in OPERATOR_READS)
-            + f" ~{p}:dlq:replayed:* ~{p}:dlq:replayed-at:* resetchannels -@all +@read +@hash +zadd +zrem"
+            + f" ~{p}:dlq:replayed:* ~{p}:dlq:replayed-at:* ~{p}:webhook:endpoints:*"
+            + " resetchannels -@all +@read +@hash +zadd +zrem"
             + f" +expire +multi +exec +@connection -@dangerous {_CONNECTION}"
         ),
     }
