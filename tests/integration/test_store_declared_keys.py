@@ -28,6 +28,7 @@ from llmbatch.dispatcher.domain.batch_record import IntakeItem
 from llmbatch.dispatcher.domain.keys import BatchKey
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.state.store import StateStore
+from llmbatch.dispatcher.webhooks.store import Delivery, WebhookStore
 from llmbatch.settings import RedisSettings
 from tests.support.clock import Clock
 from tests.support.scratch_store import scratch_store
@@ -132,6 +133,16 @@ async def _every_script(store: StateStore) -> None:
         "tracker:shard:0"
     }
     assert await store.live_members("tracker", "me", 10.0, leaving=True) == []
+    # the webhooks' queue: queued, claimed, retried, claimed again, delivered; another one ends dead
+    hooks = WebhookStore(store.client, store.keys)
+    one, two = (Delivery("acme", "whep_" + "a" * 24, f"evt-{n}", "batch.completed", 1, "b") for n in (1, 2))
+    assert await hooks.enqueue([one, two], 1_000) == 2
+    (_, did, token), _ = await hooks.claim(1_000, 60_000, 10)
+    assert await hooks.settle(did, token, "retry", now_ms=1_001, next_ms=1_002)
+    ((_, did, token),) = await hooks.claim(1_002, 60_000, 10)
+    assert await hooks.settle(did, token, "delivered", now_ms=1_003)
+    ((_, did, token),) = await hooks.claim(61_000, 60_000, 10)
+    assert await hooks.settle(did, token, "dead", now_ms=61_001)
 
 
 async def _keys_of(client: aioredis.Redis, command: list[str]) -> set[str]:
@@ -171,6 +182,6 @@ async def test_every_key_a_script_touches_is_declared(
             checked += 1
             if key not in declared:
                 undeclared.append((" ".join(args[:2]), key))
-    assert len(scripts) == 10, f"every script should have run once at least; saw {len(scripts)}"
+    assert len(scripts) == 13, f"every script should have run once at least; saw {len(scripts)}"
     assert checked > 50  # the scripts' own commands were seen (the monitor did watch)
     assert undeclared == []
