@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
@@ -26,12 +27,15 @@ from llmbatch.dispatcher.domain.keys import BatchKey
 from llmbatch.schemas.events import EventType
 from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings
+from llmbatch.settings.webhooks import WebhookSettings
 from llmbatch.stack.ports import free_port
 from tests.e2e.test_dispatcher_e2e import Env, buckets, world  # noqa: F401 (buckets is a fixture)
-from tests.support.dispatcher_kit import batch_request, inline_lines, request_message
+from tests.support.dispatcher_kit import batch_request, inline_lines, request_message, wait_for
+from tests.support.webhook_receiver import Receiver
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
 API_KEY = "sk-e2e-" + os.urandom(6).hex()
+WEBHOOK_KEY = os.urandom(24).hex()
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 
 
@@ -108,7 +112,12 @@ def vllm_settings(
     buckets: S3Settings,  # noqa: F811
     ray_settings: RaySettings,
 ) -> Any:
-    return vllm_world(kafka_settings, redis_settings, buckets, ray_settings)
+    settings = vllm_world(kafka_settings, redis_settings, buckets, ray_settings)
+    # webhooks on, for the API (endpoints) and the dispatcher (deliveries), to a receiver on loopback
+    webhooks = WebhookSettings(
+        signing_key=WEBHOOK_KEY, allow_networks=["127.0.0.1/32"], allow_http=True, retry_s=[1.0] * 20
+    )
+    return settings.model_copy(update={"webhooks": webhooks})
 
 
 @pytest.fixture
@@ -140,7 +149,7 @@ async def test_the_openai_sdk_runs_a_batch_through_the_http_api_on_real_vllm(
 ) -> None:
     import asyncio
 
-    from openai import OpenAI
+    from openai import BadRequestError, OpenAI
     from openai.types import Batch, FileObject
     from openai.types.chat import ChatCompletion
 
@@ -148,7 +157,21 @@ async def test_the_openai_sdk_runs_a_batch_through_the_http_api_on_real_vllm(
     e = Env(vllm_settings, tmp_path)
     e.spawn()
     client = OpenAI(base_url=api.base_url, api_key=API_KEY, max_retries=0, timeout=60)
+    receiver = Receiver()
+    receiver.up()
     try:
+        # a webhook endpoint, made through the API; its secret goes to the receiver, which verifies every
+        # delivery with the SDK's client.webhooks.unwrap
+        made = await asyncio.to_thread(
+            client.post, "/webhooks", body={"url": receiver.url}, cast_to=httpx.Response
+        )
+        receiver.secret = made.json()["secret"]
+        # loopback outside the operator's allow-list (127.0.0.1/32) is refused, naming the url
+        with pytest.raises(BadRequestError) as refused:
+            await asyncio.to_thread(
+                client.post, "/webhooks", body={"url": "http://127.0.0.2:9/x"}, cast_to=httpx.Response
+            )
+        assert refused.value.param == "url" and refused.value.code == "webhook_target_refused"
         lines = inline_lines(5, prefix="http")
         for line in lines:
             line["body"].update(max_tokens=8, temperature=0)  # greedy: comparable with the Kafka run
@@ -225,6 +248,21 @@ async def test_the_openai_sdk_runs_a_batch_through_the_http_api_on_real_vllm(
         )
         via_api = await asyncio.to_thread(client.files.content, seen.output_file_id)
         assert _texts([orjson.loads(raw) for raw in via_api.text.splitlines()]) == _texts(kafka_outputs)
+
+        # the three ends reached the webhook endpoint, whichever way each batch came in, once each, with
+        # the Kafka event's id
+        wanted = {
+            (batch.id, "batch.completed"),
+            (other.id, "batch.cancelled"),
+            (request.batch_id, "batch.completed"),
+        }
+        await wait_for(
+            lambda: {(r.batch_id, r.type) for r in receiver.accepted} == wanted, 120, what="the webhooks"
+        )
+        assert len(receiver.ids()) == len(set(receiver.ids())) == 3 and receiver.refused == []
+        kafka_event = next(r for r in receiver.accepted if r.batch_id == request.batch_id)
+        assert kafka_event.webhook_id == event.id
     finally:
+        receiver.down()
         client.close()
         await e.close()

@@ -28,6 +28,8 @@ from llmbatch.dispatcher.ops.replay import LedgerEntry
 from llmbatch.dispatcher.ops.replay_publish import ReplayLedger
 from llmbatch.dispatcher.security.redis_acl import acl_lines
 from llmbatch.dispatcher.state.store import StateStore
+from llmbatch.dispatcher.webhooks.store import Delivery, WebhookStore
+from llmbatch.schemas.webhooks import WebhookEndpoint
 from llmbatch.ray_job import job_keys, s3_session
 from llmbatch.ray_job.progress import Counters, Progress
 from llmbatch.ray_job.run_store import RedisRuns
@@ -275,8 +277,33 @@ async def test_the_operator_reads_all_but_s3_sessions_and_writes_only_the_replay
             await operator.hset(keys.batch("b3"), "state", "cancelled")
         with pytest.raises(NoPermissionError):
             await operator.delete(keys.ready)
+        # the HTTP API (as the operator) manages the tenants' webhook endpoints, and nothing of the queue
+        endpoint = WebhookEndpoint(
+            id="whep_" + "c" * 24, tenant="acme", url="https://h.example.com", created_at=1
+        )
+        hooks = WebhookStore(operator, keys)
+        await hooks.put_endpoint(endpoint)
+        assert await hooks.endpoints("acme") == [endpoint]
+        assert await hooks.delete_endpoint("acme", endpoint.id)
+        assert await hooks.dead() == [] and await hooks.depth() == 0  # `llmbatch webhooks` reads
+        with pytest.raises(NoPermissionError):
+            await operator.zadd(keys.webhook_due, {"whd_x": 1})
     finally:
         await operator.aclose()
+
+
+async def test_the_dispatcher_user_runs_the_webhook_queue(acl_redis: AclRedis) -> None:
+    dispatcher = aioredis.Redis.from_url(
+        acl_redis.url("dispatcher"), password=acl_redis.passwords["dispatcher"]
+    )
+    try:
+        hooks = WebhookStore(dispatcher, Keys(acl_redis.prefix))
+        delivery = Delivery("acme", "whep_" + "d" * 24, "evt-1", "batch.completed", 1, "b")
+        assert await hooks.enqueue([delivery], 1_000) == 1
+        ((_, did, token),) = await hooks.claim(1_000, 60_000, 10)
+        assert await hooks.settle(did, token, "delivered", now_ms=1_001)
+    finally:
+        await dispatcher.aclose()
 
 
 def test_acl_file_lines_hold_no_password(tmp_path: Path) -> None:

@@ -15,12 +15,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
+from typer.testing import CliRunner
 
 from llmbatch.adapters.topics import ensure_topics
 from llmbatch.dispatcher.domain.keys import Keys
 from llmbatch.dispatcher.metrics import Metrics
+from llmbatch.dispatcher.ops import webhooks_cli
 from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.dispatcher.webhooks.runner import Webhooks
 from llmbatch.dispatcher.webhooks.store import WebhookStore
@@ -34,7 +37,7 @@ from llmbatch.schemas.events import (
     BatchProgress,
 )
 from llmbatch.schemas.webhooks import WebhookEndpoint, endpoint_secret
-from llmbatch.settings import KafkaSettings, RedisSettings, TopicSettings
+from llmbatch.settings import KafkaSettings, LLMBatchSettings, RedisSettings, TopicSettings
 from llmbatch.settings.webhooks import WebhookSettings
 from tests.support.dispatcher_kit import wait_for
 from tests.support.webhook_receiver import Receiver
@@ -52,6 +55,7 @@ class World:
     producer: AIOKafkaProducer
     metrics: Metrics
     running: list[tuple[Webhooks, list[asyncio.Task[None]]]]
+    redis: RedisSettings
 
     async def start(self, group: str = "g") -> Webhooks:
         """The dispatcher's webhooks part, as it starts it (own consumer group on the results topic)."""
@@ -115,7 +119,9 @@ async def world(kafka_settings: KafkaSettings, redis_settings: RedisSettings) ->
     )
     producer = AIOKafkaProducer(**kafka.client_kwargs(), acks="all")
     await producer.start()
-    w = World(kafka, WebhookStore(store.client, store.keys), settings, producer, Metrics(), [])
+    w = World(
+        kafka, WebhookStore(store.client, store.keys), settings, producer, Metrics(), [], redis_settings
+    )
     try:
         yield w
     finally:
@@ -220,6 +226,16 @@ async def test_an_endpoint_that_never_answers_ends_dead_after_its_retries(world:
     assert "Connection refused" in dead[0]["last_error"] or "ConnectionRefused" in dead[0]["last_error"]
     assert _counted(world.metrics, "llmbatch_webhook_deliveries_total", "dead") == 1
     assert await world.store.depth() == 0
+    # what an operator sees (`llmbatch webhooks dead --json`, `pending`)
+    settings = LLMBatchSettings(redis=world.redis.model_copy(update={"key_prefix": world.store.keys.prefix}))
+    shown = await asyncio.to_thread(CliRunner().invoke, webhooks_cli.app, ["dead", "--json"], obj=settings)
+    assert shown.exit_code == 0, shown.output
+    (row,) = orjson.loads(shown.stdout)
+    assert (row["event_id"], row["tenant"], row["attempts"]) == (event, "acme", "3")
+    waiting = await asyncio.to_thread(
+        CliRunner().invoke, webhooks_cli.app, ["pending", "--json"], obj=settings
+    )
+    assert orjson.loads(waiting.stdout) == {"pending": 0}
 
 
 async def test_an_address_the_operator_does_not_allow_is_never_connected_to(world: World) -> None:
