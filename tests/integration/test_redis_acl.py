@@ -29,10 +29,10 @@ from llmbatch.dispatcher.ops.replay_publish import ReplayLedger
 from llmbatch.dispatcher.security.redis_acl import acl_lines
 from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.dispatcher.webhooks.store import Delivery, WebhookStore
-from llmbatch.schemas.webhooks import WebhookEndpoint
 from llmbatch.ray_job import job_keys, s3_session
 from llmbatch.ray_job.progress import Counters, Progress
 from llmbatch.ray_job.run_store import RedisRuns
+from llmbatch.schemas.webhooks import WebhookEndpoint
 from llmbatch.stack import services
 from llmbatch.stack.process import alive, stop_tree
 from tests.integration.test_dispatcher_tracker import queue
