@@ -148,11 +148,14 @@ def _counted(metrics: Metrics, name: str, outcome: str) -> float:
     return value or 0.0
 
 
-async def test_a_receiver_that_was_down_gets_every_event_once_verified_by_the_openai_sdk(
+async def test_a_receiver_that_was_down_gets_every_event_once_verified_by_both_libraries(
     world: World,
 ) -> None:
     acme, globex = Receiver(), Receiver()
+    other_library = Receiver(library="standardwebhooks")  # the same tenant's second endpoint
     await world.endpoint("acme", acme)  # down: its port refuses connections
+    await world.endpoint("acme", other_library)
+    other_library.up()
     await world.endpoint("globex", globex, events=("batch.completed",))
     globex.up()
     await world.start()
@@ -196,6 +199,9 @@ async def test_a_receiver_that_was_down_gets_every_event_once_verified_by_the_op
     assert got == expected and sorted(acme.ids()) == sorted(expected)  # each once, by id
     assert all(r.event_id == r.webhook_id for r in acme.accepted)  # the Kafka event's id, both ways
     assert acme.refused == [] and globex.refused == []
+    # a receiver written with the standardwebhooks library verified the same events, each once
+    assert {(r.webhook_id, (r.type, r.batch_id)) for r in other_library.accepted} == set(got.items())
+    assert len(other_library.accepted) == 4 and other_library.refused == []
     assert _counted(world.metrics, "llmbatch_webhook_events_total", "invalid") == 1
     assert await world.store.depth() == 0
 
@@ -211,8 +217,10 @@ async def test_a_receiver_that_was_down_gets_every_event_once_verified_by_the_op
     later = await world.publish(_terminal(BatchCompleted, "b-later", "acme"))
     await wait_for(lambda: later in acme.ids(), 60, what="the event after the restart")
     assert sorted(acme.ids()) == sorted([*expected, later]) and globex.ids() == [globex_done]
-    acme.down()
-    globex.down()
+    await wait_for(lambda: later in other_library.ids(), 60, what="the event after the restart, too")
+    assert sorted(other_library.ids()) == sorted([*expected, later])
+    for receiver in (acme, globex, other_library):
+        receiver.down()
 
 
 async def test_an_endpoint_that_never_answers_ends_dead_after_its_retries(world: World) -> None:

@@ -1,6 +1,7 @@
 """Webhook deliveries as their receivers check them: the official ``openai`` SDK's verification
-(``client.webhooks.unwrap``) accepts every signed delivery, refuses a changed one, and reads OpenAI's
-batch event objects; targets that are not public are refused unless an operator allows them."""
+(``client.webhooks.unwrap``) and the ``standardwebhooks`` library accept every signed delivery; a
+changed one is refused; OpenAI's batch event objects read back; targets that are not public are
+refused unless an operator allows them."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from openai import InvalidWebhookSignatureError, OpenAI
+from standardwebhooks.webhooks import Webhook
 
 from llmbatch.dispatcher.webhooks import targets
 from llmbatch.schemas import webhooks
@@ -47,6 +49,7 @@ def test_any_event_signs_so_the_sdk_verifies_it_and_a_changed_byte_does_not(
     body = webhooks.event_body(event_id, "batch.completed", now, batch_id)
     sent = webhooks.headers(secret, event_id, now, body)
     assert _client(secret).webhooks.unwrap(body.decode(), sent).data.id == batch_id
+    assert Webhook(secret).verify(body, sent)["data"] == {"id": batch_id}  # the standardwebhooks library
     changed = body.replace(b'"object"', b'"objecT"')
     with pytest.raises(InvalidWebhookSignatureError):
         _client(secret).webhooks.verify_signature(changed.decode(), sent)
