@@ -17,6 +17,7 @@ from llmbatch.dispatcher.cli import app as dispatcher_app
 from llmbatch.dispatcher.ops.dlq_cli import app as dlq_app
 from llmbatch.dispatcher.ops.engines_cli import app as engines_app
 from llmbatch.dispatcher.ops.jobs_cli import app as jobs_app
+from llmbatch.dispatcher.ops.usage_cli import app as usage_app
 from llmbatch.dispatcher.ops.webhooks_cli import app as webhooks_app
 from llmbatch.producer.cli import register as register_producer
 from llmbatch.stack.cli import app as stack_app
@@ -34,6 +35,7 @@ app.add_typer(jobs_app, name="jobs")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(engines_app, name="engines")
 app.add_typer(webhooks_app, name="webhooks")
+app.add_typer(usage_app, name="usage")
 
 
 @app.command(

@@ -114,7 +114,7 @@ async def _every_script(store: StateStore) -> None:
     for to in (State.SUBMITTED, State.RUNNING, State.FAILED):
         await store.transition_or_raise(BatchKey("a"), to, fields={"terminal_event_id": "t1"})
     assert await store.mark_dlt_written(BatchKey("a"), "t1")
-    assert await store.mark_published(BatchKey("a"), "t1")
+    assert await store.mark_published(BatchKey("a"), "t1", ended_at=NOW)  # its usage recorded too
     # a replay reopens the failed batch: it leaves every index it was in
     (reopened,) = await store.intake_many([_item("a", "e4", replay="r1")])
     assert reopened.outcome == "reopened"

@@ -13,6 +13,7 @@ from typing import IO, Any
 from llmbatch.adapters.errors import BrokerUnavailable
 from llmbatch.adapters.kafka import Published
 from llmbatch.api.storage import CHUNK_BYTES, ObjectMissing
+from llmbatch.api.usage import UsageSource
 from llmbatch.dispatcher.domain.batch_record import BatchRecord
 from llmbatch.dispatcher.domain.dlt import OriginalRecord
 from llmbatch.dispatcher.domain.events import Outcome, terminal_fields
@@ -318,8 +319,11 @@ class MemoryEndpoints:
 WEBHOOK_KEY = "w" * 40
 
 
-def make_api(*, webhooks: WebhookSettings | None = None, **options: Any) -> ApiHarness:
-    """The app over in-memory ports; ``webhooks``: its webhook settings (off when None)."""
+def make_api(
+    *, webhooks: WebhookSettings | None = None, usage: UsageSource | None = None, **options: Any
+) -> ApiHarness:
+    """The app over in-memory ports; ``webhooks``: its webhook settings (off when None); ``usage``:
+    where ``GET /v1/usage`` reads (none: no usage recorded)."""
     from fastapi.testclient import TestClient
 
     from llmbatch.api.app import build_services, create_app
@@ -343,6 +347,7 @@ def make_api(*, webhooks: WebhookSettings | None = None, **options: Any) -> ApiH
         requests_topic=REQUESTS_TOPIC,
         webhook_settings=webhooks,
         endpoints=endpoints,
+        usage=usage,
         clock=clock,
         monotonic=clock,
     )

@@ -23,6 +23,7 @@ def build_app(settings: ApiSettings) -> FastAPI:
     from llmbatch.api.app import build_services, create_app
     from llmbatch.api.state import RedisStateReader
     from llmbatch.api.storage import MinioObjectStore
+    from llmbatch.api.usage import RedisUsage
     from llmbatch.dispatcher.state.store import StateStore
     from llmbatch.dispatcher.webhooks.store import WebhookStore
     from llmbatch.schemas.tenant_auth import TenantSigner
@@ -45,6 +46,7 @@ def build_app(settings: ApiSettings) -> FastAPI:
         requests_topic=settings.kafka.topics.requests,
         webhook_settings=settings.webhooks,
         endpoints=WebhookStore(store.client, store.keys) if settings.webhooks.enabled else None,
+        usage=RedisUsage(store.client, store.keys),
     )
     return create_app(services, on_close=[publisher.stop, store.close])
 

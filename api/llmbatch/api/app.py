@@ -37,6 +37,8 @@ from llmbatch.api.records import Layout, RecordStore
 from llmbatch.api.settings import ApiOptions
 from llmbatch.api.state import StateReader
 from llmbatch.api.storage import ObjectStore
+from llmbatch.api.usage import UsageService, UsageSource
+from llmbatch.api.usage import add_routes as add_usage_routes
 from llmbatch.api.webhooks import EndpointStore, WebhookService, add_routes
 from llmbatch.dispatcher.errors import DispatcherError
 from llmbatch.settings.webhooks import WebhookSettings
@@ -58,6 +60,7 @@ class Services:
     max_upload_bytes: int
     max_json_bytes: int
     webhooks: WebhookService
+    usage: UsageService
 
 
 def build_services(
@@ -71,6 +74,7 @@ def build_services(
     requests_topic: str,
     webhook_settings: WebhookSettings | None = None,
     endpoints: EndpointStore | None = None,
+    usage: UsageSource | None = None,
     clock: Callable[[], float] = time.time,
     monotonic: Callable[[], float] = time.monotonic,
 ) -> Services:
@@ -111,6 +115,7 @@ def build_services(
         max_upload_bytes=options.max_upload_bytes,
         max_json_bytes=options.max_json_bytes,
         webhooks=WebhookService(endpoints, webhook_settings or WebhookSettings(), clock=clock),
+        usage=UsageService(usage, objects, (input_bucket, results_bucket), clock=clock),
     )
 
 
@@ -244,6 +249,7 @@ def create_app(services: Services, *, on_close: Sequence[Callable[[], Awaitable[
         return await services.batches.cancel(who, batch_id)
 
     add_routes(app, services.webhooks)
+    add_usage_routes(app, services.usage)
 
     return app
 

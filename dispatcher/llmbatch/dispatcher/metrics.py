@@ -198,6 +198,25 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        # usage per tenant (tenants outside the configured set are "other"): what the usage record holds
+        self.tenant_batches = Counter(
+            "llmbatch_tenant_batches_total",
+            "Batches ended, by tenant, model and status (counted once, when the terminal event is out).",
+            ["tenant", "model", "status"],
+            registry=r,
+        )
+        self.tenant_requests = Counter(
+            "llmbatch_tenant_requests_total",
+            "Requests of ended batches, by tenant, model and outcome (completed, failed).",
+            ["tenant", "model", "outcome"],
+            registry=r,
+        )
+        self.tenant_tokens = Counter(
+            "llmbatch_tenant_tokens_total",
+            "Tokens of ended batches, by tenant, model and kind (prompt, completion).",
+            ["tenant", "model", "kind"],
+            registry=r,
+        )
         self.webhook_events = Counter(
             "llmbatch_webhook_events_total",
             "Results-topic records read by the webhook feed, by outcome "
@@ -226,6 +245,20 @@ class Metrics:
                 value = f.get(key)
                 if isinstance(value, int | float):
                     self.engine[name].labels(model=model).set(value)
+
+    def usage(
+        self, tenant: str, model: str, status: str, counts: dict[str, int], usage: dict[str, int]
+    ) -> None:
+        """Count one ended batch's usage (see :mod:`llmbatch.dispatcher.domain.usage`)."""
+        self.tenant_batches.labels(tenant=tenant, model=model, status=status).inc()
+        for outcome in ("completed", "failed"):
+            self.tenant_requests.labels(tenant=tenant, model=model, outcome=outcome).inc(
+                max(0, int(counts.get(outcome, 0)))
+            )
+        for kind in ("prompt", "completion"):
+            self.tenant_tokens.labels(tenant=tenant, model=model, kind=kind).inc(
+                max(0, int(usage.get(f"{kind}_tokens", 0)))
+            )
 
     def webhook_event(self, outcome: str) -> None:
         self.webhook_events.labels(outcome=outcome).inc()

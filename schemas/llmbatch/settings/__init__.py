@@ -356,6 +356,11 @@ class TenantSettings(BaseModel):
 
         return tenant_pool_resource(tenant) if tenant in self.pools else None
 
+    def known(self) -> frozenset[str]:
+        """The configured tenants (keys, pools, weights) and ``default``: the tenants that metrics
+        label by name (any other is ``other``, so labels stay bounded)."""
+        return frozenset({"default", *self.keys, *self.pools, *self.weights})
+
 
 class LLMBatchSettings(BaseSettings):
     """Root settings object: ``LLMBatchSettings()`` reads the environment."""

@@ -20,6 +20,8 @@ share one Redis. The layout:
 ``<p>:dlq:replayed-at:<topic>``   zset: the same dead letters, score = when replayed (prunes the hash)
 ``<p>:s3session:<random>``        string: a Ray job attempt's S3 session until its driver takes it
                                   (``GETDEL``; see dispatcher.s3_sessions)
+``<p>:usage:<tenant>:<yyyymmdd>`` hash: a tenant's usage of one UTC day (dispatcher.domain.usage)
+``<p>:usage:tenants``             set: the tenants that have usage hashes
 ``<p>:webhook:endpoints:<tenant>`` hash: a tenant's webhook endpoints, id -> JSON (dispatcher.webhooks)
 ``<p>:webhook:due``               zset: webhook deliveries to attempt, score = when (unix ms)
 ``<p>:webhook:delivery:<id>``     hash: one delivery (its event, endpoint, attempts, last error)
@@ -132,6 +134,14 @@ class Keys:
         """A Ray job attempt's S3 session under a random ``nonce``
         (:mod:`llmbatch.dispatcher.backends.s3_sessions`)."""
         return f"{self.prefix}:s3session:{nonce}"
+
+    def usage(self, tenant: str, day: str) -> str:
+        """Hash ``<model>|<state>|<counter>`` -> amount of ``tenant``'s batches that ended on ``day``."""
+        return f"{self.prefix}:usage:{tenant}:{day}"
+
+    @property
+    def usage_tenants(self) -> str:
+        return f"{self.prefix}:usage:tenants"
 
     def webhook_endpoints(self, tenant: str) -> str:
         """Hash endpoint id -> JSON of :class:`~llmbatch.schemas.webhooks.WebhookEndpoint`."""

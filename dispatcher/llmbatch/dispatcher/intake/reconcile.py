@@ -39,7 +39,7 @@ import orjson
 
 from llmbatch.dispatcher.domain.batch_record import BatchRecord, IntakeItem
 from llmbatch.dispatcher.domain.dlt import OriginalRecord
-from llmbatch.dispatcher.domain.events import outcome_of_event, published_state, terminal_fields
+from llmbatch.dispatcher.domain.events import Outcome, outcome_of_event, published_state, terminal_fields
 from llmbatch.dispatcher.domain.keys import BatchKey, batch_key
 from llmbatch.dispatcher.domain.scheduler import ready_score
 from llmbatch.dispatcher.domain.states import State, is_terminal
@@ -223,7 +223,11 @@ class Reconciler:
                 extra={"batch_id": record.key, "published": state.value, "recorded": record.state.value},
             )
             self.metrics.reconciled.labels(outcome="answer_kept").inc()
-            await self.store.mark_published(record.key, record.get("terminal_event_id") or "")
+            try:  # its usage goes to the day it ended; an outcome that does not read back has none
+                ended: float | None = Outcome.from_json(record.get("outcome") or "{}").finished_at
+            except Exception:
+                ended = None
+            await self.store.mark_published(record.key, record.get("terminal_event_id") or "", ended_at=ended)
             return 1
         version, current = record.version, record.state
         for step in _TO_FINALIZING[record.state] if state is State.COMPLETED else ():
@@ -239,7 +243,7 @@ class Reconciler:
         moved = await self.store.transition(record.key, state, expected_version=version, fields=fields)
         if not moved.ok:
             return 0
-        await self.store.mark_published(record.key, event.id)
+        await self.store.mark_published(record.key, event.id, ended_at=outcome.finished_at)
         self.metrics.reconciled.labels(outcome="answer_kept").inc()
         log.error(
             "a batch answered already was running again (Redis lost writes): its published answer stands",

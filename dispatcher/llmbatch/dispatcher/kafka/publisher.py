@@ -28,6 +28,7 @@ from llmbatch.dispatcher.domain.dlt import (
 )
 from llmbatch.dispatcher.domain.events import Outcome, build_terminal
 from llmbatch.dispatcher.domain.states import State, terminal_event_state
+from llmbatch.dispatcher.domain.usage import metric_tenant
 from llmbatch.dispatcher.errors import (
     DispatcherError,
     KafkaUnavailable,
@@ -242,8 +243,10 @@ class TerminalPublisher:
         crash: Callable[[str], None] = lambda point: None,
         after_publish: Callable[[BatchRecord], Awaitable[None]] | None = None,
         bodies: RequestBodies | None = None,
+        known_tenants: frozenset[str] = frozenset({"default"}),
     ) -> None:
         self.after_publish = after_publish
+        self.known_tenants = known_tenants
         self.bodies = bodies
         self.store = store
         self.producer = producer
@@ -321,8 +324,11 @@ class TerminalPublisher:
         envelope = build_terminal(record, source=self.source)
         await self.producer.publish(self.results_topic, envelope)
         self.crash("after_publish")
-        await self.store.mark_published(record.key, event_id)
+        marked = await self.store.mark_published(record.key, event_id, ended_at=outcome.finished_at)
         status = terminal_event_state(record.state).value
+        if marked == "counted":
+            tenant = metric_tenant(record.tenant, self.known_tenants)
+            self.metrics.usage(tenant, record.get("model") or "", status, outcome.counts, outcome.usage)
         started = outcome.started_at
         if started is not None:
             self.metrics.job_duration.labels(status=status).observe(max(0.0, outcome.finished_at - started))

@@ -96,6 +96,7 @@ class Tracker:
             crash=ctx.crash,
             after_publish=self.forget_jobs,
             bodies=bodies,
+            known_tenants=ctx.settings.tenants.known(),
         )
         self.token = f"{self.opts.instance_id}/{uuid.uuid4().hex[:8]}"
         self.leases = TrackerLeases(

@@ -57,6 +57,7 @@ OPERATOR_READS = (
     "dlq:replayed:*",
     "dlq:replayed-at:*",
     "webhook:*",
+    "usage:*",
 )
 """What the operator reads, after ``<p>:``: every key :class:`llmbatch.dispatcher.domain.keys.Keys` makes but
 the S3

@@ -28,6 +28,7 @@ from llmbatch.dispatcher.domain import states
 from llmbatch.dispatcher.domain.batch_record import BatchRecord, IntakeItem, IntakeResult, TransitionResult
 from llmbatch.dispatcher.domain.keys import BatchKey, Keys, split_batch_key
 from llmbatch.dispatcher.domain.states import State
+from llmbatch.dispatcher.domain.usage import MAX_DAYS, usage_day
 from llmbatch.dispatcher.errors import ConflictError, StateStoreUnavailable, classify
 from llmbatch.dispatcher.state import lua
 from llmbatch.dispatcher.state.store_indexes import StoreIndexes, reply_text
@@ -46,6 +47,7 @@ _TERMINAL_CSV = ",".join(sorted(s.value for s in states.TERMINAL))
 # reopens a batch, the one it leaves (failed, dead_lettered)
 _INTAKE_STATES = (State.QUEUED, State.DEAD_LETTERED, State.FAILED)
 _INTAKE_STATES_CSV = ",".join(s.value for s in _INTAKE_STATES)
+USAGE_TTL_S = (MAX_DAYS + 1) * 86400  # a usage hash outlives the longest report by a day
 
 
 def _str_hash(raw: Mapping[Any, Any]) -> dict[str, str]:
@@ -341,11 +343,23 @@ class StateStore(StoreIndexes, StoreUpkeep):
         args = [event_id, _fmt(self.clock()), _TERMINAL_CSV]
         return reply_text(await self._call(lambda: self._scripts.mark_dlt(keys=keys, args=args))) == "ok"
 
-    async def mark_published(self, key: BatchKey, event_id: str) -> bool:
+    async def mark_published(
+        self, key: BatchKey, event_id: str, *, ended_at: float | None = None
+    ) -> Literal["counted", "ok"] | None:
+        """Mark the lifecycle's terminal event ``event_id`` published: ``counted`` the first time (its
+        usage then goes to its tenant's usage of the day of ``ended_at``, when given), ``ok`` after,
+        None when ``event_id`` is not the batch's terminal event (or the batch is gone)."""
         keys = [self.keys.batch(key), self.keys.unpublished, self.keys.progress(key)]
-        args = [key, event_id, _fmt(self.clock()), str(self.finished_ttl_s), _TERMINAL_CSV]
-        reply = await self._call(lambda: self._scripts.mark_published(keys=keys, args=args))
-        return reply_text(reply) == "ok"
+        tenant = ""
+        if ended_at is not None:
+            tenant = split_batch_key(key)[0]
+            keys += [self.keys.usage(tenant, usage_day(ended_at)), self.keys.usage_tenants]
+        now, ttl = _fmt(self.clock()), str(self.finished_ttl_s)
+        args = [key, event_id, now, ttl, tenant, str(USAGE_TTL_S), _TERMINAL_CSV]
+        reply = reply_text(await self._call(lambda: self._scripts.mark_published(keys=keys, args=args)))
+        if reply == "counted":
+            return "counted"
+        return "ok" if reply == "ok" else None
 
     async def promote_due(self, limit: int = 500) -> int:
         """Move queued batches whose retry backoff has elapsed back into the ``ready`` zset."""
