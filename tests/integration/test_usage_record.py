@@ -24,6 +24,7 @@ from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.domain.usage import totals
 from llmbatch.dispatcher.intake.commands import Accept, IntakeRules, classify
 from llmbatch.dispatcher.ops import usage, usage_cli
+from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.schemas.batch import InlineLimits
 from llmbatch.settings import LLMBatchSettings
 from tests.integration.test_dispatcher_publisher import World, make_world, topic_settings, worlds  # noqa: F401
@@ -145,7 +146,9 @@ async def test_each_tenants_usage_report_is_the_sum_of_its_terminal_events(
         for (m, s, name), n in c.items()
         if name == "completion_tokens"
     }
-    api = make_api(usage=RedisUsage(w.store.client, w.store.keys))
+    # a client of its own: the app runs on the test client's event loop, not this one
+    api_store = StateStore.from_url(settings.redis.url, keys=w.store.keys)
+    api = make_api(usage=RedisUsage(api_store.client, api_store.keys))
     start = int(datetime(today.year, today.month, today.day, tzinfo=UTC).timestamp())
     answer = await asyncio.to_thread(
         api.client.get, f"/v1/usage?start_time={start}&end_time={start + 86400}", headers=api.auth("acme")

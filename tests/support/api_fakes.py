@@ -112,6 +112,7 @@ class MemoryDispatcher:
         self.hashes: dict[str, dict[str, str]] = {}
         self.progress: dict[str, dict[str, str]] = {}
         self.listings: dict[str, dict[str, int]] = {}  # tenant -> batch id -> accepted ms (from Kafka)
+        self.tokens: dict[str, int] = {}  # tenant -> enqueued tokens (the quota counter)
 
     def _find(self, key: BatchKey) -> str | None:
         """The id of the batch ``key`` names: batch ids are scoped by tenant (the tests' ids are unique
@@ -142,6 +143,9 @@ class MemoryDispatcher:
 
     async def listed_at(self, tenant: str, batch_id: str) -> int | None:
         return self.listings.get(tenant, {}).get(batch_id)
+
+    async def enqueued_tokens(self, tenant: str) -> int:
+        return self.tokens.get(tenant, 0)
 
     def _set(self, batch_id: str, state: State, now: float, **fields: object) -> None:
         current = self.hashes[batch_id]
@@ -320,7 +324,11 @@ WEBHOOK_KEY = "w" * 40
 
 
 def make_api(
-    *, webhooks: WebhookSettings | None = None, usage: UsageSource | None = None, **options: Any
+    *,
+    webhooks: WebhookSettings | None = None,
+    usage: UsageSource | None = None,
+    token_limits: dict[str, int] | None = None,
+    **options: Any,
 ) -> ApiHarness:
     """The app over in-memory ports; ``webhooks``: its webhook settings (off when None); ``usage``:
     where ``GET /v1/usage`` reads (none: no usage recorded)."""
@@ -348,6 +356,7 @@ def make_api(
         webhook_settings=webhooks,
         endpoints=endpoints,
         usage=usage,
+        token_limits=token_limits,
         clock=clock,
         monotonic=clock,
     )

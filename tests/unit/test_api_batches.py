@@ -528,3 +528,27 @@ def test_a_kafka_record_the_api_cannot_show_is_not_found_not_a_500() -> None:
     api.dispatcher.hashes["old-record"]["endpoint"] = "/v1/retired"
     answer = api.client.get("/v1/batches/old-record", headers=api.auth())
     assert answer.status_code == 404 and answer.json()["error"]["param"] == "batch_id"
+
+
+def test_a_batch_over_the_tenants_token_limit_is_refused_with_429_and_nothing_published() -> None:
+    """The file's tokens (its bytes / 4) and those the tenant's batches hold, against its limit."""
+    from llmbatch.dispatcher.domain.quota import estimate_file
+
+    api = make_api(token_limits={"acme": 10_000})
+    file_id = uploaded(api)
+    size = api.client.get(f"/v1/files/{file_id}", headers=api.auth()).json()["bytes"]
+    api.dispatcher.tokens["acme"] = 10_000 - estimate_file(size)  # exactly room for it
+    assert create(api, input_file_id=file_id, endpoint=CHAT).status_code == 200
+    api.dispatcher.tokens["acme"] += 1  # one token less room
+    refused = create(api, input_file_id=file_id, endpoint=CHAT)
+    assert refused.status_code == 429, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["type"], error["param"]) == (
+        "token_limit_exceeded",
+        "insufficient_quota",
+        "input_file_id",
+    )
+    assert "LLMBATCH_TENANTS__MAX_ENQUEUED_TOKENS" in error["message"]
+    assert len([e for e in api.publisher.events() if isinstance(e.data, BatchRequest)]) == 1
+    # another tenant has no limit ("*" unset)
+    assert create(api, "globex", input_file_id=uploaded(api, "globex"), endpoint=CHAT).status_code == 200

@@ -47,6 +47,7 @@ def build_app(settings: ApiSettings) -> FastAPI:
         webhook_settings=settings.webhooks,
         endpoints=WebhookStore(store.client, store.keys) if settings.webhooks.enabled else None,
         usage=RedisUsage(store.client, store.keys),
+        token_limits=settings.tenants.max_enqueued_tokens,
     )
     return create_app(services, on_close=[publisher.stop, store.close])
 

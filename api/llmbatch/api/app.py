@@ -75,6 +75,7 @@ def build_services(
     webhook_settings: WebhookSettings | None = None,
     endpoints: EndpointStore | None = None,
     usage: UsageSource | None = None,
+    token_limits: Mapping[str, int] | None = None,
     clock: Callable[[], float] = time.time,
     monotonic: Callable[[], float] = time.monotonic,
 ) -> Services:
@@ -108,6 +109,7 @@ def build_services(
             priority=options.priority,
             republish_after_s=options.republish_after_s,
             max_active=options.max_active_batches,
+            token_limits=token_limits,
             clock=clock,
         ),
         auth=Authenticator(options.keys),

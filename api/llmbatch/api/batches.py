@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -27,7 +27,14 @@ from pydantic import ValidationError
 from llmbatch.adapters.kafka import Published
 from llmbatch.api import idempotency, listing
 from llmbatch.api.batch_reader import KAFKA_BATCH_ID, BatchReader, Snapshot
-from llmbatch.api.errors import ApiError, Conflict, InvalidRequest, NotFound, from_exception
+from llmbatch.api.errors import (
+    ApiError,
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    QuotaExceeded,
+    from_exception,
+)
 from llmbatch.api.objects import TERMINAL_STATUSES, Batch, BatchCreate, ListPage
 from llmbatch.api.quota import ActiveBatches
 from llmbatch.api.records import (
@@ -42,6 +49,7 @@ from llmbatch.api.records import (
     new_id,
 )
 from llmbatch.api.status import to_batch
+from llmbatch.dispatcher.domain.quota import estimate_file, over_limit_message
 from llmbatch.schemas import (
     BatchRequest,
     CancelRequest,
@@ -79,9 +87,11 @@ class BatchService:
         priority: int = 5,
         republish_after_s: float = 120.0,
         max_active: int = 0,
+        token_limits: Mapping[str, int] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.reader = reader
+        self.token_limits = dict(token_limits or {})
         self.active = ActiveBatches(
             reader.records,
             reader.state,
@@ -171,6 +181,7 @@ class BatchService:
                 f"{file.endpoint.value!r} (or upload a file for {body.endpoint.value})",
                 param="endpoint",
             )
+        await self._check_tokens(tenant, file.bytes)
         input_uri = self.layout.content_uri(tenant, file.id)
         priority = self.priority if body.priority is None else body.priority
         try:
@@ -207,6 +218,25 @@ class BatchService:
             event_source=envelope.source,
         )
         return stored, envelope
+
+    async def _check_tokens(self, tenant: str, size: int) -> None:
+        """429 ``token_limit_exceeded`` when the file's tokens (estimated) and those the tenant's batches
+        hold would pass its limit (``LLMBATCH_TENANTS__MAX_ENQUEUED_TOKENS``). The dispatcher checks
+        again as it takes the batch in (two creates at once may both pass here)."""
+        limit = self.token_limits.get(tenant, self.token_limits.get("*"))
+        if limit is None:
+            return
+        estimate = estimate_file(size)
+        try:
+            used = await self.reader.state.enqueued_tokens(tenant)
+        except Exception as exc:
+            raise from_exception(exc) from exc
+        if used + estimate > limit:
+            raise QuotaExceeded(
+                over_limit_message(tenant, estimate, used, limit),
+                param="input_file_id",
+                code="token_limit_exceeded",
+            )
 
     async def _admit(self, stored: StoredBatch) -> None:
         """Count the batch against its tenant's active-batch quota (429 when over it)."""

@@ -38,6 +38,10 @@ class StateReader(Protocol):
         """When the tenant's batch ``batch_id`` sent to Kafka was accepted (unix ms); None if unlisted."""
         ...
 
+    async def enqueued_tokens(self, tenant: str) -> int:
+        """The tokens (estimated) the tenant's accepted, not yet ended batches hold."""
+        ...
+
 
 class BatchRecords(Protocol):
     """The part of :class:`~llmbatch.dispatcher.state.store.StateStore` the reader uses."""
@@ -51,6 +55,8 @@ class BatchRecords(Protocol):
     ) -> list[tuple[str, int]]: ...
 
     async def listed_at(self, tenant: str, batch_id: str) -> int | None: ...
+
+    async def enqueued_tokens(self, tenant: str) -> int: ...
 
 
 class RedisStateReader:
@@ -73,3 +79,6 @@ class RedisStateReader:
 
     async def listed_at(self, tenant: str, batch_id: str) -> int | None:
         return await self._store.listed_at(tenant, batch_id)
+
+    async def enqueued_tokens(self, tenant: str) -> int:
+        return await self._store.enqueued_tokens(tenant)

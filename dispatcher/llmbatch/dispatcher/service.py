@@ -100,7 +100,9 @@ class Dispatcher:
                 )
         self.backend = backend
         self.producer = EventProducer(settings.kafka, self.metrics)
-        self.consumer = RequestConsumer(settings, self.store, self.producer, self.metrics, crash=self.crash)
+        self.consumer = RequestConsumer(
+            settings, self.store, self.producer, self.metrics, crash=self.crash, size_of=input_sizes
+        )
         self.tracker = Tracker(
             RunContext(
                 settings,

@@ -80,6 +80,9 @@ class DltReason(StrEnum):
     """The input has no valid line (or is otherwise unusable as a whole)."""
     LIMIT_EXCEEDED = "limit_exceeded"
     """Inline requests over the limits, or a bucket that is not allowed."""
+    TOKEN_LIMIT_EXCEEDED = "token_limit_exceeded"  # noqa: S105 (an error code, not a secret)
+    """The tenant's enqueued tokens would pass its limit (``LLMBATCH_TENANTS__MAX_ENQUEUED_TOKENS``);
+    replay it once earlier batches ended."""
     DEADLINE_PASSED = "deadline_passed"
     """The deadline was already past when the request was first seen."""
     MODEL_NOT_FOUND = "model_not_found"

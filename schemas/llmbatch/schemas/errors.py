@@ -45,6 +45,9 @@ class Reason(StrEnum):
     """An input line's ``body.model`` differs from the batch ``model``."""
     DUPLICATE_CUSTOM_ID = "duplicate_custom_id"
     """Two input lines of one batch share a ``custom_id``."""
+    TOKEN_LIMIT_EXCEEDED = "token_limit_exceeded"  # noqa: S105 (an error code, not a secret)
+    """The tenant's enqueued tokens (estimated at intake) would pass its limit
+    (``LLMBATCH_TENANTS__MAX_ENQUEUED_TOKENS``): send the batch again once earlier batches end."""
     LINE_TOO_LARGE = "line_too_large"
     """An input line is longer than ``LLMBATCH_JOB__MAX_LINE_BYTES`` (answered without being read whole)."""
     EMPTY_INPUT = "empty_input"

@@ -356,6 +356,30 @@ class TenantSettings(BaseModel):
 
         return tenant_pool_resource(tenant) if tenant in self.pools else None
 
+    max_enqueued_tokens: dict[str, int] = Field(
+        default_factory=dict,
+        description="Tenant -> the tokens its batches may have enqueued at once (accepted, not ended), "
+        'as JSON; "*" applies to every tenant not named (e.g. {"*": 5000000, "acme": 20000000}). Tokens are '
+        "estimated at intake from the input, about 4 bytes a token (an inline batch's request bodies, a "
+        "file batch's size). A batch that would pass the limit is refused whole (HTTP 429 / a rejected "
+        "event, code token_limit_exceeded, and a dead letter to replay later); its tokens are released "
+        "when the batch's end is published. Empty: no limit.",
+    )
+
+    @field_validator("max_enqueued_tokens")
+    @classmethod
+    def _valid_token_limits(cls, value: dict[str, int]) -> dict[str, int]:
+        for tenant, limit in value.items():
+            if tenant != "*":
+                check_tenant(tenant)
+            if not isinstance(limit, int) or limit < 1:
+                raise ValueError(f"max_enqueued_tokens of {tenant!r} must be a positive number of tokens")
+        return value
+
+    def token_limit(self, tenant: str) -> int | None:
+        """The enqueued-token limit of ``tenant`` (its own, else ``*``), None when it has none."""
+        return self.max_enqueued_tokens.get(tenant, self.max_enqueued_tokens.get("*"))
+
     def known(self) -> frozenset[str]:
         """The configured tenants (keys, pools, weights) and ``default``: the tenants that metrics
         label by name (any other is ``other``, so labels stay bounded)."""

@@ -89,14 +89,17 @@ class IntakeItem:
     ready_score: float = 0.0
     deadline: float | None = None
     replay_id: str | None = None
+    tokens: int = 0  # its estimated tokens (dispatcher.domain.quota), held while it is not ended
+    token_limit: int | None = None  # its tenant's limit of enqueued tokens (None: no limit)
 
 
 @dataclass(frozen=True)
 class IntakeResult:
-    outcome: str  # created | reopened | duplicate | dup_event
+    outcome: str  # created | reopened | duplicate | dup_event | over_quota
     state: State | None
     version: int
     generation: int
+    quota: tuple[int, int, int] | None = None  # over_quota: (tokens enqueued, this batch's, the limit)
 
     @property
     def is_new(self) -> bool:

@@ -186,6 +186,8 @@ def reason_for_schema_error(error: SchemaError) -> DltReason:
         return DltReason.DEADLINE_PASSED
     if error.reason == Reason.MODEL_NOT_FOUND:
         return DltReason.MODEL_NOT_FOUND
+    if error.reason == Reason.TOKEN_LIMIT_EXCEEDED:
+        return DltReason.TOKEN_LIMIT_EXCEEDED
     return DltReason.INVALID_EVENT
 
 

@@ -22,6 +22,7 @@ share one Redis. The layout:
                                   (``GETDEL``; see dispatcher.s3_sessions)
 ``<p>:usage:<tenant>:<yyyymmdd>`` hash: a tenant's usage of one UTC day (dispatcher.domain.usage)
 ``<p>:usage:tenants``             set: the tenants that have usage hashes
+``<p>:quota:<tenant>:tokens``     string: the tokens a tenant's accepted, not yet ended batches hold
 ``<p>:webhook:endpoints:<tenant>`` hash: a tenant's webhook endpoints, id -> JSON (dispatcher.webhooks)
 ``<p>:webhook:due``               zset: webhook deliveries to attempt, score = when (unix ms)
 ``<p>:webhook:delivery:<id>``     hash: one delivery (its event, endpoint, attempts, last error)
@@ -142,6 +143,11 @@ class Keys:
     @property
     def usage_tenants(self) -> str:
         return f"{self.prefix}:usage:tenants"
+
+    def quota_tokens(self, tenant: str) -> str:
+        """The estimated tokens ``tenant``'s accepted batches hold until their end is published
+        (:mod:`llmbatch.dispatcher.domain.quota`)."""
+        return f"{self.prefix}:quota:{tenant}:tokens"
 
     def webhook_endpoints(self, tenant: str) -> str:
         """Hash endpoint id -> JSON of :class:`~llmbatch.schemas.webhooks.WebhookEndpoint`."""

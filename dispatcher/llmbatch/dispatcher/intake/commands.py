@@ -30,6 +30,7 @@ from llmbatch.dispatcher.domain.dlt import (
     without_value,
 )
 from llmbatch.dispatcher.domain.keys import BatchKey, batch_key
+from llmbatch.dispatcher.domain.quota import estimate_inline, over_limit_message
 from llmbatch.dispatcher.domain.scheduler import ready_score
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.intake.intake_checks import (
@@ -80,6 +81,11 @@ class IntakeRules:
     tenant_keys: Mapping[str, bytes] = field(default_factory=dict, repr=False)
     """Tenant -> key (``LLMBATCH_TENANTS__KEYS``): requests and cancels must be signed with the key of
     the tenant they name; empty: tenant claims are trusted."""
+    token_limits: Mapping[str, int] = field(default_factory=dict)
+    """Tenant (or ``*``) -> its limit of enqueued tokens (``LLMBATCH_TENANTS__MAX_ENQUEUED_TOKENS``)."""
+
+    def token_limit(self, tenant: str) -> int | None:
+        return self.token_limits.get(tenant, self.token_limits.get("*"))
 
 
 def intake_rules(settings: DispatcherSettings) -> IntakeRules:
@@ -98,6 +104,7 @@ def intake_rules(settings: DispatcherSettings) -> IntakeRules:
         request_in_redis_max_bytes=opts.request_in_redis_max_bytes,
         replay_key=settings.replay.key_bytes(),
         tenant_keys=settings.tenants.key_bytes(),
+        token_limits=settings.tenants.max_enqueued_tokens,
     )
 
 
@@ -232,6 +239,16 @@ def _reject(origin: OriginalRecord, error: SchemaError, rules: IntakeRules, now:
     )
 
 
+def over_quota_reject(accept: Accept, rules: IntakeRules, now: float, quota: tuple[int, int, int]) -> Reject:
+    """The refusal of an accepted-looking request whose tokens would pass its tenant's limit (the intake
+    script found it so and wrote nothing): dead-lettered and answered ``token_limit_exceeded``."""
+    used, estimate, limit = quota
+    error = SchemaError(
+        Reason.TOKEN_LIMIT_EXCEEDED, over_limit_message(accept.request.tenant, estimate, used, limit)
+    )
+    return _reject(accept.origin, error, rules, now)
+
+
 def record_marker(origin: OriginalRecord) -> tuple[str, str]:
     """Dedupe key of one Kafka record (for rejected records: only an exact redelivery is skipped;
     two different records that reuse an event id are both dead-lettered)."""
@@ -287,6 +304,9 @@ def classify(origin: OriginalRecord, rules: IntakeRules, now: float) -> Command:
             ready_score=ready_score(data.priority, deadline),
             deadline=deadline,
             replay_id=replay.replay_id if replay else None,
+            # a file batch's estimate needs its size: the intake reads it (only under a limit)
+            tokens=estimate_inline(line.body for line in data.requests) if data.requests else 0,
+            token_limit=rules.token_limit(data.tenant),
         )
         return Accept(item, data, envelope.traceparent, origin)
     except SchemaError as error:

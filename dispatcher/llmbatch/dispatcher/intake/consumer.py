@@ -45,7 +45,7 @@ from llmbatch.dispatcher.intake.cancel import apply_cancel
 from llmbatch.dispatcher.intake.cancel_scan import CancelScanner
 from llmbatch.dispatcher.intake.commands import Accept, Cancel, Command, IntakeRules, intake_rules
 from llmbatch.dispatcher.intake.commands import classify as classify_record
-from llmbatch.dispatcher.intake.intake_apply import IntakeApplier
+from llmbatch.dispatcher.intake.intake_apply import IntakeApplier, SizeOf
 from llmbatch.dispatcher.intake.record_retry import Abandoned, GaveUp, RecordRetry, describe
 from llmbatch.dispatcher.kafka.publisher import EventProducer
 from llmbatch.dispatcher.metrics import Metrics
@@ -82,6 +82,7 @@ class RequestConsumer:
         *,
         crash: Callable[[str], None] = lambda point: None,
         clock: Callable[[], float] = time.time,
+        size_of: SizeOf | None = None,
     ) -> None:
         self.settings = settings
         self.opts = settings.dispatcher
@@ -100,6 +101,8 @@ class RequestConsumer:
             source=self.opts.source,
             clock=clock,
             crash=crash,
+            rules=self.rules,
+            size_of=size_of,
         )
         self._scan_at = 0.0
         self.backoff: Backoff = self.opts.io_backoff

@@ -10,22 +10,33 @@ after a transient failure and commits its offsets only once this returned.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from llmbatch.dispatcher import logs
 from llmbatch.dispatcher.domain.batch_record import BatchRecord
 from llmbatch.dispatcher.domain.events import build_accepted
+from llmbatch.dispatcher.domain.quota import estimate_file
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import DispatcherError
 from llmbatch.dispatcher.intake.answers import duplicate_answer, rejection_answer
-from llmbatch.dispatcher.intake.commands import Accept, Command, Reject
+from llmbatch.dispatcher.intake.commands import (
+    Accept,
+    Command,
+    IntakeRules,
+    Reject,
+    over_quota_reject,
+    record_marker,
+)
 from llmbatch.dispatcher.kafka.publisher import EventProducer, SendFuture, gather_sends
 from llmbatch.dispatcher.metrics import Metrics
 from llmbatch.dispatcher.state.store import StateStore
 
 log = logging.getLogger(__name__)
+SizeOf = Callable[[str], Awaitable[int | None]]
+"""An input file's size in bytes (None: no such object); the dispatcher's cached S3 HEAD."""
 
 
 class IntakeApplier:
@@ -42,7 +53,13 @@ class IntakeApplier:
         source: str,
         clock: Callable[[], float],
         crash: Callable[[str], None],
+        rules: IntakeRules | None = None,
+        size_of: SizeOf | None = None,
     ) -> None:
+        """``rules``: what an over-quota refusal is dead-lettered by; ``size_of``: a file batch's input
+        size (its token estimate under a limit; none: such a batch counts 0)."""
+        self.rules = rules
+        self.size_of = size_of
         self.store = store
         self.producer = producer
         self.metrics = metrics
@@ -54,7 +71,14 @@ class IntakeApplier:
     async def apply(self, commands: Sequence[Command]) -> int:
         """Apply one segment (no cancel in it); returns how many batches it accepted anew. Raises the
         store's or the producer's :class:`DispatcherError`; applying the same segment again is harmless."""
-        accepts = [c for c in commands if isinstance(c, Accept)]
+        accepts = [await self._estimated(c) for c in commands if isinstance(c, Accept)]
+        # a request refused over quota before (its record's marker) is not taken in when it comes again
+        limited = [a for a in accepts if a.item.token_limit is not None]
+        if limited:
+            refused_before = await self.store.markers_exist([record_marker(a.origin) for a in limited])
+            refused_again = {id(a) for a, seen_ in zip(limited, refused_before, strict=True) if seen_}
+            self.metrics.processed.labels(outcome="duplicate_rejected").inc(len(refused_again))
+            accepts = [a for a in accepts if id(a) not in refused_again]
         rejects = [c for c in commands if isinstance(c, Reject)]
         seen = await self.store.markers_exist([r.marker for r in rejects])
         fresh = [r for r, exists in zip(rejects, seen, strict=True) if not exists]
@@ -65,6 +89,16 @@ class IntakeApplier:
         behind = [named_states.get(r.key) if r.key is not None else None for r in fresh]
         results = await self.store.intake_many([a.item for a in accepts])
         self.crash("after_accept")
+        # over quota: nothing was written; refused as an invalid request is (dead letter, rejected answer)
+        over = [(a, r) for a, r in zip(accepts, results, strict=True) if r.outcome == "over_quota"]
+        if over:
+            accepts = [a for a, r in zip(accepts, results, strict=True) if r.outcome != "over_quota"]
+            results = [r for r in results if r.outcome != "over_quota"]
+            for accept, result in over:
+                assert result.quota is not None and self.rules is not None
+                fresh.append(over_quota_reject(accept, self.rules, self.clock(), result.quota))
+                behind.append(None)
+            self.metrics.processed.labels(outcome="over_quota").inc(len(over))
         sends: list[SendFuture] = []
         outcomes: Counter[str] = Counter()
         results_topic = self.results_topic
@@ -157,3 +191,16 @@ class IntakeApplier:
                 # the dead letters and answers are written: a retry would only write them again
                 log.warning("dead-lettered records not recorded in Redis", extra={"error": str(exc)})
         return sum(1 for r in results if r.is_new)
+
+    async def _estimated(self, accept: Accept) -> Accept:
+        """``accept`` with its file's token estimate, when its tenant has a limit (one S3 HEAD, cached)."""
+        request = accept.request
+        if accept.item.token_limit is None or request.input_uri is None or self.size_of is None:
+            return accept
+        try:
+            size = await self.size_of(request.input_uri)
+        except Exception:  # unreadable now: the batch fails on its own later; its estimate is 0
+            log.warning("input size unknown for the token estimate", extra={"batch_id": request.batch_id})
+            size = None
+        item = dataclasses.replace(accept.item, tokens=estimate_file(size or 0))
+        return dataclasses.replace(accept, item=item)

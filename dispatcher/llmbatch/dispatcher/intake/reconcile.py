@@ -28,6 +28,7 @@ bounded by the batches accepted within ``reconcile_lookback_s``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -169,7 +170,8 @@ class Reconciler:
                 extra={"batch_id": pending.key, "request": where},
             )
             return 0
-        [result] = await self.store.intake_many([command.item])
+        # it was accepted once (its accepted event is out): no quota refuses it now
+        [result] = await self.store.intake_many([dataclasses.replace(command.item, token_limit=None)])
         if not result.is_new:  # taken in meanwhile (a redelivery, another pass)
             return 0
         self.metrics.reconciled.labels(outcome="restored").inc()

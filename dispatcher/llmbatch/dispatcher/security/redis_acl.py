@@ -58,6 +58,7 @@ OPERATOR_READS = (
     "dlq:replayed-at:*",
     "webhook:*",
     "usage:*",
+    "quota:*",
 )
 """What the operator reads, after ``<p>:``: every key :class:`llmbatch.dispatcher.domain.keys.Keys` makes but
 the S3

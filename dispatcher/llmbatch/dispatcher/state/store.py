@@ -170,6 +170,8 @@ class StateStore(StoreIndexes, StoreUpkeep):
             _TERMINAL_CSV,
             tenant if listed else "",
             batch_id,
+            str(item.tokens),
+            "" if item.token_limit is None else str(item.token_limit),
         ]
         keys = [
             self.keys.batch(item.key),
@@ -181,6 +183,7 @@ class StateStore(StoreIndexes, StoreUpkeep):
             self.keys.unpublished,
             self.keys.tenant_batches(tenant),
             self.keys.tenants,
+            self.keys.quota_tokens(tenant),
             *(self.keys.state_index(s) for s in _INTAKE_STATES),
         ]
         return keys, args
@@ -202,6 +205,10 @@ class StateStore(StoreIndexes, StoreUpkeep):
         out = []
         for reply in raw:
             outcome, state, version, generation = (reply_text(x) for x in reply)
+            if outcome == "over_quota":  # nothing written; the reply carries the quota's figures
+                quota = (int(state), int(version), int(generation))
+                out.append(IntakeResult(outcome, None, 0, 0, quota=quota))
+                continue
             out.append(IntakeResult(outcome, State(state) if state else None, int(version), int(generation)))
         return out
 
@@ -349,13 +356,25 @@ class StateStore(StoreIndexes, StoreUpkeep):
         """Mark the lifecycle's terminal event ``event_id`` published: ``counted`` the first time (its
         usage then goes to its tenant's usage of the day of ``ended_at``, when given), ``ok`` after,
         None when ``event_id`` is not the batch's terminal event (or the batch is gone)."""
-        keys = [self.keys.batch(key), self.keys.unpublished, self.keys.progress(key)]
-        tenant = ""
+        tenant = split_batch_key(key)[0]
+        keys = [
+            self.keys.batch(key),
+            self.keys.unpublished,
+            self.keys.progress(key),
+            self.keys.quota_tokens(tenant),
+        ]
         if ended_at is not None:
-            tenant = split_batch_key(key)[0]
             keys += [self.keys.usage(tenant, usage_day(ended_at)), self.keys.usage_tenants]
         now, ttl = _fmt(self.clock()), str(self.finished_ttl_s)
-        args = [key, event_id, now, ttl, tenant, str(USAGE_TTL_S), _TERMINAL_CSV]
+        args = [
+            key,
+            event_id,
+            now,
+            ttl,
+            tenant if ended_at is not None else "",
+            str(USAGE_TTL_S),
+            _TERMINAL_CSV,
+        ]
         reply = reply_text(await self._call(lambda: self._scripts.mark_published(keys=keys, args=args)))
         if reply == "counted":
             return "counted"

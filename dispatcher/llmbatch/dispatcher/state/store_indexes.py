@@ -75,6 +75,14 @@ class StoreIndexes:
         score = await self._call(lambda: self.client.zscore(self.keys.tenant_batches(tenant), batch_id))
         return None if score is None else int(score)
 
+    async def enqueued_tokens(self, tenant: str) -> int:
+        """The tokens (estimated) ``tenant``'s accepted, not yet ended batches hold (0 if unreadable)."""
+        raw = await self._call(lambda: self.client.get(self.keys.quota_tokens(tenant)))
+        try:
+            return max(0, int(raw or 0))
+        except ValueError:
+            return 0
+
     async def ids_in_state(self, state: State, limit: int = 1000, offset: int = 0) -> list[BatchKey]:
         key = self.keys.state_index(state)
         raw = await self._call(lambda: self.client.zrange(key, offset, offset + limit - 1))

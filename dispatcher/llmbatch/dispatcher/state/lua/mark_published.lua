@@ -1,10 +1,11 @@
 -- mark_published: the terminal event of a batch is out; drop what served it and close its progress.
 --
 -- KEYS[1]  the batch hash      KEYS[2]  <p>:unpublished      KEYS[3]  <p>:progress:<id>
--- KEYS[4]  (optional) the tenant's usage hash of the day the batch ended (<p>:usage:<tenant>:<yyyymmdd>)
--- KEYS[5]  (with KEYS[4]) <p>:usage:tenants
+-- KEYS[4]  the tenant's enqueued tokens (<p>:quota:<tenant>:tokens): the batch's quota_tokens go back
+-- KEYS[5]  (optional) the tenant's usage hash of the day the batch ended (<p>:usage:<tenant>:<yyyymmdd>)
+-- KEYS[6]  (with KEYS[5]) <p>:usage:tenants
 -- ARGV[1]  batch id            ARGV[2]  the terminal event id      ARGV[3]  now (unix s)
--- ARGV[4]  finished TTL (s)    ARGV[5]  the tenant ('' without KEYS[4])
+-- ARGV[4]  finished TTL (s)    ARGV[5]  the tenant ('' without KEYS[5])
 -- ARGV[6]  how long the usage hash is kept (s)    ARGV[7]  terminal states (comma-separated; last)
 -- The first time a lifecycle's terminal event is marked published, its usage (from the batch's
 -- outcome) is added to the usage hash, under <model>|<state>|<counter>: once per lifecycle, in the same
@@ -14,7 +15,12 @@ local cur = redis.call('HMGET', KEYS[1], 'state', 'terminal_event_id')
 if not cur[1] then redis.call('ZREM', KEYS[2], ARGV[1]); return 'missing' end
 if not is_terminal(cur[1]) or cur[2] ~= ARGV[2] then return 'conflict' end
 local first = redis.call('HGET', KEYS[1], 'published') ~= '1'
-if first and KEYS[4] then
+if first then
+  -- the batch's enqueued tokens go back to its tenant (counted at intake; never below zero)
+  local held = tonumber(redis.call('HGET', KEYS[1], 'quota_tokens') or '0') or 0
+  if held > 0 and redis.call('DECRBY', KEYS[4], held) <= 0 then redis.call('DEL', KEYS[4]) end
+end
+if first and KEYS[5] then
   local model = redis.call('HGET', KEYS[1], 'model') or ''
   local ok, o = pcall(cjson.decode, redis.call('HGET', KEYS[1], 'outcome') or '{}')
   if not ok or type(o) ~= 'table' then o = {} end
@@ -22,14 +28,14 @@ if first and KEYS[4] then
   local usage = type(o.usage) == 'table' and o.usage or {}
   local function n(v) v = tonumber(v); if v and v > 0 then return math.floor(v) end return 0 end
   local base = model .. '|' .. cur[1] .. '|'
-  redis.call('HINCRBY', KEYS[4], base .. 'batches', 1)
-  redis.call('HINCRBY', KEYS[4], base .. 'requests', n(counts.total))
-  redis.call('HINCRBY', KEYS[4], base .. 'completed', n(counts.completed))
-  redis.call('HINCRBY', KEYS[4], base .. 'failed', n(counts.failed))
-  redis.call('HINCRBY', KEYS[4], base .. 'prompt_tokens', n(usage.prompt_tokens))
-  redis.call('HINCRBY', KEYS[4], base .. 'completion_tokens', n(usage.completion_tokens))
-  redis.call('EXPIRE', KEYS[4], ARGV[6])
-  redis.call('SADD', KEYS[5], ARGV[5])
+  redis.call('HINCRBY', KEYS[5], base .. 'batches', 1)
+  redis.call('HINCRBY', KEYS[5], base .. 'requests', n(counts.total))
+  redis.call('HINCRBY', KEYS[5], base .. 'completed', n(counts.completed))
+  redis.call('HINCRBY', KEYS[5], base .. 'failed', n(counts.failed))
+  redis.call('HINCRBY', KEYS[5], base .. 'prompt_tokens', n(usage.prompt_tokens))
+  redis.call('HINCRBY', KEYS[5], base .. 'completion_tokens', n(usage.completion_tokens))
+  redis.call('EXPIRE', KEYS[5], ARGV[6])
+  redis.call('SADD', KEYS[6], ARGV[5])
 end
 redis.call('HSET', KEYS[1], 'published', '1', 'published_at', ARGV[3])
 -- the request body and the original record served launches and the dead letter: both are done
