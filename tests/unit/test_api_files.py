@@ -373,3 +373,17 @@ def test_without_a_purpose_every_file_is_listed_uploads_first_then_results_in_pa
             after = page["last_id"]
         assert pages == uploads + results, size
     assert [f["id"] for f in listed(limit=2)["data"]] == uploads and listed(limit=2)["has_more"]
+
+
+def test_a_tenant_may_have_a_storage_quota_of_its_own() -> None:
+    data = jsonl(chat_line("a"), chat_line("b"))
+    api = make_api(max_stored_bytes=len(data) + 10, max_stored_bytes_by_tenant={"globex": 3 * len(data) + 10})
+    upload_ok(api, data)
+    assert api.upload(data).status_code == 429  # acme: the default
+    for _ in range(3):
+        upload_ok(api, data, tenant="globex")  # globex: its own, larger
+    refused = api.upload(data, tenant="globex")
+    assert (
+        refused.status_code == 429
+        and f"quota of {3 * len(data) + 10} bytes" in refused.json()["error"]["message"]
+    )

@@ -97,6 +97,7 @@ def build_services(
             max_upload_bytes=options.max_upload_bytes,
             max_file_requests=options.max_file_requests,
             max_stored_bytes=options.max_stored_bytes,
+            max_stored_bytes_by_tenant=options.max_stored_bytes_by_tenant,
             clock=clock,
         ),
         batches=BatchService(

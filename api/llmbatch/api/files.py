@@ -13,7 +13,7 @@ import asyncio
 import builtins
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import IO
 
 from llmbatch.adapters.errors import InvalidInput
@@ -62,6 +62,7 @@ class FileService:
         max_upload_bytes: int,
         max_file_requests: int,
         max_stored_bytes: int = 0,
+        max_stored_bytes_by_tenant: Mapping[str, int] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.objects = objects
@@ -71,6 +72,7 @@ class FileService:
         self.max_upload_bytes = max_upload_bytes
         self.max_file_requests = max_file_requests
         self.max_stored_bytes = max_stored_bytes
+        self.max_stored_bytes_by_tenant = dict(max_stored_bytes_by_tenant or {})
         self.clock = clock
 
     async def upload(
@@ -128,13 +130,14 @@ class FileService:
     async def _check_quota(self, tenant: str, size: int) -> None:
         """429 when the tenant's uploaded files and this one would be over ``max_stored_bytes``
         (counted from one listing of ``<tenant>/files/``; uploads at the same moment may each pass)."""
-        if not self.max_stored_bytes:
+        limit = self.max_stored_bytes_by_tenant.get(tenant, self.max_stored_bytes)
+        if not limit:
             return
         used = await self.objects.total_size(self.layout.bucket, self.layout.content_folder(tenant))
-        if used + size > self.max_stored_bytes:
+        if used + size > limit:
             raise QuotaExceeded(
                 f"this file ({size} bytes) and the {used} bytes of files you keep are over your storage "
-                f"quota of {self.max_stored_bytes} bytes (LLMBATCH_API__MAX_STORED_BYTES): delete files "
+                f"quota of {limit} bytes (LLMBATCH_API__MAX_STORED_BYTES): delete files "
                 "you no longer need (DELETE /v1/files/{id}) and upload again",
                 param="file",
                 code="storage_quota_exceeded",

@@ -54,6 +54,11 @@ class ApiOptions(BaseModel):
         description="Bytes of uploaded files each tenant may keep (0 = no limit); an upload that would go "
         "over is 429 storage_quota_exceeded (delete files to make room).",
     )
+    max_stored_bytes_by_tenant: dict[str, int] = Field(
+        default_factory=dict,
+        description='Tenant -> its own max_stored_bytes, as JSON (e.g. {"acme": 10000000000}; 0 = no limit '
+        "for it); the tenants not named get max_stored_bytes.",
+    )
     max_json_bytes: int = Field(
         default=1 << 20, ge=1024, le=64 << 20, description="Largest JSON request body (bytes)."
     )
