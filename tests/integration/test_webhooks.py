@@ -171,6 +171,9 @@ async def test_a_receiver_that_was_down_gets_every_event_once_verified_by_both_l
         await world.publish(_terminal(BatchExpired, "b-expired", "acme")): ("batch.expired", "b-expired"),
     }
     await world.publish_raw(b"\x00not an event")  # hostile: skipped, counted
+    newline_id = Envelope.new(_terminal(BatchCompleted, "b-crlf", "acme"), source="urn:t", id="evt\r\nx: y")
+    key, value, headers = encode(newline_id)  # an id no header can carry (webhook-id): skipped, counted
+    await world.producer.send_and_wait(world.kafka.topics.results, value, key=key, headers=headers)
     await world.publish(BatchProgress(batch_id="b-done", tenant="acme", updated_at=_now()))  # not a webhook
     await world.publish(  # acme's endpoint did not ask for accepted events
         BatchAccepted(
@@ -202,7 +205,7 @@ async def test_a_receiver_that_was_down_gets_every_event_once_verified_by_both_l
     # a receiver written with the standardwebhooks library verified the same events, each once
     assert {(r.webhook_id, (r.type, r.batch_id)) for r in other_library.accepted} == set(got.items())
     assert len(other_library.accepted) == 4 and other_library.refused == []
-    assert _counted(world.metrics, "llmbatch_webhook_events_total", "invalid") == 1
+    assert _counted(world.metrics, "llmbatch_webhook_events_total", "invalid") == 2
     assert await world.store.depth() == 0
 
     # every part restarted, with its consumer group's offsets lost (a crash after queueing, before the
@@ -210,7 +213,7 @@ async def test_a_receiver_that_was_down_gets_every_event_once_verified_by_both_l
     await world.stop_all()
     await world.start(group="again")
     await wait_for(
-        lambda: _counted(world.metrics, "llmbatch_webhook_events_total", "invalid") == 2,
+        lambda: _counted(world.metrics, "llmbatch_webhook_events_total", "invalid") == 4,
         60,
         what="the topic read again",
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
@@ -21,6 +22,7 @@ from llmbatch.schemas.webhooks import WEBHOOK_TYPES, WebhookEndpoint
 
 log = logging.getLogger(__name__)
 RETRY_S = (0.5, 1.0, 2.0, 5.0)
+HEADER_SAFE = re.compile(r"[\x21-\x7e]{1,256}")  # visible ASCII: what a webhook-id header may hold
 
 
 class EventCounter(Protocol):
@@ -111,6 +113,11 @@ class WebhookFeed:
             )
             return []
         webhook_type = WEBHOOK_TYPES.get(envelope.type)
+        if webhook_type is not None and not HEADER_SAFE.fullmatch(envelope.id):
+            # it becomes the webhook-id header: an id no header can carry is never sent
+            self._count("invalid")
+            log.warning("webhook feed skips event %r: its id cannot be a header", envelope.id[:80])
+            return []
         if webhook_type is None:
             self._count("not_sent")
             return []
