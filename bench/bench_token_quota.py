@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,13 +30,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.service.kafka_redis import kafka_and_redis  # noqa: E402
 from llmbatch.adapters.topics import ensure_topics  # noqa: E402
 from llmbatch.dispatcher.domain.quota import estimate_inline  # noqa: E402
 from llmbatch.dispatcher.domain.states import State  # noqa: E402
 from llmbatch.settings import KafkaSettings, LLMBatchSettings, RedisSettings, TenantSettings  # noqa: E402
-from llmbatch.stack import services  # noqa: E402
-from llmbatch.stack.kafka_broker import start_kafka  # noqa: E402
-from llmbatch.stack.process import stop_tree  # noqa: E402
 from tests.support.consumer_harness import Harness, make_settings  # noqa: E402
 from tests.support.dispatcher_kit import batch_request, inline_lines, request_message  # noqa: E402
 
@@ -98,16 +95,8 @@ def main() -> int:
     parser.add_argument("--lines", type=int, default=4)
     parser.add_argument("--json", action="store_true", help="print JSON only")
     args = parser.parse_args()
-    run_dir = Path(tempfile.mkdtemp(prefix="bench-token-quota-"))
-    redis_rec = services.start_redis(run_dir)
-    kafka_rec = None
-    try:
-        kafka_rec = start_kafka(run_dir)
-        report = asyncio.run(run(args, kafka_rec.address, redis_rec.address))
-    finally:
-        if kafka_rec is not None:
-            stop_tree(kafka_rec.pid)
-        stop_tree(redis_rec.pid)
+    with kafka_and_redis("bench-token-quota-") as (kafka, redis_url):
+        report = asyncio.run(run(args, kafka, redis_url))
     print(json.dumps(report, indent=2))
     half = report["limit, half fit"]
     exact = half["accepted"] == half["allowed"] and half["accepted"] + half["refused"] == args.batches

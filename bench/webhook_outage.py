@@ -20,7 +20,6 @@ import asyncio
 import json
 import os
 import sys
-import tempfile
 import time
 import uuid
 from datetime import UTC, datetime
@@ -33,6 +32,7 @@ if str(ROOT) not in sys.path:
 
 from aiokafka import AIOKafkaProducer  # noqa: E402
 
+from bench.service.kafka_redis import kafka_and_redis  # noqa: E402
 from llmbatch.adapters.topics import ensure_topics  # noqa: E402
 from llmbatch.dispatcher.domain.keys import Keys  # noqa: E402
 from llmbatch.dispatcher.metrics import Metrics  # noqa: E402
@@ -44,9 +44,6 @@ from llmbatch.schemas.events import BatchCancelled, BatchCompleted, BatchExpired
 from llmbatch.schemas.webhooks import WebhookEndpoint, endpoint_secret  # noqa: E402
 from llmbatch.settings import KafkaSettings, TopicSettings  # noqa: E402
 from llmbatch.settings.webhooks import DEFAULT_RETRY_S, WebhookSettings  # noqa: E402
-from llmbatch.stack import services  # noqa: E402
-from llmbatch.stack.kafka_broker import start_kafka  # noqa: E402
-from llmbatch.stack.process import stop_tree  # noqa: E402
 from tests.support.webhook_receiver import Receiver  # noqa: E402
 
 KINDS: list[Any] = [BatchCompleted, BatchFailed, BatchCancelled, BatchExpired]
@@ -167,16 +164,8 @@ def main() -> int:
         "--retry-s", type=json.loads, default=list(DEFAULT_RETRY_S), help="the retry waits, as JSON"
     )
     args = parser.parse_args()
-    run_dir = Path(tempfile.mkdtemp(prefix="bench-webhook-outage-"))
-    redis_rec = services.start_redis(run_dir)
-    kafka_rec = None
-    try:
-        kafka_rec = start_kafka(run_dir)
-        report = asyncio.run(run(args, kafka_rec.address, redis_rec.address))
-    finally:
-        if kafka_rec is not None:
-            stop_tree(kafka_rec.pid)
-        stop_tree(redis_rec.pid)
+    with kafka_and_redis("bench-webhook-outage-") as (kafka, redis_url):
+        report = asyncio.run(run(args, kafka, redis_url))
     print(json.dumps(report, indent=2))
     ok = report["delivered"] == report["events"] and report["duplicates"] == 0
     return 0 if ok else 1
