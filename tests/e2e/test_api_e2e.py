@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 
@@ -160,16 +159,17 @@ async def test_the_openai_sdk_runs_a_batch_through_the_http_api_on_real_vllm(
     receiver = Receiver()
     receiver.up()
     try:
-        # a webhook endpoint, made through the API; its secret goes to the receiver, which verifies every
-        # delivery with the SDK's client.webhooks.unwrap
+        # a webhook endpoint, made with the SDK's own call; its secret goes to the receiver, which verifies
+        # every delivery with the SDK's client.webhooks.unwrap
+        terminal: Any = ["batch.completed", "batch.failed", "batch.cancelled", "batch.expired"]
         made = await asyncio.to_thread(
-            client.post, "/webhooks", body={"url": receiver.url}, cast_to=httpx.Response
+            client.webhooks.create, url=receiver.url, event_types=terminal, name="e2e"
         )
-        receiver.secret = made.json()["secret"]
+        receiver.secret = made.signing_secret
         # loopback outside the operator's allow-list (127.0.0.1/32) is refused, naming the url
         with pytest.raises(BadRequestError) as refused:
             await asyncio.to_thread(
-                client.post, "/webhooks", body={"url": "http://127.0.0.2:9/x"}, cast_to=httpx.Response
+                client.webhooks.create, url="http://127.0.0.2:9/x", event_types=terminal, name="no"
             )
         assert refused.value.param == "url" and refused.value.code == "webhook_target_refused"
         lines = inline_lines(5, prefix="http")

@@ -1,63 +1,101 @@
-"""``/v1/webhooks``: a tenant's endpoints through the real app (in-memory ports): the secret shown at
-creation and rotation only, and the one the deliveries are signed with; targets refused by name."""
+"""``/v1/webhook_endpoints`` through the real app (in-memory ports), driven by the official ``openai``
+SDK's ``client.webhooks`` calls unchanged: the secret shown at creation and rotation only, and the one
+the deliveries are signed with; targets refused by name."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import openai
 import pytest
 
 from llmbatch.schemas import webhooks
 from llmbatch.settings.webhooks import WebhookSettings
-from tests.support.api_fakes import WEBHOOK_KEY, ApiHarness, make_api
+from tests.support.api_fakes import KEYS, T0, WEBHOOK_KEY, ApiHarness, make_api
 
 PUBLIC = "https://93.184.216.34/hooks"  # a literal public address: no name to resolve
+BATCH_EVENTS: Any = ["batch.completed", "batch.failed"]
 
 
 def _api(**settings: Any) -> ApiHarness:
     return make_api(webhooks=WebhookSettings(signing_key=WEBHOOK_KEY, **settings))
 
 
-def _create(api: ApiHarness, tenant: str = "acme", **body: Any) -> Any:
-    return api.client.post("/v1/webhooks", json={"url": PUBLIC, **body}, headers=api.auth(tenant))
-
-
-def test_an_endpoint_is_created_listed_read_and_deleted_with_its_secret_shown_once() -> None:
-    api = _api()
-    made = _create(api, events=["batch.completed", "batch.accepted"], description="billing")
-    assert made.status_code == 200, made.text
-    endpoint = made.json()
-    assert endpoint["object"] == "webhook_endpoint" and endpoint["url"] == PUBLIC
-    assert endpoint["events"] == ["batch.completed", "batch.accepted"]
-    stored = api.endpoints.by_tenant["acme"][endpoint["id"]]
-    # the secret shown is the one deliveries are signed with; nothing secret is stored
-    assert endpoint["secret"] == webhooks.endpoint_secret(WEBHOOK_KEY.encode(), stored.id, 1)
-    assert endpoint["secret"] not in stored.model_dump_json()
-    listed = api.client.get("/v1/webhooks", headers=api.auth()).json()
-    assert [e["id"] for e in listed["data"]] == [endpoint["id"]] and listed["data"][0]["secret"] is None
-    got = api.client.get(f"/v1/webhooks/{endpoint['id']}", headers=api.auth()).json()
-    assert got["secret"] is None and got["description"] == "billing"
-    assert api.client.get(f"/v1/webhooks/{endpoint['id']}", headers=api.auth("globex")).status_code == 404
-    assert api.client.get("/v1/webhooks", headers=api.auth("globex")).json()["data"] == []
-    gone = api.client.delete(f"/v1/webhooks/{endpoint['id']}", headers=api.auth())
-    assert gone.json() == {"id": endpoint["id"], "object": "webhook_endpoint.deleted", "deleted": True}
-    assert api.client.get(f"/v1/webhooks/{endpoint['id']}", headers=api.auth()).status_code == 404
-
-
-def test_without_events_an_endpoint_gets_openais_terminal_batch_events() -> None:
-    api = _api()
-    assert _create(api).json()["events"] == list(webhooks.TERMINAL_WEBHOOK_TYPES)
-
-
-def test_rotation_gives_a_new_secret_and_the_old_one_stops() -> None:
-    api = _api()
-    endpoint = _create(api).json()
-    rotated = api.client.post(f"/v1/webhooks/{endpoint['id']}/rotate", headers=api.auth()).json()
-    assert rotated["secret"] != endpoint["secret"]
-    stored = api.endpoints.by_tenant["acme"][endpoint["id"]]
-    assert (
-        webhooks.endpoint_secret(WEBHOOK_KEY.encode(), stored.id, stored.secret_version) == rotated["secret"]
+def _sdk(api: ApiHarness, tenant: str = "acme") -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url="http://testserver/v1", api_key=KEYS[tenant], http_client=api.client, max_retries=0
     )
+
+
+def test_the_sdk_creates_lists_reads_updates_and_deletes_an_endpoint_whose_secret_is_shown_once() -> None:
+    api = _api()
+    client = _sdk(api)
+    made = client.webhooks.create(url=PUBLIC, event_types=BATCH_EVENTS, name="billing")
+    assert (made.url, made.event_types, made.name, made.object) == (
+        PUBLIC,
+        BATCH_EVENTS,
+        "billing",
+        "webhook_endpoint",
+    )
+    stored = api.endpoints.by_tenant["acme"][made.id]
+    # the secret shown is the one deliveries are signed with; nothing secret is stored
+    assert made.signing_secret == webhooks.endpoint_secret(WEBHOOK_KEY.encode(), stored.id, 1)
+    assert made.signing_secret not in stored.model_dump_json()
+    assert made.signing_secret_hint == f"whsec_...{made.signing_secret[-4:]}"
+    listed = client.webhooks.list()
+    assert [e.id for e in listed.data] == [made.id] and "signing_secret" not in listed.data[0].model_dump()
+    got = client.webhooks.retrieve(made.id)
+    assert got.name == "billing" and got.created_at == int(T0) == got.updated_at
+    with pytest.raises(openai.NotFoundError):
+        _sdk(api, "globex").webhooks.retrieve(made.id)  # another tenant's key sees nothing
+    assert _sdk(api, "globex").webhooks.list().data == []
+    api.clock.now += 60
+    changed = client.webhooks.update(made.id, event_types=["batch.expired"], name="renamed")
+    assert (changed.event_types, changed.name, changed.updated_at) == (
+        ["batch.expired"],
+        "renamed",
+        int(T0) + 60,
+    )
+    assert (
+        client.webhooks.update(made.id, name="renamed").updated_at == int(T0) + 60
+    )  # unchanged: not advanced
+    gone = client.webhooks.delete(made.id)
+    assert (gone.id, gone.deleted, gone.object) == (made.id, True, "webhook_endpoint.deleted")
+    with pytest.raises(openai.NotFoundError):
+        client.webhooks.retrieve(made.id)
+
+
+def test_rotation_gives_a_new_secret_and_may_keep_the_old_one_signing_for_a_day() -> None:
+    api = _api()
+    client = _sdk(api)
+    made = client.webhooks.create(url=PUBLIC, event_types=BATCH_EVENTS, name="n")
+    rotated = client.webhooks.rotate_secret(made.id)
+    assert rotated.signing_secret not in (None, made.signing_secret)
+    stored = api.endpoints.by_tenant["acme"][made.id]
+    assert stored.secret_versions(T0) == (2,)  # the old secret signs nothing now
+    kept = client.webhooks.rotate_secret(made.id, keep_old_secret_active_for_24_hours=True)
+    stored = api.endpoints.by_tenant["acme"][made.id]
+    assert stored.secret_versions(T0 + 3600) == (3, 2) and stored.secret_versions(T0 + 86400) == (3,)
+    # a delivery signed then verifies with either secret (Standard Webhooks' several signatures)
+    secrets = tuple(webhooks.endpoint_secret(WEBHOOK_KEY.encode(), made.id, v) for v in (3, 2))
+    body = webhooks.event_body("evt-1", "batch.completed", 1, "b")
+    import time
+
+    sent = webhooks.headers(secrets, "evt-1", int(time.time()), body)
+    for secret in (kept.signing_secret, rotated.signing_secret):
+        event = openai.OpenAI(api_key="x", webhook_secret=secret).webhooks.unwrap(body.decode(), sent)
+        assert event.data.id == "b"
+
+
+def test_pages_of_endpoints_with_after() -> None:
+    api = _api()
+    client = _sdk(api)
+    ids = []
+    for n in range(5):
+        api.clock.now += 1
+        ids.append(client.webhooks.create(url=PUBLIC, event_types=BATCH_EVENTS, name=str(n)).id)
+    assert [e.id for e in client.webhooks.list(limit=2).data] == ids[:2]
+    assert [e.id for e in client.webhooks.list(limit=2)] == ids  # the SDK's auto-paging
 
 
 @pytest.mark.parametrize(
@@ -73,38 +111,49 @@ def test_rotation_gives_a_new_secret_and_the_old_one_stops() -> None:
 )
 def test_a_target_that_is_not_public_or_not_https_is_refused_naming_url(url: str, code: str) -> None:
     api = _api()
-    answer = api.client.post("/v1/webhooks", json={"url": url}, headers=api.auth())
-    assert answer.status_code == 400, answer.text
-    error = answer.json()["error"]
-    assert (error["param"], error["code"]) == ("url", code) and error["message"].startswith("url: ")
+    with pytest.raises(openai.BadRequestError) as refused:
+        _sdk(api).webhooks.create(url=url, event_types=BATCH_EVENTS, name="n")
+    assert (refused.value.param, refused.value.code) == ("url", code)
+    assert str(refused.value.body["message"]).startswith("url: ")  # type: ignore[index]
     assert api.endpoints.by_tenant.get("acme", {}) == {}
 
 
 def test_an_operators_allow_list_lets_a_private_http_receiver_in() -> None:
     api = _api(allow_networks=["127.0.0.0/8"], allow_http=True)
-    assert _create(api, url="http://127.0.0.1:8099/in").status_code == 200
+    _sdk(api).webhooks.create(url="http://127.0.0.1:8099/in", event_types=BATCH_EVENTS, name="n")
 
 
 def test_bad_fields_are_named() -> None:
     api = _api()
     wrong = api.client.post(
-        "/v1/webhooks", json={"url": PUBLIC, "events": ["batch.started"]}, headers=api.auth()
+        "/v1/webhook_endpoints",
+        json={"url": PUBLIC, "event_types": ["response.completed"]},
+        headers=api.auth(),
     )
-    assert wrong.status_code == 400 and wrong.json()["error"]["param"].startswith("events")
-    extra = api.client.post("/v1/webhooks", json={"url": PUBLIC, "secret": "mine"}, headers=api.auth())
+    assert wrong.status_code == 400 and wrong.json()["error"]["param"].startswith("event_types")
+    extra = api.client.post(
+        "/v1/webhook_endpoints",
+        json={"url": PUBLIC, "event_types": BATCH_EVENTS, "secret": "x"},
+        headers=api.auth(),
+    )
     assert extra.status_code == 400 and extra.json()["error"]["param"] == "secret"
-    assert api.client.get("/v1/webhooks/whep_nope", headers=api.auth()).status_code == 404
+    assert api.client.get("/v1/webhook_endpoints/whep_nope", headers=api.auth()).status_code == 404
+    page = api.client.get("/v1/webhook_endpoints?after=whep_nope", headers=api.auth())
+    assert page.status_code == 400 and page.json()["error"]["param"] == "after"
 
 
 def test_a_tenant_has_at_most_max_endpoints() -> None:
     api = _api(max_endpoints=2)
-    assert [_create(api).status_code for _ in range(3)] == [200, 200, 409]
-    assert _create(api, tenant="globex").status_code == 200
+    client = _sdk(api)
+    for _ in range(2):
+        client.webhooks.create(url=PUBLIC, event_types=BATCH_EVENTS, name="n")
+    with pytest.raises(openai.ConflictError):
+        client.webhooks.create(url=PUBLIC, event_types=BATCH_EVENTS, name="n")
+    _sdk(api, "globex").webhooks.create(url=PUBLIC, event_types=BATCH_EVENTS, name="n")
 
 
 def test_webhooks_are_off_without_a_signing_key_and_the_answer_names_the_setting() -> None:
     api = make_api()
-    answer = api.client.post("/v1/webhooks", json={"url": PUBLIC}, headers=api.auth())
-    assert answer.status_code == 404
-    assert "LLMBATCH_WEBHOOKS__SIGNING_KEY" in answer.json()["error"]["message"]
-    assert api.client.get("/v1/webhooks", headers=api.auth()).status_code == 404
+    with pytest.raises(openai.NotFoundError) as off:
+        _sdk(api).webhooks.create(url=PUBLIC, event_types=BATCH_EVENTS, name="n")
+    assert "LLMBATCH_WEBHOOKS__SIGNING_KEY" in str(off.value)

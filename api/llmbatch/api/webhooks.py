@@ -1,8 +1,9 @@
-"""``/v1/webhooks``: a tenant's webhook endpoints (create, list, get, delete, rotate the secret).
+"""``/v1/webhook_endpoints``: a tenant's webhook endpoints, as OpenAI's API has them (the ``openai``
+SDK's ``client.webhooks.create / retrieve / update / list / delete / rotate_secret`` work unchanged).
 
 An endpoint receives the tenant's batch events, whichever way the batch came in (Kafka or this API),
 signed as Standard Webhooks (:mod:`llmbatch.schemas.webhooks`); the dispatcher delivers
-(:mod:`llmbatch.dispatcher.webhooks`). The secret is in the answer of a create and a rotate only.
+(:mod:`llmbatch.dispatcher.webhooks`). The secret is in the answer of a create and a rotation only.
 Off (404 naming the setting) until ``LLMBATCH_WEBHOOKS__SIGNING_KEY`` is set.
 """
 
@@ -24,10 +25,10 @@ from llmbatch.dispatcher.webhooks import targets
 from llmbatch.schemas.webhooks import (
     ENDPOINT_ID,
     MAX_URL_LENGTH,
-    TERMINAL_WEBHOOK_TYPES,
     WebhookEndpoint,
     WebhookType,
     endpoint_secret,
+    secret_hint,
 )
 from llmbatch.settings.webhooks import IpNetwork, WebhookSettings
 
@@ -47,35 +48,55 @@ class EndpointStore(Protocol):
 
 
 class WebhookCreate(BaseModel):
-    """Body of ``POST /v1/webhooks``."""
+    """Body of ``POST /v1/webhook_endpoints`` (OpenAI's)."""
 
     model_config = ConfigDict(extra="forbid")
 
     url: Annotated[str, Field(min_length=1, max_length=MAX_URL_LENGTH)]
-    events: list[WebhookType] = Field(default_factory=lambda: list(TERMINAL_WEBHOOK_TYPES), min_length=1)
-    description: Annotated[str, Field(max_length=512)] = ""
+    event_types: list[WebhookType] = Field(min_length=1)
+    name: Annotated[str, Field(max_length=512)] = ""
+
+
+class WebhookUpdate(BaseModel):
+    """Body of ``POST /v1/webhook_endpoints/{id}``: what changes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: Annotated[str, Field(min_length=1, max_length=MAX_URL_LENGTH)] | None = None
+    event_types: list[WebhookType] | None = Field(default=None, min_length=1)
+    name: Annotated[str, Field(max_length=512)] | None = None
+
+
+class WebhookRotate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    keep_old_secret_active_for_24_hours: bool = False
 
 
 class WebhookObject(BaseModel):
-    """An endpoint as the API shows it (``secret`` only in a create's or a rotate's answer)."""
+    """An endpoint as OpenAI shows one (``signing_secret`` only after a create or a rotation)."""
 
     id: str
     object: Literal["webhook_endpoint"] = "webhook_endpoint"
     url: str
-    events: list[str]
-    description: str
+    event_types: list[str]
+    name: str
     created_at: int
-    secret: str | None = None
+    updated_at: int
+    signing_secret_hint: str
+    signing_secret: str | None = None
 
     @classmethod
-    def of(cls, endpoint: WebhookEndpoint, secret: str | None = None) -> WebhookObject:
+    def of(cls, endpoint: WebhookEndpoint, secret: str, *, shown: bool = False) -> WebhookObject:
         return cls(
             id=endpoint.id,
             url=endpoint.url,
-            events=list(endpoint.events),
-            description=endpoint.description,
+            event_types=list(endpoint.events),
+            name=endpoint.name,
             created_at=endpoint.created_at,
-            secret=secret,
+            updated_at=endpoint.updated_at or endpoint.created_at,
+            signing_secret_hint=secret_hint(secret),
+            signing_secret=secret if shown else None,
         )
 
 
@@ -85,6 +106,7 @@ class WebhookDeleted(BaseModel):
     deleted: bool = True
 
 
+KEEP_OLD_S = 86400
 Resolver = Callable[[targets.Target, Sequence[IpNetwork]], Awaitable[object]]
 
 
@@ -122,33 +144,65 @@ class WebhookService:
                     f"a tenant may have {self.settings.max_endpoints} webhook endpoints: delete one first",
                     code="too_many_endpoints",
                 )
+            now = int(self.clock())
             endpoint = WebhookEndpoint(
                 id=f"whep_{secrets.token_hex(12)}",
                 tenant=tenant,
                 url=body.url,
-                events=tuple(dict.fromkeys(body.events)),
-                created_at=int(self.clock()),
-                description=body.description,
+                events=tuple(dict.fromkeys(body.event_types)),
+                created_at=now,
+                updated_at=now,
+                name=body.name,
             )
             await store.put_endpoint(endpoint)
         except Conflict:
             raise
         except Exception as exc:
             raise _backend(exc) from exc
-        return WebhookObject.of(endpoint, self._secret(endpoint))
+        return self._shown(endpoint, with_secret=True)
 
-    async def list(self, tenant: str) -> ListPage[WebhookObject]:
+    async def list(self, tenant: str, *, after: str | None, limit: int) -> ListPage[WebhookObject]:
+        """Oldest first; ``after`` an id of an earlier page."""
         store = self._on()
+        if not 1 <= limit <= 100:
+            raise InvalidRequest(f"limit must be between 1 and 100 (got {limit})", param="limit")
         try:
             found = await store.endpoints(tenant)
         except Exception as exc:
             raise _backend(exc) from exc
+        ids = [e.id for e in found]
+        if after is not None:
+            if after not in ids:
+                message = f"after must be an endpoint id of an earlier page (got {after[:64]!r})"
+                raise InvalidRequest(message, param="after")
+            found = found[ids.index(after) + 1 :]
+        page = found[:limit]
         return ListPage[WebhookObject].of(
-            [WebhookObject.of(e) for e in found], has_more=False, ids=[e.id for e in found]
+            [self._shown(e) for e in page], has_more=len(found) > limit, ids=[e.id for e in page]
         )
 
     async def get(self, tenant: str, endpoint_id: str) -> WebhookObject:
-        return WebhookObject.of(await self._find(tenant, endpoint_id))
+        return self._shown(await self._find(tenant, endpoint_id))
+
+    async def update(self, tenant: str, endpoint_id: str, body: WebhookUpdate) -> WebhookObject:
+        store = self._on()
+        endpoint = await self._find(tenant, endpoint_id)
+        changes: dict[str, object] = {}
+        if body.url is not None and body.url != endpoint.url:
+            await self._check_target(body.url)
+            changes["url"] = body.url
+        if body.event_types is not None and tuple(dict.fromkeys(body.event_types)) != endpoint.events:
+            changes["events"] = tuple(dict.fromkeys(body.event_types))
+        if body.name is not None and body.name != endpoint.name:
+            changes["name"] = body.name
+        if not changes:  # an unchanged update does not advance updated_at (as OpenAI's)
+            return self._shown(endpoint)
+        changed = endpoint.model_copy(update={**changes, "updated_at": int(self.clock())})
+        try:
+            await store.put_endpoint(changed)
+        except Exception as exc:
+            raise _backend(exc) from exc
+        return self._shown(changed)
 
     async def delete(self, tenant: str, endpoint_id: str) -> WebhookDeleted:
         store = self._on()
@@ -159,16 +213,25 @@ class WebhookService:
             raise _backend(exc) from exc
         return WebhookDeleted(id=endpoint_id)
 
-    async def rotate(self, tenant: str, endpoint_id: str) -> WebhookObject:
-        """A new secret (the old one signs nothing from now on)."""
+    async def rotate(self, tenant: str, endpoint_id: str, body: WebhookRotate) -> WebhookObject:
+        """A new secret; the old one signs nothing from now on, or (``keep_old_secret_active_for_24_hours``)
+        signs beside the new one for 24 hours."""
         store = self._on()
         endpoint = await self._find(tenant, endpoint_id)
-        rotated = endpoint.model_copy(update={"secret_version": endpoint.secret_version + 1})
+        now = int(self.clock())
+        keep_until = now + KEEP_OLD_S if body.keep_old_secret_active_for_24_hours else 0
+        rotated = endpoint.model_copy(
+            update={
+                "secret_version": endpoint.secret_version + 1,
+                "previous_secret_until": keep_until,
+                "updated_at": now,
+            }
+        )
         try:
             await store.put_endpoint(rotated)
         except Exception as exc:
             raise _backend(exc) from exc
-        return WebhookObject.of(rotated, self._secret(rotated))
+        return self._shown(rotated, with_secret=True)
 
     async def _find(self, tenant: str, endpoint_id: str) -> WebhookEndpoint:
         store = self._on()
@@ -189,8 +252,9 @@ class WebhookService:
         except (targets.TargetRefused, targets.TargetUnresolved) as exc:
             raise InvalidRequest(f"url: {exc}", param="url", code=exc.code) from exc
 
-    def _secret(self, endpoint: WebhookEndpoint) -> str:
-        return endpoint_secret(self.settings.key_bytes(), endpoint.id, endpoint.secret_version)
+    def _shown(self, endpoint: WebhookEndpoint, *, with_secret: bool = False) -> WebhookObject:
+        secret = endpoint_secret(self.settings.key_bytes(), endpoint.id, endpoint.secret_version)
+        return WebhookObject.of(endpoint, secret, shown=with_secret)
 
 
 def _backend(exc: Exception) -> ApiError:
@@ -198,24 +262,32 @@ def _backend(exc: Exception) -> ApiError:
 
 
 def add_routes(app: FastAPI, service: WebhookService) -> None:
-    """The ``/v1/webhooks`` routes."""
+    """The ``/v1/webhook_endpoints`` routes (OpenAI's paths)."""
 
-    @app.post("/v1/webhooks")
+    @app.post("/v1/webhook_endpoints", response_model_exclude_none=True)
     async def create_webhook(body: WebhookCreate, who: Tenant) -> WebhookObject:
         return await service.create(who, body)
 
-    @app.get("/v1/webhooks")
-    async def list_webhooks(who: Tenant) -> ListPage[WebhookObject]:
-        return await service.list(who)
+    @app.get("/v1/webhook_endpoints", response_model_exclude_none=True)
+    async def list_webhooks(
+        who: Tenant, after: str | None = None, limit: int = 20
+    ) -> ListPage[WebhookObject]:
+        return await service.list(who, after=after, limit=limit)
 
-    @app.get("/v1/webhooks/{endpoint_id}")
+    @app.get("/v1/webhook_endpoints/{endpoint_id}", response_model_exclude_none=True)
     async def get_webhook(endpoint_id: str, who: Tenant) -> WebhookObject:
         return await service.get(who, endpoint_id)
 
-    @app.delete("/v1/webhooks/{endpoint_id}")
+    @app.post("/v1/webhook_endpoints/{endpoint_id}", response_model_exclude_none=True)
+    async def update_webhook(endpoint_id: str, body: WebhookUpdate, who: Tenant) -> WebhookObject:
+        return await service.update(who, endpoint_id, body)
+
+    @app.delete("/v1/webhook_endpoints/{endpoint_id}", response_model_exclude_none=True)
     async def delete_webhook(endpoint_id: str, who: Tenant) -> WebhookDeleted:
         return await service.delete(who, endpoint_id)
 
-    @app.post("/v1/webhooks/{endpoint_id}/rotate")
-    async def rotate_webhook(endpoint_id: str, who: Tenant) -> WebhookObject:
-        return await service.rotate(who, endpoint_id)
+    @app.post("/v1/webhook_endpoints/{endpoint_id}/rotate_secret", response_model_exclude_none=True)
+    async def rotate_webhook(
+        endpoint_id: str, who: Tenant, body: WebhookRotate | None = None
+    ) -> WebhookObject:
+        return await service.rotate(who, endpoint_id, body or WebhookRotate())

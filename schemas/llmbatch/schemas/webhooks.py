@@ -60,8 +60,19 @@ class WebhookEndpoint(BaseModel):
     url: Annotated[str, Field(min_length=1, max_length=MAX_URL_LENGTH)]
     events: tuple[WebhookType, ...] = TERMINAL_WEBHOOK_TYPES
     created_at: int = Field(ge=0, description="Unix seconds.")
+    updated_at: int = Field(default=0, ge=0, description="Unix seconds of the last change (0: never).")
     secret_version: int = Field(default=1, ge=1)
-    description: Annotated[str, Field(max_length=512)] = ""
+    previous_secret_until: int = Field(
+        default=0, ge=0, description="Unix seconds until which the version before signs too (a rotation)."
+    )
+    name: Annotated[str, Field(max_length=512)] = ""
+
+    def secret_versions(self, now: float) -> tuple[int, ...]:
+        """The secret versions a delivery at ``now`` is signed with (the previous one too for 24 hours
+        after a rotation that asked to keep it)."""
+        if now < self.previous_secret_until and self.secret_version > 1:
+            return (self.secret_version, self.secret_version - 1)
+        return (self.secret_version,)
 
 
 def endpoint_secret(signing_key: bytes, endpoint_id: str, version: int) -> str:
@@ -71,10 +82,15 @@ def endpoint_secret(signing_key: bytes, endpoint_id: str, version: int) -> str:
 
 
 def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
-    """The ``webhook-signature`` header value of one attempt (``v1,<base64 HMAC-SHA256>``)."""
+    """One ``v1,<base64 HMAC-SHA256>`` signature of an attempt."""
     key = base64.b64decode(secret.removeprefix(SECRET_PREFIX))
     signed = f"{msg_id}.{timestamp}.".encode() + body
     return "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+
+
+def secret_hint(secret: str) -> str:
+    """What an endpoint shows of its secret (OpenAI's ``signing_secret_hint``)."""
+    return f"{SECRET_PREFIX}...{secret[-4:]}"
 
 
 def event_body(event_id: str, webhook_type: str, created_at: int, batch_id: str) -> bytes:
@@ -90,12 +106,14 @@ def event_body(event_id: str, webhook_type: str, created_at: int, batch_id: str)
     )
 
 
-def headers(secret: str, msg_id: str, timestamp: int, body: bytes) -> dict[str, str]:
-    """Every header of one attempt but the transport's own."""
+def headers(secret: str | tuple[str, ...], msg_id: str, timestamp: int, body: bytes) -> dict[str, str]:
+    """Every header of one attempt but the transport's own; several secrets sign it each (during a
+    rotation: Standard Webhooks' space-separated signatures, any of which verifies)."""
+    secrets = (secret,) if isinstance(secret, str) else secret
     return {
         "content-type": "application/json",
         "webhook-id": msg_id,
         "webhook-timestamp": str(timestamp),
-        "webhook-signature": sign(secret, msg_id, timestamp, body),
+        "webhook-signature": " ".join(sign(s, msg_id, timestamp, body) for s in secrets),
         "user-agent": "llmbatch-webhooks/1",
     }

@@ -20,8 +20,8 @@ class WebhookSettings(BaseModel):
         default=None,
         description="Key every endpoint's secret is derived from (at least 32 characters; e.g. "
         "`openssl rand -hex 32`), the same on the API and the dispatcher. Unset: no webhooks (the API "
-        "answers 404 on /v1/webhooks and the dispatcher delivers nothing). Changing it changes every "
-        "endpoint's secret.",
+        "answers 404 on /v1/webhook_endpoints and the dispatcher delivers nothing). Changing it changes "
+        "every endpoint's secret.",
     )
     allow_networks: list[str] = Field(
         default_factory=list,
