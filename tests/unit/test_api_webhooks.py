@@ -4,6 +4,7 @@ the deliveries are signed with; targets refused by name."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import openai
@@ -79,8 +80,6 @@ def test_rotation_gives_a_new_secret_and_may_keep_the_old_one_signing_for_a_day(
     # a delivery signed then verifies with either secret (Standard Webhooks' several signatures)
     secrets = tuple(webhooks.endpoint_secret(WEBHOOK_KEY.encode(), made.id, v) for v in (3, 2))
     body = webhooks.event_body("evt-1", "batch.completed", 1, "b")
-    import time
-
     sent = webhooks.headers(secrets, "evt-1", int(time.time()), body)
     for secret in (kept.signing_secret, rotated.signing_secret):
         event = openai.OpenAI(api_key="x", webhook_secret=secret).webhooks.unwrap(body.decode(), sent)
@@ -157,3 +156,26 @@ def test_webhooks_are_off_without_a_signing_key_and_the_answer_names_the_setting
     with pytest.raises(openai.NotFoundError) as off:
         _sdk(api).webhooks.create(url=PUBLIC, event_types=BATCH_EVENTS, name="n")
     assert "LLMBATCH_WEBHOOKS__SIGNING_KEY" in str(off.value)
+
+
+def test_the_sdks_test_call_sends_one_signed_delivery_and_answers_its_status() -> None:
+    """A receiver on loopback (allowed by the operator) that verifies with the SDK; then it goes away."""
+    from tests.support.webhook_receiver import Receiver
+
+    api = _api(allow_networks=["127.0.0.1/32"], allow_http=True)
+    client = _sdk(api)
+    receiver = Receiver()
+    made = client.webhooks.create(url=receiver.url, event_types=BATCH_EVENTS, name="n")
+    receiver.secret = made.signing_secret
+    receiver.up()
+    api.clock.now = time.time()  # the receiver checks the delivery's timestamp against its own clock
+    try:
+        result = client.webhooks.test(made.id, event_type="batch.failed")
+        assert (result.status_code, result.success, result.webhook_endpoint_id) == (200, True, made.id)
+        (got,) = receiver.accepted
+        assert (got.type, got.batch_id) == ("batch.failed", "batch_test")
+    finally:
+        receiver.down()
+    with pytest.raises(openai.BadRequestError) as gone:
+        client.webhooks.test(made.id, event_type="batch.completed")
+    assert gone.value.code == "webhook_test_failed"

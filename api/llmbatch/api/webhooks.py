@@ -22,12 +22,15 @@ from llmbatch.api.errors import ApiError, Conflict, InvalidRequest, NotFound, fr
 from llmbatch.api.objects import ListPage
 from llmbatch.dispatcher.errors import StateStoreUnavailable, classify
 from llmbatch.dispatcher.webhooks import targets
+from llmbatch.dispatcher.webhooks.sender import HttpSender, Sender
 from llmbatch.schemas.webhooks import (
     ENDPOINT_ID,
     MAX_URL_LENGTH,
     WebhookEndpoint,
     WebhookType,
     endpoint_secret,
+    event_body,
+    headers,
     secret_hint,
 )
 from llmbatch.settings.webhooks import IpNetwork, WebhookSettings
@@ -100,6 +103,20 @@ class WebhookObject(BaseModel):
         )
 
 
+class WebhookTest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    event_type: WebhookType
+
+
+class WebhookTestResult(BaseModel):
+    object: Literal["webhook_endpoint.test"] = "webhook_endpoint.test"
+    webhook_endpoint_id: str
+    event_type: str
+    status_code: int
+    success: Literal[True] = True
+
+
 class WebhookDeleted(BaseModel):
     id: str
     object: Literal["webhook_endpoint.deleted"] = "webhook_endpoint.deleted"
@@ -107,7 +124,7 @@ class WebhookDeleted(BaseModel):
 
 
 KEEP_OLD_S = 86400
-Resolver = Callable[[targets.Target, Sequence[IpNetwork]], Awaitable[object]]
+Resolver = Callable[[targets.Target, Sequence[IpNetwork]], Awaitable[targets.IpAddress]]
 
 
 class WebhookService:
@@ -119,8 +136,10 @@ class WebhookService:
         settings: WebhookSettings,
         *,
         resolve: Resolver = targets.resolve,
+        sender: Sender | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        self.sender: Sender = sender or HttpSender(workers=2)
         self.store = store
         self.settings = settings
         self.resolve = resolve
@@ -252,6 +271,36 @@ class WebhookService:
         except (targets.TargetRefused, targets.TargetUnresolved) as exc:
             raise InvalidRequest(f"url: {exc}", param="url", code=exc.code) from exc
 
+    async def test(self, tenant: str, endpoint_id: str, body: WebhookTest) -> WebhookTestResult:
+        """One signed test delivery now (a batch id of ``batch_test``), answered with the endpoint's
+        status; an endpoint that does not answer is a 400 naming why (nothing is queued or retried)."""
+        endpoint = await self._find(tenant, endpoint_id)
+        try:
+            target = targets.check_url(endpoint.url, allow_http=self.settings.allow_http)
+            address = await self.resolve(target, self.settings.networks())
+        except (targets.TargetRefused, targets.TargetUnresolved) as exc:
+            raise InvalidRequest(f"url: {exc}", param="url", code=exc.code) from exc
+        now = int(self.clock())
+        secrets_ = tuple(
+            endpoint_secret(self.settings.key_bytes(), endpoint.id, v) for v in endpoint.secret_versions(now)
+        )
+        event_id = f"evt_test_{secrets.token_hex(12)}"
+        body_bytes = event_body(event_id, body.event_type, now, "batch_test")
+        attempt = await self.sender.send(
+            target,
+            address,
+            headers(secrets_, event_id, now, body_bytes),
+            body_bytes,
+            self.settings.timeout_s,
+        )
+        if attempt.status is None:
+            raise InvalidRequest(
+                f"the endpoint did not answer: {attempt.error}", param="url", code="webhook_test_failed"
+            )
+        return WebhookTestResult(
+            webhook_endpoint_id=endpoint.id, event_type=body.event_type, status_code=attempt.status
+        )
+
     def _shown(self, endpoint: WebhookEndpoint, *, with_secret: bool = False) -> WebhookObject:
         secret = endpoint_secret(self.settings.key_bytes(), endpoint.id, endpoint.secret_version)
         return WebhookObject.of(endpoint, secret, shown=with_secret)
@@ -285,6 +334,10 @@ def add_routes(app: FastAPI, service: WebhookService) -> None:
     @app.delete("/v1/webhook_endpoints/{endpoint_id}", response_model_exclude_none=True)
     async def delete_webhook(endpoint_id: str, who: Tenant) -> WebhookDeleted:
         return await service.delete(who, endpoint_id)
+
+    @app.post("/v1/webhook_endpoints/{endpoint_id}/test", response_model_exclude_none=True)
+    async def test_webhook(endpoint_id: str, body: WebhookTest, who: Tenant) -> WebhookTestResult:
+        return await service.test(who, endpoint_id, body)
 
     @app.post("/v1/webhook_endpoints/{endpoint_id}/rotate_secret", response_model_exclude_none=True)
     async def rotate_webhook(
