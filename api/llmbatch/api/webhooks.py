@@ -29,9 +29,8 @@ from llmbatch.schemas.webhooks import (
     WebhookEndpoint,
     WebhookType,
     endpoint_secret,
-    event_body,
-    headers,
     secret_hint,
+    signed_attempt,
 )
 from llmbatch.settings.webhooks import IpNetwork, WebhookSettings
 
@@ -264,10 +263,11 @@ class WebhookService:
             raise NotFound(f"no webhook endpoint {endpoint_id}")
         return endpoint
 
-    async def _check_target(self, url: str) -> None:
+    async def _check_target(self, url: str) -> tuple[targets.Target, targets.IpAddress]:
+        """``url``'s target and the address to connect to, or a 400 naming why it may not be one."""
         try:
             target = targets.check_url(url, allow_http=self.settings.allow_http)
-            await self.resolve(target, self.settings.networks())
+            return target, await self.resolve(target, self.settings.networks())
         except (targets.TargetRefused, targets.TargetUnresolved) as exc:
             raise InvalidRequest(f"url: {exc}", param="url", code=exc.code) from exc
 
@@ -275,24 +275,13 @@ class WebhookService:
         """One signed test delivery now (a batch id of ``batch_test``), answered with the endpoint's
         status; an endpoint that does not answer is a 400 naming why (nothing is queued or retried)."""
         endpoint = await self._find(tenant, endpoint_id)
-        try:
-            target = targets.check_url(endpoint.url, allow_http=self.settings.allow_http)
-            address = await self.resolve(target, self.settings.networks())
-        except (targets.TargetRefused, targets.TargetUnresolved) as exc:
-            raise InvalidRequest(f"url: {exc}", param="url", code=exc.code) from exc
+        target, address = await self._check_target(endpoint.url)
         now = int(self.clock())
-        secrets_ = tuple(
-            endpoint_secret(self.settings.key_bytes(), endpoint.id, v) for v in endpoint.secret_versions(now)
-        )
         event_id = f"evt_test_{secrets.token_hex(12)}"
-        body_bytes = event_body(event_id, body.event_type, now, "batch_test")
-        attempt = await self.sender.send(
-            target,
-            address,
-            headers(secrets_, event_id, now, body_bytes),
-            body_bytes,
-            self.settings.timeout_s,
+        sent, body_bytes = signed_attempt(
+            self.settings.key_bytes(), endpoint, event_id, body.event_type, now, "batch_test", now
         )
+        attempt = await self.sender.send(target, address, sent, body_bytes, self.settings.timeout_s)
         if attempt.status is None:
             raise InvalidRequest(
                 f"the endpoint did not answer: {attempt.error}", param="url", code="webhook_test_failed"

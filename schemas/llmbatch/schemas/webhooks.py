@@ -117,3 +117,19 @@ def headers(secret: str | tuple[str, ...], msg_id: str, timestamp: int, body: by
         "webhook-signature": " ".join(sign(s, msg_id, timestamp, body) for s in secrets),
         "user-agent": "llmbatch-webhooks/1",
     }
+
+
+def signed_attempt(
+    signing_key: bytes,
+    endpoint: WebhookEndpoint,
+    event_id: str,
+    webhook_type: str,
+    created_at: int,
+    batch_id: str,
+    now: float,
+) -> tuple[dict[str, str], bytes]:
+    """The headers and body of one attempt to ``endpoint`` at ``now``, signed with each of its secrets
+    in use then (:meth:`WebhookEndpoint.secret_versions`)."""
+    secrets = tuple(endpoint_secret(signing_key, endpoint.id, v) for v in endpoint.secret_versions(now))
+    body = event_body(event_id, webhook_type, created_at, batch_id)
+    return headers(secrets, event_id, int(now), body), body

@@ -127,12 +127,15 @@ class Deliverer:
             address = await targets.resolve(target, self._networks)
         except (targets.TargetRefused, targets.TargetUnresolved) as exc:
             return Attempt(None, str(exc))
-        now = self.clock()
-        secrets = tuple(
-            webhooks.endpoint_secret(self._key, endpoint.id, v) for v in endpoint.secret_versions(now)
+        sent, body = webhooks.signed_attempt(
+            self._key,
+            endpoint,
+            delivery.event_id,
+            delivery.type,
+            delivery.created_at,
+            delivery.batch_id,
+            self.clock(),
         )
-        body = webhooks.event_body(delivery.event_id, delivery.type, delivery.created_at, delivery.batch_id)
-        sent = webhooks.headers(secrets, delivery.event_id, int(now), body)
         return await self.sender.send(target, address, sent, body, self.settings.timeout_s)
 
     async def _settle(
