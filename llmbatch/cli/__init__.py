@@ -7,12 +7,14 @@
 - ``llmbatch engines list|deploy|scale|stop`` — dispatcher/llmbatch/dispatcher/ops/engines_cli.py (operators)
 - ``llmbatch stack prepare|up|down|status|env|dispatcher`` — llmbatch/stack/cli.py (the local stack)
 - ``llmbatch api``                           — api/llmbatch/api/__main__.py (the OpenAI-compatible HTTP API)
+- ``llmbatch retention collect|pending``     — api/llmbatch/api/retention/cli.py (expired files and results)
 """
 
 from __future__ import annotations
 
 import typer
 
+from llmbatch.api.retention.cli import app as retention_app
 from llmbatch.dispatcher.cli import app as dispatcher_app
 from llmbatch.dispatcher.ops.dlq_cli import app as dlq_app
 from llmbatch.dispatcher.ops.engines_cli import app as engines_app
@@ -36,6 +38,7 @@ app.add_typer(dlq_app, name="dlq")
 app.add_typer(engines_app, name="engines")
 app.add_typer(webhooks_app, name="webhooks")
 app.add_typer(usage_app, name="usage")
+app.add_typer(retention_app, name="retention")
 
 
 @app.command(

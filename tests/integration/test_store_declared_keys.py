@@ -26,7 +26,9 @@ from redis.exceptions import ResponseError
 
 from llmbatch.dispatcher.domain.batch_record import IntakeItem
 from llmbatch.dispatcher.domain.keys import BatchKey
+from llmbatch.dispatcher.domain.retention import Expiring, file_member
 from llmbatch.dispatcher.domain.states import State
+from llmbatch.dispatcher.state.retention import RetentionIndex
 from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.dispatcher.webhooks.store import Delivery, WebhookStore
 from llmbatch.settings import RedisSettings
@@ -88,7 +90,14 @@ async def store(redis_settings: RedisSettings) -> AsyncIterator[StateStore]:
 
 
 def _item(key: str, event: str, *, initial: State = State.QUEUED, replay: str | None = None) -> IntakeItem:
-    fields = {"model": "m", "attempt": "0", "request": "{}", "source": "src", "event_id": event}
+    fields = {
+        "model": "m",
+        "attempt": "0",
+        "request": "{}",
+        "source": "src",
+        "event_id": event,
+        "retention_s": "3600",
+    }
     return IntakeItem(
         key=BatchKey(key),
         fields=fields,
@@ -143,6 +152,22 @@ async def _every_script(store: StateStore) -> None:
     assert await hooks.settle(did, token, "delivered", now_ms=1_003)
     ((_, did, token),) = await hooks.claim(61_000, 60_000, 10)
     assert await hooks.settle(did, token, "dead", now_ms=61_001)
+    # retention: a file dated, claimed, put off, claimed again and removed; the ended batch "a" (kept
+    # an hour: its end was published above) retired, then done
+    index = RetentionIndex(store.client, store.keys)
+    await index.schedule(file_member("acme", "file-" + "1" * 29), NOW)
+    later = NOW + 7200
+    claims = await index.claim(later, lease_s=60, limit=10)
+    assert sorted(c.member for c in claims) == ["b|default|a|", "f|acme|file-" + "1" * 29]
+    batch, file = sorted(claims, key=lambda c: c.member)
+    assert await index.defer(file, later + 1)
+    (file,) = await index.claim(later + 2, lease_s=60, limit=10)
+    assert await index.gone(file, Expiring("file", "acme", "file-" + "1" * 29), NOW, 3600)
+    assert await index.retire_batch(batch, Expiring("batch", "default", "a"), NOW + 3600, 3600) == "running"
+    await index.schedule("b|acme|gone|", NOW)  # a batch whose record expired: retired, then done
+    (gone,) = await index.claim(later + 3, lease_s=60, limit=10)
+    assert await index.retire_batch(gone, Expiring("batch", "acme", "gone"), NOW, 3600) == "retired"
+    assert await index.done(gone)
 
 
 async def _keys_of(client: aioredis.Redis, command: list[str]) -> set[str]:
@@ -182,6 +207,6 @@ async def test_every_key_a_script_touches_is_declared(
             checked += 1
             if key not in declared:
                 undeclared.append((" ".join(args[:2]), key))
-    assert len(scripts) == 13, f"every script should have run once at least; saw {len(scripts)}"
+    assert len(scripts) == 16, f"every script should have run once at least; saw {len(scripts)}"
     assert checked > 50  # the scripts' own commands were seen (the monitor did watch)
     assert undeclared == []

@@ -18,11 +18,14 @@ from llmbatch.dispatcher.domain.batch_record import BatchRecord
 from llmbatch.dispatcher.domain.dlt import OriginalRecord
 from llmbatch.dispatcher.domain.events import Outcome, terminal_fields
 from llmbatch.dispatcher.domain.keys import BatchKey, batch_key, split_batch_key
+from llmbatch.dispatcher.domain.retention import Expiring
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.intake.commands import intake_fields
+from llmbatch.dispatcher.state.retention import Claim, Retired
 from llmbatch.schemas import REQUEST_EVENT_TYPES, BatchRequest, Envelope, decode, encode
 from llmbatch.schemas.common import API_BATCH_PREFIX
 from llmbatch.schemas.webhooks import WebhookEndpoint
+from llmbatch.settings.retention import RetentionSettings
 from llmbatch.settings.webhooks import WebhookSettings
 from tests.support.clock import Clock
 
@@ -270,6 +273,7 @@ class ApiHarness:
     dispatcher: MemoryDispatcher
     clock: Clock
     endpoints: MemoryEndpoints
+    dates: MemoryDates | None = None
 
     @staticmethod
     def auth(tenant: str = "acme") -> dict[str, str]:
@@ -320,6 +324,41 @@ class MemoryEndpoints:
         return self.by_tenant.get(tenant, {}).pop(endpoint_id, None) is not None
 
 
+class MemoryDates:
+    """The dates of the retention index, as the API writes and reads them (the collector's claims are
+    tested on a real Redis: tests/integration/test_retention.py)."""
+
+    def __init__(self) -> None:
+        self.due: dict[str, float] = {}
+        self.gone_names: dict[str, float] = {}
+
+    async def schedule(self, member: str, due: float) -> None:
+        self.due[member] = due
+
+    async def due_of(self, members: Sequence[str]) -> list[float | None]:
+        return [self.due.get(m) for m in members]
+
+    async def gone_at(self, name: str) -> float | None:
+        return self.gone_names.get(name)
+
+    async def claim(self, now: float, *, lease_s: float, limit: int) -> list[Claim]:
+        raise NotImplementedError("the in-memory dates do not collect")
+
+    async def done(self, claim: Claim) -> bool:
+        raise NotImplementedError("the in-memory dates do not collect")
+
+    async def defer(self, claim: Claim, until: float) -> bool:
+        raise NotImplementedError("the in-memory dates do not collect")
+
+    async def gone(self, claim: Claim, item: Expiring, expired_at: float, forget_after_s: int) -> bool:
+        raise NotImplementedError("the in-memory dates do not collect")
+
+    async def retire_batch(
+        self, claim: Claim, item: Expiring, expired_at: float, forget_after_s: int
+    ) -> Retired:
+        raise NotImplementedError("the in-memory dates do not collect")
+
+
 WEBHOOK_KEY = "w" * 40
 
 
@@ -328,10 +367,12 @@ def make_api(
     webhooks: WebhookSettings | None = None,
     usage: UsageSource | None = None,
     token_limits: dict[str, int] | None = None,
+    retention: RetentionSettings | None = None,
     **options: Any,
 ) -> ApiHarness:
     """The app over in-memory ports; ``webhooks``: its webhook settings (off when None); ``usage``:
-    where ``GET /v1/usage`` reads (none: no usage recorded)."""
+    where ``GET /v1/usage`` reads (none: no usage recorded); ``retention``: files expire by it (none:
+    never), dated in :class:`MemoryDates` (its collector off)."""
     from fastapi.testclient import TestClient
 
     from llmbatch.api.app import build_services, create_app
@@ -344,6 +385,7 @@ def make_api(
     )
     objects, publisher, dispatcher = MemoryObjectStore(), RecordingPublisher(), MemoryDispatcher()
     endpoints = MemoryEndpoints()
+    dates = None if retention is None else MemoryDates()
     clock = Clock(T0)
     services = build_services(
         settings,
@@ -357,11 +399,13 @@ def make_api(
         endpoints=endpoints,
         usage=usage,
         token_limits=token_limits,
+        retention=None if retention is None else retention.model_copy(update={"collect_every_s": 0}),
+        retention_index=dates,
         clock=clock,
         monotonic=clock,
     )
     app = create_app(services)
-    return ApiHarness(app, TestClient(app), objects, publisher, dispatcher, clock, endpoints)
+    return ApiHarness(app, TestClient(app), objects, publisher, dispatcher, clock, endpoints, dates)
 
 
 def chat_line(

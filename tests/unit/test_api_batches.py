@@ -154,7 +154,11 @@ def test_a_finished_batch_cannot_be_cancelled() -> None:
         ({"completion_window": "30d"}, "completion_window"),
         ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
         ({"metadata": {"k": "v" * 513}}, "metadata.k"),
-        ({"output_expires_after": {"anchor": "created_at", "seconds": 3600}}, "output_expires_after"),
+        ({"output_expires_after": {"anchor": "created_at", "seconds": 60}}, "output_expires_after.seconds"),
+        (
+            {"output_expires_after": {"anchor": "last_active_at", "seconds": 3600}},
+            "output_expires_after.anchor",
+        ),
         ({"priority": 10}, "priority"),
         ({"priority": -1}, "priority"),
         ({"priority": "high"}, "priority"),

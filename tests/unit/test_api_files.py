@@ -65,6 +65,22 @@ def test_a_file_with_bad_lines_is_refused_naming_them_and_nothing_is_stored() ->
         ({"purpose": "batch"}, False, "file"),
         ({"purpose": "batch", "colour": "red"}, True, "colour"),
         ({"purpose": "batch", "expires_after[anchor]": "created_at"}, True, "expires_after"),
+        ({"purpose": "batch", "expires_after[seconds]": "3600"}, True, "expires_after"),
+        (
+            {"purpose": "batch", "expires_after[anchor]": "created_at", "expires_after[seconds]": "60"},
+            True,
+            "expires_after.seconds",
+        ),
+        (
+            {"purpose": "batch", "expires_after[anchor]": "created_at", "expires_after[seconds]": "1h"},
+            True,
+            "expires_after.seconds",
+        ),
+        (
+            {"purpose": "batch", "expires_after[anchor]": "now", "expires_after[seconds]": "3600"},
+            True,
+            "expires_after.anchor",
+        ),
     ],
 )
 def test_form_mistakes_name_the_field(form: dict[str, str], files: bool, param: str) -> None:

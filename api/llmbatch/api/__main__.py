@@ -24,6 +24,7 @@ def build_app(settings: ApiSettings) -> FastAPI:
     from llmbatch.api.state import RedisStateReader
     from llmbatch.api.storage import MinioObjectStore
     from llmbatch.api.usage import RedisUsage
+    from llmbatch.dispatcher.state.retention import RetentionIndex
     from llmbatch.dispatcher.state.store import StateStore
     from llmbatch.dispatcher.webhooks.store import WebhookStore
     from llmbatch.schemas.tenant_auth import TenantSigner
@@ -48,6 +49,8 @@ def build_app(settings: ApiSettings) -> FastAPI:
         endpoints=WebhookStore(store.client, store.keys) if settings.webhooks.enabled else None,
         usage=RedisUsage(store.client, store.keys),
         token_limits=settings.tenants.max_enqueued_tokens,
+        retention=settings.retention,
+        retention_index=RetentionIndex(store.client, store.keys),
     )
     return create_app(services, on_close=[publisher.stop, store.close])
 

@@ -10,17 +10,21 @@ and bodies over the limits (413, checked from ``Content-Length`` and while the b
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Protocol
 
 import orjson
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import HTTPException, RequestValidationError
 from fastapi.responses import Response, StreamingResponse
+from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -31,9 +35,11 @@ from llmbatch.api.batch_reader import BatchReader
 from llmbatch.api.batches import BatchService, EventPublisher
 from llmbatch.api.caller import Tenant
 from llmbatch.api.errors import ApiError, InternalError, InvalidRequest, PayloadTooLarge, from_exception
+from llmbatch.api.expiry import Expiry, ExpiryIndex
 from llmbatch.api.files import FileService
 from llmbatch.api.objects import Batch, BatchCreate, FileDeleted, FileObject, ListPage
 from llmbatch.api.records import Layout, RecordStore
+from llmbatch.api.retention.collector import CollectIndex, Collector, collect_forever
 from llmbatch.api.settings import ApiOptions
 from llmbatch.api.state import StateReader
 from llmbatch.api.storage import ObjectStore
@@ -41,12 +47,20 @@ from llmbatch.api.usage import UsageService, UsageSource
 from llmbatch.api.usage import add_routes as add_usage_routes
 from llmbatch.api.webhooks import EndpointStore, WebhookService, add_routes
 from llmbatch.dispatcher.errors import DispatcherError
+from llmbatch.schemas.common import MAX_EXPIRES_AFTER_S, MIN_EXPIRES_AFTER_S, ExpiresAfter
+from llmbatch.settings.retention import RetentionSettings
 from llmbatch.settings.webhooks import WebhookSettings
 
 log = logging.getLogger(__name__)
 FORM_FIELDS = frozenset({"file", "purpose"})
+EXPIRES_FIELDS = frozenset({"expires_after[anchor]", "expires_after[seconds]"})
 MULTIPART_SLACK = 1 << 20
 """Bytes a multipart body may carry beyond the file itself (boundaries, headers, the purpose)."""
+
+
+class RetentionIndex(ExpiryIndex, CollectIndex, Protocol):
+    """The retention index as the API uses it
+    (:class:`llmbatch.dispatcher.state.retention.RetentionIndex`)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +75,8 @@ class Services:
     max_json_bytes: int
     webhooks: WebhookService
     usage: UsageService
+    collector: Collector | None = None
+    collect_every_s: float = 0.0
 
 
 def build_services(
@@ -76,11 +92,16 @@ def build_services(
     endpoints: EndpointStore | None = None,
     usage: UsageSource | None = None,
     token_limits: Mapping[str, int] | None = None,
+    retention: RetentionSettings | None = None,
+    retention_index: RetentionIndex | None = None,
     clock: Callable[[], float] = time.time,
     monotonic: Callable[[], float] = time.monotonic,
 ) -> Services:
-    """Wire the services from their ports (real ones in :mod:`llmbatch.api.__main__`, fakes in tests)."""
+    """Wire the services from their ports (real ones in :mod:`llmbatch.api.__main__`, fakes in tests).
+    Without ``retention_index`` nothing expires and nothing is collected."""
     records = RecordStore(objects, Layout(input_bucket))
+    retention = retention or RetentionSettings()
+    expiry = Expiry(retention_index, retention, clock=clock)
     reader = BatchReader(
         records,
         state,
@@ -89,17 +110,31 @@ def build_services(
         fallback_after_s=options.state_fallback_after_s,
         clock=clock,
     )
-    return Services(
-        files=FileService(
+    files = FileService(
+        objects,
+        records,
+        reader,
+        max_upload_bytes=options.max_upload_bytes,
+        max_file_requests=options.max_file_requests,
+        max_stored_bytes=options.max_stored_bytes,
+        max_stored_bytes_by_tenant=options.max_stored_bytes_by_tenant,
+        expiry=expiry,
+        clock=clock,
+    )
+    collector = None
+    if retention_index is not None:
+        collector = Collector.over(
+            retention_index,
             objects,
-            records,
-            reader,
-            max_upload_bytes=options.max_upload_bytes,
-            max_file_requests=options.max_file_requests,
-            max_stored_bytes=options.max_stored_bytes,
-            max_stored_bytes_by_tenant=options.max_stored_bytes_by_tenant,
+            state,
+            input_bucket=input_bucket,
+            results_bucket=results_bucket,
+            settings=retention,
+            fallback_after_s=options.state_fallback_after_s,
             clock=clock,
-        ),
+        )
+    return Services(
+        files=files,
         batches=BatchService(
             reader,
             records.layout,
@@ -111,6 +146,7 @@ def build_services(
             republish_after_s=options.republish_after_s,
             max_active=options.max_active_batches,
             token_limits=token_limits,
+            expiry=expiry,
             clock=clock,
         ),
         auth=Authenticator(options.keys),
@@ -119,6 +155,8 @@ def build_services(
         max_json_bytes=options.max_json_bytes,
         webhooks=WebhookService(endpoints, webhook_settings or WebhookSettings(), clock=clock),
         usage=UsageService(usage, objects, (input_bucket, results_bucket), clock=clock),
+        collector=collector,
+        collect_every_s=retention.collect_every_s,
     )
 
 
@@ -154,6 +192,34 @@ class BodyLimit:
         await self.app(scope, limited, send)
 
 
+def _expires_after(anchor: object, seconds: object) -> ExpiresAfter | None:
+    """OpenAI's ``expires_after`` of an upload, from its two form fields (both or neither)."""
+    if anchor is None and seconds is None:
+        return None
+    if not isinstance(anchor, str) or not isinstance(seconds, str):
+        raise InvalidRequest(
+            "expires_after needs both expires_after[anchor] ('created_at') and expires_after[seconds]",
+            param="expires_after",
+        )
+    text = seconds.strip()
+    if not re.fullmatch(r"[0-9]{1,12}", text):
+        raise InvalidRequest(
+            f"expires_after[seconds] must be a whole number of seconds, {MIN_EXPIRES_AFTER_S}-"
+            f"{MAX_EXPIRES_AFTER_S} (got {seconds[:40]!r})",
+            param="expires_after.seconds",
+        )
+    try:
+        return ExpiresAfter.model_validate({"anchor": anchor, "seconds": int(text)})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error["loc"]) or "anchor"
+        raise InvalidRequest(
+            f"expires_after.{where}: {error['msg']} (anchor 'created_at', seconds {MIN_EXPIRES_AFTER_S}-"
+            f"{MAX_EXPIRES_AFTER_S})",
+            param=f"expires_after.{where}",
+        ) from None
+
+
 def _param_of(loc: Sequence[int | str]) -> str | None:
     parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
     return ".".join(parts) or None
@@ -164,9 +230,16 @@ def create_app(services: Services, *, on_close: Sequence[Callable[[], Awaitable[
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        collecting = None
+        if services.collector is not None and services.collect_every_s > 0:
+            collecting = asyncio.create_task(collect_forever(services.collector, services.collect_every_s))
         try:
             yield
         finally:
+            if collecting is not None:
+                collecting.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await collecting
             for close in on_close:
                 try:
                     await close()
@@ -188,14 +261,15 @@ def create_app(services: Services, *, on_close: Sequence[Callable[[], Awaitable[
     async def create_file(request: Request, who: Tenant) -> FileObject:
         async with request.form(max_files=1, max_fields=8, max_part_size=64 << 10) as form:
             for name in form:
-                if name.startswith("expires_after"):
+                if name not in FORM_FIELDS and name not in EXPIRES_FIELDS:
                     raise InvalidRequest(
-                        "expires_after is not supported: files stay until deleted", param="expires_after"
+                        f"unknown parameter {name[:40]!r}; send 'file', 'purpose' and optionally "
+                        "'expires_after[anchor]' and 'expires_after[seconds]'",
+                        param=name[:40],
                     )
-                if name not in FORM_FIELDS:
-                    raise InvalidRequest(
-                        f"unknown parameter {name[:40]!r}; send 'file' and 'purpose'", param=name[:40]
-                    )
+            expires_after = _expires_after(
+                form.get("expires_after[anchor]"), form.get("expires_after[seconds]")
+            )
             purpose, upload = form.get("purpose"), form.get("file")
             if not isinstance(purpose, str) or not purpose:
                 raise InvalidRequest("purpose is required: send purpose=batch", param="purpose")
@@ -204,7 +278,11 @@ def create_app(services: Services, *, on_close: Sequence[Callable[[], Awaitable[
                     "file is required: send the JSONL file as the multipart part 'file'", param="file"
                 )
             return await services.files.upload(
-                who, filename=upload.filename, purpose=purpose, source=upload.file
+                who,
+                filename=upload.filename,
+                purpose=purpose,
+                source=upload.file,
+                expires_after=expires_after,
             )
 
     @app.get("/v1/files")

@@ -35,6 +35,7 @@ from llmbatch.api.errors import (
     QuotaExceeded,
     from_exception,
 )
+from llmbatch.api.expiry import Expiry
 from llmbatch.api.objects import TERMINAL_STATUSES, Batch, BatchCreate, ListPage
 from llmbatch.api.quota import ActiveBatches
 from llmbatch.api.records import (
@@ -88,9 +89,11 @@ class BatchService:
         republish_after_s: float = 120.0,
         max_active: int = 0,
         token_limits: Mapping[str, int] | None = None,
+        expiry: Expiry | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.reader = reader
+        self.expiry = expiry
         self.token_limits = dict(token_limits or {})
         self.active = ActiveBatches(
             reader.records,
@@ -156,11 +159,6 @@ class BatchService:
 
     async def _new_batch(self, tenant: str, body: BatchCreate) -> tuple[StoredBatch, Envelope[BatchRequest]]:
         """A new batch of the tenant's file, checked, and its ``batch.requested`` event."""
-        if body.output_expires_after is not None:
-            raise InvalidRequest(
-                "output_expires_after is not supported: result files stay as long as the batch's results",
-                param="output_expires_after",
-            )
         window = body.completion_window or self.default_window
         try:
             window_s = parse_duration(window).total_seconds()
@@ -194,6 +192,7 @@ class BatchService:
                 priority=priority,
                 metadata=dict(body.metadata or {}),
                 tenant=tenant,
+                output_expires_after=body.output_expires_after,
             )
             check_submittable(request)
         except ValidationError as exc:
@@ -216,6 +215,7 @@ class BatchService:
             priority=priority,
             event_id=envelope.id,
             event_source=envelope.source,
+            output_expires_after=body.output_expires_after,
         )
         return stored, envelope
 
@@ -255,9 +255,21 @@ class BatchService:
             log.warning("could not remove the record of unpublished batch %s", stored.id, exc_info=True)
 
     async def get(self, tenant: str, batch_id: str) -> Batch:
-        snapshot = await self.reader.one(tenant, batch_id)
+        try:
+            snapshot = await self.reader.one(tenant, batch_id)
+        except NotFound as missing:
+            raise await self._gone_or(missing, tenant, batch_id) from None
         await self._publish_lost([snapshot])
         return snapshot.batch()
+
+    async def _gone_or(self, missing: NotFound, tenant: str, batch_id: str) -> NotFound:
+        """404 ``expired`` for a batch the collector removed, else ``missing``."""
+        if self.expiry is None:
+            return missing
+        try:
+            return await self.expiry.gone("batch", tenant, batch_id, "batch_id") or missing
+        except Exception:  # the tombstone is a courtesy: Redis being away must not turn a 404 into a 503
+            return missing
 
     async def _publish_lost(self, snapshots: Sequence[Snapshot]) -> None:
         """Publish again the event of each batch the dispatcher has not heard of long after its create.
@@ -314,6 +326,7 @@ class BatchService:
             priority=stored.priority,
             metadata=dict(stored.metadata),
             tenant=stored.tenant,
+            output_expires_after=stored.output_expires_after,
         )
         # the record's id and source (another API replica's, maybe): the dispatcher's test of "the
         # same event again"; a new id would be answered as a duplicate batch id

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import dataclasses
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import IO
+from typing import IO, Literal
 
 from llmbatch.adapters.errors import InvalidInput
 from llmbatch.adapters.storage import INPUT_CONTENT_TYPE
 from llmbatch.api import results
 from llmbatch.api.batch_reader import BatchReader, Snapshot
 from llmbatch.api.errors import ApiError, Conflict, InvalidRequest, NotFound, QuotaExceeded, from_exception
+from llmbatch.api.expiry import Expiry, expired
 from llmbatch.api.objects import TERMINAL_STATUSES, FileDeleted, FileObject, ListPage
 from llmbatch.api.records import (
     BATCH_ID,
@@ -35,6 +37,8 @@ from llmbatch.api.records import (
 from llmbatch.api.status import ERROR_PREFIX, OUTPUT_PREFIX, error_file_id, output_file_id
 from llmbatch.api.storage import ObjectMissing, ObjectStore
 from llmbatch.api.upload import ValidatedFile, validate_batch_file
+from llmbatch.schemas.common import ExpiresAfter
+from llmbatch.settings.retention import RetentionSettings
 
 READ_BYTES = 1 << 20
 _READ_AHEAD = 16
@@ -63,6 +67,7 @@ class FileService:
         max_file_requests: int,
         max_stored_bytes: int = 0,
         max_stored_bytes_by_tenant: Mapping[str, int] | None = None,
+        expiry: Expiry | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.objects = objects
@@ -73,12 +78,20 @@ class FileService:
         self.max_file_requests = max_file_requests
         self.max_stored_bytes = max_stored_bytes
         self.max_stored_bytes_by_tenant = dict(max_stored_bytes_by_tenant or {})
+        self.expiry = expiry or Expiry(None, RetentionSettings(), clock=clock)
         self.clock = clock
 
     async def upload(
-        self, tenant: str, *, filename: str | None, purpose: str, source: IO[bytes]
+        self,
+        tenant: str,
+        *,
+        filename: str | None,
+        purpose: str,
+        source: IO[bytes],
+        expires_after: ExpiresAfter | None = None,
     ) -> FileObject:
-        """Validate ``source`` (a seekable stream) and store it; raises a 400 naming the bad lines."""
+        """Validate ``source`` (a seekable stream) and store it; raises a 400 naming the bad lines. It
+        expires ``expires_after`` after the upload, else after the tenant's retention."""
         if purpose != "batch":
             raise InvalidRequest(
                 f"purpose {purpose[:40]!r} is not served here: this API takes batch input files, "
@@ -115,10 +128,12 @@ class FileService:
             endpoint=valid.endpoint,
             model=valid.model,
             requests=valid.requests,
+            expires_at=self.expiry.file_expires_at(tenant, expires_after, now),
         )
         source.seek(0)
         key = self.layout.content_key(tenant, stored.id)
         try:
+            await self.expiry.date_file(tenant, stored.id, stored.expires_at)
             await self.objects.put(
                 self.layout.bucket, key, source, valid.size, content_type=INPUT_CONTENT_TYPE
             )
@@ -184,7 +199,8 @@ class FileService:
             ids = await self.records.ids_oldest_first("files", tenant, after=after)
             chosen = [await self.records.get("files", StoredFile, tenant, i) for i in ids[:limit]]
             stored, has_more = [s for s in chosen if s is not None], len(ids) > limit
-        objects = [_file_object(s) for s in stored]
+        # an expired file is gone for its tenant, whether the collector has removed it yet or not
+        objects = [_file_object(s) for s in stored if not self.expiry.is_past(s.expires_at)]
         return ListPage[FileObject].of(objects, has_more=has_more, ids=[o.id for o in objects])
 
     async def _list_results(
@@ -244,7 +260,7 @@ class FileService:
             for kind in ("output", "error"):
                 try:
                     out.append(_result_object(await self._describe(snapshot, kind)))
-                except NotFound:  # no such file (not ended, no such lines, or a shard is gone)
+                except NotFound:  # no such file (not ended, no such lines, expired, or a shard is gone)
                     continue
         return out
 
@@ -254,23 +270,44 @@ class FileService:
             raise InvalidRequest(f"{file_id} is a batch's result file: it cannot be deleted", param="file_id")
         stored = await self._stored(tenant, file_id)
         try:
-            await self._refuse_in_use(stored)
-            await self.records.delete("files", tenant, stored.id)
-            try:  # a create that found the record before it went has marked its use by now
-                await self._refuse_in_use(stored)
-            except Conflict:
-                await self.records.put("files", stored)
-                raise
-            await self.objects.delete(self.layout.bucket, self.layout.content_key(tenant, stored.id))
+            await self.remove(stored)
         except ApiError:
             raise
         except Exception as exc:
             raise from_exception(exc) from exc
         return FileDeleted(id=stored.id)
 
+    async def remove(self, stored: StoredFile) -> None:
+        """Remove an upload: its record first (reads stop), its bytes, then the marks of the batches
+        made from it. :class:`Conflict` (``file_in_use``), and nothing removed, while a batch may still
+        read it. Every step can be done again (a collector that died mid-way)."""
+        tenant = stored.tenant
+        await self._refuse_in_use(stored)
+        await self.records.delete("files", tenant, stored.id)
+        try:  # a create that found the record before it went has marked its use by now
+            await self._refuse_in_use(stored)
+        except Conflict:
+            await self.records.put("files", stored)
+            raise
+        await self.objects.delete(self.layout.bucket, self.layout.content_key(tenant, stored.id))
+        await self.records.drop_uses(tenant, stored.id)
+
     async def _refuse_in_use(self, stored: StoredFile) -> None:
         """A 409 while a batch created from the file may still read it: its dispatcher reads the input
         when the batch starts (and again on a retried attempt), so deleting it then failed the batch."""
+        reader = await self.reader_of(stored)
+        if reader is not None:
+            batch_id, status = reader
+            raise Conflict(
+                f"{stored.id} is the input of batch {batch_id}, which is {status}: delete the file "
+                "once the batch has ended, or cancel the batch first",
+                param="file_id",
+                code="file_in_use",
+            )
+
+    async def reader_of(self, stored: StoredFile) -> tuple[str, str] | None:
+        """A batch created from the file that may still read it, and its status; ``None`` when none
+        may (what a delete, and the collector, wait for)."""
         ids = await self.records.uses(stored.tenant, stored.id)
         now = self.clock()
 
@@ -289,12 +326,8 @@ class FileService:
             chunk = ids[start : start + _READ_AHEAD]
             for batch_id, status in zip(chunk, await asyncio.gather(*map(running, chunk)), strict=True):
                 if status is not None:
-                    raise Conflict(
-                        f"{stored.id} is the input of batch {batch_id}, which is {status}: delete the file "
-                        "once the batch has ended, or cancel the batch first",
-                        param="file_id",
-                        code="file_in_use",
-                    )
+                    return batch_id, status
+        return None
 
     async def content(self, tenant: str, file_id: str) -> tuple[FileObject, AsyncIterator[bytes]]:
         """The file's description and its bytes as a stream (checked to exist before streaming)."""
@@ -310,10 +343,23 @@ class FileService:
         return _file_object(stored), self.objects.stream(self.layout.bucket, key)
 
     async def _stored(self, tenant: str, file_id: str) -> StoredFile:
+        """The tenant's upload; 404 ``expired`` past its expiry (removed yet or not), else 404."""
         stored = await self.records.get("files", StoredFile, tenant, file_id)
         if stored is None:
-            raise _missing(file_id)
+            raise await self._not_found("file", tenant, file_id, file_id)
+        if self.expiry.is_past(stored.expires_at):
+            raise expired("File", file_id, stored.expires_at or 0.0, "file_id")
         return stored
+
+    async def _not_found(
+        self, kind: Literal["batch", "file"], tenant: str, record_id: str, file_id: str
+    ) -> NotFound:
+        """The 404 of a file not found: ``expired`` when the collector removed it (or its batch)."""
+        try:
+            gone = await self.expiry.gone(kind, tenant, record_id, "file_id")
+        except Exception:  # the tombstone is a courtesy: Redis being away must not turn a 404 into a 503
+            gone = None
+        return gone or _missing(file_id)
 
     async def _result(self, tenant: str, file_id: str) -> results.ResultFile:
         kind: results.Kind = "output" if file_id.startswith(OUTPUT_PREFIX) else "error"
@@ -321,7 +367,7 @@ class FileService:
         try:
             snapshot = await self.batches.one(tenant, batch_id)
         except NotFound:
-            raise _missing(file_id) from None
+            raise await self._not_found("batch", tenant, batch_id, file_id) from None
         return await self._describe(snapshot, kind)
 
     async def _describe(self, snapshot: Snapshot, kind: results.Kind) -> results.ResultFile:
@@ -345,10 +391,16 @@ class FileService:
             ),
             batch.created_at,
         )
+        expires_at = await self.expiry.results_expire_at(
+            snapshot.stored.tenant, snapshot.stored.id, results.lifecycles(uris)
+        )
+        if self.expiry.is_past(expires_at):
+            raise expired("File", file_id, expires_at or 0.0, "file_id")
         try:
-            return await results.describe(self.objects, snapshot.stored.id, kind, uris, float(ended))
+            found = await results.describe(self.objects, snapshot.stored.id, kind, uris, float(ended))
         except ObjectMissing:
             raise _missing(file_id) from None
+        return dataclasses.replace(found, expires_at=expires_at)
 
 
 def _missing(file_id: str) -> NotFound:
@@ -362,6 +414,7 @@ def _file_object(stored: StoredFile) -> FileObject:
         created_at=int(stored.created_at),
         filename=stored.filename,
         purpose="batch",
+        expires_at=None if stored.expires_at is None else int(stored.expires_at),
     )
 
 
@@ -372,4 +425,5 @@ def _result_object(result: results.ResultFile) -> FileObject:
         created_at=int(result.created_at),
         filename=f"{result.batch_id}_{result.kind}.jsonl",
         purpose="batch_output",
+        expires_at=None if result.expires_at is None else int(result.expires_at),
     )

@@ -11,7 +11,7 @@ from typing import Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from llmbatch.schemas.common import Endpoint, Metadata
+from llmbatch.schemas.common import Endpoint, ExpiresAfter, Metadata
 
 BatchStatusName = Literal[
     "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"
@@ -131,13 +131,6 @@ class ListPage(BaseModel, Generic[T]):
         )
 
 
-class OutputExpiresAfter(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    anchor: Literal["created_at"]
-    seconds: int = Field(ge=3600, le=2_592_000)
-
-
 class BatchCreate(BaseModel):
     """Body of ``POST /v1/batches``."""
 
@@ -158,6 +151,8 @@ class BatchCreate(BaseModel):
         description="llmbatch's extension: the batch's priority, 0 (lowest) to 9 (the API's "
         "LLMBATCH_API__PRIORITY when left out). With the openai SDK: extra_body={'priority': 9}.",
     )
-    output_expires_after: OutputExpiresAfter | None = Field(
-        default=None, description="Not supported: result files stay until their batch's folder is removed."
+    output_expires_after: ExpiresAfter | None = Field(
+        default=None,
+        description="How long the batch's result files are kept after it ends ({'anchor': 'created_at', "
+        "'seconds': 3600-2592000}); left out: the tenant's retention (LLMBATCH_RETENTION__*).",
     )

@@ -32,7 +32,7 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llmbatch.api.storage import ObjectMissing, ObjectStore
-from llmbatch.schemas.common import API_BATCH_PREFIX, Endpoint, Metadata
+from llmbatch.schemas.common import API_BATCH_PREFIX, Endpoint, ExpiresAfter, Metadata
 
 _COUNTDOWN_FROM = 10**13 - 1  # ms: enough until the year 2286
 FILE_PREFIX = "file-"
@@ -42,6 +42,7 @@ FILE_ID = re.compile(rf"^{FILE_PREFIX}{_ID_TAIL}$")
 BATCH_ID = re.compile(rf"^{BATCH_PREFIX}{_ID_TAIL}$")
 JSON_TYPE = "application/json"
 _READ_AHEAD = 16
+_DROP_PAGE = 1000
 
 R = TypeVar("R", bound="Record")
 
@@ -89,6 +90,9 @@ class StoredFile(Record):
     endpoint: Endpoint = Field(description="The url of every line.")
     model: str = Field(description="The body.model of every line.")
     requests: int = Field(ge=1, description="Request lines.")
+    expires_at: float | None = Field(
+        default=None, description="When it expires (unix s; the collector then deletes it); None: never."
+    )
 
 
 class StoredBatch(Record):
@@ -108,6 +112,9 @@ class StoredBatch(Record):
     event_source: str | None = Field(default=None, description="ce_source of that event.")
     republished_at: float | None = Field(
         default=None, description="When the API last published its event again (see BatchService)."
+    )
+    output_expires_after: ExpiresAfter | None = Field(
+        default=None, description="What the create asked of its result files' retention."
     )
     via_kafka: bool = Field(
         default=False,
@@ -226,6 +233,20 @@ class RecordStore:
         folder = self.layout.uses_folder(tenant, file_id)
         keys = await self.objects.list_keys(self.layout.bucket, folder, limit=limit)
         return [key[len(folder) :] for key in keys if BATCH_ID.fullmatch(key[len(folder) :])]
+
+    async def drop_uses(self, tenant: str, file_id: str) -> None:
+        """Remove the marks of the batches created from ``file_id`` (the file is gone)."""
+        if FILE_ID.fullmatch(file_id):
+            folder = self.layout.uses_folder(tenant, file_id)
+            while keys := await self.objects.list_keys(self.layout.bucket, folder, limit=_DROP_PAGE):
+                for start in range(0, len(keys), _READ_AHEAD):
+                    chunk = keys[start : start + _READ_AHEAD]
+                    await asyncio.gather(*(self.objects.delete(self.layout.bucket, k) for k in chunk))
+
+    async def drop_use(self, tenant: str, file_id: str, batch_id: str) -> None:
+        """Remove the mark that ``batch_id`` was created from ``file_id``."""
+        if FILE_ID.fullmatch(file_id) and BATCH_ID.fullmatch(batch_id):
+            await self.objects.delete(self.layout.bucket, self.layout.uses_folder(tenant, file_id) + batch_id)
 
     async def add_active(self, tenant: str, batch_id: str) -> None:
         """Mark ``batch_id`` as one of the tenant's batches that may not have ended yet."""

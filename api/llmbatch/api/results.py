@@ -34,6 +34,7 @@ class ResultFile:
     uris: tuple[str, ...]
     size: int
     created_at: float
+    expires_at: float | None = None
 
 
 async def find_manifest(
@@ -50,6 +51,18 @@ async def find_manifest(
         return parse_manifest(await objects.get(results_bucket, max(found)))
     except (ObjectMissing, SchemaError):
         return None
+
+
+def lifecycles(uris: Sequence[str]) -> list[str]:
+    """The lifecycles (``<tenant>/<batch_id>/<lifecycle>/<shard>``) the shards ``uris`` are in, ``''``
+    for shards of a batch of before lifecycles; in order, each once."""
+    found: list[str] = []
+    for uri in uris:
+        parts = split_uri(uri)[1].split("/")
+        lifecycle = parts[2] if len(parts) == 4 else ""
+        if lifecycle not in found:
+            found.append(lifecycle)
+    return found
 
 
 def shard_uris(kind: Kind, *, job_uris: Sequence[str] | None, manifest: Manifest | None) -> tuple[str, ...]:

@@ -20,6 +20,7 @@ from llmbatch.schemas.common import (
     BatchId,
     Duration,
     Endpoint,
+    ExpiresAfter,
     Metadata,
     ModelName,
     S3Uri,
@@ -91,6 +92,12 @@ class BatchRequest(BaseModel):
     priority: int = Field(default=DEFAULT_PRIORITY, ge=0, le=9, strict=True, description="0-9, higher first.")
     metadata: Metadata = Field(default_factory=dict)
     tenant: Tenant = "default"
+    output_expires_after: ExpiresAfter | None = Field(
+        default=None,
+        description="How long the batch's result files and state are kept after it ends, as OpenAI's "
+        "output_expires_after: {'anchor': 'created_at', 'seconds': 3600-2592000}. Left out: the "
+        "tenant's retention (LLMBATCH_RETENTION__BY_TENANT, else LLMBATCH_RETENTION__DEFAULT_S).",
+    )
 
     @model_validator(mode="after")
     def _one_input(self) -> BatchRequest:

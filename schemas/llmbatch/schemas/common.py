@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, AwareDatetime, Field, PlainSerializer
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, PlainSerializer
 
 from llmbatch.schemas.compat import UTC, StrEnum
 
@@ -24,6 +24,8 @@ _IPV4_RE = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
 _DURATION_RE = re.compile(r"^([1-9][0-9]{0,5})([smhd])$")
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_COMPLETION_WINDOW = timedelta(days=7)
+MIN_EXPIRES_AFTER_S = 3600
+MAX_EXPIRES_AFTER_S = 2_592_000  # 30 days: OpenAI's bounds of an expiration policy
 API_BATCH_PREFIX = "batch_"
 """Batch ids the HTTP API makes start with this (its namespace: it never reads such an id from Kafka)."""
 
@@ -241,3 +243,19 @@ def parse_duration(value: str) -> timedelta:
 def json_schema_extra_examples(*examples: dict[str, Any]) -> dict[str, Any]:
     """A ``json_schema_extra`` dict carrying examples (exported to JSON Schema and AsyncAPI)."""
     return {"examples": list(examples)}
+
+
+class ExpiresAfter(BaseModel):
+    """OpenAI's expiration policy of a file: gone ``seconds`` (1 hour to 30 days) after its
+    ``anchor``, ``created_at``: an uploaded file's upload, or a batch's result files' creation (the
+    batch's end)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    anchor: Literal["created_at"] = Field(description="Only 'created_at'.")
+    seconds: int = Field(
+        ge=MIN_EXPIRES_AFTER_S,
+        le=MAX_EXPIRES_AFTER_S,
+        strict=True,
+        description=f"{MIN_EXPIRES_AFTER_S} (1 hour) to {MAX_EXPIRES_AFTER_S} (30 days).",
+    )

@@ -15,6 +15,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from pydantic import BaseModel, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from llmbatch.settings.retention import RetentionSettings
 from llmbatch.settings.tenants import TenantSettings
 from llmbatch.settings.webhooks import WebhookSettings
 
@@ -303,6 +304,7 @@ class LLMBatchSettings(BaseSettings):
     replay: ReplaySettings = ReplaySettings()
     tenants: TenantSettings = TenantSettings()
     webhooks: WebhookSettings = WebhookSettings()
+    retention: RetentionSettings = RetentionSettings()
 
 
 def parse_env_file(path: Path) -> dict[str, str]:

@@ -28,6 +28,10 @@ share one Redis. The layout:
 ``<p>:webhook:delivery:<id>``     hash: one delivery (its event, endpoint, attempts, last error)
 ``<p>:webhook:done:<id>``         string: a delivered delivery (a replayed event is not sent again)
 ``<p>:webhook:dead``              zset: deliveries that ran out of retries, score = when (unix ms)
+``<p>:retention:due``             zset: things to delete when they expire (dispatcher.domain.retention),
+                                  score = when (unix s): what reads show as ``expires_at``
+``<p>:retention:queue``           zset: the same members, score = when the collector may take them next
+``<p>:retention:gone:<name>``     string: a removed file or batch (reads answer ``expired``), with a TTL
 
 Batch ids are scoped by tenant: a batch is stored under its :data:`BatchKey`, ``<batch_id>`` for
 the ``default`` tenant and ``<tenant>/<batch_id>`` for any other (a tenant has no ``/`` and a
@@ -166,6 +170,19 @@ class Keys:
     @property
     def webhook_dead(self) -> str:
         return f"{self.prefix}:webhook:dead"
+
+    @property
+    def retention_due(self) -> str:
+        return f"{self.prefix}:retention:due"
+
+    @property
+    def retention_queue(self) -> str:
+        return f"{self.prefix}:retention:queue"
+
+    def retention_gone(self, name: str) -> str:
+        """The tombstone of a removed file or batch (``name``: see
+        :func:`llmbatch.dispatcher.domain.retention.gone_name`)."""
+        return f"{self.prefix}:retention:gone:{name}"
 
     @property
     def s3_session_prefix(self) -> str:

@@ -31,6 +31,7 @@ from llmbatch.dispatcher.domain.dlt import (
 )
 from llmbatch.dispatcher.domain.keys import BatchKey, batch_key
 from llmbatch.dispatcher.domain.quota import estimate_inline, over_limit_message
+from llmbatch.dispatcher.domain.retention import retention_s
 from llmbatch.dispatcher.domain.scheduler import ready_score
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.intake.intake_checks import (
@@ -54,6 +55,7 @@ from llmbatch.schemas.common import BATCH_ID_PATTERN, TENANT_PATTERN
 from llmbatch.schemas.dlt import DltReason, ReplayInfo
 from llmbatch.schemas.errors import Reason, SchemaError
 from llmbatch.schemas.events import REQUEST_EVENT_TYPES
+from llmbatch.settings.retention import RetentionSettings
 
 _BATCH_ID_RE = re.compile(BATCH_ID_PATTERN)
 _TENANT_RE = re.compile(TENANT_PATTERN)
@@ -83,6 +85,9 @@ class IntakeRules:
     the tenant they name; empty: tenant claims are trusted."""
     token_limits: Mapping[str, int] = field(default_factory=dict)
     """Tenant (or ``*``) -> its limit of enqueued tokens (``LLMBATCH_TENANTS__MAX_ENQUEUED_TOKENS``)."""
+    retention: RetentionSettings = field(default_factory=RetentionSettings)
+    """How long a batch's results are kept after it ends, unless its request says
+    (``LLMBATCH_RETENTION__*``)."""
 
     def token_limit(self, tenant: str) -> int | None:
         return self.token_limits.get(tenant, self.token_limits.get("*"))
@@ -105,6 +110,7 @@ def intake_rules(settings: DispatcherSettings) -> IntakeRules:
         replay_key=settings.replay.key_bytes(),
         tenant_keys=settings.tenants.key_bytes(),
         token_limits=settings.tenants.max_enqueued_tokens,
+        retention=settings.retention,
     )
 
 
@@ -298,6 +304,7 @@ def classify(origin: OriginalRecord, rules: IntakeRules, now: float) -> Command:
                 envelope.traceparent,
                 now,
                 body_max_bytes=rules.request_in_redis_max_bytes,
+                retention_s=retention_s(rules.retention, data.tenant, data.output_expires_after),
             ),
             marker=marker,
             initial=State.QUEUED,
@@ -334,13 +341,15 @@ def intake_fields(
     now: float,
     *,
     body_max_bytes: int = 1 << 30,
+    retention_s: int = 0,
 ) -> dict[str, str]:
     """What the batch hash stores at acceptance. The original value (the job input for inline batches
     and the payload of a later dead letter) is kept verbatim in ``request`` when it is at most
     ``body_max_bytes``, else only described (:func:`llmbatch.dispatcher.kafka.request_body.body_fields`),
     until the
     terminal event is published (``dispatcher/llmbatch/dispatcher/state/lua/mark_published.lua`` deletes it
-    then)."""
+    then). ``retention_s`` (when not 0): how long its results are kept after it ends (the publish of its
+    end dates them in the retention index)."""
     value = origin.value or b""
     stripped = without_value(origin)
     fields: dict[str, Any] = {
@@ -364,6 +373,8 @@ def intake_fields(
         fields["total"] = request.request_count
     if traceparent:
         fields["traceparent"] = traceparent
+    if retention_s:
+        fields["retention_s"] = retention_s
     return {k: str(v) for k, v in fields.items()}
 
 

@@ -59,6 +59,7 @@ OPERATOR_READS = (
     "webhook:*",
     "usage:*",
     "quota:*",
+    "retention:*",
 )
 """What the operator reads, after ``<p>:``: every key :class:`llmbatch.dispatcher.domain.keys.Keys` makes but
 the S3

@@ -27,6 +27,7 @@ import redis.asyncio as aioredis
 from llmbatch.dispatcher.domain import states
 from llmbatch.dispatcher.domain.batch_record import BatchRecord, IntakeItem, IntakeResult, TransitionResult
 from llmbatch.dispatcher.domain.keys import BatchKey, Keys, split_batch_key
+from llmbatch.dispatcher.domain.retention import batch_member
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.domain.usage import MAX_DAYS, usage_day
 from llmbatch.dispatcher.errors import ConflictError, StateStoreUnavailable, classify
@@ -354,14 +355,17 @@ class StateStore(StoreIndexes, StoreUpkeep):
         self, key: BatchKey, event_id: str, *, ended_at: float | None = None
     ) -> Literal["counted", "ok"] | None:
         """Mark the lifecycle's terminal event ``event_id`` published: ``counted`` the first time (its
-        usage then goes to its tenant's usage of the day of ``ended_at``, when given), ``ok`` after,
-        None when ``event_id`` is not the batch's terminal event (or the batch is gone)."""
-        tenant = split_batch_key(key)[0]
+        usage then goes to its tenant's usage of the day of ``ended_at``, when given, and a batch kept
+        for ``retention_s`` is dated in the retention index), ``ok`` after, None when ``event_id`` is not
+        the batch's terminal event (or the batch is gone)."""
+        tenant, batch_id = split_batch_key(key)
         keys = [
             self.keys.batch(key),
             self.keys.unpublished,
             self.keys.progress(key),
             self.keys.quota_tokens(tenant),
+            self.keys.retention_due,
+            self.keys.retention_queue,
         ]
         if ended_at is not None:
             keys += [self.keys.usage(tenant, usage_day(ended_at)), self.keys.usage_tenants]
@@ -373,6 +377,8 @@ class StateStore(StoreIndexes, StoreUpkeep):
             ttl,
             tenant if ended_at is not None else "",
             str(USAGE_TTL_S),
+            batch_member(tenant, batch_id, ""),  # the script adds the lifecycle
+            "" if ended_at is None else _fmt(ended_at),
             _TERMINAL_CSV,
         ]
         reply = reply_text(await self._call(lambda: self._scripts.mark_published(keys=keys, args=args)))
