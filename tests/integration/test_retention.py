@@ -56,6 +56,7 @@ class Setup:
     results_bucket: str
     input_bucket: str
     collectors: list[Collector]
+    published: RecordingPublisher
 
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {KEY}"}
@@ -76,11 +77,12 @@ async def setup(settings: LLMBatchSettings, worlds: list[World]) -> AsyncIterato
     api_store = type(w.store).from_url(settings.redis.url, keys=w.store.keys)
     retention = RetentionSettings(collect_every_s=0)
     options = ApiOptions(keys={hash_api_key(KEY): TENANT}, source="urn:test:api")
+    published = RecordingPublisher()
     services = build_services(
         options,
         objects=objects,
         state=RedisStateReader(api_store),
-        publisher=RecordingPublisher(),
+        publisher=published,
         input_bucket=settings.s3.input_bucket,
         results_bucket=settings.s3.results_bucket,
         requests_topic=w.kafka.topics.requests,
@@ -103,30 +105,47 @@ async def setup(settings: LLMBatchSettings, worlds: list[World]) -> AsyncIterato
     ]
     with TestClient(create_app(services, on_close=[api_store.close])) as client:
         yield Setup(
-            w, index, objects, client, clock, settings.s3.results_bucket, settings.s3.input_bucket, collectors
+            w,
+            index,
+            objects,
+            client,
+            clock,
+            settings.s3.results_bucket,
+            settings.s3.input_bucket,
+            collectors,
+            published,
         )
 
 
-async def _accepted(s: Setup, n: int, **request: object) -> tuple[BatchKey, str]:
-    """A batch of the tenant taken in as the consumer does; its key and lifecycle."""
+def _rules(s: Setup) -> IntakeRules:
     topics = s.w.kafka.topics
-    rules = IntakeRules(
+    return IntakeRules(
         requests_topic=topics.requests,
         dlt_topic=topics.dead_letter,
         group_id="g-retention",
         served_models=frozenset({MODEL}),
         inline_limits=InlineLimits(max_requests=1000, max_bytes=2_000_000),
     )
-    data = batch_request(f"r-{uuid.uuid4().hex[:8]}", tenant=TENANT, **request)
-    key, value, headers = request_message(data)
-    origin = OriginalRecord(topics.requests, 0, n, key, value, tuple(headers), int(time.time() * 1000), 0)
-    accept = classify(origin, rules, time.time())
+
+
+async def _take_in(
+    s: Setup, n: int, key: bytes, value: bytes, headers: list[tuple[str, bytes]]
+) -> tuple[BatchKey, str]:
+    """The record taken in as the consumer does; the batch's key and lifecycle."""
+    topic = s.w.kafka.topics.requests
+    origin = OriginalRecord(topic, 0, n, key, value, tuple(headers), int(time.time() * 1000), 0)
+    accept = classify(origin, _rules(s), time.time())
     assert isinstance(accept, Accept)
     assert (await s.w.store.intake(accept.item)).is_new
-    bkey = batch_key(TENANT, data.batch_id)
-    record = await s.w.store.get(bkey)
+    record = await s.w.store.get(accept.item.key)
     assert record is not None
-    return bkey, record.get("lifecycle") or ""
+    return accept.item.key, record.get("lifecycle") or ""
+
+
+async def _accepted(s: Setup, n: int, **request: object) -> tuple[BatchKey, str]:
+    """A batch of the tenant sent to Kafka, taken in; its key and lifecycle."""
+    data = batch_request(f"r-{uuid.uuid4().hex[:8]}", tenant=TENANT, **request)
+    return await _take_in(s, n, *request_message(data))
 
 
 async def _results(s: Setup, batch_id: str, lifecycle: str) -> list[str]:
@@ -157,7 +176,9 @@ async def _run(s: Setup, key: BatchKey) -> None:
 async def _complete(s: Setup, key: BatchKey, uris: list[str]) -> float:
     """Run the batch to completed with those results and publish its end (the real publisher); when
     it ended."""
-    await _run(s, key)
+    record = await s.w.store.get(key)
+    if record is not None and record.state is State.QUEUED:
+        await _run(s, key)
     ended = time.time()
     outcome = Outcome(
         State.COMPLETED,
@@ -210,10 +231,21 @@ async def test_expired_results_and_state_go_and_what_running_batches_need_stays(
     assert upload.json()["expires_at"] == int(s.clock.now + HOUR)
     made = s.api.post(
         "/v1/batches",
-        headers=s.auth(),
-        json={"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+        headers={**s.auth(), "Idempotency-Key": "nightly-1"},
+        json={
+            "input_file_id": file_id,
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+            "output_expires_after": {"anchor": "created_at", "seconds": HOUR},
+        },
     )
     assert made.status_code == 200, made.text
+    api_batch = made.json()["id"]
+    [(_, event_key, event_value, event_headers)] = s.published.records
+    api_key, api_lc = await _take_in(s, 3, event_key, event_value, event_headers)  # as the dispatcher does
+    await _run(s, api_key)
+    api_objects = await s.keys(s.input_bucket, f"{TENANT}/api/")
+    assert len(api_objects) == 4  # the records of the file and the batch, its use mark, its key's claim
 
     # an hour later: reads say expired before anything is deleted
     s.clock.now = ended + HOUR + 1
@@ -244,13 +276,17 @@ async def test_expired_results_and_state_go_and_what_running_batches_need_stays(
     # the upload a batch may still read stays
     assert await s.keys(s.input_bucket, f"{TENANT}/files/{file_id}") != []
 
-    # once that batch can no longer read it (its window ended and nothing took it in), it goes
-    s.clock.now += 25 * HOUR
+    # the API's batch ends (its results kept an hour); once both are past, both go, with all the API kept
+    api_uris = await _results(s, api_batch, api_lc)
+    await _complete(s, api_key, api_uris)
+    s.clock.now = time.time() + 3 * HOUR
     again = await s.collectors[0].collect()
-    assert (again.files, again.in_use, again.batches) == (1, 0, 0)
-    assert await s.keys(s.input_bucket, f"{TENANT}/files/{file_id}") == []
-    assert await s.keys(s.input_bucket, f"{TENANT}/api/files/{file_id}") == []
+    assert (again.files, again.in_use, again.batches, again.result_objects) == (1, 0, 1, 3)
+    assert await s.keys(s.input_bucket, f"{TENANT}/") == []  # upload, records, marks, idempotency claim
+    assert await s.keys(s.results_bucket, f"{TENANT}/{api_batch}/") == []
+    assert await s.w.store.get(api_key) is None
     assert s.api.get(f"/v1/files/{file_id}/content", headers=s.auth()).json()["error"]["code"] == "expired"
+    assert s.api.get(f"/v1/batches/{api_batch}", headers=s.auth()).json()["error"]["code"] == "expired"
     assert await s.index.pending(s.clock.now) == (0, 0)
 
 

@@ -130,6 +130,7 @@ class BatchService:
         claim = await self.idempotency.get(tenant, digest)
         if claim is None:
             stored, _ = await self._new_batch(tenant, body)
+            stored = stored.model_copy(update={"idempotency_key_sha256": digest})
             await self._admit(stored)
             mine = IdempotentCreate(request_sha256=asked, batch=stored)
             claim = mine if await self.idempotency.claim(tenant, digest, mine) else None

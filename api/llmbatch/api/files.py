@@ -317,8 +317,11 @@ class FileService:
                 snapshot = await self.batches.one(stored.tenant, batch_id)
             except NotFound:  # a create that failed after marking the use
                 return None
-            if snapshot.job is None and snapshot.manifest is None and now >= snapshot.stored.expires_at:
-                return None  # never reached the dispatcher, and is not sent again any more
+            if snapshot.job is None and snapshot.manifest is None:
+                if now >= snapshot.stored.expires_at:
+                    return None  # never reached the dispatcher, and is not sent again any more
+                if await self.expiry.gone("batch", stored.tenant, batch_id, "batch_id") is not None:
+                    return None  # it ended and expired: the collector is removing it
             status = snapshot.batch().status
             return None if status in TERMINAL_STATUSES else status
 

@@ -116,6 +116,11 @@ class StoredBatch(Record):
     output_expires_after: ExpiresAfter | None = Field(
         default=None, description="What the create asked of its result files' retention."
     )
+    idempotency_key_sha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="The SHA-256 of the Idempotency-Key it was created with (its claim goes with it).",
+    )
     via_kafka: bool = Field(
         default=False,
         description="A view of a batch the tenant published straight to Kafka (never stored: the API did "

@@ -141,9 +141,12 @@ class Collector:
         report = Report()
         for _ in range(max_passes):
             claims = await self.index.claim(self.clock(), lease_s=self.lease_s, limit=limit)
-            for start in range(0, len(claims), _AT_ONCE):
-                for one in await asyncio.gather(*map(self._one, claims[start : start + _AT_ONCE])):
-                    report.add(one)
+            # the batches first: one that was an upload's last reader is gone before the upload is looked at
+            batches = [c for c in claims if c.member.startswith("b|")]
+            for group in (batches, [c for c in claims if not c.member.startswith("b|")]):
+                for start in range(0, len(group), _AT_ONCE):
+                    for one in await asyncio.gather(*map(self._one, group[start : start + _AT_ONCE])):
+                        report.add(one)
             if len(claims) < limit:
                 break
         return report
@@ -211,8 +214,7 @@ class Collector:
         return deleted
 
     async def _delete_api_records(self, item: Expiring) -> None:
-        """A batch the API created: its record and marks go with it (its Idempotency-Key's record
-        stays: see docs/retention.md)."""
+        """A batch the API created: its record, its marks and its Idempotency-Key's claim go with it."""
         if not BATCH_ID.fullmatch(item.id):
             return
         stored = await self.records.get("batches", StoredBatch, item.tenant, item.id)
@@ -220,6 +222,11 @@ class Collector:
             return
         await self.records.drop_use(item.tenant, stored.input_file_id, item.id)
         await self.records.drop_active(item.tenant, item.id)
+        if stored.idempotency_key_sha256 is not None:  # a repeat of its create would make it again
+            layout = self.records.layout
+            await self.objects.delete(
+                layout.bucket, layout.idempotency_key(item.tenant, stored.idempotency_key_sha256)
+            )
         await self.records.delete("batches", item.tenant, item.id)
 
 
