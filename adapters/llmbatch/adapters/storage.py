@@ -150,6 +150,20 @@ def ensure_buckets(client: Any, s3: S3Settings) -> None:
             raise describe_error(exc, f"creating bucket {bucket!r}", s3.endpoint) from exc
 
 
+def folder_sizes(client: Any, s3: S3Settings, bucket: str) -> dict[str, int]:
+    """Bytes under each top-level folder of ``bucket`` (``<tenant>/`` in llmbatch's layout), from one
+    listing of the whole bucket (no object is read); objects outside any folder are left out."""
+    sizes: dict[str, int] = {}
+    try:
+        for obj in client.list_objects(bucket, recursive=True):
+            top, sep, _ = str(obj.object_name).partition("/")
+            if sep:
+                sizes[top] = sizes.get(top, 0) + int(obj.size or 0)
+    except Exception as exc:
+        raise describe_error(exc, f"listing s3://{bucket}/", s3.endpoint) from exc
+    return sizes
+
+
 def get_bytes(client: Any, s3: S3Settings, uri: str) -> bytes:
     """Read a whole (small) object, e.g. a manifest."""
     bucket, key = split_uri(uri)

@@ -217,6 +217,13 @@ class Metrics:
             ["tenant", "model", "kind"],
             registry=r,
         )
+        self.tenant_stored_bytes = Gauge(
+            "llmbatch_tenant_stored_bytes",
+            "Bytes a tenant keeps, by bucket (input: its uploads and inputs; results: its result files), "
+            "as the tracker leader last listed them (LLMBATCH_DISPATCHER__STORED_BYTES_EVERY_S).",
+            ["tenant", "bucket"],
+            registry=r,
+        )
         self.webhook_events = Counter(
             "llmbatch_webhook_events_total",
             "Results-topic records read by the webhook feed, by outcome "
@@ -259,6 +266,13 @@ class Metrics:
             self.tenant_tokens.labels(tenant=tenant, model=model, kind=kind).inc(
                 max(0, int(usage.get(f"{kind}_tokens", 0)))
             )
+
+    def set_stored_bytes(self, sizes: dict[str, dict[str, int]]) -> None:
+        """Replace the stored-bytes gauge with ``bucket -> tenant -> bytes`` (empty: clear it)."""
+        self.tenant_stored_bytes.clear()
+        for bucket, tenants in sizes.items():
+            for tenant, size in tenants.items():
+                self.tenant_stored_bytes.labels(tenant=tenant, bucket=bucket).set(size)
 
     def webhook_event(self, outcome: str) -> None:
         self.webhook_events.labels(outcome=outcome).inc()

@@ -28,6 +28,7 @@ from llmbatch.dispatcher.metrics import Metrics
 from llmbatch.dispatcher.runs.context import RunContext
 from llmbatch.dispatcher.runs.engine_keeper import EngineKeeper
 from llmbatch.dispatcher.runs.results import ResultStore
+from llmbatch.dispatcher.runs.stored_bytes import StoredBytes
 from llmbatch.dispatcher.runs.tracker import Tracker
 from llmbatch.dispatcher.settings import DispatcherSettings
 from llmbatch.dispatcher.state.store import StateStore
@@ -257,6 +258,16 @@ class Dispatcher:
             self._tasks.append(asyncio.create_task(keep, name="engine-deploy"))
         if opts.reconcile_interval_s > 0:
             self._tasks.append(asyncio.create_task(self._reconcile(), name="reconcile"))
+        if opts.stored_bytes_every_s > 0:
+            stored = StoredBytes(
+                self.settings.s3,
+                self.metrics,
+                self.tracker,
+                self.settings.tenants.known(),
+                self._stop,
+                every_s=opts.stored_bytes_every_s,
+            )
+            self._tasks.append(asyncio.create_task(stored.run(), name="stored-bytes"))
         if self.webhooks is not None:
             webhooks = self.webhooks
             await self._until_ok("webhook consumer", webhooks.start)

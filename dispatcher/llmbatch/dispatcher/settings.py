@@ -140,6 +140,14 @@ class DispatcherOptions(BaseModel):
         description="/livez fails when the consumer or the tracker loop has not moved for this long (a "
         "hang; retrying through an outage counts as moving, so an outage does not restart the pod).",
     )
+    stored_bytes_every_s: float = Field(
+        default=3600.0,
+        ge=0,
+        le=7 * 86_400,
+        description="How often the tracker leader lists the input and results buckets to export "
+        "llmbatch_tenant_stored_bytes (every object's entry is read: set it long on buckets of many "
+        "millions of objects); 0 = never.",
+    )
     reconcile_interval_s: float = Field(
         default=600.0,
         ge=0,

@@ -10,9 +10,12 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from llmbatch.adapters import storage
 from llmbatch.dispatcher.domain.usage import COUNTERS, DayUsage, UsageRow, totals
 from llmbatch.dispatcher.ops import usage
 from llmbatch.dispatcher.ops.common import EXIT_USAGE, emit_json, fail, load_settings, open_store, out, run
+from llmbatch.schemas.errors import LLMBatchError
+from llmbatch.settings import S3Settings
 
 app = typer.Typer(
     help="Usage per tenant (tokens, requests, batches), from the durable usage record in Redis.",
@@ -45,9 +48,19 @@ def report(
     ] = None,
     by_day: Annotated[bool, typer.Option("--by-day", help="One row per day, not the range's sums.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON on stdout instead of a table.")] = False,
+    stored: Annotated[
+        bool,
+        typer.Option(
+            "--stored",
+            help="Instead: the bytes each tenant keeps now in the input and results buckets (lists them).",
+        ),
+    ] = False,
 ) -> None:
     """Usage of batches that ended from --since to --until, per tenant, model and end state."""
     settings = load_settings(ctx)
+    if stored:
+        _stored(settings.s3, tenant, as_json)
+        return
     today = datetime.now(UTC).date()
     first = _day(since, today.replace(day=1), "--since")
     last = _day(until, today, "--until")
@@ -78,3 +91,27 @@ def report(
     for t, span, r in rows:
         table.add_row(t, span, r.model, r.status, *(str(getattr(r, c)) for c in COUNTERS))
     out.print(table)
+
+
+def _stored(s3: S3Settings, only: list[str] | None, as_json: bool) -> None:
+    """Bytes per tenant in both buckets, from one listing of each (no object is read)."""
+    try:
+        client = storage.make_client(s3)
+        sizes = {
+            kind: storage.folder_sizes(client, s3, bucket) for kind, bucket in stored_buckets(s3).items()
+        }
+    except LLMBatchError as exc:
+        fail(str(exc))
+    names = sorted(set(only or []) or {t for per in sizes.values() for t in per})
+    rows = [{"tenant": t, **{f"{k}_bytes": sizes[k].get(t, 0) for k in sizes}} for t in names]
+    if as_json:
+        emit_json(rows)
+        return
+    table = Table("tenant", "input bytes", "results bytes")
+    for row in rows:
+        table.add_row(str(row["tenant"]), str(row["input_bytes"]), str(row["results_bytes"]))
+    out.print(table)
+
+
+def stored_buckets(s3: S3Settings) -> dict[str, str]:
+    return {"input": s3.input_bucket, "results": s3.results_bucket}

@@ -1,0 +1,90 @@
+"""``llmbatch_tenant_stored_bytes``: what each tenant keeps in the input and results buckets.
+
+While this replica leads the tracker (one exporter, so sums over dispatcher pods stay right), every
+``LLMBATCH_DISPATCHER__STORED_BYTES_EVERY_S`` it lists both buckets once and sets the gauge per tenant
+and bucket: the configured tenants by name, every other folder summed as ``other`` (labels stay
+bounded). A listing reads every object's entry (not its bytes): on buckets of many millions of objects,
+set the interval long, or 0 to turn it off. An outage is logged once per change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from llmbatch.adapters import storage
+from llmbatch.dispatcher.metrics import Metrics
+from llmbatch.settings import S3Settings
+
+log = logging.getLogger(__name__)
+
+
+class Leader(Protocol):
+    @property
+    def is_leader(self) -> bool: ...
+
+
+def by_tenant(sizes: Mapping[str, int], known: frozenset[str]) -> dict[str, int]:
+    """Folder sizes with the folders of tenants outside ``known`` summed as ``other`` (pure)."""
+    out: dict[str, int] = {}
+    for folder, size in sizes.items():
+        label = folder if folder in known else "other"
+        out[label] = out.get(label, 0) + size
+    return out
+
+
+class StoredBytes:
+    """Exports the gauge while ``leader`` leads (see the module docstring)."""
+
+    def __init__(
+        self,
+        s3: S3Settings,
+        metrics: Metrics,
+        leader: Leader,
+        known: frozenset[str],
+        stopping: asyncio.Event,
+        *,
+        every_s: float,
+        client_factory: Callable[[], Any] | None = None,
+    ) -> None:
+        self.s3 = s3
+        self.metrics = metrics
+        self.leader = leader
+        self.known = known
+        self.stopping = stopping
+        self.every_s = every_s
+        self._client_factory = client_factory or (lambda: storage.make_client(s3))
+        self._failing = False
+        self.measures = 0
+        """Listings tried (each one of both buckets)."""
+
+    def measure(self) -> dict[str, dict[str, int]]:
+        """Bucket kind (``input``, ``results``) -> tenant label -> bytes (blocking: run in a thread)."""
+        client = self._client_factory()
+        buckets = {"input": self.s3.input_bucket, "results": self.s3.results_bucket}
+        return {
+            kind: by_tenant(storage.folder_sizes(client, self.s3, bucket), self.known)
+            for kind, bucket in buckets.items()
+        }
+
+    async def run(self) -> None:
+        while not self.stopping.is_set():
+            if self.leader.is_leader:
+                self.measures += 1
+                try:
+                    self.metrics.set_stored_bytes(await asyncio.to_thread(self.measure))
+                except Exception as exc:  # an S3 outage must not end the task
+                    if not self._failing:
+                        log.warning("cannot measure the tenants' stored bytes: %s", exc)
+                    self._failing = True
+                else:
+                    if self._failing:
+                        log.info("the tenants' stored bytes are measured again")
+                    self._failing = False
+            else:
+                self.metrics.set_stored_bytes({})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), self.every_s)
