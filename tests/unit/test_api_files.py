@@ -15,7 +15,15 @@ from llmbatch.api.results import concatenate
 from llmbatch.api.status import error_file_id, output_file_id
 from llmbatch.dispatcher.domain.events import Outcome
 from llmbatch.dispatcher.domain.states import State
-from tests.support.api_fakes import INPUT_BUCKET, ApiHarness, MemoryObjectStore, chat_line, jsonl, make_api
+from tests.support.api_fakes import (
+    INPUT_BUCKET,
+    RESULTS_BUCKET,
+    ApiHarness,
+    MemoryObjectStore,
+    chat_line,
+    jsonl,
+    make_api,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -306,13 +314,28 @@ def test_an_upload_over_the_tenants_storage_quota_is_429_until_files_are_deleted
     error = answer.json()["error"]
     assert (error["type"], error["code"]) == ("insufficient_quota", "storage_quota_exceeded")
     assert error["param"] == "file" and "LLMBATCH_API__MAX_STORED_BYTES" in error["message"]
-    assert f"{2 * len(data)} bytes" in error["message"]
+    assert f"the {2 * len(data)} bytes of files you uploaded" in error["message"]
     assert len([k for k in api.objects.keys(INPUT_BUCKET) if "/files/" in k and "/api/" not in k]) == 2
     upload_ok(api, data, tenant="globex")  # each tenant has its own quota
     assert api.client.delete(f"/v1/files/{first}", headers=api.auth()).status_code == 200
     upload_ok(api, data)  # room again
     big = jsonl(*(chat_line(f"c{i}") for i in range(100)))
     assert make_api().upload(big).status_code == 200  # 0: no limit
+
+
+def test_a_tenants_results_count_against_its_storage_quota() -> None:
+    data = jsonl(chat_line("a"), chat_line("b"))
+    api = make_api(max_stored_bytes=2 * len(data) + 10)
+    upload_ok(api, data)
+    # the results a batch of the tenant left (the shards a job wrote): with them a second upload is over
+    api.objects.objects[(RESULTS_BUCKET, "acme/b1/0123456789/output-a1-00000.jsonl")] = b"x" * 11
+    answer = api.upload(data, tenant="acme")
+    assert answer.status_code == 429
+    assert "the 11 bytes of your batches' results" in answer.json()["error"]["message"]
+    api.objects.objects[(RESULTS_BUCKET, "globex/b2/0123456789/output-a1-00000.jsonl")] = b"x" * (
+        len(data) * 9
+    )
+    assert api.upload(data, tenant="globex").status_code == 429  # its results alone fill its quota
 
 
 def test_result_files_are_listed_under_purpose_batch_output_in_pages() -> None:

@@ -143,17 +143,20 @@ class FileService:
         return _file_object(stored)
 
     async def _check_quota(self, tenant: str, size: int) -> None:
-        """429 when the tenant's uploaded files and this one would be over ``max_stored_bytes``
-        (counted from one listing of ``<tenant>/files/``; uploads at the same moment may each pass)."""
+        """429 when what the tenant keeps (its uploads and its batches' results) and this file would be
+        over ``max_stored_bytes`` (counted from one listing of each; uploads at the same moment may each
+        pass)."""
         limit = self.max_stored_bytes_by_tenant.get(tenant, self.max_stored_bytes)
         if not limit:
             return
-        used = await self.objects.total_size(self.layout.bucket, self.layout.content_folder(tenant))
-        if used + size > limit:
+        uploads = await self.objects.total_size(self.layout.bucket, self.layout.content_folder(tenant))
+        kept = await self.objects.total_size(self.batches.results_bucket, f"{tenant}/")
+        if uploads + kept + size > limit:
             raise QuotaExceeded(
-                f"this file ({size} bytes) and the {used} bytes of files you keep are over your storage "
-                f"quota of {limit} bytes (LLMBATCH_API__MAX_STORED_BYTES): delete files "
-                "you no longer need (DELETE /v1/files/{id}) and upload again",
+                f"this file ({size} bytes), the {uploads} bytes of files you uploaded and the {kept} bytes "
+                f"of your batches' results are over your storage quota of {limit} bytes "
+                "(LLMBATCH_API__MAX_STORED_BYTES): delete files you no longer need (DELETE /v1/files/{id}), "
+                "or wait for results to expire (their expires_at), and upload again",
                 param="file",
                 code="storage_quota_exceeded",
             )

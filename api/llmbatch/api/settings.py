@@ -51,8 +51,9 @@ class ApiOptions(BaseModel):
     max_stored_bytes: int = Field(
         default=0,
         ge=0,
-        description="Bytes of uploaded files each tenant may keep (0 = no limit); an upload that would go "
-        "over is 429 storage_quota_exceeded (delete files to make room).",
+        description="Bytes each tenant may keep, its uploaded files and its batches' result files together "
+        "(0 = no limit); an upload that would go over is 429 storage_quota_exceeded (delete files, or wait "
+        "for results to expire, to make room).",
     )
     max_stored_bytes_by_tenant: dict[str, int] = Field(
         default_factory=dict,
