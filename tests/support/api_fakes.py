@@ -116,6 +116,7 @@ class MemoryDispatcher:
         self.progress: dict[str, dict[str, str]] = {}
         self.listings: dict[str, dict[str, int]] = {}  # tenant -> batch id -> accepted ms (from Kafka)
         self.tokens: dict[str, int] = {}  # tenant -> enqueued tokens (the quota counter)
+        self.stored: dict[str, int] = {}  # tenant -> the bytes it keeps, as the tracker leader measured
 
     def _find(self, key: BatchKey) -> str | None:
         """The id of the batch ``key`` names: batch ids are scoped by tenant (the tests' ids are unique
@@ -149,6 +150,9 @@ class MemoryDispatcher:
 
     async def enqueued_tokens(self, tenant: str) -> int:
         return self.tokens.get(tenant, 0)
+
+    async def stored_bytes_many(self, tenants: Sequence[str]) -> list[int | None]:
+        return [self.stored.get(t) for t in tenants]
 
     def _set(self, batch_id: str, state: State, now: float, **fields: object) -> None:
         current = self.hashes[batch_id]
@@ -367,6 +371,7 @@ def make_api(
     webhooks: WebhookSettings | None = None,
     usage: UsageSource | None = None,
     token_limits: dict[str, int] | None = None,
+    storage_limits: dict[str, int] | None = None,
     retention: RetentionSettings | None = None,
     **options: Any,
 ) -> ApiHarness:
@@ -399,6 +404,7 @@ def make_api(
         endpoints=endpoints,
         usage=usage,
         token_limits=token_limits,
+        storage_limits=storage_limits,
         retention=None if retention is None else retention.model_copy(update={"collect_every_s": 0}),
         retention_index=dates,
         clock=clock,

@@ -556,3 +556,20 @@ def test_a_batch_over_the_tenants_token_limit_is_refused_with_429_and_nothing_pu
     assert len([e for e in api.publisher.events() if isinstance(e.data, BatchRequest)]) == 1
     # another tenant has no limit ("*" unset)
     assert create(api, "globex", input_file_id=uploaded(api, "globex"), endpoint=CHAT).status_code == 200
+
+
+def test_a_batch_of_a_tenant_over_its_storage_is_refused_with_429_and_nothing_published() -> None:
+    """Judged by what the dispatchers last measured the tenant keeps (its inputs and results)."""
+    api = make_api(storage_limits={"*": 1_000_000})
+    file_id = uploaded(api)
+    api.dispatcher.stored["acme"] = 999_999  # just under
+    assert create(api, input_file_id=file_id, endpoint=CHAT).status_code == 200
+    api.dispatcher.stored["acme"] = 1_000_000
+    refused = create(api, input_file_id=file_id, endpoint=CHAT)
+    assert refused.status_code == 429, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["type"]) == ("storage_quota_exceeded", "insufficient_quota")
+    assert "LLMBATCH_TENANTS__MAX_STORED_BYTES" in error["message"]
+    assert len([e for e in api.publisher.events() if isinstance(e.data, BatchRequest)]) == 1
+    # a tenant never measured is not refused
+    assert create(api, "globex", input_file_id=uploaded(api, "globex"), endpoint=CHAT).status_code == 200

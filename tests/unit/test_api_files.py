@@ -306,26 +306,26 @@ def test_a_create_of_a_missing_file_is_not_found_and_holds_nothing() -> None:
 
 def test_an_upload_over_the_tenants_storage_quota_is_429_until_files_are_deleted() -> None:
     data = jsonl(chat_line("a"), chat_line("b"))
-    api = make_api(max_stored_bytes=2 * len(data) + 10)
+    api = make_api(storage_limits={"*": 2 * len(data) + 10})
     first = upload_ok(api, data)["id"]
     upload_ok(api, data)
     answer = api.upload(data)
     assert answer.status_code == 429, answer.text
     error = answer.json()["error"]
     assert (error["type"], error["code"]) == ("insufficient_quota", "storage_quota_exceeded")
-    assert error["param"] == "file" and "LLMBATCH_API__MAX_STORED_BYTES" in error["message"]
+    assert error["param"] == "file" and "LLMBATCH_TENANTS__MAX_STORED_BYTES" in error["message"]
     assert f"the {2 * len(data)} bytes of files you uploaded" in error["message"]
     assert len([k for k in api.objects.keys(INPUT_BUCKET) if "/files/" in k and "/api/" not in k]) == 2
     upload_ok(api, data, tenant="globex")  # each tenant has its own quota
     assert api.client.delete(f"/v1/files/{first}", headers=api.auth()).status_code == 200
     upload_ok(api, data)  # room again
     big = jsonl(*(chat_line(f"c{i}") for i in range(100)))
-    assert make_api().upload(big).status_code == 200  # 0: no limit
+    assert make_api().upload(big).status_code == 200  # none: no limit
 
 
 def test_a_tenants_results_count_against_its_storage_quota() -> None:
     data = jsonl(chat_line("a"), chat_line("b"))
-    api = make_api(max_stored_bytes=2 * len(data) + 10)
+    api = make_api(storage_limits={"*": 2 * len(data) + 10})
     upload_ok(api, data)
     # the results a batch of the tenant left (the shards a job wrote): with them a second upload is over
     api.objects.objects[(RESULTS_BUCKET, "acme/b1/0123456789/output-a1-00000.jsonl")] = b"x" * 11
@@ -416,7 +416,7 @@ def test_without_a_purpose_every_file_is_listed_uploads_first_then_results_in_pa
 
 def test_a_tenant_may_have_a_storage_quota_of_its_own() -> None:
     data = jsonl(chat_line("a"), chat_line("b"))
-    api = make_api(max_stored_bytes=len(data) + 10, max_stored_bytes_by_tenant={"globex": 3 * len(data) + 10})
+    api = make_api(storage_limits={"*": len(data) + 10, "globex": 3 * len(data) + 10})
     upload_ok(api, data)
     assert api.upload(data).status_code == 429  # acme: the default
     for _ in range(3):

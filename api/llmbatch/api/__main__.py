@@ -49,6 +49,7 @@ def build_app(settings: ApiSettings) -> FastAPI:
         endpoints=WebhookStore(store.client, store.keys) if settings.webhooks.enabled else None,
         usage=RedisUsage(store.client, store.keys),
         token_limits=settings.tenants.max_enqueued_tokens,
+        storage_limits=settings.tenants.max_stored_bytes,
         retention=settings.retention,
         retention_index=RetentionIndex(store.client, store.keys),
     )

@@ -50,7 +50,7 @@ from llmbatch.api.records import (
     new_id,
 )
 from llmbatch.api.status import to_batch
-from llmbatch.dispatcher.domain.quota import estimate_file, over_limit_message
+from llmbatch.dispatcher.domain.quota import estimate_file, over_limit_message, over_storage_message
 from llmbatch.schemas import (
     BatchRequest,
     CancelRequest,
@@ -89,12 +89,14 @@ class BatchService:
         republish_after_s: float = 120.0,
         max_active: int = 0,
         token_limits: Mapping[str, int] | None = None,
+        storage_limits: Mapping[str, int] | None = None,
         expiry: Expiry | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.reader = reader
         self.expiry = expiry
         self.token_limits = dict(token_limits or {})
+        self.storage_limits = dict(storage_limits or {})
         self.active = ActiveBatches(
             reader.records,
             reader.state,
@@ -181,6 +183,7 @@ class BatchService:
                 param="endpoint",
             )
         await self._check_tokens(tenant, file.bytes)
+        await self._check_storage(tenant)
         input_uri = self.layout.content_uri(tenant, file.id)
         priority = self.priority if body.priority is None else body.priority
         try:
@@ -237,6 +240,23 @@ class BatchService:
                 over_limit_message(tenant, estimate, used, limit),
                 param="input_file_id",
                 code="token_limit_exceeded",
+            )
+
+    async def _check_storage(self, tenant: str) -> None:
+        """429 ``storage_quota_exceeded`` when the tenant keeps its limit or more, as the dispatchers
+        last measured (``LLMBATCH_TENANTS__MAX_STORED_BYTES``): the dispatcher would refuse the batch."""
+        limit = self.storage_limits.get(tenant, self.storage_limits.get("*"))
+        if limit is None:
+            return
+        try:
+            used = await self.reader.state.stored_bytes(tenant)
+        except Exception as exc:
+            raise from_exception(exc) from exc
+        if used is not None and used >= limit:
+            raise QuotaExceeded(
+                over_storage_message(tenant, used, limit),
+                param="input_file_id",
+                code="storage_quota_exceeded",
             )
 
     async def _admit(self, stored: StoredBatch) -> None:

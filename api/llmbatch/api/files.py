@@ -65,8 +65,7 @@ class FileService:
         *,
         max_upload_bytes: int,
         max_file_requests: int,
-        max_stored_bytes: int = 0,
-        max_stored_bytes_by_tenant: Mapping[str, int] | None = None,
+        storage_limits: Mapping[str, int] | None = None,
         expiry: Expiry | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -76,8 +75,7 @@ class FileService:
         self.batches = batches
         self.max_upload_bytes = max_upload_bytes
         self.max_file_requests = max_file_requests
-        self.max_stored_bytes = max_stored_bytes
-        self.max_stored_bytes_by_tenant = dict(max_stored_bytes_by_tenant or {})
+        self.storage_limits = dict(storage_limits or {})
         self.expiry = expiry or Expiry(None, RetentionSettings(), clock=clock)
         self.clock = clock
 
@@ -144,9 +142,9 @@ class FileService:
 
     async def _check_quota(self, tenant: str, size: int) -> None:
         """429 when what the tenant keeps (its uploads and its batches' results) and this file would be
-        over ``max_stored_bytes`` (counted from one listing of each; uploads at the same moment may each
-        pass)."""
-        limit = self.max_stored_bytes_by_tenant.get(tenant, self.max_stored_bytes)
+        over its limit (``LLMBATCH_TENANTS__MAX_STORED_BYTES``; counted from one listing of each: uploads
+        at the same moment may each pass)."""
+        limit = self.storage_limits.get(tenant, self.storage_limits.get("*"))
         if not limit:
             return
         uploads = await self.objects.total_size(self.layout.bucket, self.layout.content_folder(tenant))
@@ -155,8 +153,8 @@ class FileService:
             raise QuotaExceeded(
                 f"this file ({size} bytes), the {uploads} bytes of files you uploaded and the {kept} bytes "
                 f"of your batches' results are over your storage quota of {limit} bytes "
-                "(LLMBATCH_API__MAX_STORED_BYTES): delete files you no longer need (DELETE /v1/files/{id}), "
-                "or wait for results to expire (their expires_at), and upload again",
+                "(LLMBATCH_TENANTS__MAX_STORED_BYTES): delete files you no longer need "
+                "(DELETE /v1/files/{id}), or wait for results to expire (their expires_at), and upload again",
                 param="file",
                 code="storage_quota_exceeded",
             )

@@ -48,18 +48,6 @@ class ApiOptions(BaseModel):
         description="Batches each tenant may have under way at once through the API (0 = no limit); a "
         "create over it is 429 active_batch_quota_exceeded (create it once one has ended).",
     )
-    max_stored_bytes: int = Field(
-        default=0,
-        ge=0,
-        description="Bytes each tenant may keep, its uploaded files and its batches' result files together "
-        "(0 = no limit); an upload that would go over is 429 storage_quota_exceeded (delete files, or wait "
-        "for results to expire, to make room).",
-    )
-    max_stored_bytes_by_tenant: dict[str, int] = Field(
-        default_factory=dict,
-        description='Tenant -> its own max_stored_bytes, as JSON (e.g. {"acme": 10000000000}; 0 = no limit '
-        "for it); the tenants not named get max_stored_bytes.",
-    )
     max_json_bytes: int = Field(
         default=1 << 20, ge=1024, le=64 << 20, description="Largest JSON request body (bytes)."
     )

@@ -42,6 +42,10 @@ class StateReader(Protocol):
         """The tokens (estimated) the tenant's accepted, not yet ended batches hold."""
         ...
 
+    async def stored_bytes(self, tenant: str) -> int | None:
+        """The bytes the tenant keeps as the dispatchers last measured them (None: no measure)."""
+        ...
+
 
 class BatchRecords(Protocol):
     """The part of :class:`~llmbatch.dispatcher.state.store.StateStore` the reader uses."""
@@ -57,6 +61,8 @@ class BatchRecords(Protocol):
     async def listed_at(self, tenant: str, batch_id: str) -> int | None: ...
 
     async def enqueued_tokens(self, tenant: str) -> int: ...
+
+    async def stored_bytes_many(self, tenants: Sequence[str]) -> list[int | None]: ...
 
 
 class RedisStateReader:
@@ -82,3 +88,6 @@ class RedisStateReader:
 
     async def enqueued_tokens(self, tenant: str) -> int:
         return await self._store.enqueued_tokens(tenant)
+
+    async def stored_bytes(self, tenant: str) -> int | None:
+        return (await self._store.stored_bytes_many([tenant]))[0]

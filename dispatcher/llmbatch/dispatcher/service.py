@@ -266,6 +266,7 @@ class Dispatcher:
                 self.settings.tenants.known(),
                 self._stop,
                 every_s=opts.stored_bytes_every_s,
+                figures=self.store,
             )
             self._tasks.append(asyncio.create_task(stored.run(), name="stored-bytes"))
         if self.webhooks is not None:

@@ -83,6 +83,9 @@ class DltReason(StrEnum):
     TOKEN_LIMIT_EXCEEDED = "token_limit_exceeded"  # noqa: S105 (an error code, not a secret)
     """The tenant's enqueued tokens would pass its limit (``LLMBATCH_TENANTS__MAX_ENQUEUED_TOKENS``);
     replay it once earlier batches ended."""
+    STORAGE_QUOTA_EXCEEDED = "storage_quota_exceeded"
+    """What the tenant keeps is over its limit (``LLMBATCH_TENANTS__MAX_STORED_BYTES``); replay it once
+    files were deleted or expired."""
     DEADLINE_PASSED = "deadline_passed"
     """The deadline was already past when the request was first seen."""
     MODEL_NOT_FOUND = "model_not_found"

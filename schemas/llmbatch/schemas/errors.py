@@ -48,6 +48,9 @@ class Reason(StrEnum):
     TOKEN_LIMIT_EXCEEDED = "token_limit_exceeded"  # noqa: S105 (an error code, not a secret)
     """The tenant's enqueued tokens (estimated at intake) would pass its limit
     (``LLMBATCH_TENANTS__MAX_ENQUEUED_TOKENS``): send the batch again once earlier batches end."""
+    STORAGE_QUOTA_EXCEEDED = "storage_quota_exceeded"
+    """What the tenant keeps (its inputs and results, as last measured) is over its limit
+    (``LLMBATCH_TENANTS__MAX_STORED_BYTES``): send the batch again once files were deleted or expired."""
     LINE_TOO_LARGE = "line_too_large"
     """An input line is longer than ``LLMBATCH_JOB__MAX_LINE_BYTES`` (answered without being read whole)."""
     EMPTY_INPUT = "empty_input"

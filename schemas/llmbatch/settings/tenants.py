@@ -99,6 +99,31 @@ class TenantSettings(BaseModel):
                 raise ValueError(f"max_enqueued_tokens of {tenant!r} must be a positive number of tokens")
         return value
 
+    max_stored_bytes: dict[str, int] = Field(
+        default_factory=dict,
+        description='Tenant -> the bytes it may keep, its inputs and results together, as JSON; "*" applies '
+        'to every tenant not named (e.g. {"*": 50000000000}). An upload through the HTTP API that would go '
+        "over is refused (429 storage_quota_exceeded, counted from a listing), and so is a batch of a "
+        "tenant already over it, by the API (429) and on Kafka (a rejected event and a dead letter, "
+        "storage_quota_exceeded), judged by the tracker leader's last measure "
+        "(LLMBATCH_DISPATCHER__STORED_BYTES_EVERY_S). Deleting files, or their retention, makes room. "
+        "Empty: no limit.",
+    )
+
+    @field_validator("max_stored_bytes")
+    @classmethod
+    def _valid_storage_limits(cls, value: dict[str, int]) -> dict[str, int]:
+        for tenant, limit in value.items():
+            if tenant != "*":
+                check_tenant(tenant)
+            if not isinstance(limit, int) or limit < 1:
+                raise ValueError(f"max_stored_bytes of {tenant!r} must be a positive number of bytes")
+        return value
+
+    def storage_limit(self, tenant: str) -> int | None:
+        """The stored-bytes limit of ``tenant`` (its own, else ``*``), None when it has none."""
+        return self.max_stored_bytes.get(tenant, self.max_stored_bytes.get("*"))
+
     def token_limit(self, tenant: str) -> int | None:
         """The enqueued-token limit of ``tenant`` (its own, else ``*``), None when it has none."""
         return self.max_enqueued_tokens.get(tenant, self.max_enqueued_tokens.get("*"))

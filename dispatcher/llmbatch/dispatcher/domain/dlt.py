@@ -188,6 +188,8 @@ def reason_for_schema_error(error: SchemaError) -> DltReason:
         return DltReason.MODEL_NOT_FOUND
     if error.reason == Reason.TOKEN_LIMIT_EXCEEDED:
         return DltReason.TOKEN_LIMIT_EXCEEDED
+    if error.reason == Reason.STORAGE_QUOTA_EXCEEDED:
+        return DltReason.STORAGE_QUOTA_EXCEEDED
     return DltReason.INVALID_EVENT
 
 

@@ -28,6 +28,8 @@ share one Redis. The layout:
 ``<p>:webhook:delivery:<id>``     hash: one delivery (its event, endpoint, attempts, last error)
 ``<p>:webhook:done:<id>``         string: a delivered delivery (a replayed event is not sent again)
 ``<p>:webhook:dead``              zset: deliveries that ran out of retries, score = when (unix ms)
+``<p>:stored:<tenant>``           string: the bytes a tenant keeps (inputs and results), as the tracker
+                                  leader last measured them, with a TTL
 ``<p>:retention:due``             zset: things to delete when they expire (dispatcher.domain.retention),
                                   score = when (unix s): what reads show as ``expires_at``
 ``<p>:retention:queue``           zset: the same members, score = when the collector may take them next
@@ -170,6 +172,10 @@ class Keys:
     @property
     def webhook_dead(self) -> str:
         return f"{self.prefix}:webhook:dead"
+
+    def stored_bytes(self, tenant: str) -> str:
+        """The bytes ``tenant`` keeps as last measured (:mod:`llmbatch.dispatcher.runs.stored_bytes`)."""
+        return f"{self.prefix}:stored:{tenant}"
 
     @property
     def retention_due(self) -> str:

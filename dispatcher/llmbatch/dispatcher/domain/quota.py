@@ -28,6 +28,14 @@ def estimate_file(size_bytes: int) -> int:
     return math.ceil(max(0, size_bytes) / BYTES_PER_TOKEN)
 
 
+def over_storage_message(tenant: str, used: int, limit: int) -> str:
+    return (
+        f"tenant {tenant!r} keeps {used} bytes (inputs and results, as last measured): over its limit of "
+        f"{limit} (LLMBATCH_TENANTS__MAX_STORED_BYTES). Send the batch again once files were deleted or "
+        "expired (their retention)"
+    )
+
+
 def over_limit_message(tenant: str, estimate: int, used: int, limit: int) -> str:
     return (
         f"tenant {tenant!r} has {used} tokens enqueued (estimated) and this batch adds about {estimate}: "

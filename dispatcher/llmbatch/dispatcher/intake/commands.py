@@ -30,7 +30,7 @@ from llmbatch.dispatcher.domain.dlt import (
     without_value,
 )
 from llmbatch.dispatcher.domain.keys import BatchKey, batch_key
-from llmbatch.dispatcher.domain.quota import estimate_inline, over_limit_message
+from llmbatch.dispatcher.domain.quota import estimate_inline, over_limit_message, over_storage_message
 from llmbatch.dispatcher.domain.retention import retention_s
 from llmbatch.dispatcher.domain.scheduler import ready_score
 from llmbatch.dispatcher.domain.states import State
@@ -89,8 +89,14 @@ class IntakeRules:
     """How long a batch's results are kept after it ends, unless its request says
     (``LLMBATCH_RETENTION__*``)."""
 
+    storage_limits: Mapping[str, int] = field(default_factory=dict)
+    """Tenant (or ``*``) -> the bytes it may keep (``LLMBATCH_TENANTS__MAX_STORED_BYTES``)."""
+
     def token_limit(self, tenant: str) -> int | None:
         return self.token_limits.get(tenant, self.token_limits.get("*"))
+
+    def storage_limit(self, tenant: str) -> int | None:
+        return self.storage_limits.get(tenant, self.storage_limits.get("*"))
 
 
 def intake_rules(settings: DispatcherSettings) -> IntakeRules:
@@ -110,6 +116,7 @@ def intake_rules(settings: DispatcherSettings) -> IntakeRules:
         replay_key=settings.replay.key_bytes(),
         tenant_keys=settings.tenants.key_bytes(),
         token_limits=settings.tenants.max_enqueued_tokens,
+        storage_limits=settings.tenants.max_stored_bytes,
         retention=settings.retention,
     )
 
@@ -251,6 +258,15 @@ def over_quota_reject(accept: Accept, rules: IntakeRules, now: float, quota: tup
     used, estimate, limit = quota
     error = SchemaError(
         Reason.TOKEN_LIMIT_EXCEEDED, over_limit_message(accept.request.tenant, estimate, used, limit)
+    )
+    return _reject(accept.origin, error, rules, now)
+
+
+def over_storage_reject(accept: Accept, rules: IntakeRules, now: float, used: int, limit: int) -> Reject:
+    """The refusal of a request whose tenant keeps more than its stored-bytes limit (as last measured):
+    dead-lettered and answered ``storage_quota_exceeded``; nothing was written."""
+    error = SchemaError(
+        Reason.STORAGE_QUOTA_EXCEEDED, over_storage_message(accept.request.tenant, used, limit)
     )
     return _reject(accept.origin, error, rules, now)
 

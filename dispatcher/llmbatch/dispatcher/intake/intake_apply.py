@@ -28,6 +28,7 @@ from llmbatch.dispatcher.intake.commands import (
     IntakeRules,
     Reject,
     over_quota_reject,
+    over_storage_reject,
     record_marker,
 )
 from llmbatch.dispatcher.kafka.publisher import EventProducer, SendFuture, gather_sends
@@ -73,13 +74,15 @@ class IntakeApplier:
         store's or the producer's :class:`DispatcherError`; applying the same segment again is harmless."""
         accepts = [await self._estimated(c) for c in commands if isinstance(c, Accept)]
         # a request refused over quota before (its record's marker) is not taken in when it comes again
-        limited = [a for a in accepts if a.item.token_limit is not None]
+        limited = [a for a in accepts if a.item.token_limit is not None or self._storage_limit(a) is not None]
         if limited:
             refused_before = await self.store.markers_exist([record_marker(a.origin) for a in limited])
             refused_again = {id(a) for a, seen_ in zip(limited, refused_before, strict=True) if seen_}
             self.metrics.processed.labels(outcome="duplicate_rejected").inc(len(refused_again))
             accepts = [a for a in accepts if id(a) not in refused_again]
-        rejects = [c for c in commands if isinstance(c, Reject)]
+        accepts, over_storage = await self._over_storage(accepts)
+        self.metrics.processed.labels(outcome="over_quota").inc(len(over_storage))
+        rejects = [c for c in commands if isinstance(c, Reject)] + over_storage
         seen = await self.store.markers_exist([r.marker for r in rejects])
         fresh = [r for r, exists in zip(rejects, seen, strict=True) if not exists]
         self.metrics.processed.labels(outcome="duplicate_rejected").inc(len(rejects) - len(fresh))
@@ -191,6 +194,26 @@ class IntakeApplier:
                 # the dead letters and answers are written: a retry would only write them again
                 log.warning("dead-lettered records not recorded in Redis", extra={"error": str(exc)})
         return sum(1 for r in results if r.is_new)
+
+    def _storage_limit(self, accept: Accept) -> int | None:
+        return None if self.rules is None else self.rules.storage_limit(accept.request.tenant)
+
+    async def _over_storage(self, accepts: list[Accept]) -> tuple[list[Accept], list[Reject]]:
+        """The accepts of tenants that keep at least their stored-bytes limit (as last measured) turned
+        into refusals; one read of the tenants' figures."""
+        limited = sorted({a.request.tenant for a in accepts if self._storage_limit(a) is not None})
+        if not limited or self.rules is None:
+            return accepts, []
+        used = dict(zip(limited, await self.store.stored_bytes_many(limited), strict=True))
+        kept: list[Accept] = []
+        refused: list[Reject] = []
+        for accept in accepts:
+            limit, measured = self._storage_limit(accept), used.get(accept.request.tenant)
+            if limit is not None and measured is not None and measured >= limit:
+                refused.append(over_storage_reject(accept, self.rules, self.clock(), measured, limit))
+            else:
+                kept.append(accept)
+        return kept, refused
 
     async def _estimated(self, accept: Accept) -> Accept:
         """``accept`` with its file's token estimate, when its tenant has a limit (one S3 HEAD, cached)."""

@@ -60,6 +60,7 @@ OPERATOR_READS = (
     "usage:*",
     "quota:*",
     "retention:*",
+    "stored:*",
 )
 """What the operator reads, after ``<p>:``: every key :class:`llmbatch.dispatcher.domain.keys.Keys` makes but
 the S3

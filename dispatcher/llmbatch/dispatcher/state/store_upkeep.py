@@ -128,6 +128,29 @@ class StoreUpkeep:
             raise ValueError(f"not an S3 session key of this store: {key[:80]!r}")
         await self._call(lambda: self.client.delete(key))
 
+    # -- what tenants keep (see dispatcher.runs.stored_bytes) ------------------------------------------
+    async def set_stored_bytes(self, sizes: Mapping[str, int], ttl_s: int) -> None:
+        """Tenant -> the bytes it keeps, as just measured; each figure expires after ``ttl_s`` (a leader
+        that stopped measuring leaves none behind)."""
+        if not sizes:
+            return
+
+        async def run() -> None:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for tenant, size in sizes.items():
+                    pipe.set(self.keys.stored_bytes(tenant), str(int(size)), ex=ttl_s)
+                await pipe.execute()
+
+        await self._call(run)
+
+    async def stored_bytes_many(self, tenants: Sequence[str]) -> list[int | None]:
+        """The bytes each tenant keeps as last measured (None: no measure)."""
+        if not tenants:
+            return []
+        keys = [self.keys.stored_bytes(t) for t in tenants]
+        raw = await self._call(lambda: self.client.mget(keys))
+        return [int(v) if v is not None and reply_text(v).isdigit() else None for v in raw]
+
     async def ping(self) -> bool:
         return bool(await self._call(lambda: self.client.ping()))
 
