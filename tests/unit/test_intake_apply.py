@@ -17,7 +17,7 @@ from llmbatch.dispatcher.domain.batch_record import BatchRecord, IntakeItem, Int
 from llmbatch.dispatcher.domain.keys import BatchKey
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import DispatcherError, PermanentError, StateStoreUnavailable
-from llmbatch.dispatcher.intake.commands import Accept, Command, Reject, classify, intake_rules
+from llmbatch.dispatcher.intake.commands import Accept, Command, IntakeRules, Reject, classify, intake_rules
 from llmbatch.dispatcher.intake.intake_apply import IntakeApplier
 from llmbatch.dispatcher.metrics import Metrics
 from llmbatch.dispatcher.settings import DispatcherSettings
@@ -119,6 +119,9 @@ def applier(store: Store, producer: Producer) -> tuple[IntakeApplier, list[str]]
         source="urn:d",  # type: ignore[arg-type]
         clock=lambda: NOW,
         crash=crashes.append,
+        rules=IntakeRules(
+            requests_topic="req", dlt_topic="req.dlt", group_id="g", served_models=frozenset({MODEL})
+        ),
     ), crashes
 
 

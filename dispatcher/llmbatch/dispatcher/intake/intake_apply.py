@@ -10,6 +10,7 @@ after a transient failure and commits its offsets only once this returned.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections import Counter
@@ -36,6 +37,7 @@ from llmbatch.dispatcher.metrics import Metrics
 from llmbatch.dispatcher.state.store import StateStore
 
 log = logging.getLogger(__name__)
+_HEADS_AT_ONCE = 16
 SizeOf = Callable[[str], Awaitable[int | None]]
 """An input file's size in bytes (None: no such object); the dispatcher's cached S3 HEAD."""
 
@@ -54,11 +56,11 @@ class IntakeApplier:
         source: str,
         clock: Callable[[], float],
         crash: Callable[[str], None],
-        rules: IntakeRules | None = None,
+        rules: IntakeRules,
         size_of: SizeOf | None = None,
     ) -> None:
-        """``rules``: what an over-quota refusal is dead-lettered by; ``size_of``: a file batch's input
-        size (its token estimate under a limit; none: such a batch counts 0)."""
+        """``rules``: the quotas, and what an over-quota refusal is dead-lettered by; ``size_of``: a file
+        batch's input size (its token estimate under a limit; none: such a batch counts 0)."""
         self.rules = rules
         self.size_of = size_of
         self.store = store
@@ -72,7 +74,7 @@ class IntakeApplier:
     async def apply(self, commands: Sequence[Command]) -> int:
         """Apply one segment (no cancel in it); returns how many batches it accepted anew. Raises the
         store's or the producer's :class:`DispatcherError`; applying the same segment again is harmless."""
-        accepts = [await self._estimated(c) for c in commands if isinstance(c, Accept)]
+        accepts = await self._all_estimated([c for c in commands if isinstance(c, Accept)])
         # a request refused over quota before (its record's marker) is not taken in when it comes again
         limited = [a for a in accepts if a.item.token_limit is not None or self._storage_limit(a) is not None]
         if limited:
@@ -98,7 +100,7 @@ class IntakeApplier:
             accepts = [a for a, r in zip(accepts, results, strict=True) if r.outcome != "over_quota"]
             results = [r for r in results if r.outcome != "over_quota"]
             for accept, result in over:
-                assert result.quota is not None and self.rules is not None
+                assert result.quota is not None  # the script says why with every over_quota
                 fresh.append(over_quota_reject(accept, self.rules, self.clock(), result.quota))
                 behind.append(None)
             self.metrics.processed.labels(outcome="over_quota").inc(len(over))
@@ -196,13 +198,13 @@ class IntakeApplier:
         return sum(1 for r in results if r.is_new)
 
     def _storage_limit(self, accept: Accept) -> int | None:
-        return None if self.rules is None else self.rules.storage_limit(accept.request.tenant)
+        return self.rules.storage_limit(accept.request.tenant)
 
     async def _over_storage(self, accepts: list[Accept]) -> tuple[list[Accept], list[Reject]]:
         """The accepts of tenants that keep at least their stored-bytes limit (as last measured) turned
         into refusals; one read of the tenants' figures."""
         limited = sorted({a.request.tenant for a in accepts if self._storage_limit(a) is not None})
-        if not limited or self.rules is None:
+        if not limited:
             return accepts, []
         used = dict(zip(limited, await self.store.stored_bytes_many(limited), strict=True))
         kept: list[Accept] = []
@@ -214,6 +216,13 @@ class IntakeApplier:
             else:
                 kept.append(accept)
         return kept, refused
+
+    async def _all_estimated(self, accepts: Sequence[Accept]) -> list[Accept]:
+        """Each accept with its estimate, the S3 HEADs of a segment a few at a time (not one by one)."""
+        out: list[Accept] = []
+        for start in range(0, len(accepts), _HEADS_AT_ONCE):
+            out += await asyncio.gather(*map(self._estimated, accepts[start : start + _HEADS_AT_ONCE]))
+        return out
 
     async def _estimated(self, accept: Accept) -> Accept:
         """``accept`` with its file's token estimate, when its tenant has a limit (one S3 HEAD, cached)."""
