@@ -25,14 +25,13 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from llmbatch.adapters.kafka import Published
-from llmbatch.api import idempotency, listing
+from llmbatch.api import idempotency, listing, tenant_limits
 from llmbatch.api.batch_reader import KAFKA_BATCH_ID, BatchReader, Snapshot
 from llmbatch.api.errors import (
     ApiError,
     Conflict,
     InvalidRequest,
     NotFound,
-    QuotaExceeded,
     from_exception,
 )
 from llmbatch.api.expiry import Expiry
@@ -50,7 +49,6 @@ from llmbatch.api.records import (
     new_id,
 )
 from llmbatch.api.status import to_batch
-from llmbatch.dispatcher.domain.quota import estimate_file, over_limit_message, over_storage_message
 from llmbatch.schemas import (
     BatchRequest,
     CancelRequest,
@@ -182,8 +180,8 @@ class BatchService:
                 f"{file.endpoint.value!r} (or upload a file for {body.endpoint.value})",
                 param="endpoint",
             )
-        await self._check_tokens(tenant, file.bytes)
-        await self._check_storage(tenant)
+        await tenant_limits.check_tokens(self.reader.state, self.token_limits, tenant, file.bytes)
+        await tenant_limits.check_storage(self.reader.state, self.storage_limits, tenant)
         input_uri = self.layout.content_uri(tenant, file.id)
         priority = self.priority if body.priority is None else body.priority
         try:
@@ -222,42 +220,6 @@ class BatchService:
             output_expires_after=body.output_expires_after,
         )
         return stored, envelope
-
-    async def _check_tokens(self, tenant: str, size: int) -> None:
-        """429 ``token_limit_exceeded`` when the file's tokens (estimated) and those the tenant's batches
-        hold would pass its limit (``LLMBATCH_TENANTS__MAX_ENQUEUED_TOKENS``). The dispatcher checks
-        again as it takes the batch in (two creates at once may both pass here)."""
-        limit = self.token_limits.get(tenant, self.token_limits.get("*"))
-        if limit is None:
-            return
-        estimate = estimate_file(size)
-        try:
-            used = await self.reader.state.enqueued_tokens(tenant)
-        except Exception as exc:
-            raise from_exception(exc) from exc
-        if used + estimate > limit:
-            raise QuotaExceeded(
-                over_limit_message(tenant, estimate, used, limit),
-                param="input_file_id",
-                code="token_limit_exceeded",
-            )
-
-    async def _check_storage(self, tenant: str) -> None:
-        """429 ``storage_quota_exceeded`` when the tenant keeps its limit or more, as the dispatchers
-        last measured (``LLMBATCH_TENANTS__MAX_STORED_BYTES``): the dispatcher would refuse the batch."""
-        limit = self.storage_limits.get(tenant, self.storage_limits.get("*"))
-        if limit is None:
-            return
-        try:
-            used = await self.reader.state.stored_bytes(tenant)
-        except Exception as exc:
-            raise from_exception(exc) from exc
-        if used is not None and used >= limit:
-            raise QuotaExceeded(
-                over_storage_message(tenant, used, limit),
-                param="input_file_id",
-                code="storage_quota_exceeded",
-            )
 
     async def _admit(self, stored: StoredBatch) -> None:
         """Count the batch against its tenant's active-batch quota (429 when over it)."""

@@ -19,7 +19,7 @@ from typing import IO, Literal
 
 from llmbatch.adapters.errors import InvalidInput
 from llmbatch.adapters.storage import INPUT_CONTENT_TYPE
-from llmbatch.api import results
+from llmbatch.api import results, tenant_limits
 from llmbatch.api.batch_reader import BatchReader, Snapshot
 from llmbatch.api.errors import ApiError, Conflict, InvalidRequest, NotFound, QuotaExceeded, from_exception
 from llmbatch.api.expiry import Expiry, expired
@@ -144,7 +144,7 @@ class FileService:
         """429 when what the tenant keeps (its uploads and its batches' results) and this file would be
         over its limit (``LLMBATCH_TENANTS__MAX_STORED_BYTES``; counted from one listing of each: uploads
         at the same moment may each pass)."""
-        limit = self.storage_limits.get(tenant, self.storage_limits.get("*"))
+        limit = tenant_limits.limit_of(self.storage_limits, tenant)
         if not limit:
             return
         uploads = await self.objects.total_size(self.layout.bucket, self.layout.content_folder(tenant))
