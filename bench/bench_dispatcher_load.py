@@ -1,7 +1,7 @@
 """Benchmark: the dispatcher alone at the highest rate this machine allows (issue 53 item 5's load test).
 
     .venv/bin/python bench/bench_dispatcher_load.py [--batches 3000] [--lines 4] [--rate 0]
-        [--replicas 1[,2,3]] [--cpu-per-replica CORES] [--json] [--report PATH] [--keep]
+        [--replicas 1[,2,3]] [--cpu-per-replica CORES] [--setting LLMBATCH_X=VALUE ...] [--json] [--report PATH] [--keep]
 
 Starts Kafka, Redis and MinIO (a private run folder, no Ray) and one dispatcher process (``--replicas``: a run
 for each count given, one after the other, each on fresh services) with the service's
@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -74,6 +75,14 @@ def parse_args() -> argparse.Namespace:
         default=None,
         help="cores each dispatcher process may use (a cgroup each; needs root), e.g. 0.3",
     )
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="LLMBATCH_X=VALUE",
+        help="a setting of the dispatcher processes (repeatable), e.g. a quota: "
+        'LLMBATCH_TENANTS__MAX_ENQUEUED_TOKENS={"*": 1000000000}',
+    )
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for every batch")
     parser.add_argument("--keep", action="store_true", help="leave the services running afterwards")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -115,6 +124,17 @@ class InstantDispatcher(DispatcherProcess):
             return float(json.loads(self.cpu_file.read_text())["cpu_s"])
         except (OSError, ValueError, KeyError):
             return 0.0
+
+
+def settings_of(pairs: list[str]) -> dict[str, str]:
+    """``--setting`` values as environment entries; a value that is not ``LLMBATCH_<NAME>=...`` stops."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not re.fullmatch(r"LLMBATCH_[A-Z0-9_]+", key):
+            raise SystemExit(f"--setting: expected LLMBATCH_<NAME>=<value>, got {pair[:80]!r}")
+        out[key] = value
+    return out
 
 
 def environment(state: Any, tag: str, port: int) -> dict[str, str]:
@@ -174,6 +194,7 @@ async def run(args: argparse.Namespace, run_dir: Path, replicas: int = 1) -> dic
             port = free_port()
             env = environment(state, tag, port)
             env["LLMBATCH_DISPATCHER__INSTANCE_ID"] = f"load-{tag}-{r}"
+            env.update(settings_of(args.setting))
             log_path = run_dir / "logs" / f"load-dispatcher-{r}.log"
             cpu_file = run_dir / f"attempts-cpu-{r}.json"
             procs.append(InstantDispatcher(env, log_path, port, cpu_file, run_dir / "attempts"))
