@@ -1,7 +1,8 @@
 """Benchmark: the dispatcher alone at the highest rate this machine allows (issue 53 item 5's load test).
 
     .venv/bin/python bench/bench_dispatcher_load.py [--batches 3000] [--lines 4] [--rate 0]
-        [--replicas 1[,2,3]] [--cpu-per-replica CORES] [--setting LLMBATCH_X=VALUE ...] [--json] [--report PATH] [--keep]
+        [--replicas 1[,2,3]] [--cpu-per-replica CORES] [--setting LLMBATCH_X=VALUE ...]
+        [--json] [--report PATH] [--keep]
 
 Starts Kafka, Redis and MinIO (a private run folder, no Ray) and one dispatcher process (``--replicas``: a run
 for each count given, one after the other, each on fresh services) with the service's
