@@ -20,7 +20,9 @@
 -- ARGV[6]  replay id ('' = not a replay)
 -- ARGV[7]  initial state (queued, or dead_lettered for a rejected request)
 -- ARGV[8]  the batch fields as JSON
--- ARGV[9]  the state names, in the order of KEYS[10..]     ARGV[10] terminal states (csv; common.lua)
+-- ARGV[9]  the state names, in the order of KEYS[11..]
+-- ARGV[10] terminal states (csv). Not read here: common.lua's is_terminal reads a script's LAST
+--          argument, which for this script is ARGV[14]; call it here only after moving this list last
 -- ARGV[11] the tenant whose list shows the batch ('' = none: the API lists its own)
 -- ARGV[12] the batch id as its tenant knows it
 -- ARGV[13] the batch's estimated tokens (a queued intake adds them to KEYS[10] and keeps them in its
