@@ -357,9 +357,7 @@ class MemoryDates:
     async def gone(self, claim: Claim, item: Expiring, expired_at: float, forget_after_s: int) -> bool:
         raise NotImplementedError("the in-memory dates do not collect")
 
-    async def retire_batch(
-        self, claim: Claim, item: Expiring, expired_at: float, forget_after_s: int
-    ) -> Retired:
+    async def retire_batch(self, claim: Claim, item: Expiring, now: float, forget_after_s: int) -> Retired:
         raise NotImplementedError("the in-memory dates do not collect")
 
 

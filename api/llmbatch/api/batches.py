@@ -57,6 +57,7 @@ from llmbatch.schemas import (
     check_submittable,
     parse_duration,
 )
+from llmbatch.settings.retention import RetentionSettings
 
 MAX_BATCH_PAGE = 100
 # pages a list reads at most to fill one (a run of listed Kafka batches whose records expired)
@@ -92,7 +93,7 @@ class BatchService:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.reader = reader
-        self.expiry = expiry
+        self.expiry = expiry or Expiry(None, RetentionSettings(), clock=clock)
         self.token_limits = dict(token_limits or {})
         self.storage_limits = dict(storage_limits or {})
         self.active = ActiveBatches(
@@ -241,18 +242,9 @@ class BatchService:
         try:
             snapshot = await self.reader.one(tenant, batch_id)
         except NotFound as missing:
-            raise await self._gone_or(missing, tenant, batch_id) from None
+            raise await self.expiry.gone_or(missing, "batch", tenant, batch_id, "batch_id") from None
         await self._publish_lost([snapshot])
         return snapshot.batch()
-
-    async def _gone_or(self, missing: NotFound, tenant: str, batch_id: str) -> NotFound:
-        """404 ``expired`` for a batch the collector removed, else ``missing``."""
-        if self.expiry is None:
-            return missing
-        try:
-            return await self.expiry.gone("batch", tenant, batch_id, "batch_id") or missing
-        except Exception:  # the tombstone is a courtesy: Redis being away must not turn a 404 into a 503
-            return missing
 
     async def _publish_lost(self, snapshots: Sequence[Snapshot]) -> None:
         """Publish again the event of each batch the dispatcher has not heard of long after its create.

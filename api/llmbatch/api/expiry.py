@@ -90,3 +90,13 @@ class Expiry:
         if at is None:
             return None
         return expired("File" if kind == "file" else "Batch", record_id, at, param)
+
+    async def gone_or(
+        self, missing: NotFound, kind: Literal["batch", "file"], tenant: str, record_id: str, param: str
+    ) -> NotFound:
+        """The ``expired`` 404 of what the collector removed, else ``missing``. The tombstone is a
+        courtesy: Redis being away must not turn a 404 into a 503."""
+        try:
+            return await self.gone(kind, tenant, record_id, param) or missing
+        except Exception:
+            return missing

@@ -19,7 +19,7 @@ from typing import IO, Literal
 
 from llmbatch.adapters.errors import InvalidInput
 from llmbatch.adapters.storage import INPUT_CONTENT_TYPE
-from llmbatch.api import results, tenant_limits
+from llmbatch.api import results
 from llmbatch.api.batch_reader import BatchReader, Snapshot
 from llmbatch.api.errors import ApiError, Conflict, InvalidRequest, NotFound, QuotaExceeded, from_exception
 from llmbatch.api.expiry import Expiry, expired
@@ -39,6 +39,7 @@ from llmbatch.api.storage import ObjectMissing, ObjectStore
 from llmbatch.api.upload import ValidatedFile, validate_batch_file
 from llmbatch.schemas.common import ExpiresAfter
 from llmbatch.settings.retention import RetentionSettings
+from llmbatch.settings.tenants import limit_of
 
 READ_BYTES = 1 << 20
 _READ_AHEAD = 16
@@ -144,7 +145,7 @@ class FileService:
         """429 when what the tenant keeps (its uploads and its batches' results) and this file would be
         over its limit (``LLMBATCH_TENANTS__MAX_STORED_BYTES``; counted from one listing of each: uploads
         at the same moment may each pass)."""
-        limit = tenant_limits.limit_of(self.storage_limits, tenant)
+        limit = limit_of(self.storage_limits, tenant)
         if not limit:
             return
         uploads = await self.objects.total_size(self.layout.bucket, self.layout.content_folder(tenant))
@@ -359,11 +360,7 @@ class FileService:
         self, kind: Literal["batch", "file"], tenant: str, record_id: str, file_id: str
     ) -> NotFound:
         """The 404 of a file not found: ``expired`` when the collector removed it (or its batch)."""
-        try:
-            gone = await self.expiry.gone(kind, tenant, record_id, "file_id")
-        except Exception:  # the tombstone is a courtesy: Redis being away must not turn a 404 into a 503
-            gone = None
-        return gone or _missing(file_id)
+        return await self.expiry.gone_or(_missing(file_id), kind, tenant, record_id, "file_id")
 
     async def _result(self, tenant: str, file_id: str) -> results.ResultFile:
         kind: results.Kind = "output" if file_id.startswith(OUTPUT_PREFIX) else "error"

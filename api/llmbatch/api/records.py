@@ -31,7 +31,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from llmbatch.api.storage import ObjectMissing, ObjectStore
+from llmbatch.api.storage import ObjectMissing, ObjectStore, delete_under
 from llmbatch.schemas.common import API_BATCH_PREFIX, Endpoint, ExpiresAfter, Metadata
 
 _COUNTDOWN_FROM = 10**13 - 1  # ms: enough until the year 2286
@@ -42,7 +42,6 @@ FILE_ID = re.compile(rf"^{FILE_PREFIX}{_ID_TAIL}$")
 BATCH_ID = re.compile(rf"^{BATCH_PREFIX}{_ID_TAIL}$")
 JSON_TYPE = "application/json"
 _READ_AHEAD = 16
-_DROP_PAGE = 1000
 
 R = TypeVar("R", bound="Record")
 
@@ -242,11 +241,7 @@ class RecordStore:
     async def drop_uses(self, tenant: str, file_id: str) -> None:
         """Remove the marks of the batches created from ``file_id`` (the file is gone)."""
         if FILE_ID.fullmatch(file_id):
-            folder = self.layout.uses_folder(tenant, file_id)
-            while keys := await self.objects.list_keys(self.layout.bucket, folder, limit=_DROP_PAGE):
-                for start in range(0, len(keys), _READ_AHEAD):
-                    chunk = keys[start : start + _READ_AHEAD]
-                    await asyncio.gather(*(self.objects.delete(self.layout.bucket, k) for k in chunk))
+            await delete_under(self.objects, self.layout.bucket, self.layout.uses_folder(tenant, file_id))
 
     async def drop_use(self, tenant: str, file_id: str, batch_id: str) -> None:
         """Remove the mark that ``batch_id`` was created from ``file_id``."""

@@ -10,7 +10,7 @@ thread per call, and streams objects chunk by chunk (memory stays flat whatever 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import IO, Any, Protocol
 
 from llmbatch.adapters import storage
@@ -62,6 +62,28 @@ class ObjectStore(Protocol):
     async def delete(self, bucket: str, key: str) -> None:
         """Remove the object (no error when it is already gone)."""
         ...
+
+
+async def delete_under(
+    objects: ObjectStore,
+    bucket: str,
+    prefix: str,
+    *,
+    spare: Callable[[str], bool] | None = None,
+    at_once: int = 16,
+    page: int = 1000,
+) -> int:
+    """Delete every object under ``prefix`` but those ``spare`` keeps, a listing page at a time and
+    ``at_once`` deletes together (memory stays flat); returns how many were deleted."""
+    deleted = 0
+    start: str | None = None
+    while keys := await objects.list_keys(bucket, prefix, start_after=start, limit=page):
+        start = keys[-1]
+        doomed = [k for k in keys if spare is None or not spare(k)]
+        for first in range(0, len(doomed), at_once):
+            await asyncio.gather(*(objects.delete(bucket, k) for k in doomed[first : first + at_once]))
+        deleted += len(doomed)
+    return deleted
 
 
 class MinioObjectStore:

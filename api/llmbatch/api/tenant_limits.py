@@ -10,11 +10,7 @@ from collections.abc import Mapping
 from llmbatch.api.errors import QuotaExceeded, from_exception
 from llmbatch.api.state import StateReader
 from llmbatch.dispatcher.domain.quota import estimate_file, over_limit_message, over_storage_message
-
-
-def limit_of(limits: Mapping[str, int], tenant: str) -> int | None:
-    """The tenant's own limit, else ``*``'s; None: no limit."""
-    return limits.get(tenant, limits.get("*"))
+from llmbatch.settings.tenants import limit_of
 
 
 async def check_tokens(state: StateReader, limits: Mapping[str, int], tenant: str, size: int) -> None:

@@ -3,9 +3,17 @@ share of the engines and its quota of enqueued tokens."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pydantic import BaseModel, Field, SecretStr, field_validator
 
 from llmbatch.schemas.common import check_tenant
+
+
+def limit_of(limits: Mapping[str, int], tenant: str) -> int | None:
+    """A per-tenant limit of a setting like ``{"*": n, "acme": m}``: the tenant's own, else ``*``'s;
+    None: no limit."""
+    return limits.get(tenant, limits.get("*"))
 
 
 class TenantSettings(BaseModel):
@@ -120,13 +128,9 @@ class TenantSettings(BaseModel):
                 raise ValueError(f"max_stored_bytes of {tenant!r} must be a positive number of bytes")
         return value
 
-    def storage_limit(self, tenant: str) -> int | None:
-        """The stored-bytes limit of ``tenant`` (its own, else ``*``), None when it has none."""
-        return self.max_stored_bytes.get(tenant, self.max_stored_bytes.get("*"))
-
     def token_limit(self, tenant: str) -> int | None:
         """The enqueued-token limit of ``tenant`` (its own, else ``*``), None when it has none."""
-        return self.max_enqueued_tokens.get(tenant, self.max_enqueued_tokens.get("*"))
+        return limit_of(self.max_enqueued_tokens, tenant)
 
     def known(self) -> frozenset[str]:
         """The configured tenants (keys, pools, weights) and ``default``: the tenants that metrics

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
@@ -27,7 +27,7 @@ from llmbatch.api.errors import Conflict
 from llmbatch.api.files import FileService
 from llmbatch.api.records import BATCH_ID, Layout, RecordStore, StoredBatch, StoredFile
 from llmbatch.api.state import StateReader
-from llmbatch.api.storage import ObjectStore
+from llmbatch.api.storage import ObjectStore, delete_under
 from llmbatch.dispatcher.domain.retention import Expiring, parse_member
 from llmbatch.dispatcher.state.retention import Claim, Retired
 from llmbatch.schemas.job import output_prefix
@@ -35,7 +35,6 @@ from llmbatch.settings.retention import RetentionSettings
 
 log = logging.getLogger(__name__)
 _AT_ONCE = 8  # members deleted at the same time
-_LIST_PAGE = 1000
 
 
 class CollectIndex(Protocol):
@@ -44,8 +43,6 @@ class CollectIndex(Protocol):
 
     async def claim(self, now: float, *, lease_s: float, limit: int) -> list[Claim]: ...
 
-    async def due_of(self, members: Sequence[str]) -> list[float | None]: ...
-
     async def done(self, claim: Claim) -> bool: ...
 
     async def defer(self, claim: Claim, until: float) -> bool: ...
@@ -53,7 +50,7 @@ class CollectIndex(Protocol):
     async def gone(self, claim: Claim, item: Expiring, expired_at: float, forget_after_s: int) -> bool: ...
 
     async def retire_batch(
-        self, claim: Claim, item: Expiring, expired_at: float, forget_after_s: int
+        self, claim: Claim, item: Expiring, now: float, forget_after_s: int
     ) -> Retired: ...
 
 
@@ -182,8 +179,7 @@ class Collector:
         return Report(files=1, lost=0 if settled else 1)
 
     async def _batch(self, claim: Claim, item: Expiring) -> Report:
-        expired_at = (await self.index.due_of([claim.member]))[0] or self.clock()
-        verdict = await self.index.retire_batch(claim, item, expired_at, self.settings.forget_after_s)
+        verdict = await self.index.retire_batch(claim, item, self.clock(), self.settings.forget_after_s)
         if verdict == "lost":
             return Report(lost=1)
         if verdict == "running":
@@ -200,18 +196,13 @@ class Collector:
         _, folder = split_uri(
             output_prefix(self.results_bucket, item.tenant, item.id, item.lifecycle or None)
         )
-        deleted = 0
-        start: str | None = None
-        while keys := await self.objects.list_keys(
-            self.results_bucket, folder, start_after=start, limit=_LIST_PAGE
-        ):
-            start = keys[-1]
-            mine = [k for k in keys if item.lifecycle or "/" not in k[len(folder) :]]
-            for first in range(0, len(mine), _AT_ONCE * 4):
-                chunk = mine[first : first + _AT_ONCE * 4]
-                await asyncio.gather(*(self.objects.delete(self.results_bucket, k) for k in chunk))
-            deleted += len(mine)
-        return deleted
+
+        def other_lifecycles(key: str) -> bool:  # a batch of before lifecycles: its own objects only
+            return not item.lifecycle and "/" in key[len(folder) :]
+
+        return await delete_under(
+            self.objects, self.results_bucket, folder, spare=other_lifecycles, at_once=_AT_ONCE * 4
+        )
 
     async def _delete_api_records(self, item: Expiring) -> None:
         """A batch the API created: its record, its marks and its Idempotency-Key's claim go with it."""

@@ -56,6 +56,7 @@ from llmbatch.schemas.dlt import DltReason, ReplayInfo
 from llmbatch.schemas.errors import Reason, SchemaError
 from llmbatch.schemas.events import REQUEST_EVENT_TYPES
 from llmbatch.settings.retention import RetentionSettings
+from llmbatch.settings.tenants import limit_of
 
 _BATCH_ID_RE = re.compile(BATCH_ID_PATTERN)
 _TENANT_RE = re.compile(TENANT_PATTERN)
@@ -93,10 +94,10 @@ class IntakeRules:
     """Tenant (or ``*``) -> the bytes it may keep (``LLMBATCH_TENANTS__MAX_STORED_BYTES``)."""
 
     def token_limit(self, tenant: str) -> int | None:
-        return self.token_limits.get(tenant, self.token_limits.get("*"))
+        return limit_of(self.token_limits, tenant)
 
     def storage_limit(self, tenant: str) -> int | None:
-        return self.storage_limits.get(tenant, self.storage_limits.get("*"))
+        return limit_of(self.storage_limits, tenant)
 
 
 def intake_rules(settings: DispatcherSettings) -> IntakeRules:

@@ -14,6 +14,7 @@ from llmbatch.adapters import storage
 from llmbatch.dispatcher.domain.usage import COUNTERS, DayUsage, UsageRow, totals
 from llmbatch.dispatcher.ops import usage
 from llmbatch.dispatcher.ops.common import EXIT_USAGE, emit_json, fail, load_settings, open_store, out, run
+from llmbatch.dispatcher.runs import stored_bytes
 from llmbatch.schemas.errors import LLMBatchError
 from llmbatch.settings import S3Settings
 
@@ -96,10 +97,7 @@ def report(
 def _stored(s3: S3Settings, only: list[str] | None, as_json: bool) -> None:
     """Bytes per tenant in both buckets, from one listing of each (no object is read)."""
     try:
-        client = storage.make_client(s3)
-        sizes = {
-            kind: storage.folder_sizes(client, s3, bucket) for kind, bucket in stored_buckets(s3).items()
-        }
+        sizes = stored_bytes.measure(s3, storage.make_client(s3))
     except LLMBatchError as exc:
         fail(str(exc))
     names = sorted(set(only or []) or {t for per in sizes.values() for t in per})
@@ -111,7 +109,3 @@ def _stored(s3: S3Settings, only: list[str] | None, as_json: bool) -> None:
     for row in rows:
         table.add_row(str(row["tenant"]), str(row["input_bytes"]), str(row["results_bytes"]))
     out.print(table)
-
-
-def stored_buckets(s3: S3Settings) -> dict[str, str]:
-    return {"input": s3.input_bucket, "results": s3.results_bucket}

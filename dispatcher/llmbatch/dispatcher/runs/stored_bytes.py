@@ -35,6 +35,13 @@ class Figures(Protocol):
     async def set_stored_bytes(self, sizes: Mapping[str, int], ttl_s: int) -> None: ...
 
 
+def measure(s3: S3Settings, client: Any) -> dict[str, dict[str, int]]:
+    """Bucket kind (``input``, ``results``) -> tenant folder -> bytes, from one listing of each bucket
+    (blocking: run it in a thread)."""
+    buckets = {"input": s3.input_bucket, "results": s3.results_bucket}
+    return {kind: storage.folder_sizes(client, s3, bucket) for kind, bucket in buckets.items()}
+
+
 def by_tenant(sizes: Mapping[str, int], known: frozenset[str]) -> dict[str, int]:
     """Folder sizes with the folders of tenants outside ``known`` summed as ``other`` (pure)."""
     out: dict[str, int] = {}
@@ -71,15 +78,9 @@ class StoredBytes:
         self.measures = 0
         """Listings tried (each one of both buckets)."""
 
-    def measure(self) -> dict[str, dict[str, int]]:
-        """Bucket kind (``input``, ``results``) -> tenant folder -> bytes (blocking: run in a thread)."""
-        client = self._client_factory()
-        buckets = {"input": self.s3.input_bucket, "results": self.s3.results_bucket}
-        return {kind: storage.folder_sizes(client, self.s3, bucket) for kind, bucket in buckets.items()}
-
     async def measure_once(self) -> None:
         """List both buckets once; set the gauge and (with ``figures``) the tenants' totals."""
-        sizes = await asyncio.to_thread(self.measure)
+        sizes = await asyncio.to_thread(lambda: measure(self.s3, self._client_factory()))
         self.metrics.set_stored_bytes({kind: by_tenant(per, self.known) for kind, per in sizes.items()})
         if self.figures is not None:
             totals: dict[str, int] = {}

@@ -127,10 +127,9 @@ class RetentionIndex:
         args = [claim.member, claim.token, action, *extra]
         return reply_text(await self._call(lambda: self._settle(keys=keys, args=args))) == "ok"
 
-    async def retire_batch(
-        self, claim: Claim, item: Expiring, expired_at: float, forget_after_s: int
-    ) -> Retired:
-        """Forget an expired lifecycle's state before its results go (see ``retention_retire.lua``)."""
+    async def retire_batch(self, claim: Claim, item: Expiring, now: float, forget_after_s: int) -> Retired:
+        """Forget an expired lifecycle's state before its results go (see ``retention_retire.lua``); its
+        tombstone holds the member's expiry (``now`` if it has none)."""
         key = batch_key(item.tenant, item.id)
         keys = [
             self.keys.retention_queue,
@@ -145,7 +144,7 @@ class RetentionIndex:
             claim.token,
             item.lifecycle,
             item.id,
-            _fmt(expired_at),
+            _fmt(now),
             str(forget_after_s),
             _TERMINAL_CSV,
         ]

@@ -6,7 +6,8 @@
 -- KEYS[6]  the batch's tombstone (<p>:retention:gone:b|<tenant>|<batch_id>)
 -- ARGV[1]  the member (b|<tenant>|<batch_id>|<lifecycle>)   ARGV[2]  the claim's token
 -- ARGV[3]  the lifecycle ('' for a batch of before lifecycles)  ARGV[4]  the batch id
--- ARGV[5]  when it expired (unix s)  ARGV[6]  how long the tombstone is kept (s)
+-- ARGV[5]  now (unix s): the tombstone's date if the member has no date in KEYS[2]
+-- ARGV[6]  how long the tombstone is kept (s)
 -- ARGV[7]  terminal states (comma-separated; last)
 -- One atomic look decides, so a batch never loses what it runs on:
 --   the hash shows this lifecycle not ended (an operator reopened it): nothing is touched and the
@@ -32,5 +33,6 @@ if cur[1] then
 end
 redis.call('DEL', KEYS[3], KEYS[4])
 redis.call('ZREM', KEYS[5], ARGV[4])
-redis.call('SET', KEYS[6], ARGV[5], 'EX', ARGV[6])
+-- the tombstone says when it expired: its date in the due zset
+redis.call('SET', KEYS[6], redis.call('ZSCORE', KEYS[2], ARGV[1]) or ARGV[5], 'EX', ARGV[6])
 return 'retired'
