@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pytest
 from fastapi.testclient import TestClient
 
+from llmbatch.adapters.errors import StorageError
 from llmbatch.adapters.storage import ensure_buckets, make_client
 from llmbatch.api.app import build_services, create_app
 from llmbatch.api.auth import hash_api_key
@@ -33,7 +34,7 @@ from llmbatch.dispatcher.intake.commands import Accept, IntakeRules, classify
 from llmbatch.dispatcher.state.retention import RetentionIndex
 from llmbatch.schemas.batch import InlineLimits
 from llmbatch.schemas.job import output_prefix
-from llmbatch.settings import LLMBatchSettings
+from llmbatch.settings import LLMBatchSettings, S3Settings
 from llmbatch.settings.retention import RetentionSettings
 from tests.integration.test_dispatcher_publisher import World, make_world, topic_settings, worlds  # noqa: F401
 from tests.support.api_fakes import RecordingPublisher, chat_line, jsonl
@@ -310,3 +311,55 @@ async def test_two_collectors_at_once_remove_each_expired_batch_once(setup: Setu
         assert await s.w.store.get(batch_key(TENANT, batch_id)) is None
     assert await s.index.pending(s.clock.now) == (0, 0)
     assert (total.lost, total.invalid) == (0, 0)
+
+
+class RefusingStore(MinioObjectStore):
+    """The real MinIO store, but deletes under one folder fail (a bucket policy, an S3 hiccup) while
+    ``refusing`` holds."""
+
+    def __init__(self, s3: S3Settings, folder: str) -> None:
+        super().__init__(s3)
+        self.folder = folder
+        self.refusing = True
+
+    async def delete(self, bucket: str, key: str) -> None:
+        if self.refusing and key.startswith(self.folder):
+            raise StorageError(f"AccessDenied deleting s3://{bucket}/{key}", retriable=False)
+        await super().delete(bucket, key)
+
+
+async def test_a_removal_that_fails_holds_back_no_other_and_is_done_later(
+    setup: Setup, settings: LLMBatchSettings
+) -> None:
+    s = setup
+    ended: list[str] = []
+    for n in range(3):
+        key, lifecycle = await _accepted(
+            s, 30 + n, output_expires_after={"anchor": "created_at", "seconds": HOUR}
+        )
+        await _complete(s, key, await _results(s, key.split("/")[1], lifecycle))
+        ended.append(key.split("/")[1])
+    refusing = RefusingStore(settings.s3, f"{TENANT}/{ended[1]}/")
+    collector = Collector.over(
+        s.index,
+        refusing,
+        RedisStateReader(s.w.store),
+        input_bucket=s.input_bucket,
+        results_bucket=s.results_bucket,
+        settings=RetentionSettings(collect_every_s=0),
+        fallback_after_s=60.0,
+        clock=s.clock,
+    )
+    s.clock.now = time.time() + HOUR + 1
+    report = await collector.collect()
+    assert (report.batches, report.failed) == (2, 1)
+    assert ended[1] in report.first_error and "AccessDenied" in report.first_error
+    assert await s.keys(s.results_bucket, f"{TENANT}/{ended[0]}/") == []
+    assert await s.keys(s.results_bucket, f"{TENANT}/{ended[2]}/") == []
+    assert await s.index.pending(s.clock.now) == (1, 1)  # still dated, taken again after its lease
+    refusing.refusing = False
+    s.clock.now += collector.lease_s + 1
+    again = await collector.collect()
+    assert (again.batches, again.failed) == (1, 0)
+    assert await s.keys(s.results_bucket, f"{TENANT}/{ended[1]}/") == []
+    assert await s.index.pending(s.clock.now) == (0, 0)

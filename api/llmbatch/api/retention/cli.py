@@ -66,6 +66,11 @@ def collect(
         f"{report.files} uploaded files; left {report.in_use} files a running batch reads and "
         f"{report.reopened} reopened batches; {report.lost} taken over by another collector, "
         f"{report.invalid} invalid entries dropped"
+        + (
+            f"; {report.failed} failed (tried again later), first: {report.first_error}"
+            if report.failed
+            else ""
+        )
     )
 
 

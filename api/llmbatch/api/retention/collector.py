@@ -72,10 +72,17 @@ class Report:
     """Claims another collector took over (their lease ran out)."""
     invalid: int = 0
     """Index members that name nothing this service makes (dropped)."""
+    failed: int = 0
+    """Members whose removal failed (S3 or Redis refused a step): taken again after their lease."""
+    first_error: str = ""
+    """Why the first of them failed."""
 
     def add(self, other: Report) -> None:
         for name, value in asdict(other).items():
-            setattr(self, name, getattr(self, name) + value)
+            if name == "first_error":
+                self.first_error = self.first_error or other.first_error
+            else:
+                setattr(self, name, getattr(self, name) + value)
 
     @property
     def removed_anything(self) -> bool:
@@ -149,6 +156,14 @@ class Collector:
         return report
 
     async def _one(self, claim: Claim) -> Report:
+        """One claimed member removed (or left, saying why). A failure is this member's alone: the pass
+        goes on with the others, and the member is taken again once its lease ends."""
+        try:
+            return await self._remove(claim)
+        except Exception as exc:
+            return Report(failed=1, first_error=f"{claim.member[:200]}: {str(exc)[:500]}")
+
+    async def _remove(self, claim: Claim) -> Report:
         item = parse_member(claim.member)
         if item is None:
             log.warning("dropping a retention entry this service did not make: %r", claim.member[:200])
@@ -222,8 +237,9 @@ class Collector:
 
 
 async def collect_forever(collector: Collector, every_s: float) -> None:
-    """Collect every ``every_s`` until cancelled. A failing pass is logged once per change (it
-    failing, it working again), never raised: the API serves on."""
+    """Collect every ``every_s`` until cancelled. A pass that cannot run, or leaves members it failed
+    to remove, is logged once per change (it failing, it working again), never raised: the API serves
+    on."""
     failing = False
     while True:
         try:
@@ -235,9 +251,16 @@ async def collect_forever(collector: Collector, every_s: float) -> None:
                 log.warning("the retention collector cannot run: %s (retrying every %.0f s)", exc, every_s)
             failing = True
         else:
-            if failing:
+            if report.failed and not failing:
+                log.warning(
+                    "the retention collector could not remove %d expired things, first %s (they are tried "
+                    "again)",
+                    report.failed,
+                    report.first_error,
+                )
+            elif failing and not report.failed:
                 log.info("the retention collector runs again")
-            failing = False
+            failing = bool(report.failed)
             if report.removed_anything:
                 log.info("retention: expired files and results removed", extra={"report": asdict(report)})
         await asyncio.sleep(every_s)
