@@ -42,7 +42,7 @@ from tests.support.clock import Clock
 from tests.support.dispatcher_kit import MODEL, batch_request, request_message
 
 pytestmark = pytest.mark.integration
-TENANT = "acme"
+TENANT = f"ret-{uuid.uuid4().hex[:8]}"  # its own folders: the session's MinIO is shared with other tests
 KEY = "sk-retention-test"
 HOUR = 3600
 
