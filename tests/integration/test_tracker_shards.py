@@ -112,11 +112,13 @@ class Watched(Jobs):
         return JobInfo(JobState.RUNNING)
 
 
-async def test_each_replica_checks_only_the_in_flight_batches_of_its_own_shards(
+async def test_each_replica_submits_and_checks_only_the_in_flight_batches_of_its_own_shards(
     redis_settings: RedisSettings,
 ) -> None:
-    """Before the shards, every poll of the leader checked every batch in flight (and no other replica
-    checked any): here two replicas each check their half, and together all of them, once."""
+    """Before the shards, the leader submitted and every poll of the leader checked every batch in
+    flight (and no other replica did either): here the leader decides all 40 launches and submits its
+    own shards' batches; the other replica submits its shards' at its next check, without asking the
+    backend about an attempt that was never sent; then each checks its half, and together all, once."""
     prefix = f"t{uuid.uuid4().hex[:8]}"
     settings = DispatcherSettings(
         _env_file=None,
@@ -144,13 +146,30 @@ async def test_each_replica_checks_only_the_in_flight_batches_of_its_own_shards(
         await leader.launch()
         launched = await stores[0].get_many(await stores[0].ids_in_state(State.SUBMITTED))
         submitted = {r.submission_id or "": r.key for r in launched if r is not None}
-        assert len(submitted) == 40 and len(leader_backend(trackers, backends).submitted) == 40
+        assert len(submitted) == 40
+
+        def shard_part(tracker: Tracker) -> set[str]:
+            return {sid for sid, key in submitted.items() if shard_of(key, SHARDS) in tracker.leases.shards}
+
+        def sent(backend: Watched) -> set[str]:
+            return {spec.submission_id for spec in backend.submitted}
+
+        assert sent(leader_backend(trackers, backends)) == shard_part(leader)
         for tracker in trackers:
             await tracker.poll_in_flight()
         for tracker, backend in zip(trackers, backends, strict=True):
-            mine = {sid for sid, key in submitted.items() if shard_of(key, SHARDS) in tracker.leases.shards}
-            assert backend.asked == mine
-            assert mine  # each has some: the split is even
+            assert sent(backend) == shard_part(tracker) and len(backend.submitted) == len(shard_part(tracker))
+            # the leader asks about what it sent; an attempt never sent is not asked about
+            assert backend.asked == (shard_part(tracker) if tracker is leader else set())
+            assert shard_part(tracker)  # each has some: the split is even
+        confirmed = await stores[0].get_many(await stores[0].ids_in_state(State.SUBMITTED))
+        assert all(r is not None and r.flag("confirmed") for r in confirmed)
+        for backend in backends:
+            backend.asked.clear()
+        for tracker in trackers:
+            await tracker.poll_in_flight()
+        for tracker, backend in zip(trackers, backends, strict=True):
+            assert backend.asked == shard_part(tracker)
         assert backends[0].asked | backends[1].asked == set(submitted)
     finally:
         for tracker in trackers:

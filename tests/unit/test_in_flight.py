@@ -32,7 +32,7 @@ from llmbatch.dispatcher.metrics import Metrics
 from llmbatch.dispatcher.runs.context import RunContext
 from llmbatch.dispatcher.runs.finisher import Finisher
 from llmbatch.dispatcher.runs.in_flight import HEARTBEAT, InFlight
-from llmbatch.dispatcher.runs.launcher import Launcher
+from llmbatch.dispatcher.runs.launcher import UNSENT, Launcher
 from llmbatch.dispatcher.runs.outcomes import OutcomeReader
 from llmbatch.dispatcher.runs.results import Shards
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
@@ -190,6 +190,32 @@ async def test_a_submission_ray_never_confirmed_is_submitted_again() -> None:
     assert k.backend.submitted == [SID]  # the same attempt again, by its submission id
     [(to, fields)] = k.store.transitions
     assert to is State.SUBMITTED and fields["confirmed"] == "1"
+
+
+async def test_an_attempt_the_leader_left_unsent_is_submitted_without_asking_the_backend() -> None:
+    """Another replica launched it and left the submit to this one (the batch's shard holder)."""
+    k = kit()
+    k.backend.down = True  # a status asked would raise: the attempt was never sent, nothing to ask
+    await k.checks.check(record(State.SUBMITTED, confirmed=UNSENT))
+    assert k.backend.submitted == [SID]
+    [(to, fields)] = k.store.transitions
+    assert to is State.SUBMITTED and fields["confirmed"] == "1"
+
+
+async def test_an_unsent_attempt_whose_request_no_longer_validates_ends_the_batch_invalid() -> None:
+    k = kit()
+    await k.checks.check(record(State.SUBMITTED, confirmed=UNSENT, request='{"batch_id": "b-1"}'))
+    assert k.backend.submitted == []
+    to, outcome = terminal(k.store)
+    assert to is State.FAILED and outcome.error_code == "input_invalid"
+
+
+async def test_an_unsent_attempt_cancelled_before_its_submit_is_never_submitted() -> None:
+    k = kit()
+    k.backend.info = JobInfo(JobState.NOT_FOUND)
+    await k.checks.check(record(State.SUBMITTED, confirmed=UNSENT, cancel_requested="1"))
+    assert k.backend.submitted == []
+    assert State.CANCELLED in k.store.states
 
 
 async def test_a_confirmed_job_ray_forgot_is_lost_and_retried_after_the_backoff() -> None:

@@ -4,6 +4,7 @@ For each batch in ``submitted``, ``running`` or ``finalizing`` (:meth:`InFlight.
 backend says of its job:
 
 - cancel requested / deadline passed -> stop the job, wait for it, report partial results;
+- left unsent by the launching leader (another replica's launch) -> submit it;
 - unknown to Ray -> resubmit if the submission was never confirmed, else *lost* -> retry;
 - running but silent past the heartbeat timeout -> stop it, wait until Ray says it ended (a stop that
   fails is tried again), then retry: two attempts never run at once;
@@ -38,7 +39,7 @@ from llmbatch.dispatcher.errors import DispatcherError, ManifestInvalid
 from llmbatch.dispatcher.runs.context import RunContext
 from llmbatch.dispatcher.runs.finisher import STOP_FIELDS, Finisher
 from llmbatch.dispatcher.runs.jobspec import results_prefix
-from llmbatch.dispatcher.runs.launcher import Launcher
+from llmbatch.dispatcher.runs.launcher import UNSENT, Launcher
 from llmbatch.dispatcher.runs.outcomes import (
     OutcomeReader,
     outcome_from_manifest,
@@ -138,6 +139,11 @@ class InFlight:
                     "results unreadable past the stop bound; ending the batch", extra={"error": str(exc)}
                 )
                 await self.finish_stopped(record, reason)
+            return
+        if reason is None and record.state is State.SUBMITTED and record.get("confirmed") == UNSENT:
+            # the launching leader left this attempt to this replica (its shard's): never sent, so
+            # there is nothing to ask the backend
+            await self.launcher.submit(record)
             return
         try:
             info = await self.ctx.backend.status(sid)

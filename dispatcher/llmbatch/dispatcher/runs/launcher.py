@@ -35,9 +35,13 @@ from llmbatch.dispatcher.settings import ENGINES_ENV
 from llmbatch.schemas.dlt import DltReason
 from llmbatch.schemas.engines import UnknownModelError
 from llmbatch.schemas.errors import SchemaError
-from llmbatch.schemas.job import JobSpec
+from llmbatch.schemas.job import JobSpec, submission_id
 
 log = logging.getLogger(__name__)
+
+UNSENT = "unsent"
+"""``confirmed`` of an attempt the launching leader left to the batch's shard holder to submit (``0``:
+sent, not confirmed yet; ``1``: confirmed)."""
 
 
 class Launcher:
@@ -156,26 +160,15 @@ class Launcher:
         )
         await self.finisher.finish(record, outcome)
 
-    async def start_attempt(self, record: BatchRecord) -> bool:
+    async def start_attempt(self, record: BatchRecord, *, submit: bool = True) -> bool:
+        """Start the next attempt of a queued batch: the transition to ``submitted`` (which takes its
+        place in flight), then the submit. With ``submit=False`` the attempt is marked
+        :data:`UNSENT` instead, and the replica that tracks the batch's shard builds its spec and
+        submits it at its next check (:meth:`submit`): the launching leader only decides. True when the
+        batch took its place in flight."""
         attempt = record.attempt + 1
-        try:
-            spec = await self.job_spec(record, attempt)
-        except UnknownModelError as exc:
-            await self.fail_unserved(record, exc)
-            return False
-        except RequestUnavailable as exc:
-            await self.fail_request_gone(record, exc)
-            return False
-        except (SchemaError, ValueError) as exc:
-            outcome = Outcome(
-                State.FAILED,
-                self.ctx.clock(),
-                counts={"total": int(record.get("total") or 0)},
-                error_code=str(DltReason.INPUT_INVALID),
-                error_message=f"job spec: {exc}"[:2000],
-                dlt_reason=str(DltReason.INPUT_INVALID),
-            )
-            await self.finisher.finish(record, outcome)
+        spec = await self.spec_or_end(record, attempt) if submit else None
+        if submit and spec is None:
             return False
         now = self.ctx.clock()
         result = await self.ctx.store.transition(
@@ -184,9 +177,9 @@ class Launcher:
             expected_version=record.version,
             fields={
                 "attempt": str(attempt),
-                "submission_id": spec.submission_id,
+                "submission_id": submission_id(record.batch_id, attempt, record.get("lifecycle") or None),
                 "submitted_at": repr(now),
-                "confirmed": "0",
+                "confirmed": "0" if submit else UNSENT,
                 # the route it is sent on, confirmed by the submit: a job holds its slot from now on,
                 # also while its submit is retried through a Ray outage
                 "via": await self.route_of(record),
@@ -197,23 +190,41 @@ class Launcher:
             return False
         self.ctx.metrics.attempts.labels(event="submitted").inc()
         self.awaiting_start = True
+        if spec is None:
+            return True
         fresh = await self.ctx.store.get(record.key)
         if fresh is not None:
             with logs.bind(attempt=attempt):
                 await self.submit(fresh, spec)  # the spec does not change with the transition
         return True
 
+    async def spec_or_end(self, record: BatchRecord, attempt: int) -> JobSpec | None:
+        """The spec of ``attempt``, or None when the batch cannot run at all and was ended for it (its
+        model left the registry, its request is gone, its stored request no longer validates)."""
+        try:
+            return await self.job_spec(record, attempt)
+        except UnknownModelError as exc:
+            await self.fail_unserved(record, exc)
+        except RequestUnavailable as exc:
+            await self.fail_request_gone(record, exc)
+        except (SchemaError, ValueError) as exc:
+            outcome = Outcome(
+                State.FAILED,
+                self.ctx.clock(),
+                counts={"total": int(record.get("total") or 0)},
+                error_code=str(DltReason.INPUT_INVALID),
+                error_message=f"job spec: {exc}"[:2000],
+                dlt_reason=str(DltReason.INPUT_INVALID),
+            )
+            await self.finisher.finish(record, outcome)
+        return None
+
     async def submit(self, record: BatchRecord, spec: JobSpec | None = None) -> None:
         """Submit (or resubmit) the record's current attempt; idempotent by submission id. ``spec`` is
         the attempt's spec when the caller built it already (an offloaded body is read from Kafka once)."""
         if spec is None:
-            try:
-                spec = await self.job_spec(record, record.attempt)
-            except UnknownModelError as exc:
-                await self.fail_unserved(record, exc)
-                return
-            except RequestUnavailable as exc:
-                await self.fail_request_gone(record, exc)
+            spec = await self.spec_or_end(record, record.attempt)
+            if spec is None:
                 return
         try:
             result = await self.ctx.backend.submit(spec)

@@ -12,7 +12,8 @@ is harmless: every state change is a compare-and-set and submission ids are idem
    risk);
 4. (leader) launch ready batches while fewer than ``max_in_flight`` hold a job (priority, then the
    nearest deadline); with shared engines only while the model's replicas have room
-   (:class:`~llmbatch.dispatcher.domain.scheduler.Admission`);
+   (:class:`~llmbatch.dispatcher.domain.scheduler.Admission`). The leader decides and takes the place
+   in flight; a batch of another replica's shard is submitted by that replica at its next check;
 5. (shards) publish the pending terminal events (and dead letters) of its shards' batches idempotently;
 6. (leader) refresh gauges.
 
@@ -364,7 +365,7 @@ class Tracker:
                     elif (
                         launched < slots
                         and await self.launcher.admits(admission, record)
-                        and await self.launcher.start_attempt(record)
+                        and await self.launcher.start_attempt(record, submit=self._submits(record.key))
                     ):
                         launched += 1
                 except DispatcherError as exc:
@@ -379,6 +380,13 @@ class Tracker:
             for model in self.settings.engines.models:
                 self.metrics.admitted.labels(model=model).set(admission.requests(model))
                 self.metrics.admission_waiting.labels(model=model).set(1 if model in admission.blocked else 0)
+
+    def _submits(self, key: BatchKey) -> bool:
+        """Whether the launching leader submits ``key``'s attempt itself: when the batch's shard is its
+        own, or it holds no shard at all (a tracker driven by hand, more replicas than shards).
+        Otherwise the shard's holder builds the spec and submits it, so the launch's cost per batch
+        (the request read back, the spec, the backend's round trip) is shared by the replicas."""
+        return not self.leases.shards or self.leases.owns(key)
 
     async def _tenant_turns(self, found: list[BatchRecord | None]) -> list[BatchRecord | None]:
         """``found`` (ready, in the queue's order) in the order to try them: within a priority, tenants
