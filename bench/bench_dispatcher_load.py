@@ -19,7 +19,8 @@ two cores. Prints:
 - per batch: Redis commands (``INFO commandstats``), Kafka records (requests and events), the dispatcher's
   own CPU milliseconds (its process's CPU time less what the attempts' threads spent), the attempts'
   (one small job's work: S3 writes, progress), and Kafka's, Redis's and MinIO's;
-- the dispatcher's peak RSS; with several replicas, each one's CPU per batch and shards at the end.
+- the dispatcher's peak RSS; with several replicas, each one's CPU per batch, its shards at the end and
+  which one was the launching leader then.
 
 Everything started is stopped by PID (the run folder is removed after a successful run unless
 ``--keep``). Not a test.
@@ -252,7 +253,7 @@ async def run(args: argparse.Namespace, run_dir: Path, replicas: int = 1) -> dic
         )
         disp1, att1 = dispatcher_cpu()
         rss_mb = max(p.memory_info().rss for p in pids) / 2**20
-        shards = [await shards_of(each.port) for each in procs]
+        trackers = [await tracker_of(each.port) for each in procs]
     finally:
         for task in tasks:
             task.cancel()
@@ -298,25 +299,31 @@ async def run(args: argparse.Namespace, run_dir: Path, replicas: int = 1) -> dic
         "dispatcher_rss_mb": round(rss_mb, 1),  # the largest replica's
         # each process's whole CPU (its attempts' included) per batch of the run, and its shards at the end
         "replica_cpu_ms_per_batch": [round(x * 1000 / n, 2) for x in per_replica],
-        "replica_shards": shards,
+        "replica_shards": [shards for shards, _ in trackers],
+        "replica_leads": [leads for _, leads in trackers],  # the launching leader at the end
         "cpu_per_replica": args.cpu_per_replica,
         "cores": os.cpu_count(),
     }
 
 
-async def shards_of(port: int) -> int | None:
-    """The tracker shards a dispatcher holds (its ``llmbatch_dispatcher_tracker_shards``)."""
+async def tracker_of(port: int) -> tuple[int | None, bool | None]:
+    """The tracker shards a dispatcher holds and whether it is the launching leader (its
+    ``llmbatch_dispatcher_tracker_shards`` and ``llmbatch_dispatcher_tracker_leader``)."""
     import httpx
 
     try:
         async with httpx.AsyncClient(timeout=5.0) as http:
             text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
     except httpx.HTTPError:
-        return None
+        return None, None
+    gauges: dict[str, int] = {}
     for line in text.splitlines():
-        if line.startswith("llmbatch_dispatcher_tracker_shards "):
-            return int(float(line.split()[1]))
-    return None
+        name, _, value = line.partition(" ")
+        if name in {"llmbatch_dispatcher_tracker_shards", "llmbatch_dispatcher_tracker_leader"}:
+            gauges[name] = int(float(value))
+    shards = gauges.get("llmbatch_dispatcher_tracker_shards")
+    leader = gauges.get("llmbatch_dispatcher_tracker_leader")
+    return shards, None if leader is None else leader == 1
 
 
 def show(f: dict[str, Any]) -> None:
@@ -339,7 +346,7 @@ def show(f: dict[str, Any]) -> None:
     quota = f" (each at most {f['cpu_per_replica']:g} cores)" if f["cpu_per_replica"] else ""
     print(
         f"  each replica{quota}: CPU ms per batch {f['replica_cpu_ms_per_batch']}, "
-        f"shards {f['replica_shards']}"
+        f"shards {f['replica_shards']}, launching leader {f.get('replica_leads')}"
     )
 
 

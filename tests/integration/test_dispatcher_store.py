@@ -61,6 +61,18 @@ async def test_intake_creates_queued_batch_with_indexes(store: StateStore) -> No
     assert await store.due_deadlines(1_790_000_599.0) == []
 
 
+async def test_a_projected_read_gives_the_fields_asked_with_state_and_version_and_no_request(
+    store: StateStore,
+) -> None:
+    await store.intake_many([item("b1"), item("b2", "e2", lifecycle="L2")])
+    one, two, gone = await store.get_fields_many(["b1", "b2", "nope"], ["model", "lifecycle"])
+    assert gone is None
+    assert one is not None and one.state is State.QUEUED and one.version == 1
+    assert dict(one.fields) == {"state": "queued", "version": "1", "model": "m"}  # no lifecycle: none kept
+    assert two is not None and two.get("lifecycle") == "L2" and "request" not in two.fields
+    assert await store.get_fields_many([], ["model"]) == []
+
+
 async def test_duplicates_never_create_a_second_batch(store: StateStore) -> None:
     results = await store.intake_many([item("b1", "e1"), item("b1", "e1"), item("b1", "e2")])
     assert [r.outcome for r in results] == ["created", "dup_event", "duplicate"]

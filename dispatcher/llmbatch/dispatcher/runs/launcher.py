@@ -39,6 +39,16 @@ from llmbatch.schemas.job import JobSpec, submission_id
 
 log = logging.getLogger(__name__)
 
+ADMISSION_FIELDS = ("model", "priority", "total", "tenant", "input_uri", "via")
+"""What admission and routing read of a batch's record (:meth:`Launcher.load_of`,
+:meth:`Launcher.takes_job_path`): every in-flight batch is read at each launch, so not its request."""
+LAUNCH_FIELDS = (
+    *ADMISSION_FIELDS,
+    *("batch_id", "attempt", "lifecycle", "cancel_requested", "deadline", "stop_reason", "traceparent"),
+)
+"""What deciding a queued batch's launch reads of its record (admission, its stop reason, the transition
+that starts its attempt); the whole record is read only to submit it or to end it."""
+
 UNSENT = "unsent"
 """``confirmed`` of an attempt the launching leader left to the batch's shard holder to submit (``0``:
 sent, not confirmed yet; ``1``: confirmed)."""
@@ -123,9 +133,8 @@ class Launcher:
         ids: list[BatchKey] = []
         for state in (State.SUBMITTED, State.RUNNING):  # finalizing batches have nothing at the engines
             ids += await self.ctx.store.ids_in_state(state, limit=10_000)
-        records = [
-            r for r in await self.ctx.store.get_many(ids) if r is not None and r.state in states.IN_FLIGHT
-        ]
+        found = await self.ctx.store.get_fields_many(ids, ADMISSION_FIELDS)
+        records = [r for r in found if r is not None and r.state in states.IN_FLIGHT]
         progress = await self.ctx.store.read_progress_many([r.key for r in records])
         load = [x for r, p in zip(records, progress, strict=True) if (x := self.load_of(r, p)) is not None]
         capacity = {

@@ -50,7 +50,7 @@ from llmbatch.dispatcher.runs.context import RunContext
 from llmbatch.dispatcher.runs.finisher import Finisher
 from llmbatch.dispatcher.runs.in_flight import InFlight
 from llmbatch.dispatcher.runs.job_cleanup import JobCleanup
-from llmbatch.dispatcher.runs.launcher import Launcher
+from llmbatch.dispatcher.runs.launcher import LAUNCH_FIELDS, Launcher
 from llmbatch.dispatcher.runs.leases import LEASE, TrackerLeases
 from llmbatch.dispatcher.runs.outcomes import OutcomeReader, counter
 from llmbatch.dispatcher.runs.wakeups import Wakeups
@@ -344,7 +344,7 @@ class Tracker:
         if not ids:
             return
         launched = 0
-        found = await self.store.get_many(ids)
+        found = await self.store.get_fields_many(ids, LAUNCH_FIELDS)
         # entries of batches gone or launched already would hold the head of the queue for ever
         await self.store.drop_orphans(
             "ready", [k for k, r in zip(ids, found, strict=True) if r is None or r.state is not State.QUEUED]
@@ -361,13 +361,13 @@ class Tracker:
                 reason = self.checks.stop_reason(record, self.ctx.clock())
                 try:
                     if reason is not None:
-                        await self.checks.finish_stopped(record, reason)
-                    elif (
-                        launched < slots
-                        and await self.launcher.admits(admission, record)
-                        and await self.launcher.start_attempt(record, submit=self._submits(record.key))
-                    ):
-                        launched += 1
+                        if whole := await self._whole(record):
+                            await self.checks.finish_stopped(whole, reason)
+                    elif launched < slots and await self.launcher.admits(admission, record):
+                        submit = self._submits(record.key)
+                        start = await self._whole(record) if submit else record
+                        if start is not None and await self.launcher.start_attempt(start, submit=submit):
+                            launched += 1
                 except DispatcherError as exc:
                     if not exc.retriable:
                         log.warning("launch postponed", extra={"error": str(exc)})
@@ -380,6 +380,11 @@ class Tracker:
             for model in self.settings.engines.models:
                 self.metrics.admitted.labels(model=model).set(admission.requests(model))
                 self.metrics.admission_waiting.labels(model=model).set(1 if model in admission.blocked else 0)
+
+    async def _whole(self, record: BatchRecord) -> BatchRecord | None:
+        """The whole record of a queued batch read for launching by a few fields (None: it moved on)."""
+        whole = await self.store.get(record.key)
+        return whole if whole is not None and whole.state is State.QUEUED else None
 
     def _submits(self, key: BatchKey) -> bool:
         """Whether the launching leader submits ``key``'s attempt itself: when the batch's shard is its
