@@ -216,6 +216,31 @@ async def test_a_garbled_priority_in_redis_does_not_stop_the_tenants_turns(kit: 
     assert sorted(jobs.batches()) == ["lone0", "many0"]
 
 
+@pytest.mark.parametrize(
+    ("field", "garbled"),
+    [("state", "not-a-state"), ("version", "1e9"), ("state", b"\xff\xfe"), ("request", b"\xc3(")],
+)
+async def test_one_garbled_record_in_redis_does_not_stop_the_launch_or_the_checks_of_the_others(
+    kit: Kit, field: str, garbled: str | bytes
+) -> None:
+    """Before, the batch records were read all or nothing: a state or version that does not parse, or
+    a byte that is not UTF-8 anywhere in a hash, failed every tick's reads (no launch, no check) for
+    as long as the hash stayed."""
+    tracker, store, jobs = kit
+    for name in ("first", "bad", "second"):
+        await queue(store, name, 2)
+    await tracker.launch()  # all three in flight
+    assert sorted(jobs.batches()) == ["bad", "first", "second"]
+    await store.client.hset(store.keys.batch(batch_key("default", "bad")), field, garbled)
+    await queue(store, "third", 2)
+    await tracker.tick()  # checks the ones in flight, then launches third
+    assert sorted(jobs.batches()) == ["bad", "first", "second", "third"]
+    await tracker.tick()  # checks third too
+    for name in ("first", "second", "third"):
+        record = await store.get(batch_key("default", name))
+        assert record is not None and record.state is State.RUNNING  # checked: Ray said running
+
+
 async def test_a_tenants_weight_gives_it_more_turns_at_launch(kit: Kit) -> None:
     tracker, store, jobs = kit
     tracker.settings = tracker.settings.model_copy(

@@ -16,6 +16,7 @@ Redis errors are translated into :class:`~llmbatch.dispatcher.errors.StateStoreU
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,11 @@ def _str_hash(raw: Mapping[Any, Any]) -> dict[str, str]:
     return {reply_text(k): reply_text(v) for k, v in raw.items()}
 
 
+log = logging.getLogger(__name__)
+
+UNREADABLE_SAID_MAX = 10_000  # the batches whose unreadable record was logged (bounded: then said again)
+
+
 def _fmt(value: float) -> str:
     return repr(float(value))
 
@@ -79,6 +85,7 @@ class StateStore(StoreIndexes, StoreUpkeep):
     clock: Callable[[], float] = time.time
 
     def __post_init__(self) -> None:
+        self._unreadable_said: set[BatchKey] = set()
         if any(ch in self.keys.prefix for ch in "'\\\n\r"):
             raise ValueError("the Redis key prefix may not contain quotes, backslashes or newlines")
         reg = self.client.register_script
@@ -120,6 +127,9 @@ class StateStore(StoreIndexes, StoreUpkeep):
             **tls,
             password=password,
             decode_responses=True,
+            # a byte that is not UTF-8 in a reply is read as U+FFFD and judged by the checks of the
+            # value it is in, instead of failing the whole reply (and every batch read with it)
+            encoding_errors="replace",
             socket_timeout=socket_timeout,
             socket_connect_timeout=socket_timeout,
             health_check_interval=15,
@@ -217,9 +227,26 @@ class StateStore(StoreIndexes, StoreUpkeep):
         return (await self.intake_many([item]))[0]
 
     # -- reads ------------------------------------------------------------------------------------
+    def _record(self, key: BatchKey, data: Mapping[str, str]) -> BatchRecord | None:
+        """The record of a batch's hash; ``None`` (as for no batch: every index drops it as an orphan)
+        when its state or version is unreadable. Redis is not trusted: one garbled hash read with others
+        must not stop every step that reads them. Logged once per batch."""
+        try:
+            return BatchRecord.from_hash(key, data)
+        except (KeyError, ValueError) as exc:
+            if key not in self._unreadable_said:
+                if len(self._unreadable_said) >= UNREADABLE_SAID_MAX:
+                    self._unreadable_said.clear()
+                self._unreadable_said.add(key)
+                log.error(
+                    "batch record unreadable: left out of every step (fix or delete its hash)",
+                    extra={"batch_key": key[:200], "error": repr(exc)[:200]},
+                )
+            return None
+
     async def get(self, key: BatchKey) -> BatchRecord | None:
         data = _str_hash(await self._call(lambda: self.client.hgetall(self.keys.batch(key))))
-        return BatchRecord.from_hash(key, data) if data else None
+        return self._record(key, data) if data else None
 
     async def get_many(self, batch_keys: Sequence[BatchKey]) -> list[BatchRecord | None]:
         async def run() -> list[Any]:
@@ -229,7 +256,7 @@ class StateStore(StoreIndexes, StoreUpkeep):
                 return list(await pipe.execute())
 
         raw = await self._call(run) if batch_keys else []
-        return [BatchRecord.from_hash(k, d) if d else None for k, d in zip(batch_keys, raw, strict=True)]
+        return [self._record(k, d) if d else None for k, d in zip(batch_keys, raw, strict=True)]
 
     async def get_fields_many(
         self, batch_keys: Sequence[BatchKey], fields: Sequence[str]
@@ -247,7 +274,7 @@ class StateStore(StoreIndexes, StoreUpkeep):
 
         raw = await self._call(run) if batch_keys else []
         return [
-            BatchRecord.from_hash(k, {n: v for n, v in zip(names, values, strict=True) if v is not None})
+            self._record(k, {n: v for n, v in zip(names, values, strict=True) if v is not None})
             if values and values[0]
             else None
             for k, values in zip(batch_keys, raw, strict=True)
