@@ -170,16 +170,24 @@ async def test_real_vllm_cancel_deadline_and_killed_replicas_through_the_dispatc
     # 1. cancel a running batch (160 lines x up to 48 tokens: tens of seconds of generation)
     cancel = batch_request(f"vc-{tag}", requests=_lines(160))
     await env.send(request_message(cancel))
+    sent = time.monotonic()
     await wait_for(lambda: _progress_at_least(env, cancel.batch_id, 8), 300, what="cancel's progress")
+    first_lines_s = time.monotonic() - sent  # this machine's time to a batch's first answered lines
     await env.send(request_message(CancelRequest(batch_id=cancel.batch_id, reason="test cancel")))
     await env.wait_terminal([cancel.batch_id], within=300)
 
     # 2. a deadline that falls while its batch runs (256 lines x 48 tokens: about 30 s of generation
-    # here, the first lines within 2-3 s)
-    deadline = datetime.fromtimestamp(time.time() + 12, UTC).isoformat()
+    # on a fast 2-core machine, the first lines within 2-3 s). The deadline leaves 3x the time the
+    # cancelled batch took to its first lines (at least 12 s): on a slower or busier machine a fixed 12 s
+    # could fall before any line was answered
+    window_s = max(12.0, 3 * first_lines_s)
+    figures["expire deadline after s"] = round(window_s, 1)
+    deadline = datetime.fromtimestamp(time.time() + window_s, UTC).isoformat()
     expire = batch_request(f"ve-{tag}", requests=_lines(256), deadline=deadline)
     await env.send(request_message(expire))
-    await wait_for(lambda: _progress_at_least(env, expire.batch_id, 8), 60, what="expire's progress")
+    await wait_for(
+        lambda: _progress_at_least(env, expire.batch_id, 8), window_s + 60, what="expire's progress"
+    )
     await env.wait_terminal([expire.batch_id], within=300)
 
     # 3. every batch-runner replica killed mid-batch: the attempt is lost, the next resumes
