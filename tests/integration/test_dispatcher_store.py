@@ -73,6 +73,14 @@ async def test_a_projected_read_gives_the_fields_asked_with_state_and_version_an
     assert await store.get_fields_many([], ["model"]) == []
 
 
+async def test_a_garbled_state_reads_as_no_batch_in_every_read_not_as_an_error(store: StateStore) -> None:
+    """Intake asks the states of the batches its records name: one garbled hash raised ValueError there."""
+    await store.intake_many([item("b1"), item("b2", "e2")])
+    await store.client.hset(store.keys.batch("b1"), "state", "not-a-state")
+    assert await store.states_many(["b1", "b2", "nope"]) == [None, State.QUEUED, None]
+    assert await store.get("b1") is None and (await store.get_many(["b1"])) == [None]
+
+
 async def test_duplicates_never_create_a_second_batch(store: StateStore) -> None:
     results = await store.intake_many([item("b1", "e1"), item("b1", "e1"), item("b1", "e2")])
     assert [r.outcome for r in results] == ["created", "dup_event", "duplicate"]

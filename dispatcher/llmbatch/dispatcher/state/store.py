@@ -281,16 +281,9 @@ class StateStore(StoreIndexes, StoreUpkeep):
         ]
 
     async def states_many(self, batch_keys: Sequence[BatchKey]) -> list[State | None]:
-        """The state of each batch (``None``: no such batch), in one round trip."""
-
-        async def run() -> list[Any]:
-            async with self.client.pipeline(transaction=False) as pipe:
-                for key in batch_keys:
-                    pipe.hget(self.keys.batch(key), "state")
-                return list(await pipe.execute())
-
-        raw = await self._call(run) if batch_keys else []
-        return [State(reply_text(x)) if x else None for x in raw]
+        """The state of each batch (``None``: no such batch, or its record is unreadable, as for
+        :meth:`get`), in one round trip."""
+        return [r.state if r is not None else None for r in await self.get_fields_many(batch_keys, ())]
 
     async def markers_exist(self, markers: Sequence[tuple[str, str]]) -> list[bool]:
         """Whether each command event (source, id) was already applied."""
