@@ -11,7 +11,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ import pytest
 from llmbatch.adapters.storage import make_client
 from llmbatch.adapters.topics import ensure_topics
 from llmbatch.dispatcher.backends.engines import replica_pids, runner_pids
+from llmbatch.dispatcher.backends.runner_backend import RunnerClient
 from llmbatch.dispatcher.backends.serve_api import ServeApi
 from llmbatch.schemas.batch import CancelRequest
 from llmbatch.schemas.engines import EngineRegistry
@@ -118,6 +119,11 @@ def _prompt_lengths(model_path: str, n: int) -> dict[str, int]:
     return {f"q-{i}": length(i) for i in range(n)}
 
 
+async def _grown(read: Callable[[], Awaitable[float]], before: float) -> float:
+    """How much ``read()`` grew over ``before`` (0: not yet)."""
+    return max(0.0, await read() - before)
+
+
 def _check_lines(
     s3: S3Settings, event: Any, n: int, lengths: dict[str, int], *, complete: bool
 ) -> tuple[int, int]:
@@ -173,13 +179,25 @@ async def test_real_vllm_cancel_deadline_and_killed_replicas_through_the_dispatc
     sent = time.monotonic()
     await wait_for(lambda: _progress_at_least(env, cancel.batch_id, 8), 300, what="cancel's progress")
     first_lines_s = time.monotonic() - sent  # this machine's time to a batch's first answered lines
+    runner = RunnerClient.of(ray_settings, timeout_s=30)
+
+    async def abandoned() -> float:  # Ray's metrics of the model's replicas, summed by the runner
+        return float((await runner.engines()).get(MODEL, {}).get("abandoned", 0))
+
+    abandoned_before = await abandoned()
     await env.send(request_message(CancelRequest(batch_id=cancel.batch_id, reason="test cancel")))
     await env.wait_terminal([cancel.batch_id], within=300)
+    # the cancelled batch's calls left vLLM (aborted, or taken out of the replica's queue) instead of
+    # running to their end
+    figures["requests abandoned by the cancel"] = await wait_for(
+        lambda: _grown(abandoned, abandoned_before), 120, interval=3, what="the cancel's abandoned requests"
+    )
 
     # 2. a deadline that falls while its batch runs (256 lines x 48 tokens: about 30 s of generation
     # on a fast 2-core machine, the first lines within 2-3 s). The deadline leaves 3x the time the
     # cancelled batch took to its first lines (at least 12 s): on a slower or busier machine a fixed 12 s
-    # could fall before any line was answered
+    # could fall before any line was answered. The engine is the batch's alone: the cancelled batch's
+    # calls left it
     window_s = max(12.0, 3 * first_lines_s)
     figures["expire deadline after s"] = round(window_s, 1)
     deadline = datetime.fromtimestamp(time.time() + window_s, UTC).isoformat()

@@ -55,10 +55,11 @@ class SlottedEngine:
         group: str = "",
         priority: int = DEFAULT_PRIORITY,
         due: float | None = None,
+        stop: threading.Event | None = None,
     ) -> list[Generation]:
         with self._lock:
             self.calls.append(len(requests))
-        return self._inner.generate(requests, group=group, priority=priority, due=due)
+        return self._inner.generate(requests, group=group, priority=priority, due=due, stop=stop)
 
 
 def _line(i: int) -> dict[str, object]:
@@ -133,6 +134,7 @@ class SlowEngine(SlottedEngine):
         group: str = "",
         priority: int = DEFAULT_PRIORITY,
         due: float | None = None,
+        stop: threading.Event | None = None,
     ) -> list[Generation]:
         with self._lock:
             self.dues.append(due)

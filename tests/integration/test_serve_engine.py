@@ -95,6 +95,43 @@ emit({"started": started, "urgent_at": urgent_at, **done})
 """
 )
 
+# a call given up by its caller (its batch stopped) while two of its requests run and six wait
+ABANDON_PROBE = (
+    """
+import sys, time, threading, orjson
+"""
+    + EMIT
+    + """
+from llmbatch.ray_job.serve_engine import ServeEngine
+from llmbatch.ray_job.records import GenRequest
+engine = ServeEngine(sys.argv[1], wait_s=120, retries=0)
+before = engine._call("info", timeout_s=60)
+stop, out = threading.Event(), {}
+def call():
+    try:
+        engine.generate([GenRequest(str(i), [1], {"max_tokens": 4}, prompt_text=f"gone{i}")
+                         for i in range(8)], group="gone", stop=stop)
+        out["error"] = None
+    except Exception as exc:
+        out["error"] = type(exc).__name__
+caller = threading.Thread(target=call)
+caller.start()
+while True:  # until the replica holds the call
+    info = engine._call("info", timeout_s=60)
+    if info["queued"] + info["active"] >= 8:
+        break
+    time.sleep(0.05)
+stop.set()
+caller.join(60)
+while True:  # until the replica is idle
+    after = engine._call("info", timeout_s=60)
+    if after["queued"] == 0 and after["active"] == 0:
+        break
+    time.sleep(0.05)
+emit({"error": out.get("error"), "caller_done": not caller.is_alive(), "before": before, "after": after})
+"""
+)
+
 # one batch at risk of its deadline: its call says so (``due``), its requests wait one at a time
 DUE_PROBE = (
     """
@@ -340,6 +377,27 @@ def test_an_urgent_batch_overtakes_a_running_one_on_the_replica(
     assert urgent["at"] - result["urgent_at"] < 2.5, result
     info = _engine_info(ray_settings)
     assert info["preempted"] >= 1 and info["queued"] == 0 and info["active"] == 0, info
+
+
+def test_a_call_its_caller_gives_up_leaves_the_replicas_engine_and_queue(
+    ray_settings: RaySettings, serve: ServeApi
+) -> None:
+    """Through Serve's own request cancellation: the caller's stop cancels the call, the replica drops
+    its requests (the two running are aborted, the six waiting never start) instead of answering them."""
+    # two requests at a time, 2 s each: the call alone would hold the engine 8 s
+    registry = _registry(delay_s=2.0, max_active=2)
+    asyncio.run(serve.deploy(serve_config(registry, http_address=ray_settings.serve_address)))
+    _wait_app(serve, registry, {"RUNNING"})
+    client, job_id = _probe(ray_settings, 0, code=ABANDON_PROBE)
+    result = _result(client, job_id)
+    assert result["error"] == "CallAbandonedError" and result["caller_done"], result
+    before, after = result["before"], result["after"]
+    abandoned = after["abandoned"] - before["abandoned"]
+    finished = after["finished"] - before["finished"]
+    # every request of the call either finished before the stop reached the replica or was dropped;
+    # the six waiting behind the first two never reached the engine
+    assert abandoned + finished == 8 and abandoned >= 6, result
+    assert after["requests"] == before["requests"], result  # nothing of it was answered
 
 
 def test_requests_of_a_batch_at_risk_waiting_at_a_replica_bring_another_replica(

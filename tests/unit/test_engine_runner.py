@@ -13,7 +13,7 @@ import pytest
 from llmbatch.ray_job.backend_fake import FakeBackend
 from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.ray_job.engine_runner import EngineRunner
-from llmbatch.ray_job.errors import EngineDeadError, RequestRejected
+from llmbatch.ray_job.errors import CallAbandonedError, EngineDeadError, RequestRejected
 from llmbatch.ray_job.records import Generation, GenRequest
 from llmbatch.schemas.job import EngineConfig
 
@@ -232,3 +232,45 @@ def test_without_a_limit_every_request_goes_to_the_engine_at_once() -> None:
     runner = EngineRunner(backend)
     runner.generate([req(str(i)) for i in range(50)])
     assert len(backend.log[0]) == 50
+
+
+def test_a_call_given_up_leaves_the_engine_and_the_queue_and_the_others_run_on() -> None:
+    backend = SlotBackend(steps=3)
+    backend.gate.clear()
+    runner = EngineRunner(backend, max_active=4)
+    stop = threading.Event()
+    gone: list[BaseException] = []
+
+    def given_up() -> None:
+        with pytest.raises(CallAbandonedError) as raised:
+            runner.generate([req(f"gone{i}") for i in range(10)], group="gone", stop=stop)
+        gone.append(raised.value)
+
+    gone_thread = threading.Thread(target=given_up)
+    gone_thread.start()
+    _wait(backend.stepping.is_set)  # four of its requests on the engine, six waiting, the step held
+    kept_thread, kept_out = _in_thread(runner, [req(f"kept{i}") for i in range(3)], group="kept")
+    _wait(lambda: runner._inbox.qsize() == 1)
+    stop.set()
+    _wait(lambda: runner._inbox.qsize() == 2)  # the call given up, handed over behind the other one
+    backend.gate.set()
+    gone_thread.join(10)
+    assert gone and not gone_thread.is_alive()
+    kept_thread.join(10)
+    assert [g.key for g in kept_out[0]] == ["kept0", "kept1", "kept2"]
+    # the four on the engine were aborted, the six waiting never reached it, and nothing of it finished
+    assert sorted(backend.aborted) == ["gone0", "gone1", "gone2", "gone3"]
+    assert not [k for k in backend.finished if k.startswith("gone")]
+    assert not [k for on_engine in backend.log[1:] for k in on_engine if k.startswith("gone")]
+    stats = runner.stats()
+    assert stats.abandoned == 10 and stats.queued == 0 and stats.active == 0
+    assert stats.finished == 3
+
+
+def test_abandoning_a_call_already_answered_changes_nothing() -> None:
+    backend = SlotBackend(steps=1)
+    runner = EngineRunner(backend, max_active=2)
+    out = runner.generate([req("a"), req("b")], stop=threading.Event())
+    runner.abandon(["a", "b", "never-sent"])
+    assert [g.key for g in runner.generate([req("c")])] == ["c"]  # after the abandon: the runner went on
+    assert [g.key for g in out] == ["a", "b"] and runner.stats().abandoned == 0 and not backend.aborted

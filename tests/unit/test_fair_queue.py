@@ -58,6 +58,51 @@ def test_drain_empties_everything() -> None:
     assert len(q) == 0 and q.pop() is None and q.top_priority() is None
 
 
+def test_remove_takes_out_what_it_selects_and_the_rest_keep_their_turns() -> None:
+    q: FairQueue[str] = FairQueue()
+    for i in range(3):
+        q.push("t/gone", 5, f"gone{i}", [i])
+        q.push("t/kept", 5, f"kept{i}", [i])
+    q.push("solo", 2, "solo0")
+    q.push_front("t/gone", 5, "gone-back")
+    removed = q.remove(lambda item: item.startswith("gone"))
+    assert sorted(removed) == ["gone-back", "gone0", "gone1", "gone2"]
+    assert len(q) == 4
+    assert drain(q) == ["kept0", "kept1", "kept2", "solo0"]
+    assert q.remove(lambda item: True) == [] and len(q) == 0 and q.top_priority() is None
+
+
+def test_removing_a_whole_priority_lets_the_next_one_be_taken() -> None:
+    q: FairQueue[str] = FairQueue()
+    q.push("urgent", 9, "u0", due=1.0)
+    q.push("low", 1, "l0")
+    assert q.remove(lambda item: item == "u0") == ["u0"]
+    assert q.top_priority() == 1 and q.at_risk_waiting() == 0
+    assert drain(q) == ["l0"]
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("abcd"), st.integers(0, 9), st.lists(st.integers(0, 3), max_size=4)),
+        max_size=60,
+    ),
+    st.sets(st.integers(0, 59)),
+)
+def test_remove_then_every_other_item_comes_out_once(
+    items: list[tuple[str, int, list[int]]], gone: set[int]
+) -> None:
+    q: FairQueue[int] = FairQueue()
+    for n, (group, priority, prompt) in enumerate(items):
+        q.push(group, priority, n, prompt)
+    assert sorted(q.remove(lambda n: n in gone)) == sorted(gone & set(range(len(items))))
+    assert len(q) == len(items) - len(gone & set(range(len(items))))
+    taken = []
+    while (t := q.pop()) is not None:
+        taken.append(t[2])
+    assert sorted(taken) == [n for n in range(len(items)) if n not in gone]
+    assert len(q) == 0 and q.top_priority() is None
+
+
 @given(
     st.lists(
         st.tuples(st.sampled_from("abcd"), st.integers(0, 9), st.lists(st.integers(0, 3), max_size=4)),

@@ -13,6 +13,7 @@ fails (retriable) instead of turning the rest of the batch into error lines.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Protocol, runtime_checkable
 
@@ -47,8 +48,9 @@ class Engine(Protocol):
         group: str = "",
         priority: int = DEFAULT_PRIORITY,
         due: float | None = None,
+        stop: threading.Event | None = None,
     ) -> list[Generation]:
-        """Results in the order of ``requests``; ``group``, ``priority`` and ``due`` as in
+        """Results in the order of ``requests``; ``group``, ``priority``, ``due`` and ``stop`` as in
         :meth:`EngineRunner.generate`."""
 
 
@@ -84,8 +86,9 @@ class LocalEngine:
         group: str = "",
         priority: int = DEFAULT_PRIORITY,
         due: float | None = None,
+        stop: threading.Event | None = None,
     ) -> list[Generation]:
-        return self._runner.generate(requests, group=group, priority=priority, due=due)
+        return self._runner.generate(requests, group=group, priority=priority, due=due, stop=stop)
 
 
 class EngineStage:
@@ -149,9 +152,12 @@ class EngineStage:
     def __call__(self, batch: pa.Table) -> pa.Table:
         return rows.to_table(self.process(rows.from_table(batch)))
 
-    def process(self, batch: list[rows.Row], due: float | None = None) -> list[rows.Row]:
+    def process(
+        self, batch: list[rows.Row], due: float | None = None, stop: threading.Event | None = None
+    ) -> list[rows.Row]:
         """Run the request rows of ``batch``; keep the order of the other rows. ``due``: the batch's
-        deadline while it is urgent (:meth:`EngineRunner.generate`)."""
+        deadline while it is urgent; ``stop``: once set, the call is given up and its requests leave
+        the engine (:meth:`EngineRunner.generate`)."""
         backend = self._engine
         prompt_field = "messages" if self._endpoint is Endpoint.CHAT_COMPLETIONS else "prompt"
         out: list[rows.Row] = []
@@ -196,7 +202,10 @@ class EngineStage:
             )
             owners[key] = row
         created = int(time.time())
-        for gen in self._engine.generate(requests, group=self._group, priority=self._priority, due=due):
+        answers = self._engine.generate(
+            requests, group=self._group, priority=self._priority, due=due, stop=stop
+        )
+        for gen in answers:
             row = owners[gen.key]
             if row.line_no in embedding_lines:
                 embedding_lines[row.line_no].take(gen)

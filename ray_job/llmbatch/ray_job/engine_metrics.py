@@ -29,6 +29,7 @@ COUNTERS = {
     "llmbatch_engine_requests_total": "Requests the replica answered.",
     "llmbatch_engine_completion_tokens_total": "Tokens the replica generated.",
     "llmbatch_engine_preempted_total": "Requests taken back from the engine for higher-priority work.",
+    "llmbatch_engine_abandoned_total": "Requests dropped unanswered: their batch stopped (cancel, deadline).",
     "llmbatch_engine_cold_starts_total": "Engines started (one per replica start).",
 }
 RATE_WINDOW_S = 60.0
@@ -42,6 +43,7 @@ class EngineMetrics:
         self._gauges: dict[str, Any] = {}
         self._counters: dict[str, Any] = {}
         self._preempted = 0
+        self._abandoned = 0
         self._lock = threading.Lock()
         self._recent: deque[tuple[float, int]] = deque()  # (when, tokens) of the last RATE_WINDOW_S
         try:
@@ -88,6 +90,9 @@ class EngineMetrics:
         if stats.preempted > self._preempted:
             self._inc("llmbatch_engine_preempted_total", stats.preempted - self._preempted)
             self._preempted = stats.preempted
+        if stats.abandoned > self._abandoned:
+            self._inc("llmbatch_engine_abandoned_total", stats.abandoned - self._abandoned)
+            self._abandoned = stats.abandoned
 
     def _set(self, name: str, value: float) -> None:
         if self._gauges:

@@ -8,7 +8,10 @@ the call that owns it. The engine therefore keeps running new requests while ear
 
 Isolation: a request the engine refuses when it is added becomes a failed generation for that
 request only. An engine that dies fails every waiting call with
-:class:`~llmbatch.ray_job.errors.EngineDeadError`.
+:class:`~llmbatch.ray_job.errors.EngineDeadError`. A call whose caller stops waiting (its batch was
+cancelled, reached its deadline or was superseded) is abandoned: its requests leave the queue and the
+engine at once, so the engine's slots go to the batches still running instead of to answers nobody
+will read.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from llmbatch.ray_job.errors import EngineDeadError, RequestFailure
+from llmbatch.ray_job.errors import CallAbandonedError, EngineDeadError, RequestFailure
 from llmbatch.ray_job.fair_queue import FairQueue
 from llmbatch.ray_job.records import Generation, GenRequest
 from llmbatch.schemas.batch import DEFAULT_PRIORITY
@@ -77,6 +80,17 @@ class _Pending:
     due: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _Abandon:
+    """Word to the stepping thread that nobody waits for these requests any more."""
+
+    keys: frozenset[str]
+
+
+# how often a call given a stop event looks at it
+STOP_POLL_S = 0.25
+
+
 @dataclass
 class RunnerStats:
     """What the runner holds and has done (for ``engines list`` and metrics)."""
@@ -85,6 +99,7 @@ class RunnerStats:
     active: int = 0
     preempted: int = 0
     finished: int = 0
+    abandoned: int = 0  # requests dropped unanswered because their caller stopped waiting
     at_risk_queued: int = 0  # of ``queued``: requests of batches at risk of their deadline
 
 
@@ -108,7 +123,7 @@ class EngineRunner:
     ) -> None:
         self.backend = backend
         self._max_active = max_active
-        self._inbox: queue.SimpleQueue[list[_Pending]] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[list[_Pending] | _Abandon] = queue.SimpleQueue()
         self._queue: FairQueue[_Pending] = FairQueue(tenant_weights)
         self._active: dict[str, _Pending] = {}
         self._lock = threading.Lock()
@@ -116,6 +131,7 @@ class EngineRunner:
         self._calls = 0
         self._preempted = 0
         self._finished = 0
+        self._abandoned = 0
         self._thread = threading.Thread(target=self._loop, name="engine-stepper", daemon=True)
         self._thread.start()
 
@@ -132,6 +148,7 @@ class EngineRunner:
             active=len(self._active),
             preempted=self._preempted,
             finished=self._finished,
+            abandoned=self._abandoned,
         )
 
     def generate(
@@ -141,13 +158,16 @@ class EngineRunner:
         group: str = "",
         priority: int = DEFAULT_PRIORITY,
         due: float | None = None,
+        stop: threading.Event | None = None,
     ) -> list[Generation]:
         """Run ``requests`` (keys unique across calls in flight); results in the same order.
 
         ``group`` names the batch the requests belong to (batches share the engine fairly; by
         default each call is a batch of its own); ``priority`` 0-9, higher first; ``due`` (unix
         seconds): the batch's deadline, given while it is urgent (near it or behind it), puts its requests
-        before the other batches of its priority (:class:`~llmbatch.ray_job.fair_queue.FairQueue`)."""
+        before the other batches of its priority (:class:`~llmbatch.ray_job.fair_queue.FairQueue`).
+        ``stop``: once set, the call is abandoned (:meth:`abandon`) and raises
+        :class:`~llmbatch.ray_job.errors.CallAbandonedError`."""
         waiter = _Waiter([r.key for r in requests])
         if not requests:
             return []
@@ -157,10 +177,26 @@ class EngineRunner:
             self._calls += 1
             name = group or f"call-{self._calls}"
             self._inbox.put([_Pending(r, waiter, name, priority, due) for r in requests])
-        waiter.done.wait()
+        if stop is None:
+            waiter.done.wait()
+        else:
+            while not waiter.done.wait(STOP_POLL_S):
+                if stop.is_set():
+                    self.abandon([r.key for r in requests])
+                    waiter.done.wait()
+        if isinstance(waiter.error, CallAbandonedError):
+            raise CallAbandonedError(str(waiter.error))
         if waiter.error is not None:
             raise EngineDeadError(f"the engine stopped: {waiter.error!r}") from waiter.error
         return [waiter.results[r.key] for r in requests]
+
+    def abandon(self, keys: list[str]) -> None:
+        """Nobody waits for the requests ``keys`` any more (their call was given up): the waiting ones
+        leave the queue, the ones on the engine are aborted, and their call raises
+        :class:`~llmbatch.ray_job.errors.CallAbandonedError`. Keys already answered or unknown are
+        ignored. Returns at once; the stepping thread drops them before it adds anything more."""
+        if keys:
+            self._inbox.put(_Abandon(frozenset(keys)))
 
     def _loop(self) -> None:
         try:
@@ -179,9 +215,11 @@ class EngineRunner:
                 waiters |= {p.waiter for p in self._queue.drain()}
                 while True:
                     try:
-                        waiters |= {p.waiter for p in self._inbox.get_nowait()}
+                        message = self._inbox.get_nowait()
                     except queue.Empty:
                         break
+                    if not isinstance(message, _Abandon):
+                        waiters |= {p.waiter for p in message}
             for waiter in waiters:
                 waiter.fail(exc)
 
@@ -192,7 +230,10 @@ class EngineRunner:
                 calls.append(self._inbox.get_nowait())
             except queue.Empty:
                 break
-        for call in calls:
+        for call in calls:  # in the order they came: an abandon follows the call it gives up
+            if isinstance(call, _Abandon):
+                self._drop(call.keys)
+                continue
             for pending in call:
                 self._queue.push(
                     pending.group, pending.priority, pending, pending.request.prompt_token_ids, pending.due
@@ -218,6 +259,17 @@ class EngineRunner:
                 pending.waiter.deliver(Generation(request.key, failure=failure))
             else:
                 self._active[request.key] = pending
+
+    def _drop(self, keys: frozenset[str]) -> None:
+        """Take the requests ``keys`` off the engine and out of the queue; fail their calls."""
+        on_engine = [key for key in keys if key in self._active]
+        if on_engine:
+            self.backend.abort(on_engine)
+        dropped = [self._active.pop(key) for key in on_engine]
+        dropped += self._queue.remove(lambda p: p.request.key in keys)
+        self._abandoned += len(dropped)
+        for waiter in {p.waiter for p in dropped}:
+            waiter.fail(CallAbandonedError(f"{len(waiter.pending)} requests abandoned by their caller"))
 
     def _preempt(self) -> None:
         """Take back the requests on the engine whose priority is below the highest waiting."""

@@ -27,6 +27,7 @@ class ModelFigures:
     requests: float = 0.0
     completion_tokens: float = 0.0
     preempted: float = 0.0
+    abandoned: float = 0.0
     cold_starts: float = 0.0
     start_s_max: float = 0.0
 
@@ -41,6 +42,7 @@ _SUMMED = {
     "requests_total": "requests",
     "completion_tokens_total": "completion_tokens",
     "preempted_total": "preempted",
+    "abandoned_total": "abandoned",
     "cold_starts_total": "cold_starts",
 }
 

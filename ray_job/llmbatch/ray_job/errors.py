@@ -84,6 +84,13 @@ class EngineUnavailableError(JobError):
     code = "engine_unavailable"
 
 
+class CallAbandonedError(JobError):
+    """The caller of an engine call stopped waiting for it (its attempt was cancelled, reached its
+    deadline or was superseded): the call's requests left the engine unanswered."""
+
+    code = "call_abandoned"
+
+
 # OpenAI-style codes used by the job itself (schema problems use schemas.errors.OPENAI_ERROR_CODES)
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 """The prompt (plus ``max_tokens``) does not fit the model's context window (HTTP 400)."""

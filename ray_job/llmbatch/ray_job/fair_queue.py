@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -151,14 +151,36 @@ class FairQueue(Generic[T]):
             if not at_risk:
                 tenant.groups.move_to_end(name)  # the tenant's next batch takes its next turn
         else:
-            self._set_due(name, group, None)
-            del tenant.groups[name]
-            del self._groups[name]
-            if not tenant.groups:
-                del tenants[tenant_name]
-                if not tenants:
-                    del self._turns[priority]
+            self._forget(name, group)
         return name, priority, item
+
+    def remove(self, match: Callable[[T], bool]) -> list[T]:
+        """Remove and return the waiting items ``match`` selects (a call whose caller stopped waiting);
+        the others keep their places and the tenants their shares."""
+        removed: list[T] = []
+        for name, group in list(self._groups.items()):
+            front = [item for item in group.front if not match(item)]
+            entries = [entry for entry in group.entries if not match(entry.item)]
+            removed += [item for item in group.front if match(item)]
+            removed += [entry.item for entry in group.entries if match(entry.item)]
+            group.front, group.entries = front, entries
+            if not group:
+                self._forget(name, group)
+        self._size -= len(removed)
+        return removed
+
+    def _forget(self, name: str, group: _Group[T]) -> None:
+        """Drop batch ``name`` (nothing of it waits any more) from its tenant's and its priority's turns."""
+        self._set_due(name, group, None)
+        tenants = self._turns[group.priority]
+        tenant_name = tenant_of(name)
+        tenant = tenants[tenant_name]
+        del tenant.groups[name]
+        del self._groups[name]
+        if not tenant.groups:
+            del tenants[tenant_name]
+            if not tenants:
+                del self._turns[group.priority]
 
     def drain(self) -> list[T]:
         """Remove and return everything waiting (in no particular order)."""

@@ -99,7 +99,10 @@ class RunnerAttempt(Attempt):
                 prompted = build_rows(
                     tokenizer, spec.endpoint, block, batch_id=spec.batch_id, keep_text=self._keep_text
                 )
-                pending.append(pool.submit(stage.process, prompted, self._due(began, done_before)))
+                # the stop flag goes with the call: a stopped batch's calls leave the engine at once
+                pending.append(
+                    pool.submit(stage.process, prompted, self._due(began, done_before), self._stop)
+                )
                 while len(pending) >= in_flight:
                     self._take(pending.popleft())
             while pending:
@@ -163,5 +166,6 @@ class WarmEngine:
         group: str = "",
         priority: int = DEFAULT_PRIORITY,
         due: float | None = None,
+        stop: threading.Event | None = None,
     ) -> list[Generation]:
-        return self._engine.generate(requests, group=group, priority=priority, due=due)
+        return self._engine.generate(requests, group=group, priority=priority, due=due, stop=stop)

@@ -30,9 +30,10 @@ from pydantic import Field, TypeAdapter
 from llmbatch.ray_job import engine_scaling, node_secrets
 from llmbatch.ray_job.backends import make_backend
 from llmbatch.ray_job.engine_metrics import EngineMetrics
-from llmbatch.ray_job.engine_runner import EngineRunner
+from llmbatch.ray_job.engine_runner import STOP_POLL_S, EngineRunner
 from llmbatch.ray_job.errors import (
     ENGINE_ERROR,
+    CallAbandonedError,
     EngineDeadError,
     EngineUnavailableError,
     InfraUnavailableError,
@@ -119,6 +120,7 @@ class EngineServer:
             "active": stats.active,
             "preempted": stats.preempted,
             "finished": stats.finished,
+            "abandoned": stats.abandoned,
         }
 
     async def generate(
@@ -145,6 +147,9 @@ class EngineServer:
                 self._pool,
                 lambda: self._runner.generate(on_engine, group=group, priority=priority, due=due),
             )
+        except asyncio.CancelledError:  # the caller cancelled the call (its batch stopped): free the engine
+            self._runner.abandon([r.key for r in on_engine])
+            raise
         finally:
             with self._lock:
                 self._in_flight -= 1
@@ -340,20 +345,37 @@ class ServeEngine:
             return self._unavailable(exc)
         return InfraUnavailableError(f"Ray Serve did not serve {self.app}: {exc}"[:2000])
 
-    def _call(self, method: str, *args: Any, timeout_s: float, patient: bool = False) -> Any:
+    def _call(
+        self,
+        method: str,
+        *args: Any,
+        timeout_s: float,
+        patient: bool = False,
+        stop: threading.Event | None = None,
+    ) -> Any:
         """Call ``method`` on a replica. ``patient``: wait beyond ``timeout_s`` for as long as Serve
-        reports the model's application running (the call is waiting its turn, not lost)."""
+        reports the model's application running (the call is waiting its turn, not lost). ``stop``: once
+        set, the call is cancelled (the replica drops its requests) and raises
+        :class:`~llmbatch.ray_job.errors.CallAbandonedError`."""
         from ray import exceptions as ray_exceptions
         from ray.serve.exceptions import DeploymentUnavailableError, RayServeException
 
         try:
             response = getattr(self._handle, method).remote(*args)
+            end = time.monotonic() + timeout_s
             while True:
+                if stop is not None and stop.is_set():
+                    response.cancel()
+                    raise CallAbandonedError(f"the call to {self.app} was cancelled by its caller")
+                left = end - time.monotonic()
                 try:
-                    return response.result(timeout_s=timeout_s)
+                    return response.result(timeout_s=max(0.0, min(left, STOP_POLL_S) if stop else left))
                 except TimeoutError:
+                    if time.monotonic() < end:
+                        continue
                     if not (patient and self._alive()):
                         raise
+                    end = time.monotonic() + timeout_s
         except TimeoutError as exc:
             raise EngineUnavailableError(
                 f"no engine of {self.app} answered within {timeout_s:.0f} s"
@@ -374,9 +396,11 @@ class ServeEngine:
         group: str = "",
         priority: int = DEFAULT_PRIORITY,
         due: float | None = None,
+        stop: threading.Event | None = None,
     ) -> list[Generation]:
         """Results in the order of ``requests``; ``group`` (the batch), ``priority`` and ``due`` (its
-        deadline while it is urgent) decide their turn on the engine."""
+        deadline while it is urgent) decide their turn on the engine; ``stop``: once set, the call is
+        cancelled and its requests leave the engine (:class:`~llmbatch.ray_job.errors.CallAbandonedError`)."""
         from ray import exceptions as ray_exceptions
 
         if not requests:
@@ -386,7 +410,14 @@ class ServeEngine:
             try:
                 # a call may wait its turn behind higher-priority batches for as long as they run
                 out: list[Generation] = self._call(
-                    "generate", requests, group, priority, due, timeout_s=self._wait_s, patient=True
+                    "generate",
+                    requests,
+                    group,
+                    priority,
+                    due,
+                    timeout_s=self._wait_s,
+                    patient=True,
+                    stop=stop,
                 )
                 return out
             except (ray_exceptions.RayActorError, EngineDeadError) as exc:
