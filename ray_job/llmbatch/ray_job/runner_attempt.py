@@ -13,6 +13,7 @@ from typing import Any
 
 from llmbatch.ray_job import rows
 from llmbatch.ray_job.engine import Engine, EngineStage, engine_slots
+from llmbatch.ray_job.errors import CallAbandonedError
 from llmbatch.ray_job.main import Attempt, StopRequested
 from llmbatch.ray_job.memory import MemoryPeak
 from llmbatch.ray_job.outcome import SUPERSEDED
@@ -138,6 +139,10 @@ class RunnerAttempt(Attempt):
                 finished = future.result(timeout=0.25)
             except FutureTimeout:
                 continue
+            except CallAbandonedError:
+                if self._stop.is_set():
+                    continue  # the call was given up because this attempt stops: the stop says why
+                raise
             self.consume(finished)
             for writer in self.writers.values():
                 writer.roll_if_old()
