@@ -57,10 +57,11 @@ class _SharedEngine:
         group: str = "",
         priority: int = DEFAULT_PRIORITY,
         due: float | None = None,
+        stop: threading.Event | None = None,
     ) -> list[Generation]:
         call = next(self._calls)
         on_engine = [replace(r, key=f"{call}:{r.key}") for r in requests]
-        out = self._engine.generate(on_engine, group=group, priority=priority, due=due)
+        out = self._engine.generate(on_engine, group=group, priority=priority, due=due, stop=stop)
         return [replace(g, key=r.key) for g, r in zip(out, requests, strict=True)]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from llmbatch.stack.dispatcher_env import local_engine_threads
 
-PHASES = ("ab", "throughput", "fairness", "plain", "plain-procs")
+PHASES = ("ab", "throughput", "fairness", "after-cancel", "plain", "plain-procs")
 SCHEDULINGS = ("normal", "nice19", "batch-out", "batch", "both", "split")
 """``--background`` modes (:meth:`Service.scheduling`)."""
 
@@ -29,7 +29,12 @@ def parse_args(description: str | None) -> argparse.Namespace:
     parser.add_argument("--warm-runs", type=int, default=10)
     parser.add_argument("--conc", type=int, default=4, help="batches at once in the throughput phase")
     parser.add_argument("--conc-size", type=int, default=128, help="prompts per batch there")
-    parser.add_argument("--big", type=int, default=2000, help="lines of the priority-0 batch (fairness)")
+    parser.add_argument(
+        "--big",
+        type=int,
+        default=2000,
+        help="lines of the priority-0 batch (fairness) and of the cancelled one",
+    )
     parser.add_argument(
         "--cancel-big",
         action="store_true",

@@ -55,6 +55,14 @@ def ratios(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "<= 2",
             f["ratio"] <= 2 and not f["big_finished_first"],
         )
+    if "after_cancel" in report:
+        a = report["after_cancel"]
+        put(
+            "right after a cancelled batch / idle",
+            a["ratio"],
+            "<= 1.5",
+            a["ratio"] <= 1.5 and not a["gone_finished_first"],
+        )
     return out
 
 
@@ -118,6 +126,13 @@ def show(report: dict[str, Any], args: argparse.Namespace) -> None:
             f"{args.big}-line p0 batch {f['loaded_s']:.2f} s (accepted->terminal); big batch "
             f"{big['status']} {big['completed']}/{big['lines']} lines, {big['tokens_per_s']:.1f} tok/s, "
             f"finished first: {f['big_finished_first']}; load1 {f['urgent']['load1']['mean']:.1f}"
+        )
+    if "after_cancel" in report:
+        a = report["after_cancel"]
+        print(
+            f"  after a cancel: {args.per_batch}-line p5 batch idle {a['idle_s']:.2f} s, right after the "
+            f"{args.big}-line p5 batch was cancelled {a['after_s']:.2f} s (accepted->terminal); "
+            f"the big batch finished first: {a['gone_finished_first']}"
         )
     for name, r in report["ratios"].items():
         print(f"  {name:50} {r['value']:7.2f}  target {r['target']:6}  {'met' if r['met'] else 'NOT met'}")

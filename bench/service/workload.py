@@ -1,5 +1,6 @@
 """The workload of the service benchmark: its phases in order (warm-up, A/B on a cold engine, warm runs,
-throughput under each ``--background`` scheduling, fairness beside a big batch) and their figures."""
+throughput under each ``--background`` scheduling, fairness beside a big batch, a batch right after a big
+one was cancelled) and their figures."""
 
 from __future__ import annotations
 
@@ -104,4 +105,38 @@ async def measure(svc: Service, args: argparse.Namespace, report: dict[str, Any]
             | {"status": big_figures["rows"][0]["status"], "completed": big_figures["rows"][0]["completed"]},
             "urgent": urgent,
         }
+    if "after-cancel" not in skip:
+        report["after_cancel"] = await after_cancel(svc, args, small, report["warm"])
     report["routes"] = await svc.routes()
+
+
+async def after_cancel(
+    svc: Service, args: argparse.Namespace, small: list[str], warm: dict[str, Any]
+) -> dict[str, Any]:
+    """A ``--big``-line batch cancelled once under way, then at once a ``--per-batch`` batch of the same
+    priority: its accepted -> terminal against the warm runs' median (the idle engine). What a stopped
+    batch leaves running on the engine (its calls in flight) delays the next one."""
+    client, proc, _, _ = svc.need()
+    say(f"[after-cancel] {args.big}-line batch at priority 5, cancelled once under way ...")
+    gone = await svc.submit(prompts(args.big), priority=5, name="gone")
+    await svc.ledger.until(
+        lambda: svc.ledger.progress.get(gone.batch_id, 0) > 0 or gone.batch_id in svc.ledger.terminal,
+        args.timeout,
+        proc,
+        "progress of the batch to cancel",
+    )
+    finished_first = gone.batch_id in svc.ledger.terminal
+    if not finished_first:
+        await client.cancel(gone.batch_id, reason="bench: after-cancel")
+    await svc.wait([gone], "the cancelled batch")
+    say(f"[after-cancel] ... ended; {args.per_batch}-line batch at priority 5 right after it ...")
+    after = await svc.phase("after-cancel", [(small, 5)])
+    idle = warm["p50_accepted_to_terminal_s"]
+    took = after["rows"][0]["accepted_to_terminal_s"]
+    return {
+        "idle_s": idle,
+        "after_s": took,
+        "ratio": round(took / idle, 2),
+        "gone_finished_first": finished_first,  # True: the figure is void
+        "after": after,
+    }
