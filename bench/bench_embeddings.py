@@ -81,9 +81,15 @@ class SharedEngine:
         self._runner = EngineRunner(backend, max_active=256)
 
     def generate(
-        self, requests: list[Any], *, group: str = "", priority: int = 5, due: float | None = None
+        self,
+        requests: list[Any],
+        *,
+        group: str = "",
+        priority: int = 5,
+        due: float | None = None,
+        stop: Any = None,
     ) -> list[Any]:
-        return self._runner.generate(requests, group=group, priority=priority, due=due)
+        return self._runner.generate(requests, group=group, priority=priority, due=due, stop=stop)
 
 
 def run_service(
