@@ -40,6 +40,8 @@ SERVICE_FIGURES: Figures = (
     ("urgent idle, s", ("fairness", "idle_s"), False),
     ("urgent beside the big batch, s", ("fairness", "loaded_s"), False),
     ("urgent beside / idle", ("fairness", "ratio"), False),
+    ("right after a cancelled batch, s", ("after_cancel", "after_s"), False),
+    ("right after a cancel / idle", ("after_cancel", "ratio"), False),
     ("A: small batches cold, s", ("A", "wall_s"), False),
     ("B: one batch cold, s", ("B", "wall_s"), False),
 )
