@@ -3,7 +3,8 @@ batch runner + shared engine -> MinIO -> results topic), real vLLM on CPU, one r
 
     .venv/bin/python bench/bench_service.py [--engine vllm|fake] [--small 16] [--per-batch 8]
         [--warm-runs 10] [--conc 4] [--conc-size 128] [--big 2000] [--cancel-big]
-        [--skip ab,throughput,fairness,plain,plain-procs] [--stack-dir DIR] [--json] [--report PATH]
+        [--skip ab,throughput,fairness,after-cancel,plain,plain-procs] [--stack-dir DIR] [--json]
+        [--report PATH]
         [--background normal,nice19,batch-out,batch,both,split] [--plain-cpus 1]
 
 Starts a private local stack (``llmbatch stack up`` in ``run/bench-service-<tag>``; ``--stack-dir``
@@ -35,6 +36,8 @@ batches ran as a Ray job instead).
   alone) and ``--omp-threads`` set to their count.
 - fairness: a ``--big``-line priority-0 batch, and once it makes progress the warm runs' batch at
   priority 9: its accepted -> terminal vs the warm runs' median (the idle engine). Target <= 2x.
+- after-cancel: a ``--big``-line priority-5 batch cancelled once it makes progress, then at once a
+  ``--per-batch`` batch of priority 5: its accepted -> terminal vs the warm runs' median. Target <= 1.5x.
 
 The engine is the local stack's registry entry as shipped (``max_num_batched_tokens`` 512, eager, bf16,
 ``batch_size`` 4; ``--batch-size`` / ``--batches-in-flight`` change it). ``bench/bench_vs_rev.py`` runs
