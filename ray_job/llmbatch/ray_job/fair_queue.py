@@ -159,10 +159,15 @@ class FairQueue(Generic[T]):
         the others keep their places and the tenants their shares."""
         removed: list[T] = []
         for name, group in list(self._groups.items()):
-            front = [item for item in group.front if not match(item)]
-            entries = [entry for entry in group.entries if not match(entry.item)]
-            removed += [item for item in group.front if match(item)]
-            removed += [entry.item for entry in group.entries if match(entry.item)]
+            front: list[T] = []
+            entries: list[_Entry[T]] = []
+            for item in group.front:
+                (removed if match(item) else front).append(item)
+            for entry in group.entries:
+                if match(entry.item):
+                    removed.append(entry.item)
+                else:
+                    entries.append(entry)  # still sorted: a subsequence of a sorted list
             group.front, group.entries = front, entries
             if not group:
                 self._forget(name, group)
