@@ -73,7 +73,7 @@ def ended(svc: Service, sub: Sub) -> dict[str, Any]:
 
 async def measure(svc: Service, args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {"setup": await svc.start()}
-    client, proc, _, _ = svc.need()
+    client, _, _, _ = svc.need()
     say("[warm-up] one batch (the runner's replicas, the engine, the paths) ...")
     report["warmup"] = await svc.phase("warm", [(prompts(4), 5)])
 
@@ -85,12 +85,7 @@ async def measure(svc: Service, args: argparse.Namespace) -> dict[str, Any]:
 
     say(f"[loaded] a {args.big}-line batch, then the {args.tight}-line one beside it ...")
     big = await svc.submit(prompts(args.big), priority=5, name="big")
-    await svc.ledger.until(
-        lambda: svc.ledger.progress.get(big.batch_id, 0) > 0 or big.batch_id in svc.ledger.terminal,
-        args.timeout,
-        proc,
-        "progress of the big batch",
-    )
+    await svc.under_way(big, "the big batch")
     budget = args.deadline_factor * idle["submit_to_terminal_s"]
     deadline = datetime.now(UTC) + timedelta(seconds=budget)
     tight = await svc.submit(prompts(args.tight), priority=5, name="tight", deadline=deadline)

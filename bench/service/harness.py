@@ -293,6 +293,16 @@ class Service:
             f"terminal events of {what}",
         )
 
+    async def under_way(self, sub: Sub, what: str) -> None:
+        """Until ``sub`` has answered lines (its progress) or ended."""
+        _, proc, _, _ = self.need()
+        await self.ledger.until(
+            lambda: self.ledger.progress.get(sub.batch_id, 0) > 0 or sub.batch_id in self.ledger.terminal,
+            self.args.timeout,
+            proc,
+            f"progress of {what}",
+        )
+
     async def phase(self, name: str, batches: list[tuple[list[str], int]]) -> dict[str, Any]:
         """Submit ``batches`` (texts, priority) at once; wait for all; their figures."""
         subs = await asyncio.gather(

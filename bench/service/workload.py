@@ -76,15 +76,9 @@ async def measure(svc: Service, args: argparse.Namespace, report: dict[str, Any]
         report["one"] = await svc.phase("one", [(texts, 5)])
 
     if "fairness" not in skip:
-        _, proc, _, _ = svc.need()
         say(f"[fairness] {args.big}-line batch at priority 0 ...")
         big = await svc.submit(prompts(args.big), priority=0, name="big")
-        await svc.ledger.until(
-            lambda: svc.ledger.progress.get(big.batch_id, 0) > 0 or big.batch_id in svc.ledger.terminal,
-            args.timeout,
-            proc,
-            "progress of the big batch",
-        )
+        await svc.under_way(big, "the big batch")
         say(f"[fairness] ... under way; {args.per_batch}-line batch at priority 9 beside it ...")
         urgent = await svc.phase("urgent", [(small, 9)])
         big_done_first = big.batch_id in svc.ledger.terminal
@@ -116,15 +110,10 @@ async def after_cancel(
     """A ``--big``-line batch cancelled once under way, then at once a ``--per-batch`` batch of the same
     priority: its accepted -> terminal against the warm runs' median (the idle engine). What a stopped
     batch leaves running on the engine (its calls in flight) delays the next one."""
-    client, proc, _, _ = svc.need()
+    client, _, _, _ = svc.need()
     say(f"[after-cancel] {args.big}-line batch at priority 5, cancelled once under way ...")
     gone = await svc.submit(prompts(args.big), priority=5, name="gone")
-    await svc.ledger.until(
-        lambda: svc.ledger.progress.get(gone.batch_id, 0) > 0 or gone.batch_id in svc.ledger.terminal,
-        args.timeout,
-        proc,
-        "progress of the batch to cancel",
-    )
+    await svc.under_way(gone, "the batch to cancel")
     finished_first = gone.batch_id in svc.ledger.terminal
     if not finished_first:
         await client.cancel(gone.batch_id, reason="bench: after-cancel")
