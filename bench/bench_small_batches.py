@@ -73,7 +73,7 @@ class Runner:
 
         return EngineConfig(
             backend="vllm",
-            dtype="bfloat16",
+            dtype="auto",
             enforce_eager=True,
             max_model_len=self.args.max_model_len,
             batch_size=self.args.per_batch,

@@ -30,8 +30,11 @@ PROMPTS = [
 def generate(model: str, prompts: list[str], max_tokens: int) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
+    from llmbatch.ray_job.cpu_dtype import auto_dtype, host_cpu_flags
+
+    dtype = auto_dtype("auto", host_cpu_flags())  # as the local stack's engine (dtype auto) on this CPU
     t0 = time.perf_counter()
-    llm = LLM(model=model, dtype="bfloat16", enforce_eager=True, max_model_len=2048, seed=0)
+    llm = LLM(model=model, dtype=dtype, enforce_eager=True, max_model_len=2048, seed=0)
     start_s = time.perf_counter() - t0
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     conversations: list[list[Any]] = [[{"role": "user", "content": p}] for p in prompts]
@@ -40,6 +43,7 @@ def generate(model: str, prompts: list[str], max_tokens: int) -> dict[str, Any]:
     gen_s = time.perf_counter() - t1
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
     return {
+        "dtype": dtype,
         "engine_start_s": round(start_s, 2),
         "generation_s": round(gen_s, 2),
         "output_tokens": tokens,

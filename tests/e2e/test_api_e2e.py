@@ -86,7 +86,7 @@ def vllm_world(
     engine = EngineConfig(
         backend="vllm",
         enforce_eager=True,
-        dtype="bfloat16",
+        dtype="auto",
         max_model_len=1024,
         num_cpus_per_replica=1.0,
         batch_size=batch_size,

@@ -54,7 +54,7 @@ MODEL = "SmolLM2-135M-Instruct"  # the harness's model name: the name the shared
 ENGINE: dict[str, Any] = {
     "backend": "vllm",
     "enforce_eager": True,
-    "dtype": "bfloat16",
+    "dtype": "auto",
     "max_model_len": 1024,
     "num_cpus_per_replica": 1.0,
     "engine_kwargs": {"max_logprobs": 2},

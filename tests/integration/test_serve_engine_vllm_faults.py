@@ -48,7 +48,7 @@ MODEL = "SmolLM2-135M-Instruct"
 ENGINE: dict[str, Any] = {
     "backend": "vllm",
     "enforce_eager": True,
-    "dtype": "bfloat16",
+    "dtype": "auto",
     "max_model_len": 1024,
     "num_cpus_per_replica": 1.0,
     # 4 calls of 4 requests on the engine at once: the kill always finds calls in flight

@@ -115,7 +115,7 @@ def test_env_sourced_by_bash_points_at_stack_and_carries_dispatcher_settings(
             "path": str(model),
             "engine": {
                 "enforce_eager": True,
-                "dtype": "bfloat16",
+                "dtype": "auto",
                 "max_model_len": 2048,
                 "batch_size": 4,
                 "max_num_batched_tokens": 512,
@@ -142,7 +142,7 @@ def test_env_sourced_by_bash_points_at_stack_and_carries_dispatcher_settings(
     settings = DispatcherSettings(_env_file=None)  # type: ignore[call-arg]
     assert settings.serving_problem() is None
     entry = settings.engines.get(demo.MODEL)
-    assert entry.path == str(model) and entry.engine.enforce_eager and entry.engine.dtype == "bfloat16"
+    assert entry.path == str(model) and entry.engine.enforce_eager and entry.engine.dtype == "auto"
     assert settings.pooling_models == {"sentence-transformers/all-MiniLM-L6-v2"}
     assert not list(tmp_path.glob("PWNED*")), "a value was executed by the shell"
 

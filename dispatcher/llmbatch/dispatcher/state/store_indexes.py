@@ -22,8 +22,10 @@ T = TypeVar("T")
 
 
 def reply_text(value: Any) -> str:
-    """One Redis reply item as str (bytes decoded; the store's client mostly decodes already)."""
-    return value.decode() if isinstance(value, bytes) else str(value)
+    """One Redis reply item as str (bytes decoded, bytes that are not UTF-8 replaced: whatever Redis
+    holds reads back as text the caller can check and refuse; the store's client mostly decodes
+    already)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def _key(raw: Any) -> BatchKey:

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from llmbatch.dispatcher.domain.keys import Keys
 from llmbatch.dispatcher.state.lua import load
+from llmbatch.dispatcher.state.store_indexes import reply_text
 from llmbatch.schemas.webhooks import WebhookEndpoint
 
 if TYPE_CHECKING:
@@ -114,7 +115,7 @@ class WebhookStore:
         """Up to ``limit`` due deliveries, each ``(delivery, id, claim token)`` (None: its hash is gone
         or garbled; settle it as dropped)."""
         flat = await self._claim(keys=[self.keys.webhook_due], args=[now_ms, lease_ms, limit])
-        pairs = [(_text(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)]
+        pairs = [(reply_text(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)]
         if not pairs:
             return []
         async with self.client.pipeline(transaction=False) as pipe:
@@ -122,7 +123,7 @@ class WebhookStore:
                 pipe.hgetall(self.keys.webhook_delivery(did))
             hashes = await pipe.execute()
         return [
-            (Delivery.from_hash({_text(k): _text(v) for k, v in h.items()}), did, token)
+            (Delivery.from_hash({reply_text(k): reply_text(v) for k, v in h.items()}), did, token)
             for (did, token), h in zip(pairs, hashes, strict=True)
         ]
 
@@ -164,17 +165,13 @@ class WebhookStore:
         ids = cast("list[bytes | str]", await self.client.zrevrange(self.keys.webhook_dead, 0, limit - 1))
         async with self.client.pipeline(transaction=False) as pipe:
             for did in ids:
-                pipe.hgetall(self.keys.webhook_delivery(_text(did)))
+                pipe.hgetall(self.keys.webhook_delivery(reply_text(did)))
             hashes = await pipe.execute()
-        return [{_text(k): _text(v) for k, v in h.items()} for h in hashes if h]
+        return [{reply_text(k): reply_text(v) for k, v in h.items()} for h in hashes if h]
 
     async def depth(self) -> int:
         """Deliveries waiting (due now or later, claimed included)."""
         return int(await self.client.zcard(self.keys.webhook_due))
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 def _endpoint(tenant: str, key: bytes | str, raw: bytes | str) -> WebhookEndpoint | None:
@@ -182,10 +179,10 @@ def _endpoint(tenant: str, key: bytes | str, raw: bytes | str) -> WebhookEndpoin
         endpoint = WebhookEndpoint.model_validate_json(raw)
     except ValidationError as exc:
         log.warning(
-            "webhook endpoint %r of %s does not read back: %s", _text(key)[:64], tenant, exc.errors()[:1]
+            "webhook endpoint %r of %s does not read back: %s", reply_text(key)[:64], tenant, exc.errors()[:1]
         )
         return None
-    if endpoint.tenant != tenant or endpoint.id != _text(key):
-        log.warning("webhook endpoint %r of %s names another tenant or id", _text(key)[:64], tenant)
+    if endpoint.tenant != tenant or endpoint.id != reply_text(key):
+        log.warning("webhook endpoint %r of %s names another tenant or id", reply_text(key)[:64], tenant)
         return None
     return endpoint
