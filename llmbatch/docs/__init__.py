@@ -89,7 +89,9 @@ ENTRY_DESCRIPTIONS: dict[str, str] = {
     "engine.num_cpus_per_replica": "CPUs Ray reserves per engine actor.",
     "engine.tensor_parallel_size": "GPUs per engine replica (tensor parallelism).",
     "engine.max_model_len": "Context length the engine allocates for (default: the model's).",
-    "engine.dtype": "Weights/activations dtype (auto, bfloat16, float16, float32).",
+    "engine.dtype": "Weights/activations dtype (auto, bfloat16, float16, float32). `auto` is vLLM's "
+    "choice (the model's dtype), but float32 on a CPU without bfloat16 instructions (AVX-512 BF16, AMX, "
+    "aarch64 BF16), which would emulate it several times slower.",
     "engine.enforce_eager": "Skip graph compilation (much faster start on CPU, a bit slower).",
     "engine.max_num_seqs": "Most sequences the engine runs at once.",
     "scaling.max_replicas": "Most replicas Serve scales the model up to.",
