@@ -16,7 +16,9 @@ and one variant on top:
 - ``nobind``: vLLM's processes without pinning (``VLLM_CPU_OMP_THREADS_BIND=nobind``);
 - ``inproc2``, ``inproc2-bt5``, ``inproc2-bt0``: in-process on 2 OpenMP threads, with Intel OpenMP's
   default ``KMP_BLOCKTIME`` (a thread spins 200 ms after each parallel region before it sleeps),
-  5 ms (what vLLM sets for its pinned workers) and 0.
+  5 ms (what vLLM sets for its pinned workers) and 0;
+- ``inproc2-bfloat16``, ``inproc2-float32``: in-process on 2 threads in that dtype (every other variant
+  computes in what ``dtype: auto`` gives the service's engine on this CPU).
 
 ``--background`` (cores, in steps of 0.25) starts that many processes that each wake every 10 ms
 and compute for 2.5 ms, the way a service's many small threads load the machine (Kafka, Ray, a
@@ -58,6 +60,10 @@ VARIANTS: dict[str, dict[str, str]] = {
 VARIANTS["inproc2"] = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "2"}
 for _ms in ("5", "0"):
     VARIANTS[f"inproc2-bt{_ms}"] = {**VARIANTS["inproc2"], "KMP_BLOCKTIME": _ms}
+# the same with the dtype named (the others compute in what `dtype: auto` gives the service's engine on
+# this CPU: float32 without bfloat16 instructions, see llmbatch.ray_job.cpu_dtype)
+for _dtype in ("bfloat16", "float32"):
+    VARIANTS[f"inproc2-{_dtype}"] = {**VARIANTS["inproc2"], "BENCH_PLAIN_DTYPE": _dtype}
 BURN_S, PERIOD_S = 0.0025, 0.010
 
 

@@ -133,7 +133,8 @@ def plain_worker(model: str, path: str, max_model_len: int) -> None:
 
     lines = [json.loads(x) for x in Path(path).read_text().splitlines()]
     t0 = time.perf_counter()
-    dtype = auto_dtype("auto", host_cpu_flags())  # what the service's engine (dtype auto) computes in
+    # what the service's engine (dtype auto) computes in; bench_engine_env's variants may name another
+    dtype = os.environ.get("BENCH_PLAIN_DTYPE") or auto_dtype("auto", host_cpu_flags())
     llm = LLM(model=model, dtype=dtype, enforce_eager=True, max_model_len=max_model_len, seed=0)
     start_s = time.perf_counter() - t0
     convs = [line["body"]["messages"] for line in lines]

@@ -1,11 +1,12 @@
 """What ``dtype: auto`` means for an engine on a CPU.
 
 vLLM's ``auto`` takes the model's own dtype (bfloat16 for most instruct models) and, on x86, takes
-bfloat16 to be native everywhere. A CPU without bfloat16 instructions (AVX-512 BF16, AMX) emulates it:
-measured on a 2-core AMD EPYC with AVX2 only, plain ``LLM.chat`` of SmolLM2-135M generated 38.4 tok/s
-in bfloat16 and 213.5 in float32 (``docs/benchmarks.md``). So on such a CPU ``auto`` computes in
-float32 (more precise than bfloat16, never less); where the CPU has bfloat16 instructions, or its
-flags cannot be read, the choice stays vLLM's. An explicit dtype is always used as given.
+bfloat16 to be native everywhere. A CPU without bfloat16 instructions (AVX-512 BF16, AMX) emulates
+it: measured on a 2-core AMD EPYC with AVX2 only, plain ``LLM.chat`` of SmolLM2-135M generated
+41.7 tok/s in bfloat16 and 241.2 in float32 (``bench/bench_engine_env.py``, ``docs/benchmarks.md``).
+So on such a CPU ``auto`` computes in float32 (more precise than bfloat16, never less); where the CPU
+has bfloat16 instructions, or its flags cannot be read, the choice stays vLLM's. An explicit dtype is
+always used as given.
 """
 
 from __future__ import annotations
