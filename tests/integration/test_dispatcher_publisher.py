@@ -217,3 +217,38 @@ async def test_stale_and_failing_entries_never_hold_back_the_terminal_events_beh
     record = await w.store.get(batch_id)
     assert record is not None and record.flag("published")
     assert await client.zcard(keys.unpublished) == len(broken)  # the ghosts went; the broken wait behind
+
+
+async def test_an_event_whose_batch_moved_on_before_the_mark_is_said_not_counted(
+    settings: LLMBatchSettings, worlds: list[World], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Between the terminal event going out and its mark, the batch's hash names another terminal event
+    (a newer lifecycle's): the mark is refused. Before, the publisher logged "terminal event published"
+    as for any other; now it says the event was not marked and its usage not counted."""
+    import redis
+
+    w = await make_world(settings, topic_settings())
+    worlds.append(w)
+    batch_id, _ = await failed_inline_batch(w, 1)
+    record = await w.store.get(batch_id)
+    assert record is not None
+    hash_key = w.store.keys.batch(record.key)
+    sync = redis.Redis.from_url(settings.redis.url)
+
+    def moved_on(point: str) -> None:
+        if point == "after_publish":
+            sync.hset(hash_key, "terminal_event_id", "a-newer-lifecycles-event")
+
+    w.publisher.crash = moved_on
+    try:
+        with caplog.at_level("INFO", logger="llmbatch"):
+            await w.publisher.publish_pending()
+    finally:
+        sync.close()
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("llmbatch")]
+    assert any("no longer has it as its terminal event" in m for m in said), said
+    assert not any(m == "terminal event published" for m in said), said
+    events = decode_results(await w.reader(w.kafka.topics.results).read_all())
+    assert [e.type for e in events if e.batch_id == batch_id] == [EventType.FAILED]  # it did go out
+    after = await w.store.get(batch_id)
+    assert after is not None and not after.flag("published")

@@ -326,6 +326,13 @@ class TerminalPublisher:
         self.crash("after_publish")
         marked = await self.store.mark_published(record.key, event_id, ended_at=outcome.finished_at)
         status = terminal_event_state(record.state).value
+        if marked is None:  # the event is out; the batch moved on (or went) before it could be marked
+            log.warning(
+                "terminal event published, but the batch no longer has it as its terminal event: "
+                "not marked, its usage not counted",
+                extra={"status": status, "event_id": event_id},
+            )
+            return
         if marked == "counted":
             tenant = metric_tenant(record.tenant, self.known_tenants)
             self.metrics.usage(tenant, record.get("model") or "", status, outcome.counts, outcome.usage)
