@@ -18,7 +18,9 @@ and one variant on top:
   default ``KMP_BLOCKTIME`` (a thread spins 200 ms after each parallel region before it sleeps),
   5 ms (what vLLM sets for its pinned workers) and 0;
 - ``inproc2-bfloat16``, ``inproc2-float32``: in-process on 2 threads in that dtype (every other variant
-  computes in what ``dtype: auto`` gives the service's engine on this CPU).
+  computes in what ``dtype: auto`` gives the service's engine on this CPU);
+- ``inproc2-512``: in-process on 2 threads, steps of at most 512 tokens (``max_num_batched_tokens``, as
+  the local stack's engine; every other variant takes vLLM's default).
 
 ``--background`` (cores, in steps of 0.25) starts that many processes that each wake every 10 ms
 and compute for 2.5 ms, the way a service's many small threads load the machine (Kafka, Ray, a
@@ -64,6 +66,8 @@ for _ms in ("5", "0"):
 # this CPU: float32 without bfloat16 instructions, see llmbatch.ray_job.cpu_dtype)
 for _dtype in ("bfloat16", "float32"):
     VARIANTS[f"inproc2-{_dtype}"] = {**VARIANTS["inproc2"], "BENCH_PLAIN_DTYPE": _dtype}
+# steps of at most 512 tokens, as the local stack's engine takes them (the others: vLLM's default)
+VARIANTS["inproc2-512"] = {**VARIANTS["inproc2"], "BENCH_PLAIN_MAX_BATCHED_TOKENS": "512"}
 BURN_S, PERIOD_S = 0.0025, 0.010
 
 

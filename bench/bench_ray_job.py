@@ -135,7 +135,9 @@ def plain_worker(model: str, path: str, max_model_len: int) -> None:
     t0 = time.perf_counter()
     # what the service's engine (dtype auto) computes in; bench_engine_env's variants may name another
     dtype = os.environ.get("BENCH_PLAIN_DTYPE") or auto_dtype("auto", host_cpu_flags())
-    llm = LLM(model=model, dtype=dtype, enforce_eager=True, max_model_len=max_model_len, seed=0)
+    budget = os.environ.get("BENCH_PLAIN_MAX_BATCHED_TOKENS")  # unset: vLLM's default, as a user runs it
+    extra = {"max_num_batched_tokens": int(budget)} if budget else {}
+    llm = LLM(model=model, dtype=dtype, enforce_eager=True, max_model_len=max_model_len, seed=0, **extra)
     start_s = time.perf_counter() - t0
     convs = [line["body"]["messages"] for line in lines]
     params = SamplingParams(max_tokens=lines[0]["body"]["max_tokens"], temperature=0.0)

@@ -54,6 +54,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -125,6 +126,9 @@ def main() -> int:
     }
     began = time.monotonic()
     svc = Service(args, model_path)
+    # SIGTERM as Ctrl-C: the run's stack and dispatcher are stopped by PID before it exits (a SIGTERM
+    # left them running)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
     code = 0
     try:
