@@ -53,7 +53,7 @@ from typing import Any, cast
 
 import orjson
 
-from llmbatch.ray_job import job_keys, node_secrets
+from llmbatch.ray_job import job_keys, node_secrets, tokenizers
 from llmbatch.ray_job.backends import keeps_prompt_text, make_tokenizer
 from llmbatch.ray_job.engine import Engine
 from llmbatch.ray_job.engine_stats import summarize_metrics
@@ -159,6 +159,10 @@ class BatchRunner:
         self._beat_error: str | None = None
         self._beater = threading.Thread(target=self._beat_loop, name="runner-beat", daemon=True)
         self._beater.start()
+        # a replica's first batch would wait for the tokenizers' imports (7-8 s on a 2-core CPU node,
+        # what a warm engine's batch took outside generation on a replica it was the first of); a
+        # batch that comes sooner waits for the same import (Python's import lock), never twice
+        threading.Thread(target=tokenizers.preload, name="runner-preload", daemon=True).start()
 
     # --- HTTP ---------------------------------------------------------------------------------
 
