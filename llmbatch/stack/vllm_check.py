@@ -30,9 +30,9 @@ PROMPTS = [
 def generate(model: str, prompts: list[str], max_tokens: int) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
-    from llmbatch.ray_job.cpu_dtype import auto_dtype, host_cpu_flags
+    from llmbatch.ray_job.cpu_dtype import host_auto_dtype
 
-    dtype = auto_dtype("auto", host_cpu_flags())  # as the local stack's engine (dtype auto) on this CPU
+    dtype = host_auto_dtype()  # as the local stack's engine (dtype auto) on this CPU
     t0 = time.perf_counter()
     llm = LLM(model=model, dtype=dtype, enforce_eager=True, max_model_len=2048, seed=0)
     start_s = time.perf_counter() - t0

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal
 
-Dtype = Literal["auto", "bfloat16", "float16", "float32"]
+from llmbatch.schemas.job import Dtype
 
 NATIVE_BF16 = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 """CPU flags (``/proc/cpuinfo``) that mean bfloat16 is computed natively: x86's AVX-512 BF16 and AMX
@@ -48,3 +47,9 @@ def auto_dtype(dtype: Dtype, flags: Iterable[str] | None) -> Dtype:
     if dtype != "auto" or flags is None:
         return dtype
     return dtype if NATIVE_BF16 & frozenset(flags) else "float32"
+
+
+def host_auto_dtype() -> Dtype:
+    """What ``dtype: auto`` is on this machine's CPU (for plain vLLM runs that must compute as the local
+    engine does)."""
+    return auto_dtype("auto", host_cpu_flags())

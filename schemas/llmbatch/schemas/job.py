@@ -100,6 +100,10 @@ EngineBackendRef = Annotated[
 BackendOption = str | int | float | bool | list[str]
 
 
+Dtype = Literal["auto", "bfloat16", "float16", "float32"]
+"""The dtypes an engine entry may name (``auto``: see ``llmbatch.ray_job.cpu_dtype`` on CPUs)."""
+
+
 class EngineConfig(BaseModel):
     """How the job runs the engine (vLLM): parallelism, resources and engine arguments."""
 
@@ -111,7 +115,7 @@ class EngineConfig(BaseModel):
     num_cpus_per_replica: float = Field(default=1.0, gt=0, le=1024)
     tensor_parallel_size: int = Field(default=1, ge=1, le=64)
     max_model_len: int | None = Field(default=None, ge=16)
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    dtype: Dtype = "auto"
     enforce_eager: bool = False
     max_num_seqs: int | None = Field(default=None, ge=1)
     max_num_batched_tokens: int | None = Field(
