@@ -21,6 +21,10 @@ and one variant on top:
   computes in what ``dtype: auto`` gives the service's engine on this CPU);
 - ``inproc2-512``: in-process on 2 threads, steps of at most 512 tokens (``max_num_batched_tokens``, as
   the local stack's engine; every other variant takes vLLM's default).
+- ``split2x1``: two in-process engines on 1 thread each, at once, each on every other prompt: output
+  tokens of both / (first start -> last end of their ``llm.chat``; their starts are not synchronised,
+  so an engine that starts late counts against the variant). Two engines do not wait for each other
+  at OpenMP barriers, where one engine's two threads do whenever other work takes a core from one.
 
 ``--background`` (cores, in steps of 0.25) starts that many processes that each wake every 10 ms
 and compute for 2.5 ms, the way a service's many small threads load the machine (Kafka, Ray, a
@@ -68,7 +72,28 @@ for _dtype in ("bfloat16", "float32"):
     VARIANTS[f"inproc2-{_dtype}"] = {**VARIANTS["inproc2"], "BENCH_PLAIN_DTYPE": _dtype}
 # steps of at most 512 tokens, as the local stack's engine takes them (the others: vLLM's default)
 VARIANTS["inproc2-512"] = {**VARIANTS["inproc2"], "BENCH_PLAIN_MAX_BATCHED_TOKENS": "512"}
+# several engines at once: variant -> (engines, the variant each runs)
+SPLITS: dict[str, tuple[int, str]] = {"split2x1": (2, "inproc")}
 BURN_S, PERIOD_S = 0.0025, 0.010
+
+
+def run_split(model: str, path: Path, engines: int, env: dict[str, str]) -> dict[str, Any]:
+    """``engines`` plain workers at once, each on every ``engines``-th line of ``path``, as one run."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    lines = path.read_text().splitlines(keepends=True)
+    parts = []
+    for i in range(engines):
+        part = path.with_name(f"{path.stem}-part{i}.jsonl")
+        part.write_text("".join(lines[i::engines]))
+        parts.append(part)
+    with ThreadPoolExecutor(engines) as pool:
+        outs = list(pool.map(lambda part: run_plain(model, part, 2048, env), parts))
+    return {
+        "output_tokens": sum(out["output_tokens"] for out in outs),
+        "generation_s": max(out["ended"] for out in outs) - min(out["began"] for out in outs),
+        "engine_start_s": max(out["engine_start_s"] for out in outs),
+    }
 
 
 def burner(stop: Any) -> None:
@@ -90,9 +115,9 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
-    unknown = set(variants) - set(VARIANTS)
+    unknown = set(variants) - set(VARIANTS) - set(SPLITS)
     if unknown:
-        parser.error(f"unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
+        parser.error(f"unknown variants {sorted(unknown)}; choose from {', '.join([*VARIANTS, *SPLITS])}")
     backgrounds = [float(b) for b in args.background.split(",") if b]
 
     from llmbatch.stack.model import ensure_model
@@ -116,7 +141,11 @@ def main() -> None:
                     p.start()
                 load = os.getloadavg()[0]
                 try:
-                    out = run_plain(model, path, 2048, VARIANTS[variant])
+                    if variant in SPLITS:
+                        engines, each = SPLITS[variant]
+                        out = run_split(model, path, engines, VARIANTS[each])
+                    else:
+                        out = run_plain(model, path, 2048, VARIANTS[variant])
                 finally:
                     stop.set()
                     for p in burners:

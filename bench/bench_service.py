@@ -6,6 +6,7 @@ batch runner + shared engine -> MinIO -> results topic), real vLLM on CPU, one r
         [--skip ab,throughput,fairness,after-cancel,plain,plain-procs] [--stack-dir DIR] [--json]
         [--report PATH]
         [--background normal,nice19,batch-out,batch,both,split] [--plain-cpus 1]
+        [--omp-threads N] [--max-replicas N]
 
 Starts a private local stack (``llmbatch stack up`` in ``run/bench-service-<tag>``; ``--stack-dir``
 uses a running one instead and leaves it up), a dispatcher process with shared engines on the local
@@ -33,7 +34,8 @@ batches ran as a Ray job instead).
   given (see :meth:`Service.scheduling`; an experiment, the stack keeps the default afterwards).
   ``split`` gives the engine replica the last core alone and the rest of the service the others, as a
   GPU worker pod has its cores to itself; compare it with ``--plain-cpus`` (plain vLLM on those cores
-  alone) and ``--omp-threads`` set to their count.
+  alone) and ``--omp-threads`` set to their count. ``--max-replicas 2 --omp-threads 1``: the engine as
+  two single-thread replicas (an experiment: the second starts once Serve scales up for the demand).
 - fairness: a ``--big``-line priority-0 batch, and once it makes progress the warm runs' batch at
   priority 9: its accepted -> terminal vs the warm runs' median (the idle engine). Target <= 2x.
 - after-cancel: a ``--big``-line priority-5 batch cancelled once it makes progress, then at once a

@@ -53,10 +53,11 @@ def registry_json(args: argparse.Namespace, model_path: str) -> str:
         path=model_path,
         engine=engine,
         resources=ReplicaResources(
-            num_cpus=1.0 if args.engine == "vllm" else 0.25, omp_threads=args.omp_threads or None
+            num_cpus=(1.0 if args.engine == "vllm" else 0.25) / args.max_replicas,
+            omp_threads=args.omp_threads or None,
         ),
         # the engine must not leave between phases (the cold phases drop it on purpose)
-        scaling=Scaling(min_replicas=0, max_replicas=1, idle_s=3600),
+        scaling=Scaling(min_replicas=0, max_replicas=args.max_replicas, idle_s=3600),
     )
     if getattr(args, "max_active", None):  # a bench that needs the engine to be the bottleneck
         entry = entry.model_copy(update={"max_active_requests": args.max_active})

@@ -56,6 +56,9 @@ def parse_args(description: str | None) -> argparse.Namespace:
         help="the engine replica's OMP_NUM_THREADS (default: the local stack's, every "
         "core; 0: Ray's, its num_cpus, 1 thread)",
     )
+    parser.add_argument(
+        "--max-replicas", type=int, default=1, help="engine replicas at most, sharing one Ray CPU"
+    )
     parser.add_argument("--fake-delay-s", type=float, default=0.5, help="fake engine: seconds per request")
     parser.add_argument(
         "--skip",
@@ -110,6 +113,11 @@ def parse_args(description: str | None) -> argparse.Namespace:
         parser.error(
             f"--plain-cpus: {sorted(bad)} not among this process' CPUs {sorted(os.sched_getaffinity(0))}"
         )
-    if min(args.small, args.per_batch, args.warm_runs, args.conc, args.conc_size, args.big) < 1:
-        parser.error("sizes must be at least 1")
+    if (
+        min(
+            args.small, args.per_batch, args.warm_runs, args.conc, args.conc_size, args.big, args.max_replicas
+        )
+        < 1
+    ):
+        parser.error("sizes and --max-replicas must be at least 1")
     return args
