@@ -6,7 +6,7 @@ batch runner + shared engine -> MinIO -> results topic), real vLLM on CPU, one r
         [--skip ab,throughput,fairness,after-cancel,plain,plain-procs] [--stack-dir DIR] [--json]
         [--report PATH]
         [--background normal,nice19,batch-out,batch,both,split] [--plain-cpus 1]
-        [--omp-threads N] [--max-replicas N]
+        [--omp-threads N] [--max-replicas N] [--idle-s 60]
 
 Starts a private local stack (``llmbatch stack up`` in ``run/bench-service-<tag>``; ``--stack-dir``
 uses a running one instead and leaves it up), a dispatcher process with shared engines on the local
@@ -36,6 +36,8 @@ batches ran as a Ray job instead).
   GPU worker pod has its cores to itself; compare it with ``--plain-cpus`` (plain vLLM on those cores
   alone) and ``--omp-threads`` set to their count. ``--max-replicas 2 --omp-threads 1``: the engine as
   two single-thread replicas (an experiment: the second starts once Serve scales up for the demand).
+- ``--idle-s``: after the warm runs, the cores each process used that long with the engine warm and no
+  batch (what the stack itself takes from an engine on the same cores).
 - fairness: a ``--big``-line priority-0 batch, and once it makes progress the warm runs' batch at
   priority 9: its accepted -> terminal vs the warm runs' median (the idle engine). Target <= 2x.
 - after-cancel: a ``--big``-line priority-5 batch cancelled once it makes progress, then at once a

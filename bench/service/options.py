@@ -59,6 +59,12 @@ def parse_args(description: str | None) -> argparse.Namespace:
     parser.add_argument(
         "--max-replicas", type=int, default=1, help="engine replicas at most, sharing one Ray CPU"
     )
+    parser.add_argument(
+        "--idle-s",
+        type=float,
+        default=0.0,
+        help="after the warm runs, measure the cores each process uses this long with no batch (0: not)",
+    )
     parser.add_argument("--fake-delay-s", type=float, default=0.5, help="fake engine: seconds per request")
     parser.add_argument(
         "--skip",

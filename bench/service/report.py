@@ -93,6 +93,11 @@ def show(report: dict[str, Any], args: argparse.Namespace) -> None:
         f"p50 {w['p50_overhead_s']:.2f} s (all {w['overhead_s']}), submit->accepted p50 "
         f"{w['p50_submit_to_accepted_s']:.2f} s; load1 {w['load1']['mean']:.1f}"
     )
+    if "idle" in report:
+        idle = report["idle"]
+        shares = ", ".join(f"{k} {v:.3f}" for k, v in idle["cpu_cores"].items())
+        outside = idle["cores_outside_the_engine"]
+        print(f"  idle, warm engine: cores outside the engine {outside:.2f}; {shares}")
     line(f"{args.conc} x {args.conc_size} at once, warm", "conc")
     if "cpu_cores" in report.get("conc", {}):
         shares = ", ".join(f"{k} {v:.2f}" for k, v in report["conc"]["cpu_cores"].items())

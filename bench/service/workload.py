@@ -5,6 +5,7 @@ one was cancelled) and their figures."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import time
 from typing import Any
@@ -50,6 +51,19 @@ async def measure(svc: Service, args: argparse.Namespace, report: dict[str, Any]
         "p50_submit_to_accepted_s": statistics.median(r["submit_to_accepted_s"] for r in rows),
         "load1": svc.load.window(warm_began, time.time()),
     }
+
+    if args.idle_s > 0:
+        say(f"[idle] the stack with a warm engine and no batch, {args.idle_s:.0f} s ...")
+        before, switched, began = cpu_snapshot(), switch_snapshot(), time.perf_counter()
+        await asyncio.sleep(args.idle_s)
+        wall = time.perf_counter() - began
+        cores = cpu_by_component(before, cpu_snapshot(), wall, top=40)
+        outside = sum(v for k, v in cores.items() if "llmbatch-engine" not in k)
+        report["idle"] = {
+            "cpu_cores": cores,
+            "cores_outside_the_engine": round(outside, 3),
+            "switches": switches_by_component(switched, switch_snapshot(), wall),
+        }
 
     if "throughput" not in skip:
         texts = prompts(args.conc * args.conc_size)

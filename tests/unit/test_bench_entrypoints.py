@@ -50,3 +50,28 @@ def test_bench_service_refuses_plain_cpus_this_machine_does_not_give_it() -> Non
     )
     assert result.returncode == 2
     assert "--plain-cpus: [4096] not among this process' CPUs" in result.stderr, result.stderr[-2000:]
+
+
+def test_bench_service_refuses_zero_engine_replicas() -> None:
+    result = subprocess.run(
+        [sys.executable, str(BENCH / "bench_service.py"), "--max-replicas", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "sizes and --max-replicas must be at least 1" in result.stderr, result.stderr[-2000:]
+
+
+def test_bench_engine_env_refuses_an_unknown_variant_naming_the_split_ones() -> None:
+    result = subprocess.run(
+        [sys.executable, str(BENCH / "bench_engine_env.py"), "--variants", "split3x1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "unknown variants ['split3x1']" in result.stderr, result.stderr[-2000:]
+    assert "split2x1" in result.stderr, result.stderr[-2000:]
