@@ -144,7 +144,6 @@ def plain_worker(model: str, path: str, max_model_len: int) -> None:
     switched, t1, began = thread_switches(), time.perf_counter(), time.time()
     outs = llm.chat(convs, params, use_tqdm=False)
     gen_s = time.perf_counter() - t1
-    ended = time.time()
     after = thread_switches()
     woke, preempted = (a - b for a, b in zip(after or (0, 0), switched or (0, 0), strict=True))
     print(
@@ -155,7 +154,7 @@ def plain_worker(model: str, path: str, max_model_len: int) -> None:
                 "generation_s": gen_s,
                 # wall clock, for runs of several workers at once (bench_engine_env's split variants)
                 "began": began,
-                "ended": ended,
+                "ended": began + gen_s,
                 "wakeups_per_s": round(woke / gen_s),
                 "preempted_per_s": round(preempted / gen_s),
                 "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs),

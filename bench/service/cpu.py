@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+ENGINE_LABEL = "llmbatch-engine"
+"""What the labels of the engine replicas' processes hold (``ray::ServeReplica:llmbatch-engine-<model>``)."""
+
 
 def component(cmd: list[str]) -> str:
     """A label for a process: a Ray worker's title (``ray::ServeReplica:...``), a Python script or module,
@@ -64,17 +67,30 @@ def switches_by_component(
         rate[1] += (preempted - preempted0) / wall_s
     ranked = sorted(rates.items(), key=lambda kv: -kv[1][0])[:top]
     out = {label: {"wakeups_per_s": round(w), "preempted_per_s": round(p)} for label, (w, p) in ranked}
-    outside = sum(w for label, (w, _) in rates.items() if "llmbatch-engine" not in label)
+    outside = sum(w for label, (w, _) in rates.items() if ENGINE_LABEL not in label)
     out["outside the engine"] = {"wakeups_per_s": round(outside), "preempted_per_s": 0}
     return out
+
+
+def _used(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds of each component between two snapshots (processes alive at the end)."""
+    used: dict[str, float] = {}
+    for pid, (label, seconds) in after.items():
+        used[label] = used.get(label, 0.0) + seconds - before.get(pid, (label, 0.0))[1]
+    return used
 
 
 def cpu_by_component(
     before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], wall_s: float, top: int = 10
 ) -> dict[str, float]:
     """Share of one core each component used between two snapshots (processes alive at the end)."""
-    used: dict[str, float] = {}
-    for pid, (label, seconds) in after.items():
-        used[label] = used.get(label, 0.0) + seconds - before.get(pid, (label, 0.0))[1]
-    ranked = sorted(used.items(), key=lambda kv: -kv[1])[:top]
+    ranked = sorted(_used(before, after).items(), key=lambda kv: -kv[1])[:top]
     return {label: round(seconds / wall_s, 3) for label, seconds in ranked if seconds > 0}
+
+
+def cpu_outside_engine(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], wall_s: float
+) -> float:
+    """Share of one core every process but the engine replicas used between two snapshots."""
+    used = _used(before, after)
+    return sum(seconds for label, seconds in used.items() if ENGINE_LABEL not in label) / wall_s

@@ -12,7 +12,13 @@ from typing import Any
 
 from bench.bench_ray_job import prompts
 from bench.service.common import say
-from bench.service.cpu import cpu_by_component, cpu_snapshot, switch_snapshot, switches_by_component
+from bench.service.cpu import (
+    cpu_by_component,
+    cpu_outside_engine,
+    cpu_snapshot,
+    switch_snapshot,
+    switches_by_component,
+)
 from bench.service.harness import Service
 
 
@@ -57,11 +63,10 @@ async def measure(svc: Service, args: argparse.Namespace, report: dict[str, Any]
         before, switched, began = cpu_snapshot(), switch_snapshot(), time.perf_counter()
         await asyncio.sleep(args.idle_s)
         wall = time.perf_counter() - began
-        cores = cpu_by_component(before, cpu_snapshot(), wall, top=40)
-        outside = sum(v for k, v in cores.items() if "llmbatch-engine" not in k)
+        after = cpu_snapshot()
         report["idle"] = {
-            "cpu_cores": cores,
-            "cores_outside_the_engine": round(outside, 3),
+            "cpu_cores": cpu_by_component(before, after, wall, top=40),
+            "cores_outside_the_engine": round(cpu_outside_engine(before, after, wall), 3),
             "switches": switches_by_component(switched, switch_snapshot(), wall),
         }
 

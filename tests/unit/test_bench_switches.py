@@ -72,3 +72,14 @@ def test_core_split_gives_the_engines_the_last_core_alone_and_the_rest_the_other
     assert core_split({0, 1}, "normal") == ({0, 1}, {0, 1})
     assert core_split({0, 1}, "batch") == ({0, 1}, {0, 1})
     assert core_split({3}, "split") == ({3}, {3})
+
+
+def test_cores_outside_the_engine_count_every_process_not_only_the_busiest() -> None:
+    from bench.service.cpu import cpu_by_component, cpu_outside_engine
+
+    engine = "ray::ServeReplica:llmbatch-engine-m"
+    before = {1: (engine, 0.0), 2: ("java (Kafka)", 0.0), **{10 + i: (f"p{i}", 0.0) for i in range(12)}}
+    after = {1: (engine, 90.0), 2: ("java (Kafka)", 6.0), **{10 + i: (f"p{i}", 0.5) for i in range(12)}}
+    assert cpu_outside_engine(before, after, 60.0) == pytest.approx((6.0 + 12 * 0.5) / 60.0)
+    # the busiest ten alone would leave two of the small ones out
+    assert len(cpu_by_component(before, after, 60.0)) == 10
