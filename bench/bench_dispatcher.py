@@ -43,6 +43,7 @@ from aiokafka import AIOKafkaProducer  # noqa: E402
 
 from llmbatch.adapters.storage import ensure_buckets, make_client  # noqa: E402
 from llmbatch.adapters.topics import ensure_topics  # noqa: E402
+from llmbatch.dispatcher.domain.keys import batch_key  # noqa: E402
 from llmbatch.dispatcher.job_options import JobOptions  # noqa: E402
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings  # noqa: E402
 from llmbatch.dispatcher.state.store import StateStore  # noqa: E402
@@ -116,8 +117,8 @@ def histogram_quantiles(text: str, name: str, qs: list[float]) -> dict[float, fl
     buckets: list[tuple[float, float]] = []
     for line in text.splitlines():
         if line.startswith(f"{name}_bucket{{"):
-            le = line.split('le="', 1)[1].split('"', 1)[0]
-            buckets.append((float("inf") if le == "+Inf" else float(le), float(line.rsplit(" ", 1)[1])))
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float("inf") if bound == "+Inf" else float(bound), float(line.rsplit(" ", 1)[1])))
     buckets.sort()
     total = buckets[-1][1] if buckets else 0.0
     out: dict[float, float] = {}
@@ -166,7 +167,7 @@ async def phase_intake(base: LLMBatchSettings, n: int, run_dir: Path) -> dict[st
         await asyncio.sleep(1.5)
         peak_rss = max(peak_rss, ps.memory_info().rss)
         metrics = scrape(settings.dispatcher.metrics_port or 0)
-        ids = [f"bench-{i:06d}" for i in range(n)]
+        ids = [batch_key(None, f"bench-{i:06d}") for i in range(n)]
         stamps: list[float] = []
         for start in range(0, n, 1000):
             records = await store.get_many(ids[start : start + 1000])
@@ -214,7 +215,7 @@ async def phase_overhead(
             sent = meta.timestamp / 1000
             deadline = time.time() + 300
             while time.time() < deadline:
-                record = await store.get(request.batch_id)
+                record = await store.get(batch_key(request.tenant, request.batch_id))
                 if record is not None and record.state.is_terminal:
                     break
                 await asyncio.sleep(0.2)
@@ -243,9 +244,10 @@ async def compare_fsync(base: LLMBatchSettings, n: int, run_dir: Path) -> dict[s
     import redis.asyncio as aioredis
 
     password = base.redis.password.get_secret_value() if base.redis.password else None
-    tls = {"ssl_ca_certs": str(base.redis.ssl_ca_certs)} if base.redis.ssl_ca_certs else {}
+    # a plain connection refuses TLS keywords: name the CA only for a TLS url
+    tls: dict[str, Any] = {"ssl_ca_certs": str(base.redis.ssl_ca_certs)} if base.redis.ssl_ca_certs else {}
     client = aioredis.Redis.from_url(base.redis.url, password=password, **tls)
-    original = (await client.config_get("appendfsync"))["appendfsync"]
+    original = str((await client.config_get("appendfsync"))["appendfsync"])
     out: dict[str, Any] = {}
     try:
         for policy in ("everysec", "always"):

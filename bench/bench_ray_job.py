@@ -127,16 +127,19 @@ def thread_switches(pid: int | str = "self") -> tuple[int, int] | None:
 
 def plain_worker(model: str, path: str, max_model_len: int) -> None:
     """Runs in a fresh process: prints one JSON line."""
+    from pydantic import TypeAdapter
     from vllm import LLM, SamplingParams
 
     from llmbatch.ray_job.cpu_dtype import host_auto_dtype
+    from llmbatch.schemas.job import Dtype
 
     lines = [json.loads(x) for x in Path(path).read_text().splitlines()]
     t0 = time.perf_counter()
     # what the service's engine (dtype auto) computes in; bench_engine_env's variants may name another
-    dtype = os.environ.get("BENCH_PLAIN_DTYPE") or host_auto_dtype()
+    named = os.environ.get("BENCH_PLAIN_DTYPE")
+    dtype = TypeAdapter(Dtype).validate_python(named) if named else host_auto_dtype()
     budget = os.environ.get("BENCH_PLAIN_MAX_BATCHED_TOKENS")  # unset: vLLM's default, as a user runs it
-    extra = {"max_num_batched_tokens": int(budget)} if budget else {}
+    extra: dict[str, Any] = {"max_num_batched_tokens": int(budget)} if budget else {}
     llm = LLM(model=model, dtype=dtype, enforce_eager=True, max_model_len=max_model_len, seed=0, **extra)
     start_s = time.perf_counter() - t0
     convs = [line["body"]["messages"] for line in lines]

@@ -168,8 +168,8 @@ def deploy(runner: Runner, *, cold: bool) -> str:
     """(Re)deploy the model's shared engine; ``cold`` = at zero replicas (the first call starts one)."""
     from llmbatch.dispatcher.backends.engines import runner_env_vars, serve_config, summarize
     from llmbatch.dispatcher.backends.serve_api import ServeApi
-    from llmbatch.ray_job.runner import APP_NAME
     from llmbatch.ray_job.runner import serve_application as runner_application
+    from llmbatch.ray_job.runner_http import APP_NAME
     from llmbatch.schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
 
     api = ServeApi(runner.settings.ray.address, timeout_s=120)
@@ -322,7 +322,7 @@ def main() -> None:
 
     def ratio(a: str, b: str) -> float | None:
         if a in report and b in report:
-            return round(report[a]["wall_s"] / report[b]["wall_s"], 2)
+            return round(float(report[a]["wall_s"]) / float(report[b]["wall_s"]), 2)
         return None
 
     plain_tps = plain["output_tokens"] / (plain["engine_start_s"] + plain["generation_s"])

@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from llmbatch.stack import manager
 from llmbatch.stack.state import CACHE_DIR
@@ -45,7 +46,7 @@ def main() -> None:
     finally:
         manager.down(run_dir)
         shutil.rmtree(run_dir, ignore_errors=True)
-    result = {
+    result: dict[str, Any] = {
         "stack_up_wall_s": round(up_s, 2),
         "healthy_after_s": {n: r.healthy_after_s for n, r in state.services.items()},
         "idle_pss_mib": {r.name: round(r.rss_bytes / 2**20, 1) for r in rows},

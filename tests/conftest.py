@@ -6,9 +6,10 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
+import pluggy
 import pytest
 from hypothesis import settings as hypothesis_settings
 
@@ -97,7 +98,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pluggy.Result[pytest.TestReport], None]:
     """Charges each phase's report with the CPU seconds this process and all it started used since the
     last report."""
     outcome = yield
@@ -141,7 +144,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
                 path = report.nodeid.split("::", 1)[0]
                 row = per_file.setdefault(path, [0.0, 0.0])
                 row[0] += report.duration
-                row[1] += sum(float(v) for k, v in report.user_properties if k == CPU_PROPERTY)
+                cpu = (v for k, v in report.user_properties if k == CPU_PROPERTY)
+                row[1] += sum(v for v in cpu if isinstance(v, float))
     if not per_file:
         return
     terminalreporter.write_sep("=", "seconds and CPU seconds per test file")

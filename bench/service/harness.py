@@ -209,7 +209,7 @@ class Service:
         """Drop the model's engine (its Serve app) and deploy it again at zero replicas, as the
         dispatcher deployed it; the batch runner stays. Returns the seconds it took."""
         from llmbatch.dispatcher.backends.engines import cluster_serve_config, summarize, without
-        from llmbatch.ray_job.runner import APP_NAME
+        from llmbatch.ray_job.runner_http import APP_NAME
         from llmbatch.stack.model import SERVED_MODEL
 
         _, _, api, dsettings = self.need()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -81,7 +82,7 @@ class Harness:
 
     async def send(
         self,
-        messages: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]],
+        messages: Sequence[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]],
         partitions: list[int] | None = None,
     ) -> None:
         """Send in order; with `partitions`, message i goes to partitions[i] instead of its key's."""

@@ -493,7 +493,10 @@ def start_operator(
     ]
     pid = spawn(wrap(argv) if wrap else argv, plane.operator_log, env={**env, "KUBECONFIG": str(kubeconfig)})
     plane.pids.insert(2, pid)  # stopped before the API server (and etcd)
-    ready = lambda: httpx.get(f"http://127.0.0.1:{probe}/readyz").status_code == 200  # noqa: E731
+
+    def ready() -> bool:
+        return httpx.get(f"http://127.0.0.1:{probe}/readyz").status_code == 200
+
     wait_until(lambda: call(ready) if call else ready(), 120, pid, "kuberay-operator", plane.operator_log)
     return pid
 

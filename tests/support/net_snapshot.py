@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tests.support.pod_network import PodNetwork
 
@@ -39,7 +39,7 @@ def path_snapshot(src: PodNetwork, src_pod: str, dst: PodNetwork, dst_pod: str, 
     ``dst``): see the module docstring."""
     ip = dst.pods[dst_pod].ip
     out: list[str] = [f"=== path {src_pod} ({src.pods[src_pod].ip}) -> {dst_pod} {ip}:{port}"]
-    probes = [
+    probes: list[tuple[str, Callable[[], str]]] = [
         (f"pod {src_pod}", lambda: src.in_pod(src_pod, lambda: connect_outcome(ip, port))),
         ("node of the source", lambda: src.on_node(lambda: connect_outcome(ip, port))),
         ("node of the destination", lambda: dst.on_node(lambda: connect_outcome(ip, port))),

@@ -28,7 +28,7 @@ def main() -> None:
     # pyarrow's JSON reader is newline-delimited JSON (Ray 2.60 refuses filesystem= with lines=True)
     ds = ray.data.read_json(f"{bucket}/rd/in/", filesystem=s3)
     ds = ds.map(lambda row: {**row, "doubled": row["n"] * 2})
-    ds.write_json(f"{bucket}/rd/out/", filesystem=s3, mode="overwrite")
+    ds.write_json(f"{bucket}/rd/out/", filesystem=s3, mode=ray.data.SaveMode.OVERWRITE)
     print("rows", ds.count())
 
 

@@ -19,7 +19,7 @@ from llmbatch.settings import KafkaSettings, LLMBatchSettings, RaySettings, Redi
 from llmbatch.stack import manager
 from llmbatch.stack.node_credentials import keep_minio_credentials
 from llmbatch.stack.process import alive, stop_tree
-from llmbatch.stack.state import StackState
+from llmbatch.stack.state import ServiceRecord, StackState
 
 ENV_KEYS = {
     "kafka": "LLMBATCH_KAFKA__BOOTSTRAP_SERVERS",
@@ -128,10 +128,10 @@ class ServiceProvider:
             stop_tree(record.pid)
         return manager.ray_settings(manager.start_again(self.run_dir, "ray"))
 
-    def local_record(self, name: str) -> manager.ServiceRecord | None:
+    def local_record(self, name: str) -> ServiceRecord | None:
         return StackState.load(self.run_dir).services.get(name)
 
-    def _start_local(self, name: str) -> manager.ServiceRecord:
+    def _start_local(self, name: str) -> ServiceRecord:
         state = manager.up(self.run_dir, [name])
         self._local.add(name)
         self.sources[name] = "local stack"

@@ -15,9 +15,10 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from pydantic import BaseModel, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from llmbatch.settings.retention import RetentionSettings
-from llmbatch.settings.tenants import TenantSettings
-from llmbatch.settings.webhooks import WebhookSettings
+# re-exported: the settings' groups are imported from here
+from llmbatch.settings.retention import RetentionSettings as RetentionSettings
+from llmbatch.settings.tenants import TenantSettings as TenantSettings
+from llmbatch.settings.webhooks import WebhookSettings as WebhookSettings
 
 MIN_MESSAGE_BYTES = 64 << 10
 """Smallest ``max.message.bytes`` llmbatch accepts: a reduced dead letter must always fit."""
