@@ -144,8 +144,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
                 path = report.nodeid.split("::", 1)[0]
                 row = per_file.setdefault(path, [0.0, 0.0])
                 row[0] += report.duration
-                cpu = (v for k, v in report.user_properties if k == CPU_PROPERTY)
-                row[1] += sum(v for v in cpu if isinstance(v, float))
+                charged = (v for k, v in report.user_properties if k == CPU_PROPERTY)
+                row[1] += sum(v for v in charged if isinstance(v, float))
     if not per_file:
         return
     terminalreporter.write_sep("=", "seconds and CPU seconds per test file")

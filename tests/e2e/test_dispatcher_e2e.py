@@ -17,9 +17,9 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 import pytest
@@ -27,6 +27,7 @@ from aiokafka import AIOKafkaProducer
 
 from llmbatch.adapters.storage import ensure_buckets, make_client
 from llmbatch.adapters.topics import ensure_topics
+from llmbatch.dispatcher.domain.keys import batch_key
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import DispatcherError
 from llmbatch.dispatcher.job_options import JobOptions
@@ -66,6 +67,13 @@ def with_engine(settings: DispatcherSettings, engine: EngineConfig) -> Dispatche
     return settings.model_copy(update={"engines": EngineRegistry(models=models)})
 
 
+class _Hook(TypedDict, total=False):
+    """Another entry point for a :class:`DispatcherProcess` to run."""
+
+    module: str
+    args: Sequence[str]
+
+
 class Env:
     """One test's dispatcher world: settings, processes, readers, and a view of Redis."""
 
@@ -87,7 +95,9 @@ class Env:
         """A dispatcher process; ``crash_at``: one that SIGKILLs itself at that crash point."""
         base = settings or self.settings
         opts = base.dispatcher.model_copy(update={"instance_id": name, "metrics_port": free_port()})
-        hooked = {"module": "tests.support.crashing_dispatcher", "args": [crash_at]} if crash_at else {}
+        hooked: _Hook = (
+            {"module": "tests.support.crashing_dispatcher", "args": [crash_at]} if crash_at else {}
+        )
         proc = DispatcherProcess(
             base.model_copy(update={"dispatcher": opts}), self.run_dir / f"{name}.log", **hooked, **env
         )
@@ -123,14 +133,17 @@ class Env:
             return found if all(b in found for b in batch_ids) else None
 
         try:
-            return await wait_for(check, within, interval=2.0, what=f"terminal events of {batch_ids}")
+            found: dict[str, list[Envelope[Any]]] = await wait_for(
+                check, within, interval=2.0, what=f"terminal events of {batch_ids}"
+            )
+            return found
         except AssertionError:
             for proc in self.procs:
                 print(f"--- {proc.log_path.name}\n{proc.tail(40)}")
             raise
 
     async def state(self, batch_id: str) -> State | None:
-        record = await self.store.get(batch_id)
+        record = await self.store.get(batch_key(None, batch_id))
         return record.state if record else None
 
     async def close(self) -> None:
@@ -316,7 +329,7 @@ async def test_happy_path_duplicates_and_invalid_events(env: Env, ray_settings: 
     dead = await env.dead_letters()
     reasons = sorted(dict(r.headers)[dlt_headers.REASON].decode() for r in dead)
     assert reasons == ["invalid_event", "invalid_event", "limit_exceeded"]
-    record = await env.store.get(a.batch_id)
+    record = await env.store.get(batch_key(None, a.batch_id))
     assert record is not None and record.flag("published")
 
 
@@ -337,7 +350,7 @@ async def test_kill9_then_restart_gives_exactly_one_terminal_event(env: Env, poi
     proc = env.spawn("victim", crash_at=point)
     await env.send(request_message(request))
     await wait_for(lambda: not proc.alive(), 180, interval=0.5, what=f"the dispatcher to die at {point}")
-    assert proc.proc.returncode == -9, proc.tail()
+    assert proc.proc is not None and proc.proc.returncode == -9, proc.tail()
     env.spawn("survivor")
     found = await env.wait_terminal([request.batch_id])
     events = await env.results()
@@ -355,7 +368,7 @@ async def test_kill9_then_restart_gives_exactly_one_terminal_event(env: Env, poi
 
 
 async def _published(env: Env, batch_id: str) -> bool:
-    record = await env.store.get(batch_id)
+    record = await env.store.get(batch_key(None, batch_id))
     return record is not None and record.flag("published")
 
 
@@ -404,7 +417,7 @@ async def _any_running(env: Env, requests: list[BatchRequest]) -> bool:
 
 
 async def _progress(env: Env, batch_id: str) -> int:
-    data = await env.store.read_progress(batch_id)
+    data = await env.store.read_progress(batch_key(None, batch_id))
     return int(data.get("completed", 0))
 
 
@@ -503,7 +516,7 @@ async def test_retry_exhaustion_fails_and_dead_letters(env: Env) -> None:
     await wait_for(completed, 240, interval=2, what="the replayed batch to complete")
     ids = terminal_ids(await env.results())[request.batch_id]
     assert len(ids) == 2  # one per lifecycle
-    record = await env.store.get(request.batch_id)
+    record = await env.store.get(batch_key(None, request.batch_id))
     assert record is not None and record.state is State.COMPLETED and record.attempt == 3
 
 
@@ -530,7 +543,7 @@ async def test_sigterm_leaves_the_job_running_for_the_next_owner(env: Env) -> No
     assert first.terminate(timeout=60) == 0, first.tail()
     assert "dispatcher stopped" in first.tail(20)
     client = JobSubmissionClient(env.settings.ray.address)
-    record = await env.store.get(request.batch_id)
+    record = await env.store.get(batch_key(None, request.batch_id))
     assert record is not None and record.submission_id
     status = client.get_job_status(record.submission_id)
     assert status in {JobStatus.RUNNING, JobStatus.SUCCEEDED}  # not stopped by the shutdown
@@ -619,6 +632,7 @@ async def test_shared_engine_serves_every_batch_and_unknown_models_are_refused(
         f = await wait_for(figures, 120, interval=3, what="the engine's figures in `engines list`")
         # replicas >= 1: Ray's agent keeps a gone replica's series (earlier tests' replicas) for a while
         assert f["replicas"] >= 1 and f["completion_tokens"] > 0 and f["queued"] == 0, f
+        assert isinstance(proc.settings, DispatcherSettings)
         scrape = f"http://127.0.0.1:{proc.settings.dispatcher.metrics_port}/metrics"
 
         async def gauge() -> str | None:
@@ -628,7 +642,7 @@ async def test_shared_engine_serves_every_batch_and_unknown_models_are_refused(
         text = await wait_for(gauge, 60, interval=3, what="llmbatch_engine_* on the dispatcher's /metrics")
         assert f'llmbatch_admission_capacity_requests{{model="{MODEL}"}} 6.0' in text
         # small batches take the short path (the warm batch runner): no Ray job per batch
-        records = [await env.store.get(b.batch_id) for b in batches]
+        records = [await env.store.get(batch_key(None, b.batch_id)) for b in batches]
         assert {r.get("via") for r in records if r is not None} == {"batch_runner"}, records
     finally:
         await api.deploy({"applications": []})
@@ -642,7 +656,7 @@ async def test_a_ray_head_restart_loses_jobs_runs_and_engines_which_all_come_bac
     dispatcher (tracker leader) finds the job lost, deploys the engines and the runner again, and both
     batches run again and complete, each answered once with every custom_id once."""
     from llmbatch.dispatcher.backends.serve_api import ServeApi
-    from llmbatch.ray_job.runner import APP_NAME
+    from llmbatch.ray_job.runner_http import APP_NAME
     from llmbatch.schemas.engines import ReplicaResources, Scaling
     from tests.support.dispatcher_kit import MODEL
     from tests.support.private_ray import PrivateRay
@@ -689,7 +703,7 @@ async def test_a_ray_head_restart_loses_jobs_runs_and_engines_which_all_come_bac
         await wait_for(lambda: _progress(e, job.batch_id), 300, what="the job's progress")
         await e.send(request_message(run))
         await wait_for(lambda: _progress(e, run.batch_id), 120, what="the runner batch's progress")
-        records = {b.batch_id: await e.store.get(b.batch_id) for b in (job, run)}
+        records = {b.batch_id: await e.store.get(batch_key(None, b.batch_id)) for b in (job, run)}
         vias = {b: r.get("via") if r is not None else None for b, r in records.items()}
         assert vias == {job.batch_id: "ray_job", run.batch_id: "batch_runner"}, vias
         assert {r.state for r in records.values() if r is not None} == {State.RUNNING}  # both mid-batch

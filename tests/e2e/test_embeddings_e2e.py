@@ -195,7 +195,8 @@ async def test_an_embedding_batch_through_the_http_api_matches_the_model_run_dir
         e.batch_ids.add(refused.id)
         refused = await asyncio.to_thread(_wait_done, client, refused.id, 120)
         assert refused.status == "failed", refused
-        messages = " ".join(err.message or "" for err in (refused.errors.data if refused.errors else []))
+        assert refused.errors is not None and refused.errors.data is not None, refused
+        messages = " ".join(err.message or "" for err in refused.errors.data)
         assert "is an embedding model: it does not serve /v1/chat/completions" in messages, refused.errors
     finally:
         client.close()

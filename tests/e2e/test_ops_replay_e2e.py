@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 from llmbatch.adapters.storage import ensure_buckets, make_client, put_bytes
 from llmbatch.adapters.topics import ensure_topics
 from llmbatch.cli import app
-from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.dispatcher.domain.keys import Keys, batch_key
 from llmbatch.dispatcher.job_options import JobOptions
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.dispatcher.state.store import StateStore
@@ -223,7 +223,7 @@ async def test_jobs_cancel_stops_a_running_batch(ops: Ops) -> None:
     await ops.send(request_message(batch_request(batch_id, requests=inline_lines(60))))
 
     async def working() -> bool:
-        if await ops.store.get(batch_id) is None:
+        if await ops.store.get(batch_key(None, batch_id)) is None:
             return False
         job = await ops.cli("jobs", "get", batch_id, "--json")
         return bool(job and job["state"] == "running" and job["counts"]["completed"] > 0)

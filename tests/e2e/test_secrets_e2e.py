@@ -21,7 +21,7 @@ from pydantic import SecretStr
 
 from llmbatch.adapters.storage import make_client
 from llmbatch.adapters.topics import ensure_topics
-from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.dispatcher.domain.keys import Keys, batch_key
 from llmbatch.dispatcher.security.redis_acl import Role, acl_lines
 from llmbatch.schemas.events import EventType
 from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings
@@ -110,7 +110,7 @@ async def test_no_secret_in_jobs_api_job_logs_objects_events_or_dispatcher_log(
         assert event.data.request_counts.completed == 12
         # the job wrote its progress as the job user: it found that user's password in its node's
         # environment (nobody sent it)
-        assert (await e.store.read_progress(request.batch_id)).get("attempt") == "1"
+        assert (await e.store.read_progress(batch_key(None, request.batch_id))).get("attempt") == "1"
         texts = _readable_by_others(e, head, request.batch_id) | await _topic_texts(e)
         assert any(where.startswith("s3://") for where in texts) and any("/logs" in w for w in texts)
         owned = {

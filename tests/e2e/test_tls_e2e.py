@@ -23,6 +23,7 @@ import pytest
 
 from llmbatch.adapters.storage import ensure_buckets, make_client
 from llmbatch.adapters.topics import ensure_topics
+from llmbatch.dispatcher.domain.keys import batch_key
 from llmbatch.schemas.engines import EngineRegistry, ReplicaResources, Scaling
 from llmbatch.schemas.events import EventType
 from llmbatch.stack import manager
@@ -89,8 +90,8 @@ async def test_batches_run_with_every_hop_encrypted_and_plaintext_is_refused(tmp
                     bucket, _, name = str(uri).removeprefix("s3://").partition("/")
                     outputs += client.get_object(bucket, name).read().splitlines()
                 assert len(outputs) == lines
-            records = {b.batch_id: await e.store.get(b.batch_id) for b in (small, big)}
-            vias = {b: (r or {}).get("via") for b, r in records.items()}
+            records = {b.batch_id: await e.store.get(batch_key(None, b.batch_id)) for b in (small, big)}
+            vias = {b: r.get("via") if r is not None else None for b, r in records.items()}
             assert vias[small.batch_id] == "batch_runner" and vias[big.batch_id] != "batch_runner", vias
             # Ray's HTTP hops: the dashboard's front and Serve's proxy take TLS only
             ray = stack.ray
@@ -144,12 +145,14 @@ def _http_refused(https_url: str) -> None:
 def _ray_grpc_is_tls_only(gcs_port: int, tls_dir: Path) -> None:
     """Ray's GCS (and with it every raylet, worker, driver and replica, which call it) speaks TLS only:
     a plaintext gRPC client is refused, one with the CA and a certificate of it is answered."""
-    import grpc
+    import grpc  # type: ignore[import-untyped]  # no grpcio stubs (types-grpcio) in the dev environment
     from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
 
     def nodes(channel: grpc.Channel) -> int:
-        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
-        reply = stub.GetAllNodeInfo(gcs_service_pb2.GetAllNodeInfoRequest(), timeout=10)
+        # Ray's generated gRPC code is unannotated, and protobuf makes its message classes at import time:
+        # mypy sees neither
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)  # type: ignore[no-untyped-call]
+        reply = stub.GetAllNodeInfo(gcs_service_pb2.GetAllNodeInfoRequest(), timeout=10)  # type: ignore[attr-defined]
         return len(reply.node_info_list)
 
     with grpc.insecure_channel(f"127.0.0.1:{gcs_port}") as plain, pytest.raises(grpc.RpcError):

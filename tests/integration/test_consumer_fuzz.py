@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from llmbatch.dispatcher.domain.keys import batch_key
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.intake.commands import Reject, classify
 from llmbatch.schemas import dlt as dlt_headers
@@ -74,10 +75,12 @@ async def test_hostile_records_never_stop_the_consumer(
     tally.sent += len(records) + 1
     sent = tally.sent
     # the valid request behind the hostile ones on their partition is accepted
-    await wait_for(lambda: harness.store.get(sentinel.batch_id), 60, what="the request behind them")
+    await wait_for(
+        lambda: harness.store.get(batch_key(None, sentinel.batch_id)), 60, what="the request behind them"
+    )
     await wait_for(lambda: _committed(harness, sent), 60, what="every record committed")
     harness.assert_alive()
-    record = await harness.store.get(sentinel.batch_id)
+    record = await harness.store.get(batch_key(None, sentinel.batch_id))
     assert record is not None and record.state is State.QUEUED
     # every record the intake rejects has its dead letter (classify is pure: it says which)
     rules = harness.consumer.rules

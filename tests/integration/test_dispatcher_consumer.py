@@ -11,15 +11,16 @@ import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
+from redis.typing import EncodableT, FieldT
 
 from llmbatch.adapters.topics import ensure_topics
 from llmbatch.dispatcher.domain.dlt import OriginalRecord
 from llmbatch.dispatcher.domain.events import Outcome, terminal_fields
-from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.dispatcher.domain.keys import Keys, batch_key
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.intake.commands import Accept
 from llmbatch.dispatcher.kafka.record_reader import RecordReader
@@ -73,7 +74,7 @@ async def test_valid_duplicate_and_invalid_events(harness: Harness) -> None:
     await wait_for(lambda: _committed_is(harness, len(messages)), 60, what="all offsets committed")
 
     for request in good:
-        record = await harness.store.get(request.batch_id)
+        record = await harness.store.get(batch_key(None, request.batch_id))
         assert record is not None and record.state is State.QUEUED, request.batch_id
     assert await harness.store.count(State.QUEUED) == 3
 
@@ -108,8 +109,9 @@ async def test_unknown_model_is_dead_lettered_never_queued(harness: Harness) -> 
     await harness.send([request_message(unknown), request_message(served)])
     await wait_for(lambda: _committed_is(harness, 2), 60, what="both offsets committed")
 
-    assert (await harness.store.get(served.batch_id)).state is State.QUEUED  # type: ignore[union-attr]
-    record = await harness.store.get(unknown.batch_id)
+    queued = await harness.store.get(batch_key(None, served.batch_id))
+    assert queued is not None and queued.state is State.QUEUED
+    record = await harness.store.get(batch_key(None, unknown.batch_id))
     assert record is not None and record.state is State.DEAD_LETTERED
     assert record.get("error_code") == "model_not_found"
     # Redis keeps where the record was, not its value (that is in the dead letter)
@@ -166,14 +168,15 @@ async def test_every_rejected_request_that_names_a_batch_id_is_answered(harness:
         letter = by_coordinates[(answer.dead_letter.partition, answer.dead_letter.offset)]
         assert letter.key == batch_id.encode()
         assert dict(letter.headers)[dlt_headers.REASON] in {b"invalid_event", code.encode()}
-        record = await harness.store.get(batch_id)
+        record = await harness.store.get(batch_key(None, batch_id))
         assert record is not None and record.state is State.DEAD_LETTERED
 
     duplicate: BatchRejected = answers[held.batch_id].data
     assert duplicate.error.code == "duplicate_batch_id" and duplicate.request_id == f"ev-again-{tag}"
     assert duplicate.batch_status is BatchStatus.QUEUED and not duplicate.is_final
     assert duplicate.dead_letter is None
-    assert (await harness.store.get(held.batch_id)).state is State.QUEUED  # type: ignore[union-attr]
+    still_queued = await harness.store.get(batch_key(None, held.batch_id))
+    assert still_queued is not None and still_queued.state is State.QUEUED
 
 
 async def test_the_producer_sdk_wait_returns_the_rejection_of_its_own_request(harness: Harness) -> None:
@@ -208,7 +211,7 @@ async def test_cancel_of_a_queued_batch_finishes_it(harness: Harness) -> None:
     )
     await harness.send([request_message(request), cancel, cancel])
     await wait_for(lambda: _committed_is(harness, 3), 60, what="commits")
-    record = await harness.store.get(request.batch_id)
+    record = await harness.store.get(batch_key(None, request.batch_id))
     assert record is not None and record.state is State.CANCELLED
     assert record.get("terminal_event_id") and record.flag("published") is False
     assert await harness.store.unpublished_ids() == [request.batch_id]
@@ -248,7 +251,7 @@ async def test_redis_outage_commits_nothing_and_loses_nothing(
             await h.start()
         await wait_for(lambda: _committed_is(h, 5), 90, what="commits after Redis returned")
         for r in first + during:
-            record = await h.store.get(r.batch_id)
+            record = await h.store.get(batch_key(None, r.batch_id))
             assert record is not None and record.state is State.QUEUED, r.batch_id
     finally:
         await h.stop()
@@ -276,7 +279,7 @@ async def test_backpressure_pauses_then_resumes(settings: LLMBatchSettings) -> N
 
         await wait_for(drain_and_check, 90, interval=1.0, what="resume and accept the rest")
         for r in requests:
-            assert await h.store.get(r.batch_id) is not None
+            assert await h.store.get(batch_key(None, r.batch_id)) is not None
     finally:
         await h.stop()
 
@@ -296,12 +299,12 @@ async def test_a_cancel_behind_a_paused_backlog_takes_effect_in_seconds(settings
         await h.send([*(request_message(r) for r in backlog), early, cancel])
 
         async def cancelled() -> bool:
-            record = await h.store.get(first[0].batch_id)
+            record = await h.store.get(batch_key(None, first[0].batch_id))
             return record is not None and record.state is State.CANCELLED
 
         await wait_for(cancelled, 30, what="the cancel behind the backlog to apply")
         assert h.consumer.backpressure.paused and await h.committed() == 3  # the backlog still waits
-        assert await h.store.get(backlog[5].batch_id) is None
+        assert await h.store.get(batch_key(None, backlog[5].batch_id)) is None
 
         async def drained() -> bool:  # the tracker launches what is queued: the consumer resumes
             for batch_id in await h.store.ready_ids(100):
@@ -309,7 +312,7 @@ async def test_a_cancel_behind_a_paused_backlog_takes_effect_in_seconds(settings
             return await _committed_is(h, 3 + 8)
 
         await wait_for(drained, 90, interval=1.0, what="the backlog and both cancels")
-        late = await h.store.get(backlog[5].batch_id)
+        late = await h.store.get(batch_key(None, backlog[5].batch_id))
         # applied in its turn, not lost (the test's stand-in tracker may have launched it by then)
         assert late is not None and (late.state is State.CANCELLED or late.flag("cancel_requested"))
         # the consumer met the cancel applied ahead and skipped it by its marker
@@ -378,7 +381,7 @@ async def test_a_rebalance_during_a_slow_redis_leaves_no_stale_partition_behind(
         b = Harness(s)
         await b.start()
         await wait_for(
-            lambda: len(a.consumer.assignment) == 1 and len(b.consumer.assignment) == 1,  # type: ignore[union-attr]
+            lambda: len(a.consumer.assignment) == 1 and len(b.consumer.assignment) == 1,
             60,
             what="the rebalance while the segment is stuck",
         )
@@ -423,7 +426,7 @@ async def test_an_unexpected_error_on_one_record_dead_letters_only_that_record(
         await wait_for(lambda: _committed_is(h, 3), 60, what="all three offsets committed")
         assert h.task is not None and not h.task.done()
         for request in good:
-            record = await h.store.get(request.batch_id)
+            record = await h.store.get(batch_key(None, request.batch_id))
             assert record is not None and record.state is State.QUEUED, request.batch_id
         [dead] = await h.reader("dead_letter").read_all()
         assert dead.key == poison.batch_id.encode()
@@ -522,7 +525,7 @@ async def test_a_dead_letter_the_broker_refuses_as_too_large_is_written_reduced(
         await h.send([(key, junk, headers), request_message(good)])
         await wait_for(lambda: _committed_is(h, 2), 60, what="both offsets committed")
         assert h.task is not None and not h.task.done()
-        record = await h.store.get(good.batch_id)
+        record = await h.store.get(batch_key(None, good.batch_id))
         assert record is not None and record.state is State.QUEUED
         [dead] = await h.reader("dead_letter").read_all()
         letter = dict(dead.headers)
@@ -553,7 +556,7 @@ async def test_records_up_to_the_topic_size_are_consumed(settings: LLMBatchSetti
         assert 1_400_000 < len(value) < s.kafka.topics.max_message_bytes
         await h.send([(key, value, headers)])
         await wait_for(lambda: _committed_is(h, 1), 60, what="the big record committed")
-        record = await h.store.get(big.batch_id)
+        record = await h.store.get(batch_key(None, big.batch_id))
         assert record is not None and record.state is State.QUEUED
         # Redis keeps what the state machine needs: a body this large stays on the topic only
         assert record.get("request") is None and record.get("request_bytes") == str(len(value))
@@ -585,7 +588,8 @@ async def test_a_request_body_kept_on_the_topic_only_is_read_back_at_launch_or_i
     s = make_settings(settings, request_in_redis_max_bytes=4096)
     h = Harness(s)
     await h.start()
-    tracker = Tracker(RunContext(s, h.store, None, None, h.producer, h.metrics))  # type: ignore[arg-type]
+    unused: Any = None  # nothing here submits a job or reads results
+    tracker = Tracker(RunContext(s, h.store, unused, unused, h.producer, h.metrics))
     try:
         small = batch_request("small-" + uuid.uuid4().hex[:6], requests=inline_lines(1))
         big = batch_request("big-" + uuid.uuid4().hex[:6], requests=inline_lines(200))
@@ -593,7 +597,10 @@ async def test_a_request_body_kept_on_the_topic_only_is_read_back_at_launch_or_i
         assert len(messages[0][1] or b"") < 4096 < len(messages[1][1] or b"")
         await h.send(messages)
         await wait_for(lambda: _committed_is(h, 2), 60, what="two intakes")
-        kept, offloaded = await h.store.get(small.batch_id), await h.store.get(big.batch_id)
+        kept, offloaded = (
+            await h.store.get(batch_key(None, small.batch_id)),
+            await h.store.get(batch_key(None, big.batch_id)),
+        )
         assert kept is not None and kept.get("request") == (messages[0][1] or b"").decode()
         assert offloaded is not None and offloaded.get("request") is None
         spec = await tracker.launcher.job_spec(offloaded, 1)
@@ -648,24 +655,25 @@ async def test_the_reconcile_pass_takes_in_again_the_batches_whose_state_redis_l
         metrics=harness.metrics,
     )
     assert await publisher.publish_pending() == 1  # 'done' ended: its terminal event is out
-    before = {r.batch_id: await harness.store.get(r.batch_id) for r in lost}
+    before = {r.batch_id: await harness.store.get(batch_key(None, r.batch_id)) for r in lost}
     store, keys = harness.store, harness.store.keys
     for r in [*lost, done]:  # Redis loses their state
-        await store.client.delete(keys.batch(r.batch_id))
-        await store.client.zrem(keys.ready, r.batch_id)
-        await store.client.zrem(keys.state_index(State.QUEUED), r.batch_id)
+        key = batch_key(None, r.batch_id)
+        await store.client.delete(keys.batch(key))
+        await store.client.zrem(keys.ready, key)
+        await store.client.zrem(keys.state_index(State.QUEUED), key)
 
     reconciler = Reconciler(harness.settings, store, harness.consumer.rules, harness.metrics)
     assert await reconciler.run_once() == 3
     for r in lost:
-        old, new = before[r.batch_id], await store.get(r.batch_id)
+        old, new = before[r.batch_id], await store.get(batch_key(None, r.batch_id))
         assert old is not None and new is not None and new.state is State.QUEUED
         assert new.get("lifecycle") == old.get("lifecycle")  # the same results prefix and job ids
         assert new.number("accepted_at") == pytest.approx(old.number("accepted_at"), abs=0.002)
         assert new.deadline == pytest.approx(old.deadline, abs=0.002)
         assert new.get("request") == old.get("request")
     assert set(await store.ready_ids(10)) == {kept.batch_id, *(r.batch_id for r in lost)}
-    assert await store.get(done.batch_id) is None  # it ended: nothing to restore
+    assert await store.get(batch_key(None, done.batch_id)) is None  # it ended: nothing to restore
     assert harness.metrics.reconciled.labels(outcome="restored")._value.get() == 3
     assert await reconciler.run_once() == 0  # nothing lost any more
 
@@ -685,19 +693,18 @@ async def test_a_published_answer_stays_final_after_redis_is_restored_from_an_ol
     await harness.send([request_message(request)])
     await wait_for(lambda: _committed_is(harness, 1), 60, what="the intake")
     store, keys = harness.store, harness.store.keys
-    snapshot = await store.client.hgetall(keys.batch(request.batch_id))  # while it was queued
+    key = batch_key(None, request.batch_id)
+    snapshot = await store.client.hgetall(keys.batch(key))  # while it was queued
     if answer is State.CANCELLED:
         await harness.send([request_message(CancelRequest(batch_id=request.batch_id))])
         await wait_for(lambda: _committed_is(harness, 2), 60, what="the cancel")
     else:  # it ran and completed, as the tracker would record it
         for step in (State.SUBMITTED, State.FINALIZING):
-            await store.transition_or_raise(request.batch_id, step, fields={"attempt": "1"})
-        record = await store.get(request.batch_id)
+            await store.transition_or_raise(key, step, fields={"attempt": "1"})
+        record = await store.get(key)
         assert record is not None
         done = Outcome(State.COMPLETED, time.time(), counts={"total": 2, "completed": 2})
-        await store.transition_or_raise(
-            request.batch_id, State.COMPLETED, fields=terminal_fields(record, done)
-        )
+        await store.transition_or_raise(key, State.COMPLETED, fields=terminal_fields(record, done))
     topics = harness.settings.kafka.topics
     publisher = TerminalPublisher(
         store,
@@ -709,18 +716,19 @@ async def test_a_published_answer_stays_final_after_redis_is_restored_from_an_ol
         metrics=harness.metrics,
     )
     assert await publisher.publish_pending() == 1
-    ended = await store.get(request.batch_id)
+    ended = await store.get(key)
     assert ended is not None and ended.state is answer and ended.flag("published")
     # Redis comes back from the older snapshot: the batch is queued again, its answer forgotten
-    await store.client.delete(keys.batch(request.batch_id))
-    await store.client.hset(keys.batch(request.batch_id), mapping=snapshot)
-    await store.client.zadd(keys.ready, {request.batch_id: 1.0})
-    await store.client.zadd(keys.state_index(State.QUEUED), {request.batch_id: 1.0})
-    await store.client.zrem(keys.state_index(answer), request.batch_id)
+    await store.client.delete(keys.batch(key))
+    # hgetall's own reply: hset's Mapping[FieldT, EncodableT] is invariant in its key, no narrower dict fits
+    await store.client.hset(keys.batch(key), mapping=cast("dict[FieldT, EncodableT]", snapshot))
+    await store.client.zadd(keys.ready, {key: 1.0})
+    await store.client.zadd(keys.state_index(State.QUEUED), {key: 1.0})
+    await store.client.zrem(keys.state_index(answer), key)
 
     reconciler = Reconciler(harness.settings, store, harness.consumer.rules, harness.metrics)
     await reconciler.run_once()
-    settled = await store.get(request.batch_id)
+    settled = await store.get(key)
     assert settled is not None and settled.state is answer and settled.flag("published")
     assert settled.get("terminal_event_id") == ended.get("terminal_event_id")
     assert await store.ready_ids(10) == []  # it will not run again
@@ -752,9 +760,10 @@ async def test_a_lost_batch_whose_request_left_the_topic_still_ends_in_one_termi
     await harness.send([request_message(lost)])
     await wait_for(lambda: _committed_is(harness, 1), 60, what="the intake")
     store, keys, s = harness.store, harness.store.keys, harness.settings
-    await store.client.delete(keys.batch(lost.batch_id))  # Redis loses the batch
-    await store.client.zrem(keys.ready, lost.batch_id)
-    await store.client.zrem(keys.state_index(State.QUEUED), lost.batch_id)
+    lost_key = batch_key(None, lost.batch_id)
+    await store.client.delete(keys.batch(lost_key))  # Redis loses the batch
+    await store.client.zrem(keys.ready, lost_key)
+    await store.client.zrem(keys.state_index(State.QUEUED), lost_key)
     admin = AIOKafkaAdminClient(**s.kafka.client_kwargs())
     await admin.start()
     try:  # and retention removes its request
@@ -765,13 +774,14 @@ async def test_a_lost_batch_whose_request_left_the_topic_still_ends_in_one_termi
 
     reconciler = Reconciler(s, store, harness.consumer.rules, harness.metrics)
     assert await reconciler.run_once() == 0  # nothing could be restored to run
-    taken = await store.get(lost.batch_id)
+    taken = await store.get(lost_key)
     assert taken is not None and taken.state is State.QUEUED and taken.flag("request_gone")
     assert harness.metrics.reconciled.labels(outcome="request_gone")._value.get() == 1
-    tracker = Tracker(RunContext(s, store, None, None, harness.producer, harness.metrics))  # type: ignore[arg-type]
+    unused: Any = None  # nothing here submits a job or reads results
+    tracker = Tracker(RunContext(s, store, unused, unused, harness.producer, harness.metrics))
     try:
         assert await tracker.launcher.start_attempt(taken) is False
-        failed = await store.get(lost.batch_id)
+        failed = await store.get(lost_key)
         assert failed is not None and failed.state is State.FAILED
         topics = s.kafka.topics
         publisher = TerminalPublisher(
@@ -796,7 +806,7 @@ async def test_a_lost_batch_whose_request_left_the_topic_still_ends_in_one_termi
     assert letter.value is None and headers[dlt_headers.REDUCED] == b"true"
     assert headers[dlt_headers.REASON] == b"request_gone"
     assert await reconciler.run_once() == 0  # it ended: nothing more to do
-    ended = await store.get(lost.batch_id)
+    ended = await store.get(lost_key)
     assert ended is not None and ended.state is State.FAILED
 
 
@@ -836,7 +846,7 @@ async def test_kill9_of_redis_right_after_a_burst_loses_no_accepted_batch(
             events = decode_results(await h.reader("results").read_all())
             accepted = {e.batch_id for e in events if e.type is EventType.ACCEPTED}
             assert accepted == {r.batch_id for r in burst}
-            states = await store.states_many(sorted(accepted))
+            states = await store.states_many([batch_key(None, batch_id) for batch_id in sorted(accepted)])
             assert states == [State.QUEUED] * len(accepted), states
         finally:
             await store.close()
@@ -859,7 +869,9 @@ async def test_a_redelivery_sends_the_lost_accepted_event_with_its_original_time
     command = classify(origin(*message, topic=topics.requests), intake_rules(harness.settings), earlier)
     assert isinstance(command, Accept)
     await harness.store.intake_many([command.item])
-    await harness.store.transition(request.batch_id, State.SUBMITTED, fields={"attempt": "1"})
+    await harness.store.transition(
+        batch_key(None, request.batch_id), State.SUBMITTED, fields={"attempt": "1"}
+    )
 
     await harness.send([message])  # the redelivery
     await wait_for(lambda: _committed_is(harness, 1), 60, what="the redelivery")
@@ -867,7 +879,8 @@ async def test_a_redelivery_sends_the_lost_accepted_event_with_its_original_time
     [accepted] = {e.id: e for e in events if e.type is EventType.ACCEPTED}.values()
     assert accepted.data.accepted_at.timestamp() == pytest.approx(earlier, abs=0.002)
     assert accepted.time.timestamp() == pytest.approx(earlier, abs=0.002)
-    assert (await harness.store.get(request.batch_id)).state is State.SUBMITTED  # type: ignore[union-attr]
+    record = await harness.store.get(batch_key(None, request.batch_id))
+    assert record is not None and record.state is State.SUBMITTED
 
 
 async def test_records_that_once_ended_the_consumer_are_dead_lettered_and_it_goes_on(
@@ -881,7 +894,9 @@ async def test_records_that_once_ended_the_consumer_are_dead_lettered_and_it_goe
     key, _, headers = request_message(poisoned)
     messages = [(key + b"\n", b"{not json", headers), (None, None, []), request_message(good)]
     await harness.send(messages, partitions=[0, 0, 0])
-    await wait_for(lambda: harness.store.get(good.batch_id), 60, what="the request behind them")
+    await wait_for(
+        lambda: harness.store.get(batch_key(None, good.batch_id)), 60, what="the request behind them"
+    )
     await wait_for(lambda: _committed_is(harness, 3), 60, what="all offsets committed")
     harness.assert_alive()
     dead = await harness.reader("dead_letter").read_all()

@@ -39,7 +39,7 @@ async def test_a_dispatcher_starts_while_ray_is_down_and_deploys_the_engines_onc
     tag = uuid.uuid4().hex[:8]
     head = PrivateRay(tmp_path / "ray", s3=s3_settings)  # its ports are chosen; it is not running yet
     settings = DispatcherSettings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         kafka=kafka_settings.model_copy(
             update={
                 "topics": TopicSettings(

@@ -14,6 +14,7 @@ import pytest
 from pydantic import SecretStr
 
 from llmbatch.dispatcher.domain.batch_record import BatchRecord
+from llmbatch.dispatcher.domain.keys import batch_key
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import JobRejected, RayUnavailable
 from llmbatch.dispatcher.runs.job_cleanup import CHECK, JobCleanup
@@ -61,7 +62,7 @@ async def store(redis_settings: RedisSettings) -> AsyncIterator[StateStore]:
 
 def finished(batch_id: str, attempts: int, lifecycle: str = "0123456789") -> BatchRecord:
     fields = {"state": "completed", "attempt": str(attempts), "lifecycle": lifecycle}
-    return BatchRecord(batch_id, State.COMPLETED, 3, fields)
+    return BatchRecord(batch_key(None, batch_id), State.COMPLETED, 3, fields)
 
 
 def sids(batch_id: str, attempts: int, lifecycle: str = "0123456789") -> list[str]:
@@ -153,7 +154,7 @@ async def test_a_job_deleted_the_moment_it_ended_is_written_back_by_ray_and_dele
     from llmbatch.dispatcher.backends.ray_backend import RayJobsBackend
 
     settings = DispatcherSettings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         redis=RedisSettings(url=redis_settings.url, password=SecretStr(""), key_prefix="unused"),
         ray=ray_settings,
     )

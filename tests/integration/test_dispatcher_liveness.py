@@ -32,7 +32,7 @@ async def test_livez_fails_while_the_tracker_hangs_and_recovers(
 ) -> None:
     tag = uuid.uuid4().hex[:8]
     settings = DispatcherSettings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         kafka=kafka_settings.model_copy(
             update={
                 "topics": TopicSettings(

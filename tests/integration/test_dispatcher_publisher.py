@@ -17,7 +17,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from llmbatch.adapters.topics import ensure_topics
 from llmbatch.dispatcher.domain.dlt import OriginalRecord
 from llmbatch.dispatcher.domain.events import Outcome, terminal_fields
-from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.dispatcher.domain.keys import BatchKey, Keys, batch_key
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.intake.commands import Accept, IntakeRules, classify
 from llmbatch.dispatcher.kafka.publisher import EventProducer, TerminalPublisher
@@ -108,7 +108,7 @@ async def failed_inline_batch(w: World, lines: int) -> tuple[str, bytes]:
     accept = classify(origin, rules, time.time())
     assert isinstance(accept, Accept)
     assert (await w.store.intake(accept.item)).is_new
-    record = await w.store.get(request.batch_id)
+    record = await w.store.get(batch_key(None, request.batch_id))
     assert record is not None
     outcome = Outcome(
         State.FAILED,
@@ -119,7 +119,7 @@ async def failed_inline_batch(w: World, lines: int) -> tuple[str, bytes]:
     )
     fields = terminal_fields(record, outcome)
     result = await w.store.transition(
-        request.batch_id, State.FAILED, expected_version=record.version, fields=fields
+        batch_key(None, request.batch_id), State.FAILED, expected_version=record.version, fields=fields
     )
     assert result.ok
     return request.batch_id, value
@@ -168,7 +168,7 @@ async def test_a_late_dead_letter_the_broker_refuses_is_reduced_and_the_terminal
     events = decode_results(await w.reader(topics.results).read_all())
     [terminal] = [e for e in events if e.batch_id == batch_id and e.is_terminal]
     assert terminal.type is EventType.FAILED and terminal.data.error.code == "attempts_exhausted"
-    record = await w.store.get(batch_id)
+    record = await w.store.get(batch_key(None, batch_id))
     assert record is not None and record.flag("dlt_written") and record.flag("published")
     assert "request" not in record.fields and "origin" not in record.fields
     assert await w.publisher.publish_pending() == 0  # nothing left: no second event, no second letter
@@ -189,7 +189,7 @@ async def test_a_late_dead_letter_over_the_setting_is_reduced_before_sending(
         return await w.reader(topics.dead_letter).read_all()
 
     [dead] = await wait_for(letters, 30, what="the dead letter")
-    assert dead.value is None and dict(dead.headers)[dlt_headers.REDUCED] == b"true"  # type: ignore[attr-defined]
+    assert dead.value is None and dict(dead.headers)[dlt_headers.REDUCED] == b"true"
     events = decode_results(await w.reader(topics.results).read_all())
     assert [e.type for e in events if e.batch_id == batch_id] == [EventType.FAILED]
 
@@ -204,7 +204,9 @@ async def test_stale_and_failing_entries_never_hold_back_the_terminal_events_beh
     worlds.append(w)
     client, keys = w.store.client, w.store.keys
     await client.zadd(keys.unpublished, {f"default/ghost-{i}": i for i in range(250)})
-    broken = [f"default/broken-{i}" for i in range(250)]  # terminal, with an outcome nothing can read
+    # terminal, with an outcome nothing can read; raw index members like the ghosts (batch_key would
+    # not write the default tenant into them)
+    broken = [BatchKey(f"default/broken-{i}") for i in range(250)]
     for i, key in enumerate(broken):
         await client.hset(keys.batch(key), mapping={"state": "failed", "version": "2", "outcome": "{"})
         await client.zadd(keys.unpublished, {key: 1000 + i})
@@ -214,7 +216,7 @@ async def test_stale_and_failing_entries_never_hold_back_the_terminal_events_beh
         await w.publisher.publish_pending(limit=200)
         if await client.zscore(keys.unpublished, batch_id) is None:
             break
-    record = await w.store.get(batch_id)
+    record = await w.store.get(batch_key(None, batch_id))
     assert record is not None and record.flag("published")
     assert await client.zcard(keys.unpublished) == len(broken)  # the ghosts went; the broken wait behind
 
@@ -230,7 +232,7 @@ async def test_an_event_whose_batch_moved_on_before_the_mark_is_said_not_counted
     w = await make_world(settings, topic_settings())
     worlds.append(w)
     batch_id, _ = await failed_inline_batch(w, 1)
-    record = await w.store.get(batch_id)
+    record = await w.store.get(batch_key(None, batch_id))
     assert record is not None
     hash_key = w.store.keys.batch(record.key)
     sync = redis.Redis.from_url(settings.redis.url)
@@ -250,5 +252,5 @@ async def test_an_event_whose_batch_moved_on_before_the_mark_is_said_not_counted
     assert not any(m == "terminal event published" for m in said), said
     events = decode_results(await w.reader(w.kafka.topics.results).read_all())
     assert [e.type for e in events if e.batch_id == batch_id] == [EventType.FAILED]  # it did go out
-    after = await w.store.get(batch_id)
+    after = await w.store.get(batch_key(None, batch_id))
     assert after is not None and not after.flag("published")

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from pydantic import SecretStr
+from redis.typing import EncodableT, FieldT
 
 from llmbatch.dispatcher.backends.backend import JobInfo, JobState, SubmitResult
 from llmbatch.dispatcher.backends.runner_backend import takes_short_path
@@ -88,7 +89,7 @@ class Jobs:
 async def kit(redis_settings: RedisSettings) -> AsyncIterator[tuple[Tracker, StateStore, Jobs]]:
     prefix = f"t{uuid.uuid4().hex[:8]}"
     settings = DispatcherSettings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         redis=RedisSettings(url=redis_settings.url, password=SecretStr(""), key_prefix=prefix),
         dispatcher=DispatcherOptions(shared_engines=True),
         engines=EngineRegistry(models={"a": ENTRY, "b": ENTRY}),
@@ -97,14 +98,15 @@ async def kit(redis_settings: RedisSettings) -> AsyncIterator[tuple[Tracker, Sta
     store.clock = lambda: NOW
     jobs = Jobs()
     backend: Any = jobs
+    unused: Any = None  # nothing here reads results or publishes
     tracker = Tracker(
         RunContext(
             settings,
             store,
             backend,
-            results=Any,
-            producer=Any,
-            metrics=Metrics(),  # type: ignore[arg-type]
+            results=unused,
+            producer=unused,
+            metrics=Metrics(),
             clock=lambda: NOW,
         )
     )
@@ -261,8 +263,8 @@ async def test_finished_work_and_new_replicas_make_room(kit: tuple[Tracker, Stat
     await tracker.launch()
     assert jobs.batches() == [f"b{i}" for i in range(5)]  # 5 x 8 = 40
     # b0 answered everything it had: its window leaves the replicas
-    progress = {"total": "8", "completed": "7", "failed": "1"}
-    await store.client.hset(store.keys.progress("b0"), mapping=progress)  # type: ignore[arg-type]
+    progress: dict[FieldT, EncodableT] = {"total": "8", "completed": "7", "failed": "1"}
+    await store.client.hset(store.keys.progress(batch_key(None, "b0")), mapping=progress)
     await tracker.launch()
     assert jobs.batches()[5:] == ["b5"]
     tracker.launcher.engine_replicas = {
@@ -286,7 +288,9 @@ async def test_a_big_batch_counts_its_window_and_an_urgent_one_is_not_held_back(
     await tracker.launch()
     # p9 competes only with work of its rank; model b has its own replicas; big5 still waits
     assert sorted(jobs.batches()[5:]) == ["other-model", "urgent"]
-    assert [r.batch_id for r in await store.get_many(["big5"]) if r and r.state is State.QUEUED] == ["big5"]
+    assert [
+        r.batch_id for r in await store.get_many([batch_key(None, "big5")]) if r and r.state is State.QUEUED
+    ] == ["big5"]
 
 
 async def test_batches_that_run_as_ray_jobs_wait_for_a_job_slot(kit: Kit) -> None:
@@ -394,7 +398,7 @@ async def test_a_python_that_exits_2_is_retried_not_taken_for_an_invalid_spec(
     python.chmod(0o755)
     prefix = f"t{uuid.uuid4().hex[:8]}"
     settings = DispatcherSettings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         redis=RedisSettings(url=redis_settings.url, password=SecretStr(""), key_prefix=prefix),
         ray=ray_settings,
         job=JobOptions(python=str(python), ship_modules=False),
@@ -403,7 +407,10 @@ async def test_a_python_that_exits_2_is_retried_not_taken_for_an_invalid_spec(
     )
     store = StateStore.from_url(redis_settings.url, keys=Keys(prefix), finished_ttl_s=3600, dedupe_ttl_s=3600)
     backend = RayJobsBackend(settings)
-    tracker = Tracker(RunContext(settings, store, backend, results=Any, producer=Any, metrics=Metrics()))  # type: ignore[arg-type]
+    unused: Any = None  # nothing here reads results or publishes
+    tracker = Tracker(
+        RunContext(settings, store, backend, results=unused, producer=unused, metrics=Metrics())
+    )
     await tracker.leases.step()  # a lone replica: it leads and holds every shard
     batch_id = f"py2-{uuid.uuid4().hex[:8]}"
     try:
@@ -412,7 +419,7 @@ async def test_a_python_that_exits_2_is_retried_not_taken_for_an_invalid_spec(
 
         async def retried() -> BatchRecord | None:
             await tracker.poll_in_flight()
-            record = await store.get(batch_id)
+            record = await store.get(batch_key(None, batch_id))
             return record if record is not None and record.state not in states.IN_FLIGHT else None
 
         record = await wait_for(retried, 180, interval=1, what="the failed attempt to be handled")
@@ -439,7 +446,7 @@ async def test_a_batch_id_used_again_after_its_record_is_gone_is_a_new_lifecycle
 
     def settings_for(prefix: str) -> DispatcherSettings:
         return DispatcherSettings(
-            _env_file=None,  # type: ignore[call-arg]
+            _env_file=None,
             redis=RedisSettings(url=redis_settings.url, password=SecretStr(""), key_prefix=prefix),
             ray=ray_settings,
             job=JobOptions(python=str(python), ship_modules=False),
@@ -450,7 +457,10 @@ async def test_a_batch_id_used_again_after_its_record_is_gone_is_a_new_lifecycle
     def setup(settings: DispatcherSettings) -> tuple[StateStore, Tracker]:
         keys = Keys(settings.redis.key_prefix)
         store = StateStore.from_url(redis_settings.url, keys=keys, finished_ttl_s=3600, dedupe_ttl_s=3600)
-        tracker = Tracker(RunContext(settings, store, backend, results=Any, producer=Any, metrics=Metrics()))  # type: ignore[arg-type]
+        unused: Any = None  # nothing here reads results or publishes
+        tracker = Tracker(
+            RunContext(settings, store, backend, results=unused, producer=unused, metrics=Metrics())
+        )
         return store, tracker
 
     settings1 = settings_for(f"t{uuid.uuid4().hex[:8]}")
@@ -462,7 +472,7 @@ async def test_a_batch_id_used_again_after_its_record_is_gone_is_a_new_lifecycle
     try:
         await queue(store1, batch_id, 2, offset=10)
         await tracker1.launch()
-        first = await store1.get(batch_id)
+        first = await store1.get(batch_key(None, batch_id))
         assert first is not None and first.state in states.IN_FLIGHT, first
         sid1 = first.submission_id or ""
         assert sid1.startswith(batch_id + "-") and sid1.endswith("-a1")
@@ -471,7 +481,7 @@ async def test_a_batch_id_used_again_after_its_record_is_gone_is_a_new_lifecycle
 
         await queue(store2, batch_id, 2, offset=99)  # the same id, sent again: another record
         await tracker2.launch()
-        second = await store2.get(batch_id)
+        second = await store2.get(batch_key(None, batch_id))
         assert second is not None and second.state in states.IN_FLIGHT, second
         sid2 = second.submission_id or ""
         assert sid2.startswith(batch_id + "-") and sid2 != sid1
@@ -541,7 +551,7 @@ async def test_a_hung_attempt_is_stopped_and_the_next_starts_only_once_it_ended(
     attempt meanwhile), and once requested the next attempt waits until Ray says the old one ended."""
     prefix = f"t{uuid.uuid4().hex[:8]}"
     settings = DispatcherSettings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         redis=RedisSettings(url=redis_settings.url, password=SecretStr(""), key_prefix=prefix),
         dispatcher=DispatcherOptions(shared_engines=False),
         engines=EngineRegistry(models={"a": ENTRY}),
@@ -551,42 +561,48 @@ async def test_a_hung_attempt_is_stopped_and_the_next_starts_only_once_it_ended(
     store.clock = lambda: clock[0]
     ray = FlakyRay()
     backend: Any = ray
+    unused: Any = None  # nothing here reads results or publishes
     tracker = Tracker(
         RunContext(
             settings,
             store,
             backend,
-            results=Any,
-            producer=Any,
-            metrics=Metrics(),  # type: ignore[arg-type]
+            results=unused,
+            producer=unused,
+            metrics=Metrics(),
             clock=lambda: clock[0],
         )
     )
     await tracker.leases.step()  # a lone replica: it leads and holds every shard
     try:
+        hung = batch_key(None, "hung")
         await queue(store, "hung", 2)
         await tracker.launch()
         await tracker.poll_in_flight()
-        assert (await store.get("hung")).state is State.RUNNING  # type: ignore[union-attr]
+        record = await store.get(hung)
+        assert record is not None and record.state is State.RUNNING
 
         clock[0] += settings.dispatcher.heartbeat_timeout_s + 1  # silent since it started
         ray.down = True
         await tracker.poll_in_flight()
-        record = await store.get("hung")
-        assert record is not None and record.state is State.RUNNING, record.fields
+        record = await store.get(hung)
+        assert record is not None
+        assert record.state is State.RUNNING, record.fields
         assert record.attempts_made == 1
 
         ray.down = False
         await tracker.poll_in_flight()  # the stop goes through; Ray still says RUNNING
         await tracker.poll_in_flight()
-        record = await store.get("hung")
-        assert record is not None and record.state is State.RUNNING and ray.stops == 1, record.fields
+        record = await store.get(hung)
+        assert record is not None
+        assert record.state is State.RUNNING and ray.stops == 1, record.fields
         assert len(ray.submitted) == 1
 
         ray.state = JobState.STOPPED  # the old attempt ended: now it is retried
         await tracker.poll_in_flight()
-        record = await store.get("hung")
-        assert record is not None and record.state is State.QUEUED, record.fields
+        record = await store.get(hung)
+        assert record is not None
+        assert record.state is State.QUEUED, record.fields
         assert record.get("last_error_code") == "heartbeat_expired"
     finally:
         await drop(store)
@@ -611,7 +627,7 @@ async def test_a_cancel_of_a_queued_retry_finishes_it_at_the_next_tick(redis_set
 
     prefix = f"t{uuid.uuid4().hex[:8]}"
     settings = DispatcherSettings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         redis=RedisSettings(url=redis_settings.url, password=SecretStr(""), key_prefix=prefix),
         dispatcher=DispatcherOptions(shared_engines=False),
         engines=EngineRegistry(models={"a": ENTRY}),
@@ -621,32 +637,36 @@ async def test_a_cancel_of_a_queued_retry_finishes_it_at_the_next_tick(redis_set
     ray = FlakyRay()
     backend: Any = ray
     results: Any = NoResults()
+    unused: Any = None  # nothing here publishes
     tracker = Tracker(
         RunContext(
             settings,
             store,
             backend,
             results=results,
-            producer=Any,
-            metrics=Metrics(),  # type: ignore[arg-type]
+            producer=unused,
+            metrics=Metrics(),
             clock=lambda: NOW,
         )
     )
     await tracker.leases.step()  # a lone replica: it leads and holds every shard
     try:
+        retrying = batch_key(None, "retrying")
         await queue(store, "retrying", 2)
         await tracker.launch()
         ray.state = JobState.FAILED  # attempt 1 fails: a retry waits in the queue (backoff)
         await tracker.poll_in_flight()
-        record = await store.get("retrying")
-        assert record is not None and record.state is State.QUEUED and record.attempt == 1, record.fields
+        record = await store.get(retrying)
+        assert record is not None
+        assert record.state is State.QUEUED and record.attempt == 1, record.fields
 
         request = CancelRequest(batch_id="retrying", reason="not needed any more")
         cancel = Cancel("retrying", request, ("test", "cancel-1"), None, origin(None, None, []))
         await apply_cancel(store, tracker.metrics, cancel, lambda: NOW)
         await tracker.expire_queued()  # the tick's step for queued batches
-        record = await store.get("retrying")
-        assert record is not None and record.state is State.CANCELLED, record.fields
+        record = await store.get(retrying)
+        assert record is not None
+        assert record.state is State.CANCELLED, record.fields
         assert len(ray.submitted) == 1  # no second attempt
     finally:
         await drop(store)

@@ -16,6 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 from pydantic import SecretStr
 
+from llmbatch.dispatcher.domain.keys import batch_key
 from llmbatch.schemas.events import EventType
 from llmbatch.settings import LLMBatchSettings, RedisSettings
 from llmbatch.stack import services
@@ -59,7 +60,9 @@ async def test_a_redis_out_of_memory_pauses_intake_and_nothing_is_dead_lettered(
         assert gauge == 1
         harness.assert_alive()
         await admin.config_set("maxmemory", "0")  # the operator fixes it
-        await wait_for(lambda: harness.store.get(request.batch_id), 60, what="the request taken in")
+        await wait_for(
+            lambda: harness.store.get(batch_key(None, request.batch_id)), 60, what="the request taken in"
+        )
         assert harness.consumer.retry.paused is None
         assert harness.metrics.intake_paused.labels(cause="redis_out_of_memory")._value.get() == 0
         events = decode_results(await harness.reader("results").read_all())

@@ -38,8 +38,9 @@ from llmbatch.schemas.batch import CancelRequest
 from llmbatch.schemas.cloudevents import Envelope
 from llmbatch.schemas.events import BatchAccepted
 from llmbatch.settings import KafkaSettings, TopicSettings
-from llmbatch.stack import kafka_broker, services
+from llmbatch.stack import kafka_broker
 from llmbatch.stack.process import alive, stop_tree
+from llmbatch.stack.state import ServiceRecord
 from tests.support.dispatcher_kit import MODEL, batch_request
 
 pytestmark = pytest.mark.integration
@@ -50,7 +51,7 @@ REFUSAL_S = 10.0  # a refusal is answered at once; the publish timeout (30 s) wo
 
 @dataclass
 class AclKafka:
-    record: services.ServiceRecord
+    record: ServiceRecord
     sasl: kafka_broker.KafkaSasl
     topics: TopicSettings
     group: str

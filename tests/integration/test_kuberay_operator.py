@@ -61,11 +61,11 @@ def _rendered_once(render: Callable[[], list[dict[str, Any]]]) -> Callable[[], l
 
 def _renders() -> dict[str, Callable[[], list[dict[str, Any]]]]:
     out: dict[str, Callable[[], list[dict[str, Any]]]] = {
-        name: _rendered_once(lambda name=name: vd.render_overlay(name)) for name in vd.OVERLAYS
+        name: _rendered_once(functools.partial(vd.render_overlay, name)) for name in vd.OVERLAYS
     }
     for component in vd.COMPONENTS:
         out[f"gpu-prod+{component}"] = _rendered_once(
-            lambda c=component: vd.render_with_components("gpu-prod", [c])
+            functools.partial(vd.render_with_components, "gpu-prod", [component])
         )
     return out
 

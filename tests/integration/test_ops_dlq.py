@@ -13,7 +13,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
@@ -25,7 +25,7 @@ from llmbatch.cli import app
 from llmbatch.dispatcher.domain.batch_record import IntakeItem
 from llmbatch.dispatcher.domain.dlt import OriginalRecord, build_dead_letter
 from llmbatch.dispatcher.domain.events import Outcome, terminal_fields
-from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.dispatcher.domain.keys import Keys, batch_key
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.intake.commands import intake_fields
 from llmbatch.dispatcher.state.store import StateStore
@@ -106,21 +106,22 @@ class World:
         now = time.time()
         fields = intake_fields(request, rec, "urn:t", f"ev-{batch_id}", None, now)
         marker = ("urn:t", f"ev-{batch_id}")
-        await self.store.intake(IntakeItem(batch_id, fields, marker, deadline=now + 3600))
+        stored = batch_key(None, batch_id)
+        await self.store.intake(IntakeItem(stored, fields, marker, deadline=now + 3600))
         if final is State.COMPLETED:  # the lifecycle a real batch goes through
             for step in (State.SUBMITTED, State.RUNNING, State.FINALIZING):
-                await self.store.transition_or_raise(batch_id, step, fields={"attempt": "1"})
-        record = await self.store.get(batch_id)
+                await self.store.transition_or_raise(stored, step, fields={"attempt": "1"})
+        record = await self.store.get(stored)
         assert record is not None
         outcome = Outcome(final, now, counts={"total": 3, "completed": 3 if final is State.COMPLETED else 0})
-        await self.store.transition_or_raise(batch_id, final, fields=terminal_fields(record, outcome))
+        await self.store.transition_or_raise(stored, final, fields=terminal_fields(record, outcome))
 
     async def topic(self, name: str) -> list[Any]:
         return await TopicReader(self.settings.kafka.client_kwargs(), name).read_all(idle_ms=800)
 
     async def ledger(self) -> dict[str, str]:
         key = self.store.keys.replay_ledger(self.settings.kafka.topics.dead_letter)
-        return dict(await self.store.client.hgetall(key))
+        return dict(cast(dict[str, str], await self.store.client.hgetall(key)))  # a decoding client
 
 
 @pytest.fixture

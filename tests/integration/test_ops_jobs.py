@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 import pytest
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from llmbatch.adapters.topics import ensure_topics
 from llmbatch.cli import app
@@ -78,7 +78,7 @@ class World:
     async def running(self, batch_id: str) -> None:
         await self.queued(batch_id)
         await self.store.transition_or_raise(
-            batch_id,
+            batch_key(None, batch_id),
             State.SUBMITTED,
             fields={
                 "attempt": "1",
@@ -88,24 +88,27 @@ class World:
             },
         )
         await self.store.transition_or_raise(
-            batch_id, State.RUNNING, fields={"running_at": repr(time.time()), "started_at": repr(time.time())}
+            batch_key(None, batch_id),
+            State.RUNNING,
+            fields={"running_at": repr(time.time()), "started_at": repr(time.time())},
         )
         await self.store.client.hset(
-            self.store.keys.progress(batch_id), mapping={"completed": "2", "failed": "0", "total": "3"}
+            self.store.keys.progress(batch_key(None, batch_id)),
+            mapping={"completed": "2", "failed": "0", "total": "3"},
         )
 
     async def sid(self, batch_id: str, attempt: int) -> str:
         """The Ray submission id of an attempt of the batch's lifecycle."""
-        record = await self.store.get(batch_id)
+        record = await self.store.get(batch_key(None, batch_id))
         assert record is not None and record.get("lifecycle")
         return submission_id(batch_id, attempt, record.get("lifecycle"))
 
     async def completed(self, batch_id: str) -> None:
         await self.running(batch_id)
         await self.store.transition_or_raise(
-            batch_id, State.FINALIZING, fields={"job_ended_at": repr(time.time())}
+            batch_key(None, batch_id), State.FINALIZING, fields={"job_ended_at": repr(time.time())}
         )
-        record = await self.store.get(batch_id)
+        record = await self.store.get(batch_key(None, batch_id))
         assert record is not None
         prefix = f"s3://{self.settings.s3.results_bucket}/default/{batch_id}/"
         outcome = Outcome(
@@ -119,7 +122,7 @@ class World:
             time.time() - 5,
         )
         await self.store.transition_or_raise(
-            batch_id, State.COMPLETED, fields=terminal_fields(record, outcome)
+            batch_key(None, batch_id), State.COMPLETED, fields=terminal_fields(record, outcome)
         )
 
     async def requests(self) -> list[Any]:
@@ -137,17 +140,17 @@ async def world(settings: LLMBatchSettings) -> AsyncIterator[World]:
         await w.store.close()
 
 
-async def cli(world: World, *args: str) -> Any:
+async def cli(world: World, *args: str) -> Result:
     """Run the CLI in a worker thread: its commands call asyncio.run themselves."""
     return await asyncio.to_thread(runner.invoke, app, list(args), obj=world.settings)
 
 
-def as_json(result: Any) -> Any:
+def as_json(result: Result) -> Any:
     assert result.exit_code == 0, result.output
     return orjson.loads(result.stdout)
 
 
-def one_line_error(result: Any, code: int = 1) -> str:
+def one_line_error(result: Result, code: int = 1) -> str:
     assert result.exit_code == code, result.output
     assert "Traceback" not in result.output
     lines = [ln for ln in result.stderr.splitlines() if ln.strip()]

@@ -14,7 +14,7 @@ from pydantic import SecretStr
 
 from llmbatch.dispatcher.backends.backend import JobState
 from llmbatch.dispatcher.backends.ray_backend import RayJobsBackend
-from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.dispatcher.domain.keys import Keys, batch_key
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import RayUnavailable
 from llmbatch.dispatcher.job_options import JobOptions
@@ -50,7 +50,7 @@ def settings_for(
     head: PrivateRay, redis_settings: RedisSettings, token: str, prefix: str
 ) -> DispatcherSettings:
     return DispatcherSettings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         ray=RaySettings(address=head.address, auth_token=SecretStr(token)),
         redis=RedisSettings(url=redis_settings.url, password=SecretStr(""), key_prefix=prefix),
         job=JobOptions(ship_modules=False),
@@ -85,12 +85,12 @@ async def test_a_launch_with_a_rotated_token_waits_instead_of_failing_the_batch(
     try:
         await queue(store, "rotated", 2)
         await tracker.launch()
-        record = await store.get("rotated")
+        record = await store.get(batch_key(None, "rotated"))
         assert record is not None and record.state is State.SUBMITTED, record and record.fields
         assert not record.flag("confirmed")  # resubmitted on the next tick, once the token is fixed
         assert tracker.metrics.attempts.labels(event="submitted")._value.get() == 1
         await tracker.poll_in_flight()  # asks Ray for the attempt: the same refusal, an outage again
-        record = await store.get("rotated")
+        record = await store.get(batch_key(None, "rotated"))
         assert record is not None and record.state is State.SUBMITTED
         assert tracker.metrics.transient_errors.labels(component="ray")._value.get() >= 1
     finally:

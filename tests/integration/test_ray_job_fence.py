@@ -15,10 +15,12 @@ import redis
 from pyarrow import fs as pafs
 
 from llmbatch.dispatcher.domain.batch_record import IntakeItem
+from llmbatch.dispatcher.domain.keys import batch_key
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.ray_job import main as job_main
 from llmbatch.ray_job import rows
+from llmbatch.ray_job import s3 as job_s3
 from llmbatch.ray_job.errors import ExitCode
 from llmbatch.ray_job.progress import Counters, Progress
 from llmbatch.schemas.common import utcnow
@@ -90,7 +92,7 @@ def test_a_stale_attempt_writes_no_shards_and_no_manifest(
     )
     (tmp_path / "results" / "default" / "b1").mkdir(parents=True)
     local = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
-    monkeypatch.setattr(job_main.s3, "filesystem", lambda session=None: local)
+    monkeypatch.setattr(job_s3, "filesystem", lambda session=None: local)
     later = orjson.dumps({"batch_id": "b1", "attempt": 2, "note": "the later attempt's manifest"})
 
     def pipeline(att: job_main.Attempt) -> None:
@@ -125,19 +127,20 @@ async def test_once_the_terminal_event_is_out_the_last_attempt_writes_nothing(
 ) -> None:
     """A cancel or deadline finishes a batch after ``stop_wait_s`` even if Ray never stopped the job:
     publishing the terminal event closes the progress hash, so that attempt adds nothing after."""
+    b1 = batch_key(None, "b1")
     fields = {"model": "m", "attempt": "1", "request": "{}", "source": "s", "event_id": "e1"}
     job = Progress(
-        redis_settings.url, store.keys.progress("b1"), attempt=1, interval_s=60, base=Counters(completed=2)
+        redis_settings.url, store.keys.progress(b1), attempt=1, interval_s=60, base=Counters(completed=2)
     )
     try:
-        await store.intake(IntakeItem("b1", fields, ("s", "e1")))
+        await store.intake(IntakeItem(b1, fields, ("s", "e1")))
         job.publish()
         assert job.still_current()
-        assert (await store.transition("b1", State.CANCELLED, fields={"terminal_event_id": "ev"})).ok
-        assert await store.mark_published("b1", "ev")
+        assert (await store.transition(b1, State.CANCELLED, fields={"terminal_event_id": "ev"})).ok
+        assert await store.mark_published(b1, "ev")
         job.add(completed=5)
         job.publish()
-        assert (await store.read_progress("b1"))["completed"] == "2"
+        assert (await store.read_progress(b1))["completed"] == "2"
         assert job.superseded and not job.still_current()
     finally:
         job.close()
@@ -148,14 +151,15 @@ async def test_a_new_lifecycle_is_not_fenced_out_by_an_old_progress_hash(
 ) -> None:
     """The batch id used again after its record is gone starts at attempt 1: a progress hash the old
     lifecycle left (attempt 3, closed) must not make that attempt stale."""
-    name = store.keys.progress("b1")
+    b1 = batch_key(None, "b1")
+    name = store.keys.progress(b1)
     fields = {"model": "m", "attempt": "0", "request": "{}", "source": "s", "event_id": "e2"}
     job = Progress(redis_settings.url, name, attempt=1, interval_s=60, base=Counters(completed=1))
     try:
         await store.client.hset(name, mapping={"attempt": "3", "closed": "1", "completed": "9"})
-        await store.intake(IntakeItem("b1", fields, ("s", "e2")))
+        await store.intake(IntakeItem(b1, fields, ("s", "e2")))
         job.publish()
-        assert job.still_current() and (await store.read_progress("b1"))["completed"] == "1"
+        assert job.still_current() and (await store.read_progress(b1))["completed"] == "1"
     finally:
         job.close()
 
@@ -167,7 +171,7 @@ def heartbeating_spec(
     ``tmp_path`` (the job's S3 filesystem is patched to it)."""
     (tmp_path / "results" / "default" / batch_id).mkdir(parents=True)
     local = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
-    monkeypatch.setattr(job_main.s3, "filesystem", lambda session=None: local)
+    monkeypatch.setattr(job_s3, "filesystem", lambda session=None: local)
     return JobSpec.model_validate(
         {
             "batch_id": batch_id,
@@ -239,7 +243,7 @@ def test_a_stale_run_on_the_warm_runner_stops_at_its_next_heartbeat(
     which its pipeline checks while it waits for the engine (no signal)."""
     import time
 
-    from llmbatch.ray_job.runner import RunnerAttempt
+    from llmbatch.ray_job.runner_attempt import RunnerAttempt
 
     client, name = key
     spec = heartbeating_spec("b3", redis_settings.url, name, tmp_path, monkeypatch)

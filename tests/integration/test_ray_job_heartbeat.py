@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -15,6 +15,7 @@ from pyarrow import fs as pafs
 
 from llmbatch.ray_job import main as job_main
 from llmbatch.ray_job import resume
+from llmbatch.ray_job import s3 as job_s3
 from llmbatch.schemas.common import utcnow
 from llmbatch.schemas.job import JobSpec
 from llmbatch.settings import RedisSettings
@@ -51,20 +52,20 @@ def test_heartbeats_run_during_the_resume_scan(
     client.hset(key, mapping={"completed": "40", "failed": "2", "attempt": "2", "heartbeat_at": "1.0"})
     (tmp_path / "results").mkdir()
     local = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
-    monkeypatch.setattr(job_main.s3, "filesystem", lambda session=None: local)
+    monkeypatch.setattr(job_s3, "filesystem", lambda session=None: local)
     seen: list[dict[str, str]] = []
 
     def slow_scan(fs: Any, prefix: str) -> resume.Prior:
         deadline = time.monotonic() + 5  # a scan of many shards: seconds
         while time.monotonic() < deadline:
-            seen.append(client.hgetall(key))
+            seen.append(cast(dict[str, str], client.hgetall(key)))  # decode_responses=True
             beat = [float(s.get("heartbeat_at", 0)) for s in seen[-2:]]
             if len(seen) > 3 and beat[-1] > beat[0]:
                 break
             time.sleep(0.1)
         return resume.Prior()
 
-    monkeypatch.setattr(job_main.resume, "scan", slow_scan)
+    monkeypatch.setattr(resume, "scan", slow_scan)
     attempt = job_main.Attempt(spec, utcnow())
     monkeypatch.setattr(attempt, "_install_stop", lambda: None)
     monkeypatch.setattr(attempt, "_run_pipeline", lambda _input: None)

@@ -130,7 +130,7 @@ def _uses_shared(request: pytest.FixtureRequest) -> bool:
     return any(
         "shared" in getattr(item, "fixturenames", ())
         for item in request.session.items
-        if item.module is request.module
+        if isinstance(item, pytest.Function) and item.module is request.module
     )
 
 

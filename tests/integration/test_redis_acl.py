@@ -20,13 +20,13 @@ import redis
 import redis.asyncio as aioredis
 from redis.exceptions import NoPermissionError
 
-from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.dispatcher.domain.keys import Keys, batch_key
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import StateStoreUnavailable
 from llmbatch.dispatcher.ops.jobs import get_job, list_jobs
 from llmbatch.dispatcher.ops.replay import LedgerEntry
 from llmbatch.dispatcher.ops.replay_publish import ReplayLedger
-from llmbatch.dispatcher.security.redis_acl import acl_lines
+from llmbatch.dispatcher.security.redis_acl import Role, acl_lines
 from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.dispatcher.webhooks.store import Delivery, WebhookStore
 from llmbatch.ray_job import job_keys, s3_session
@@ -78,10 +78,10 @@ async def test_the_dispatcher_user_runs_the_state_machine_and_nothing_dangerous(
     )
     try:
         await queue(store, "b1", 3)
-        record = await store.get("b1")
+        record = await store.get(batch_key(None, "b1"))
         assert record is not None and record.state is State.QUEUED
         moved = await store.transition(
-            "b1", State.SUBMITTED, expected_version=record.version, fields={"attempt": "1"}
+            batch_key(None, "b1"), State.SUBMITTED, expected_version=record.version, fields={"attempt": "1"}
         )
         assert moved.ok
         assert await store.fsync_policy() in {"always", "everysec", "no"}  # CONFIG GET is allowed
@@ -140,7 +140,7 @@ async def test_a_job_writes_its_progress_and_cannot_touch_batch_state(
         monkeypatch.setenv("LLMBATCH_REDIS__PASSWORD", acl_redis.passwords["job"])
         progress = Progress(
             acl_redis.url("job"),
-            keys.progress("b2"),
+            keys.progress(batch_key(None, "b2")),
             attempt=1,
             interval_s=60,
             base=Counters(completed=2, total=4),
@@ -150,18 +150,18 @@ async def test_a_job_writes_its_progress_and_cannot_touch_batch_state(
             assert progress.writes == 1 and progress.still_current()
         finally:
             progress.close()
-        assert (await store.read_progress("b2"))["completed"] == "2"
+        assert (await store.read_progress(batch_key(None, "b2")))["completed"] == "2"
     finally:
         await store.close()
     job = acl_redis.client("job")
-    batch = keys.batch("b2")
+    batch = keys.batch(batch_key(None, "b2"))
     for forbidden in (
         lambda: job.hset(batch, "state", "completed"),
         lambda: job.hgetall(batch),
         lambda: job.delete(keys.ready),
         lambda: job.keys("*"),
         lambda: job.flushall(),
-        lambda: job.hset(keys.progress("x").replace(":progress:", ":batch:"), "state", "x"),
+        lambda: job.hset(keys.progress(batch_key(None, "x")).replace(":progress:", ":batch:"), "state", "x"),
     ):
         with pytest.raises(NoPermissionError):
             forbidden()
@@ -200,7 +200,7 @@ async def test_a_job_takes_its_s3_session_once_and_nothing_else_of_the_sessions(
         lambda: job.keys(keys.s3_session("*")),
         lambda: job.scan(match=keys.s3_session("*")),
         lambda: job.set(keys.s3_session("n3"), "x"),
-        lambda: job.getdel(keys.batch("b1")),
+        lambda: job.getdel(keys.batch(batch_key(None, "b1"))),
     ):
         with pytest.raises(NoPermissionError):
             forbidden()
@@ -219,9 +219,9 @@ def test_the_batch_runner_keeps_its_runs_as_the_jobs_user_and_nothing_else(acl_r
     runs.save("s-a1", {"status": "SUCCEEDED", "owner": "r1"})
     assert runs.views(["s-a1"])["s-a1"] == {"status": "SUCCEEDED", "owner": "r1"}
     for forbidden in (
-        lambda: job.set(keys.batch("b1"), "x"),
+        lambda: job.set(keys.batch(batch_key(None, "b1")), "x"),
         lambda: job.get(keys.lease("tracker")),
-        lambda: job.mget([keys.batch("b1")]),
+        lambda: job.mget([keys.batch(batch_key(None, "b1"))]),
         lambda: job.delete(keys.ready),
         lambda: job.keys(job_keys.runner_prefix(acl_redis.prefix) + "*"),
     ):
@@ -243,7 +243,7 @@ async def test_the_operator_reads_all_but_s3_sessions_and_writes_only_the_replay
         await store.close()
     operator = aioredis.Redis.from_url(acl_redis.url("operator"), password=acl_redis.passwords["operator"])
     try:
-        assert (await operator.hgetall(keys.batch("b3")))[b"state"] == b"queued"
+        assert (await operator.hgetall(keys.batch(batch_key(None, "b3"))))[b"state"] == b"queued"
         assert await operator.zcard(keys.ready) >= 1
         assert await operator.zcard(keys.state_index(State.QUEUED)) >= 1
         await operator.hset(keys.replay_ledger("t.dlt"), "0:1", "{}")
@@ -274,7 +274,7 @@ async def test_the_operator_reads_all_but_s3_sessions_and_writes_only_the_replay
         finally:
             await as_operator.close()
         with pytest.raises(NoPermissionError):
-            await operator.hset(keys.batch("b3"), "state", "cancelled")
+            await operator.hset(keys.batch(batch_key(None, "b3")), "state", "cancelled")
         with pytest.raises(NoPermissionError):
             await operator.delete(keys.ready)
         # the HTTP API (as the operator) manages the tenants' webhook endpoints, and nothing of the queue
@@ -307,8 +307,8 @@ async def test_the_dispatcher_user_runs_the_webhook_queue(acl_redis: AclRedis) -
 
 
 def test_acl_file_lines_hold_no_password(tmp_path: Path) -> None:
-    passwords = {"dispatcher": "pw-dispatcher-1", "job": "pw-job-2"}
-    lines = acl_lines(Keys("p"), passwords)  # type: ignore[arg-type]
+    passwords: dict[Role, str] = {"dispatcher": "pw-dispatcher-1", "job": "pw-job-2"}
+    lines = acl_lines(Keys("p"), passwords)
     assert [line.split()[1] for line in lines] == ["dispatcher", "job"]
     assert not [p for p in passwords.values() if any(p in line for line in lines)]
     with pytest.raises(ValueError, match="unknown Redis role 'admin'"):

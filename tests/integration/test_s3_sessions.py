@@ -20,6 +20,7 @@ from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.ray_job import s3
 from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.ray_job.errors import InputNotFoundError
+from llmbatch.schemas.common import BatchStatus
 from llmbatch.schemas.job import JobSpec, output_prefix
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
 from llmbatch.stack.ports import free_port
@@ -135,7 +136,7 @@ def test_the_runner_reads_and_writes_a_batch_with_its_session_not_its_environmen
 
     from llmbatch.ray_job.backend_fake import WhitespaceTokenizer
     from llmbatch.ray_job.engine import LocalEngine
-    from llmbatch.ray_job.runner import RunnerAttempt
+    from llmbatch.ray_job.runner_attempt import RunnerAttempt
     from llmbatch.schemas.job import EngineConfig, parse_manifest
     from tests.integration.ray_job_harness import chat_line
 
@@ -168,7 +169,7 @@ def test_the_runner_reads_and_writes_a_batch_with_its_session_not_its_environmen
             s3_settings.results_bucket, spec.manifest_uri.removeprefix(f"s3://{s3_settings.results_bucket}/")
         ).read()
     )
-    assert manifest.status == "completed" and manifest.request_counts.completed == 3
+    assert manifest.status == BatchStatus.COMPLETED and manifest.request_counts.completed == 3
     code, spec = attempt(f"b2-{run}", with_session=False)
     assert code != 0  # the environment's keys are refused: the session was what worked
     assert not list(client.list_objects(s3_settings.results_bucket, prefix=f"acme/b2-{run}/", recursive=True))
@@ -186,7 +187,7 @@ async def test_a_submit_that_makes_no_job_leaves_no_session_in_redis(
     store = StateStore.from_settings(redis)
 
     def backend(ray: RaySettings) -> RayJobsBackend:
-        settings = DispatcherSettings(_env_file=None, s3=s3_settings, redis=redis, ray=ray)  # type: ignore[call-arg]
+        settings = DispatcherSettings(_env_file=None, s3=s3_settings, redis=redis, ray=ray)
         return RayJobsBackend(
             settings, timeout_s=10, sessions=JobSessions(SessionMinter(s3_settings, duration_s=900), store)
         )

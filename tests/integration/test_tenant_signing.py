@@ -19,7 +19,7 @@ from llmbatch.schemas.batch import CancelRequest
 from llmbatch.schemas.events import BatchRejected, EventType
 from llmbatch.schemas.tenant_auth import TENANT_SIG
 from llmbatch.settings import LLMBatchSettings, TenantSettings
-from tests.integration.test_dispatcher_consumer import Harness, make_settings
+from tests.support.consumer_harness import Harness, make_settings
 from tests.support.dispatcher_kit import (
     MODEL,
     batch_request,

@@ -274,7 +274,7 @@ def test_a_batch_whose_event_never_got_out_is_published_again_when_read() -> Non
         MODEL,
         {"team": "search"},
     )
-    assert request.input_uri.endswith(f"/acme/files/{file_id}.jsonl")
+    assert request.input_uri is not None and request.input_uri.endswith(f"/acme/files/{file_id}.jsonl")
     # once per interval, whatever the number of reads (GET and list alike)
     api.client.get(f"/v1/batches/{batch['id']}", headers=api.auth())
     api.client.get("/v1/batches", headers=api.auth())

@@ -6,7 +6,7 @@ conditional write; tests/integration/test_minio_server.py shows MinIO's)."""
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, Final
 
 import openai
 import orjson
@@ -20,7 +20,7 @@ from llmbatch.schemas.common import Endpoint
 from tests.support.api_fakes import INPUT_BUCKET, KEYS, ApiHarness, chat_line, jsonl, make_api
 
 pytestmark = pytest.mark.unit
-CHAT = "/v1/chat/completions"
+CHAT: Final = "/v1/chat/completions"
 
 
 def uploaded(api: ApiHarness, tenant: str = "acme") -> str:

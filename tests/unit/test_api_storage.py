@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import urllib3
 from minio.error import S3Error
 
 from llmbatch.adapters.errors import StorageError
@@ -28,12 +29,12 @@ pytestmark = pytest.mark.unit
 
 def s3_error(code: str) -> S3Error:
     return S3Error(
-        None,
+        urllib3.HTTPResponse(),  # the store reads the code only
         code,
         f"{code} happened",
         "/b/k",
         "req",
-        "host",  # type: ignore[arg-type]
+        "host",
         bucket_name="b",
         object_name="k",
     )

@@ -9,6 +9,7 @@ from typing import Any
 
 import openai
 import pytest
+from openai.types.webhooks import BatchCompletedWebhookEvent
 
 from llmbatch.schemas import webhooks
 from llmbatch.settings.webhooks import WebhookSettings
@@ -83,6 +84,7 @@ def test_rotation_gives_a_new_secret_and_may_keep_the_old_one_signing_for_a_day(
     sent = webhooks.headers(secrets, "evt-1", int(time.time()), body)
     for secret in (kept.signing_secret, rotated.signing_secret):
         event = openai.OpenAI(api_key="x", webhook_secret=secret).webhooks.unwrap(body.decode(), sent)
+        assert isinstance(event, BatchCompletedWebhookEvent)
         assert event.data.id == "b"
 
 
@@ -113,7 +115,9 @@ def test_a_target_that_is_not_public_or_not_https_is_refused_naming_url(url: str
     with pytest.raises(openai.BadRequestError) as refused:
         _sdk(api).webhooks.create(url=url, event_types=BATCH_EVENTS, name="n")
     assert (refused.value.param, refused.value.code) == ("url", code)
-    assert str(refused.value.body["message"]).startswith("url: ")  # type: ignore[index]
+    body = refused.value.body
+    assert isinstance(body, dict)
+    assert str(body["message"]).startswith("url: ")
     assert api.endpoints.by_tenant.get("acme", {}) == {}
 
 

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from llmbatch.dispatcher.domain.dlt import REDUCED_HEADERS_BYTES, OriginalRecord, without_value
+from llmbatch.dispatcher.domain.keys import batch_key
 from llmbatch.dispatcher.metrics import Metrics
 from llmbatch.dispatcher.runs.context import RunContext
 from llmbatch.dispatcher.runs.tracker import Tracker
@@ -26,13 +27,14 @@ def test_the_headers_a_batch_keeps_are_bounded_whatever_the_record_brings() -> N
 
 
 def test_a_tracker_that_loses_its_leases_forgets_what_it_kept_of_batches() -> None:
-    settings = DispatcherSettings(_env_file=None)  # type: ignore[call-arg]
+    settings = DispatcherSettings(_env_file=None)
     store: Any = type("Store", (), {"keys": None})()
     tracker = Tracker(RunContext(settings, store, None, None, None, Metrics()))  # type: ignore[arg-type]
     tracker.leases._set(True, frozenset(range(settings.dispatcher.tracker_shards)))
     for i in range(10_000):
-        tracker.checks.progress._progress_at[f"b-{i}"] = 1.0  # type: ignore[index]
-        tracker.checks._beats[f"b-{i}"] = ((1, "x"), 1.0)  # type: ignore[index]
-        tracker._failing[("check", f"b-{i}")] = "boom"  # type: ignore[index]
+        key = batch_key(None, f"b-{i}")
+        tracker.checks.progress._progress_at[key] = 1.0
+        tracker.checks._beats[key] = ((1, "x"), 1.0)
+        tracker._failing[("check", key)] = "boom"
     tracker.leases._set(False, frozenset())
     assert not tracker.checks.progress._progress_at and not tracker.checks._beats and not tracker._failing

@@ -69,7 +69,7 @@ def test_a_key_the_fetch_leaves_out_answers_missing() -> None:
     coalescer = Coalescer(Source(known={"a"}).fetch, missing="?")
 
     async def main() -> list[str]:
-        return await asyncio.gather(coalescer.get("a"), coalescer.get("z"))
+        return list(await asyncio.gather(coalescer.get("a"), coalescer.get("z")))
 
     assert asyncio.run(main()) == ["a!", "?"]
 
@@ -77,8 +77,8 @@ def test_a_key_the_fetch_leaves_out_answers_missing() -> None:
 def test_every_caller_of_a_failed_fetch_gets_its_error() -> None:
     coalescer = Coalescer(Source(error=ConnectionError("away")).fetch, missing="?")
 
-    async def main() -> list[object]:
-        return await asyncio.gather(coalescer.get("a"), coalescer.get("b"), return_exceptions=True)
+    async def main() -> list[str | BaseException]:
+        return list(await asyncio.gather(coalescer.get("a"), coalescer.get("b"), return_exceptions=True))
 
     errors = asyncio.run(main())
     assert [type(e) for e in errors] == [ConnectionError, ConnectionError]

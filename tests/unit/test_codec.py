@@ -472,6 +472,7 @@ def test_fuzz_valid_envelope_with_arbitrary_data_only_raises_schema_error(
         ("ce_subject", b"batch-42"),
         *extra,
     ]
+    reason: str | None
     try:
         envelope = decode(b"batch-42", json.dumps(data).encode(), headers)
     except SchemaError as exc:

@@ -51,7 +51,7 @@ class Results:
         return self.manifest_doc
 
 
-def _completed() -> Envelope:
+def _completed() -> Envelope[BatchCompleted]:
     return Envelope.new(
         BatchCompleted(
             batch_id="demo-1",

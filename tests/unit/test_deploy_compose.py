@@ -43,7 +43,8 @@ def one_shot(service: dict[str, Any]) -> bool:
 
 
 def env_example() -> dict[str, str]:
-    return vd.parse_env_file(vd.ENV_EXAMPLE)
+    env: dict[str, str] = vd.parse_env_file(vd.ENV_EXAMPLE)
+    return env
 
 
 def test_profiles_select_the_expected_services(projects: dict[tuple[str, ...], dict[str, Any]]) -> None:
@@ -109,7 +110,7 @@ def test_the_api_runs_the_image_cli_with_settings_names_and_a_valid_key_map(
     assert set(env) - vd.settings_env_names(ApiSettings) == set(), "not settings names"
     # the example key map is what the API reads: every key a SHA-256 hash
     monkeypatch.setenv("LLMBATCH_API__KEYS", env["LLMBATCH_API__KEYS"])
-    settings = ApiSettings(_env_file=None)  # type: ignore[call-arg]
+    settings = ApiSettings(_env_file=None)
     assert settings.api.keys and all(len(h) == 64 for h in settings.api.keys)
 
 
@@ -213,7 +214,8 @@ def _compose_with_env(env: dict[str, str], profiles: tuple[str, ...]) -> dict[st
     with tempfile.NamedTemporaryFile("w", suffix=".env") as handle:
         handle.write("".join(f"{k}={v}\n" for k, v in env.items()))
         handle.flush()
-        return vd.compose_config(profiles, env_file=Path(handle.name))
+        project: dict[str, Any] = vd.compose_config(profiles, env_file=Path(handle.name))
+        return project
 
 
 def test_secrets_are_required_not_defaulted() -> None:
@@ -323,12 +325,14 @@ def test_commands_parse(everything: dict[str, Any]) -> None:
     assert checked == {"ray-head", "ray-worker-cpu", "ray-worker-gpu", "model-init-cpu", "model-init-gpu"}
     # the dispatcher's command is a real `llmbatch` subcommand (the image's ENTRYPOINT is `llmbatch`)
     import typer.main
+    from typer.core import TyperGroup
 
     group = typer.main.get_command(llmbatch.cli.app)
+    assert isinstance(group, TyperGroup)
     command = everything["dispatcher"]["command"]
     ctx = group.make_context("llmbatch", list(command), resilient_parsing=True)
     sub = group.get_command(ctx, command[0])
-    assert sub is not None and sub.get_command(ctx, command[1]) is not None  # type: ignore[attr-defined]
+    assert isinstance(sub, TyperGroup) and sub.get_command(ctx, command[1]) is not None
 
 
 def test_compose_loader_rejects_invalid_files(tmp_path: Path) -> None:

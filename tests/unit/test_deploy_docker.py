@@ -83,7 +83,7 @@ LOCKED = ROOT / "requirements" / "lock"
 
 def _locked_version(name: str) -> str:
     lock = tomllib.loads((ROOT / "uv.lock").read_text())
-    versions = {p["version"] for p in lock["package"] if p["name"] == name}
+    versions: set[str] = {p["version"] for p in lock["package"] if p["name"] == name}
     assert len(versions) == 1, f"uv.lock has {name} at {versions or 'no version'}"
     return versions.pop()
 
@@ -227,11 +227,13 @@ def test_dispatcher_image_entrypoint_exists() -> None:
     app_module = importlib.import_module(module)
     assert callable(getattr(app_module, func))
     import typer.main
+    from typer.core import TyperGroup
 
     group = typer.main.get_command(app_module.app)
+    assert isinstance(group, TyperGroup)
     ctx = group.make_context(argv[0], argv[1:], resilient_parsing=True)
     sub = group.get_command(ctx, argv[1])
-    assert sub is not None and sub.get_command(ctx, argv[2]) is not None  # type: ignore[attr-defined]
+    assert isinstance(sub, TyperGroup) and sub.get_command(ctx, argv[2]) is not None
     # the port it exposes and checks is the settings' default metrics port
     from llmbatch.dispatcher.settings import DispatcherOptions
 

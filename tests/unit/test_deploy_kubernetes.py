@@ -505,7 +505,7 @@ def test_api_deployment(renders: dict[str, list[dict[str, Any]]]) -> None:
         with pytest.MonkeyPatch.context() as env_vars:
             for name, value in {**_config(objects), "LLMBATCH_API__KEYS": keys}.items():
                 env_vars.setenv(name, value)
-            settings = ApiSettings(_env_file=None)  # type: ignore[call-arg]
+            settings = ApiSettings(_env_file=None)
         dispatcher_settings = _settings(objects)
         assert settings.kafka == dispatcher_settings.kafka
         assert settings.s3.endpoint == dispatcher_settings.s3.endpoint

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -30,7 +31,7 @@ class Item:
 def test_deploy_tests_are_skipped_with_the_reason_only_when_not_root(
     monkeypatch: pytest.MonkeyPatch, uid: int, skipped: bool
 ) -> None:
-    monkeypatch.setattr(conftest.os, "geteuid", lambda: uid)
+    monkeypatch.setattr(os, "geteuid", lambda: uid)
     node, other = (
         Item("tests/integration/test_kubelet_node.py::t", True),
         Item("tests/unit/test_x.py::t", False),

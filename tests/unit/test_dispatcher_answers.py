@@ -39,6 +39,7 @@ def rejected(offset: int = 3, event_id: str = "e-1", model: str = "no-such-model
 
 def test_a_rejection_names_the_reason_the_field_the_request_and_its_dead_letter() -> None:
     envelope = rejection_answer(rejected(), Written(1, 42), None, source="urn:d", now=NOW)
+    assert envelope is not None
     assert envelope.type is EventType.REJECTED and envelope.batch_id == "b-1"
     data = envelope.data
     assert isinstance(data, BatchRejected)
@@ -54,11 +55,13 @@ def test_the_same_record_is_answered_with_the_same_id_another_record_with_anothe
     first = rejection_answer(rejected(), Written(0, 1), None, source="urn:d", now=NOW)
     again = rejection_answer(rejected(), Written(0, 9), None, source="urn:d", now=NOW + 5)
     other = rejection_answer(rejected(offset=4), Written(0, 2), None, source="urn:d", now=NOW)
+    assert first is not None and again is not None and other is not None
     assert first.id == again.id != other.id
 
 
 def test_a_rejection_for_a_running_batch_is_not_final() -> None:
     envelope = rejection_answer(rejected(), Written(0, 1), State.RUNNING, source="urn:d", now=NOW)
+    assert envelope is not None
     assert isinstance(envelope.data, BatchRejected)
     assert envelope.data.batch_status is State.RUNNING and not envelope.data.is_final
 
@@ -68,12 +71,15 @@ def test_a_duplicate_request_is_answered_with_the_state_of_the_batch_that_holds_
     assert isinstance(command, Accept)
     result = IntakeResult("duplicate", State.COMPLETED, 7, 0)
     envelope = duplicate_answer(command, result, source="urn:d", now=NOW)
+    assert envelope is not None
     data = envelope.data
     assert isinstance(data, BatchRejected)
     assert (data.error.code, data.error.param, data.request_id) == ("duplicate_batch_id", "batch_id", "e-2")
     assert data.batch_status is State.COMPLETED and data.dead_letter is None
     assert "completed" in data.error.message
-    assert duplicate_answer(command, result, source="urn:d", now=NOW + 1).id == envelope.id
+    again = duplicate_answer(command, result, source="urn:d", now=NOW + 1)
+    assert again is not None
+    assert again.id == envelope.id
 
 
 def test_a_duplicate_names_the_requesters_tenant_whose_batch_holds_the_id() -> None:
@@ -83,7 +89,9 @@ def test_a_duplicate_names_the_requesters_tenant_whose_batch_holds_the_id() -> N
     )
     assert isinstance(command, Accept) and command.item.key == "globex/b-2"
     result = IntakeResult("duplicate", State.RUNNING, 7, 0)
-    data = duplicate_answer(command, result, source="urn:d", now=NOW).data
+    envelope = duplicate_answer(command, result, source="urn:d", now=NOW)
+    assert envelope is not None
+    data = envelope.data
     assert isinstance(data, BatchRejected) and data.tenant == "globex" and data.batch_id == "b-2"
     assert data.batch_status is State.RUNNING and "running" in data.error.message
 
@@ -94,9 +102,13 @@ def test_a_rejection_names_the_tenant_its_request_claims() -> None:
     )
     command = classify(origin(*request_message(request, event_id="e-9")), RULES, NOW)
     assert isinstance(command, Reject) and command.key == "acme/b-1"
-    data = rejection_answer(command, Written(0, 1), None, source="urn:d", now=NOW).data
+    envelope = rejection_answer(command, Written(0, 1), None, source="urn:d", now=NOW)
+    assert envelope is not None
+    data = envelope.data
     assert isinstance(data, BatchRejected) and data.tenant == "acme"
-    assert rejection_answer(rejected(), Written(0, 1), None, source="urn:d", now=NOW).data.tenant == "default"
+    default = rejection_answer(rejected(), Written(0, 1), None, source="urn:d", now=NOW)
+    assert default is not None
+    assert default.data.tenant == "default"
     _, _, headers = request_message(request, event_id="e-10")
     unreadable = classify(origin(b"b-1", b"not json", headers), RULES, NOW)
     assert isinstance(unreadable, Reject) and unreadable.tenant is None and unreadable.key == "b-1"
@@ -107,6 +119,7 @@ def test_a_request_given_up_on_is_answered_processing_failed() -> None:
     assert isinstance(command, Accept)
     failed = GaveUp("intake", RuntimeError("boom"), 3)
     envelope = failure_answer(command, "b-3", failed, None, source="urn:d", now=NOW)
+    assert envelope is not None
     data = envelope.data
     assert isinstance(data, BatchRejected)
     assert data.error.code == "processing_failed" and "boom" in data.error.message

@@ -10,7 +10,7 @@ from pydantic import SecretStr, ValidationError
 
 from llmbatch.dispatcher.backends.ray_backend import _status_code, build_submission
 from llmbatch.dispatcher.domain.batch_record import BatchRecord
-from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.dispatcher.domain.keys import Keys, batch_key
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import (
     KafkaUnavailable,
@@ -36,12 +36,12 @@ ACCESS_KEY, SECRET_KEY, REDIS_PASSWORD = "AKIA-test-access", "s3-secret-value", 
 
 def settings(engines: EngineRegistry | None = None, **job: object) -> DispatcherSettings:
     return DispatcherSettings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         s3=S3Settings(
             endpoint="http://minio:9000", access_key=SecretStr(ACCESS_KEY), secret_key=SecretStr(SECRET_KEY)
         ),
         redis=RedisSettings(url="redis://redis:6379/0", password=SecretStr(REDIS_PASSWORD), key_prefix="p"),
-        job=JobOptions(**job),  # type: ignore[arg-type]
+        job=JobOptions(**job),
         engines=engines if engines is not None else registry(),
     )
 
@@ -58,7 +58,7 @@ def record(batch_id: str = "b-1", **extra: str) -> BatchRecord:
         "attempt": "2",
     }
     fields.update(extra)
-    return BatchRecord.from_hash(batch_id, fields)
+    return BatchRecord.from_hash(batch_key(None, batch_id), fields)
 
 
 def test_job_spec_from_record() -> None:

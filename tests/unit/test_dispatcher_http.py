@@ -159,7 +159,7 @@ def test_settings_from_environment_and_secrets_masked(monkeypatch: pytest.Monkey
     )
     monkeypatch.setenv("LLMBATCH_JOB__PIP", '["vllm==0.32.0"]')
     monkeypatch.setenv("LLMBATCH_S3__SECRET_KEY", "hunter2")
-    settings = DispatcherSettings(_env_file=None)  # type: ignore[call-arg]
+    settings = DispatcherSettings(_env_file=None)
     assert settings.dispatcher.max_in_flight == 7
     assert settings.engines.get("m").engine.backend == FAKE_BACKEND and settings.job.pip == ["vllm==0.32.0"]
     assert settings.s3.secret_key.get_secret_value() == "hunter2"
@@ -173,7 +173,7 @@ def test_a_password_written_into_a_url_is_masked_too(monkeypatch: pytest.MonkeyP
         "LLMBATCH_ENGINES__MODELS", json.dumps({"m": {"path": "/m", "engine": {"backend": FAKE_BACKEND}}})
     )
     monkeypatch.setenv("LLMBATCH_REDIS__URL", "redis://default:s3cr3t-pw@redis.internal:6379/0")
-    settings = DispatcherSettings(_env_file=None)  # type: ignore[call-arg]
+    settings = DispatcherSettings(_env_file=None)
     shown = str(settings.redacted())
     assert "s3cr3t-pw" not in shown and "redis://default:**********@redis.internal:6379/0" in shown
 
@@ -182,4 +182,4 @@ def test_incoherent_settings_are_refused(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("LLMBATCH_DISPATCHER__RETRY_BACKOFF_BASE_S", "10")
     monkeypatch.setenv("LLMBATCH_DISPATCHER__RETRY_BACKOFF_MAX_S", "1")
     with pytest.raises(ValueError, match="retry_backoff_max_s"):
-        DispatcherSettings(_env_file=None)  # type: ignore[call-arg]
+        DispatcherSettings(_env_file=None)

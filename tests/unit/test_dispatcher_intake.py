@@ -24,6 +24,7 @@ from llmbatch.dispatcher.domain.events import (
     terminal_event_id,
     terminal_fields,
 )
+from llmbatch.dispatcher.domain.keys import batch_key
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.intake.commands import Accept, Cancel, IntakeRules, Reject, classify, lifecycle_of
 from llmbatch.schemas import dlt as dlt_headers
@@ -360,20 +361,21 @@ def test_original_record_json_round_trip_keeps_binary_headers() -> None:
 # --- event ids and terminal events ----------------------------------------------------------------------
 
 
+B1 = batch_key(None, "b1")
+
+
 def test_terminal_event_id_is_stable_and_distinct() -> None:
-    a = terminal_event_id("b1", State.COMPLETED, 0, None)
-    assert a == terminal_event_id("b1", State.COMPLETED, 0, None)
+    a = terminal_event_id(B1, State.COMPLETED, 0, None)
+    assert a == terminal_event_id(B1, State.COMPLETED, 0, None)
     others = {
-        terminal_event_id("b1", State.FAILED, 0, None),
-        terminal_event_id("b2", State.COMPLETED, 0, None),
-        terminal_event_id("b1", State.COMPLETED, 1, None),
-        terminal_event_id("b1", State.COMPLETED, 0, "r1"),
+        terminal_event_id(B1, State.FAILED, 0, None),
+        terminal_event_id(batch_key(None, "b2"), State.COMPLETED, 0, None),
+        terminal_event_id(B1, State.COMPLETED, 1, None),
+        terminal_event_id(B1, State.COMPLETED, 0, "r1"),
     }
     assert a not in others and len(others) == 4
-    assert terminal_event_id("b1", State.DEAD_LETTERED, 0, None) == terminal_event_id(
-        "b1", State.FAILED, 0, None
-    )
-    assert accepted_event_id("b1", 0, None) != a
+    assert terminal_event_id(B1, State.DEAD_LETTERED, 0, None) == terminal_event_id(B1, State.FAILED, 0, None)
+    assert accepted_event_id(B1, 0, None) != a
     uuid.UUID(a)
 
 
@@ -396,7 +398,7 @@ def _record(state: State, **fields: str) -> BatchRecord:
         "total": "3",
     }
     base.update(fields)
-    return BatchRecord.from_hash("b1", base)
+    return BatchRecord.from_hash(B1, base)
 
 
 def test_terminal_event_carries_the_stored_id_and_outcome() -> None:
@@ -411,9 +413,9 @@ def test_terminal_event_carries_the_stored_id_and_outcome() -> None:
         NOW + 1,
     )
     record = _record(State.COMPLETED)
-    record = BatchRecord.from_hash("b1", {**record.fields, **terminal_fields(record, outcome)})
+    record = BatchRecord.from_hash(B1, {**record.fields, **terminal_fields(record, outcome)})
     envelope = build_terminal(record, source="urn:d")
-    assert envelope.id == terminal_event_id("b1", State.COMPLETED, 0, None)
+    assert envelope.id == terminal_event_id(B1, State.COMPLETED, 0, None)
     assert envelope.type is EventType.COMPLETED
     data = envelope.data
     assert data.request_counts.completed == 3 and data.usage.total_tokens == 30
@@ -436,14 +438,14 @@ def test_failed_event_has_an_error() -> None:
     record = _record(State.FAILED)
     fields = terminal_fields(record, outcome)
     assert fields["dlt_pending"] == "1"
-    envelope = build_terminal(BatchRecord.from_hash("b1", {**record.fields, **fields}), source="urn:d")
+    envelope = build_terminal(BatchRecord.from_hash(B1, {**record.fields, **fields}), source="urn:d")
     assert envelope.type is EventType.FAILED
     assert envelope.data.error.code == "attempts_exhausted"
 
 
 def test_accepted_event() -> None:
     envelope = build_accepted(_record(State.QUEUED), source="urn:d")
-    assert envelope.type is EventType.ACCEPTED and envelope.id == accepted_event_id("b1", 0, None)
+    assert envelope.type is EventType.ACCEPTED and envelope.id == accepted_event_id(B1, 0, None)
     assert envelope.data.total_requests == 3
     assert envelope.data.expires_at.timestamp() == pytest.approx(NOW + 60)
 
@@ -478,7 +480,7 @@ def test_event_ids_are_unique_per_lifecycle_and_stable_within_one() -> None:
     assert first == again  # a redelivered record: the same lifecycle, the same ids
     assert not set(first) & set(second)  # another record of the same batch id: no id in common
     # a record from before lifecycles existed keeps the ids it had
-    assert accepted_event_id("b1", 0, None) == accepted_event_id("b1", 0, None, "")
+    assert accepted_event_id(B1, 0, None) == accepted_event_id(B1, 0, None, "")
 
 
 def test_a_lifecycle_is_fixed_by_the_record_that_starts_it() -> None:
@@ -537,6 +539,6 @@ def test_the_settings_turn_the_tenant_prefix_rule_on_by_default() -> None:
     from llmbatch.dispatcher.intake.commands import intake_rules
     from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 
-    assert intake_rules(DispatcherSettings(_env_file=None)).inputs_under_tenant_prefix  # type: ignore[call-arg]
-    off = DispatcherSettings(_env_file=None, dispatcher=DispatcherOptions(inputs_under_tenant_prefix=False))  # type: ignore[call-arg]
+    assert intake_rules(DispatcherSettings(_env_file=None)).inputs_under_tenant_prefix
+    off = DispatcherSettings(_env_file=None, dispatcher=DispatcherOptions(inputs_under_tenant_prefix=False))
     assert not intake_rules(off).inputs_under_tenant_prefix

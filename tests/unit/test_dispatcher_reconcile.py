@@ -9,6 +9,7 @@ import pytest
 
 from llmbatch.dispatcher.domain.batch_record import BatchRecord
 from llmbatch.dispatcher.domain.events import build_accepted
+from llmbatch.dispatcher.domain.keys import batch_key
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.intake.commands import Accept, IntakeRules, classify
 from llmbatch.dispatcher.intake.reconcile import unfinished
@@ -43,20 +44,20 @@ def test_accepted_batches_without_a_terminal_event_are_unfinished() -> None:
     events = [accepted("a", 3), accepted("b", 4), progress, ended("b"), accepted("c", 5)]
     pending = unfinished(events)
     assert set(pending) == {"a", "c"}
-    assert pending["a"].request == RecordRef(topic="req", partition=1, offset=3)
-    assert pending["a"].accepted_at.timestamp() == pytest.approx(NOW, abs=0.001)
+    assert pending[batch_key(None, "a")].request == RecordRef(topic="req", partition=1, offset=3)
+    assert pending[batch_key(None, "a")].accepted_at.timestamp() == pytest.approx(NOW, abs=0.001)
 
 
 def test_a_batch_accepted_again_after_it_ended_is_unfinished_with_its_new_request() -> None:
     pending = unfinished([accepted("a", 3), ended("a"), accepted("a", 9)])
-    assert pending["a"].request.offset == 9
+    assert pending[batch_key(None, "a")].request.offset == 9
     assert unfinished([accepted("a", 3), accepted("a", 9), ended("a")]) == {}
 
 
 def test_two_tenants_batches_of_one_id_are_told_apart() -> None:
     events = [accepted("a", 3, "acme"), accepted("a", 4, "globex"), ended("a", "acme")]
     pending = unfinished(events)
-    assert set(pending) == {"globex/a"} and pending["globex/a"].request.offset == 4
+    assert set(pending) == {"globex/a"} and pending[batch_key("globex", "a")].request.offset == 4
     assert set(unfinished(events[:2])) == {"acme/a", "globex/a"}
 
 

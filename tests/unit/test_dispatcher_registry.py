@@ -8,7 +8,7 @@ import dataclasses
 import hashlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from pydantic import SecretStr
@@ -19,7 +19,7 @@ from llmbatch.dispatcher.cli import app
 from llmbatch.dispatcher.domain.batch_record import BatchRecord, TransitionResult
 from llmbatch.dispatcher.domain.dlt import OriginalRecord
 from llmbatch.dispatcher.domain.events import Outcome
-from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.dispatcher.domain.keys import Keys, batch_key
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import InvalidSettings
 from llmbatch.dispatcher.kafka.request_body import RequestBodies
@@ -30,6 +30,7 @@ from llmbatch.dispatcher.runs.tracker import Tracker
 from llmbatch.dispatcher.service import Dispatcher
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.dispatcher.settings_loader import SettingsInvalid, describe_settings_error, load_settings
+from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.ray_job.backends import FAKE_BACKEND
 from llmbatch.schemas.engines import EngineModel, EngineRegistry
 from llmbatch.schemas.events import RecordRef
@@ -257,9 +258,16 @@ def tracker(
     results: Any = FakeResults()
     producer: Any = object()
     jobs: Any = backend
-    t = Tracker(
-        RunContext(settings, store, jobs, results, producer, Metrics(), clock=lambda: 1_790_000_000.0)
-    )  # type: ignore[arg-type]
+    context = RunContext(
+        settings,
+        cast(StateStore, store),  # the stand-in has the calls a tracker makes here
+        jobs,
+        results,
+        producer,
+        Metrics(),
+        clock=lambda: 1_790_000_000.0,
+    )
+    t = Tracker(context)
     return t, store, backend
 
 
@@ -276,7 +284,7 @@ def stored(state: str, attempt: int, **extra: str) -> BatchRecord:
     fields = {"state": state, "version": "3", "request": value.decode(), "attempt": str(attempt)}
     fields["total"] = "5"
     fields.update(extra)
-    return BatchRecord.from_hash("b-gone", fields)
+    return BatchRecord.from_hash(batch_key(None, "b-gone"), fields)
 
 
 def _failed(store: FakeStore) -> tuple[dict[str, Any], Outcome]:
@@ -351,9 +359,12 @@ async def test_a_launch_reads_an_offloaded_body_from_kafka_once() -> None:
     t.launcher.bodies = RequestBodies(reader)  # type: ignore[arg-type]
     offloaded = {"request_sha256": hashlib.sha256(value).hexdigest(), "origin": origin.to_json()}
     queued = stored("queued", 0, **offloaded)
-    queued = BatchRecord.from_hash("b-gone", {k: v for k, v in queued.fields.items() if k != "request"})
+    queued = BatchRecord.from_hash(
+        batch_key(None, "b-gone"), {k: v for k, v in queued.fields.items() if k != "request"}
+    )
     store.fresh = BatchRecord.from_hash(
-        "b-gone", {**queued.fields, "state": "submitted", "attempt": "1", "submission_id": "b-gone-a1"}
+        batch_key(None, "b-gone"),
+        {**queued.fields, "state": "submitted", "attempt": "1", "submission_id": "b-gone-a1"},
     )
     assert await t.launcher.start_attempt(queued) is True
     [spec] = backend.submitted

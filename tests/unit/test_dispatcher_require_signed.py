@@ -21,7 +21,7 @@ KEY = "k" * 32
 
 def _settings(required: bool, *, tenants: bool, replay: bool) -> DispatcherSettings:
     return DispatcherSettings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         dispatcher=DispatcherOptions(require_signed_events=required),
         engines=registry(),
         tenants=TenantSettings(keys={"acme": SecretStr(KEY)} if tenants else {}),

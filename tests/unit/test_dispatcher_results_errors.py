@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import urllib3
 from minio.error import InvalidResponseError, S3Error, ServerError
@@ -16,19 +14,14 @@ pytestmark = pytest.mark.unit
 ENDPOINT = "http://minio.test:9000"
 
 
-@dataclass
-class Answer:
-    status: int
-
-
 def s3_error(code: str, status: int) -> S3Error:
     return S3Error(
-        Answer(status),
+        urllib3.HTTPResponse(status=status),
         code,
         f"{code} happened",
         "/b/k",
         "req",
-        "host",  # type: ignore[arg-type]
+        "host",
         bucket_name="b",
         object_name="k",
     )
@@ -76,9 +69,13 @@ async def test_other_client_errors_are_permanent(exc: Exception) -> None:
         s3_error("SlowDown", 503),
         s3_error("RequestTimeout", 408),
         ServerError("internal error", 500),
-        urllib3.exceptions.MaxRetryError(None, "/b/k", "connection refused"),
+        urllib3.exceptions.MaxRetryError(
+            urllib3.HTTPConnectionPool("minio.test", 9000),
+            "/b/k",
+            ConnectionRefusedError("connection refused"),
+        ),
     ],
-)  # type: ignore[arg-type]
+)
 async def test_server_trouble_is_an_outage(exc: Exception) -> None:
     error = await failing(exc)
     assert isinstance(error, StorageUnavailable) and error.retriable

@@ -211,7 +211,9 @@ def test_each_input_gets_its_vector_in_order_and_a_line_fails_alone() -> None:
 
 def test_base64_is_little_endian_float32_of_the_same_vector() -> None:
     vector = [0.5, -1.25, 3.0e-3]
-    decoded = struct.unpack("<3f", base64.b64decode(encode_embedding(vector, "base64")))
+    encoded = encode_embedding(vector, "base64")
+    assert isinstance(encoded, str)
+    decoded = struct.unpack("<3f", base64.b64decode(encoded))
     assert decoded == pytest.approx(vector, rel=1e-6)
     assert encode_embedding(vector, "float") == vector
 

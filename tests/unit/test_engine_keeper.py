@@ -16,7 +16,7 @@ from llmbatch.dispatcher.backends.runner_backend import RunnerClient
 from llmbatch.dispatcher.backends.serve_api import PATH
 from llmbatch.dispatcher.service import Dispatcher
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
-from llmbatch.ray_job.runner import ROUTE_PREFIX
+from llmbatch.ray_job.runner_http import ROUTE_PREFIX
 from llmbatch.settings import RaySettings, RedisSettings
 from tests.support.dispatcher_kit import registry, wait_for
 from tests.support.scripted_http import ScriptedHttpServer
@@ -30,7 +30,7 @@ KEEPER = keeper_module.__name__  # its logger
 async def dispatcher(dashboard: ScriptedHttpServer, monkeypatch: pytest.MonkeyPatch) -> Dispatcher:
     monkeypatch.setattr(keeper_module, "ENGINE_POLL_S", 0.05)
     settings = DispatcherSettings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         dispatcher=DispatcherOptions(metrics_port=None, shared_engines=True),
         redis=RedisSettings(url="redis://127.0.0.1:1/0"),  # never reached
         ray=RaySettings(address=dashboard.address),

@@ -34,7 +34,7 @@ from llmbatch.dispatcher.ops.engines_cli import (
 from llmbatch.dispatcher.ops.engines_cli import app as engines_app
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.ray_job import node_secrets
-from llmbatch.ray_job.runner import APP_NAME as RUNNER_APP
+from llmbatch.ray_job.runner_http import APP_NAME as RUNNER_APP
 from llmbatch.ray_job.serve_engine import IMPORT_PATH, deployment_options, serve_application
 from llmbatch.schemas.engines import (
     DEPLOYMENT_NAME,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import pytest
 from pydantic import SecretStr
@@ -24,9 +24,10 @@ from llmbatch.dispatcher.backends.backend import (
 )
 from llmbatch.dispatcher.domain.batch_record import BatchRecord, TransitionResult
 from llmbatch.dispatcher.domain.events import Outcome
-from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.dispatcher.domain.keys import Keys, batch_key
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import RayUnavailable, StorageUnavailable
+from llmbatch.dispatcher.kafka.record_reader import RecordReader
 from llmbatch.dispatcher.kafka.request_body import RequestBodies
 from llmbatch.dispatcher.metrics import Metrics
 from llmbatch.dispatcher.runs.context import RunContext
@@ -150,7 +151,9 @@ def kit(**options: Any) -> Kit:
 
     ctx = RunContext(settings, store, backend, results, producer, Metrics(), clock=now)  # type: ignore[arg-type]
     outcomes, finisher = OutcomeReader(ctx), Finisher(ctx)
-    launcher = Launcher(ctx, outcomes, finisher, bodies=RequestBodies(NoKafka()), size_of=_no_size)
+    launcher = Launcher(
+        ctx, outcomes, finisher, bodies=RequestBodies(cast(RecordReader, NoKafka())), size_of=_no_size
+    )
     checks = InFlight(ctx, outcomes, finisher, launcher)
     return Kit(checks, store, backend, producer, clock, results)
 
@@ -172,7 +175,12 @@ def record(state: State, attempt: int = 1, **extra: str) -> BatchRecord:
         "submitted_at": repr(NOW - 5),
     }
     fields.update(extra)
-    return BatchRecord.from_hash("b-1", fields)
+    return BatchRecord.from_hash(batch_key(None, "b-1"), fields)
+
+
+class CancelFields(TypedDict):
+    cancel_requested: str
+    cancel_requested_at: str
 
 
 def terminal(store: Store) -> tuple[State, Outcome]:
@@ -468,9 +476,9 @@ async def test_a_job_clock_ahead_does_not_hide_a_hang() -> None:
 def test_the_heartbeat_memory_keeps_only_the_batches_in_flight() -> None:
     k = kit()
     for i in range(10_000):
-        k.checks._beats[f"b-{i}"] = ((1, "x"), NOW)
-        k.checks.progress._progress_at[f"b-{i}"] = NOW
-    k.checks.keep_only({"b-7"})
+        k.checks._beats[batch_key(None, f"b-{i}")] = ((1, "x"), NOW)
+        k.checks.progress._progress_at[batch_key(None, f"b-{i}")] = NOW
+    k.checks.keep_only({batch_key(None, "b-7")})
     assert list(k.checks._beats) == ["b-7"] and list(k.checks.progress._progress_at) == ["b-7"]
 
 
@@ -562,7 +570,7 @@ async def test_a_deadline_ends_a_running_batch_while_its_runner_does_not_answer(
 async def test_a_cancel_ends_a_submitted_batch_while_ray_does_not_answer() -> None:
     k = kit()
     k.backend.down = True
-    cancelled = {"cancel_requested": "1", "cancel_requested_at": repr(NOW)}
+    cancelled: CancelFields = {"cancel_requested": "1", "cancel_requested_at": repr(NOW)}
     await k.checks.check(record(State.SUBMITTED, **cancelled))
     assert k.store.states == [State.SUBMITTED]
     k.store.transitions.clear()
@@ -603,7 +611,7 @@ async def test_a_cancel_ends_the_batch_when_the_stop_fails_though_the_status_ans
         raise RayUnavailable("the stop call timed out")
 
     k.backend.stop = stop  # type: ignore[method-assign]
-    cancelled = {"cancel_requested": "1", "cancel_requested_at": repr(NOW)}
+    cancelled: CancelFields = {"cancel_requested": "1", "cancel_requested_at": repr(NOW)}
     await k.checks.check(record(State.RUNNING, **cancelled))
     assert refused == [SID] and k.store.states == [State.RUNNING]  # the request is remembered
     k.store.transitions.clear()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -19,8 +19,10 @@ from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import DispatcherError, PermanentError, StateStoreUnavailable
 from llmbatch.dispatcher.intake.commands import Accept, Command, IntakeRules, Reject, classify, intake_rules
 from llmbatch.dispatcher.intake.intake_apply import IntakeApplier
+from llmbatch.dispatcher.kafka.publisher import EventProducer
 from llmbatch.dispatcher.metrics import Metrics
 from llmbatch.dispatcher.settings import DispatcherSettings
+from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.schemas import EventType
 from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, origin, registry, request_message
 
@@ -112,11 +114,11 @@ class Producer:
 def applier(store: Store, producer: Producer) -> tuple[IntakeApplier, list[str]]:
     crashes: list[str] = []
     return IntakeApplier(
-        store,
-        producer,
+        cast(StateStore, store),  # the in-memory stand-in has the calls the applier makes
+        cast(EventProducer, producer),
         Metrics(),
         results_topic=RESULTS,
-        source="urn:d",  # type: ignore[arg-type]
+        source="urn:d",
         clock=lambda: NOW,
         crash=crashes.append,
         rules=IntakeRules(
@@ -126,7 +128,7 @@ def applier(store: Store, producer: Producer) -> tuple[IntakeApplier, list[str]]
 
 
 def command(batch_id: str, *, event_id: str, offset: int = 0, model: str = MODEL) -> Command:
-    settings = DispatcherSettings(_env_file=None, engines=registry())  # type: ignore[call-arg]
+    settings = DispatcherSettings(_env_file=None, engines=registry())
     request = batch_request(batch_id, model=model, requests=inline_lines(2, model=model))
     key, value, headers = request_message(request, event_id=event_id)
     return classify(origin(key, value, headers, offset=offset), intake_rules(settings), NOW)
@@ -185,6 +187,7 @@ async def test_recording_a_rejection_survives_a_permanent_store_error_but_not_an
     store, producer = Store(fail_recording=PermanentError("OOM command not allowed")), Producer()
     apply, _ = applier(store, producer)
     bad = command("b-bad", event_id="e9", model="no-such-model")
+    assert isinstance(bad, Reject)
     await apply.apply([bad])  # the letter and answer are out: a retry would only repeat them
     assert bad.marker not in store.markers
     store.fail_recording = StateStoreUnavailable("Redis at 127.0.0.1:1 is unreachable")

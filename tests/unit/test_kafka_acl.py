@@ -22,7 +22,7 @@ from llmbatch.adapters.errors import NotAuthorized
 from llmbatch.adapters.kafka import Publisher
 from llmbatch.dispatcher.cli import app
 from llmbatch.dispatcher.errors import KafkaAuthenticationFailed, KafkaNotAuthorized, classify
-from llmbatch.dispatcher.security.kafka_acl import ROLES, AclBinding, acl_bindings, render, role_grants
+from llmbatch.dispatcher.security.kafka_acl import ROLES, AclBinding, Role, acl_bindings, render, role_grants
 from llmbatch.schemas.batch import CancelRequest
 from llmbatch.schemas.cloudevents import Envelope
 from llmbatch.settings import KafkaSettings, TopicSettings
@@ -34,8 +34,8 @@ pytestmark = pytest.mark.unit
 TOPICS = TopicSettings(requests="t.req", results="t.res", dead_letter="t.dlt")
 
 
-def _grants(role: str, topics: TopicSettings = TOPICS, group: str = "g1") -> set[tuple[str, str, str]]:
-    return {(g.resource_type, g.resource_name, g.operation) for g in role_grants(topics, group)[role]}  # type: ignore[index]
+def _grants(role: Role, topics: TopicSettings = TOPICS, group: str = "g1") -> set[tuple[str, str, str]]:
+    return {(g.resource_type, g.resource_name, g.operation) for g in role_grants(topics, group)[role]}
 
 
 def test_each_role_gets_exactly_what_its_code_uses() -> None:
@@ -205,7 +205,7 @@ def test_a_publish_the_acls_refuse_is_not_authorized_naming_user_and_topic(
         sasl_mechanism="SCRAM-SHA-512",
         sasl_username="svc",
         sasl_password="secret-pw",
-    )  # type: ignore[arg-type]
+    )
     publisher = Publisher(kafka)
     envelope = Envelope.new(CancelRequest(batch_id="b1"), source="urn:t")
     with pytest.raises(NotAuthorized) as caught:
@@ -221,6 +221,6 @@ def test_dlq_says_a_hidden_dead_letter_topic_may_be_forbidden_rather_than_missin
 
     sasl = KafkaSettings(
         security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512", sasl_username="ops", sasl_password="pw"
-    )  # type: ignore[arg-type]
+    )
     assert _hidden(LLMBatchSettings(kafka=sasl)) == " (or user 'ops' may not read it)"
     assert _hidden(LLMBatchSettings(kafka=KafkaSettings())) == ""

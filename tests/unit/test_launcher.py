@@ -9,17 +9,18 @@ against real Redis in tests/integration/test_dispatcher_tracker.py.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from llmbatch.dispatcher.backends.backend import SubmitResult
 from llmbatch.dispatcher.domain.batch_record import BatchRecord, TransitionResult
 from llmbatch.dispatcher.domain.events import Outcome
-from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.dispatcher.domain.keys import BatchKey, Keys
 from llmbatch.dispatcher.domain.states import State, is_terminal
 from llmbatch.dispatcher.errors import JobRejected
 from llmbatch.dispatcher.intake.commands import Accept, classify, intake_rules
+from llmbatch.dispatcher.kafka.record_reader import RecordReader
 from llmbatch.dispatcher.kafka.request_body import RequestBodies
 from llmbatch.dispatcher.metrics import Metrics
 from llmbatch.dispatcher.runs.context import RunContext
@@ -39,13 +40,13 @@ NOW = 1_790_000_000.0
 @dataclass
 class Store:
     keys: Keys = field(default_factory=lambda: Keys("p"))
-    records: dict[str, BatchRecord] = field(default_factory=dict)
+    records: dict[BatchKey, BatchRecord] = field(default_factory=dict)
     transitions: list[tuple[State, dict[str, Any], tuple[str, ...]]] = field(default_factory=list)
     refuse: bool = False  # every compare-and-set loses (another replica moved the batch)
 
     async def transition(
         self,
-        key: str,
+        key: BatchKey,
         to: State,
         *,
         expected_version: int | None = None,
@@ -61,10 +62,10 @@ class Store:
         self.transitions.append((to, dict(fields or {}), tuple(delete)))
         return TransitionResult(True, "ok", to, record.version + 1)
 
-    async def get(self, key: str) -> BatchRecord | None:
+    async def get(self, key: BatchKey) -> BatchRecord | None:
         return self.records.get(key)
 
-    async def read_progress(self, key: str) -> dict[str, str]:
+    async def read_progress(self, key: BatchKey) -> dict[str, str]:
         return {}
 
 
@@ -113,12 +114,13 @@ class Kit:
 
 def kit(*, served: tuple[str, ...] = (MODEL,), pools: tuple[str, ...] = (), **options: Any) -> Kit:
     settings = DispatcherSettings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         engines=registry(models=served),
         dispatcher=DispatcherOptions(**options),
         tenants=TenantSettings(pools=list(pools)),
     )
-    store, backend, sizes = Store(), Backend(), {}
+    store, backend = Store(), Backend()
+    sizes: dict[str, int] = {}
     results: Any = Results()
 
     async def size_of(uri: str) -> int | None:
@@ -126,7 +128,11 @@ def kit(*, served: tuple[str, ...] = (MODEL,), pools: tuple[str, ...] = (), **op
 
     ctx = RunContext(settings, store, backend, results, Any, Metrics(), clock=lambda: NOW)  # type: ignore[arg-type]
     launcher = Launcher(
-        ctx, OutcomeReader(ctx), Finisher(ctx), bodies=RequestBodies(NoKafka()), size_of=size_of
+        ctx,
+        OutcomeReader(ctx),
+        Finisher(ctx),
+        bodies=RequestBodies(cast(RecordReader, NoKafka())),
+        size_of=size_of,
     )
     return Kit(launcher, store, backend, sizes)
 
@@ -140,7 +146,7 @@ def queued(
     **overrides: Any,
 ) -> BatchRecord:
     """A batch as the intake records it, queued (served models: all of the kit's and this one's)."""
-    settings = DispatcherSettings(_env_file=None, engines=registry(models=(MODEL, "gone-model")))  # type: ignore[call-arg]
+    settings = DispatcherSettings(_env_file=None, engines=registry(models=(MODEL, "gone-model")))
     model = overrides.pop("model", MODEL)
     request = batch_request(
         batch_id, model=model, tenant=tenant, requests=inline_lines(lines, model=model), **overrides

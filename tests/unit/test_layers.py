@@ -127,7 +127,8 @@ def load_path(start: str, bad: set[str]) -> list[str] | None:
         current = todo.popleft()
         for name in sorted(imports(current)):
             if name in bad or name.split(".")[0] in bad:
-                path, step = [name], current
+                path: list[str] = [name]
+                step: str | None = current
                 while step is not None:
                     path.append(step)
                     step = came_from[step]

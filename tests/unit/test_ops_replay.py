@@ -11,6 +11,7 @@ import pytest
 
 from llmbatch.dispatcher.domain.batch_record import BatchRecord
 from llmbatch.dispatcher.domain.dlt import OriginalRecord, build_dead_letter
+from llmbatch.dispatcher.domain.keys import batch_key
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.ops.common import OpsError, parse_when, safe_url
 from llmbatch.dispatcher.ops.dlq_reader import DeadLetterView, decode_payload, describe_header, parse_locator
@@ -73,7 +74,8 @@ def entry(replay_id: str = "rp-old-1", round_: int = 1) -> LedgerEntry:
 def decide(
     letters: list[DeadLetterView], states: dict[str, State | None] | None = None, **kw: Any
 ) -> list[Any]:
-    return plan(letters, ledger=kw.pop("ledger", {}), states=states or {}, default_topic=REQUESTS, **kw)
+    by_key = {batch_key(None, batch_id): state for batch_id, state in (states or {}).items()}
+    return plan(letters, ledger=kw.pop("ledger", {}), states=by_key, default_topic=REQUESTS, **kw)
 
 
 # --- planning ------------------------------------------------------------------------------------------
@@ -291,7 +293,7 @@ def _record(state: State, **fields: Any) -> BatchRecord:
         "metadata": orjson.dumps({"k": "v"}).decode(),
     }
     base.update({k: str(v) for k, v in fields.items()})
-    return BatchRecord.from_hash("b-1", base)
+    return BatchRecord.from_hash(batch_key(None, "b-1"), base)
 
 
 def test_job_views_of_a_finished_batch() -> None:

@@ -9,11 +9,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import typer
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from llmbatch.producer import cli
 from llmbatch.settings import KafkaSettings, LLMBatchSettings, S3Settings
@@ -55,11 +54,11 @@ def good_file(tmp_path: Path) -> Path:
     return path
 
 
-def invoke(settings: LLMBatchSettings, *args: str) -> Any:
+def invoke(settings: LLMBatchSettings, *args: str) -> Result:
     return runner.invoke(cli.app, list(args), obj=settings)
 
 
-def assert_one_line_error(result: Any, *fragments: str) -> str:
+def assert_one_line_error(result: Result, *fragments: str) -> str:
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)

@@ -10,6 +10,7 @@ import pytest
 from pyarrow import fs as pafs
 
 from llmbatch.ray_job import main as job_main
+from llmbatch.ray_job import s3 as job_s3
 from llmbatch.ray_job.errors import ExitCode
 from llmbatch.ray_job.outcome import RESULT_PREFIX
 from llmbatch.schemas.common import utcnow
@@ -42,7 +43,7 @@ def _spec() -> JobSpec:
 def attempt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Any:
     (tmp_path / "results").mkdir()
     local = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
-    monkeypatch.setattr(job_main.s3, "filesystem", lambda session=None: local)
+    monkeypatch.setattr(job_s3, "filesystem", lambda session=None: local)
 
     def run(pipeline: Any) -> tuple[int, dict[str, Any]]:
         att = job_main.Attempt(_spec(), utcnow())

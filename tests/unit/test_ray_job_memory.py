@@ -65,7 +65,7 @@ def test_the_object_stores_pages_are_not_this_processs_own(tmp_path: Path) -> No
     with path.open("wb") as f:
         f.truncate(size)
     before = read_memory()
-    with path.open("r+b") as f, mmap.mmap(f.fileno(), size) as store:
+    with path.open("r+b") as backing, mmap.mmap(backing.fileno(), size) as store:
         for offset in range(0, size, mmap.PAGESIZE):  # touch every page, as a read of results does
             store[offset] = 1
         during = read_memory()

@@ -113,7 +113,7 @@ def test_response_format_becomes_structured_outputs(
 
 @pytest.mark.parametrize("response_format", [None, {"type": "text"}])
 def test_free_text_asks_for_no_structured_outputs(response_format: dict[str, Any] | None) -> None:
-    body = {"messages": [], "response_format": response_format}
+    body: dict[str, Any] = {"messages": [], "response_format": response_format}
     assert "structured_outputs" not in sampling_kwargs(CHAT, body)
 
 

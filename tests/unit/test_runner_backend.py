@@ -184,7 +184,7 @@ def test_a_runner_without_the_many_states_route_is_asked_run_by_run(server: Scri
     server.answers[("GET", RUNS + "/b-1-a1")] = (200, b'{"status": "SUCCEEDED", "driver_exit_code": 0}')
     server.answers[("GET", RUNS + "/b-2-a1")] = (404, b'{"error": "unknown submission b-2-a1"}')
 
-    async def tick() -> list[JobInfo | None]:
+    async def tick() -> tuple[JobInfo | None, JobInfo | None]:
         return await asyncio.gather(client.status("b-1-a1"), client.status("b-2-a1"))
 
     done, unknown = asyncio.run(tick())

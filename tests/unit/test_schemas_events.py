@@ -105,8 +105,8 @@ def test_terminal_models_fix_their_status() -> None:
         model = EVENT_DATA_MODELS[event_type]
         extra = {"error": {"code": "x", "message": "y"}} if status is BatchStatus.FAILED else {}
         instance = model.model_validate(terminal(**extra))
-        assert instance.status is status
         assert isinstance(instance, TerminalEventData)
+        assert instance.status is status
         assert status.is_terminal
     assert not BatchStatus.RUNNING.is_terminal
 

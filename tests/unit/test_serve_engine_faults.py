@@ -6,15 +6,20 @@ tests/integration/test_serve_engine_vllm_faults.py and the chaos suite."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from ray import exceptions as ray_exceptions
+from ray.serve._private.common import DeploymentID
 from ray.serve.exceptions import DeploymentUnavailableError, RayServeException
+from ray.serve.handle import DeploymentHandle
 
 from llmbatch.ray_job import s3_session
 from llmbatch.ray_job.errors import EngineDeadError, EngineUnavailableError, ExitCode, InfraUnavailableError
 from llmbatch.ray_job.serve_engine import ServeEngine
+from llmbatch.schemas.engines import DEPLOYMENT_NAME
+
+DEPLOYMENT = DeploymentID(name=DEPLOYMENT_NAME, app_name="llmbatch-engine-m")
 
 
 class _Response:
@@ -44,7 +49,7 @@ class _Engine(ServeEngine):
     def __init__(self, error: BaseException, app_state: str | None = "RUNNING") -> None:
         # no Serve: the handle stands in for one
         self.app, self._wait_s, self._retries = "llmbatch-engine-m", 5.0, 0
-        self._handle = _Handle(error)
+        self._handle = cast(DeploymentHandle[Any], _Handle(error))  # has the calls the engine makes
         self.state = app_state
 
     def _app_state(self) -> str | None:
@@ -57,7 +62,7 @@ def _engine(error: BaseException, app_state: str | None = "RUNNING") -> ServeEng
 
 @pytest.mark.parametrize("app_state", ["RUNNING", "DEPLOYING", None])
 @pytest.mark.parametrize(
-    "error", [DeploymentUnavailableError("llmbatch-engine-m"), RayServeException("controller away")]
+    "error", [DeploymentUnavailableError(DEPLOYMENT), RayServeException("controller away")]
 )
 def test_serve_failing_is_an_outage_not_the_batchs_fault(error: BaseException, app_state: str | None) -> None:
     with pytest.raises(InfraUnavailableError) as raised:
@@ -68,7 +73,7 @@ def test_serve_failing_is_an_outage_not_the_batchs_fault(error: BaseException, a
 @pytest.mark.parametrize("app_state", ["DEPLOY_FAILED", "UNHEALTHY", ""])
 def test_an_engine_that_cannot_start_is_engine_unavailable(app_state: str) -> None:
     with pytest.raises(EngineUnavailableError):
-        _engine(DeploymentUnavailableError("llmbatch-engine-m"), app_state).wait_ready()
+        _engine(DeploymentUnavailableError(DEPLOYMENT), app_state).wait_ready()
 
 
 def test_a_model_that_is_not_deployed_is_engine_unavailable() -> None:
@@ -78,13 +83,17 @@ def test_a_model_that_is_not_deployed_is_engine_unavailable() -> None:
 
 
 def test_a_dead_engine_is_told_by_type_not_by_text() -> None:
-    dead = ray_exceptions.RayTaskError("generate", "tb", EngineDeadError("gone")).as_instanceof_cause()
+    dead = ray_exceptions.RayTaskError(  # type: ignore[no-untyped-call]  # Ray does not annotate it
+        "generate", "tb", EngineDeadError("gone")
+    ).as_instanceof_cause()
     with pytest.raises(EngineDeadError):
         _engine(dead).wait_ready()
     # a task error whose text mentions the name but whose cause is another error stays what it is
-    other = ray_exceptions.RayTaskError("generate", "EngineDeadError in a log line", ValueError("x"))
+    other = ray_exceptions.RayTaskError(  # type: ignore[no-untyped-call]  # Ray does not annotate it
+        "generate", "EngineDeadError in a log line", ValueError("x")
+    )
     with pytest.raises(ray_exceptions.RayTaskError) as raised:
-        _engine(other.as_instanceof_cause()).wait_ready()
+        _engine(other.as_instanceof_cause()).wait_ready()  # type: ignore[no-untyped-call]  # as above
     assert not isinstance(raised.value, EngineDeadError)
 
 

@@ -47,7 +47,7 @@ def test_sasl_needs_mechanism_and_credentials() -> None:
         KafkaSettings(security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512")
     ok = KafkaSettings(
         security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN", sasl_username="u", sasl_password="p"
-    )  # type: ignore[arg-type]
+    )
     kwargs = ok.client_kwargs()
     assert kwargs["sasl_mechanism"] == "PLAIN"
     assert kwargs["sasl_plain_password"] == "p"
@@ -76,14 +76,14 @@ def test_bad_urls_are_rejected(model: type, field: str, value: str) -> None:
 def test_a_replay_key_is_long_and_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLMBATCH_REPLAY__KEY", "too-short")
     with pytest.raises(ValidationError) as info:
-        LLMBatchSettings(_env_file=None)  # type: ignore[call-arg]
+        LLMBatchSettings(_env_file=None)
     assert "replay.key" in str(info.value) and "32 characters" in str(info.value)
     key = "r" * 40
     monkeypatch.setenv("LLMBATCH_REPLAY__KEY", key)
-    settings = LLMBatchSettings(_env_file=None)  # type: ignore[call-arg]
+    settings = LLMBatchSettings(_env_file=None)
     assert settings.replay.key_bytes() == key.encode() and key not in repr(settings)
     monkeypatch.delenv("LLMBATCH_REPLAY__KEY")
-    assert LLMBatchSettings(_env_file=None).replay.key_bytes() is None  # type: ignore[call-arg]
+    assert LLMBatchSettings(_env_file=None).replay.key_bytes() is None
 
 
 def test_state_file_round_trip_is_owner_only(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from llmbatch.demo import batch as demo_batch
 from llmbatch.demo import run as demo
 from llmbatch.stack import state as stack_state
 from llmbatch.stack.cli import app
@@ -129,7 +130,7 @@ def test_env_sourced_by_bash_points_at_stack_and_carries_dispatcher_settings(
             "resources": threads,
         },
     }
-    assert demo.MODEL == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert demo_batch.MODEL == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert got["LLMBATCH_JOB__ENGINE_CACHE_DIR"] == str(cache / "engine-cache")
     # what the dispatcher makes of it
     from llmbatch.dispatcher.settings import DispatcherSettings
@@ -139,9 +140,9 @@ def test_env_sourced_by_bash_points_at_stack_and_carries_dispatcher_settings(
     for key, value in got.items():
         if key.startswith("LLMBATCH_"):
             monkeypatch.setenv(key, value)
-    settings = DispatcherSettings(_env_file=None)  # type: ignore[call-arg]
+    settings = DispatcherSettings(_env_file=None)
     assert settings.serving_problem() is None
-    entry = settings.engines.get(demo.MODEL)
+    entry = settings.engines.get(demo_batch.MODEL)
     assert entry.path == str(model) and entry.engine.enforce_eager and entry.engine.dtype == "auto"
     assert settings.pooling_models == {"sentence-transformers/all-MiniLM-L6-v2"}
     assert not list(tmp_path.glob("PWNED*")), "a value was executed by the shell"

@@ -18,7 +18,7 @@ from llmbatch.dispatcher.backends.ray_backend import build_submission
 from llmbatch.dispatcher.backends.runner_backend import takes_short_path
 from llmbatch.dispatcher.cli import app
 from llmbatch.dispatcher.domain.batch_record import BatchRecord
-from llmbatch.dispatcher.domain.keys import Keys
+from llmbatch.dispatcher.domain.keys import Keys, batch_key
 from llmbatch.dispatcher.job_options import JobOptions
 from llmbatch.dispatcher.runs.jobspec import build_job_spec
 from llmbatch.dispatcher.security.minio_policy import policy_name, tenant_policy
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.unit
 
 def _settings(pools: list[str], **job: Any) -> DispatcherSettings:
     return DispatcherSettings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         s3=S3Settings(endpoint="http://minio:9000", access_key=SecretStr("ak"), secret_key=SecretStr("sk")),
         tenants=TenantSettings(pools=pools),
         job=JobOptions(**job),
@@ -45,7 +45,7 @@ def _settings(pools: list[str], **job: Any) -> DispatcherSettings:
 def _record(tenant: str, batch_id: str = "b-1") -> BatchRecord:
     _, value, _ = request_message(batch_request(batch_id, requests=inline_lines(2), tenant=tenant))
     return BatchRecord.from_hash(
-        batch_id,
+        batch_key(None, batch_id),
         {"state": "submitted", "version": "1", "request": value.decode(), "tenant": tenant, "attempt": "1"},
     )
 

@@ -21,7 +21,8 @@ from llmbatch.dispatcher.runs.jobspec import build_job_spec
 from llmbatch.dispatcher.settings import DispatcherSettings
 from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.settings import KafkaSettings, RedisSettings, S3Settings
-from llmbatch.stack import kafka_broker, services
+from llmbatch.stack import kafka_broker
+from llmbatch.stack.process import StackError
 from llmbatch.stack.tls import make_local_ca
 from tests.support.dispatcher_kit import registry
 from tests.unit.test_dispatcher_backend import record
@@ -59,14 +60,14 @@ def test_every_call_makes_a_new_ca(tmp_path: Path) -> None:
 
 def _settings(**redis: object) -> DispatcherSettings:
     return DispatcherSettings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         s3=S3Settings(
             endpoint="https://minio:9000",
             access_key=SecretStr("k"),
             secret_key=SecretStr("s"),
             ca_file=Path("/etc/llmbatch/ca.pem"),
         ),
-        redis=RedisSettings(url="rediss://redis:6380/0", **redis),  # type: ignore[arg-type]
+        redis=RedisSettings(url="rediss://redis:6380/0", **redis),
         engines=registry(),
     )
 
@@ -122,7 +123,7 @@ def test_a_tls_kafka_listens_sasl_ssl_on_its_pem_keystore(tmp_path: Path) -> Non
     assert f"ssl.truststore.location={files.ca_cert}" in props
     assert any(p.startswith("listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=") for p in props)
     assert not any("PLAINTEXT://127.0.0.1:9093" in p for p in props)
-    with pytest.raises(services.StackError, match="SASL_SSL"):
+    with pytest.raises(StackError, match="SASL_SSL"):
         kafka_broker.start_kafka(tmp_path, tls=files)
     client = sasl.client("admin", files.ca_cert)
     assert client["security_protocol"] == "SASL_SSL" and isinstance(client["ssl_context"], ssl.SSLContext)
@@ -131,6 +132,8 @@ def test_a_tls_kafka_listens_sasl_ssl_on_its_pem_keystore(tmp_path: Path) -> Non
 def test_the_job_side_s3_filesystem_trusts_the_ca_bundle(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    from pyarrow import fs as pafs
+
     from llmbatch.ray_job import s3
 
     files = make_local_ca(tmp_path)
@@ -140,7 +143,7 @@ def test_the_job_side_s3_filesystem_trusts_the_ca_bundle(
         seen.update(kwargs)
         return object()
 
-    monkeypatch.setattr(s3.pafs, "S3FileSystem", fake)
+    monkeypatch.setattr(pafs, "S3FileSystem", fake)
     monkeypatch.setenv("LLMBATCH_S3__ENDPOINT", "https://127.0.0.1:9000")
     monkeypatch.setenv("LLMBATCH_S3__CA_FILE", str(files.ca_cert))
     s3.filesystem()
@@ -249,7 +252,7 @@ def test_up_will_not_mix_tls_and_plaintext_services(tmp_path: Path, monkeypatch:
     state.save()
     monkeypatch.setattr(manager, "prepare", lambda names: None)
     monkeypatch.setattr(manager, "alive", lambda pid: True)
-    with pytest.raises(services.StackError, match=r"redis is running with TLS .* `llmbatch stack down`"):
+    with pytest.raises(StackError, match=r"redis is running with TLS .* `llmbatch stack down`"):
         manager.up(tmp_path, ["redis"])
 
 

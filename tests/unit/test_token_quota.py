@@ -4,6 +4,7 @@ records for a batch (its tokens and its tenant's limit), and a file batch's esti
 from __future__ import annotations
 
 import time
+from typing import cast
 
 import pytest
 from hypothesis import given
@@ -12,7 +13,9 @@ from hypothesis import strategies as st
 from llmbatch.dispatcher.domain.quota import BYTES_PER_TOKEN, estimate_file, estimate_inline
 from llmbatch.dispatcher.intake.commands import Accept, IntakeRules, classify
 from llmbatch.dispatcher.intake.intake_apply import IntakeApplier
+from llmbatch.dispatcher.kafka.publisher import EventProducer
 from llmbatch.dispatcher.metrics import Metrics
+from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.settings import TenantSettings
 from tests.support.dispatcher_kit import MODEL, batch_request, inline_lines, origin, request_message
 
@@ -63,13 +66,13 @@ async def test_a_file_batch_under_a_limit_is_estimated_from_its_size() -> None:
         return 4001
 
     applier = IntakeApplier(
-        None,
-        None,
+        cast(StateStore, None),  # the estimate reads neither the store nor the producer
+        cast(EventProducer, None),
         Metrics(),
         results_topic="r",
         source="s",
         clock=time.time,
-        crash=lambda p: None,  # type: ignore[arg-type]
+        crash=lambda p: None,
         rules=_rules(acme=10),
         size_of=size_of,
     )

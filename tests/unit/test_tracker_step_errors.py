@@ -25,7 +25,7 @@ pytestmark = pytest.mark.unit
 @pytest.fixture
 async def tracker() -> Any:
     settings = DispatcherSettings(
-        _env_file=None,  # type: ignore[call-arg]
+        _env_file=None,
         dispatcher=DispatcherOptions(metrics_port=None, shared_engines=False),
         redis=RedisSettings(url="redis://127.0.0.1:1/0"),  # never reached: the step is the test's
         engines=registry(),

@@ -13,6 +13,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from openai import InvalidWebhookSignatureError, OpenAI
+from openai.types.webhooks import (
+    BatchCancelledWebhookEvent,
+    BatchCompletedWebhookEvent,
+    BatchExpiredWebhookEvent,
+    BatchFailedWebhookEvent,
+)
 from standardwebhooks.webhooks import Webhook
 
 from llmbatch.dispatcher.webhooks import targets
@@ -21,6 +27,12 @@ from llmbatch.settings.webhooks import WebhookSettings
 
 KEY = b"k" * 40
 EP = "whep_" + "a" * 24
+BATCH_EVENTS = (
+    BatchCompletedWebhookEvent,
+    BatchFailedWebhookEvent,
+    BatchCancelledWebhookEvent,
+    BatchExpiredWebhookEvent,
+)
 
 
 def _client(secret: str) -> OpenAI:
@@ -33,6 +45,7 @@ def test_the_sdk_verifies_each_terminal_event_and_reads_the_batch_id(kind: str) 
     now = int(time.time())
     body = webhooks.event_body("evt-1", kind, now - 5, "nightly-7")
     event = _client(secret).webhooks.unwrap(body.decode(), webhooks.headers(secret, "evt-1", now, body))
+    assert isinstance(event, BATCH_EVENTS)
     assert (event.type, event.id, event.data.id, event.created_at) == (kind, "evt-1", "nightly-7", now - 5)
 
 
@@ -48,7 +61,9 @@ def test_any_event_signs_so_the_sdk_verifies_it_and_a_changed_byte_does_not(
     now = int(time.time())
     body = webhooks.event_body(event_id, "batch.completed", now, batch_id)
     sent = webhooks.headers(secret, event_id, now, body)
-    assert _client(secret).webhooks.unwrap(body.decode(), sent).data.id == batch_id
+    event = _client(secret).webhooks.unwrap(body.decode(), sent)
+    assert isinstance(event, BatchCompletedWebhookEvent)
+    assert event.data.id == batch_id
     assert Webhook(secret).verify(body, sent)["data"] == {"id": batch_id}  # the standardwebhooks library
     changed = body.replace(b'"object"', b'"objecT"')
     with pytest.raises(InvalidWebhookSignatureError):
