@@ -58,7 +58,7 @@ def record(batch_id: str = "b-1", **extra: str) -> BatchRecord:
         "attempt": "2",
     }
     fields.update(extra)
-    return BatchRecord.from_hash(batch_key(None, batch_id), fields)
+    return BatchRecord.from_hash(batch_key("acme", batch_id), fields)
 
 
 def test_job_spec_from_record() -> None:
@@ -67,7 +67,7 @@ def test_job_spec_from_record() -> None:
     assert spec.submission_id == "b-1-a2"
     assert spec.output_prefix == "s3://llmbatch-results/acme/b-1/"
     assert spec.requests is not None and len(spec.requests) == 2
-    assert spec.progress_key == "p:progress:b-1" and spec.redis_url == "redis://redis:6379/0"
+    assert spec.progress_key == "p:progress:acme/b-1" and spec.redis_url == "redis://redis:6379/0"
     assert spec.model == MODEL and spec.model_path == "/models/smol" and spec.shard_max_lines == 7
     assert spec.deadline is not None and spec.deadline.timestamp() == 1790000000.5
     assert spec.engine.backend == FAKE_BACKEND

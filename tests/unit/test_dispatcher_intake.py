@@ -361,7 +361,7 @@ def test_original_record_json_round_trip_keeps_binary_headers() -> None:
 # --- event ids and terminal events ----------------------------------------------------------------------
 
 
-B1 = batch_key(None, "b1")
+B1 = batch_key("acme", "b1")
 
 
 def test_terminal_event_id_is_stable_and_distinct() -> None:

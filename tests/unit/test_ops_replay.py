@@ -293,7 +293,7 @@ def _record(state: State, **fields: Any) -> BatchRecord:
         "metadata": orjson.dumps({"k": "v"}).decode(),
     }
     base.update({k: str(v) for k, v in fields.items()})
-    return BatchRecord.from_hash(batch_key(None, "b-1"), base)
+    return BatchRecord.from_hash(batch_key("acme", "b-1"), base)
 
 
 def test_job_views_of_a_finished_batch() -> None:

@@ -45,7 +45,7 @@ def _settings(pools: list[str], **job: Any) -> DispatcherSettings:
 def _record(tenant: str, batch_id: str = "b-1") -> BatchRecord:
     _, value, _ = request_message(batch_request(batch_id, requests=inline_lines(2), tenant=tenant))
     return BatchRecord.from_hash(
-        batch_key(None, batch_id),
+        batch_key(tenant, batch_id),
         {"state": "submitted", "version": "1", "request": value.decode(), "tenant": tenant, "attempt": "1"},
     )
 
