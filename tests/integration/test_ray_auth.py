@@ -79,8 +79,8 @@ async def test_a_launch_with_a_rotated_token_waits_instead_of_failing_the_batch(
     settings = settings_for(head, redis_settings, "rotated-" + TOKEN, prefix)
     store = StateStore.from_url(redis_settings.url, keys=Keys(prefix), finished_ttl_s=3600, dedupe_ttl_s=3600)
     backend = RayJobsBackend(settings)
-    results: Any = None  # a failure would need them: reaching them fails the test too
-    tracker = Tracker(RunContext(settings, store, backend, results, producer=Any, metrics=Metrics()))  # type: ignore[arg-type]
+    results: Any = None  # a failure would need them (or the producer): reaching them fails the test too
+    tracker = Tracker(RunContext(settings, store, backend, results, producer=results, metrics=Metrics()))
     await tracker.leases.step()  # a lone replica: it leads and holds every shard
     try:
         await queue(store, "rotated", 2)

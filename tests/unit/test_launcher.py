@@ -126,7 +126,8 @@ def kit(*, served: tuple[str, ...] = (MODEL,), pools: tuple[str, ...] = (), **op
     async def size_of(uri: str) -> int | None:
         return sizes.get(uri)
 
-    ctx = RunContext(settings, store, backend, results, Any, Metrics(), clock=lambda: NOW)  # type: ignore[arg-type]
+    unused: Any = None  # nothing here publishes
+    ctx = RunContext(settings, store, backend, results, unused, Metrics(), clock=lambda: NOW)  # type: ignore[arg-type]
     launcher = Launcher(
         ctx,
         OutcomeReader(ctx),
