@@ -55,6 +55,7 @@ def test_urgent_when_near_or_at_risk() -> None:
 @example(done=1, total=10, started=0.0, deadline=math.inf)
 @example(done=1, total=10, started=-math.inf, deadline=-math.inf)  # was at risk, with infinite figures
 @example(done=1, total=10, started=math.nan, deadline=math.nan)
+@example(done=1, total=438964, started=-4.1e302, deadline=None)  # a finite start, an infinite need
 @given(
     done=st.integers(0, 10**6),
     total=st.one_of(st.none(), st.integers(0, 10**6)),

@@ -27,7 +27,8 @@ def finish_in(done: int, total: int | None, running_s: float) -> float | None:
     """Seconds the rest of the batch needs at its rate so far; ``None`` when that cannot be said yet."""
     if total is None or total <= 0 or done <= 0 or running_s <= 0:
         return None
-    return max(total - done, 0) * running_s / done
+    need = max(total - done, 0) * running_s / done
+    return need if math.isfinite(need) else None  # a start time read back absurdly far in the past
 
 
 def at_risk(done: int, total: int | None, running_s: float, left_s: float | None) -> bool:
