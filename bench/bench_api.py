@@ -44,8 +44,8 @@ import orjson  # noqa: E402
 import psutil  # noqa: E402
 
 from bench.bench_ray_job import stack_s3  # noqa: E402
-from llmbatch.api.auth import hash_api_key  # noqa: E402
 from llmbatch.api.settings import ApiSettings  # noqa: E402
+from llmbatch.api.tenancy.auth import hash_api_key  # noqa: E402
 from llmbatch.schemas.job import ShardInfo, output_prefix, shard_name  # noqa: E402
 from llmbatch.schemas.openai import Usage  # noqa: E402
 from llmbatch.stack.ports import free_port  # noqa: E402
@@ -131,7 +131,7 @@ async def load(base: str, clients: int, calls: int, file_id: str) -> dict[str, A
 
 def write_results(client: Any, settings: ApiSettings, batch_id: str, mb: int) -> tuple[list[str], int]:
     """Output shards of about ``mb`` MB and a manifest under the batch's folder, as a job writes them."""
-    from llmbatch.ray_job import manifest as manifests
+    from llmbatch.ray_job.job import manifest as manifests
 
     line = (
         orjson.dumps(

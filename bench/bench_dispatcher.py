@@ -32,7 +32,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from llmbatch.ray_job.backends import FAKE_BACKEND
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:

@@ -140,7 +140,7 @@ def settings_of(pairs: list[str]) -> dict[str, str]:
 
 
 def environment(state: Any, tag: str, port: int) -> dict[str, str]:
-    from llmbatch.ray_job.backends import FAKE_BACKEND
+    from llmbatch.ray_job.engines.backends import FAKE_BACKEND
     from llmbatch.schemas.engines import EngineModel, EngineRegistry
     from llmbatch.schemas.job import EngineConfig
     from llmbatch.stack.dispatcher_env import dispatcher_environ

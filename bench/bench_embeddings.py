@@ -8,9 +8,8 @@ The same texts are embedded, interleaved ``--reps`` times (this machine is noisy
 
 - ``plain``: ``LLM.embed(texts)``, vLLM's own batch call (it tokenizes and steps).
 - ``service``: what a batch runs: input lines parsed, the prompt stage (our tokenizer call, one engine
-  request per input), the engine stage (:class:`llmbatch.ray_job.engine_runner.EngineRunner`, the step loop
-  the
-  shared engines run) and the output lines (``CreateEmbeddingResponse`` JSON).
+  request per input), the engine stage (:class:`llmbatch.ray_job.engines.engine_runner.EngineRunner`,
+  the step loop the shared engines run) and the output lines (``CreateEmbeddingResponse`` JSON).
 
 For each ``--inputs-per-line`` (1 = one text per line; 8 = OpenAI's list input), prints texts/s per
 mode, the ratio service/plain, and the smallest cosine between the two modes' vectors (1.0 = the same
@@ -72,7 +71,7 @@ class SharedEngine:
     """The engine stage's view of an engine that already exists (as the batch runner's warm ones)."""
 
     def __init__(self, backend: Any) -> None:
-        from llmbatch.ray_job.engine_runner import EngineRunner
+        from llmbatch.ray_job.engines.engine_runner import EngineRunner
 
         self.max_model_len = backend.max_model_len
         self.default_max_tokens = backend.default_max_tokens
@@ -97,10 +96,10 @@ def run_service(
 ) -> list[list[float]]:
     import orjson
 
-    from llmbatch.ray_job import rows
-    from llmbatch.ray_job.engine import EngineStage
-    from llmbatch.ray_job.parse import parse_lines
-    from llmbatch.ray_job.prompts import build_rows
+    from llmbatch.ray_job.job.engine import EngineStage
+    from llmbatch.ray_job.job.prompts import build_rows
+    from llmbatch.ray_job.lines import rows
+    from llmbatch.ray_job.lines.parse import parse_lines
     from llmbatch.schemas.common import Endpoint
 
     lines = [
@@ -137,8 +136,8 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.update(engine_environment())
 
-    from llmbatch.ray_job.backend_vllm import VllmBackend
-    from llmbatch.ray_job.tokenizers import HFTokenizer
+    from llmbatch.ray_job.engines.backend_vllm import VllmBackend
+    from llmbatch.ray_job.engines.tokenizers import HFTokenizer
     from llmbatch.schemas.job import EngineConfig
     from llmbatch.stack.dispatcher_env import LOCAL_EMBEDDING_ENGINE
     from llmbatch.stack.model import EMBEDDING_MODEL, embedding_model_dir

@@ -4,8 +4,8 @@
         [--variants inproc,vllm-procs] [--json]
 
 Each run is a fresh process (bench_ray_job's plain worker: engine start, then ``llm.chat`` on the
-same chat prompts, greedy, 32 tokens) with the project's engine environment (``llmbatch.ray_job.engine_env``)
-and one variant on top:
+same chat prompts, greedy, 32 tokens) with the project's engine environment
+(``llmbatch.ray_job.engines.engine_env``) and one variant on top:
 
 - ``inproc``: the environment as shipped on CPU (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the engine
   core and the model run in the calling process, ``OMP_NUM_THREADS`` threads, here 1 as a Ray
@@ -67,7 +67,7 @@ VARIANTS["inproc2"] = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS":
 for _ms in ("5", "0"):
     VARIANTS[f"inproc2-bt{_ms}"] = {**VARIANTS["inproc2"], "KMP_BLOCKTIME": _ms}
 # the same with the dtype named (the others compute in what `dtype: auto` gives the service's engine on
-# this CPU: float32 without bfloat16 instructions, see llmbatch.ray_job.cpu_dtype)
+# this CPU: float32 without bfloat16 instructions, see llmbatch.ray_job.engines.cpu_dtype)
 for _dtype in ("bfloat16", "float32"):
     VARIANTS[f"inproc2-{_dtype}"] = {**VARIANTS["inproc2"], "BENCH_PLAIN_DTYPE": _dtype}
 # steps of at most 512 tokens, as the local stack's engine takes them (the others: vLLM's default)

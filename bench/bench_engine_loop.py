@@ -8,11 +8,11 @@ interleaved ``--reps`` times (this machine is noisy: compare within a run, read 
 
 - ``chat``: plain ``LLM.chat`` (vLLM tokenizes and steps; what bench_service calls "plain").
 - ``ids``: ``LLM.generate`` on the token ids our prompt stage makes (vLLM's loop, no tokenizing).
-- ``runner``: :class:`llmbatch.ray_job.engine_runner.EngineRunner` with the registry's ``max_active`` (256),
-all
-  prompts in one call (our step loop and fair queue instead of vLLM's).
+- ``runner``: :class:`llmbatch.ray_job.engines.engine_runner.EngineRunner` with the registry's
+  ``max_active`` (256), all prompts in one call (our step loop and fair queue instead of vLLM's).
 - ``window``: the batch runner's windows: calls of ``--batch-size`` prompts, ``--in-flight`` at
-  once, the oldest awaited before the next is sent (as ``llmbatch.ray_job.runner`` does), one group.
+  once, the oldest awaited before the next is sent (as ``llmbatch.ray_job.batch_runner.runner``
+  does), one group.
 - ``4x128``: ``--conc`` calls of equal size at once, one group each (four batches sharing).
 
 ``--budgets``: one engine per ``max_num_batched_tokens`` (0 = vLLM's default), each built as the
@@ -77,7 +77,7 @@ def run_mode(
     """(seconds, output tokens, engine steps seen by our loop) of one mode."""
     from vllm import SamplingParams
 
-    from llmbatch.ray_job.engine_runner import EngineRunner
+    from llmbatch.ray_job.engines.engine_runner import EngineRunner
 
     llm = backend._llm
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
@@ -151,9 +151,9 @@ def main() -> None:
         parser.error(f"unknown modes {sorted(unknown)}")
     os.environ.update(engine_environment())
 
-    from llmbatch.ray_job.backend_vllm import VllmBackend
-    from llmbatch.ray_job.records import GenRequest
-    from llmbatch.ray_job.tokenizers import HFTokenizer
+    from llmbatch.ray_job.engines.backend_vllm import VllmBackend
+    from llmbatch.ray_job.engines.tokenizers import HFTokenizer
+    from llmbatch.ray_job.lines.records import GenRequest
     from llmbatch.schemas.job import EngineConfig
     from llmbatch.stack.model import ensure_model
 

@@ -10,10 +10,9 @@ engine's own surroundings from the service's: the same prompts, in one run,
   entry of ``llmbatch stack dispatcher``: ``max_num_batched_tokens`` 512, eager, bf16, the engine
   environment, ``--omp-threads`` threads) on a private Ray head where nothing else runs (no Kafka,
   Redis, MinIO, dispatcher, batch runner or Ray Data). This process calls it through a deployment handle
-  (:class:`llmbatch.ray_job.serve_engine.ServeEngine`, as a batch does), ``--conc`` calls of equal size at
-  once,
-  the prompts tokenized here beforehand (as the prompt stage does): output tokens / wall time of the
-  calls, ``--reps`` times on the warm replica;
+  (:class:`llmbatch.ray_job.engines.serve_client.ServeEngine`, as a batch does), ``--conc`` calls of
+  equal size at once, the prompts tokenized here beforehand (as the prompt stage does): output tokens /
+  wall time of the calls, ``--reps`` times on the warm replica;
 - ``plain``: ``LLM.chat`` on the same prompts in a fresh process with the engine's environment, after the
   head is down (bench_ray_job's worker), ``--plain-reps`` times.
 
@@ -72,8 +71,8 @@ def deploy_config(ray: Any, model_path: str, omp_threads: int) -> dict[str, Any]
 
 
 def requests_for(model_path: str, texts: list[str], max_tokens: int) -> list[Any]:
-    from llmbatch.ray_job.records import GenRequest
-    from llmbatch.ray_job.tokenizers import HFTokenizer
+    from llmbatch.ray_job.engines.tokenizers import HFTokenizer
+    from llmbatch.ray_job.lines.records import GenRequest
 
     tok = HFTokenizer(model_path)
     out = []
@@ -109,7 +108,7 @@ def replica_runs(args: argparse.Namespace, model_path: str, texts: list[str]) ->
     import ray
 
     from llmbatch.dispatcher.backends.serve_api import ServeApi
-    from llmbatch.ray_job.serve_engine import ServeEngine
+    from llmbatch.ray_job.engines.serve_client import ServeEngine
     from llmbatch.schemas.engines import app_name
     from llmbatch.stack import manager
     from llmbatch.stack.model import SERVED_MODEL

@@ -1,7 +1,8 @@
 """Benchmark: how batches share one warm engine (real vLLM on CPU, in one process, no Ray).
 
-What the shared engine's replica does with the requests of many batches (ray_job.engine_runner.EngineRunner
-and its fair queue), measured on one vLLM engine, side by side in one run:
+What the shared engine's replica does with the requests of many batches
+(ray_job.engines.engine_runner.EngineRunner and its fair queue), measured on one vLLM engine, side by
+side in one run:
 
 - fairness: an 8-line priority-9 batch alone on the idle engine, then while a ``--big``-line
   priority-0 batch runs: with priorities (the runner as shipped), with equal priorities (batches
@@ -44,14 +45,14 @@ SYSTEM_TOPICS = ["a ship's navigator", "a pastry chef", "a tax adviser", "a moun
 
 class Bench:
     def __init__(self, model: str, args: argparse.Namespace) -> None:
-        from llmbatch.ray_job.tokenizers import HFTokenizer
+        from llmbatch.ray_job.engines.tokenizers import HFTokenizer
 
         self.model = model
         self.args = args
         self.tok = HFTokenizer(model)
 
     def request(self, key: str, messages: list[dict[str, str]], max_tokens: int) -> Any:
-        from llmbatch.ray_job.records import GenRequest
+        from llmbatch.ray_job.lines.records import GenRequest
 
         text = self.tok.render_chat(messages)
         ids = self.tok.encode(text, add_special_tokens=False)
@@ -64,7 +65,7 @@ class Bench:
         ]
 
     def engine(self, **engine_kwargs: Any) -> Any:
-        from llmbatch.ray_job.backend_vllm import VllmBackend
+        from llmbatch.ray_job.engines.backend_vllm import VllmBackend
         from llmbatch.schemas.job import EngineConfig
 
         config = EngineConfig(
@@ -88,7 +89,7 @@ def tokens(out: list[Any]) -> int:
 
 
 def fairness(b: Bench, backend: Any) -> dict[str, Any]:
-    from llmbatch.ray_job.engine_runner import EngineRunner
+    from llmbatch.ray_job.engines.engine_runner import EngineRunner
 
     small = b.user(prompts(8), 32, "s")
     big = b.user(prompts(b.args.big), 32, "b")
@@ -136,8 +137,8 @@ def system_prompt(topic: str) -> str:
 
 
 def prefix(b: Bench, backends: dict[str, Any]) -> dict[str, Any]:
-    from llmbatch.ray_job import fair_queue
-    from llmbatch.ray_job.engine_runner import EngineRunner
+    from llmbatch.ray_job.engines import fair_queue
+    from llmbatch.ray_job.engines.engine_runner import EngineRunner
 
     asks = prompts(b.args.prefix_lines)
     requests = [
@@ -172,7 +173,7 @@ def prefix(b: Bench, backends: dict[str, Any]) -> dict[str, Any]:
 
 
 def throughput(b: Bench, backend: Any) -> dict[str, Any]:
-    from llmbatch.ray_job.engine_runner import EngineRunner
+    from llmbatch.ray_job.engines.engine_runner import EngineRunner
 
     texts = prompts(512)
     runner = EngineRunner(backend, max_active=b.args.max_active)

@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from llmbatch.ray_job.backends import FAKE_BACKEND
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -38,7 +38,7 @@ def machine_cpu_s() -> float:
 
 def one_job(jobs: Any, lines: int) -> dict[str, float]:
     from bench.bench_ray_job import run_job
-    from llmbatch.ray_job.submit import runtime_env
+    from llmbatch.ray_job.job.submit import runtime_env
     from llmbatch.schemas.job import EngineConfig, JobSpec
     from llmbatch.schemas.openai import BatchInputLine
     from llmbatch.settings import LLMBatchSettings

@@ -7,7 +7,7 @@ For each size: a ``.jsonl.gz`` input of that many chat lines is written and uplo
 stream, one Ray job runs it on the fake engine (no delay: the pipeline is what is measured), and
 every process of the Ray node is sampled every 0.5 s. Prints, per size: wall time, lines/s, the
 driver's peak RSS (the job's own ``ru_maxrss``), USS and RSS without the object store's pages
-(:attr:`llmbatch.ray_job.memory.MemoryUse.own`), the peak RSS, USS and RSS without the object
+(:attr:`llmbatch.ray_job.job.memory.MemoryUse.own`), the peak RSS, USS and RSS without the object
 store's pages of the Ray workers by task (the input reader, the prompt and engine stages, the writer),
 the output shards and their largest line count. Flat memory means USS and RSS without the store do not
 grow with the line count: RSS alone also counts the shared object-store pages a process has touched,
@@ -29,7 +29,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from llmbatch.ray_job.backends import FAKE_BACKEND
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -75,7 +75,7 @@ class RssSampler:
     def _run(self) -> None:
         import psutil
 
-        from llmbatch.ray_job.memory import read_memory
+        from llmbatch.ray_job.job.memory import read_memory
 
         while not self._stop.is_set():
             for proc in psutil.process_iter(["cmdline"]):
@@ -109,7 +109,7 @@ def run_size(lines: int, args: argparse.Namespace) -> dict[str, Any]:
     from ray.job_submission import JobSubmissionClient
 
     from bench.bench_ray_job import run_job, stack_s3
-    from llmbatch.ray_job.submit import runtime_env
+    from llmbatch.ray_job.job.submit import runtime_env
     from llmbatch.schemas.job import EngineConfig, JobSpec, parse_manifest
     from llmbatch.settings import LLMBatchSettings
 

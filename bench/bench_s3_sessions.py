@@ -10,7 +10,7 @@ first S3 call on the batch, a HEAD of its input, with a filesystem built from th
 each and the per-batch cost of sessions, (a) + (b) - (c). With ``--job-handoff`` (the stack's Redis
 too: ``llmbatch stack up minio redis``) also (d) what a Ray job attempt adds: the dispatcher stores the
 session in Redis (``SET NX EX``) and the driver takes it (``GETDEL`` + parse,
-``llmbatch.ray_job.s3_session``).
+``llmbatch.ray_job.storage.s3_session``).
 One process, one run. Not a test.
 """
 
@@ -59,7 +59,7 @@ def main() -> int:
 
     from bench.bench_ray_job import stack_s3
     from llmbatch.dispatcher.backends.s3_sessions import SessionMinter
-    from llmbatch.ray_job import s3
+    from llmbatch.ray_job.storage import s3
     from llmbatch.schemas.job import JobSpec, output_prefix
     from llmbatch.settings import LLMBatchSettings
 
@@ -82,7 +82,7 @@ def main() -> int:
     import orjson
 
     from llmbatch.dispatcher.state.store import StateStore
-    from llmbatch.ray_job import s3_session
+    from llmbatch.ray_job.storage import s3_session
 
     loop = asyncio.new_event_loop()
     store = StateStore.from_settings(settings.redis) if args.job_handoff else None

@@ -1,8 +1,8 @@
 """Benchmark: many small batches, real vLLM on CPU, one run, same prompts and engine settings, in
 up to three modes side by side: an engine per batch (``own``: main before the shared engines), the
 shared warm engine on Ray Serve with a Ray job per batch (``shared``), and the short path, where the
-batch runner (ray_job.runner, a warm Serve replica) runs each batch on the shared engine (``short``:
-what the dispatcher does for batches under ``short_path_max_lines``).
+batch runner (ray_job.batch_runner.runner, a warm Serve replica) runs each batch on the shared engine
+(``short``: what the dispatcher does for batches under ``short_path_max_lines``).
 
     eval "$(.venv/bin/llmbatch stack env)"      # MinIO + Ray head of `llmbatch stack up minio ray`
     .venv/bin/python bench/bench_small_batches.py [--small 16] [--per-batch 8] [--warm-runs 10]
@@ -53,7 +53,7 @@ class Runner:
 
         from llmbatch.adapters.storage import ensure_buckets, make_client
         from llmbatch.dispatcher.settings import DispatcherSettings
-        from llmbatch.ray_job.submit import runtime_env
+        from llmbatch.ray_job.job.submit import runtime_env
 
         self.settings = DispatcherSettings()
         s3 = self.settings.s3
@@ -109,7 +109,7 @@ class Runner:
         from the first submit to the last one finished, plus each manifest."""
         from llmbatch.adapters.storage import get_bytes
         from llmbatch.dispatcher.backends.runner_backend import RunnerClient
-        from llmbatch.ray_job.submit import submit_kwargs
+        from llmbatch.ray_job.job.submit import submit_kwargs
         from llmbatch.schemas.job import parse_manifest
 
         client = RunnerClient.of(self.settings.ray)
@@ -168,8 +168,8 @@ def deploy(runner: Runner, *, cold: bool) -> str:
     """(Re)deploy the model's shared engine; ``cold`` = at zero replicas (the first call starts one)."""
     from llmbatch.dispatcher.backends.engines import runner_env_vars, serve_config, summarize
     from llmbatch.dispatcher.backends.serve_api import ServeApi
-    from llmbatch.ray_job.runner import serve_application as runner_application
-    from llmbatch.ray_job.runner_http import APP_NAME
+    from llmbatch.ray_job.batch_runner.runner_config import serve_application as runner_application
+    from llmbatch.ray_job.batch_runner.runner_http import APP_NAME
     from llmbatch.schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
 
     api = ServeApi(runner.settings.ray.address, timeout_s=120)

@@ -44,7 +44,7 @@ apt_packages() {
     command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
     ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 >/dev/null 2>&1 || need+=(libtcmalloc-minimal4)
     if [ "$TIER" = test ]; then
-      # the chaos suite runs the job side two minutes ahead of the rest (llmbatch/chaos/runner.py)
+      # the chaos suite runs the job side two minutes ahead of the rest (llmbatch/chaos/run_settings.py)
       [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || need+=(libfaketime)
     fi
   fi

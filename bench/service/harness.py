@@ -21,7 +21,7 @@ from bench.bench_ray_job import input_lines
 from bench.service.common import BenchError, Sub, say
 from bench.service.ledger import Ledger, Load
 from bench.service.scheduling import schedule
-from llmbatch.ray_job.backends import FAKE_BACKEND
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
 
 T = TypeVar("T")
 
@@ -209,7 +209,7 @@ class Service:
         """Drop the model's engine (its Serve app) and deploy it again at zero replicas, as the
         dispatcher deployed it; the batch runner stays. Returns the seconds it took."""
         from llmbatch.dispatcher.backends.engines import cluster_serve_config, summarize, without
-        from llmbatch.ray_job.runner_http import APP_NAME
+        from llmbatch.ray_job.batch_runner.runner_http import APP_NAME
         from llmbatch.stack.model import SERVED_MODEL
 
         _, _, api, dsettings = self.need()

@@ -1,6 +1,6 @@
 """A job backend for measuring the dispatcher alone: every attempt runs at once, in the dispatcher's own
-process, as the batch runner runs it (:class:`~llmbatch.ray_job.runner_attempt.RunnerAttempt`: the
-batch's inline lines or input file, its shards, manifest and progress on the real S3 and Redis) on the
+process, as the batch runner runs it (:class:`~llmbatch.ray_job.batch_runner.runner_attempt.RunnerAttempt`:
+the batch's inline lines or input file, its shards, manifest and progress on the real S3 and Redis) on the
 fake engine, with no Ray, no Serve and no HTTP in between. What is left is the dispatcher's own work per
 batch (intake, launch, polling, finish, publish) and one small job's S3 writes.
 
@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from llmbatch.dispatcher.backends.backend import JobInfo, JobState, SubmitResult
-from llmbatch.ray_job import job_redis
-from llmbatch.ray_job.backend_fake import WhitespaceTokenizer
-from llmbatch.ray_job.engine import Engine, LocalEngine
-from llmbatch.ray_job.records import Generation, GenRequest
-from llmbatch.ray_job.runner_attempt import RunnerAttempt
+from llmbatch.ray_job.batch_runner.runner_attempt import RunnerAttempt
+from llmbatch.ray_job.engines.backend_fake import WhitespaceTokenizer
+from llmbatch.ray_job.job.engine import Engine, LocalEngine
+from llmbatch.ray_job.lines.records import Generation, GenRequest
+from llmbatch.ray_job.storage import job_redis
 from llmbatch.schemas.batch import DEFAULT_PRIORITY
 from llmbatch.schemas.job import EngineConfig, JobSpec
 

@@ -112,7 +112,7 @@ FROM ${RAY_CPU_IMAGE} AS cpu
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1 \
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 USER 0:0
-# tcmalloc: ray_job.engine_env preloads it (measured 20-40% faster on CPU). Not version-pinned: the
+# tcmalloc: ray_job.engines.engine_env preloads it (measured 20-40% faster on CPU). Not version-pinned: the
 # Ray base image tag fixes the Ubuntu release and so the package version.
 # hadolint ignore=DL3008
 RUN apt-get update \

@@ -25,7 +25,7 @@ ENGINES = "LLMBATCH_ENGINES__MODELS"
 LOCAL_ENGINE: dict[str, object] = {
     "enforce_eager": True,  # 18-20 s engine start instead of 70-130 s
     # bfloat16 where the CPU computes it natively, float32 where it would emulate it (5.8x faster on
-    # an AVX2-only CPU): see llmbatch.ray_job.cpu_dtype
+    # an AVX2-only CPU): see llmbatch.ray_job.engines.cpu_dtype
     "dtype": "auto",
     "max_model_len": 2048,
     "batch_size": 4,  # small Ray Data batches: live progress

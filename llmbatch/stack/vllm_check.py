@@ -30,7 +30,7 @@ PROMPTS = [
 def generate(model: str, prompts: list[str], max_tokens: int) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
-    from llmbatch.ray_job.cpu_dtype import host_auto_dtype
+    from llmbatch.ray_job.engines.cpu_dtype import host_auto_dtype
 
     dtype = host_auto_dtype()  # as the local stack's engine (dtype auto) on this CPU
     t0 = time.perf_counter()
@@ -54,7 +54,7 @@ def generate(model: str, prompts: list[str], max_tokens: int) -> dict[str, Any]:
 
 def run_in_subprocess(prompts: int = 8, max_tokens: int = 48, timeout: float = 900) -> dict[str, Any]:
     """Run the check in a fresh process with the engine environment; return its JSON result."""
-    from llmbatch.ray_job.engine_env import engine_env
+    from llmbatch.ray_job.engines.engine_env import engine_env
     from llmbatch.stack.model import ensure_model
     from llmbatch.stack.state import CACHE_DIR
 

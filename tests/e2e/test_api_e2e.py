@@ -20,7 +20,7 @@ import pytest
 
 from llmbatch.adapters.storage import make_client
 from llmbatch.adapters.topics import ensure_topics
-from llmbatch.api.auth import hash_api_key
+from llmbatch.api.tenancy.auth import hash_api_key
 from llmbatch.chaos.processes import DispatcherProcess
 from llmbatch.dispatcher.domain.keys import BatchKey
 from llmbatch.schemas.events import EventType

@@ -33,7 +33,7 @@ from llmbatch.dispatcher.errors import DispatcherError
 from llmbatch.dispatcher.job_options import JobOptions
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.dispatcher.state.store import StateStore
-from llmbatch.ray_job.backends import FAKE_BACKEND
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
 from llmbatch.schemas import dlt as dlt_headers
 from llmbatch.schemas.batch import BatchRequest, CancelRequest
 from llmbatch.schemas.cloudevents import Envelope
@@ -656,7 +656,7 @@ async def test_a_ray_head_restart_loses_jobs_runs_and_engines_which_all_come_bac
     dispatcher (tracker leader) finds the job lost, deploys the engines and the runner again, and both
     batches run again and complete, each answered once with every custom_id once."""
     from llmbatch.dispatcher.backends.serve_api import ServeApi
-    from llmbatch.ray_job.runner_http import APP_NAME
+    from llmbatch.ray_job.batch_runner.runner_http import APP_NAME
     from llmbatch.schemas.engines import ReplicaResources, Scaling
     from tests.support.dispatcher_kit import MODEL
     from tests.support.private_ray import PrivateRay

@@ -32,7 +32,7 @@ from llmbatch.dispatcher.domain.keys import Keys, batch_key
 from llmbatch.dispatcher.job_options import JobOptions
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.dispatcher.state.store import StateStore
-from llmbatch.ray_job.backends import FAKE_BACKEND
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
 from llmbatch.schemas import dlt
 from llmbatch.schemas.dlt import ReplayInfo
 from llmbatch.schemas.events import EventType

@@ -1,5 +1,6 @@
 """Shared helpers for the ray_job integration tests: submit the job through the Ray Jobs API
-exactly as the dispatcher does (``llmbatch.ray_job.submit``), against the real MinIO, Redis and Ray head."""
+exactly as the dispatcher does (``llmbatch.ray_job.job.submit``), against the real MinIO, Redis and Ray
+head."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ from ray.job_submission import JobStatus, JobSubmissionClient
 from llmbatch.dispatcher.backends.ray_http import auth_headers
 from llmbatch.dispatcher.backends.s3_sessions import JobSessions, SessionMinter
 from llmbatch.dispatcher.state.store import StateStore
-from llmbatch.ray_job import node_secrets
-from llmbatch.ray_job.engine_env import engine_env
-from llmbatch.ray_job.submit import SessionRef, parse_result, runtime_env, submit_kwargs
+from llmbatch.ray_job.engines.engine_env import engine_env
+from llmbatch.ray_job.job.submit import SessionRef, parse_result, runtime_env, submit_kwargs
+from llmbatch.ray_job.storage import node_secrets
 from llmbatch.schemas.job import EngineConfig, JobSpec, Manifest, parse_manifest
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
 from llmbatch.stack.state import CACHE_DIR

@@ -26,10 +26,10 @@ from llmbatch.dispatcher.backends.s3_sessions import SessionMinter
 from llmbatch.dispatcher.backends.serve_api import ServeApi
 from llmbatch.dispatcher.errors import JobRejected, RayUnavailable
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
-from llmbatch.ray_job import job_keys, node_secrets
-from llmbatch.ray_job.backends import FAKE_BACKEND
+from llmbatch.ray_job.batch_runner.runner_config import DEFAULT_REPLICAS
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
 from llmbatch.ray_job.errors import ExitCode
-from llmbatch.ray_job.runner import DEFAULT_REPLICAS
+from llmbatch.ray_job.storage import job_keys, node_secrets
 from llmbatch.schemas.common import BatchStatus, utcnow
 from llmbatch.schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
 from llmbatch.schemas.job import EngineConfig, JobSpec

@@ -14,7 +14,7 @@ from llmbatch.dispatcher.backends.serve_api import ServeApi
 from llmbatch.dispatcher.errors import DispatcherError
 from llmbatch.dispatcher.service import Dispatcher
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
-from llmbatch.ray_job.runner_http import APP_NAME as RUNNER_APP
+from llmbatch.ray_job.batch_runner.runner_http import APP_NAME as RUNNER_APP
 from llmbatch.schemas.engines import app_name
 from llmbatch.settings import KafkaSettings, RedisSettings, S3Settings, TopicSettings
 from tests.integration.test_dispatcher_tracker import Jobs

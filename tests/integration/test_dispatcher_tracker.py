@@ -35,7 +35,7 @@ from llmbatch.dispatcher.runs.results import Shards
 from llmbatch.dispatcher.runs.tracker import Tracker
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.dispatcher.state.store import StateStore
-from llmbatch.ray_job.backends import FAKE_BACKEND
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
 from llmbatch.schemas.engines import EngineModel, EngineRegistry, Scaling
 from llmbatch.schemas.job import EngineConfig, JobSpec
 from llmbatch.settings import RaySettings, RedisSettings

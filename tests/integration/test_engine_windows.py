@@ -15,11 +15,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from minio import Minio
 
-from llmbatch.ray_job.backend_fake import WhitespaceTokenizer
-from llmbatch.ray_job.backends import FAKE_BACKEND
-from llmbatch.ray_job.engine import LocalEngine
-from llmbatch.ray_job.records import Generation, GenRequest
-from llmbatch.ray_job.runner_attempt import RunnerAttempt
+from llmbatch.ray_job.batch_runner.runner_attempt import RunnerAttempt
+from llmbatch.ray_job.engines.backend_fake import WhitespaceTokenizer
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
+from llmbatch.ray_job.job.engine import LocalEngine
+from llmbatch.ray_job.lines.records import Generation, GenRequest
 from llmbatch.schemas.batch import DEFAULT_PRIORITY
 from llmbatch.schemas.job import EngineConfig, JobSpec, output_prefix
 from llmbatch.schemas.openai import BatchInputLine
@@ -32,7 +32,7 @@ CONFIG = EngineConfig(backend=FAKE_BACKEND, batch_size=2, batches_in_flight=4)
 
 
 class SlottedEngine:
-    """A shared engine as the runner sees one (:class:`~llmbatch.ray_job.engine.SharedEngine`): the
+    """A shared engine as the runner sees one (:class:`~llmbatch.ray_job.job.engine.SharedEngine`): the
     fake engine, the slots it reports, and the size of every call it got."""
 
     def __init__(self, slots: int) -> None:

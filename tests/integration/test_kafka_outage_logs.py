@@ -18,7 +18,7 @@ import pytest
 from llmbatch.chaos.processes import DispatcherProcess
 from llmbatch.dispatcher.job_options import JobOptions
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
-from llmbatch.ray_job.backends import FAKE_BACKEND
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
 from llmbatch.schemas.engines import EngineModel, EngineRegistry
 from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import KafkaSettings, RaySettings, RedisSettings, S3Settings, TopicSettings

@@ -52,7 +52,7 @@ from typing import Any
 import pytest
 import yaml
 
-from llmbatch.ray_job.backends import FAKE_BACKEND
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
 from llmbatch.schemas.engines import DEPLOYMENT_NAME
 from llmbatch.stack.process import stop_tree
 from tests.support.cluster_hosts import ClusterHosts

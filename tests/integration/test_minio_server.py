@@ -52,12 +52,12 @@ def test_put_get(s3_settings: S3Settings, bucket: str) -> None:
 async def test_the_apis_conditional_write_creates_once_and_never_overwrites(
     s3_settings: S3Settings, bucket: str
 ) -> None:
-    """api.storage's put_new (S3's If-None-Match: *), what idempotent creates claim their key with:
+    """api.store.storage's put_new (S3's If-None-Match: *), what idempotent creates claim their key with:
     the first write wins, a second leaves it as it is; other errors are not taken for "exists"."""
     import asyncio
 
     from llmbatch.adapters.errors import StorageError
-    from llmbatch.api.storage import MinioObjectStore
+    from llmbatch.api.store.storage import MinioObjectStore
 
     store = MinioObjectStore(s3_settings)
     key = f"claims/{uuid.uuid4().hex}.json"
@@ -77,10 +77,10 @@ async def test_the_apis_conditional_write_creates_once_and_never_overwrites(
 async def test_a_files_uses_are_empty_markers_listed_back_by_batch_id(
     s3_settings: S3Settings, bucket: str
 ) -> None:
-    """api.records' use markers (what keeps a file a batch may still read from being deleted) on the
+    """api.store.records' use markers (what keeps a file a batch may still read from being deleted) on the
     real server: empty objects under the file's folder, listed back as batch ids."""
-    from llmbatch.api.records import Layout, RecordStore, new_id
-    from llmbatch.api.storage import MinioObjectStore
+    from llmbatch.api.store.records import Layout, RecordStore, new_id
+    from llmbatch.api.store.storage import MinioObjectStore
 
     records = RecordStore(MinioObjectStore(s3_settings), Layout(bucket))
     tenant = f"t{uuid.uuid4().hex[:8]}"
@@ -97,9 +97,9 @@ async def test_a_files_uses_are_empty_markers_listed_back_by_batch_id(
 
 
 async def test_active_marks_are_listed_newest_first_and_dropped(s3_settings: S3Settings, bucket: str) -> None:
-    """api.records' active-batch marks (what the API's active-batch quota counts) on the real server."""
-    from llmbatch.api.records import BATCH_PREFIX, Layout, RecordStore, made_at, new_id
-    from llmbatch.api.storage import MinioObjectStore
+    """api.store.records' active-batch marks (what the API's active-batch quota counts) on the real server."""
+    from llmbatch.api.store.records import BATCH_PREFIX, Layout, RecordStore, made_at, new_id
+    from llmbatch.api.store.storage import MinioObjectStore
 
     records = RecordStore(MinioObjectStore(s3_settings), Layout(bucket))
     tenant = f"t{uuid.uuid4().hex[:8]}"
@@ -117,8 +117,8 @@ async def test_active_marks_are_listed_newest_first_and_dropped(s3_settings: S3S
 async def test_the_storage_quota_counts_the_bytes_under_a_prefix(
     s3_settings: S3Settings, bucket: str
 ) -> None:
-    """api.storage's total_size (what the API's storage quota reads): one listing, sizes summed."""
-    from llmbatch.api.storage import MinioObjectStore
+    """api.store.storage's total_size (what the API's storage quota reads): one listing, sizes summed."""
+    from llmbatch.api.store.storage import MinioObjectStore
 
     store = MinioObjectStore(s3_settings)
     prefix = f"quota-{uuid.uuid4().hex[:8]}/files/"

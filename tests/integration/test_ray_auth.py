@@ -23,7 +23,7 @@ from llmbatch.dispatcher.runs.context import RunContext
 from llmbatch.dispatcher.runs.tracker import Tracker
 from llmbatch.dispatcher.settings import DispatcherSettings
 from llmbatch.dispatcher.state.store import StateStore
-from llmbatch.ray_job.backends import FAKE_BACKEND
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
 from llmbatch.schemas.engines import EngineModel, EngineRegistry
 from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import RaySettings, RedisSettings

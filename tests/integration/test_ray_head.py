@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from ray.job_submission import JobStatus, JobSubmissionClient
 
-from llmbatch.ray_job.submit import package_dirs
+from llmbatch.ray_job.job.submit import package_dirs
 from llmbatch.settings import RaySettings
 
 pytestmark = pytest.mark.integration
@@ -32,10 +32,11 @@ def test_job_with_project_package_in_runtime_env(ray_settings: RaySettings) -> N
     job_id = f"t-{uuid.uuid4().hex[:8]}-a1"
     client.submit_job(
         submission_id=job_id,
-        # -P as in the real entrypoint (llmbatch.ray_job.submit): the driver's cwd may be a checkout,
+        # -P as in the real entrypoint (llmbatch.ray_job.job.submit): the driver's cwd may be a checkout,
         # which must not shadow the shipped package; nor may the checkout's editable install (its .pth
         # puts ray_job/ on sys.path too): the shipped llmbatch folder comes first
-        entrypoint="python -P -c \"import llmbatch.ray_job.engine_env as m; print('SHIPPED', m.__file__)\"",
+        entrypoint="python -P -c "
+        "\"import llmbatch.ray_job.engines.engine_env as m; print('SHIPPED', m.__file__)\"",
         runtime_env={"py_modules": package_dirs(), "env_vars": {"RAY_AUTH_MODE": "disabled"}},
         entrypoint_num_cpus=0,
     )

@@ -19,10 +19,10 @@ import pytest
 import redis
 from ray.job_submission import JobStatus
 
-from llmbatch.ray_job import node_secrets
-from llmbatch.ray_job.backends import FAKE_BACKEND
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
 from llmbatch.ray_job.errors import ExitCode
-from llmbatch.ray_job.submit import SessionRef, parse_result
+from llmbatch.ray_job.job.submit import SessionRef, parse_result
+from llmbatch.ray_job.storage import node_secrets
 from llmbatch.schemas.common import BatchStatus
 from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings

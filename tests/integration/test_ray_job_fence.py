@@ -1,4 +1,4 @@
-"""Attempts are fenced by the progress hash (ray_job.progress + write_progress.lua, real Redis; results
+"""Attempts are fenced by the progress hash (ray_job.job.progress + write_progress.lua, real Redis; results
 on a local filesystem): once a later attempt of a batch has started, an earlier one still running (its
 stop did not take) writes no progress, no shards and no manifest."""
 
@@ -18,11 +18,11 @@ from llmbatch.dispatcher.domain.batch_record import IntakeItem
 from llmbatch.dispatcher.domain.keys import batch_key
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.state.store import StateStore
-from llmbatch.ray_job import main as job_main
-from llmbatch.ray_job import rows
-from llmbatch.ray_job import s3 as job_s3
 from llmbatch.ray_job.errors import ExitCode
-from llmbatch.ray_job.progress import Counters, Progress
+from llmbatch.ray_job.job import main as job_main
+from llmbatch.ray_job.job.progress import Counters, Progress
+from llmbatch.ray_job.lines import rows
+from llmbatch.ray_job.storage import s3 as job_s3
 from llmbatch.schemas.common import utcnow
 from llmbatch.schemas.job import JobSpec
 from llmbatch.settings import RedisSettings
@@ -243,7 +243,7 @@ def test_a_stale_run_on_the_warm_runner_stops_at_its_next_heartbeat(
     which its pipeline checks while it waits for the engine (no signal)."""
     import time
 
-    from llmbatch.ray_job.runner_attempt import RunnerAttempt
+    from llmbatch.ray_job.batch_runner.runner_attempt import RunnerAttempt
 
     client, name = key
     spec = heartbeating_spec("b3", redis_settings.url, name, tmp_path, monkeypatch)

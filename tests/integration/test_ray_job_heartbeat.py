@@ -1,4 +1,4 @@
-"""An attempt's heartbeats start before its resume scan (ray_job.main.Attempt, real Redis, results on a
+"""An attempt's heartbeats start before its resume scan (ray_job.job.main.Attempt, real Redis, results on a
 local filesystem): a batch with many earlier shards takes a while to scan, and a silent scan looked
 like a dead attempt to the dispatcher (heartbeat_timeout_s), which stopped a healthy job."""
 
@@ -13,9 +13,9 @@ import pytest
 import redis
 from pyarrow import fs as pafs
 
-from llmbatch.ray_job import main as job_main
-from llmbatch.ray_job import resume
-from llmbatch.ray_job import s3 as job_s3
+from llmbatch.ray_job.job import main as job_main
+from llmbatch.ray_job.job import resume
+from llmbatch.ray_job.storage import s3 as job_s3
 from llmbatch.schemas.common import utcnow
 from llmbatch.schemas.job import JobSpec
 from llmbatch.settings import RedisSettings

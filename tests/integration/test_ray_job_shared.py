@@ -13,7 +13,7 @@ from ray.job_submission import JobStatus
 
 from llmbatch.dispatcher.backends.engines import replica_pids, serve_config, summarize
 from llmbatch.dispatcher.backends.serve_api import ServeApi
-from llmbatch.ray_job.backends import FAKE_BACKEND
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
 from llmbatch.schemas.common import BatchStatus
 from llmbatch.schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
 from llmbatch.schemas.job import EngineConfig

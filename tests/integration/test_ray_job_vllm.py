@@ -5,7 +5,7 @@ Two engine starts in all (each costs 50-90 s here), one per way a job can reach 
 * own engine: ``test_inline_completions`` runs a job without ``engine_app``, whose engine stage
   starts a vLLM engine of its own (the path without shared engines);
 * shared engine: the module deploys the model's shared engine once, as the dispatcher does (a Ray
-  Serve application of :mod:`llmbatch.ray_job.serve_engine`, deployed from
+  Serve application of :mod:`llmbatch.ray_job.engines.serve_engine`, deployed from
   :func:`llmbatch.dispatcher.backends.engines.serve_config` through
   :class:`llmbatch.dispatcher.backends.serve_api.ServeApi`),
   and the

@@ -29,9 +29,9 @@ from llmbatch.dispatcher.ops.replay_publish import ReplayLedger
 from llmbatch.dispatcher.security.redis_acl import Role, acl_lines
 from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.dispatcher.webhooks.store import Delivery, WebhookStore
-from llmbatch.ray_job import job_keys, s3_session
-from llmbatch.ray_job.progress import Counters, Progress
-from llmbatch.ray_job.run_store import RedisRuns
+from llmbatch.ray_job.batch_runner.run_store import RedisRuns
+from llmbatch.ray_job.job.progress import Counters, Progress
+from llmbatch.ray_job.storage import job_keys, s3_session
 from llmbatch.schemas.webhooks import WebhookEndpoint
 from llmbatch.stack import services
 from llmbatch.stack.process import alive, stop_tree

@@ -19,12 +19,12 @@ from fastapi.testclient import TestClient
 
 from llmbatch.adapters.errors import StorageError
 from llmbatch.adapters.storage import ensure_buckets, make_client
-from llmbatch.api.app import build_services, create_app
-from llmbatch.api.auth import hash_api_key
+from llmbatch.api.http.app import build_services, create_app
 from llmbatch.api.retention.collector import Collector, Report
 from llmbatch.api.settings import ApiOptions
-from llmbatch.api.state import RedisStateReader
-from llmbatch.api.storage import MinioObjectStore
+from llmbatch.api.store.state import RedisStateReader
+from llmbatch.api.store.storage import MinioObjectStore
+from llmbatch.api.tenancy.auth import hash_api_key
 from llmbatch.dispatcher.domain.dlt import OriginalRecord
 from llmbatch.dispatcher.domain.events import Outcome, terminal_fields
 from llmbatch.dispatcher.domain.keys import BatchKey, batch_key

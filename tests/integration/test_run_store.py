@@ -1,5 +1,5 @@
-"""The batch runner's runs in a real Redis (:class:`~llmbatch.ray_job.run_store.RedisRuns`): any replica
-answers for any run, a run of a replica that stopped beating is unknown, a stop asked of one replica
+"""The batch runner's runs in a real Redis (:class:`~llmbatch.ray_job.batch_runner.run_store.RedisRuns`): any
+replica answers for any run, a run of a replica that stopped beating is unknown, a stop asked of one replica
 reaches the owner, and what Redis holds is not trusted."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import secrets
 import pytest
 import redis
 
-from llmbatch.ray_job import job_keys
-from llmbatch.ray_job.run_store import RedisRuns
+from llmbatch.ray_job.batch_runner.run_store import RedisRuns
+from llmbatch.ray_job.storage import job_keys
 from llmbatch.settings import RedisSettings
 
 pytestmark = pytest.mark.integration

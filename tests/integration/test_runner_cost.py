@@ -12,11 +12,11 @@ import pytest
 import redis
 from minio import Minio
 
-from llmbatch.ray_job import job_redis
-from llmbatch.ray_job.backend_fake import WhitespaceTokenizer
-from llmbatch.ray_job.backends import FAKE_BACKEND
-from llmbatch.ray_job.engine import LocalEngine
-from llmbatch.ray_job.runner_attempt import RunnerAttempt
+from llmbatch.ray_job.batch_runner.runner_attempt import RunnerAttempt
+from llmbatch.ray_job.engines.backend_fake import WhitespaceTokenizer
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
+from llmbatch.ray_job.job.engine import LocalEngine
+from llmbatch.ray_job.storage import job_redis
 from llmbatch.schemas.job import EngineConfig, JobSpec, output_prefix
 from llmbatch.schemas.openai import BatchInputLine
 from llmbatch.settings import RedisSettings, S3Settings

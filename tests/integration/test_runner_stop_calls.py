@@ -14,11 +14,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from minio import Minio
 
-from llmbatch.ray_job.backend_fake import WhitespaceTokenizer
-from llmbatch.ray_job.backends import FAKE_BACKEND
+from llmbatch.ray_job.batch_runner.runner_attempt import RunnerAttempt
+from llmbatch.ray_job.engines.backend_fake import WhitespaceTokenizer
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
 from llmbatch.ray_job.errors import CallAbandonedError, ExitCode
-from llmbatch.ray_job.records import Generation, GenRequest
-from llmbatch.ray_job.runner_attempt import RunnerAttempt
+from llmbatch.ray_job.lines.records import Generation, GenRequest
 from llmbatch.schemas.batch import DEFAULT_PRIORITY
 from llmbatch.schemas.job import EngineConfig, JobSpec, output_prefix
 from llmbatch.settings import S3Settings

@@ -17,9 +17,9 @@ from llmbatch.dispatcher.backends.s3_sessions import JobSessions, SessionMinter
 from llmbatch.dispatcher.errors import JobRejected, RayUnavailable, StorageUnavailable
 from llmbatch.dispatcher.settings import DispatcherSettings
 from llmbatch.dispatcher.state.store import StateStore
-from llmbatch.ray_job import s3
-from llmbatch.ray_job.backends import FAKE_BACKEND
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
 from llmbatch.ray_job.errors import InputNotFoundError
+from llmbatch.ray_job.storage import s3
 from llmbatch.schemas.common import BatchStatus
 from llmbatch.schemas.job import JobSpec, output_prefix
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
@@ -134,9 +134,9 @@ def test_the_runner_reads_and_writes_a_batch_with_its_session_not_its_environmen
     the batch's session it reads its input and writes its results; without it, it cannot."""
     import json
 
-    from llmbatch.ray_job.backend_fake import WhitespaceTokenizer
-    from llmbatch.ray_job.engine import LocalEngine
-    from llmbatch.ray_job.runner_attempt import RunnerAttempt
+    from llmbatch.ray_job.batch_runner.runner_attempt import RunnerAttempt
+    from llmbatch.ray_job.engines.backend_fake import WhitespaceTokenizer
+    from llmbatch.ray_job.job.engine import LocalEngine
     from llmbatch.schemas.job import EngineConfig, parse_manifest
     from tests.integration.ray_job_harness import chat_line
 

@@ -1,8 +1,8 @@
 """Shared engines on a real Ray head with real Ray Serve (fake engine inside the replicas).
 
 Deployed the way the dispatcher deploys them (Serve REST config), used the way a batch uses them
-(a Ray job whose driver calls :class:`llmbatch.ray_job.serve_engine.ServeEngine`). Real vLLM behind the same
-deployment: tests/integration/test_ray_job_vllm.py (batches on a shared engine) and
+(a Ray job whose driver calls :class:`llmbatch.ray_job.engines.serve_client.ServeEngine`). Real vLLM behind
+the same deployment: tests/integration/test_ray_job_vllm.py (batches on a shared engine) and
 test_serve_engine_vllm_faults.py (a replica SIGKILLed mid-batch).
 """
 
@@ -25,7 +25,7 @@ from ray.job_submission import JobStatus, JobSubmissionClient
 
 from llmbatch.dispatcher.backends.engines import replica_pids, serve_config, summarize
 from llmbatch.dispatcher.backends.serve_api import ServeApi
-from llmbatch.ray_job.backends import FAKE_BACKEND
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
 from llmbatch.schemas.engines import EngineModel, EngineRegistry, ReplicaResources, Scaling, app_name
 from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import RaySettings
@@ -52,8 +52,8 @@ import sys, time, orjson
 """
     + EMIT
     + """
-from llmbatch.ray_job.serve_engine import ServeEngine
-from llmbatch.ray_job.records import GenRequest
+from llmbatch.ray_job.engines.serve_client import ServeEngine
+from llmbatch.ray_job.lines.records import GenRequest
 app, n, wait = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 started = time.time()
 try:
@@ -75,8 +75,8 @@ import sys, time, threading, orjson
 """
     + EMIT
     + """
-from llmbatch.ray_job.serve_engine import ServeEngine
-from llmbatch.ray_job.records import GenRequest
+from llmbatch.ray_job.engines.serve_client import ServeEngine
+from llmbatch.ray_job.lines.records import GenRequest
 engine = ServeEngine(sys.argv[1], wait_s=120, retries=0)
 done = {}
 def call(name, n, priority):
@@ -102,8 +102,8 @@ import sys, time, threading, orjson
 """
     + EMIT
     + """
-from llmbatch.ray_job.serve_engine import ServeEngine
-from llmbatch.ray_job.records import GenRequest
+from llmbatch.ray_job.engines.serve_client import ServeEngine
+from llmbatch.ray_job.lines.records import GenRequest
 engine = ServeEngine(sys.argv[1], wait_s=120, retries=0)
 before = engine._call("info", timeout_s=60)
 stop, out = threading.Event(), {}
@@ -139,8 +139,8 @@ import sys, time, orjson
 """
     + EMIT
     + """
-from llmbatch.ray_job.serve_engine import ServeEngine
-from llmbatch.ray_job.records import GenRequest
+from llmbatch.ray_job.engines.serve_client import ServeEngine
+from llmbatch.ray_job.lines.records import GenRequest
 engine = ServeEngine(sys.argv[1], wait_s=120, retries=0)
 requests = [GenRequest(str(i), [1], {"max_tokens": 4}, prompt_text=f"p{i}") for i in range(int(sys.argv[2]))]
 out = engine.generate(requests, group="late", priority=5, due=time.time() + 1)
@@ -157,8 +157,8 @@ import sys, time, threading, orjson
     + EMIT
     + """
 from ray import serve
-from llmbatch.ray_job.serve_engine import ServeEngine
-from llmbatch.ray_job.records import GenRequest
+from llmbatch.ray_job.engines.serve_client import ServeEngine
+from llmbatch.ray_job.lines.records import GenRequest
 engine = ServeEngine(sys.argv[1], wait_s=120, retries=0)
 replica = serve.get_deployment_handle("EngineServer", app_name=sys.argv[1])
 due = None if sys.argv[2] == "0" else 1.0
@@ -462,8 +462,8 @@ import sys, time, threading, orjson
     + EMIT
     + """
 from ray import serve
-from llmbatch.ray_job.serve_engine import ServeEngine
-from llmbatch.ray_job.records import GenRequest
+from llmbatch.ray_job.engines.serve_client import ServeEngine
+from llmbatch.ray_job.lines.records import GenRequest
 engine = ServeEngine(sys.argv[1], wait_s=120, retries=0)
 replica = serve.get_deployment_handle("EngineServer", app_name=sys.argv[1])
 done = {}
@@ -604,7 +604,7 @@ import sys, time, orjson
     + """
 from pathlib import Path
 from ray import serve
-from llmbatch.ray_job.serve_engine import ServeEngine
+from llmbatch.ray_job.engines.serve_client import ServeEngine
 app, wait, gate = sys.argv[1], float(sys.argv[3]), Path(sys.argv[4])
 serve.status()
 emit({"watching": app})
@@ -633,7 +633,7 @@ except Exception as exc:
 GATED_BUILDER = """
 import time
 from pathlib import Path
-from llmbatch.ray_job.serve_engine import build_app as engine_app
+from llmbatch.ray_job.engines.serve_engine import build_app as engine_app
 
 def build_app(args):
     gate, deadline = Path(args.pop("gate")), time.monotonic() + 120

@@ -1,8 +1,8 @@
 """A shared REAL vLLM engine (CPU build, SmolLM2-135M-Instruct) losing its replica mid-batch.
 
 The model's engine is deployed as the dispatcher deploys it (Serve REST config of
-:mod:`llmbatch.ray_job.serve_engine`), a batch runs on it as a real batch does (a Ray job of
-:mod:`llmbatch.ray_job.main` with ``engine_app``, outputs in MinIO), and the replica's process is
+:mod:`llmbatch.ray_job.engines.serve_engine`), a batch runs on it as a real batch does (a Ray job of
+:mod:`llmbatch.ray_job.job.main` with ``engine_app``, outputs in MinIO), and the replica's process is
 SIGKILLed while the batch's calls are on its engine. The calls in flight are sent again and
 answered by the replacement replica: the batch completes with every custom_id exactly once.
 
@@ -171,7 +171,7 @@ def test_a_killed_vllm_replica_is_replaced_and_the_batch_completes_once(
         }
     )
     # vLLM's own engine processes (a CPU engine runs in its replica's process by default, see
-    # ray_job.engine_env; a GPU engine or a pinned CPU one keeps an EngineCore process): the case
+    # ray_job.engines.engine_env; a GPU engine or a pinned CPU one keeps an EngineCore process): the case
     # in which a SIGKILLed replica could leave processes behind
     env = {**engine_vars(), "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     asyncio.run(serve.deploy(serve_config(registry, env, http_address=ray_settings.serve_address)))

@@ -5,7 +5,7 @@ Real MinIO (the session's, policies and users made through its admin API by the 
 CLI runs, ``llmbatch dispatcher minio-tenant --apply``) and a private two-node Ray cluster on this
 machine: the head carries globex's keys in its environment; a worker node started as a pool's node
 (``--num-cpus=0 --resources='{"llmbatch_tenant_acme": 2}'``) carries acme's. Jobs are submitted as
-the dispatcher submits them (``llmbatch.ray_job.submit``) and run the fake engine: what is under test is
+the dispatcher submits them (``llmbatch.ray_job.job.submit``) and run the fake engine: what is under test is
 where the job runs and what its keys may touch.
 
 - acme's keys read ``<inputs>/acme/`` and write ``<results>/acme/``; every other prefix, bucket and
@@ -41,10 +41,10 @@ from ray.job_submission import JobStatus
 
 from llmbatch.dispatcher.errors import PermanentError
 from llmbatch.dispatcher.security.minio_admin import apply_tenant_policy, pool_user
-from llmbatch.ray_job.backends import FAKE_BACKEND
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
 from llmbatch.ray_job.errors import ExitCode
-from llmbatch.ray_job.s3 import path_of
-from llmbatch.ray_job.submit import parse_result
+from llmbatch.ray_job.job.submit import parse_result
+from llmbatch.ray_job.storage.s3 import path_of
 from llmbatch.schemas.job import EngineConfig, JobSpec, tenant_pool_resource
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
 from tests.integration.ray_job_harness import Harness, chat_line

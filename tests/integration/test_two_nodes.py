@@ -43,9 +43,9 @@ from llmbatch.dispatcher.backends.runner_backend import RunnerClient
 from llmbatch.dispatcher.backends.s3_sessions import SessionMinter
 from llmbatch.dispatcher.backends.serve_api import ServeApi
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
-from llmbatch.ray_job.backends import FAKE_BACKEND
+from llmbatch.ray_job.batch_runner.runner_http import APP_NAME as RUNNER_APP
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
 from llmbatch.ray_job.errors import ExitCode
-from llmbatch.ray_job.runner_http import APP_NAME as RUNNER_APP
 from llmbatch.schemas.common import BatchStatus
 from llmbatch.schemas.engines import (
     DEPLOYMENT_NAME,

@@ -16,7 +16,7 @@ import orjson
 import pytest
 from typer.testing import CliRunner
 
-from llmbatch.api.usage import RedisUsage
+from llmbatch.api.tenancy.usage import RedisUsage
 from llmbatch.dispatcher.domain.dlt import OriginalRecord
 from llmbatch.dispatcher.domain.events import Outcome, terminal_fields
 from llmbatch.dispatcher.domain.keys import BatchKey, batch_key

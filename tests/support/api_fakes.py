@@ -12,8 +12,8 @@ from typing import IO, Any
 
 from llmbatch.adapters.errors import BrokerUnavailable
 from llmbatch.adapters.kafka import Published
-from llmbatch.api.storage import CHUNK_BYTES, ObjectMissing
-from llmbatch.api.usage import UsageSource
+from llmbatch.api.store.storage import CHUNK_BYTES, ObjectMissing
+from llmbatch.api.tenancy.usage import UsageSource
 from llmbatch.dispatcher.domain.batch_record import BatchRecord
 from llmbatch.dispatcher.domain.dlt import OriginalRecord
 from llmbatch.dispatcher.domain.events import Outcome, terminal_fields
@@ -31,7 +31,8 @@ from tests.support.clock import Clock
 
 
 class MemoryObjectStore:
-    """:class:`llmbatch.api.storage.ObjectStore` in a dict; remembers the largest read it was asked for."""
+    """:class:`llmbatch.api.store.storage.ObjectStore` in a dict; remembers the largest read it was asked
+    for."""
 
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str], bytes] = {}
@@ -108,7 +109,7 @@ class RecordingPublisher:
 
 
 class MemoryDispatcher:
-    """The dispatcher's Redis as :class:`llmbatch.api.state.RedisStateReader` reads it, moved along by
+    """The dispatcher's Redis as :class:`llmbatch.api.store.state.RedisStateReader` reads it, moved along by
     tests."""
 
     def __init__(self) -> None:
@@ -378,10 +379,10 @@ def make_api(
     never), dated in :class:`MemoryDates` (its collector off)."""
     from fastapi.testclient import TestClient
 
-    from llmbatch.api.app import build_services, create_app
-    from llmbatch.api.auth import hash_api_key
+    from llmbatch.api.http.app import build_services, create_app
     from llmbatch.api.settings import ApiOptions
-    from llmbatch.api.state import RedisStateReader
+    from llmbatch.api.store.state import RedisStateReader
+    from llmbatch.api.tenancy.auth import hash_api_key
 
     settings = ApiOptions(
         keys={hash_api_key(key): tenant for tenant, key in KEYS.items()}, source="urn:test:api", **options

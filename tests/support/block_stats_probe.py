@@ -10,8 +10,8 @@ import sys
 import ray
 import ray.data
 
-from llmbatch.ray_job import data_stats
-from llmbatch.ray_job.pipeline import configure_data_context
+from llmbatch.ray_job.job import data_stats
+from llmbatch.ray_job.job.pipeline import configure_data_context
 
 
 def run(bounded: bool, blocks: int) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 from llmbatch.chaos.processes import DispatcherProcess as DispatcherProcess
 from llmbatch.chaos.processes import settings_env as settings_env
 from llmbatch.dispatcher.domain.dlt import OriginalRecord
-from llmbatch.ray_job.backends import FAKE_BACKEND
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
 from llmbatch.schemas.batch import BatchRequest, CancelRequest
 from llmbatch.schemas.cloudevents import Envelope, decode, encode
 from llmbatch.schemas.engines import EngineModel, EngineRegistry

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from pydantic import SecretStr
 
-from llmbatch.ray_job import node_secrets
+from llmbatch.ray_job.storage import node_secrets
 from llmbatch.settings import RaySettings, S3Settings
 from llmbatch.stack.node_credentials import ray_node_credentials
 from llmbatch.stack.ports import free_port, free_port_range

@@ -8,11 +8,11 @@ import hashlib
 import pytest
 from pydantic import ValidationError
 
-from llmbatch.api.auth import Authenticator, RateLimiter, hash_api_key
+from llmbatch.api.batches.status import error_file_id, output_file_id
 from llmbatch.api.errors import InvalidApiKey, RateLimited
-from llmbatch.api.records import FILE_PREFIX, Layout, RecordStore, StoredBatch, StoredFile, new_id
 from llmbatch.api.settings import ApiOptions, ApiSettings
-from llmbatch.api.status import error_file_id, output_file_id
+from llmbatch.api.store.records import FILE_PREFIX, Layout, RecordStore, StoredBatch, StoredFile, new_id
+from llmbatch.api.tenancy.auth import Authenticator, RateLimiter, hash_api_key
 from llmbatch.dispatcher.domain.events import Outcome
 from llmbatch.dispatcher.domain.states import State
 from tests.support.api_fakes import KEYS, ApiHarness, MemoryObjectStore, chat_line, jsonl, make_api

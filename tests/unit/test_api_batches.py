@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from llmbatch.api.records import BATCH_ID
-from llmbatch.api.status import output_file_id
+from llmbatch.api.batches.status import output_file_id
+from llmbatch.api.store.records import BATCH_ID
 from llmbatch.dispatcher.domain.events import Outcome
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.schemas import BatchRequest, CancelRequest, EventType

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from llmbatch.api.files import clean_filename
-from llmbatch.api.records import FILE_ID
-from llmbatch.api.results import concatenate
-from llmbatch.api.status import error_file_id, output_file_id
+from llmbatch.api.batches.results import concatenate
+from llmbatch.api.batches.status import error_file_id, output_file_id
+from llmbatch.api.files.files import clean_filename
+from llmbatch.api.store.records import FILE_ID
 from llmbatch.dispatcher.domain.events import Outcome
 from llmbatch.dispatcher.domain.states import State
 from tests.support.api_fakes import (

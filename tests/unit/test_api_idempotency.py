@@ -12,9 +12,9 @@ import openai
 import orjson
 import pytest
 
-from llmbatch.api.idempotency import request_digest
+from llmbatch.api.batches.idempotency import request_digest
 from llmbatch.api.objects import BatchCreate
-from llmbatch.api.records import IdempotentCreate
+from llmbatch.api.store.records import IdempotentCreate
 from llmbatch.schemas import BatchRequest
 from llmbatch.schemas.common import Endpoint
 from tests.support.api_fakes import INPUT_BUCKET, KEYS, ApiHarness, chat_line, jsonl, make_api

@@ -11,7 +11,7 @@ import openai
 import pytest
 from openai.types import Batch, FileObject
 
-from llmbatch.api.status import output_file_id
+from llmbatch.api.batches.status import output_file_id
 from llmbatch.dispatcher.domain.events import Outcome
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.schemas import BatchRequest, CancelRequest

@@ -10,9 +10,9 @@ from typing import Any
 import openai.types
 import pytest
 
+from llmbatch.api.batches.status import error_file_id, openai_status, output_file_id, to_batch
 from llmbatch.api.objects import Batch
-from llmbatch.api.records import BATCH_PREFIX, StoredBatch, new_id
-from llmbatch.api.status import error_file_id, openai_status, output_file_id, to_batch
+from llmbatch.api.store.records import BATCH_PREFIX, StoredBatch, new_id
 from llmbatch.dispatcher.domain.events import Outcome
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.ops.jobs import detail_of

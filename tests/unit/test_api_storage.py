@@ -1,4 +1,4 @@
-"""The MinIO adapter of the API's object-storage port (api.storage), over a stub ``minio`` client:
+"""The MinIO adapter of the API's object-storage port (api.store.storage), over a stub ``minio`` client:
 calls, limits, streaming in chunks with the response released, and errors mapped (a missing object is
 ObjectMissing, anything else the producer's StorageError naming the object). And the entrypoint's
 help, key hashing and wiring (no connection is made until a call needs one)."""
@@ -19,9 +19,9 @@ from minio.error import S3Error
 
 from llmbatch.adapters.errors import StorageError
 from llmbatch.api.__main__ import build_app, main
-from llmbatch.api.auth import hash_api_key
 from llmbatch.api.settings import ApiOptions, ApiSettings
-from llmbatch.api.storage import MinioObjectStore, ObjectMissing
+from llmbatch.api.store.storage import MinioObjectStore, ObjectMissing
+from llmbatch.api.tenancy.auth import hash_api_key
 from llmbatch.settings import S3Settings
 
 pytestmark = pytest.mark.unit

@@ -1,4 +1,4 @@
-"""The upload validator (api.upload): the producer's line rules, one endpoint and model per file, line
+"""The upload validator (api.files.upload): the producer's line rules, one endpoint and model per file, line
 numbers in every error, bounded by size and request count, the same answer however the bytes are
 chunked (hypothesis)."""
 
@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from llmbatch.adapters.errors import InvalidInput
-from llmbatch.api.upload import ValidatedFile, validate_batch_file
+from llmbatch.api.files.upload import ValidatedFile, validate_batch_file
 from llmbatch.schemas import SchemaError, parse_input_line
 from llmbatch.schemas.errors import Reason
 from tests.support.api_fakes import MODEL, chat_line, jsonl

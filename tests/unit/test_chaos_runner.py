@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from llmbatch.chaos.__main__ import main
-from llmbatch.chaos.runner import _drained, _marks
+from llmbatch.chaos.readback import drained, marks
 from llmbatch.chaos.verdict import Kind, Seen
 from llmbatch.chaos.workload import workload
 
@@ -22,12 +22,12 @@ def test_a_run_has_drained_once_every_batch_ended_or_was_rejected_and_duplicates
     assert batches and duplicates
     seen = [Seen("completed", s.batch_id or "", f"t-{s.batch_id}") for s in batches[1:]]
     seen.append(Seen("rejected", batches[0].batch_id or "", "x", request_id=batches[0].event_id))
-    assert not _drained(records, seen)  # the duplicates are not answered yet
+    assert not drained(records, seen)  # the duplicates are not answered yet
     seen += [
         Seen("rejected", d.batch_id or "", f"y{i}", request_id=d.event_id) for i, d in enumerate(duplicates)
     ]
-    assert _drained(records, seen)
-    assert not _drained(records, seen[1:])  # a batch neither ended nor rejected
+    assert drained(records, seen)
+    assert not drained(records, seen[1:])  # a batch neither ended nor rejected
 
 
 def test_dead_letters_are_marked_by_key_and_by_ce_id() -> None:
@@ -35,7 +35,7 @@ def test_dead_letters_are_marked_by_key_and_by_ce_id() -> None:
         SimpleNamespace(key=b"k1", headers=[("ce_id", b"e1"), ("other", b"x")]),
         SimpleNamespace(key=None, headers=[("ce_id", b"e2")]),
     ]
-    assert _marks(records) == {"k1", "e1", "e2"}
+    assert marks(records) == {"k1", "e1", "e2"}
 
 
 def test_cli_help_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
@@ -65,7 +65,7 @@ def test_the_default_faults_follow_the_engine_path() -> None:
 
 
 def test_the_job_side_clock_is_skewed_through_the_environment_jobs_and_the_runner_get() -> None:
-    from llmbatch.chaos.runner import LIBFAKETIME, skewed_job_clock
+    from llmbatch.chaos.run_settings import LIBFAKETIME, skewed_job_clock
     from llmbatch.dispatcher.backends.engines import engine_env_vars, runner_env_vars
     from llmbatch.dispatcher.settings import DispatcherSettings
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmbatch.ray_job.backend_vllm import llm_kwargs
-from llmbatch.ray_job.cpu_dtype import auto_dtype, cpu_flags, host_cpu_flags
+from llmbatch.ray_job.engines.backend_vllm import llm_kwargs
+from llmbatch.ray_job.engines.cpu_dtype import auto_dtype, cpu_flags, host_cpu_flags
 from llmbatch.schemas.job import EngineConfig
 
 pytestmark = pytest.mark.unit

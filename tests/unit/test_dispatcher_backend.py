@@ -22,7 +22,7 @@ from llmbatch.dispatcher.errors import (
 from llmbatch.dispatcher.job_options import JobOptions
 from llmbatch.dispatcher.runs.jobspec import build_job_spec
 from llmbatch.dispatcher.settings import DispatcherSettings
-from llmbatch.ray_job.backends import FAKE_BACKEND
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
 from llmbatch.schemas.engines import EngineModel, EngineRegistry, UnknownModelError
 from llmbatch.schemas.job import EngineConfig
 from llmbatch.settings import RedisSettings, S3Settings
@@ -165,7 +165,7 @@ def test_job_s3_sessions_need_the_jobs_redis_url() -> None:
 def test_a_job_with_its_own_s3_session_starts_without_the_nodes_s3_keys(
     shared: bool, model_path: str, blanked: bool
 ) -> None:
-    from llmbatch.ray_job.submit import SessionRef
+    from llmbatch.ray_job.job.submit import SessionRef
 
     s = settings(registry(path=model_path))
     spec = build_job_spec(record(), 1, s, Keys("p"))

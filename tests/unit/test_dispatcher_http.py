@@ -12,7 +12,7 @@ import pytest
 from llmbatch.dispatcher.http import HealthServer
 from llmbatch.dispatcher.metrics import Metrics
 from llmbatch.dispatcher.settings import DispatcherSettings
-from llmbatch.ray_job.backends import FAKE_BACKEND
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
 
 pytestmark = pytest.mark.unit
 

@@ -31,7 +31,7 @@ from llmbatch.dispatcher.service import Dispatcher
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
 from llmbatch.dispatcher.settings_loader import SettingsInvalid, describe_settings_error, load_settings
 from llmbatch.dispatcher.state.store import StateStore
-from llmbatch.ray_job.backends import FAKE_BACKEND
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
 from llmbatch.schemas.engines import EngineModel, EngineRegistry
 from llmbatch.schemas.events import RecordRef
 from llmbatch.schemas.job import JobSpec

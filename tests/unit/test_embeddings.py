@@ -13,14 +13,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmbatch.dispatcher.intake.intake_checks import check_served
-from llmbatch.ray_job import rows
-from llmbatch.ray_job.backend_fake import WhitespaceTokenizer
-from llmbatch.ray_job.backends import FAKE_BACKEND
-from llmbatch.ray_job.engine import EngineStage
-from llmbatch.ray_job.formatting import embedding_body, encode_embedding
-from llmbatch.ray_job.parse import parse_lines
-from llmbatch.ray_job.prompts import build_rows
-from llmbatch.ray_job.records import Generation
+from llmbatch.ray_job.engines.backend_fake import WhitespaceTokenizer
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
+from llmbatch.ray_job.job.engine import EngineStage
+from llmbatch.ray_job.job.prompts import build_rows
+from llmbatch.ray_job.lines import rows
+from llmbatch.ray_job.lines.formatting import embedding_body, encode_embedding
+from llmbatch.ray_job.lines.parse import parse_lines
+from llmbatch.ray_job.lines.records import Generation
 from llmbatch.schemas.common import Endpoint
 from llmbatch.schemas.errors import Reason, SchemaError
 from llmbatch.schemas.input_lines import parse_input_line
@@ -229,7 +229,7 @@ def test_usage_counts_the_tokens_of_every_input() -> None:
 
 
 def test_a_line_over_the_per_request_token_limit_fails_alone() -> None:
-    from llmbatch.ray_job.sampling import MAX_EMBEDDING_TOKENS_PER_LINE, fit_inputs
+    from llmbatch.ray_job.lines.sampling import MAX_EMBEDDING_TOKENS_PER_LINE, fit_inputs
 
     inputs = [[1] * 200] * (MAX_EMBEDDING_TOKENS_PER_LINE // 200 + 1)
     failure = fit_inputs(inputs, max_model_len=256)

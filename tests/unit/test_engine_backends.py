@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from llmbatch.ray_job.backend_fake import FakeBackend, WhitespaceTokenizer
-from llmbatch.ray_job.backends import (
+from llmbatch.ray_job.engines.backend_fake import FakeBackend, WhitespaceTokenizer
+from llmbatch.ray_job.engines.backends import (
     FAKE_BACKEND,
     backend_class,
     keeps_prompt_text,
@@ -65,9 +65,9 @@ def test_a_backend_that_is_not_vllm_or_a_whole_import_path_is_refused(ref: str) 
     ("ref", "says"),
     [
         ("no_such_module_here:Backend", "cannot import it here"),
-        ("llmbatch.ray_job.backends:NoSuchClass", "cannot import it here"),
-        ("llmbatch.ray_job.backends:FAKE_BACKEND", "is not an engine backend class"),
-        ("llmbatch.ray_job.tokenizers:HFTokenizer", "missing: add, abort, has_unfinished, step"),
+        ("llmbatch.ray_job.engines.backends:NoSuchClass", "cannot import it here"),
+        ("llmbatch.ray_job.engines.backends:FAKE_BACKEND", "is not an engine backend class"),
+        ("llmbatch.ray_job.engines.tokenizers:HFTokenizer", "missing: add, abort, has_unfinished, step"),
     ],
 )
 def test_a_plugin_that_cannot_be_used_is_the_specs_fault(ref: str, says: str) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from llmbatch.ray_job.engine_env import engine_env
+from llmbatch.ray_job.engines.engine_env import engine_env
 
 pytestmark = pytest.mark.unit
 

@@ -16,7 +16,7 @@ from llmbatch.dispatcher.backends.runner_backend import RunnerClient
 from llmbatch.dispatcher.backends.serve_api import PATH
 from llmbatch.dispatcher.service import Dispatcher
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
-from llmbatch.ray_job.runner_http import ROUTE_PREFIX
+from llmbatch.ray_job.batch_runner.runner_http import ROUTE_PREFIX
 from llmbatch.settings import RaySettings, RedisSettings
 from tests.support.dispatcher_kit import registry, wait_for
 from tests.support.scripted_http import ScriptedHttpServer

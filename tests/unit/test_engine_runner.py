@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from llmbatch.ray_job.backend_fake import FakeBackend
-from llmbatch.ray_job.backends import FAKE_BACKEND
-from llmbatch.ray_job.engine_runner import EngineRunner
+from llmbatch.ray_job.engines.backend_fake import FakeBackend
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
+from llmbatch.ray_job.engines.engine_runner import EngineRunner
 from llmbatch.ray_job.errors import CallAbandonedError, EngineDeadError, RequestRejected
-from llmbatch.ray_job.records import Generation, GenRequest
+from llmbatch.ray_job.lines.records import Generation, GenRequest
 from llmbatch.schemas.job import EngineConfig
 
 pytestmark = pytest.mark.unit

@@ -1,4 +1,4 @@
-"""Deadline demand in the shared engines' autoscaling (ray_job.engine_scaling): more replicas while
+"""Deadline demand in the shared engines' autoscaling (ray_job.engines.engine_scaling): more replicas while
 requests of batches at risk of their deadline wait, never fewer than Serve's own rule."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from ray.serve._private.common import DeploymentID, ReplicaID
 from ray.serve.config import AutoscalingConfig, AutoscalingContext
 
-from llmbatch.ray_job.engine_scaling import AT_RISK_WAITING, DeadlineAwarePolicy, deadline_replicas
+from llmbatch.ray_job.engines.engine_scaling import AT_RISK_WAITING, DeadlineAwarePolicy, deadline_replicas
 
 pytestmark = pytest.mark.unit
 

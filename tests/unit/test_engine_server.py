@@ -1,5 +1,5 @@
-"""The shared engine's replica body (:class:`llmbatch.ray_job.serve_engine.EngineServer`) without Serve: many
-batches call it at once, each with its own request keys (input line numbers, so they repeat)."""
+"""The shared engine's replica body (:class:`llmbatch.ray_job.engines.serve_engine.EngineServer`) without
+Serve: many batches call it at once, each with its own request keys (input line numbers, so they repeat)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from llmbatch.ray_job.backends import FAKE_BACKEND
-from llmbatch.ray_job.records import GenRequest
-from llmbatch.ray_job.serve_engine import EngineServer
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
+from llmbatch.ray_job.engines.serve_engine import EngineServer
+from llmbatch.ray_job.lines.records import GenRequest
 from llmbatch.schemas.engines import EngineModel, Scaling
 from llmbatch.schemas.job import EngineConfig
 

@@ -1,5 +1,5 @@
-"""Engine figures: a replica's metrics (ray_job.engine_metrics), their sums per model over Ray's
-metrics texts (ray_job.engine_stats), the dispatcher's gauges, and the runner's route."""
+"""Engine figures: a replica's metrics (ray_job.engines.engine_metrics), their sums per model over Ray's
+metrics texts (ray_job.engines.engine_stats), the dispatcher's gauges, and the runner's route."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 
 from llmbatch.dispatcher.metrics import ENGINE_GAUGES, Metrics
-from llmbatch.ray_job.engine_metrics import COUNTERS, GAUGES, RATE_WINDOW_S, EngineMetrics
-from llmbatch.ray_job.engine_stats import summarize_metrics
-from llmbatch.ray_job.runner_http import route
+from llmbatch.ray_job.batch_runner.runner_http import route
+from llmbatch.ray_job.engines.engine_metrics import COUNTERS, GAUGES, RATE_WINDOW_S, EngineMetrics
+from llmbatch.ray_job.engines.engine_stats import summarize_metrics
 
 pytestmark = pytest.mark.unit
 

@@ -33,9 +33,9 @@ from llmbatch.dispatcher.ops.engines_cli import (
 )
 from llmbatch.dispatcher.ops.engines_cli import app as engines_app
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
-from llmbatch.ray_job import node_secrets
-from llmbatch.ray_job.runner_http import APP_NAME as RUNNER_APP
-from llmbatch.ray_job.serve_engine import IMPORT_PATH, deployment_options, serve_application
+from llmbatch.ray_job.batch_runner.runner_http import APP_NAME as RUNNER_APP
+from llmbatch.ray_job.engines.serve_engine import IMPORT_PATH, deployment_options, serve_application
+from llmbatch.ray_job.storage import node_secrets
 from llmbatch.schemas.engines import (
     DEPLOYMENT_NAME,
     EngineModel,
@@ -116,7 +116,7 @@ def test_deployment_options_follow_the_entry() -> None:
         "downscale_delay_s": 120.0,
         "upscale_delay_s": 0.0,
         "policy": {  # Serve's rule, and deadline demand (more replicas while at-risk requests wait)
-            "policy_function": "llmbatch.ray_job.engine_scaling:DeadlineAwarePolicy",
+            "policy_function": "llmbatch.ray_job.engines.engine_scaling:DeadlineAwarePolicy",
             "policy_kwargs": {"slots_per_replica": entry.max_active_requests},
         },
     }

@@ -34,7 +34,7 @@ UNITS = (
 SIGNALS = {
     "llmbatch.dispatcher.intake.record_retry.Abandoned",  # processing stopped: shutdown or revoked
     "llmbatch.dispatcher.intake.record_retry.GaveUp",  # carries the last error to the dead letter
-    "llmbatch.ray_job.main.StopRequested",  # a BaseException: SIGTERM unwinds the driver
+    "llmbatch.ray_job.job.main.StopRequested",  # a BaseException: SIGTERM unwinds the driver
 }
 
 

@@ -1,4 +1,4 @@
-"""The shared engine's request order (ray_job.fair_queue): priority, turns, prefixes, give-backs."""
+"""The shared engine's request order (ray_job.engines.fair_queue): priority, turns, prefixes, give-backs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmbatch.ray_job.fair_queue import FairQueue
+from llmbatch.ray_job.engines.fair_queue import FairQueue
 
 pytestmark = pytest.mark.unit
 

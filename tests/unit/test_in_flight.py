@@ -31,8 +31,9 @@ from llmbatch.dispatcher.kafka.record_reader import RecordReader
 from llmbatch.dispatcher.kafka.request_body import RequestBodies
 from llmbatch.dispatcher.metrics import Metrics
 from llmbatch.dispatcher.runs.context import RunContext
+from llmbatch.dispatcher.runs.endings import HEARTBEAT
 from llmbatch.dispatcher.runs.finisher import Finisher
-from llmbatch.dispatcher.runs.in_flight import HEARTBEAT, InFlight
+from llmbatch.dispatcher.runs.in_flight import InFlight
 from llmbatch.dispatcher.runs.launcher import UNSENT, Launcher
 from llmbatch.dispatcher.runs.outcomes import OutcomeReader
 from llmbatch.dispatcher.runs.results import Shards

@@ -21,7 +21,7 @@ from llmbatch.dispatcher.backends.runner_backend import RunnerClient
 from llmbatch.dispatcher.backends.serve_api import PATH, ServeApi
 from llmbatch.dispatcher.errors import RayUnavailable
 from llmbatch.dispatcher.settings import DispatcherSettings
-from llmbatch.ray_job.runner_http import ROUTE_PREFIX
+from llmbatch.ray_job.batch_runner.runner_http import ROUTE_PREFIX
 from llmbatch.schemas.engines import EngineRegistry
 from llmbatch.settings import RaySettings
 from llmbatch.stack import tls_front

@@ -1,4 +1,4 @@
-"""How one attempt ends when it is stopped or fails (ray_job.main.Attempt), on a local filesystem."""
+"""How one attempt ends when it is stopped or fails (ray_job.job.main.Attempt), on a local filesystem."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import orjson
 import pytest
 from pyarrow import fs as pafs
 
-from llmbatch.ray_job import main as job_main
-from llmbatch.ray_job import s3 as job_s3
 from llmbatch.ray_job.errors import ExitCode
-from llmbatch.ray_job.outcome import RESULT_PREFIX
+from llmbatch.ray_job.job import main as job_main
+from llmbatch.ray_job.job.outcome import RESULT_PREFIX
+from llmbatch.ray_job.storage import s3 as job_s3
 from llmbatch.schemas.common import utcnow
 from llmbatch.schemas.job import JobSpec
 
@@ -75,7 +75,7 @@ def test_a_real_failure_keeps_its_own_code(attempt: Any) -> None:
 
 
 def _invalid(line_no: int) -> Any:
-    from llmbatch.ray_job import rows
+    from llmbatch.ray_job.lines import rows
 
     payload = (
         orjson.dumps(
@@ -97,7 +97,7 @@ def test_a_batch_without_one_valid_request_fails_as_input_invalid(
 ) -> None:
     """Every line invalid, or an empty file: OpenAI fails such a batch, so does llmbatch (the error file
     still names each line); one valid request among them and the batch completes."""
-    from llmbatch.ray_job import rows
+    from llmbatch.ray_job.lines import rows
 
     (tmp_path / "results" / "default" / "b1").mkdir(parents=True)
 

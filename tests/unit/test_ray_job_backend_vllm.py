@@ -7,7 +7,7 @@ from typing import Any, cast
 
 import pytest
 
-from llmbatch.ray_job.backend_vllm import is_structured_outputs_error, llm_kwargs
+from llmbatch.ray_job.engines.backend_vllm import is_structured_outputs_error, llm_kwargs
 from llmbatch.schemas.job import EngineConfig
 
 pytestmark = pytest.mark.unit

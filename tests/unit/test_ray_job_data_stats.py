@@ -1,4 +1,4 @@
-"""ray_job.data_stats: Ray Data's per-block stats trimmed to the last KEEP entries (the trim rule; the
+"""ray_job.job.data_stats: Ray Data's per-block stats trimmed to the last KEEP entries (the trim rule; the
 integration test test_ray_job_fake.py shows it on a real dataset)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from ray.data import DataContext
 
-from llmbatch.ray_job import data_stats
-from llmbatch.ray_job.data_stats import KEEP, BoundedBlockStats, trim
-from llmbatch.ray_job.pipeline import configure_data_context
+from llmbatch.ray_job.job import data_stats
+from llmbatch.ray_job.job.data_stats import KEEP, BoundedBlockStats, trim
+from llmbatch.ray_job.job.pipeline import configure_data_context
 
 pytestmark = pytest.mark.unit
 

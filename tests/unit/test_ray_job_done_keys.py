@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmbatch.ray_job.parse import DoneKeys
+from llmbatch.ray_job.lines.parse import DoneKeys
 
 pytestmark = pytest.mark.unit
 

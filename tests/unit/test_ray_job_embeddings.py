@@ -1,5 +1,5 @@
-"""One embedding line's bookkeeping on the engine (ray_job.embeddings.EmbeddingLine): a request per input
-keyed ``<key>.<index>``, the line's failure (its first failed input's, in input order) and its vectors
+"""One embedding line's bookkeeping on the engine (ray_job.lines.embeddings.EmbeddingLine): a request per
+input keyed ``<key>.<index>``, the line's failure (its first failed input's, in input order) and its vectors
 in input order whatever order the engine answered in. The whole stage on the fake backend is in
 tests/unit/test_embeddings.py."""
 
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from llmbatch.ray_job.embeddings import EmbeddingLine
 from llmbatch.ray_job.errors import RequestFailure
-from llmbatch.ray_job.records import Generation
+from llmbatch.ray_job.lines.embeddings import EmbeddingLine
+from llmbatch.ray_job.lines.records import Generation
 
 pytestmark = pytest.mark.unit
 
@@ -19,7 +19,7 @@ POOLING = {"pooling": {"normalize": True}}
 
 
 def prompt(inputs: list[list[int]], encoding_format: str | None = "base64") -> dict[str, Any]:
-    """A prompt-stage payload of an embedding line (ray_job.prompts)."""
+    """A prompt-stage payload of an embedding line (ray_job.job.prompts)."""
     payload: dict[str, Any] = {"inputs": inputs, "sampling": POOLING}
     if encoding_format is not None:
         payload["encoding_format"] = encoding_format

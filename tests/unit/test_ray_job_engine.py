@@ -8,12 +8,12 @@ from typing import Any
 import orjson
 import pytest
 
-from llmbatch.ray_job import rows
-from llmbatch.ray_job.backend_fake import WhitespaceTokenizer
-from llmbatch.ray_job.backends import FAKE_BACKEND
-from llmbatch.ray_job.engine import EngineStage
-from llmbatch.ray_job.parse import parse_lines
-from llmbatch.ray_job.prompts import build_rows, chat_messages
+from llmbatch.ray_job.engines.backend_fake import WhitespaceTokenizer
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
+from llmbatch.ray_job.job.engine import EngineStage
+from llmbatch.ray_job.job.prompts import build_rows, chat_messages
+from llmbatch.ray_job.lines import rows
+from llmbatch.ray_job.lines.parse import parse_lines
 from llmbatch.schemas.common import Endpoint
 from llmbatch.schemas.job import EngineConfig
 from llmbatch.schemas.openai import BatchOutputLine

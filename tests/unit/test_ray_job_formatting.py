@@ -6,8 +6,8 @@ import orjson
 import pytest
 
 from llmbatch.ray_job.errors import CONTEXT_LENGTH_EXCEEDED, RequestFailure
-from llmbatch.ray_job.formatting import error_line, output_line
-from llmbatch.ray_job.records import Generation, TokenLogprob
+from llmbatch.ray_job.lines.formatting import error_line, output_line
+from llmbatch.ray_job.lines.records import Generation, TokenLogprob
 from llmbatch.schemas.common import Endpoint
 from llmbatch.schemas.openai import BatchOutputLine
 

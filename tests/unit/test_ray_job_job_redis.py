@@ -1,10 +1,11 @@
-"""ray_job.job_redis: the job's Redis client takes its password and CA from the node, never the URL."""
+"""ray_job.storage.job_redis: the job's Redis client takes its password and CA from the node, never the
+URL."""
 
 from __future__ import annotations
 
 import pytest
 
-from llmbatch.ray_job import job_redis, node_secrets
+from llmbatch.ray_job.storage import job_redis, node_secrets
 
 pytestmark = pytest.mark.unit
 

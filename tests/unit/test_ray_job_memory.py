@@ -1,5 +1,5 @@
 """A process's memory with and without Ray's object store, from one read of its smaps, and the peaks
-sampled while an attempt runs (ray_job.memory)."""
+sampled while an attempt runs (ray_job.job.memory)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llmbatch.ray_job.memory import MIB, MemoryPeak, MemoryUse, parse_smaps, read_memory
+from llmbatch.ray_job.job.memory import MIB, MemoryPeak, MemoryUse, parse_smaps, read_memory
 
 pytestmark = pytest.mark.unit
 

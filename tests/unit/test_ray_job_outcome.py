@@ -1,11 +1,11 @@
-"""ray_job.outcome: how an attempt ends (pure), and the result line the dispatcher reads back."""
+"""ray_job.job.outcome: how an attempt ends (pure), and the result line the dispatcher reads back."""
 
 from __future__ import annotations
 
 import pytest
 
-from llmbatch.ray_job import manifest
-from llmbatch.ray_job.outcome import (
+from llmbatch.ray_job.job import manifest
+from llmbatch.ray_job.job.outcome import (
     SUPERSEDED,
     attempt_result,
     emit_result,
@@ -13,7 +13,7 @@ from llmbatch.ray_job.outcome import (
     settle,
     stop_error,
 )
-from llmbatch.ray_job.submit import parse_result
+from llmbatch.ray_job.job.submit import parse_result
 from llmbatch.schemas.common import utcnow
 from llmbatch.schemas.job import JobSpec, ShardInfo
 from llmbatch.schemas.openai import ErrorObject, Usage

@@ -7,8 +7,8 @@ from typing import Any
 import orjson
 import pytest
 
-from llmbatch.ray_job import rows
-from llmbatch.ray_job.parse import DoneKeys, count_request_lines, parse_lines
+from llmbatch.ray_job.lines import rows
+from llmbatch.ray_job.lines.parse import DoneKeys, count_request_lines, parse_lines
 from llmbatch.schemas.common import Endpoint
 from llmbatch.schemas.lines import split_lines
 from llmbatch.schemas.openai import BatchOutputLine
@@ -145,7 +145,7 @@ def test_a_line_over_the_limit_is_a_line_too_large_error_and_the_rest_run() -> N
 
 
 def test_the_reader_task_applies_the_specs_line_limit() -> None:
-    from llmbatch.ray_job.reader import Source, iter_blocks
+    from llmbatch.ray_job.job.reader import Source, iter_blocks
 
     data = b"\n".join([line("a"), b"q" * 10_000, line("b")])
     source = Source(batch_id="b1", endpoint=CHAT, model="m", inline=data, max_line_bytes=2048)

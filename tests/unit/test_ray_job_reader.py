@@ -1,4 +1,4 @@
-"""The reader task (ray_job.reader) over input files on a local pyarrow filesystem: compressed inputs
+"""The reader task (ray_job.job.reader) over input files on a local pyarrow filesystem: compressed inputs
 (.jsonl.gz, .jsonl.zst) are read as streams, by their extension, like plain ones."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 from pyarrow import fs as pafs
 
-from llmbatch.ray_job import rows
-from llmbatch.ray_job.reader import Source, iter_blocks
+from llmbatch.ray_job.job.reader import Source, iter_blocks
+from llmbatch.ray_job.lines import rows
 
 pytestmark = pytest.mark.unit
 CHAT = "/v1/chat/completions"
@@ -51,11 +51,11 @@ def test_plain_and_compressed_inputs_give_the_same_rows(tmp_path: Path, name: st
 def test_lines_earlier_attempts_answered_are_skipped(tmp_path: Path) -> None:
     """The driver's resume scan names the shards it took (Prior.done_shards); the task reads their keys
     back and skips the lines they answer."""
-    from llmbatch.ray_job import resume
     from llmbatch.ray_job.errors import RequestFailure
-    from llmbatch.ray_job.formatting import error_line, output_line
-    from llmbatch.ray_job.records import Generation
-    from llmbatch.ray_job.writer import ShardWriter
+    from llmbatch.ray_job.job import resume
+    from llmbatch.ray_job.job.writer import ShardWriter
+    from llmbatch.ray_job.lines.formatting import error_line, output_line
+    from llmbatch.ray_job.lines.records import Generation
     from llmbatch.schemas.common import Endpoint
 
     local = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())

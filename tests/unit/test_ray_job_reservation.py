@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from llmbatch.ray_job import pipeline
-from llmbatch.ray_job.backends import FAKE_BACKEND
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
 from llmbatch.ray_job.errors import ClusterBusyError, ExitCode, JobError
-from llmbatch.ray_job.outcome import failure_code
-from llmbatch.ray_job.reservation import bundle_of
+from llmbatch.ray_job.job import pipeline
+from llmbatch.ray_job.job.outcome import failure_code
+from llmbatch.ray_job.job.reservation import bundle_of
 from llmbatch.schemas.job import POOL_SHARE, EngineConfig, JobSpec, tenant_pool_resource
 
 pytestmark = pytest.mark.unit

@@ -9,13 +9,13 @@ import orjson
 import pytest
 from pyarrow import fs as pafs
 
-from llmbatch.ray_job import manifest, resume
 from llmbatch.ray_job.errors import RequestFailure, SupersededError
-from llmbatch.ray_job.formatting import error_line, output_line
-from llmbatch.ray_job.parse import DoneKeys
-from llmbatch.ray_job.records import Generation
-from llmbatch.ray_job.rows import SeenLines
-from llmbatch.ray_job.writer import ShardWriter
+from llmbatch.ray_job.job import manifest, resume
+from llmbatch.ray_job.job.writer import ShardWriter
+from llmbatch.ray_job.lines.formatting import error_line, output_line
+from llmbatch.ray_job.lines.parse import DoneKeys
+from llmbatch.ray_job.lines.records import Generation
+from llmbatch.ray_job.lines.rows import SeenLines
 from llmbatch.schemas.common import BatchStatus, Endpoint
 from llmbatch.schemas.job import AttemptRecord, Manifest, Timings, parse_manifest
 from llmbatch.schemas.openai import ErrorObject, Usage

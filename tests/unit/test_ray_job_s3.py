@@ -1,4 +1,4 @@
-"""ray_job.s3: which S3 errors are answers about the object (missing, forbidden) and which are an
+"""ray_job.storage.s3: which S3 errors are answers about the object (missing, forbidden) and which are an
 outage to retry. The messages are pyarrow's own, as seen from MinIO (tests/integration/
 test_tenant_pools.py reads a forbidden input through a tenant's keys on a real server)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmbatch.ray_job.s3 import is_refusal, path_of, s3_error_code, uri_of
+from llmbatch.ray_job.storage.s3 import is_refusal, path_of, s3_error_code, uri_of
 
 pytestmark = pytest.mark.unit
 
@@ -66,7 +66,7 @@ def test_an_s3_that_does_not_answer_is_an_outage_not_a_missing_input() -> None:
     from pyarrow import fs as pafs
 
     from llmbatch.ray_job.errors import ExitCode, InfraUnavailableError
-    from llmbatch.ray_job.s3 import check_readable
+    from llmbatch.ray_job.storage.s3 import check_readable
     from llmbatch.stack.ports import free_port
 
     nobody = pafs.S3FileSystem(

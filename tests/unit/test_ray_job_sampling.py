@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from llmbatch.ray_job.errors import CONTEXT_LENGTH_EXCEEDED
-from llmbatch.ray_job.sampling import fit_context, sampling_kwargs, wants_logprobs
+from llmbatch.ray_job.lines.sampling import fit_context, sampling_kwargs, wants_logprobs
 from llmbatch.schemas.common import Endpoint
 
 pytestmark = pytest.mark.unit

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from llmbatch.ray_job import spec as spec_loader
-from llmbatch.ray_job.backends import FAKE_BACKEND
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
 from llmbatch.ray_job.errors import ExitCode, InvalidSpecError
-from llmbatch.ray_job.main import main
-from llmbatch.ray_job.outcome import RESULT_PREFIX
-from llmbatch.ray_job.progress import Counters, Progress, progress_fields
-from llmbatch.ray_job.submit import (
+from llmbatch.ray_job.job import spec as spec_loader
+from llmbatch.ray_job.job.main import main
+from llmbatch.ray_job.job.outcome import RESULT_PREFIX
+from llmbatch.ray_job.job.progress import Counters, Progress, progress_fields
+from llmbatch.ray_job.job.submit import (
     SessionRef,
     SpecTooLargeError,
     encode_spec,
@@ -213,7 +213,7 @@ print('BAD', bad)
 
 def test_failure_codes() -> None:
     from llmbatch.ray_job.errors import EngineDeadError, InputNotFoundError
-    from llmbatch.ray_job.outcome import failure_code
+    from llmbatch.ray_job.job.outcome import failure_code
 
     assert failure_code(EngineDeadError("x")) == "engine_dead"
     assert failure_code(InputNotFoundError("x")) == "input_not_found"

@@ -20,10 +20,10 @@ from llmbatch.dispatcher.backends.runner_backend import (
 )
 from llmbatch.dispatcher.errors import JobRejected, RayUnavailable
 from llmbatch.dispatcher.settings import DispatcherOptions, DispatcherSettings
-from llmbatch.ray_job import node_secrets
-from llmbatch.ray_job.backends import FAKE_BACKEND
-from llmbatch.ray_job.runner import BatchRunner
-from llmbatch.ray_job.runner_http import APP_NAME, MAX_STATUS_IDS, ROUTE_PREFIX, parse_submission
+from llmbatch.ray_job.batch_runner.runner import BatchRunner
+from llmbatch.ray_job.batch_runner.runner_http import APP_NAME, MAX_STATUS_IDS, ROUTE_PREFIX, parse_submission
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
+from llmbatch.ray_job.storage import node_secrets
 from llmbatch.schemas.engines import EngineModel, EngineRegistry
 from llmbatch.schemas.job import JobSpec
 from llmbatch.settings import RaySettings, RedisSettings, S3Settings
@@ -337,8 +337,8 @@ def test_cluster_config_adds_the_runner_with_the_short_path_only() -> None:
     text = orjson.dumps(config).decode()
     assert "pw-of-redis" not in text and "t" * 40 not in text  # no secret in a Serve config
     # where S3 is, never its keys (the replicas have them from the Ray workers' environment)
-    # (LLMBATCH_S3__ENDPOINT too: ray_job.s3 reads it first, and a Ray node may have inherited another)
-    # (each batch brings S3 keys of its own: the node's are blanked in its process)
+    # (LLMBATCH_S3__ENDPOINT too: ray_job.storage.s3 reads it first, and a Ray node may have inherited
+    # another) (each batch brings S3 keys of its own: the node's are blanked in its process)
     assert runner["runtime_env"]["env_vars"] == {
         "LLMBATCH_S3__ENDPOINT": s3.endpoint,
         "AWS_ENDPOINT_URL_S3": s3.endpoint,
@@ -362,8 +362,8 @@ def test_every_batch_reports_its_own_wait_for_an_engine(monkeypatch: pytest.Monk
     import time
     import types
 
-    from llmbatch.ray_job import runner as runner_module
-    from llmbatch.ray_job import serve_engine
+    from llmbatch.ray_job.batch_runner import runner as runner_module
+    from llmbatch.ray_job.engines import serve_client
 
     clock = Clock()  # the test's own: only waiting for a replica moves it
     monkeypatch.setattr(runner_module, "time", types.SimpleNamespace(perf_counter=clock, time=time.time))
@@ -381,7 +381,7 @@ def test_every_batch_reports_its_own_wait_for_an_engine(monkeypatch: pytest.Monk
         def slots(self) -> int:
             return 0
 
-    monkeypatch.setattr(serve_engine, "ServeEngine", Handle)
+    monkeypatch.setattr(serve_client, "ServeEngine", Handle)
     runner = BatchRunner()
     spec = _spec(lines=1)
     first = runner._engine(spec)

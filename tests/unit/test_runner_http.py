@@ -1,7 +1,6 @@
-"""The batch runner's request parsers (ray_job/llmbatch/ray_job/runner_http.py): any body is either parsed or
-one
-ValueError naming the field, never another exception; the route table (the status-id limit is in
-test_runner_backend, through the runner)."""
+"""The batch runner's request parsers (ray_job/llmbatch/ray_job/batch_runner/runner_http.py): any body is
+either parsed or one ValueError naming the field, never another exception; the route table (the
+status-id limit is in test_runner_backend, through the runner)."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmbatch.ray_job.runner_http import parse_status_ids, parse_submission, route
+from llmbatch.ray_job.batch_runner.runner_http import parse_status_ids, parse_submission, route
 from llmbatch.schemas.job import RunnerSubmission
 
 pytestmark = pytest.mark.unit

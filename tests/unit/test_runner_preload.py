@@ -11,8 +11,8 @@ pytestmark = pytest.mark.unit
 
 CHILD = """
 import sys, threading
-from llmbatch.ray_job.run_store import MemoryRuns
-from llmbatch.ray_job.runner import BatchRunner
+from llmbatch.ray_job.batch_runner.run_store import MemoryRuns
+from llmbatch.ray_job.batch_runner.runner import BatchRunner
 
 auto = "transformers.models.auto.tokenization_auto"
 assert auto not in sys.modules, "imported before the runner starts"

@@ -19,11 +19,12 @@ from starlette.requests import Request
 from llmbatch.dispatcher.backends.runner_backend import RunnerClient
 from llmbatch.dispatcher.domain.keys import Keys, batch_key
 from llmbatch.dispatcher.errors import RayUnavailable
-from llmbatch.ray_job import job_keys, node_secrets
-from llmbatch.ray_job.backends import FAKE_BACKEND
-from llmbatch.ray_job.run_store import MemoryRuns
-from llmbatch.ray_job.runner import BatchRunner, RunnerPlace
-from llmbatch.ray_job.runner_http import ROUTE_PREFIX, credential_problem
+from llmbatch.ray_job.batch_runner.run_store import MemoryRuns
+from llmbatch.ray_job.batch_runner.runner import BatchRunner
+from llmbatch.ray_job.batch_runner.runner_config import RunnerPlace
+from llmbatch.ray_job.batch_runner.runner_http import ROUTE_PREFIX, credential_problem
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
+from llmbatch.ray_job.storage import job_keys, node_secrets
 from llmbatch.schemas.job import JobSpec
 from tests.support.scripted_http import ScriptedHttpServer
 

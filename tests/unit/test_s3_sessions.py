@@ -15,9 +15,9 @@ from llmbatch.dispatcher.backends.runner_backend import RunnerClient
 from llmbatch.dispatcher.backends.s3_sessions import JobSessions, SessionMinter
 from llmbatch.dispatcher.errors import JobRejected
 from llmbatch.dispatcher.security.minio_policy import batch_policy
-from llmbatch.ray_job.backends import FAKE_BACKEND
-from llmbatch.ray_job.runner import BatchRunner
-from llmbatch.ray_job.runner_http import ROUTE_PREFIX, parse_submission
+from llmbatch.ray_job.batch_runner.runner import BatchRunner
+from llmbatch.ray_job.batch_runner.runner_http import ROUTE_PREFIX, parse_submission
+from llmbatch.ray_job.engines.backends import FAKE_BACKEND
 from llmbatch.schemas.common import utcnow
 from llmbatch.schemas.job import JobSpec, S3Session
 from llmbatch.settings import S3Settings

@@ -14,9 +14,9 @@ from ray.serve._private.common import DeploymentID
 from ray.serve.exceptions import DeploymentUnavailableError, RayServeException
 from ray.serve.handle import DeploymentHandle
 
-from llmbatch.ray_job import s3_session
+from llmbatch.ray_job.engines.serve_client import ServeEngine
 from llmbatch.ray_job.errors import EngineDeadError, EngineUnavailableError, ExitCode, InfraUnavailableError
-from llmbatch.ray_job.serve_engine import ServeEngine
+from llmbatch.ray_job.storage import s3_session
 from llmbatch.schemas.engines import DEPLOYMENT_NAME
 
 DEPLOYMENT = DeploymentID(name=DEPLOYMENT_NAME, app_name="llmbatch-engine-m")

@@ -134,7 +134,7 @@ def test_the_job_side_s3_filesystem_trusts_the_ca_bundle(
 ) -> None:
     from pyarrow import fs as pafs
 
-    from llmbatch.ray_job import s3
+    from llmbatch.ray_job.storage import s3
 
     files = make_local_ca(tmp_path)
     seen: dict[str, object] = {}

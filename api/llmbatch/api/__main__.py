@@ -20,10 +20,10 @@ from llmbatch.api.settings import ApiSettings
 def build_app(settings: ApiSettings) -> FastAPI:
     """The app wired to the real Kafka, Redis and MinIO of ``settings`` (connections open lazily)."""
     from llmbatch.adapters.kafka import Publisher
-    from llmbatch.api.app import build_services, create_app
-    from llmbatch.api.state import RedisStateReader
-    from llmbatch.api.storage import MinioObjectStore
-    from llmbatch.api.usage import RedisUsage
+    from llmbatch.api.http.app import build_services, create_app
+    from llmbatch.api.store.state import RedisStateReader
+    from llmbatch.api.store.storage import MinioObjectStore
+    from llmbatch.api.tenancy.usage import RedisUsage
     from llmbatch.dispatcher.state.retention import RetentionIndex
     from llmbatch.dispatcher.state.store import StateStore
     from llmbatch.dispatcher.webhooks.store import WebhookStore
@@ -76,7 +76,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.hash_key:
-        from llmbatch.api.auth import hash_api_key
+        from llmbatch.api.tenancy.auth import hash_api_key
 
         key = sys.stdin.readline().strip()
         if not key:

@@ -16,7 +16,8 @@ from llmbatch.schemas.common import Endpoint, ExpiresAfter, Metadata
 BatchStatusName = Literal[
     "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"
 ]
-"""OpenAI's batch statuses (see :mod:`llmbatch.api.status` for how llmbatch's states map onto them)."""
+"""OpenAI's batch statuses (see :mod:`llmbatch.api.batches.status` for how llmbatch's states map onto
+them)."""
 TERMINAL_STATUSES: frozenset[str] = frozenset({"failed", "completed", "expired", "cancelled"})
 FilePurpose = Literal["batch", "batch_output"]
 """Purposes this API serves: uploads are ``batch``; a batch's result files are ``batch_output``."""

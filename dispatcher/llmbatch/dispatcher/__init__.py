@@ -15,6 +15,7 @@ Run it with ``llmbatch dispatcher run`` (or ``python -m llmbatch.dispatcher``); 
 - :mod:`~llmbatch.dispatcher.ops`: the operator CLI (jobs, dlq, engines).
 
 Beside them: :mod:`~llmbatch.dispatcher.errors` (one hierarchy, ``retriable``), settings, metrics,
-logs, :mod:`~llmbatch.dispatcher.http` (/livez /readyz /metrics) and
-:mod:`~llmbatch.dispatcher.service` (the wiring).
+logs, :mod:`~llmbatch.dispatcher.http` (/livez /readyz /metrics; their answers:
+:mod:`~llmbatch.dispatcher.probes`), :mod:`~llmbatch.dispatcher.start_checks` (what is checked once at
+start) and :mod:`~llmbatch.dispatcher.service` (the wiring).
 """

@@ -93,7 +93,7 @@ class JobOptions(BaseModel):
     engine_cache_dir: str | None = Field(
         default=None,
         description="When set, vLLM's offline/cache/CPU env vars are passed to the job "
-        "(llmbatch.ray_job.engine_env) with this cache folder on the workers.",
+        "(llmbatch.ray_job.engines.engine_env) with this cache folder on the workers.",
     )
     engine_cpu: bool = Field(default=True, description="CPU engine tuning (VLLM_CPU_* variables).")
     omp_threads_bind: str | None = Field(default=None, description="VLLM_CPU_OMP_THREADS_BIND, e.g. '0-1'.")

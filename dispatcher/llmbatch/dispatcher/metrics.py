@@ -31,7 +31,7 @@ _LATENCY_BUCKETS = (
 )
 
 
-# llmbatch_engine_<name> -> (field of ray_job.engine_stats.ModelFigures, help)
+# llmbatch_engine_<name> -> (field of ray_job.engines.engine_stats.ModelFigures, help)
 ENGINE_GAUGES = {
     "replicas": ("replicas", "Engine replicas reporting, by model."),
     "queued_requests": ("queued", "Requests waiting in the replicas' fair queues."),

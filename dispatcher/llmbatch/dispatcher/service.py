@@ -3,6 +3,10 @@
 On SIGTERM/SIGINT the dispatcher stops fetching, finishes the segment in hand, commits its offsets,
 leaves the consumer group (its partitions move to the other replicas), gives up the tracker lease
 and exits. Running Ray jobs keep running; the next tracker leader watches them.
+
+The job backend is built by :mod:`llmbatch.dispatcher.backends.build`, the checks made once at start
+are :mod:`llmbatch.dispatcher.start_checks`', what the health endpoint answers
+:mod:`llmbatch.dispatcher.probes`'.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from llmbatch.dispatcher import logs
 from llmbatch.dispatcher.backends.backend import JobBackend
+from llmbatch.dispatcher.backends.build import build_backend
 from llmbatch.dispatcher.backends.input_sizes import InputSizes
 from llmbatch.dispatcher.errors import DispatcherError, InvalidSettings
 from llmbatch.dispatcher.http import HealthServer
@@ -25,12 +30,14 @@ from llmbatch.dispatcher.intake.reconcile import Reconciler
 from llmbatch.dispatcher.intake.record_retry import OUTAGE_LOG_EVERY_S
 from llmbatch.dispatcher.kafka.publisher import EventProducer
 from llmbatch.dispatcher.metrics import Metrics
+from llmbatch.dispatcher.probes import Probes
 from llmbatch.dispatcher.runs.context import RunContext
 from llmbatch.dispatcher.runs.engine_keeper import EngineKeeper
 from llmbatch.dispatcher.runs.results import ResultStore
 from llmbatch.dispatcher.runs.stored_bytes import StoredBytes
 from llmbatch.dispatcher.runs.tracker import Tracker
 from llmbatch.dispatcher.settings import DispatcherSettings
+from llmbatch.dispatcher.start_checks import check_durability, prepare_topics, say_trust, start_problem
 from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.dispatcher.webhooks.runner import Webhooks
 
@@ -44,7 +51,7 @@ def _no_crash(point: str) -> None:
     """Crash points pass unnoticed in production."""
 
 
-class Dispatcher:
+class Dispatcher(Probes):
     def __init__(
         self,
         settings: DispatcherSettings,
@@ -68,37 +75,9 @@ class Dispatcher:
         input_sizes = InputSizes(self.results.object_size)
         self.runner: RunnerClient | None = None
         if backend is None:
-            from llmbatch.dispatcher.backends.ray_backend import RayJobsBackend
-
-            job_sessions = None
-            if settings.job.s3_sessions:
-                from llmbatch.dispatcher.backends.s3_sessions import JobSessions, SessionMinter
-
-                job_sessions = JobSessions(
-                    SessionMinter(
-                        settings.s3, duration_s=settings.job.s3_session_s, role_arn=opts.runner_s3_role_arn
-                    ),
-                    self.store,
-                )
-            backend = RayJobsBackend(settings, upload_spec=self.results.upload_spec, sessions=job_sessions)
-            if opts.shared_engines and opts.short_path_max_lines > 0:
-                # imported here: the runner's module brings Ray, which the plain job path never needs
-                from llmbatch.dispatcher.backends.runner_backend import RoutedBackend, RunnerClient
-                from llmbatch.dispatcher.backends.s3_sessions import SessionMinter
-
-                sessions = None
-                if opts.runner_s3_sessions:
-                    sessions = SessionMinter(
-                        settings.s3, duration_s=opts.runner_s3_session_s, role_arn=opts.runner_s3_role_arn
-                    )
-                self.runner = RunnerClient.of(settings.ray, sessions=sessions)
-                backend = RoutedBackend(
-                    backend,
-                    self.runner,
-                    max_lines=opts.short_path_max_lines,
-                    max_bytes=opts.short_path_max_bytes,
-                    size_of=input_sizes,
-                )
+            backend, self.runner = build_backend(
+                settings, self.store, upload_spec=self.results.upload_spec, input_sizes=input_sizes
+            )
         self.backend = backend
         self.producer = EventProducer(settings.kafka, self.metrics)
         self.consumer = RequestConsumer(
@@ -149,62 +128,10 @@ class Dispatcher:
         self._started = False
         self._stalled: list[str] = []
 
-    # -- health --------------------------------------------------------------------------------------
-    def _live(self) -> bool:
-        if any(t.done() for t in self._tasks):
-            return False
-        stalled = self.stalled_loops() if self._started else []
-        if stalled != self._stalled:  # said once per change of state
-            if stalled:
-                log.error(
-                    "loop stalled: /livez fails",
-                    extra={"loops": stalled, "stall_timeout_s": self.settings.dispatcher.stall_timeout_s},
-                )
-            else:
-                log.info("loops moving again", extra={"loops": self._stalled})
-            self._stalled = stalled
-        return not stalled
-
-    def stalled_loops(self) -> list[str]:
-        """The loops that have not moved for ``stall_timeout_s`` (a hang, not an outage)."""
-        now, limit = time.monotonic(), self.settings.dispatcher.stall_timeout_s
-        moved = {"consumer": self.consumer.last_progress, "tracker": self.tracker.last_tick}
-        return [name for name, at in moved.items() if now - at > limit]
-
-    async def _ready(self) -> tuple[bool, dict[str, str]]:
-        detail: dict[str, str] = {}
-        try:
-            await self.store.ping()
-            detail["redis"] = "ok"
-        except DispatcherError as exc:
-            detail["redis"] = f"unavailable ({exc.code})"
-        detail["kafka"] = "ok" if await self.producer.ping() else "unavailable"
-        detail["consumer"] = f"{len(self.consumer.assignment)} partition(s)"
-        paused = self.consumer.retry.paused
-        detail["intake"] = f"paused ({paused})" if paused else "ok"
-        leases = self.tracker.leases
-        detail["tracker"] = "leader" if leases.is_leader else "standby"  # the launching lease
-        detail["tracker_shards"] = f"{len(leases.shards)} of {leases.shard_count}"
-        ok = (
-            self._started
-            and detail["redis"] == "ok"
-            and detail["kafka"] == "ok"
-            and paused is None
-            and self._live()
-        )
-        return ok, detail
-
     # -- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
         """Raises :class:`InvalidSettings` when the settings cannot serve (no model configured)."""
-        problem = self.settings.serving_problem()
-        if problem is None and self.runner is not None and self.settings.ray.runner_token is None:
-            problem = (
-                "the short path is on (LLMBATCH_DISPATCHER__SHORT_PATH_MAX_LINES > 0) but "
-                "LLMBATCH_RAY__RUNNER_TOKEN is not set: give the dispatcher and the Ray nodes the same "
-                "token (on Kubernetes the llmbatch-credentials Secret's runner-token), or set "
-                "LLMBATCH_DISPATCHER__SHORT_PATH_MAX_LINES=0"
-            )
+        problem = start_problem(self.settings, short_path=self.runner is not None)
         if problem is not None:
             raise InvalidSettings(problem)
         opts = self.settings.dispatcher
@@ -217,33 +144,13 @@ class Dispatcher:
                 "models": sorted(self.settings.served_models),
             },
         )
-        if self.settings.replay.key is None:
-            log.warning(
-                "LLMBATCH_REPLAY__KEY is not set: replay headers are honoured from any producer "
-                "that may write the requests topic (they reopen failed batches)"
-            )
-        if not self.settings.tenants.keys:
-            log.warning(
-                "LLMBATCH_TENANTS__KEYS is not set: the tenant a request or cancel names is trusted "
-                "from any producer that may write the requests topic"
-            )
-        else:
-            log.info(
-                "requests and cancels must be signed by their tenant",
-                extra={"tenants": sorted(self.settings.tenants.keys)},
-            )
-        if self.settings.tenants.pools:
-            log.info(
-                "these tenants' jobs run only on their own worker pools (Ray resource "
-                "llmbatch_tenant_<tenant>), never on the shared batch runner",
-                extra={"tenants": self.settings.tenants.pools},
-            )
+        say_trust(self.settings)
         if self.health is not None:
             await self.health.start()
         await self._until_ok("kafka producer", self.producer.start)
-        await self._until_ok("kafka topics", self._ensure_topics)
+        await self._until_ok("kafka topics", lambda: prepare_topics(self.settings))
         await self._until_ok("kafka consumer", self.consumer.start)
-        await self._check_durability()
+        await check_durability(self.store)
         deployed_on: str | None = None
         if opts.shared_engines and opts.deploy_engines:
             deployed_on = await self.engines.deploy_at_start()
@@ -276,18 +183,6 @@ class Dispatcher:
         self._started = True
         log.info("dispatcher started")
 
-    async def _check_durability(self) -> None:
-        """Say once when Redis may lose acknowledged intakes in a crash (see dispatcher.reconcile)."""
-        with contextlib.suppress(DispatcherError):
-            policy = await self.store.fsync_policy()
-            if policy is not None and policy != "always":
-                log.warning(
-                    "Redis runs with appendfsync %s: a crash of its host may lose the last second of "
-                    "accepted batches (the reconcile pass takes them in again from the requests topic); "
-                    "run Redis with --appendfsync always for durable intake",
-                    policy,
-                )
-
     async def _reconcile(self) -> None:
         """Run the reconcile pass on the tracker leader: when it becomes leader, then every
         ``reconcile_interval_s``. A pass that fails (Kafka or Redis down) is tried again at the next."""
@@ -307,31 +202,6 @@ class Dispatcher:
             was_leader = leader
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), 5.0)
-
-    async def _ensure_topics(self) -> None:
-        from llmbatch.adapters.topics import ensure_topics
-
-        try:
-            created = await ensure_topics(self.settings)
-        except Exception as exc:
-            from llmbatch.dispatcher.errors import KafkaUnavailable
-
-            raise KafkaUnavailable(str(exc)) from exc
-        if created:
-            log.info("topics created", extra={"topics": created})
-        await self._check_topic_sizes()
-
-    async def _check_topic_sizes(self) -> None:
-        """Warn once at start about existing topics that would refuse what the settings accept."""
-        from llmbatch.adapters.topics import check_topic_sizes
-
-        try:
-            problems = await check_topic_sizes(self.settings)
-        except Exception as exc:  # a broker that will not describe configs (ACLs) is not an outage
-            log.info("topic sizes not checked", extra={"error": str(exc)[:300]})
-            return
-        for problem in problems:
-            log.warning(problem)
 
     async def _until_ok(self, what: str, fn: Callable[[], object]) -> None:
         """``fn()`` until it succeeds (a start step); a dependency that is not ready is logged once per

@@ -188,7 +188,7 @@ class DispatcherOptions(BaseModel):
     shared_engines: bool = Field(
         default=True,
         description="Run batches on each model's shared, warm engine (a Ray Serve application, "
-        "llmbatch.ray_job.serve_engine); false starts an engine in every batch's Ray job.",
+        "llmbatch.ray_job.engines.serve_engine); false starts an engine in every batch's Ray job.",
     )
     deploy_engines: bool = Field(
         default=True,
@@ -207,7 +207,8 @@ class DispatcherOptions(BaseModel):
         ge=0,
         le=100_000,
         description="With shared_engines: batches of at most this many inline lines run on the batch "
-        "runner (llmbatch.ray_job.runner, warm, no Ray job each); 0 runs every batch as a Ray job.",
+        "runner (llmbatch.ray_job.batch_runner.runner, warm, no Ray job each); 0 runs every batch as a "
+        "Ray job.",
     )
     short_path_max_bytes: int = Field(
         default=1 << 20,

@@ -1,6 +1,6 @@
 """ray_job: the Ray Job that runs one attempt of one batch (Ray Data + vLLM, S3 in and out).
 
-Invocation (what the dispatcher submits through the Ray Jobs API; see :mod:`llmbatch.ray_job.submit`)::
+Invocation (what the dispatcher submits through the Ray Jobs API; see :mod:`llmbatch.ray_job.job.submit`)::
 
     python -m llmbatch.ray_job --spec-b64 <urlsafe base64 of zlib(JobSpec JSON)>
     python -m llmbatch.ray_job --spec-json '<JobSpec JSON>' | --spec-file spec.json | --spec-uri s3://b/k
@@ -11,7 +11,8 @@ with ``runtime_env = {"py_modules": [<ray_job dir>, <schemas dir>], "env_vars": 
 - ``LLMBATCH_S3__ENDPOINT`` (S3/MinIO URL), ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``
   (optionally ``AWS_SESSION_TOKEN``, ``AWS_REGION``);
 - ``LLMBATCH_REDIS__PASSWORD`` when the Redis URL in the spec carries none;
-- the engine variables of :func:`llmbatch.ray_job.engine_env.engine_env` (offline mode, caches, CPU tuning).
+- the engine variables of :func:`llmbatch.ray_job.engines.engine_env.engine_env` (offline mode, caches, CPU
+  tuning).
 
 What it does: reads ``input_uri`` (or the inline requests) line by line, turns every bad line into
 an error line (OpenAI-style ``error.code``), renders prompts with the model's chat template, runs

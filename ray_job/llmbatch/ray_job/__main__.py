@@ -4,7 +4,7 @@
 import os
 import sys
 
-from llmbatch.ray_job.main import main
+from llmbatch.ray_job.job.main import main
 
 if __name__ == "__main__":  # vLLM may spawn processes that re-import __main__: keep the guard
     code = main()

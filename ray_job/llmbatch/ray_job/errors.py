@@ -2,7 +2,7 @@
 
 A :class:`RequestFailure` never stops the job: it becomes one line of an error shard, with an
 OpenAI-style ``code``. Exceptions that mean the whole attempt cannot go on are the ``Job*`` errors
-below; :mod:`llmbatch.ray_job.main` maps them to exit codes.
+below; :mod:`llmbatch.ray_job.job.main` maps them to exit codes.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ requests queued per replica and removes idle ones after ``idle_s`` (down to zero
 (``model_not_found``); it never runs on another model.
 
 Pure contract: the dispatcher reads it from its settings, the engine deployment
-(:mod:`llmbatch.ray_job.serve_engine`) from its Serve application arguments.
+(:mod:`llmbatch.ray_job.engines.serve_engine`) from its Serve application arguments.
 """
 
 from __future__ import annotations

@@ -94,14 +94,14 @@ EngineBackendRef = Annotated[
         json_schema_extra={"pattern": BACKEND_REF_PATTERN},
         description="The engine: 'vllm', or 'package.module:Class', a plug-in class installed on "
         "the Ray workers that is constructed with (model_path, this config) and drives requests "
-        "as vLLM's does (see llmbatch.ray_job.backends).",
+        "as vLLM's does (see llmbatch.ray_job.engines.backends).",
     ),
 ]
 BackendOption = str | int | float | bool | list[str]
 
 
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
-"""The dtypes an engine entry may name (``auto``: see ``llmbatch.ray_job.cpu_dtype`` on CPUs)."""
+"""The dtypes an engine entry may name (``auto``: see ``llmbatch.ray_job.engines.cpu_dtype`` on CPUs)."""
 
 
 class EngineConfig(BaseModel):
@@ -188,8 +188,8 @@ class JobSpec(BaseModel):
     engine_app: str | None = Field(
         default=None,
         max_length=200,
-        description="Ray Serve application of the model's shared, warm engine (ray_job.serve_engine): "
-        "when set the job starts no engine of its own.",
+        description="Ray Serve application of the model's shared, warm engine "
+        "(ray_job.engines.serve_engine): when set the job starts no engine of its own.",
     )
     engine_wait_s: float = Field(
         default=600.0,

@@ -26,8 +26,8 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON on stdout i
 def collector_of(settings: LLMBatchSettings, index: RetentionIndex) -> Collector:
     """The collector the API runs, over ``settings``' MinIO and ``index``."""
     from llmbatch.api.settings import ApiOptions
-    from llmbatch.api.state import RedisStateReader
-    from llmbatch.api.storage import MinioObjectStore
+    from llmbatch.api.store.state import RedisStateReader
+    from llmbatch.api.store.storage import MinioObjectStore
     from llmbatch.dispatcher.state.store import StateStore
 
     return Collector.over(

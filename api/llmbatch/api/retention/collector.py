@@ -9,7 +9,7 @@ finished by the next claim). What a running batch needs is never deleted:
   (``retention_retire.lua``): a lifecycle an operator reopened is left alone (its new end dates it
   again), and a newer lifecycle of the same batch id keeps its state and its own result folder;
 - an upload a batch may still read (one created from it that has not ended) waits
-  (:meth:`llmbatch.api.files.FileService.remove`); it is tried again ``in_use_retry_s`` later.
+  (:meth:`llmbatch.api.files.files.FileService.remove`); it is tried again ``in_use_retry_s`` later.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from dataclasses import asdict, dataclass
 from typing import Protocol
 
 from llmbatch.adapters.storage import split_uri
-from llmbatch.api.batch_reader import BatchReader
+from llmbatch.api.batches.batch_reader import BatchReader
 from llmbatch.api.errors import Conflict
-from llmbatch.api.files import FileService
-from llmbatch.api.records import BATCH_ID, Layout, RecordStore, StoredBatch, StoredFile
-from llmbatch.api.state import StateReader
-from llmbatch.api.storage import ObjectStore, delete_under
+from llmbatch.api.files.files import FileService
+from llmbatch.api.store.records import BATCH_ID, Layout, RecordStore, StoredBatch, StoredFile
+from llmbatch.api.store.state import StateReader
+from llmbatch.api.store.storage import ObjectStore, delete_under
 from llmbatch.dispatcher.domain.retention import Expiring, parse_member
 from llmbatch.dispatcher.state.retention import Claim, Retired
 from llmbatch.schemas.job import output_prefix

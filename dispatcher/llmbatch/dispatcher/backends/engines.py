@@ -1,8 +1,8 @@
 """The shared engines of the registry, as the dispatcher and operators see them (pure + one deploy).
 
 :func:`serve_config` turns the registry into the cluster's Serve config (one application per
-model, see :mod:`llmbatch.ray_job.serve_engine`); :func:`summarize` turns Serve's status into one row per
-model for ``llmbatch engines list``.
+model, see :mod:`llmbatch.ray_job.engines.serve_engine`); :func:`summarize` turns Serve's status into one row
+per model for ``llmbatch engines list``.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from llmbatch.dispatcher.settings import DispatcherSettings
-from llmbatch.ray_job import node_secrets
-from llmbatch.ray_job.runner import RunnerPlace
-from llmbatch.ray_job.runner import serve_application as runner_application
-from llmbatch.ray_job.runner_http import APP_NAME, DEPLOYMENT
-from llmbatch.ray_job.serve_engine import serve_application
+from llmbatch.ray_job.batch_runner.runner_config import RunnerPlace
+from llmbatch.ray_job.batch_runner.runner_config import serve_application as runner_application
+from llmbatch.ray_job.batch_runner.runner_http import APP_NAME, DEPLOYMENT
+from llmbatch.ray_job.engines.serve_engine import serve_application
+from llmbatch.ray_job.storage import node_secrets
 from llmbatch.schemas.engines import DEPLOYMENT_NAME, EngineModel, EngineRegistry, Scaling, app_name
 
 
@@ -31,7 +31,8 @@ def serve_config(
     tenant_weights: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """The Serve multi-application config: one handle-only application per model, plus the batch
-    runner (``runner``, from :func:`llmbatch.ray_job.runner.serve_application`) when given.
+    runner (``runner``, from :func:`llmbatch.ray_job.batch_runner.runner_config.serve_application`) when
+    given.
 
     Serve's HTTP proxy runs on the head node at ``http_address``'s port, runner or not: Serve takes
     its HTTP options from the deploy that started it and never changes them later, so every
@@ -120,8 +121,8 @@ def config_lost(config: dict[str, Any], details: dict[str, Any], deployed_on: st
 def runner_env_vars(settings: DispatcherSettings) -> dict[str, str]:
     """The batch runner's environment, as a job's: where S3 is, and ``job.env_vars``. No secret: the
     replicas take the S3 keys and the Redis password from the Ray workers' own environment. The endpoint
-    goes in ``LLMBATCH_S3__ENDPOINT`` too, as a job's does: ray_job.s3 reads that first, so one the Ray
-    node inherited (a stale shell's, another stack's) would otherwise win. CA bundles of TLS servers
+    goes in ``LLMBATCH_S3__ENDPOINT`` too, as a job's does: ray_job.storage.s3 reads that first, so one the
+    Ray node inherited (a stale shell's, another stack's) would otherwise win. CA bundles of TLS servers
     (``LLMBATCH_S3__CA_FILE``, ``LLMBATCH_REDIS__SSL_CA_CERTS``) go as paths: the nodes hold the same
     files there (a mounted ConfigMap; on the local stack, the same machine)."""
     s3 = settings.s3
@@ -148,7 +149,7 @@ def engine_env_vars(settings: DispatcherSettings) -> dict[str, str]:
     job = settings.job
     if not job.engine_cache_dir:
         return {}
-    from llmbatch.ray_job.engine_env import engine_env
+    from llmbatch.ray_job.engines.engine_env import engine_env
 
     return engine_env(
         job.engine_cache_dir,
@@ -184,7 +185,8 @@ class EngineStatus:
     message: str = ""
     min_replicas: int = 0
     max_replicas: int = 0
-    figures: dict[str, Any] | None = None  # from the engines' metrics (ray_job.engine_stats), if known
+    # from the engines' metrics (ray_job.engines.engine_stats), if known
+    figures: dict[str, Any] | None = None
 
     @property
     def running(self) -> int:

@@ -27,7 +27,7 @@ from llmbatch.schemas.job import JobSpec
 
 if TYPE_CHECKING:
     from llmbatch.dispatcher.backends.s3_sessions import JobSessions
-    from llmbatch.ray_job.submit import SessionRef
+    from llmbatch.ray_job.job.submit import SessionRef
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -47,7 +47,7 @@ def _status_code(exc: BaseException) -> int | None:
 
 
 def job_env(settings: DispatcherSettings, spec: JobSpec) -> dict[str, str]:
-    """Extra environment of the job's processes (besides what ``llmbatch.ray_job.submit.runtime_env``
+    """Extra environment of the job's processes (besides what ``llmbatch.ray_job.job.submit.runtime_env``
     sets)."""
     from llmbatch.dispatcher.backends.engines import engine_env_vars, runner_env_vars
 
@@ -64,9 +64,9 @@ def build_submission(
 ) -> dict[str, Any]:
     """``submit_job`` keyword arguments for one attempt (entrypoint, runtime_env, resources).
     ``session``: where the attempt takes S3 keys of its own; its processes then start with the
-    node's blanked (:func:`llmbatch.ray_job.node_secrets.job_withheld`)."""
-    from llmbatch.ray_job import node_secrets
-    from llmbatch.ray_job import submit as job_submit
+    node's blanked (:func:`llmbatch.ray_job.storage.node_secrets.job_withheld`)."""
+    from llmbatch.ray_job.job import submit as job_submit
+    from llmbatch.ray_job.storage import node_secrets
 
     job = settings.job
     s3 = settings.s3
@@ -194,7 +194,7 @@ class RayJobsBackend:
         return result
 
     async def _submit(self, spec: JobSpec, session: SessionRef | None) -> SubmitResult:
-        from llmbatch.ray_job.submit import SpecTooLargeError
+        from llmbatch.ray_job.job.submit import SpecTooLargeError
 
         try:
             kwargs = build_submission(self.settings, spec, session=session)

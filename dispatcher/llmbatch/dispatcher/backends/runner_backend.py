@@ -1,4 +1,5 @@
-"""The short path: small batches on the batch runner (:mod:`llmbatch.ray_job.runner`), the rest as Ray jobs.
+"""The short path: small batches on the batch runner (:mod:`llmbatch.ray_job.batch_runner.runner`), the
+rest as Ray jobs.
 
 :class:`RoutedBackend` is the tracker's :class:`~llmbatch.dispatcher.backends.backend.JobBackend` when shared
 engines
@@ -38,7 +39,7 @@ from llmbatch.dispatcher.backends.s3_sessions import SessionMinter
 from llmbatch.dispatcher.domain.coalesce import Coalescer
 from llmbatch.dispatcher.domain.scheduler import short_path_fits
 from llmbatch.dispatcher.errors import JobRejected, RayUnavailable
-from llmbatch.ray_job.runner_http import MAX_STATUS_IDS, ROUTE_PREFIX
+from llmbatch.ray_job.batch_runner.runner_http import MAX_STATUS_IDS, ROUTE_PREFIX
 from llmbatch.schemas.job import JobSpec
 from llmbatch.settings import RaySettings
 
@@ -79,7 +80,7 @@ def job_info(view: dict[str, Any]) -> JobInfo:
 
 
 class RunnerClient:
-    """The batch runner's HTTP API (see :mod:`llmbatch.ray_job.runner`)."""
+    """The batch runner's HTTP API (see :mod:`llmbatch.ray_job.batch_runner.runner`)."""
 
     def __init__(
         self,

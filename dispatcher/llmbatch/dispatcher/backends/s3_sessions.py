@@ -14,8 +14,8 @@ A Ray job's processes start from their node's environment, whose keys reach ever
 With job sessions (``LLMBATCH_JOB__S3_SESSIONS``, the default) each attempt gets keys of its own the same
 way (:class:`JobSessions`); they cannot travel in a job's ``runtime_env`` or command line, which the Jobs
 API shows, so they wait in Redis under a random name that only the attempt's command line gives, and the
-driver takes them once (:mod:`llmbatch.ray_job.s3_session`). The job's ``runtime_env`` blanks the node's S3
-keys.
+driver takes them once (:mod:`llmbatch.ray_job.storage.s3_session`). The job's ``runtime_env`` blanks the
+node's S3 keys.
 
 MinIO answers ``AssumeRole`` for any of its users (no role); AWS needs ``runner_s3_role_arn``.
 """
@@ -33,7 +33,7 @@ from llmbatch.adapters.storage import http_client
 from llmbatch.dispatcher.errors import JobRejected, StateStoreUnavailable, StorageUnavailable
 from llmbatch.dispatcher.security.minio_policy import batch_policy
 from llmbatch.dispatcher.state.store import StateStore
-from llmbatch.ray_job.submit import SessionRef
+from llmbatch.ray_job.job.submit import SessionRef
 from llmbatch.schemas.job import JobSpec, S3Session
 from llmbatch.settings import S3Settings
 

@@ -10,7 +10,7 @@ share one Redis. The layout:
 ``<p>:deadlines``                 zset: non-terminal batches, score = deadline (unix s)
 ``<p>:unpublished``               zset: terminal batches whose terminal event is not yet published
 ``<p>:progress:<key>``            hash: counters written by the running job (see ray_job)
-``<p>:runner:*``                  the batch runner's runs (:mod:`llmbatch.ray_job.job_keys`)
+``<p>:runner:*``                  the batch runner's runs (:mod:`llmbatch.ray_job.storage.job_keys`)
 ``<p>:jobs:delete``               zset: Ray jobs of finished batches to delete again, score = when
 ``<p>:event:<source>:<id>``       string: dedupe marker of an already-applied command event
 ``<p>:lease:<name>``              string: owner token of a lease (the tracker loop's leader, a shard's holder)
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import NewType
 
 from llmbatch.dispatcher.domain.states import State
-from llmbatch.ray_job import job_keys
+from llmbatch.ray_job.storage import job_keys
 
 BatchKey = NewType("BatchKey", str)
 """What the dispatcher's state names a batch by (see the module's docstring): build it with
@@ -100,7 +100,8 @@ class Keys:
         return f"{self.prefix}:jobs:delete"
 
     def progress(self, key: BatchKey) -> str:
-        """The batch's progress hash, as the job side derives it (:mod:`llmbatch.ray_job.job_keys`)."""
+        """The batch's progress hash, as the job side derives it
+        (:mod:`llmbatch.ray_job.storage.job_keys`)."""
         return job_keys.progress_key(self.prefix, *split_batch_key(key))
 
     def event(self, source: str, event_id: str) -> str:

@@ -85,7 +85,7 @@ class Admission:
     work plus its own window fits the model's capacity, or when nothing of its rank runs (a batch
     bigger than the capacity still runs, alone), or when nothing of its tenant and rank runs there (a
     tenant that comes while another fills the engines gets its batch in at once: the replicas share
-    between tenants, :mod:`llmbatch.ray_job.fair_queue`). The first batch of a model that does not fit
+    between tenants, :mod:`llmbatch.ray_job.engines.fair_queue`). The first batch of a model that does not fit
     holds back the model's later ones (no overtaking within a model: a big batch is not starved by small
     ones) but a tenant's first; other models go on.
     """

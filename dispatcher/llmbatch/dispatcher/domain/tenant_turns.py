@@ -5,7 +5,7 @@ batches before another tenant's one gets the engines' room 50 times first. Withi
 launcher takes tenants in turns instead: the next batch tried is one of the tenant with the fewest
 batches in flight for its weight (``LLMBATCH_TENANTS__WEIGHTS``, 1 by default), counting those it is
 about to launch; a tenant's own batches keep the queue's order (nearest deadline first). The engine
-replicas share the same way (:mod:`llmbatch.ray_job.fair_queue`).
+replicas share the same way (:mod:`llmbatch.ray_job.engines.fair_queue`).
 """
 
 from __future__ import annotations

@@ -3,25 +3,24 @@
 For each fetched batch of records the consumer
 
 1. classifies every record (:func:`llmbatch.dispatcher.intake.commands.classify`, pure): accept, cancel or
-reject;
+   reject;
 2. applies them in record order, in segments (a cancel ends a segment;
-:mod:`llmbatch.dispatcher.intake.intake_apply`):
+   :mod:`llmbatch.dispatcher.intake.intake_apply`):
    intake scripts pipelined into Redis, then the ``accepted`` events and dead letters, awaited until
    the broker acknowledged, then the ``rejected`` answers to every request that was not accepted and
    names a batch id (:mod:`llmbatch.dispatcher.intake.answers`: invalid, a batch id in use, or given up on);
-3. commits the offsets of what is done.
+3. commits the offsets of what is done (:mod:`llmbatch.dispatcher.intake.offsets`).
 
 A transient failure (Redis, broker) retries the same segment with backoff, without limit; everything
 it does is idempotent (batch-id dedupe, event-id markers), so a retry or a redelivery after a crash
 is harmless. Nothing is committed before its effects are durable. Any other failure (a permanent
 error such as Redis' ``OOM command not allowed``, or an unexpected exception) splits the segment
 into single records, and a record that still fails ``record_max_attempts`` times is dead-lettered
-(``processing_failed``), counted, logged and passed (:mod:`llmbatch.dispatcher.intake.record_retry`): one
-record
-never stops the consumer. When the queue in Redis is full the consumer pauses its partitions
-(backpressure) and resumes when it drains; meanwhile cancels behind the backlog still apply
-(:mod:`llmbatch.dispatcher.intake.cancel_scan`). A rebalance listener commits the done offsets of revoked
-partitions; processing of a revoked partition is abandoned.
+(``processing_failed``), counted, logged, answered and passed (:mod:`llmbatch.dispatcher.intake.record_retry`,
+:mod:`llmbatch.dispatcher.intake.failed_records`): one record never stops the consumer. When the queue in
+Redis is full the consumer pauses its partitions (backpressure) and resumes when it drains; meanwhile
+cancels behind the backlog still apply (:mod:`llmbatch.dispatcher.intake.fetch_flow`). A rebalance
+listener commits the done offsets of revoked partitions; processing of a revoked partition is abandoned.
 """
 
 from __future__ import annotations
@@ -35,17 +34,18 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
-from llmbatch.dispatcher import logs
 from llmbatch.dispatcher.domain.dlt import OriginalRecord
 from llmbatch.dispatcher.domain.retry import Backoff
 from llmbatch.dispatcher.domain.scheduler import Backpressure
-from llmbatch.dispatcher.errors import DispatcherError, KafkaUnavailable, classify, classify_kafka_start
-from llmbatch.dispatcher.intake.answers import failure_answer
+from llmbatch.dispatcher.errors import KafkaUnavailable, classify, classify_kafka_start
 from llmbatch.dispatcher.intake.cancel import apply_cancel
 from llmbatch.dispatcher.intake.cancel_scan import CancelScanner
 from llmbatch.dispatcher.intake.commands import Accept, Cancel, Command, IntakeRules, intake_rules
 from llmbatch.dispatcher.intake.commands import classify as classify_record
+from llmbatch.dispatcher.intake.failed_records import FailedRecords
+from llmbatch.dispatcher.intake.fetch_flow import FetchFlow
 from llmbatch.dispatcher.intake.intake_apply import IntakeApplier, SizeOf
+from llmbatch.dispatcher.intake.offsets import DoneOffsets
 from llmbatch.dispatcher.intake.record_retry import Abandoned, GaveUp, RecordRetry, describe
 from llmbatch.dispatcher.kafka.publisher import EventProducer
 from llmbatch.dispatcher.metrics import Metrics
@@ -56,7 +56,6 @@ from llmbatch.schemas.events import EventType
 
 log = logging.getLogger(__name__)
 Entry = tuple[TopicPartition, int, Command, float | None]
-CANCEL_SCAN_EVERY_S = 2.0  # while paused, how often cancels behind the backlog are looked for
 
 __all__ = ["Abandoned", "RequestConsumer"]
 
@@ -92,7 +91,6 @@ class RequestConsumer:
         self.crash = crash
         self.clock = clock
         self.rules: IntakeRules = intake_rules(settings)
-        self.cancel_scanner = CancelScanner(settings, store, self.rules, metrics, clock=clock)
         self.applier = IntakeApplier(
             store,
             producer,
@@ -104,20 +102,24 @@ class RequestConsumer:
             rules=self.rules,
             size_of=size_of,
         )
-        self._scan_at = 0.0
         self.backoff: Backoff = self.opts.io_backoff
         self.backpressure = Backpressure(self.opts.max_queued, self.opts.resume_ratio)
+        self.flow = FetchFlow(
+            store,
+            metrics,
+            self.backpressure,
+            CancelScanner(settings, store, self.rules, metrics, clock=clock),
+        )
         self._consumer: AIOKafkaConsumer | None = None
-        self._done: dict[TopicPartition, int] = {}  # next offset to commit, effects durable
+        self.offsets = DoneOffsets(metrics)
         self._lock = asyncio.Lock()
         self._epoch = 0
         self._stopping = asyncio.Event()
         self.last_progress = time.monotonic()  # read by /livez: the loop or a retry moved then
         self.retry = RecordRetry(self.backoff, metrics, self._stopping, lambda: self._epoch, beat=self._beat)
-        self._assigned: set[TopicPartition] = set()
+        self.failed = FailedRecords(settings, self.retry, producer, metrics, self.rules, clock=clock)
         self.accepted_total = 0
         self._loop_failures = 0  # consecutive unexpected failures of process()
-        self._lag_at = 0.0
         self.on_accepted: Callable[[], None] | None = None  # e.g. wake the local tracker
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -151,7 +153,7 @@ class RequestConsumer:
         if self._consumer is None:
             return
         async with self._lock:
-            await self._commit()
+            await self.offsets.commit(self._consumer)
         with contextlib.suppress(Exception):
             await self._consumer.stop()
         self._consumer = None
@@ -162,43 +164,25 @@ class RequestConsumer:
 
     # -- rebalance ---------------------------------------------------------------------------------
     def on_assigned(self, assigned: set[TopicPartition]) -> None:
-        self._assigned = set(assigned)
+        self.offsets.assigned = set(assigned)
         log.info("partitions assigned", extra={"partitions": sorted(tp.partition for tp in assigned)})
 
     async def on_revoked(self, revoked: set[TopicPartition]) -> None:
         self._epoch += 1  # in-flight processing of these partitions stops retrying
-        self._assigned -= set(revoked)  # a segment still in hand may not mark them done any more
+        self.offsets.assigned -= set(revoked)  # a segment still in hand may not mark them done any more
         try:
             await asyncio.wait_for(
                 self._lock.acquire(), timeout=max(1.0, self.opts.session_timeout_ms / 2000)
             )
         except TimeoutError:
-            await self._commit(only=revoked)
+            await self.offsets.commit(self._consumer, only=revoked)
         else:
             try:
-                await self._commit(only=revoked)
+                await self.offsets.commit(self._consumer, only=revoked)
             finally:
                 self._lock.release()
-        for tp in revoked:
-            self._done.pop(tp, None)
+        self.offsets.forget(revoked)
         log.info("partitions revoked", extra={"partitions": sorted(tp.partition for tp in revoked)})
-
-    async def _commit(self, only: set[TopicPartition] | None = None) -> None:
-        if self._consumer is None or not self._done:
-            return
-        offsets = {tp: off for tp, off in self._done.items() if only is None or tp in only}
-        if not offsets:
-            return
-        try:
-            await self._consumer.commit(offsets)
-            self.metrics.commits.labels(result="ok").inc()
-            for tp, off in offsets.items():
-                if self._done.get(tp) == off:
-                    del self._done[tp]
-        except Exception as exc:
-            # a rebalance took the partitions: the new owner re-reads them, all effects are idempotent
-            self.metrics.commits.labels(result="failed").inc()
-            log.warning("offset commit failed", extra={"error": f"{type(exc).__name__}: {exc}"})
 
     # -- main loop ---------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -206,11 +190,7 @@ class RequestConsumer:
         consumer = self._consumer
         while not self._stopping.is_set():
             self.last_progress = time.monotonic()
-            paused = await self._apply_backpressure(consumer)
-            if paused:
-                await self._cancels_ahead(consumer)
-            else:
-                self.cancel_scanner.forget()
+            paused = await self.flow.before_fetch(consumer)
             try:
                 batch = await consumer.getmany(
                     timeout_ms=200 if paused else 500, max_records=self.opts.max_poll_records
@@ -224,8 +204,8 @@ class RequestConsumer:
             if batch:
                 async with self._lock:
                     await self._process_or_rewind(consumer, batch)
-                    await self._commit()
-            await self._update_lag(consumer)
+                    await self.offsets.commit(self._consumer)
+            await self.flow.update_lag(consumer)
 
     async def _process_or_rewind(
         self, consumer: AIOKafkaConsumer, batch: dict[TopicPartition, list[Any]]
@@ -248,53 +228,10 @@ class RequestConsumer:
             for tp, records in batch.items():
                 if records and tp in assignment:
                     first = records[0].offset
-                    consumer.seek(tp, max(self._done.get(tp, first), first))
+                    consumer.seek(tp, self.offsets.resume_at(tp, first))
             await self._sleep(self.backoff.delay(self._loop_failures))
         else:
             self._loop_failures = 0
-
-    async def _apply_backpressure(self, consumer: AIOKafkaConsumer) -> bool:
-        try:
-            queued = await self.store.queued_count()
-        except DispatcherError:
-            self.metrics.transient_errors.labels(component="redis").inc()
-            return self.backpressure.paused
-        was = self.backpressure.paused
-        paused = self.backpressure.update(queued)
-        assignment = consumer.assignment()
-        if paused:
-            consumer.pause(*assignment)
-        elif assignment:
-            consumer.resume(*assignment)
-        if paused != was:
-            log.info("partitions paused" if paused else "partitions resumed", extra={"queued": queued})
-        self.metrics.paused.set(1 if paused else 0)
-        return paused
-
-    async def _cancels_ahead(self, consumer: AIOKafkaConsumer) -> None:
-        """While paused, apply the cancels waiting behind the backlog
-        (:mod:`llmbatch.dispatcher.intake.cancel_scan`)."""
-        now = time.monotonic()
-        if now - self._scan_at < CANCEL_SCAN_EVERY_S:
-            return
-        self._scan_at = now
-        try:
-            positions = {tp: await consumer.position(tp) for tp in consumer.assignment()}
-            await self.cancel_scanner.scan(positions)
-        except Exception as exc:  # the next pass tries again; the cancel also applies in its turn
-            log.debug("cancel scan failed: %s", exc)
-
-    async def _update_lag(self, consumer: AIOKafkaConsumer) -> None:
-        now = time.monotonic()
-        if now - self._lag_at < 5:
-            return
-        self._lag_at = now
-        for tp in consumer.assignment():
-            with contextlib.suppress(Exception):
-                high = consumer.highwater(tp)
-                if high is not None:
-                    position = await consumer.position(tp)
-                    self.metrics.consumer_lag.labels(partition=str(tp.partition)).set(max(0, high - position))
 
     def _beat(self) -> None:
         self.last_progress = time.monotonic()
@@ -329,13 +266,7 @@ class RequestConsumer:
         await self._run_segment(segment, epoch, fetched_at)
 
     def _mark_done(self, entries: Sequence[Entry]) -> None:
-        for tp, offset, _, _ in entries:
-            if tp not in self._assigned:
-                # revoked while this segment was in hand (a slow Redis outlived the rebalance wait):
-                # the new owner re-reads it; committing it here would fail every later commit
-                continue
-            if offset + 1 > self._done.get(tp, -1):
-                self._done[tp] = offset + 1
+        self.offsets.mark((tp, offset) for tp, offset, _, _ in entries)
 
     async def _run_cancel(self, entry: Entry, cancel: Cancel, epoch: int) -> None:
         try:
@@ -346,7 +277,7 @@ class RequestConsumer:
                 max_attempts=self.opts.record_max_attempts,
             )
         except GaveUp as failed:
-            await self._give_up(entry, failed, epoch)
+            await self.failed.give_up(entry[2], failed, epoch)
         self._mark_done([entry])
 
     async def _run_segment(self, segment: list[Entry], epoch: int, fetched_at: float) -> None:
@@ -372,7 +303,7 @@ class RequestConsumer:
                 for entry in segment:
                     await self._run_segment([entry], epoch, fetched_at)
                 return
-            await self._give_up(segment[0], failed, epoch)
+            await self.failed.give_up(segment[0][2], failed, epoch)
             self._mark_done(segment)
             return
         self._mark_done(segment)
@@ -387,62 +318,6 @@ class RequestConsumer:
         self.accepted_total += accepted
         if accepted and self.on_accepted is not None:
             self.on_accepted()
-
-    async def _give_up(self, entry: Entry, failed: GaveUp, epoch: int) -> None:
-        """Dead-letter a record the consumer gave up on and answer it. Never raises but
-        :class:`Abandoned`: a record that cannot even be dead-lettered is logged by its coordinates."""
-        command = entry[2]
-        batch_id = _batch_id_of(command)
-        with logs.bind(batch_id=batch_id):
-            try:
-                await self._dead_letter_and_answer(command, batch_id, failed, epoch)
-            except Abandoned:
-                raise
-            except Exception:  # a bug here must not end the consumer: the record is passed, loudly
-                self.metrics.failed_records.inc()
-                log.exception(
-                    "giving up on a record failed",
-                    extra={
-                        "topic": command.origin.topic,
-                        "partition": command.origin.partition,
-                        "offset": command.origin.offset,
-                    },
-                )
-
-    async def _dead_letter_and_answer(
-        self, command: Command, batch_id: str | None, failed: GaveUp, epoch: int
-    ) -> None:
-        written = await self.retry.give_up(
-            self.producer,
-            command.origin,
-            failed,
-            epoch,
-            dlt_topic=self.rules.dlt_topic,
-            group_id=self.rules.group_id,
-            max_attempts=self.opts.record_max_attempts,
-        )
-        if batch_id is None or isinstance(command, Cancel):
-            return
-        answer = failure_answer(command, batch_id, failed, written, source=self.opts.source, now=self.clock())
-        if answer is None:
-            return
-        try:
-            await self.retry.run(
-                "answer",
-                lambda: self.producer.publish(self.settings.kafka.topics.results, answer),
-                epoch,
-                max_attempts=self.opts.record_max_attempts,
-            )
-        except GaveUp as lost:
-            log.error("the rejected request could not be answered", extra={"error": describe(lost.error)})
-
-
-def _batch_id_of(command: Command) -> str | None:
-    if isinstance(command, Accept):
-        return command.request.batch_id
-    if isinstance(command, Cancel):
-        return command.batch_id
-    return command.batch_id if command.item is not None else None
 
 
 def _type_label(headers: Any) -> str:

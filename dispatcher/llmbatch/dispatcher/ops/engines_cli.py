@@ -1,8 +1,8 @@
 """``llmbatch engines list | deploy | scale | stop | render``: the shared engines of the model registry.
 
 Each model of ``LLMBATCH_ENGINES__MODELS`` runs as one Ray Serve application on the cluster
-(:mod:`llmbatch.ray_job.serve_engine`). ``deploy`` applies the registry to the cluster (the dispatcher does
-the same when it starts, with ``LLMBATCH_DISPATCHER__DEPLOY_ENGINES`` on); ``scale`` and ``stop``
+(:mod:`llmbatch.ray_job.engines.serve_engine`). ``deploy`` applies the registry to the cluster (the dispatcher
+does the same when it starts, with ``LLMBATCH_DISPATCHER__DEPLOY_ENGINES`` on); ``scale`` and ``stop``
 change one model until the next deploy from settings. ``render`` prints the same Serve config for a
 manifest (a KubeRay RayService's ``serveConfigV2``), without secrets. Every command takes ``--json``
 where it prints a table.
@@ -278,7 +278,8 @@ def _secret_named_env(config: dict[str, Any]) -> list[str]:
     found = []
     for app_config in config.get("applications") or []:
         env = (app_config.get("runtime_env") or {}).get("env_vars") or {}
-        # an empty value is a blank (ray_job.node_secrets: what a replica is started without), no secret
+        # an empty value is a blank (ray_job.storage.node_secrets: what a replica is started without),
+        # no secret
         found += [
             f"{app_config.get('name')}: {key}"
             for key, value in env.items()

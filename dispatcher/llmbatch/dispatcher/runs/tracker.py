@@ -8,8 +8,8 @@ is harmless: every state change is a compare-and-set and submission ids are idem
 1. (leader) promote queued batches whose retry backoff elapsed;
 2. (leader) expire queued batches past their deadline;
 3. (shards) check the job of every in-flight batch of this replica's shards and move the batch on
-   (:mod:`llmbatch.dispatcher.runs.in_flight`: stop, retry, finalize, finish, progress events, deadline
-   risk);
+   (:mod:`llmbatch.dispatcher.runs.in_flight`: finalize, progress events, deadline risk; stop, retry,
+   finish: :mod:`llmbatch.dispatcher.runs.endings`);
 4. (leader) launch ready batches while fewer than ``max_in_flight`` hold a job (priority, then the
    nearest deadline); with shared engines only while the model's replicas have room
    (:class:`~llmbatch.dispatcher.domain.scheduler.Admission`). The leader decides and takes the place

@@ -4,12 +4,12 @@
   ``CONFIG GET appendfsync`` to warn about a lossy Redis), and one Pub/Sub channel, the one that wakes
   the replicas' trackers (``<p>:tracker:wake``).
 - ``job`` (Ray jobs and the batch runner): only the progress hashes (``<p>:progress:*``) and only the
-  commands :mod:`llmbatch.ray_job.progress` runs (its script ``write_progress.lua`` and ``HMGET``), plus
+  commands :mod:`llmbatch.ray_job.job.progress` runs (its script ``write_progress.lua`` and ``HMGET``), plus
   ``GETDEL``
   and nothing else on the S3 sessions (``<p>:s3session:*``, a Redis 7 selector), which a driver takes
   once by a name it alone is given, and the batch runner's runs (``<p>:runner:*``: ``GET``, ``MGET``,
-  ``SET``, ``DEL``; :mod:`llmbatch.ray_job.run_store`). A job (user prompts, a model's code) cannot
-  read or write any batch's state, and cannot list the sessions.
+  ``SET``, ``DEL``; :mod:`llmbatch.ray_job.batch_runner.run_store`). A job (user prompts, a model's code)
+  cannot read or write any batch's state, and cannot list the sessions.
 - ``operator`` (``llmbatch jobs`` / ``dlq``): reads every key of the layout but the S3 sessions (a job's
   keys are no operator's business: :data:`OPERATOR_READS`), writes only the replay ledger
   (``<p>:dlq:replayed:*`` and its by-time index ``<p>:dlq:replayed-at:*``) and the tenants' webhook
@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Literal
 
 from llmbatch.dispatcher.domain.keys import Keys
-from llmbatch.ray_job import job_keys
+from llmbatch.ray_job.storage import job_keys
 
 Role = Literal["dispatcher", "job", "operator"]
 ROLES: tuple[Role, ...] = ("dispatcher", "job", "operator")

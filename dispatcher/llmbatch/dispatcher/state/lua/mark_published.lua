@@ -58,7 +58,7 @@ redis.call('HDEL', KEYS[1], 'request', 'origin')
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 -- closed: an attempt still running (a stop that did not take) may write nothing more for this
--- lifecycle, neither progress nor shards nor a manifest (ray_job/write_progress.lua)
+-- lifecycle, neither progress nor shards nor a manifest (ray_job/job/write_progress.lua)
 redis.call('HSET', KEYS[3], 'closed', ARGV[3])
 redis.call('EXPIRE', KEYS[3], ARGV[4])
 if first then return 'counted' end

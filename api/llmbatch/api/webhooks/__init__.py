@@ -1,0 +1,2 @@
+"""A tenant's webhook endpoints through the API, ``/v1/webhook_endpoints``
+(:mod:`~llmbatch.api.webhooks.webhooks`); the dispatcher delivers the events."""
