@@ -193,15 +193,26 @@ def test_progress_fields_and_disabled_progress() -> None:
 
 
 def test_ray_job_imports_without_redis_kafka_or_llmbatch() -> None:
+    """Every module of the job (what ships to Ray nodes beside the contracts) imports at once without
+    Redis, Kafka, vLLM or any other part of llmbatch."""
     code = """
 import sys
 sys.modules['redis'] = None; sys.modules['aiokafka'] = None
-import importlib, pkgutil, ray_job
-for m in pkgutil.iter_modules(ray_job.__path__):
-    if m.name != '__main__':
-        importlib.import_module('ray_job.' + m.name)
-banned = {'llmbatch', 'dispatcher', 'producer', 'vllm', 'redis'}
-bad = sorted(n for n in sys.modules if n.split('.')[0] in banned and sys.modules[n] is not None)
+import importlib, pkgutil
+from llmbatch import ray_job
+names = [m.name for m in pkgutil.walk_packages(ray_job.__path__, 'llmbatch.ray_job.')]
+for name in names:
+    if name != 'llmbatch.ray_job.__main__':
+        importlib.import_module(name)
+shipped = ('llmbatch.ray_job', 'llmbatch.schemas')
+bad = sorted(
+    n for n, m in sys.modules.items()
+    if m is not None and (
+        n.split('.')[0] in {'vllm', 'redis', 'aiokafka'}
+        or (n.startswith('llmbatch.') and not n.startswith(shipped))
+    )
+)
+print('MODULES', len(names))
 print('BAD', bad)
 """
     proc = subprocess.run(
@@ -209,6 +220,8 @@ print('BAD', bad)
     )
     assert proc.returncode == 0, proc.stderr
     assert "BAD []" in proc.stdout, proc.stdout
+    counted = int(proc.stdout.split("MODULES ", 1)[1].split()[0])
+    assert counted >= 40, proc.stdout  # the walk really reached the job's modules
 
 
 def test_failure_codes() -> None:
