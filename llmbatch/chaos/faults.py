@@ -51,7 +51,7 @@ PROXIED = {"redis_partition": "redis", "minio_reset": "minio"}
 """The faults that need their service behind a proxy, and that service."""
 
 RUNNER_ONLY = ("runner", "runner_pause")
-RUNNER_WAIT_S = 90.0  # a runner fault waits this long for a replica (deployed again after a head fault)
+RUNNER_WAIT_S = 180.0  # a runner fault waits this long for a replica (starting, or back after a head fault)
 
 
 def default_faults(shared_engines: bool, kafka_brokers: int = 1) -> tuple[str, ...]:
@@ -194,15 +194,9 @@ class Faults:
     async def _pause_runner(self) -> str:
         """SIGSTOP every batch-runner replica for ``pause_s``, then SIGCONT: the dispatcher gets no
         answer (an outage: its runs are unknown, never lost), then the same runs again."""
-        from llmbatch.dispatcher.backends.serve_api import ServeApi
-
-        api = ServeApi(self.ray_address)
-        deadline = asyncio.get_running_loop().time() + RUNNER_WAIT_S
-        # after a fault of Ray's head the dispatcher deploys the runner again: wait for its replicas
-        while not (pids := await _runner_pids(api)):
-            if asyncio.get_running_loop().time() >= deadline:
-                return "skipped: no batch runner replica runs"
-            await asyncio.sleep(1.0)
+        pids = await _wait_runner_pids(self.ray_address)
+        if not pids:
+            return f"skipped: no batch runner replica ran within {RUNNER_WAIT_S:.0f} s"
         await _frozen(pids, self.pause_s)
         return f"paused the batch runner's replicas {pids} for {self.pause_s:g} s"
 
@@ -271,25 +265,12 @@ class Faults:
         await kill9(pid)
         return f"killed the driver of {sid} (pid {pid})"
 
-    async def _runner(self, within: float = 60.0) -> str:
+    async def _runner(self) -> str:
         """kill -9 the batch runner's replica (shared engines: Serve starts another, the runs it had
-        are lost and the dispatcher runs those batches again), waiting up to ``within`` seconds for
-        one to run."""
-        from llmbatch.dispatcher.backends.engines import runner_pids
-        from llmbatch.dispatcher.backends.serve_api import ServeApi
-        from llmbatch.dispatcher.errors import DispatcherError
-
-        api = ServeApi(self.ray_address)
-        loop = asyncio.get_running_loop()
-        end = loop.time() + within
-        pids: list[int] = []
-        while not pids and loop.time() < end:
-            with contextlib.suppress(DispatcherError):
-                pids = runner_pids(await api.status())
-            if not pids:
-                await asyncio.sleep(1)
+        are lost and the dispatcher runs those batches again), waiting for one to run."""
+        pids = await _wait_runner_pids(self.ray_address)
         if not pids:
-            return f"skipped: no batch runner replica ran within {within:.0f} s"
+            return f"skipped: no batch runner replica ran within {RUNNER_WAIT_S:.0f} s"
         await kill9(pids[0])
         return f"killed the batch runner replica (pid {pids[0]})"
 
@@ -305,12 +286,20 @@ class Faults:
         return out
 
 
-async def _runner_pids(api: Any) -> list[int]:
-    """The batch runner's running replicas (none while Serve does not answer)."""
+async def _wait_runner_pids(ray_address: str) -> list[int]:
+    """The batch runner's running replicas, waiting up to :data:`RUNNER_WAIT_S` for one (none then):
+    the dispatcher deploys the runner as it starts and again after a fault of Ray's head, and on a
+    busy machine a replica takes a while to start."""
     from llmbatch.dispatcher.backends.engines import runner_pids
+    from llmbatch.dispatcher.backends.serve_api import ServeApi
     from llmbatch.dispatcher.errors import DispatcherError
 
-    try:
-        return runner_pids(await api.status())
-    except DispatcherError:
-        return []
+    api = ServeApi(ray_address)
+    deadline = asyncio.get_running_loop().time() + RUNNER_WAIT_S
+    while True:
+        with contextlib.suppress(DispatcherError):
+            if pids := runner_pids(await api.status()):
+                return pids
+        if asyncio.get_running_loop().time() >= deadline:
+            return []
+        await asyncio.sleep(1.0)
