@@ -6,19 +6,12 @@ uses."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 from llmbatch.dispatcher.domain import states
 from llmbatch.dispatcher.domain.keys import BatchKey, split_batch_key
 from llmbatch.dispatcher.domain.states import State
-
-if TYPE_CHECKING:
-    import redis.asyncio as aioredis
-
-    from llmbatch.dispatcher.domain.keys import Keys
-
-T = TypeVar("T")
+from llmbatch.dispatcher.state.store_host import StoreHost
 
 
 def reply_text(value: Any) -> str:
@@ -32,15 +25,8 @@ def _key(raw: Any) -> BatchKey:
     return BatchKey(reply_text(raw))
 
 
-class StoreIndexes:
+class StoreIndexes(StoreHost):
     """Index reads of the Redis state store (see the module docstring)."""
-
-    client: aioredis.Redis
-    keys: Keys
-    clock: Callable[[], float]
-
-    async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
-        raise NotImplementedError  # StateStore's: Redis errors translated at the boundary
 
     async def listed(
         self, tenant: str, *, after: tuple[int, str | None] | None, limit: int

@@ -6,20 +6,14 @@ it uses."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from llmbatch.dispatcher.domain.batch_record import BatchRecord
 from llmbatch.dispatcher.domain.keys import BatchKey
 from llmbatch.dispatcher.domain.states import State
+from llmbatch.dispatcher.state.store_host import StoreHost
 from llmbatch.dispatcher.state.store_indexes import reply_text
-
-if TYPE_CHECKING:
-    import redis.asyncio as aioredis
-
-    from llmbatch.dispatcher.domain.keys import Keys
-
-T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -31,16 +25,8 @@ def str_hash(raw: Mapping[Any, Any]) -> dict[str, str]:
     return {reply_text(k): reply_text(v) for k, v in raw.items()}
 
 
-class StoreRecords:
+class StoreRecords(StoreHost):
     """Per-batch reads of the Redis state store (see the module docstring)."""
-
-    client: aioredis.Redis
-    keys: Keys
-    dedupe_ttl_s: int
-    _unreadable_said: set[BatchKey]
-
-    async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
-        raise NotImplementedError  # StateStore's: Redis errors translated at the boundary
 
     def _record(self, key: BatchKey, data: Mapping[str, str]) -> BatchRecord | None:
         """The record of a batch's hash; ``None`` (as for no batch: every index drops it as an orphan)

@@ -7,8 +7,8 @@ translation (``_call``) it uses."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
 
 import orjson
 
@@ -19,18 +19,11 @@ from llmbatch.dispatcher.domain.retention import batch_member
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.domain.usage import MAX_DAYS, usage_day
 from llmbatch.dispatcher.errors import ConflictError
+from llmbatch.dispatcher.state.store_host import StoreHost
 from llmbatch.dispatcher.state.store_indexes import reply_text
-
-if TYPE_CHECKING:
-    import redis.asyncio as aioredis
-
-    from llmbatch.dispatcher.domain.keys import Keys
-    from llmbatch.dispatcher.state.store_scripts import Scripts
 
 OrphanIndex = Literal["ready", "delayed", "deadlines", "unpublished"] | State
 """An index whose stale entries :meth:`StoreTransitions.drop_orphans` removes."""
-
-T = TypeVar("T")
 
 TERMINAL_CSV = ",".join(sorted(s.value for s in states.TERMINAL))
 """The terminal states, as the scripts take them (one ARGV)."""
@@ -42,17 +35,8 @@ def fmt(value: float) -> str:
     return repr(float(value))
 
 
-class StoreTransitions:
+class StoreTransitions(StoreHost):
     """Compare-and-set writes of the Redis state store (see the module docstring)."""
-
-    client: aioredis.Redis
-    keys: Keys
-    finished_ttl_s: int
-    clock: Callable[[], float]
-    _scripts: Scripts
-
-    async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
-        raise NotImplementedError  # StateStore's: Redis errors translated at the boundary
 
     async def transition(
         self,

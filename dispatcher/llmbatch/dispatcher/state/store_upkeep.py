@@ -6,37 +6,20 @@ translation (``_call``) it uses."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Mapping, Sequence
 
 from llmbatch.dispatcher.domain import states
 from llmbatch.dispatcher.errors import StateStoreUnavailable
+from llmbatch.dispatcher.state.store_host import StoreHost
 from llmbatch.dispatcher.state.store_indexes import reply_text
 from llmbatch.schemas.common import MAX_COMPLETION_WINDOW
-
-if TYPE_CHECKING:
-    import redis.asyncio as aioredis
-
-    from llmbatch.dispatcher.domain.keys import Keys
-    from llmbatch.dispatcher.state.store_scripts import Scripts
-
-T = TypeVar("T")
 
 MAX_JOB_DELETES = 100_000  # Ray jobs waiting for another delete, at most
 LISTED_SLACK_S = 86_400.0  # a listed batch is kept this much longer than its record could be
 
 
-class StoreUpkeep:
+class StoreUpkeep(StoreHost):
     """Upkeep operations of the Redis state store (see the module docstring)."""
-
-    client: aioredis.Redis
-    keys: Keys
-    finished_ttl_s: int
-    clock: Callable[[], float]
-    _scripts: Scripts
-
-    async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
-        raise NotImplementedError  # StateStore's: Redis errors translated at the boundary
 
     async def sweep_finished(self, limit: int = 1000) -> int:
         """Drop index entries of finished batches whose hash has expired (older than the TTL), and the
