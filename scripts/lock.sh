@@ -33,14 +33,18 @@ export_one() {  # name, extra uv export args...
     cat "$tmp/$name.txt"; } > "$tmp/$name.final"
 }
 # The SDK's lock: resolved from its three wheels (built here) for every Python from 3.10 on, of PyPI as
-# it was at a fixed time (`make lock` takes now; `--check` the time written in the file), so it is the
-# same resolution each time.
+# it was at a fixed time (`make lock` takes now; `--check` the time written in the file), keeping the
+# committed pins that still fit, so it is the same resolution each time.
 sdk_lock() {  # output file, time
   local wheels="$tmp/sdk-wheels" out=$1 when=$2
   for unit in schemas adapters producer; do
     "${uv[@]}" build --quiet --wheel --out-dir "$wheels" "$unit" 2>/dev/null
   done
   echo llmbatch-producer > "$tmp/sdk.in"
+  # Seeded with the committed file, pip compile keeps its pins wherever they still satisfy the wheels (as
+  # `uv lock` keeps uv.lock's): the index a machine reaches may list a release uploaded before `$when` that
+  # another machine's did not yet, and the check must not depend on which one ran it.
+  [ -f "$out/sdk.txt" ] && cp "$out/sdk.txt" "$tmp/sdk.txt"
   "${uv[@]}" pip compile --quiet --universal --python-version 3.10 --generate-hashes --no-header \
     --exclude-newer "$when" --find-links "$wheels" --no-emit-package llmbatch-producer \
     --no-emit-package llmbatch-adapters --no-emit-package llmbatch-schemas "$tmp/sdk.in" -o "$tmp/sdk.txt"
