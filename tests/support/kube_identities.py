@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from llmbatch.stack.tls import key_pem, new_ca, write_private
 
 VALID_FOR = dt.timedelta(days=2)
 
@@ -40,53 +41,13 @@ class ClientCert:
     key: Path
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-
-
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-
-
 def make_client_ca(folder: Path) -> ClientCa:
     """Write a new client CA into ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.UTC)
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "llmbatch test client CA")])
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + VALID_FOR)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .sign(key, hashes.SHA256())
-    )
+    key, cert = new_ca("llmbatch test client CA", dt.datetime.now(dt.UTC), VALID_FOR)
     ca = ClientCa(folder / "client-ca.pem", folder / "client-ca.key")
     ca.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    _write_private(ca.key, _key_pem(key))
+    write_private(ca.key, key_pem(key))
     return ca
 
 
@@ -119,7 +80,7 @@ def issue_client_cert(ca: ClientCa, folder: Path, user: str, groups: Sequence[st
     stem = user.replace(":", "-")
     issued = ClientCert(folder / f"{stem}.pem", folder / f"{stem}.key")
     issued.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    _write_private(issued.key, _key_pem(key))
+    write_private(issued.key, key_pem(key))
     return issued
 
 
