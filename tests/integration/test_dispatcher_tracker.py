@@ -25,7 +25,7 @@ from llmbatch.dispatcher.domain.events import Outcome, build_accepted, terminal_
 from llmbatch.dispatcher.domain.keys import Keys, batch_key
 from llmbatch.dispatcher.domain.scheduler import ready_score
 from llmbatch.dispatcher.domain.states import State
-from llmbatch.dispatcher.errors import RayUnavailable
+from llmbatch.dispatcher.errors import DispatcherError, RayUnavailable
 from llmbatch.dispatcher.intake.commands import intake_fields
 from llmbatch.dispatcher.job_options import JobOptions
 from llmbatch.dispatcher.metrics import Metrics
@@ -59,11 +59,15 @@ ENTRY = EngineModel(
 
 @dataclass
 class Jobs:
-    """Ray as the tracker sees it: every submitted attempt runs."""
+    """Ray as the tracker sees it: every submitted attempt runs, unless ``down`` says what a submit
+    meets instead."""
 
     submitted: list[JobSpec] = field(default_factory=list)
+    down: DispatcherError | None = None
 
     async def submit(self, spec: JobSpec) -> SubmitResult:
+        if self.down is not None:
+            raise self.down
         self.submitted.append(spec)
         # routed as the RoutedBackend does: small inline batches on the batch runner
         short = takes_short_path(spec, max_lines=SHORT_PATH_MAX_LINES, max_bytes=0, input_size=None)
@@ -326,20 +330,16 @@ async def test_a_job_whose_submit_waits_for_ray_holds_its_slot(kit: Kit) -> None
     opts = tracker.settings.dispatcher.model_copy(update={"max_jobs_in_flight": 1})
     settings = tracker.settings.model_copy(update={"dispatcher": opts})
     tracker.launcher.ctx = dataclasses.replace(tracker.ctx, settings=settings)
-    submit = jobs.submit
-
-    async def ray_down(spec: JobSpec) -> SubmitResult:
-        raise RayUnavailable("the Jobs API does not answer")
 
     big = SHORT_PATH_MAX_LINES + 1
     await queue(store, "job0", big, age=100)
     await queue(store, "job1", big, age=90)
     await queue(store, "small0", 3, age=80)
-    jobs.submit = ray_down  # type: ignore[method-assign]
+    jobs.down = RayUnavailable("the Jobs API does not answer")
     await tracker.launch()
     record = await store.get(batch_key(None, "job0"))
     assert record is not None and record.state is State.SUBMITTED and record.get("confirmed") == "0"
-    jobs.submit = submit  # type: ignore[method-assign]
+    jobs.down = None
     await tracker.launch()
     await tracker.launch()
     assert jobs.batches() == ["small0"]  # job1 waits for job0's slot
@@ -357,13 +357,9 @@ async def test_an_outage_met_by_every_launch_is_logged_once_not_per_tick(
     from llmbatch.dispatcher.errors import StorageUnavailable
 
     tracker, store, jobs = kit
-
-    async def s3_down(spec: JobSpec) -> SubmitResult:
-        raise StorageUnavailable("S3 STS at http://127.0.0.1:9 did not answer")
-
     for i in range(4):
         await queue(store, f"small{i}", 3, age=100 - i)
-    jobs.submit = s3_down  # type: ignore[method-assign]
+    jobs.down = StorageUnavailable("S3 STS at http://127.0.0.1:9 did not answer")
     counted = tracker.metrics.transient_errors.labels(component="s3")
     before = counted._value.get()
     with caplog.at_level(logging.WARNING, logger="llmbatch.dispatcher.runs.tracker"):
