@@ -63,8 +63,7 @@ async def test_a_dispatcher_starts_while_ray_is_down_and_deploys_the_engines_onc
         ),
         engines=registry(),
     )
-    backend: object = Jobs()
-    dispatcher = Dispatcher(settings, backend=backend)  # type: ignore[arg-type]
+    dispatcher = Dispatcher(settings, backend=Jobs())
     api = ServeApi(head.address, timeout_s=30)
 
     async def deployed() -> set[str] | None:

@@ -56,8 +56,7 @@ async def test_livez_fails_while_the_tracker_hangs_and_recovers(
         ),
         engines=registry(),
     )
-    backend: object = Jobs()
-    dispatcher = Dispatcher(settings, backend=backend)  # type: ignore[arg-type]
+    dispatcher = Dispatcher(settings, backend=Jobs())
     hung, release = asyncio.Event(), asyncio.Event()
     real_tick = dispatcher.tracker.tick
 
