@@ -76,7 +76,7 @@ def checks(batch_id: str, attempts: int) -> list[str]:
 async def test_every_attempt_is_deleted_once_settled_and_asked_for_again_later(store: StateStore) -> None:
     head = Head(jobs=set(sids("b1", 3)))
     clock = Clock()
-    cleanup = JobCleanup(store, head, retry_after_s=60, settle_s=20, clock=clock)  # type: ignore[arg-type]
+    cleanup = JobCleanup(store, head, retry_after_s=60, settle_s=20, clock=clock)
     await cleanup.forget(finished("b1", 3))
     assert await cleanup.retry_due() == 0 and head.calls == []  # not at the terminal event itself
     clock.now += 21
@@ -95,7 +95,7 @@ async def test_a_job_ray_writes_back_after_its_delete_is_deleted_again(store: St
     [sid] = sids("b1", 1)
     head = Head(jobs={sid}, comes_back={sid})
     clock = Clock()
-    cleanup = JobCleanup(store, head, retry_after_s=60, settle_s=0, clock=clock)  # type: ignore[arg-type]
+    cleanup = JobCleanup(store, head, retry_after_s=60, settle_s=0, clock=clock)
     await cleanup.forget(finished("b1", 1))
     assert await cleanup.retry_due() == 1 and head.jobs == {sid}  # deleted, and back
     clock.now += 61
@@ -106,7 +106,7 @@ async def test_a_job_ray_writes_back_after_its_delete_is_deleted_again(store: St
 async def test_a_delete_the_head_cannot_answer_is_tried_again_later(store: StateStore) -> None:
     head = Head(down=True, jobs=set(sids("b1", 2)))
     clock = Clock()
-    cleanup = JobCleanup(store, head, retry_after_s=60, settle_s=0, clock=clock)  # type: ignore[arg-type]
+    cleanup = JobCleanup(store, head, retry_after_s=60, settle_s=0, clock=clock)
     await cleanup.forget(finished("b1", 2))
     assert await cleanup.retry_due() == 0
     assert head.jobs == set(sids("b1", 2)) and cleanup.deferred == 2
@@ -123,7 +123,7 @@ async def test_a_delete_the_head_cannot_answer_is_tried_again_later(store: State
 
 async def test_a_refused_delete_is_not_retried_and_does_not_hold_back_the_others(store: StateStore) -> None:
     head = Head(jobs=set(sids("b1", 2)), refuse={sids("b1", 2)[0]})
-    cleanup = JobCleanup(store, head, retry_after_s=60, settle_s=0, clock=Clock())  # type: ignore[arg-type]
+    cleanup = JobCleanup(store, head, retry_after_s=60, settle_s=0, clock=Clock())
     await cleanup.forget(finished("b1", 2))
     assert await cleanup.retry_due() == 2
     assert head.jobs == {sids("b1", 2)[0]} and await store.due_job_deletes(2e9) == checks("b1", 2)[1:]

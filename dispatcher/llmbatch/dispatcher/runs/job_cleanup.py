@@ -24,8 +24,8 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from llmbatch.dispatcher.backends.backend import JobBackend
 from llmbatch.dispatcher.domain.batch_record import BatchRecord
 from llmbatch.dispatcher.errors import DispatcherError
 from llmbatch.dispatcher.state.store import StateStore
@@ -36,12 +36,18 @@ log = logging.getLogger(__name__)
 CHECK = "check:"  # never in a submission id (batch ids are [A-Za-z0-9._-])
 
 
+class JobDeleter(Protocol):
+    """What the cleanup needs of a backend (a JobBackend has it): deleting a job."""
+
+    async def delete(self, submission_id: str) -> bool: ...
+
+
 @dataclass
 class JobCleanup:
     """Deletes finished batches' Ray jobs now, or later when the head cannot answer now."""
 
     store: StateStore
-    backend: JobBackend
+    backend: JobDeleter
     retry_after_s: float  # LLMBATCH_DISPATCHER__JOB_DELETE_RECHECK_S
     settle_s: float  # LLMBATCH_DISPATCHER__JOB_DELETE_SETTLE_S
     clock: Callable[[], float] = time.time
