@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TypedDict
 
 import pytest
 from hypothesis import given
@@ -37,33 +38,44 @@ def _sig(headers: list[tuple[str, bytes]]) -> str:
     return dict(headers)[TENANT_SIG].decode()
 
 
-SIGNED = dict(
-    event_type="llmbatch.batch.requested.v1",
-    source="urn:s",
-    event_id="e-1",
-    tenant="acme",
-    value=b'{"batch_id":"b"}',
-)
+class Signed(TypedDict):
+    """What a tenant signature covers of an event."""
+
+    event_type: str
+    source: str
+    event_id: str
+    tenant: str
+    value: bytes
+
+
+SIGNED: Signed = {
+    "event_type": "llmbatch.batch.requested.v1",
+    "source": "urn:s",
+    "event_id": "e-1",
+    "tenant": "acme",
+    "value": b'{"batch_id":"b"}',
+}
 
 
 def test_a_signature_verifies_only_for_the_same_key_event_tenant_and_value() -> None:
-    sig = tenant_signature(ACME, **SIGNED)  # type: ignore[arg-type]
-    assert verify_tenant_signature(ACME, sig, **SIGNED)  # type: ignore[arg-type]
-    assert not verify_tenant_signature(GLOBEX, sig, **SIGNED)  # type: ignore[arg-type]
-    for field, other in [
-        ("event_type", "llmbatch.batch.cancel_requested.v1"),
-        ("source", "urn:t"),
-        ("event_id", "e-2"),
-        ("tenant", "globex"),
-        ("value", b'{"batch_id":"c"}'),
-    ]:
-        assert not verify_tenant_signature(ACME, sig, **{**SIGNED, field: other}), field  # type: ignore[arg-type]
-    assert not verify_tenant_signature(ACME, None, **SIGNED)  # type: ignore[arg-type]
+    sig = tenant_signature(ACME, **SIGNED)
+    assert verify_tenant_signature(ACME, sig, **SIGNED)
+    assert not verify_tenant_signature(GLOBEX, sig, **SIGNED)
+    others: list[Signed] = [
+        {**SIGNED, "event_type": "llmbatch.batch.cancel_requested.v1"},
+        {**SIGNED, "source": "urn:t"},
+        {**SIGNED, "event_id": "e-2"},
+        {**SIGNED, "tenant": "globex"},
+        {**SIGNED, "value": b'{"batch_id":"c"}'},
+    ]
+    for other in others:
+        assert not verify_tenant_signature(ACME, sig, **other), other
+    assert not verify_tenant_signature(ACME, None, **SIGNED)
 
 
 @given(st.text(max_size=100))
 def test_any_signature_text_is_only_true_or_false(signature: str) -> None:
-    assert verify_tenant_signature(ACME, signature, **SIGNED) is False  # type: ignore[arg-type]
+    assert verify_tenant_signature(ACME, signature, **SIGNED) is False
 
 
 def test_a_signer_signs_only_the_tenants_it_has_keys_for() -> None:
