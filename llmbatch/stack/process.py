@@ -74,19 +74,20 @@ def _running(proc: psutil.Process) -> bool:
     return False
 
 
-def stop_tree(pid: int, timeout: float = 20.0) -> None:
+def stop_tree(pid: int, timeout: float = 20.0) -> list[int]:
     """SIGTERM ``pid`` and let it stop its own children, as an orchestrator stops a container; then
     SIGTERM whatever of its tree is left, and SIGKILL what is still there ``timeout`` seconds after
-    the first signal.
+    the first signal. Returns the PIDs that had to be killed (none: the tree stopped on SIGTERM).
 
     Root first because a process tree's shutdown has an order: ``ray start --block`` stops its Ray
-    head in 4 s, while SIGTERM to every process at once made the raylet wait for a GCS already
-    exiting until the SIGKILL, 20 s later.
+    head in 4 s (without the drain it does first: :data:`~llmbatch.stack.ray_head.ONE_NODE_STOP_ENV`),
+    while SIGTERM to every process at once made the raylet wait for a GCS already exiting until the
+    SIGKILL, 20 s later.
     """
     try:
         root = psutil.Process(pid)
     except psutil.NoSuchProcess:
-        return
+        return []
     deadline = time.monotonic() + timeout
     procs = _tree(root)
     with contextlib.suppress(psutil.Error):
@@ -104,6 +105,7 @@ def stop_tree(pid: int, timeout: float = 20.0) -> None:
     psutil.wait_procs(left, timeout=5)
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)
+    return [proc.pid for proc in left]
 
 
 def _tree(root: psutil.Process) -> list[psutil.Process]:

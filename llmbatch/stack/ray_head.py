@@ -68,6 +68,13 @@ used 0.037 of a core, now 0.014-0.016. A deploy, a scale-up or a replica's repla
 steps up to 0.4 s later; requests to running replicas are routed as before (no router waits on the loop)."""
 
 
+ONE_NODE_STOP_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+"""On SIGTERM, ``ray start --block`` first drains its node for up to 30 s, for Serve's replicas to move to
+another node; a node that is the whole cluster has none, so with Serve running it waited out the stop's
+20 s and every Ray process was SIGKILLed. With this it stops in seconds. (A Kubernetes Ray pod keeps the
+drain: there the other nodes take over.)"""
+
+
 def ray_tls_env(tls: TlsFiles) -> dict[str, str]:
     """The variables that turn on TLS for every Ray process of a node (they inherit them)."""
     return {
@@ -116,6 +123,7 @@ def _start_ray(
         "RAY_DEDUP_LOGS": "0",
         **QUIET_LOG_MONITOR_ENV,
         **QUIET_SERVE_ENV,
+        **ONE_NODE_STOP_ENV,
         "PYTHONUNBUFFERED": "1",
         # job entrypoints say `python ...`: make that the venv's interpreter, as on a worker image
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import shlex
+import time
 from pathlib import Path
 
 import psutil
 import pytest
+from ray.job_submission import JobStatus, JobSubmissionClient
 
 from llmbatch.stack import manager
-from llmbatch.stack.process import alive
+from llmbatch.stack.process import alive, stop_tree
 from llmbatch.stack.ray_head import QUIET_LOG_MONITOR_ENV
 from tests.support.proc_env import environ_of_first
 
@@ -17,6 +20,26 @@ pytestmark = pytest.mark.integration
 
 def _tree(pid: int) -> list[int]:
     return [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
+
+
+def _serve_an_app(address: str, port: int) -> None:
+    """Deploy a small Serve application on the head at ``address`` (Serve's proxy on ``port``), as the
+    stack's batch runner and engines are, and leave it running."""
+    code = (
+        "from ray import serve\n"
+        "@serve.deployment(ray_actor_options={'num_cpus': 0})\n"
+        "class Hi:\n"
+        "    def __call__(self, request): return 'hi'\n"
+        f"serve.start(http_options={{'host': '127.0.0.1', 'port': {port}}})\n"
+        "serve.run(Hi.bind(), name='hi', route_prefix='/hi')\n"
+    )
+    client = JobSubmissionClient(address)
+    sid = client.submit_job(entrypoint=f"python -c {shlex.quote(code)}", entrypoint_num_cpus=0)
+    end = time.monotonic() + 240
+    while not client.get_job_status(sid).is_terminal():
+        assert time.monotonic() < end, f"job {sid} did not end"
+        time.sleep(0.5)
+    assert client.get_job_status(sid) is JobStatus.SUCCEEDED, client.get_job_logs(sid)
 
 
 def test_up_is_idempotent_and_down_stops_everything(tmp_path: Path) -> None:
@@ -39,9 +62,16 @@ def test_up_is_idempotent_and_down_stops_everything(tmp_path: Path) -> None:
         )
         assert monitor_env is not None, "no log monitor under the Ray head"
         assert QUIET_LOG_MONITOR_ENV.items() <= monitor_env.items()
+        # a head running Serve applications stops on SIGTERM: Ray's drain on SIGTERM (30 s by default,
+        # for Serve's replicas to move to another node) found no other node here and waited out the
+        # stop's 20 s, so every Ray process was SIGKILLed
+        ray = state.services["ray"]
+        _serve_an_app(ray.address, ray.ports["serve"])
+        trees["ray"] = _tree(ray.pid)
+        assert stop_tree(ray.pid) == [], "Ray processes had to be killed"
     finally:
         stopped = manager.down(tmp_path, names)
-    assert sorted(stopped) == sorted(names)
+    assert sorted(stopped) == sorted(set(names) - {"ray"})  # stopped above
     leftovers = [p for pids in trees.values() for p in pids if alive(p)]
     assert leftovers == [], f"processes left running: {leftovers}"
     assert not any(r.running for r in manager.status(tmp_path))

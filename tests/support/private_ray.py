@@ -21,7 +21,7 @@ from llmbatch.settings import RaySettings, S3Settings
 from llmbatch.stack.node_credentials import ray_node_credentials
 from llmbatch.stack.ports import free_port, free_port_range
 from llmbatch.stack.process import StackError, StartedTree, port_open, spawn, stop_tree, wait_until
-from llmbatch.stack.ray_head import QUIET_LOG_MONITOR_ENV, QUIET_SERVE_ENV, ray_executable
+from llmbatch.stack.ray_head import ONE_NODE_STOP_ENV, QUIET_LOG_MONITOR_ENV, QUIET_SERVE_ENV, ray_executable
 from tests.support.pod_network import Pod, PodNetwork
 
 T = TypeVar("T")
@@ -173,6 +173,7 @@ class PrivateRay:
             "PYTHONUNBUFFERED": "1",
             **QUIET_LOG_MONITOR_ENV,
             **QUIET_SERVE_ENV,
+            **ONE_NODE_STOP_ENV,  # as the local stack's head (a PrivateRayWorker keeps the drain)
             **self.node_env,
         }
         if self.auth_token is not None:
