@@ -173,7 +173,9 @@ class PrivateRay:
             "PYTHONUNBUFFERED": "1",
             **QUIET_LOG_MONITOR_ENV,
             **QUIET_SERVE_ENV,
-            **ONE_NODE_STOP_ENV,  # as the local stack's head (a PrivateRayWorker keeps the drain)
+            # stopped only at a test's end: no drain first (as the local stack's head); a pod's head
+            # keeps the environment its manifest gives it
+            **(ONE_NODE_STOP_ENV if self.place is None else {}),
             **self.node_env,
         }
         if self.auth_token is not None:
@@ -327,6 +329,7 @@ class PrivateRayWorker:
             "PYTHONUNBUFFERED": "1",
             **QUIET_LOG_MONITOR_ENV,
             **QUIET_SERVE_ENV,
+            **(ONE_NODE_STOP_ENV if self.place is None else {}),  # as the head above
             **self.node_env,
         }
         if self.head.auth_token is not None:
