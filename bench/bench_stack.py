@@ -1,14 +1,16 @@
 """Local stack figures: time for each service to become healthy, idle memory, cache disk use, and the
 time each one takes to stop (by PID, one after the other).
 
-Run: ``.venv/bin/python bench/bench_stack.py [--idle-seconds 20]``. Starts a private stack in a temp
-folder (free ports), measures, stops it by PID. Prints a table and one JSON line.
+Run: ``.venv/bin/python bench/bench_stack.py [--idle-seconds 20] [--serve]``. Starts a private stack in a
+temp folder (free ports), measures, stops it by PID. Prints a table and one JSON line. ``--serve``: a
+small Serve application runs on the Ray head first (as the batch runner and the engines do).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -16,8 +18,30 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ray.job_submission import JobStatus, JobSubmissionClient
+
 from llmbatch.stack import manager
 from llmbatch.stack.state import CACHE_DIR
+
+
+def serve_an_app(address: str, port: int) -> None:
+    """Deploy a small Serve application on the head at ``address`` (Serve's proxy on ``port``), as the
+    stack's batch runner and engines are, and leave it running."""
+    code = (
+        "from ray import serve\n"
+        "@serve.deployment(ray_actor_options={'num_cpus': 0})\n"
+        "class Hi:\n"
+        "    def __call__(self, request): return 'hi'\n"
+        f"serve.start(http_options={{'host': '127.0.0.1', 'port': {port}}})\n"
+        "serve.run(Hi.bind(), name='hi', route_prefix='/hi')\n"
+    )
+    client = JobSubmissionClient(address)
+    sid = client.submit_job(entrypoint=f"python -c {shlex.quote(code)}", entrypoint_num_cpus=0)
+    end = time.monotonic() + 240
+    while not client.get_job_status(sid).is_terminal():
+        assert time.monotonic() < end, f"job {sid} did not end"
+        time.sleep(0.5)
+    assert client.get_job_status(sid) is JobStatus.SUCCEEDED, client.get_job_logs(sid)
 
 
 def _du(path: Path) -> int:
@@ -30,6 +54,9 @@ def _du(path: Path) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--idle-seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--serve", action="store_true", help="run a small Serve application on the Ray head before the stops"
+    )
     args = parser.parse_args()
     run_dir = Path(tempfile.mkdtemp(prefix="llmbatch-bench-stack-"))
     t0 = time.monotonic()
@@ -37,6 +64,9 @@ def main() -> None:
     up_s = time.monotonic() - t0
     stop_s: dict[str, float] = {}
     try:
+        if args.serve:
+            ray = state.services["ray"]
+            serve_an_app(ray.address, ray.ports["serve"])
         time.sleep(args.idle_seconds)
         rows = manager.status(run_dir)
         for name in state.services:

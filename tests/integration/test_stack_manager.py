@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import shlex
-import time
 from pathlib import Path
 
 import psutil
 import pytest
-from ray.job_submission import JobStatus, JobSubmissionClient
 
+from bench.bench_stack import serve_an_app
 from llmbatch.stack import manager
 from llmbatch.stack.process import alive, stop_tree
 from llmbatch.stack.ray_head import QUIET_LOG_MONITOR_ENV
@@ -20,26 +18,6 @@ pytestmark = pytest.mark.integration
 
 def _tree(pid: int) -> list[int]:
     return [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
-
-
-def _serve_an_app(address: str, port: int) -> None:
-    """Deploy a small Serve application on the head at ``address`` (Serve's proxy on ``port``), as the
-    stack's batch runner and engines are, and leave it running."""
-    code = (
-        "from ray import serve\n"
-        "@serve.deployment(ray_actor_options={'num_cpus': 0})\n"
-        "class Hi:\n"
-        "    def __call__(self, request): return 'hi'\n"
-        f"serve.start(http_options={{'host': '127.0.0.1', 'port': {port}}})\n"
-        "serve.run(Hi.bind(), name='hi', route_prefix='/hi')\n"
-    )
-    client = JobSubmissionClient(address)
-    sid = client.submit_job(entrypoint=f"python -c {shlex.quote(code)}", entrypoint_num_cpus=0)
-    end = time.monotonic() + 240
-    while not client.get_job_status(sid).is_terminal():
-        assert time.monotonic() < end, f"job {sid} did not end"
-        time.sleep(0.5)
-    assert client.get_job_status(sid) is JobStatus.SUCCEEDED, client.get_job_logs(sid)
 
 
 def test_up_is_idempotent_and_down_stops_everything(tmp_path: Path) -> None:
@@ -66,7 +44,7 @@ def test_up_is_idempotent_and_down_stops_everything(tmp_path: Path) -> None:
         # for Serve's replicas to move to another node) found no other node here and waited out the
         # stop's 20 s, so every Ray process was SIGKILLed
         ray = state.services["ray"]
-        _serve_an_app(ray.address, ray.ports["serve"])
+        serve_an_app(ray.address, ray.ports["serve"])
         trees["ray"] = _tree(ray.pid)
         assert stop_tree(ray.pid) == [], "Ray processes had to be killed"
     finally:
