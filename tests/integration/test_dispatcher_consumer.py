@@ -145,7 +145,7 @@ async def test_every_rejected_request_that_names_a_batch_id_is_answered(harness:
     await harness.send(messages)
     await wait_for(lambda: _committed_is(harness, len(messages)), 60, what="all offsets committed")
 
-    dead = await harness.reader("dead_letter").read_all()
+    dead = await harness.reader("dead_letter").read_to_end()
     assert len(dead) == 4
     events = decode_results(await harness.reader("results").read_all())
     answers = {e.batch_id: e for e in events if e.type is EventType.REJECTED}
@@ -428,7 +428,7 @@ async def test_an_unexpected_error_on_one_record_dead_letters_only_that_record(
         for request in good:
             record = await h.store.get(batch_key(None, request.batch_id))
             assert record is not None and record.state is State.QUEUED, request.batch_id
-        [dead] = await h.reader("dead_letter").read_all()
+        [dead] = await h.reader("dead_letter").read_to_end()
         assert dead.key == poison.batch_id.encode()
         letter = dict(dead.headers)
         assert letter[dlt_headers.REASON] == b"processing_failed"
@@ -527,7 +527,7 @@ async def test_a_dead_letter_the_broker_refuses_as_too_large_is_written_reduced(
         assert h.task is not None and not h.task.done()
         record = await h.store.get(batch_key(None, good.batch_id))
         assert record is not None and record.state is State.QUEUED
-        [dead] = await h.reader("dead_letter").read_all()
+        [dead] = await h.reader("dead_letter").read_to_end()
         letter = dict(dead.headers)
         assert dead.value is None and dead.key == key
         assert letter[dlt_headers.REASON] == b"invalid_event"
@@ -899,7 +899,7 @@ async def test_records_that_once_ended_the_consumer_are_dead_lettered_and_it_goe
     )
     await wait_for(lambda: _committed_is(harness, 3), 60, what="all offsets committed")
     harness.assert_alive()
-    dead = await harness.reader("dead_letter").read_all()
+    dead = await harness.reader("dead_letter").read_to_end()
     offsets = sorted(struct.unpack(">q", dict(r.headers)[dlt_headers.ORIGINAL_OFFSET])[0] for r in dead)
     assert offsets == [0, 1]
     assert {(r.key, r.value) for r in dead} == {(key + b"\n", b"{not json"), (None, b"")}
