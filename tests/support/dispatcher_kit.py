@@ -107,34 +107,17 @@ class TopicReader:
     records: list[Any] = field(default_factory=list)
 
     async def read_all(self, idle_ms: int = 1500) -> list[Any]:
-        from aiokafka import AIOKafkaConsumer
-
-        consumer = AIOKafkaConsumer(
-            self.topic,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            **self.kafka_kwargs,
-        )
-        await consumer.start()
-        try:
-            out: list[Any] = []
-            while True:
-                batch = await consumer.getmany(timeout_ms=idle_ms, max_records=5000)
-                if not batch:
-                    break
-                for recs in batch.values():
-                    out.extend(recs)
-            self.records = out
-            return out
-        finally:
-            await consumer.stop()
+        """Every record on the topic, read until none comes for ``idle_ms``."""
+        return await self._read(idle_ms, to_end=False)
 
     async def read_to_end(self, stall_ms: int = 1500) -> list[Any]:
         """Every record on the topic when called: read from the beginning up to the end offsets it has
         then, without :meth:`read_all`'s idle wait (for a test that already knows every record it needs
         is written, e.g. a dead letter once its request's offset is committed). Stops early, with what it
         has, when no record comes for ``stall_ms``."""
+        return await self._read(stall_ms, to_end=True)
+
+    async def _read(self, wait_ms: int, *, to_end: bool) -> list[Any]:
         from aiokafka import AIOKafkaConsumer
 
         consumer = AIOKafkaConsumer(
@@ -147,10 +130,10 @@ class TopicReader:
         await consumer.start()  # without a group, it is given every partition of the topic
         try:
             parts = sorted(consumer.assignment())
-            end = await consumer.end_offsets(parts)
+            end = await consumer.end_offsets(parts) if to_end else None
             out: list[Any] = []
-            while [tp for tp in parts if await consumer.position(tp) < end[tp]]:
-                batch = await consumer.getmany(*parts, timeout_ms=stall_ms, max_records=5000)
+            while end is None or [tp for tp in parts if await consumer.position(tp) < end[tp]]:
+                batch = await consumer.getmany(timeout_ms=wait_ms, max_records=5000)
                 if not batch:
                     break
                 for recs in batch.values():
