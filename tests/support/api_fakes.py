@@ -31,14 +31,22 @@ from tests.support.clock import Clock
 
 
 class MemoryObjectStore:
-    """:class:`llmbatch.api.store.storage.ObjectStore` in a dict; remembers the largest read it was asked
-    for."""
+    """:class:`llmbatch.api.store.storage.ObjectStore` in a dict; remembers the keys ``get`` was asked for
+    (``reads``) and the largest streamed read. ``failing`` (operation name -> error) makes every call of
+    that operation raise, as a store that went away does; tests that need a race subclass it."""
 
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str], bytes] = {}
         self.largest_read = 0
+        self.reads: list[str] = []
+        self.failing: dict[str, Exception] = {}
+
+    def _fail(self, operation: str) -> None:
+        if (error := self.failing.get(operation)) is not None:
+            raise error
 
     async def put(self, bucket: str, key: str, data: IO[bytes], length: int, *, content_type: str) -> None:
+        self._fail("put")
         parts, left = [], length
         while left > 0:
             block = data.read(min(left, CHUNK_BYTES))
@@ -49,12 +57,15 @@ class MemoryObjectStore:
         self.objects[(bucket, key)] = b"".join(parts)
 
     async def put_new(self, bucket: str, key: str, data: bytes, *, content_type: str) -> bool:
+        self._fail("put_new")
         if (bucket, key) in self.objects:
             return False
         self.objects[(bucket, key)] = data
         return True
 
     async def get(self, bucket: str, key: str) -> bytes:
+        self._fail("get")
+        self.reads.append(key)
         try:
             return self.objects[(bucket, key)]
         except KeyError:
@@ -73,6 +84,7 @@ class MemoryObjectStore:
     async def list_keys(
         self, bucket: str, prefix: str, *, start_after: str | None = None, limit: int
     ) -> list[str]:
+        self._fail("list_keys")
         keys = sorted(k for b, k in self.objects if b == bucket and k.startswith(prefix))
         if start_after is not None:
             keys = [k for k in keys if k > start_after]
@@ -82,6 +94,7 @@ class MemoryObjectStore:
         return sum(len(v) for (b, k), v in self.objects.items() if b == bucket and k.startswith(prefix))
 
     async def delete(self, bucket: str, key: str) -> None:
+        self._fail("delete")
         self.objects.pop((bucket, key), None)
 
     def keys(self, bucket: str) -> list[str]:
@@ -110,9 +123,10 @@ class RecordingPublisher:
 
 class MemoryDispatcher:
     """The dispatcher's Redis as :class:`llmbatch.api.store.state.RedisStateReader` reads it, moved along by
-    tests."""
+    tests; ``down`` makes reads of batch records raise it, as a Redis that went away does."""
 
     def __init__(self) -> None:
+        self.down: Exception | None = None
         self.hashes: dict[str, dict[str, str]] = {}
         self.progress: dict[str, dict[str, str]] = {}
         self.listings: dict[str, dict[str, int]] = {}  # tenant -> batch id -> accepted ms (from Kafka)
@@ -127,6 +141,8 @@ class MemoryDispatcher:
         return batch_id if found is not None and found.get("tenant", "default") == tenant else None
 
     async def get_many(self, batch_keys: Sequence[BatchKey]) -> list[BatchRecord | None]:
+        if self.down is not None:
+            raise self.down
         found = [self._find(k) for k in batch_keys]
         return [
             BatchRecord.from_hash(k, self.hashes[b]) if b is not None else None
@@ -372,11 +388,13 @@ def make_api(
     token_limits: dict[str, int] | None = None,
     storage_limits: dict[str, int] | None = None,
     retention: RetentionSettings | None = None,
+    objects: MemoryObjectStore | None = None,
     **options: Any,
 ) -> ApiHarness:
-    """The app over in-memory ports; ``webhooks``: its webhook settings (off when None); ``usage``:
-    where ``GET /v1/usage`` reads (none: no usage recorded); ``retention``: files expire by it (none:
-    never), dated in :class:`MemoryDates` (its collector off)."""
+    """The app over in-memory ports; ``objects``: its object store (a fresh one when None); ``webhooks``:
+    its webhook settings (off when None); ``usage``: where ``GET /v1/usage`` reads (none: no usage
+    recorded); ``retention``: files expire by it (none: never), dated in :class:`MemoryDates` (its
+    collector off)."""
     from fastapi.testclient import TestClient
 
     from llmbatch.api.http.app import build_services, create_app
@@ -387,7 +405,8 @@ def make_api(
     settings = ApiOptions(
         keys={hash_api_key(key): tenant for tenant, key in KEYS.items()}, source="urn:test:api", **options
     )
-    objects, publisher, dispatcher = MemoryObjectStore(), RecordingPublisher(), MemoryDispatcher()
+    objects = MemoryObjectStore() if objects is None else objects
+    publisher, dispatcher = RecordingPublisher(), MemoryDispatcher()
     endpoints = MemoryEndpoints()
     dates = None if retention is None else MemoryDates()
     clock = Clock(T0)

@@ -118,22 +118,14 @@ def test_another_tenants_files_and_batches_do_not_exist() -> None:
 
 def test_ids_from_a_path_never_reach_storage_unless_they_are_ids() -> None:
     objects = MemoryObjectStore()
-    asked: list[str] = []
-    real_get = objects.get
-
-    async def spy(bucket: str, key: str) -> bytes:
-        asked.append(key)
-        return await real_get(bucket, key)
-
-    objects.get = spy  # type: ignore[method-assign]
     records = RecordStore(objects, Layout("llmbatch-input"))
     for bad in ("../globex/api/files/file-x", "file-..%2f", "file-" + "0" * 29 + "/x", "batch_1"):
         assert asyncio.run(records.get("files", StoredFile, "acme", bad)) is None
         assert asyncio.run(records.get("batches", StoredBatch, "acme", bad)) is None
-    assert asked == []
+    assert objects.reads == []
     good = new_id(FILE_PREFIX, 1.0)
     assert asyncio.run(records.get("files", StoredFile, "acme", good)) is None
-    assert asked == [f"acme/api/files/{good}.json"]
+    assert objects.reads == [f"acme/api/files/{good}.json"]
 
 
 def test_a_record_is_only_read_back_by_its_own_tenant() -> None:

@@ -242,11 +242,7 @@ def lost_create(api: ApiHarness, **body: Any) -> dict[str, Any]:
     (as when the API stops in between); returns the batch as the list then shows it."""
     file_id = uploaded(api)
     api.publisher.fail = True
-
-    async def stuck(bucket: str, key: str) -> None:
-        raise OSError("MinIO went away too")
-
-    api.objects.delete = stuck  # type: ignore[method-assign]
+    api.objects.failing["delete"] = OSError("MinIO went away too")
     assert create(api, input_file_id=file_id, endpoint=CHAT, **body).status_code == 503
     api.publisher.fail = False
     [batch] = api.client.get("/v1/batches", headers=api.auth()).json()["data"]

@@ -149,21 +149,15 @@ def test_backends_that_are_down_answer_503_naming_which_without_its_address() ->
     api = make_api()
     file_id = api.upload(jsonl(chat_line("a"))).json()["id"]
 
-    async def unreachable(*_: Any, **__: Any) -> Any:
-        raise StorageError("object storage at http://10.1.2.3:9000 is unreachable")
-
-    api.objects.list_keys = unreachable  # type: ignore[method-assign]
+    api.objects.failing["list_keys"] = StorageError("object storage at http://10.1.2.3:9000 is unreachable")
     answer = api.client.get("/v1/batches", headers=api.auth())
     assert answer.status_code == 503 and "object storage" in answer.json()["error"]["message"]
     assert "10.1.2.3" not in answer.text
 
-    async def redis_down(*_: Any, **__: Any) -> Any:
-        raise StateStoreUnavailable("redis://10.1.2.4:6379 refused")
-
     created = api.client.post(
         "/v1/batches", headers=api.auth(), json={"input_file_id": file_id, "endpoint": "/v1/chat/completions"}
     )
-    api.dispatcher.get_many = redis_down  # type: ignore[method-assign]
+    api.dispatcher.down = StateStoreUnavailable("redis://10.1.2.4:6379 refused")
     answer = api.client.get(f"/v1/batches/{created.json()['id']}", headers=api.auth())
     assert answer.status_code == 503 and "Redis" in answer.json()["error"]["message"]
     assert "10.1.2.4" not in answer.text

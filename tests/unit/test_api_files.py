@@ -265,23 +265,29 @@ def test_a_batch_that_never_reached_the_dispatcher_holds_its_file_only_within_it
     assert api.client.delete(f"/v1/files/{file_id}", headers=api.auth()).status_code == 200
 
 
+class LandsDuringDelete(MemoryObjectStore):
+    """``landing`` (a key's ending, an object): once a key with that ending is deleted, the object
+    lands, as a concurrent create's write does."""
+
+    landing: tuple[str, tuple[str, str], bytes] | None = None
+
+    async def delete(self, bucket: str, key: str) -> None:
+        await super().delete(bucket, key)
+        if self.landing is not None and key.endswith(self.landing[0]):
+            self.objects[self.landing[1]] = self.landing[2]
+
+
 def test_a_create_that_found_the_file_while_it_was_being_deleted_keeps_it() -> None:
     """The create marks its use before it reads the file's record; the delete looks again after removing
     the record, so a create that read it in between is seen, and the record is put back."""
-    api = make_api()
+    objects = LandsDuringDelete()
+    api = make_api(objects=objects)
     data = jsonl(chat_line("a"))
     file_id = upload_ok(api, data)["id"]
     batch_id = _batch_of(api, file_id)
     marker = next(k for k in api.objects.keys(INPUT_BUCKET) if k.endswith(f"/file-uses/{file_id}/{batch_id}"))
     use = api.objects.objects.pop((INPUT_BUCKET, marker))  # not there at the delete's first look
-    remove = api.objects.delete
-
-    async def delete(bucket: str, key: str) -> None:
-        await remove(bucket, key)
-        if key.endswith(f"/api/files/{file_id}.json"):  # the create's marker lands meanwhile
-            api.objects.objects[(INPUT_BUCKET, marker)] = use
-
-    api.objects.delete = delete  # type: ignore[method-assign]
+    objects.landing = (f"/api/files/{file_id}.json", (INPUT_BUCKET, marker), use)
     answer = api.client.delete(f"/v1/files/{file_id}", headers=api.auth())
     assert answer.status_code == 409 and answer.json()["error"]["code"] == "file_in_use"
     assert api.client.get(f"/v1/files/{file_id}", headers=api.auth()).status_code == 200

@@ -17,7 +17,15 @@ from llmbatch.api.objects import BatchCreate
 from llmbatch.api.store.records import IdempotentCreate
 from llmbatch.schemas import BatchRequest
 from llmbatch.schemas.common import Endpoint
-from tests.support.api_fakes import INPUT_BUCKET, KEYS, ApiHarness, chat_line, jsonl, make_api
+from tests.support.api_fakes import (
+    INPUT_BUCKET,
+    KEYS,
+    ApiHarness,
+    MemoryObjectStore,
+    chat_line,
+    jsonl,
+    make_api,
+)
 
 pytestmark = pytest.mark.unit
 CHAT: Final = "/v1/chat/completions"
@@ -122,32 +130,38 @@ def test_a_repeat_finishes_a_create_whose_publish_failed() -> None:
     assert create(api, "key-1", input_file_id=file_id).json()["id"] == retried.json()["id"]
 
 
+class ClaimedMeanwhile(MemoryObjectStore):
+    """Once ``winner`` (the objects of a concurrent create's claim) is set, every claim (``put_new``) of
+    an idempotency key loses to that create, whose objects are there at the next read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.winner: dict[tuple[str, str], bytes] = {}
+        self.lost: list[str] = []
+
+    async def put_new(self, bucket: str, key: str, data: bytes, *, content_type: str) -> bool:
+        if self.winner and "/api/idempotency/" in key:
+            self.lost.append(key)
+            return False
+        return await super().put_new(bucket, key, data, content_type=content_type)
+
+    async def get(self, bucket: str, key: str) -> bytes:
+        if self.lost and "/api/idempotency/" in key:
+            self.objects.update(self.winner)
+        return await super().get(bucket, key)
+
+
 def test_of_two_concurrent_creates_one_batch_wins() -> None:
     """The claim is a conditional write: the create that loses it answers with the winner's batch."""
-    api = make_api()
+    objects = ClaimedMeanwhile()
+    api = make_api(objects=objects)
     file_id = uploaded(api)
     first = create(api, "key-1", input_file_id=file_id).json()
-    real_put_new = api.objects.put_new
-    claims: list[str] = []
-
-    async def racing(bucket: str, key: str, data: bytes, *, content_type: str) -> bool:
-        claims.append(key)  # a concurrent create claimed this key between our read and our write
-        return False
-
-    api.objects.put_new = racing  # type: ignore[method-assign]
     stored = {k: v for k, v in api.objects.objects.items() if "/api/idempotency/" in k[1]}
     api.objects.objects = {k: v for k, v in api.objects.objects.items() if k not in stored}
-    lost_read = api.objects.get
-
-    async def winner_shows_up(bucket: str, key: str) -> bytes:
-        if "/api/idempotency/" in key and claims:
-            api.objects.objects.update(stored)
-        return await lost_read(bucket, key)
-
-    api.objects.get = winner_shows_up  # type: ignore[method-assign]
+    objects.winner = stored  # from now on the other create's claim lands between our read and write
     answer = create(api, "key-1", input_file_id=file_id)
-    assert claims and answer.json()["id"] == first["id"]
-    api.objects.put_new = real_put_new  # type: ignore[method-assign]
+    assert objects.lost and answer.json()["id"] == first["id"]
     [claim] = stored.values()
     assert IdempotentCreate.model_validate_json(claim).batch.id == first["id"]
 
