@@ -119,11 +119,11 @@ class Env:
 
     async def results(self) -> list[Envelope[Any]]:
         reader = TopicReader(self.settings.kafka.client_kwargs(), self.settings.kafka.topics.results)
-        return decode_results(await reader.read_all(idle_ms=800))
+        return decode_results(await reader.read_to_end())
 
     async def dead_letters(self) -> list[Any]:
         reader = TopicReader(self.settings.kafka.client_kwargs(), self.settings.kafka.topics.dead_letter)
-        return await reader.read_all(idle_ms=800)
+        return await reader.read_to_end()
 
     async def wait_terminal(
         self, batch_ids: list[str], within: float = 240
@@ -134,7 +134,7 @@ class Env:
 
         try:
             found: dict[str, list[Envelope[Any]]] = await wait_for(
-                check, within, interval=2.0, what=f"terminal events of {batch_ids}"
+                check, within, interval=1.0, what=f"terminal events of {batch_ids}"
             )
             return found
         except AssertionError:

@@ -94,7 +94,7 @@ class Ops:
             await producer.stop()
 
     async def topic(self, name: str) -> list[Any]:
-        return await TopicReader(self.settings.kafka.client_kwargs(), name).read_all(idle_ms=800)
+        return await TopicReader(self.settings.kafka.client_kwargs(), name).read_to_end()
 
     async def terminal(self, batch_id: str, kind: EventType, limit_s: float = 300) -> Any:
         async def check() -> Any:
@@ -103,7 +103,7 @@ class Ops:
             return found[0] if found else None
 
         try:
-            return await wait_for(check, limit_s, interval=2, what=f"{kind.value} of {batch_id}")
+            return await wait_for(check, limit_s, interval=1, what=f"{kind.value} of {batch_id}")
         except AssertionError:
             print(self.proc.tail(60))
             raise

@@ -64,7 +64,7 @@ async def _topic_texts(e: Env) -> dict[str, str]:
     texts: dict[str, str] = {}
     topics = e.settings.kafka.topics
     for topic in (topics.results, topics.dead_letter):
-        records = await TopicReader(e.settings.kafka.client_kwargs(), topic).read_all(idle_ms=800)
+        records = await TopicReader(e.settings.kafka.client_kwargs(), topic).read_to_end()
         texts[topic] = "\n".join(repr(r.key) + repr(r.value) + repr(list(r.headers or ())) for r in records)
     return texts
 
