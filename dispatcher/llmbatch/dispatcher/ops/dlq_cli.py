@@ -51,9 +51,8 @@ from llmbatch.dispatcher.ops.replay import (
     ReplayItem,
     Summary,
     parse_rate,
-    plan,
 )
-from llmbatch.dispatcher.ops.replay_publish import Outcome, ReplayLedger, batch_states, execute
+from llmbatch.dispatcher.ops.replay_publish import Outcome, ReplayLedger, execute, plan_replays
 from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.settings import LLMBatchSettings
 
@@ -294,7 +293,15 @@ def replay_command(
         selected = flt.select(snap.letters)
         store = await open_store(settings)
         try:
-            items = await _plan(store, dlt_topic, selected, settings, to_topic, force, include_replayed)
+            items = await plan_replays(
+                store,
+                dlt_topic,
+                selected,
+                default_topic=settings.kafka.topics.requests,
+                to_topic=to_topic,
+                force=force,
+                include_replayed=include_replayed,
+            )
             summary = Summary.of(items, dry_run=dry_run)
             if not json_output:
                 if not snap.exists:
@@ -335,18 +342,7 @@ def replay_command(
                 "replayed_by": who,
                 "summary": summary.to_json(),
                 "items": [i.to_json() for i in items],
-                "outcomes": [
-                    {
-                        "coordinate": o.item.letter.coordinate,
-                        "ok": o.ok,
-                        "error": o.error,
-                        "replay_id": o.item.replay_id,
-                        "topic": o.item.target_topic,
-                        "partition": o.partition,
-                        "offset": o.offset,
-                    }
-                    for o in outcomes
-                ],
+                "outcomes": [o.to_json() for o in outcomes],
             }
         )
     else:
@@ -357,28 +353,6 @@ def replay_command(
         raise typer.Exit(EXIT_ERROR)
     if summary.refused and not dry_run:
         raise typer.Exit(EXIT_INCOMPLETE)
-
-
-async def _plan(
-    store: StateStore,
-    dlt_topic: str,
-    selected: list[DeadLetterView],
-    settings: LLMBatchSettings,
-    to_topic: str | None,
-    force: bool,
-    include_replayed: bool,
-) -> list[ReplayItem]:
-    ledger = await ReplayLedger(store, dlt_topic).entries(v.coordinate for v in selected)
-    states = await batch_states(store, selected)
-    return plan(
-        selected,
-        ledger=ledger,
-        states=states,
-        default_topic=settings.kafka.topics.requests,
-        to_topic=to_topic,
-        force=force,
-        include_replayed=include_replayed,
-    )
 
 
 async def _execute(

@@ -24,7 +24,14 @@ from llmbatch.dispatcher.domain.keys import BatchKey
 from llmbatch.dispatcher.domain.states import State
 from llmbatch.dispatcher.errors import StateStoreUnavailable, classify
 from llmbatch.dispatcher.ops.dlq_reader import DeadLetterView
-from llmbatch.dispatcher.ops.replay import Decision, LedgerEntry, RateLimiter, ReplayItem, build_record
+from llmbatch.dispatcher.ops.replay import (
+    Decision,
+    LedgerEntry,
+    RateLimiter,
+    ReplayItem,
+    build_record,
+    plan,
+)
 from llmbatch.dispatcher.state.store import StateStore
 from llmbatch.schemas.dlt import ReplayInfo
 
@@ -108,6 +115,31 @@ async def batch_states(store: StateStore, letters: Sequence[DeadLetterView]) -> 
     return {k: (r.state if r is not None else None) for k, r in zip(keys, records, strict=True)}
 
 
+async def plan_replays(
+    store: StateStore,
+    dlt_topic: str,
+    selected: Sequence[DeadLetterView],
+    *,
+    default_topic: str,
+    to_topic: str | None,
+    force: bool,
+    include_replayed: bool,
+) -> list[ReplayItem]:
+    """:func:`llmbatch.dispatcher.ops.replay.plan` of ``selected`` against what the replay ledger and
+    the batches' records in Redis say now."""
+    ledger = await ReplayLedger(store, dlt_topic).entries(v.coordinate for v in selected)
+    states = await batch_states(store, selected)
+    return plan(
+        selected,
+        ledger=ledger,
+        states=states,
+        default_topic=default_topic,
+        to_topic=to_topic,
+        force=force,
+        include_replayed=include_replayed,
+    )
+
+
 # --- publishing ----------------------------------------------------------------------------------------
 
 
@@ -120,6 +152,17 @@ class Outcome:
     error: str | None = None
     partition: int | None = None
     offset: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "coordinate": self.item.letter.coordinate,
+            "ok": self.ok,
+            "error": self.error,
+            "replay_id": self.item.replay_id,
+            "topic": self.item.target_topic,
+            "partition": self.partition,
+            "offset": self.offset,
+        }
 
 
 async def execute(
