@@ -154,7 +154,7 @@ async def test_a_late_dead_letter_the_broker_refuses_is_reduced_and_the_terminal
 
     assert await w.publisher.publish_pending() == 1
 
-    [dead] = await w.reader(topics.dead_letter).read_all()
+    [dead] = await w.reader(topics.dead_letter).read_to_end()
     letter = dict(dead.headers)
     assert dead.key == batch_id.encode() and dead.value is None
     assert letter[dlt_headers.REASON] == b"attempts_exhausted"
@@ -165,7 +165,7 @@ async def test_a_late_dead_letter_the_broker_refuses_is_reduced_and_the_terminal
     assert struct.unpack(">q", letter[dlt_headers.ORIGINAL_OFFSET])[0] == 17
     assert w.metrics.dead_letters_reduced._value.get() == 1
 
-    events = decode_results(await w.reader(topics.results).read_all())
+    events = decode_results(await w.reader(topics.results).read_to_end())
     [terminal] = [e for e in events if e.batch_id == batch_id and e.is_terminal]
     assert terminal.type is EventType.FAILED and terminal.data.error.code == "attempts_exhausted"
     record = await w.store.get(batch_key(None, batch_id))
@@ -186,11 +186,11 @@ async def test_a_late_dead_letter_over_the_setting_is_reduced_before_sending(
     assert await w.publisher.publish_pending() == 1
 
     async def letters() -> list[object]:
-        return await w.reader(topics.dead_letter).read_all()
+        return await w.reader(topics.dead_letter).read_to_end()
 
     [dead] = await wait_for(letters, 30, what="the dead letter")
     assert dead.value is None and dict(dead.headers)[dlt_headers.REDUCED] == b"true"
-    events = decode_results(await w.reader(topics.results).read_all())
+    events = decode_results(await w.reader(topics.results).read_to_end())
     assert [e.type for e in events if e.batch_id == batch_id] == [EventType.FAILED]
 
 
@@ -250,7 +250,7 @@ async def test_an_event_whose_batch_moved_on_before_the_mark_is_said_not_counted
     said = [r.getMessage() for r in caplog.records if r.name.startswith("llmbatch")]
     assert any("no longer has it as its terminal event" in m for m in said), said
     assert not any(m == "terminal event published" for m in said), said
-    events = decode_results(await w.reader(w.kafka.topics.results).read_all())
+    events = decode_results(await w.reader(w.kafka.topics.results).read_to_end())
     assert [e.type for e in events if e.batch_id == batch_id] == [EventType.FAILED]  # it did go out
     after = await w.store.get(batch_key(None, batch_id))
     assert after is not None and not after.flag("published")

@@ -91,7 +91,7 @@ async def test_each_tenants_usage_report_is_the_sum_of_its_terminal_events(
 
     # what the terminal events announce, summed by tenant, model and status
     announced: dict[str, Counter[tuple[str, str, str]]] = {"acme": Counter(), "globex": Counter()}
-    for event in decode_results(await w.reader(topics.results).read_all()):
+    for event in decode_results(await w.reader(topics.results).read_to_end()):
         if event.is_terminal:
             d = event.data
             into, k = announced[d.tenant], (d.model, d.status.value)
@@ -161,7 +161,7 @@ async def test_each_tenants_usage_report_is_the_sum_of_its_terminal_events(
 
 
 async def _first_acme(w: World) -> Any:
-    for event in decode_results(await w.reader(w.kafka.topics.results).read_all()):
+    for event in decode_results(await w.reader(w.kafka.topics.results).read_to_end()):
         if event.is_terminal and event.data.tenant == "acme":
             return event.data
     raise AssertionError("no acme event")
