@@ -147,7 +147,7 @@ async def test_every_rejected_request_that_names_a_batch_id_is_answered(harness:
 
     dead = await harness.reader("dead_letter").read_to_end()
     assert len(dead) == 4
-    events = decode_results(await harness.reader("results").read_all())
+    events = decode_results(await harness.reader("results").read_to_end())
     answers = {e.batch_id: e for e in events if e.type is EventType.REJECTED}
     assert set(answers) == {f"badjson-{tag}", unknown.batch_id, late.batch_id, held.batch_id}
     assert not any(e.is_terminal for e in events)
@@ -480,7 +480,9 @@ async def test_the_answer_to_a_record_given_up_on_waits_for_the_broker_and_is_re
         await wait_for(lambda: _committed_is(h, 1), 60, what="the offset to move past the record")
         assert refused, "the answer was never sent"
         answers = [
-            e for e in decode_results(await h.reader("results").read_all()) if e.batch_id == poison.batch_id
+            e
+            for e in decode_results(await h.reader("results").read_to_end())
+            if e.batch_id == poison.batch_id
         ]
         assert [e.type for e in answers] == [EventType.REJECTED], answers
         assert h.metrics.failed_records._value.get() == 1
@@ -875,7 +877,7 @@ async def test_a_redelivery_sends_the_lost_accepted_event_with_its_original_time
 
     await harness.send([message])  # the redelivery
     await wait_for(lambda: _committed_is(harness, 1), 60, what="the redelivery")
-    events = decode_results(await harness.reader("results").read_all())
+    events = decode_results(await harness.reader("results").read_to_end())
     [accepted] = {e.id: e for e in events if e.type is EventType.ACCEPTED}.values()
     assert accepted.data.accepted_at.timestamp() == pytest.approx(earlier, abs=0.002)
     assert accepted.time.timestamp() == pytest.approx(earlier, abs=0.002)
@@ -905,5 +907,7 @@ async def test_records_that_once_ended_the_consumer_are_dead_lettered_and_it_goe
     assert {(r.key, r.value) for r in dead} == {(key + b"\n", b"{not json"), (None, b"")}
     # no answer names the unusable batch id: there is none to name
     assert [
-        e for e in decode_results(await harness.reader("results").read_all()) if e.type is EventType.REJECTED
+        e
+        for e in decode_results(await harness.reader("results").read_to_end())
+        if e.type is EventType.REJECTED
     ] == []

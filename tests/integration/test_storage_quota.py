@@ -82,9 +82,9 @@ async def test_a_batch_of_a_tenant_over_its_storage_is_refused_until_it_has_room
     assert gone.get("error_code") == "storage_quota_exceeded"
     kept = await harness.store.get(batch_key(ROOMY, accepted.batch_id))
     assert kept is not None and kept.state is State.QUEUED
-    [dead] = await harness.reader("dead_letter").read_all()
+    [dead] = await harness.reader("dead_letter").read_to_end()
     assert dict(dead.headers)[dlt_headers.REASON] == b"storage_quota_exceeded"
-    events = decode_results(await harness.reader("results").read_all())
+    events = decode_results(await harness.reader("results").read_to_end())
     [answer] = [e for e in events if e.type is EventType.REJECTED]
     assert isinstance(answer.data, BatchRejected) and answer.data.error.code == "storage_quota_exceeded"
     assert "LLMBATCH_TENANTS__MAX_STORED_BYTES" in answer.data.error.message

@@ -73,7 +73,7 @@ async def test_only_requests_and_cancels_signed_by_their_tenant_are_taken(settin
             record = await h.store.get(key)
             assert record is not None and record.state is State.QUEUED and not record.flag("cancel_requested")
             assert h.metrics.processed.labels(outcome="cancel_ignored")._value.get() == 1
-            dead = await h.reader("dead_letter").read_all()
+            dead = await h.reader("dead_letter").read_to_end()
             reasons = sorted(dict(r.headers)[dlt_headers.REASON] for r in dead)
             assert reasons == [b"invalid_event", b"invalid_event"]  # the claimed request, the raw cancel
 
@@ -117,7 +117,7 @@ async def test_two_tenants_using_one_batch_id_get_two_batches_and_a_cancel_reach
             ]
         )
         await wait_for(lambda: _committed_is(h, 3), 60, what="three requests consumed")
-        events = decode_results(await h.reader("results").read_all())
+        events = decode_results(await h.reader("results").read_to_end())
         accepted = {e.data.tenant: e for e in events if e.type is EventType.ACCEPTED}
         assert set(accepted) == {"acme", "globex"}  # one batch each, under the one id
         assert accepted["acme"].id != accepted["globex"].id  # consumers dedupe by id: both must stay

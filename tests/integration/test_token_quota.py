@@ -77,9 +77,9 @@ async def test_a_batch_over_the_tenants_token_limit_is_refused_whole_until_token
     assert await _held(harness, "acme") == 2 * PER_BATCH  # the refused one holds nothing
     refused = states[third.batch_id]
     assert refused is not None and refused.get("error_code") == "token_limit_exceeded"
-    [dead] = await harness.reader("dead_letter").read_all()
+    [dead] = await harness.reader("dead_letter").read_to_end()
     assert dict(dead.headers)[dlt_headers.REASON] == b"token_limit_exceeded"
-    events = decode_results(await harness.reader("results").read_all())
+    events = decode_results(await harness.reader("results").read_to_end())
     [answer] = [e for e in events if e.type is EventType.REJECTED]
     assert isinstance(answer.data, BatchRejected) and answer.data.batch_id == third.batch_id
     assert answer.data.error.code == "token_limit_exceeded" and "LLMBATCH_TENANTS__MAX_ENQUEUED_TOKENS" in (
