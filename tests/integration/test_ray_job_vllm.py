@@ -64,11 +64,13 @@ ENGINE: dict[str, Any] = {
 # engine actors): small, so a job with an engine of its own (1 CPU + its stages) fits beside it
 # on the 2-CPU head
 SHARED_CPUS = 0.25
-# Ray job asking the replica for its counters (EngineServer.info); prints one PROBE line
+# Ray job asking the replica for its counters (EngineServer.info); writes one PROBE line in one call,
+# after a newline (see tests/integration/test_serve_engine.py's EMIT)
 INFO_PROBE = (
     "import sys, orjson; from ray import serve; "
     "h = serve.get_deployment_handle(sys.argv[1], app_name=sys.argv[2]); "
-    "print('PROBE ' + orjson.dumps(h.info.remote().result(timeout_s=120)).decode(), flush=True)"
+    "sys.stdout.write('\\nPROBE ' + orjson.dumps(h.info.remote().result(timeout_s=120)).decode() + '\\n'); "
+    "sys.stdout.flush()"
 )
 
 

@@ -40,10 +40,12 @@ MODEL = "fake-shared"
 # a probe driver: N requests through the shared engine in one call, results as one JSON line
 # The driver's stdout is unbuffered (PYTHONUNBUFFERED on the Ray node): print() writes a line's text and
 # its newline in two calls, and a log line written between them (Ray's, on stderr, to the same job log)
-# lands on the probe's line. The probes write each line in one call.
+# lands on the probe's line; Ray's own lines are written that way too, so a probe line written between
+# their two calls would start after the log line's text. The probes write each line in one call, starting
+# with a newline.
 EMIT = """
 def emit(result):
-    sys.stdout.write("PROBE " + orjson.dumps(result).decode() + "\\n")
+    sys.stdout.write("\\nPROBE " + orjson.dumps(result).decode() + "\\n")
     sys.stdout.flush()
 """
 PROBE = (
@@ -556,7 +558,10 @@ def test_an_idle_model_scales_to_zero_and_back(ray_settings: RaySettings, serve:
 
 
 def _free_cpus(ray_settings: RaySettings) -> float:
-    code = "import ray; ray.init(); print('PROBE ' + str(ray.available_resources().get('CPU', 0.0)))"
+    code = (
+        "import ray, sys; ray.init(); "
+        "sys.stdout.write('\\nPROBE ' + str(ray.available_resources().get('CPU', 0.0)) + '\\n')"
+    )
     client, job_id = _probe(ray_settings, 0, code=code)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not client.get_job_status(job_id).is_terminal():
